@@ -1,0 +1,374 @@
+/* meshkern: run contiguous layer ranges ("shards") of dense Llama-family models and
+ * move the unnormalized residual stream across the seams between them.
+ *
+ * Public C API. Every fallible call returns an mk_status; mk_last_error() gives a
+ * readable message of the last failure on the calling thread.
+ *
+ * Ownership: every mk_X_create / mk_X_open has a paired mk_X_free that accepts NULL.
+ * Buffers returned through out-pointers are owned by the caller and released with the
+ * free function named next to the call. */
+#ifndef MESHKERN_H
+#define MESHKERN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(_WIN32)
+#define MK_API __declspec(dllexport)
+#else
+#define MK_API __attribute__((visibility("default")))
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ===================================================================== status == */
+
+typedef enum mk_status {
+    MK_OK = 0,
+    /* generic */
+    MK_ERR_INVALID_ARGUMENT = 1,
+    MK_ERR_OUT_OF_MEMORY = 2,
+    MK_ERR_IO = 3,
+    MK_ERR_INTERNAL = 4,
+    MK_ERR_UNSUPPORTED = 5,
+    /* architecture registry and roles */
+    MK_ERR_UNCERTIFIED_ARCHITECTURE = 10,
+    MK_ERR_INVALID_RANGE = 11,
+    /* boundary contract (executor input side) */
+    MK_ERR_HEAD_OWNS_EMBEDDING = 20,   /* head/full given a bundle */
+    MK_ERR_BYPASS_EMBEDDING = 21,      /* middle/tail given token ids */
+    MK_ERR_BUNDLE_REQUIRED = 22,       /* middle/tail given nothing */
+    MK_ERR_SEAM_MISMATCH = 23,         /* bundle next_layer != range start */
+    MK_ERR_NORMALIZED_BUNDLE = 24,     /* bundle marked normalized */
+    MK_ERR_EMPTY_INPUT = 25,           /* no token ids / zero rows */
+    MK_ERR_TOKEN_OUT_OF_RANGE = 26,
+    MK_ERR_CONTEXT_OVERFLOW = 27,      /* KV cache full */
+    MK_ERR_UNCERTIFIED_SAMPLING = 28,
+    /* wire / bundle validation */
+    MK_ERR_WIRE_DECODE = 40,           /* bytes are not a protobuf message (truncated, random) */
+    MK_ERR_MISSING_FIELD = 41,
+    MK_ERR_SCHEMA_VERSION = 42,
+    MK_ERR_TENSOR_NAME = 43,
+    MK_ERR_ARCHITECTURE_MISMATCH = 44,
+    MK_ERR_HIDDEN_WIDTH = 45,
+    MK_ERR_DTYPE = 46,
+    MK_ERR_BYTE_ORDER = 47,
+    MK_ERR_SHAPE = 48,                 /* rank or dims invalid */
+    MK_ERR_SHAPE_OVERFLOW = 49,        /* product of dims overflows */
+    MK_ERR_DATA_LENGTH = 50,           /* bytes != shape x dtype */
+    MK_ERR_POSITIONS_SHAPE = 51,
+    MK_ERR_RECIPE_DIGEST = 52,
+    MK_ERR_BOUNDARY_POINT = 53,
+    MK_ERR_REQUIRED_TENSORS = 54,      /* moe/mla bundles lacking their named tensors */
+    MK_ERR_TAIL_RESULT = 55,           /* TailResult identity / output invalid */
+    /* model files */
+    MK_ERR_GGUF_TRUNCATED = 60,
+    MK_ERR_GGUF_MAGIC = 61,
+    MK_ERR_GGUF_VERSION = 62,
+    MK_ERR_GGUF_COUNT = 63,            /* absurd kv / tensor / array counts */
+    MK_ERR_GGUF_STRING = 64,           /* string length past the end or absurd */
+    MK_ERR_GGUF_VALUE_TYPE = 65,       /* unknown metadata value type */
+    MK_ERR_GGUF_TENSOR_TYPE = 66,      /* unknown or unsupported tensor type */
+    MK_ERR_GGUF_DIMS = 67,             /* bad rank, zero dim or dim product overflow */
+    MK_ERR_GGUF_ALIGNMENT = 68,        /* misaligned tensor offset or bad alignment key */
+    MK_ERR_GGUF_DATA_BOUNDS = 69,      /* tensor data past the end of file */
+    MK_ERR_GGUF_MISSING = 70,          /* required key or tensor missing */
+    MK_ERR_GGUF_HPARAMS = 71,          /* inconsistent hyper-parameters */
+    /* devices */
+    MK_ERR_NO_DEVICE = 80,
+    MK_ERR_DEVICE_INDEX = 81,
+    MK_ERR_DEVICE_MEMORY = 82,
+    MK_ERR_CUDA = 83,
+    MK_ERR_CUBLAS = 84,
+    MK_ERR_NCCL = 85,
+    MK_ERR_KERNEL_LAUNCH = 86,
+} mk_status;
+
+/* Symbolic name of a status ("MK_ERR_SEAM_MISMATCH"); never NULL. */
+MK_API const char *mk_status_name(mk_status status);
+/* Message of the last failure on this thread ("" if none). Valid until the next call
+ * into meshkern on this thread. */
+MK_API const char *mk_last_error(void);
+
+/* ====================================================== architecture registry == */
+
+#define MK_DENSE_LLAMA_ADAPTER "dense-llama"
+#define MK_RESIDUAL_TENSOR_NAME "residual_stream"
+#define MK_BOUNDARY_SCHEMA_VERSION 1u
+#define MK_BOUNDARY_POINT "dense.residual.v1"
+
+typedef struct mk_architecture {
+    const char *adapter;              /* canonical adapter name, e.g. "dense-llama" */
+    const char *boundary_tensor_name; /* e.g. "residual_stream" */
+} mk_architecture;
+
+/* Resolve a name or alias (dense-llama, llama, LlamaForCausalLM, LlamaModel). Anything
+ * else, including "" and NULL, fails closed with MK_ERR_UNCERTIFIED_ARCHITECTURE. */
+MK_API mk_status mk_certified_architecture(const char *name, mk_architecture *out);
+MK_API bool mk_is_certified_architecture(const char *name);
+
+/* Protocol-level architecture kinds: the protocol can describe bundles for kinds it
+ * cannot execute (moe, mla); those are validated and refused for execution. */
+typedef enum mk_protocol_arch {
+    MK_PROTOCOL_ARCH_DENSE = 1,
+    MK_PROTOCOL_ARCH_MOE = 2,
+    MK_PROTOCOL_ARCH_MLA = 3,
+} mk_protocol_arch;
+
+/* Names a bundle of this kind must carry (NULL-terminated, static storage). */
+MK_API const char *const *mk_protocol_required_tensors(mk_protocol_arch arch);
+/* Check a set of tensor names against the protocol requirements of arch. */
+MK_API mk_status mk_protocol_check_tensors(mk_protocol_arch arch, const char *const *names,
+                                           size_t n_names);
+
+/* ====================================================================== roles == */
+
+typedef enum mk_role { MK_ROLE_HEAD = 1, MK_ROLE_MIDDLE, MK_ROLE_TAIL, MK_ROLE_FULL } mk_role;
+
+/* Inclusive range [start, end] of a model with `total` layers. */
+MK_API mk_status mk_role_for_range(int64_t start, int64_t end, int64_t total, mk_role *out);
+MK_API bool mk_role_owns_embedding(mk_role role);
+MK_API bool mk_role_owns_final_head(mk_role role);
+MK_API const char *mk_role_name(mk_role role);
+
+/* ==================================================================== sampling == */
+
+typedef enum mk_sampling_mode {
+    MK_SAMPLING_GREEDY = 0,
+    MK_SAMPLING_TOP_P = 1,
+    MK_SAMPLING_TOP_K = 2,
+    MK_SAMPLING_TEMPERATURE = 3,
+} mk_sampling_mode;
+
+typedef struct mk_sampling_contract {
+    mk_sampling_mode mode;
+} mk_sampling_contract;
+
+/* Build a sampling contract. Only greedy is certified; other modes are refused with
+ * MK_ERR_UNCERTIFIED_SAMPLING. Accepts the textual names "greedy", "top_p", ... */
+MK_API mk_status mk_sampling_contract_init(mk_sampling_contract *out, mk_sampling_mode mode);
+MK_API mk_status mk_sampling_contract_from_name(mk_sampling_contract *out, const char *mode);
+MK_API const char *mk_sampling_mode_name(mk_sampling_mode mode);
+
+/* ===================================================================== bundles == */
+
+typedef enum mk_dtype {
+    MK_DTYPE_F32 = 1,
+    MK_DTYPE_F16 = 2,
+    MK_DTYPE_BF16 = 3,
+    MK_DTYPE_I32 = 4,
+    MK_DTYPE_I64 = 5,
+} mk_dtype;
+MK_API size_t mk_dtype_size(mk_dtype dtype); /* 0 for an unknown dtype */
+MK_API const char *mk_dtype_name(mk_dtype dtype);
+
+#define MK_DIGEST_HEX_LEN 64 /* sha256 as lowercase hex */
+
+/* The residual boundary between two ranges: the raw residual after layer next_layer-1,
+ * every position row, unnormalized. Fields are public for reading; construct with
+ * mk_bundle_create and release with mk_bundle_free. */
+typedef struct mk_bundle {
+    char architecture_adapter[32];   /* canonical adapter, "dense-llama" */
+    uint32_t schema_version;         /* MK_BOUNDARY_SCHEMA_VERSION */
+    char tensor_name[32];            /* "residual_stream" */
+    char boundary_point[32];         /* MK_BOUNDARY_POINT */
+    int64_t next_layer;              /* first layer that consumes this residual */
+    bool normalized;                 /* always false for an emitted bundle */
+    char recipe_digest[MK_DIGEST_HEX_LEN + 1];
+    char request_id[64];             /* request / sequence id, may be "" */
+    size_t batch, seq, hidden;
+    float *residual;                 /* [batch, seq, hidden], owned */
+    int32_t *positions;              /* [batch, seq], owned */
+} mk_bundle;
+
+/* Allocate a bundle with zero-filled residual [batch, seq, hidden] and positions
+ * [batch, seq]; metadata set to the dense-llama defaults, next_layer = 0. */
+MK_API mk_status mk_bundle_create(size_t batch, size_t seq, size_t hidden, mk_bundle **out);
+MK_API void mk_bundle_free(mk_bundle *bundle);
+MK_API mk_status mk_bundle_clone(const mk_bundle *src, mk_bundle **out);
+
+/* Serialize to protobuf bytes; *out is malloc'd, release with mk_buffer_free. */
+MK_API mk_status mk_bundle_pack(const mk_bundle *bundle, uint8_t **out, size_t *out_len);
+/* Parse protobuf bytes into a bundle, trusting no length, count or shape from the wire.
+ * Checks schema version, architecture (after alias resolution), tensor name, boundary
+ * point, dtype, byte order, shape, data length and positions shape. Model-dependent
+ * checks (hidden width, recipe digest, seam) happen when a range accepts it. */
+MK_API mk_status mk_bundle_unpack(const uint8_t *bytes, size_t len, mk_bundle **out);
+MK_API void mk_buffer_free(void *buffer);
+
+/* Named tensor fields of the bundle's residual, as on the wire. */
+typedef struct mk_tensor_fields {
+    const char *name;
+    mk_dtype dtype;
+    size_t rank;
+    size_t shape[4];
+    const char *byte_order; /* "little" or "big" */
+} mk_tensor_fields;
+MK_API mk_status mk_bundle_tensor_fields(const mk_bundle *bundle, mk_tensor_fields *out);
+
+/* Protocol-level bundle for any architecture kind (dense/moe/mla): packs named F32
+ * payloads and validates them; used to exercise architectures meshkern cannot run. */
+typedef struct mk_named_payload {
+    const char *name;
+    const float *data; /* [count] */
+    size_t count;
+} mk_named_payload;
+MK_API mk_status mk_protocol_bundle_pack(mk_protocol_arch arch, const mk_named_payload *payloads,
+                                         size_t n_payloads, uint8_t **out, size_t *out_len);
+/* Validate protocol bytes of any kind; fills *arch. Refuses missing required tensors. */
+MK_API mk_status mk_protocol_bundle_validate(const uint8_t *bytes, size_t len,
+                                             mk_protocol_arch *arch);
+
+/* ================================================================= tail result == */
+
+typedef struct mk_request_identity {
+    const char *request_id;
+    const char *runtime_recipe_digest;
+    const char *chat_template_id;
+    const char *chat_template_version;
+    const char *reasoning_mode;
+    mk_protocol_arch architecture;
+} mk_request_identity;
+
+typedef struct mk_sampling_params {
+    float temperature;
+    float top_p;
+    int32_t top_k;
+    uint64_t seed;
+} mk_sampling_params; /* greedy is derived: temperature == 0 */
+
+typedef enum mk_tail_output_kind {
+    MK_TAIL_OUTPUT_TOKEN = 1,
+    MK_TAIL_OUTPUT_LOGITS = 2,
+} mk_tail_output_kind;
+
+/* Build and validate a protobuf TailResult carrying exactly one output: a sampled token
+ * id (>= 0) or a logits bundle [batch, vocab] F32. *out is malloc'd (mk_buffer_free). */
+MK_API mk_status mk_tail_result_pack_token(const mk_request_identity *identity,
+                                           const mk_sampling_params *sampling, int64_t token_id,
+                                           uint8_t **out, size_t *out_len);
+MK_API mk_status mk_tail_result_pack_logits(const mk_request_identity *identity,
+                                            const mk_sampling_params *sampling,
+                                            const float *logits /* [batch, vocab] */, size_t batch,
+                                            size_t vocab, uint8_t **out, size_t *out_len);
+
+typedef struct mk_tail_result_info {
+    mk_tail_output_kind kind;
+    int64_t token_id;       /* when kind == TOKEN */
+    size_t batch, vocab;    /* when kind == LOGITS */
+    bool greedy;
+    mk_protocol_arch architecture;
+    char request_id[128];
+    char runtime_recipe_digest[MK_DIGEST_HEX_LEN + 1];
+} mk_tail_result_info;
+/* Parse and validate TailResult bytes (identity present, exactly one output). */
+MK_API mk_status mk_tail_result_validate(const uint8_t *bytes, size_t len,
+                                         mk_tail_result_info *out);
+
+/* ====================================================================== models == */
+
+typedef enum mk_rope_layout {
+    MK_ROPE_ROTATE_HALF = 1,   /* pairs (i, i + head_dim/2): Hugging Face checkpoints */
+    MK_ROPE_ADJACENT_PAIRS = 2 /* pairs (2i, 2i + 1): GGUF llama exports */
+} mk_rope_layout;
+
+typedef struct mk_hparams {
+    size_t vocab;
+    size_t hidden;
+    size_t n_layers;
+    size_t n_heads;
+    size_t n_kv_heads;
+    size_t head_dim;
+    size_t intermediate;
+    float rms_eps;
+    float rope_theta;
+    mk_rope_layout rope_layout;
+    bool tied_embeddings;
+    size_t max_context;
+} mk_hparams;
+
+/* The seed reference's shapes: vocab 48, hidden 32, 6 layers, 4 heads (4 kv heads),
+ * head_dim 8, intermediate 64, eps 1e-6, theta 10000, rotate-half, untied, ctx 256. */
+MK_API mk_hparams mk_hparams_seed_default(void);
+MK_API mk_status mk_hparams_validate(const mk_hparams *hp);
+
+typedef struct mk_model mk_model; /* opaque: description + weight source */
+
+/* A seeded random model: weights N(0, 0.08^2), norms 1 + N(0, 0.02^2), generated per
+ * tensor so a range materializes only its own layers. */
+MK_API mk_status mk_model_create_random(const mk_hparams *hp, uint64_t seed, const char *architecture,
+                                        mk_model **out);
+/* Open a GGUF file (mmap, validated). general.architecture must be certified. */
+MK_API mk_status mk_model_open_gguf(const char *path, mk_model **out);
+MK_API void mk_model_free(mk_model *model);
+MK_API const mk_hparams *mk_model_hparams(const mk_model *model);
+MK_API const char *mk_model_architecture(const mk_model *model); /* as advertised */
+
+/* =================================================================== backends == */
+
+typedef enum mk_backend_kind { MK_BACKEND_CPU = 1, MK_BACKEND_CUDA = 2 } mk_backend_kind;
+
+typedef struct mk_backend_config {
+    mk_backend_kind kind;
+    int device;            /* cuda device index */
+    mk_dtype weight_dtype; /* F32 (default), F16, BF16 */
+    bool speed_mode;       /* cuda: tensor-core GEMMs; false = parity mode (F32, no TF32) */
+} mk_backend_config;
+
+MK_API mk_backend_config mk_backend_config_default(mk_backend_kind kind);
+MK_API mk_status mk_backend_kind_from_name(const char *name, mk_backend_kind *out);
+
+/* ===================================================================== ranges == */
+
+typedef struct mk_range mk_range; /* opaque: weights of [start, end], backend state */
+
+typedef struct mk_range_options {
+    const char *architecture;    /* advertised adapter; NULL = the model's */
+    mk_backend_config backend;
+    size_t max_batch_tokens;     /* largest prefill (rows); 0 = max_context */
+} mk_range_options;
+
+MK_API mk_range_options mk_range_options_default(void);
+MK_API mk_status mk_range_create(const mk_model *model, int64_t start, int64_t end,
+                                 const mk_range_options *options, mk_range **out);
+MK_API void mk_range_free(mk_range *range);
+MK_API mk_role mk_range_role(const mk_range *range);
+MK_API int64_t mk_range_start(const mk_range *range);
+MK_API int64_t mk_range_end(const mk_range *range);
+/* Bytes of weights resident for this range (host or device). */
+MK_API size_t mk_range_weight_bytes(const mk_range *range);
+/* Recipe digest that bundles emitted/accepted by this range carry. */
+MK_API const char *mk_range_recipe_digest(const mk_range *range);
+
+/* Sequences: each has its own KV cache of max_context positions in every range. */
+typedef struct mk_sequence mk_sequence;
+MK_API mk_status mk_sequence_open(mk_range *range, mk_sequence **out);
+MK_API void mk_sequence_close(mk_sequence *seq);
+MK_API mk_status mk_sequence_reset(mk_sequence *seq);
+MK_API size_t mk_sequence_length(const mk_sequence *seq); /* positions cached so far */
+
+/* Tail output: last row only. */
+typedef struct mk_tail_output {
+    size_t batch, vocab;
+    float *logits;       /* [batch, vocab], owned */
+    int32_t *token_ids;  /* [batch], owned: sampled through the contract */
+    mk_sampling_contract sampling;
+} mk_tail_output;
+MK_API void mk_tail_output_free(mk_tail_output *out);
+
+/* One forward step of a sequence: exactly one of token_ids / bundle must be given, as
+ * the range's role requires. Positions continue from the sequence's cache.
+ * A non-tail range returns *out_bundle; a tail/full range returns *out_tail (sampled
+ * through `sampling`, NULL = greedy). The unused out-pointer may be NULL. */
+MK_API mk_status mk_range_forward(mk_range *range, mk_sequence *seq, const int32_t *token_ids,
+                                  size_t n_tokens, const mk_bundle *bundle,
+                                  const mk_sampling_contract *sampling, mk_bundle **out_bundle,
+                                  mk_tail_output **out_tail);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MESHKERN_H */
