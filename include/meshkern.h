@@ -328,7 +328,8 @@ typedef struct mk_range mk_range; /* opaque: weights of [start, end], backend st
 typedef struct mk_range_options {
     const char *architecture;    /* advertised adapter; NULL = the model's */
     mk_backend_config backend;
-    size_t max_batch_tokens;     /* largest prefill (rows); 0 = max_context */
+    size_t max_context;          /* KV positions per sequence; 0 = min(model's, 4096) */
+    size_t max_batch_tokens;     /* largest forward (rows); 0 = max_context */
 } mk_range_options;
 
 MK_API mk_range_options mk_range_options_default(void);

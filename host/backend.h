@@ -1,0 +1,66 @@
+/* The op interface every backend implements (cpu, cuda). The range executor is the only
+ * caller; backends compute and never enforce the contract.
+ *
+ * Pointers marked "dev" live in the backend's memory (host memory for cpu, device memory
+ * for cuda) and come from alloc(). Every op is enqueued in order on the backend's one
+ * stream; download() into host memory and synchronize() are the only points where the
+ * host waits. Ownership: the backend owns what alloc() returned until release(). */
+#ifndef MK_BACKEND_H
+#define MK_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "meshkern.h"
+
+typedef struct mk_backend mk_backend;
+
+typedef struct mk_backend_ops {
+    const char *name;
+    void (*destroy)(mk_backend *b);
+    /* memory */
+    mk_status (*alloc)(mk_backend *b, size_t bytes, void **out /* dev */);
+    void (*release)(mk_backend *b, void *ptr /* dev */);
+    mk_status (*upload)(mk_backend *b, void *dst /* dev */, const void *src /* host */, size_t bytes);
+    mk_status (*download)(mk_backend *b, void *dst /* host */, const void *src /* dev */, size_t bytes);
+    mk_status (*copy)(mk_backend *b, void *dst /* dev */, const void *src /* dev */, size_t bytes);
+    mk_status (*synchronize)(mk_backend *b);
+    /* Convert host F32 weights into the backend's weight dtype at dst (dev). */
+    mk_status (*upload_weight)(mk_backend *b, void *dst /* dev, [n] in weight dtype */, const float *src /* host */,
+                               size_t n);
+    /* compute */
+    mk_status (*embed)(mk_backend *b, float *out /* [n, hidden] */, const void *table /* [vocab, hidden] weight dtype */,
+                       const int32_t *ids /* dev [n] */, size_t n, size_t hidden);
+    mk_status (*rmsnorm)(mk_backend *b, float *out /* [rows, cols] */, const float *x /* [rows, cols] */,
+                         const float *w /* [cols] f32 */, size_t rows, size_t cols, float eps);
+    mk_status (*matmul)(mk_backend *b, float *y /* [rows, out] */, const float *x /* [rows, in] */,
+                        const void *w /* [out, in] weight dtype */, size_t rows, size_t in_dim, size_t out_dim);
+    mk_status (*rope)(mk_backend *b, float *x /* [rows, heads, head_dim] */, const int32_t *positions /* dev [rows] */,
+                      size_t rows, size_t heads, size_t head_dim, float theta, mk_rope_layout layout);
+    mk_status (*attention)(mk_backend *b, float *out /* [rows, n_heads, head_dim] */,
+                           const float *q /* [rows, n_heads, head_dim] */, const float *k_cache /* [ctx, kv, hd] */,
+                           const float *v_cache /* [ctx, kv, hd] */, size_t rows, size_t past, size_t n_heads,
+                           size_t n_kv_heads, size_t head_dim);
+    mk_status (*swiglu)(mk_backend *b, float *out /* [n] */, const float *gate /* [n] */, const float *up /* [n] */,
+                        size_t n);
+    mk_status (*add)(mk_backend *b, float *y /* [n] */, const float *x /* [n] */, size_t n);
+    mk_status (*argmax)(mk_backend *b, int32_t *out /* dev [rows] */, const float *x /* [rows, n] */, size_t rows,
+                        size_t n);
+} mk_backend_ops;
+
+struct mk_backend {
+    const mk_backend_ops *ops;
+    mk_backend_config config;
+};
+
+/* Bytes one weight element occupies in this backend (its weight dtype). */
+size_t mk_backend_weight_elem_size(const mk_backend *b);
+
+mk_status mk_backend_create(const mk_backend_config *config, mk_backend **out);
+void mk_backend_destroy(mk_backend *b);
+
+/* Per-kind constructors (backend_cpu.c, backend_cuda.c). */
+mk_status mk_backend_cpu_create(const mk_backend_config *config, mk_backend **out);
+mk_status mk_backend_cuda_create(const mk_backend_config *config, mk_backend **out);
+
+#endif

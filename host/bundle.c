@@ -1,0 +1,306 @@
+/* Boundary bundles: construction, the protobuf wire form, and its validation.
+ * unpack trusts nothing it reads: every count, shape and length is checked against the
+ * bytes actually present before any array is built. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "meshkern.pb-c.h"
+#include "mk_error.h"
+#include "wire.h"
+
+#define MK_MAX_RANK 8
+
+/* =============================================================== lifecycle == */
+
+static void mk_bundle_set_defaults(mk_bundle *b) {
+    snprintf(b->architecture_adapter, sizeof b->architecture_adapter, "%s", MK_DENSE_LLAMA_ADAPTER);
+    snprintf(b->tensor_name, sizeof b->tensor_name, "%s", MK_RESIDUAL_TENSOR_NAME);
+    snprintf(b->boundary_point, sizeof b->boundary_point, "%s", MK_BOUNDARY_POINT);
+    b->schema_version = MK_BOUNDARY_SCHEMA_VERSION;
+}
+
+mk_status mk_bundle_create(size_t batch, size_t seq, size_t hidden, mk_bundle **out) {
+    if (!out) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_bundle_create: out is NULL");
+    *out = NULL;
+    if (batch == 0 || seq == 0 || hidden == 0)
+        return mk_fail(MK_ERR_SHAPE, "bundle shape [%zu, %zu, %zu] has a zero dimension", batch, seq, hidden);
+    size_t rows, elems;
+    if (__builtin_mul_overflow(batch, seq, &rows) || __builtin_mul_overflow(rows, hidden, &elems) ||
+        elems > SIZE_MAX / sizeof(float))
+        return mk_fail(MK_ERR_SHAPE_OVERFLOW, "bundle shape [%zu, %zu, %zu] overflows", batch, seq, hidden);
+    mk_bundle *b = calloc(1, sizeof *b);
+    if (!b) return mk_fail(MK_ERR_OUT_OF_MEMORY, "bundle: out of memory");
+    b->residual = calloc(elems, sizeof(float));
+    b->positions = calloc(rows, sizeof(int32_t));
+    if (!b->residual || !b->positions) {
+        mk_bundle_free(b);
+        return mk_fail(MK_ERR_OUT_OF_MEMORY, "bundle: out of memory for [%zu, %zu, %zu]", batch, seq, hidden);
+    }
+    mk_bundle_set_defaults(b);
+    b->batch = batch;
+    b->seq = seq;
+    b->hidden = hidden;
+    *out = b;
+    return MK_OK;
+}
+
+void mk_bundle_free(mk_bundle *b) {
+    if (!b) return;
+    free(b->residual);
+    free(b->positions);
+    free(b);
+}
+
+mk_status mk_bundle_clone(const mk_bundle *src, mk_bundle **out) {
+    if (!src) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_bundle_clone: src is NULL");
+    MK_TRY(mk_bundle_create(src->batch, src->seq, src->hidden, out));
+    mk_bundle *b = *out;
+    float *residual = b->residual;
+    int32_t *positions = b->positions;
+    *b = *src;
+    b->residual = residual;
+    b->positions = positions;
+    memcpy(b->residual, src->residual, src->batch * src->seq * src->hidden * sizeof(float));
+    memcpy(b->positions, src->positions, src->batch * src->seq * sizeof(int32_t));
+    return MK_OK;
+}
+
+void mk_buffer_free(void *buffer) { free(buffer); }
+
+mk_status mk_bundle_tensor_fields(const mk_bundle *b, mk_tensor_fields *out) {
+    if (!b || !out) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_bundle_tensor_fields: NULL argument");
+    out->name = b->tensor_name;
+    out->dtype = MK_DTYPE_F32;
+    out->rank = 3;
+    out->shape[0] = b->batch;
+    out->shape[1] = b->seq;
+    out->shape[2] = b->hidden;
+    out->shape[3] = 0;
+    out->byte_order = mk_wire_host_is_little() ? "little" : "big";
+    return MK_OK;
+}
+
+/* ===================================================================== pack == */
+
+mk_status mk_bundle_pack(const mk_bundle *b, uint8_t **out, size_t *out_len) {
+    if (!b || !out || !out_len) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_bundle_pack: NULL argument");
+    if (!b->residual || !b->positions || b->batch == 0 || b->seq == 0 || b->hidden == 0)
+        return mk_fail(MK_ERR_SHAPE, "mk_bundle_pack: bundle has no residual");
+    uint64_t residual_shape[3] = {b->batch, b->seq, b->hidden};
+    uint64_t positions_shape[2] = {b->batch, b->seq};
+    const size_t rows = b->batch * b->seq;
+
+    /* The payload is referenced in place: the only copy is into the output buffer. */
+    Meshkern__V1__Tensor residual = MESHKERN__V1__TENSOR__INIT;
+    mk_wire_tensor_describe(&residual, b->tensor_name, MESHKERN__V1__DTYPE__DTYPE_FLOAT32, residual_shape, 3,
+                            b->residual, rows * b->hidden * sizeof(float));
+    Meshkern__V1__Tensor positions = MESHKERN__V1__TENSOR__INIT;
+    mk_wire_tensor_describe(&positions, "positions", MESHKERN__V1__DTYPE__DTYPE_INT32, positions_shape, 2,
+                            b->positions, rows * sizeof(int32_t));
+    Meshkern__V1__Tensor *tensors[1] = {&residual};
+
+    Meshkern__V1__TensorBundle msg = MESHKERN__V1__TENSOR_BUNDLE__INIT;
+    msg.schema_version = b->schema_version;
+    msg.architecture = MESHKERN__V1__ARCHITECTURE_TYPE__ARCHITECTURE_TYPE_DENSE;
+    msg.adapter = (char *)b->architecture_adapter;
+    msg.boundary_point = (char *)b->boundary_point;
+    msg.next_layer = b->next_layer;
+    msg.has_next_layer = 1;
+    msg.normalized = b->normalized;
+    msg.n_tensors = 1;
+    msg.tensors = tensors;
+    msg.positions = &positions;
+    msg.runtime_recipe_digest = (char *)b->recipe_digest;
+    msg.request_id = (char *)b->request_id;
+
+    const size_t len = meshkern__v1__tensor_bundle__get_packed_size(&msg);
+    uint8_t *buf = malloc(len ? len : 1);
+    if (!buf) return mk_fail(MK_ERR_OUT_OF_MEMORY, "mk_bundle_pack: out of memory for %zu bytes", len);
+    meshkern__v1__tensor_bundle__pack(&msg, buf);
+    *out = buf;
+    *out_len = len;
+    return MK_OK;
+}
+
+/* =================================================================== unpack == */
+
+static mk_status mk_copy_field(char *dst, size_t cap, const char *src, const char *what) {
+    const size_t n = strlen(src);
+    if (n >= cap) return mk_fail(MK_ERR_INVALID_ARGUMENT, "bundle field %s is too long (%zu bytes)", what, n);
+    memcpy(dst, src, n + 1);
+    return MK_OK;
+}
+
+static mk_status mk_bundle_from_message(const Meshkern__V1__TensorBundle *msg, mk_bundle **out) {
+    /* Envelope: every field present. */
+    if (msg->schema_version == 0) return mk_fail(MK_ERR_MISSING_FIELD, "bundle is missing field schema_version");
+    if (msg->schema_version != MK_BOUNDARY_SCHEMA_VERSION)
+        return mk_fail(MK_ERR_SCHEMA_VERSION, "bundle schema version %u is not the supported version %u",
+                       msg->schema_version, MK_BOUNDARY_SCHEMA_VERSION);
+    if (msg->architecture == MESHKERN__V1__ARCHITECTURE_TYPE__ARCHITECTURE_TYPE_UNSPECIFIED)
+        return mk_fail(MK_ERR_MISSING_FIELD, "bundle is missing field architecture");
+    /* moe/mla bundles are valid protocol, but not executable here: say so first. */
+    if (msg->architecture != MESHKERN__V1__ARCHITECTURE_TYPE__ARCHITECTURE_TYPE_DENSE)
+        return mk_fail(MK_ERR_ARCHITECTURE_MISMATCH,
+                       "bundle architecture type %d is not dense: it is not executable by the dense-llama adapter",
+                       (int)msg->architecture);
+    if (msg->adapter == NULL || msg->adapter[0] == '\0')
+        return mk_fail(MK_ERR_MISSING_FIELD, "bundle is missing field adapter");
+    if (msg->boundary_point == NULL || msg->boundary_point[0] == '\0')
+        return mk_fail(MK_ERR_MISSING_FIELD, "bundle is missing field boundary_point");
+    if (!msg->has_next_layer) return mk_fail(MK_ERR_MISSING_FIELD, "bundle is missing field next_layer");
+    if (msg->n_tensors == 0) return mk_fail(MK_ERR_MISSING_FIELD, "bundle is missing field tensors");
+    if (msg->positions == NULL) return mk_fail(MK_ERR_MISSING_FIELD, "bundle is missing field positions");
+    if (msg->runtime_recipe_digest == NULL || msg->runtime_recipe_digest[0] == '\0')
+        return mk_fail(MK_ERR_MISSING_FIELD, "bundle is missing field runtime_recipe_digest");
+
+    /* The adapter name goes through the certified registry (aliases resolve). */
+    mk_architecture arch;
+    MK_TRY(mk_certified_architecture(msg->adapter, &arch));
+    if (strcmp(msg->boundary_point, MK_BOUNDARY_POINT) != 0)
+        return mk_fail(MK_ERR_BOUNDARY_POINT, "incompatible dense residual boundary schema '%s' (expected '%s')",
+                       msg->boundary_point, MK_BOUNDARY_POINT);
+    if (msg->next_layer < 0)
+        return mk_fail(MK_ERR_SEAM_MISMATCH, "bundle next_layer %lld is negative", (long long)msg->next_layer);
+    if (strlen(msg->runtime_recipe_digest) != MK_DIGEST_HEX_LEN ||
+        strspn(msg->runtime_recipe_digest, "0123456789abcdef") != MK_DIGEST_HEX_LEN)
+        return mk_fail(MK_ERR_RECIPE_DIGEST, "bundle recipe digest '%.80s' is not a 64-digit lowercase hex sha256",
+                       msg->runtime_recipe_digest);
+
+    /* The residual: exactly one tensor named residual_stream, F32 [batch, seq, hidden]. */
+    if (msg->n_tensors != 1)
+        return mk_fail(MK_ERR_TENSOR_NAME, "dense residual boundary requires exactly one tensor, got %zu",
+                       msg->n_tensors);
+    const Meshkern__V1__Tensor *t = msg->tensors[0];
+    uint64_t dims[MK_MAX_RANK];
+    size_t rank = 0;
+    MK_TRY(mk_wire_tensor_check(t, "residual", dims, MK_MAX_RANK, &rank));
+    if (strcmp(t->name, arch.boundary_tensor_name) != 0)
+        return mk_fail(MK_ERR_TENSOR_NAME, "boundary tensor is named '%.64s', expected '%s'", t->name,
+                       arch.boundary_tensor_name);
+    if (t->dtype != MESHKERN__V1__DTYPE__DTYPE_FLOAT32)
+        return mk_fail(MK_ERR_DTYPE, "residual dtype %d is not float32", (int)t->dtype);
+    if (rank != 3) return mk_fail(MK_ERR_SHAPE, "residual has rank %zu, expected 3 [batch, seq, hidden]", rank);
+
+    uint64_t pdims[MK_MAX_RANK];
+    size_t prank = 0;
+    MK_TRY(mk_wire_tensor_check(msg->positions, "positions", pdims, MK_MAX_RANK, &prank));
+    if (msg->positions->dtype != MESHKERN__V1__DTYPE__DTYPE_INT32)
+        return mk_fail(MK_ERR_DTYPE, "positions dtype %d is not int32", (int)msg->positions->dtype);
+    if (prank != 2 || pdims[0] != dims[0] || pdims[1] != dims[1])
+        return mk_fail(MK_ERR_POSITIONS_SHAPE,
+                       "positions shape (rank %zu) does not match the residual's [batch=%llu, seq=%llu]", prank,
+                       (unsigned long long)dims[0], (unsigned long long)dims[1]);
+
+    mk_bundle *b = NULL;
+    MK_TRY(mk_bundle_create((size_t)dims[0], (size_t)dims[1], (size_t)dims[2], &b));
+    memcpy(b->residual, t->data.data, t->data.len);
+    memcpy(b->positions, msg->positions->data.data, msg->positions->data.len);
+    b->schema_version = msg->schema_version;
+    b->next_layer = msg->next_layer;
+    b->normalized = msg->normalized != 0;
+    mk_status s = mk_copy_field(b->architecture_adapter, sizeof b->architecture_adapter, arch.adapter, "adapter");
+    if (s == MK_OK) s = mk_copy_field(b->recipe_digest, sizeof b->recipe_digest, msg->runtime_recipe_digest, "digest");
+    if (s == MK_OK) s = mk_copy_field(b->request_id, sizeof b->request_id, msg->request_id ? msg->request_id : "", "request_id");
+    if (s != MK_OK) {
+        mk_bundle_free(b);
+        return s;
+    }
+    *out = b;
+    return MK_OK;
+}
+
+mk_status mk_bundle_unpack(const uint8_t *bytes, size_t len, mk_bundle **out) {
+    if (!out) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_bundle_unpack: out is NULL");
+    *out = NULL;
+    if (!bytes && len) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_bundle_unpack: bytes is NULL");
+    Meshkern__V1__TensorBundle *msg = meshkern__v1__tensor_bundle__unpack(NULL, len, bytes);
+    if (!msg)
+        return mk_fail(MK_ERR_WIRE_DECODE, "bundle bytes (%zu) are not a valid TensorBundle message (truncated or corrupt)", len);
+    const mk_status s = mk_bundle_from_message(msg, out);
+    meshkern__v1__tensor_bundle__free_unpacked(msg, NULL);
+    return s;
+}
+
+/* ======================================================== protocol bundles == */
+
+static Meshkern__V1__ArchitectureType mk_wire_arch(mk_protocol_arch arch) {
+    switch (arch) {
+        case MK_PROTOCOL_ARCH_DENSE: return MESHKERN__V1__ARCHITECTURE_TYPE__ARCHITECTURE_TYPE_DENSE;
+        case MK_PROTOCOL_ARCH_MOE: return MESHKERN__V1__ARCHITECTURE_TYPE__ARCHITECTURE_TYPE_MOE;
+        case MK_PROTOCOL_ARCH_MLA: return MESHKERN__V1__ARCHITECTURE_TYPE__ARCHITECTURE_TYPE_MLA;
+    }
+    return MESHKERN__V1__ARCHITECTURE_TYPE__ARCHITECTURE_TYPE_UNSPECIFIED;
+}
+
+mk_status mk_protocol_bundle_pack(mk_protocol_arch arch, const mk_named_payload *payloads, size_t n,
+                                  uint8_t **out, size_t *out_len) {
+    if (!out || !out_len || (!payloads && n))
+        return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_protocol_bundle_pack: NULL argument");
+    if (mk_wire_arch(arch) == MESHKERN__V1__ARCHITECTURE_TYPE__ARCHITECTURE_TYPE_UNSPECIFIED)
+        return mk_fail(MK_ERR_ARCHITECTURE_MISMATCH, "unknown protocol architecture %d", (int)arch);
+    if (n > 64) return mk_fail(MK_ERR_INVALID_ARGUMENT, "protocol bundle: too many tensors (%zu)", n);
+    const char *names[64] = {0};
+    for (size_t i = 0; i < n; i++) names[i] = payloads[i].name;
+    MK_TRY(mk_protocol_check_tensors(arch, names, n));
+
+    Meshkern__V1__Tensor tensors[64];
+    Meshkern__V1__Tensor *tensor_ptrs[64];
+    uint64_t shapes[64];
+    for (size_t i = 0; i < n; i++) {
+        if (!payloads[i].name || !payloads[i].name[0] || !payloads[i].data || payloads[i].count == 0)
+            return mk_fail(MK_ERR_INVALID_ARGUMENT, "protocol bundle: payload %zu is empty or unnamed", i);
+        shapes[i] = payloads[i].count;
+        meshkern__v1__tensor__init(&tensors[i]);
+        mk_wire_tensor_describe(&tensors[i], payloads[i].name, MESHKERN__V1__DTYPE__DTYPE_FLOAT32, &shapes[i], 1,
+                                payloads[i].data, payloads[i].count * sizeof(float));
+        tensor_ptrs[i] = &tensors[i];
+    }
+    Meshkern__V1__TensorBundle msg = MESHKERN__V1__TENSOR_BUNDLE__INIT;
+    msg.schema_version = MK_BOUNDARY_SCHEMA_VERSION;
+    msg.architecture = mk_wire_arch(arch);
+    msg.adapter = arch == MK_PROTOCOL_ARCH_DENSE ? (char *)MK_DENSE_LLAMA_ADAPTER
+                  : arch == MK_PROTOCOL_ARCH_MOE ? (char *)"moe" : (char *)"mla";
+    msg.boundary_point = (char *)"pre_tail_residual";
+    msg.has_next_layer = 1;
+    msg.n_tensors = n;
+    msg.tensors = tensor_ptrs;
+    const size_t len = meshkern__v1__tensor_bundle__get_packed_size(&msg);
+    uint8_t *buf = malloc(len ? len : 1);
+    if (!buf) return mk_fail(MK_ERR_OUT_OF_MEMORY, "protocol bundle: out of memory");
+    meshkern__v1__tensor_bundle__pack(&msg, buf);
+    *out = buf;
+    *out_len = len;
+    return MK_OK;
+}
+
+mk_status mk_protocol_bundle_validate(const uint8_t *bytes, size_t len, mk_protocol_arch *arch) {
+    if (!bytes && len) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_protocol_bundle_validate: bytes is NULL");
+    Meshkern__V1__TensorBundle *msg = meshkern__v1__tensor_bundle__unpack(NULL, len, bytes);
+    if (!msg) return mk_fail(MK_ERR_WIRE_DECODE, "bytes (%zu) are not a valid TensorBundle message", len);
+    mk_status s = MK_OK;
+    mk_protocol_arch kind = MK_PROTOCOL_ARCH_DENSE;
+    switch (msg->architecture) {
+        case MESHKERN__V1__ARCHITECTURE_TYPE__ARCHITECTURE_TYPE_DENSE: kind = MK_PROTOCOL_ARCH_DENSE; break;
+        case MESHKERN__V1__ARCHITECTURE_TYPE__ARCHITECTURE_TYPE_MOE: kind = MK_PROTOCOL_ARCH_MOE; break;
+        case MESHKERN__V1__ARCHITECTURE_TYPE__ARCHITECTURE_TYPE_MLA: kind = MK_PROTOCOL_ARCH_MLA; break;
+        default: s = mk_fail(MK_ERR_MISSING_FIELD, "bundle is missing field architecture");
+    }
+    if (s == MK_OK && msg->schema_version != MK_BOUNDARY_SCHEMA_VERSION)
+        s = mk_fail(MK_ERR_SCHEMA_VERSION, "bundle schema version %u is not the supported version %u",
+                    msg->schema_version, MK_BOUNDARY_SCHEMA_VERSION);
+    const char *names[64] = {0};
+    if (s == MK_OK && msg->n_tensors > 64)
+        s = mk_fail(MK_ERR_INVALID_ARGUMENT, "protocol bundle: too many tensors (%zu)", msg->n_tensors);
+    for (size_t i = 0; s == MK_OK && i < msg->n_tensors; i++) {
+        uint64_t dims[MK_MAX_RANK];
+        size_t rank;
+        s = mk_wire_tensor_check(msg->tensors[i], "tensor", dims, MK_MAX_RANK, &rank);
+        names[i] = msg->tensors[i]->name;
+    }
+    if (s == MK_OK) s = mk_protocol_check_tensors(kind, names, msg->n_tensors);
+    if (s == MK_OK && arch) *arch = kind;
+    meshkern__v1__tensor_bundle__free_unpacked(msg, NULL);
+    return s;
+}

@@ -1,0 +1,208 @@
+/* CPU reference ops (see cpu_ops.h). Plain loops, except the matrix product (OpenBLAS). */
+#include "cpu_ops.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <stdbool.h>
+#include <string.h>
+
+/* ====================================================================== rows == */
+
+void mk_cpu_embed(float *out, const float *table, const int32_t *ids, size_t n, size_t hidden) {
+    for (size_t i = 0; i < n; i++)
+        memcpy(out + i * hidden, table + (size_t)ids[i] * hidden, hidden * sizeof(float));
+}
+
+void mk_cpu_rmsnorm(float *out, const float *x, const float *w, size_t rows, size_t cols,
+                    float eps) {
+    for (size_t r = 0; r < rows; r++) {
+        const float *xr = x + r * cols;
+        double sum_sq = 0.0;
+        for (size_t c = 0; c < cols; c++) sum_sq += (double)xr[c] * (double)xr[c];
+        const float scale = (float)(1.0 / sqrt(sum_sq / (double)cols + (double)eps));
+        float *o = out + r * cols;
+        for (size_t c = 0; c < cols; c++) o[c] = xr[c] * scale * w[c];
+    }
+}
+
+void mk_cpu_add_rmsnorm(float *residual, float *out, const float *delta, const float *w,
+                        size_t rows, size_t cols, float eps) {
+    mk_cpu_add(residual, delta, rows * cols);
+    mk_cpu_rmsnorm(out, residual, w, rows, cols, eps);
+}
+
+void mk_cpu_add(float *y, const float *x, size_t n) {
+    for (size_t i = 0; i < n; i++) y[i] += x[i];
+}
+
+/* ====================================================================== rope == */
+
+float mk_rope_inv_freq(size_t pair, size_t head_dim, float theta) {
+    return (float)pow((double)theta, -(double)(2 * pair) / (double)head_dim);
+}
+
+void mk_cpu_rope(float *x, const int32_t *positions, size_t rows, size_t n_heads, size_t head_dim,
+                 float theta, mk_rope_layout layout) {
+    const size_t half = head_dim / 2;
+    for (size_t r = 0; r < rows; r++) {
+        for (size_t i = 0; i < half; i++) {
+            const float angle = (float)positions[r] * mk_rope_inv_freq(i, head_dim, theta);
+            const float c = (float)cos((double)angle), s = (float)sin((double)angle);
+            for (size_t h = 0; h < n_heads; h++) {
+                float *head = x + (r * n_heads + h) * head_dim;
+                const size_t a = layout == MK_ROPE_ROTATE_HALF ? i : 2 * i;
+                const size_t b = layout == MK_ROPE_ROTATE_HALF ? i + half : 2 * i + 1;
+                const float xa = head[a], xb = head[b];
+                head[a] = xa * c - xb * s;
+                head[b] = xb * c + xa * s;
+            }
+        }
+    }
+}
+
+/* ================================================================= attention == */
+
+void mk_cpu_attention(float *out, const float *q, const float *k_cache, const float *v_cache,
+                      size_t rows, size_t past, size_t n_heads, size_t n_kv_heads,
+                      size_t head_dim) {
+    const size_t group = n_heads / n_kv_heads;
+    const size_t kv_stride = n_kv_heads * head_dim;
+    const float scale = (float)(1.0 / sqrt((double)head_dim));
+    /* Scores are not stored (a row can be max_context long): two passes over the cache,
+     * the first for the max, the second for the weighted sum. */
+    for (size_t r = 0; r < rows; r++) {
+        const size_t n_keys = past + r + 1;
+        for (size_t h = 0; h < n_heads; h++) {
+            const float *qh = q + (r * n_heads + h) * head_dim;
+            const size_t kvh = h / group;
+            float max_score = -INFINITY;
+            for (size_t t = 0; t < n_keys; t++) {
+                const float *kt = k_cache + t * kv_stride + kvh * head_dim;
+                float dot = 0.0f;
+                for (size_t d = 0; d < head_dim; d++) dot += qh[d] * kt[d];
+                dot *= scale;
+                if (dot > max_score) max_score = dot;
+            }
+            float *oh = out + (r * n_heads + h) * head_dim;
+            double accp[MK_MAX_HEAD_DIM]; /* head_dim <= MK_MAX_HEAD_DIM by hparams */
+            double denom = 0.0;
+            for (size_t d = 0; d < head_dim; d++) accp[d] = 0.0;
+            for (size_t t = 0; t < n_keys; t++) {
+                const float *kt = k_cache + t * kv_stride + kvh * head_dim;
+                const float *vt = v_cache + t * kv_stride + kvh * head_dim;
+                float dot = 0.0f;
+                for (size_t d = 0; d < head_dim; d++) dot += qh[d] * kt[d];
+                dot *= scale;
+                const float p = expf(dot - max_score);
+                denom += p;
+                for (size_t d = 0; d < head_dim; d++) accp[d] += (double)p * vt[d];
+            }
+            for (size_t d = 0; d < head_dim; d++) oh[d] = (float)(accp[d] / denom);
+        }
+    }
+}
+
+/* ===================================================================== swiglu == */
+
+void mk_cpu_swiglu(float *out, const float *gate, const float *up, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        const float g = gate[i];
+        out[i] = g / (1.0f + expf(-g)) * up[i];
+    }
+}
+
+/* ===================================================================== argmax == */
+
+void mk_cpu_argmax(int32_t *out, const float *x, size_t rows, size_t n) {
+    for (size_t r = 0; r < rows; r++) {
+        const float *xr = x + r * n;
+        size_t best = 0;
+        float best_value = -INFINITY;
+        bool found = false;
+        for (size_t j = 0; j < n; j++) {
+            if (isnan(xr[j])) continue;
+            if (!found || xr[j] > best_value) {
+                best = j;
+                best_value = xr[j];
+                found = true;
+            }
+        }
+        out[r] = (int32_t)best;
+    }
+}
+
+/* ===================================================================== matmul == */
+
+void mk_cpu_matmul(float *y, const float *x, const float *w, size_t rows, size_t in_dim,
+                   size_t out_dim) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)rows, (blasint)out_dim,
+                (blasint)in_dim, 1.0f, x, (blasint)in_dim, w, (blasint)in_dim, 0.0f, y,
+                (blasint)out_dim);
+}
+
+/* ============================================================== conversions == */
+
+uint16_t mk_f32_to_f16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    const uint32_t sign = (x >> 16) & 0x8000u;
+    const uint32_t abs = x & 0x7fffffffu;
+    if (abs > 0x7f800000u) return (uint16_t)(sign | 0x7e00u); /* NaN */
+    if (abs >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* overflow -> inf */
+    if (abs < 0x38800000u) {                                   /* subnormal or zero */
+        if (abs < 0x33000000u) return (uint16_t)sign;          /* rounds to zero */
+        const uint32_t mant = (abs & 0x7fffffu) | 0x800000u;
+        const int shift = 126 - (int)(abs >> 23); /* value = mant * 2^-24 >> shift */
+        uint32_t half_mant = mant >> shift;
+        const uint32_t rem = mant & ((1u << shift) - 1u);
+        const uint32_t halfway = 1u << (shift - 1);
+        if (rem > halfway || (rem == halfway && (half_mant & 1u))) half_mant++;
+        return (uint16_t)(sign | half_mant);
+    }
+    uint32_t h = ((abs >> 13) - (112u << 10));
+    const uint32_t rem = abs & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) h++;
+    return (uint16_t)(sign | h);
+}
+
+float mk_f16_to_f32(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu;
+    uint32_t mant = h & 0x3ffu;
+    uint32_t bits;
+    if (exp == 0) {
+        if (mant == 0) {
+            bits = sign;
+        } else { /* subnormal: normalize */
+            exp = 113;
+            while (!(mant & 0x400u)) {
+                mant <<= 1;
+                exp--;
+            }
+            mant &= 0x3ffu;
+            bits = sign | (exp << 23) | (mant << 13);
+        }
+    } else if (exp == 31) {
+        bits = sign | 0x7f800000u | (mant << 13);
+    } else {
+        bits = sign | ((exp + 112u) << 23) | (mant << 13);
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+uint16_t mk_f32_to_bf16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40u); /* quiet NaN */
+    x += 0x7fffu + ((x >> 16) & 1u);
+    return (uint16_t)(x >> 16);
+}
+
+float mk_bf16_to_f32(uint16_t b) {
+    const uint32_t x = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &x, 4);
+    return f;
+}

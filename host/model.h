@@ -1,0 +1,39 @@
+/* A model: hyper-parameters, the advertised architecture, an identity digest, and a
+ * source of named weights (seeded random or a GGUF file). A range asks the source for
+ * exactly the tensors it owns, as F32, one at a time. Tensor names follow GGUF. */
+#ifndef MK_MODEL_H
+#define MK_MODEL_H
+
+#include "meshkern.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct mk_gguf mk_gguf;
+
+struct mk_model {
+    mk_hparams hp;
+    char architecture[64];                /* as advertised: "llama", "dense-llama", ... */
+    char digest[MK_DIGEST_HEX_LEN + 1];   /* identity of tensors + hyper-parameters */
+    uint64_t seed;                        /* random source */
+    mk_gguf *gguf;                        /* gguf source (owned), or NULL */
+};
+
+/* Whether the model carries this tensor (e.g. output.weight is absent when tied). */
+bool mk_model_has_tensor(const mk_model *m, const char *name);
+/* Fill out[n] with the tensor as F32; n must equal its element count. */
+mk_status mk_model_load_tensor(const mk_model *m, const char *name, float *out, size_t n);
+
+/* sha256 of `len` bytes as lowercase hex (65 bytes with the terminator). */
+typedef struct mk_sha256 mk_sha256;
+mk_status mk_sha256_begin(mk_sha256 **ctx);
+void mk_sha256_update(mk_sha256 *ctx, const void *data, size_t len);
+void mk_sha256_finish(mk_sha256 *ctx, char hex[MK_DIGEST_HEX_LEN + 1]); /* frees ctx */
+/* Hash of the hyper-parameters in a fixed textual form. */
+void mk_sha256_hparams(mk_sha256 *ctx, const mk_hparams *hp);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,499 @@
+/* The range executor: the one place the boundary contract is enforced.
+ *
+ * A range owns the weights of layers [start, end] (plus the token embedding for a head,
+ * the final norm and lm_head for a tail), one backend, and an activation arena sized at
+ * creation so the forward path allocates nothing but its outputs. Each sequence owns a
+ * KV cache of max_context positions for every layer of the range. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "model.h"
+#include "mk_error.h"
+
+typedef struct mk_layer_weights {
+    float *attn_norm; /* [hidden] f32 */
+    void *wq;         /* [n_heads * head_dim, hidden] */
+    void *wk;         /* [n_kv_heads * head_dim, hidden] */
+    void *wv;         /* [n_kv_heads * head_dim, hidden] */
+    void *wo;         /* [hidden, n_heads * head_dim] */
+    float *ffn_norm;  /* [hidden] f32 */
+    void *w_gate;     /* [intermediate, hidden] */
+    void *w_up;       /* [intermediate, hidden] */
+    void *w_down;     /* [hidden, intermediate] */
+} mk_layer_weights;
+
+typedef struct mk_activations {
+    float *x;       /* [rows, hidden] residual stream */
+    float *xn;      /* [rows, hidden] normed */
+    float *q;       /* [rows, n_heads * head_dim] */
+    float *k;       /* [rows, n_kv_heads * head_dim] */
+    float *v;       /* [rows, n_kv_heads * head_dim] */
+    float *att;     /* [rows, n_heads * head_dim] */
+    float *proj;    /* [rows, hidden] attention / mlp output */
+    float *gate;    /* [rows, intermediate] */
+    float *up;      /* [rows, intermediate] */
+    float *logits;  /* [1, vocab] tail only */
+    int32_t *ids;   /* [rows] */
+    int32_t *pos;   /* [rows] */
+    int32_t *token; /* [1] tail only */
+} mk_activations;
+
+struct mk_range {
+    const mk_model *model;
+    mk_hparams hp;
+    int64_t start, end;
+    mk_role role;
+    size_t max_context, max_rows;
+    mk_backend *backend;
+    char digest[MK_DIGEST_HEX_LEN + 1];
+
+    void *weight_arena; /* dev: every weight of the range, carved below */
+    size_t weight_bytes;
+    void *token_embd;   /* [vocab, hidden] head, or tail with tied embeddings */
+    float *output_norm; /* [hidden] tail */
+    const void *lm_head; /* [vocab, hidden] tail: output.weight or token_embd */
+    mk_layer_weights *layers; /* [end - start + 1] */
+
+    void *act_arena; /* dev */
+    mk_activations act;
+    int32_t *host_positions; /* [max_rows] host staging of the positions of one forward */
+};
+
+struct mk_sequence {
+    mk_range *range;
+    void *kv_arena;  /* dev: [n_layers][2][max_context, kv_dim] */
+    size_t length;   /* positions cached */
+};
+
+/* ================================================================ helpers == */
+
+static size_t mk_align_up(size_t n) { return (n + 255) & ~(size_t)255; }
+
+/* A size table: reserve() adds aligned slices, then one allocation is carved. */
+typedef struct mk_carver {
+    size_t offset;
+    uint8_t *base;
+} mk_carver;
+
+static void *mk_carve(mk_carver *c, size_t bytes) {
+    void *p = c->base ? c->base + c->offset : NULL;
+    c->offset += mk_align_up(bytes);
+    return p;
+}
+
+mk_range_options mk_range_options_default(void) {
+    mk_range_options o = {.architecture = NULL, .backend = mk_backend_config_default(MK_BACKEND_CPU),
+                          .max_context = 0, .max_batch_tokens = 0};
+    return o;
+}
+
+mk_role mk_range_role(const mk_range *r) { return r->role; }
+int64_t mk_range_start(const mk_range *r) { return r->start; }
+int64_t mk_range_end(const mk_range *r) { return r->end; }
+size_t mk_range_weight_bytes(const mk_range *r) { return r->weight_bytes; }
+const char *mk_range_recipe_digest(const mk_range *r) { return r->digest; }
+
+/* ================================================================ weights == */
+
+/* Carve (or, on the second pass, load) every weight the range owns. */
+static mk_status mk_range_weights(mk_range *r, mk_carver *c, float *staging) {
+    const mk_hparams *hp = &r->hp;
+    const size_t q_dim = hp->n_heads * hp->head_dim, kv_dim = hp->n_kv_heads * hp->head_dim;
+    const size_t welem = mk_backend_weight_elem_size(r->backend);
+    mk_backend *b = r->backend;
+    const bool loading = c->base != NULL;
+
+#define MK_MATRIX(dst, name, count)                                                   \
+    do {                                                                              \
+        (dst) = mk_carve(c, (count) * welem);                                         \
+        if (loading) {                                                                \
+            MK_TRY(mk_model_load_tensor(r->model, (name), staging, (count)));         \
+            MK_TRY(b->ops->upload_weight(b, (dst), staging, (count)));                \
+        }                                                                             \
+    } while (0)
+#define MK_VECTOR(dst, name, count)                                                   \
+    do {                                                                              \
+        (dst) = mk_carve(c, (count) * sizeof(float));                                 \
+        if (loading) {                                                                \
+            MK_TRY(mk_model_load_tensor(r->model, (name), staging, (count)));         \
+            MK_TRY(b->ops->upload(b, (dst), staging, (count) * sizeof(float)));       \
+        }                                                                             \
+    } while (0)
+
+    const bool tied = !mk_model_has_tensor(r->model, "output.weight");
+    if (mk_role_owns_embedding(r->role) || (mk_role_owns_final_head(r->role) && tied))
+        MK_MATRIX(r->token_embd, "token_embd.weight", hp->vocab * hp->hidden);
+    char name[96];
+    for (int64_t l = r->start; l <= r->end; l++) {
+        mk_layer_weights *w = &r->layers[l - r->start];
+#define MK_LAYER_NAME(part) (snprintf(name, sizeof name, "blk.%lld." part, (long long)l), name)
+        MK_VECTOR(w->attn_norm, MK_LAYER_NAME("attn_norm.weight"), hp->hidden);
+        MK_MATRIX(w->wq, MK_LAYER_NAME("attn_q.weight"), q_dim * hp->hidden);
+        MK_MATRIX(w->wk, MK_LAYER_NAME("attn_k.weight"), kv_dim * hp->hidden);
+        MK_MATRIX(w->wv, MK_LAYER_NAME("attn_v.weight"), kv_dim * hp->hidden);
+        MK_MATRIX(w->wo, MK_LAYER_NAME("attn_output.weight"), hp->hidden * q_dim);
+        MK_VECTOR(w->ffn_norm, MK_LAYER_NAME("ffn_norm.weight"), hp->hidden);
+        MK_MATRIX(w->w_gate, MK_LAYER_NAME("ffn_gate.weight"), hp->intermediate * hp->hidden);
+        MK_MATRIX(w->w_up, MK_LAYER_NAME("ffn_up.weight"), hp->intermediate * hp->hidden);
+        MK_MATRIX(w->w_down, MK_LAYER_NAME("ffn_down.weight"), hp->hidden * hp->intermediate);
+#undef MK_LAYER_NAME
+    }
+    if (mk_role_owns_final_head(r->role)) {
+        MK_VECTOR(r->output_norm, "output_norm.weight", hp->hidden);
+        if (tied) {
+            r->lm_head = r->token_embd;
+        } else {
+            void *head;
+            MK_MATRIX(head, "output.weight", hp->vocab * hp->hidden);
+            r->lm_head = head;
+        }
+    }
+#undef MK_MATRIX
+#undef MK_VECTOR
+    return MK_OK;
+}
+
+static size_t mk_range_largest_tensor(const mk_hparams *hp) {
+    size_t n = hp->vocab * hp->hidden;
+    const size_t q = hp->n_heads * hp->head_dim * hp->hidden, ffn = hp->intermediate * hp->hidden;
+    if (q > n) n = q;
+    if (ffn > n) n = ffn;
+    return n;
+}
+
+static mk_status mk_range_load(mk_range *r) {
+    mk_carver sizing = {0, NULL};
+    MK_TRY(mk_range_weights(r, &sizing, NULL));
+    r->weight_bytes = sizing.offset;
+    MK_TRY(r->backend->ops->alloc(r->backend, r->weight_bytes, &r->weight_arena));
+    /* One tensor is staged on the host at a time (dequantized F32), then uploaded. */
+    float *staging = malloc(mk_range_largest_tensor(&r->hp) * sizeof(float));
+    if (!staging) return mk_fail(MK_ERR_OUT_OF_MEMORY, "range: out of memory for weight staging");
+    mk_carver loading = {0, r->weight_arena};
+    const mk_status s = mk_range_weights(r, &loading, staging);
+    free(staging);
+    if (s == MK_OK) MK_TRY(r->backend->ops->synchronize(r->backend));
+    return s;
+}
+
+/* ============================================================ activations == */
+
+static void mk_range_activations(mk_range *r, mk_carver *c) {
+    const mk_hparams *hp = &r->hp;
+    const size_t rows = r->max_rows, q_dim = hp->n_heads * hp->head_dim, kv_dim = hp->n_kv_heads * hp->head_dim;
+    mk_activations *a = &r->act;
+    a->x = mk_carve(c, rows * hp->hidden * sizeof(float));
+    a->xn = mk_carve(c, rows * hp->hidden * sizeof(float));
+    a->q = mk_carve(c, rows * q_dim * sizeof(float));
+    a->k = mk_carve(c, rows * kv_dim * sizeof(float));
+    a->v = mk_carve(c, rows * kv_dim * sizeof(float));
+    a->att = mk_carve(c, rows * q_dim * sizeof(float));
+    a->proj = mk_carve(c, rows * hp->hidden * sizeof(float));
+    a->gate = mk_carve(c, rows * hp->intermediate * sizeof(float));
+    a->up = mk_carve(c, rows * hp->intermediate * sizeof(float));
+    a->logits = mk_carve(c, mk_role_owns_final_head(r->role) ? hp->vocab * sizeof(float) : 0);
+    a->ids = mk_carve(c, rows * sizeof(int32_t));
+    a->pos = mk_carve(c, rows * sizeof(int32_t));
+    a->token = mk_carve(c, sizeof(int32_t));
+}
+
+/* ============================================================= lifecycle == */
+
+mk_status mk_range_create(const mk_model *model, int64_t start, int64_t end, const mk_range_options *options,
+                          mk_range **out) {
+    if (!model || !out) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_range_create: NULL argument");
+    *out = NULL;
+    const mk_range_options defaults = mk_range_options_default();
+    const mk_range_options *opt = options ? options : &defaults;
+    /* Fail closed before touching any weight. */
+    const char *advertised = opt->architecture ? opt->architecture : model->architecture;
+    MK_TRY(mk_certified_architecture(advertised, NULL));
+    mk_role role;
+    MK_TRY(mk_role_for_range(start, end, (int64_t)model->hp.n_layers, &role));
+    size_t max_context = opt->max_context ? opt->max_context : model->hp.max_context;
+    if (!opt->max_context && max_context > 4096) max_context = 4096;
+    if (max_context > model->hp.max_context)
+        return mk_fail(MK_ERR_INVALID_ARGUMENT, "range max_context %zu exceeds the model's %zu", max_context,
+                       model->hp.max_context);
+    const size_t max_rows = opt->max_batch_tokens ? opt->max_batch_tokens : max_context;
+    if (max_rows > max_context)
+        return mk_fail(MK_ERR_INVALID_ARGUMENT, "max_batch_tokens %zu exceeds max_context %zu", max_rows, max_context);
+
+    mk_range *r = calloc(1, sizeof *r);
+    if (!r) return mk_fail(MK_ERR_OUT_OF_MEMORY, "range: out of memory");
+    r->model = model;
+    r->hp = model->hp;
+    r->start = start;
+    r->end = end;
+    r->role = role;
+    r->max_context = max_context;
+    r->max_rows = max_rows;
+    r->layers = calloc((size_t)(end - start + 1), sizeof *r->layers);
+    r->host_positions = calloc(max_rows, sizeof(int32_t));
+    mk_status s = r->layers && r->host_positions ? MK_OK : mk_fail(MK_ERR_OUT_OF_MEMORY, "range: out of memory");
+    if (s == MK_OK) s = mk_backend_create(&opt->backend, &r->backend);
+    if (s == MK_OK) {
+        /* The digest binds the model identity and the weight dtype the residual came from. */
+        mk_sha256 *ctx;
+        s = mk_sha256_begin(&ctx);
+        if (s == MK_OK) {
+            char text[96];
+            const int n = snprintf(text, sizeof text, "%s;weights=%s", model->digest,
+                                   mk_dtype_name(opt->backend.weight_dtype));
+            mk_sha256_update(ctx, text, (size_t)n);
+            mk_sha256_finish(ctx, r->digest);
+        }
+    }
+    if (s == MK_OK) s = mk_range_load(r);
+    if (s == MK_OK) {
+        mk_carver sizing = {0, NULL};
+        mk_range_activations(r, &sizing);
+        s = r->backend->ops->alloc(r->backend, sizing.offset, &r->act_arena);
+        if (s == MK_OK) {
+            mk_carver carving = {0, r->act_arena};
+            mk_range_activations(r, &carving);
+        }
+    }
+    if (s != MK_OK) {
+        mk_range_free(r);
+        return s;
+    }
+    *out = r;
+    return MK_OK;
+}
+
+void mk_range_free(mk_range *r) {
+    if (!r) return;
+    if (r->backend) {
+        if (r->weight_arena) r->backend->ops->release(r->backend, r->weight_arena);
+        if (r->act_arena) r->backend->ops->release(r->backend, r->act_arena);
+        mk_backend_destroy(r->backend);
+    }
+    free(r->layers);
+    free(r->host_positions);
+    free(r);
+}
+
+/* ============================================================== sequences == */
+
+static size_t mk_kv_slab_elems(const mk_range *r) { return r->max_context * r->hp.n_kv_heads * r->hp.head_dim; }
+
+mk_status mk_sequence_open(mk_range *r, mk_sequence **out) {
+    if (!r || !out) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_sequence_open: NULL argument");
+    *out = NULL;
+    mk_sequence *seq = calloc(1, sizeof *seq);
+    if (!seq) return mk_fail(MK_ERR_OUT_OF_MEMORY, "sequence: out of memory");
+    seq->range = r;
+    const size_t layers = (size_t)(r->end - r->start + 1);
+    const mk_status s = r->backend->ops->alloc(r->backend, layers * 2 * mk_kv_slab_elems(r) * sizeof(float), &seq->kv_arena);
+    if (s != MK_OK) {
+        free(seq);
+        return s;
+    }
+    *out = seq;
+    return MK_OK;
+}
+
+void mk_sequence_close(mk_sequence *seq) {
+    if (!seq) return;
+    seq->range->backend->ops->release(seq->range->backend, seq->kv_arena);
+    free(seq);
+}
+
+mk_status mk_sequence_reset(mk_sequence *seq) {
+    if (!seq) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_sequence_reset: NULL sequence");
+    seq->length = 0; /* stale cache rows are never read: attention reads [0, length) */
+    return MK_OK;
+}
+
+size_t mk_sequence_length(const mk_sequence *seq) { return seq ? seq->length : 0; }
+
+void mk_tail_output_free(mk_tail_output *t) {
+    if (!t) return;
+    free(t->logits);
+    free(t->token_ids);
+    free(t);
+}
+
+/* ============================================================== contract == */
+
+static mk_status mk_check_input(const mk_range *r, const mk_sequence *seq, const int32_t *ids, size_t n_tokens,
+                                const mk_bundle *bundle, size_t *rows) {
+    const char *role = mk_role_name(r->role);
+    if (mk_role_owns_embedding(r->role)) {
+        if (bundle)
+            return mk_fail(MK_ERR_HEAD_OWNS_EMBEDDING,
+                           "%s range refuses a boundary bundle: head owns token embedding and accepts token ids",
+                           role);
+        if (!ids || n_tokens == 0)
+            return mk_fail(MK_ERR_EMPTY_INPUT, "%s range requires at least one token id", role);
+        for (size_t i = 0; i < n_tokens; i++)
+            if (ids[i] < 0 || (size_t)ids[i] >= r->hp.vocab)
+                return mk_fail(MK_ERR_TOKEN_OUT_OF_RANGE, "token id %d at index %zu is outside the vocabulary (%zu)",
+                               ids[i], i, r->hp.vocab);
+        *rows = n_tokens;
+        return MK_OK;
+    }
+    if (ids || n_tokens)
+        return mk_fail(MK_ERR_BYPASS_EMBEDDING,
+                       "%s range refuses token ids: middle and tail ranges bypass token embedding", role);
+    if (!bundle)
+        return mk_fail(MK_ERR_BUNDLE_REQUIRED, "%s range must receive the named boundary bundle '%s'", role,
+                       MK_RESIDUAL_TENSOR_NAME);
+    if (bundle->normalized)
+        return mk_fail(MK_ERR_NORMALIZED_BUNDLE,
+                       "boundary bundle is marked normalized: the seam carries the UNNORMALIZED residual stream");
+    if (bundle->schema_version != MK_BOUNDARY_SCHEMA_VERSION)
+        return mk_fail(MK_ERR_SCHEMA_VERSION, "bundle schema version %u is not the supported version %u",
+                       bundle->schema_version, MK_BOUNDARY_SCHEMA_VERSION);
+    mk_architecture arch;
+    MK_TRY(mk_certified_architecture(bundle->architecture_adapter, &arch));
+    if (strcmp(bundle->tensor_name, arch.boundary_tensor_name) != 0)
+        return mk_fail(MK_ERR_TENSOR_NAME, "boundary tensor is named '%s', expected '%s'", bundle->tensor_name,
+                       arch.boundary_tensor_name);
+    if (strcmp(bundle->boundary_point, MK_BOUNDARY_POINT) != 0)
+        return mk_fail(MK_ERR_BOUNDARY_POINT, "incompatible dense residual boundary schema '%s'", bundle->boundary_point);
+    if (bundle->next_layer != r->start)
+        return mk_fail(MK_ERR_SEAM_MISMATCH,
+                       "seam mismatch: this range starts at layer %lld but the bundle was cut before layer %lld",
+                       (long long)r->start, (long long)bundle->next_layer);
+    if (strcmp(bundle->recipe_digest, r->digest) != 0)
+        return mk_fail(MK_ERR_RECIPE_DIGEST, "bundle recipe digest %.16s... does not match this range's %.16s...",
+                       bundle->recipe_digest, r->digest);
+    if (bundle->hidden != r->hp.hidden)
+        return mk_fail(MK_ERR_HIDDEN_WIDTH, "bundle hidden width %zu does not match the model's %zu", bundle->hidden,
+                       r->hp.hidden);
+    if (bundle->batch != 1)
+        return mk_fail(MK_ERR_SHAPE, "bundle batch %zu: a sequence carries batch 1", bundle->batch);
+    if (!bundle->residual || !bundle->positions || bundle->seq == 0)
+        return mk_fail(MK_ERR_EMPTY_INPUT, "bundle carries no rows");
+    for (size_t i = 0; i < bundle->seq; i++)
+        if (bundle->positions[i] < 0 || (size_t)bundle->positions[i] != seq->length + i)
+            return mk_fail(MK_ERR_POSITIONS_SHAPE,
+                           "bundle position %d at row %zu does not continue the sequence (expected %zu)",
+                           bundle->positions[i], i, seq->length + i);
+    *rows = bundle->seq;
+    return MK_OK;
+}
+
+/* =============================================================== forward == */
+
+static mk_status mk_run_layer(mk_range *r, mk_sequence *seq, size_t layer_index, size_t rows) {
+    const mk_hparams *hp = &r->hp;
+    mk_backend *b = r->backend;
+    const mk_backend_ops *ops = b->ops;
+    const mk_layer_weights *w = &r->layers[layer_index];
+    const mk_activations *a = &r->act;
+    const size_t q_dim = hp->n_heads * hp->head_dim, kv_dim = hp->n_kv_heads * hp->head_dim;
+    const size_t past = seq->length;
+    float *k_cache = (float *)seq->kv_arena + (2 * layer_index) * mk_kv_slab_elems(r);   /* [ctx, kv_dim] */
+    float *v_cache = (float *)seq->kv_arena + (2 * layer_index + 1) * mk_kv_slab_elems(r); /* [ctx, kv_dim] */
+
+    /* attention block */
+    MK_TRY(ops->rmsnorm(b, a->xn, a->x, w->attn_norm, rows, hp->hidden, hp->rms_eps));
+    MK_TRY(ops->matmul(b, a->q, a->xn, w->wq, rows, hp->hidden, q_dim));
+    MK_TRY(ops->matmul(b, a->k, a->xn, w->wk, rows, hp->hidden, kv_dim));
+    MK_TRY(ops->matmul(b, a->v, a->xn, w->wv, rows, hp->hidden, kv_dim));
+    MK_TRY(ops->rope(b, a->q, a->pos, rows, hp->n_heads, hp->head_dim, hp->rope_theta, hp->rope_layout));
+    MK_TRY(ops->rope(b, a->k, a->pos, rows, hp->n_kv_heads, hp->head_dim, hp->rope_theta, hp->rope_layout));
+    MK_TRY(ops->copy(b, k_cache + past * kv_dim, a->k, rows * kv_dim * sizeof(float)));
+    MK_TRY(ops->copy(b, v_cache + past * kv_dim, a->v, rows * kv_dim * sizeof(float)));
+    MK_TRY(ops->attention(b, a->att, a->q, k_cache, v_cache, rows, past, hp->n_heads, hp->n_kv_heads, hp->head_dim));
+    MK_TRY(ops->matmul(b, a->proj, a->att, w->wo, rows, q_dim, hp->hidden));
+    MK_TRY(ops->add(b, a->x, a->proj, rows * hp->hidden));
+
+    /* mlp block */
+    MK_TRY(ops->rmsnorm(b, a->xn, a->x, w->ffn_norm, rows, hp->hidden, hp->rms_eps));
+    MK_TRY(ops->matmul(b, a->gate, a->xn, w->w_gate, rows, hp->hidden, hp->intermediate));
+    MK_TRY(ops->matmul(b, a->up, a->xn, w->w_up, rows, hp->hidden, hp->intermediate));
+    MK_TRY(ops->swiglu(b, a->gate, a->gate, a->up, rows * hp->intermediate));
+    MK_TRY(ops->matmul(b, a->proj, a->gate, w->w_down, rows, hp->intermediate, hp->hidden));
+    MK_TRY(ops->add(b, a->x, a->proj, rows * hp->hidden));
+    return MK_OK;
+}
+
+static mk_status mk_emit_bundle(mk_range *r, size_t rows, const int32_t *positions, mk_bundle **out) {
+    mk_bundle *bundle;
+    MK_TRY(mk_bundle_create(1, rows, r->hp.hidden, &bundle));
+    mk_status s = r->backend->ops->download(r->backend, bundle->residual, r->act.x, rows * r->hp.hidden * sizeof(float));
+    if (s != MK_OK) {
+        mk_bundle_free(bundle);
+        return s;
+    }
+    memcpy(bundle->positions, positions, rows * sizeof(int32_t));
+    /* No final norm, no pruning, no sampling: the raw residual is the next range's input. */
+    bundle->next_layer = r->end + 1;
+    bundle->normalized = false;
+    memcpy(bundle->recipe_digest, r->digest, sizeof bundle->recipe_digest);
+    *out = bundle;
+    return MK_OK;
+}
+
+static mk_status mk_emit_tail(mk_range *r, size_t rows, const mk_sampling_contract *sampling, mk_tail_output **out) {
+    const mk_hparams *hp = &r->hp;
+    mk_backend *b = r->backend;
+    const mk_activations *a = &r->act;
+    /* Tail-only pruning: final norm and lm_head on the last row alone. */
+    const float *last = a->x + (rows - 1) * hp->hidden;
+    MK_TRY(b->ops->rmsnorm(b, a->xn, last, r->output_norm, 1, hp->hidden, hp->rms_eps));
+    MK_TRY(b->ops->matmul(b, a->logits, a->xn, r->lm_head, 1, hp->hidden, hp->vocab));
+    MK_TRY(b->ops->argmax(b, a->token, a->logits, 1, hp->vocab));
+    mk_tail_output *t = calloc(1, sizeof *t);
+    if (!t) return mk_fail(MK_ERR_OUT_OF_MEMORY, "tail output: out of memory");
+    t->batch = 1;
+    t->vocab = hp->vocab;
+    t->sampling = *sampling;
+    t->logits = malloc(hp->vocab * sizeof(float));
+    t->token_ids = malloc(sizeof(int32_t));
+    mk_status s = t->logits && t->token_ids ? MK_OK : mk_fail(MK_ERR_OUT_OF_MEMORY, "tail output: out of memory");
+    if (s == MK_OK) s = b->ops->download(b, t->logits, a->logits, hp->vocab * sizeof(float));
+    if (s == MK_OK) s = b->ops->download(b, t->token_ids, a->token, sizeof(int32_t));
+    if (s != MK_OK) {
+        mk_tail_output_free(t);
+        return s;
+    }
+    *out = t;
+    return MK_OK;
+}
+
+mk_status mk_range_forward(mk_range *r, mk_sequence *seq, const int32_t *token_ids, size_t n_tokens,
+                           const mk_bundle *bundle, const mk_sampling_contract *sampling, mk_bundle **out_bundle,
+                           mk_tail_output **out_tail) {
+    if (!r || !seq) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_range_forward: NULL range or sequence");
+    if (seq->range != r) return mk_fail(MK_ERR_INVALID_ARGUMENT, "sequence belongs to another range");
+    const bool tail = mk_role_owns_final_head(r->role);
+    if (tail ? !out_tail : !out_bundle)
+        return mk_fail(MK_ERR_INVALID_ARGUMENT, "%s range needs %s", mk_role_name(r->role),
+                       tail ? "out_tail" : "out_bundle");
+    mk_sampling_contract greedy = {MK_SAMPLING_GREEDY};
+    if (sampling) MK_TRY(mk_sampling_contract_init(&greedy, sampling->mode));
+
+    size_t rows = 0;
+    MK_TRY(mk_check_input(r, seq, token_ids, n_tokens, bundle, &rows));
+    if (rows > r->max_rows)
+        return mk_fail(MK_ERR_INVALID_ARGUMENT, "forward of %zu rows exceeds this range's max_batch_tokens %zu", rows,
+                       r->max_rows);
+    if (seq->length + rows > r->max_context)
+        return mk_fail(MK_ERR_CONTEXT_OVERFLOW, "sequence of %zu positions plus %zu rows exceeds max_context %zu",
+                       seq->length, rows, r->max_context);
+
+    mk_backend *b = r->backend;
+    const mk_activations *a = &r->act;
+    int32_t *positions = r->host_positions;
+    for (size_t i = 0; i < rows; i++) positions[i] = (int32_t)(seq->length + i);
+    MK_TRY(b->ops->upload(b, a->pos, positions, rows * sizeof(int32_t)));
+    if (mk_role_owns_embedding(r->role)) {
+        MK_TRY(b->ops->upload(b, a->ids, token_ids, rows * sizeof(int32_t)));
+        MK_TRY(b->ops->embed(b, a->x, r->token_embd, a->ids, rows, r->hp.hidden));
+    } else {
+        MK_TRY(b->ops->upload(b, a->x, bundle->residual, rows * r->hp.hidden * sizeof(float)));
+    }
+    for (size_t l = 0; l < (size_t)(r->end - r->start + 1); l++) MK_TRY(mk_run_layer(r, seq, l, rows));
+
+    if (tail) MK_TRY(mk_emit_tail(r, rows, &greedy, out_tail));
+    else MK_TRY(mk_emit_bundle(r, rows, positions, out_bundle));
+    seq->length += rows;
+    return MK_OK;
+}

@@ -1,0 +1,405 @@
+// The seed's boundary-adapter parity suite (shared/reference/test_boundary_adapter_parity.py),
+// ported test by test: same cases, same error wording. Parity here is bit-exact.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "cpu_ops.h"
+#include "mk_test_util.h"
+#include "model.h"
+
+namespace {
+
+TailPtr whole_model_next_token(const mk_model *model, const std::vector<int32_t> &tokens) {
+    Pipeline p(model, {});
+    EXPECT_EQ(p.status(), MK_OK) << mk_last_error();
+    TailPtr out;
+    EXPECT_EQ(p.step(tokens, &out), MK_OK) << mk_last_error();
+    return out;
+}
+
+TailPtr split_next_token(const mk_model *model, const std::vector<int32_t> &tokens, const std::vector<int64_t> &cuts) {
+    Pipeline p(model, cuts);
+    EXPECT_EQ(p.status(), MK_OK) << mk_last_error();
+    TailPtr out;
+    EXPECT_EQ(p.step(tokens, &out), MK_OK) << mk_last_error();
+    return out;
+}
+
+// Full recomputation each step, as the reference does.
+std::vector<int32_t> greedy_generate_recompute(const mk_model *model, const std::vector<int64_t> &cuts,
+                                               std::vector<int32_t> prompt, int n_new) {
+    std::vector<int32_t> generated;
+    for (int i = 0; i < n_new; i++) {
+        TailPtr out = cuts.empty() ? whole_model_next_token(model, prompt) : split_next_token(model, prompt, cuts);
+        if (!out) return generated;
+        prompt.push_back(out->token_ids[0]);
+        generated.push_back(out->token_ids[0]);
+    }
+    return generated;
+}
+
+RangePtr make_range(const mk_model *model, int64_t start, int64_t end, const char *arch = nullptr) {
+    mk_range_options opt = mk_range_options_default();
+    opt.architecture = arch;
+    mk_range *r = nullptr;
+    EXPECT_EQ(mk_range_create(model, start, end, &opt, &r), MK_OK) << mk_last_error();
+    return RangePtr(r);
+}
+
+BundlePtr head_forward(mk_range *head, const std::vector<int32_t> &tokens) {
+    mk_sequence *s = nullptr;
+    EXPECT_EQ(mk_sequence_open(head, &s), MK_OK);
+    SequencePtr seq(s);
+    mk_bundle *b = nullptr;
+    EXPECT_EQ(mk_range_forward(head, seq.get(), tokens.data(), tokens.size(), nullptr, nullptr, &b, nullptr), MK_OK)
+        << mk_last_error();
+    return BundlePtr(b);
+}
+
+// Forward of a fresh sequence of `range` with a bundle; returns the status and message.
+mk_status forward_bundle(mk_range *range, const mk_bundle *bundle, std::string *message) {
+    mk_sequence *s = nullptr;
+    EXPECT_EQ(mk_sequence_open(range, &s), MK_OK);
+    SequencePtr seq(s);
+    mk_bundle *out_b = nullptr;
+    mk_tail_output *out_t = nullptr;
+    const mk_status st = mk_range_forward(range, seq.get(), nullptr, 0, bundle, nullptr, &out_b, &out_t);
+    *message = mk_last_error();
+    mk_bundle_free(out_b);
+    mk_tail_output_free(out_t);
+    return st;
+}
+
+// ------------------------------------------------------------ certification ---
+
+TEST(Certification, DenseLlamaAndAliasesAreCertified) {
+    for (const char *name : {"dense-llama", "llama", "LlamaForCausalLM", "LlamaModel"}) {
+        mk_architecture arch;
+        MK_ASSERT_OK(mk_certified_architecture(name, &arch));
+        EXPECT_STREQ(arch.adapter, "dense-llama");
+        EXPECT_STREQ(arch.boundary_tensor_name, "residual_stream");
+        EXPECT_TRUE(mk_is_certified_architecture(name));
+    }
+}
+
+class Uncertified : public ::testing::TestWithParam<const char *> {};
+
+TEST_P(Uncertified, FailsClosed) {
+    const char *name = GetParam();
+    EXPECT_FALSE(mk_is_certified_architecture(name));
+    mk_architecture arch;
+    EXPECT_EQ(mk_certified_architecture(name, &arch), MK_ERR_UNCERTIFIED_ARCHITECTURE);
+    EXPECT_NE(std::string(mk_last_error()).find("uncertified architecture"), std::string::npos);
+}
+
+INSTANTIATE_TEST_SUITE_P(Names, Uncertified,
+                         ::testing::Values("qwen3", "qwen3-moe", "mixtral", "gpt2", "", nullptr, "LLAMA", "llama "));
+
+TEST(Certification, AdapterConstructionFailsClosedForUncertifiedBackend) {
+    ModelPtr model = make_random_model(mk_hparams_seed_default());
+    mk_range_options opt = mk_range_options_default();
+    opt.architecture = "qwen3-moe";
+    mk_range *r = nullptr;
+    EXPECT_EQ(mk_range_create(model.get(), 0, 2, &opt, &r), MK_ERR_UNCERTIFIED_ARCHITECTURE);
+    EXPECT_EQ(r, nullptr);
+    // A model that itself advertises an uncertified architecture fails the same way.
+    ModelPtr qwen = make_random_model(mk_hparams_seed_default(), 1, "qwen3");
+    EXPECT_EQ(mk_range_create(qwen.get(), 0, 2, nullptr, &r), MK_ERR_UNCERTIFIED_ARCHITECTURE);
+}
+
+// --------------------------------------------------------------------- roles ---
+
+TEST(Roles, Classification) {
+    mk_role role;
+    MK_ASSERT_OK(mk_role_for_range(0, 2, 6, &role));
+    EXPECT_EQ(role, MK_ROLE_HEAD);
+    MK_ASSERT_OK(mk_role_for_range(2, 3, 6, &role));
+    EXPECT_EQ(role, MK_ROLE_MIDDLE);
+    MK_ASSERT_OK(mk_role_for_range(4, 5, 6, &role));
+    EXPECT_EQ(role, MK_ROLE_TAIL);
+    MK_ASSERT_OK(mk_role_for_range(0, 5, 6, &role));
+    EXPECT_EQ(role, MK_ROLE_FULL);
+    EXPECT_TRUE(mk_role_owns_embedding(MK_ROLE_HEAD));
+    EXPECT_FALSE(mk_role_owns_final_head(MK_ROLE_HEAD));
+    EXPECT_TRUE(mk_role_owns_final_head(MK_ROLE_TAIL));
+    EXPECT_FALSE(mk_role_owns_embedding(MK_ROLE_TAIL));
+    EXPECT_TRUE(mk_role_owns_embedding(MK_ROLE_FULL) && mk_role_owns_final_head(MK_ROLE_FULL));
+    EXPECT_FALSE(mk_role_owns_embedding(MK_ROLE_MIDDLE) || mk_role_owns_final_head(MK_ROLE_MIDDLE));
+}
+
+TEST(Roles, InvalidRangesAreRefused) {
+    mk_role role;
+    EXPECT_EQ(mk_role_for_range(-1, 2, 6, &role), MK_ERR_INVALID_RANGE);
+    EXPECT_EQ(mk_role_for_range(3, 2, 6, &role), MK_ERR_INVALID_RANGE);
+    EXPECT_EQ(mk_role_for_range(4, 6, 6, &role), MK_ERR_INVALID_RANGE);
+    EXPECT_EQ(mk_role_for_range(0, 0, 0, &role), MK_ERR_INVALID_RANGE);
+}
+
+// -------------------------------------------------------------- input side ---
+
+TEST(InputSide, HeadAcceptsTokenIdsAndOwnsEmbedding) {
+    ModelPtr model = make_random_model(mk_hparams_seed_default());
+    RangePtr head = make_range(model.get(), 0, 2);
+    BundlePtr bundle = head_forward(head.get(), {1, 2, 3});
+    ASSERT_TRUE(bundle);
+    std::string msg;
+    EXPECT_EQ(forward_bundle(head.get(), bundle.get(), &msg), MK_ERR_HEAD_OWNS_EMBEDDING);
+    EXPECT_NE(msg.find("head owns token embedding"), std::string::npos) << msg;
+}
+
+TEST(InputSide, MiddleAndTailBypassEmbeddingAndRequireTheBundle) {
+    ModelPtr model = make_random_model(mk_hparams_seed_default());
+    for (auto [start, end] : {std::pair<int64_t, int64_t>{3, 5}, {2, 3}}) {
+        RangePtr range = make_range(model.get(), start, end);
+        mk_sequence *s = nullptr;
+        MK_ASSERT_OK(mk_sequence_open(range.get(), &s));
+        SequencePtr seq(s);
+        const int32_t ids[] = {1, 2, 3};
+        mk_bundle *b = nullptr;
+        mk_tail_output *t = nullptr;
+        EXPECT_EQ(mk_range_forward(range.get(), seq.get(), ids, 3, nullptr, nullptr, &b, &t), MK_ERR_BYPASS_EMBEDDING);
+        EXPECT_NE(std::string(mk_last_error()).find("bypass token embedding"), std::string::npos);
+        EXPECT_EQ(mk_range_forward(range.get(), seq.get(), nullptr, 0, nullptr, nullptr, &b, &t), MK_ERR_BUNDLE_REQUIRED);
+        EXPECT_NE(std::string(mk_last_error()).find("must receive the named boundary bundle"), std::string::npos);
+        EXPECT_EQ(b, nullptr);
+        EXPECT_EQ(t, nullptr);
+        EXPECT_EQ(mk_sequence_length(seq.get()), 0u);
+    }
+}
+
+TEST(InputSide, BoundarySeamLayerMismatchIsRejected) {
+    ModelPtr model = make_random_model(mk_hparams_seed_default());
+    RangePtr head = make_range(model.get(), 0, 2);
+    BundlePtr bundle = head_forward(head.get(), {1, 2, 3});
+    ASSERT_TRUE(bundle);
+    EXPECT_EQ(bundle->next_layer, 3);
+    RangePtr wrong = make_range(model.get(), 4, 5);
+    std::string msg;
+    EXPECT_EQ(forward_bundle(wrong.get(), bundle.get(), &msg), MK_ERR_SEAM_MISMATCH);
+    EXPECT_NE(msg.find("starts at layer 4"), std::string::npos) << msg;
+}
+
+TEST(InputSide, NormalizedBundleIsRejected) {
+    ModelPtr model = make_random_model(mk_hparams_seed_default());
+    RangePtr head = make_range(model.get(), 0, 2);
+    BundlePtr bundle = head_forward(head.get(), {1, 2, 3});
+    ASSERT_TRUE(bundle);
+    mk_bundle *copy = nullptr;
+    MK_ASSERT_OK(mk_bundle_clone(bundle.get(), &copy));
+    BundlePtr normalized(copy);
+    normalized->normalized = true;
+    RangePtr tail = make_range(model.get(), 3, 5);
+    std::string msg;
+    EXPECT_EQ(forward_bundle(tail.get(), normalized.get(), &msg), MK_ERR_NORMALIZED_BUNDLE);
+    EXPECT_NE(msg.find("UNNORMALIZED"), std::string::npos) << msg;
+    // The flag survives the wire, and the receiver still refuses it.
+    uint8_t *bytes = nullptr;
+    size_t len = 0;
+    MK_ASSERT_OK(mk_bundle_pack(normalized.get(), &bytes, &len));
+    BufferPtr hold(bytes);
+    mk_bundle *restored = nullptr;
+    MK_ASSERT_OK(mk_bundle_unpack(bytes, len, &restored));
+    BundlePtr r(restored);
+    EXPECT_EQ(forward_bundle(tail.get(), r.get(), &msg), MK_ERR_NORMALIZED_BUNDLE);
+}
+
+// ------------------------------------------------------------- output side ---
+
+// A direct computation of the residual after layers [0, n) from the CPU ops and the
+// model's own tensors, independent of the executor.
+std::vector<float> direct_residual(const mk_model *model, const std::vector<int32_t> &tokens, int n_layers) {
+    const mk_hparams &hp = *mk_model_hparams(model);
+    const size_t rows = tokens.size(), q_dim = hp.n_heads * hp.head_dim, kv_dim = hp.n_kv_heads * hp.head_dim;
+    auto load = [&](const std::string &name, size_t n) {
+        std::vector<float> w(n);
+        EXPECT_EQ(mk_model_load_tensor(model, name.c_str(), w.data(), n), MK_OK) << mk_last_error();
+        return w;
+    };
+    std::vector<float> embd = load("token_embd.weight", hp.vocab * hp.hidden);
+    std::vector<float> x(rows * hp.hidden), xn(x.size()), q(rows * q_dim), k(rows * kv_dim), v(rows * kv_dim),
+        att(rows * q_dim), proj(x.size()), gate(rows * hp.intermediate), up(gate.size());
+    mk_cpu_embed(x.data(), embd.data(), tokens.data(), rows, hp.hidden);
+    std::vector<int32_t> pos(rows);
+    for (size_t i = 0; i < rows; i++) pos[i] = (int32_t)i;
+    for (int l = 0; l < n_layers; l++) {
+        const std::string p = "blk." + std::to_string(l) + ".";
+        mk_cpu_rmsnorm(xn.data(), x.data(), load(p + "attn_norm.weight", hp.hidden).data(), rows, hp.hidden, hp.rms_eps);
+        mk_cpu_matmul(q.data(), xn.data(), load(p + "attn_q.weight", q_dim * hp.hidden).data(), rows, hp.hidden, q_dim);
+        mk_cpu_matmul(k.data(), xn.data(), load(p + "attn_k.weight", kv_dim * hp.hidden).data(), rows, hp.hidden, kv_dim);
+        mk_cpu_matmul(v.data(), xn.data(), load(p + "attn_v.weight", kv_dim * hp.hidden).data(), rows, hp.hidden, kv_dim);
+        mk_cpu_rope(q.data(), pos.data(), rows, hp.n_heads, hp.head_dim, hp.rope_theta, hp.rope_layout);
+        mk_cpu_rope(k.data(), pos.data(), rows, hp.n_kv_heads, hp.head_dim, hp.rope_theta, hp.rope_layout);
+        mk_cpu_attention(att.data(), q.data(), k.data(), v.data(), rows, 0, hp.n_heads, hp.n_kv_heads, hp.head_dim);
+        mk_cpu_matmul(proj.data(), att.data(), load(p + "attn_output.weight", hp.hidden * q_dim).data(), rows, q_dim, hp.hidden);
+        mk_cpu_add(x.data(), proj.data(), x.size());
+        mk_cpu_rmsnorm(xn.data(), x.data(), load(p + "ffn_norm.weight", hp.hidden).data(), rows, hp.hidden, hp.rms_eps);
+        mk_cpu_matmul(gate.data(), xn.data(), load(p + "ffn_gate.weight", hp.intermediate * hp.hidden).data(), rows, hp.hidden, hp.intermediate);
+        mk_cpu_matmul(up.data(), xn.data(), load(p + "ffn_up.weight", hp.intermediate * hp.hidden).data(), rows, hp.hidden, hp.intermediate);
+        mk_cpu_swiglu(gate.data(), gate.data(), up.data(), gate.size());
+        mk_cpu_matmul(proj.data(), gate.data(), load(p + "ffn_down.weight", hp.hidden * hp.intermediate).data(), rows, hp.intermediate, hp.hidden);
+        mk_cpu_add(x.data(), proj.data(), x.size());
+    }
+    return x;
+}
+
+TEST(OutputSide, NonTailEmitsUnnormalizedFullRowBoundary) {
+    ModelPtr model = make_random_model(mk_hparams_seed_default());
+    const mk_hparams &hp = *mk_model_hparams(model.get());
+    const std::vector<int32_t> tokens = {3, 7, 1, 9, 2};
+    RangePtr head = make_range(model.get(), 0, 2);
+    BundlePtr bundle = head_forward(head.get(), tokens);
+    ASSERT_TRUE(bundle);
+    EXPECT_FALSE(bundle->normalized);
+    EXPECT_STREQ(bundle->tensor_name, "residual_stream");
+    EXPECT_EQ(bundle->schema_version, MK_BOUNDARY_SCHEMA_VERSION);
+    EXPECT_EQ(bundle->next_layer, 3);
+    EXPECT_EQ(bundle->batch, 1u);
+    EXPECT_EQ(bundle->seq, tokens.size());
+    EXPECT_EQ(bundle->hidden, hp.hidden);
+    for (size_t i = 0; i < tokens.size(); i++) EXPECT_EQ(bundle->positions[i], (int32_t)i);
+    EXPECT_STREQ(bundle->recipe_digest, mk_range_recipe_digest(head.get()));
+
+    const std::vector<float> direct = direct_residual(model.get(), tokens, 3);
+    const std::vector<float> emitted(bundle->residual, bundle->residual + direct.size());
+    EXPECT_TRUE(bit_identical(emitted, direct));
+
+    std::vector<float> final_ln(hp.hidden), normed(direct.size());
+    MK_ASSERT_OK(mk_model_load_tensor(model.get(), "output_norm.weight", final_ln.data(), hp.hidden));
+    mk_cpu_rmsnorm(normed.data(), direct.data(), final_ln.data(), tokens.size(), hp.hidden, hp.rms_eps);
+    size_t far = 0;
+    for (size_t i = 0; i < normed.size(); i++) far += std::fabs(normed[i] - emitted[i]) > 1e-3f;
+    EXPECT_GT(far, normed.size() / 2) << "the emitted residual looks normalized";
+}
+
+TEST(OutputSide, TailEmitsPrunedLogitsThroughTheSamplingContract) {
+    ModelPtr model = make_random_model(mk_hparams_seed_default());
+    TailPtr out = whole_model_next_token(model.get(), {4, 8, 15, 16, 23});
+    ASSERT_TRUE(out);
+    EXPECT_EQ(out->batch, 1u);
+    EXPECT_EQ(out->vocab, 48u);
+    EXPECT_EQ(out->sampling.mode, MK_SAMPLING_GREEDY);
+    EXPECT_STREQ(mk_sampling_mode_name(out->sampling.mode), "greedy");
+    const int32_t token = out->token_ids[0];
+    ASSERT_GE(token, 0);
+    ASSERT_LT(token, 48);
+    for (size_t j = 0; j < out->vocab; j++) {
+        EXPECT_LE(out->logits[j], out->logits[token]);
+        if (out->logits[j] == out->logits[token]) {
+            EXPECT_GE((int32_t)j, token);
+        }
+    }
+}
+
+TEST(OutputSide, SamplingContractRejectsUncertifiedModes) {
+    mk_sampling_contract c;
+    EXPECT_EQ(mk_sampling_contract_from_name(&c, "top_p"), MK_ERR_UNCERTIFIED_SAMPLING);
+    EXPECT_EQ(mk_sampling_contract_init(&c, MK_SAMPLING_TOP_K), MK_ERR_UNCERTIFIED_SAMPLING);
+    EXPECT_EQ(mk_sampling_contract_init(&c, MK_SAMPLING_TEMPERATURE), MK_ERR_UNCERTIFIED_SAMPLING);
+    EXPECT_EQ(mk_sampling_contract_from_name(&c, "nucleus"), MK_ERR_UNCERTIFIED_SAMPLING);
+    MK_ASSERT_OK(mk_sampling_contract_from_name(&c, "greedy"));
+    EXPECT_EQ(c.mode, MK_SAMPLING_GREEDY);
+    // The executor refuses an uncertified contract too.
+    ModelPtr model = make_random_model(mk_hparams_seed_default());
+    RangePtr full = make_range(model.get(), 0, 5);
+    mk_sequence *s = nullptr;
+    MK_ASSERT_OK(mk_sequence_open(full.get(), &s));
+    SequencePtr seq(s);
+    const mk_sampling_contract top_p = {MK_SAMPLING_TOP_P};
+    const int32_t ids[] = {1, 2};
+    mk_tail_output *t = nullptr;
+    EXPECT_EQ(mk_range_forward(full.get(), seq.get(), ids, 2, nullptr, &top_p, nullptr, &t), MK_ERR_UNCERTIFIED_SAMPLING);
+    EXPECT_EQ(t, nullptr);
+}
+
+// ---------------------------------------------------------------- parity gate ---
+
+TEST(Parity, TwoRangePrefillMatchesWholeModel) {
+    ModelPtr model = make_random_model(mk_hparams_seed_default());
+    const std::vector<int32_t> prompt = {5, 12, 3, 41, 7, 19, 2, 33};
+    TailPtr whole = whole_model_next_token(model.get(), prompt);
+    TailPtr split = split_next_token(model.get(), prompt, {2});
+    ASSERT_TRUE(whole && split);
+    EXPECT_TRUE(bit_identical(logits_of(whole), logits_of(split)));
+    EXPECT_EQ(whole->token_ids[0], split->token_ids[0]);
+}
+
+TEST(Parity, ThreeRangePrefillExercisesTheMiddleRole) {
+    ModelPtr model = make_random_model(mk_hparams_seed_default());
+    const std::vector<int32_t> prompt = {9, 1, 44, 6, 30, 11};
+    TailPtr whole = whole_model_next_token(model.get(), prompt);
+    TailPtr split = split_next_token(model.get(), prompt, {1, 3});
+    ASSERT_TRUE(whole && split);
+    EXPECT_TRUE(bit_identical(logits_of(whole), logits_of(split)));
+    EXPECT_EQ(whole->token_ids[0], split->token_ids[0]);
+}
+
+TEST(Parity, TwoRangeGreedyDecodeMatchesWholeModel) {
+    ModelPtr model = make_random_model(mk_hparams_seed_default());
+    const std::vector<int32_t> prompt = {2, 17, 8, 25};
+    const auto whole = greedy_generate_recompute(model.get(), {}, prompt, 12);
+    const auto split = greedy_generate_recompute(model.get(), {2}, prompt, 12);
+    EXPECT_EQ(whole, split);
+    EXPECT_EQ(whole.size(), 12u);
+}
+
+TEST(Wire, BoundaryBundleRoundTripIsExact) {
+    ModelPtr model = make_random_model(mk_hparams_seed_default());
+    RangePtr head = make_range(model.get(), 0, 2);
+    BundlePtr bundle = head_forward(head.get(), {1, 2, 3, 4});
+    ASSERT_TRUE(bundle);
+    uint8_t *bytes = nullptr;
+    size_t len = 0;
+    MK_ASSERT_OK(mk_bundle_pack(bundle.get(), &bytes, &len));
+    BufferPtr hold(bytes);
+    mk_bundle *r = nullptr;
+    MK_ASSERT_OK(mk_bundle_unpack(bytes, len, &r));
+    BundlePtr restored(r);
+    const size_t n = bundle->batch * bundle->seq * bundle->hidden;
+    EXPECT_EQ(std::memcmp(restored->residual, bundle->residual, n * sizeof(float)), 0);
+    EXPECT_EQ(std::memcmp(restored->positions, bundle->positions, bundle->seq * sizeof(int32_t)), 0);
+    EXPECT_EQ(restored->next_layer, bundle->next_layer);
+    EXPECT_STREQ(restored->architecture_adapter, bundle->architecture_adapter);
+    EXPECT_STREQ(restored->recipe_digest, bundle->recipe_digest);
+    EXPECT_EQ(restored->normalized, bundle->normalized);
+
+    mk_tensor_fields fields;
+    MK_ASSERT_OK(mk_bundle_tensor_fields(bundle.get(), &fields));
+    EXPECT_STREQ(fields.name, "residual_stream");
+    ASSERT_EQ(fields.rank, 3u);
+    EXPECT_EQ(fields.shape[0], 1u);
+    EXPECT_EQ(fields.shape[1], 4u);
+    EXPECT_EQ(fields.shape[2], 32u);
+    EXPECT_EQ(fields.dtype, MK_DTYPE_F32);
+    EXPECT_TRUE(std::string(fields.byte_order) == "little" || std::string(fields.byte_order) == "big");
+}
+
+TEST(Parity, AliasArchitectureStillParityMatches) {
+    ModelPtr model = make_random_model(mk_hparams_seed_default());
+    const std::vector<int32_t> prompt = {7, 3, 22, 5};
+    TailPtr whole = whole_model_next_token(model.get(), prompt);
+    RangePtr head = make_range(model.get(), 0, 2, "LlamaForCausalLM");
+    BundlePtr bundle = head_forward(head.get(), prompt);
+    ASSERT_TRUE(bundle);
+    uint8_t *bytes = nullptr;
+    size_t len = 0;
+    MK_ASSERT_OK(mk_bundle_pack(bundle.get(), &bytes, &len));
+    BufferPtr hold(bytes);
+    mk_bundle *r = nullptr;
+    MK_ASSERT_OK(mk_bundle_unpack(bytes, len, &r));
+    BundlePtr incoming(r);
+    RangePtr tail = make_range(model.get(), 3, 5, "llama");
+    mk_sequence *s = nullptr;
+    MK_ASSERT_OK(mk_sequence_open(tail.get(), &s));
+    SequencePtr seq(s);
+    mk_tail_output *t = nullptr;
+    MK_ASSERT_OK(mk_range_forward(tail.get(), seq.get(), nullptr, 0, incoming.get(), nullptr, nullptr, &t));
+    TailPtr split(t);
+    ASSERT_TRUE(whole);
+    EXPECT_TRUE(bit_identical(logits_of(whole), logits_of(split)));
+    EXPECT_EQ(whole->token_ids[0], split->token_ids[0]);
+}
+
+}  // namespace

@@ -1,0 +1,178 @@
+// Split-vs-whole parity, bit-exact, for prefill and KV-cached greedy decode, on the seed
+// shapes and on a GQA + tied-embedding model; KV-cached decode vs full recomputation.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "mk_test_util.h"
+
+namespace {
+
+struct ParityCase {
+    const char *name;
+    mk_hparams hp;
+    std::vector<int32_t> prompt;
+};
+
+std::vector<ParityCase> cases() {
+    return {{"seed", mk_hparams_seed_default(), {2, 17, 8, 25, 40, 1, 33}},
+            {"gqa_tied_adjacent", gqa_tied_hparams(), {50, 3, 17, 9, 44, 2, 21, 11, 30}}};
+}
+
+// Greedy decode with the KV cache: prefill the prompt, then one token per step.
+// Returns every step's logits (prefill included) and the generated tokens.
+struct Decode {
+    std::vector<std::vector<float>> logits;
+    std::vector<int32_t> tokens;
+};
+
+Decode decode_cached(const mk_model *model, const std::vector<int64_t> &cuts, const std::vector<int32_t> &prompt, int n_new,
+                     mk_range_options options = mk_range_options_default()) {
+    Decode d;
+    Pipeline p(model, cuts, options);
+    EXPECT_EQ(p.status(), MK_OK) << mk_last_error();
+    if (p.status() != MK_OK) return d;
+    std::vector<int32_t> next = prompt;
+    for (int i = 0; i < n_new; i++) {
+        TailPtr out;
+        const mk_status s = p.step(next, &out);
+        EXPECT_EQ(s, MK_OK) << mk_last_error();
+        if (s != MK_OK) return d;
+        d.logits.push_back(logits_of(out));
+        d.tokens.push_back(out->token_ids[0]);
+        next = {out->token_ids[0]};
+    }
+    return d;
+}
+
+class SplitParity : public ::testing::TestWithParam<size_t> {};
+
+TEST_P(SplitParity, PrefillAndDecodeAreBitIdentical) {
+    const ParityCase c = cases()[GetParam()];
+    SCOPED_TRACE(c.name);
+    ModelPtr model = make_random_model(c.hp);
+    const int64_t L = (int64_t)c.hp.n_layers;
+    const Decode whole = decode_cached(model.get(), {}, c.prompt, 12);
+    ASSERT_EQ(whole.tokens.size(), 12u);
+    for (const std::vector<int64_t> &cuts :
+         std::vector<std::vector<int64_t>>{{0}, {L / 2}, {L - 2}, {0, L - 2}, {1, 3}, {0, 1, 2}}) {
+        const Decode split = decode_cached(model.get(), cuts, c.prompt, 12);
+        ASSERT_EQ(split.logits.size(), whole.logits.size());
+        for (size_t i = 0; i < whole.logits.size(); i++)
+            EXPECT_TRUE(bit_identical(whole.logits[i], split.logits[i])) << "cut " << cuts[0] << " step " << i;
+        EXPECT_EQ(whole.tokens, split.tokens);
+    }
+    // Without the wire (bundle handed over in memory) the result is the same bits.
+    Pipeline direct(model.get(), {L / 2}, mk_range_options_default(), false);
+    TailPtr out;
+    MK_ASSERT_OK(direct.step(c.prompt, &out));
+    EXPECT_TRUE(bit_identical(whole.logits[0], logits_of(out)));
+}
+
+TEST_P(SplitParity, CachedDecodeMatchesFullRecomputation) {
+    const ParityCase c = cases()[GetParam()];
+    SCOPED_TRACE(c.name);
+    ModelPtr model = make_random_model(c.hp);
+    const Decode cached = decode_cached(model.get(), {1}, c.prompt, 12);
+    ASSERT_EQ(cached.tokens.size(), 12u);
+    std::vector<int32_t> seq = c.prompt;
+    for (size_t i = 0; i < cached.tokens.size(); i++) {
+        Pipeline fresh(model.get(), {1});
+        TailPtr out;
+        MK_ASSERT_OK(fresh.step(seq, &out));
+        EXPECT_EQ(out->token_ids[0], cached.tokens[i]) << "step " << i;
+        float max_abs = 0.0f;
+        for (size_t j = 0; j < out->vocab; j++) max_abs = std::fmax(max_abs, std::fabs(out->logits[j]));
+        for (size_t j = 0; j < out->vocab; j++)
+            ASSERT_LE(std::fabs(out->logits[j] - cached.logits[i][j]), 1e-5f * max_abs) << "step " << i << " vocab " << j;
+        seq.push_back(cached.tokens[i]);
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, SplitParity, ::testing::Values(0, 1));
+
+TEST(Parity, ReducedPrecisionWeightsStillSplitExactly) {
+    ModelPtr model = make_random_model(gqa_tied_hparams());
+    for (mk_dtype dtype : {MK_DTYPE_F16, MK_DTYPE_BF16}) {
+        mk_range_options opt = mk_range_options_default();
+        opt.backend.weight_dtype = dtype;
+        const Decode whole = decode_cached(model.get(), {}, {1, 2, 3, 4}, 6, opt);
+        const Decode split = decode_cached(model.get(), {2}, {1, 2, 3, 4}, 6, opt);
+        ASSERT_EQ(whole.logits.size(), 6u);
+        for (size_t i = 0; i < whole.logits.size(); i++) EXPECT_TRUE(bit_identical(whole.logits[i], split.logits[i]));
+        // And it is a different model from the F32 one: the logits differ.
+        const Decode f32 = decode_cached(model.get(), {}, {1, 2, 3, 4}, 1);
+        EXPECT_FALSE(bit_identical(f32.logits[0], whole.logits[0]));
+    }
+}
+
+TEST(Sequences, ResetStartsOverAndIndependentSequencesDoNotInterfere) {
+    ModelPtr model = make_random_model(mk_hparams_seed_default());
+    mk_range *r = nullptr;
+    MK_ASSERT_OK(mk_range_create(model.get(), 0, 5, nullptr, &r));
+    RangePtr full(r);
+    mk_sequence *a = nullptr, *b = nullptr;
+    MK_ASSERT_OK(mk_sequence_open(full.get(), &a));
+    MK_ASSERT_OK(mk_sequence_open(full.get(), &b));
+    SequencePtr sa(a), sb(b);
+    const int32_t p1[] = {1, 2, 3}, p2[] = {9, 8};
+    mk_tail_output *t1 = nullptr, *t2 = nullptr, *t3 = nullptr;
+    MK_ASSERT_OK(mk_range_forward(full.get(), a, p1, 3, nullptr, nullptr, nullptr, &t1));
+    MK_ASSERT_OK(mk_range_forward(full.get(), b, p2, 2, nullptr, nullptr, nullptr, &t2));
+    EXPECT_EQ(mk_sequence_length(a), 3u);
+    EXPECT_EQ(mk_sequence_length(b), 2u);
+    MK_ASSERT_OK(mk_sequence_reset(a));
+    EXPECT_EQ(mk_sequence_length(a), 0u);
+    MK_ASSERT_OK(mk_range_forward(full.get(), a, p1, 3, nullptr, nullptr, nullptr, &t3));
+    TailPtr o1(t1), o2(t2), o3(t3);
+    EXPECT_TRUE(bit_identical(logits_of(o1), logits_of(o3)));
+    EXPECT_FALSE(bit_identical(logits_of(o1), logits_of(o2)));
+}
+
+TEST(Sequences, ContextOverflowAndBadTokensAreRefused) {
+    ModelPtr model = make_random_model(mk_hparams_seed_default());
+    mk_range_options opt = mk_range_options_default();
+    opt.max_context = 8;
+    mk_range *r = nullptr;
+    MK_ASSERT_OK(mk_range_create(model.get(), 0, 5, &opt, &r));
+    RangePtr full(r);
+    mk_sequence *s = nullptr;
+    MK_ASSERT_OK(mk_sequence_open(full.get(), &s));
+    SequencePtr seq(s);
+    const int32_t ids[9] = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+    mk_tail_output *t = nullptr;
+    EXPECT_EQ(mk_range_forward(full.get(), s, ids, 9, nullptr, nullptr, nullptr, &t), MK_ERR_INVALID_ARGUMENT);
+    MK_ASSERT_OK(mk_range_forward(full.get(), s, ids, 8, nullptr, nullptr, nullptr, &t));
+    mk_tail_output_free(t);
+    t = nullptr;
+    EXPECT_EQ(mk_range_forward(full.get(), s, ids, 1, nullptr, nullptr, nullptr, &t), MK_ERR_CONTEXT_OVERFLOW);
+    MK_ASSERT_OK(mk_sequence_reset(s));
+    const int32_t bad[] = {1, 48};
+    EXPECT_EQ(mk_range_forward(full.get(), s, bad, 2, nullptr, nullptr, nullptr, &t), MK_ERR_TOKEN_OUT_OF_RANGE);
+    const int32_t negative[] = {-1};
+    EXPECT_EQ(mk_range_forward(full.get(), s, negative, 1, nullptr, nullptr, nullptr, &t), MK_ERR_TOKEN_OUT_OF_RANGE);
+    EXPECT_EQ(mk_range_forward(full.get(), s, ids, 0, nullptr, nullptr, nullptr, &t), MK_ERR_EMPTY_INPUT);
+    EXPECT_EQ(t, nullptr);
+    EXPECT_EQ(mk_sequence_length(s), 0u);
+}
+
+TEST(Sequences, BundlePositionsMustContinueTheSequence) {
+    ModelPtr model = make_random_model(mk_hparams_seed_default());
+    Pipeline p(model.get(), {2});
+    ASSERT_EQ(p.status(), MK_OK);
+    mk_sequence *hs = nullptr, *ts = nullptr;
+    MK_ASSERT_OK(mk_sequence_open(p.range(0), &hs));
+    MK_ASSERT_OK(mk_sequence_open(p.range(1), &ts));
+    SequencePtr head_seq(hs), tail_seq(ts);
+    const int32_t ids[] = {4, 5, 6};
+    mk_bundle *b = nullptr;
+    MK_ASSERT_OK(mk_range_forward(p.range(0), hs, ids, 3, nullptr, nullptr, &b, nullptr));
+    BundlePtr bundle(b);
+    bundle->positions[1] = 7;
+    mk_tail_output *t = nullptr;
+    EXPECT_EQ(mk_range_forward(p.range(1), ts, nullptr, 0, bundle.get(), nullptr, nullptr, &t), MK_ERR_POSITIONS_SHAPE);
+    EXPECT_EQ(mk_sequence_length(ts), 0u);
+}
+
+}  // namespace
