@@ -1,0 +1,91 @@
+/* C entries of the hand-written CUDA kernels (kernels/*.cu). Each entry checks shapes and
+ * dtypes, launches on the given stream, checks the launch, and returns a status (the
+ * message is recorded through mk_fail). No allocation, no policy, no synchronisation.
+ *
+ * Every pointer is device memory. Shapes are in the comment beside each pointer; rows are
+ * contiguous. The same sources compile with nvcc (real GPU) and with the host compiler
+ * under tests/cudasim (CPU execution with CUDA semantics). The CPU reference of each op
+ * is the function of the same name in host/cpu_ops.h. */
+#ifndef MK_KERNELS_H
+#define MK_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "meshkern.h"
+
+#if defined(MK_CUDASIM)
+#include "cudasim.h"
+#else
+#include <cuda_runtime_api.h>
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* out[i, :] = table[ids[i], :] converted to F32. table dtype F32, F16 or BF16. Ids outside
+ * [0, vocab) produce a zero row (the executor validates ids before upload). */
+mk_status mk_kernel_embed(float *out /* [n, hidden] */, const void *table /* [vocab, hidden] */, mk_dtype table_dtype,
+                          const int32_t *ids /* [n] */, size_t n, size_t hidden, size_t vocab, cudaStream_t stream);
+
+/* out = x * rsqrt(mean(x^2) + eps) * w per row. */
+mk_status mk_kernel_rmsnorm(float *out /* [rows, cols] */, const float *x /* [rows, cols] */, const float *w /* [cols] */,
+                            size_t rows, size_t cols, float eps, cudaStream_t stream);
+
+/* residual += delta; out = rmsnorm(residual, w). */
+mk_status mk_kernel_add_rmsnorm(float *residual /* [rows, cols] in/out */, float *out /* [rows, cols] */,
+                                const float *delta /* [rows, cols] */, const float *w /* [cols] */, size_t rows,
+                                size_t cols, float eps, cudaStream_t stream);
+
+/* y += x. */
+mk_status mk_kernel_add(float *y /* [n] */, const float *x /* [n] */, size_t n, cudaStream_t stream);
+
+/* RoPE in place, per-row positions; angle = (float)pos * inv_freq(i) with inv_freq computed
+ * as in mk_rope_inv_freq (double pow, rounded to float) and cos/sin in double. */
+mk_status mk_kernel_rope(float *x /* [rows, heads, head_dim] */, const int32_t *positions /* [rows] */, size_t rows,
+                         size_t heads, size_t head_dim, float theta, mk_rope_layout layout, cudaStream_t stream);
+
+/* k_cache[past + r] = k[r], v_cache[past + r] = v[r] for r < rows. */
+mk_status mk_kernel_kv_append(float *k_cache /* [ctx, kv_dim] */, float *v_cache /* [ctx, kv_dim] */,
+                              const float *k /* [rows, kv_dim] */, const float *v /* [rows, kv_dim] */, size_t past,
+                              size_t rows, size_t kv_dim, cudaStream_t stream);
+
+/* Causal GQA attention (semantics of mk_cpu_attention): query row r is at cache index
+ * past + r and attends to [0, past + r]. Prefill: tiled, online softmax in shared memory. */
+mk_status mk_kernel_attention_prefill(float *out /* [rows, n_heads, head_dim] */,
+                                      const float *q /* [rows, n_heads, head_dim] */,
+                                      const float *k_cache /* [>= past + rows, n_kv_heads, head_dim] */,
+                                      const float *v_cache /* [>= past + rows, n_kv_heads, head_dim] */, size_t rows,
+                                      size_t past, size_t n_heads, size_t n_kv_heads, size_t head_dim,
+                                      cudaStream_t stream);
+
+/* Decode of one query row over past + 1 keys: the keys are split across blocks, each
+ * writes a partial (max, sum, acc) to workspace, then a reduction combines them. */
+size_t mk_kernel_attention_decode_workspace_bytes(size_t max_keys, size_t n_heads, size_t head_dim);
+mk_status mk_kernel_attention_decode(float *out /* [1, n_heads, head_dim] */, const float *q /* [1, n_heads, head_dim] */,
+                                     const float *k_cache /* [>= past + 1, n_kv_heads, head_dim] */,
+                                     const float *v_cache /* [>= past + 1, n_kv_heads, head_dim] */, size_t past,
+                                     size_t n_heads, size_t n_kv_heads, size_t head_dim, void *workspace,
+                                     size_t workspace_bytes, cudaStream_t stream);
+
+/* out = silu(gate) * up; gate/up in F32, F16 or BF16, out F32. */
+mk_status mk_kernel_swiglu(float *out /* [n] */, const void *gate /* [n] */, const void *up /* [n] */, mk_dtype dtype,
+                           size_t n, cudaStream_t stream);
+
+/* out[r] = argmax_j x[r, j], lowest index on ties, NaN never wins. n up to 2^31 - 1. */
+mk_status mk_kernel_argmax(int32_t *out /* [rows] */, const float *x /* [rows, n] */, size_t rows, size_t n,
+                           cudaStream_t stream);
+
+/* dst = src converted (F32 <-> F16 / BF16, round to nearest even). */
+mk_status mk_kernel_convert(void *dst /* [n] */, mk_dtype dst_dtype, const void *src /* [n] */, mk_dtype src_dtype,
+                            size_t n, cudaStream_t stream);
+
+/* out = x[rows - 1, :]: the tail's last-row pruning. */
+mk_status mk_kernel_last_row(float *out /* [cols] */, const float *x /* [rows, cols] */, size_t rows, size_t cols,
+                             cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
