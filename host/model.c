@@ -170,6 +170,7 @@ void mk_model_free(mk_model *m) {
 
 const mk_hparams *mk_model_hparams(const mk_model *m) { return m ? &m->hp : NULL; }
 const char *mk_model_architecture(const mk_model *m) { return m ? m->architecture : NULL; }
+const char *mk_model_digest(const mk_model *m) { return m ? m->digest : NULL; }
 
 /* ========================================================= tensor access == */
 

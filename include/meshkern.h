@@ -306,6 +306,8 @@ MK_API mk_status mk_model_open_gguf(const char *path, mk_model **out);
 MK_API void mk_model_free(mk_model *model);
 MK_API const mk_hparams *mk_model_hparams(const mk_model *model);
 MK_API const char *mk_model_architecture(const mk_model *model); /* as advertised */
+/* Identity of the model's tensors and hyper-parameters (sha256 hex). */
+MK_API const char *mk_model_digest(const mk_model *model);
 
 /* =================================================================== backends == */
 
@@ -368,6 +370,27 @@ MK_API mk_status mk_range_forward(mk_range *range, mk_sequence *seq, const int32
                                   size_t n_tokens, const mk_bundle *bundle,
                                   const mk_sampling_contract *sampling, mk_bundle **out_bundle,
                                   mk_tail_output **out_tail);
+
+/* ================================================================== pipelines == */
+
+/* A model run as a chain of ranges in one process, one sequence in each range: the
+ * single-node pipeline driver. cuts[i] is the last layer of range i (ascending); no cuts
+ * is the whole model as one FULL range. With through_wire, every seam's bundle is packed
+ * to protobuf bytes and unpacked by the next range, as between mesh peers. */
+typedef struct mk_pipeline mk_pipeline;
+MK_API mk_status mk_pipeline_create(const mk_model *model, const int64_t *cuts, size_t n_cuts,
+                                    const mk_range_options *options, bool through_wire,
+                                    mk_pipeline **out);
+MK_API void mk_pipeline_free(mk_pipeline *pipeline);
+MK_API size_t mk_pipeline_range_count(const mk_pipeline *pipeline);
+MK_API mk_range *mk_pipeline_range(mk_pipeline *pipeline, size_t index);
+/* Feed tokens to the head and carry the residual to the tail; *out is the tail output
+ * (mk_tail_output_free). Prefill is many tokens, decode one. */
+MK_API mk_status mk_pipeline_step(mk_pipeline *pipeline, const int32_t *tokens, size_t n_tokens,
+                                  mk_tail_output **out);
+MK_API mk_status mk_pipeline_reset(mk_pipeline *pipeline);
+/* Bytes that crossed seams on the wire so far. */
+MK_API size_t mk_pipeline_seam_bytes(const mk_pipeline *pipeline);
 
 #ifdef __cplusplus
 }

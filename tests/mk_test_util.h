@@ -51,85 +51,30 @@ inline mk_hparams gqa_tied_hparams() {
     return hp;
 }
 
-// Inclusive [start, end] ranges from the last layer of each non-final range.
-inline std::vector<std::pair<int64_t, int64_t>> ranges_from_cuts(const std::vector<int64_t> &cuts, int64_t n_layers) {
-    std::vector<std::pair<int64_t, int64_t>> out;
-    int64_t start = 0;
-    for (int64_t cut : cuts) {
-        out.push_back({start, cut});
-        start = cut + 1;
-    }
-    out.push_back({start, n_layers - 1});
-    return out;
-}
-
-// A model run as a chain of ranges, one sequence each, with every seam shipped through
-// pack/unpack (the wire) unless through_wire is false.
+// The library's pipeline driver with ownership (every seam through the wire unless
+// through_wire is false).
 class Pipeline {
   public:
     Pipeline(const mk_model *model, const std::vector<int64_t> &cuts, mk_range_options options = mk_range_options_default(),
-             bool through_wire = true)
-        : through_wire_(through_wire) {
-        for (auto [start, end] : ranges_from_cuts(cuts, (int64_t)mk_model_hparams(model)->n_layers)) {
-            mk_range *r = nullptr;
-            status_ = mk_range_create(model, start, end, &options, &r);
-            if (status_ != MK_OK) return;
-            ranges_.emplace_back(r);
-            mk_sequence *s = nullptr;
-            status_ = mk_sequence_open(r, &s);
-            if (status_ != MK_OK) return;
-            seqs_.emplace_back(s);
-        }
+             bool through_wire = true) {
+        mk_pipeline *p = nullptr;
+        status_ = mk_pipeline_create(model, cuts.data(), cuts.size(), &options, through_wire, &p);
+        pipeline_.reset(p);
     }
     mk_status status() const { return status_; }
-    mk_range *range(size_t i) { return ranges_[i].get(); }
-
-    // One step: tokens into the head, bundles across the seams, a tail output out.
+    mk_range *range(size_t i) { return mk_pipeline_range(pipeline_.get(), i); }
     mk_status step(const std::vector<int32_t> &tokens, TailPtr *out) {
-        BundlePtr carried;
-        for (size_t i = 0; i < ranges_.size(); i++) {
-            const bool last = i + 1 == ranges_.size();
-            mk_bundle *emitted = nullptr;
-            mk_tail_output *tail = nullptr;
-            BundlePtr incoming;
-            if (i > 0) {
-                if (through_wire_) {
-                    uint8_t *bytes = nullptr;
-                    size_t len = 0;
-                    mk_status s = mk_bundle_pack(carried.get(), &bytes, &len);
-                    if (s != MK_OK) return s;
-                    BufferPtr hold(bytes);
-                    mk_bundle *unpacked = nullptr;
-                    s = mk_bundle_unpack(bytes, len, &unpacked);
-                    if (s != MK_OK) return s;
-                    incoming.reset(unpacked);
-                } else {
-                    incoming = std::move(carried);
-                }
-            }
-            const mk_status s = mk_range_forward(ranges_[i].get(), seqs_[i].get(), i == 0 ? tokens.data() : nullptr,
-                                                 i == 0 ? tokens.size() : 0, incoming.get(), nullptr,
-                                                 last ? nullptr : &emitted, last ? &tail : nullptr);
-            if (s != MK_OK) return s;
-            if (last) out->reset(tail);
-            else carried.reset(emitted);
-        }
-        return MK_OK;
+        mk_tail_output *t = nullptr;
+        const mk_status s = mk_pipeline_step(pipeline_.get(), tokens.data(), tokens.size(), &t);
+        out->reset(t);
+        return s;
     }
-
-    mk_status reset() {
-        for (auto &s : seqs_) {
-            const mk_status st = mk_sequence_reset(s.get());
-            if (st != MK_OK) return st;
-        }
-        return MK_OK;
-    }
+    mk_status reset() { return mk_pipeline_reset(pipeline_.get()); }
 
   private:
-    bool through_wire_;
+    struct Deleter { void operator()(mk_pipeline *p) const { mk_pipeline_free(p); } };
     mk_status status_ = MK_OK;
-    std::vector<RangePtr> ranges_;
-    std::vector<SequencePtr> seqs_;
+    std::unique_ptr<mk_pipeline, Deleter> pipeline_;
 };
 
 inline std::vector<float> logits_of(const TailPtr &t) { return std::vector<float>(t->logits, t->logits + t->batch * t->vocab); }

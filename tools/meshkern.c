@@ -1,0 +1,237 @@
+/* meshkern: inspect a model, or run it whole and split into ranges and compare.
+ *
+ *   meshkern inspect MODEL.gguf | --random
+ *   meshkern run MODEL.gguf | --random  --tokens 1,2,3 [--split L1,L2,...] [--n N]
+ *                [--backend cpu|cuda] [--device I] [--dtype f32|f16|bf16]
+ *
+ * run executes the model as one FULL range and, with --split, as the given ranges in this
+ * process, every seam packed and unpacked as protobuf; it prints the greedy tokens, the
+ * throughput and whether the split output equals the whole-model output bit for bit. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "gguf.h"
+#include "meshkern.h"
+#include "model.h"
+#include "vocab.h"
+
+#define MK_MAX_CUTS 64
+#define MK_MAX_TOKENS 4096
+
+static int usage(void) {
+    fprintf(stderr,
+            "usage:\n"
+            "  meshkern inspect MODEL.gguf | --random\n"
+            "  meshkern run MODEL.gguf | --random --tokens IDS [--split L1,L2,...] [--n N]\n"
+            "               [--backend cpu|cuda] [--device I] [--dtype f32|f16|bf16]\n");
+    return 2;
+}
+
+static int fail(mk_status s) {
+    fprintf(stderr, "meshkern: %s: %s\n", mk_status_name(s), mk_last_error());
+    return 1;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Parse "a,b,c" into out[cap]; returns the count or -1. */
+static long parse_list(const char *text, long long *out, size_t cap) {
+    size_t n = 0;
+    const char *p = text;
+    while (*p) {
+        char *end;
+        const long long v = strtoll(p, &end, 10);
+        if (end == p || n == cap) return -1;
+        out[n++] = v;
+        p = *end == ',' ? end + 1 : end;
+        if (*end && *end != ',') return -1;
+    }
+    return (long)n;
+}
+
+static mk_status open_model(const char *path, mk_model **out) {
+    if (strcmp(path, "--random") == 0) {
+        const mk_hparams hp = mk_hparams_seed_default();
+        return mk_model_create_random(&hp, 20260715, NULL, out);
+    }
+    return mk_model_open_gguf(path, out);
+}
+
+/* ================================================================= inspect == */
+
+static int cmd_inspect(const char *path) {
+    mk_model *model = NULL;
+    const mk_status s = open_model(path, &model);
+    if (s != MK_OK) return fail(s);
+    const mk_hparams *hp = mk_model_hparams(model);
+    mk_architecture arch;
+    const bool certified = mk_certified_architecture(mk_model_architecture(model), &arch) == MK_OK;
+    printf("model        %s\n", path);
+    printf("architecture %s (%s%s)\n", mk_model_architecture(model), certified ? "certified as " : "uncertified",
+           certified ? arch.adapter : "");
+    printf("digest       %s\n", mk_model_digest(model));
+    printf("vocab %zu  hidden %zu  layers %zu  heads %zu  kv_heads %zu  head_dim %zu  intermediate %zu\n", hp->vocab,
+           hp->hidden, hp->n_layers, hp->n_heads, hp->n_kv_heads, hp->head_dim, hp->intermediate);
+    printf("rms_eps %g  rope_theta %g  rope %s  tied_embeddings %s  max_context %zu\n", (double)hp->rms_eps,
+           (double)hp->rope_theta, hp->rope_layout == MK_ROPE_ADJACENT_PAIRS ? "adjacent-pairs" : "rotate-half",
+           hp->tied_embeddings ? "yes" : "no", hp->max_context);
+    if (model->gguf) {
+        size_t total = 0;
+        printf("%-32s %-6s %-24s %12s\n", "tensor", "type", "dims", "bytes");
+        for (size_t i = 0; i < mk_gguf_tensor_count(model->gguf); i++) {
+            const mk_gguf_tensor_info *t = mk_gguf_tensor_at(model->gguf, i);
+            char dims[64];
+            int n = 0;
+            for (uint32_t d = 0; d < t->n_dims; d++)
+                n += snprintf(dims + n, sizeof dims - (size_t)n, d ? "x%llu" : "%llu", (unsigned long long)t->dims[d]);
+            printf("%-32s %-6s %-24s %12zu\n", t->name, mk_ggml_type_name(t->type), dims, t->n_bytes);
+            total += t->n_bytes;
+        }
+        printf("%zu tensors, %.1f MiB of tensor data\n", mk_gguf_tensor_count(model->gguf), (double)total / 1048576.0);
+    }
+    mk_model_free(model);
+    return 0;
+}
+
+/* ===================================================================== run == */
+
+typedef struct run_result {
+    int32_t tokens[MK_MAX_TOKENS];
+    float *logits; /* [n_steps, vocab] */
+    double prefill_s, decode_s;
+    size_t seam_bytes;
+} run_result;
+
+static mk_status run_pipeline(const mk_model *model, const int64_t *cuts, size_t n_cuts, const mk_range_options *opt,
+                              const int32_t *prompt, size_t n_prompt, size_t n_new, run_result *res) {
+    const size_t vocab = mk_model_hparams(model)->vocab;
+    mk_pipeline *p = NULL;
+    mk_status s = mk_pipeline_create(model, cuts, n_cuts, opt, true, &p);
+    if (s != MK_OK) return s;
+    printf("  ranges:");
+    for (size_t i = 0; i < mk_pipeline_range_count(p); i++) {
+        const mk_range *r = mk_pipeline_range(p, i);
+        printf(" [%lld-%lld] %s %.1f MiB%s", (long long)mk_range_start(r), (long long)mk_range_end(r),
+               mk_role_name(mk_range_role(r)), (double)mk_range_weight_bytes(r) / 1048576.0,
+               i + 1 < mk_pipeline_range_count(p) ? " |" : "\n");
+    }
+    res->logits = malloc(n_new * vocab * sizeof(float));
+    if (!res->logits) s = MK_ERR_OUT_OF_MEMORY;
+    const int32_t *input = prompt;
+    size_t n_input = n_prompt;
+    for (size_t step = 0; s == MK_OK && step < n_new; step++) {
+        mk_tail_output *out = NULL;
+        const double t0 = now_s();
+        s = mk_pipeline_step(p, input, n_input, &out);
+        const double dt = now_s() - t0;
+        if (s != MK_OK) break;
+        if (step == 0) res->prefill_s = dt;
+        else res->decode_s += dt;
+        memcpy(res->logits + step * vocab, out->logits, vocab * sizeof(float));
+        res->tokens[step] = out->token_ids[0];
+        mk_tail_output_free(out);
+        input = &res->tokens[step];
+        n_input = 1;
+    }
+    res->seam_bytes = mk_pipeline_seam_bytes(p);
+    mk_pipeline_free(p);
+    return s;
+}
+
+static void print_run(const char *label, const run_result *r, size_t n_prompt, size_t n_new) {
+    printf("  %s: prefill %zu tokens %.3f s (%.1f tok/s), decode %zu tokens %.3f s (%.1f tok/s)", label, n_prompt,
+           r->prefill_s, (double)n_prompt / r->prefill_s, n_new - 1, r->decode_s,
+           n_new > 1 ? (double)(n_new - 1) / r->decode_s : 0.0);
+    if (r->seam_bytes) printf(", %.1f KiB across seams", (double)r->seam_bytes / 1024.0);
+    printf("\n  %s tokens:", label);
+    for (size_t i = 0; i < n_new; i++) printf(" %d", r->tokens[i]);
+    printf("\n");
+}
+
+static int cmd_run(int argc, char **argv) {
+    if (argc < 1) return usage();
+    const char *path = argv[0];
+    long long tokens_ll[MK_MAX_TOKENS], cuts_ll[MK_MAX_CUTS];
+    long n_tokens = -1, n_cuts = 0;
+    size_t n_new = 16;
+    mk_range_options opt = mk_range_options_default();
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!v) return usage();
+        if (strcmp(a, "--tokens") == 0) n_tokens = parse_list(v, tokens_ll, MK_MAX_TOKENS);
+        else if (strcmp(a, "--split") == 0) n_cuts = parse_list(v, cuts_ll, MK_MAX_CUTS);
+        else if (strcmp(a, "--n") == 0) n_new = (size_t)strtoull(v, NULL, 10);
+        else if (strcmp(a, "--device") == 0) opt.backend.device = atoi(v);
+        else if (strcmp(a, "--backend") == 0) {
+            const mk_status s = mk_backend_kind_from_name(v, &opt.backend.kind);
+            if (s != MK_OK) return fail(s);
+        } else if (strcmp(a, "--dtype") == 0) {
+            opt.backend.weight_dtype = strcmp(v, "f16") == 0 ? MK_DTYPE_F16 : strcmp(v, "bf16") == 0 ? MK_DTYPE_BF16 : MK_DTYPE_F32;
+            if (opt.backend.weight_dtype == MK_DTYPE_F32 && strcmp(v, "f32") != 0) return usage();
+        } else return usage();
+        i++;
+    }
+    if (n_tokens <= 0 || n_cuts < 0 || n_new == 0 || (size_t)n_tokens + n_new >= MK_MAX_TOKENS) return usage();
+
+    mk_model *model = NULL;
+    mk_status s = open_model(path, &model);
+    if (s != MK_OK) return fail(s);
+    const mk_hparams *hp = mk_model_hparams(model);
+    int32_t prompt[MK_MAX_TOKENS];
+    for (long i = 0; i < n_tokens; i++) prompt[i] = (int32_t)tokens_ll[i];
+    int64_t cuts[MK_MAX_CUTS];
+    for (long i = 0; i < n_cuts; i++) cuts[i] = cuts_ll[i];
+    opt.max_context = (size_t)n_tokens + n_new;
+    if (opt.max_context > hp->max_context) opt.max_context = hp->max_context;
+
+    printf("model %s: %s, %zu layers, hidden %zu, vocab %zu; backend %s, weights %s\n", path,
+           mk_model_architecture(model), hp->n_layers, hp->hidden, hp->vocab,
+           opt.backend.kind == MK_BACKEND_CUDA ? "cuda" : "cpu", mk_dtype_name(opt.backend.weight_dtype));
+    run_result whole = {0}, split = {0};
+    int rc = 0;
+    printf("whole model:\n");
+    s = run_pipeline(model, NULL, 0, &opt, prompt, (size_t)n_tokens, n_new, &whole);
+    if (s == MK_OK) print_run("whole", &whole, (size_t)n_tokens, n_new);
+    if (s == MK_OK && n_cuts > 0) {
+        printf("split at");
+        for (long i = 0; i < n_cuts; i++) printf(" %lld", (long long)cuts[i]);
+        printf(":\n");
+        s = run_pipeline(model, cuts, (size_t)n_cuts, &opt, prompt, (size_t)n_tokens, n_new, &split);
+        if (s == MK_OK) print_run("split", &split, (size_t)n_tokens, n_new);
+    }
+    if (s != MK_OK) {
+        rc = fail(s);
+    } else {
+        printf("text: ");
+        for (size_t i = 0; i < n_new; i++) mk_vocab_print(stdout, model, whole.tokens[i]);
+        printf("\n");
+        if (n_cuts > 0) {
+            const bool same_logits = memcmp(whole.logits, split.logits, n_new * hp->vocab * sizeof(float)) == 0;
+            const bool same_tokens = memcmp(whole.tokens, split.tokens, n_new * sizeof(int32_t)) == 0;
+            if (same_logits && same_tokens) {
+                printf("parity: exact (logits bit-identical at all %zu steps, tokens identical)\n", n_new);
+            } else {
+                printf("parity: MISMATCH (logits %s, tokens %s)\n", same_logits ? "equal" : "differ",
+                       same_tokens ? "equal" : "differ");
+                rc = 3;
+            }
+        }
+    }
+    free(whole.logits);
+    free(split.logits);
+    mk_model_free(model);
+    return rc;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 3) return usage();
+    if (strcmp(argv[1], "inspect") == 0) return cmd_inspect(argv[2]);
+    if (strcmp(argv[1], "run") == 0) return cmd_run(argc - 2, argv + 2);
+    return usage();
+}
