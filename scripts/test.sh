@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# The test command: install dependencies, fetch the default model, build, and run the
+# whole suite twice: under AddressSanitizer + UndefinedBehaviorSanitizer (CPU backend and
+# cudasim; nvcc objects are left out of that build), then the regular build (which also
+# compiles the kernels with nvcc when the toolkit is present). Ends with ctest's summary.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+export PATH="$PATH:/usr/local/cuda/bin"
+JOBS="${JOBS:-$(nproc)}"
+
+scripts/deps.sh
+scripts/fetch_model.sh >/dev/null
+
+echo "== sanitizer build (ASan + UBSan)"
+cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DMESHKERN_SANITIZE=ON -DMESHKERN_CUDA=OFF >/dev/null
+ninja -C build-asan
+(cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+   ctest --output-on-failure -j "$JOBS" --timeout 900)
+
+echo "== release build"
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+ninja -C build
+cd build && ctest --output-on-failure -j "$JOBS" --timeout 900
