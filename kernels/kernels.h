@@ -1,4 +1,4 @@
-/* C entries of the hand-written CUDA kernels (kernels/*.cu). Each entry checks shapes and
+/* C entries of the hand-written CUDA kernels (the .cu files in kernels/). Each entry checks shapes and
  * dtypes, launches on the given stream, checks the launch, and returns a status (the
  * message is recorded through mk_fail). No allocation, no policy, no synchronisation.
  *

@@ -1,0 +1,226 @@
+/* GGUF reader (llama.cpp's model format, versions 2 and 3): internal API.
+ *
+ * A GGUF file is an untrusted input. mk_gguf_open validates the whole structure before
+ * returning: header, every metadata key/value (all value types, arrays of any scalar type
+ * and of strings), every tensor info, the alignment and the data section. Every count,
+ * string length, dimension, offset and size is checked against the bytes that remain
+ * BEFORE it is used; a count is capped by what the remaining bytes could possibly hold, so
+ * a crafted file can cause neither an out-of-bounds read nor a huge allocation. Failures
+ * return an MK_ERR_GGUF_* status with a message (mk_last_error()):
+ *
+ *   MK_ERR_GGUF_TRUNCATED    the file ends inside a field or before the data section
+ *   MK_ERR_GGUF_MAGIC        not "GGUF"
+ *   MK_ERR_GGUF_VERSION      version other than 2 or 3 (v1 used 32-bit counts)
+ *   MK_ERR_GGUF_COUNT        kv / tensor / array count larger than the remaining bytes
+ *                            could hold (truncated or crafted)
+ *   MK_ERR_GGUF_STRING       string length past the end; empty or duplicate key or
+ *                            tensor name
+ *   MK_ERR_GGUF_VALUE_TYPE   unknown metadata value type, nested array, or a lookup with
+ *                            a type that cannot be coerced
+ *   MK_ERR_GGUF_TENSOR_TYPE  unknown ggml tensor type (or not dequantizable, at
+ *                            mk_gguf_tensor_to_f32)
+ *   MK_ERR_GGUF_DIMS         n_dims 0 or > 4, a zero dimension, element count or byte
+ *                            size overflow, row length not a multiple of the block size
+ *   MK_ERR_GGUF_ALIGNMENT    general.alignment 0 / not a power of two / not an integer,
+ *                            or a tensor offset that is not a multiple of it
+ *   MK_ERR_GGUF_DATA_BOUNDS  tensor data past the end of the file
+ *   MK_ERR_GGUF_MISSING      a key or tensor looked up does not exist
+ *   MK_ERR_GGUF_HPARAMS      inconsistent hyper-parameters or tensor shapes
+ *
+ * Byte order: GGUF is little-endian; this reader assumes a little-endian host.
+ *
+ * Ownership: mk_gguf_open maps the file read-only and owns the mapping;
+ * mk_gguf_open_memory borrows the caller's bytes (they must outlive the handle). Both
+ * allocate the handle, released with mk_gguf_close (accepts NULL). Every pointer handed
+ * out (strings, tensor data, tensor names) points into the handle or the file bytes and
+ * is valid until mk_gguf_close. GGUF strings are NOT NUL-terminated in the file: string
+ * values are returned as (pointer, length); keys and tensor names are copied and are
+ * NUL-terminated. */
+#ifndef MK_GGUF_H
+#define MK_GGUF_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "meshkern.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct mk_gguf mk_gguf; /* opaque */
+
+/* ------------------------------------------------------------------ constants -- */
+
+#define MK_GGUF_MAGIC 0x46554747u /* "GGUF" read as a little-endian u32 */
+#define MK_GGUF_DEFAULT_ALIGNMENT 32u
+#define MK_GGUF_MAX_DIMS 4u
+
+/* Metadata value types (the GGUF spec's gguf_type). */
+typedef enum mk_gguf_value_type {
+    MK_GGUF_TYPE_UINT8 = 0,
+    MK_GGUF_TYPE_INT8 = 1,
+    MK_GGUF_TYPE_UINT16 = 2,
+    MK_GGUF_TYPE_INT16 = 3,
+    MK_GGUF_TYPE_UINT32 = 4,
+    MK_GGUF_TYPE_INT32 = 5,
+    MK_GGUF_TYPE_FLOAT32 = 6,
+    MK_GGUF_TYPE_BOOL = 7,
+    MK_GGUF_TYPE_STRING = 8,
+    MK_GGUF_TYPE_ARRAY = 9,
+    MK_GGUF_TYPE_UINT64 = 10,
+    MK_GGUF_TYPE_INT64 = 11,
+    MK_GGUF_TYPE_FLOAT64 = 12,
+} mk_gguf_value_type;
+
+/* ggml tensor types (the ids stored in the file). The reader knows the block layout of
+ * every id listed here (so files holding them open and can be inspected); the ones
+ * marked * can be dequantized by mk_gguf_tensor_to_f32 / mk_gguf_dequantize. */
+typedef enum mk_ggml_type {
+    MK_GGML_TYPE_F32 = 0,   /* * */
+    MK_GGML_TYPE_F16 = 1,   /* * */
+    MK_GGML_TYPE_Q4_0 = 2,  /* * */
+    MK_GGML_TYPE_Q4_1 = 3,  /* * */
+    MK_GGML_TYPE_Q5_0 = 6,  /* * */
+    MK_GGML_TYPE_Q5_1 = 7,  /* * */
+    MK_GGML_TYPE_Q8_0 = 8,  /* * */
+    MK_GGML_TYPE_Q8_1 = 9,
+    MK_GGML_TYPE_Q2_K = 10, /* * */
+    MK_GGML_TYPE_Q3_K = 11, /* * */
+    MK_GGML_TYPE_Q4_K = 12, /* * */
+    MK_GGML_TYPE_Q5_K = 13, /* * */
+    MK_GGML_TYPE_Q6_K = 14, /* * */
+    MK_GGML_TYPE_Q8_K = 15,
+    MK_GGML_TYPE_IQ2_XXS = 16,
+    MK_GGML_TYPE_IQ2_XS = 17,
+    MK_GGML_TYPE_IQ3_XXS = 18,
+    MK_GGML_TYPE_IQ1_S = 19,
+    MK_GGML_TYPE_IQ4_NL = 20,
+    MK_GGML_TYPE_IQ3_S = 21,
+    MK_GGML_TYPE_IQ2_S = 22,
+    MK_GGML_TYPE_IQ4_XS = 23,
+    MK_GGML_TYPE_I8 = 24,
+    MK_GGML_TYPE_I16 = 25,
+    MK_GGML_TYPE_I32 = 26,
+    MK_GGML_TYPE_I64 = 27,
+    MK_GGML_TYPE_F64 = 28,
+    MK_GGML_TYPE_IQ1_M = 29,
+    MK_GGML_TYPE_BF16 = 30, /* * */
+    MK_GGML_TYPE_TQ1_0 = 34,
+    MK_GGML_TYPE_TQ2_0 = 35,
+    MK_GGML_TYPE_MXFP4 = 39,
+} mk_ggml_type;
+
+/* Name ("Q4_1") of a ggml type id, or NULL for an unknown id. */
+const char *mk_ggml_type_name(uint32_t type);
+/* Elements per block and bytes per block; false for an unknown id. */
+bool mk_ggml_type_layout(uint32_t type, size_t *block_elements, size_t *block_bytes);
+/* True when mk_gguf_dequantize supports the type. */
+bool mk_ggml_type_can_dequantize(uint32_t type);
+
+/* ----------------------------------------------------------------- open/close -- */
+
+mk_status mk_gguf_open(const char *path, mk_gguf **out);
+mk_status mk_gguf_open_memory(const void *data, size_t len, mk_gguf **out);
+void mk_gguf_close(mk_gguf *g);
+
+uint32_t mk_gguf_version(const mk_gguf *g);
+size_t mk_gguf_alignment(const mk_gguf *g);
+size_t mk_gguf_data_offset(const mk_gguf *g); /* file offset of the aligned data section */
+size_t mk_gguf_file_size(const mk_gguf *g);
+
+/* ------------------------------------------------------------------- metadata -- */
+
+size_t mk_gguf_kv_count(const mk_gguf *g);
+/* Index of `key` or -1. */
+int64_t mk_gguf_find_key(const mk_gguf *g, const char *key);
+const char *mk_gguf_key_at(const mk_gguf *g, size_t index); /* NULL past the end */
+/* Value type of key at index (MK_GGUF_TYPE_ARRAY for arrays). */
+mk_gguf_value_type mk_gguf_type_at(const mk_gguf *g, size_t index);
+
+/* Typed lookups. MK_ERR_GGUF_MISSING if the key is absent, MK_ERR_GGUF_VALUE_TYPE if the
+ * stored type does not convert. Integer getters accept any integer type (and bool) whose
+ * value fits the requested type; f32 accepts f32, f64 (rounded) and integers. */
+mk_status mk_gguf_get_u32(const mk_gguf *g, const char *key, uint32_t *out);
+mk_status mk_gguf_get_i32(const mk_gguf *g, const char *key, int32_t *out);
+mk_status mk_gguf_get_u64(const mk_gguf *g, const char *key, uint64_t *out);
+mk_status mk_gguf_get_i64(const mk_gguf *g, const char *key, int64_t *out);
+mk_status mk_gguf_get_f32(const mk_gguf *g, const char *key, float *out);
+mk_status mk_gguf_get_bool(const mk_gguf *g, const char *key, bool *out);
+/* String value as (pointer into the file, length); not NUL-terminated. */
+mk_status mk_gguf_get_string(const mk_gguf *g, const char *key, const char **str, size_t *len);
+/* Copy a string value NUL-terminated into buf[cap]; MK_ERR_INVALID_ARGUMENT if it does
+ * not fit. */
+mk_status mk_gguf_get_string_copy(const mk_gguf *g, const char *key, char *buf, size_t cap);
+
+/* Arrays: element type and count; MK_ERR_GGUF_VALUE_TYPE if the key is not an array. */
+mk_status mk_gguf_get_array_info(const mk_gguf *g, const char *key, mk_gguf_value_type *elem_type,
+                                 size_t *count);
+/* Raw little-endian elements of a scalar-typed array (count * element size bytes). */
+mk_status mk_gguf_get_array_data(const mk_gguf *g, const char *key, const void **data,
+                                 size_t *count);
+/* Element i of a string array (pointer into the file, length). */
+mk_status mk_gguf_get_array_string(const mk_gguf *g, const char *key, size_t index,
+                                   const char **str, size_t *len);
+
+/* -------------------------------------------------------------------- tensors -- */
+
+typedef struct mk_gguf_tensor_info {
+    const char *name;     /* NUL-terminated, owned by the handle */
+    uint32_t n_dims;      /* 1..4 */
+    uint64_t dims[MK_GGUF_MAX_DIMS]; /* fastest first: dims[0] = row length; unused = 1 */
+    uint32_t type;        /* mk_ggml_type */
+    uint64_t n_elements;  /* product of dims */
+    size_t offset;        /* relative to the data section (aligned) */
+    size_t n_bytes;       /* bytes of data */
+    const void *data;     /* inside the mapping / borrowed bytes */
+} mk_gguf_tensor_info;
+
+size_t mk_gguf_tensor_count(const mk_gguf *g);
+/* Tensor at index (file order); NULL past the end. */
+const mk_gguf_tensor_info *mk_gguf_tensor_at(const mk_gguf *g, size_t index);
+/* Lookup by name (binary search); NULL if absent. */
+const mk_gguf_tensor_info *mk_gguf_find_tensor(const mk_gguf *g, const char *name);
+/* Same, as a status: MK_ERR_GGUF_MISSING with the name in the message. */
+mk_status mk_gguf_tensor_info_get(const mk_gguf *g, const char *name,
+                                  const mk_gguf_tensor_info **out);
+
+/* Dequantize the whole tensor `name` to float32. n_elements must equal the tensor's
+ * element count (MK_ERR_GGUF_DIMS otherwise); out[n_elements] is owned by the caller.
+ * Element order is the file's: row r (dims[0] elements) starts at out + r * dims[0]. */
+mk_status mk_gguf_tensor_to_f32(const mk_gguf *g, const char *name, float *out,
+                                size_t n_elements);
+/* Dequantize rows [row_start, row_start + n_rows) of a tensor viewed as
+ * [n_elements / dims[0], dims[0]]; out[n_rows * dims[0]]. Lets a caller take a slice
+ * (one expert, one row block) without dequantizing the whole tensor. */
+mk_status mk_gguf_tensor_rows_to_f32(const mk_gguf *g, const char *name, size_t row_start,
+                                     size_t n_rows, float *out);
+/* Raw kernel: n elements (a multiple of the type's block size) of `type` from src
+ * (src_bytes must be exactly n / block_elements * block_bytes) to out[n]. */
+mk_status mk_gguf_dequantize(uint32_t type, const void *src, size_t src_bytes, float *out,
+                             size_t n);
+
+/* ------------------------------------------------------------ hyper-parameters -- */
+
+/* Copy general.architecture NUL-terminated into arch[arch_cap]. Call this and check the
+ * certified-architecture registry BEFORE mk_gguf_read_hparams / reading weights. */
+mk_status mk_gguf_architecture(const mk_gguf *g, char *arch, size_t arch_cap);
+
+/* Read the `<arch>.*` hyper-parameters (arch = general.architecture, copied to arch):
+ * context_length, embedding_length, block_count, feed_forward_length,
+ * attention.head_count, attention.head_count_kv (default head_count), rope.freq_base
+ * (default 10000), attention.layer_norm_rms_epsilon, rope.dimension_count (default and
+ * required value head_dim = embedding_length / head_count), vocab size (`<arch>.vocab_size`,
+ * else the length of tokenizer.ggml.tokens, else token_embd.weight dims[1]).
+ * rope_layout = MK_ROPE_ADJACENT_PAIRS; tied_embeddings = no output.weight.
+ * Then checks consistency: head counts divide, and the shapes of token_embd.weight,
+ * output_norm.weight, output.weight (if present) and every blk.N.* tensor of every layer
+ * match. Missing keys/tensors: MK_ERR_GGUF_MISSING; inconsistency: MK_ERR_GGUF_HPARAMS.
+ * Architecture certification is the caller's job. */
+mk_status mk_gguf_read_hparams(const mk_gguf *g, mk_hparams *hp, char *arch, size_t arch_cap);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MK_GGUF_H */

@@ -1,0 +1,726 @@
+/* cudasim_exec.cpp - kernel execution: fibers, the block scheduler, barriers and warp
+ * exchanges, the pool of OS threads that runs blocks, and launch-error reporting.
+ *
+ * Model. A launch runs every block. A block runs on one OS thread; its threads are fibers
+ * switched by a hand-written x86-64 context switch (callee-saved registers + rsp). Fibers
+ * switch directly to each other: a fiber that reaches a barrier, a warp intrinsic or its
+ * end hands over to the next runnable fiber of the run queue. When the queue is empty
+ * every live fiber is waiting, and the scheduler resolves the waits: warp groups whose
+ * named lanes all arrived exchange values; otherwise, if every live thread waits at
+ * __syncthreads, the barrier opens. Anything else is a divergent barrier, a mask that
+ * names an exited lane, or a deadlock: reported, the block abandoned, the launch failed.
+ * Released fibers enter the queue in the selected order (forward, reverse, seeded random).
+ */
+#include "cudasim.h"
+#include "cudasim_internal.h"
+
+#include <signal.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+__thread uint3 cudasim_tls_threadIdx;
+__thread uint3 cudasim_tls_blockIdx;
+__thread uint3 cudasim_tls_blockDim;
+__thread uint3 cudasim_tls_gridDim;
+
+namespace cudasim {
+namespace detail {
+__thread unsigned char *tls_dynamic_shared;
+}
+}  // namespace cudasim
+
+/* ======================================================================================
+ * Context switch
+ * ====================================================================================== */
+#if !defined(__x86_64__)
+#error "cudasim: the fiber context switch is written for x86-64"
+#endif
+
+extern "C" void cudasim_switch(void **save_sp, void *next_sp);
+extern "C" void cudasim_fiber_trampoline();
+
+/* cudasim_switch(save, next): push the callee-saved registers, store rsp in *save, load
+ * next, pop its registers and return into it. A fresh fiber's stack is laid out so that
+ * this "return" enters the trampoline with the Fiber* in r12. */
+asm(R"(
+.text
+.globl cudasim_switch
+.type cudasim_switch,@function
+cudasim_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+.size cudasim_switch,.-cudasim_switch
+
+.globl cudasim_fiber_trampoline
+.type cudasim_fiber_trampoline,@function
+cudasim_fiber_trampoline:
+  movq %r12, %rdi
+  call cudasim_fiber_main
+  ud2
+.size cudasim_fiber_trampoline,.-cudasim_fiber_trampoline
+.section .note.GNU-stack,"",@progbits
+.text
+)");
+
+namespace cudasim {
+namespace {
+
+/* ======================================================================================
+ * Fibers and per-OS-thread workers
+ * ====================================================================================== */
+enum class St : uint8_t { Runnable, Barrier, Warp, Exited };
+
+struct Fiber {
+  void *sp = nullptr;
+  uint3 tid{};
+  unsigned linear = 0; /* x + y*Dx + z*Dx*Dy */
+  St st = St::Runnable;
+  /* wait details */
+  const char *file = nullptr;
+  int line = 0;
+  int bar_kind = 0, pred = 0;
+  detail::WarpKind wkind = detail::WarpKind::Sync;
+  unsigned mask = 0;
+  uint64_t value = 0;
+  int arg = 0, width = 32;
+  uint64_t result = 0;
+  unsigned char *stack_lo = nullptr; /* usable stack (above the guard page) */
+};
+
+struct Launch;
+
+struct Worker {
+  /* fiber stacks: one mapping, a guard page below each stack */
+  unsigned char *map = nullptr;
+  size_t map_len = 0, stack_size = 0;
+  unsigned n_stacks = 0;
+  std::vector<Fiber> fibers;
+  std::vector<unsigned> queue; /* run queue (indices into fibers), consumed from qhead */
+  size_t qhead = 0;
+  void *native_sp = nullptr;
+  std::vector<unsigned char> dyn_smem;
+  /* current block */
+  const Launch *launch = nullptr;
+  const char *kname = nullptr;
+  uint3 bid{};
+  unsigned nthreads = 0;
+  bool failed = false;
+  std::string diag;
+  uint64_t rng = 0;
+  unsigned cur = 0;
+
+  ~Worker() {
+    if (map) munmap(map, map_len);
+  }
+};
+
+thread_local Worker tls_worker;
+
+size_t page_size() {
+  static const size_t p = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  return p;
+}
+/* Guard below each fiber stack: large enough that a big frame cannot jump over it. */
+size_t guard_size() { return 16 * page_size(); }
+
+/* A fiber that overflows its stack faults on its guard page. The handler runs on an
+ * alternate signal stack, names the kernel, block and thread, then lets the fault recur
+ * with the previous disposition (a crash with a clear cause, not a silent corruption). */
+struct sigaction g_old_segv;
+std::once_flag g_segv_once;
+
+void segv_handler(int sig, siginfo_t *si, void *) {
+  Worker &w = tls_worker;
+  const uintptr_t a = reinterpret_cast<uintptr_t>(si->si_addr);
+  const uintptr_t lo = reinterpret_cast<uintptr_t>(w.map);
+  if (w.map && a >= lo && a < lo + w.map_len) {
+    const size_t stride = w.stack_size + guard_size();
+    const size_t i = (a - lo) / stride;
+    if ((a - lo) % stride < guard_size() && i < w.fibers.size() && w.kname) {
+      char buf[512];
+      const uint3 t = w.fibers[i].tid;
+      const int len = snprintf(buf, sizeof buf,
+                               "cudasim: fiber stack overflow in kernel %s, block (%u,%u,%u) "
+                               "thread (%u,%u,%u): %zu KiB per thread (set CUDASIM_STACK_KB)\n",
+                               w.kname, w.bid.x, w.bid.y, w.bid.z, t.x, t.y, t.z,
+                               w.stack_size / 1024);
+      if (len > 0) {
+        ssize_t wr = write(2, buf, static_cast<size_t>(std::min(len, int(sizeof buf) - 1)));
+        (void)wr;
+      }
+    }
+  }
+  sigaction(sig, &g_old_segv, nullptr); /* returning re-executes the fault: default action */
+}
+
+void install_overflow_handler() {
+  /* alternate stack for this thread: the faulting fiber's stack is unusable */
+  static thread_local std::vector<unsigned char> alt(64 * 1024);
+  stack_t ss{};
+  ss.ss_sp = alt.data();
+  ss.ss_size = alt.size();
+  sigaltstack(&ss, nullptr);
+  std::call_once(g_segv_once, [] {
+    struct sigaction sa {};
+    sa.sa_sigaction = segv_handler;
+    sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGSEGV, &sa, &g_old_segv);
+  });
+}
+
+bool ensure_stacks(Worker &w, unsigned n) {
+  const size_t want = sim_config().stack_bytes;
+  n = std::max(n, 256u);
+  if (w.map && w.n_stacks >= n && w.stack_size == want) return true;
+  if (w.map) munmap(w.map, w.map_len);
+  w.map = nullptr;
+  const size_t pg = guard_size();
+  const size_t stride = want + pg;
+  const size_t len = stride * n;
+  void *m = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                 -1, 0);
+  if (m == MAP_FAILED) return false;
+  install_overflow_handler();
+  w.map = static_cast<unsigned char *>(m);
+  w.map_len = len;
+  w.stack_size = want;
+  w.n_stacks = n;
+  w.fibers.assign(n, Fiber{});
+  for (unsigned i = 0; i < n; ++i) {
+    unsigned char *base = w.map + stride * i;
+    mprotect(base, pg, PROT_NONE); /* guard pages: an overflow faults here */
+    w.fibers[i].stack_lo = base + pg;
+  }
+  return true;
+}
+
+/* ======================================================================================
+ * Launch state shared by the workers of one launch
+ * ====================================================================================== */
+struct Launch {
+  detail::Thunk thunk;
+  dim3 grid, block;
+  size_t shmem = 0;
+  uint64_t nblocks = 0;
+  unsigned nthreads = 0;
+  Order order = Order::Forward;
+  uint64_t seed = 0, serial = 0;
+  std::atomic<uint64_t> next{0};
+  std::atomic<bool> abort{false};
+  std::mutex err_mu;
+  uint64_t err_block = UINT64_MAX;
+  std::string err_msg;
+};
+
+uint64_t splitmix(uint64_t &s) {
+  uint64_t z = (s += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+std::string fmt(const char *f, ...) __attribute__((format(printf, 1, 2)));
+std::string fmt(const char *f, ...) {
+  char buf[1024];
+  va_list ap;
+  va_start(ap, f);
+  vsnprintf(buf, sizeof buf, f, ap);
+  va_end(ap);
+  return buf;
+}
+
+std::string where(const Worker &w, const Fiber &f) {
+  return fmt("block (%u,%u,%u) thread (%u,%u,%u)", w.bid.x, w.bid.y, w.bid.z, f.tid.x, f.tid.y,
+             f.tid.z);
+}
+
+const char *kind_name(detail::WarpKind k) {
+  switch (k) {
+    case detail::WarpKind::Sync: return "__syncwarp";
+    case detail::WarpKind::ShflIdx: return "__shfl_sync";
+    case detail::WarpKind::ShflUp: return "__shfl_up_sync";
+    case detail::WarpKind::ShflDown: return "__shfl_down_sync";
+    case detail::WarpKind::ShflXor: return "__shfl_xor_sync";
+    case detail::WarpKind::Ballot: return "__ballot_sync";
+    case detail::WarpKind::Any: return "__any_sync";
+    case detail::WarpKind::All: return "__all_sync";
+  }
+  return "?";
+}
+
+/* Append fibers (indices) to the run queue in the launch's order. */
+void enqueue(Worker &w, std::vector<unsigned> &ids) {
+  switch (w.launch->order) {
+    case Order::Forward: break;
+    case Order::Reverse: std::reverse(ids.begin(), ids.end()); break;
+    case Order::Random:
+      for (size_t i = ids.size(); i > 1; --i) std::swap(ids[i - 1], ids[splitmix(w.rng) % i]);
+      break;
+  }
+  w.queue.insert(w.queue.end(), ids.begin(), ids.end());
+}
+
+void fail(Worker &w, const std::string &msg) {
+  w.failed = true;
+  w.diag = msg;
+}
+
+/* Try to complete warp groups. Returns 1 if some fibers were released, 0 if none wait at
+ * warp intrinsics, -1 on an error (w.diag set). */
+int resolve_warps(Worker &w) {
+  std::vector<unsigned> released;
+  const unsigned n = w.nthreads;
+  for (unsigned base = 0; base < n; base += 32) {
+    const unsigned lanes = std::min(32u, n - base);
+    uint32_t done = 0;
+    for (unsigned l = 0; l < lanes; ++l) {
+      Fiber &f = w.fibers[base + l];
+      if (f.st != St::Warp || (done >> l & 1u)) continue;
+      const unsigned m = f.mask;
+      const char *kn = kind_name(f.wkind);
+      if (!(m >> l & 1u)) {
+        fail(w, fmt("%s: %s called at %s:%d with mask 0x%08x that does not include its own lane %u",
+                    where(w, f).c_str(), kn, f.file, f.line, m, l));
+        return -1;
+      }
+      for (unsigned j = 0; j < 32; ++j) {
+        if (!(m >> j & 1u)) continue;
+        if (j >= lanes) {
+          fail(w, fmt("%s: %s at %s:%d with mask 0x%08x names lane %u, which does not exist "
+                      "(block has %u threads)",
+                      where(w, f).c_str(), kn, f.file, f.line, m, j, n));
+          return -1;
+        }
+        Fiber &g = w.fibers[base + j];
+        if (g.st == St::Exited) {
+          fail(w, fmt("%s: %s at %s:%d with mask 0x%08x names lane %u (thread (%u,%u,%u)), "
+                      "which has exited",
+                      where(w, f).c_str(), kn, f.file, f.line, m, j, g.tid.x, g.tid.y, g.tid.z));
+          return -1;
+        }
+        if (g.st == St::Barrier) {
+          fail(w, fmt("deadlock: %s waits at %s (%s:%d, mask 0x%08x) for lane %u, which waits "
+                      "at __syncthreads (%s:%d)",
+                      where(w, f).c_str(), kn, f.file, f.line, m, j, g.file, g.line));
+          return -1;
+        }
+        if (g.mask != m || g.wkind != f.wkind) {
+          fail(w, fmt("%s: mismatched warp intrinsics: lane %u calls %s at %s:%d with mask "
+                      "0x%08x, lane %u calls %s at %s:%d with mask 0x%08x",
+                      where(w, f).c_str(), l, kn, f.file, f.line, m, j, kind_name(g.wkind),
+                      g.file, g.line, g.mask));
+          return -1;
+        }
+      }
+      /* every named lane arrived: exchange */
+      uint32_t ballot = 0;
+      for (unsigned j = 0; j < 32; ++j)
+        if ((m >> j & 1u) && w.fibers[base + j].value) ballot |= 1u << j;
+      for (unsigned j = 0; j < 32; ++j) {
+        if (!(m >> j & 1u)) continue;
+        Fiber &g = w.fibers[base + j];
+        const int width = g.width;
+        if (g.wkind >= detail::WarpKind::ShflIdx && g.wkind <= detail::WarpKind::ShflXor &&
+            (width <= 0 || width > 32 || (width & (width - 1)))) {
+          fail(w, fmt("%s: %s at %s:%d with width %d (must be a power of two <= 32)",
+                      where(w, g).c_str(), kind_name(g.wkind), g.file, g.line, width));
+          return -1;
+        }
+        const int seg = static_cast<int>(j) & ~(width - 1);
+        int src = -1; /* -1: own value */
+        switch (g.wkind) {
+          case detail::WarpKind::ShflIdx: src = seg + (g.arg & (width - 1)); break;
+          case detail::WarpKind::ShflUp:
+            src = (static_cast<int>(j) - seg) >= g.arg ? static_cast<int>(j) - g.arg : -1;
+            break;
+          case detail::WarpKind::ShflDown:
+            src = (static_cast<int>(j) - seg) + g.arg < width ? static_cast<int>(j) + g.arg : -1;
+            break;
+          case detail::WarpKind::ShflXor:
+            src = static_cast<int>(j) ^ g.arg;
+            if (src >= seg + width || src < 0 || src > 31) src = -1;
+            break;
+          default: break;
+        }
+        switch (g.wkind) {
+          case detail::WarpKind::Sync: g.result = 0; break;
+          case detail::WarpKind::Ballot: g.result = ballot; break;
+          case detail::WarpKind::Any: g.result = ballot != 0; break;
+          case detail::WarpKind::All: g.result = ballot == m; break;
+          default:
+            if (src < 0 || src == static_cast<int>(j)) {
+              g.result = g.value;
+            } else if (m >> src & 1u) {
+              g.result = w.fibers[base + static_cast<unsigned>(src)].value;
+            } else {
+              const unsigned s = static_cast<unsigned>(src);
+              const char *why = s >= lanes ? "does not exist"
+                                : w.fibers[base + s].st == St::Exited ? "has exited"
+                                                                      : "is not in the mask";
+              fail(w, fmt("%s: %s at %s:%d (mask 0x%08x) reads lane %d, which %s",
+                          where(w, g).c_str(), kind_name(g.wkind), g.file, g.line, m, src, why));
+              return -1;
+            }
+        }
+      }
+      for (unsigned j = 0; j < 32; ++j)
+        if (m >> j & 1u) {
+          w.fibers[base + j].st = St::Runnable;
+          released.push_back(base + j);
+        }
+      done |= m;
+    }
+  }
+  if (released.empty()) return 0;
+  std::sort(released.begin(), released.end());
+  enqueue(w, released);
+  return 1;
+}
+
+/* Run queue empty: every live fiber waits. Release the next group, or decide the block is
+ * done (returns false with !failed) or broken (returns false with failed). */
+bool resolve(Worker &w) {
+  int r = resolve_warps(w);
+  if (r < 0) return false;
+  if (r > 0) return true;
+  const Fiber *waiter = nullptr, *exited = nullptr, *other_site = nullptr;
+  for (unsigned i = 0; i < w.nthreads; ++i) {
+    const Fiber &f = w.fibers[i];
+    if (f.st == St::Barrier) {
+      if (!waiter) waiter = &f;
+      else if (!other_site && (f.line != waiter->line || std::strcmp(f.file, waiter->file) != 0))
+        other_site = &f;
+    } else if (f.st == St::Exited && !exited) {
+      exited = &f;
+    }
+  }
+  if (!waiter) return false; /* all exited: block done */
+  if (exited) {
+    fail(w, fmt("divergent __syncthreads: %s waits at %s:%d but thread (%u,%u,%u) has exited",
+                where(w, *waiter).c_str(), waiter->file, waiter->line, exited->tid.x,
+                exited->tid.y, exited->tid.z));
+    return false;
+  }
+  if (other_site) {
+    fail(w, fmt("divergent __syncthreads: %s waits at %s:%d but thread (%u,%u,%u) waits at %s:%d",
+                where(w, *waiter).c_str(), waiter->file, waiter->line, other_site->tid.x,
+                other_site->tid.y, other_site->tid.z, other_site->file, other_site->line));
+    return false;
+  }
+  int count = 0, all = 1, any = 0;
+  for (unsigned i = 0; i < w.nthreads; ++i) {
+    const int p = w.fibers[i].pred != 0;
+    count += p;
+    all &= p;
+    any |= p;
+  }
+  std::vector<unsigned> ids(w.nthreads);
+  for (unsigned i = 0; i < w.nthreads; ++i) {
+    Fiber &f = w.fibers[i];
+    f.st = St::Runnable;
+    f.result = static_cast<uint64_t>(f.bar_kind == 1 ? count : f.bar_kind == 2 ? all : any);
+    ids[i] = i;
+  }
+  enqueue(w, ids);
+  return true;
+}
+
+void set_builtins(Worker &w, Fiber &f) {
+  w.cur = f.linear;
+  cudasim_tls_threadIdx = f.tid;
+}
+
+/* Leave the current fiber (already marked waiting or exited) for the next runnable one.
+ * Returns when this fiber is resumed. */
+void schedule_next(Worker &w, Fiber &self) {
+  if (w.qhead == w.queue.size()) {
+    w.queue.clear();
+    w.qhead = 0;
+    if (!resolve(w)) {
+      cudasim_switch(&self.sp, w.native_sp); /* block finished or failed: never resumed */
+      __builtin_unreachable();
+    }
+  }
+  Fiber &next = w.fibers[w.queue[w.qhead++]];
+  set_builtins(w, next);
+  if (&next != &self) cudasim_switch(&self.sp, next.sp);
+  set_builtins(w, self);
+}
+
+}  // namespace
+}  // namespace cudasim
+
+extern "C" void cudasim_fiber_main(cudasim::Fiber *f) {
+  using namespace cudasim;
+  Worker &w = tls_worker;
+  w.launch->thunk.run(w.launch->thunk.pack);
+  f->st = St::Exited;
+  schedule_next(w, *f);
+  __builtin_trap(); /* an exited fiber is never resumed */
+}
+
+namespace cudasim {
+namespace detail {
+
+int block_barrier(int kind, int pred, const char *file, int line) {
+  Worker &w = tls_worker;
+  Fiber &f = w.fibers[w.cur];
+  f.st = St::Barrier;
+  f.bar_kind = kind;
+  f.pred = pred;
+  f.file = file;
+  f.line = line;
+  schedule_next(w, f);
+  return static_cast<int>(f.result);
+}
+
+uint64_t warp_op(WarpKind kind, unsigned mask, uint64_t value, int arg, int width,
+                 const char *file, int line) {
+  Worker &w = tls_worker;
+  Fiber &f = w.fibers[w.cur];
+  f.st = St::Warp;
+  f.wkind = kind;
+  f.mask = mask;
+  f.value = value;
+  f.arg = arg;
+  f.width = width;
+  f.file = file;
+  f.line = line;
+  schedule_next(w, f);
+  return f.result;
+}
+
+}  // namespace detail
+
+namespace {
+
+/* Run one block on this OS thread. Returns false (with w.diag) on a detected error. */
+bool run_block(Worker &w, const Launch &L, uint64_t b) {
+  w.launch = &L;
+  w.kname = L.thunk.name;
+  w.bid = uint3{static_cast<unsigned>(b % L.grid.x),
+                static_cast<unsigned>((b / L.grid.x) % L.grid.y),
+                static_cast<unsigned>(b / (static_cast<uint64_t>(L.grid.x) * L.grid.y))};
+  w.nthreads = L.nthreads;
+  w.failed = false;
+  w.rng = L.seed * 0x2545f4914f6cdd1dull ^ (b + 1) * 0x9e3779b97f4a7c15ull ^ L.serial;
+  cudasim_tls_blockIdx = w.bid;
+  cudasim_tls_blockDim = uint3{L.block.x, L.block.y, L.block.z};
+  cudasim_tls_gridDim = uint3{L.grid.x, L.grid.y, L.grid.z};
+  if (L.shmem) {
+    /* poison: uninitialised shared memory reads show up as NaN / garbage */
+    std::memset(w.dyn_smem.data(), 0xff, L.shmem);
+  }
+  detail::tls_dynamic_shared = w.dyn_smem.data();
+
+  std::vector<unsigned> ids(L.nthreads);
+  for (unsigned i = 0; i < L.nthreads; ++i) {
+    Fiber &f = w.fibers[i];
+    f.linear = i;
+    f.tid = uint3{i % L.block.x, (i / L.block.x) % L.block.y, i / (L.block.x * L.block.y)};
+    f.st = St::Runnable;
+    f.result = 0;
+    /* initial frame: 6 callee-saved registers then the trampoline as return address */
+    uintptr_t top = reinterpret_cast<uintptr_t>(f.stack_lo + w.stack_size) & ~uintptr_t(15);
+    void **sp = reinterpret_cast<void **>(top - 56);
+    for (int k = 0; k < 6; ++k) sp[k] = nullptr;
+    sp[3] = &f; /* popped into r12 */
+    sp[6] = reinterpret_cast<void *>(&cudasim_fiber_trampoline);
+    f.sp = sp;
+    ids[i] = i;
+  }
+  w.queue.clear();
+  w.qhead = 0;
+  enqueue(w, ids);
+  Fiber &first = w.fibers[w.queue[w.qhead++]];
+  set_builtins(w, first);
+  cudasim_switch(&w.native_sp, first.sp);
+  if (w.failed) return false;
+  return true;
+}
+
+/* ======================================================================================
+ * Pool of OS threads running blocks
+ * ====================================================================================== */
+void record_error(Launch &L, uint64_t b, const std::string &msg) {
+  std::lock_guard<std::mutex> g(L.err_mu);
+  if (b < L.err_block) {
+    L.err_block = b;
+    L.err_msg = msg;
+  }
+  L.abort.store(true, std::memory_order_relaxed);
+}
+
+void work(Launch &L) {
+  Worker &w = tls_worker;
+  if (!ensure_stacks(w, L.nthreads)) {
+    record_error(L, 0, "cudasim: cannot map fiber stacks");
+    return;
+  }
+  if (w.dyn_smem.size() < L.shmem + 16) w.dyn_smem.resize(L.shmem + 16);
+  for (;;) {
+    if (L.abort.load(std::memory_order_relaxed)) return;
+    const uint64_t b = L.next.fetch_add(1, std::memory_order_relaxed);
+    if (b >= L.nblocks) return;
+    if (!run_block(w, L, b)) record_error(L, b, w.diag);
+  }
+}
+
+class Pool {
+ public:
+  static Pool &get() {
+    static Pool *p = new Pool(); /* leaked: threads outlive static destruction */
+    return *p;
+  }
+  /* Run work(L) on the calling thread and on up to n-1 pool threads. */
+  void run(Launch &L, unsigned n) {
+    std::lock_guard<std::mutex> serial(launch_mu_);
+    while (threads_.size() + 1 < n) threads_.emplace_back([this] { loop(); });
+    unsigned helpers = static_cast<unsigned>(std::min<uint64_t>(n - 1, L.nblocks - 1));
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      job_ = &L;
+      want_ = helpers;
+      active_ = 0;
+      ++gen_;
+    }
+    cv_.notify_all();
+    work(L);
+    std::unique_lock<std::mutex> g(mu_);
+    done_cv_.wait(g, [&] { return want_ == 0 && active_ == 0; });
+    job_ = nullptr;
+  }
+
+ private:
+  void loop() {
+    uint64_t seen = 0;
+    std::unique_lock<std::mutex> g(mu_);
+    for (;;) {
+      cv_.wait(g, [&] { return gen_ != seen && want_ > 0; });
+      seen = gen_;
+      --want_;
+      ++active_;
+      Launch *L = job_;
+      g.unlock();
+      work(*L);
+      g.lock();
+      --active_;
+      if (want_ == 0 && active_ == 0) done_cv_.notify_all();
+    }
+  }
+  std::mutex launch_mu_, mu_;
+  std::condition_variable cv_, done_cv_;
+  std::vector<std::thread> threads_;
+  Launch *job_ = nullptr;
+  unsigned want_ = 0, active_ = 0;
+  uint64_t gen_ = 0;
+};
+
+std::atomic<uint64_t> g_launches{0};
+
+}  // namespace
+
+uint64_t launch_count() { return g_launches.load(); }
+
+namespace detail {
+
+cudaError_t launch(const Thunk &t, dim3 grid, dim3 block, size_t shmem, cudaStream_t stream,
+                   const char *file, int line) {
+  const SimConfig &cfg = sim_config();
+  const uint64_t serial = g_launches.fetch_add(1);
+  const uint64_t nthreads = static_cast<uint64_t>(block.x) * block.y * block.z;
+  const uint64_t nblocks = static_cast<uint64_t>(grid.x) * grid.y * grid.z;
+  if (nthreads == 0 || nblocks == 0 || nthreads > 1024 || block.x > 1024 || block.y > 1024 ||
+      block.z > 64 || grid.y > 65535 || grid.z > 65535 || grid.x > 2147483647u) {
+    return report_launch_error(
+        cudaErrorInvalidConfiguration,
+        fmt("cudasim: launch of %s at %s:%d: invalid configuration grid (%u,%u,%u) block "
+            "(%u,%u,%u)",
+            t.name, file, line, grid.x, grid.y, grid.z, block.x, block.y, block.z));
+  }
+  const size_t smem_limit = max_dynamic_shared(t.func);
+  if (shmem > smem_limit) {
+    return report_launch_error(
+        cudaErrorInvalidValue,
+        fmt("cudasim: launch of %s at %s:%d: %zu bytes of dynamic shared memory exceed the "
+            "limit of %zu (raise it with cudaFuncSetAttribute)",
+            t.name, file, line, shmem, smem_limit));
+  }
+  if (!stream_is_valid(stream)) {
+    return report_launch_error(cudaErrorInvalidResourceHandle,
+                               fmt("cudasim: launch of %s at %s:%d: invalid stream", t.name,
+                                   file, line));
+  }
+  Launch L;
+  L.thunk = t;
+  L.grid = grid;
+  L.block = block;
+  L.shmem = shmem;
+  L.nblocks = nblocks;
+  L.nthreads = static_cast<unsigned>(nthreads);
+  L.order = cfg.order.load();
+  L.seed = cfg.seed.load();
+  L.serial = serial;
+  /* Save the caller's built-ins (a launch from a host thread leaves them as they were). */
+  const uint3 saved[4] = {cudasim_tls_threadIdx, cudasim_tls_blockIdx, cudasim_tls_blockDim,
+                          cudasim_tls_gridDim};
+  unsigned char *saved_dyn = tls_dynamic_shared;
+  unsigned workers = cfg.workers.load();
+  if (workers < 1) workers = 1;
+  Pool::get().run(L, workers);
+  cudasim_tls_threadIdx = saved[0];
+  cudasim_tls_blockIdx = saved[1];
+  cudasim_tls_blockDim = saved[2];
+  cudasim_tls_gridDim = saved[3];
+  tls_dynamic_shared = saved_dyn;
+  if (L.err_block != UINT64_MAX) {
+    return report_launch_error(cudaErrorLaunchFailure,
+                               fmt("cudasim: kernel %s (launched at %s:%d): %s", t.name, file,
+                                   line, L.err_msg.c_str()));
+  }
+  return cudaSuccess;
+}
+
+}  // namespace detail
+}  // namespace cudasim
+
+unsigned __activemask() {
+  using namespace cudasim;
+  Worker &w = tls_worker;
+  const unsigned base = w.cur & ~31u;
+  unsigned m = 0;
+  for (unsigned l = 0; l < 32 && base + l < w.nthreads; ++l)
+    if (w.fibers[base + l].st != St::Exited) m |= 1u << l;
+  return m;
+}
+
+long long clock64() {
+  return static_cast<long long>(std::chrono::steady_clock::now().time_since_epoch().count());
+}

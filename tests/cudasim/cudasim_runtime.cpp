@@ -1,0 +1,612 @@
+/* cudasim_runtime.cpp - the CUDA runtime subset over host memory, with N simulated devices.
+ *
+ * These are link-time stand-ins: the same C functions libcudart exports, declared by the
+ * real cuda_runtime_api.h. Streams execute synchronously (every call completes before it
+ * returns), so events record host time and synchronisation only reports pending errors.
+ * Device pointers are host pointers; copies check that the device side of a copy lies
+ * inside a cudaMalloc'd (or pinned) allocation, so a bad size or swapped argument fails.
+ */
+#include "cudasim.h"
+#include "cudasim_internal.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <unordered_map>
+
+struct CUstream_st {
+  int device;
+  unsigned flags;
+};
+struct CUevent_st {
+  int device;
+  unsigned flags;
+  bool recorded;
+  double t_ms;
+};
+
+namespace cudasim {
+namespace {
+
+constexpr int kMaxDevices = 64;
+constexpr size_t kSharedPerBlock = 48 * 1024;
+constexpr size_t kSharedOptin = 227 * 1024;
+
+/* ---- configuration ------------------------------------------------------------------- */
+SimConfig *make_config() {
+  SimConfig *c = new SimConfig();
+  unsigned hw = std::thread::hardware_concurrency();
+  c->workers = hw ? hw : 1;
+  if (const char *s = getenv("CUDASIM_ORDER")) {
+    std::string v = s;
+    if (v == "forward") c->order = Order::Forward;
+    else if (v == "reverse") c->order = Order::Reverse;
+    else if (v == "random") c->order = Order::Random;
+    else fprintf(stderr, "cudasim: CUDASIM_ORDER=%s unknown (forward|reverse|random)\n", s);
+  }
+  if (const char *s = getenv("CUDASIM_SEED")) c->seed = strtoull(s, nullptr, 0);
+  if (const char *s = getenv("CUDASIM_THREADS")) c->workers = std::max(1, atoi(s));
+  if (const char *s = getenv("CUDASIM_DEVICES"))
+    c->devices = std::min(kMaxDevices, std::max(1, atoi(s)));
+  if (const char *s = getenv("CUDASIM_MEM_MB")) c->mem_bytes = strtoull(s, nullptr, 0) << 20;
+  if (const char *s = getenv("CUDASIM_STACK_KB"))
+    c->stack_bytes = std::max<size_t>(16, strtoull(s, nullptr, 0)) * 1024;
+  if (const char *s = getenv("CUDASIM_VERBOSE")) c->verbose = atoi(s) != 0;
+  return c;
+}
+
+/* ---- per-host-thread error state ------------------------------------------------------- */
+thread_local cudaError_t tls_last = cudaSuccess;
+thread_local cudaError_t tls_pending = cudaSuccess; /* returned by the next synchronise */
+thread_local std::string tls_diag;
+thread_local cudaError_t tls_diag_code = cudaSuccess; /* the error tls_diag describes */
+thread_local int tls_device = 0;
+
+cudaError_t fail(cudaError_t e, const std::string &msg) {
+  tls_last = e;
+  tls_diag = msg;
+  tls_diag_code = e;
+  if (sim_config().verbose) fprintf(stderr, "%s\n", msg.c_str());
+  return e;
+}
+
+std::string fmt(const char *f, ...) __attribute__((format(printf, 1, 2)));
+std::string fmt(const char *f, ...) {
+  char buf[512];
+  va_list ap;
+  va_start(ap, f);
+  vsnprintf(buf, sizeof buf, f, ap);
+  va_end(ap);
+  return buf;
+}
+
+/* ---- allocations ------------------------------------------------------------------------ */
+struct Alloc {
+  size_t size;
+  int device; /* -1: pinned host */
+};
+std::mutex g_mu;
+std::map<uintptr_t, Alloc> g_allocs;
+size_t g_used[kMaxDevices];
+std::set<cudaStream_t> g_streams;
+std::set<cudaEvent_t> g_events;
+std::unordered_map<const void *, size_t> g_smem_limit;
+
+/* The allocation holding [p, p+n), or nullptr. Caller holds g_mu. */
+const Alloc *find_locked(const void *p, size_t n) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  auto it = g_allocs.upper_bound(a);
+  if (it == g_allocs.begin()) return nullptr;
+  --it;
+  if (a - it->first + n > it->second.size && !(n == 0 && a - it->first <= it->second.size))
+    return nullptr;
+  return &it->second;
+}
+
+bool device_range_ok(const void *p, size_t n) {
+  std::lock_guard<std::mutex> g(g_mu);
+  return find_locked(p, n) != nullptr;
+}
+
+cudaError_t alloc(void **p, size_t size, int device) {
+  if (!p) return fail(cudaErrorInvalidValue, "cudasim: allocation with a null result pointer");
+  *p = nullptr;
+  if (size == 0) return cudaSuccess;
+  const size_t cap = sim_config().mem_bytes;
+  if (device >= 0) {
+    std::lock_guard<std::mutex> g(g_mu);
+    if (size > cap - std::min(cap, g_used[device]))
+      return fail(cudaErrorMemoryAllocation,
+                  fmt("cudasim: cudaMalloc of %zu bytes on device %d: %zu of %zu bytes in use",
+                      size, device, g_used[device], cap));
+    g_used[device] += size;
+  }
+  const size_t rounded = (size + 255) & ~size_t(255);
+  void *m = aligned_alloc(256, rounded);
+  if (!m) {
+    std::lock_guard<std::mutex> g(g_mu);
+    if (device >= 0) g_used[device] -= size;
+    return fail(cudaErrorMemoryAllocation, fmt("cudasim: host allocation of %zu bytes failed", size));
+  }
+  /* Device memory starts as garbage (NaN for floats), as on a GPU; large ones stay lazy. */
+  if (rounded <= (size_t(256) << 20)) memset(m, 0xff, rounded);
+  std::lock_guard<std::mutex> g(g_mu);
+  g_allocs[reinterpret_cast<uintptr_t>(m)] = Alloc{size, device};
+  *p = m;
+  return cudaSuccess;
+}
+
+cudaError_t release(void *p, bool host) {
+  if (!p) return cudaSuccess;
+  std::lock_guard<std::mutex> g(g_mu);
+  auto it = g_allocs.find(reinterpret_cast<uintptr_t>(p));
+  if (it == g_allocs.end() || (it->second.device < 0) != host) {
+    tls_last = tls_diag_code = cudaErrorInvalidValue;
+    tls_diag = fmt("cudasim: %s(%p): not a pointer returned by %s", host ? "cudaFreeHost" : "cudaFree",
+                   p, host ? "cudaMallocHost" : "cudaMalloc");
+    return cudaErrorInvalidValue;
+  }
+  if (it->second.device >= 0) g_used[it->second.device] -= it->second.size;
+  free(p);
+  g_allocs.erase(it);
+  return cudaSuccess;
+}
+
+const char *kind_name(cudaMemcpyKind k) {
+  switch (k) {
+    case cudaMemcpyHostToHost: return "HostToHost";
+    case cudaMemcpyHostToDevice: return "HostToDevice";
+    case cudaMemcpyDeviceToHost: return "DeviceToHost";
+    case cudaMemcpyDeviceToDevice: return "DeviceToDevice";
+    case cudaMemcpyDefault: return "Default";
+  }
+  return "?";
+}
+
+cudaError_t copy(void *dst, const void *src, size_t n, cudaMemcpyKind kind, const char *fn) {
+  if (n == 0) return cudaSuccess;
+  if (!dst || !src) return fail(cudaErrorInvalidValue, fmt("cudasim: %s with a null pointer", fn));
+  const bool dst_dev = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
+  const bool src_dev = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
+  if (static_cast<int>(kind) < 0 || static_cast<int>(kind) > 4)
+    return fail(cudaErrorInvalidMemcpyDirection, fmt("cudasim: %s: bad kind %d", fn, int(kind)));
+  if (dst_dev && !device_range_ok(dst, n))
+    return fail(cudaErrorInvalidValue,
+                fmt("cudasim: %s(%s): destination [%p, +%zu) is not inside one device allocation",
+                    fn, kind_name(kind), dst, n));
+  if (src_dev && !device_range_ok(src, n))
+    return fail(cudaErrorInvalidValue,
+                fmt("cudasim: %s(%s): source [%p, +%zu) is not inside one device allocation", fn,
+                    kind_name(kind), src, n));
+  memmove(dst, src, n);
+  return cudaSuccess;
+}
+
+bool device_ok(int d) { return d >= 0 && d < sim_config().devices.load(); }
+
+cudaError_t check_stream(cudaStream_t s, const char *fn) {
+  if (stream_is_valid(s)) return cudaSuccess;
+  return fail(cudaErrorInvalidResourceHandle, fmt("cudasim: %s: invalid stream %p", fn, (void *)s));
+}
+
+double now_ms() {
+  return std::chrono::duration<double, std::milli>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+cudaError_t sync_result() {
+  cudaError_t e = tls_pending;
+  tls_pending = cudaSuccess;
+  if (e != cudaSuccess) tls_last = e;
+  return e;
+}
+
+}  // namespace
+
+SimConfig &sim_config() {
+  static SimConfig *c = make_config();
+  return *c;
+}
+
+cudaError_t report_launch_error(cudaError_t err, const std::string &msg) {
+  tls_last = err;
+  tls_pending = err;
+  tls_diag = msg;
+  tls_diag_code = err;
+  if (sim_config().verbose) fprintf(stderr, "%s\n", msg.c_str());
+  return err;
+}
+
+size_t max_dynamic_shared(const void *func) {
+  std::lock_guard<std::mutex> g(g_mu);
+  auto it = g_smem_limit.find(func);
+  return it == g_smem_limit.end() ? kSharedPerBlock : it->second;
+}
+
+bool stream_is_valid(cudaStream_t s) {
+  if (s == nullptr || s == cudaStreamLegacy || s == cudaStreamPerThread) return true;
+  std::lock_guard<std::mutex> g(g_mu);
+  return g_streams.count(s) != 0;
+}
+
+void set_order(Order o, uint64_t s) {
+  sim_config().order = o;
+  sim_config().seed = s;
+}
+Order order() { return sim_config().order; }
+uint64_t seed() { return sim_config().seed; }
+void set_workers(unsigned n) { sim_config().workers = n ? n : 1; }
+void set_device_memory(size_t bytes) { sim_config().mem_bytes = bytes; }
+void set_device_count(int n) { sim_config().devices = std::min(kMaxDevices, std::max(1, n)); }
+const char *last_diagnostic() { return tls_diag.c_str(); }
+void clear_diagnostic() {
+  tls_diag.clear();
+  tls_diag_code = cudaSuccess;
+}
+
+}  // namespace cudasim
+
+using namespace cudasim;
+
+extern "C" const char *cudasim_last_diagnostic(void) { return tls_diag.c_str(); }
+
+/* ======================================================================================
+ * Errors
+ * ====================================================================================== */
+cudaError_t cudaGetLastError(void) {
+  cudaError_t e = tls_last;
+  tls_last = cudaSuccess;
+  tls_pending = cudaSuccess;
+  return e;
+}
+cudaError_t cudaPeekAtLastError(void) { return tls_last; }
+
+const char *cudaGetErrorName(cudaError_t e) {
+  switch (e) {
+#define N(x) \
+  case x: return #x;
+    N(cudaSuccess) N(cudaErrorInvalidValue) N(cudaErrorMemoryAllocation)
+    N(cudaErrorInitializationError) N(cudaErrorInvalidConfiguration)
+    N(cudaErrorInvalidDevice) N(cudaErrorInvalidMemcpyDirection)
+    N(cudaErrorInvalidResourceHandle) N(cudaErrorNotReady) N(cudaErrorLaunchFailure)
+    N(cudaErrorNoDevice) N(cudaErrorNotSupported) N(cudaErrorIllegalAddress)
+    N(cudaErrorPeerAccessAlreadyEnabled) N(cudaErrorInvalidDevicePointer)
+#undef N
+    default: return "cudaErrorUnknown";
+  }
+}
+
+const char *cudaGetErrorString(cudaError_t e) {
+  /* The most recent failure on this thread carries the simulator's full diagnostic. */
+  if (e != cudaSuccess && e == tls_diag_code && !tls_diag.empty()) return tls_diag.c_str();
+  switch (e) {
+    case cudaSuccess: return "no error";
+    case cudaErrorInvalidValue: return "invalid argument";
+    case cudaErrorMemoryAllocation: return "out of memory";
+    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
+    case cudaErrorInvalidDevice: return "invalid device ordinal";
+    case cudaErrorInvalidResourceHandle: return "invalid resource handle";
+    case cudaErrorLaunchFailure: return "unspecified launch failure";
+    case cudaErrorNotReady: return "device not ready";
+    default: return cudaGetErrorName(e);
+  }
+}
+
+/* ======================================================================================
+ * Devices
+ * ====================================================================================== */
+cudaError_t cudaGetDeviceCount(int *count) {
+  if (!count) return fail(cudaErrorInvalidValue, "cudasim: cudaGetDeviceCount(NULL)");
+  *count = sim_config().devices;
+  return cudaSuccess;
+}
+cudaError_t cudaSetDevice(int device) {
+  if (!device_ok(device))
+    return fail(cudaErrorInvalidDevice, fmt("cudasim: cudaSetDevice(%d): %d devices", device,
+                                            sim_config().devices.load()));
+  tls_device = device;
+  return cudaSuccess;
+}
+cudaError_t cudaGetDevice(int *device) {
+  if (!device) return fail(cudaErrorInvalidValue, "cudasim: cudaGetDevice(NULL)");
+  *device = tls_device;
+  return cudaSuccess;
+}
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int device) {
+  if (!p) return fail(cudaErrorInvalidValue, "cudasim: cudaGetDeviceProperties(NULL)");
+  if (!device_ok(device))
+    return fail(cudaErrorInvalidDevice, fmt("cudasim: cudaGetDeviceProperties(%d)", device));
+  memset(p, 0, sizeof *p);
+  snprintf(p->name, sizeof p->name, "cudasim");
+  p->totalGlobalMem = sim_config().mem_bytes;
+  p->sharedMemPerBlock = kSharedPerBlock;
+  p->sharedMemPerBlockOptin = kSharedOptin;
+  p->sharedMemPerMultiprocessor = 228 * 1024;
+  p->regsPerBlock = 65536;
+  p->warpSize = 32;
+  p->maxThreadsPerBlock = 1024;
+  p->maxThreadsDim[0] = 1024;
+  p->maxThreadsDim[1] = 1024;
+  p->maxThreadsDim[2] = 64;
+  p->maxGridSize[0] = 2147483647;
+  p->maxGridSize[1] = 65535;
+  p->maxGridSize[2] = 65535;
+  p->major = 9;
+  p->minor = 0;
+  p->multiProcessorCount = 132;
+  p->maxThreadsPerMultiProcessor = 2048;
+  p->l2CacheSize = 50 * 1024 * 1024;
+  p->memoryBusWidth = 5120;
+  p->unifiedAddressing = 1;
+  p->pciDeviceID = device;
+  return cudaSuccess;
+}
+cudaError_t cudaDeviceGetAttribute(int *v, cudaDeviceAttr a, int device) {
+  if (!v) return fail(cudaErrorInvalidValue, "cudasim: cudaDeviceGetAttribute(NULL)");
+  if (!device_ok(device))
+    return fail(cudaErrorInvalidDevice, fmt("cudasim: cudaDeviceGetAttribute device %d", device));
+  switch (a) {
+    case cudaDevAttrMaxThreadsPerBlock: *v = 1024; break;
+    case cudaDevAttrMaxBlockDimX: *v = 1024; break;
+    case cudaDevAttrMaxBlockDimY: *v = 1024; break;
+    case cudaDevAttrMaxBlockDimZ: *v = 64; break;
+    case cudaDevAttrMaxGridDimX: *v = 2147483647; break;
+    case cudaDevAttrMaxGridDimY: *v = 65535; break;
+    case cudaDevAttrMaxGridDimZ: *v = 65535; break;
+    case cudaDevAttrMaxSharedMemoryPerBlock: *v = int(kSharedPerBlock); break;
+    case cudaDevAttrMaxSharedMemoryPerBlockOptin: *v = int(kSharedOptin); break;
+    case cudaDevAttrWarpSize: *v = 32; break;
+    case cudaDevAttrMultiProcessorCount: *v = 132; break;
+    case cudaDevAttrComputeCapabilityMajor: *v = 9; break;
+    case cudaDevAttrComputeCapabilityMinor: *v = 0; break;
+    case cudaDevAttrL2CacheSize: *v = 50 * 1024 * 1024; break;
+    case cudaDevAttrMaxThreadsPerMultiProcessor: *v = 2048; break;
+    case cudaDevAttrUnifiedAddressing: *v = 1; break;
+    default:
+      return fail(cudaErrorInvalidValue,
+                  fmt("cudasim: cudaDeviceGetAttribute: attribute %d not simulated", int(a)));
+  }
+  return cudaSuccess;
+}
+cudaError_t cudaDeviceSynchronize(void) { return sync_result(); }
+cudaError_t cudaDeviceReset(void) { return cudaSuccess; }
+cudaError_t cudaDeviceCanAccessPeer(int *can, int device, int peer) {
+  if (!can) return fail(cudaErrorInvalidValue, "cudasim: cudaDeviceCanAccessPeer(NULL)");
+  if (!device_ok(device) || !device_ok(peer))
+    return fail(cudaErrorInvalidDevice, "cudasim: cudaDeviceCanAccessPeer: bad device");
+  *can = device != peer;
+  return cudaSuccess;
+}
+cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned int) {
+  if (!device_ok(peer)) return fail(cudaErrorInvalidDevice, "cudasim: cudaDeviceEnablePeerAccess");
+  return cudaSuccess;
+}
+cudaError_t cudaFuncSetAttribute(const void *func, cudaFuncAttribute attr, int value) {
+  if (attr == cudaFuncAttributeMaxDynamicSharedMemorySize) {
+    if (value < 0 || size_t(value) > kSharedOptin)
+      return fail(cudaErrorInvalidValue,
+                  fmt("cudasim: cudaFuncSetAttribute: %d bytes of dynamic shared memory > %zu",
+                      value, kSharedOptin));
+    std::lock_guard<std::mutex> g(g_mu);
+    g_smem_limit[func] = size_t(value);
+  }
+  return cudaSuccess;
+}
+cudaError_t cudaRuntimeGetVersion(int *v) {
+  if (v) *v = CUDART_VERSION;
+  return cudaSuccess;
+}
+cudaError_t cudaDriverGetVersion(int *v) {
+  if (v) *v = CUDART_VERSION;
+  return cudaSuccess;
+}
+
+/* ======================================================================================
+ * Memory
+ * ====================================================================================== */
+cudaError_t cudaMalloc(void **p, size_t size) { return alloc(p, size, tls_device); }
+cudaError_t cudaFree(void *p) { return release(p, false); }
+cudaError_t cudaMallocAsync(void **p, size_t size, cudaStream_t s) {
+  if (cudaError_t e = check_stream(s, "cudaMallocAsync")) return e;
+  return alloc(p, size, tls_device);
+}
+cudaError_t cudaFreeAsync(void *p, cudaStream_t s) {
+  if (cudaError_t e = check_stream(s, "cudaFreeAsync")) return e;
+  return release(p, false);
+}
+cudaError_t cudaMallocHost(void **p, size_t size) { return alloc(p, size, -1); }
+cudaError_t cudaHostAlloc(void **p, size_t size, unsigned int) { return alloc(p, size, -1); }
+cudaError_t cudaFreeHost(void *p) { return release(p, true); }
+cudaError_t cudaHostRegister(void *, size_t, unsigned int) { return cudaSuccess; }
+cudaError_t cudaHostUnregister(void *) { return cudaSuccess; }
+
+cudaError_t cudaMemGetInfo(size_t *free_b, size_t *total) {
+  const size_t cap = sim_config().mem_bytes;
+  std::lock_guard<std::mutex> g(g_mu);
+  const size_t used = g_used[tls_device];
+  if (free_b) *free_b = cap - std::min(cap, used);
+  if (total) *total = cap;
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind kind) {
+  if (cudaError_t e = copy(dst, src, n, kind, "cudaMemcpy")) return e;
+  return sync_result();
+}
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind kind,
+                            cudaStream_t s) {
+  if (cudaError_t e = check_stream(s, "cudaMemcpyAsync")) return e;
+  return copy(dst, src, n, kind, "cudaMemcpyAsync");
+}
+cudaError_t cudaMemcpyPeer(void *dst, int, const void *src, int, size_t n) {
+  return copy(dst, src, n, cudaMemcpyDeviceToDevice, "cudaMemcpyPeer");
+}
+cudaError_t cudaMemcpyPeerAsync(void *dst, int, const void *src, int, size_t n, cudaStream_t s) {
+  if (cudaError_t e = check_stream(s, "cudaMemcpyPeerAsync")) return e;
+  return copy(dst, src, n, cudaMemcpyDeviceToDevice, "cudaMemcpyPeerAsync");
+}
+cudaError_t cudaMemcpy2D(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+                         size_t height, cudaMemcpyKind kind) {
+  if (width > dpitch || width > spitch)
+    return fail(cudaErrorInvalidValue, "cudasim: cudaMemcpy2D: width exceeds pitch");
+  for (size_t r = 0; r < height; ++r)
+    if (cudaError_t e = copy(static_cast<char *>(dst) + r * dpitch,
+                             static_cast<const char *>(src) + r * spitch, width, kind,
+                             "cudaMemcpy2D"))
+      return e;
+  return cudaSuccess;
+}
+cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch,
+                              size_t width, size_t height, cudaMemcpyKind kind, cudaStream_t s) {
+  if (cudaError_t e = check_stream(s, "cudaMemcpy2DAsync")) return e;
+  return cudaMemcpy2D(dst, dpitch, src, spitch, width, height, kind);
+}
+cudaError_t cudaMemcpyToSymbol(const void *symbol, const void *src, size_t count, size_t offset,
+                               cudaMemcpyKind) {
+  memcpy(static_cast<char *>(const_cast<void *>(symbol)) + offset, src, count);
+  return cudaSuccess;
+}
+cudaError_t cudaMemcpyFromSymbol(void *dst, const void *symbol, size_t count, size_t offset,
+                                 cudaMemcpyKind) {
+  memcpy(dst, static_cast<const char *>(symbol) + offset, count);
+  return cudaSuccess;
+}
+cudaError_t cudaMemset(void *p, int value, size_t n) {
+  if (n && !device_range_ok(p, n))
+    return fail(cudaErrorInvalidValue,
+                fmt("cudasim: cudaMemset: [%p, +%zu) is not inside one device allocation", p, n));
+  if (n) memset(p, value, n);
+  return cudaSuccess;
+}
+cudaError_t cudaMemsetAsync(void *p, int value, size_t n, cudaStream_t s) {
+  if (cudaError_t e = check_stream(s, "cudaMemsetAsync")) return e;
+  return cudaMemset(p, value, n);
+}
+cudaError_t cudaPointerGetAttributes(cudaPointerAttributes *a, const void *p) {
+  if (!a) return fail(cudaErrorInvalidValue, "cudasim: cudaPointerGetAttributes(NULL)");
+  memset(a, 0, sizeof *a);
+  std::lock_guard<std::mutex> g(g_mu);
+  const Alloc *al = find_locked(p, 0);
+  if (!al) {
+    a->type = cudaMemoryTypeUnregistered;
+    a->device = -2;
+    a->hostPointer = const_cast<void *>(p);
+  } else if (al->device < 0) {
+    a->type = cudaMemoryTypeHost;
+    a->device = 0;
+    a->hostPointer = a->devicePointer = const_cast<void *>(p);
+  } else {
+    a->type = cudaMemoryTypeDevice;
+    a->device = al->device;
+    a->devicePointer = const_cast<void *>(p);
+  }
+  return cudaSuccess;
+}
+
+/* ======================================================================================
+ * Streams and events (synchronous)
+ * ====================================================================================== */
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned int flags) {
+  if (!s) return fail(cudaErrorInvalidValue, "cudasim: cudaStreamCreate(NULL)");
+  *s = new CUstream_st{tls_device, flags};
+  std::lock_guard<std::mutex> g(g_mu);
+  g_streams.insert(*s);
+  return cudaSuccess;
+}
+cudaError_t cudaStreamCreate(cudaStream_t *s) { return cudaStreamCreateWithFlags(s, 0); }
+cudaError_t cudaStreamCreateWithPriority(cudaStream_t *s, unsigned int flags, int) {
+  return cudaStreamCreateWithFlags(s, flags);
+}
+cudaError_t cudaDeviceGetStreamPriorityRange(int *least, int *greatest) {
+  if (least) *least = 0;
+  if (greatest) *greatest = -5;
+  return cudaSuccess;
+}
+cudaError_t cudaStreamDestroy(cudaStream_t s) {
+  std::lock_guard<std::mutex> g(g_mu);
+  if (!s || !g_streams.erase(s)) {
+    tls_last = tls_diag_code = cudaErrorInvalidResourceHandle;
+    tls_diag = "cudasim: cudaStreamDestroy: invalid stream";
+    return cudaErrorInvalidResourceHandle;
+  }
+  delete s;
+  return cudaSuccess;
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+  if (cudaError_t e = check_stream(s, "cudaStreamSynchronize")) return e;
+  return sync_result();
+}
+cudaError_t cudaStreamQuery(cudaStream_t s) { return check_stream(s, "cudaStreamQuery"); }
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t ev, unsigned int) {
+  if (cudaError_t e = check_stream(s, "cudaStreamWaitEvent")) return e;
+  std::lock_guard<std::mutex> g(g_mu);
+  if (!g_events.count(ev)) {
+    tls_last = tls_diag_code = cudaErrorInvalidResourceHandle;
+    tls_diag = "cudasim: cudaStreamWaitEvent: invalid event";
+    return cudaErrorInvalidResourceHandle;
+  }
+  return cudaSuccess;
+}
+
+static CUevent_st *find_event(cudaEvent_t e) {
+  std::lock_guard<std::mutex> g(g_mu);
+  return g_events.count(e) ? e : nullptr;
+}
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned int flags) {
+  if (!e) return fail(cudaErrorInvalidValue, "cudasim: cudaEventCreate(NULL)");
+  *e = new CUevent_st{tls_device, flags, false, 0.0};
+  std::lock_guard<std::mutex> g(g_mu);
+  g_events.insert(*e);
+  return cudaSuccess;
+}
+cudaError_t cudaEventCreate(cudaEvent_t *e) { return cudaEventCreateWithFlags(e, 0); }
+cudaError_t cudaEventDestroy(cudaEvent_t e) {
+  std::lock_guard<std::mutex> g(g_mu);
+  if (!e || !g_events.erase(e)) {
+    tls_last = tls_diag_code = cudaErrorInvalidResourceHandle;
+    tls_diag = "cudasim: cudaEventDestroy: invalid event";
+    return cudaErrorInvalidResourceHandle;
+  }
+  delete e;
+  return cudaSuccess;
+}
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+  if (cudaError_t r = check_stream(s, "cudaEventRecord")) return r;
+  CUevent_st *ev = find_event(e);
+  if (!ev) return fail(cudaErrorInvalidResourceHandle, "cudasim: cudaEventRecord: invalid event");
+  ev->recorded = true;
+  ev->t_ms = now_ms();
+  return cudaSuccess;
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+  if (!find_event(e))
+    return fail(cudaErrorInvalidResourceHandle, "cudasim: cudaEventSynchronize: invalid event");
+  return sync_result();
+}
+cudaError_t cudaEventQuery(cudaEvent_t e) {
+  if (!find_event(e))
+    return fail(cudaErrorInvalidResourceHandle, "cudasim: cudaEventQuery: invalid event");
+  return cudaSuccess;
+}
+cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b) {
+  CUevent_st *ea = find_event(a), *eb = find_event(b);
+  if (!ms || !ea || !eb)
+    return fail(cudaErrorInvalidResourceHandle, "cudasim: cudaEventElapsedTime: invalid event");
+  if ((ea->flags | eb->flags) & cudaEventDisableTiming)
+    return fail(cudaErrorInvalidResourceHandle,
+                "cudasim: cudaEventElapsedTime: event created with cudaEventDisableTiming");
+  if (!ea->recorded || !eb->recorded)
+    return fail(cudaErrorInvalidResourceHandle,
+                "cudasim: cudaEventElapsedTime: event not recorded");
+  *ms = static_cast<float>(eb->t_ms - ea->t_ms);
+  return cudaSuccess;
+}

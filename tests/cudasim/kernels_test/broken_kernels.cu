@@ -1,0 +1,144 @@
+/* broken_kernels.cu - deliberately wrong kernels: the simulator must catch each one, either
+ * by reporting an error or by producing a wrong answer in some thread order. */
+#include "mk_cuda_compat.h"
+
+#include "test_kernels.h"
+
+/* Tree reduction with the barrier between the shared-memory store and the first read
+ * missing: a thread may read s[t + stride] before its owner wrote it. */
+static __global__ void sum_missing_sync_kernel(float *out, const float *x, int n) {
+  __shared__ float s[256];
+  const int t = threadIdx.x;
+  float v = 0.0f;
+  for (int i = t; i < n; i += blockDim.x) v += x[i];
+  s[t] = v;
+  /* BUG: __syncthreads() missing here */
+  for (int stride = blockDim.x / 2; stride > 0; stride /= 2) {
+    if (t < stride) s[t] += s[t + stride];
+    __syncthreads();
+  }
+  if (t == 0) *out = s[0];
+}
+
+cudaError_t tk_sum_missing_sync(float *out, const float *x, int n, cudaStream_t s) {
+  MK_LAUNCH(sum_missing_sync_kernel, 1, 256, 0, s, out, x, n);
+  return cudaGetLastError();
+}
+
+/* The pre-Volta warp-synchronous idiom: a last-warp reduction over volatile shared memory
+ * that assumes the 32 lanes run in lock-step (no __syncwarp, no _sync intrinsics). */
+static __global__ void warp_lockstep_kernel(float *out, const float *x) {
+  __shared__ float s[64];
+  const int t = threadIdx.x;
+  s[t] = x[t];
+  s[t + 32] = x[t + 32];
+  __syncthreads();
+  volatile float *vs = s;
+  vs[t] += vs[t + 32];
+  vs[t] += vs[t + 16]; /* BUG: reads lanes that may not have done the previous step */
+  vs[t] += vs[t + 8];
+  vs[t] += vs[t + 4];
+  vs[t] += vs[t + 2];
+  vs[t] += vs[t + 1];
+  if (t == 0) *out = vs[0];
+}
+
+cudaError_t tk_warp_lockstep(float *out, const float *x, cudaStream_t s) {
+  MK_LAUNCH(warp_lockstep_kernel, 1, 32, 0, s, out, x);
+  return cudaGetLastError();
+}
+
+/* __syncthreads reached by half the block only. */
+static __global__ void divergent_barrier_kernel() {
+  if (threadIdx.x < 16) __syncthreads();
+}
+
+cudaError_t tk_divergent_barrier(cudaStream_t s) {
+  MK_LAUNCH(divergent_barrier_kernel, dim3(2, 2), 64, 0, s);
+  return cudaGetLastError();
+}
+
+void tk_divergent_barrier_no_check(cudaStream_t s) {
+  MK_LAUNCH(divergent_barrier_kernel, dim3(2, 2), 64, 0, s);
+}
+
+/* The early-return idiom before a barrier: the exited threads never arrive. */
+static __global__ void barrier_after_exit_kernel() {
+  __shared__ int s[64];
+  if (blockIdx.x == 3 && threadIdx.x >= 40) return;
+  s[threadIdx.x] = 1;
+  __syncthreads();
+  if (s[63 - threadIdx.x] != 1) s[threadIdx.x] = 2;
+}
+
+cudaError_t tk_barrier_after_exit(cudaStream_t s) {
+  MK_LAUNCH(barrier_after_exit_kernel, 5, 64, 0, s);
+  return cudaGetLastError();
+}
+
+/* Lanes 16..31 return; the rest shuffle down by 16, reading the exited lanes. */
+static __global__ void shfl_exited_kernel(float *out) {
+  const int l = threadIdx.x & 31;
+  if (l >= 16) return;
+  float v = __shfl_down_sync(0x0000ffffu, 1.0f, 16);
+  out[l] = v;
+}
+
+cudaError_t tk_shfl_exited_lane(float *out, cudaStream_t s) {
+  MK_LAUNCH(shfl_exited_kernel, 1, 32, 0, s, out);
+  return cudaGetLastError();
+}
+
+/* Full mask although lanes 16..31 have exited. */
+static __global__ void mask_exited_kernel(float *out) {
+  const int l = threadIdx.x & 31;
+  if (l >= 16) return;
+  out[l] = __shfl_xor_sync(0xffffffffu, 1.0f, 1);
+}
+
+cudaError_t tk_mask_exited(float *out, cudaStream_t s) {
+  MK_LAUNCH(mask_exited_kernel, 1, 32, 0, s, out);
+  return cudaGetLastError();
+}
+
+/* Lane 0 waits at a full-warp shuffle while the other lanes wait at __syncthreads. */
+static __global__ void warp_vs_barrier_kernel() {
+  float v = 1.0f;
+  if (threadIdx.x == 0) v = __shfl_sync(0xffffffffu, v, 1);
+  __syncthreads();
+  (void)v;
+}
+
+cudaError_t tk_warp_vs_barrier(cudaStream_t s) {
+  MK_LAUNCH(warp_vs_barrier_kernel, 1, 32, 0, s);
+  return cudaGetLastError();
+}
+
+/* Lanes disagree about the mask of the same shuffle. */
+static __global__ void mask_mismatch_kernel() {
+  const unsigned m = threadIdx.x == 5 ? 0x0000ffffu : 0xffffffffu;
+  float v = __shfl_xor_sync(m, 1.0f, 1);
+  (void)v;
+}
+
+cudaError_t tk_mask_mismatch(cudaStream_t s) {
+  MK_LAUNCH(mask_mismatch_kernel, 1, 32, 0, s);
+  return cudaGetLastError();
+}
+
+/* Unbounded recursion: overflows the fiber stack into its guard page. */
+static __device__ int deep(int n, int limit, volatile char *prev) {
+  volatile char frame[1024];
+  frame[0] = (char)n;
+  frame[1023] = prev ? prev[0] : 0;
+  return n < limit ? deep(n + 1, limit, frame) + frame[1023] : frame[0];
+}
+
+static __global__ void stack_overflow_kernel(int *out, int limit) {
+  *out = deep(0, limit, nullptr);
+}
+
+cudaError_t tk_stack_overflow(int *out, int limit, cudaStream_t s) {
+  MK_LAUNCH(stack_overflow_kernel, 1, 32, 0, s, out, limit);
+  return cudaGetLastError();
+}

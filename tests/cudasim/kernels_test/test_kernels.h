@@ -1,0 +1,39 @@
+/* test_kernels.h - launchers of the cudasim self-test kernels (each returns the launch status). */
+#ifndef CUDASIM_TEST_KERNELS_H
+#define CUDASIM_TEST_KERNELS_H
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+
+/* ---- correct kernels (good_kernels.cu) ---- */
+cudaError_t tk_block_sum(float *out, const float *x, int n, int blocks, cudaStream_t s);     /* out[blocks] */
+cudaError_t tk_warp_sum(float *out, const float *x, int n_warps, cudaStream_t s);           /* out[n_warps] */
+cudaError_t tk_atomic_count(int *count, float *fsum, unsigned long long *umax, int blocks, cudaStream_t s);
+cudaError_t tk_dynamic_reverse(float *y, const float *x, int block, int blocks, cudaStream_t s);
+cudaError_t tk_grid2d(int *out, int w, int h, cudaStream_t s);                              /* out[h][w] */
+cudaError_t tk_template_sum(double *out, const double *x, int n, int block_size, cudaStream_t s);
+cudaError_t tk_warp_votes(unsigned *out, const int *pred, cudaStream_t s);                  /* out[4*32] */
+cudaError_t tk_scan_up(int *out, const int *x, cudaStream_t s);                              /* 64 values */
+cudaError_t tk_sync_count(int *out, const int *pred, int n, cudaStream_t s);                /* out[3] */
+cudaError_t tk_half_roundtrip(float *out, const float *x, int n, cudaStream_t s);           /* out[2n] */
+cudaError_t tk_big_dynamic(float *out, int n_floats, cudaStream_t s);
+cudaError_t tk_no_args(int *flag, cudaStream_t s);
+
+/* ---- broken kernels (broken_kernels.cu) ---- */
+cudaError_t tk_sum_missing_sync(float *out, const float *x, int n, cudaStream_t s);   /* out[1] */
+cudaError_t tk_warp_lockstep(float *out, const float *x, cudaStream_t s);             /* out[1] */
+cudaError_t tk_divergent_barrier(cudaStream_t s);
+cudaError_t tk_barrier_after_exit(cudaStream_t s);
+void tk_divergent_barrier_no_check(cudaStream_t s); /* leaves the error for the caller */
+cudaError_t tk_shfl_exited_lane(float *out, cudaStream_t s);
+cudaError_t tk_mask_exited(float *out, cudaStream_t s);
+cudaError_t tk_warp_vs_barrier(cudaStream_t s);
+cudaError_t tk_mask_mismatch(cudaStream_t s);
+cudaError_t tk_stack_overflow(int *out, int limit, cudaStream_t s);
+
+/* ---- rmsnorm (rmsnorm_kernel.cu) ---- */
+cudaError_t tk_rmsnorm(float *y, const float *x, const float *w, int rows, int cols, float eps,
+                       cudaStream_t s);
+
+#endif

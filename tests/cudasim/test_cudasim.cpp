@@ -1,0 +1,496 @@
+/* test_cudasim.cpp - the simulator's own tests: correct kernels give correct answers in the
+ * order the environment selects (ctest runs the suite forward and random), broken kernels
+ * are caught, and the runtime subset behaves like libcudart. */
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cudasim.h"
+#include "test_kernels.h"
+
+#define CK(call) ASSERT_EQ((call), cudaSuccess) << #call << ": " << cudasim::last_diagnostic()
+
+namespace {
+
+/* Device buffer of n T, freed at scope exit. */
+template <class T>
+struct DevBuf {
+  T *p = nullptr;
+  size_t n = 0;
+  explicit DevBuf(size_t count) : n(count) {
+    if (cudaMalloc(reinterpret_cast<void **>(&p), n * sizeof(T)) != cudaSuccess) p = nullptr;
+  }
+  ~DevBuf() { cudaFree(p); }
+  DevBuf(const DevBuf &) = delete;
+  DevBuf &operator=(const DevBuf &) = delete;
+  void put(const std::vector<T> &h) { cudaMemcpy(p, h.data(), n * sizeof(T), cudaMemcpyHostToDevice); }
+  std::vector<T> get() const {
+    std::vector<T> h(n);
+    cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost);
+    return h;
+  }
+};
+
+/* Restores the environment-selected order after a test that forces one. */
+struct OrderGuard {
+  cudasim::Order o = cudasim::order();
+  uint64_t s = cudasim::seed();
+  ~OrderGuard() { cudasim::set_order(o, s); }
+};
+
+std::vector<float> random_floats(size_t n, unsigned seed) {
+  std::mt19937 g(seed);
+  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+  std::vector<float> v(n);
+  for (auto &x : v) x = d(g);
+  return v;
+}
+
+const char *order_name() {
+  switch (cudasim::order()) {
+    case cudasim::Order::Forward: return "forward";
+    case cudasim::Order::Reverse: return "reverse";
+    default: return "random";
+  }
+}
+
+}  // namespace
+
+/* ======================================================================================
+ * Correct kernels
+ * ====================================================================================== */
+TEST(CudasimKernels, BlockReductionSharedMemory) {
+  const int blocks = 37, n = 1000;
+  auto hx = random_floats(size_t(blocks) * n, 1);
+  DevBuf<float> x(hx.size()), out(blocks);
+  x.put(hx);
+  CK(tk_block_sum(out.p, x.p, n, blocks, 0));
+  auto h = out.get();
+  for (int b = 0; b < blocks; ++b) {
+    double ref = 0;
+    for (int i = 0; i < n; ++i) ref += hx[size_t(b) * n + i];
+    EXPECT_NEAR(h[b], ref, 1e-3) << "block " << b << " order " << order_name();
+  }
+}
+
+TEST(CudasimKernels, WarpShuffleReduction) {
+  const int warps = 64;
+  auto hx = random_floats(warps * 32, 2);
+  for (auto &v : hx) v = std::round(v * 64.0f); /* exact sums in any association */
+  DevBuf<float> x(hx.size()), out(warps);
+  x.put(hx);
+  CK(tk_warp_sum(out.p, x.p, warps, 0));
+  auto h = out.get();
+  for (int w = 0; w < warps; ++w) {
+    float ref = 0;
+    for (int l = 0; l < 32; ++l) ref += hx[w * 32 + l];
+    EXPECT_EQ(h[w], ref) << "warp " << w;
+  }
+}
+
+TEST(CudasimKernels, AtomicsFromManyBlocksOnSeveralThreads) {
+  cudasim::set_workers(4);
+  DevBuf<int> count(1);
+  DevBuf<float> fsum(1);
+  DevBuf<unsigned long long> umax(1);
+  CK(cudaMemset(count.p, 0, sizeof(int)));
+  CK(cudaMemset(fsum.p, 0, sizeof(float)));
+  CK(cudaMemset(umax.p, 0, sizeof(unsigned long long)));
+  const int blocks = 500;
+  CK(tk_atomic_count(count.p, fsum.p, umax.p, blocks, 0));
+  EXPECT_EQ(count.get()[0], blocks * 64);
+  EXPECT_EQ(fsum.get()[0], blocks * 64 * 0.5f);
+  EXPECT_EQ(umax.get()[0], blocks * 64ull - 1);
+  cudasim::set_workers(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+TEST(CudasimKernels, DynamicSharedMemory) {
+  for (int block : {32, 96, 1024}) {
+    const int blocks = 5;
+    auto hx = random_floats(size_t(block) * blocks, 3);
+    DevBuf<float> x(hx.size()), y(hx.size());
+    x.put(hx);
+    CK(tk_dynamic_reverse(y.p, x.p, block, blocks, 0));
+    auto h = y.get();
+    for (int b = 0; b < blocks; ++b)
+      for (int t = 0; t < block; ++t)
+        ASSERT_EQ(h[size_t(b) * block + t], hx[size_t(b) * block + block - 1 - t]);
+  }
+}
+
+TEST(CudasimKernels, DynamicSharedAboveDefaultLimitNeedsAttribute) {
+  DevBuf<float> out(1);
+  CK(cudaMemset(out.p, 0, sizeof(float)));
+  const int n = 20000; /* 80 KB */
+  CK(tk_big_dynamic(out.p, n, 0));
+  EXPECT_EQ(out.get()[0], float(n / 2));
+  /* over the opt-in maximum: refused */
+  EXPECT_EQ(tk_big_dynamic(out.p, 300 * 1024 / 4, 0), cudaErrorInvalidValue);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidValue);
+}
+
+TEST(CudasimKernels, Grid2D) {
+  const int w = 77, h = 45;
+  DevBuf<int> out(size_t(w) * h);
+  CK(tk_grid2d(out.p, w, h, 0));
+  auto v = out.get();
+  for (int r = 0; r < h; ++r)
+    for (int c = 0; c < w; ++c) ASSERT_EQ(v[size_t(r) * w + c], r * 1000 + c);
+}
+
+TEST(CudasimKernels, TemplateWithStaticShared) {
+  for (int bs : {64, 512}) {
+    const int n = 3001;
+    std::vector<double> hx(n);
+    for (int i = 0; i < n; ++i) hx[i] = i;
+    DevBuf<double> x(n), out(1);
+    x.put(hx);
+    CK(tk_template_sum(out.p, x.p, n, bs, 0));
+    EXPECT_EQ(out.get()[0], double(n) * (n - 1) / 2) << "block size " << bs;
+  }
+}
+
+TEST(CudasimKernels, BallotAnyAll) {
+  std::vector<int> pred(32);
+  for (int i = 0; i < 32; ++i) pred[i] = (i % 3 == 0);
+  DevBuf<int> p(32);
+  DevBuf<unsigned> out(128);
+  p.put(pred);
+  CK(tk_warp_votes(out.p, p.p, 0));
+  auto h = out.get();
+  unsigned ref = 0;
+  for (int i = 0; i < 32; ++i) ref |= unsigned(pred[i] != 0) << i;
+  for (int l = 0; l < 32; ++l) {
+    EXPECT_EQ(h[l], ref);
+    EXPECT_EQ(h[32 + l], 1u);
+    EXPECT_EQ(h[64 + l], 0u);
+    EXPECT_EQ(h[96 + l], ref & (l < 16 ? 0x0000ffffu : 0xffff0000u));
+  }
+}
+
+TEST(CudasimKernels, ShuffleUpScan) {
+  std::vector<int> hx(64);
+  std::iota(hx.begin(), hx.end(), 1);
+  DevBuf<int> x(64), out(64);
+  x.put(hx);
+  CK(tk_scan_up(out.p, x.p, 0));
+  auto h = out.get();
+  for (int w = 0; w < 2; ++w) {
+    int acc = 0;
+    for (int l = 0; l < 32; ++l) {
+      acc += hx[w * 32 + l];
+      EXPECT_EQ(h[w * 32 + l], acc);
+    }
+  }
+}
+
+TEST(CudasimKernels, SyncthreadsCountAndOr) {
+  std::vector<int> pred(96, 0);
+  pred[3] = pred[50] = pred[95] = 1;
+  DevBuf<int> p(96), out(3);
+  p.put(pred);
+  CK(tk_sync_count(out.p, p.p, 96, 0));
+  auto h = out.get();
+  EXPECT_EQ(h[0], 3);
+  EXPECT_EQ(h[1], 0);
+  EXPECT_EQ(h[2], 1);
+}
+
+TEST(CudasimKernels, HalfBfloatAndMath) {
+  const int n = 300;
+  auto hx = random_floats(n, 4);
+  DevBuf<float> x(n), out(2 * n);
+  x.put(hx);
+  CK(tk_half_roundtrip(out.p, x.p, n, 0));
+  auto h = out.get();
+  for (int i = 0; i < n; ++i) {
+    EXPECT_NEAR(h[i], hx[i], std::fabs(hx[i]) / 1024.0f + 1e-7f);
+    EXPECT_NEAR(h[n + i], hx[i], std::fabs(hx[i]) / 128.0f + 1e-7f);
+  }
+}
+
+TEST(CudasimKernels, KernelWithoutArguments) {
+  DevBuf<int> flag(1);
+  CK(tk_no_args(flag.p, 0));
+  EXPECT_EQ(flag.get()[0], 7);
+}
+
+TEST(CudasimKernels, InvalidLaunchConfiguration) {
+  EXPECT_EQ(tk_dynamic_reverse(nullptr, nullptr, 2048, 1, 0), cudaErrorInvalidConfiguration);
+  EXPECT_NE(std::string(cudasim::last_diagnostic()).find("invalid configuration"),
+            std::string::npos);
+}
+
+/* ======================================================================================
+ * Broken kernels are caught
+ * ====================================================================================== */
+TEST(CudasimCatches, MissingSyncthreadsFailsUnderRandomOrder) {
+  OrderGuard guard;
+  const int n = 256;
+  std::vector<float> hx(n);
+  for (int i = 0; i < n; ++i) hx[i] = float(i + 1);
+  const float ref = n * (n + 1) / 2.0f;
+  DevBuf<float> x(n), out(1);
+  x.put(hx);
+  int wrong = 0;
+  for (uint64_t seed = 1; seed <= 8; ++seed) {
+    cudasim::set_order(cudasim::Order::Random, seed);
+    CK(tk_sum_missing_sync(out.p, x.p, n, 0));
+    wrong += out.get()[0] != ref;
+  }
+  EXPECT_GE(wrong, 1) << "a reduction without its barrier passed in 8 random orders";
+  /* the same reduction with its barrier is right in every order */
+  cudasim::set_order(cudasim::Order::Random, 3);
+  DevBuf<float> x2(n), out2(1);
+  x2.put(hx);
+  CK(tk_block_sum(out2.p, x2.p, n, 1, 0));
+  EXPECT_EQ(out2.get()[0], ref);
+}
+
+TEST(CudasimCatches, WarpLockstepWithoutSyncFailsUnderRandomOrder) {
+  OrderGuard guard;
+  std::vector<float> hx(64);
+  for (int i = 0; i < 64; ++i) hx[i] = float(i + 1);
+  const float ref = 64 * 65 / 2.0f;
+  DevBuf<float> x(64), out(1);
+  x.put(hx);
+  int wrong = 0;
+  for (uint64_t seed = 1; seed <= 8; ++seed) {
+    cudasim::set_order(cudasim::Order::Random, seed);
+    CK(tk_warp_lockstep(out.p, x.p, 0));
+    wrong += out.get()[0] != ref;
+  }
+  EXPECT_GE(wrong, 1) << "a lock-step warp reduction passed in 8 random orders";
+}
+
+TEST(CudasimCatches, DivergentBarrierReportedWithCoordinates) {
+  EXPECT_EQ(tk_divergent_barrier(0), cudaErrorLaunchFailure);
+  const std::string d = cudasim::last_diagnostic();
+  EXPECT_NE(d.find("divergent __syncthreads"), std::string::npos) << d;
+  EXPECT_NE(d.find("block (0,0,0)"), std::string::npos) << d; /* first failing block */
+  EXPECT_NE(d.find("thread ("), std::string::npos) << d;
+  EXPECT_NE(d.find("broken_kernels.cu"), std::string::npos) << d;
+  EXPECT_NE(d.find("divergent_barrier_kernel"), std::string::npos) << d;
+  /* the error is reported once, then the next launch works */
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  DevBuf<int> flag(1);
+  CK(tk_no_args(flag.p, 0));
+}
+
+TEST(CudasimCatches, BarrierAfterEarlyReturnReported) {
+  EXPECT_EQ(tk_barrier_after_exit(0), cudaErrorLaunchFailure);
+  const std::string d = cudasim::last_diagnostic();
+  EXPECT_NE(d.find("block (3,0,0)"), std::string::npos) << d;
+  EXPECT_NE(d.find("has exited"), std::string::npos) << d;
+  /* cudaGetErrorString carries the diagnostic of the latest failure with that code */
+  EXPECT_NE(std::string(cudaGetErrorString(cudaErrorLaunchFailure)).find("block (3,0,0)"),
+            std::string::npos);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess); /* consumed by cudaGetLastError */
+}
+
+TEST(CudasimCatches, LaunchErrorSurfacesAtNextSynchronize) {
+  DevBuf<float> out(32);
+  tk_shfl_exited_lane(out.p, 0);                         /* consumes the launch error */
+  tk_divergent_barrier_no_check(0);                      /* leaves it pending */
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaErrorLaunchFailure);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorLaunchFailure);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+}
+
+TEST(CudasimCatches, ShuffleFromExitedLaneReported) {
+  DevBuf<float> out(32);
+  EXPECT_EQ(tk_shfl_exited_lane(out.p, 0), cudaErrorLaunchFailure);
+  const std::string d = cudasim::last_diagnostic();
+  EXPECT_NE(d.find("__shfl_down_sync"), std::string::npos) << d;
+  EXPECT_NE(d.find("reads lane 16, which has exited"), std::string::npos) << d;
+  EXPECT_NE(d.find("thread (0,0,0)"), std::string::npos) << d;
+}
+
+TEST(CudasimCatches, MaskNamingExitedLaneReported) {
+  DevBuf<float> out(32);
+  EXPECT_EQ(tk_mask_exited(out.p, 0), cudaErrorLaunchFailure);
+  const std::string d = cudasim::last_diagnostic();
+  EXPECT_NE(d.find("which has exited"), std::string::npos) << d;
+  EXPECT_NE(d.find("0xffffffff"), std::string::npos) << d;
+}
+
+TEST(CudasimCatches, WarpIntrinsicVersusBarrierDeadlockReported) {
+  EXPECT_EQ(tk_warp_vs_barrier(0), cudaErrorLaunchFailure);
+  const std::string d = cudasim::last_diagnostic();
+  EXPECT_NE(d.find("deadlock"), std::string::npos) << d;
+}
+
+TEST(CudasimCatches, MaskMismatchReported) {
+  EXPECT_EQ(tk_mask_mismatch(0), cudaErrorLaunchFailure);
+  const std::string d = cudasim::last_diagnostic();
+  EXPECT_NE(d.find("mask"), std::string::npos) << d;
+}
+
+TEST(CudasimCatches, FiberStackOverflowIsAClearFault) {
+  DevBuf<int> out(1);
+  CK(tk_stack_overflow(out.p, 4, 0)); /* shallow: fine */
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(tk_stack_overflow(out.p, 1 << 30, 0), "fiber stack overflow in kernel "
+                                                     "stack_overflow_kernel, block \\(0,0,0\\)");
+}
+
+/* ======================================================================================
+ * Runtime subset
+ * ====================================================================================== */
+TEST(CudasimRuntime, DevicesAndProperties) {
+  int n = 0;
+  CK(cudaGetDeviceCount(&n));
+  EXPECT_GE(n, 1);
+  EXPECT_EQ(cudaSetDevice(n), cudaErrorInvalidDevice);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidDevice);
+  EXPECT_EQ(cudaSetDevice(-1), cudaErrorInvalidDevice);
+  cudaGetLastError();
+  CK(cudaSetDevice(n - 1));
+  int d = -1;
+  CK(cudaGetDevice(&d));
+  EXPECT_EQ(d, n - 1);
+  cudaDeviceProp prop;
+  CK(cudaGetDeviceProperties(&prop, 0));
+  EXPECT_STREQ(prop.name, "cudasim");
+  EXPECT_EQ(prop.warpSize, 32);
+  EXPECT_GT(prop.totalGlobalMem, 0u);
+  EXPECT_EQ(cudaGetDeviceProperties(&prop, n), cudaErrorInvalidDevice);
+  cudaGetLastError();
+  CK(cudaSetDevice(0));
+}
+
+TEST(CudasimRuntime, MallocOverCapacityFailsAndUsageIsTracked) {
+  size_t free0 = 0, total = 0;
+  CK(cudaMemGetInfo(&free0, &total));
+  void *p = nullptr;
+  EXPECT_EQ(cudaMalloc(&p, total + 1), cudaErrorMemoryAllocation);
+  EXPECT_EQ(p, nullptr);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorMemoryAllocation);
+  CK(cudaMalloc(&p, 1 << 20));
+  size_t free1 = 0;
+  CK(cudaMemGetInfo(&free1, &total));
+  EXPECT_EQ(free0 - free1, size_t(1) << 20);
+  CK(cudaFree(p));
+  CK(cudaMemGetInfo(&free1, &total));
+  EXPECT_EQ(free1, free0);
+  /* device 1 has its own capacity */
+  int n = 0;
+  CK(cudaGetDeviceCount(&n));
+  if (n > 1) {
+    CK(cudaMalloc(&p, total / 2 + 1));
+    CK(cudaSetDevice(1));
+    void *q = nullptr;
+    CK(cudaMalloc(&q, total / 2 + 1));
+    CK(cudaFree(q));
+    CK(cudaSetDevice(0));
+    void *r = nullptr;
+    EXPECT_EQ(cudaMalloc(&r, total / 2 + 1), cudaErrorMemoryAllocation);
+    cudaGetLastError();
+    CK(cudaFree(p));
+  }
+  EXPECT_EQ(cudaFree(reinterpret_cast<void *>(0x1234)), cudaErrorInvalidValue);
+  cudaGetLastError();
+}
+
+TEST(CudasimRuntime, MemcpyRoundTripAndBoundsChecks) {
+  std::vector<int> h(1000), back(1000, 0);
+  std::iota(h.begin(), h.end(), 5);
+  int *d = nullptr, *d2 = nullptr, *pinned = nullptr;
+  CK(cudaMalloc(reinterpret_cast<void **>(&d), 1000 * sizeof(int)));
+  CK(cudaMalloc(reinterpret_cast<void **>(&d2), 1000 * sizeof(int)));
+  CK(cudaMallocHost(reinterpret_cast<void **>(&pinned), 1000 * sizeof(int)));
+  cudaStream_t s;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  CK(cudaMemcpyAsync(d, h.data(), 1000 * sizeof(int), cudaMemcpyHostToDevice, s));
+  CK(cudaMemcpyAsync(d2, d, 1000 * sizeof(int), cudaMemcpyDeviceToDevice, s));
+  CK(cudaMemcpyAsync(pinned, d2, 1000 * sizeof(int), cudaMemcpyDeviceToHost, s));
+  CK(cudaStreamSynchronize(s));
+  CK(cudaMemcpy(back.data(), pinned, 1000 * sizeof(int), cudaMemcpyDefault));
+  EXPECT_EQ(back, h);
+  CK(cudaMemsetAsync(d, 0, 1000 * sizeof(int), s));
+  CK(cudaMemcpy(back.data(), d, 1000 * sizeof(int), cudaMemcpyDeviceToHost));
+  EXPECT_EQ(back, std::vector<int>(1000, 0));
+  /* out of bounds and wrong direction are refused */
+  EXPECT_EQ(cudaMemcpy(d, h.data(), 1001 * sizeof(int), cudaMemcpyHostToDevice),
+            cudaErrorInvalidValue);
+  EXPECT_NE(std::string(cudasim::last_diagnostic()).find("destination"), std::string::npos);
+  EXPECT_EQ(cudaMemcpy(h.data(), back.data(), 4, cudaMemcpyDeviceToHost), cudaErrorInvalidValue);
+  cudaGetLastError();
+  CK(cudaStreamDestroy(s));
+  CK(cudaFreeHost(pinned));
+  CK(cudaFree(d));
+  CK(cudaFree(d2));
+}
+
+TEST(CudasimRuntime, EventsAndStreams) {
+  cudaStream_t a, b;
+  CK(cudaStreamCreate(&a));
+  CK(cudaStreamCreate(&b));
+  cudaEvent_t e0, e1, nt;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  CK(cudaEventCreateWithFlags(&nt, cudaEventDisableTiming));
+  float ms = -1;
+  EXPECT_NE(cudaEventElapsedTime(&ms, e0, e1), cudaSuccess); /* not recorded yet */
+  cudaGetLastError();
+  CK(cudaEventRecord(e0, a));
+  const int rows = 64, cols = 1024;
+  auto hx = random_floats(size_t(rows) * cols, 9);
+  DevBuf<float> x(hx.size()), y(hx.size()), w(cols);
+  x.put(hx);
+  w.put(std::vector<float>(cols, 1.0f));
+  CK(tk_rmsnorm(y.p, x.p, w.p, rows, cols, 1e-5f, a));
+  CK(cudaEventRecord(e1, a));
+  CK(cudaStreamWaitEvent(b, e1, 0));
+  CK(cudaEventRecord(nt, b));
+  CK(cudaEventSynchronize(e1));
+  CK(cudaEventElapsedTime(&ms, e0, e1));
+  EXPECT_GE(ms, 0.0f);
+  EXPECT_NE(cudaEventElapsedTime(&ms, e0, nt), cudaSuccess);
+  cudaGetLastError();
+  CK(cudaStreamSynchronize(b));
+  CK(cudaDeviceSynchronize());
+  CK(cudaEventDestroy(e0));
+  CK(cudaEventDestroy(e1));
+  CK(cudaEventDestroy(nt));
+  CK(cudaStreamDestroy(a));
+  CK(cudaStreamDestroy(b));
+  EXPECT_EQ(cudaStreamDestroy(a), cudaErrorInvalidResourceHandle);
+  cudaGetLastError();
+}
+
+/* ======================================================================================
+ * Speed: a 4096 x 4096 RMSNorm, one block of 256 threads per row
+ * ====================================================================================== */
+TEST(CudasimSpeed, RmsNorm4096x4096) {
+  const int rows = 4096, cols = 4096;
+  auto hx = random_floats(size_t(rows) * cols, 11);
+  auto hw = random_floats(cols, 12);
+  DevBuf<float> x(hx.size()), y(hx.size()), w(cols);
+  x.put(hx);
+  w.put(hw);
+  const auto t0 = std::chrono::steady_clock::now();
+  CK(tk_rmsnorm(y.p, x.p, w.p, rows, cols, 1e-5f, 0));
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  printf("cudasim: 4096x4096 rmsnorm (%s order) simulated in %.3f s\n", order_name(), s);
+  auto hy = y.get();
+  for (int r = 0; r < rows; r += 511) {
+    double ss = 0;
+    for (int c = 0; c < cols; ++c) ss += double(hx[size_t(r) * cols + c]) * hx[size_t(r) * cols + c];
+    const double scale = 1.0 / std::sqrt(ss / cols + 1e-5);
+    for (int c = 0; c < cols; c += 97) {
+      const double ref = hx[size_t(r) * cols + c] * scale * hw[c];
+      ASSERT_NEAR(hy[size_t(r) * cols + c], ref, 1e-5 * std::fabs(ref) + 1e-6) << r << "," << c;
+    }
+  }
+  EXPECT_LT(s, 10.0);
+}
