@@ -47,8 +47,12 @@ mk_status mk_bundle_create(size_t batch, size_t seq, size_t hidden, mk_bundle **
 
 void mk_bundle_free(mk_bundle *b) {
     if (!b) return;
-    free(b->residual);
-    free(b->positions);
+    if (b->storage_) {
+        meshkern__v1__tensor_bundle__free_unpacked(b->storage_, NULL);
+    } else {
+        free(b->residual);
+        free(b->positions);
+    }
     free(b);
 }
 
@@ -61,6 +65,7 @@ mk_status mk_bundle_clone(const mk_bundle *src, mk_bundle **out) {
     *b = *src;
     b->residual = residual;
     b->positions = positions;
+    b->storage_ = NULL;
     memcpy(b->residual, src->residual, src->batch * src->seq * src->hidden * sizeof(float));
     memcpy(b->positions, src->positions, src->batch * src->seq * sizeof(int32_t));
     return MK_OK;
@@ -83,43 +88,73 @@ mk_status mk_bundle_tensor_fields(const mk_bundle *b, mk_tensor_fields *out) {
 
 /* ===================================================================== pack == */
 
+/* The message describing a bundle; every array is referenced in place. */
+typedef struct mk_bundle_message {
+    Meshkern__V1__TensorBundle msg;
+    Meshkern__V1__Tensor residual, positions;
+    Meshkern__V1__Tensor *tensors[1];
+    uint64_t residual_shape[3], positions_shape[2];
+} mk_bundle_message;
+
+static mk_status mk_bundle_describe(const mk_bundle *b, mk_bundle_message *m) {
+    if (!b || !b->residual || !b->positions || b->batch == 0 || b->seq == 0 || b->hidden == 0)
+        return mk_fail(MK_ERR_SHAPE, "mk_bundle_pack: bundle has no residual");
+    const size_t rows = b->batch * b->seq;
+    m->residual_shape[0] = b->batch;
+    m->residual_shape[1] = b->seq;
+    m->residual_shape[2] = b->hidden;
+    m->positions_shape[0] = b->batch;
+    m->positions_shape[1] = b->seq;
+    meshkern__v1__tensor__init(&m->residual);
+    mk_wire_tensor_describe(&m->residual, b->tensor_name, MESHKERN__V1__DTYPE__DTYPE_FLOAT32, m->residual_shape, 3,
+                            b->residual, rows * b->hidden * sizeof(float));
+    meshkern__v1__tensor__init(&m->positions);
+    mk_wire_tensor_describe(&m->positions, "positions", MESHKERN__V1__DTYPE__DTYPE_INT32, m->positions_shape, 2,
+                            b->positions, rows * sizeof(int32_t));
+    m->tensors[0] = &m->residual;
+    meshkern__v1__tensor_bundle__init(&m->msg);
+    m->msg.schema_version = b->schema_version;
+    m->msg.architecture = MESHKERN__V1__ARCHITECTURE_TYPE__ARCHITECTURE_TYPE_DENSE;
+    m->msg.adapter = (char *)b->architecture_adapter;
+    m->msg.boundary_point = (char *)b->boundary_point;
+    m->msg.next_layer = b->next_layer;
+    m->msg.has_next_layer = 1;
+    m->msg.normalized = b->normalized;
+    m->msg.n_tensors = 1;
+    m->msg.tensors = m->tensors;
+    m->msg.positions = &m->positions;
+    m->msg.runtime_recipe_digest = (char *)b->recipe_digest;
+    m->msg.request_id = (char *)b->request_id;
+    return MK_OK;
+}
+
+size_t mk_bundle_packed_size(const mk_bundle *b) {
+    mk_bundle_message m;
+    if (mk_bundle_describe(b, &m) != MK_OK) return 0;
+    return meshkern__v1__tensor_bundle__get_packed_size(&m.msg);
+}
+
+mk_status mk_bundle_pack_to(const mk_bundle *b, uint8_t *buffer, size_t capacity, size_t *out_len) {
+    if (!buffer || !out_len) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_bundle_pack_to: NULL argument");
+    mk_bundle_message m;
+    MK_TRY(mk_bundle_describe(b, &m));
+    const size_t len = meshkern__v1__tensor_bundle__get_packed_size(&m.msg);
+    if (len > capacity)
+        return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_bundle_pack_to: %zu bytes needed, buffer holds %zu", len, capacity);
+    /* The payload is copied once, straight from the residual into the wire buffer. */
+    *out_len = meshkern__v1__tensor_bundle__pack(&m.msg, buffer);
+    return MK_OK;
+}
+
 mk_status mk_bundle_pack(const mk_bundle *b, uint8_t **out, size_t *out_len) {
     if (!b || !out || !out_len) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_bundle_pack: NULL argument");
-    if (!b->residual || !b->positions || b->batch == 0 || b->seq == 0 || b->hidden == 0)
-        return mk_fail(MK_ERR_SHAPE, "mk_bundle_pack: bundle has no residual");
-    uint64_t residual_shape[3] = {b->batch, b->seq, b->hidden};
-    uint64_t positions_shape[2] = {b->batch, b->seq};
-    const size_t rows = b->batch * b->seq;
-
-    /* The payload is referenced in place: the only copy is into the output buffer. */
-    Meshkern__V1__Tensor residual = MESHKERN__V1__TENSOR__INIT;
-    mk_wire_tensor_describe(&residual, b->tensor_name, MESHKERN__V1__DTYPE__DTYPE_FLOAT32, residual_shape, 3,
-                            b->residual, rows * b->hidden * sizeof(float));
-    Meshkern__V1__Tensor positions = MESHKERN__V1__TENSOR__INIT;
-    mk_wire_tensor_describe(&positions, "positions", MESHKERN__V1__DTYPE__DTYPE_INT32, positions_shape, 2,
-                            b->positions, rows * sizeof(int32_t));
-    Meshkern__V1__Tensor *tensors[1] = {&residual};
-
-    Meshkern__V1__TensorBundle msg = MESHKERN__V1__TENSOR_BUNDLE__INIT;
-    msg.schema_version = b->schema_version;
-    msg.architecture = MESHKERN__V1__ARCHITECTURE_TYPE__ARCHITECTURE_TYPE_DENSE;
-    msg.adapter = (char *)b->architecture_adapter;
-    msg.boundary_point = (char *)b->boundary_point;
-    msg.next_layer = b->next_layer;
-    msg.has_next_layer = 1;
-    msg.normalized = b->normalized;
-    msg.n_tensors = 1;
-    msg.tensors = tensors;
-    msg.positions = &positions;
-    msg.runtime_recipe_digest = (char *)b->recipe_digest;
-    msg.request_id = (char *)b->request_id;
-
-    const size_t len = meshkern__v1__tensor_bundle__get_packed_size(&msg);
+    mk_bundle_message m;
+    MK_TRY(mk_bundle_describe(b, &m));
+    const size_t len = meshkern__v1__tensor_bundle__get_packed_size(&m.msg);
     uint8_t *buf = malloc(len ? len : 1);
     if (!buf) return mk_fail(MK_ERR_OUT_OF_MEMORY, "mk_bundle_pack: out of memory for %zu bytes", len);
-    meshkern__v1__tensor_bundle__pack(&msg, buf);
+    *out_len = meshkern__v1__tensor_bundle__pack(&m.msg, buf);
     *out = buf;
-    *out_len = len;
     return MK_OK;
 }
 
@@ -132,7 +167,10 @@ static mk_status mk_copy_field(char *dst, size_t cap, const char *src, const cha
     return MK_OK;
 }
 
-static mk_status mk_bundle_from_message(const Meshkern__V1__TensorBundle *msg, mk_bundle **out) {
+/* Validate a decoded message and wrap it as a bundle. On success the bundle takes the
+ * message: residual and positions point into its decoded arrays (protobuf-c aligns each
+ * bytes field as malloc does), so unpack copies the payload once, in protobuf-c. */
+static mk_status mk_bundle_from_message(Meshkern__V1__TensorBundle *msg, mk_bundle **out) {
     /* Envelope: every field present. */
     if (msg->schema_version == 0) return mk_fail(MK_ERR_MISSING_FIELD, "bundle is missing field schema_version");
     if (msg->schema_version != MK_BOUNDARY_SCHEMA_VERSION)
@@ -193,10 +231,16 @@ static mk_status mk_bundle_from_message(const Meshkern__V1__TensorBundle *msg, m
                        "positions shape (rank %zu) does not match the residual's [batch=%llu, seq=%llu]", prank,
                        (unsigned long long)dims[0], (unsigned long long)dims[1]);
 
-    mk_bundle *b = NULL;
-    MK_TRY(mk_bundle_create((size_t)dims[0], (size_t)dims[1], (size_t)dims[2], &b));
-    memcpy(b->residual, t->data.data, t->data.len);
-    memcpy(b->positions, msg->positions->data.data, msg->positions->data.len);
+    if ((uintptr_t)t->data.data % sizeof(float) || (uintptr_t)msg->positions->data.data % sizeof(int32_t))
+        return mk_fail(MK_ERR_INTERNAL, "decoded payload is misaligned");
+    mk_bundle *b = calloc(1, sizeof *b);
+    if (!b) return mk_fail(MK_ERR_OUT_OF_MEMORY, "bundle: out of memory");
+    mk_bundle_set_defaults(b);
+    b->batch = (size_t)dims[0];
+    b->seq = (size_t)dims[1];
+    b->hidden = (size_t)dims[2];
+    b->residual = (float *)(void *)t->data.data;
+    b->positions = (int32_t *)(void *)msg->positions->data.data;
     b->schema_version = msg->schema_version;
     b->next_layer = msg->next_layer;
     b->normalized = msg->normalized != 0;
@@ -204,9 +248,10 @@ static mk_status mk_bundle_from_message(const Meshkern__V1__TensorBundle *msg, m
     if (s == MK_OK) s = mk_copy_field(b->recipe_digest, sizeof b->recipe_digest, msg->runtime_recipe_digest, "digest");
     if (s == MK_OK) s = mk_copy_field(b->request_id, sizeof b->request_id, msg->request_id ? msg->request_id : "", "request_id");
     if (s != MK_OK) {
-        mk_bundle_free(b);
+        free(b);
         return s;
     }
+    b->storage_ = msg;
     *out = b;
     return MK_OK;
 }
@@ -219,7 +264,7 @@ mk_status mk_bundle_unpack(const uint8_t *bytes, size_t len, mk_bundle **out) {
     if (!msg)
         return mk_fail(MK_ERR_WIRE_DECODE, "bundle bytes (%zu) are not a valid TensorBundle message (truncated or corrupt)", len);
     const mk_status s = mk_bundle_from_message(msg, out);
-    meshkern__v1__tensor_bundle__free_unpacked(msg, NULL);
+    if (s != MK_OK) meshkern__v1__tensor_bundle__free_unpacked(msg, NULL);
     return s;
 }
 

@@ -182,6 +182,8 @@ typedef struct mk_bundle {
     size_t batch, seq, hidden;
     float *residual;                 /* [batch, seq, hidden], owned */
     int32_t *positions;              /* [batch, seq], owned */
+    void *storage_;                  /* private: the decoded message residual and positions
+                                        live in after mk_bundle_unpack (no extra copy) */
 } mk_bundle;
 
 /* Allocate a bundle with zero-filled residual [batch, seq, hidden] and positions
@@ -192,6 +194,11 @@ MK_API mk_status mk_bundle_clone(const mk_bundle *src, mk_bundle **out);
 
 /* Serialize to protobuf bytes; *out is malloc'd, release with mk_buffer_free. */
 MK_API mk_status mk_bundle_pack(const mk_bundle *bundle, uint8_t **out, size_t *out_len);
+/* Serialize into a caller's buffer (e.g. pinned or registered memory) of `capacity`
+ * bytes; mk_bundle_packed_size tells how many are needed. */
+MK_API size_t mk_bundle_packed_size(const mk_bundle *bundle);
+MK_API mk_status mk_bundle_pack_to(const mk_bundle *bundle, uint8_t *buffer, size_t capacity,
+                                   size_t *out_len);
 /* Parse protobuf bytes into a bundle, trusting no length, count or shape from the wire.
  * Checks schema version, architecture (after alias resolution), tensor name, boundary
  * point, dtype, byte order, shape, data length and positions shape. Model-dependent

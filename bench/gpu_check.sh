@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# gpu_check.sh - on a machine with an NVIDIA GPU: build the kernels (Release), run the op
+# grid on the device, then the kernel bandwidth benchmark. Prints a compact table (kernel,
+# shape, time, GB/s, % of a measured device-to-device copy) and writes machine-readable
+# results (CSV, gtest XML, logs) to $OUT if set, else <build>/gpu_check. Aims at < 6 min on
+# one H200.
+#
+#   bench/gpu_check.sh [build-dir]     env: OUT, MK_GPU_ARCHS (default: 90), JOBS
+#
+# Two build paths: the CMake project (needs protobuf-c, OpenBLAS, OpenSSL, GoogleTest as on
+# the development machines); if its configure fails (a bare GPU image), a standalone nvcc
+# build of just the kernels, the CPU reference ops, the op grid (when GoogleTest headers
+# exist) and the benchmark. Exit status: 0 all passed; 1 a test/validation failed;
+# 2 no GPU; 3 build failed.
+set -uo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+BUILD=${1:-$ROOT/build-gpu-check}
+RESULTS=${OUT:-$BUILD/gpu_check}
+ARCHS=${MK_GPU_ARCHS:-90}
+JOBS=${JOBS:-$(nproc 2>/dev/null || echo 4)}
+mkdir -p "$BUILD" "$RESULTS"
+log() { printf '[gpu_check %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
+die() { printf '[gpu_check] FAIL: %s\n' "$2" >&2; exit "$1"; }
+
+# ---- 1. a GPU? ------------------------------------------------------------------------
+if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
+  die 2 "no NVIDIA GPU visible (nvidia-smi missing or found no device); this script needs one"
+fi
+nvidia-smi -L | tee "$RESULTS/gpu.txt"
+command -v nvcc >/dev/null 2>&1 || die 3 "nvcc not found (the CUDA toolkit is needed to build the kernels)"
+
+# ---- 2. build ---------------------------------------------------------------------------
+TEST_BIN="" BENCH_BIN=""
+GEN=()
+command -v ninja >/dev/null 2>&1 && GEN=(-G Ninja)
+log "configure (Release, sm_$ARCHS)"
+if cmake -S "$ROOT" -B "$BUILD/cmake" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DMESHKERN_CUDA=ON \
+     -DMK_KERNEL_CUDA_ARCHS="$ARCHS" >"$RESULTS/configure.log" 2>&1; then
+  log "build test_ops_device kernel_bench"
+  cmake --build "$BUILD/cmake" -j "$JOBS" --target test_ops_device kernel_bench >"$RESULTS/build.log" 2>&1 \
+    || { tail -30 "$RESULTS/build.log"; die 3 "build failed (log: $RESULTS/build.log)"; }
+  TEST_BIN="$BUILD/cmake/tests/ops/test_ops_device"
+  BENCH_BIN="$BUILD/cmake/bench/kernel_bench"
+  cp "$BUILD/cmake/ptxas_report.txt" "$RESULTS/" 2>/dev/null || true
+else
+  log "CMake configure failed (see configure.log); standalone nvcc build"
+  SA="$BUILD/standalone"
+  mkdir -p "$SA"
+  INC=(-I"$ROOT/include" -I"$ROOT/host" -I"$ROOT/kernels")
+  NVFLAGS=(-O3 -std=c++17 -gencode "arch=compute_$ARCHS,code=sm_$ARCHS" -Xptxas -v "${INC[@]}")
+  objs=()
+  {
+    gcc -O2 -std=c11 -c "$ROOT/host/error.c" -I"$ROOT/include" -o "$SA/error.o" &&
+    gcc -O2 -std=c11 -c "$ROOT/host/cpu_ops.c" -I"$ROOT/include" -I"$ROOT/bench/standalone" -o "$SA/cpu_ops.o"
+  } >"$RESULTS/build.log" 2>&1 || { tail -30 "$RESULTS/build.log"; die 3 "host build failed"; }
+  pids=()
+  for cu in "$ROOT"/kernels/*.cu; do
+    o="$SA/$(basename "$cu" .cu).o"
+    objs+=("$o")
+    nvcc "${NVFLAGS[@]}" -c "$cu" -o "$o" >"$o.ptxas.log" 2>&1 &
+    pids+=($!)
+  done
+  for p in "${pids[@]}"; do wait "$p" || { cat "$SA"/*.ptxas.log | grep -i error | head; die 3 "nvcc failed"; }; done
+  cat "$SA"/*.ptxas.log >"$RESULTS/ptxas_report.txt"
+  if grep -E "[1-9][0-9]* bytes spill (stores|loads)" "$RESULTS/ptxas_report.txt"; then
+    log "WARNING: register spills (see ptxas_report.txt)"
+  fi
+  nvcc -O2 -std=c++17 "${INC[@]}" "$ROOT/bench/kernel_bench.cpp" "${objs[@]}" "$SA/error.o" "$SA/cpu_ops.o" \
+    -o "$SA/kernel_bench" >>"$RESULTS/build.log" 2>&1 || { tail -30 "$RESULTS/build.log"; die 3 "kernel_bench build failed"; }
+  BENCH_BIN="$SA/kernel_bench"
+  if [ -f /usr/include/gtest/gtest.h ] || [ -f /usr/local/include/gtest/gtest.h ]; then
+    nvcc -O2 -std=c++17 "${INC[@]}" "$ROOT/tests/ops/test_ops.cpp" "${objs[@]}" "$SA/error.o" "$SA/cpu_ops.o" \
+      -lgtest -lgtest_main -lpthread -o "$SA/test_ops_device" >>"$RESULTS/build.log" 2>&1 \
+      && TEST_BIN="$SA/test_ops_device" || log "op grid build failed (no usable GoogleTest?); see build.log"
+  else
+    log "no GoogleTest headers here: the op grid is skipped (kernel_bench still validates every kernel)"
+  fi
+fi
+
+# ---- 3. op grid on the device ---------------------------------------------------------------
+status=0
+if [ -n "$TEST_BIN" ]; then
+  log "op grid on the device"
+  timeout 240 "$TEST_BIN" --gtest_output="xml:$RESULTS/test_ops_device.xml" >"$RESULTS/test_ops_device.log" 2>&1
+  rc=$?
+  grep -E "^\[  (PASSED|FAILED|SKIPPED) " "$RESULTS/test_ops_device.log" | head -40
+  [ $rc -eq 0 ] || { log "op grid FAILED (rc $rc; log: test_ops_device.log)"; status=1; }
+  if grep -q "no CUDA device" "$RESULTS/test_ops_device.log"; then log "op grid skipped: no CUDA device"; status=1; fi
+fi
+
+# ---- 4. bandwidth ------------------------------------------------------------------------------
+log "kernel bandwidth"
+timeout 240 "$BENCH_BIN" "$RESULTS" 2>&1 | tee "$RESULTS/kernel_bench.log"
+rc=${PIPESTATUS[0]}
+[ $rc -eq 2 ] && die 2 "kernel_bench found no CUDA device"
+[ $rc -eq 0 ] || { log "kernel_bench FAILED (rc $rc)"; status=1; }
+log "results in $RESULTS"
+exit $status

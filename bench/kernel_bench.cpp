@@ -1,0 +1,450 @@
+// kernel_bench: bandwidth of the meshkern CUDA kernels on a real GPU.
+//
+// For each kernel and shape: inputs are random and non-zero; the kernel is run once and
+// validated against the CPU backend's op (host/cpu_ops.h) before anything is timed; then
+// it is timed with CUDA events (warm-up, median of N), rotating among several input sets
+// when one set would fit in L2. Bytes are the fewest a kernel must move (each input read
+// once, each output written once); the ceiling is a measured device-to-device cudaMemcpy
+// (bytes read + written). Prints a compact table and writes <outdir>/kernel_bench.csv.
+//
+// usage: kernel_bench [outdir]      exit 2: no CUDA device; exit 1: a validation failed
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cpu_ops.h"
+#include "kernels.h"
+
+#include <cuda_runtime.h>
+
+namespace {
+
+#define CK(expr)                                                                                    \
+    do {                                                                                            \
+        const cudaError_t e_ = (expr);                                                              \
+        if (e_ != cudaSuccess) {                                                                    \
+            fprintf(stderr, "kernel_bench: %s: %s (%s:%d)\n", #expr, cudaGetErrorString(e_), __FILE__, __LINE__); \
+            exit(1);                                                                                \
+        }                                                                                           \
+    } while (0)
+
+#define MK(expr)                                                                                    \
+    do {                                                                                            \
+        const mk_status s_ = (expr);                                                                \
+        if (s_ != MK_OK) {                                                                          \
+            fprintf(stderr, "kernel_bench: %s: %s: %s\n", #expr, mk_status_name(s_), mk_last_error()); \
+            exit(1);                                                                                \
+        }                                                                                           \
+    } while (0)
+
+std::vector<float> rnd(size_t n, uint64_t seed, float scale = 1.0f) {
+    std::mt19937_64 g(seed);
+    std::uniform_real_distribution<float> u(1.0f / 64, 1.0f);
+    std::vector<float> v(n);
+    for (auto &x : v) x = (g() & 1 ? 1.0f : -1.0f) * u(g) * scale;
+    return v;
+}
+
+void *dev_upload(const void *h, size_t bytes) {
+    void *d = nullptr;
+    CK(cudaMalloc(&d, bytes));
+    CK(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice));
+    return d;
+}
+
+void *dev_alloc(size_t bytes) {
+    void *d = nullptr;
+    CK(cudaMalloc(&d, bytes));
+    CK(cudaMemset(d, 0xFF, bytes)); // poison
+    return d;
+}
+
+template <class T>
+std::vector<T> dev_download(const void *d, size_t n) {
+    std::vector<T> h(n);
+    CK(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
+    return h;
+}
+
+// max |got - ref| / (atol + rtol |ref|) <= 1 ?
+bool close(const char *what, const std::vector<float> &got, const std::vector<float> &ref, double atol, double rtol) {
+    size_t bad = 0;
+    for (size_t i = 0; i < ref.size(); i++) {
+        const double g = got[i], r = ref[i];
+        if (!(std::fabs(g - r) <= atol + rtol * std::fabs(r))) {
+            if (bad < 5) fprintf(stderr, "  %s [%zu] got %g ref %g\n", what, i, g, r);
+            bad++;
+        }
+    }
+    if (bad) fprintf(stderr, "kernel_bench: %s: %zu mismatches\n", what, bad);
+    return bad == 0;
+}
+
+float maxabs(const std::vector<float> &v) {
+    float m = 0;
+    for (float x : v) m = std::max(m, std::fabs(x));
+    return m;
+}
+
+struct Result {
+    std::string kernel, shape;
+    double us, bytes, flops;
+    bool valid;
+};
+
+struct Bench {
+    cudaStream_t stream{};
+    cudaEvent_t e0{}, e1{};
+    size_t l2 = 0;
+    double copy_gbs = 0;
+    std::vector<Result> results;
+    int iters = 50;
+
+    // Median time (us) of `run(set)` over iters, after warm-up; `sets` input sets rotated.
+    double time_us(int sets, const std::function<void(int)> &run) {
+        for (int i = 0; i < 5; i++) run(i % sets);
+        CK(cudaStreamSynchronize(stream));
+        std::vector<float> t;
+        for (int i = 0; i < iters; i++) {
+            CK(cudaEventRecord(e0, stream));
+            run(i % sets);
+            CK(cudaEventRecord(e1, stream));
+            CK(cudaEventSynchronize(e1));
+            float ms = 0;
+            CK(cudaEventElapsedTime(&ms, e0, e1));
+            t.push_back(ms * 1000.0f);
+        }
+        std::sort(t.begin(), t.end());
+        return t[t.size() / 2];
+    }
+    // How many input sets of `bytes` keep the working set above 3x L2.
+    int sets_for(double bytes) const {
+        const double want = 3.0 * (double)l2 / std::max(bytes, 1.0);
+        return (int)std::min(8.0, std::max(1.0, std::ceil(want)));
+    }
+    void add(const std::string &k, const std::string &shape, double us, double bytes, double flops, bool valid) {
+        results.push_back({k, shape, us, bytes, flops, valid});
+    }
+};
+
+// ================================================================================ cases ==
+
+void bench_copy(Bench &b) {
+    const size_t bytes = (size_t)1 << 30;
+    void *a = dev_alloc(bytes), *c = dev_alloc(bytes);
+    const double us = b.time_us(1, [&](int) { CK(cudaMemcpyAsync(c, a, bytes, cudaMemcpyDeviceToDevice, b.stream)); });
+    b.copy_gbs = 2.0 * bytes / (us * 1e-6) / 1e9;
+    b.add("memcpy_d2d", "1 GiB", us, 2.0 * bytes, 0, true);
+    CK(cudaFree(a));
+    CK(cudaFree(c));
+}
+
+void bench_rmsnorm(Bench &b, size_t rows, size_t cols, bool add) {
+    const size_t n = rows * cols;
+    const double bytes = (add ? 4.0 : 2.0) * n * 4 + cols * 4;
+    const int sets = b.sets_for(bytes);
+    std::vector<float> x = rnd(n, 1), w = rnd(cols, 2), d = rnd(n, 3);
+    std::vector<void *> dx, dd;
+    for (int s = 0; s < sets; s++) {
+        dx.push_back(dev_upload(x.data(), n * 4));
+        dd.push_back(dev_upload(d.data(), n * 4));
+    }
+    float *dw = (float *)dev_upload(w.data(), cols * 4), *dout = (float *)dev_alloc(n * 4);
+    auto run = [&](int s) {
+        if (add) MK(mk_kernel_add_rmsnorm((float *)dx[s], dout, (float *)dd[s], dw, rows, cols, 1e-5f, b.stream));
+        else MK(mk_kernel_rmsnorm(dout, (float *)dx[s], dw, rows, cols, 1e-5f, b.stream));
+    };
+    run(0);
+    CK(cudaStreamSynchronize(b.stream));
+    std::vector<float> ref(n);
+    if (add) mk_cpu_add_rmsnorm(x.data(), ref.data(), d.data(), w.data(), rows, cols, 1e-5f);
+    else mk_cpu_rmsnorm(ref.data(), x.data(), w.data(), rows, cols, 1e-5f);
+    const bool ok = close(add ? "add_rmsnorm" : "rmsnorm", dev_download<float>(dout, n), ref, 1e-6 * maxabs(ref), 1e-5);
+    const double us = b.time_us(sets, run);
+    b.add(add ? "add_rmsnorm" : "rmsnorm", std::to_string(rows) + "x" + std::to_string(cols), us, bytes, 0, ok);
+    for (int s = 0; s < sets; s++) {
+        CK(cudaFree(dx[s]));
+        CK(cudaFree(dd[s]));
+    }
+    CK(cudaFree(dw));
+    CK(cudaFree(dout));
+}
+
+void bench_embed(Bench &b, size_t vocab, size_t hidden, size_t n) {
+    std::vector<float> t = rnd(vocab * hidden, 4);
+    std::vector<uint16_t> th(t.size());
+    for (size_t i = 0; i < t.size(); i++) {
+        th[i] = mk_f32_to_bf16(t[i]);
+        t[i] = mk_bf16_to_f32(th[i]);
+    }
+    std::vector<int32_t> ids(n);
+    std::mt19937 g(5);
+    for (auto &id : ids) id = (int32_t)(g() % vocab);
+    void *dt = dev_upload(th.data(), th.size() * 2), *di = dev_upload(ids.data(), n * 4);
+    float *dout = (float *)dev_alloc(n * hidden * 4);
+    auto run = [&](int) { MK(mk_kernel_embed(dout, dt, MK_DTYPE_BF16, (int32_t *)di, n, hidden, vocab, b.stream)); };
+    run(0);
+    CK(cudaStreamSynchronize(b.stream));
+    std::vector<float> ref(n * hidden);
+    mk_cpu_embed(ref.data(), t.data(), ids.data(), n, hidden);
+    const bool ok = close("embed", dev_download<float>(dout, n * hidden), ref, 0, 0);
+    const double us = b.time_us(1, run); // the gather itself is random: no rotation needed
+    b.add("embed_bf16", std::to_string(n) + "x" + std::to_string(hidden), us, n * hidden * 6.0 + n * 4, 0, ok);
+    CK(cudaFree(dt));
+    CK(cudaFree(di));
+    CK(cudaFree(dout));
+}
+
+void bench_rope(Bench &b, size_t rows, size_t heads, size_t hd) {
+    const size_t n = rows * heads * hd;
+    std::vector<float> x = rnd(n, 6);
+    std::vector<int32_t> pos(rows);
+    for (size_t r = 0; r < rows; r++) pos[r] = (int32_t)(1000 + r);
+    const int sets = b.sets_for(2.0 * n * 4);
+    std::vector<void *> dx;
+    for (int s = 0; s < sets; s++) dx.push_back(dev_upload(x.data(), n * 4));
+    void *dp = dev_upload(pos.data(), rows * 4);
+    auto run = [&](int s) {
+        MK(mk_kernel_rope((float *)dx[s], (int32_t *)dp, rows, heads, hd, 500000.0f, MK_ROPE_ROTATE_HALF, b.stream));
+    };
+    run(0);
+    CK(cudaStreamSynchronize(b.stream));
+    std::vector<float> ref = x;
+    mk_cpu_rope(ref.data(), pos.data(), rows, heads, hd, 500000.0f, MK_ROPE_ROTATE_HALF);
+    const bool ok = close("rope", dev_download<float>(dx[0], n), ref, 1e-6 * maxabs(ref), 1e-5);
+    const double us = b.time_us(sets, run); // in place: later runs rotate further, same traffic
+    b.add("rope", std::to_string(rows) + "x" + std::to_string(heads) + "x" + std::to_string(hd), us, 2.0 * n * 4, 0,
+          ok);
+    for (void *p : dx) CK(cudaFree(p));
+    CK(cudaFree(dp));
+}
+
+void bench_swiglu(Bench &b, size_t n, mk_dtype dt) {
+    std::vector<float> g = rnd(n, 7, 6.0f), u = rnd(n, 8);
+    const size_t es = dt == MK_DTYPE_F32 ? 4 : 2;
+    std::vector<uint16_t> gh, uh;
+    const void *hg = g.data(), *hu = u.data();
+    if (dt != MK_DTYPE_F32) {
+        gh.resize(n);
+        uh.resize(n);
+        for (size_t i = 0; i < n; i++) {
+            gh[i] = mk_f32_to_bf16(g[i]);
+            uh[i] = mk_f32_to_bf16(u[i]);
+            g[i] = mk_bf16_to_f32(gh[i]);
+            u[i] = mk_bf16_to_f32(uh[i]);
+        }
+        hg = gh.data();
+        hu = uh.data();
+    }
+    const double bytes = n * (2.0 * es + 4);
+    const int sets = b.sets_for(bytes);
+    std::vector<void *> dg, du;
+    for (int s = 0; s < sets; s++) {
+        dg.push_back(dev_upload(hg, n * es));
+        du.push_back(dev_upload(hu, n * es));
+    }
+    float *dout = (float *)dev_alloc(n * 4);
+    auto run = [&](int s) { MK(mk_kernel_swiglu(dout, dg[s], du[s], dt, n, b.stream)); };
+    run(0);
+    CK(cudaStreamSynchronize(b.stream));
+    std::vector<float> ref(n);
+    mk_cpu_swiglu(ref.data(), g.data(), u.data(), n);
+    const bool ok = close("swiglu", dev_download<float>(dout, n), ref, 1e-7 * maxabs(ref), 1e-5);
+    const double us = b.time_us(sets, run);
+    b.add(dt == MK_DTYPE_F32 ? "swiglu_f32" : "swiglu_bf16", std::to_string(n), us, bytes, 0, ok);
+    for (int s = 0; s < sets; s++) {
+        CK(cudaFree(dg[s]));
+        CK(cudaFree(du[s]));
+    }
+    CK(cudaFree(dout));
+}
+
+void bench_argmax(Bench &b, size_t rows, size_t n) {
+    std::vector<float> x = rnd(rows * n, 9, 10.0f);
+    for (size_t r = 0; r < rows; r++) x[r * n + (r * 7919) % n] = 99.0f;
+    const double bytes = rows * n * 4.0;
+    const int sets = b.sets_for(bytes);
+    std::vector<void *> dx;
+    for (int s = 0; s < sets; s++) dx.push_back(dev_upload(x.data(), rows * n * 4));
+    int32_t *dout = (int32_t *)dev_alloc(rows * 4);
+    auto run = [&](int s) { MK(mk_kernel_argmax(dout, (float *)dx[s], rows, n, b.stream)); };
+    run(0);
+    CK(cudaStreamSynchronize(b.stream));
+    std::vector<int32_t> ref(rows), got = dev_download<int32_t>(dout, rows);
+    mk_cpu_argmax(ref.data(), x.data(), rows, n);
+    const bool ok = got == ref;
+    if (!ok) fprintf(stderr, "kernel_bench: argmax mismatch\n");
+    const double us = b.time_us(sets, run);
+    b.add("argmax", std::to_string(rows) + "x" + std::to_string(n), us, bytes, 0, ok);
+    for (void *p : dx) CK(cudaFree(p));
+    CK(cudaFree(dout));
+}
+
+void bench_convert(Bench &b, size_t n) {
+    std::vector<float> x = rnd(n, 10, 100.0f);
+    const double bytes = n * 6.0;
+    const int sets = b.sets_for(bytes);
+    std::vector<void *> dx;
+    for (int s = 0; s < sets; s++) dx.push_back(dev_upload(x.data(), n * 4));
+    void *dout = dev_alloc(n * 2);
+    auto run = [&](int s) { MK(mk_kernel_convert(dout, MK_DTYPE_BF16, dx[s], MK_DTYPE_F32, n, b.stream)); };
+    run(0);
+    CK(cudaStreamSynchronize(b.stream));
+    std::vector<uint16_t> got = dev_download<uint16_t>(dout, n);
+    bool ok = true;
+    for (size_t i = 0; i < n && ok; i++) ok = got[i] == mk_f32_to_bf16(x[i]);
+    if (!ok) fprintf(stderr, "kernel_bench: convert mismatch\n");
+    const double us = b.time_us(sets, run);
+    b.add("convert_f32_bf16", std::to_string(n), us, bytes, 0, ok);
+    for (void *p : dx) CK(cudaFree(p));
+    CK(cudaFree(dout));
+}
+
+void bench_kv_append(Bench &b, size_t rows, size_t kv_dim) {
+    const size_t n = rows * kv_dim, ctx = 2 * rows;
+    std::vector<float> k = rnd(n, 11), v = rnd(n, 12);
+    void *dk = dev_upload(k.data(), n * 4), *dv = dev_upload(v.data(), n * 4);
+    float *kc = (float *)dev_alloc(ctx * kv_dim * 4), *vc = (float *)dev_alloc(ctx * kv_dim * 4);
+    auto run = [&](int s) {
+        MK(mk_kernel_kv_append(kc, vc, (float *)dk, (float *)dv, (size_t)s % 2 * rows, rows, kv_dim, b.stream));
+    };
+    run(1);
+    CK(cudaStreamSynchronize(b.stream));
+    const bool ok = dev_download<float>(kc + rows * kv_dim, n) == k && dev_download<float>(vc + rows * kv_dim, n) == v;
+    const double us = b.time_us(2, run);
+    b.add("kv_append", std::to_string(rows) + "x" + std::to_string(kv_dim), us, 4.0 * n * 4, 0, ok);
+    CK(cudaFree(dk));
+    CK(cudaFree(dv));
+    CK(cudaFree(kc));
+    CK(cudaFree(vc));
+}
+
+// Prefill: validated on sampled rows (a full CPU reference would take minutes).
+void bench_prefill(Bench &b, size_t rows, size_t past, size_t nh, size_t nkv, size_t hd) {
+    const size_t keys = past + rows, qn = rows * nh * hd, kvn = keys * nkv * hd;
+    std::vector<float> q = rnd(qn, 13), k = rnd(kvn, 14), v = rnd(kvn, 15);
+    void *dq = dev_upload(q.data(), qn * 4), *dk = dev_upload(k.data(), kvn * 4), *dv = dev_upload(v.data(), kvn * 4);
+    float *dout = (float *)dev_alloc(qn * 4);
+    auto run = [&](int) {
+        MK(mk_kernel_attention_prefill(dout, (float *)dq, (float *)dk, (float *)dv, rows, past, nh, nkv, hd, b.stream));
+    };
+    run(0);
+    CK(cudaStreamSynchronize(b.stream));
+    std::vector<float> got = dev_download<float>(dout, qn);
+    bool ok = true;
+    for (size_t r : {(size_t)0, rows / 2, rows - 1}) {
+        std::vector<float> ref(nh * hd);
+        mk_cpu_attention(ref.data(), q.data() + r * nh * hd, k.data(), v.data(), 1, past + r, nh, nkv, hd);
+        std::vector<float> g(got.begin() + (ptrdiff_t)(r * nh * hd), got.begin() + (ptrdiff_t)((r + 1) * nh * hd));
+        ok = close("attention_prefill", g, ref, 1e-5 * maxabs(v), 1e-5) && ok;
+    }
+    const double us = b.time_us(1, run);
+    // causal: sum over rows of (past + r + 1) keys; QK and PV: 4 * hd flops per (row, key, head)
+    const double pairs = (double)rows * past + (double)rows * (rows + 1) / 2.0;
+    const double flops = 4.0 * hd * nh * pairs;
+    b.add("attention_prefill", std::to_string(rows) + "r+" + std::to_string(past) + " h" + std::to_string(nh) + "/" +
+                                   std::to_string(nkv) + " d" + std::to_string(hd),
+          us, (2.0 * qn + 2.0 * kvn) * 4, flops, ok);
+    CK(cudaFree(dq));
+    CK(cudaFree(dk));
+    CK(cudaFree(dv));
+    CK(cudaFree(dout));
+}
+
+void bench_decode(Bench &b, size_t past, size_t nh, size_t nkv, size_t hd) {
+    const size_t keys = past + 1, qn = nh * hd, kvn = keys * nkv * hd;
+    std::vector<float> q = rnd(qn, 16), k = rnd(kvn, 17), v = rnd(kvn, 18);
+    const double bytes = (2.0 * kvn + 2.0 * qn) * 4;
+    const int sets = b.sets_for(bytes);
+    std::vector<void *> dk, dv;
+    for (int s = 0; s < sets; s++) {
+        dk.push_back(dev_upload(k.data(), kvn * 4));
+        dv.push_back(dev_upload(v.data(), kvn * 4));
+    }
+    void *dq = dev_upload(q.data(), qn * 4);
+    const size_t wsb = mk_kernel_attention_decode_workspace_bytes(keys, nh, hd);
+    void *ws = dev_alloc(wsb);
+    float *dout = (float *)dev_alloc(qn * 4);
+    auto run = [&](int s) {
+        MK(mk_kernel_attention_decode(dout, (float *)dq, (float *)dk[s], (float *)dv[s], past, nh, nkv, hd, ws, wsb,
+                                      b.stream));
+    };
+    run(0);
+    CK(cudaStreamSynchronize(b.stream));
+    std::vector<float> ref(qn);
+    mk_cpu_attention(ref.data(), q.data(), k.data(), v.data(), 1, past, nh, nkv, hd);
+    const bool ok = close("attention_decode", dev_download<float>(dout, qn), ref, 1e-5 * maxabs(v), 1e-5);
+    const double us = b.time_us(sets, run);
+    b.add("attention_decode", std::to_string(keys) + " keys h" + std::to_string(nh) + "/" + std::to_string(nkv) + " d" +
+                                  std::to_string(hd),
+          us, bytes, 4.0 * hd * nh * keys, ok);
+    for (int s = 0; s < sets; s++) {
+        CK(cudaFree(dk[s]));
+        CK(cudaFree(dv[s]));
+    }
+    CK(cudaFree(dq));
+    CK(cudaFree(ws));
+    CK(cudaFree(dout));
+}
+
+} // namespace
+
+int main(int argc, char **argv) {
+    const std::string outdir = argc > 1 ? argv[1] : ".";
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+        fprintf(stderr, "kernel_bench: no CUDA device\n");
+        return 2;
+    }
+    cudaDeviceProp prop{};
+    CK(cudaGetDeviceProperties(&prop, 0));
+    Bench b;
+    b.l2 = (size_t)prop.l2CacheSize;
+    CK(cudaStreamCreateWithFlags(&b.stream, cudaStreamNonBlocking));
+    CK(cudaEventCreate(&b.e0));
+    CK(cudaEventCreate(&b.e1));
+    printf("device: %s, %d SMs, L2 %zu MB\n", prop.name, prop.multiProcessorCount, b.l2 >> 20);
+
+    bench_copy(b);
+    bench_rmsnorm(b, 4096, 4096, false);
+    bench_rmsnorm(b, 4096, 4096, true);
+    bench_rmsnorm(b, 1, 8192, false);
+    bench_embed(b, 128256, 4096, 4096);
+    bench_rope(b, 4096, 32, 128);
+    bench_swiglu(b, (size_t)4096 * 14336, MK_DTYPE_F32);
+    bench_swiglu(b, (size_t)4096 * 14336, MK_DTYPE_BF16);
+    bench_argmax(b, 1, 256000);
+    bench_argmax(b, 1, 262144);
+    bench_argmax(b, 32, 128256);
+    bench_convert(b, (size_t)1 << 26);
+    bench_kv_append(b, 4096, 1024);
+    bench_decode(b, 8191, 32, 8, 128);
+    bench_decode(b, 32767, 32, 8, 128);
+    bench_prefill(b, 2048, 0, 32, 8, 128);
+    bench_prefill(b, 512, 4096, 32, 8, 128);
+
+    const std::string csv = outdir + "/kernel_bench.csv";
+    FILE *f = fopen(csv.c_str(), "w");
+    if (f) fprintf(f, "kernel,shape,time_us,bytes,gb_per_s,pct_of_copy,gflop_per_s,validated\n");
+    printf("\n%-20s %-28s %10s %9s %7s %9s %s\n", "kernel", "shape", "time_us", "GB/s", "%copy", "GFLOP/s", "valid");
+    bool all_ok = true;
+    for (const Result &r : b.results) {
+        const double gbs = r.bytes / (r.us * 1e-6) / 1e9, pct = 100.0 * gbs / b.copy_gbs;
+        const double gf = r.flops > 0 ? r.flops / (r.us * 1e-6) / 1e9 : 0.0;
+        printf("%-20s %-28s %10.2f %9.1f %6.1f%% %9.1f %s\n", r.kernel.c_str(), r.shape.c_str(), r.us, gbs, pct, gf,
+               r.valid ? "ok" : "FAIL");
+        if (f)
+            fprintf(f, "%s,\"%s\",%.3f,%.0f,%.2f,%.2f,%.2f,%d\n", r.kernel.c_str(), r.shape.c_str(), r.us, r.bytes, gbs,
+                    pct, gf, r.valid ? 1 : 0);
+        all_ok = all_ok && r.valid;
+    }
+    if (f) fclose(f);
+    printf("\nceiling: device-to-device copy %.1f GB/s (read + write); results in %s\n", b.copy_gbs, csv.c_str());
+    return all_ok ? 0 : 1;
+}

@@ -1,0 +1,186 @@
+/* attention_prefill.cu - causal grouped-query attention of `rows` new queries against
+ * the KV cache, flash-attention style, in F32 on the CUDA cores (parity mode).
+ *
+ * Block = one query head x a tile of PF_BQ query rows; 4 warps of PF_RPW rows each.
+ * Loop over key tiles of PF_BK keys staged in shared memory (only tiles the causal mask
+ * lets the block see). Per tile and row: lane j scores key j against the row (the dot
+ * product runs over d in order, as the CPU backend), the warp takes the tile max, the
+ * running (max, sum) is rescaled online, p goes to shared memory and every lane
+ * accumulates its slice of head dims (d = lane + 32 j) over the tile's V rows.
+ *
+ * Shared memory (dynamic): Q [BQ][hd] | K [BK][hd + 1] (odd pitch: lanes read rows
+ * without bank conflicts) | V [BK][hd] | P [BQ][BK]. hd 128: 43 KB; hd 256: 84 KB (the
+ * launcher raises the block's dynamic shared memory limit above 48 KB). */
+#include "mk_cuda_compat.h"
+
+#include "mk_kernels_common.cuh"
+
+#include "cpu_ops.h" /* MK_MAX_HEAD_DIM */
+
+#define PF_BQ 16
+#define PF_BK 32
+#define PF_WARPS 4
+#define PF_THREADS (PF_WARPS * 32)
+#define PF_RPW (PF_BQ / PF_WARPS)
+
+/* DCH = head dims per lane (head_dim <= 32 * DCH); HD = head_dim when known at compile
+ * time (64, 128, 256), 0 for the generic path (any even head_dim <= 32 * DCH). */
+template <int DCH, int HD>
+static __global__ void __launch_bounds__(PF_THREADS)
+    attention_prefill_kernel(float *__restrict__ out, const float *__restrict__ q, const float *__restrict__ k_cache,
+                             const float *__restrict__ v_cache, size_t rows, size_t past, int n_heads, int n_kv_heads,
+                             int head_dim, float scale) {
+  const int hd = HD > 0 ? HD : head_dim;
+  MK_DYNAMIC_SHARED(float, smem);
+  float *q_s = smem;                   /* [BQ][hd] */
+  float *k_s = q_s + PF_BQ * hd;       /* [BK][hd + 1] */
+  float *v_s = k_s + PF_BK * (hd + 1); /* [BK][hd] */
+  float *p_s = v_s + PF_BK * hd;       /* [BQ][BK] */
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int h = blockIdx.y;
+  const int kvh = h / (n_heads / n_kv_heads);
+  const size_t q0 = (size_t)blockIdx.x * PF_BQ;
+  const size_t q_stride = (size_t)n_heads * hd, kv_stride = (size_t)n_kv_heads * hd;
+
+  for (int i = tid; i < PF_BQ * hd; i += PF_THREADS) {
+    const int r = i / hd, d = i - r * hd;
+    const size_t qr = q0 + r;
+    q_s[i] = qr < rows ? q[qr * q_stride + (size_t)h * hd + d] : 0.0f;
+  }
+
+  float m[PF_RPW], l[PF_RPW], acc[PF_RPW][DCH];
+MK_UNROLL
+  for (int r = 0; r < PF_RPW; ++r) {
+    m[r] = -INFINITY;
+    l[r] = 0.0f;
+MK_UNROLL
+    for (int j = 0; j < DCH; ++j) acc[r][j] = 0.0f;
+  }
+
+  /* keys visible to the block: [0, past + last query row] */
+  const size_t last_q = (q0 + PF_BQ < rows ? q0 + PF_BQ : rows) - 1;
+  const size_t key_end = past + last_q + 1;
+  const float *qw = q_s + warp * PF_RPW * hd;
+
+  for (size_t k0 = 0; k0 < key_end; k0 += PF_BK) {
+    __syncthreads(); /* the previous tile is consumed (and q_s is complete) */
+    for (int i = tid; i < PF_BK * hd; i += PF_THREADS) {
+      const int kk = i / hd, d = i - kk * hd;
+      const size_t t = k0 + kk;
+      float kv = 0.0f, vv = 0.0f;
+      if (t < key_end) {
+        const size_t g = t * kv_stride + (size_t)kvh * hd + d;
+        kv = k_cache[g];
+        vv = v_cache[g];
+      }
+      k_s[kk * (hd + 1) + d] = kv;
+      v_s[i] = vv;
+    }
+    __syncthreads();
+
+    /* scores of key (k0 + lane) against the warp's rows */
+    float s[PF_RPW];
+MK_UNROLL
+    for (int r = 0; r < PF_RPW; ++r) s[r] = 0.0f;
+    const float *kr = k_s + lane * (hd + 1);
+    for (int d = 0; d < hd; ++d) {
+      const float kd = kr[d];
+MK_UNROLL
+      for (int r = 0; r < PF_RPW; ++r) s[r] += qw[r * hd + d] * kd;
+    }
+    const size_t t = k0 + lane;
+MK_UNROLL
+    for (int r = 0; r < PF_RPW; ++r) {
+      const size_t qi = q0 + (size_t)(warp * PF_RPW + r);
+      const bool valid = t < key_end && t <= past + qi;
+      const float sc = valid ? s[r] * scale : -INFINITY;
+      const float m_new = fmaxf(m[r], mk_warp_max(sc)); /* finite: key 0 is in every row's first tile */
+      const float alpha = expf(m[r] - m_new);
+      const float p = valid ? expf(sc - m_new) : 0.0f;
+      l[r] = l[r] * alpha + p; /* per-lane partial sum, reduced once at the end */
+      m[r] = m_new;
+      p_s[(warp * PF_RPW + r) * PF_BK + lane] = p;
+MK_UNROLL
+      for (int j = 0; j < DCH; ++j) acc[r][j] *= alpha;
+    }
+    __syncwarp();
+    const float *pw = p_s + warp * PF_RPW * PF_BK;
+    for (int kk = 0; kk < PF_BK; ++kk) {
+      float vd[DCH];
+MK_UNROLL
+      for (int j = 0; j < DCH; ++j) {
+        const int d = lane + 32 * j;
+        vd[j] = (HD > 0 || d < hd) ? v_s[kk * hd + d] : 0.0f;
+      }
+MK_UNROLL
+      for (int r = 0; r < PF_RPW; ++r) {
+        const float p = pw[r * PF_BK + kk];
+MK_UNROLL
+        for (int j = 0; j < DCH; ++j) acc[r][j] += p * vd[j];
+      }
+    }
+  }
+
+MK_UNROLL
+  for (int r = 0; r < PF_RPW; ++r) {
+    const float denom = mk_warp_sum(l[r]);
+    const size_t qi = q0 + (size_t)(warp * PF_RPW + r);
+    if (qi >= rows) continue;
+    float *o = out + qi * q_stride + (size_t)h * hd;
+MK_UNROLL
+    for (int j = 0; j < DCH; ++j) {
+      const int d = lane + 32 * j;
+      if (HD > 0 || d < hd) o[d] = acc[r][j] / denom;
+    }
+  }
+}
+
+static size_t prefill_smem_bytes(size_t hd) {
+  return sizeof(float) * (PF_BQ * hd + PF_BK * (hd + 1) + PF_BK * hd + PF_BQ * PF_BK);
+}
+
+template <int DCH, int HD>
+static mk_status launch_prefill(float *out, const float *q, const float *k, const float *v, size_t rows, size_t past,
+                                size_t n_heads, size_t n_kv_heads, size_t hd, cudaStream_t stream) {
+  const size_t smem = prefill_smem_bytes(hd);
+  if (smem > 48 * 1024) {
+    const cudaError_t e =
+        cudaFuncSetAttribute(attention_prefill_kernel<DCH, HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess)
+      return mk_fail(MK_ERR_KERNEL_LAUNCH, "mk_kernel_attention_prefill: %zu bytes of shared memory: %s", smem,
+                     cudaGetErrorString(e));
+  }
+  const float scale = (float)(1.0 / sqrt((double)hd));
+  const dim3 grid(mk_ceil_div_u(rows, PF_BQ), (unsigned)n_heads);
+  MK_LAUNCH((attention_prefill_kernel<DCH, HD>), grid, dim3(PF_THREADS), smem, stream, out, q, k, v, rows, past,
+            (int)n_heads, (int)n_kv_heads, (int)hd, scale);
+  return mk_check_launch("mk_kernel_attention_prefill");
+}
+
+/* Shared by prefill and decode (declared in attention_decode.cu too). */
+extern "C" mk_status mk_attention_check_shape(const char *what, size_t n_heads, size_t n_kv_heads, size_t head_dim) {
+  if (head_dim == 0 || head_dim % 2 != 0 || head_dim > MK_MAX_HEAD_DIM)
+    return mk_fail(MK_ERR_SHAPE, "%s: head_dim %zu must be even and <= %d", what, head_dim, MK_MAX_HEAD_DIM);
+  if (n_heads == 0 || n_kv_heads == 0 || n_heads % n_kv_heads != 0 || n_heads > 65535)
+    return mk_fail(MK_ERR_SHAPE, "%s: n_heads %zu must be a multiple of n_kv_heads %zu (and <= 65535)", what,
+                   n_heads, n_kv_heads);
+  return MK_OK;
+}
+
+extern "C" mk_status mk_kernel_attention_prefill(float *out, const float *q, const float *k_cache,
+                                                 const float *v_cache, size_t rows, size_t past, size_t n_heads,
+                                                 size_t n_kv_heads, size_t head_dim, cudaStream_t stream) {
+  MK_TRY(mk_attention_check_shape("mk_kernel_attention_prefill", n_heads, n_kv_heads, head_dim));
+  if (rows == 0) return MK_OK;
+  if (rows / PF_BQ >= 2147483647u) return mk_fail(MK_ERR_SHAPE, "mk_kernel_attention_prefill: %zu rows", rows);
+  if (!out || !q || !k_cache || !v_cache)
+    return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_kernel_attention_prefill: null pointer");
+  const size_t hd = head_dim;
+  if (hd == 64) return launch_prefill<2, 64>(out, q, k_cache, v_cache, rows, past, n_heads, n_kv_heads, hd, stream);
+  if (hd == 128) return launch_prefill<4, 128>(out, q, k_cache, v_cache, rows, past, n_heads, n_kv_heads, hd, stream);
+  if (hd <= 32) return launch_prefill<1, 0>(out, q, k_cache, v_cache, rows, past, n_heads, n_kv_heads, hd, stream);
+  if (hd <= 64) return launch_prefill<2, 0>(out, q, k_cache, v_cache, rows, past, n_heads, n_kv_heads, hd, stream);
+  if (hd <= 128) return launch_prefill<4, 0>(out, q, k_cache, v_cache, rows, past, n_heads, n_kv_heads, hd, stream);
+  return launch_prefill<8, 0>(out, q, k_cache, v_cache, rows, past, n_heads, n_kv_heads, hd, stream);
+}
