@@ -25,12 +25,15 @@ typedef struct mk_backend_ops {
     mk_status (*download)(mk_backend *b, void *dst /* host */, const void *src /* dev */, size_t bytes);
     mk_status (*copy)(mk_backend *b, void *dst /* dev */, const void *src /* dev */, size_t bytes);
     mk_status (*synchronize)(mk_backend *b);
+    /* Size per-backend scratch once, at range creation: the largest forward (rows), the
+     * longest KV cache, and the model's widths. Nothing is allocated in the forward path. */
+    mk_status (*reserve)(mk_backend *b, size_t max_rows, size_t max_context, const mk_hparams *hp);
     /* Convert host F32 weights into the backend's weight dtype at dst (dev). */
     mk_status (*upload_weight)(mk_backend *b, void *dst /* dev, [n] in weight dtype */, const float *src /* host */,
                                size_t n);
     /* compute */
     mk_status (*embed)(mk_backend *b, float *out /* [n, hidden] */, const void *table /* [vocab, hidden] weight dtype */,
-                       const int32_t *ids /* dev [n] */, size_t n, size_t hidden);
+                       const int32_t *ids /* dev [n] */, size_t n, size_t hidden, size_t vocab);
     mk_status (*rmsnorm)(mk_backend *b, float *out /* [rows, cols] */, const float *x /* [rows, cols] */,
                          const float *w /* [cols] f32 */, size_t rows, size_t cols, float eps);
     mk_status (*matmul)(mk_backend *b, float *y /* [rows, out] */, const float *x /* [rows, in] */,

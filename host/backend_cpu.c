@@ -28,6 +28,8 @@ static mk_status cpu_memcpy(mk_backend *b, void *dst, const void *src, size_t by
 
 static mk_status cpu_synchronize(mk_backend *b) { return MK_OK; }
 
+static mk_status cpu_reserve(mk_backend *b, size_t max_rows, size_t max_context, const mk_hparams *hp) { return MK_OK; }
+
 static mk_status cpu_upload_weight(mk_backend *b, void *dst, const float *src, size_t n) {
     float *out = dst;
     switch (b->config.weight_dtype) {
@@ -43,7 +45,8 @@ static mk_status cpu_upload_weight(mk_backend *b, void *dst, const float *src, s
     return MK_OK;
 }
 
-static mk_status cpu_embed(mk_backend *b, float *out, const void *table, const int32_t *ids, size_t n, size_t hidden) {
+static mk_status cpu_embed(mk_backend *b, float *out, const void *table, const int32_t *ids, size_t n, size_t hidden,
+                           size_t vocab) {
     mk_cpu_embed(out, table, ids, n, hidden);
     return MK_OK;
 }
@@ -96,6 +99,7 @@ static const mk_backend_ops mk_cpu_ops = {
     .download = cpu_memcpy,
     .copy = cpu_memcpy,
     .synchronize = cpu_synchronize,
+    .reserve = cpu_reserve,
     .upload_weight = cpu_upload_weight,
     .embed = cpu_embed,
     .rmsnorm = cpu_rmsnorm,
@@ -129,6 +133,7 @@ size_t mk_backend_weight_elem_size(const mk_backend *b) {
 }
 
 mk_status mk_backend_create(const mk_backend_config *config, mk_backend **out) {
+    if (out) *out = NULL;
     if (!config || !out) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_backend_create: NULL argument");
     switch (config->kind) {
         case MK_BACKEND_CPU: return mk_backend_cpu_create(config, out);

@@ -1,9 +1,9 @@
-/* Builds without the cuda backend (no nvcc, or MESHKERN_CUDA=OFF) still link: selecting
- * it reports clearly that this build has none. */
+/* Binaries linked without the cuda backend (host/cuda/) still link: selecting it reports
+ * clearly that this build has none. Weak, so the real definition wins where it is linked. */
 #include "backend.h"
 #include "mk_error.h"
 
-mk_status mk_backend_cuda_create(const mk_backend_config *config, mk_backend **out) {
+__attribute__((weak)) mk_status mk_backend_cuda_create(const mk_backend_config *config, mk_backend **out) {
     (void)config;
     *out = NULL;
     return mk_fail(MK_ERR_NO_DEVICE, "this meshkern build has no cuda backend; use --backend cpu");

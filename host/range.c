@@ -246,6 +246,7 @@ mk_status mk_range_create(const mk_model *model, int64_t start, int64_t end, con
             mk_sha256_finish(ctx, r->digest);
         }
     }
+    if (s == MK_OK) s = r->backend->ops->reserve(r->backend, max_rows, max_context, &r->hp);
     if (s == MK_OK) s = mk_range_load(r);
     if (s == MK_OK) {
         mk_carver sizing = {0, NULL};
@@ -486,7 +487,7 @@ mk_status mk_range_forward(mk_range *r, mk_sequence *seq, const int32_t *token_i
     MK_TRY(b->ops->upload(b, a->pos, positions, rows * sizeof(int32_t)));
     if (mk_role_owns_embedding(r->role)) {
         MK_TRY(b->ops->upload(b, a->ids, token_ids, rows * sizeof(int32_t)));
-        MK_TRY(b->ops->embed(b, a->x, r->token_embd, a->ids, rows, r->hp.hidden));
+        MK_TRY(b->ops->embed(b, a->x, r->token_embd, a->ids, rows, r->hp.hidden, r->hp.vocab));
     } else {
         MK_TRY(b->ops->upload(b, a->x, bundle->residual, rows * r->hp.hidden * sizeof(float)));
     }
