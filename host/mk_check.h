@@ -11,9 +11,12 @@
         if (!(ok)) return mk_fail((status), "%s failed: %s (%s:%d)", #stmt, (what), __FILE__, __LINE__);     \
     } while (0)
 
+/* A failed runtime call also leaves a "last error" behind; consume it so the next,
+ * unrelated launch check does not report it as its own. */
 #define MK_CUDA_CHECK(stmt)                                                       \
     do {                                                                          \
         const cudaError_t mk_cuda_err_ = (stmt);                                  \
+        if (mk_cuda_err_ != cudaSuccess) (void)cudaGetLastError();                \
         MK_CHECK_BASE(mk_cuda_error_status(mk_cuda_err_), mk_cuda_err_ == cudaSuccess, stmt, \
                       cudaGetErrorString(mk_cuda_err_));                          \
     } while (0)

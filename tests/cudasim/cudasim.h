@@ -68,6 +68,12 @@ const char *last_diagnostic();
 void clear_diagnostic();
 /* Number of kernel launches run so far (all host threads). */
 uint64_t launch_count();
+/* Fault injection for error-path tests: the launch `after` launches from now (0: the next
+ * one, on any host thread) fails with `err` without running, reported like any failed
+ * launch (cudaGetLastError, the next synchronisation, last_diagnostic()). */
+void inject_launch_failure(uint64_t after, cudaError_t err = cudaErrorLaunchFailure);
+/* Live cudaMalloc + cudaMallocHost allocations (every device), for leak checks. */
+size_t live_allocations();
 
 namespace detail {
 

@@ -644,10 +644,31 @@ class Pool {
 };
 
 std::atomic<uint64_t> g_launches{0};
+/* inject_launch_failure: launches left before the failing one (-1: none armed). */
+std::atomic<int64_t> g_inject_countdown{-1};
+std::atomic<int> g_inject_err{cudaErrorLaunchFailure};
+
+/* True (once) when this launch is the one inject_launch_failure armed. */
+bool take_injected_failure(cudaError_t *err) {
+  int64_t left = g_inject_countdown.load();
+  while (left >= 0) {
+    if (g_inject_countdown.compare_exchange_weak(left, left - 1)) {
+      if (left != 0) return false;
+      *err = static_cast<cudaError_t>(g_inject_err.load());
+      return true;
+    }
+  }
+  return false;
+}
 
 }  // namespace
 
 uint64_t launch_count() { return g_launches.load(); }
+
+void inject_launch_failure(uint64_t after, cudaError_t err) {
+  g_inject_err = static_cast<int>(err);
+  g_inject_countdown = static_cast<int64_t>(after);
+}
 
 namespace detail {
 
@@ -655,6 +676,11 @@ cudaError_t launch(const Thunk &t, dim3 grid, dim3 block, size_t shmem, cudaStre
                    const char *file, int line) {
   const SimConfig &cfg = sim_config();
   const uint64_t serial = g_launches.fetch_add(1);
+  if (cudaError_t injected; take_injected_failure(&injected)) {
+    return report_launch_error(
+        injected, fmt("cudasim: launch of %s at %s:%d: failed by cudasim::inject_launch_failure",
+                      t.name, file, line));
+  }
   const uint64_t nthreads = static_cast<uint64_t>(block.x) * block.y * block.z;
   const uint64_t nblocks = static_cast<uint64_t>(grid.x) * grid.y * grid.z;
   if (nthreads == 0 || nblocks == 0 || nthreads > 1024 || block.x > 1024 || block.y > 1024 ||

@@ -237,6 +237,17 @@ bool stream_is_valid(cudaStream_t s) {
   return g_streams.count(s) != 0;
 }
 
+int allocation_device(const void *p, size_t n) {
+  std::lock_guard<std::mutex> g(g_mu);
+  const Alloc *a = find_locked(p, n);
+  return a ? a->device : -2;
+}
+
+size_t live_allocations() {
+  std::lock_guard<std::mutex> g(g_mu);
+  return g_allocs.size();
+}
+
 void set_order(Order o, uint64_t s) {
   sim_config().order = o;
   sim_config().seed = s;

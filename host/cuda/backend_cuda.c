@@ -1,0 +1,325 @@
+/* The cuda backend: the hand-written kernels (kernels/) and cuBLAS on one device, one
+ * non-blocking stream and one cuBLAS handle per range.
+ *
+ * This host code is compiled once against the real CUDA headers and linked either with
+ * the real cudart/cuBLAS (meshkern_gpu) or with tests/cudasim's stand-ins (meshkern_sim).
+ *
+ * Weights live on the device in the range's dtype. F32 weights multiply in F32 with no
+ * TF32 (parity mode) or with TF32 tensor cores (speed mode); F16/BF16 weights multiply
+ * with the activations converted to the same dtype and F32 accumulation.
+ *
+ * Errors: every runtime and cuBLAS call and every kernel launch is checked. A failed
+ * runtime call also leaves the runtime's per-thread "last error" set; it is consumed once
+ * the failure is recorded, so the next kernel's launch check does not report it again as
+ * its own (and a failed range creation leaves nothing behind for the next range). */
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "cpu_ops.h"
+#include "kernels.h"
+#include "mk_check.h"
+
+typedef struct mk_cuda_backend {
+    mk_backend base;
+    int device;
+    cudaStream_t stream;
+    cublasHandle_t cublas;
+    void *act_lowp;        /* dev [max_rows, max_width] activations in the weight dtype */
+    size_t act_lowp_elems;
+    void *decode_ws;       /* dev: flash-decoding partials */
+    size_t decode_ws_bytes;
+    void *pinned;          /* host pinned staging for downloads / uploads */
+    size_t pinned_bytes;
+} mk_cuda_backend;
+
+static mk_cuda_backend *cuda_of(mk_backend *b) { return (mk_cuda_backend *)b; }
+
+/* Every entry point selects the range's device: ranges on different devices share the
+ * calling thread. */
+#define MK_ON_DEVICE(cb) MK_CUDA_CHECK(cudaSetDevice((cb)->device))
+
+/* After a kernel entry: a debug build waits for the stream, so an asynchronous fault is
+ * reported by the op that caused it rather than by a later copy. */
+static mk_status mk_cuda_after_launch(mk_cuda_backend *cb, mk_status s) {
+#ifndef NDEBUG
+    if (s == MK_OK) MK_CUDA_CHECK(cudaStreamSynchronize(cb->stream));
+#else
+    (void)cb;
+#endif
+    return s;
+}
+
+static void cuda_destroy(mk_backend *b) {
+    mk_cuda_backend *cb = cuda_of(b);
+    /* Only touch the device if something was created on it: a backend that failed on a
+     * missing device index must not leave cudaSetDevice's error behind. */
+    const bool created = cb->stream || cb->cublas || cb->act_lowp || cb->decode_ws || cb->pinned;
+    if (created && cudaSetDevice(cb->device) == cudaSuccess) {
+        if (cb->stream) cudaStreamSynchronize(cb->stream);
+        if (cb->act_lowp) cudaFree(cb->act_lowp);
+        if (cb->decode_ws) cudaFree(cb->decode_ws);
+        if (cb->pinned) cudaFreeHost(cb->pinned);
+        if (cb->cublas) cublasDestroy(cb->cublas);
+        if (cb->stream) cudaStreamDestroy(cb->stream);
+    }
+    (void)cudaGetLastError(); /* teardown reports nothing: leave no stale error */
+    free(cb);
+}
+
+/* ================================================================= memory == */
+
+static mk_status cuda_alloc(mk_backend *b, size_t bytes, void **out) {
+    mk_cuda_backend *cb = cuda_of(b);
+    MK_ON_DEVICE(cb);
+    *out = NULL;
+    const cudaError_t err = cudaMalloc(out, bytes ? bytes : 1);
+    if (err == cudaErrorMemoryAllocation) {
+        (void)cudaGetLastError(); /* out of memory is not sticky: consume it */
+        size_t free_b = 0, total_b = 0;
+        cudaMemGetInfo(&free_b, &total_b);
+        return mk_fail(MK_ERR_DEVICE_MEMORY, "does not fit in device memory: %zu bytes requested on device %d (%zu of %zu free)",
+                       bytes, cb->device, free_b, total_b);
+    }
+    MK_CUDA_CHECK(err);
+    return MK_OK;
+}
+
+static void cuda_release(mk_backend *b, void *ptr) {
+    if (!ptr) return;
+    if (cudaSetDevice(cuda_of(b)->device) == cudaSuccess) cudaFree(ptr);
+    (void)cudaGetLastError(); /* release reports nothing: leave no stale error */
+}
+
+static mk_status cuda_upload(mk_backend *b, void *dst, const void *src, size_t bytes) {
+    mk_cuda_backend *cb = cuda_of(b);
+    MK_ON_DEVICE(cb);
+    if (!bytes) return MK_OK;
+    /* Through the pinned buffer when it fits: the copy is truly async and the caller's
+     * pageable buffer is free as soon as we return. */
+    if (bytes <= cb->pinned_bytes) {
+        MK_CUDA_CHECK(cudaStreamSynchronize(cb->stream)); /* pinned buffer may still be in flight */
+        memcpy(cb->pinned, src, bytes);
+        MK_CUDA_CHECK(cudaMemcpyAsync(dst, cb->pinned, bytes, cudaMemcpyHostToDevice, cb->stream));
+        return MK_OK;
+    }
+    MK_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, cb->stream));
+    MK_CUDA_CHECK(cudaStreamSynchronize(cb->stream));
+    return MK_OK;
+}
+
+static mk_status cuda_download(mk_backend *b, void *dst, const void *src, size_t bytes) {
+    mk_cuda_backend *cb = cuda_of(b);
+    MK_ON_DEVICE(cb);
+    if (!bytes) return MK_OK;
+    if (bytes <= cb->pinned_bytes) {
+        MK_CUDA_CHECK(cudaMemcpyAsync(cb->pinned, src, bytes, cudaMemcpyDeviceToHost, cb->stream));
+        MK_CUDA_CHECK(cudaStreamSynchronize(cb->stream));
+        memcpy(dst, cb->pinned, bytes);
+        return MK_OK;
+    }
+    MK_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, cb->stream));
+    MK_CUDA_CHECK(cudaStreamSynchronize(cb->stream));
+    return MK_OK;
+}
+
+static mk_status cuda_copy(mk_backend *b, void *dst, const void *src, size_t bytes) {
+    mk_cuda_backend *cb = cuda_of(b);
+    MK_ON_DEVICE(cb);
+    if (bytes) MK_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, cb->stream));
+    return MK_OK;
+}
+
+static mk_status cuda_synchronize(mk_backend *b) {
+    mk_cuda_backend *cb = cuda_of(b);
+    MK_ON_DEVICE(cb);
+    MK_CUDA_CHECK(cudaStreamSynchronize(cb->stream));
+    return MK_OK;
+}
+
+static mk_status cuda_reserve(mk_backend *b, size_t max_rows, size_t max_context, const mk_hparams *hp) {
+    mk_cuda_backend *cb = cuda_of(b);
+    MK_ON_DEVICE(cb);
+    size_t width = hp->hidden;
+    if (hp->intermediate > width) width = hp->intermediate;
+    if (hp->n_heads * hp->head_dim > width) width = hp->n_heads * hp->head_dim;
+    if (cb->base.config.weight_dtype != MK_DTYPE_F32) {
+        cb->act_lowp_elems = max_rows * width;
+        MK_TRY(cuda_alloc(b, cb->act_lowp_elems * 2, &cb->act_lowp));
+    }
+    cb->decode_ws_bytes = mk_kernel_attention_decode_workspace_bytes(max_context, hp->n_heads, hp->head_dim);
+    MK_TRY(cuda_alloc(b, cb->decode_ws_bytes, &cb->decode_ws));
+    /* Pinned staging for what crosses a seam (a residual of max_rows) and the logits. */
+    cb->pinned_bytes = max_rows * hp->hidden * sizeof(float);
+    if (hp->vocab * sizeof(float) > cb->pinned_bytes) cb->pinned_bytes = hp->vocab * sizeof(float);
+    MK_CUDA_CHECK(cudaMallocHost(&cb->pinned, cb->pinned_bytes));
+    return MK_OK;
+}
+
+static mk_status cuda_upload_weight(mk_backend *b, void *dst, const float *src, size_t n) {
+    mk_cuda_backend *cb = cuda_of(b);
+    MK_ON_DEVICE(cb);
+    const mk_dtype dtype = cb->base.config.weight_dtype;
+    if (dtype == MK_DTYPE_F32) {
+        MK_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyHostToDevice, cb->stream));
+        MK_CUDA_CHECK(cudaStreamSynchronize(cb->stream));
+        return MK_OK;
+    }
+    /* Load time only: convert on the host, then copy. */
+    uint16_t *half = malloc(n * sizeof(uint16_t));
+    if (!half) return mk_fail(MK_ERR_OUT_OF_MEMORY, "cuda backend: out of memory converting %zu weights", n);
+    for (size_t i = 0; i < n; i++) half[i] = dtype == MK_DTYPE_BF16 ? mk_f32_to_bf16(src[i]) : mk_f32_to_f16(src[i]);
+    cudaError_t err = cudaMemcpyAsync(dst, half, n * sizeof(uint16_t), cudaMemcpyHostToDevice, cb->stream);
+    if (err == cudaSuccess) err = cudaStreamSynchronize(cb->stream);
+    free(half);
+    MK_CUDA_CHECK(err);
+    return MK_OK;
+}
+
+/* ================================================================ compute == */
+
+static mk_status cuda_embed(mk_backend *b, float *out, const void *table, const int32_t *ids, size_t n, size_t hidden,
+                            size_t vocab) {
+    mk_cuda_backend *cb = cuda_of(b);
+    MK_ON_DEVICE(cb);
+    return mk_cuda_after_launch(cb, mk_kernel_embed(out, table, cb->base.config.weight_dtype, ids, n, hidden, vocab, cb->stream));
+}
+
+static mk_status cuda_rmsnorm(mk_backend *b, float *out, const float *x, const float *w, size_t rows, size_t cols,
+                              float eps) {
+    mk_cuda_backend *cb = cuda_of(b);
+    MK_ON_DEVICE(cb);
+    return mk_cuda_after_launch(cb, mk_kernel_rmsnorm(out, x, w, rows, cols, eps, cb->stream));
+}
+
+static cudaDataType mk_cuda_type(mk_dtype dtype) {
+    return dtype == MK_DTYPE_BF16 ? CUDA_R_16BF : dtype == MK_DTYPE_F16 ? CUDA_R_16F : CUDA_R_32F;
+}
+
+/* y[rows, out] = x[rows, in] @ w[out, in]^T, all row-major. In cuBLAS's column-major view
+ * w is an (in x out) matrix A = w^T and x is (in x rows), so y^T = A^T x^T. */
+static mk_status cuda_matmul(mk_backend *b, float *y, const float *x, const void *w, size_t rows, size_t in_dim,
+                             size_t out_dim) {
+    mk_cuda_backend *cb = cuda_of(b);
+    MK_ON_DEVICE(cb);
+    if (rows > INT32_MAX || in_dim > INT32_MAX || out_dim > INT32_MAX)
+        return mk_fail(MK_ERR_SHAPE, "matmul [%zu x %zu] x [%zu x %zu]^T exceeds cuBLAS int dimensions", rows, in_dim,
+                       out_dim, in_dim);
+    const mk_dtype dtype = cb->base.config.weight_dtype;
+    const void *xin = x;
+    if (dtype != MK_DTYPE_F32) {
+        if (rows * in_dim > cb->act_lowp_elems)
+            return mk_fail(MK_ERR_INTERNAL, "matmul input of %zu elements exceeds the reserved %zu", rows * in_dim,
+                           cb->act_lowp_elems);
+        MK_TRY(mk_cuda_after_launch(cb, mk_kernel_convert(cb->act_lowp, dtype, x, MK_DTYPE_F32, rows * in_dim, cb->stream)));
+        xin = cb->act_lowp;
+    }
+    const cublasComputeType_t compute = dtype == MK_DTYPE_F32 && cb->base.config.speed_mode
+                                            ? CUBLAS_COMPUTE_32F_FAST_TF32
+                                            : CUBLAS_COMPUTE_32F;
+    const float alpha = 1.0f, beta = 0.0f;
+    MK_CUBLAS_CHECK(cublasGemmEx(cb->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)out_dim, (int)rows, (int)in_dim, &alpha, w,
+                                 mk_cuda_type(dtype), (int)in_dim, xin, mk_cuda_type(dtype), (int)in_dim, &beta, y,
+                                 CUDA_R_32F, (int)out_dim, compute, CUBLAS_GEMM_DEFAULT));
+    return mk_cuda_after_launch(cb, MK_OK);
+}
+
+static mk_status cuda_rope(mk_backend *b, float *x, const int32_t *positions, size_t rows, size_t heads,
+                           size_t head_dim, float theta, mk_rope_layout layout) {
+    mk_cuda_backend *cb = cuda_of(b);
+    MK_ON_DEVICE(cb);
+    return mk_cuda_after_launch(cb, mk_kernel_rope(x, positions, rows, heads, head_dim, theta, layout, cb->stream));
+}
+
+static mk_status cuda_attention(mk_backend *b, float *out, const float *q, const float *k_cache, const float *v_cache,
+                                size_t rows, size_t past, size_t n_heads, size_t n_kv_heads, size_t head_dim) {
+    mk_cuda_backend *cb = cuda_of(b);
+    MK_ON_DEVICE(cb);
+    /* One query row over a long cache: split the keys across blocks (flash-decoding). */
+    if (rows == 1 && past + 1 >= 256)
+        return mk_cuda_after_launch(cb, mk_kernel_attention_decode(out, q, k_cache, v_cache, past, n_heads, n_kv_heads,
+                                                                   head_dim, cb->decode_ws, cb->decode_ws_bytes,
+                                                                   cb->stream));
+    return mk_cuda_after_launch(cb, mk_kernel_attention_prefill(out, q, k_cache, v_cache, rows, past, n_heads, n_kv_heads,
+                                                                head_dim, cb->stream));
+}
+
+static mk_status cuda_swiglu(mk_backend *b, float *out, const float *gate, const float *up, size_t n) {
+    mk_cuda_backend *cb = cuda_of(b);
+    MK_ON_DEVICE(cb);
+    return mk_cuda_after_launch(cb, mk_kernel_swiglu(out, gate, up, MK_DTYPE_F32, n, cb->stream));
+}
+
+static mk_status cuda_add(mk_backend *b, float *y, const float *x, size_t n) {
+    mk_cuda_backend *cb = cuda_of(b);
+    MK_ON_DEVICE(cb);
+    return mk_cuda_after_launch(cb, mk_kernel_add(y, x, n, cb->stream));
+}
+
+static mk_status cuda_argmax(mk_backend *b, int32_t *out, const float *x, size_t rows, size_t n) {
+    mk_cuda_backend *cb = cuda_of(b);
+    MK_ON_DEVICE(cb);
+    return mk_cuda_after_launch(cb, mk_kernel_argmax(out, x, rows, n, cb->stream));
+}
+
+static const mk_backend_ops mk_cuda_ops = {
+    .name = "cuda",
+    .destroy = cuda_destroy,
+    .alloc = cuda_alloc,
+    .release = cuda_release,
+    .upload = cuda_upload,
+    .download = cuda_download,
+    .copy = cuda_copy,
+    .synchronize = cuda_synchronize,
+    .reserve = cuda_reserve,
+    .upload_weight = cuda_upload_weight,
+    .embed = cuda_embed,
+    .rmsnorm = cuda_rmsnorm,
+    .matmul = cuda_matmul,
+    .rope = cuda_rope,
+    .attention = cuda_attention,
+    .swiglu = cuda_swiglu,
+    .add = cuda_add,
+    .argmax = cuda_argmax,
+};
+
+static mk_status mk_cuda_backend_init(mk_cuda_backend *cb) {
+    int count = 0;
+    const cudaError_t err = cudaGetDeviceCount(&count);
+    if (err != cudaSuccess || count == 0) {
+        (void)cudaGetLastError();
+        return mk_fail(MK_ERR_NO_DEVICE, "no CUDA device is available (%s); use --backend cpu",
+                       err != cudaSuccess ? cudaGetErrorString(err) : "device count is 0");
+    }
+    if (cb->device < 0 || cb->device >= count)
+        return mk_fail(MK_ERR_DEVICE_INDEX, "CUDA device %d does not exist (this machine has %d)", cb->device, count);
+    MK_ON_DEVICE(cb);
+    MK_CUDA_CHECK(cudaStreamCreateWithFlags(&cb->stream, cudaStreamNonBlocking));
+    MK_CUBLAS_CHECK(cublasCreate(&cb->cublas));
+    MK_CUBLAS_CHECK(cublasSetStream(cb->cublas, cb->stream));
+    /* Parity mode must never down-convert F32 inputs to TF32 behind our back. */
+    MK_CUBLAS_CHECK(cublasSetMathMode(cb->cublas, cb->base.config.speed_mode ? CUBLAS_DEFAULT_MATH
+                                                                             : CUBLAS_PEDANTIC_MATH));
+    return MK_OK;
+}
+
+mk_status mk_backend_cuda_create(const mk_backend_config *config, mk_backend **out) {
+    if (config->weight_dtype != MK_DTYPE_F32 && config->weight_dtype != MK_DTYPE_F16 &&
+        config->weight_dtype != MK_DTYPE_BF16)
+        return mk_fail(MK_ERR_DTYPE, "cuda backend: weight dtype %s is not one of f32, f16, bf16",
+                       mk_dtype_name(config->weight_dtype));
+    mk_cuda_backend *cb = calloc(1, sizeof *cb);
+    if (!cb) return mk_fail(MK_ERR_OUT_OF_MEMORY, "cuda backend: out of memory");
+    cb->base.ops = &mk_cuda_ops;
+    cb->base.config = *config;
+    cb->device = config->device;
+    const mk_status s = mk_cuda_backend_init(cb);
+    if (s != MK_OK) {
+        cuda_destroy(&cb->base);
+        return s;
+    }
+    *out = &cb->base;
+    return MK_OK;
+}
