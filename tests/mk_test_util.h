@@ -82,3 +82,44 @@ inline std::vector<float> logits_of(const TailPtr &t) { return std::vector<float
 inline bool bit_identical(const std::vector<float> &a, const std::vector<float> &b) {
     return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
+
+// Greedy decode through a pipeline: prefill the prompt, then one token per step with the
+// KV cache; n_steps outputs in all (prefill's first). With `forced`, step i+1 is fed
+// forced[i] instead of the sampled token (teacher forcing).
+struct Decode {
+    std::vector<std::vector<float>> logits; // per step
+    std::vector<int32_t> tokens;
+};
+
+inline Decode decode_greedy(const mk_model *model, const std::vector<int64_t> &cuts, const mk_range_options &options,
+                            const std::vector<int32_t> &prompt, size_t n_steps,
+                            const std::vector<int32_t> *forced = nullptr) {
+    Decode d;
+    Pipeline p(model, cuts, options);
+    EXPECT_EQ(p.status(), MK_OK) << mk_status_name(p.status()) << ": " << mk_last_error();
+    if (p.status() != MK_OK) return d;
+    std::vector<int32_t> next = prompt;
+    for (size_t i = 0; i < n_steps; i++) {
+        TailPtr out;
+        const mk_status s = p.step(next, &out);
+        EXPECT_EQ(s, MK_OK) << mk_status_name(s) << ": " << mk_last_error();
+        if (s != MK_OK) return d;
+        d.logits.push_back(logits_of(out));
+        d.tokens.push_back(out->token_ids[0]);
+        next = {forced ? (*forced)[i] : out->token_ids[0]};
+    }
+    return d;
+}
+
+// The random models every parity suite runs: the seed's shapes, and GQA + tied
+// embeddings + adjacent-pairs RoPE.
+struct ModelCase {
+    const char *name;
+    mk_hparams hp;
+    std::vector<int32_t> prompt;
+};
+
+inline std::vector<ModelCase> model_cases() {
+    return {{"seed", mk_hparams_seed_default(), {2, 17, 8, 25, 40, 1, 33}},
+            {"gqa_tied_adjacent", gqa_tied_hparams(), {50, 3, 17, 9, 44, 2, 21, 11, 30}}};
+}

@@ -9,55 +9,18 @@
 
 namespace {
 
-struct ParityCase {
-    const char *name;
-    mk_hparams hp;
-    std::vector<int32_t> prompt;
-};
-
-std::vector<ParityCase> cases() {
-    return {{"seed", mk_hparams_seed_default(), {2, 17, 8, 25, 40, 1, 33}},
-            {"gqa_tied_adjacent", gqa_tied_hparams(), {50, 3, 17, 9, 44, 2, 21, 11, 30}}};
-}
-
-// Greedy decode with the KV cache: prefill the prompt, then one token per step.
-// Returns every step's logits (prefill included) and the generated tokens.
-struct Decode {
-    std::vector<std::vector<float>> logits;
-    std::vector<int32_t> tokens;
-};
-
-Decode decode_cached(const mk_model *model, const std::vector<int64_t> &cuts, const std::vector<int32_t> &prompt, int n_new,
-                     mk_range_options options = mk_range_options_default()) {
-    Decode d;
-    Pipeline p(model, cuts, options);
-    EXPECT_EQ(p.status(), MK_OK) << mk_last_error();
-    if (p.status() != MK_OK) return d;
-    std::vector<int32_t> next = prompt;
-    for (int i = 0; i < n_new; i++) {
-        TailPtr out;
-        const mk_status s = p.step(next, &out);
-        EXPECT_EQ(s, MK_OK) << mk_last_error();
-        if (s != MK_OK) return d;
-        d.logits.push_back(logits_of(out));
-        d.tokens.push_back(out->token_ids[0]);
-        next = {out->token_ids[0]};
-    }
-    return d;
-}
-
 class SplitParity : public ::testing::TestWithParam<size_t> {};
 
 TEST_P(SplitParity, PrefillAndDecodeAreBitIdentical) {
-    const ParityCase c = cases()[GetParam()];
+    const ModelCase c = model_cases()[GetParam()];
     SCOPED_TRACE(c.name);
     ModelPtr model = make_random_model(c.hp);
     const int64_t L = (int64_t)c.hp.n_layers;
-    const Decode whole = decode_cached(model.get(), {}, c.prompt, 12);
+    const Decode whole = decode_greedy(model.get(), {}, mk_range_options_default(), c.prompt, 12);
     ASSERT_EQ(whole.tokens.size(), 12u);
     for (const std::vector<int64_t> &cuts :
          std::vector<std::vector<int64_t>>{{0}, {L / 2}, {L - 2}, {0, L - 2}, {1, 3}, {0, 1, 2}}) {
-        const Decode split = decode_cached(model.get(), cuts, c.prompt, 12);
+        const Decode split = decode_greedy(model.get(), cuts, mk_range_options_default(), c.prompt, 12);
         ASSERT_EQ(split.logits.size(), whole.logits.size());
         for (size_t i = 0; i < whole.logits.size(); i++)
             EXPECT_TRUE(bit_identical(whole.logits[i], split.logits[i])) << "cut " << cuts[0] << " step " << i;
@@ -71,10 +34,10 @@ TEST_P(SplitParity, PrefillAndDecodeAreBitIdentical) {
 }
 
 TEST_P(SplitParity, CachedDecodeMatchesFullRecomputation) {
-    const ParityCase c = cases()[GetParam()];
+    const ModelCase c = model_cases()[GetParam()];
     SCOPED_TRACE(c.name);
     ModelPtr model = make_random_model(c.hp);
-    const Decode cached = decode_cached(model.get(), {1}, c.prompt, 12);
+    const Decode cached = decode_greedy(model.get(), {1}, mk_range_options_default(), c.prompt, 12);
     ASSERT_EQ(cached.tokens.size(), 12u);
     std::vector<int32_t> seq = c.prompt;
     for (size_t i = 0; i < cached.tokens.size(); i++) {
@@ -97,12 +60,12 @@ TEST(Parity, ReducedPrecisionWeightsStillSplitExactly) {
     for (mk_dtype dtype : {MK_DTYPE_F16, MK_DTYPE_BF16}) {
         mk_range_options opt = mk_range_options_default();
         opt.backend.weight_dtype = dtype;
-        const Decode whole = decode_cached(model.get(), {}, {1, 2, 3, 4}, 6, opt);
-        const Decode split = decode_cached(model.get(), {2}, {1, 2, 3, 4}, 6, opt);
+        const Decode whole = decode_greedy(model.get(), {}, opt, {1, 2, 3, 4}, 6);
+        const Decode split = decode_greedy(model.get(), {2}, opt, {1, 2, 3, 4}, 6);
         ASSERT_EQ(whole.logits.size(), 6u);
         for (size_t i = 0; i < whole.logits.size(); i++) EXPECT_TRUE(bit_identical(whole.logits[i], split.logits[i]));
         // And it is a different model from the F32 one: the logits differ.
-        const Decode f32 = decode_cached(model.get(), {}, {1, 2, 3, 4}, 1);
+        const Decode f32 = decode_greedy(model.get(), {}, mk_range_options_default(), {1, 2, 3, 4}, 1);
         EXPECT_FALSE(bit_identical(f32.logits[0], whole.logits[0]));
     }
 }

@@ -73,32 +73,6 @@ mk_range_options cpu_options(mk_dtype dtype = MK_DTYPE_F32) {
     return o;
 }
 
-struct Decode {
-    std::vector<std::vector<float>> logits; // per step (prefill first)
-    std::vector<int32_t> tokens;
-};
-
-// Prefill the prompt, then greedy decode with the KV cache: n_steps outputs in all.
-// With `forced`, step i+1 is fed forced[i] instead of the sampled token (teacher forcing).
-Decode run(const mk_model *model, const std::vector<int64_t> &cuts, const mk_range_options &options,
-           const std::vector<int32_t> &prompt, size_t n_steps, const std::vector<int32_t> *forced = nullptr) {
-    Decode d;
-    Pipeline p(model, cuts, options);
-    EXPECT_EQ(p.status(), MK_OK) << mk_status_name(p.status()) << ": " << mk_last_error();
-    if (p.status() != MK_OK) return d;
-    std::vector<int32_t> next = prompt;
-    for (size_t i = 0; i < n_steps; i++) {
-        TailPtr out;
-        const mk_status s = p.step(next, &out);
-        EXPECT_EQ(s, MK_OK) << mk_status_name(s) << ": " << mk_last_error();
-        if (s != MK_OK) return d;
-        d.logits.push_back(logits_of(out));
-        d.tokens.push_back(out->token_ids[0]);
-        next = {forced ? (*forced)[i] : out->token_ids[0]};
-    }
-    return d;
-}
-
 float max_abs(const std::vector<float> &v) {
     float m = 0.0f;
     for (float x : v) m = std::fmax(m, std::fabs(x));
@@ -130,17 +104,6 @@ void expect_bit_identical(const Decode &a, const Decode &b, const char *what) {
     EXPECT_EQ(a.tokens, b.tokens) << what;
 }
 
-struct ModelCase {
-    const char *name;
-    mk_hparams hp;
-    std::vector<int32_t> prompt;
-};
-
-std::vector<ModelCase> model_cases() {
-    return {{"seed", mk_hparams_seed_default(), {2, 17, 8, 25, 40, 1, 33}},
-            {"gqa_tied_adjacent", gqa_tied_hparams(), {50, 3, 17, 9, 44, 2, 21, 11, 30}}};
-}
-
 class CudaModels : public ::testing::TestWithParam<size_t> {};
 
 // ============================================================ split parity ==
@@ -150,13 +113,13 @@ TEST_P(CudaModels, WholeTwoAndThreeRangeSplitsAreBitIdentical) {
     const ModelCase c = model_cases()[GetParam()];
     ModelPtr model = make_random_model(c.hp);
     const int64_t L = (int64_t)c.hp.n_layers;
-    const Decode whole = run(model.get(), {}, cuda_options(), c.prompt, 13);
+    const Decode whole = decode_greedy(model.get(), {}, cuda_options(), c.prompt, 13);
     ASSERT_EQ(whole.tokens.size(), 13u);
-    expect_bit_identical(whole, run(model.get(), {L / 2}, cuda_options(), c.prompt, 13), "2 ranges");
-    expect_bit_identical(whole, run(model.get(), {0, L - 2}, cuda_options(), c.prompt, 13), "3 ranges");
+    expect_bit_identical(whole, decode_greedy(model.get(), {L / 2}, cuda_options(), c.prompt, 13), "2 ranges");
+    expect_bit_identical(whole, decode_greedy(model.get(), {0, L - 2}, cuda_options(), c.prompt, 13), "3 ranges");
     // The same holds in speed mode with bf16 weights.
-    const Decode bf16 = run(model.get(), {}, cuda_options(MK_DTYPE_BF16, true), c.prompt, 13);
-    expect_bit_identical(bf16, run(model.get(), {1, L - 2}, cuda_options(MK_DTYPE_BF16, true), c.prompt, 13),
+    const Decode bf16 = decode_greedy(model.get(), {}, cuda_options(MK_DTYPE_BF16, true), c.prompt, 13);
+    expect_bit_identical(bf16, decode_greedy(model.get(), {1, L - 2}, cuda_options(MK_DTYPE_BF16, true), c.prompt, 13),
                          "bf16 3 ranges");
 }
 
@@ -166,8 +129,8 @@ TEST_P(CudaModels, ParityModeMatchesCpuOver32GreedyTokens) {
     MK_REQUIRE_DEVICE();
     const ModelCase c = model_cases()[GetParam()];
     ModelPtr model = make_random_model(c.hp);
-    const Decode cpu = run(model.get(), {}, cpu_options(), c.prompt, 33);
-    const Decode gpu = run(model.get(), {}, cuda_options(), c.prompt, 33);
+    const Decode cpu = decode_greedy(model.get(), {}, cpu_options(), c.prompt, 33);
+    const Decode gpu = decode_greedy(model.get(), {}, cuda_options(), c.prompt, 33);
     ASSERT_EQ(cpu.logits.size(), 33u);
     ASSERT_EQ(gpu.logits.size(), 33u);
     for (size_t i = 0; i < cpu.logits.size(); i++) EXPECT_TRUE(close_rel(gpu.logits[i], cpu.logits[i], 1e-4f)) << "step " << i;
@@ -188,9 +151,9 @@ TEST_P(CudaModels, SpeedModeIsWithinBf16ToleranceOfCpu) {
     };
     for (const Mode m : {Mode{MK_DTYPE_BF16, 3e-2f}, Mode{MK_DTYPE_F16, 1e-2f}, Mode{MK_DTYPE_F32, 1e-2f}}) {
         SCOPED_TRACE(mk_dtype_name(m.dtype));
-        const Decode cpu = run(model.get(), {}, cpu_options(m.dtype), c.prompt, 17);
+        const Decode cpu = decode_greedy(model.get(), {}, cpu_options(m.dtype), c.prompt, 17);
         ASSERT_EQ(cpu.tokens.size(), 17u);
-        const Decode gpu = run(model.get(), {}, cuda_options(m.dtype, true), c.prompt, 17, &cpu.tokens);
+        const Decode gpu = decode_greedy(model.get(), {}, cuda_options(m.dtype, true), c.prompt, 17, &cpu.tokens);
         ASSERT_EQ(gpu.logits.size(), 17u);
         size_t same = 0;
         for (size_t i = 0; i < cpu.logits.size(); i++) {
@@ -213,10 +176,10 @@ TEST(CudaBackend, LongContextDecodeUsesFlashDecodingAndKeepsParity) {
     ModelPtr model = make_random_model(hp);
     std::vector<int32_t> prompt(250);
     for (size_t i = 0; i < prompt.size(); i++) prompt[i] = (int32_t)((i * 7 + 3) % hp.vocab);
-    const Decode whole = run(model.get(), {}, cuda_options(), prompt, 12); // keys 250..261
+    const Decode whole = decode_greedy(model.get(), {}, cuda_options(), prompt, 12); // keys 250..261
     ASSERT_EQ(whole.tokens.size(), 12u);
-    expect_bit_identical(whole, run(model.get(), {2}, cuda_options(), prompt, 12), "2 ranges");
-    const Decode cpu = run(model.get(), {}, cpu_options(), prompt, 12);
+    expect_bit_identical(whole, decode_greedy(model.get(), {2}, cuda_options(), prompt, 12), "2 ranges");
+    const Decode cpu = decode_greedy(model.get(), {}, cpu_options(), prompt, 12);
     ASSERT_EQ(cpu.logits.size(), 12u);
     for (size_t i = 0; i < cpu.logits.size(); i++) EXPECT_TRUE(close_rel(whole.logits[i], cpu.logits[i], 1e-4f)) << "step " << i;
     EXPECT_EQ(whole.tokens, cpu.tokens);
@@ -244,7 +207,7 @@ TEST(CudaBackend, HeadOnDeviceZeroTailOnDeviceOneMatchesWhole) {
     const ModelCase c = model_cases()[1];
     ModelPtr model = make_random_model(c.hp);
     const int64_t L = (int64_t)c.hp.n_layers;
-    const Decode whole = run(model.get(), {}, cuda_options(), c.prompt, 13);
+    const Decode whole = decode_greedy(model.get(), {}, cuda_options(), c.prompt, 13);
     ASSERT_EQ(whole.tokens.size(), 13u);
 
     const size_t used1_before = device_bytes_used(1);
@@ -297,7 +260,7 @@ TEST(CudaBackend, DeviceIndexThatDoesNotExistIsRefused) {
         EXPECT_NE(std::string(mk_last_error()).find("does not exist"), std::string::npos) << mk_last_error();
     }
     // Nothing stale is left behind: the next range on a real device runs.
-    EXPECT_EQ(run(model.get(), {}, cuda_options(), {1, 2, 3}, 2).tokens.size(), 2u);
+    EXPECT_EQ(decode_greedy(model.get(), {}, cuda_options(), {1, 2, 3}, 2).tokens.size(), 2u);
 }
 
 TEST(CudaBackend, RangeLargerThanDeviceMemoryIsRefusedCleanly) {
@@ -329,7 +292,7 @@ TEST(CudaBackend, RangeLargerThanDeviceMemoryIsRefusedCleanly) {
     // own buffers would show as far more than this.
     EXPECT_LE(device_bytes_used(0), used_before + (size_t(64) << 20)) << "device memory leaked by the failed range";
 #endif
-    EXPECT_EQ(run(make_random_model(mk_hparams_seed_default()).get(), {}, cuda_options(), {1, 2, 3}, 2).tokens.size(),
+    EXPECT_EQ(decode_greedy(make_random_model(mk_hparams_seed_default()).get(), {}, cuda_options(), {1, 2, 3}, 2).tokens.size(),
               2u);
 }
 
@@ -383,7 +346,7 @@ TEST(CudaBackendSim, SmallDeviceMemoryRefusesWeightsThenKvCache) {
 TEST(CudaBackendSim, FailedKernelLaunchIsReportedAndTheRangeRecovers) {
     const ModelCase c = model_cases()[0];
     ModelPtr model = make_random_model(c.hp);
-    const Decode clean = run(model.get(), {}, cuda_options(), c.prompt, 3);
+    const Decode clean = decode_greedy(model.get(), {}, cuda_options(), c.prompt, 3);
     ASSERT_EQ(clean.tokens.size(), 3u);
     const size_t live = cudasim::live_allocations();
     {
@@ -569,15 +532,15 @@ TEST(CudaBackendSmolLM2, WholeAndTwoRangeSplitAreBitIdentical) {
     const size_t n_steps = 16;
 #endif
     const auto t0 = std::chrono::steady_clock::now();
-    const Decode whole = run(model.get(), {}, o, prompt, n_steps);
+    const Decode whole = decode_greedy(model.get(), {}, o, prompt, n_steps);
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     ASSERT_EQ(whole.tokens.size(), n_steps);
     printf("SmolLM2 whole: %zu steps in %.2f s\n", n_steps, s);
-    expect_bit_identical(whole, run(model.get(), {14}, o, prompt, n_steps), "SmolLM2 2 ranges");
+    expect_bit_identical(whole, decode_greedy(model.get(), {14}, o, prompt, n_steps), "SmolLM2 2 ranges");
 #if !defined(MK_TEST_CUDASIM)
-    expect_bit_identical(whole, run(model.get(), {9, 19}, o, prompt, n_steps), "SmolLM2 3 ranges");
+    expect_bit_identical(whole, decode_greedy(model.get(), {9, 19}, o, prompt, n_steps), "SmolLM2 3 ranges");
 #endif
-    const Decode cpu = run(model.get(), {}, cpu_options(), prompt, n_steps);
+    const Decode cpu = decode_greedy(model.get(), {}, cpu_options(), prompt, n_steps);
     ASSERT_EQ(cpu.logits.size(), n_steps);
     for (size_t i = 0; i < n_steps; i++) EXPECT_TRUE(close_rel(whole.logits[i], cpu.logits[i], 1e-4f)) << "step " << i;
     EXPECT_EQ(whole.tokens, cpu.tokens);
