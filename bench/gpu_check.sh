@@ -31,16 +31,18 @@ nvidia-smi -L | tee "$RESULTS/gpu.txt"
 command -v nvcc >/dev/null 2>&1 || die 3 "nvcc not found (the CUDA toolkit is needed to build the kernels)"
 
 # ---- 2. build ---------------------------------------------------------------------------
-TEST_BIN="" BENCH_BIN=""
+TEST_BIN="" BENCH_BIN="" BACKEND_BIN="" CLI_BIN=""
 GEN=()
 command -v ninja >/dev/null 2>&1 && GEN=(-G Ninja)
 log "configure (Release, sm_$ARCHS)"
 if cmake -S "$ROOT" -B "$BUILD/cmake" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DMESHKERN_CUDA=ON \
      -DMK_KERNEL_CUDA_ARCHS="$ARCHS" >"$RESULTS/configure.log" 2>&1; then
-  log "build test_ops_device kernel_bench"
-  cmake --build "$BUILD/cmake" -j "$JOBS" --target test_ops_device kernel_bench >"$RESULTS/build.log" 2>&1 \
-    || { tail -30 "$RESULTS/build.log"; die 3 "build failed (log: $RESULTS/build.log)"; }
+  log "build test_ops_device test_cuda_backend_device kernel_bench meshkern"
+  cmake --build "$BUILD/cmake" -j "$JOBS" --target test_ops_device test_cuda_backend_device kernel_bench meshkern_cli \
+    >"$RESULTS/build.log" 2>&1 || { tail -30 "$RESULTS/build.log"; die 3 "build failed (log: $RESULTS/build.log)"; }
   TEST_BIN="$BUILD/cmake/tests/ops/test_ops_device"
+  BACKEND_BIN="$BUILD/cmake/tests/backend/test_cuda_backend_device"
+  CLI_BIN="$BUILD/cmake/tools/meshkern"
   BENCH_BIN="$BUILD/cmake/bench/kernel_bench"
   cp "$BUILD/cmake/ptxas_report.txt" "$RESULTS/" 2>/dev/null || true
 else
@@ -89,11 +91,34 @@ if [ -n "$TEST_BIN" ]; then
   if grep -q "no CUDA device" "$RESULTS/test_ops_device.log"; then log "op grid skipped: no CUDA device"; status=1; fi
 fi
 
+# ---- 3b. the cuda backend end to end on the device (parity with the cpu, splits, errors) -----
+if [ -n "$BACKEND_BIN" ]; then
+  log "cuda backend tests on the device"
+  timeout 240 "$BACKEND_BIN" --gtest_output="xml:$RESULTS/test_cuda_backend_device.xml" \
+    >"$RESULTS/test_cuda_backend_device.log" 2>&1
+  rc=$?
+  grep -E "^\[  (PASSED|FAILED|SKIPPED) " "$RESULTS/test_cuda_backend_device.log" | head -40
+  [ $rc -eq 0 ] || { log "cuda backend tests FAILED (rc $rc; log: test_cuda_backend_device.log)"; status=1; }
+fi
+
 # ---- 4. bandwidth ------------------------------------------------------------------------------
 log "kernel bandwidth"
 timeout 240 "$BENCH_BIN" "$RESULTS" 2>&1 | tee "$RESULTS/kernel_bench.log"
 rc=${PIPESTATUS[0]}
 [ $rc -eq 2 ] && die 2 "kernel_bench found no CUDA device"
 [ $rc -eq 0 ] || { log "kernel_bench FAILED (rc $rc)"; status=1; }
+# ---- 5. end to end: a random 0.5B-parameter llama, whole vs split, tokens/s ---------------
+if [ -n "$CLI_BIN" ]; then
+  MODEL=--random:vocab=32000,hidden=2048,layers=8,heads=32,kv_heads=8,ffn=5632,ctx=1024
+  PROMPT=$(seq -s, 1 128)
+  for mode in "--dtype f32" "--dtype bf16 --speed"; do
+    log "end to end on cuda ($mode)"
+    # shellcheck disable=SC2086
+    timeout 180 "$CLI_BIN" run "$MODEL" --tokens "$PROMPT" --split 3 --n 64 --backend cuda $mode \
+      >"$RESULTS/e2e_${mode// /_}.log" 2>&1 || { log "end to end FAILED ($mode)"; status=1; }
+    grep -E "whole:|split:|parity" "$RESULTS/e2e_${mode// /_}.log"
+  done
+fi
+
 log "results in $RESULTS"
 exit $status

@@ -1,7 +1,7 @@
 /* meshkern: inspect a model, or run it whole and split into ranges and compare.
  *
- *   meshkern inspect MODEL.gguf | --random
- *   meshkern run MODEL.gguf | --random  --tokens 1,2,3 [--split L1,L2,...] [--n N]
+ *   meshkern inspect MODEL.gguf | --random[:key=value,...]
+ *   meshkern run MODEL.gguf | --random[:key=value,...]  --tokens 1,2,3 [--split L1,L2,...] [--n N]
  *                [--backend cpu|cuda] [--device I] [--dtype f32|f16|bf16]
  *
  * run executes the model as one FULL range and, with --split, as the given ranges in this
@@ -15,6 +15,7 @@
 #include "gguf.h"
 #include "meshkern.h"
 #include "model.h"
+#include "mk_error.h"
 #include "vocab.h"
 
 #define MK_MAX_CUTS 64
@@ -23,9 +24,11 @@
 static int usage(void) {
     fprintf(stderr,
             "usage:\n"
-            "  meshkern inspect MODEL.gguf | --random\n"
-            "  meshkern run MODEL.gguf | --random --tokens IDS [--split L1,L2,...] [--n N]\n"
-            "               [--backend cpu|cuda] [--device I] [--dtype f32|f16|bf16]\n");
+            "  meshkern inspect MODEL.gguf | --random[:key=value,...]\n"
+            "  meshkern run MODEL.gguf | --random[:key=value,...] --tokens IDS [--split L1,L2,...] [--n N]\n"
+            "               [--backend cpu|cuda] [--device I] [--dtype f32|f16|bf16] [--speed]\n"
+            "  --random is the seed's random model (vocab 48, hidden 32, 6 layers, 4 heads); keys\n"
+            "  vocab, hidden, layers, heads, kv_heads, head_dim, ffn, ctx, seed change its shape.\n");
     return 2;
 }
 
@@ -55,11 +58,39 @@ static long parse_list(const char *text, long long *out, size_t cap) {
     return (long)n;
 }
 
-static mk_status open_model(const char *path, mk_model **out) {
-    if (strcmp(path, "--random") == 0) {
-        const mk_hparams hp = mk_hparams_seed_default();
-        return mk_model_create_random(&hp, 20260715, NULL, out);
+/* "--random[:key=value,...]": the seeded random model, optionally reshaped. */
+static mk_status open_random(const char *spec, mk_model **out) {
+    mk_hparams hp = mk_hparams_seed_default();
+    unsigned long long seed = 20260715;
+    bool head_dim_set = false;
+    const char *p = spec[0] == ':' ? spec + 1 : spec;
+    while (*p) {
+        char key[32];
+        unsigned long long value;
+        int used = 0;
+        if (sscanf(p, "%31[a-z_]=%llu%n", key, &value, &used) != 2)
+            return mk_fail(MK_ERR_INVALID_ARGUMENT, "random model spec '%s': expected key=value pairs", spec);
+        if (strcmp(key, "vocab") == 0) hp.vocab = value;
+        else if (strcmp(key, "hidden") == 0) hp.hidden = value;
+        else if (strcmp(key, "layers") == 0) hp.n_layers = value;
+        else if (strcmp(key, "heads") == 0) hp.n_heads = hp.n_kv_heads = value;
+        else if (strcmp(key, "kv_heads") == 0) hp.n_kv_heads = value;
+        else if (strcmp(key, "head_dim") == 0) hp.head_dim = value, head_dim_set = true;
+        else if (strcmp(key, "ffn") == 0) hp.intermediate = value;
+        else if (strcmp(key, "ctx") == 0) hp.max_context = value;
+        else if (strcmp(key, "seed") == 0) seed = value;
+        else return mk_fail(MK_ERR_INVALID_ARGUMENT, "random model spec: unknown key '%s'", key);
+        p += used;
+        if (*p == ',') p++;
     }
+    /* heads may be given after kv_heads; keep kv_heads <= heads */
+    if (hp.n_kv_heads > hp.n_heads) hp.n_kv_heads = hp.n_heads;
+    if (!head_dim_set && hp.n_heads) hp.head_dim = hp.hidden / hp.n_heads;
+    return mk_model_create_random(&hp, seed, NULL, out);
+}
+
+static mk_status open_model(const char *path, mk_model **out) {
+    if (strncmp(path, "--random", 8) == 0) return open_random(path + 8, out);
     return mk_model_open_gguf(path, out);
 }
 
@@ -163,6 +194,10 @@ static int cmd_run(int argc, char **argv) {
     mk_range_options opt = mk_range_options_default();
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(a, "--speed") == 0) { /* the one flag without a value */
+            opt.backend.speed_mode = true;
+            continue;
+        }
         if (!v) return usage();
         if (strcmp(a, "--tokens") == 0) n_tokens = parse_list(v, tokens_ll, MK_MAX_TOKENS);
         else if (strcmp(a, "--split") == 0) n_cuts = parse_list(v, cuts_ll, MK_MAX_CUTS);
