@@ -296,6 +296,9 @@ mk_status mk_protocol_bundle_pack(mk_protocol_arch arch, const mk_named_payload 
     for (size_t i = 0; i < n; i++) {
         if (!payloads[i].name || !payloads[i].name[0] || !payloads[i].data || payloads[i].count == 0)
             return mk_fail(MK_ERR_INVALID_ARGUMENT, "protocol bundle: payload %zu is empty or unnamed", i);
+        if (payloads[i].count > SIZE_MAX / sizeof(float))
+            return mk_fail(MK_ERR_SHAPE_OVERFLOW, "protocol bundle: payload '%s' of %zu floats overflows", payloads[i].name,
+                           payloads[i].count);
         shapes[i] = payloads[i].count;
         meshkern__v1__tensor__init(&tensors[i]);
         mk_wire_tensor_describe(&tensors[i], payloads[i].name, MESHKERN__V1__DTYPE__DTYPE_FLOAT32, &shapes[i], 1,

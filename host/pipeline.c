@@ -3,6 +3,7 @@
 #include <stdlib.h>
 
 #include "mk_error.h"
+#include "range.h"
 
 struct mk_pipeline {
     size_t n_ranges;
@@ -79,6 +80,11 @@ static mk_status mk_pipeline_cross(mk_pipeline *p, mk_bundle **bundle) {
 mk_status mk_pipeline_step(mk_pipeline *p, const int32_t *tokens, size_t n_tokens, mk_tail_output **out) {
     if (!p || !out) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_pipeline_step: NULL argument");
     *out = NULL;
+    /* A step is all or nothing: if a later range fails, the earlier ranges' sequences
+     * are rewound, so the same step can be retried and the ranges stay in step. */
+    size_t *lengths = malloc(p->n_ranges * sizeof *lengths); /* [n_ranges] */
+    if (!lengths) return mk_fail(MK_ERR_OUT_OF_MEMORY, "pipeline: out of memory");
+    for (size_t i = 0; i < p->n_ranges; i++) lengths[i] = mk_sequence_length(p->sequences[i]);
     mk_bundle *carried = NULL;
     mk_status s = MK_OK;
     for (size_t i = 0; s == MK_OK && i < p->n_ranges; i++) {
@@ -92,6 +98,9 @@ mk_status mk_pipeline_step(mk_pipeline *p, const int32_t *tokens, size_t n_token
         carried = emitted;
     }
     mk_bundle_free(carried);
+    if (s != MK_OK)
+        for (size_t i = 0; i < p->n_ranges; i++) (void)mk_sequence_rewind(p->sequences[i], lengths[i]);
+    free(lengths);
     return s;
 }
 

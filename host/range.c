@@ -11,6 +11,7 @@
 #include "backend.h"
 #include "model.h"
 #include "mk_error.h"
+#include "range.h"
 
 typedef struct mk_layer_weights {
     float *attn_norm; /* [hidden] f32 */
@@ -288,7 +289,14 @@ mk_status mk_sequence_open(mk_range *r, mk_sequence **out) {
     if (!seq) return mk_fail(MK_ERR_OUT_OF_MEMORY, "sequence: out of memory");
     seq->range = r;
     const size_t layers = (size_t)(r->end - r->start + 1);
-    const mk_status s = r->backend->ops->alloc(r->backend, layers * 2 * mk_kv_slab_elems(r) * sizeof(float), &seq->kv_arena);
+    size_t bytes;
+    if (__builtin_mul_overflow(layers * 2, mk_kv_slab_elems(r), &bytes) ||
+        __builtin_mul_overflow(bytes, sizeof(float), &bytes)) {
+        free(seq);
+        return mk_fail(MK_ERR_OUT_OF_MEMORY, "sequence: KV cache of %zu layers x %zu positions overflows", layers,
+                       r->max_context);
+    }
+    const mk_status s = r->backend->ops->alloc(r->backend, bytes, &seq->kv_arena);
     if (s != MK_OK) {
         free(seq);
         return s;
@@ -310,6 +318,15 @@ mk_status mk_sequence_reset(mk_sequence *seq) {
 }
 
 size_t mk_sequence_length(const mk_sequence *seq) { return seq ? seq->length : 0; }
+
+mk_status mk_sequence_rewind(mk_sequence *seq, size_t length) {
+    if (!seq) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_sequence_rewind: NULL sequence");
+    if (length > seq->length)
+        return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_sequence_rewind: %zu is past the sequence's %zu positions", length,
+                       seq->length);
+    seq->length = length; /* cache rows past `length` are stale and never read */
+    return MK_OK;
+}
 
 void mk_tail_output_free(mk_tail_output *t) {
     if (!t) return;

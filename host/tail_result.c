@@ -96,6 +96,11 @@ static mk_status mk_tail_result_check(const Meshkern__V1__TailResult *msg, mk_ta
     if (id->architecture != MESHKERN__V1__ARCHITECTURE_TYPE__ARCHITECTURE_TYPE_DENSE)
         return mk_fail(MK_ERR_TAIL_RESULT, "tail result architecture does not match certified adapter");
     mk_tail_result_info local;
+    /* Exact identity: an id that does not fit the info is refused, never truncated. */
+    if (strlen(id->request_id) >= sizeof local.request_id ||
+        strlen(id->runtime_recipe_digest) >= sizeof local.runtime_recipe_digest)
+        return mk_fail(MK_ERR_TAIL_RESULT, "tail result request id or recipe digest is too long (%zu / %zu bytes)",
+                       strlen(id->request_id), strlen(id->runtime_recipe_digest));
     memset(&local, 0, sizeof local);
     switch (msg->output_case) {
         case MESHKERN__V1__TAIL_RESULT__OUTPUT_SAMPLED_TOKEN_ID:
@@ -105,6 +110,18 @@ static mk_status mk_tail_result_check(const Meshkern__V1__TailResult *msg, mk_ta
             break;
         case MESHKERN__V1__TAIL_RESULT__OUTPUT_LOGITS: {
             const Meshkern__V1__TensorBundle *b = msg->logits;
+            if (!b) return mk_fail(MK_ERR_MISSING_FIELD, "tail result is missing field logits");
+            /* The logits bundle is validated before it is trusted: an incompatible boundary
+             * schema or another request's / recipe's logits are refused. */
+            if (b->schema_version != MK_BOUNDARY_SCHEMA_VERSION)
+                return mk_fail(MK_ERR_SCHEMA_VERSION, "logits bundle schema version %u is not the supported version %u",
+                               b->schema_version, MK_BOUNDARY_SCHEMA_VERSION);
+            if (b->architecture != MESHKERN__V1__ARCHITECTURE_TYPE__ARCHITECTURE_TYPE_DENSE)
+                return mk_fail(MK_ERR_TAIL_RESULT, "logits bundle architecture does not match certified adapter");
+            if (strcmp(b->runtime_recipe_digest, id->runtime_recipe_digest) != 0 ||
+                strcmp(b->request_id, id->request_id) != 0)
+                return mk_fail(MK_ERR_TAIL_RESULT,
+                               "logits bundle identity does not match the tail result's exact request and recipe identity");
             if (b->n_tensors != 1) return mk_fail(MK_ERR_TAIL_RESULT, "logits tail output must carry exactly one tensor");
             uint64_t dims[2];
             size_t rank = 0;

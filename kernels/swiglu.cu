@@ -4,9 +4,10 @@
 
 #include "mk_kernels_common.cuh"
 
+/* out may alias gate or up (the executor writes over gate): each element is read before
+ * it is written by the same thread, so the pointers are not declared __restrict__. */
 template <int D>
-static __global__ void swiglu_kernel(float *__restrict__ out, const void *__restrict__ gate,
-                                     const void *__restrict__ up, size_t n) {
+static __global__ void swiglu_kernel(float *out, const void *gate, const void *up, size_t n) {
   const size_t stride = (size_t)gridDim.x * blockDim.x;
   for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
     const float g = mk_load_as_f32<D>(gate, i);

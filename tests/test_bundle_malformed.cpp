@@ -277,6 +277,18 @@ TEST(ProtocolBundles, MoeAndMlaAreValidatedButNotExecutable) {
     EXPECT_EQ(mk_protocol_check_tensors(MK_PROTOCOL_ARCH_MOE, names, 1), MK_ERR_REQUIRED_TENSORS);
 }
 
+TEST(ProtocolBundles, PayloadCountWhoseByteSizeOverflowsIsRefused) {
+    const float data[4] = {1.0f, 2.0f, 3.0f, 4.0f};
+    // count * sizeof(float) wraps to 8 bytes: the shape would claim far more than is packed.
+    const mk_named_payload payloads[] = {{"hidden_states", data, SIZE_MAX / sizeof(float) + 3},
+                                         {"router_logits", data, 1}};
+    uint8_t *bytes = nullptr;
+    size_t len = 0;
+    EXPECT_EQ(mk_protocol_bundle_pack(MK_PROTOCOL_ARCH_MOE, payloads, 2, &bytes, &len), MK_ERR_SHAPE_OVERFLOW);
+    EXPECT_EQ(bytes, nullptr);
+    mk_buffer_free(bytes);
+}
+
 // ------------------------------------------------------------- tail result ---
 
 TEST(TailResult, TokenAndLogitsOutputsRoundTrip) {
@@ -340,6 +352,69 @@ TEST(TailResult, IdentityAndOutputAreEnforced) {
     EXPECT_EQ(mk_tail_result_validate(buf.data(), buf.size(), nullptr), MK_ERR_MISSING_FIELD);
     const uint8_t junk[] = {0x0a, 0xff, 0x01};
     EXPECT_EQ(mk_tail_result_validate(junk, sizeof junk, nullptr), MK_ERR_WIRE_DECODE);
+}
+
+// A received TailResult's logits bundle is validated before it is trusted: another schema,
+// a non-dense architecture or another request's / recipe's logits are refused, and an
+// identity that does not fit is refused rather than silently truncated.
+TEST(TailResult, LogitsBundleAndIdentityAreValidatedOnReceipt) {
+    const mk_request_identity id = {"req-1", "ab12", "chatml", "1", "off", MK_PROTOCOL_ARCH_DENSE};
+    const mk_sampling_params greedy = {0.0f, 1.0f, 0, 42};
+    const std::vector<float> logits = {0.5f, -1.0f, 2.0f};
+    uint8_t *bytes = nullptr;
+    size_t len = 0;
+    MK_ASSERT_OK(mk_tail_result_pack_logits(&id, &greedy, logits.data(), 1, 3, &bytes, &len));
+    const std::vector<uint8_t> valid(bytes, bytes + len);
+    mk_buffer_free(bytes);
+    MK_ASSERT_OK(mk_tail_result_validate(valid.data(), valid.size(), nullptr));
+
+    char other[] = "someone-else";
+    char *other_ptr = other;
+    std::string long_id(200, 'r');
+    char *long_ptr = long_id.data();
+    struct Case {
+        const char *what;
+        mk_status expected;
+        std::function<void(Meshkern__V1__TailResult *)> swap;  // its own inverse
+    };
+    const std::vector<Case> cases = {
+        {"schema version", MK_ERR_SCHEMA_VERSION, [](auto *m) { m->logits->schema_version ^= 6u; }},
+        {"architecture", MK_ERR_TAIL_RESULT,
+         [](auto *m) {
+             m->logits->architecture = m->logits->architecture == MESHKERN__V1__ARCHITECTURE_TYPE__ARCHITECTURE_TYPE_MOE
+                                           ? MESHKERN__V1__ARCHITECTURE_TYPE__ARCHITECTURE_TYPE_DENSE
+                                           : MESHKERN__V1__ARCHITECTURE_TYPE__ARCHITECTURE_TYPE_MOE;
+         }},
+        {"recipe digest", MK_ERR_TAIL_RESULT, [&](auto *m) { std::swap(m->logits->runtime_recipe_digest, other_ptr); }},
+        {"request id", MK_ERR_TAIL_RESULT, [&](auto *m) { std::swap(m->logits->request_id, other_ptr); }},
+        {"long request id", MK_ERR_TAIL_RESULT, nullptr},  // set below, on both messages
+    };
+    for (const Case &c : cases) {
+        Meshkern__V1__TailResult *msg = meshkern__v1__tail_result__unpack(nullptr, valid.size(), valid.data());
+        ASSERT_NE(msg, nullptr);
+        ASSERT_EQ(msg->output_case, MESHKERN__V1__TAIL_RESULT__OUTPUT_LOGITS);
+        std::vector<uint8_t> buf;
+        if (!c.swap) {
+            // Both the identity and the bundle carry the same over-long id.
+            char *saved_id = msg->identity->request_id, *saved_b = msg->logits->request_id;
+            msg->identity->request_id = long_ptr;
+            msg->logits->request_id = long_ptr;
+            buf.resize(meshkern__v1__tail_result__get_packed_size(msg));
+            meshkern__v1__tail_result__pack(msg, buf.data());
+            msg->identity->request_id = saved_id;
+            msg->logits->request_id = saved_b;
+        } else {
+            c.swap(msg);
+            buf.resize(meshkern__v1__tail_result__get_packed_size(msg));
+            meshkern__v1__tail_result__pack(msg, buf.data());
+            c.swap(msg);
+        }
+        meshkern__v1__tail_result__free_unpacked(msg, nullptr);
+        mk_tail_result_info info;
+        EXPECT_EQ(mk_tail_result_validate(buf.data(), buf.size(), &info), c.expected)
+            << c.what << ": " << mk_status_name(mk_tail_result_validate(buf.data(), buf.size(), &info)) << " "
+            << mk_last_error();
+    }
 }
 
 }  // namespace

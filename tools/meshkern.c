@@ -153,7 +153,7 @@ static mk_status run_pipeline(const mk_model *model, const int64_t *cuts, size_t
                i + 1 < mk_pipeline_range_count(p) ? " |" : "\n");
     }
     res->logits = malloc(n_new * vocab * sizeof(float));
-    if (!res->logits) s = MK_ERR_OUT_OF_MEMORY;
+    if (!res->logits) s = mk_fail(MK_ERR_OUT_OF_MEMORY, "out of memory for %zu x %zu logits", n_new, vocab);
     const int32_t *input = prompt;
     size_t n_input = n_prompt;
     for (size_t step = 0; s == MK_OK && step < n_new; step++) {
@@ -201,7 +201,12 @@ static int cmd_run(int argc, char **argv) {
         if (!v) return usage();
         if (strcmp(a, "--tokens") == 0) n_tokens = parse_list(v, tokens_ll, MK_MAX_TOKENS);
         else if (strcmp(a, "--split") == 0) n_cuts = parse_list(v, cuts_ll, MK_MAX_CUTS);
-        else if (strcmp(a, "--n") == 0) n_new = (size_t)strtoull(v, NULL, 10);
+        else if (strcmp(a, "--n") == 0) {
+            /* a count: digits only (strtoull would turn "-1" into SIZE_MAX) */
+            char *end = NULL;
+            n_new = v[0] >= '0' && v[0] <= '9' ? (size_t)strtoull(v, &end, 10) : 0;
+            if (!end || *end || n_new >= MK_MAX_TOKENS) return usage();
+        }
         else if (strcmp(a, "--device") == 0) opt.backend.device = atoi(v);
         else if (strcmp(a, "--backend") == 0) {
             const mk_status s = mk_backend_kind_from_name(v, &opt.backend.kind);
@@ -213,6 +218,11 @@ static int cmd_run(int argc, char **argv) {
         i++;
     }
     if (n_tokens <= 0 || n_cuts < 0 || n_new == 0 || (size_t)n_tokens + n_new >= MK_MAX_TOKENS) return usage();
+    for (long i = 0; i < n_tokens; i++) /* the head checks the vocabulary; int32 must not wrap first */
+        if (tokens_ll[i] < 0 || tokens_ll[i] > INT32_MAX) {
+            fprintf(stderr, "meshkern: token id %lld is not a valid token id\n", tokens_ll[i]);
+            return usage();
+        }
 
     mk_model *model = NULL;
     mk_status s = open_model(path, &model);
