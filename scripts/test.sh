@@ -8,6 +8,9 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 export PATH="$PATH:/usr/local/cuda/bin"
 JOBS="${JOBS:-$(nproc)}"
+# ctest runs JOBS test processes at once; OpenBLAS threads on top of that oversubscribe
+# the cores and its spinning workers then slow every test down several-fold.
+export OPENBLAS_NUM_THREADS="${OPENBLAS_NUM_THREADS:-1}"
 
 scripts/deps.sh
 scripts/fetch_model.sh >/dev/null
