@@ -282,7 +282,7 @@ static mk_status gg_get_alignment(mk_gguf *g) {
     g->alignment = MK_GGUF_DEFAULT_ALIGNMENT;
     const gg_kv *kv = gg_find_kv(g, "general.alignment");
     if (!kv) return MK_OK;
-    uint32_t a;
+    uint32_t a = 0;
     if (mk_gguf_get_u32(g, "general.alignment", &a) != MK_OK)
         return mk_fail(MK_ERR_GGUF_ALIGNMENT,
                        "gguf: general.alignment must be an unsigned 32-bit integer (value type %d)",
@@ -553,9 +553,9 @@ static mk_status gg_integer(const gg_kv *kv, bool *neg, uint64_t *u, int64_t *s)
 
 mk_status mk_gguf_get_u64(const mk_gguf *g, const char *key, uint64_t *out) {
     const gg_kv *kv;
-    bool neg;
-    uint64_t u;
-    int64_t s;
+    bool neg = false;
+    uint64_t u = 0;
+    int64_t s = 0;
     MK_TRY(gg_lookup(g, key, &kv));
     MK_TRY(gg_integer(kv, &neg, &u, &s));
     if (neg) return mk_fail(MK_ERR_GGUF_VALUE_TYPE, "gguf: key '%s' is negative (%lld)", key, (long long)s);
@@ -564,7 +564,7 @@ mk_status mk_gguf_get_u64(const mk_gguf *g, const char *key, uint64_t *out) {
 }
 
 mk_status mk_gguf_get_u32(const mk_gguf *g, const char *key, uint32_t *out) {
-    uint64_t u;
+    uint64_t u = 0;
     MK_TRY(mk_gguf_get_u64(g, key, &u));
     if (u > UINT32_MAX)
         return mk_fail(MK_ERR_GGUF_VALUE_TYPE, "gguf: key '%s' value %llu does not fit 32 bits", key,
@@ -575,9 +575,9 @@ mk_status mk_gguf_get_u32(const mk_gguf *g, const char *key, uint32_t *out) {
 
 mk_status mk_gguf_get_i64(const mk_gguf *g, const char *key, int64_t *out) {
     const gg_kv *kv;
-    bool neg;
-    uint64_t u;
-    int64_t s;
+    bool neg = false;
+    uint64_t u = 0;
+    int64_t s = 0;
     MK_TRY(gg_lookup(g, key, &kv));
     MK_TRY(gg_integer(kv, &neg, &u, &s));
     if (!neg && u > (uint64_t)INT64_MAX)
@@ -588,7 +588,7 @@ mk_status mk_gguf_get_i64(const mk_gguf *g, const char *key, int64_t *out) {
 }
 
 mk_status mk_gguf_get_i32(const mk_gguf *g, const char *key, int32_t *out) {
-    int64_t v;
+    int64_t v = 0;
     MK_TRY(mk_gguf_get_i64(g, key, &v));
     if (v < INT32_MIN || v > INT32_MAX)
         return mk_fail(MK_ERR_GGUF_VALUE_TYPE, "gguf: key '%s' value %lld does not fit int32", key, (long long)v);
@@ -609,9 +609,9 @@ mk_status mk_gguf_get_f32(const mk_gguf *g, const char *key, float *out) {
         *out = (float)d;
         return MK_OK;
     }
-    bool neg;
-    uint64_t u;
-    int64_t s;
+    bool neg = false;
+    uint64_t u = 0;
+    int64_t s = 0;
     if (kv->type == MK_GGUF_TYPE_BOOL || gg_integer(kv, &neg, &u, &s) != MK_OK)
         return mk_fail(MK_ERR_GGUF_VALUE_TYPE, "gguf: key '%s' is not a number (value type %d)", key,
                        (int)kv->type);
@@ -621,9 +621,9 @@ mk_status mk_gguf_get_f32(const mk_gguf *g, const char *key, float *out) {
 
 mk_status mk_gguf_get_bool(const mk_gguf *g, const char *key, bool *out) {
     const gg_kv *kv;
-    bool neg;
-    uint64_t u;
-    int64_t s;
+    bool neg = false;
+    uint64_t u = 0;
+    int64_t s = 0;
     MK_TRY(gg_lookup(g, key, &kv));
     if (gg_integer(kv, &neg, &u, &s) != MK_OK)
         return mk_fail(MK_ERR_GGUF_VALUE_TYPE, "gguf: key '%s' is not a bool (value type %d)", key,
@@ -644,8 +644,8 @@ mk_status mk_gguf_get_string(const mk_gguf *g, const char *key, const char **str
 }
 
 mk_status mk_gguf_get_string_copy(const mk_gguf *g, const char *key, char *buf, size_t cap) {
-    const char *s;
-    size_t len;
+    const char *s = NULL;
+    size_t len = 0;
     if (!buf || cap == 0) return mk_fail(MK_ERR_INVALID_ARGUMENT, "gguf: no buffer for '%s'", key ? key : "");
     MK_TRY(mk_gguf_get_string(g, key, &s, &len));
     if (len >= cap)
