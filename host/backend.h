@@ -36,6 +36,10 @@ typedef struct mk_backend_ops {
                        const int32_t *ids /* dev [n] */, size_t n, size_t hidden, size_t vocab);
     mk_status (*rmsnorm)(mk_backend *b, float *out /* [rows, cols] */, const float *x /* [rows, cols] */,
                          const float *w /* [cols] f32 */, size_t rows, size_t cols, float eps);
+    /* residual += delta; out = rmsnorm(residual): the residual add fused into the next norm. */
+    mk_status (*add_rmsnorm)(mk_backend *b, float *residual /* [rows, cols] in/out */, float *out /* [rows, cols] */,
+                             const float *delta /* [rows, cols] */, const float *w /* [cols] f32 */, size_t rows,
+                             size_t cols, float eps);
     mk_status (*matmul)(mk_backend *b, float *y /* [rows, out] */, const float *x /* [rows, in] */,
                         const void *w /* [out, in] weight dtype */, size_t rows, size_t in_dim, size_t out_dim);
     mk_status (*rope)(mk_backend *b, float *x /* [rows, heads, head_dim] */, const int32_t *positions /* dev [rows] */,

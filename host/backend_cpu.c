@@ -57,6 +57,12 @@ static mk_status cpu_rmsnorm(mk_backend *b, float *out, const float *x, const fl
     return MK_OK;
 }
 
+static mk_status cpu_add_rmsnorm(mk_backend *b, float *residual, float *out, const float *delta, const float *w,
+                                 size_t rows, size_t cols, float eps) {
+    mk_cpu_add_rmsnorm(residual, out, delta, w, rows, cols, eps);
+    return MK_OK;
+}
+
 static mk_status cpu_matmul(mk_backend *b, float *y, const float *x, const void *w, size_t rows, size_t in_dim,
                             size_t out_dim) {
     mk_cpu_matmul(y, x, w, rows, in_dim, out_dim);
@@ -103,6 +109,7 @@ static const mk_backend_ops mk_cpu_ops = {
     .upload_weight = cpu_upload_weight,
     .embed = cpu_embed,
     .rmsnorm = cpu_rmsnorm,
+    .add_rmsnorm = cpu_add_rmsnorm,
     .matmul = cpu_matmul,
     .rope = cpu_rope,
     .attention = cpu_attention,

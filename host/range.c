@@ -398,7 +398,11 @@ static mk_status mk_check_input(const mk_range *r, const mk_sequence *seq, const
 
 /* =============================================================== forward == */
 
-static mk_status mk_run_layer(mk_range *r, mk_sequence *seq, size_t layer_index, size_t rows) {
+/* One layer. Residual adds are fused into the norm that follows them: the mlp output of
+ * layer l stays in a->proj and is added by layer l+1's attention norm, or by a plain add
+ * after the range's last layer (its raw residual is what leaves the range). The fused op
+ * performs the same float operations in the same order, so results are unchanged. */
+static mk_status mk_run_layer(mk_range *r, mk_sequence *seq, size_t layer_index, size_t rows, bool last) {
     const mk_hparams *hp = &r->hp;
     mk_backend *b = r->backend;
     const mk_backend_ops *ops = b->ops;
@@ -410,7 +414,8 @@ static mk_status mk_run_layer(mk_range *r, mk_sequence *seq, size_t layer_index,
     float *v_cache = (float *)seq->kv_arena + (2 * layer_index + 1) * mk_kv_slab_elems(r); /* [ctx, kv_dim] */
 
     /* attention block */
-    MK_TRY(ops->rmsnorm(b, a->xn, a->x, w->attn_norm, rows, hp->hidden, hp->rms_eps));
+    if (layer_index == 0) MK_TRY(ops->rmsnorm(b, a->xn, a->x, w->attn_norm, rows, hp->hidden, hp->rms_eps));
+    else MK_TRY(ops->add_rmsnorm(b, a->x, a->xn, a->proj, w->attn_norm, rows, hp->hidden, hp->rms_eps));
     MK_TRY(ops->matmul(b, a->q, a->xn, w->wq, rows, hp->hidden, q_dim));
     MK_TRY(ops->matmul(b, a->k, a->xn, w->wk, rows, hp->hidden, kv_dim));
     MK_TRY(ops->matmul(b, a->v, a->xn, w->wv, rows, hp->hidden, kv_dim));
@@ -420,15 +425,14 @@ static mk_status mk_run_layer(mk_range *r, mk_sequence *seq, size_t layer_index,
     MK_TRY(ops->copy(b, v_cache + past * kv_dim, a->v, rows * kv_dim * sizeof(float)));
     MK_TRY(ops->attention(b, a->att, a->q, k_cache, v_cache, rows, past, hp->n_heads, hp->n_kv_heads, hp->head_dim));
     MK_TRY(ops->matmul(b, a->proj, a->att, w->wo, rows, q_dim, hp->hidden));
-    MK_TRY(ops->add(b, a->x, a->proj, rows * hp->hidden));
 
     /* mlp block */
-    MK_TRY(ops->rmsnorm(b, a->xn, a->x, w->ffn_norm, rows, hp->hidden, hp->rms_eps));
+    MK_TRY(ops->add_rmsnorm(b, a->x, a->xn, a->proj, w->ffn_norm, rows, hp->hidden, hp->rms_eps));
     MK_TRY(ops->matmul(b, a->gate, a->xn, w->w_gate, rows, hp->hidden, hp->intermediate));
     MK_TRY(ops->matmul(b, a->up, a->xn, w->w_up, rows, hp->hidden, hp->intermediate));
     MK_TRY(ops->swiglu(b, a->gate, a->gate, a->up, rows * hp->intermediate));
     MK_TRY(ops->matmul(b, a->proj, a->gate, w->w_down, rows, hp->intermediate, hp->hidden));
-    MK_TRY(ops->add(b, a->x, a->proj, rows * hp->hidden));
+    if (last) MK_TRY(ops->add(b, a->x, a->proj, rows * hp->hidden));
     return MK_OK;
 }
 
@@ -508,7 +512,8 @@ mk_status mk_range_forward(mk_range *r, mk_sequence *seq, const int32_t *token_i
     } else {
         MK_TRY(b->ops->upload(b, a->x, bundle->residual, rows * r->hp.hidden * sizeof(float)));
     }
-    for (size_t l = 0; l < (size_t)(r->end - r->start + 1); l++) MK_TRY(mk_run_layer(r, seq, l, rows));
+    const size_t n_layers = (size_t)(r->end - r->start + 1);
+    for (size_t l = 0; l < n_layers; l++) MK_TRY(mk_run_layer(r, seq, l, rows, l + 1 == n_layers));
 
     if (tail) MK_TRY(mk_emit_tail(r, rows, &greedy, out_tail));
     else MK_TRY(mk_emit_bundle(r, rows, positions, out_bundle));

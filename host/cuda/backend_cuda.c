@@ -194,6 +194,13 @@ static mk_status cuda_rmsnorm(mk_backend *b, float *out, const float *x, const f
     return mk_cuda_after_launch(cb, mk_kernel_rmsnorm(out, x, w, rows, cols, eps, cb->stream));
 }
 
+static mk_status cuda_add_rmsnorm(mk_backend *b, float *residual, float *out, const float *delta, const float *w,
+                                  size_t rows, size_t cols, float eps) {
+    mk_cuda_backend *cb = cuda_of(b);
+    MK_ON_DEVICE(cb);
+    return mk_kernel_add_rmsnorm(residual, out, delta, w, rows, cols, eps, cb->stream);
+}
+
 static cudaDataType mk_cuda_type(mk_dtype dtype) {
     return dtype == MK_DTYPE_BF16 ? CUDA_R_16BF : dtype == MK_DTYPE_F16 ? CUDA_R_16F : CUDA_R_32F;
 }
@@ -277,6 +284,7 @@ static const mk_backend_ops mk_cuda_ops = {
     .upload_weight = cuda_upload_weight,
     .embed = cuda_embed,
     .rmsnorm = cuda_rmsnorm,
+    .add_rmsnorm = cuda_add_rmsnorm,
     .matmul = cuda_matmul,
     .rope = cuda_rope,
     .attention = cuda_attention,
