@@ -68,8 +68,11 @@ void mk_cpu_attention(float *out, const float *q, const float *k_cache, const fl
     const size_t group = n_heads / n_kv_heads;
     const size_t kv_stride = n_kv_heads * head_dim;
     const float scale = (float)(1.0 / sqrt((double)head_dim));
-    /* Scores are not stored (a row can be max_context long): two passes over the cache,
-     * the first for the max, the second for the weighted sum. */
+    /* Two passes over the keys: the max, then the weighted sum. The first MK_SCORE_CACHE
+     * scores are kept from pass one; longer rows recompute the rest with the same float
+     * operations, so the result does not depend on where the cache ends. */
+    enum { MK_SCORE_CACHE = 4096 };
+    float cached[MK_SCORE_CACHE];
     for (size_t r = 0; r < rows; r++) {
         const size_t n_keys = past + r + 1;
         for (size_t h = 0; h < n_heads; h++) {
@@ -81,6 +84,7 @@ void mk_cpu_attention(float *out, const float *q, const float *k_cache, const fl
                 float dot = 0.0f;
                 for (size_t d = 0; d < head_dim; d++) dot += qh[d] * kt[d];
                 dot *= scale;
+                if (t < MK_SCORE_CACHE) cached[t] = dot;
                 if (dot > max_score) max_score = dot;
             }
             float *oh = out + (r * n_heads + h) * head_dim;
@@ -88,11 +92,16 @@ void mk_cpu_attention(float *out, const float *q, const float *k_cache, const fl
             double denom = 0.0;
             for (size_t d = 0; d < head_dim; d++) accp[d] = 0.0;
             for (size_t t = 0; t < n_keys; t++) {
-                const float *kt = k_cache + t * kv_stride + kvh * head_dim;
                 const float *vt = v_cache + t * kv_stride + kvh * head_dim;
-                float dot = 0.0f;
-                for (size_t d = 0; d < head_dim; d++) dot += qh[d] * kt[d];
-                dot *= scale;
+                float dot;
+                if (t < MK_SCORE_CACHE) {
+                    dot = cached[t];
+                } else {
+                    const float *kt = k_cache + t * kv_stride + kvh * head_dim;
+                    dot = 0.0f;
+                    for (size_t d = 0; d < head_dim; d++) dot += qh[d] * kt[d];
+                    dot *= scale;
+                }
                 const float p = expf(dot - max_score);
                 denom += p;
                 for (size_t d = 0; d < head_dim; d++) accp[d] += (double)p * vt[d];
