@@ -16,12 +16,12 @@ scripts/deps.sh
 scripts/fetch_model.sh >/dev/null
 
 echo "== sanitizer build (ASan + UBSan)"
-cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMESHKERN_SANITIZE=ON -DMESHKERN_CUDA=OFF >/dev/null
+cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMESHKERN_SANITIZE=ON -DMESHKERN_CUDA=OFF -DMESHKERN_TESTS=ON >/dev/null
 ninja -C build-asan
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
    ctest --output-on-failure -j "$JOBS" --timeout 900)
 
 echo "== release build"
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMESHKERN_TESTS=ON -DMESHKERN_SANITIZE=OFF >/dev/null
 ninja -C build
 cd build && ctest --output-on-failure -j "$JOBS" --timeout 900
