@@ -198,7 +198,7 @@ static mk_status cuda_add_rmsnorm(mk_backend *b, float *residual, float *out, co
                                   size_t rows, size_t cols, float eps) {
     mk_cuda_backend *cb = cuda_of(b);
     MK_ON_DEVICE(cb);
-    return mk_kernel_add_rmsnorm(residual, out, delta, w, rows, cols, eps, cb->stream);
+    return mk_cuda_after_launch(cb, mk_kernel_add_rmsnorm(residual, out, delta, w, rows, cols, eps, cb->stream));
 }
 
 static cudaDataType mk_cuda_type(mk_dtype dtype) {

@@ -704,6 +704,15 @@ cudaError_t launch(const Thunk &t, dim3 grid, dim3 block, size_t shmem, cudaStre
                                fmt("cudasim: launch of %s at %s:%d: invalid stream", t.name,
                                    file, line));
   }
+  /* As libcudart: a kernel launch fails if its stream belongs to another device than the
+   * current one (a backend that forgot cudaSetDevice before a launch on a device-1 stream). */
+  if (const int sd = stream_device(stream), cur = current_device(); sd != cur) {
+    return report_launch_error(
+        cudaErrorInvalidResourceHandle,
+        fmt("cudasim: launch of %s at %s:%d: the stream belongs to device %d, the current device "
+            "is %d",
+            t.name, file, line, sd, cur));
+  }
   Launch L;
   L.thunk = t;
   L.grid = grid;

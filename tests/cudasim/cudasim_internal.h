@@ -27,6 +27,10 @@ cudaError_t report_launch_error(cudaError_t err, const std::string &msg);
 /* Dynamic shared memory a launch of func may use (48 KiB unless raised). */
 size_t max_dynamic_shared(const void *func);
 bool stream_is_valid(cudaStream_t s);
+/* The device a stream belongs to (the default streams: the current device); -1 if invalid. */
+int stream_device(cudaStream_t s);
+/* This host thread's current device (cudaSetDevice). */
+int current_device();
 /* Where [p, p + n) lives: the device of the one allocation holding it, -1 for pinned host
  * memory, -2 when no single allocation holds it (used by the cuBLAS stand-ins). */
 int allocation_device(const void *p, size_t n);

@@ -128,15 +128,18 @@ cudaError_t alloc(void **p, size_t size, int device) {
                       size, device, g_used[device], cap));
     g_used[device] += size;
   }
-  const size_t rounded = (size + 255) & ~size_t(255);
-  void *m = aligned_alloc(256, rounded);
+  /* The exact size, 256-byte aligned: under AddressSanitizer a kernel that reads or writes
+   * past the end of an allocation is reported even inside the alignment slack (with
+   * aligned_alloc of the size rounded up to 256, ASan saw the slack as valid memory). */
+  void *m = nullptr;
+  if (posix_memalign(&m, 256, size) != 0) m = nullptr;
   if (!m) {
     std::lock_guard<std::mutex> g(g_mu);
     if (device >= 0) g_used[device] -= size;
     return fail(cudaErrorMemoryAllocation, fmt("cudasim: host allocation of %zu bytes failed", size));
   }
   /* Device memory starts as garbage (NaN for floats), as on a GPU; large ones stay lazy. */
-  if (rounded <= (size_t(256) << 20)) memset(m, 0xff, rounded);
+  if (size <= (size_t(256) << 20)) memset(m, 0xff, size);
   std::lock_guard<std::mutex> g(g_mu);
   g_allocs[reinterpret_cast<uintptr_t>(m)] = Alloc{size, device};
   *p = m;
@@ -236,6 +239,14 @@ bool stream_is_valid(cudaStream_t s) {
   std::lock_guard<std::mutex> g(g_mu);
   return g_streams.count(s) != 0;
 }
+
+int stream_device(cudaStream_t s) {
+  if (s == nullptr || s == cudaStreamLegacy || s == cudaStreamPerThread) return tls_device;
+  std::lock_guard<std::mutex> g(g_mu);
+  return g_streams.count(s) ? s->device : -1;
+}
+
+int current_device() { return tls_device; }
 
 int allocation_device(const void *p, size_t n) {
   std::lock_guard<std::mutex> g(g_mu);
@@ -594,6 +605,11 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
   if (cudaError_t r = check_stream(s, "cudaEventRecord")) return r;
   CUevent_st *ev = find_event(e);
   if (!ev) return fail(cudaErrorInvalidResourceHandle, "cudasim: cudaEventRecord: invalid event");
+  /* As libcudart: an event records only on a stream of the device it was created on. */
+  if (const int sd = stream_device(s); sd != ev->device)
+    return fail(cudaErrorInvalidResourceHandle,
+                fmt("cudasim: cudaEventRecord: event of device %d recorded on a stream of device %d",
+                    ev->device, sd));
   ev->recorded = true;
   ev->t_ms = now_ms();
   return cudaSuccess;

@@ -343,6 +343,30 @@ TEST(CudasimCatches, FiberStackOverflowIsAClearFault) {
                                                      "stack_overflow_kernel, block \\(0,0,0\\)");
 }
 
+#if defined(__SANITIZE_ADDRESS__)
+#define CUDASIM_TEST_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define CUDASIM_TEST_ASAN 1
+#endif
+#endif
+
+/* A kernel that reads one element past the end of its input must be caught by the
+ * sanitizer build even when the overrun stays inside the 256-byte alignment of the
+ * allocation (1000 floats: 4000 bytes, the next 96 bytes were invisible to ASan). */
+TEST(CudasimCatches, ReadPastAllocationEndCaughtUnderAsan) {
+#if !defined(CUDASIM_TEST_ASAN)
+  GTEST_SKIP() << "needs the AddressSanitizer build (MESHKERN_SANITIZE=ON)";
+#else
+  const int n = 1000;
+  DevBuf<float> x(n), out(1);
+  x.put(std::vector<float>(n, 1.0f));
+  CK(tk_block_sum(out.p, x.p, n, 1, 0)); /* in bounds: fine */
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(tk_block_sum(out.p, x.p, n + 1, 1, 0), "heap-buffer-overflow");
+#endif
+}
+
 /* ======================================================================================
  * Runtime subset
  * ====================================================================================== */
@@ -429,6 +453,35 @@ TEST(CudasimRuntime, MemcpyRoundTripAndBoundsChecks) {
   CK(cudaFreeHost(pinned));
   CK(cudaFree(d));
   CK(cudaFree(d2));
+}
+
+/* libcudart refuses a kernel launch on a stream of another device than the current one,
+ * and an event recorded on a stream of another device than the event's: a backend that
+ * forgets cudaSetDevice before touching its device-1 stream must fail here too. */
+TEST(CudasimRuntime, StreamOfAnotherDeviceIsRefusedForLaunchAndEventRecord) {
+  int n = 0;
+  CK(cudaGetDeviceCount(&n));
+  if (n < 2) GTEST_SKIP() << "needs 2 simulated devices";
+  DevBuf<int> flag(1);
+  CK(cudaSetDevice(1));
+  DevBuf<int> flag1(1);
+  cudaStream_t s1;
+  cudaEvent_t e1;
+  CK(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
+  CK(cudaEventCreate(&e1));
+  CK(tk_no_args(flag1.p, s1)); /* device 1 current: fine */
+  CK(cudaEventRecord(e1, s1));
+  CK(cudaSetDevice(0));
+  EXPECT_EQ(tk_no_args(flag.p, s1), cudaErrorInvalidResourceHandle);
+  EXPECT_NE(std::string(cudasim::last_diagnostic()).find("stream belongs to device 1"), std::string::npos)
+      << cudasim::last_diagnostic();
+  EXPECT_EQ(cudaEventRecord(e1, 0), cudaErrorInvalidResourceHandle); /* device 0's default stream */
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidResourceHandle);
+  CK(cudaMemset(flag.p, 0, sizeof(int)));
+  CK(tk_no_args(flag.p, 0)); /* the current device's default stream still works */
+  EXPECT_EQ(flag.get()[0], 7);
+  CK(cudaEventDestroy(e1));
+  CK(cudaStreamDestroy(s1));
 }
 
 TEST(CudasimRuntime, EventsAndStreams) {

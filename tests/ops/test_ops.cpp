@@ -657,12 +657,6 @@ using Convert = OpTestP<ConvertCase>;
 // Bit patterns that exercise the rounding paths: halfway cases, subnormals, overflow, NaN.
 std::vector<float> convert_inputs(size_t n, uint64_t seed) {
     std::vector<float> x = random_f32(n, seed, 100.0f);
-    const float specials[] = {0.0f, -0.0f, 65504.0f, 65519.99f, 65520.0f, 1e-8f, -3e-6f, 5.9604645e-8f, 2.9802322e-8f,
-                              6.1035156e-5f, 1.0f + 1.0f / 2048.0f, 1.0f + 3.0f / 2048.0f, 1.00390625f, 1.01171875f,
-                              3.4e38f, std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
-                              std::numeric_limits<float>::quiet_NaN(), 1e-40f};
-    const size_t ns = sizeof(specials) / sizeof(specials[0]);
-    for (size_t i = 0; i < n && i < ns; i++) x[i * (n / ns > 0 ? n / ns : 1)] = specials[i];
     std::mt19937_64 rng(seed);
     for (size_t i = 0; i < n; i += 5) { // random bit patterns, including tiny and huge values
         uint32_t b = (uint32_t)rng();
@@ -670,6 +664,13 @@ std::vector<float> convert_inputs(size_t n, uint64_t seed) {
         std::memcpy(&f, &b, 4);
         x[i] = f;
     }
+    // the specials last, so no random pattern overwrites one (it did for every fifth)
+    const float specials[] = {0.0f, -0.0f, 65504.0f, 65519.99f, 65520.0f, 1e-8f, -3e-6f, 5.9604645e-8f, 2.9802322e-8f,
+                              6.1035156e-5f, 1.0f + 1.0f / 2048.0f, 1.0f + 3.0f / 2048.0f, 1.00390625f, 1.01171875f,
+                              3.4e38f, std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                              std::numeric_limits<float>::quiet_NaN(), 1e-40f};
+    const size_t ns = sizeof(specials) / sizeof(specials[0]);
+    for (size_t i = 0; i < n && i < ns; i++) x[i * (n / ns > 0 ? n / ns : 1)] = specials[i];
     return x;
 }
 
