@@ -243,18 +243,25 @@ static const char *gg_tensor_name(const mk_gguf *g, size_t i) { return g->tensor
 
 /* ================================================================ lookups == */
 
-static const gg_kv *gg_find_kv(const mk_gguf *g, const char *key) {
-    if (!g || !key) return NULL;
-    size_t lo = 0, hi = g->n_kv;
+/* Binary search of `name` among n entries sorted by name (sorted[] holds their indices);
+ * the index of the match, or n. */
+static size_t gg_find_sorted(const mk_gguf *g, const size_t *sorted, size_t n,
+                             const char *(*name_at)(const mk_gguf *, size_t), const char *name) {
+    size_t lo = 0, hi = n;
     while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        const gg_kv *kv = &g->kv[g->kv_sorted[mid]];
-        int c = strcmp(kv->key, key);
-        if (c == 0) return kv;
+        const size_t mid = lo + (hi - lo) / 2;
+        const int c = strcmp(name_at(g, sorted[mid]), name);
+        if (c == 0) return sorted[mid];
         if (c < 0) lo = mid + 1;
         else hi = mid;
     }
-    return NULL;
+    return n;
+}
+
+static const gg_kv *gg_find_kv(const mk_gguf *g, const char *key) {
+    if (!g || !key) return NULL;
+    const size_t i = gg_find_sorted(g, g->kv_sorted, g->n_kv, gg_key_name, key);
+    return i < g->n_kv ? &g->kv[i] : NULL;
 }
 
 int64_t mk_gguf_find_key(const mk_gguf *g, const char *key) {
@@ -264,16 +271,8 @@ int64_t mk_gguf_find_key(const mk_gguf *g, const char *key) {
 
 const mk_gguf_tensor_info *mk_gguf_find_tensor(const mk_gguf *g, const char *name) {
     if (!g || !name) return NULL;
-    size_t lo = 0, hi = g->n_tensors;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        const mk_gguf_tensor_info *t = &g->tensors[g->tensor_sorted[mid]];
-        int c = strcmp(t->name, name);
-        if (c == 0) return t;
-        if (c < 0) lo = mid + 1;
-        else hi = mid;
-    }
-    return NULL;
+    const size_t i = gg_find_sorted(g, g->tensor_sorted, g->n_tensors, gg_tensor_name, name);
+    return i < g->n_tensors ? &g->tensors[i] : NULL;
 }
 
 /* ================================================================= parsing == */

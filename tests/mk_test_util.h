@@ -77,6 +77,17 @@ class Pipeline {
     std::unique_ptr<mk_pipeline, Deleter> pipeline_;
 };
 
+// A bundle as a peer receives it: packed to protobuf bytes and unpacked.
+inline BundlePtr through_wire(const mk_bundle *bundle) {
+    uint8_t *bytes = nullptr;
+    size_t len = 0;
+    EXPECT_EQ(mk_bundle_pack(bundle, &bytes, &len), MK_OK) << mk_last_error();
+    BufferPtr hold(bytes);
+    mk_bundle *received = nullptr;
+    EXPECT_EQ(mk_bundle_unpack(bytes, len, &received), MK_OK) << mk_last_error();
+    return BundlePtr(received);
+}
+
 inline std::vector<float> logits_of(const TailPtr &t) { return std::vector<float>(t->logits, t->logits + t->batch * t->vocab); }
 
 inline bool bit_identical(const std::vector<float> &a, const std::vector<float> &b) {

@@ -196,14 +196,10 @@ TEST(InputSide, NormalizedBundleIsRejected) {
     EXPECT_EQ(forward_bundle(tail.get(), normalized.get(), &msg), MK_ERR_NORMALIZED_BUNDLE);
     EXPECT_NE(msg.find("UNNORMALIZED"), std::string::npos) << msg;
     // The flag survives the wire, and the receiver still refuses it.
-    uint8_t *bytes = nullptr;
-    size_t len = 0;
-    MK_ASSERT_OK(mk_bundle_pack(normalized.get(), &bytes, &len));
-    BufferPtr hold(bytes);
-    mk_bundle *restored = nullptr;
-    MK_ASSERT_OK(mk_bundle_unpack(bytes, len, &restored));
-    BundlePtr r(restored);
-    EXPECT_EQ(forward_bundle(tail.get(), r.get(), &msg), MK_ERR_NORMALIZED_BUNDLE);
+    BundlePtr received = through_wire(normalized.get());
+    ASSERT_TRUE(received);
+    EXPECT_TRUE(received->normalized);
+    EXPECT_EQ(forward_bundle(tail.get(), received.get(), &msg), MK_ERR_NORMALIZED_BUNDLE);
 }
 
 // ------------------------------------------------------------- output side ---
@@ -350,13 +346,8 @@ TEST(Wire, BoundaryBundleRoundTripIsExact) {
     RangePtr head = make_range(model.get(), 0, 2);
     BundlePtr bundle = head_forward(head.get(), {1, 2, 3, 4});
     ASSERT_TRUE(bundle);
-    uint8_t *bytes = nullptr;
-    size_t len = 0;
-    MK_ASSERT_OK(mk_bundle_pack(bundle.get(), &bytes, &len));
-    BufferPtr hold(bytes);
-    mk_bundle *r = nullptr;
-    MK_ASSERT_OK(mk_bundle_unpack(bytes, len, &r));
-    BundlePtr restored(r);
+    BundlePtr restored = through_wire(bundle.get());
+    ASSERT_TRUE(restored);
     const size_t n = bundle->batch * bundle->seq * bundle->hidden;
     EXPECT_EQ(std::memcmp(restored->residual, bundle->residual, n * sizeof(float)), 0);
     EXPECT_EQ(std::memcmp(restored->positions, bundle->positions, bundle->seq * sizeof(int32_t)), 0);
@@ -383,13 +374,8 @@ TEST(Parity, AliasArchitectureStillParityMatches) {
     RangePtr head = make_range(model.get(), 0, 2, "LlamaForCausalLM");
     BundlePtr bundle = head_forward(head.get(), prompt);
     ASSERT_TRUE(bundle);
-    uint8_t *bytes = nullptr;
-    size_t len = 0;
-    MK_ASSERT_OK(mk_bundle_pack(bundle.get(), &bytes, &len));
-    BufferPtr hold(bytes);
-    mk_bundle *r = nullptr;
-    MK_ASSERT_OK(mk_bundle_unpack(bytes, len, &r));
-    BundlePtr incoming(r);
+    BundlePtr incoming = through_wire(bundle.get());
+    ASSERT_TRUE(incoming);
     RangePtr tail = make_range(model.get(), 3, 5, "llama");
     mk_sequence *s = nullptr;
     MK_ASSERT_OK(mk_sequence_open(tail.get(), &s));

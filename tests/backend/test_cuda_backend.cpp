@@ -230,13 +230,8 @@ TEST(CudaBackend, HeadOnDeviceZeroTailOnDeviceOneMatchesWhole) {
         mk_bundle *b = nullptr;
         MK_ASSERT_OK(mk_range_forward(head.get(), head_seq.get(), next.data(), next.size(), nullptr, nullptr, &b, nullptr));
         BundlePtr bundle(b);
-        uint8_t *bytes = nullptr;
-        size_t len = 0;
-        MK_ASSERT_OK(mk_bundle_pack(bundle.get(), &bytes, &len));
-        BufferPtr wire(bytes);
-        mk_bundle *u = nullptr;
-        MK_ASSERT_OK(mk_bundle_unpack(wire.get(), len, &u));
-        BundlePtr received(u);
+        BundlePtr received = through_wire(bundle.get());
+        ASSERT_TRUE(received);
         mk_tail_output *t = nullptr;
         MK_ASSERT_OK(mk_range_forward(tail.get(), tail_seq.get(), nullptr, 0, received.get(), nullptr, nullptr, &t));
         TailPtr out(t);
