@@ -4,12 +4,15 @@
  * Model. A launch runs every block. A block runs on one OS thread; its threads are fibers
  * switched by a hand-written x86-64 context switch (callee-saved registers + rsp). Fibers
  * switch directly to each other: a fiber that reaches a barrier, a warp intrinsic or its
- * end hands over to the next runnable fiber of the run queue. When the queue is empty
- * every live fiber is waiting, and the scheduler resolves the waits: warp groups whose
- * named lanes all arrived exchange values; otherwise, if every live thread waits at
- * __syncthreads, the barrier opens. Anything else is a divergent barrier, a mask that
- * names an exited lane, or a deadlock: reported, the block abandoned, the launch failed.
- * Released fibers enter the queue in the selected order (forward, reverse, seeded random).
+ * end hands over to the next runnable fiber of the run queue. A warp group is released as
+ * soon as every lane its mask names waits at the same intrinsic: its values are exchanged
+ * and its fibers re-enter the run queue (at random positions among the pending fibers in
+ * random order), without waiting for the other warps - so a shared-memory race between
+ * warps that only warp intrinsics separate shows up as it does on a GPU. When the queue is
+ * empty no fiber is runnable: if every thread waits at the same __syncthreads the barrier
+ * opens; anything else is a divergent barrier, a mask that names an exited lane, an invalid
+ * exchange or a deadlock: reported, the block abandoned, the launch failed. A barrier
+ * releases the block in the selected order (forward, reverse, seeded random).
  */
 #include "cudasim.h"
 #include "cudasim_internal.h"
@@ -23,8 +26,10 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdarg>
+#include <cstddef>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <mutex>
 #include <string>
@@ -123,6 +128,8 @@ struct Worker {
   std::vector<Fiber> fibers;
   std::vector<unsigned> queue; /* run queue (indices into fibers), consumed from qhead */
   size_t qhead = 0;
+  std::vector<uint32_t> warp_waiting; /* per warp: lanes waiting at a warp intrinsic */
+  std::vector<unsigned> scratch;
   void *native_sp = nullptr;
   std::vector<unsigned char> dyn_smem;
   /* current block */
@@ -275,7 +282,8 @@ const char *kind_name(detail::WarpKind k) {
   return "?";
 }
 
-/* Append fibers (indices) to the run queue in the launch's order. */
+/* Append fibers (indices) to the run queue in the launch's order (a whole block at its
+ * start or when a barrier opens: the queue is empty then). */
 void enqueue(Worker &w, std::vector<unsigned> &ids) {
   switch (w.launch->order) {
     case Order::Forward: break;
@@ -287,132 +295,198 @@ void enqueue(Worker &w, std::vector<unsigned> &ids) {
   w.queue.insert(w.queue.end(), ids.begin(), ids.end());
 }
 
+/* Queue a released warp group while other fibers are pending: at the end, in lane order
+ * (forward) or reverse lane order (reverse); in random order the group, its lanes shuffled,
+ * goes in as one run at the front of the pending fibers (half the time) or at a uniformly
+ * random position among them - so a warp may run several warp steps ahead of the others,
+ * or fall behind them, as warps do on a GPU. */
+void enqueue_released(Worker &w, std::vector<unsigned> &ids) {
+  if (w.qhead >= 4096 && w.qhead * 2 >= w.queue.size()) { /* drop the consumed prefix */
+    w.queue.erase(w.queue.begin(), w.queue.begin() + static_cast<std::ptrdiff_t>(w.qhead));
+    w.qhead = 0;
+  }
+  size_t at = w.queue.size();
+  if (w.launch->order == Order::Random) {
+    /* half the time the warp keeps running (ahead of the others), else anywhere */
+    const uint64_t r = splitmix(w.rng);
+    at = (r & 1) ? w.qhead : w.qhead + (r >> 1) % (at - w.qhead + 1);
+  }
+  enqueue(w, ids);
+  if (at != w.queue.size() - ids.size())
+    std::rotate(w.queue.begin() + static_cast<std::ptrdiff_t>(at),
+                w.queue.end() - static_cast<std::ptrdiff_t>(ids.size()), w.queue.end());
+}
+
 void fail(Worker &w, const std::string &msg) {
   w.failed = true;
   w.diag = msg;
 }
 
-/* Try to complete warp groups. Returns 1 if some fibers were released, 0 if none wait at
- * warp intrinsics, -1 on an error (w.diag set). */
-int resolve_warps(Worker &w) {
-  std::vector<unsigned> released;
-  const unsigned n = w.nthreads;
-  for (unsigned base = 0; base < n; base += 32) {
-    const unsigned lanes = std::min(32u, n - base);
-    uint32_t done = 0;
-    for (unsigned l = 0; l < lanes; ++l) {
-      Fiber &f = w.fibers[base + l];
-      if (f.st != St::Warp || (done >> l & 1u)) continue;
-      const unsigned m = f.mask;
-      const char *kn = kind_name(f.wkind);
-      if (!(m >> l & 1u)) {
-        fail(w, fmt("%s: %s called at %s:%d with mask 0x%08x that does not include its own lane %u",
-                    where(w, f).c_str(), kn, f.file, f.line, m, l));
-        return -1;
-      }
-      for (unsigned j = 0; j < 32; ++j) {
-        if (!(m >> j & 1u)) continue;
-        if (j >= lanes) {
-          fail(w, fmt("%s: %s at %s:%d with mask 0x%08x names lane %u, which does not exist "
-                      "(block has %u threads)",
-                      where(w, f).c_str(), kn, f.file, f.line, m, j, n));
-          return -1;
-        }
-        Fiber &g = w.fibers[base + j];
-        if (g.st == St::Exited) {
-          fail(w, fmt("%s: %s at %s:%d with mask 0x%08x names lane %u (thread (%u,%u,%u)), "
-                      "which has exited",
-                      where(w, f).c_str(), kn, f.file, f.line, m, j, g.tid.x, g.tid.y, g.tid.z));
-          return -1;
-        }
-        if (g.st == St::Barrier) {
-          fail(w, fmt("deadlock: %s waits at %s (%s:%d, mask 0x%08x) for lane %u, which waits "
-                      "at __syncthreads (%s:%d)",
-                      where(w, f).c_str(), kn, f.file, f.line, m, j, g.file, g.line));
-          return -1;
-        }
-        if (g.mask != m || g.wkind != f.wkind) {
-          fail(w, fmt("%s: mismatched warp intrinsics: lane %u calls %s at %s:%d with mask "
-                      "0x%08x, lane %u calls %s at %s:%d with mask 0x%08x",
-                      where(w, f).c_str(), l, kn, f.file, f.line, m, j, kind_name(g.wkind),
-                      g.file, g.line, g.mask));
-          return -1;
-        }
-      }
-      /* every named lane arrived: exchange */
-      uint32_t ballot = 0;
-      for (unsigned j = 0; j < 32; ++j)
-        if ((m >> j & 1u) && w.fibers[base + j].value) ballot |= 1u << j;
-      for (unsigned j = 0; j < 32; ++j) {
-        if (!(m >> j & 1u)) continue;
-        Fiber &g = w.fibers[base + j];
-        const int width = g.width;
-        if (g.wkind >= detail::WarpKind::ShflIdx && g.wkind <= detail::WarpKind::ShflXor &&
-            (width <= 0 || width > 32 || (width & (width - 1)))) {
-          fail(w, fmt("%s: %s at %s:%d with width %d (must be a power of two <= 32)",
-                      where(w, g).c_str(), kind_name(g.wkind), g.file, g.line, width));
-          return -1;
-        }
-        const int seg = static_cast<int>(j) & ~(width - 1);
-        int src = -1; /* -1: own value */
-        switch (g.wkind) {
-          case detail::WarpKind::ShflIdx: src = seg + (g.arg & (width - 1)); break;
-          case detail::WarpKind::ShflUp:
-            src = (static_cast<int>(j) - seg) >= g.arg ? static_cast<int>(j) - g.arg : -1;
-            break;
-          case detail::WarpKind::ShflDown:
-            src = (static_cast<int>(j) - seg) + g.arg < width ? static_cast<int>(j) + g.arg : -1;
-            break;
-          case detail::WarpKind::ShflXor:
-            src = static_cast<int>(j) ^ g.arg;
-            if (src >= seg + width || src < 0 || src > 31) src = -1;
-            break;
-          default: break;
-        }
-        switch (g.wkind) {
-          case detail::WarpKind::Sync: g.result = 0; break;
-          case detail::WarpKind::Ballot: g.result = ballot; break;
-          case detail::WarpKind::Any: g.result = ballot != 0; break;
-          case detail::WarpKind::All: g.result = ballot == m; break;
-          default:
-            if (src < 0 || src == static_cast<int>(j)) {
-              g.result = g.value;
-            } else if (m >> src & 1u) {
-              g.result = w.fibers[base + static_cast<unsigned>(src)].value;
-            } else {
-              const unsigned s = static_cast<unsigned>(src);
-              const char *why = s >= lanes ? "does not exist"
-                                : w.fibers[base + s].st == St::Exited ? "has exited"
-                                                                      : "is not in the mask";
-              fail(w, fmt("%s: %s at %s:%d (mask 0x%08x) reads lane %d, which %s",
-                          where(w, g).c_str(), kind_name(g.wkind), g.file, g.line, m, src, why));
-              return -1;
-            }
-        }
-      }
-      for (unsigned j = 0; j < 32; ++j)
-        if (m >> j & 1u) {
-          w.fibers[base + j].st = St::Runnable;
-          released.push_back(base + j);
-        }
-      done |= m;
-    }
-  }
-  if (released.empty()) return 0;
-  std::sort(released.begin(), released.end());
-  enqueue(w, released);
-  return 1;
+/* The block is abandoned (w.diag set): back to the OS thread, never resumed. */
+[[noreturn]] void abandon(Worker &w, Fiber &self) {
+  cudasim_switch(&self.sp, w.native_sp);
+  __builtin_unreachable();
 }
 
-/* Run queue empty: every live fiber waits. Release the next group, or decide the block is
- * done (returns false with !failed) or broken (returns false with failed). */
+/* Compute the results of the complete warp group of mask m in the warp at base (every
+ * named lane waits at the same intrinsic with mask m). Returns false with *err set if the
+ * exchange is invalid (bad width, a read of a lane outside the mask). */
+bool exchange(Worker &w, unsigned base, unsigned m, std::string *err) {
+  const unsigned lanes = std::min(32u, w.nthreads - base);
+  uint32_t ballot = 0;
+  for (unsigned j = 0; j < 32; ++j)
+    if ((m >> j & 1u) && w.fibers[base + j].value) ballot |= 1u << j;
+  for (unsigned j = 0; j < 32; ++j) {
+    if (!(m >> j & 1u)) continue;
+    Fiber &g = w.fibers[base + j];
+    const int width = g.width;
+    if (g.wkind >= detail::WarpKind::ShflIdx && g.wkind <= detail::WarpKind::ShflXor &&
+        (width <= 0 || width > 32 || (width & (width - 1)))) {
+      *err = fmt("%s: %s at %s:%d with width %d (must be a power of two <= 32)",
+                 where(w, g).c_str(), kind_name(g.wkind), g.file, g.line, width);
+      return false;
+    }
+    const int seg = static_cast<int>(j) & ~(width - 1);
+    int src = -1; /* -1: own value */
+    switch (g.wkind) {
+      case detail::WarpKind::ShflIdx: src = seg + (g.arg & (width - 1)); break;
+      case detail::WarpKind::ShflUp:
+        src = (static_cast<int>(j) - seg) >= g.arg ? static_cast<int>(j) - g.arg : -1;
+        break;
+      case detail::WarpKind::ShflDown:
+        src = (static_cast<int>(j) - seg) + g.arg < width ? static_cast<int>(j) + g.arg : -1;
+        break;
+      case detail::WarpKind::ShflXor:
+        src = static_cast<int>(j) ^ g.arg;
+        if (src >= seg + width || src < 0 || src > 31) src = -1;
+        break;
+      default: break;
+    }
+    switch (g.wkind) {
+      case detail::WarpKind::Sync: g.result = 0; break;
+      case detail::WarpKind::Ballot: g.result = ballot; break;
+      case detail::WarpKind::Any: g.result = ballot != 0; break;
+      case detail::WarpKind::All: g.result = ballot == m; break;
+      default:
+        if (src < 0 || src == static_cast<int>(j)) {
+          g.result = g.value;
+        } else if (m >> src & 1u) {
+          g.result = w.fibers[base + static_cast<unsigned>(src)].value;
+        } else {
+          const unsigned s = static_cast<unsigned>(src);
+          const char *why = s >= lanes ? "does not exist"
+                            : w.fibers[base + s].st == St::Exited ? "has exited"
+                                                                  : "is not in the mask";
+          *err = fmt("%s: %s at %s:%d (mask 0x%08x) reads lane %d, which %s",
+                     where(w, g).c_str(), kind_name(g.wkind), g.file, g.line, m, src, why);
+          return false;
+        }
+    }
+  }
+  return true;
+}
+
+/* Fiber f (lane l of the warp at base) has just reached a warp intrinsic. If it names
+ * itself and only lanes that exist (else: fail), and every lane its mask names now waits at
+ * the same intrinsic with the same mask, the group exchanges and its fibers are released
+ * into the run queue; other warps are not waited for. An incomplete group waits; so does a
+ * group whose exchange is invalid: the queue runs dry with it waiting, and
+ * diagnose_warps reports it then (when lanes that will exit have exited). */
+void warp_arrive(Worker &w, Fiber &f) {
+  const unsigned base = f.linear & ~31u, l = f.linear & 31u;
+  const unsigned lanes = std::min(32u, w.nthreads - base);
+  const unsigned m = f.mask;
+  if (!(m >> l & 1u)) {
+    fail(w, fmt("%s: %s called at %s:%d with mask 0x%08x that does not include its own lane %u",
+                where(w, f).c_str(), kind_name(f.wkind), f.file, f.line, m, l));
+    abandon(w, f);
+  }
+  if (lanes < 32 && (m >> lanes) != 0) {
+    const unsigned j = static_cast<unsigned>(__builtin_ctz(m >> lanes)) + lanes;
+    fail(w, fmt("%s: %s at %s:%d with mask 0x%08x names lane %u, which does not exist "
+                "(block has %u threads)",
+                where(w, f).c_str(), kind_name(f.wkind), f.file, f.line, m, j, w.nthreads));
+    abandon(w, f);
+  }
+  uint32_t &waiting = w.warp_waiting[base >> 5];
+  waiting |= 1u << l;
+  if ((waiting & m) != m) return;
+  for (unsigned j = 0; j < 32; ++j) {
+    if (!(m >> j & 1u)) continue;
+    const Fiber &g = w.fibers[base + j];
+    if (g.mask != m || g.wkind != f.wkind) return; /* that lane waits in another group */
+  }
+  std::string err;
+  if (!exchange(w, base, m, &err)) return;
+  waiting &= ~m;
+  std::vector<unsigned> &ids = w.scratch;
+  ids.clear();
+  for (unsigned j = 0; j < 32; ++j)
+    if (m >> j & 1u) {
+      w.fibers[base + j].st = St::Runnable;
+      ids.push_back(base + j);
+    }
+  enqueue_released(w, ids);
+}
+
+/* Nothing is runnable and some fiber waits at a warp intrinsic: name why (a lane of its
+ * mask exited, waits at __syncthreads or at another intrinsic; an invalid exchange). */
+void diagnose_warps(Worker &w) {
+  for (unsigned i = 0; i < w.nthreads; ++i) {
+    Fiber &f = w.fibers[i];
+    if (f.st != St::Warp) continue;
+    const unsigned base = i & ~31u, l = i & 31u, m = f.mask;
+    const char *kn = kind_name(f.wkind);
+    for (unsigned j = 0; j < 32; ++j) {
+      if (!(m >> j & 1u)) continue;
+      const Fiber &g = w.fibers[base + j];
+      if (g.st == St::Exited) {
+        fail(w, fmt("%s: %s at %s:%d with mask 0x%08x names lane %u (thread (%u,%u,%u)), "
+                    "which has exited",
+                    where(w, f).c_str(), kn, f.file, f.line, m, j, g.tid.x, g.tid.y, g.tid.z));
+        return;
+      }
+      if (g.st == St::Barrier) {
+        fail(w, fmt("deadlock: %s waits at %s (%s:%d, mask 0x%08x) for lane %u, which waits "
+                    "at __syncthreads (%s:%d)",
+                    where(w, f).c_str(), kn, f.file, f.line, m, j, g.file, g.line));
+        return;
+      }
+      if (g.mask != m || g.wkind != f.wkind) {
+        fail(w, fmt("%s: mismatched warp intrinsics: lane %u calls %s at %s:%d with mask "
+                    "0x%08x, lane %u calls %s at %s:%d with mask 0x%08x",
+                    where(w, f).c_str(), l, kn, f.file, f.line, m, j, kind_name(g.wkind),
+                    g.file, g.line, g.mask));
+        return;
+      }
+    }
+    std::string err;
+    if (!exchange(w, base, m, &err)) {
+      fail(w, err);
+      return;
+    }
+  }
+  for (unsigned i = 0; i < w.nthreads; ++i) {
+    const Fiber &f = w.fibers[i];
+    if (f.st == St::Warp) {
+      fail(w, fmt("deadlock: %s waits at %s (%s:%d, mask 0x%08x)", where(w, f).c_str(),
+                  kind_name(f.wkind), f.file, f.line, f.mask));
+      return;
+    }
+  }
+}
+
+/* Run queue empty: no fiber is runnable. If every thread waits at the same __syncthreads,
+ * the barrier opens; if all have exited the block is done (returns false with !failed);
+ * anything else is an error (returns false with failed). */
 bool resolve(Worker &w) {
-  int r = resolve_warps(w);
-  if (r < 0) return false;
-  if (r > 0) return true;
   const Fiber *waiter = nullptr, *exited = nullptr, *other_site = nullptr;
   for (unsigned i = 0; i < w.nthreads; ++i) {
     const Fiber &f = w.fibers[i];
+    if (f.st == St::Warp) {
+      diagnose_warps(w);
+      return false;
+    }
     if (f.st == St::Barrier) {
       if (!waiter) waiter = &f;
       else if (!other_site && (f.line != waiter->line || std::strcmp(f.file, waiter->file) != 0))
@@ -441,7 +515,8 @@ bool resolve(Worker &w) {
     all &= p;
     any |= p;
   }
-  std::vector<unsigned> ids(w.nthreads);
+  std::vector<unsigned> &ids = w.scratch;
+  ids.resize(w.nthreads);
   for (unsigned i = 0; i < w.nthreads; ++i) {
     Fiber &f = w.fibers[i];
     f.st = St::Runnable;
@@ -513,6 +588,7 @@ uint64_t warp_op(WarpKind kind, unsigned mask, uint64_t value, int arg, int widt
   f.width = width;
   f.file = file;
   f.line = line;
+  warp_arrive(w, f);
   schedule_next(w, f);
   return f.result;
 }
@@ -558,6 +634,7 @@ bool run_block(Worker &w, const Launch &L, uint64_t b) {
   }
   w.queue.clear();
   w.qhead = 0;
+  w.warp_waiting.assign((L.nthreads + 31) / 32, 0u);
   enqueue(w, ids);
   Fiber &first = w.fibers[w.queue[w.qhead++]];
   set_builtins(w, first);

@@ -271,6 +271,41 @@ TEST(CudasimCatches, WarpLockstepWithoutSyncFailsUnderRandomOrder) {
   EXPECT_GE(wrong, 1) << "a lock-step warp reduction passed in 8 random orders";
 }
 
+/* Warp intrinsics synchronise the lanes of one warp, not the block: a race between warps
+ * separated only by shuffles must show up (other warps run ahead of or behind a warp). */
+TEST(CudasimCatches, CrossWarpRaceAcrossShufflesFailsUnderRandomOrder) {
+  OrderGuard guard;
+  const int blocks = 16;
+  std::vector<float> hx(64 * blocks);
+  for (size_t i = 0; i < hx.size(); ++i) hx[i] = float(i % 97 + 1);
+  std::vector<float> ref(32 * blocks);
+  for (int b = 0; b < blocks; ++b) {
+    float warp1 = 0;
+    for (int l = 32; l < 64; ++l) warp1 += hx[b * 64 + l];
+    for (int l = 0; l < 32; ++l) ref[b * 32 + l] = hx[b * 64 + l] + warp1;
+  }
+  DevBuf<float> x(hx.size()), out(ref.size());
+  x.put(hx);
+  int wrong = 0;
+  for (uint64_t seed = 1; seed <= 8; ++seed) {
+    cudasim::set_order(cudasim::Order::Random, seed);
+    CK(tk_cross_warp_shfl(out.p, x.p, blocks, false, 0));
+    wrong += out.get() != ref;
+  }
+  EXPECT_GE(wrong, 1) << "a cross-warp race separated only by shuffles passed in 8 random orders";
+  /* with the __syncthreads it is right in every order */
+  for (uint64_t seed = 1; seed <= 8; ++seed) {
+    cudasim::set_order(cudasim::Order::Random, seed);
+    CK(tk_cross_warp_shfl(out.p, x.p, blocks, true, 0));
+    EXPECT_EQ(out.get(), ref) << "seed " << seed;
+  }
+  for (cudasim::Order o : {cudasim::Order::Forward, cudasim::Order::Reverse}) {
+    cudasim::set_order(o, 1);
+    CK(tk_cross_warp_shfl(out.p, x.p, blocks, true, 0));
+    EXPECT_EQ(out.get(), ref) << order_name();
+  }
+}
+
 TEST(CudasimCatches, DivergentBarrierReportedWithCoordinates) {
   EXPECT_EQ(tk_divergent_barrier(0), cudaErrorLaunchFailure);
   const std::string d = cudasim::last_diagnostic();

@@ -48,6 +48,29 @@ cudaError_t tk_warp_lockstep(float *out, const float *x, cudaStream_t s) {
   return cudaGetLastError();
 }
 
+/* Two warps; warp 0 publishes its inputs in shared memory, both warps reduce with
+ * __shfl_xor_sync, then warp 1 reads what warp 0 stored. The shuffles synchronise only
+ * within each warp: without the __syncthreads warp 1 may read before warp 0 wrote. */
+template <bool kSync>
+static __global__ void cross_warp_shfl_kernel(float *out, const float *x) {
+  MK_DYNAMIC_SHARED(float, s);
+  const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+  const float *xb = x + blockIdx.x * 64;
+  if (warp == 0) s[lane] = xb[lane];
+  if (kSync) __syncthreads(); /* BUG when kSync is false: only warp intrinsics follow */
+  float v = xb[t];
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  if (warp == 1) out[blockIdx.x * 32 + lane] = s[lane] + v;
+}
+
+cudaError_t tk_cross_warp_shfl(float *out, const float *x, int blocks, bool sync, cudaStream_t s) {
+  if (sync)
+    MK_LAUNCH((cross_warp_shfl_kernel<true>), blocks, 64, 32 * sizeof(float), s, out, x);
+  else
+    MK_LAUNCH((cross_warp_shfl_kernel<false>), blocks, 64, 32 * sizeof(float), s, out, x);
+  return cudaGetLastError();
+}
+
 /* __syncthreads reached by half the block only. */
 static __global__ void divergent_barrier_kernel() {
   if (threadIdx.x < 16) __syncthreads();

@@ -23,6 +23,8 @@ cudaError_t tk_no_args(int *flag, cudaStream_t s);
 /* ---- broken kernels (broken_kernels.cu) ---- */
 cudaError_t tk_sum_missing_sync(float *out, const float *x, int n, cudaStream_t s);   /* out[1] */
 cudaError_t tk_warp_lockstep(float *out, const float *x, cudaStream_t s);             /* out[1] */
+/* x[64*blocks], out[32*blocks]; sync=false: the cross-warp race, sync=true: fixed */
+cudaError_t tk_cross_warp_shfl(float *out, const float *x, int blocks, bool sync, cudaStream_t s);
 cudaError_t tk_divergent_barrier(cudaStream_t s);
 cudaError_t tk_barrier_after_exit(cudaStream_t s);
 void tk_divergent_barrier_no_check(cudaStream_t s); /* leaves the error for the caller */
