@@ -1,11 +1,12 @@
 /* End-to-end benchmark: a model run whole and split in one process (seams through the
  * wire), prefill and decode tokens/s, and decode's weight traffic against a measured
- * ceiling. A decode step reads every resident weight once (the token embedding aside),
- * so weight bytes x tokens/s is the bandwidth the step sustains; on the cpu backend it is
+ * ceiling. A decode step reads every resident weight once, except an embedding table used
+ * only to embed (one row is read), so those bytes x tokens/s is the bandwidth it sustains; on the cpu backend it is
  * compared with a memcpy of 256 MiB measured in the same run. Results go to
  * e2e_bench.json (in $OUT if set).
  *
  *   e2e_bench MODEL.gguf|--random[:...] [cpu|cuda] [prompt_tokens] [decode_tokens] [cut] */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,6 +54,10 @@ static mk_status run(const mk_model *model, const int64_t *cuts, size_t n_cuts, 
     if (s != MK_OK) return s;
     size_t weights = 0;
     for (size_t i = 0; i < mk_pipeline_range_count(p); i++) weights += mk_range_weight_bytes(mk_pipeline_range(p, i));
+    /* The head's table is read whole only when the same range also projects with it (a
+     * whole, tied model); otherwise decode reads one row of it. F32 weights (the default). */
+    const bool embed_is_lm_head = hp->tied_embeddings && mk_pipeline_range_count(p) == 1;
+    if (!embed_is_lm_head) weights -= hp->vocab * hp->hidden * sizeof(float);
     int32_t *prompt = malloc(n_prompt * sizeof(int32_t));
     if (!prompt) {
         mk_pipeline_free(p);
