@@ -37,9 +37,18 @@
 
 /* ---- qualifiers --------------------------------------------------------------------- */
 /* Static __shared__ arrays: one copy per OS thread, and an OS thread runs one block at a
- * time to completion, so every fiber of a block sees the same storage. */
+ * time to completion, so every fiber of a block sees the same storage. Each declaration is
+ * preceded by an unused marker constant named cudasim_shm_mark_<n>: the runtime finds the
+ * markers in the symbol table (.symtab of each module with TLS), takes the thread_local
+ * block-scope statics of the same functions to be the static shared arrays, and fills them
+ * with 0xff bytes before every block, like dynamic shared memory (a stripped binary: no
+ * poisoning). Only __shared__ declared in a function (or function template) is poisoned. */
+#define CUDASIM_CAT2_(a, b) a##b
+#define CUDASIM_CAT_(a, b) CUDASIM_CAT2_(a, b)
 #undef __shared__
-#define __shared__ static thread_local
+#define __shared__                                                                         \
+  [[gnu::used]] static const char CUDASIM_CAT_(cudasim_shm_mark_, __COUNTER__) = 0;        \
+  static thread_local
 #undef __launch_bounds__
 #define __launch_bounds__(...)
 #undef __grid_constant__

@@ -17,8 +17,12 @@
 #include "cudasim.h"
 #include "cudasim_internal.h"
 
+#include <elf.h>
+#include <fcntl.h>
+#include <link.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -132,6 +136,9 @@ struct Worker {
   std::vector<unsigned> scratch;
   void *native_sp = nullptr;
   std::vector<unsigned char> dyn_smem;
+  /* this OS thread's static __shared__ arrays (static_shared_regions), poisoned per block */
+  std::vector<std::pair<unsigned char *, size_t>> static_smem;
+  bool static_smem_ready = false;
   /* current block */
   const Launch *launch = nullptr;
   const char *kname = nullptr;
@@ -593,6 +600,137 @@ uint64_t warp_op(WarpKind kind, unsigned mask, uint64_t value, int arg, int widt
   return f.result;
 }
 
+/* ======================================================================================
+ * Static __shared__ arrays
+ *
+ * cudasim.h puts an unused constant `cudasim_shm_mark_<n>` in front of every __shared__
+ * declaration. A block-scope static is named _ZZ<function>E<len><name>[_<discriminator>] in
+ * the symbol table, so a marker names the function prefix, and the thread_local (STT_TLS)
+ * symbols with the same prefix are that function's static shared arrays. Their st_value is
+ * the offset in the module's TLS block; dl_iterate_phdr gives each thread's block.
+ * ====================================================================================== */
+struct StaticShared {
+  size_t modid;
+  size_t offset;
+  size_t size;
+};
+
+void scan_static_shared(const char *path, size_t modid, std::vector<StaticShared> &out) {
+  const int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return;
+  struct stat sb;
+  if (fstat(fd, &sb) != 0 || static_cast<size_t>(sb.st_size) < sizeof(Elf64_Ehdr)) {
+    close(fd);
+    return;
+  }
+  const size_t len = static_cast<size_t>(sb.st_size);
+  void *map = mmap(nullptr, len, PROT_READ, MAP_PRIVATE, fd, 0);
+  close(fd);
+  if (map == MAP_FAILED) return;
+  const unsigned char *m = static_cast<const unsigned char *>(map);
+  const Elf64_Ehdr *eh = reinterpret_cast<const Elf64_Ehdr *>(m);
+  const bool ok = std::memcmp(eh->e_ident, ELFMAG, SELFMAG) == 0 &&
+                  eh->e_ident[EI_CLASS] == ELFCLASS64 && eh->e_shoff != 0 &&
+                  eh->e_shentsize == sizeof(Elf64_Shdr) &&
+                  eh->e_shoff + static_cast<size_t>(eh->e_shnum) * sizeof(Elf64_Shdr) <= len;
+  const Elf64_Shdr *sh = ok ? reinterpret_cast<const Elf64_Shdr *>(m + eh->e_shoff) : nullptr;
+  for (unsigned i = 0; ok && i < eh->e_shnum; ++i) {
+    if (sh[i].sh_type != SHT_SYMTAB || sh[i].sh_link >= eh->e_shnum) continue;
+    const Elf64_Shdr &strsec = sh[sh[i].sh_link];
+    if (sh[i].sh_offset + sh[i].sh_size > len || strsec.sh_offset + strsec.sh_size > len)
+      continue;
+    const Elf64_Sym *syms = reinterpret_cast<const Elf64_Sym *>(m + sh[i].sh_offset);
+    const size_t nsyms = sh[i].sh_size / sizeof(Elf64_Sym);
+    const char *str = reinterpret_cast<const char *>(m + strsec.sh_offset);
+    auto name_of = [&](const Elf64_Sym &s) -> std::string {
+      if (s.st_name >= strsec.sh_size) return std::string();
+      return std::string(str + s.st_name, strnlen(str + s.st_name, strsec.sh_size - s.st_name));
+    };
+    /* function prefixes "_ZZ...E" of the markers */
+    static const char kMark[] = "cudasim_shm_mark_";
+    std::vector<std::string> prefixes;
+    for (size_t j = 0; j < nsyms; ++j) {
+      const std::string n = name_of(syms[j]);
+      if (n.compare(0, 3, "_ZZ") != 0) continue;
+      size_t at = n.rfind(kMark);
+      if (at == std::string::npos) continue;
+      while (at > 0 && n[at - 1] >= '0' && n[at - 1] <= '9') --at; /* <len> */
+      prefixes.push_back(n.substr(0, at));
+    }
+    std::sort(prefixes.begin(), prefixes.end());
+    prefixes.erase(std::unique(prefixes.begin(), prefixes.end()), prefixes.end());
+    if (prefixes.empty()) continue;
+    for (size_t j = 0; j < nsyms; ++j) {
+      if (ELF64_ST_TYPE(syms[j].st_info) != STT_TLS || syms[j].st_size == 0) continue;
+      const std::string n = name_of(syms[j]);
+      if (n.compare(0, 3, "_ZZ") != 0) continue;
+      for (const std::string &p : prefixes) {
+        if (n.size() > p.size() && n.compare(0, p.size(), p) == 0 && n[p.size()] >= '0' &&
+            n[p.size()] <= '9') {
+          out.push_back(StaticShared{modid, static_cast<size_t>(syms[j].st_value),
+                                     static_cast<size_t>(syms[j].st_size)});
+          break;
+        }
+      }
+    }
+  }
+  munmap(map, len);
+}
+
+/* Every module's static shared arrays, scanned once (modules loaded later are not seen). */
+const std::vector<StaticShared> &static_shared_regions() {
+  static const std::vector<StaticShared> regions = [] {
+    struct Mod {
+      size_t modid;
+      std::string path;
+    };
+    std::vector<Mod> mods;
+    dl_iterate_phdr(
+        [](dl_phdr_info *info, size_t, void *arg) {
+          if (info->dlpi_tls_modid == 0) return 0;
+          const char *name = info->dlpi_name;
+          static_cast<std::vector<Mod> *>(arg)->push_back(
+              Mod{info->dlpi_tls_modid,
+                  (name && name[0]) ? std::string(name) : std::string("/proc/self/exe")});
+          return 0;
+        },
+        &mods);
+    std::vector<StaticShared> out;
+    for (const Mod &mo : mods) scan_static_shared(mo.path.c_str(), mo.modid, out);
+    if (sim_config().verbose) {
+      size_t bytes = 0;
+      for (const StaticShared &r : out) bytes += r.size;
+      std::fprintf(stderr, "cudasim: %zu static __shared__ arrays (%zu bytes) poisoned per block\n",
+                   out.size(), bytes);
+    }
+    return out;
+  }();
+  return regions;
+}
+
+/* This OS thread's addresses of the static shared arrays. */
+std::vector<std::pair<unsigned char *, size_t>> thread_static_shared() {
+  const std::vector<StaticShared> &regions = static_shared_regions();
+  std::vector<std::pair<unsigned char *, size_t>> out;
+  if (regions.empty()) return out;
+  struct Ctx {
+    const std::vector<StaticShared> *regions;
+    std::vector<std::pair<unsigned char *, size_t>> *out;
+  } ctx{&regions, &out};
+  dl_iterate_phdr(
+      [](dl_phdr_info *info, size_t, void *arg) {
+        Ctx *c = static_cast<Ctx *>(arg);
+        if (info->dlpi_tls_modid == 0 || info->dlpi_tls_data == nullptr) return 0;
+        for (const StaticShared &r : *c->regions)
+          if (r.modid == info->dlpi_tls_modid)
+            c->out->emplace_back(static_cast<unsigned char *>(info->dlpi_tls_data) + r.offset,
+                                 r.size);
+        return 0;
+      },
+      &ctx);
+  return out;
+}
+
 }  // namespace detail
 
 namespace {
@@ -614,6 +752,12 @@ bool run_block(Worker &w, const Launch &L, uint64_t b) {
     /* poison: uninitialised shared memory reads show up as NaN / garbage */
     std::memset(w.dyn_smem.data(), 0xff, L.shmem);
   }
+  /* the same for the static __shared__ arrays (this thread's copies) */
+  if (!w.static_smem_ready) {
+    w.static_smem = detail::thread_static_shared();
+    w.static_smem_ready = true;
+  }
+  for (const auto &r : w.static_smem) std::memset(r.first, 0xff, r.second);
   detail::tls_dynamic_shared = w.dyn_smem.data();
 
   std::vector<unsigned> ids(L.nthreads);

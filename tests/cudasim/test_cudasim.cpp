@@ -11,6 +11,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "cudasim.h"
@@ -217,6 +218,31 @@ TEST(CudasimKernels, HalfBfloatAndMath) {
   }
 }
 
+TEST(CudasimKernels, HalfWarpThenFullWarpShuffle) {
+  OrderGuard g;
+  DevBuf<int> out(128);
+  const std::pair<cudasim::Order, uint64_t> runs[] = {
+      {cudasim::Order::Forward, 1}, {cudasim::Order::Reverse, 1}, {cudasim::Order::Random, 1},
+      {cudasim::Order::Random, 2},  {cudasim::Order::Random, 3},  {cudasim::Order::Random, 4}};
+  for (const auto &run : runs) {
+    cudasim::set_order(run.first, run.second);
+    cudasim::clear_diagnostic();
+    CK(tk_half_then_full_shfl(out.p, 0));
+    CK(cudaDeviceSynchronize());
+    EXPECT_STREQ(cudasim::last_diagnostic(), "");
+    auto h = out.get();
+    for (int w = 0; w < 2; ++w) {
+      int v[32];
+      for (int l = 0; l < 32; ++l) v[l] = l < 16 ? 100 * w + (l + 1) % 16 : 100 * w + l;
+      for (int l = 0; l < 16; ++l)
+        EXPECT_EQ(h[64 * w + l], v[l]) << order_name() << " seed " << run.second << " warp " << w;
+      for (int l = 0; l < 32; ++l)
+        EXPECT_EQ(h[64 * w + 32 + l], v[31 - l])
+            << order_name() << " seed " << run.second << " warp " << w << " lane " << l;
+    }
+  }
+}
+
 TEST(CudasimKernels, KernelWithoutArguments) {
   DevBuf<int> flag(1);
   CK(tk_no_args(flag.p, 0));
@@ -304,6 +330,36 @@ TEST(CudasimCatches, CrossWarpRaceAcrossShufflesFailsUnderRandomOrder) {
     CK(tk_cross_warp_shfl(out.p, x.p, blocks, true, 0));
     EXPECT_EQ(out.get(), ref) << order_name();
   }
+}
+
+TEST(CudasimCatches, StaticSharedReadBeforeWriteSeesPoisonInEveryBlock) {
+  /* One worker: every block runs on the same OS thread, so its static shared arrays are the
+   * ones the previous block wrote - without the per-block poison the odd blocks would read
+   * the even blocks' values and look right. Then several workers. */
+  for (unsigned workers : {1u, 2u}) {
+    cudasim::set_workers(workers);
+    const int blocks = 8;
+    DevBuf<unsigned> ou(32 * blocks);
+    DevBuf<float> of(32 * blocks);
+    for (int rep = 0; rep < 2; ++rep) {
+      CK(tk_stale_static_shared(ou.p, of.p, blocks, 0));
+      auto hu = ou.get();
+      auto hf = of.get();
+      for (int b = 0; b < blocks; ++b)
+        for (int t = 0; t < 32; ++t) {
+          const size_t i = size_t(b) * 32 + t;
+          if (b % 2 == 0) {
+            ASSERT_EQ(hu[i], 1000u + i);
+            ASSERT_EQ(hf[i], float(i));
+          } else {
+            ASSERT_EQ(hu[i], 0xffffffffu) << "block " << b << " thread " << t << ", " << workers
+                                          << " worker(s): stale static shared memory";
+            ASSERT_TRUE(std::isnan(hf[i])) << "block " << b << " thread " << t << ": " << hf[i];
+          }
+        }
+    }
+  }
+  cudasim::set_workers(std::max(1u, std::thread::hardware_concurrency()));
 }
 
 TEST(CudasimCatches, DivergentBarrierReportedWithCoordinates) {

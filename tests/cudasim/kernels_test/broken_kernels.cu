@@ -165,3 +165,26 @@ cudaError_t tk_stack_overflow(int *out, int limit, cudaStream_t s) {
   MK_LAUNCH(stack_overflow_kernel, 1, 32, 0, s, out, limit);
   return cudaGetLastError();
 }
+
+/* Odd blocks read the static __shared__ arrays before any thread of the block wrote them
+ * (BUG): on a GPU they see whatever an earlier block left in that SM's shared memory, so
+ * cudasim fills static shared memory with 0xff bytes before every block. A template, so
+ * the arrays are block-scope statics of a function template instantiation. */
+template <int N>
+static __global__ void stale_static_shared_kernel(unsigned *out_u, float *out_f) {
+  __shared__ unsigned su[N];
+  __shared__ float sf[N];
+  const unsigned t = threadIdx.x, b = blockIdx.x;
+  if (b % 2 == 0) {
+    su[t] = 1000u + b * N + t;
+    sf[t] = static_cast<float>(b * N + t);
+  }
+  __syncthreads();
+  out_u[b * N + t] = su[t];
+  out_f[b * N + t] = sf[t];
+}
+
+cudaError_t tk_stale_static_shared(unsigned *out_u, float *out_f, int blocks, cudaStream_t s) {
+  MK_LAUNCH(stale_static_shared_kernel<32>, blocks, 32, 0, s, out_u, out_f);
+  return cudaGetLastError();
+}

@@ -197,3 +197,22 @@ cudaError_t tk_no_args(int *flag, cudaStream_t s) {
   MK_LAUNCH(flag_kernel, 1, 1, 0, s, flag);
   return cudaGetLastError();
 }
+
+/* Lanes 0-15 shuffle among themselves (mask 0x0000ffff: lanes 16-31 take no part), then the
+ * whole warp shuffles with the full mask - legal, the half-warp exchange only waits for the
+ * lanes it names. out[64 * warp + l]: l < 16 the half-warp result, 32 + l the full one. */
+static __global__ void half_then_full_shfl_kernel(int *out) {
+  const int lane = static_cast<int>(threadIdx.x & 31), warp = static_cast<int>(threadIdx.x / 32);
+  int v = 100 * warp + lane;
+  if (lane < 16) {
+    v = __shfl_sync(0x0000ffffu, v, (lane + 1) % 16);
+    out[64 * warp + lane] = v;
+  }
+  const int w = __shfl_sync(0xffffffffu, v, 31 - lane);
+  out[64 * warp + 32 + lane] = w;
+}
+
+cudaError_t tk_half_then_full_shfl(int *out, cudaStream_t s) {
+  MK_LAUNCH(half_then_full_shfl_kernel, 1, 64, 0, s, out);
+  return cudaGetLastError();
+}

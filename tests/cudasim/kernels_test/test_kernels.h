@@ -19,6 +19,7 @@ cudaError_t tk_sync_count(int *out, const int *pred, int n, cudaStream_t s);    
 cudaError_t tk_half_roundtrip(float *out, const float *x, int n, cudaStream_t s);           /* out[2n] */
 cudaError_t tk_big_dynamic(float *out, int n_floats, cudaStream_t s);
 cudaError_t tk_no_args(int *flag, cudaStream_t s);
+cudaError_t tk_half_then_full_shfl(int *out, cudaStream_t s);                              /* out[128] */
 
 /* ---- broken kernels (broken_kernels.cu) ---- */
 cudaError_t tk_sum_missing_sync(float *out, const float *x, int n, cudaStream_t s);   /* out[1] */
@@ -33,6 +34,8 @@ cudaError_t tk_mask_exited(float *out, cudaStream_t s);
 cudaError_t tk_warp_vs_barrier(cudaStream_t s);
 cudaError_t tk_mask_mismatch(cudaStream_t s);
 cudaError_t tk_stack_overflow(int *out, int limit, cudaStream_t s);
+/* out_u/out_f[32*blocks]: odd blocks read static shared memory no thread of theirs wrote */
+cudaError_t tk_stale_static_shared(unsigned *out_u, float *out_f, int blocks, cudaStream_t s);
 
 /* ---- rmsnorm (rmsnorm_kernel.cu) ---- */
 cudaError_t tk_rmsnorm(float *y, const float *x, const float *w, int rows, int cols, float eps,
