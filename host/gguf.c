@@ -550,13 +550,19 @@ static mk_status gg_integer(const gg_kv *kv, bool *neg, uint64_t *u, int64_t *s)
     return MK_OK;
 }
 
-mk_status mk_gguf_get_u64(const mk_gguf *g, const char *key, uint64_t *out) {
+/* The integer value of `key`, of any integer type: its sign, magnitude if non-negative
+ * (u) and value if signed (s). */
+static mk_status gg_lookup_integer(const mk_gguf *g, const char *key, bool *neg, uint64_t *u, int64_t *s) {
     const gg_kv *kv;
+    MK_TRY(gg_lookup(g, key, &kv));
+    return gg_integer(kv, neg, u, s);
+}
+
+mk_status mk_gguf_get_u64(const mk_gguf *g, const char *key, uint64_t *out) {
     bool neg = false;
     uint64_t u = 0;
     int64_t s = 0;
-    MK_TRY(gg_lookup(g, key, &kv));
-    MK_TRY(gg_integer(kv, &neg, &u, &s));
+    MK_TRY(gg_lookup_integer(g, key, &neg, &u, &s));
     if (neg) return mk_fail(MK_ERR_GGUF_VALUE_TYPE, "gguf: key '%s' is negative (%lld)", key, (long long)s);
     *out = u;
     return MK_OK;
@@ -573,12 +579,10 @@ mk_status mk_gguf_get_u32(const mk_gguf *g, const char *key, uint32_t *out) {
 }
 
 mk_status mk_gguf_get_i64(const mk_gguf *g, const char *key, int64_t *out) {
-    const gg_kv *kv;
     bool neg = false;
     uint64_t u = 0;
     int64_t s = 0;
-    MK_TRY(gg_lookup(g, key, &kv));
-    MK_TRY(gg_integer(kv, &neg, &u, &s));
+    MK_TRY(gg_lookup_integer(g, key, &neg, &u, &s));
     if (!neg && u > (uint64_t)INT64_MAX)
         return mk_fail(MK_ERR_GGUF_VALUE_TYPE, "gguf: key '%s' value %llu does not fit int64", key,
                        (unsigned long long)u);

@@ -441,36 +441,27 @@ TEST(CudasimCublas, HalfInputsAndTf32RoundingBehaveAsOnAGpu) {
     cudaMalloc((void **)&dC, 4);
     cudaMemcpy(dA, &a, 4, cudaMemcpyHostToDevice);
     cudaMemcpy(dB, &b, 4, cudaMemcpyHostToDevice);
-    const float one = 1.0f, zero = 0.0f;
-    float c = 0;
-    ASSERT_EQ(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, 1, 1, 1, &one, dA, CUDA_R_32F, 1, dB, CUDA_R_32F, 1, &zero, dC,
-                           CUDA_R_32F, 1, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-              CUBLAS_STATUS_SUCCESS);
-    cudaMemcpy(&c, dC, 4, cudaMemcpyDeviceToHost);
-    EXPECT_EQ(c, a);
-    ASSERT_EQ(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, 1, 1, 1, &one, dA, CUDA_R_32F, 1, dB, CUDA_R_32F, 1, &zero, dC,
-                           CUDA_R_32F, 1, CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_GEMM_DEFAULT),
-              CUBLAS_STATUS_SUCCESS);
-    cudaMemcpy(&c, dC, 4, cudaMemcpyDeviceToHost);
-    EXPECT_EQ(c, 1.0f);
+    // One 1x1x1 product: upload the two operands' raw bytes, multiply, read C back.
+    auto product = [&](const void *ha, const void *hb, size_t bytes, cudaDataType type, cublasOperation_t op_a,
+                       cublasComputeType_t compute) {
+        const float one = 1.0f, zero = 0.0f;
+        float c = 0.0f;
+        cudaMemcpy(dA, ha, bytes, cudaMemcpyHostToDevice);
+        cudaMemcpy(dB, hb, bytes, cudaMemcpyHostToDevice);
+        EXPECT_EQ(cublasGemmEx(h, op_a, CUBLAS_OP_N, 1, 1, 1, &one, dA, type, 1, dB, type, 1, &zero, dC, CUDA_R_32F, 1,
+                               compute, CUBLAS_GEMM_DEFAULT),
+                  CUBLAS_STATUS_SUCCESS);
+        cudaMemcpy(&c, dC, 4, cudaMemcpyDeviceToHost);
+        return c;
+    };
+    EXPECT_EQ(product(&a, &b, 4, CUDA_R_32F, CUBLAS_OP_N, CUBLAS_COMPUTE_32F), a);
+    EXPECT_EQ(product(&a, &b, 4, CUDA_R_32F, CUBLAS_OP_N, CUBLAS_COMPUTE_32F_FAST_TF32), 1.0f);
     // bf16 inputs: 0x3fc0 = 1.5, 0x4000 = 2 -> 3
     const uint16_t ha = 0x3fc0, hb = 0x4000;
-    cudaMemcpy(dA, &ha, 2, cudaMemcpyHostToDevice);
-    cudaMemcpy(dB, &hb, 2, cudaMemcpyHostToDevice);
-    ASSERT_EQ(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, 1, 1, 1, &one, dA, CUDA_R_16BF, 1, dB, CUDA_R_16BF, 1, &zero, dC,
-                           CUDA_R_32F, 1, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-              CUBLAS_STATUS_SUCCESS);
-    cudaMemcpy(&c, dC, 4, cudaMemcpyDeviceToHost);
-    EXPECT_EQ(c, 3.0f);
+    EXPECT_EQ(product(&ha, &hb, 2, CUDA_R_16BF, CUBLAS_OP_T, CUBLAS_COMPUTE_32F), 3.0f);
     // f16 inputs: 0x3e00 = 1.5, 0xc000 = -2 -> -3
     const uint16_t fa = 0x3e00, fb = 0xc000;
-    cudaMemcpy(dA, &fa, 2, cudaMemcpyHostToDevice);
-    cudaMemcpy(dB, &fb, 2, cudaMemcpyHostToDevice);
-    ASSERT_EQ(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, 1, 1, 1, &one, dA, CUDA_R_16F, 1, dB, CUDA_R_16F, 1, &zero, dC,
-                           CUDA_R_32F, 1, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-              CUBLAS_STATUS_SUCCESS);
-    cudaMemcpy(&c, dC, 4, cudaMemcpyDeviceToHost);
-    EXPECT_EQ(c, -3.0f);
+    EXPECT_EQ(product(&fa, &fb, 2, CUDA_R_16F, CUBLAS_OP_T, CUBLAS_COMPUTE_32F), -3.0f);
     cudaFree(dA);
     cudaFree(dB);
     cudaFree(dC);
