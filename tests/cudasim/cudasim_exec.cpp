@@ -934,6 +934,8 @@ cudaError_t launch(const Thunk &t, dim3 grid, dim3 block, size_t shmem, cudaStre
             "is %d",
             t.name, file, line, sd, cur));
   }
+  /* Stream order: queued tasks on the stream (an NCCL receive) finish before the kernel. */
+  stream_drain(stream);
   Launch L;
   L.thunk = t;
   L.grid = grid;
