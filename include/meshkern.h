@@ -85,6 +85,12 @@ typedef enum mk_status {
     MK_ERR_CUBLAS = 84,
     MK_ERR_NCCL = 85,
     MK_ERR_KERNEL_LAUNCH = 86,
+    /* seams and transports */
+    MK_ERR_PEER_CLOSED = 90,           /* the peer closed, aborted or exited mid-exchange */
+    MK_ERR_PEER_TIMEOUT = 91,          /* the peer did not complete within the deadline */
+    MK_ERR_AUTH = 92,                  /* the peer failed authentication */
+    MK_ERR_FRAME = 93,                 /* a malformed or oversized frame */
+    MK_ERR_NONFINITE = 94,             /* a residual with NaN or infinite values */
 } mk_status;
 
 /* Symbolic name of a status ("MK_ERR_SEAM_MISMATCH"); never NULL. */

@@ -175,7 +175,11 @@ const char *kind_name(cudaMemcpyKind k) {
   return "?";
 }
 
-cudaError_t copy(void *dst, const void *src, size_t n, cudaMemcpyKind kind, const char *fn) {
+/* Checks a copy's arguments; copies now, or when `later` is a stream with queued tasks (an
+ * NCCL receive), queues the copy behind them and returns (the host thread goes on, as with
+ * a GPU), except into pageable host memory, which libcudart also completes before returning. */
+cudaError_t copy(void *dst, const void *src, size_t n, cudaMemcpyKind kind, const char *fn,
+                 const cudaStream_t *later = nullptr) {
   if (n == 0) return cudaSuccess;
   if (!dst || !src) return fail(cudaErrorInvalidValue, fmt("cudasim: %s with a null pointer", fn));
   const bool dst_dev = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
@@ -190,6 +194,12 @@ cudaError_t copy(void *dst, const void *src, size_t n, cudaMemcpyKind kind, cons
     return fail(cudaErrorInvalidValue,
                 fmt("cudasim: %s(%s): source [%p, +%zu) is not inside one device allocation", fn,
                     kind_name(kind), src, n));
+  if (later && !(kind == cudaMemcpyDeviceToHost && allocation_device(dst, n) == -2) &&
+      stream_busy(*later)) {
+    stream_enqueue(*later, [dst, src, n] { memmove(dst, src, n); });
+    return cudaSuccess;
+  }
+  if (later) stream_drain(*later);
   memmove(dst, src, n);
   return cudaSuccess;
 }
@@ -472,16 +482,16 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind kind
 }
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind kind,
                             cudaStream_t s) {
-  if (cudaError_t e = ready_stream(s, "cudaMemcpyAsync")) return e;
-  return copy(dst, src, n, kind, "cudaMemcpyAsync");
+  if (cudaError_t e = check_stream(s, "cudaMemcpyAsync")) return e;
+  return copy(dst, src, n, kind, "cudaMemcpyAsync", &s);
 }
 cudaError_t cudaMemcpyPeer(void *dst, int, const void *src, int, size_t n) {
   stream_drain(nullptr);
   return copy(dst, src, n, cudaMemcpyDeviceToDevice, "cudaMemcpyPeer");
 }
 cudaError_t cudaMemcpyPeerAsync(void *dst, int, const void *src, int, size_t n, cudaStream_t s) {
-  if (cudaError_t e = ready_stream(s, "cudaMemcpyPeerAsync")) return e;
-  return copy(dst, src, n, cudaMemcpyDeviceToDevice, "cudaMemcpyPeerAsync");
+  if (cudaError_t e = check_stream(s, "cudaMemcpyPeerAsync")) return e;
+  return copy(dst, src, n, cudaMemcpyDeviceToDevice, "cudaMemcpyPeerAsync", &s);
 }
 cudaError_t cudaMemcpy2D(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
                          size_t height, cudaMemcpyKind kind) {
@@ -518,8 +528,17 @@ cudaError_t cudaMemset(void *p, int value, size_t n) {
   return cudaSuccess;
 }
 cudaError_t cudaMemsetAsync(void *p, int value, size_t n, cudaStream_t s) {
-  if (cudaError_t e = ready_stream(s, "cudaMemsetAsync")) return e;
-  return cudaMemset(p, value, n);
+  if (cudaError_t e = check_stream(s, "cudaMemsetAsync")) return e;
+  if (n && !device_range_ok(p, n))
+    return fail(cudaErrorInvalidValue,
+                fmt("cudasim: cudaMemsetAsync: [%p, +%zu) is not inside one device allocation", p, n));
+  if (n && stream_busy(s)) {
+    stream_enqueue(s, [p, value, n] { memset(p, value, n); });
+    return cudaSuccess;
+  }
+  stream_drain(s);
+  if (n) memset(p, value, n);
+  return cudaSuccess;
 }
 cudaError_t cudaPointerGetAttributes(cudaPointerAttributes *a, const void *p) {
   if (!a) return fail(cudaErrorInvalidValue, "cudasim: cudaPointerGetAttributes(NULL)");

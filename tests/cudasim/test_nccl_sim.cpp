@@ -196,7 +196,12 @@ TEST(NcclSim, AbortReleasesABlockedReceive) {
   cudaEvent_t ev;
   cudaSetDevice(1);
   ASSERT_EQ(cudaEventCreate(&ev), cudaSuccess);
+  float *copy = device_floats(1, 64);
   ASSERT_EQ(ncclRecv(dst, 64, ncclFloat32, 0, q.comm[1], q.stream[1]), ncclSuccess);
+  /* A copy behind the blocked receive is queued: the host thread is not held. */
+  const auto tq = Clock::now();
+  ASSERT_EQ(cudaMemcpyAsync(copy, dst, 64 * sizeof(float), cudaMemcpyDeviceToDevice, q.stream[1]), cudaSuccess);
+  EXPECT_LT(ms_since(tq), 50.0);
   ASSERT_EQ(cudaEventRecord(ev, q.stream[1]), cudaSuccess);
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
   EXPECT_EQ(cudaEventQuery(ev), cudaErrorNotReady);
@@ -215,6 +220,7 @@ TEST(NcclSim, AbortReleasesABlockedReceive) {
   cudaEventDestroy(ev);
   cudaFree(src);
   cudaFree(dst);
+  cudaFree(copy);
 }
 
 /* The peer aborting releases our blocked receive with ncclRemoteError. */
