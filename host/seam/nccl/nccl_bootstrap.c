@@ -146,6 +146,17 @@ mk_status mk_nccl_id_listen(const char *host, uint16_t *port, int *listen_fd) {
     return MK_OK;
 }
 
+/* A non-blocking connect bounded by the deadline (a remote host that drops packets would
+ * otherwise hold a blocking connect for minutes). */
+static int connected(int fd, const struct sockaddr_in *a, int64_t deadline) {
+    if (connect(fd, (const struct sockaddr *)a, sizeof *a) == 0) return 1;
+    if (errno != EINPROGRESS && errno != EINTR) return 0;
+    if (!ready(fd, POLLOUT, deadline)) return 0;
+    int err = 0;
+    socklen_t len = sizeof err;
+    return getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0;
+}
+
 static int write_all(int fd, const unsigned char *p, size_t n, int64_t deadline) {
     while (n > 0) {
         if (!ready(fd, POLLOUT, deadline)) return 0;
@@ -188,9 +199,9 @@ mk_status mk_nccl_id_fetch(const char *host, uint16_t port, ncclUniqueId *id, in
     MK_TRY(parse_host(host, &a, port));
     const int64_t deadline = now_ms() + deadline_ms;
     for (;;) {
-        const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
         if (fd < 0) return mk_fail(MK_ERR_IO, "nccl bootstrap: socket: %s", strerror(errno));
-        if (connect(fd, (struct sockaddr *)&a, sizeof a) == 0) {
+        if (connected(fd, &a, deadline)) {
             unsigned char rec[ID_RECORD];
             size_t got = 0;
             while (got < sizeof rec && ready(fd, POLLIN, deadline)) {
