@@ -9,6 +9,10 @@
  * The lock and condition variable are never destroyed: detached workers may still wait on
  * them while the process exits.
  */
+#include <pthread.h>
+
+#include <new>
+
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -36,8 +40,32 @@ struct AsyncState {
   std::map<int, std::shared_ptr<StreamQueue>> defaults; /* per device */
 };
 
+AsyncState *g_state = nullptr;
+
+/* fork(): the child has none of the parent's worker threads, so the parent's queues would
+ * never run there. The lock is held across the fork (no worker is mid-update) and the child
+ * starts with no queues and a new lock; the parent's are leaked in the child on purpose (their tasks may
+ * hold objects whose destructors expect threads that do not exist there). */
+void before_fork() { g_state->mu.lock(); }
+void after_fork_parent() { g_state->mu.unlock(); }
+void after_fork_child() {
+  /* Fresh lock and condition variable: the parent's workers were waiting on the old one,
+   * and a condition variable with waiters that do not exist loses wakeups. */
+  new (&g_state->mu) std::mutex();
+  new (&g_state->cv) std::condition_variable();
+  static auto *orphans = new std::vector<std::shared_ptr<StreamQueue>>();
+  for (auto &kv : g_state->created) orphans->push_back(kv.second);
+  for (auto &kv : g_state->defaults) orphans->push_back(kv.second);
+  g_state->created.clear();
+  g_state->defaults.clear();
+}
+
 AsyncState &state() {
-  static AsyncState *s = new AsyncState(); /* intentionally never destroyed */
+  static AsyncState *s = [] {
+    g_state = new AsyncState(); /* intentionally never destroyed */
+    pthread_atfork(before_fork, after_fork_parent, after_fork_child);
+    return g_state;
+  }();
   return *s;
 }
 

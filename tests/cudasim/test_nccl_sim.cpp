@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <random>
 #include <thread>
@@ -421,6 +422,12 @@ TEST(NcclSim, TwoProcessesExchangePayloads) {
     float *buf = device_floats(0, n);
     if (ncclRecv(buf, n, ncclFloat32, 0, c, nullptr) != ncclSuccess) _exit(3);
     std::vector<float> v = download(0, buf, n); /* cudaMemcpy waits for the receive */
+    /* Kernels run in a forked child too (the parent's block-runner threads are not there). */
+    float *sum = device_floats(0, 1);
+    if (tk_block_sum(sum, buf, 256, 1, nullptr) != cudaSuccess) _exit(7);
+    double ref = 0;
+    for (size_t i = 0; i < 256; ++i) ref += v[i];
+    if (std::fabs(download(0, sum, 1)[0] - ref) > 1e-3) _exit(8);
     for (float &x : v) x *= 2.0f;
     float *out = upload(0, v);
     if (ncclSend(out, n, ncclFloat32, 0, c, nullptr) != ncclSuccess) _exit(4);
