@@ -162,6 +162,11 @@ TEST(NcclSeam, TwoDevicesInOneProcessCarryTheResidualExactly) {
   }
   EXPECT_EQ(q.ctx[0].sent, 3u);
   EXPECT_EQ(q.ctx[1].received, 3u);
+#ifdef MK_TEST_CUDASIM
+  const size_t live = cudasim::live_allocations();
+  for (mk_nccl_ctx &c : q.ctx) mk_nccl_ctx_destroy(&c);
+  EXPECT_EQ(cudasim::live_allocations(), live - 8) << "each endpoint owns two device and two pinned blocks";
+#endif
 }
 
 TEST(NcclSeam, ThreeDevicesChainForwardsTheResidual) {
@@ -309,8 +314,24 @@ TEST(NcclSeam, SilentPeerTimesOutAtTheDeadline) {
   EXPECT_GE(ms, kDeadlineMs - 1.0);
   EXPECT_LT(ms, kDeadlineMs + 500.0);
   EXPECT_NE(std::string(mk_last_error()).find("within 300 ms"), std::string::npos) << mk_last_error();
-  /* A send nobody receives times out too (every send is a rendezvous in the stand-in). */
   cudaFree(dst);
+}
+
+TEST(NcclSeam, SendNobodyReceivesTimesOutAtTheDeadline) {
+  NEED_DEVICES(2);
+  Clique q(2);
+  ASSERT_EQ(q.status, MK_OK) << mk_last_error();
+  /* 8 MiB: beyond any eager buffering, so real NCCL waits for the receiver as well. */
+  const std::vector<float> payload = random_floats(size_t(2) << 20, 8);
+  float *src = device_buffer(0, payload);
+  const Header h{1, 512, 4096, 0};
+  const auto t0 = Clock::now();
+  EXPECT_EQ(mk_nccl_send(&q.ctx[0], 1, &h, sizeof h, src, payload.size() * sizeof(float)), MK_ERR_PEER_TIMEOUT)
+      << mk_last_error();
+  const double ms = ms_since(t0);
+  EXPECT_GE(ms, kDeadlineMs - 1.0);
+  EXPECT_LT(ms, kDeadlineMs + 500.0);
+  cudaFree(src);
 }
 
 TEST(NcclSeam, InitTimesOutWhenARankNeverJoins) {
@@ -323,6 +344,28 @@ TEST(NcclSeam, InitTimesOutWhenARankNeverJoins) {
   EXPECT_LT(ms_since(t0), kDeadlineMs + 500.0);
   EXPECT_EQ(ctx.comm, nullptr);
   mk_nccl_ctx_destroy(&ctx); /* harmless after a failed init */
+}
+
+/* A device that does not exist: a clear status, every other rank's communicator released,
+ * nothing left allocated. */
+TEST(NcclSeam, InitAllWithABadDeviceFailsAndLeavesNothing) {
+  NEED_DEVICES(2);
+#ifdef MK_TEST_CUDASIM
+  const size_t live_before = cudasim::live_allocations();
+#endif
+  std::vector<mk_nccl_ctx> ctx(2);
+  const int devices[2] = {0, 99};
+  const auto t0 = Clock::now();
+  EXPECT_EQ(mk_nccl_init_all(ctx.data(), 2, devices, nullptr, kDeadlineMs), MK_ERR_NCCL);
+  EXPECT_LT(ms_since(t0), kDeadlineMs + 500.0);
+  for (const mk_nccl_ctx &c : ctx) {
+    EXPECT_EQ(c.comm, nullptr);
+    EXPECT_EQ(c.send_block_dev, nullptr);
+  }
+#ifdef MK_TEST_CUDASIM
+  EXPECT_EQ(cudasim::live_allocations(), live_before);
+#endif
+  cudaSetDevice(0);
 }
 
 TEST(NcclSeam, BootstrapHandOverFailsClearly) {
