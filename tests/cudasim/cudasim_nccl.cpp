@@ -752,10 +752,12 @@ ncclResult_t init_rank(ncclComm_t *out, int nranks, const ncclUniqueId &id, int 
   }
   run_init(*c);
   if (c->init != ncclSuccess) {
-    const std::string m = c->msg;
+    const ncclResult_t r = c->init;
+    const std::string m = c->msg; /* "cudasim NCCL: ..." */
     ncclCommAbort(h);
     tls_err = m;
-    return fail(c->init, m.substr(strlen("cudasim NCCL: ")));
+    if (cudasim::sim_config().verbose) fprintf(stderr, "%s\n", m.c_str());
+    return r;
   }
   *out = h;
   return ncclSuccess;

@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <thread>
@@ -386,6 +387,23 @@ TEST(NcclSim, NonBlockingInitAndAbortDuringInit) {
   ASSERT_EQ(ncclCommAbort(c0), ncclSuccess);
   EXPECT_LT(ms_since(t1), 1000.0);
   cudaFree(buf);
+}
+
+/* A blocking init whose peer never comes fails at the bootstrap timeout, not never. */
+TEST(NcclSim, BlockingInitFailsAtTheBootstrapTimeout) {
+  setenv("CUDASIM_NCCL_TIMEOUT_MS", "200", 1);
+  ncclUniqueId id;
+  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  ncclComm_t c = reinterpret_cast<ncclComm_t>(&id); /* must be cleared */
+  cudaSetDevice(0);
+  const auto t0 = Clock::now();
+  EXPECT_EQ(ncclCommInitRank(&c, 2, id, 0), ncclSystemError);
+  const double ms = ms_since(t0);
+  unsetenv("CUDASIM_NCCL_TIMEOUT_MS");
+  EXPECT_EQ(c, nullptr);
+  EXPECT_GE(ms, 150.0);
+  EXPECT_LT(ms, 1500.0);
+  EXPECT_NE(std::string(ncclGetLastError(nullptr)).find("rank 0"), std::string::npos) << ncclGetLastError(nullptr);
 }
 
 TEST(NcclSim, InvalidArgumentsAreRefused) {
