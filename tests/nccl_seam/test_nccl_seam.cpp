@@ -26,6 +26,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr int kDeadlineMs = 300; /* short: every fault must surface well within a test */
+/* Upper bound on how late a fault may surface past its deadline on a loaded CI machine
+ * (sanitizers, parallel tests): generous, yet a hang still fails. */
+constexpr double kSlackMs = kDeadlineMs + 1500.0;
 
 double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
 
@@ -212,7 +215,7 @@ TEST(NcclSeam, HeaderAndPayloadSizesThatDisagreeAreRefused) {
   EXPECT_EQ(q.ctx[1].comm, nullptr) << "the communicator must be aborted";
   const mk_status ss = mk_nccl_send_wait(&q.ctx[0]);
   EXPECT_TRUE(ss == MK_ERR_PEER_CLOSED || ss == MK_ERR_PEER_TIMEOUT) << mk_status_name(ss);
-  EXPECT_LT(ms_since(t0), 2.0 * kDeadlineMs + 500);
+  EXPECT_LT(ms_since(t0), 2.0 * kSlackMs);
   const std::vector<float> back = read_back(1, dst, 8 * hidden);
   for (float x : back) ASSERT_EQ(x, kSentinel) << "payload written after the header was refused";
   /* The dead endpoint says so. */
@@ -272,7 +275,7 @@ TEST(NcclSeam, LyingPeerBlocksAreRefused) {
 #else
     EXPECT_TRUE(st == MK_ERR_FRAME || st == MK_ERR_PEER_TIMEOUT) << mk_last_error();
 #endif
-    EXPECT_LT(ms_since(t0), kDeadlineMs + 500.0);
+    EXPECT_LT(ms_since(t0), kSlackMs);
     EXPECT_EQ(e.calls, 0);
     cudaFree(junk);
     cudaFree(dst);
@@ -296,7 +299,7 @@ TEST(NcclSeam, PeerThatAbortsItsCommunicatorIsReportedClosed) {
 #else
   EXPECT_TRUE(st == MK_ERR_PEER_CLOSED || st == MK_ERR_PEER_TIMEOUT) << mk_last_error();
 #endif
-  EXPECT_LT(ms_since(t0), kDeadlineMs + 500.0);
+  EXPECT_LT(ms_since(t0), kSlackMs);
   cudaFree(dst);
 }
 
@@ -312,7 +315,7 @@ TEST(NcclSeam, SilentPeerTimesOutAtTheDeadline) {
   EXPECT_EQ(mk_nccl_recv(&q.ctx[1], 0, contract_check, &e, &got, sizeof got, &hb, dst, 64, &pb), MK_ERR_PEER_TIMEOUT);
   const double ms = ms_since(t0);
   EXPECT_GE(ms, kDeadlineMs - 1.0);
-  EXPECT_LT(ms, kDeadlineMs + 500.0);
+  EXPECT_LT(ms, kSlackMs);
   EXPECT_NE(std::string(mk_last_error()).find("within 300 ms"), std::string::npos) << mk_last_error();
   cudaFree(dst);
 }
@@ -330,7 +333,7 @@ TEST(NcclSeam, SendNobodyReceivesTimesOutAtTheDeadline) {
       << mk_last_error();
   const double ms = ms_since(t0);
   EXPECT_GE(ms, kDeadlineMs - 1.0);
-  EXPECT_LT(ms, kDeadlineMs + 500.0);
+  EXPECT_LT(ms, kSlackMs);
   cudaFree(src);
 }
 
@@ -341,7 +344,7 @@ TEST(NcclSeam, InitTimesOutWhenARankNeverJoins) {
   mk_nccl_ctx ctx;
   const auto t0 = Clock::now();
   EXPECT_EQ(mk_nccl_init_rank(&ctx, 2, 0, &id, 0, nullptr, kDeadlineMs), MK_ERR_PEER_TIMEOUT);
-  EXPECT_LT(ms_since(t0), kDeadlineMs + 500.0);
+  EXPECT_LT(ms_since(t0), kSlackMs);
   EXPECT_EQ(ctx.comm, nullptr);
   mk_nccl_ctx_destroy(&ctx); /* harmless after a failed init */
 }
@@ -357,7 +360,7 @@ TEST(NcclSeam, InitAllWithABadDeviceFailsAndLeavesNothing) {
   const int devices[2] = {0, 99};
   const auto t0 = Clock::now();
   EXPECT_EQ(mk_nccl_init_all(ctx.data(), 2, devices, nullptr, kDeadlineMs), MK_ERR_NCCL);
-  EXPECT_LT(ms_since(t0), kDeadlineMs + 500.0);
+  EXPECT_LT(ms_since(t0), kSlackMs);
   for (const mk_nccl_ctx &c : ctx) {
     EXPECT_EQ(c.comm, nullptr);
     EXPECT_EQ(c.send_block_dev, nullptr);
@@ -376,7 +379,7 @@ TEST(NcclSeam, BootstrapHandOverFailsClearly) {
   ncclUniqueId id, back;
   auto t0 = Clock::now();
   EXPECT_EQ(mk_nccl_id_read_file(missing.c_str(), &back, 100), MK_ERR_PEER_TIMEOUT);
-  EXPECT_LT(ms_since(t0), 600.0);
+  EXPECT_LT(ms_since(t0), kSlackMs);
   FILE *f = fopen(junk.c_str(), "wb");
   ASSERT_NE(f, nullptr);
   fwrite("not an id at all, just some bytes of text padding it out past the record size to be sure ......"
@@ -395,7 +398,7 @@ TEST(NcclSeam, BootstrapHandOverFailsClearly) {
   close(fd); /* the port is now (almost certainly) closed */
   t0 = Clock::now();
   EXPECT_EQ(mk_nccl_id_fetch(nullptr, port, &back, 150), MK_ERR_PEER_TIMEOUT);
-  EXPECT_LT(ms_since(t0), 700.0);
+  EXPECT_LT(ms_since(t0), kSlackMs);
   /* Served to two joiners. */
   port = 0;
   ASSERT_EQ(mk_nccl_id_listen(nullptr, &port, &fd), MK_OK);
@@ -476,7 +479,7 @@ void two_process_exchange(bool vanish) {
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child exit " << WEXITSTATUS(status);
   if (vanish) {
     EXPECT_EQ(st, MK_ERR_PEER_CLOSED) << mk_last_error();
-    EXPECT_LT(ms_since(t0), kDeadlineMs + 500.0);
+    EXPECT_LT(ms_since(t0), kSlackMs);
     for (float x : read_back(0, dst, n)) ASSERT_EQ(x, kSentinel);
   } else {
     ASSERT_EQ(st, MK_OK) << mk_last_error();
