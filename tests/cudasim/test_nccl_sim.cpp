@@ -353,6 +353,28 @@ TEST(NcclSim, WorkAfterAReceiveOnItsStreamSeesTheData) {
   cudaFree(sums);
 }
 
+/* A middle rank forwards: receive from 0, then send the same buffer to 2, both queued on
+ * one stream before rank 0 has sent anything. The send reads the buffer only after the
+ * receive filled it. */
+TEST(NcclSim, ForwardingOnOneStreamSendsWhatWasReceived) {
+  Clique q(3);
+  const size_t n = 2049;
+  const std::vector<float> payload = random_floats(n, 55);
+  float *src = upload(0, payload);
+  float *mid = device_floats(1, n);
+  float *dst = device_floats(2, n);
+  ASSERT_EQ(ncclRecv(mid, n, ncclFloat32, 0, q.comm[1], q.stream[1]), ncclSuccess);
+  ASSERT_EQ(ncclSend(mid, n, ncclFloat32, 2, q.comm[1], q.stream[1]), ncclSuccess);
+  ASSERT_EQ(ncclRecv(dst, n, ncclFloat32, 1, q.comm[2], q.stream[2]), ncclSuccess);
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  ASSERT_EQ(ncclSend(src, n, ncclFloat32, 1, q.comm[0], q.stream[0]), ncclSuccess);
+  for (int d = 0; d < 3; ++d) q.sync(d);
+  EXPECT_TRUE(same(download(2, dst, n), payload));
+  cudaFree(src);
+  cudaFree(mid);
+  cudaFree(dst);
+}
+
 /* Non-blocking init reports ncclInProgress until every rank joined; operations before that
  * are refused; aborting a communicator still in init returns promptly. */
 TEST(NcclSim, NonBlockingInitAndAbortDuringInit) {
