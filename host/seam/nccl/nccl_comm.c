@@ -358,12 +358,13 @@ mk_status mk_nccl_send_post(mk_nccl_ctx *ctx, int peer, const void *header, size
     if (header_bytes) memcpy(ctx->send_block_host + MK_NCCL_ENVELOPE_BYTES, header, header_bytes);
     MK_CUDA_CHECK(cudaMemcpyAsync(ctx->send_block_dev, ctx->send_block_host, MK_NCCL_HEADER_BLOCK,
                                   cudaMemcpyHostToDevice, ctx->stream));
-    ncclGroupStart();
-    ncclResult_t r = ncclSend(ctx->send_block_dev, MK_NCCL_HEADER_BLOCK, ncclUint8, peer, ctx->comm, ctx->stream);
-    if (r == ncclSuccess && payload_bytes)
-        r = ncclSend(payload_dev, payload_bytes, ncclUint8, peer, ctx->comm, ctx->stream);
-    const ncclResult_t g = ncclGroupEnd();
-    MK_TRY(settle(ctx, r != ncclSuccess ? r : g, deadline, "send"));
+    /* Two operations, not one group: the header must be able to complete on its own while
+     * the payload send waits for the receiver's check and its payload receive. */
+    MK_TRY(settle(ctx, ncclSend(ctx->send_block_dev, MK_NCCL_HEADER_BLOCK, ncclUint8, peer, ctx->comm, ctx->stream),
+                  deadline, "header send"));
+    if (payload_bytes)
+        MK_TRY(settle(ctx, ncclSend(payload_dev, payload_bytes, ncclUint8, peer, ctx->comm, ctx->stream), deadline,
+                      "payload send"));
     MK_CUDA_CHECK(cudaEventRecord(ctx->send_done, ctx->stream));
     ctx->send_pending = 1;
     ctx->send_deadline_ns = deadline;

@@ -6,8 +6,9 @@
  *
  * The exchange. A send is a fixed-size header block (MK_NCCL_HEADER_BLOCK bytes: a small
  * envelope with magic, version and the two sizes, then the caller's header bytes) and a
- * payload taken straight from device memory, both posted on the endpoint's stream in one
- * NCCL group. The receiver takes the header block first, checks the envelope, checks the
+ * payload taken straight from device memory, two sends posted on the endpoint's stream (not
+ * grouped: the header completes while the payload send waits for the receiver). Warm-ups,
+ * where one thread sends and receives, are grouped. The receiver takes the header block first, checks the envelope, checks the
  * declared payload size against its own buffer (limits come from the receiver), and hands
  * the header to the caller's check (the boundary contract) BEFORE it posts the payload
  * receive into the caller's preallocated device buffer. Any refusal aborts the
