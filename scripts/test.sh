@@ -11,6 +11,8 @@ JOBS="${JOBS:-$(nproc)}"
 # ctest runs JOBS test processes at once; OpenBLAS threads on top of that oversubscribe
 # the cores and its spinning workers then slow every test down several-fold.
 export OPENBLAS_NUM_THREADS="${OPENBLAS_NUM_THREADS:-1}"
+# The model was fetched above: a suite that cannot find it fails instead of skipping.
+export MESHKERN_REQUIRE_MODEL=1
 
 scripts/deps.sh
 scripts/fetch_model.sh >/dev/null

@@ -25,11 +25,12 @@
 
 #include "gguf.h"
 #include "meshkern.h"
+#include "mk_test_util.h"
 
 namespace {
 
 const std::string kDir = std::string(MK_FIXTURE_DIR) + "/dequant/";
-const std::string kModel = std::string(MK_SOURCE_DIR) + "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+const std::string kModel = mk_test_model_path();
 
 bool read_f32(const std::string &path, std::vector<float> &out) {
     std::ifstream f(path, std::ios::binary);
@@ -170,9 +171,8 @@ TEST(gguf_dequant, SyntheticMetadataWrittenByGgufPackage) {
 
 TEST(gguf_dequant, SmolLM2TensorsMatchGgufPackage) {
     Gguf f;
-    if (access(kModel.c_str(), R_OK) != 0)
-        GTEST_SKIP() << kModel << " not present: run scripts/fetch_model.sh";
-    ASSERT_EQ(mk_gguf_open(kModel.c_str(), &f.g), MK_OK) << mk_last_error();
+    MK_REQUIRE_MODEL_FILE(kModel);
+    ASSERT_EQ(mk_gguf_open(kModel.c_str(), &f.g), MK_OK) << kModel << " is present but does not open: " << mk_last_error();
     auto rows = read_manifest(kDir + "smollm2_manifest.txt");
     ASSERT_GE(rows.size(), 3u);
     std::vector<std::string> types;

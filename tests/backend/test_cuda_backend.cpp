@@ -26,26 +26,13 @@
 
 namespace {
 
-bool device_available() {
-    int n = 0;
-    const cudaError_t e = cudaGetDeviceCount(&n);
-    if (e != cudaSuccess) (void)cudaGetLastError();
-    return e == cudaSuccess && n > 0;
-}
-
+// Devices for tests that need more than one (after MK_REQUIRE_DEVICE).
 int device_count() {
-    int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess) {
-        (void)cudaGetLastError();
-        return 0;
-    }
+    std::string error;
+    const int n = mk_test_device_count(&error);
+    EXPECT_EQ(error, "");
     return n;
 }
-
-#define MK_REQUIRE_DEVICE()                                               \
-    do {                                                                  \
-        if (!device_available()) GTEST_SKIP() << "no CUDA device";        \
-    } while (0)
 
 // Device memory in use on `device` (total - free).
 size_t device_bytes_used(int device) {
@@ -507,12 +494,12 @@ TEST(CudasimCublas, BadArgumentsAreRefusedAsCublasDoes) {
 
 // ============================================================== SmolLM2 ==
 
-const std::string kSmolLM2 = std::string(MK_SOURCE_DIR) + "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
-
 TEST(CudaBackendSmolLM2, WholeAndTwoRangeSplitAreBitIdentical) {
     MK_REQUIRE_DEVICE();
+    const std::string path = mk_test_model_path();
+    MK_REQUIRE_MODEL_FILE(path);
     mk_model *m = nullptr;
-    if (mk_model_open_gguf(kSmolLM2.c_str(), &m) != MK_OK) GTEST_SKIP() << "SmolLM2 absent: " << mk_last_error();
+    ASSERT_EQ(mk_model_open_gguf(path.c_str(), &m), MK_OK) << path << " is present but does not open: " << mk_last_error();
     ModelPtr model(m);
     const std::vector<int32_t> prompt = {1, 9690, 28, 198, 504, 3458, 282, 4649, 314};
     mk_range_options o = cuda_options();

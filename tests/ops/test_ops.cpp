@@ -21,21 +21,11 @@
 
 #include "cpu_ops.h"
 #include "kernels.h"
+#include "mk_test_util.h"
 
 namespace {
 
 // ============================================================================ device ==
-
-bool device_available() {
-    static int cached = -1;
-    if (cached < 0) {
-        int n = 0;
-        const cudaError_t e = cudaGetDeviceCount(&n);
-        cached = (e == cudaSuccess && n > 0) ? 1 : 0;
-        if (e != cudaSuccess) (void)cudaGetLastError();
-    }
-    return cached == 1;
-}
 
 #define CUDA_OK(expr)                                                                          \
     do {                                                                                       \
@@ -190,7 +180,7 @@ template <class T>
 class OpTest : public ::testing::Test {
 protected:
     void SetUp() override {
-        if (!device_available()) GTEST_SKIP() << "no CUDA device";
+        MK_REQUIRE_DEVICE();
         ASSERT_EQ(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), cudaSuccess);
     }
     void TearDown() override {
