@@ -437,6 +437,7 @@ static mk_status gg_open_bytes(const uint8_t *base, size_t size, void *map, mk_g
 }
 
 mk_status mk_gguf_open_memory(const void *data, size_t len, mk_gguf **out) {
+    mk_clear_error();
     if (!out) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_gguf_open_memory: NULL out");
     *out = NULL;
     if (!data && len > 0) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_gguf_open_memory: NULL data");
@@ -445,6 +446,7 @@ mk_status mk_gguf_open_memory(const void *data, size_t len, mk_gguf **out) {
 }
 
 mk_status mk_gguf_open(const char *path, mk_gguf **out) {
+    mk_clear_error();
     if (!out) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_gguf_open: NULL out");
     *out = NULL;
     if (!path) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_gguf_open: NULL path");
@@ -823,6 +825,7 @@ static mk_status gg_check_shape(const mk_gguf *g, const char *name, uint32_t n_d
 }
 
 mk_status mk_gguf_read_hparams(const mk_gguf *g, mk_hparams *hp, char *arch, size_t arch_cap) {
+    mk_clear_error();
     if (!g || !hp) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_gguf_read_hparams: NULL argument");
     char a[64];
     MK_TRY(mk_gguf_architecture(g, a, sizeof a));

@@ -22,6 +22,7 @@ mk_hparams mk_hparams_seed_default(void) {
 }
 
 mk_status mk_hparams_validate(const mk_hparams *hp) {
+    mk_clear_error();
     if (!hp) return mk_fail(MK_ERR_INVALID_ARGUMENT, "hparams is NULL");
     if (!hp->vocab || !hp->hidden || !hp->n_layers || !hp->n_heads || !hp->n_kv_heads || !hp->head_dim ||
         !hp->intermediate || !hp->max_context)
@@ -133,6 +134,7 @@ static size_t mk_tensor_elems(const mk_hparams *hp, const char *name, bool *is_n
 }
 
 mk_status mk_model_create_random(const mk_hparams *hp, uint64_t seed, const char *architecture, mk_model **out) {
+    mk_clear_error();
     if (!out) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_model_create_random: out is NULL");
     *out = NULL;
     MK_TRY(mk_hparams_validate(hp));

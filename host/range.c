@@ -204,6 +204,7 @@ static void mk_range_activations(mk_range *r, mk_carver *c) {
 
 mk_status mk_range_create(const mk_model *model, int64_t start, int64_t end, const mk_range_options *options,
                           mk_range **out) {
+    mk_clear_error();
     if (!model || !out) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_range_create: NULL argument");
     *out = NULL;
     const mk_range_options defaults = mk_range_options_default();
@@ -283,6 +284,7 @@ void mk_range_free(mk_range *r) {
 static size_t mk_kv_slab_elems(const mk_range *r) { return r->max_context * r->hp.n_kv_heads * r->hp.head_dim; }
 
 mk_status mk_sequence_open(mk_range *r, mk_sequence **out) {
+    mk_clear_error();
     if (!r || !out) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_sequence_open: NULL argument");
     *out = NULL;
     mk_sequence *seq = calloc(1, sizeof *seq);
@@ -312,6 +314,7 @@ void mk_sequence_close(mk_sequence *seq) {
 }
 
 mk_status mk_sequence_reset(mk_sequence *seq) {
+    mk_clear_error();
     if (!seq) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_sequence_reset: NULL sequence");
     seq->length = 0; /* stale cache rows are never read: attention reads [0, length) */
     return MK_OK;
@@ -483,6 +486,7 @@ static mk_status mk_emit_tail(mk_range *r, size_t rows, const mk_sampling_contra
 mk_status mk_range_forward(mk_range *r, mk_sequence *seq, const int32_t *token_ids, size_t n_tokens,
                            const mk_bundle *bundle, const mk_sampling_contract *sampling, mk_bundle **out_bundle,
                            mk_tail_output **out_tail) {
+    mk_clear_error();
     if (!r || !seq) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_range_forward: NULL range or sequence");
     if (seq->range != r) return mk_fail(MK_ERR_INVALID_ARGUMENT, "sequence belongs to another range");
     const bool tail = mk_role_owns_final_head(r->role);

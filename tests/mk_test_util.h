@@ -85,6 +85,21 @@ inline int mk_test_device_count(std::string *error) {
                                             << ": " << mk_last_error();            \
     } while (0)
 
+// A failing call: the expected status, and a message of its own that names the problem
+// (`needle` is a part specific to the case; a stale or generic message does not pass).
+inline ::testing::AssertionResult mk_error_is(const char *expr_text, mk_status got, mk_status want, const char *needle) {
+    const std::string message = mk_last_error();
+    if (got != want)
+        return ::testing::AssertionFailure() << expr_text << ": got " << mk_status_name(got) << ", want "
+                                             << mk_status_name(want) << " (message: '" << message << "')";
+    if (message.find(needle) == std::string::npos)
+        return ::testing::AssertionFailure() << expr_text << ": message '" << message << "' does not name '" << needle
+                                             << "'";
+    return ::testing::AssertionSuccess();
+}
+#define EXPECT_ERROR(expr, want, needle) EXPECT_TRUE(mk_error_is(#expr, (expr), (want), (needle)))
+#define ASSERT_ERROR(expr, want, needle) ASSERT_TRUE(mk_error_is(#expr, (expr), (want), (needle)))
+
 struct ModelDeleter { void operator()(mk_model *m) const { mk_model_free(m); } };
 struct RangeDeleter { void operator()(mk_range *r) const { mk_range_free(r); } };
 struct SequenceDeleter { void operator()(mk_sequence *s) const { mk_sequence_close(s); } };

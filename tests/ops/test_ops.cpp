@@ -426,9 +426,9 @@ TEST_P(AttentionDecode, MatchesCpu) {
     CUDA_OK(dout.poison());
     CUDA_OK(dws.poison());
     // too small a workspace is refused
-    EXPECT_EQ(mk_kernel_attention_decode(dout.ptr<float>(), dq.ptr<float>(), dk.ptr<float>(), dv.ptr<float>(), c.past,
-                                         c.n_heads, c.n_kv_heads, c.head_dim, dws.ptr(), ws_bytes - 4, stream_),
-              MK_ERR_INVALID_ARGUMENT);
+    EXPECT_ERROR(mk_kernel_attention_decode(dout.ptr<float>(), dq.ptr<float>(), dk.ptr<float>(), dv.ptr<float>(), c.past,
+                                            c.n_heads, c.n_kv_heads, c.head_dim, dws.ptr(), ws_bytes - 4, stream_),
+                 MK_ERR_INVALID_ARGUMENT, "mk_kernel_attention_decode: workspace");
     MK_OK_(mk_kernel_attention_decode(dout.ptr<float>(), dq.ptr<float>(), dk.ptr<float>(), dv.ptr<float>(), c.past,
                                       c.n_heads, c.n_kv_heads, c.head_dim, dws.ptr(), ws_bytes, stream_));
     CUDA_OK(cudaStreamSynchronize(stream_));
@@ -740,23 +740,32 @@ TEST_F(OpTest, ShapeAndArgumentErrors) {
     GuardedBuf b(4096);
     float *f = b.ptr<float>();
     int32_t *i = b.ptr<int32_t>();
-    EXPECT_EQ(mk_kernel_embed(f, f, MK_DTYPE_I32, i, 1, 4, 4, stream_), MK_ERR_INVALID_ARGUMENT);
-    EXPECT_EQ(mk_kernel_embed(f, f, MK_DTYPE_F32, i, 1, 0, 4, stream_), MK_ERR_SHAPE);
-    EXPECT_EQ(mk_kernel_rmsnorm(f, f, f, 2, 0, 1e-5f, stream_), MK_ERR_SHAPE);
-    EXPECT_EQ(mk_kernel_rmsnorm(nullptr, f, f, 2, 4, 1e-5f, stream_), MK_ERR_INVALID_ARGUMENT);
-    EXPECT_EQ(mk_kernel_rope(f, i, 1, 1, 7, 10000.0f, MK_ROPE_ROTATE_HALF, stream_), MK_ERR_SHAPE);
-    EXPECT_EQ(mk_kernel_rope(f, i, 1, 1, 258, 10000.0f, MK_ROPE_ROTATE_HALF, stream_), MK_ERR_SHAPE);
-    EXPECT_EQ(mk_kernel_rope(f, i, 1, 1, 8, 10000.0f, (mk_rope_layout)9, stream_), MK_ERR_INVALID_ARGUMENT);
-    EXPECT_EQ(mk_kernel_attention_prefill(f, f, f, f, 1, 0, 6, 4, 8, stream_), MK_ERR_SHAPE); // 6 % 4
-    EXPECT_EQ(mk_kernel_attention_prefill(f, f, f, f, 1, 0, 4, 4, 5, stream_), MK_ERR_SHAPE); // odd head_dim
-    EXPECT_EQ(mk_kernel_attention_decode(f, f, f, f, 0, 4, 0, 8, f, 4096, stream_), MK_ERR_SHAPE);
-    EXPECT_EQ(mk_kernel_swiglu(f, f, f, MK_DTYPE_I64, 4, stream_), MK_ERR_INVALID_ARGUMENT);
-    EXPECT_EQ(mk_kernel_argmax(i, f, 1, 0, stream_), MK_ERR_SHAPE);
-    EXPECT_EQ(mk_kernel_argmax(i, f, 1, (size_t)1 << 31, stream_), MK_ERR_SHAPE);
-    EXPECT_EQ(mk_kernel_convert(f, MK_DTYPE_I32, f, MK_DTYPE_F32, 4, stream_), MK_ERR_INVALID_ARGUMENT);
-    EXPECT_EQ(mk_kernel_last_row(f, f, 0, 4, stream_), MK_ERR_SHAPE);
-    EXPECT_EQ(mk_kernel_kv_append(f, f, f, f, 0, 1, 0, stream_), MK_ERR_SHAPE);
-    EXPECT_STRNE(mk_last_error(), "");
+    EXPECT_ERROR(mk_kernel_embed(f, f, MK_DTYPE_I32, i, 1, 4, 4, stream_), MK_ERR_INVALID_ARGUMENT,
+                 "mk_kernel_embed: table dtype 4 is not F32/F16/BF16");
+    EXPECT_ERROR(mk_kernel_embed(f, f, MK_DTYPE_F32, i, 1, 0, 4, stream_), MK_ERR_SHAPE, "mk_kernel_embed: hidden 0, vocab 4");
+    EXPECT_ERROR(mk_kernel_rmsnorm(f, f, f, 2, 0, 1e-5f, stream_), MK_ERR_SHAPE, "mk_kernel_rmsnorm: zero columns");
+    EXPECT_ERROR(mk_kernel_rmsnorm(nullptr, f, f, 2, 4, 1e-5f, stream_), MK_ERR_INVALID_ARGUMENT,
+                 "mk_kernel_rmsnorm: null pointer");
+    EXPECT_ERROR(mk_kernel_rope(f, i, 1, 1, 7, 10000.0f, MK_ROPE_ROTATE_HALF, stream_), MK_ERR_SHAPE,
+                 "mk_kernel_rope: head_dim 7 must be even");
+    EXPECT_ERROR(mk_kernel_rope(f, i, 1, 1, 258, 10000.0f, MK_ROPE_ROTATE_HALF, stream_), MK_ERR_SHAPE,
+                 "mk_kernel_rope: head_dim 258 must be even and <= 256");
+    EXPECT_ERROR(mk_kernel_rope(f, i, 1, 1, 8, 10000.0f, (mk_rope_layout)9, stream_), MK_ERR_INVALID_ARGUMENT,
+                 "mk_kernel_rope: unknown layout 9");
+    EXPECT_ERROR(mk_kernel_attention_prefill(f, f, f, f, 1, 0, 6, 4, 8, stream_), MK_ERR_SHAPE,
+                 "n_heads 6 must be a multiple of n_kv_heads 4");
+    EXPECT_ERROR(mk_kernel_attention_prefill(f, f, f, f, 1, 0, 4, 4, 5, stream_), MK_ERR_SHAPE,
+                 "mk_kernel_attention_prefill: head_dim 5 must be even");
+    EXPECT_ERROR(mk_kernel_attention_decode(f, f, f, f, 0, 4, 0, 8, f, 4096, stream_), MK_ERR_SHAPE,
+                 "mk_kernel_attention_decode: n_heads 4 must be a multiple of n_kv_heads 0");
+    EXPECT_ERROR(mk_kernel_swiglu(f, f, f, MK_DTYPE_I64, 4, stream_), MK_ERR_INVALID_ARGUMENT,
+                 "mk_kernel_swiglu: dtype 5 is not F32/F16/BF16");
+    EXPECT_ERROR(mk_kernel_argmax(i, f, 1, 0, stream_), MK_ERR_SHAPE, "mk_kernel_argmax: row length 0");
+    EXPECT_ERROR(mk_kernel_argmax(i, f, 1, (size_t)1 << 31, stream_), MK_ERR_SHAPE, "mk_kernel_argmax: row length 2147483648");
+    EXPECT_ERROR(mk_kernel_convert(f, MK_DTYPE_I32, f, MK_DTYPE_F32, 4, stream_), MK_ERR_INVALID_ARGUMENT,
+                 "mk_kernel_convert: unsupported dtypes 1 -> 4");
+    EXPECT_ERROR(mk_kernel_last_row(f, f, 0, 4, stream_), MK_ERR_SHAPE, "mk_kernel_last_row: shape [0, 4]");
+    EXPECT_ERROR(mk_kernel_kv_append(f, f, f, f, 0, 1, 0, stream_), MK_ERR_SHAPE, "mk_kernel_kv_append: zero kv_dim");
     // zero work is a no-op, not an error
     EXPECT_EQ(mk_kernel_rmsnorm(f, f, f, 0, 4, 1e-5f, stream_), MK_OK);
     EXPECT_EQ(mk_kernel_argmax(i, f, 0, 4, stream_), MK_OK);
