@@ -287,6 +287,10 @@ typedef enum mk_rope_layout {
     MK_ROPE_ADJACENT_PAIRS = 2 /* pairs (2i, 2i + 1): GGUF llama exports */
 } mk_rope_layout;
 
+/* Largest head_dim a model may have (mk_hparams_validate refuses more): the kernels keep
+ * a head's row in shared memory and registers. */
+#define MK_MAX_HEAD_DIM 256
+
 typedef struct mk_hparams {
     size_t vocab;
     size_t hidden;
