@@ -11,6 +11,7 @@
 #include "backend.h"
 #include "model.h"
 #include "mk_error.h"
+#include "options.h"
 #include "range.h"
 #include "tensor_schema.h"
 
@@ -86,8 +87,9 @@ static void *mk_carve(mk_carver *c, size_t bytes) {
 }
 
 mk_range_options mk_range_options_default(void) {
-    mk_range_options o = {.architecture = NULL, .backend = mk_backend_config_default(MK_BACKEND_CPU),
-                          .max_context = 0, .max_batch_tokens = 0};
+    mk_range_options o = {.struct_size = sizeof o, .architecture = NULL,
+                          .backend = mk_backend_config_default(MK_BACKEND_CPU), .max_context = 0,
+                          .max_batch_tokens = 0};
     return o;
 }
 
@@ -213,8 +215,9 @@ mk_status mk_range_create(const mk_model *model, int64_t start, int64_t end, con
     mk_clear_error();
     if (!model || !out) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_range_create: NULL argument");
     *out = NULL;
-    const mk_range_options defaults = mk_range_options_default();
-    const mk_range_options *opt = options ? options : &defaults;
+    mk_range_options taken = mk_range_options_default();
+    if (options) MK_TRY(mk_options_take(&taken, sizeof taken, MK_RANGE_OPTIONS_V1_SIZE, options, "mk_range_options"));
+    const mk_range_options *opt = &taken;
     /* Fail closed before touching any weight. */
     const char *advertised = opt->architecture ? opt->architecture : model->architecture;
     MK_TRY(mk_certified_architecture(advertised, NULL));

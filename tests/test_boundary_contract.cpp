@@ -395,3 +395,46 @@ TEST(Parity, AliasArchitectureStillParityMatches) {
 }
 
 }  // namespace
+
+// ------------------------------------------------------------ option structs ---
+
+// Option structs carry struct_size (include/meshkern.h): *_default() sets it, a struct not
+// made by *_default() (struct_size 0) or from a newer header (larger) is refused, and a
+// caller of an older version (smaller, but at least the first versioned layout) is served.
+TEST(OptionStructs, StructSizeIsSetByDefaultAndChecked) {
+    const mk_range_options d = mk_range_options_default();
+    EXPECT_EQ(d.struct_size, sizeof(mk_range_options));
+    EXPECT_EQ(d.backend.struct_size, sizeof(mk_backend_config));
+    EXPECT_EQ(mk_backend_config_default(MK_BACKEND_CUDA).struct_size, sizeof(mk_backend_config));
+
+    ModelPtr model = make_random_model(mk_hparams_seed_default());
+    mk_range *r = nullptr;
+    mk_range_options zeroed;
+    std::memset(&zeroed, 0, sizeof zeroed);
+    EXPECT_ERROR(mk_range_create(model.get(), 0, 5, &zeroed, &r), MK_ERR_INVALID_ARGUMENT,
+                 "mk_range_options.struct_size 0 is not a version this meshkern knows");
+    EXPECT_EQ(r, nullptr);
+    mk_range_options newer = mk_range_options_default();
+    newer.struct_size = sizeof newer + 8;
+    EXPECT_ERROR(mk_range_create(model.get(), 0, 5, &newer, &r), MK_ERR_INVALID_ARGUMENT, "start from mk_range_options_default()");
+    mk_range_options no_backend_size = mk_range_options_default();
+    no_backend_size.backend.struct_size = 0;
+    EXPECT_ERROR(mk_range_create(model.get(), 0, 5, &no_backend_size, &r), MK_ERR_INVALID_ARGUMENT,
+                 "mk_backend_config.struct_size 0");
+    EXPECT_ERROR(Pipeline(model.get(), {2}, zeroed).status(), MK_ERR_INVALID_ARGUMENT, "mk_range_options.struct_size 0");
+
+    // An older caller's struct ends after its last field (no tail padding): accepted, and
+    // its fields are honoured.
+    mk_range_options older = mk_range_options_default();
+    older.max_context = 16;
+    older.struct_size = offsetof(mk_range_options, max_batch_tokens) + sizeof(size_t);
+    MK_ASSERT_OK(mk_range_create(model.get(), 0, 5, &older, &r));
+    RangePtr range(r);
+    mk_sequence *s = nullptr;
+    MK_ASSERT_OK(mk_sequence_open(range.get(), &s));
+    SequencePtr seq(s);
+    std::vector<int32_t> ids(17, 3);
+    mk_tail_output *t = nullptr;
+    EXPECT_ERROR(mk_range_forward(range.get(), s, ids.data(), ids.size(), nullptr, nullptr, nullptr, &t),
+                 MK_ERR_INVALID_ARGUMENT, "forward of 17 rows exceeds this range's max_batch_tokens 16");
+}
