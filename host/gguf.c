@@ -107,8 +107,10 @@ static mk_status gg_string(gg_cursor *c, const char *what, const uint8_t **chars
 
 /* A key or tensor name: non-empty, no NUL inside; copied NUL-terminated. */
 static mk_status gg_name(gg_cursor *c, const char *what, char **out) {
-    const uint8_t *chars;
-    size_t len, at = c->pos;
+    /* Initialised: the compiler cannot see that gg_string sets both whenever it returns
+     * MK_OK (its failures return mk_fail's value, which it does not know is non-zero). */
+    const uint8_t *chars = NULL;
+    size_t len = 0, at = c->pos;
     MK_TRY(gg_string(c, what, &chars, &len));
     if (len == 0) return mk_fail(MK_ERR_GGUF_STRING, "gguf: empty %s at byte %zu", what, at);
     if (memchr(chars, 0, len))
