@@ -202,8 +202,10 @@ std::string case_name(const ::testing::TestParamInfo<P> &info) {
 struct NormCase {
     size_t rows, cols;
     bool add;
+    bool tiny = false; // inputs ~1e-3: mean square ~3e-7, below eps, so eps decides the scale
     std::string name() const {
-        return std::string(add ? "add_" : "") + "r" + std::to_string(rows) + "_c" + std::to_string(cols);
+        return std::string(add ? "add_" : "") + "r" + std::to_string(rows) + "_c" + std::to_string(cols) +
+               (tiny ? "_tiny" : "");
     }
 };
 void PrintTo(const NormCase &c, std::ostream *os) { *os << c.name(); }
@@ -214,8 +216,10 @@ TEST_P(RmsNorm, MatchesCpu) {
     const NormCase c = GetParam();
     const size_t n = c.rows * c.cols;
     const float eps = 1e-5f;
-    std::vector<float> x = random_f32(n, 11 + n, 3.0f), w = random_f32(c.cols, 12 + c.cols, 1.5f);
-    std::vector<float> delta = random_f32(n, 13 + n, 0.5f);
+    // Inputs far above eps hide a wrong eps; the tiny cases put the mean square below it.
+    const float scale = c.tiny ? 1e-3f : 1.0f;
+    std::vector<float> x = random_f32(n, 11 + n, 3.0f * scale), w = random_f32(c.cols, 12 + c.cols, 1.5f);
+    std::vector<float> delta = random_f32(n, 13 + n, 0.5f * scale);
     GuardedBuf dx(n * 4), dw(c.cols * 4), dout(n * 4), ddelta(n * 4);
     ASSERT_TRUE(dx.ok() && dw.ok() && dout.ok() && ddelta.ok());
     CUDA_OK(dx.upload(x.data()));
@@ -248,6 +252,8 @@ std::vector<NormCase> norm_cases() {
     v.push_back({4, 8192, true});
     v.push_back({64, 32, false});
     v.push_back({16, 8192, true});
+    for (size_t cols : {1, 33, 576, 4097})
+        for (bool add : {false, true}) v.push_back({cols > 1000 ? size_t(2) : size_t(5), cols, add, true});
     return v;
 }
 INSTANTIATE_TEST_SUITE_P(Ops, RmsNorm, ::testing::ValuesIn(norm_cases()), case_name<NormCase>);
@@ -551,13 +557,14 @@ INSTANTIATE_TEST_SUITE_P(Ops, Swiglu, ::testing::ValuesIn(swiglu_cases()), case_
 
 // ============================================================================= argmax ==
 
-enum class ArgPattern { Random, Ties, Nans, AllNan, NegInf, Misaligned };
+enum class ArgPattern { Random, Ties, Nans, AllNan, NegInf, Misaligned, ThreadTies, ThreadTiesMisaligned };
 
 struct ArgmaxCase {
     size_t rows, n;
     ArgPattern pattern;
     std::string name() const {
-        static const char *tags[] = {"random", "ties", "nans", "allnan", "neginf", "misaligned"};
+        static const char *tags[] = {"random", "ties", "nans", "allnan", "neginf", "misaligned", "threadties",
+                                     "threadties_misaligned"};
         return std::string(tags[(int)pattern]) + "_r" + std::to_string(rows) + "_n" + std::to_string(n);
     }
 };
@@ -582,6 +589,16 @@ TEST_P(Argmax, ExactLowestIndex) {
                 for (size_t i : at) xr[i] = 50.0f;
                 break;
             }
+            case ArgPattern::ThreadTies:
+            case ArgPattern::ThreadTiesMisaligned: {
+                // Ties one thread sees in its own scan, whatever the block size (32, 256 or
+                // 1024 threads) and load width: the same 16-byte load (+1..+3) and the same
+                // thread's later strides (+32 .. +8192). The lowest is a multiple of 4.
+                const size_t a = (rng() % (c.n / 2 + 1)) & ~size_t(3);
+                for (size_t off : {0, 1, 2, 3, 32, 64, 256, 512, 1024, 2048, 4096, 8192})
+                    if (a + off < c.n) xr[a + off] = 50.0f;
+                break;
+            }
             case ArgPattern::Nans: // NaNs everywhere, one bigger-looking than anything, and at 0
                 for (size_t i = 0; i < c.n; i += 1 + rng() % 7) xr[i] = qnan;
                 xr[0] = qnan;
@@ -599,7 +616,8 @@ TEST_P(Argmax, ExactLowestIndex) {
         }
     }
     // Misaligned: the rows start 4 bytes into the buffer (no 16-byte loads).
-    const size_t shift = c.pattern == ArgPattern::Misaligned ? 1 : 0;
+    const size_t shift =
+        c.pattern == ArgPattern::Misaligned || c.pattern == ArgPattern::ThreadTiesMisaligned ? 1 : 0;
     GuardedBuf dx((total + shift) * 4), dout(c.rows * 4);
     std::vector<float> hx(total + shift, 1e30f);
     std::copy(x.begin(), x.end(), hx.begin() + shift);
@@ -627,6 +645,9 @@ std::vector<ArgmaxCase> argmax_cases() {
     v.push_back({1, 262144, ArgPattern::Nans});
     v.push_back({1, 256000, ArgPattern::Random});
     v.push_back({1, 151937, ArgPattern::Ties});
+    for (size_t n : {100, 1000, 4097, 49152}) v.push_back({3, n, ArgPattern::ThreadTies});
+    v.push_back({3, 1000, ArgPattern::ThreadTiesMisaligned});
+    v.push_back({2, 8192, ArgPattern::ThreadTiesMisaligned});
     return v;
 }
 INSTANTIATE_TEST_SUITE_P(Ops, Argmax, ::testing::ValuesIn(argmax_cases()), case_name<ArgmaxCase>);
