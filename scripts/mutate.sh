@@ -127,8 +127,8 @@ for m in "${MUTATIONS[@]}"; do
     restore
     continue
   fi
-  changed=$(diff "$ROOT/$file" "$SRC/$file" | grep -c '^>')
-  log "== $id ($file, $changed line(s) changed; tests: $spec)"
+  changed=$(diff "$ROOT/$file" "$SRC/$file" | grep -c '^[<>]')
+  log "== $id ($file, $changed line(s) differ; tests: $spec)"
   echo "==== $id" >>"$WORK/run.log"
   if [ "$spec" != api ] && ! ninja -C "$BUILD" -j "$JOBS" "${TARGETS[@]}" >>"$WORK/build.log" 2>&1; then
     verdict="build failed (not counted)"

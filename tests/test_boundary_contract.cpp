@@ -182,6 +182,11 @@ TEST(InputSide, BoundarySeamLayerMismatchIsRejected) {
     std::string msg;
     EXPECT_EQ(forward_bundle(wrong.get(), bundle.get(), &msg), MK_ERR_SEAM_MISMATCH);
     EXPECT_NE(msg.find("starts at layer 4"), std::string::npos) << msg;
+    // A range that starts before the cut (it would run layers the bundle already went
+    // through) is refused too, not only one that starts after it.
+    RangePtr behind = make_range(model.get(), 2, 5);
+    EXPECT_EQ(forward_bundle(behind.get(), bundle.get(), &msg), MK_ERR_SEAM_MISMATCH);
+    EXPECT_NE(msg.find("starts at layer 2"), std::string::npos) << msg;
 }
 
 TEST(InputSide, NormalizedBundleIsRejected) {
