@@ -49,11 +49,11 @@ else
   log "CMake configure failed (see configure.log); standalone nvcc build"
   SA="$BUILD/standalone"
   mkdir -p "$SA"
-  INC=(-I"$ROOT/include" -I"$ROOT/host" -I"$ROOT/kernels")
+  INC=(-I"$ROOT/include" -I"$ROOT/common" -I"$ROOT/host" -I"$ROOT/kernels" -I"$ROOT/kernels/nvcc" -I"$ROOT/tests")
   NVFLAGS=(-O3 -std=c++17 -gencode "arch=compute_$ARCHS,code=sm_$ARCHS" -Xptxas -v "${INC[@]}")
   objs=()
   {
-    gcc -O2 -std=c11 -c "$ROOT/host/error.c" -I"$ROOT/include" -o "$SA/error.o" &&
+    gcc -O2 -std=c11 -c "$ROOT/host/error.c" -I"$ROOT/include" -I"$ROOT/common" -o "$SA/error.o" &&
     gcc -O2 -std=c11 -c "$ROOT/host/cpu_ops.c" -I"$ROOT/include" -I"$ROOT/bench/standalone" -o "$SA/cpu_ops.o"
   } >"$RESULTS/build.log" 2>&1 || { tail -30 "$RESULTS/build.log"; die 3 "host build failed"; }
   pids=()

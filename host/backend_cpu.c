@@ -7,6 +7,7 @@
 #include "backend.h"
 #include "cpu_ops.h"
 #include "mk_error.h"
+#include "options.h"
 
 static void cpu_destroy(mk_backend *b) { free(b); }
 
@@ -142,6 +143,9 @@ size_t mk_backend_weight_elem_size(const mk_backend *b) {
 mk_status mk_backend_create(const mk_backend_config *config, mk_backend **out) {
     if (out) *out = NULL;
     if (!config || !out) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_backend_create: NULL argument");
+    mk_backend_config taken = mk_backend_config_default(MK_BACKEND_CPU);
+    MK_TRY(mk_options_take(&taken, sizeof taken, MK_BACKEND_CONFIG_V1_SIZE, config, "mk_backend_config"));
+    config = &taken;
     switch (config->kind) {
         case MK_BACKEND_CPU: return mk_backend_cpu_create(config, out);
         case MK_BACKEND_CUDA: return mk_backend_cuda_create(config, out);

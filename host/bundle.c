@@ -21,6 +21,7 @@ static void mk_bundle_set_defaults(mk_bundle *b) {
 }
 
 mk_status mk_bundle_create(size_t batch, size_t seq, size_t hidden, mk_bundle **out) {
+    mk_clear_error();
     if (!out) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_bundle_create: out is NULL");
     *out = NULL;
     if (batch == 0 || seq == 0 || hidden == 0)
@@ -57,6 +58,7 @@ void mk_bundle_free(mk_bundle *b) {
 }
 
 mk_status mk_bundle_clone(const mk_bundle *src, mk_bundle **out) {
+    mk_clear_error();
     if (!src) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_bundle_clone: src is NULL");
     MK_TRY(mk_bundle_create(src->batch, src->seq, src->hidden, out));
     mk_bundle *b = *out;
@@ -74,6 +76,7 @@ mk_status mk_bundle_clone(const mk_bundle *src, mk_bundle **out) {
 void mk_buffer_free(void *buffer) { free(buffer); }
 
 mk_status mk_bundle_tensor_fields(const mk_bundle *b, mk_tensor_fields *out) {
+    mk_clear_error();
     if (!b || !out) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_bundle_tensor_fields: NULL argument");
     out->name = b->tensor_name;
     out->dtype = MK_DTYPE_F32;
@@ -129,12 +132,14 @@ static mk_status mk_bundle_describe(const mk_bundle *b, mk_bundle_message *m) {
 }
 
 size_t mk_bundle_packed_size(const mk_bundle *b) {
+    mk_clear_error();
     mk_bundle_message m;
     if (mk_bundle_describe(b, &m) != MK_OK) return 0;
     return meshkern__v1__tensor_bundle__get_packed_size(&m.msg);
 }
 
 mk_status mk_bundle_pack_to(const mk_bundle *b, uint8_t *buffer, size_t capacity, size_t *out_len) {
+    mk_clear_error();
     if (!buffer || !out_len) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_bundle_pack_to: NULL argument");
     mk_bundle_message m;
     MK_TRY(mk_bundle_describe(b, &m));
@@ -147,6 +152,7 @@ mk_status mk_bundle_pack_to(const mk_bundle *b, uint8_t *buffer, size_t capacity
 }
 
 mk_status mk_bundle_pack(const mk_bundle *b, uint8_t **out, size_t *out_len) {
+    mk_clear_error();
     if (!b || !out || !out_len) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_bundle_pack: NULL argument");
     mk_bundle_message m;
     MK_TRY(mk_bundle_describe(b, &m));
@@ -257,6 +263,7 @@ static mk_status mk_bundle_from_message(Meshkern__V1__TensorBundle *msg, mk_bund
 }
 
 mk_status mk_bundle_unpack(const uint8_t *bytes, size_t len, mk_bundle **out) {
+    mk_clear_error();
     if (!out) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_bundle_unpack: out is NULL");
     *out = NULL;
     if (!bytes && len) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_bundle_unpack: bytes is NULL");
@@ -281,6 +288,7 @@ static Meshkern__V1__ArchitectureType mk_wire_arch(mk_protocol_arch arch) {
 
 mk_status mk_protocol_bundle_pack(mk_protocol_arch arch, const mk_named_payload *payloads, size_t n,
                                   uint8_t **out, size_t *out_len) {
+    mk_clear_error();
     if (!out || !out_len || (!payloads && n))
         return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_protocol_bundle_pack: NULL argument");
     if (mk_wire_arch(arch) == MESHKERN__V1__ARCHITECTURE_TYPE__ARCHITECTURE_TYPE_UNSPECIFIED)
@@ -324,6 +332,7 @@ mk_status mk_protocol_bundle_pack(mk_protocol_arch arch, const mk_named_payload 
 }
 
 mk_status mk_protocol_bundle_validate(const uint8_t *bytes, size_t len, mk_protocol_arch *arch) {
+    mk_clear_error();
     if (!bytes && len) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_protocol_bundle_validate: bytes is NULL");
     Meshkern__V1__TensorBundle *msg = meshkern__v1__tensor_bundle__unpack(NULL, len, bytes);
     if (!msg) return mk_fail(MK_ERR_WIRE_DECODE, "bytes (%zu) are not a valid TensorBundle message", len);

@@ -15,8 +15,6 @@
 extern "C" {
 #endif
 
-#define MK_MAX_HEAD_DIM 256 /* validated by mk_hparams_validate */
-
 /* out[i, :] = table[ids[i], :]. Caller guarantees ids are < vocab. */
 void mk_cpu_embed(float *out /* [n, hidden] */, const float *table /* [vocab, hidden] */,
                   const int32_t *ids /* [n] */, size_t n, size_t hidden);

@@ -29,6 +29,7 @@ static mk_status mk_gguf_digest(const mk_gguf *g, const mk_hparams *hp, char out
 }
 
 mk_status mk_model_open_gguf(const char *path, mk_model **out) {
+    mk_clear_error();
     if (!path || !out) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_model_open_gguf: NULL argument");
     *out = NULL;
     mk_gguf *g = NULL;

@@ -15,6 +15,7 @@ struct mk_pipeline {
 
 mk_status mk_pipeline_create(const mk_model *model, const int64_t *cuts, size_t n_cuts, const mk_range_options *options,
                              bool through_wire, mk_pipeline **out) {
+    mk_clear_error();
     if (!model || !out || (n_cuts && !cuts)) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_pipeline_create: NULL argument");
     *out = NULL;
     const int64_t n_layers = (int64_t)mk_model_hparams(model)->n_layers;
@@ -78,6 +79,7 @@ static mk_status mk_pipeline_cross(mk_pipeline *p, mk_bundle **bundle) {
 }
 
 mk_status mk_pipeline_step(mk_pipeline *p, const int32_t *tokens, size_t n_tokens, mk_tail_output **out) {
+    mk_clear_error();
     if (!p || !out) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_pipeline_step: NULL argument");
     *out = NULL;
     /* A step is all or nothing: if a later range fails, the earlier ranges' sequences
@@ -105,6 +107,7 @@ mk_status mk_pipeline_step(mk_pipeline *p, const int32_t *tokens, size_t n_token
 }
 
 mk_status mk_pipeline_reset(mk_pipeline *p) {
+    mk_clear_error();
     if (!p) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_pipeline_reset: NULL pipeline");
     for (size_t i = 0; i < p->n_ranges; i++) MK_TRY(mk_sequence_reset(p->sequences[i]));
     return MK_OK;

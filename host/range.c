@@ -11,7 +11,9 @@
 #include "backend.h"
 #include "model.h"
 #include "mk_error.h"
+#include "options.h"
 #include "range.h"
+#include "tensor_schema.h"
 
 typedef struct mk_layer_weights {
     float *attn_norm; /* [hidden] f32 */
@@ -85,8 +87,9 @@ static void *mk_carve(mk_carver *c, size_t bytes) {
 }
 
 mk_range_options mk_range_options_default(void) {
-    mk_range_options o = {.architecture = NULL, .backend = mk_backend_config_default(MK_BACKEND_CPU),
-                          .max_context = 0, .max_batch_tokens = 0};
+    mk_range_options o = {.struct_size = sizeof o, .architecture = NULL,
+                          .backend = mk_backend_config_default(MK_BACKEND_CPU), .max_context = 0,
+                          .max_batch_tokens = 0};
     return o;
 }
 
@@ -101,7 +104,6 @@ const char *mk_range_recipe_digest(const mk_range *r) { return r->digest; }
 /* Carve (or, on the second pass, load) every weight the range owns. */
 static mk_status mk_range_weights(mk_range *r, mk_carver *c, float *staging) {
     const mk_hparams *hp = &r->hp;
-    const size_t q_dim = hp->n_heads * hp->head_dim, kv_dim = hp->n_kv_heads * hp->head_dim;
     const size_t welem = mk_backend_weight_elem_size(r->backend);
     mk_backend *b = r->backend;
     const bool loading = c->base != NULL;
@@ -123,44 +125,50 @@ static mk_status mk_range_weights(mk_range *r, mk_carver *c, float *staging) {
         }                                                                             \
     } while (0)
 
-    const bool tied = !mk_model_has_tensor(r->model, "output.weight");
-    if (mk_role_owns_embedding(r->role) || (mk_role_owns_final_head(r->role) && tied))
-        MK_MATRIX(r->token_embd, "token_embd.weight", hp->vocab * hp->hidden);
+    /* Names and sizes come from the tensor schema; this says only where each one goes. */
     char name[96];
+#define MK_TENSOR(dst, kind, layer)                                                                 \
+    do {                                                                                            \
+        mk_tensor_name((kind), (layer), name, sizeof name);                                         \
+        if (mk_tensor_is_vector(kind)) MK_VECTOR(dst, name, mk_tensor_elems(hp, (kind)));           \
+        else MK_MATRIX(dst, name, mk_tensor_elems(hp, (kind)));                                     \
+    } while (0)
+    char output_name[96];
+    const bool tied = !mk_model_has_tensor(r->model, mk_tensor_name(MK_TENSOR_OUTPUT, 0, output_name, sizeof output_name));
+    if (mk_role_owns_embedding(r->role) || (mk_role_owns_final_head(r->role) && tied))
+        MK_TENSOR(r->token_embd, MK_TENSOR_TOKEN_EMBD, 0);
     for (int64_t l = r->start; l <= r->end; l++) {
         mk_layer_weights *w = &r->layers[l - r->start];
-#define MK_LAYER_NAME(part) (snprintf(name, sizeof name, "blk.%lld." part, (long long)l), name)
-        MK_VECTOR(w->attn_norm, MK_LAYER_NAME("attn_norm.weight"), hp->hidden);
-        MK_MATRIX(w->wq, MK_LAYER_NAME("attn_q.weight"), q_dim * hp->hidden);
-        MK_MATRIX(w->wk, MK_LAYER_NAME("attn_k.weight"), kv_dim * hp->hidden);
-        MK_MATRIX(w->wv, MK_LAYER_NAME("attn_v.weight"), kv_dim * hp->hidden);
-        MK_MATRIX(w->wo, MK_LAYER_NAME("attn_output.weight"), hp->hidden * q_dim);
-        MK_VECTOR(w->ffn_norm, MK_LAYER_NAME("ffn_norm.weight"), hp->hidden);
-        MK_MATRIX(w->w_gate, MK_LAYER_NAME("ffn_gate.weight"), hp->intermediate * hp->hidden);
-        MK_MATRIX(w->w_up, MK_LAYER_NAME("ffn_up.weight"), hp->intermediate * hp->hidden);
-        MK_MATRIX(w->w_down, MK_LAYER_NAME("ffn_down.weight"), hp->hidden * hp->intermediate);
-#undef MK_LAYER_NAME
+        MK_TENSOR(w->attn_norm, MK_TENSOR_ATTN_NORM, l);
+        MK_TENSOR(w->wq, MK_TENSOR_ATTN_Q, l);
+        MK_TENSOR(w->wk, MK_TENSOR_ATTN_K, l);
+        MK_TENSOR(w->wv, MK_TENSOR_ATTN_V, l);
+        MK_TENSOR(w->wo, MK_TENSOR_ATTN_OUTPUT, l);
+        MK_TENSOR(w->ffn_norm, MK_TENSOR_FFN_NORM, l);
+        MK_TENSOR(w->w_gate, MK_TENSOR_FFN_GATE, l);
+        MK_TENSOR(w->w_up, MK_TENSOR_FFN_UP, l);
+        MK_TENSOR(w->w_down, MK_TENSOR_FFN_DOWN, l);
     }
     if (mk_role_owns_final_head(r->role)) {
-        MK_VECTOR(r->output_norm, "output_norm.weight", hp->hidden);
+        MK_TENSOR(r->output_norm, MK_TENSOR_OUTPUT_NORM, 0);
         if (tied) {
             r->lm_head = r->token_embd;
         } else {
             void *head;
-            MK_MATRIX(head, "output.weight", hp->vocab * hp->hidden);
+            MK_TENSOR(head, MK_TENSOR_OUTPUT, 0);
             r->lm_head = head;
         }
     }
+#undef MK_TENSOR
 #undef MK_MATRIX
 #undef MK_VECTOR
     return MK_OK;
 }
 
 static size_t mk_range_largest_tensor(const mk_hparams *hp) {
-    size_t n = hp->vocab * hp->hidden;
-    const size_t q = hp->n_heads * hp->head_dim * hp->hidden, ffn = hp->intermediate * hp->hidden;
-    if (q > n) n = q;
-    if (ffn > n) n = ffn;
+    size_t n = 0;
+    for (int k = 0; k < MK_TENSOR_KIND_COUNT; k++)
+        if (mk_tensor_elems(hp, (mk_tensor_kind)k) > n) n = mk_tensor_elems(hp, (mk_tensor_kind)k);
     return n;
 }
 
@@ -204,10 +212,12 @@ static void mk_range_activations(mk_range *r, mk_carver *c) {
 
 mk_status mk_range_create(const mk_model *model, int64_t start, int64_t end, const mk_range_options *options,
                           mk_range **out) {
+    mk_clear_error();
     if (!model || !out) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_range_create: NULL argument");
     *out = NULL;
-    const mk_range_options defaults = mk_range_options_default();
-    const mk_range_options *opt = options ? options : &defaults;
+    mk_range_options taken = mk_range_options_default();
+    if (options) MK_TRY(mk_options_take(&taken, sizeof taken, MK_RANGE_OPTIONS_V1_SIZE, options, "mk_range_options"));
+    const mk_range_options *opt = &taken;
     /* Fail closed before touching any weight. */
     const char *advertised = opt->architecture ? opt->architecture : model->architecture;
     MK_TRY(mk_certified_architecture(advertised, NULL));
@@ -283,6 +293,7 @@ void mk_range_free(mk_range *r) {
 static size_t mk_kv_slab_elems(const mk_range *r) { return r->max_context * r->hp.n_kv_heads * r->hp.head_dim; }
 
 mk_status mk_sequence_open(mk_range *r, mk_sequence **out) {
+    mk_clear_error();
     if (!r || !out) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_sequence_open: NULL argument");
     *out = NULL;
     mk_sequence *seq = calloc(1, sizeof *seq);
@@ -312,6 +323,7 @@ void mk_sequence_close(mk_sequence *seq) {
 }
 
 mk_status mk_sequence_reset(mk_sequence *seq) {
+    mk_clear_error();
     if (!seq) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_sequence_reset: NULL sequence");
     seq->length = 0; /* stale cache rows are never read: attention reads [0, length) */
     return MK_OK;
@@ -483,6 +495,7 @@ static mk_status mk_emit_tail(mk_range *r, size_t rows, const mk_sampling_contra
 mk_status mk_range_forward(mk_range *r, mk_sequence *seq, const int32_t *token_ids, size_t n_tokens,
                            const mk_bundle *bundle, const mk_sampling_contract *sampling, mk_bundle **out_bundle,
                            mk_tail_output **out_tail) {
+    mk_clear_error();
     if (!r || !seq) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_range_forward: NULL range or sequence");
     if (seq->range != r) return mk_fail(MK_ERR_INVALID_ARGUMENT, "sequence belongs to another range");
     const bool tail = mk_role_owns_final_head(r->role);

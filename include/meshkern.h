@@ -96,7 +96,12 @@ typedef enum mk_status {
 /* Symbolic name of a status ("MK_ERR_SEAM_MISMATCH"); never NULL. */
 MK_API const char *mk_status_name(mk_status status);
 /* Message of the last failure on this thread ("" if none). Valid until the next call
- * into meshkern on this thread. */
+ * into meshkern on this thread.
+ * Every call that can fail (each one returning an mk_status, and mk_bundle_packed_size)
+ * clears the message on entry, so after a failure the message is that failure's own, never
+ * one left by an earlier call. Calls that cannot fail (names, getters, *_default, the free
+ * functions) leave it alone: cleaning up, or naming the status, before reading the message
+ * keeps it. */
 MK_API const char *mk_last_error(void);
 
 /* ====================================================== architecture registry == */
@@ -288,6 +293,10 @@ typedef enum mk_rope_layout {
     MK_ROPE_ADJACENT_PAIRS = 2 /* pairs (2i, 2i + 1): GGUF llama exports */
 } mk_rope_layout;
 
+/* Largest head_dim a model may have (mk_hparams_validate refuses more): the kernels keep
+ * a head's row in shared memory and registers. */
+#define MK_MAX_HEAD_DIM 256
+
 typedef struct mk_hparams {
     size_t vocab;
     size_t hidden;
@@ -326,7 +335,15 @@ MK_API const char *mk_model_digest(const mk_model *model);
 
 typedef enum mk_backend_kind { MK_BACKEND_CPU = 1, MK_BACKEND_CUDA = 2 } mk_backend_kind;
 
+/* Option structs (mk_backend_config, mk_range_options) are versioned by their first field,
+ * struct_size, which their *_default() function sets to the size of the struct the caller
+ * was compiled with. Always start from *_default() and then change fields: later versions
+ * of meshkern only append fields, read just the struct_size bytes a caller has, and give
+ * the fields it lacks their defaults. A struct_size meshkern does not know (0 from a
+ * struct not made by *_default(), or one larger than its own) is refused with
+ * MK_ERR_INVALID_ARGUMENT. */
 typedef struct mk_backend_config {
+    size_t struct_size;    /* sizeof(mk_backend_config), set by mk_backend_config_default */
     mk_backend_kind kind;
     int device;            /* cuda device index */
     mk_dtype weight_dtype; /* F32 (default), F16, BF16 */
@@ -340,7 +357,9 @@ MK_API mk_status mk_backend_kind_from_name(const char *name, mk_backend_kind *ou
 
 typedef struct mk_range mk_range; /* opaque: weights of [start, end], backend state */
 
+/* Versioned by struct_size like mk_backend_config (see there). */
 typedef struct mk_range_options {
+    size_t struct_size;          /* sizeof(mk_range_options), set by mk_range_options_default */
     const char *architecture;    /* advertised adapter; NULL = the model's */
     mk_backend_config backend;
     size_t max_context;          /* KV positions per sequence; 0 = min(model's, 4096) */

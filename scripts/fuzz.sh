@@ -12,7 +12,7 @@ CC=clang cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMES
 ninja -C "$BUILD" meshkern_core >/dev/null
 LIBS=("$BUILD/host/libmeshkern_core.a" "$BUILD/proto/libmeshkern_proto.a" -lprotobuf-c -lopenblas -lcrypto -lm -lpthread)
 for target in bundle gguf; do
-  clang -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Iinclude -Ihost \
+  clang -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Iinclude -Icommon -Ihost \
     "tests/fuzz/fuzz_$target.c" "${LIBS[@]}" -o "$BUILD/fuzz_$target"
   corpus="$BUILD/corpus_$target"
   mkdir -p "$corpus"

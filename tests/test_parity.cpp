@@ -105,17 +105,22 @@ TEST(Sequences, ContextOverflowAndBadTokensAreRefused) {
     SequencePtr seq(s);
     const int32_t ids[9] = {1, 2, 3, 4, 5, 6, 7, 8, 9};
     mk_tail_output *t = nullptr;
-    EXPECT_EQ(mk_range_forward(full.get(), s, ids, 9, nullptr, nullptr, nullptr, &t), MK_ERR_INVALID_ARGUMENT);
+    EXPECT_ERROR(mk_range_forward(full.get(), s, ids, 9, nullptr, nullptr, nullptr, &t), MK_ERR_INVALID_ARGUMENT,
+                 "forward of 9 rows exceeds this range's max_batch_tokens 8");
     MK_ASSERT_OK(mk_range_forward(full.get(), s, ids, 8, nullptr, nullptr, nullptr, &t));
     mk_tail_output_free(t);
     t = nullptr;
-    EXPECT_EQ(mk_range_forward(full.get(), s, ids, 1, nullptr, nullptr, nullptr, &t), MK_ERR_CONTEXT_OVERFLOW);
+    EXPECT_ERROR(mk_range_forward(full.get(), s, ids, 1, nullptr, nullptr, nullptr, &t), MK_ERR_CONTEXT_OVERFLOW,
+                 "sequence of 8 positions plus 1 rows exceeds max_context 8");
     MK_ASSERT_OK(mk_sequence_reset(s));
     const int32_t bad[] = {1, 48};
-    EXPECT_EQ(mk_range_forward(full.get(), s, bad, 2, nullptr, nullptr, nullptr, &t), MK_ERR_TOKEN_OUT_OF_RANGE);
+    EXPECT_ERROR(mk_range_forward(full.get(), s, bad, 2, nullptr, nullptr, nullptr, &t), MK_ERR_TOKEN_OUT_OF_RANGE,
+                 "token id 48 at index 1 is outside the vocabulary (48)");
     const int32_t negative[] = {-1};
-    EXPECT_EQ(mk_range_forward(full.get(), s, negative, 1, nullptr, nullptr, nullptr, &t), MK_ERR_TOKEN_OUT_OF_RANGE);
-    EXPECT_EQ(mk_range_forward(full.get(), s, ids, 0, nullptr, nullptr, nullptr, &t), MK_ERR_EMPTY_INPUT);
+    EXPECT_ERROR(mk_range_forward(full.get(), s, negative, 1, nullptr, nullptr, nullptr, &t), MK_ERR_TOKEN_OUT_OF_RANGE,
+                 "token id -1 at index 0");
+    EXPECT_ERROR(mk_range_forward(full.get(), s, ids, 0, nullptr, nullptr, nullptr, &t), MK_ERR_EMPTY_INPUT,
+                 "requires at least one token id");
     EXPECT_EQ(t, nullptr);
     EXPECT_EQ(mk_sequence_length(s), 0u);
 }
@@ -134,7 +139,8 @@ TEST(Sequences, BundlePositionsMustContinueTheSequence) {
     BundlePtr bundle(b);
     bundle->positions[1] = 7;
     mk_tail_output *t = nullptr;
-    EXPECT_EQ(mk_range_forward(p.range(1), ts, nullptr, 0, bundle.get(), nullptr, nullptr, &t), MK_ERR_POSITIONS_SHAPE);
+    EXPECT_ERROR(mk_range_forward(p.range(1), ts, nullptr, 0, bundle.get(), nullptr, nullptr, &t), MK_ERR_POSITIONS_SHAPE,
+                 "bundle position 7 at row 1 does not continue the sequence (expected 1)");
     EXPECT_EQ(mk_sequence_length(ts), 0u);
 }
 

@@ -37,9 +37,35 @@ typedef struct mk_cuda_backend {
 
 static mk_cuda_backend *cuda_of(mk_backend *b) { return (mk_cuda_backend *)b; }
 
-/* Every entry point selects the range's device: ranges on different devices share the
- * calling thread. */
-#define MK_ON_DEVICE(cb) MK_CUDA_CHECK(cudaSetDevice((cb)->device))
+/* Every entry point selects the range's device (ranges on different devices share the
+ * calling thread) and gives the caller's current device back on every return path (the
+ * cleanup attribute), so the caller's own CUDA work never lands on a range's device. */
+typedef struct mk_device_scope {
+    int caller; /* the caller's current device, to restore */
+    bool entered;
+} mk_device_scope;
+
+static void mk_device_scope_exit(mk_device_scope *scope) {
+    if (scope->entered && cudaSetDevice(scope->caller) != cudaSuccess) (void)cudaGetLastError();
+}
+
+/* Enter `device` for the rest of the enclosing block; false (nothing changed) on failure. */
+static bool mk_device_scope_enter(mk_device_scope *scope, int device) {
+    if (cudaGetDevice(&scope->caller) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    scope->entered = true;
+    return cudaSetDevice(device) == cudaSuccess;
+}
+
+#define MK_DEVICE_SCOPE(name) mk_device_scope name __attribute__((cleanup(mk_device_scope_exit))) = {0, false}
+
+#define MK_ON_DEVICE(cb)                                                   \
+    MK_DEVICE_SCOPE(mk_device_scope_);                                     \
+    MK_CUDA_CHECK(cudaGetDevice(&mk_device_scope_.caller));                \
+    mk_device_scope_.entered = true;                                       \
+    MK_CUDA_CHECK(cudaSetDevice((cb)->device))
 
 /* After a kernel entry: a debug build waits for the stream, so an asynchronous fault is
  * reported by the op that caused it rather than by a later copy. */
@@ -57,7 +83,8 @@ static void cuda_destroy(mk_backend *b) {
     /* Only touch the device if something was created on it: a backend that failed on a
      * missing device index must not leave cudaSetDevice's error behind. */
     const bool created = cb->stream || cb->cublas || cb->act_lowp || cb->decode_ws || cb->pinned;
-    if (created && cudaSetDevice(cb->device) == cudaSuccess) {
+    MK_DEVICE_SCOPE(scope);
+    if (created && mk_device_scope_enter(&scope, cb->device)) {
         if (cb->stream) cudaStreamSynchronize(cb->stream);
         if (cb->act_lowp) cudaFree(cb->act_lowp);
         if (cb->decode_ws) cudaFree(cb->decode_ws);
@@ -89,7 +116,8 @@ static mk_status cuda_alloc(mk_backend *b, size_t bytes, void **out) {
 
 static void cuda_release(mk_backend *b, void *ptr) {
     if (!ptr) return;
-    if (cudaSetDevice(cuda_of(b)->device) == cudaSuccess) cudaFree(ptr);
+    MK_DEVICE_SCOPE(scope);
+    if (mk_device_scope_enter(&scope, cuda_of(b)->device)) cudaFree(ptr);
     (void)cudaGetLastError(); /* release reports nothing: leave no stale error */
 }
 

@@ -26,26 +26,13 @@
 
 namespace {
 
-bool device_available() {
-    int n = 0;
-    const cudaError_t e = cudaGetDeviceCount(&n);
-    if (e != cudaSuccess) (void)cudaGetLastError();
-    return e == cudaSuccess && n > 0;
-}
-
+// Devices for tests that need more than one (after MK_REQUIRE_DEVICE).
 int device_count() {
-    int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess) {
-        (void)cudaGetLastError();
-        return 0;
-    }
+    std::string error;
+    const int n = mk_test_device_count(&error);
+    EXPECT_EQ(error, "");
     return n;
 }
-
-#define MK_REQUIRE_DEVICE()                                               \
-    do {                                                                  \
-        if (!device_available()) GTEST_SKIP() << "no CUDA device";        \
-    } while (0)
 
 // Device memory in use on `device` (total - free).
 size_t device_bytes_used(int device) {
@@ -199,6 +186,52 @@ TEST(CudaBackend, LowPrecisionWeightsTakeHalfTheDeviceMemory) {
 }
 
 // ================================================================ devices ==
+
+int current_device() {
+    int d = -1;
+    EXPECT_EQ(cudaGetDevice(&d), cudaSuccess);
+    return d;
+}
+
+// The backend gives the caller's current device back: creating a range on the other
+// device, opening a sequence, a forward (prefill and decode) and freeing it all leave the
+// calling thread on the device the caller had chosen.
+TEST(CudaBackend, CallersCurrentDeviceIsRestored) {
+    MK_REQUIRE_DEVICE();
+    if (device_count() < 2) GTEST_SKIP() << "needs 2 CUDA devices";
+    const ModelCase c = model_cases()[1];
+    ModelPtr model = make_random_model(c.hp);
+    const int64_t L = (int64_t)c.hp.n_layers;
+    for (int caller : {0, 1}) {
+        const int range_device = 1 - caller;
+        SCOPED_TRACE("caller on device " + std::to_string(caller) + ", range on " + std::to_string(range_device));
+        ASSERT_EQ(cudaSetDevice(caller), cudaSuccess);
+        mk_range_options o = cuda_options(MK_DTYPE_F32, false, range_device);
+        mk_range *r = nullptr;
+        MK_ASSERT_OK(mk_range_create(model.get(), 0, L - 1, &o, &r));
+        RangePtr range(r);
+        EXPECT_EQ(current_device(), caller) << "after mk_range_create";
+        mk_sequence *s = nullptr;
+        MK_ASSERT_OK(mk_sequence_open(range.get(), &s));
+        SequencePtr seq(s);
+        EXPECT_EQ(current_device(), caller) << "after mk_sequence_open";
+        mk_tail_output *t = nullptr;
+        MK_ASSERT_OK(mk_range_forward(range.get(), s, c.prompt.data(), c.prompt.size(), nullptr, nullptr, nullptr, &t));
+        TailPtr prefill(t);
+        EXPECT_EQ(current_device(), caller) << "after a prefill forward";
+        MK_ASSERT_OK(mk_range_forward(range.get(), s, prefill->token_ids, 1, nullptr, nullptr, nullptr, &t));
+        TailPtr decode(t);
+        EXPECT_EQ(current_device(), caller) << "after a decode forward";
+        // a failing call gives it back too
+        const int32_t bad = (int32_t)c.hp.vocab;
+        EXPECT_EQ(mk_range_forward(range.get(), s, &bad, 1, nullptr, nullptr, nullptr, &t), MK_ERR_TOKEN_OUT_OF_RANGE);
+        EXPECT_EQ(current_device(), caller) << "after a refused forward";
+        seq.reset();
+        range.reset();
+        EXPECT_EQ(current_device(), caller) << "after freeing the range";
+    }
+    ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+}
 
 // Head on device 0, tail on device 1, the bundle through the wire between them.
 TEST(CudaBackend, HeadOnDeviceZeroTailOnDeviceOneMatchesWhole) {
@@ -507,12 +540,12 @@ TEST(CudasimCublas, BadArgumentsAreRefusedAsCublasDoes) {
 
 // ============================================================== SmolLM2 ==
 
-const std::string kSmolLM2 = std::string(MK_SOURCE_DIR) + "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
-
 TEST(CudaBackendSmolLM2, WholeAndTwoRangeSplitAreBitIdentical) {
     MK_REQUIRE_DEVICE();
+    const std::string path = mk_test_model_path();
+    MK_REQUIRE_MODEL_FILE(path);
     mk_model *m = nullptr;
-    if (mk_model_open_gguf(kSmolLM2.c_str(), &m) != MK_OK) GTEST_SKIP() << "SmolLM2 absent: " << mk_last_error();
+    ASSERT_EQ(mk_model_open_gguf(path.c_str(), &m), MK_OK) << path << " is present but does not open: " << mk_last_error();
     ModelPtr model(m);
     const std::vector<int32_t> prompt = {1, 9690, 28, 198, 504, 3458, 282, 4649, 314};
     mk_range_options o = cuda_options();
