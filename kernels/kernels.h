@@ -82,6 +82,26 @@ mk_status mk_kernel_convert(void *dst /* [n] */, mk_dtype dst_dtype, const void 
 mk_status mk_kernel_last_row(float *out /* [cols] */, const float *x /* [rows, cols] */, size_t rows, size_t cols,
                              cudaStream_t stream);
 
+/* ---- decode matrix products (1..MK_GEMV_MAX_ROWS rows; prefill goes through cuBLAS) ---- */
+#define MK_GEMV_MAX_ROWS 8
+
+/* y[r, o] = sum_k x[r, k] * w[o, k] for r < rows <= MK_GEMV_MAX_ROWS, F32 accumulation in a
+ * fixed order (deterministic). w dtype F32, F16 or BF16; 16-byte vector loads when w and x
+ * are 16-byte aligned and in_dim is a multiple of the vector width. Reference: mk_cpu_matmul
+ * on the widened weights. */
+mk_status mk_kernel_gemv(float *y /* [rows, out_dim] */, const float *x /* [rows, in_dim] */,
+                         const void *w /* [out_dim, in_dim] */, mk_dtype w_dtype, size_t rows, size_t in_dim,
+                         size_t out_dim, cudaStream_t stream);
+
+/* The same with w in a GGUF block format (ggml type id: Q8_0 = 8, Q4_1 = 3, Q4_K = 12), each
+ * row in_dim / block_elements whole blocks, dequantized in registers. in_dim must be a multiple
+ * of the block size; w aligned to 2 (Q8_0), 4 (Q4_1) or 8 (Q4_K) bytes. Reference:
+ * mk_gguf_dequantize then mk_cpu_matmul. */
+bool mk_kernel_gemv_q_supports(uint32_t ggml_type);
+mk_status mk_kernel_gemv_q(float *y /* [rows, out_dim] */, const float *x /* [rows, in_dim] */,
+                           const void *w /* [out_dim, in_dim / block_elements * block_bytes] */, uint32_t ggml_type,
+                           size_t rows, size_t in_dim, size_t out_dim, cudaStream_t stream);
+
 #ifdef __cplusplus
 }
 #endif

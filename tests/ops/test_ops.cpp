@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "cpu_ops.h"
+#include "gguf.h"
 #include "kernels.h"
 #include "mk_test_util.h"
 
@@ -59,8 +60,10 @@ public:
     T *ptr() const {
         return reinterpret_cast<T *>(static_cast<uint8_t *>(base_) + kGuard);
     }
-    // Sentinels + payload from host memory (nullptr: poison the payload).
-    cudaError_t upload(const void *src) {
+    // Sentinels + payload from host memory (nullptr: poison the payload), on the stream the
+    // kernel runs on: a plain cudaMemcpy runs on the legacy default stream, which does not
+    // order against a non-blocking stream, so on a GPU the poison could land after the kernel.
+    cudaError_t upload(const void *src, cudaStream_t stream) {
         std::vector<uint8_t> h(bytes_ + 2 * kGuard);
         for (size_t i = 0; i < kGuard; i++) {
             h[i] = pre(i);
@@ -68,14 +71,16 @@ public:
         }
         if (src) std::memcpy(h.data() + kGuard, src, bytes_);
         else std::memset(h.data() + kGuard, 0xFF, bytes_);
-        return cudaMemcpy(base_, h.data(), h.size(), cudaMemcpyHostToDevice);
+        const cudaError_t e = cudaMemcpyAsync(base_, h.data(), h.size(), cudaMemcpyHostToDevice, stream);
+        return e != cudaSuccess ? e : cudaStreamSynchronize(stream); // h is freed on return
     }
-    cudaError_t poison() { return upload(nullptr); }
-    // Payload to host; checks the sentinels.
-    ::testing::AssertionResult download(void *dst) const {
+    cudaError_t poison(cudaStream_t stream) { return upload(nullptr, stream); }
+    // Payload to host (after the work on `stream`); checks the sentinels.
+    ::testing::AssertionResult download(void *dst, cudaStream_t stream) const {
         std::vector<uint8_t> h(bytes_ + 2 * kGuard);
-        const cudaError_t e = cudaMemcpy(h.data(), base_, h.size(), cudaMemcpyDeviceToHost);
-        if (e != cudaSuccess) return ::testing::AssertionFailure() << "cudaMemcpy D2H: " << cudaGetErrorString(e);
+        cudaError_t e = cudaMemcpyAsync(h.data(), base_, h.size(), cudaMemcpyDeviceToHost, stream);
+        if (e == cudaSuccess) e = cudaStreamSynchronize(stream);
+        if (e != cudaSuccess) return ::testing::AssertionFailure() << "cudaMemcpyAsync D2H: " << cudaGetErrorString(e);
         for (size_t i = 0; i < kGuard; i++) {
             if (h[i] != pre(i))
                 return ::testing::AssertionFailure() << "sentinel before the buffer overwritten at byte -" << (kGuard - i);
@@ -222,10 +227,10 @@ TEST_P(RmsNorm, MatchesCpu) {
     std::vector<float> delta = random_f32(n, 13 + n, 0.5f * scale);
     GuardedBuf dx(n * 4), dw(c.cols * 4), dout(n * 4), ddelta(n * 4);
     ASSERT_TRUE(dx.ok() && dw.ok() && dout.ok() && ddelta.ok());
-    CUDA_OK(dx.upload(x.data()));
-    CUDA_OK(dw.upload(w.data()));
-    CUDA_OK(ddelta.upload(delta.data()));
-    CUDA_OK(dout.poison());
+    CUDA_OK(dx.upload(x.data(), stream_));
+    CUDA_OK(dw.upload(w.data(), stream_));
+    CUDA_OK(ddelta.upload(delta.data(), stream_));
+    CUDA_OK(dout.poison(stream_));
     std::vector<float> ref(n), got(n);
     if (c.add) {
         MK_OK_(mk_kernel_add_rmsnorm(dx.ptr<float>(), dout.ptr<float>(), ddelta.ptr<float>(), dw.ptr<float>(), c.rows,
@@ -233,14 +238,14 @@ TEST_P(RmsNorm, MatchesCpu) {
         mk_cpu_add_rmsnorm(x.data(), ref.data(), delta.data(), w.data(), c.rows, c.cols, eps);
         std::vector<float> res(n);
         CUDA_OK(cudaStreamSynchronize(stream_));
-        ASSERT_TRUE(dx.download(res.data()));
+        ASSERT_TRUE(dx.download(res.data(), stream_));
         EXPECT_TRUE(all_equal(res, x)) << "residual after the add";
     } else {
         MK_OK_(mk_kernel_rmsnorm(dout.ptr<float>(), dx.ptr<float>(), dw.ptr<float>(), c.rows, c.cols, eps, stream_));
         mk_cpu_rmsnorm(ref.data(), x.data(), w.data(), c.rows, c.cols, eps);
     }
     CUDA_OK(cudaStreamSynchronize(stream_));
-    ASSERT_TRUE(dout.download(got.data()));
+    ASSERT_TRUE(dout.download(got.data(), stream_));
     EXPECT_TRUE(all_close(got, ref, 1e-6 * max_abs(ref), 1e-5));
 }
 
@@ -293,15 +298,15 @@ TEST_P(Embed, MatchesCpu) {
     if (c.n > 3) ids[2] = (int32_t)c.vocab;
     GuardedBuf dt(tn * esize), dids(c.n * 4), dout(c.n * c.hidden * 4);
     ASSERT_TRUE(dt.ok() && dids.ok() && dout.ok());
-    CUDA_OK(dt.upload(host_table));
-    CUDA_OK(dids.upload(ids.data()));
-    CUDA_OK(dout.poison());
+    CUDA_OK(dt.upload(host_table, stream_));
+    CUDA_OK(dids.upload(ids.data(), stream_));
+    CUDA_OK(dout.poison(stream_));
     MK_OK_(mk_kernel_embed(dout.ptr<float>(), dt.ptr(), c.dtype, dids.ptr<int32_t>(), c.n, c.hidden, c.vocab, stream_));
     CUDA_OK(cudaStreamSynchronize(stream_));
     std::vector<float> got(c.n * c.hidden), ref(c.n * c.hidden, 0.0f);
     for (size_t i = 0; i < c.n; i++)
         if (ids[i] >= 0 && (size_t)ids[i] < c.vocab) mk_cpu_embed(ref.data() + i * c.hidden, table.data(), &ids[i], 1, c.hidden);
-    ASSERT_TRUE(dout.download(got.data()));
+    ASSERT_TRUE(dout.download(got.data(), stream_));
     EXPECT_TRUE(all_close(got, ref, 0.0, 0.0)); // a gather is exact
 }
 
@@ -344,12 +349,12 @@ TEST_P(Rope, MatchesCpu) {
     if (c.rows > 3) pos[1] = 0;
     GuardedBuf dx(n * 4), dpos(c.rows * 4);
     ASSERT_TRUE(dx.ok() && dpos.ok());
-    CUDA_OK(dx.upload(x.data()));
-    CUDA_OK(dpos.upload(pos.data()));
+    CUDA_OK(dx.upload(x.data(), stream_));
+    CUDA_OK(dpos.upload(pos.data(), stream_));
     MK_OK_(mk_kernel_rope(dx.ptr<float>(), dpos.ptr<int32_t>(), c.rows, c.heads, c.head_dim, c.theta, c.layout, stream_));
     CUDA_OK(cudaStreamSynchronize(stream_));
     std::vector<float> got(n);
-    ASSERT_TRUE(dx.download(got.data()));
+    ASSERT_TRUE(dx.download(got.data(), stream_));
     mk_cpu_rope(x.data(), pos.data(), c.rows, c.heads, c.head_dim, c.theta, c.layout);
     EXPECT_TRUE(all_close(got, x, 1e-6 * max_abs(x), 1e-5));
 }
@@ -393,15 +398,15 @@ TEST_P(AttentionPrefill, MatchesCpu) {
                        v = random_f32(kvn, 43 + kvn, 1.0f);
     GuardedBuf dq(qn * 4), dk(kvn * 4), dv(kvn * 4), dout(qn * 4);
     ASSERT_TRUE(dq.ok() && dk.ok() && dv.ok() && dout.ok());
-    CUDA_OK(dq.upload(q.data()));
-    CUDA_OK(dk.upload(k.data()));
-    CUDA_OK(dv.upload(v.data()));
-    CUDA_OK(dout.poison());
+    CUDA_OK(dq.upload(q.data(), stream_));
+    CUDA_OK(dk.upload(k.data(), stream_));
+    CUDA_OK(dv.upload(v.data(), stream_));
+    CUDA_OK(dout.poison(stream_));
     MK_OK_(mk_kernel_attention_prefill(dout.ptr<float>(), dq.ptr<float>(), dk.ptr<float>(), dv.ptr<float>(), c.rows,
                                        c.past, c.n_heads, c.n_kv_heads, c.head_dim, stream_));
     CUDA_OK(cudaStreamSynchronize(stream_));
     std::vector<float> got(qn), ref(qn);
-    ASSERT_TRUE(dout.download(got.data()));
+    ASSERT_TRUE(dout.download(got.data(), stream_));
     mk_cpu_attention(ref.data(), q.data(), k.data(), v.data(), c.rows, c.past, c.n_heads, c.n_kv_heads, c.head_dim);
     EXPECT_TRUE(all_close(got, ref, kAttnAtol * max_abs(v), 1e-5));
 }
@@ -426,11 +431,11 @@ TEST_P(AttentionDecode, MatchesCpu) {
     const size_t ws_bytes = mk_kernel_attention_decode_workspace_bytes(keys, c.n_heads, c.head_dim);
     GuardedBuf dq(qn * 4), dk(kvn * 4), dv(kvn * 4), dout(qn * 4), dws(ws_bytes);
     ASSERT_TRUE(dq.ok() && dk.ok() && dv.ok() && dout.ok() && dws.ok());
-    CUDA_OK(dq.upload(q.data()));
-    CUDA_OK(dk.upload(k.data()));
-    CUDA_OK(dv.upload(v.data()));
-    CUDA_OK(dout.poison());
-    CUDA_OK(dws.poison());
+    CUDA_OK(dq.upload(q.data(), stream_));
+    CUDA_OK(dk.upload(k.data(), stream_));
+    CUDA_OK(dv.upload(v.data(), stream_));
+    CUDA_OK(dout.poison(stream_));
+    CUDA_OK(dws.poison(stream_));
     // too small a workspace is refused
     EXPECT_ERROR(mk_kernel_attention_decode(dout.ptr<float>(), dq.ptr<float>(), dk.ptr<float>(), dv.ptr<float>(), c.past,
                                             c.n_heads, c.n_kv_heads, c.head_dim, dws.ptr(), ws_bytes - 4, stream_),
@@ -439,8 +444,8 @@ TEST_P(AttentionDecode, MatchesCpu) {
                                       c.n_heads, c.n_kv_heads, c.head_dim, dws.ptr(), ws_bytes, stream_));
     CUDA_OK(cudaStreamSynchronize(stream_));
     std::vector<float> got(qn), ref(qn), ws(ws_bytes / 4);
-    ASSERT_TRUE(dout.download(got.data()));
-    ASSERT_TRUE(dws.download(ws.data()));
+    ASSERT_TRUE(dout.download(got.data(), stream_));
+    ASSERT_TRUE(dws.download(ws.data(), stream_));
     mk_cpu_attention(ref.data(), q.data(), k.data(), v.data(), 1, c.past, c.n_heads, c.n_kv_heads, c.head_dim);
     EXPECT_TRUE(all_close(got, ref, kAttnAtol * max_abs(v), 1e-5));
 }
@@ -460,19 +465,19 @@ TEST_F(OpTest, DecodeAgreesWithPrefill) {
     std::vector<float> q = random_f32(qn, 61), k = random_f32(kvn, 62), v = random_f32(kvn, 63);
     const size_t ws_bytes = mk_kernel_attention_decode_workspace_bytes(keys, n_heads, hd);
     GuardedBuf dq(qn * 4), dk(kvn * 4), dv(kvn * 4), da(qn * 4), db(qn * 4), dws(ws_bytes);
-    CUDA_OK(dq.upload(q.data()));
-    CUDA_OK(dk.upload(k.data()));
-    CUDA_OK(dv.upload(v.data()));
-    CUDA_OK(da.poison());
-    CUDA_OK(db.poison());
+    CUDA_OK(dq.upload(q.data(), stream_));
+    CUDA_OK(dk.upload(k.data(), stream_));
+    CUDA_OK(dv.upload(v.data(), stream_));
+    CUDA_OK(da.poison(stream_));
+    CUDA_OK(db.poison(stream_));
     MK_OK_(mk_kernel_attention_decode(da.ptr<float>(), dq.ptr<float>(), dk.ptr<float>(), dv.ptr<float>(), past, n_heads,
                                       n_kv, hd, dws.ptr(), ws_bytes, stream_));
     MK_OK_(mk_kernel_attention_prefill(db.ptr<float>(), dq.ptr<float>(), dk.ptr<float>(), dv.ptr<float>(), 1, past,
                                        n_heads, n_kv, hd, stream_));
     CUDA_OK(cudaStreamSynchronize(stream_));
     std::vector<float> a(qn), b(qn);
-    ASSERT_TRUE(da.download(a.data()));
-    ASSERT_TRUE(db.download(b.data()));
+    ASSERT_TRUE(da.download(a.data(), stream_));
+    ASSERT_TRUE(db.download(b.data(), stream_));
     EXPECT_TRUE(all_close(a, b, kAttnAtol * max_abs(v), 1e-5));
 }
 
@@ -483,10 +488,10 @@ TEST_F(OpTest, KvAppend) {
     std::vector<float> kc = random_f32(ctx * kv_dim, 71), vc = random_f32(ctx * kv_dim, 72);
     std::vector<float> k = random_f32(rows * kv_dim, 73), v = random_f32(rows * kv_dim, 74);
     GuardedBuf dkc(ctx * kv_dim * 4), dvc(ctx * kv_dim * 4), dk(rows * kv_dim * 4), dv(rows * kv_dim * 4);
-    CUDA_OK(dkc.upload(kc.data()));
-    CUDA_OK(dvc.upload(vc.data()));
-    CUDA_OK(dk.upload(k.data()));
-    CUDA_OK(dv.upload(v.data()));
+    CUDA_OK(dkc.upload(kc.data(), stream_));
+    CUDA_OK(dvc.upload(vc.data(), stream_));
+    CUDA_OK(dk.upload(k.data(), stream_));
+    CUDA_OK(dv.upload(v.data(), stream_));
     MK_OK_(mk_kernel_kv_append(dkc.ptr<float>(), dvc.ptr<float>(), dk.ptr<float>(), dv.ptr<float>(), past, rows, kv_dim,
                                stream_));
     // the last rows of the cache, exactly up to its end
@@ -498,8 +503,8 @@ TEST_F(OpTest, KvAppend) {
     std::copy(k.begin(), k.begin() + 2 * kv_dim, kc.begin() + (ctx - 2) * kv_dim);
     std::copy(v.begin(), v.begin() + 2 * kv_dim, vc.begin() + (ctx - 2) * kv_dim);
     std::vector<float> gk(ctx * kv_dim), gv(ctx * kv_dim);
-    ASSERT_TRUE(dkc.download(gk.data()));
-    ASSERT_TRUE(dvc.download(gv.data()));
+    ASSERT_TRUE(dkc.download(gk.data(), stream_));
+    ASSERT_TRUE(dvc.download(gv.data(), stream_));
     EXPECT_TRUE(all_equal(gk, kc));
     EXPECT_TRUE(all_equal(gv, vc));
 }
@@ -536,13 +541,13 @@ TEST_P(Swiglu, MatchesCpu) {
         es = 2;
     }
     GuardedBuf dg(c.n * es), du(c.n * es), dout(c.n * 4);
-    CUDA_OK(dg.upload(hg));
-    CUDA_OK(du.upload(hu));
-    CUDA_OK(dout.poison());
+    CUDA_OK(dg.upload(hg, stream_));
+    CUDA_OK(du.upload(hu, stream_));
+    CUDA_OK(dout.poison(stream_));
     MK_OK_(mk_kernel_swiglu(dout.ptr<float>(), dg.ptr(), du.ptr(), c.dtype, c.n, stream_));
     CUDA_OK(cudaStreamSynchronize(stream_));
     std::vector<float> got(c.n), ref(c.n);
-    ASSERT_TRUE(dout.download(got.data()));
+    ASSERT_TRUE(dout.download(got.data(), stream_));
     mk_cpu_swiglu(ref.data(), g.data(), u.data(), c.n);
     EXPECT_TRUE(all_close(got, ref, 1e-7 * max_abs(ref), 1e-5));
 }
@@ -621,12 +626,12 @@ TEST_P(Argmax, ExactLowestIndex) {
     GuardedBuf dx((total + shift) * 4), dout(c.rows * 4);
     std::vector<float> hx(total + shift, 1e30f);
     std::copy(x.begin(), x.end(), hx.begin() + shift);
-    CUDA_OK(dx.upload(hx.data()));
-    CUDA_OK(dout.poison());
+    CUDA_OK(dx.upload(hx.data(), stream_));
+    CUDA_OK(dout.poison(stream_));
     MK_OK_(mk_kernel_argmax(dout.ptr<int32_t>(), dx.ptr<float>() + shift, c.rows, c.n, stream_));
     CUDA_OK(cudaStreamSynchronize(stream_));
     std::vector<int32_t> got(c.rows), ref(c.rows);
-    ASSERT_TRUE(dout.download(got.data()));
+    ASSERT_TRUE(dout.download(got.data(), stream_));
     mk_cpu_argmax(ref.data(), x.data(), c.rows, c.n);
     EXPECT_TRUE(all_equal(got, ref));
 }
@@ -707,11 +712,11 @@ TEST_P(Convert, BitExact) {
         }
     }
     GuardedBuf dsrc(c.n * ss), ddst(c.n * ds);
-    CUDA_OK(dsrc.upload(src.data()));
-    CUDA_OK(ddst.poison());
+    CUDA_OK(dsrc.upload(src.data(), stream_));
+    CUDA_OK(ddst.poison(stream_));
     MK_OK_(mk_kernel_convert(ddst.ptr(), c.dst, dsrc.ptr(), c.src, c.n, stream_));
     CUDA_OK(cudaStreamSynchronize(stream_));
-    ASSERT_TRUE(ddst.download(got.data()));
+    ASSERT_TRUE(ddst.download(got.data(), stream_));
     EXPECT_TRUE(all_equal(got, ref));
 }
 
@@ -732,12 +737,12 @@ TEST_F(OpTest, AddAndLastRow) {
     for (size_t n : {1, 33, 100003}) {
         std::vector<float> y = random_f32(n, 111 + n), x = random_f32(n, 112 + n);
         GuardedBuf dy(n * 4), dx(n * 4);
-        CUDA_OK(dy.upload(y.data()));
-        CUDA_OK(dx.upload(x.data()));
+        CUDA_OK(dy.upload(y.data(), stream_));
+        CUDA_OK(dx.upload(x.data(), stream_));
         MK_OK_(mk_kernel_add(dy.ptr<float>(), dx.ptr<float>(), n, stream_));
         CUDA_OK(cudaStreamSynchronize(stream_));
         std::vector<float> got(n);
-        ASSERT_TRUE(dy.download(got.data()));
+        ASSERT_TRUE(dy.download(got.data(), stream_));
         mk_cpu_add(y.data(), x.data(), n);
         EXPECT_TRUE(all_equal(got, y)) << "add n=" << n;
     }
@@ -745,14 +750,194 @@ TEST_F(OpTest, AddAndLastRow) {
         const size_t cols = 4097;
         std::vector<float> x = random_f32(rows * cols, 113 + rows);
         GuardedBuf dx(rows * cols * 4), dout(cols * 4);
-        CUDA_OK(dx.upload(x.data()));
-        CUDA_OK(dout.poison());
+        CUDA_OK(dx.upload(x.data(), stream_));
+        CUDA_OK(dout.poison(stream_));
         MK_OK_(mk_kernel_last_row(dout.ptr<float>(), dx.ptr<float>(), rows, cols, stream_));
         CUDA_OK(cudaStreamSynchronize(stream_));
         std::vector<float> got(cols), ref(x.end() - (ptrdiff_t)cols, x.end());
-        ASSERT_TRUE(dout.download(got.data()));
+        ASSERT_TRUE(dout.download(got.data(), stream_));
         EXPECT_TRUE(all_equal(got, ref)) << "last_row rows=" << rows;
     }
+}
+
+// =============================================================================== gemv ==
+// Decode matrix products (kernels/gemv.cu, kernels/gemv_q.cu) against dequantize-then-multiply:
+// the weights widened/dequantized on the CPU (mk_f16_to_f32 & co., mk_gguf_dequantize), the
+// product in double. Tolerance per output: the float summation tree of the kernel (in_dim / 32
+// sequential adds per lane, then five levels) bounds the error by about
+// (in_dim / 32 + 8) * 2^-24 * sum|x_k w_k|; a margin covers the FMA contraction of the
+// dequantization on a GPU (<= 1 ulp of |d * q| per weight, bounded via max|w| of the row).
+// One wrong or missing weight shows up as an error ~|x_k w_k| ~ sum / in_dim, far above it.
+
+enum class GemvFormat { F32, F16, BF16, Q8_0, Q4_1, Q4_K };
+
+const char *gemv_tag(GemvFormat f) {
+    switch (f) {
+        case GemvFormat::F32: return "f32";
+        case GemvFormat::F16: return "f16";
+        case GemvFormat::BF16: return "bf16";
+        case GemvFormat::Q8_0: return "q8_0";
+        case GemvFormat::Q4_1: return "q4_1";
+        default: return "q4_k";
+    }
+}
+
+uint32_t gemv_ggml_type(GemvFormat f) {
+    switch (f) {
+        case GemvFormat::Q8_0: return MK_GGML_TYPE_Q8_0;
+        case GemvFormat::Q4_1: return MK_GGML_TYPE_Q4_1;
+        default: return MK_GGML_TYPE_Q4_K;
+    }
+}
+
+struct GemvCase {
+    GemvFormat fmt;
+    size_t rows, in_dim, out_dim;
+    bool misaligned = false; // x and w 4 bytes off 16-byte alignment (dense: the scalar path)
+    std::string name() const {
+        return std::string(gemv_tag(fmt)) + "_r" + std::to_string(rows) + "_in" + std::to_string(in_dim) + "_out" +
+               std::to_string(out_dim) + (misaligned ? "_misaligned" : "");
+    }
+};
+void PrintTo(const GemvCase &c, std::ostream *os) { *os << c.name(); }
+
+// Random blocks of a GGUF format with sane scales: d (and m / dmin) f16 in +-[1/512, 1/16]
+// with random signs, every other byte (quants, packed 6-bit scales) random.
+std::vector<uint8_t> random_blocks(GemvFormat f, size_t n_values, uint64_t seed) {
+    size_t be = 0, bb = 0;
+    mk_ggml_type_layout(gemv_ggml_type(f), &be, &bb);
+    std::mt19937_64 rng(seed);
+    std::vector<uint8_t> out(n_values / be * bb);
+    for (auto &b : out) b = (uint8_t)rng();
+    std::uniform_real_distribution<float> u(1.0f / 512.0f, 1.0f / 16.0f);
+    const size_t n_scales = f == GemvFormat::Q8_0 ? 1 : 2;
+    for (size_t blk = 0; blk < out.size(); blk += bb)
+        for (size_t s = 0; s < n_scales; s++) {
+            const uint16_t h = mk_f32_to_f16((rng() & 1 ? 1.0f : -1.0f) * u(rng));
+            out[blk + 2 * s] = (uint8_t)(h & 0xff);
+            out[blk + 2 * s + 1] = (uint8_t)(h >> 8);
+        }
+    return out;
+}
+
+using Gemv = OpTestP<GemvCase>;
+
+TEST_P(Gemv, MatchesDequantizeThenMultiply) {
+    const GemvCase c = GetParam();
+    const size_t xn = c.rows * c.in_dim, wn = c.out_dim * c.in_dim, yn = c.rows * c.out_dim;
+    const bool quant = c.fmt == GemvFormat::Q8_0 || c.fmt == GemvFormat::Q4_1 || c.fmt == GemvFormat::Q4_K;
+    std::vector<float> x = random_f32(xn, 91 + xn, 2.0f);
+    std::vector<float> wf;           // the weights as the reference sees them
+    std::vector<uint8_t> wbytes;     // as the kernel gets them
+    if (quant) {
+        wbytes = random_blocks(c.fmt, wn, 92 + wn);
+        wf.resize(wn);
+        MK_OK_(mk_gguf_dequantize(gemv_ggml_type(c.fmt), wbytes.data(), wbytes.size(), wf.data(), wn));
+    } else {
+        wf = random_f32(wn, 93 + wn, 1.0f);
+        if (c.fmt == GemvFormat::F32) {
+            wbytes.resize(wn * 4);
+            std::memcpy(wbytes.data(), wf.data(), wbytes.size());
+        } else {
+            const mk_dtype d = c.fmt == GemvFormat::F16 ? MK_DTYPE_F16 : MK_DTYPE_BF16;
+            std::vector<uint16_t> h = to_half_bits(wf, d);
+            wf = from_half_bits(h, d);
+            wbytes.resize(wn * 2);
+            std::memcpy(wbytes.data(), h.data(), wbytes.size());
+        }
+    }
+    const size_t off = c.misaligned ? 4 : 0;
+    std::vector<uint8_t> xbytes(off + xn * 4, 0x77), wpad(off + wbytes.size(), 0x77);
+    std::memcpy(xbytes.data() + off, x.data(), xn * 4);
+    std::memcpy(wpad.data() + off, wbytes.data(), wbytes.size());
+    GuardedBuf dx(xbytes.size()), dw(wpad.size()), dy(yn * 4);
+    ASSERT_TRUE(dx.ok() && dw.ok() && dy.ok());
+    CUDA_OK(dx.upload(xbytes.data(), stream_));
+    CUDA_OK(dw.upload(wpad.data(), stream_));
+    CUDA_OK(dy.poison(stream_));
+    const float *xp = reinterpret_cast<const float *>(dx.ptr<uint8_t>() + off);
+    const void *wp = dw.ptr<uint8_t>() + off;
+    if (quant)
+        MK_OK_(mk_kernel_gemv_q(dy.ptr<float>(), xp, wp, gemv_ggml_type(c.fmt), c.rows, c.in_dim, c.out_dim, stream_));
+    else
+        MK_OK_(mk_kernel_gemv(dy.ptr<float>(), xp, wp,
+                              c.fmt == GemvFormat::F32 ? MK_DTYPE_F32
+                              : c.fmt == GemvFormat::F16 ? MK_DTYPE_F16
+                                                         : MK_DTYPE_BF16,
+                              c.rows, c.in_dim, c.out_dim, stream_));
+    CUDA_OK(cudaStreamSynchronize(stream_));
+    std::vector<float> got(yn);
+    ASSERT_TRUE(dy.download(got.data(), stream_));
+    size_t bad = 0;
+    for (size_t r = 0; r < c.rows && bad < 10; r++)
+        for (size_t o = 0; o < c.out_dim && bad < 10; o++) {
+            double ref = 0.0, abs_sum = 0.0, x_sum = 0.0, w_max = 0.0;
+            for (size_t k = 0; k < c.in_dim; k++) {
+                const double xv = x[r * c.in_dim + k], wv = wf[o * c.in_dim + k];
+                ref += xv * wv;
+                abs_sum += std::fabs(xv * wv);
+                x_sum += std::fabs(xv);
+                w_max = std::max(w_max, std::fabs(wv));
+            }
+            const double tol = ((double)c.in_dim / 32.0 + 8.0) * 0x1p-24 * abs_sum + 4.0 * 0x1p-24 * x_sum * w_max;
+            const double g = got[r * c.out_dim + o];
+            if (!(std::fabs(g - ref) <= tol)) {
+                ADD_FAILURE() << "y[" << r << ", " << o << "] got " << g << " ref " << ref << " tol " << tol;
+                bad++;
+            }
+        }
+}
+
+std::vector<GemvCase> gemv_cases() {
+    std::vector<GemvCase> v;
+    for (GemvFormat f : {GemvFormat::F32, GemvFormat::F16, GemvFormat::BF16}) {
+        for (size_t rows : {1, 3, 8}) {
+            v.push_back({f, rows, 1, 3});
+            v.push_back({f, rows, 33, 7});    // no vector path (33 % 8)
+            v.push_back({f, rows, 576, 37});  // SmolLM2 width; partial last block of warps
+            v.push_back({f, rows, 40, 129});
+        }
+        for (size_t rows : {2, 4, 5, 6, 7}) v.push_back({f, rows, 72, 9});
+        v.push_back({f, 1, 4096, 6});
+        v.push_back({f, 2, 576, 5, true});
+    }
+    for (GemvFormat f : {GemvFormat::Q8_0, GemvFormat::Q4_1, GemvFormat::Q4_K}) {
+        const size_t be = f == GemvFormat::Q4_K ? 256 : 32;
+        for (size_t rows : {1, 3, 8}) {
+            v.push_back({f, rows, be, 5});
+            v.push_back({f, rows, be * 3, 37});
+            v.push_back({f, rows, f == GemvFormat::Q4_K ? size_t(512) : size_t(576), 129});
+        }
+        for (size_t rows : {2, 4, 5, 6, 7}) v.push_back({f, rows, be * 2, 9});
+        v.push_back({f, 1, 4096, 6});
+    }
+    return v;
+}
+INSTANTIATE_TEST_SUITE_P(Ops, Gemv, ::testing::ValuesIn(gemv_cases()), case_name<GemvCase>);
+
+TEST_F(OpTest, GemvErrors) {
+    GuardedBuf b(4096);
+    float *f = b.ptr<float>();
+    EXPECT_ERROR(mk_kernel_gemv(f, f, f, MK_DTYPE_I32, 1, 4, 4, stream_), MK_ERR_INVALID_ARGUMENT,
+                 "mk_kernel_gemv: weight dtype 4 is not F32/F16/BF16");
+    EXPECT_ERROR(mk_kernel_gemv(f, f, f, MK_DTYPE_BF16, 9, 4, 4, stream_), MK_ERR_SHAPE,
+                 "mk_kernel_gemv: 9 rows exceed the decode limit 8");
+    EXPECT_ERROR(mk_kernel_gemv(f, f, f, MK_DTYPE_BF16, 1, 0, 4, stream_), MK_ERR_SHAPE,
+                 "mk_kernel_gemv: zero input width");
+    EXPECT_ERROR(mk_kernel_gemv(nullptr, f, f, MK_DTYPE_BF16, 1, 4, 4, stream_), MK_ERR_INVALID_ARGUMENT,
+                 "mk_kernel_gemv: null pointer");
+    EXPECT_ERROR(mk_kernel_gemv_q(f, f, f, MK_GGML_TYPE_Q6_K, 1, 256, 4, stream_), MK_ERR_INVALID_ARGUMENT,
+                 "mk_kernel_gemv_q: ggml type 14 has no device GEMV");
+    EXPECT_ERROR(mk_kernel_gemv_q(f, f, f, MK_GGML_TYPE_Q4_K, 1, 288, 4, stream_), MK_ERR_SHAPE,
+                 "input width 288 is not a multiple of the block size 256");
+    EXPECT_ERROR(mk_kernel_gemv_q(f, f, f, MK_GGML_TYPE_Q8_0, 9, 32, 4, stream_), MK_ERR_SHAPE,
+                 "mk_kernel_gemv_q: 9 rows exceed the decode limit 8");
+    EXPECT_ERROR(mk_kernel_gemv_q(f, f, b.ptr<uint8_t>() + 2, MK_GGML_TYPE_Q4_1, 1, 32, 4, stream_),
+                 MK_ERR_INVALID_ARGUMENT, "mk_kernel_gemv_q: weights not 4-byte aligned");
+    EXPECT_TRUE(mk_kernel_gemv_q_supports(MK_GGML_TYPE_Q8_0) && mk_kernel_gemv_q_supports(MK_GGML_TYPE_Q4_1) &&
+                mk_kernel_gemv_q_supports(MK_GGML_TYPE_Q4_K) && !mk_kernel_gemv_q_supports(MK_GGML_TYPE_Q4_0));
+    EXPECT_EQ(mk_kernel_gemv(f, f, f, MK_DTYPE_F16, 0, 4, 4, stream_), MK_OK); // zero rows: no-op
+    EXPECT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
 }
 
 // ============================================================================= errors ==
