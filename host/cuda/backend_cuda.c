@@ -6,7 +6,8 @@
  *
  * Weights live on the device in the range's dtype. F32 weights multiply in F32 with no
  * TF32 (parity mode) or with TF32 tensor cores (speed mode); F16/BF16 weights multiply
- * with the activations converted to the same dtype and F32 accumulation.
+ * with the activations converted to the same dtype and F32 accumulation (cuBLAS, more than
+ * MK_GEMV_MAX_ROWS rows) or with F32 activations in the decode GEMV kernel (up to that).
  *
  * Errors: every runtime and cuBLAS call and every kernel launch is checked. A failed
  * runtime call also leaves the runtime's per-thread "last error" set; it is consumed once
@@ -243,6 +244,11 @@ static mk_status cuda_matmul(mk_backend *b, float *y, const float *x, const void
         return mk_fail(MK_ERR_SHAPE, "matmul [%zu x %zu] x [%zu x %zu]^T exceeds cuBLAS int dimensions", rows, in_dim,
                        out_dim, in_dim);
     const mk_dtype dtype = cb->base.config.weight_dtype;
+    /* Decode (a few rows) is bound by reading the weights: the GEMV kernel reads each
+     * 16-bit weight once, in its stored dtype, with F32 activations (no conversion launch,
+     * no cuBLAS). F32 weights keep cuBLAS in pure F32: the parity mode's one code path. */
+    if (dtype != MK_DTYPE_F32 && rows <= MK_GEMV_MAX_ROWS)
+        return mk_cuda_after_launch(cb, mk_kernel_gemv(y, x, w, dtype, rows, in_dim, out_dim, cb->stream));
     const void *xin = x;
     if (dtype != MK_DTYPE_F32) {
         if (rows * in_dim > cb->act_lowp_elems)

@@ -108,6 +108,10 @@ TEST_P(CudaModels, WholeTwoAndThreeRangeSplitsAreBitIdentical) {
     const Decode bf16 = decode_greedy(model.get(), {}, cuda_options(MK_DTYPE_BF16, true), c.prompt, 13);
     expect_bit_identical(bf16, decode_greedy(model.get(), {1, L - 2}, cuda_options(MK_DTYPE_BF16, true), c.prompt, 13),
                          "bf16 3 ranges");
+    // f16 weights too (decode rows take the GEMV kernel in both 16-bit modes).
+    const Decode f16 = decode_greedy(model.get(), {}, cuda_options(MK_DTYPE_F16, true), c.prompt, 13);
+    expect_bit_identical(f16, decode_greedy(model.get(), {L / 2}, cuda_options(MK_DTYPE_F16, true), c.prompt, 13),
+                         "f16 2 ranges");
 }
 
 // ======================================================== parity with cpu ==
