@@ -55,9 +55,21 @@ typedef struct mk_backend_ops {
                         size_t n);
 } mk_backend_ops;
 
+/* Structural counts of the work a backend was asked for (kept by the cuda backend; the cpu
+ * backend leaves them zero). Tests and benchmarks read differences across a forward
+ * (mk_range_backend_counters) to assert launches per layer, host waits and bytes moved per
+ * token without a GPU. */
+typedef struct mk_backend_counters {
+    uint64_t launches;         /* kernels, cuBLAS calls and device-to-device copies issued */
+    uint64_t host_syncs;       /* times the host waited for the stream (debug per-op checks excluded) */
+    uint64_t bytes_downloaded; /* device -> host */
+    uint64_t bytes_uploaded;   /* host -> device, weights excluded */
+} mk_backend_counters;
+
 struct mk_backend {
     const mk_backend_ops *ops;
     mk_backend_config config;
+    mk_backend_counters counters;
 };
 
 /* Bytes one weight element occupies in this backend (its weight dtype). */

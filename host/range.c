@@ -98,6 +98,7 @@ int64_t mk_range_start(const mk_range *r) { return r->start; }
 int64_t mk_range_end(const mk_range *r) { return r->end; }
 size_t mk_range_weight_bytes(const mk_range *r) { return r->weight_bytes; }
 const char *mk_range_recipe_digest(const mk_range *r) { return r->digest; }
+const mk_backend_counters *mk_range_backend_counters(const mk_range *r) { return &r->backend->counters; }
 
 /* ================================================================ weights == */
 

@@ -71,12 +71,19 @@ static bool mk_device_scope_enter(mk_device_scope *scope, int device) {
 /* After a kernel entry: a debug build waits for the stream, so an asynchronous fault is
  * reported by the op that caused it rather than by a later copy. */
 static mk_status mk_cuda_after_launch(mk_cuda_backend *cb, mk_status s) {
+    if (s == MK_OK) cb->base.counters.launches++;
 #ifndef NDEBUG
     if (s == MK_OK) MK_CUDA_CHECK(cudaStreamSynchronize(cb->stream));
 #else
     (void)cb;
 #endif
     return s;
+}
+
+/* The host waits for the range's stream: counted (mk_backend_counters.host_syncs). */
+static cudaError_t mk_cuda_wait(mk_cuda_backend *cb) {
+    cb->base.counters.host_syncs++;
+    return cudaStreamSynchronize(cb->stream);
 }
 
 static void cuda_destroy(mk_backend *b) {
@@ -126,16 +133,17 @@ static mk_status cuda_upload(mk_backend *b, void *dst, const void *src, size_t b
     mk_cuda_backend *cb = cuda_of(b);
     MK_ON_DEVICE(cb);
     if (!bytes) return MK_OK;
+    cb->base.counters.bytes_uploaded += bytes;
     /* Through the pinned buffer when it fits: the copy is truly async and the caller's
      * pageable buffer is free as soon as we return. */
     if (bytes <= cb->pinned_bytes) {
-        MK_CUDA_CHECK(cudaStreamSynchronize(cb->stream)); /* pinned buffer may still be in flight */
+        MK_CUDA_CHECK(mk_cuda_wait(cb)); /* pinned buffer may still be in flight */
         memcpy(cb->pinned, src, bytes);
         MK_CUDA_CHECK(cudaMemcpyAsync(dst, cb->pinned, bytes, cudaMemcpyHostToDevice, cb->stream));
         return MK_OK;
     }
     MK_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, cb->stream));
-    MK_CUDA_CHECK(cudaStreamSynchronize(cb->stream));
+    MK_CUDA_CHECK(mk_cuda_wait(cb));
     return MK_OK;
 }
 
@@ -143,28 +151,31 @@ static mk_status cuda_download(mk_backend *b, void *dst, const void *src, size_t
     mk_cuda_backend *cb = cuda_of(b);
     MK_ON_DEVICE(cb);
     if (!bytes) return MK_OK;
+    cb->base.counters.bytes_downloaded += bytes;
     if (bytes <= cb->pinned_bytes) {
         MK_CUDA_CHECK(cudaMemcpyAsync(cb->pinned, src, bytes, cudaMemcpyDeviceToHost, cb->stream));
-        MK_CUDA_CHECK(cudaStreamSynchronize(cb->stream));
+        MK_CUDA_CHECK(mk_cuda_wait(cb));
         memcpy(dst, cb->pinned, bytes);
         return MK_OK;
     }
     MK_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, cb->stream));
-    MK_CUDA_CHECK(cudaStreamSynchronize(cb->stream));
+    MK_CUDA_CHECK(mk_cuda_wait(cb));
     return MK_OK;
 }
 
 static mk_status cuda_copy(mk_backend *b, void *dst, const void *src, size_t bytes) {
     mk_cuda_backend *cb = cuda_of(b);
     MK_ON_DEVICE(cb);
-    if (bytes) MK_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, cb->stream));
+    if (!bytes) return MK_OK;
+    MK_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, cb->stream));
+    cb->base.counters.launches++;
     return MK_OK;
 }
 
 static mk_status cuda_synchronize(mk_backend *b) {
     mk_cuda_backend *cb = cuda_of(b);
     MK_ON_DEVICE(cb);
-    MK_CUDA_CHECK(cudaStreamSynchronize(cb->stream));
+    MK_CUDA_CHECK(mk_cuda_wait(cb));
     return MK_OK;
 }
 
@@ -193,7 +204,7 @@ static mk_status cuda_upload_weight(mk_backend *b, void *dst, const float *src, 
     const mk_dtype dtype = cb->base.config.weight_dtype;
     if (dtype == MK_DTYPE_F32) {
         MK_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyHostToDevice, cb->stream));
-        MK_CUDA_CHECK(cudaStreamSynchronize(cb->stream));
+        MK_CUDA_CHECK(mk_cuda_wait(cb));
         return MK_OK;
     }
     /* Load time only: convert on the host, then copy. */
@@ -201,7 +212,7 @@ static mk_status cuda_upload_weight(mk_backend *b, void *dst, const float *src, 
     if (!half) return mk_fail(MK_ERR_OUT_OF_MEMORY, "cuda backend: out of memory converting %zu weights", n);
     for (size_t i = 0; i < n; i++) half[i] = dtype == MK_DTYPE_BF16 ? mk_f32_to_bf16(src[i]) : mk_f32_to_f16(src[i]);
     cudaError_t err = cudaMemcpyAsync(dst, half, n * sizeof(uint16_t), cudaMemcpyHostToDevice, cb->stream);
-    if (err == cudaSuccess) err = cudaStreamSynchronize(cb->stream);
+    if (err == cudaSuccess) err = mk_cuda_wait(cb);
     free(half);
     MK_CUDA_CHECK(err);
     return MK_OK;

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "mk_test_util.h"
+#include "range.h"
 
 #if defined(MK_TEST_CUDASIM)
 #include "cudasim.h"
@@ -157,6 +158,64 @@ TEST_P(CudaModels, SpeedModeIsWithinBf16ToleranceOfCpu) {
 
 INSTANTIATE_TEST_SUITE_P(RandomModels, CudaModels, ::testing::Values(size_t{0}, size_t{1}),
                          [](const ::testing::TestParamInfo<size_t> &i) { return std::string(model_cases()[i.param].name); });
+
+// ================================================== structural counts ==
+// What one decode token costs the device and the host, counted by the backend (no GPU
+// needed): launches per layer, host waits and bytes downloaded per token. Printed for the
+// record; the bounds are today's structure (15 launches per layer: the 16-bit modes' seven
+// F32->BF16 conversion launches are gone since decode rows take the GEMV kernel), so a
+// change that adds launches, waits or downloads fails here.
+struct TokenCost {
+    uint64_t launches, host_syncs, bytes_downloaded, bytes_uploaded;
+};
+
+TokenCost decode_token_cost(const mk_model *model, const mk_hparams &hp, const mk_range_options &o,
+                            const std::vector<int32_t> &prompt, size_t prompt_rows) {
+    mk_range *r = nullptr;
+    EXPECT_EQ(mk_range_create(model, 0, (int64_t)hp.n_layers - 1, &o, &r), MK_OK) << mk_last_error();
+    if (!r) return {};
+    mk_sequence *seq = nullptr;
+    EXPECT_EQ(mk_sequence_open(r, &seq), MK_OK) << mk_last_error();
+    mk_tail_output *t = nullptr;
+    EXPECT_EQ(mk_range_forward(r, seq, prompt.data(), prompt_rows, nullptr, nullptr, nullptr, &t), MK_OK)
+        << mk_last_error();
+    const int32_t next = t ? t->token_ids[0] : 0;
+    mk_tail_output_free(t);
+    t = nullptr;
+    const mk_backend_counters before = *mk_range_backend_counters(r);
+    EXPECT_EQ(mk_range_forward(r, seq, &next, 1, nullptr, nullptr, nullptr, &t), MK_OK) << mk_last_error();
+    const mk_backend_counters after = *mk_range_backend_counters(r);
+    mk_tail_output_free(t);
+    mk_sequence_close(seq);
+    mk_range_free(r);
+    return {after.launches - before.launches, after.host_syncs - before.host_syncs,
+            after.bytes_downloaded - before.bytes_downloaded, after.bytes_uploaded - before.bytes_uploaded};
+}
+
+TEST(CudaBackend, DecodeTokenStructuralCounts) {
+    MK_REQUIRE_DEVICE();
+    const ModelCase c = model_cases()[1]; // GQA, tied embeddings
+    ModelPtr model = make_random_model(c.hp);
+    const uint64_t L = c.hp.n_layers;
+    // Outside the layers: embed, the last layer's residual add, final norm, lm_head, argmax.
+    const uint64_t outside = 5;
+    for (const mk_dtype d : {MK_DTYPE_F32, MK_DTYPE_BF16, MK_DTYPE_F16}) {
+        SCOPED_TRACE(mk_dtype_name(d));
+        // A prompt longer than the GEMV row limit: prefill takes cuBLAS, decode the GEMV.
+        const TokenCost cost = decode_token_cost(model.get(), c.hp, cuda_options(d, d != MK_DTYPE_F32), c.prompt,
+                                                 c.prompt.size());
+        std::printf("[ counts   ] %s decode token, %u layers: %.2f launches/layer, %llu launches, %llu host syncs, "
+                    "%llu bytes downloaded, %llu bytes uploaded\n",
+                    mk_dtype_name(d), (unsigned)L, (double)(cost.launches - outside) / (double)L,
+                    (unsigned long long)cost.launches, (unsigned long long)cost.host_syncs,
+                    (unsigned long long)cost.bytes_downloaded, (unsigned long long)cost.bytes_uploaded);
+        EXPECT_LE(cost.launches, 15 * L + outside);
+        EXPECT_GE(cost.launches, L); // counted at all
+        EXPECT_LE(cost.host_syncs, 4u);
+        EXPECT_EQ(cost.bytes_downloaded, c.hp.vocab * sizeof(float) + sizeof(int32_t)); // logits + token
+        EXPECT_EQ(cost.bytes_uploaded, 2 * sizeof(int32_t)); // position + token id
+    }
+}
 
 // Past 256 cached keys a single query row takes the flash-decoding kernel: still bit-exact
 // across splits, and within parity tolerance of the cpu.
