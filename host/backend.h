@@ -42,6 +42,14 @@ typedef struct mk_backend_ops {
                              size_t cols, float eps);
     mk_status (*matmul)(mk_backend *b, float *y /* [rows, out] */, const float *x /* [rows, in] */,
                         const void *w /* [out, in] weight dtype */, size_t rows, size_t in_dim, size_t out_dim);
+    /* Optional (NULL: the executor calls matmul once per weight). y[i] = x @ w[i]^T for n
+     * (1..3) weights sharing x, [rows, out_dim[i]] each: Q, K and V in one launch. */
+    mk_status (*matmul_shared)(mk_backend *b, size_t n, float *const *y, const void *const *w /* weight dtype */,
+                               const size_t *out_dim, const float *x /* [rows, in] */, size_t rows, size_t in_dim);
+    /* Optional (NULL: matmul gate, matmul up, swiglu). gate = silu(x @ w_gate^T) * (x @ w_up^T),
+     * [rows, out_dim]; up [rows, out_dim] is scratch. */
+    mk_status (*matmul_swiglu)(mk_backend *b, float *gate, float *up, const float *x /* [rows, in] */,
+                               const void *w_gate, const void *w_up, size_t rows, size_t in_dim, size_t out_dim);
     mk_status (*rope)(mk_backend *b, float *x /* [rows, heads, head_dim] */, const int32_t *positions /* dev [rows] */,
                       size_t rows, size_t heads, size_t head_dim, float theta, mk_rope_layout layout);
     mk_status (*attention)(mk_backend *b, float *out /* [rows, n_heads, head_dim] */,

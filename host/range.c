@@ -429,9 +429,16 @@ static mk_status mk_run_layer(mk_range *r, mk_sequence *seq, size_t layer_index,
     /* attention block */
     if (layer_index == 0) MK_TRY(ops->rmsnorm(b, a->xn, a->x, w->attn_norm, rows, hp->hidden, hp->rms_eps));
     else MK_TRY(ops->add_rmsnorm(b, a->x, a->xn, a->proj, w->attn_norm, rows, hp->hidden, hp->rms_eps));
-    MK_TRY(ops->matmul(b, a->q, a->xn, w->wq, rows, hp->hidden, q_dim));
-    MK_TRY(ops->matmul(b, a->k, a->xn, w->wk, rows, hp->hidden, kv_dim));
-    MK_TRY(ops->matmul(b, a->v, a->xn, w->wv, rows, hp->hidden, kv_dim));
+    if (ops->matmul_shared) {
+        float *const y[3] = {a->q, a->k, a->v};
+        const void *const wqkv[3] = {w->wq, w->wk, w->wv};
+        const size_t out[3] = {q_dim, kv_dim, kv_dim};
+        MK_TRY(ops->matmul_shared(b, 3, y, wqkv, out, a->xn, rows, hp->hidden));
+    } else {
+        MK_TRY(ops->matmul(b, a->q, a->xn, w->wq, rows, hp->hidden, q_dim));
+        MK_TRY(ops->matmul(b, a->k, a->xn, w->wk, rows, hp->hidden, kv_dim));
+        MK_TRY(ops->matmul(b, a->v, a->xn, w->wv, rows, hp->hidden, kv_dim));
+    }
     MK_TRY(ops->rope(b, a->q, a->pos, rows, hp->n_heads, hp->head_dim, hp->rope_theta, hp->rope_layout));
     MK_TRY(ops->rope(b, a->k, a->pos, rows, hp->n_kv_heads, hp->head_dim, hp->rope_theta, hp->rope_layout));
     MK_TRY(ops->copy(b, k_cache + past * kv_dim, a->k, rows * kv_dim * sizeof(float)));
@@ -441,9 +448,13 @@ static mk_status mk_run_layer(mk_range *r, mk_sequence *seq, size_t layer_index,
 
     /* mlp block */
     MK_TRY(ops->add_rmsnorm(b, a->x, a->xn, a->proj, w->ffn_norm, rows, hp->hidden, hp->rms_eps));
-    MK_TRY(ops->matmul(b, a->gate, a->xn, w->w_gate, rows, hp->hidden, hp->intermediate));
-    MK_TRY(ops->matmul(b, a->up, a->xn, w->w_up, rows, hp->hidden, hp->intermediate));
-    MK_TRY(ops->swiglu(b, a->gate, a->gate, a->up, rows * hp->intermediate));
+    if (ops->matmul_swiglu) {
+        MK_TRY(ops->matmul_swiglu(b, a->gate, a->up, a->xn, w->w_gate, w->w_up, rows, hp->hidden, hp->intermediate));
+    } else {
+        MK_TRY(ops->matmul(b, a->gate, a->xn, w->w_gate, rows, hp->hidden, hp->intermediate));
+        MK_TRY(ops->matmul(b, a->up, a->xn, w->w_up, rows, hp->hidden, hp->intermediate));
+        MK_TRY(ops->swiglu(b, a->gate, a->gate, a->up, rows * hp->intermediate));
+    }
     MK_TRY(ops->matmul(b, a->proj, a->gate, w->w_down, rows, hp->intermediate, hp->hidden));
     if (last) MK_TRY(ops->add(b, a->x, a->proj, rows * hp->hidden));
     return MK_OK;

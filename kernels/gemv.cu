@@ -1,5 +1,7 @@
 /* gemv.cu - decode matrix products with 1..MK_GEMV_MAX_ROWS activation rows and dense
- * weights (F32, F16, BF16): y[r, o] = sum_k x[r, k] * w[o, k], F32 accumulation.
+ * weights (F32, F16, BF16): y[r, o] = sum_k x[r, k] * w[o, k], F32 accumulation; also up to
+ * three products sharing the input in one launch (Q, K, V) and the gate and up products
+ * with SwiGLU applied in the same launch.
  *
  * Decode is bound by reading the weights, so each weight byte is read once: one warp per
  * output row o reads w[o, :] in 16-byte vectors (consecutive lanes, consecutive vectors:
@@ -25,19 +27,17 @@ static __device__ __forceinline__ float gemv_vec_elem(const uint4 &v, int i) {
   return D == MK_DTYPE_F16 ? mk_dev_f16_to_f32(h) : mk_dev_bf16_to_f32(h);
 }
 
-/* VEC: the weight rows and x rows are 16-byte aligned and in_dim is a multiple of the
- * vector width (checked by the launcher); otherwise every element is loaded alone. */
+/* The R sums x[r, :] . wrow for one weight row, by one warp; every lane gets the totals.
+ * VEC: the weight row and x rows are 16-byte aligned and in_dim is a multiple of the vector
+ * width (checked by the launcher); otherwise every element is loaded alone. The order of
+ * the additions depends only on (D, VEC, in_dim): every kernel below computes one product
+ * with the same bits. */
 template <int D, int R, bool VEC>
-static __global__ void gemv_kernel(float *__restrict__ y /* [R, out_dim] */, const float *__restrict__ x /* [R, in_dim] */,
-                                   const void *__restrict__ w /* [out_dim, in_dim] */, size_t in_dim, size_t out_dim) {
-  const int lane = threadIdx.x & 31;
-  const size_t o = (size_t)blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
-  if (o >= out_dim) return; /* whole warps leave together: no barrier follows */
-  float acc[R];
+static __device__ __forceinline__ void gemv_dot(float (&acc)[R], const float *__restrict__ x, const char *wrow,
+                                                size_t in_dim, int lane) {
   MK_UNROLL
   for (int r = 0; r < R; r++) acc[r] = 0.0f;
   const size_t esize = D == MK_DTYPE_F32 ? 4 : 2;
-  const char *wrow = static_cast<const char *>(w) + o * in_dim * esize;
   if (VEC) {
     const int per = 16 / (int)esize; /* elements per vector */
     const size_t n_vec = in_dim / (size_t)per;
@@ -72,52 +72,186 @@ static __global__ void gemv_kernel(float *__restrict__ y /* [R, out_dim] */, con
     }
   }
   MK_UNROLL
-  for (int r = 0; r < R; r++) {
-    const float s = mk_warp_sum(acc[r]);
-    if (lane == 0) y[(size_t)r * out_dim + o] = s;
+  for (int r = 0; r < R; r++) acc[r] = mk_warp_sum(acc[r]);
+}
+
+/* Up to GEMV_MAX_SET weight matrices sharing one input (Q, K and V): one launch, the
+ * output rows of all of them numbered one after the other. */
+#define GEMV_MAX_SET 3
+struct gemv_set {
+  float *y[GEMV_MAX_SET];       /* [R, out[i]] */
+  const void *w[GEMV_MAX_SET];  /* [out[i], in_dim] */
+  size_t out[GEMV_MAX_SET];
+};
+
+template <int D, int R, bool VEC>
+static __global__ void gemv_kernel(gemv_set set, const float *__restrict__ x /* [R, in_dim] */, size_t in_dim,
+                                   size_t total_out) {
+  const int lane = threadIdx.x & 31;
+  size_t o = (size_t)blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
+  if (o >= total_out) return; /* whole warps leave together: no barrier follows */
+  int m = 0;
+  while (m + 1 < GEMV_MAX_SET && o >= set.out[m]) o -= set.out[m++];
+  const size_t esize = D == MK_DTYPE_F32 ? 4 : 2;
+  float acc[R];
+  gemv_dot<D, R, VEC>(acc, x, static_cast<const char *>(set.w[m]) + o * in_dim * esize, in_dim, lane);
+  if (lane == 0) {
+    float *y = set.y[m];
+    MK_UNROLL
+    for (int r = 0; r < R; r++) y[(size_t)r * set.out[m] + o] = acc[r];
   }
 }
 
-template <int D, int R>
-static mk_status launch_gemv_r(float *y, const float *x, const void *w, size_t in_dim, size_t out_dim,
-                               cudaStream_t stream) {
+/* out = silu(x . w_gate) * (x . w_up) (SwiGLU over the gate and up products, the operation
+ * order of swiglu.cu): the two products and the activation in one launch. */
+template <int D, int R, bool VEC>
+static __global__ void gemv_swiglu_kernel(float *__restrict__ out /* [R, out_dim] */,
+                                          const float *__restrict__ x /* [R, in_dim] */, const void *__restrict__ wg,
+                                          const void *__restrict__ wu, size_t in_dim, size_t out_dim) {
+  const int lane = threadIdx.x & 31;
+  const size_t o = (size_t)blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
+  if (o >= out_dim) return; /* whole warps leave together: no barrier follows */
   const size_t esize = D == MK_DTYPE_F32 ? 4 : 2;
-  const size_t per = 16 / esize;
-  const bool vec = in_dim % per == 0 && ((uintptr_t)w & 15u) == 0 && ((uintptr_t)x & 15u) == 0;
-  const dim3 grid(mk_ceil_div_u(out_dim, GEMV_WARPS)), block(GEMV_WARPS * MK_WARP);
-  if (vec) MK_LAUNCH((gemv_kernel<D, R, true>), grid, block, 0, stream, y, x, w, in_dim, out_dim);
-  else MK_LAUNCH((gemv_kernel<D, R, false>), grid, block, 0, stream, y, x, w, in_dim, out_dim);
+  float g[R], u[R];
+  gemv_dot<D, R, VEC>(g, x, static_cast<const char *>(wg) + o * in_dim * esize, in_dim, lane);
+  gemv_dot<D, R, VEC>(u, x, static_cast<const char *>(wu) + o * in_dim * esize, in_dim, lane);
+  if (lane == 0) {
+    MK_UNROLL
+    for (int r = 0; r < R; r++) out[(size_t)r * out_dim + o] = __fmul_rn(g[r] / (1.0f + expf(-g[r])), u[r]);
+  }
+}
+
+/* Which kernel a launch takes. */
+enum gemv_kind { GEMV_SET, GEMV_SWIGLU };
+
+struct gemv_launch {
+  enum gemv_kind kind;
+  gemv_set set;      /* GEMV_SET: n matrices; GEMV_SWIGLU: w[0] gate, w[1] up, y[0] out, out[0] */
+  size_t n;
+  const float *x;
+  size_t in_dim;
+};
+
+template <int D, int R>
+static mk_status launch_gemv_r(const gemv_launch &L, cudaStream_t stream) {
+  const size_t per = D == MK_DTYPE_F32 ? 4 : 8;
+  bool vec = L.in_dim % per == 0 && ((uintptr_t)L.x & 15u) == 0;
+  size_t total = 0;
+  for (size_t i = 0; i < L.n; i++) {
+    vec = vec && ((uintptr_t)L.set.w[i] & 15u) == 0;
+    total += L.set.out[i];
+  }
+  if (L.kind == GEMV_SWIGLU) total = L.set.out[0];
+  const dim3 grid(mk_ceil_div_u(total, GEMV_WARPS)), block(GEMV_WARPS * MK_WARP);
+  if (L.kind == GEMV_SWIGLU) {
+    if (vec)
+      MK_LAUNCH((gemv_swiglu_kernel<D, R, true>), grid, block, 0, stream, L.set.y[0], L.x, L.set.w[0], L.set.w[1],
+                L.in_dim, total);
+    else
+      MK_LAUNCH((gemv_swiglu_kernel<D, R, false>), grid, block, 0, stream, L.set.y[0], L.x, L.set.w[0], L.set.w[1],
+                L.in_dim, total);
+    return mk_check_launch("mk_kernel_gemv_swiglu");
+  }
+  if (vec) MK_LAUNCH((gemv_kernel<D, R, true>), grid, block, 0, stream, L.set, L.x, L.in_dim, total);
+  else MK_LAUNCH((gemv_kernel<D, R, false>), grid, block, 0, stream, L.set, L.x, L.in_dim, total);
   return mk_check_launch("mk_kernel_gemv");
 }
 
 template <int D>
-static mk_status launch_gemv(float *y, const float *x, const void *w, size_t rows, size_t in_dim, size_t out_dim,
-                             cudaStream_t stream) {
+static mk_status launch_gemv(const gemv_launch &L, size_t rows, cudaStream_t stream) {
   switch (rows) {
-    case 1: return launch_gemv_r<D, 1>(y, x, w, in_dim, out_dim, stream);
-    case 2: return launch_gemv_r<D, 2>(y, x, w, in_dim, out_dim, stream);
-    case 3: return launch_gemv_r<D, 3>(y, x, w, in_dim, out_dim, stream);
-    case 4: return launch_gemv_r<D, 4>(y, x, w, in_dim, out_dim, stream);
-    case 5: return launch_gemv_r<D, 5>(y, x, w, in_dim, out_dim, stream);
-    case 6: return launch_gemv_r<D, 6>(y, x, w, in_dim, out_dim, stream);
-    case 7: return launch_gemv_r<D, 7>(y, x, w, in_dim, out_dim, stream);
-    default: return launch_gemv_r<D, 8>(y, x, w, in_dim, out_dim, stream);
+    case 1: return launch_gemv_r<D, 1>(L, stream);
+    case 2: return launch_gemv_r<D, 2>(L, stream);
+    case 3: return launch_gemv_r<D, 3>(L, stream);
+    case 4: return launch_gemv_r<D, 4>(L, stream);
+    case 5: return launch_gemv_r<D, 5>(L, stream);
+    case 6: return launch_gemv_r<D, 6>(L, stream);
+    case 7: return launch_gemv_r<D, 7>(L, stream);
+    default: return launch_gemv_r<D, 8>(L, stream);
   }
+}
+
+/* Shape checks shared by the entries; *skip when there is nothing to do. */
+static mk_status gemv_check(const char *what, mk_dtype w_dtype, size_t rows, size_t in_dim, size_t total_out,
+                            bool *skip) {
+  *skip = false;
+  if (!mk_float_dtype(w_dtype))
+    return mk_fail(MK_ERR_INVALID_ARGUMENT, "%s: weight dtype %d is not F32/F16/BF16", what, (int)w_dtype);
+  if (rows > MK_GEMV_MAX_ROWS)
+    return mk_fail(MK_ERR_SHAPE, "%s: %zu rows exceed the decode limit %d", what, rows, MK_GEMV_MAX_ROWS);
+  if (in_dim == 0) return mk_fail(MK_ERR_SHAPE, "%s: zero input width", what);
+  if (total_out / GEMV_WARPS >= 2147483647u) return mk_fail(MK_ERR_SHAPE, "%s: %zu outputs exceed the grid", what, total_out);
+  *skip = rows == 0 || total_out == 0;
+  return MK_OK;
+}
+
+static mk_status gemv_dispatch(const gemv_launch &L, mk_dtype w_dtype, size_t rows, cudaStream_t stream) {
+  switch (w_dtype) {
+    case MK_DTYPE_F32: return launch_gemv<MK_DTYPE_F32>(L, rows, stream);
+    case MK_DTYPE_F16: return launch_gemv<MK_DTYPE_F16>(L, rows, stream);
+    default: return launch_gemv<MK_DTYPE_BF16>(L, rows, stream);
+  }
+}
+
+extern "C" mk_status mk_kernel_gemv_multi(size_t n, float *const *y, const void *const *w, const size_t *out_dim,
+                                          mk_dtype w_dtype, const float *x, size_t rows, size_t in_dim,
+                                          cudaStream_t stream) {
+  if (n == 0 || n > GEMV_MAX_SET)
+    return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_kernel_gemv_multi: %zu matrices (1..%d)", n, GEMV_MAX_SET);
+  if (!y || !w || !out_dim) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_kernel_gemv_multi: null pointer");
+  gemv_launch L = {};
+  L.kind = GEMV_SET;
+  L.n = n;
+  L.x = x;
+  L.in_dim = in_dim;
+  size_t total = 0;
+  for (size_t i = 0; i < n; i++) {
+    L.set.y[i] = y[i];
+    L.set.w[i] = w[i];
+    L.set.out[i] = out_dim[i];
+    total += out_dim[i];
+  }
+  bool skip;
+  MK_TRY(gemv_check("mk_kernel_gemv_multi", w_dtype, rows, in_dim, total, &skip));
+  if (skip) return MK_OK;
+  for (size_t i = 0; i < n; i++)
+    if (out_dim[i] && (!y[i] || !w[i])) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_kernel_gemv_multi: null pointer");
+  if (!x) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_kernel_gemv_multi: null pointer");
+  return gemv_dispatch(L, w_dtype, rows, stream);
+}
+
+extern "C" mk_status mk_kernel_gemv_swiglu(float *out, const float *x, const void *w_gate, const void *w_up,
+                                           mk_dtype w_dtype, size_t rows, size_t in_dim, size_t out_dim,
+                                           cudaStream_t stream) {
+  bool skip;
+  MK_TRY(gemv_check("mk_kernel_gemv_swiglu", w_dtype, rows, in_dim, out_dim, &skip));
+  if (skip) return MK_OK;
+  if (!out || !x || !w_gate || !w_up) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_kernel_gemv_swiglu: null pointer");
+  gemv_launch L = {};
+  L.kind = GEMV_SWIGLU;
+  L.n = 2;
+  L.x = x;
+  L.in_dim = in_dim;
+  L.set.y[0] = out;
+  L.set.w[0] = w_gate;
+  L.set.w[1] = w_up;
+  L.set.out[0] = out_dim;
+  return gemv_dispatch(L, w_dtype, rows, stream);
 }
 
 extern "C" mk_status mk_kernel_gemv(float *y, const float *x, const void *w, mk_dtype w_dtype, size_t rows,
                                     size_t in_dim, size_t out_dim, cudaStream_t stream) {
-  if (!mk_float_dtype(w_dtype))
-    return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_kernel_gemv: weight dtype %d is not F32/F16/BF16", (int)w_dtype);
-  if (rows > MK_GEMV_MAX_ROWS)
-    return mk_fail(MK_ERR_SHAPE, "mk_kernel_gemv: %zu rows exceed the decode limit %d", rows, MK_GEMV_MAX_ROWS);
-  if (in_dim == 0) return mk_fail(MK_ERR_SHAPE, "mk_kernel_gemv: zero input width");
-  if (out_dim / GEMV_WARPS >= 2147483647u) return mk_fail(MK_ERR_SHAPE, "mk_kernel_gemv: %zu outputs exceed the grid", out_dim);
-  if (rows == 0 || out_dim == 0) return MK_OK;
+  bool skip;
+  MK_TRY(gemv_check("mk_kernel_gemv", w_dtype, rows, in_dim, out_dim, &skip));
+  if (skip) return MK_OK;
   if (!y || !x || !w) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_kernel_gemv: null pointer");
-  switch (w_dtype) {
-    case MK_DTYPE_F32: return launch_gemv<MK_DTYPE_F32>(y, x, w, rows, in_dim, out_dim, stream);
-    case MK_DTYPE_F16: return launch_gemv<MK_DTYPE_F16>(y, x, w, rows, in_dim, out_dim, stream);
-    default: return launch_gemv<MK_DTYPE_BF16>(y, x, w, rows, in_dim, out_dim, stream);
-  }
+  gemv_launch L = {};
+  L.kind = GEMV_SET;
+  L.n = 1;
+  L.x = x;
+  L.in_dim = in_dim;
+  L.set.y[0] = y;
+  L.set.w[0] = w;
+  L.set.out[0] = out_dim;
+  return gemv_dispatch(L, w_dtype, rows, stream);
 }

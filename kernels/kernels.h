@@ -93,6 +93,18 @@ mk_status mk_kernel_gemv(float *y /* [rows, out_dim] */, const float *x /* [rows
                          const void *w /* [out_dim, in_dim] */, mk_dtype w_dtype, size_t rows, size_t in_dim,
                          size_t out_dim, cudaStream_t stream);
 
+/* The same for n (1..3) weights sharing x, in one launch: y[i] = x @ w[i]^T, [rows, out_dim[i]]
+ * (Q, K and V). Each product has the bits mk_kernel_gemv gives it. */
+mk_status mk_kernel_gemv_multi(size_t n, float *const *y, const void *const *w /* [out_dim[i], in_dim] */,
+                               const size_t *out_dim, mk_dtype w_dtype, const float *x /* [rows, in_dim] */,
+                               size_t rows, size_t in_dim, cudaStream_t stream);
+
+/* out = silu(x @ w_gate^T) * (x @ w_up^T) in one launch: the bits of mk_kernel_gemv twice then
+ * mk_kernel_swiglu. */
+mk_status mk_kernel_gemv_swiglu(float *out /* [rows, out_dim] */, const float *x /* [rows, in_dim] */,
+                                const void *w_gate /* [out_dim, in_dim] */, const void *w_up /* [out_dim, in_dim] */,
+                                mk_dtype w_dtype, size_t rows, size_t in_dim, size_t out_dim, cudaStream_t stream);
+
 /* The same with w in a GGUF block format (ggml type id: Q8_0 = 8, Q4_1 = 3, Q4_K = 12), each
  * row in_dim / block_elements whole blocks, dequantized in registers. in_dim must be a multiple
  * of the block size; w aligned to 2 (Q8_0), 4 (Q4_1) or 8 (Q4_K) bytes. Reference:

@@ -278,6 +278,38 @@ static mk_status cuda_matmul(mk_backend *b, float *y, const float *x, const void
     return mk_cuda_after_launch(cb, MK_OK);
 }
 
+/* Q, K and V (decode, 16-bit weights): one GEMV launch; otherwise one product each. Either
+ * way each product has the bits cuda_matmul gives it. */
+static mk_status cuda_matmul_shared(mk_backend *b, size_t n, float *const *y, const void *const *w,
+                                    const size_t *out_dim, const float *x, size_t rows, size_t in_dim) {
+    mk_cuda_backend *cb = cuda_of(b);
+    const mk_dtype dtype = cb->base.config.weight_dtype;
+    if (dtype != MK_DTYPE_F32 && rows <= MK_GEMV_MAX_ROWS) {
+        MK_ON_DEVICE(cb);
+        return mk_cuda_after_launch(cb, mk_kernel_gemv_multi(n, y, w, out_dim, dtype, x, rows, in_dim, cb->stream));
+    }
+    for (size_t i = 0; i < n; i++) MK_TRY(cuda_matmul(b, y[i], x, w[i], rows, in_dim, out_dim[i]));
+    return MK_OK;
+}
+
+static mk_status cuda_swiglu(mk_backend *b, float *out, const float *gate, const float *up, size_t n);
+
+/* gate = silu(x w_gate^T) * (x w_up^T): one launch for decode rows with 16-bit weights (the
+ * same bits as the three launches it replaces). */
+static mk_status cuda_matmul_swiglu(mk_backend *b, float *gate, float *up, const float *x, const void *w_gate,
+                                    const void *w_up, size_t rows, size_t in_dim, size_t out_dim) {
+    mk_cuda_backend *cb = cuda_of(b);
+    const mk_dtype dtype = cb->base.config.weight_dtype;
+    if (dtype != MK_DTYPE_F32 && rows <= MK_GEMV_MAX_ROWS) {
+        MK_ON_DEVICE(cb);
+        return mk_cuda_after_launch(
+            cb, mk_kernel_gemv_swiglu(gate, x, w_gate, w_up, dtype, rows, in_dim, out_dim, cb->stream));
+    }
+    MK_TRY(cuda_matmul(b, gate, x, w_gate, rows, in_dim, out_dim));
+    MK_TRY(cuda_matmul(b, up, x, w_up, rows, in_dim, out_dim));
+    return cuda_swiglu(b, gate, gate, up, rows * out_dim);
+}
+
 static mk_status cuda_rope(mk_backend *b, float *x, const int32_t *positions, size_t rows, size_t heads,
                            size_t head_dim, float theta, mk_rope_layout layout) {
     mk_cuda_backend *cb = cuda_of(b);
@@ -331,6 +363,8 @@ static const mk_backend_ops mk_cuda_ops = {
     .rmsnorm = cuda_rmsnorm,
     .add_rmsnorm = cuda_add_rmsnorm,
     .matmul = cuda_matmul,
+    .matmul_shared = cuda_matmul_shared,
+    .matmul_swiglu = cuda_matmul_swiglu,
     .rope = cuda_rope,
     .attention = cuda_attention,
     .swiglu = cuda_swiglu,

@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <random>
 #include <sstream>
 #include <string>
@@ -914,6 +915,78 @@ std::vector<GemvCase> gemv_cases() {
     return v;
 }
 INSTANTIATE_TEST_SUITE_P(Ops, Gemv, ::testing::ValuesIn(gemv_cases()), case_name<GemvCase>);
+
+// The fused launches (Q/K/V sharing the input; gate and up with SwiGLU) give exactly the
+// bits of the separate launches they replace (which the grid above checks against the CPU),
+// so the cuda backend's decode is the same computation fused or not.
+TEST_F(OpTest, GemvMultiAndSwigluEqualSeparateLaunches) {
+    for (const mk_dtype d : {MK_DTYPE_F32, MK_DTYPE_F16, MK_DTYPE_BF16})
+        for (const size_t rows : {size_t(1), size_t(3), size_t(8)})
+            for (const size_t in_dim : {size_t(40), size_t(33)}) {
+                SCOPED_TRACE(std::string(dtype_tag(d)) + " rows " + std::to_string(rows) + " in " + std::to_string(in_dim));
+                const size_t outs[3] = {13, 5, 7};
+                const size_t es = d == MK_DTYPE_F32 ? 4 : 2;
+                std::vector<float> x = random_f32(rows * in_dim, 101 + rows, 2.0f);
+                std::vector<std::vector<uint8_t>> wh(3);
+                std::vector<std::unique_ptr<GuardedBuf>> dw, dy, dsep;
+                GuardedBuf dx(x.size() * 4);
+                CUDA_OK(dx.upload(x.data(), stream_));
+                for (int i = 0; i < 3; i++) {
+                    std::vector<float> wf = random_f32(outs[i] * in_dim, 102 + i, 1.0f);
+                    wh[i].resize(wf.size() * es);
+                    if (d == MK_DTYPE_F32) std::memcpy(wh[i].data(), wf.data(), wh[i].size());
+                    else {
+                        std::vector<uint16_t> h = to_half_bits(wf, d);
+                        std::memcpy(wh[i].data(), h.data(), wh[i].size());
+                    }
+                    dw.emplace_back(new GuardedBuf(wh[i].size()));
+                    dy.emplace_back(new GuardedBuf(rows * outs[i] * 4));
+                    dsep.emplace_back(new GuardedBuf(rows * outs[i] * 4));
+                    CUDA_OK(dw[i]->upload(wh[i].data(), stream_));
+                    CUDA_OK(dy[i]->poison(stream_));
+                    CUDA_OK(dsep[i]->poison(stream_));
+                }
+                float *ys[3] = {dy[0]->ptr<float>(), dy[1]->ptr<float>(), dy[2]->ptr<float>()};
+                const void *ws[3] = {dw[0]->ptr(), dw[1]->ptr(), dw[2]->ptr()};
+                MK_OK_(mk_kernel_gemv_multi(3, ys, ws, outs, d, dx.ptr<float>(), rows, in_dim, stream_));
+                for (int i = 0; i < 3; i++)
+                    MK_OK_(mk_kernel_gemv(dsep[i]->ptr<float>(), dx.ptr<float>(), ws[i], d, rows, in_dim, outs[i], stream_));
+                for (int i = 0; i < 3; i++) {
+                    std::vector<float> a(rows * outs[i]), b(rows * outs[i]);
+                    ASSERT_TRUE(dy[i]->download(a.data(), stream_));
+                    ASSERT_TRUE(dsep[i]->download(b.data(), stream_));
+                    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0) << "matrix " << i;
+                }
+                // gate = w[1] (5 rows), up = the first 5 rows of w[2]
+                GuardedBuf dout(rows * outs[1] * 4), dg(rows * outs[1] * 4), du(rows * outs[1] * 4), dref(rows * outs[1] * 4);
+                CUDA_OK(dout.poison(stream_));
+                CUDA_OK(dg.poison(stream_));
+                CUDA_OK(du.poison(stream_));
+                CUDA_OK(dref.poison(stream_));
+                MK_OK_(mk_kernel_gemv_swiglu(dout.ptr<float>(), dx.ptr<float>(), ws[1], ws[2], d, rows, in_dim, outs[1],
+                                             stream_));
+                MK_OK_(mk_kernel_gemv(dg.ptr<float>(), dx.ptr<float>(), ws[1], d, rows, in_dim, outs[1], stream_));
+                MK_OK_(mk_kernel_gemv(du.ptr<float>(), dx.ptr<float>(), ws[2], d, rows, in_dim, outs[1], stream_));
+                MK_OK_(mk_kernel_swiglu(dref.ptr<float>(), dg.ptr<float>(), du.ptr<float>(), MK_DTYPE_F32, rows * outs[1],
+                                        stream_));
+                std::vector<float> a(rows * outs[1]), b(rows * outs[1]);
+                ASSERT_TRUE(dout.download(a.data(), stream_));
+                ASSERT_TRUE(dref.download(b.data(), stream_));
+                EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0) << "swiglu";
+                EXPECT_FALSE(std::isnan(a[0]));
+            }
+    GuardedBuf b(4096);
+    float *f = b.ptr<float>();
+    float *ys[3] = {f, f, f};
+    const void *ws[3] = {f, f, f};
+    const size_t outs[3] = {1, 1, 1};
+    EXPECT_ERROR(mk_kernel_gemv_multi(4, ys, ws, outs, MK_DTYPE_BF16, f, 1, 4, stream_), MK_ERR_INVALID_ARGUMENT,
+                 "mk_kernel_gemv_multi: 4 matrices (1..3)");
+    EXPECT_ERROR(mk_kernel_gemv_swiglu(f, f, f, f, MK_DTYPE_BF16, 9, 4, 4, stream_), MK_ERR_SHAPE,
+                 "mk_kernel_gemv_swiglu: 9 rows exceed the decode limit 8");
+    EXPECT_ERROR(mk_kernel_gemv_swiglu(f, f, nullptr, f, MK_DTYPE_BF16, 1, 4, 4, stream_), MK_ERR_INVALID_ARGUMENT,
+                 "mk_kernel_gemv_swiglu: null pointer");
+}
 
 TEST_F(OpTest, GemvErrors) {
     GuardedBuf b(4096);
