@@ -50,6 +50,13 @@ typedef struct mk_backend_ops {
      * [rows, out_dim]; up [rows, out_dim] is scratch. */
     mk_status (*matmul_swiglu)(mk_backend *b, float *gate, float *up, const float *x /* [rows, in] */,
                                const void *w_gate, const void *w_up, size_t rows, size_t in_dim, size_t out_dim);
+    /* Optional (NULL: rope q, rope k, then copy k and v into the caches). RoPE of q and k in
+     * place and the KV-cache write of rows [past, past + rows) in one step. */
+    mk_status (*rope_kv)(mk_backend *b, float *q /* [rows, n_heads, head_dim] */,
+                         float *k /* [rows, n_kv_heads, head_dim] */, const float *v /* [rows, kv_dim] */,
+                         float *k_cache /* [ctx, kv_dim] */, float *v_cache /* [ctx, kv_dim] */,
+                         const int32_t *positions /* dev [rows] */, size_t past, size_t rows, size_t n_heads,
+                         size_t n_kv_heads, size_t head_dim, float theta, mk_rope_layout layout);
     mk_status (*rope)(mk_backend *b, float *x /* [rows, heads, head_dim] */, const int32_t *positions /* dev [rows] */,
                       size_t rows, size_t heads, size_t head_dim, float theta, mk_rope_layout layout);
     mk_status (*attention)(mk_backend *b, float *out /* [rows, n_heads, head_dim] */,

@@ -439,10 +439,15 @@ static mk_status mk_run_layer(mk_range *r, mk_sequence *seq, size_t layer_index,
         MK_TRY(ops->matmul(b, a->k, a->xn, w->wk, rows, hp->hidden, kv_dim));
         MK_TRY(ops->matmul(b, a->v, a->xn, w->wv, rows, hp->hidden, kv_dim));
     }
-    MK_TRY(ops->rope(b, a->q, a->pos, rows, hp->n_heads, hp->head_dim, hp->rope_theta, hp->rope_layout));
-    MK_TRY(ops->rope(b, a->k, a->pos, rows, hp->n_kv_heads, hp->head_dim, hp->rope_theta, hp->rope_layout));
-    MK_TRY(ops->copy(b, k_cache + past * kv_dim, a->k, rows * kv_dim * sizeof(float)));
-    MK_TRY(ops->copy(b, v_cache + past * kv_dim, a->v, rows * kv_dim * sizeof(float)));
+    if (ops->rope_kv) {
+        MK_TRY(ops->rope_kv(b, a->q, a->k, a->v, k_cache, v_cache, a->pos, past, rows, hp->n_heads, hp->n_kv_heads,
+                            hp->head_dim, hp->rope_theta, hp->rope_layout));
+    } else {
+        MK_TRY(ops->rope(b, a->q, a->pos, rows, hp->n_heads, hp->head_dim, hp->rope_theta, hp->rope_layout));
+        MK_TRY(ops->rope(b, a->k, a->pos, rows, hp->n_kv_heads, hp->head_dim, hp->rope_theta, hp->rope_layout));
+        MK_TRY(ops->copy(b, k_cache + past * kv_dim, a->k, rows * kv_dim * sizeof(float)));
+        MK_TRY(ops->copy(b, v_cache + past * kv_dim, a->v, rows * kv_dim * sizeof(float)));
+    }
     MK_TRY(ops->attention(b, a->att, a->q, k_cache, v_cache, rows, past, hp->n_heads, hp->n_kv_heads, hp->head_dim));
     MK_TRY(ops->matmul(b, a->proj, a->att, w->wo, rows, q_dim, hp->hidden));
 

@@ -43,6 +43,14 @@ mk_status mk_kernel_add(float *y /* [n] */, const float *x /* [n] */, size_t n, 
 mk_status mk_kernel_rope(float *x /* [rows, heads, head_dim] */, const int32_t *positions /* [rows] */, size_t rows,
                          size_t heads, size_t head_dim, float theta, mk_rope_layout layout, cudaStream_t stream);
 
+/* mk_kernel_rope on q (n_heads) and k (n_kv_heads), same bits, then k_cache[past + r] = k[r]
+ * (rotated) and v_cache[past + r] = v[r]: the four launches after the Q/K/V product in one. */
+mk_status mk_kernel_rope_kv(float *q /* [rows, n_heads, head_dim] */, float *k /* [rows, n_kv_heads, head_dim] */,
+                            const float *v /* [rows, n_kv_heads, head_dim] */, float *k_cache /* [ctx, kv_dim] */,
+                            float *v_cache /* [ctx, kv_dim] */, const int32_t *positions /* [rows] */, size_t past,
+                            size_t rows, size_t n_heads, size_t n_kv_heads, size_t head_dim, float theta,
+                            mk_rope_layout layout, cudaStream_t stream);
+
 /* k_cache[past + r] = k[r], v_cache[past + r] = v[r] for r < rows. */
 mk_status mk_kernel_kv_append(float *k_cache /* [ctx, kv_dim] */, float *v_cache /* [ctx, kv_dim] */,
                               const float *k /* [rows, kv_dim] */, const float *v /* [rows, kv_dim] */, size_t past,

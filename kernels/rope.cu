@@ -2,11 +2,42 @@
  * One block per row: the row's cos/sin table (head_dim/2 entries) is computed once into
  * shared memory exactly as the CPU backend does (inv_freq by double pow rounded to float,
  * angle as a float product, cos/sin in double rounded to float), then every head of the
- * row is rotated from it. */
+ * row is rotated from it. mk_kernel_rope_kv does the same for Q and K in one launch and
+ * writes the rotated K and V into the KV cache. */
 #include "mk_cuda_compat.h"
 
 #include "mk_kernels_common.cuh"
 
+
+/* The row's cos/sin table, computed as the CPU backend does. Ends with a barrier. */
+static __device__ __forceinline__ void rope_table(float *cos_t, float *sin_t, float pos, int head_dim, float theta) {
+  const int half = head_dim / 2;
+  for (int i = threadIdx.x; i < half; i += blockDim.x) {
+    const float inv_freq = (float)pow((double)theta, -(double)(2 * i) / (double)head_dim);
+    const float angle = __fmul_rn(pos, inv_freq);
+    cos_t[i] = (float)cos((double)angle);
+    sin_t[i] = (float)sin((double)angle);
+  }
+  __syncthreads();
+}
+
+/* Rotate pair i of one head in place; also store the rotated pair in `copy` when given. */
+static __device__ __forceinline__ void rope_pair(float *head, float *copy, int i, int head_dim, int rotate_half,
+                                                 float c, float s) {
+  const int half = head_dim / 2;
+  const int a = rotate_half ? i : 2 * i;
+  const int b = rotate_half ? i + half : 2 * i + 1;
+  const float xa = head[a], xb = head[b];
+  /* no FMA contraction: the CPU rounds each product */
+  const float ya = __fadd_rn(__fmul_rn(xa, c), -__fmul_rn(xb, s));
+  const float yb = __fadd_rn(__fmul_rn(xb, c), __fmul_rn(xa, s));
+  head[a] = ya;
+  head[b] = yb;
+  if (copy) {
+    copy[a] = ya;
+    copy[b] = yb;
+  }
+}
 
 static __global__ void rope_kernel(float *__restrict__ x /* [rows, heads, head_dim] */,
                                    const int32_t *__restrict__ positions /* [rows] */, size_t heads, int head_dim,
@@ -15,43 +46,86 @@ static __global__ void rope_kernel(float *__restrict__ x /* [rows, heads, head_d
   __shared__ float sin_t[MK_MAX_HEAD_DIM / 2];
   const int half = head_dim / 2;
   const size_t row = blockIdx.x;
-  const float pos = (float)positions[row];
-  for (int i = threadIdx.x; i < half; i += blockDim.x) {
-    const float inv_freq = (float)pow((double)theta, -(double)(2 * i) / (double)head_dim);
-    const float angle = __fmul_rn(pos, inv_freq);
-    cos_t[i] = (float)cos((double)angle);
-    sin_t[i] = (float)sin((double)angle);
-  }
-  __syncthreads();
+  rope_table(cos_t, sin_t, (float)positions[row], head_dim, theta);
   float *xr = x + row * heads * (size_t)head_dim;
   const size_t items = heads * (size_t)half;
   for (size_t j = threadIdx.x; j < items; j += blockDim.x) {
     const size_t h = j / (size_t)half;
     const int i = (int)(j - h * (size_t)half);
-    float *head = xr + h * (size_t)head_dim;
-    const int a = rotate_half ? i : 2 * i;
-    const int b = rotate_half ? i + half : 2 * i + 1;
-    const float xa = head[a], xb = head[b], c = cos_t[i], s = sin_t[i];
-    /* no FMA contraction: the CPU rounds each product */
-    head[a] = __fadd_rn(__fmul_rn(xa, c), -__fmul_rn(xb, s));
-    head[b] = __fadd_rn(__fmul_rn(xb, c), __fmul_rn(xa, s));
+    rope_pair(xr + h * (size_t)head_dim, nullptr, i, head_dim, rotate_half, cos_t[i], sin_t[i]);
   }
+}
+
+/* RoPE of Q and K plus the KV-cache write, one launch per forward (decode: after the fused
+ * Q/K/V product): q and k rotated in place as rope_kernel does, the rotated k and v stored
+ * at the row's cache slot. */
+static __global__ void rope_kv_kernel(float *__restrict__ q /* [rows, n_heads, head_dim] */,
+                                      float *__restrict__ k /* [rows, n_kv_heads, head_dim] */,
+                                      const float *__restrict__ v /* [rows, n_kv_heads, head_dim] */,
+                                      float *__restrict__ k_dst /* [rows, kv_dim] cache slots */,
+                                      float *__restrict__ v_dst /* [rows, kv_dim] */,
+                                      const int32_t *__restrict__ positions, size_t n_heads, size_t n_kv_heads,
+                                      int head_dim, float theta, int rotate_half) {
+  __shared__ float cos_t[MK_MAX_HEAD_DIM / 2];
+  __shared__ float sin_t[MK_MAX_HEAD_DIM / 2];
+  const int half = head_dim / 2;
+  const size_t row = blockIdx.x;
+  const size_t kv_dim = n_kv_heads * (size_t)head_dim;
+  rope_table(cos_t, sin_t, (float)positions[row], head_dim, theta);
+  float *qr = q + row * n_heads * (size_t)head_dim;
+  float *kr = k + row * kv_dim;
+  float *kd = k_dst + row * kv_dim;
+  const size_t items = (n_heads + n_kv_heads) * (size_t)half;
+  for (size_t j = threadIdx.x; j < items; j += blockDim.x) {
+    const size_t h = j / (size_t)half;
+    const int i = (int)(j - h * (size_t)half);
+    if (h < n_heads) rope_pair(qr + h * (size_t)head_dim, nullptr, i, head_dim, rotate_half, cos_t[i], sin_t[i]);
+    else {
+      const size_t hk = (h - n_heads) * (size_t)head_dim;
+      rope_pair(kr + hk, kd + hk, i, head_dim, rotate_half, cos_t[i], sin_t[i]);
+    }
+  }
+  const float *vr = v + row * kv_dim;
+  float *vd = v_dst + row * kv_dim;
+  for (size_t j = threadIdx.x; j < kv_dim; j += blockDim.x) vd[j] = vr[j];
+}
+
+static mk_status rope_check(const char *what, size_t rows, size_t heads, size_t head_dim, float theta,
+                            mk_rope_layout layout) {
+  if (layout != MK_ROPE_ROTATE_HALF && layout != MK_ROPE_ADJACENT_PAIRS)
+    return mk_fail(MK_ERR_INVALID_ARGUMENT, "%s: unknown layout %d", what, (int)layout);
+  if (head_dim == 0 || head_dim % 2 != 0 || head_dim > MK_MAX_HEAD_DIM)
+    return mk_fail(MK_ERR_SHAPE, "%s: head_dim %zu must be even and <= %d", what, head_dim, MK_MAX_HEAD_DIM);
+  if (heads == 0) return mk_fail(MK_ERR_SHAPE, "%s: zero heads", what);
+  if (!(theta > 0.0f)) return mk_fail(MK_ERR_INVALID_ARGUMENT, "%s: theta %g must be > 0", what, (double)theta);
+  if (rows > 2147483647u) return mk_fail(MK_ERR_SHAPE, "%s: %zu rows exceed the grid", what, rows);
+  return MK_OK;
+}
+
+static unsigned rope_threads(size_t items) { return items <= 32 ? 32u : items <= 128 ? 128u : 256u; }
+
+extern "C" mk_status mk_kernel_rope_kv(float *q, float *k, const float *v, float *k_cache, float *v_cache,
+                                       const int32_t *positions, size_t past, size_t rows, size_t n_heads,
+                                       size_t n_kv_heads, size_t head_dim, float theta, mk_rope_layout layout,
+                                       cudaStream_t stream) {
+  MK_TRY(rope_check("mk_kernel_rope_kv", rows, n_heads, head_dim, theta, layout));
+  if (n_kv_heads == 0) return mk_fail(MK_ERR_SHAPE, "mk_kernel_rope_kv: zero kv heads");
+  if (rows == 0) return MK_OK;
+  if (!q || !k || !v || !k_cache || !v_cache || !positions)
+    return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_kernel_rope_kv: null pointer");
+  const size_t kv_dim = n_kv_heads * head_dim;
+  MK_LAUNCH(rope_kv_kernel, dim3((unsigned)rows), dim3(rope_threads((n_heads + n_kv_heads) * (head_dim / 2))), 0,
+            stream, q, k, v, k_cache + past * kv_dim, v_cache + past * kv_dim, positions, n_heads, n_kv_heads,
+            (int)head_dim, theta, layout == MK_ROPE_ROTATE_HALF ? 1 : 0);
+  return mk_check_launch("mk_kernel_rope_kv");
 }
 
 extern "C" mk_status mk_kernel_rope(float *x, const int32_t *positions, size_t rows, size_t heads, size_t head_dim,
                                     float theta, mk_rope_layout layout, cudaStream_t stream) {
-  if (layout != MK_ROPE_ROTATE_HALF && layout != MK_ROPE_ADJACENT_PAIRS)
-    return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_kernel_rope: unknown layout %d", (int)layout);
-  if (head_dim == 0 || head_dim % 2 != 0 || head_dim > MK_MAX_HEAD_DIM)
-    return mk_fail(MK_ERR_SHAPE, "mk_kernel_rope: head_dim %zu must be even and <= %d", head_dim, MK_MAX_HEAD_DIM);
-  if (heads == 0) return mk_fail(MK_ERR_SHAPE, "mk_kernel_rope: zero heads");
-  if (!(theta > 0.0f)) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_kernel_rope: theta %g must be > 0", (double)theta);
-  if (rows > 2147483647u) return mk_fail(MK_ERR_SHAPE, "mk_kernel_rope: %zu rows exceed the grid", rows);
+  MK_TRY(rope_check("mk_kernel_rope", rows, heads, head_dim, theta, layout));
   if (rows == 0) return MK_OK;
   if (!x || !positions) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_kernel_rope: null pointer");
-  const size_t items = heads * (head_dim / 2);
-  const unsigned threads = items <= 32 ? 32u : items <= 128 ? 128u : 256u;
-  MK_LAUNCH(rope_kernel, dim3((unsigned)rows), dim3(threads), 0, stream, x, positions, heads, (int)head_dim, theta,
-            layout == MK_ROPE_ROTATE_HALF ? 1 : 0);
+  MK_LAUNCH(rope_kernel, dim3((unsigned)rows), dim3(rope_threads(heads * (head_dim / 2))), 0, stream, x, positions,
+            heads, (int)head_dim, theta, layout == MK_ROPE_ROTATE_HALF ? 1 : 0);
   return mk_check_launch("mk_kernel_rope");
 }

@@ -317,6 +317,15 @@ static mk_status cuda_rope(mk_backend *b, float *x, const int32_t *positions, si
     return mk_cuda_after_launch(cb, mk_kernel_rope(x, positions, rows, heads, head_dim, theta, layout, cb->stream));
 }
 
+static mk_status cuda_rope_kv(mk_backend *b, float *q, float *k, const float *v, float *k_cache, float *v_cache,
+                              const int32_t *positions, size_t past, size_t rows, size_t n_heads, size_t n_kv_heads,
+                              size_t head_dim, float theta, mk_rope_layout layout) {
+    mk_cuda_backend *cb = cuda_of(b);
+    MK_ON_DEVICE(cb);
+    return mk_cuda_after_launch(cb, mk_kernel_rope_kv(q, k, v, k_cache, v_cache, positions, past, rows, n_heads,
+                                                      n_kv_heads, head_dim, theta, layout, cb->stream));
+}
+
 static mk_status cuda_attention(mk_backend *b, float *out, const float *q, const float *k_cache, const float *v_cache,
                                 size_t rows, size_t past, size_t n_heads, size_t n_kv_heads, size_t head_dim) {
     mk_cuda_backend *cb = cuda_of(b);
@@ -366,6 +375,7 @@ static const mk_backend_ops mk_cuda_ops = {
     .matmul_shared = cuda_matmul_shared,
     .matmul_swiglu = cuda_matmul_swiglu,
     .rope = cuda_rope,
+    .rope_kv = cuda_rope_kv,
     .attention = cuda_attention,
     .swiglu = cuda_swiglu,
     .add = cuda_add,

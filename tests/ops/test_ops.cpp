@@ -988,6 +988,72 @@ TEST_F(OpTest, GemvMultiAndSwigluEqualSeparateLaunches) {
                  "mk_kernel_gemv_swiglu: null pointer");
 }
 
+// RoPE of Q and K plus the KV-cache write in one launch: the same bits as mk_kernel_rope on
+// q and k then mk_kernel_kv_append (the cache outside [past, past + rows) untouched).
+TEST_F(OpTest, RopeKvEqualsRopeThenKvAppend) {
+    struct C {
+        mk_rope_layout layout;
+        size_t rows, past, n_heads, n_kv_heads, head_dim;
+    };
+    for (const C c : {C{MK_ROPE_ROTATE_HALF, 1, 5, 4, 2, 8}, C{MK_ROPE_ADJACENT_PAIRS, 3, 0, 6, 3, 6},
+                      C{MK_ROPE_ROTATE_HALF, 8, 17, 9, 3, 64}, C{MK_ROPE_ADJACENT_PAIRS, 1, 40, 3, 1, 128}}) {
+        SCOPED_TRACE("rows " + std::to_string(c.rows) + " past " + std::to_string(c.past) + " head_dim " +
+                     std::to_string(c.head_dim));
+        const size_t ctx = c.past + c.rows + 3, kv_dim = c.n_kv_heads * c.head_dim, qn = c.rows * c.n_heads * c.head_dim;
+        const size_t kn = c.rows * kv_dim;
+        std::vector<float> q = random_f32(qn, 111 + qn, 2.0f), k = random_f32(kn, 112 + kn, 2.0f),
+                           v = random_f32(kn, 113 + kn, 2.0f);
+        std::vector<int32_t> pos(c.rows);
+        for (size_t r = 0; r < c.rows; r++) pos[r] = (int32_t)(c.past + r) * 37 + 3;
+        GuardedBuf dpos(c.rows * 4);
+        CUDA_OK(dpos.upload(pos.data(), stream_));
+        std::vector<float> out[2][4]; // [fused, separate][q, k, k_cache, v_cache]
+        for (int fused = 0; fused < 2; fused++) {
+            GuardedBuf dq(qn * 4), dk(kn * 4), dv(kn * 4), dkc(ctx * kv_dim * 4), dvc(ctx * kv_dim * 4);
+            CUDA_OK(dq.upload(q.data(), stream_));
+            CUDA_OK(dk.upload(k.data(), stream_));
+            CUDA_OK(dv.upload(v.data(), stream_));
+            CUDA_OK(dkc.poison(stream_));
+            CUDA_OK(dvc.poison(stream_));
+            if (fused == 0) {
+                MK_OK_(mk_kernel_rope_kv(dq.ptr<float>(), dk.ptr<float>(), dv.ptr<float>(), dkc.ptr<float>(),
+                                         dvc.ptr<float>(), dpos.ptr<int32_t>(), c.past, c.rows, c.n_heads,
+                                         c.n_kv_heads, c.head_dim, 10000.0f, c.layout, stream_));
+            } else {
+                MK_OK_(mk_kernel_rope(dq.ptr<float>(), dpos.ptr<int32_t>(), c.rows, c.n_heads, c.head_dim, 10000.0f,
+                                      c.layout, stream_));
+                MK_OK_(mk_kernel_rope(dk.ptr<float>(), dpos.ptr<int32_t>(), c.rows, c.n_kv_heads, c.head_dim, 10000.0f,
+                                      c.layout, stream_));
+                MK_OK_(mk_kernel_kv_append(dkc.ptr<float>(), dvc.ptr<float>(), dk.ptr<float>(), dv.ptr<float>(), c.past,
+                                           c.rows, kv_dim, stream_));
+            }
+            out[fused][0].resize(qn);
+            out[fused][1].resize(kn);
+            out[fused][2].resize(ctx * kv_dim);
+            out[fused][3].resize(ctx * kv_dim);
+            ASSERT_TRUE(dq.download(out[fused][0].data(), stream_));
+            ASSERT_TRUE(dk.download(out[fused][1].data(), stream_));
+            ASSERT_TRUE(dkc.download(out[fused][2].data(), stream_));
+            ASSERT_TRUE(dvc.download(out[fused][3].data(), stream_));
+        }
+        for (int i = 0; i < 4; i++)
+            EXPECT_EQ(std::memcmp(out[0][i].data(), out[1][i].data(), out[0][i].size() * 4), 0) << "buffer " << i;
+        // and the rotation is the CPU's
+        std::vector<float> qref = q;
+        mk_cpu_rope(qref.data(), pos.data(), c.rows, c.n_heads, c.head_dim, 10000.0f, c.layout);
+        EXPECT_TRUE(all_close(out[0][0], qref, 1e-6 * max_abs(qref), 1e-5));
+    }
+    GuardedBuf b(4096);
+    float *f = b.ptr<float>();
+    int32_t *i = b.ptr<int32_t>();
+    EXPECT_ERROR(mk_kernel_rope_kv(f, f, f, f, f, i, 0, 1, 2, 0, 8, 10000.0f, MK_ROPE_ROTATE_HALF, stream_), MK_ERR_SHAPE,
+                 "mk_kernel_rope_kv: zero kv heads");
+    EXPECT_ERROR(mk_kernel_rope_kv(f, f, f, f, f, i, 0, 1, 2, 1, 7, 10000.0f, MK_ROPE_ROTATE_HALF, stream_), MK_ERR_SHAPE,
+                 "mk_kernel_rope_kv: head_dim 7 must be even");
+    EXPECT_ERROR(mk_kernel_rope_kv(f, nullptr, f, f, f, i, 0, 1, 2, 1, 8, 10000.0f, MK_ROPE_ROTATE_HALF, stream_),
+                 MK_ERR_INVALID_ARGUMENT, "mk_kernel_rope_kv: null pointer");
+}
+
 TEST_F(OpTest, GemvErrors) {
     GuardedBuf b(4096);
     float *f = b.ptr<float>();
