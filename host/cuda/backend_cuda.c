@@ -34,6 +34,7 @@ typedef struct mk_cuda_backend {
     size_t decode_ws_bytes;
     void *pinned;          /* host pinned staging for downloads / uploads */
     size_t pinned_bytes;
+    size_t pinned_used;    /* uploads staged since the host last waited for the stream */
 } mk_cuda_backend;
 
 static mk_cuda_backend *cuda_of(mk_backend *b) { return (mk_cuda_backend *)b; }
@@ -137,9 +138,17 @@ static mk_status cuda_upload(mk_backend *b, void *dst, const void *src, size_t b
     /* Through the pinned buffer when it fits: the copy is truly async and the caller's
      * pageable buffer is free as soon as we return. */
     if (bytes <= cb->pinned_bytes) {
-        MK_CUDA_CHECK(mk_cuda_wait(cb)); /* pinned buffer may still be in flight */
-        memcpy(cb->pinned, src, bytes);
-        MK_CUDA_CHECK(cudaMemcpyAsync(dst, cb->pinned, bytes, cudaMemcpyHostToDevice, cb->stream));
+        /* Each upload takes the next free slice, so the copies in flight keep their bytes;
+         * the host waits only when the buffer is full (a wait, or a download, frees it). */
+        const size_t slice = (bytes + 15) & ~(size_t)15;
+        if (cb->pinned_used + bytes > cb->pinned_bytes) {
+            MK_CUDA_CHECK(mk_cuda_wait(cb));
+            cb->pinned_used = 0;
+        }
+        void *stage = (char *)cb->pinned + cb->pinned_used;
+        memcpy(stage, src, bytes);
+        MK_CUDA_CHECK(cudaMemcpyAsync(dst, stage, bytes, cudaMemcpyHostToDevice, cb->stream));
+        cb->pinned_used += slice;
         return MK_OK;
     }
     MK_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, cb->stream));
@@ -153,13 +162,17 @@ static mk_status cuda_download(mk_backend *b, void *dst, const void *src, size_t
     if (!bytes) return MK_OK;
     cb->base.counters.bytes_downloaded += bytes;
     if (bytes <= cb->pinned_bytes) {
+        /* Stream order: the staged uploads still in flight read their slices before this
+         * copy writes over them. After the wait the whole buffer is free again. */
         MK_CUDA_CHECK(cudaMemcpyAsync(cb->pinned, src, bytes, cudaMemcpyDeviceToHost, cb->stream));
         MK_CUDA_CHECK(mk_cuda_wait(cb));
+        cb->pinned_used = 0;
         memcpy(dst, cb->pinned, bytes);
         return MK_OK;
     }
     MK_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, cb->stream));
     MK_CUDA_CHECK(mk_cuda_wait(cb));
+    cb->pinned_used = 0;
     return MK_OK;
 }
 
@@ -176,6 +189,7 @@ static mk_status cuda_synchronize(mk_backend *b) {
     mk_cuda_backend *cb = cuda_of(b);
     MK_ON_DEVICE(cb);
     MK_CUDA_CHECK(mk_cuda_wait(cb));
+    cb->pinned_used = 0;
     return MK_OK;
 }
 

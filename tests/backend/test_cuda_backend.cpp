@@ -212,7 +212,9 @@ TEST(CudaBackend, DecodeTokenStructuralCounts) {
                     (unsigned long long)cost.bytes_downloaded, (unsigned long long)cost.bytes_uploaded);
         EXPECT_LE(cost.launches, (d == MK_DTYPE_F32 ? 12 : 8) * L + outside);
         EXPECT_GE(cost.launches, L); // counted at all
-        EXPECT_LE(cost.host_syncs, 4u);
+        // The position and token id are staged in separate slices of the pinned buffer
+        // without a wait; the host waits for the logits and for the token.
+        EXPECT_LE(cost.host_syncs, 2u);
         EXPECT_EQ(cost.bytes_downloaded, c.hp.vocab * sizeof(float) + sizeof(int32_t)); // logits + token
         EXPECT_EQ(cost.bytes_uploaded, 2 * sizeof(int32_t)); // position + token id
     }
