@@ -189,6 +189,18 @@ mk_status mk_chat_apply(const mk_tokenizer *t, const mk_chat_message *messages, 
     for (size_t i = 0; i < n; i++)
         if (!messages[i].role || !messages[i].content || !messages[i].role[0])
             return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_chat_apply: message %zu lacks a role or content", i);
+    for (size_t i = 0; i < n; i++) { /* name the message and its offset, not the rendered text's */
+        const unsigned char *c = (const unsigned char *)messages[i].content;
+        const size_t len = strlen(messages[i].content);
+        for (size_t k = 0; k < len;) {
+            const size_t cl = mk_utf8_valid_len(c + k, len - k);
+            if (!cl)
+                return mk_fail(MK_ERR_INVALID_UTF8,
+                               "chat message %zu (%s) is not valid UTF-8 (byte 0x%02x at offset %zu)", i,
+                               messages[i].role, c[k], k);
+            k += cl;
+        }
+    }
     mk_chat_template_kind kind;
     MK_TRY(mk_chat_template_detect(t, &kind));
     mk_text b = {0};

@@ -83,8 +83,10 @@ mk_status mk_tokenizer_decode(const mk_tokenizer *t, const int32_t *ids, size_t 
         size_t m;
         mk_token_piece(t, ids[i], flags, buf + len, cap - 1 - len, &m);
         /* SentencePiece: the space the encoder put in front is not part of the text */
-        if (first && m && t->add_space_prefix && buf[len] == ' ') memmove(buf + len, buf + len + 1, --m);
-        if (m) first = false;
+        if (first && m) {
+            if (t->add_space_prefix && buf[len] == ' ') memmove(buf + len, buf + len + 1, --m);
+            first = false; /* only the first non-empty piece carries the prefix */
+        }
         len += m;
     }
     buf[len] = '\0';
@@ -162,9 +164,10 @@ mk_status mk_detokenizer_push(mk_detokenizer *d, int32_t id, const char **text, 
     memcpy(raw, d->held, d->n_held);
     size_t m;
     mk_token_piece(t, id, d->flags, raw + d->n_held, piece_cap, &m);
-    if (d->first && m && t->add_space_prefix && raw[d->n_held] == ' ' && d->n_held == 0)
-        memmove(raw, raw + 1, --m);
-    if (m) d->first = false;
+    if (d->first && m) {
+        if (t->add_space_prefix && d->n_held == 0 && raw[0] == ' ') memmove(raw, raw + 1, --m);
+        d->first = false; /* only the first non-empty piece carries the prefix */
+    }
     const size_t n = d->n_held + m;
     d->n_held = 0;
     char *o = raw + n;
