@@ -420,13 +420,18 @@ int mk_cli_tokenize(int argc, char **argv) {
         for (size_t i = 0; i < n; i++) printf(i ? ", %d" : "%d", ids[i]);
         printf("]\n");
     } else {
+        /* each token's bytes in context: what it adds to the decoded prefix (so SentencePiece's
+         * prefix space is removed once, as in the whole text) */
+        size_t before = 0;
         for (size_t i = 0; i < n; i++) {
-            char *piece = NULL;
+            char *text = NULL;
             size_t len = 0;
             printf("%6d -> '", ids[i]);
-            if (mk_tokenizer_decode(tok, &ids[i], 1, MK_DECODE_SPECIAL, &piece, &len) == MK_OK) fwrite(piece, 1, len, stdout);
+            if (mk_tokenizer_decode(tok, ids, i + 1, MK_DECODE_SPECIAL, &text, &len) == MK_OK && len >= before)
+                fwrite(text + before, 1, len - before, stdout);
             printf("'\n");
-            mk_buffer_free(piece);
+            before = len;
+            mk_buffer_free(text);
         }
     }
     mk_buffer_free(ids);
