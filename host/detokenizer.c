@@ -121,7 +121,7 @@ mk_status mk_detokenizer_create(const mk_tokenizer *t, unsigned flags, mk_detoke
 }
 
 void mk_detokenizer_free(mk_detokenizer *d) {
-    if (!d) return;
+    if (!d) return; /* keeps the last error: freeing after a failure must not erase it */
     free(d->buf);
     free(d);
 }

@@ -70,7 +70,10 @@ void mk_pipeline_free(mk_pipeline *p) {
 size_t mk_pipeline_range_count(const mk_pipeline *p) { return p ? p->n_ranges : 0; }
 mk_range *mk_pipeline_range(mk_pipeline *p, size_t i) { return p && i < p->n_ranges ? p->ranges[i] : NULL; }
 size_t mk_pipeline_seam_bytes(const mk_pipeline *p) { return p ? p->seam_bytes : 0; }
-double mk_pipeline_range_seconds(const mk_pipeline *p, size_t i) { return p && i < p->n_ranges ? p->range_seconds[i] : 0.0; }
+double mk_pipeline_range_seconds(const mk_pipeline *p, size_t i) {
+    mk_clear_error();
+    return p && i < p->n_ranges ? p->range_seconds[i] : 0.0;
+}
 
 /* Ship a bundle across a seam: pack to bytes and unpack them, as a peer would. */
 static mk_status mk_pipeline_cross(mk_pipeline *p, mk_bundle **bundle) {

@@ -269,6 +269,7 @@ static mk_status mk_tok_read_specials(const mk_gguf *g, mk_tokenizer *t) {
     mk_tok_bool_key(g, "tokenizer.ggml.add_bos_token", &t->add_bos);
     mk_tok_bool_key(g, "tokenizer.ggml.add_eos_token", &t->add_eos);
     mk_tok_bool_key(g, "tokenizer.ggml.add_space_prefix", &t->add_space_prefix);
+    if (t->kind == MK_TOKENIZER_BPE) t->add_space_prefix = false; /* a SentencePiece notion only */
     if (t->add_bos && t->bos < 0) return mk_fail(MK_ERR_TOKENIZER, "tokenizer: add_bos_token is set but there is no BOS id");
     if (t->add_eos && t->eos < 0) return mk_fail(MK_ERR_TOKENIZER, "tokenizer: add_eos_token is set but there is no EOS id");
     /* end of generation: the named ids, and the end-of-turn tokens known by their text
@@ -359,7 +360,7 @@ mk_status mk_tokenizer_open_file(const char *path, mk_tokenizer **out) {
 }
 
 void mk_tokenizer_free(mk_tokenizer *t) {
-    if (!t) return;
+    if (!t) return; /* keeps the last error: freeing after a failure must not erase it */
     if (t->kind == MK_TOKENIZER_BPE) mk_bpe_teardown(t);
     mk_strmap_free(&t->vocab);
     mk_strmap_free(&t->merges);
@@ -374,13 +375,24 @@ void mk_tokenizer_free(mk_tokenizer *t) {
     free(t);
 }
 
-size_t mk_tokenizer_vocab_size(const mk_tokenizer *t) { return t ? t->n_vocab : 0; }
-int32_t mk_tokenizer_bos(const mk_tokenizer *t) { return t ? t->bos : -1; }
-int32_t mk_tokenizer_eos(const mk_tokenizer *t) { return t ? t->eos : -1; }
+size_t mk_tokenizer_vocab_size(const mk_tokenizer *t) {
+    mk_clear_error();
+    return t ? t->n_vocab : 0;
+}
+int32_t mk_tokenizer_bos(const mk_tokenizer *t) {
+    mk_clear_error();
+    return t ? t->bos : -1;
+}
+int32_t mk_tokenizer_eos(const mk_tokenizer *t) {
+    mk_clear_error();
+    return t ? t->eos : -1;
+}
 bool mk_tokenizer_is_eog(const mk_tokenizer *t, int32_t id) {
+    mk_clear_error();
     return t && id >= 0 && (size_t)id < t->n_vocab && t->eog[id];
 }
 const char *mk_tokenizer_token_text(const mk_tokenizer *t, int32_t id) {
+    mk_clear_error();
     return t && id >= 0 && (size_t)id < t->n_vocab ? t->text[id] : NULL;
 }
 

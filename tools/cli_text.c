@@ -210,10 +210,10 @@ static mk_status mk_cli_generate(const mk_model *model, const mk_tokenizer *tok,
         s = mk_detokenizer_create(tok, 0, &g->stream);
     }
     if (s == MK_OK) s = mk_pipeline_generate(p, tok, ids, n_ids, o->n_new, mk_cli_on_token, g, st);
-    if (print) {
+    if (print && s == MK_OK) { /* on failure the message stays for the caller to print */
         mk_cli_stream_end(g->stream);
         printf("\n");
-        if (s == MK_OK) mk_cli_print_summary(p, tok, st);
+        mk_cli_print_summary(p, tok, st);
     }
     mk_pipeline_free(p);
     return s;
@@ -318,9 +318,11 @@ static mk_status mk_chat_turn(mk_pipeline *p, const mk_tokenizer *tok, const mk_
     mk_generate_stats st;
     if (s == MK_OK) s = mk_detokenizer_create(tok, 0, &g.stream);
     if (s == MK_OK) s = mk_pipeline_generate(p, tok, ids, n_ids, o->n_new, mk_cli_on_token, &g, &st);
-    mk_cli_stream_end(g.stream);
-    printf("\n");
-    fflush(stdout);
+    if (s == MK_OK) {
+        mk_cli_stream_end(g.stream);
+        printf("\n");
+        fflush(stdout);
+    }
     char *answer = NULL;
     size_t answer_len = 0;
     /* the cache holds every generated token but the last: the next turn's text must
