@@ -217,7 +217,8 @@ def make_spm_tiny(path, workdir):
     prefix = os.path.join(workdir, "spm_tiny")
     spm.SentencePieceTrainer.train(input=text_path, model_prefix=prefix, vocab_size=900, model_type="bpe",
                                    byte_fallback=True, character_coverage=0.98, hard_vocab_limit=False,
-                                   minloglevel=2)
+                                   normalization_rule_name="identity", remove_extra_whitespaces=False,
+                                   split_digits=True, minloglevel=2)
     sp = spm.SentencePieceProcessor(model_file=prefix + ".model")
     tokens, types, scores = [], [], []
     for i in range(sp.get_piece_size()):

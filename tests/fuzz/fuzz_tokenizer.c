@@ -3,9 +3,10 @@
  * (the tiny Llama-3 BPE or SentencePiece fixture, or SmolLM2's when MK_FUZZ_SMOLLM2 names
  * its GGUF) and the flags; the rest is the text. Every input must give MK_OK or
  * MK_ERR_INVALID_UTF8 (exactly when the bytes are not UTF-8); ids must lie in the
- * vocabulary; without special parsing, decode(encode(s)) must give s back (unless s holds
- * U+2581, which SentencePiece reads as its space mark); the streaming decoder must give
- * the same text. */
+ * vocabulary; for the two fixtures, whose vocabularies cover every byte, decode(encode(s))
+ * without special parsing must give s back (unless s holds U+2581, which SentencePiece
+ * reads as its space mark) and so must the streaming decoder. (SmolLM2 lacks a few byte
+ * tokens, such as 0x06; llama.cpp drops such bytes, and so does meshkern.) */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -55,7 +56,8 @@ static int utf8_ok(const uint8_t *s, size_t n) { /* independent of the library's
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size < 1 || n_toks == 0) return 0;
-    const mk_tokenizer *t = toks[data[0] % n_toks];
+    const size_t which = data[0] % n_toks;
+    const mk_tokenizer *t = toks[which];
     const unsigned flags = (data[0] >> 4) & 3u; /* ADD_SPECIAL, PARSE_SPECIAL */
     const char *text = (const char *)data + 1;
     const size_t len = size - 1;
@@ -67,7 +69,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (s != MK_OK || !valid) abort();
     for (size_t i = 0; i < n; i++)
         if (ids[i] < 0 || (size_t)ids[i] >= mk_tokenizer_vocab_size(t)) abort();
-    if (flags == 0 && !memmem(text, len, "\xe2\x96\x81", 3)) {
+    if (which < 2 && flags == 0 && !memmem(text, len, "\xe2\x96\x81", 3)) {
         char *back = NULL;
         size_t back_len = 0;
         if (mk_tokenizer_decode(t, ids, n, 0, &back, &back_len) != MK_OK) abort();
