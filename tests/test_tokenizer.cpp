@@ -365,8 +365,8 @@ TEST(ChatTemplate, DetectsShapesAndRefusesOthersByName) {
     t->chat_template = saved;
 }
 
-TEST(Tokenizer, LongInputsStayLinearEnough) {
-    // long runs (whitespace, one word, digits) go through the regexes and the merge heap
+TEST(Tokenizer, LongRunsOfOneCharacterRoundTrip) {
+    // long runs (whitespace, one word, digits, a 2-byte letter) through the regexes and the merge heap
     mk_status s;
     TokPtr t = open_tok(path_of("llama3"), &s);
     ASSERT_EQ(s, MK_OK);
