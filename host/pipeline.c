@@ -1,6 +1,7 @@
 /* The single-process pipeline driver: ranges in a chain, the residual carried across each
  * seam as a bundle (packed and unpacked when through_wire). */
 #include <stdlib.h>
+#include <time.h>
 
 #include "mk_error.h"
 #include "range.h"
@@ -11,7 +12,14 @@ struct mk_pipeline {
     mk_sequence **sequences; /* [n_ranges] */
     bool through_wire;
     size_t seam_bytes;
+    double *range_seconds;   /* [n_ranges] wall time per range, all steps */
 };
+
+static double mk_pipeline_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
 
 mk_status mk_pipeline_create(const mk_model *model, const int64_t *cuts, size_t n_cuts, const mk_range_options *options,
                              bool through_wire, mk_pipeline **out) {
@@ -31,7 +39,8 @@ mk_status mk_pipeline_create(const mk_model *model, const int64_t *cuts, size_t 
     p->through_wire = through_wire;
     p->ranges = calloc(p->n_ranges, sizeof *p->ranges);
     p->sequences = calloc(p->n_ranges, sizeof *p->sequences);
-    mk_status s = p->ranges && p->sequences ? MK_OK : mk_fail(MK_ERR_OUT_OF_MEMORY, "pipeline: out of memory");
+    p->range_seconds = calloc(p->n_ranges, sizeof *p->range_seconds);
+    mk_status s = p->ranges && p->sequences && p->range_seconds ? MK_OK : mk_fail(MK_ERR_OUT_OF_MEMORY, "pipeline: out of memory");
     int64_t start = 0;
     for (size_t i = 0; s == MK_OK && i < p->n_ranges; i++) {
         const int64_t end = i < n_cuts ? cuts[i] : n_layers - 1;
@@ -55,12 +64,17 @@ void mk_pipeline_free(mk_pipeline *p) {
     }
     free(p->sequences);
     free(p->ranges);
+    free(p->range_seconds);
     free(p);
 }
 
 size_t mk_pipeline_range_count(const mk_pipeline *p) { return p ? p->n_ranges : 0; }
 mk_range *mk_pipeline_range(mk_pipeline *p, size_t i) { return p && i < p->n_ranges ? p->ranges[i] : NULL; }
 size_t mk_pipeline_seam_bytes(const mk_pipeline *p) { return p ? p->seam_bytes : 0; }
+double mk_pipeline_range_seconds(const mk_pipeline *p, size_t i) {
+    mk_clear_error();
+    return p && i < p->n_ranges ? p->range_seconds[i] : 0.0;
+}
 
 /* Ship a bundle across a seam: pack to bytes and unpack them, as a peer would. */
 static mk_status mk_pipeline_cross(mk_pipeline *p, mk_bundle **bundle) {
@@ -91,6 +105,7 @@ mk_status mk_pipeline_step(mk_pipeline *p, const int32_t *tokens, size_t n_token
     mk_status s = MK_OK;
     for (size_t i = 0; s == MK_OK && i < p->n_ranges; i++) {
         const bool last = i + 1 == p->n_ranges;
+        const double t0 = mk_pipeline_now();
         if (i > 0) s = mk_pipeline_cross(p, &carried);
         mk_bundle *emitted = NULL;
         if (s == MK_OK)
@@ -98,6 +113,7 @@ mk_status mk_pipeline_step(mk_pipeline *p, const int32_t *tokens, size_t n_token
                                  NULL, last ? NULL : &emitted, last ? out : NULL);
         mk_bundle_free(carried);
         carried = emitted;
+        p->range_seconds[i] += mk_pipeline_now() - t0;
     }
     mk_bundle_free(carried);
     if (s != MK_OK)

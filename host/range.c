@@ -507,12 +507,13 @@ mk_status mk_range_forward(mk_range *r, mk_sequence *seq, const int32_t *token_i
 
     size_t rows = 0;
     MK_TRY(mk_check_input(r, seq, token_ids, n_tokens, bundle, &rows));
-    if (rows > r->max_rows)
-        return mk_fail(MK_ERR_INVALID_ARGUMENT, "forward of %zu rows exceeds this range's max_batch_tokens %zu", rows,
-                       r->max_rows);
+    /* the context first: a prompt longer than it is the error a caller can act on */
     if (seq->length + rows > r->max_context)
         return mk_fail(MK_ERR_CONTEXT_OVERFLOW, "sequence of %zu positions plus %zu rows exceeds max_context %zu",
                        seq->length, rows, r->max_context);
+    if (rows > r->max_rows)
+        return mk_fail(MK_ERR_INVALID_ARGUMENT, "forward of %zu rows exceeds this range's max_batch_tokens %zu", rows,
+                       r->max_rows);
 
     mk_backend *b = r->backend;
     const mk_activations *a = &r->act;

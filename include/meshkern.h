@@ -91,6 +91,10 @@ typedef enum mk_status {
     MK_ERR_AUTH = 92,                  /* the peer failed authentication */
     MK_ERR_FRAME = 93,                 /* a malformed or oversized frame */
     MK_ERR_NONFINITE = 94,             /* a residual with NaN or infinite values */
+    /* text: tokenizer and chat template */
+    MK_ERR_TOKENIZER = 100,            /* tokenizer metadata missing, unknown or inconsistent */
+    MK_ERR_INVALID_UTF8 = 101,         /* text to encode is not valid UTF-8 */
+    MK_ERR_CHAT_TEMPLATE = 102,        /* chat template absent or not recognised, bad roles */
 } mk_status;
 
 /* Symbolic name of a status ("MK_ERR_SEAM_MISMATCH"); never NULL. */
@@ -331,6 +335,92 @@ MK_API const char *mk_model_architecture(const mk_model *model); /* as advertise
 /* Identity of the model's tensors and hyper-parameters (sha256 hex). */
 MK_API const char *mk_model_digest(const mk_model *model);
 
+/* ================================================================== tokenizer == */
+
+/* The model's own tokenizer, read from the GGUF `tokenizer.ggml.*` metadata:
+ *   "gpt2"  byte-level BPE (merges by rank) with the pre-tokenizer named by
+ *           tokenizer.ggml.pre: "smollm" (digits one by one, then the GPT-2 rule),
+ *           "llama-bpe" / "llama3" / "llama-v3" (Llama-3), "gpt2" / "default" (GPT-2);
+ *   "llama" SentencePiece (scores, U+2581 for spaces, space prefix, <0xXX> byte fallback).
+ * Special tokens (control, user-defined) are split out of the text first, longest first.
+ * Anything else fails with MK_ERR_TOKENIZER naming the value. The tokenizer copies what it
+ * needs: it does not borrow the model, which may be freed first. One tokenizer may be
+ * used from several threads at once (encode and decode keep their state per call). */
+typedef struct mk_tokenizer mk_tokenizer;
+
+MK_API mk_status mk_tokenizer_open(const mk_model *model, mk_tokenizer **out);
+/* Only the tokenizer of a GGUF file (no weights are read or checked). */
+MK_API mk_status mk_tokenizer_open_file(const char *gguf_path, mk_tokenizer **out);
+MK_API void mk_tokenizer_free(mk_tokenizer *tok);
+
+MK_API size_t mk_tokenizer_vocab_size(const mk_tokenizer *tok);
+MK_API int32_t mk_tokenizer_bos(const mk_tokenizer *tok); /* -1 when the model has none */
+MK_API int32_t mk_tokenizer_eos(const mk_tokenizer *tok); /* -1 when the model has none */
+/* End of generation: EOS, EOT, EOM and the end-of-turn control tokens (<|im_end|>,
+ * <|eot_id|>, <|endoftext|>, ...). False for ids outside the vocabulary. */
+MK_API bool mk_tokenizer_is_eog(const mk_tokenizer *tok, int32_t token);
+/* Token text as stored in the vocabulary (byte-level or U+2581 form), NUL-terminated,
+ * owned by the tokenizer; NULL outside the vocabulary. */
+MK_API const char *mk_tokenizer_token_text(const mk_tokenizer *tok, int32_t token);
+
+/* Flags of mk_tokenizer_encode. */
+#define MK_TOKENIZE_ADD_SPECIAL 1u   /* add BOS / EOS as the model's add_bos/add_eos say */
+#define MK_TOKENIZE_PARSE_SPECIAL 2u /* control-token text ("<|im_end|>") becomes its id */
+
+/* Encode `len` bytes of UTF-8 text. Invalid UTF-8 fails with MK_ERR_INVALID_UTF8 and the
+ * byte offset. *out_ids is malloc'd (release with mk_buffer_free; NULL when *out_n is 0). */
+MK_API mk_status mk_tokenizer_encode(const mk_tokenizer *tok, const char *text, size_t len, unsigned flags,
+                                     int32_t **out_ids, size_t *out_n);
+/* Number of tokens mk_tokenizer_encode would return. */
+MK_API mk_status mk_tokenizer_count(const mk_tokenizer *tok, const char *text, size_t len, unsigned flags,
+                                    size_t *out_n);
+
+/* Flags of decoding. */
+#define MK_DECODE_SPECIAL 1u /* render control tokens as their text (default: nothing) */
+
+/* Decode ids to bytes, exactly as the pieces concatenate (so decode(encode(s)) == s for
+ * valid s); the SentencePiece space prefix is removed from the start. *out is malloc'd,
+ * NUL-terminated (release with mk_buffer_free). Ids outside the vocabulary fail with
+ * MK_ERR_TOKEN_OUT_OF_RANGE. */
+MK_API mk_status mk_tokenizer_decode(const mk_tokenizer *tok, const int32_t *ids, size_t n, unsigned flags,
+                                     char **out, size_t *out_len);
+
+/* Streaming decode for generation: each pushed token yields the text that is complete so
+ * far; bytes of a UTF-8 sequence that a token leaves unfinished are held until the tokens
+ * that finish it arrive. Output is always valid UTF-8 (a broken sequence becomes U+FFFD). */
+typedef struct mk_detokenizer mk_detokenizer;
+MK_API mk_status mk_detokenizer_create(const mk_tokenizer *tok, unsigned flags, mk_detokenizer **out);
+MK_API void mk_detokenizer_free(mk_detokenizer *d);
+/* *text (not NUL-terminated, *len bytes, possibly 0) is owned by d, valid until its next call. */
+MK_API mk_status mk_detokenizer_push(mk_detokenizer *d, int32_t token, const char **text, size_t *len);
+/* End of stream: held bytes of an unfinished sequence come out as U+FFFD; d starts afresh. */
+MK_API mk_status mk_detokenizer_flush(mk_detokenizer *d, const char **text, size_t *len);
+
+/* ============================================================== chat template == */
+
+/* The chat shapes meshkern renders, recognised from tokenizer.chat_template's text. */
+typedef enum mk_chat_template_kind {
+    MK_CHAT_TEMPLATE_CHATML = 1, /* <|im_start|>role\n...<|im_end|>\n (SmolLM2, Qwen) */
+    MK_CHAT_TEMPLATE_LLAMA3 = 2, /* <|start_header_id|>role<|end_header_id|>\n\n...<|eot_id|> */
+    MK_CHAT_TEMPLATE_LLAMA2 = 3, /* <s>[INST] <<SYS>>...<</SYS>> ... [/INST] answer </s> */
+} mk_chat_template_kind;
+
+typedef struct mk_chat_message {
+    const char *role;    /* "system", "user", "assistant" */
+    const char *content; /* UTF-8 */
+} mk_chat_message;
+
+/* Which shape the model's template has; MK_ERR_CHAT_TEMPLATE (naming the template's start)
+ * when it is absent or not one of the shapes above. */
+MK_API mk_status mk_chat_template_detect(const mk_tokenizer *tok, mk_chat_template_kind *out);
+MK_API const char *mk_chat_template_name(mk_chat_template_kind kind);
+/* Render a conversation as the model's template does (with its BOS text and default
+ * system prompt, if any), plus the assistant header when add_generation_prompt. Encode
+ * the result with MK_TOKENIZE_PARSE_SPECIAL and without MK_TOKENIZE_ADD_SPECIAL.
+ * *out is malloc'd, NUL-terminated (mk_buffer_free). */
+MK_API mk_status mk_chat_apply(const mk_tokenizer *tok, const mk_chat_message *messages, size_t n_messages,
+                               bool add_generation_prompt, char **out, size_t *out_len);
+
 /* =================================================================== backends == */
 
 typedef enum mk_backend_kind { MK_BACKEND_CPU = 1, MK_BACKEND_CUDA = 2 } mk_backend_kind;
@@ -423,6 +513,36 @@ MK_API mk_status mk_pipeline_step(mk_pipeline *pipeline, const int32_t *tokens, 
 MK_API mk_status mk_pipeline_reset(mk_pipeline *pipeline);
 /* Bytes that crossed seams on the wire so far. */
 MK_API size_t mk_pipeline_seam_bytes(const mk_pipeline *pipeline);
+/* Wall-clock seconds spent in range `index` (its forward passes, and for a range after a
+ * seam, receiving the bundle) over all steps so far; 0 for an index past the end. */
+MK_API double mk_pipeline_range_seconds(const mk_pipeline *pipeline, size_t index);
+
+/* ================================================================= generation == */
+
+typedef struct mk_generate_stats {
+    size_t n_prompt;      /* prompt tokens fed */
+    size_t n_generated;   /* tokens handed to the callback (the end-of-generation one excluded) */
+    bool stopped_at_eog;  /* true: an end-of-generation token came; false: max_new reached */
+    int32_t eog_token;    /* that token, or -1 */
+    double prefill_s;     /* the prompt's forward pass */
+    double decode_s;      /* every later forward pass */
+} mk_generate_stats;
+
+/* Receives each generated token and the logits [vocab] it was sampled from (valid during
+ * the call). A status other than MK_OK stops generation and is returned. */
+typedef mk_status (*mk_token_callback)(void *user, int32_t token, const float *logits, size_t vocab);
+
+/* Greedy generation through a pipeline, on whatever backend and split it was built with.
+ * The prompt continues the pipeline's sequence (so a chat keeps its KV cache from turn to
+ * turn). Sampling stops at the first token of the tokenizer's end-of-generation set (not
+ * passed to the callback; tok may be NULL for none) or after max_new tokens, whichever
+ * comes first. The last token sampled (the end-of-generation one, or the max_new-th) is
+ * not fed back: the sequence then holds the prompt and all generated tokens but the last.
+ * A prompt longer than the context fails with MK_ERR_CONTEXT_OVERFLOW before any
+ * decoding. stats may be NULL. */
+MK_API mk_status mk_pipeline_generate(mk_pipeline *pipeline, const mk_tokenizer *tok, const int32_t *prompt,
+                                      size_t n_prompt, size_t max_new, mk_token_callback callback, void *user,
+                                      mk_generate_stats *stats);
 
 #ifdef __cplusplus
 }

@@ -3,6 +3,8 @@
  *   meshkern inspect MODEL.gguf | --random[:key=value,...]
  *   meshkern run MODEL.gguf | --random[:key=value,...]  --tokens 1,2,3 [--split L1,L2,...] [--n N]
  *                [--backend cpu|cuda] [--device I] [--dtype f32|f16|bf16]
+ *   meshkern run MODEL.gguf -p TEXT ... | chat MODEL.gguf | tokenize MODEL.gguf TEXT
+ *                (text in, text out: tools/cli_text.c)
  *
  * run executes the model as one FULL range and, with --split, as the given ranges in this
  * process, every seam packed and unpacked as protobuf; it prints the greedy tokens, the
@@ -16,7 +18,7 @@
 #include "meshkern.h"
 #include "model.h"
 #include "mk_error.h"
-#include "vocab.h"
+#include "cli_text.h"
 
 #define MK_MAX_CUTS 64
 #define MK_MAX_TOKENS 4096
@@ -27,6 +29,9 @@ static int usage(void) {
             "  meshkern inspect MODEL.gguf | --random[:key=value,...]\n"
             "  meshkern run MODEL.gguf | --random[:key=value,...] --tokens IDS [--split L1,L2,...] [--n N]\n"
             "               [--backend cpu|cuda] [--device I] [--dtype f32|f16|bf16] [--speed]\n"
+            "  meshkern run MODEL.gguf -p TEXT [--system S] [--raw] [--split L1,L2,...] [--n N] [--backend ...]\n"
+            "  meshkern chat MODEL.gguf [--system S] [--split L1,...] [--n N] [--backend ...]\n"
+            "  meshkern tokenize MODEL.gguf TEXT [--ids] [--no-bos] [--no-parse-special]\n"
             "  --random is the seed's random model (vocab 48, hidden 32, 6 layers, 4 heads); keys\n"
             "  vocab, hidden, layers, heads, kv_heads, head_dim, ffn, ctx, seed change its shape.\n");
     return 2;
@@ -254,7 +259,7 @@ static int cmd_run(int argc, char **argv) {
         rc = fail(s);
     } else {
         printf("text: ");
-        for (size_t i = 0; i < n_new; i++) mk_vocab_print(stdout, model, whole.tokens[i]);
+        mk_cli_print_text(stdout, model, whole.tokens, n_new);
         printf("\n");
         if (n_cuts > 0) {
             const bool same_logits = memcmp(whole.logits, split.logits, n_new * hp->vocab * sizeof(float)) == 0;
@@ -277,6 +282,12 @@ static int cmd_run(int argc, char **argv) {
 int main(int argc, char **argv) {
     if (argc < 3) return usage();
     if (strcmp(argv[1], "inspect") == 0) return cmd_inspect(argv[2]);
-    if (strcmp(argv[1], "run") == 0) return cmd_run(argc - 2, argv + 2);
+    if (strcmp(argv[1], "run") == 0) {
+        for (int i = 3; i < argc; i++) /* a text prompt: the text path */
+            if (strcmp(argv[i], "-p") == 0 || strcmp(argv[i], "--prompt") == 0) return mk_cli_run_text(argc - 2, argv + 2);
+        return cmd_run(argc - 2, argv + 2);
+    }
+    if (strcmp(argv[1], "chat") == 0) return mk_cli_chat(argc - 2, argv + 2);
+    if (strcmp(argv[1], "tokenize") == 0) return mk_cli_tokenize(argc - 2, argv + 2);
     return usage();
 }

@@ -11,6 +11,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -19,6 +20,7 @@
 #include <vector>
 
 #include "mk_test_util.h"
+#include "tokenizer.h"
 
 #if defined(MK_TEST_CUDASIM)
 #include "cudasim.h"
@@ -568,6 +570,59 @@ TEST(CudaBackendSmolLM2, WholeAndTwoRangeSplitAreBitIdentical) {
     ASSERT_EQ(cpu.logits.size(), n_steps);
     for (size_t i = 0; i < n_steps; i++) EXPECT_TRUE(close_rel(whole.logits[i], cpu.logits[i], 1e-4f)) << "step " << i;
     EXPECT_EQ(whole.tokens, cpu.tokens);
+}
+
+// The generation loop stops at the end-of-generation set or the token budget, whichever
+// comes first, the same on both backends and every split: a tokenizer whose only
+// end-of-generation token is the one the random model samples at step k.
+TEST(Generation, StopsAtEndOfTurnOrBudgetOnEveryBackendAndSplit) {
+    MK_REQUIRE_DEVICE();
+    const ModelCase c = model_cases()[0];
+    ModelPtr model = make_random_model(c.hp);
+    const Decode reference = decode_greedy(model.get(), {}, cpu_options(), c.prompt, 10);
+    ASSERT_EQ(reference.tokens.size(), 10u);
+    size_t k = 2; // the first step >= 2 whose token is new
+    while (k < 10 && std::find(reference.tokens.begin(), reference.tokens.begin() + (long)k, reference.tokens[k]) !=
+                         reference.tokens.begin() + (long)k)
+        k++;
+    ASSERT_LT(k, 10u) << "the random model repeats itself; pick another seed";
+    mk_tokenizer *tok = nullptr;
+    const std::string vocab = std::string(MK_SOURCE_DIR) + "/tests/fixtures/tokenizer/spm_tiny.gguf";
+    ASSERT_EQ(mk_tokenizer_open_file(vocab.c_str(), &tok), MK_OK) << mk_last_error();
+    ASSERT_GT(tok->n_vocab, c.hp.vocab);
+    for (size_t i = 0; i < tok->n_vocab; i++) tok->eog[i] = false;
+    tok->eog[reference.tokens[k]] = true;
+    struct Run {
+        std::vector<int32_t> tokens;
+        static mk_status on(void *user, int32_t token, const float *, size_t) {
+            static_cast<Run *>(user)->tokens.push_back(token);
+            return MK_OK;
+        }
+    };
+    const size_t L = c.hp.n_layers;
+    for (const mk_range_options &o : {cpu_options(), cuda_options()}) {
+        for (const std::vector<int64_t> &cuts : {std::vector<int64_t>{}, std::vector<int64_t>{(int64_t)L / 2},
+                                                 std::vector<int64_t>{0, (int64_t)L - 2}}) {
+            for (const size_t budget : {size_t{20}, k - 1}) {
+                mk_pipeline *p = nullptr;
+                ASSERT_EQ(mk_pipeline_create(model.get(), cuts.data(), cuts.size(), &o, true, &p), MK_OK) << mk_last_error();
+                Run run;
+                mk_generate_stats st;
+                ASSERT_EQ(mk_pipeline_generate(p, tok, c.prompt.data(), c.prompt.size(), budget, Run::on, &run, &st), MK_OK)
+                    << mk_last_error();
+                mk_pipeline_free(p);
+                const size_t want = budget < k ? budget : k;
+                const std::string where = std::string(o.backend.kind == MK_BACKEND_CUDA ? "cuda" : "cpu") + ", " +
+                                          std::to_string(cuts.size() + 1) + " ranges, budget " + std::to_string(budget);
+                EXPECT_EQ(run.tokens, std::vector<int32_t>(reference.tokens.begin(), reference.tokens.begin() + (long)want))
+                    << where;
+                EXPECT_EQ(st.n_generated, want) << where;
+                EXPECT_EQ(st.stopped_at_eog, budget >= k) << where;
+                EXPECT_EQ(st.eog_token, budget >= k ? reference.tokens[k] : -1) << where;
+            }
+        }
+    }
+    mk_tokenizer_free(tok);
 }
 
 } // namespace
