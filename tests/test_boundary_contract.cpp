@@ -441,5 +441,5 @@ TEST(OptionStructs, StructSizeIsSetByDefaultAndChecked) {
     std::vector<int32_t> ids(17, 3);
     mk_tail_output *t = nullptr;
     EXPECT_ERROR(mk_range_forward(range.get(), s, ids.data(), ids.size(), nullptr, nullptr, nullptr, &t),
-                 MK_ERR_INVALID_ARGUMENT, "forward of 17 rows exceeds this range's max_batch_tokens 16");
+                 MK_ERR_CONTEXT_OVERFLOW, "plus 17 rows exceeds max_context 16");
 }
