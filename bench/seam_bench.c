@@ -55,15 +55,18 @@ int main(void) {
                 fprintf(stderr, "seam_bench: %s\n", mk_last_error());
                 return 1;
             }
-            for (size_t i = 0; i < n; i++) b->residual[i] = (float)(rand_r(&seed) % 20001 - 10000) * 1e-3f;
-            for (size_t i = 0; i < seq; i++) b->positions[i] = (int32_t)i;
-            memset(b->recipe_digest, 'a', MK_DIGEST_HEX_LEN);
+            float *res = mk_bundle_residual(b);
+            for (size_t i = 0; i < n; i++) res[i] = (float)(rand_r(&seed) % 20001 - 10000) * 1e-3f;
+            for (size_t i = 0; i < seq; i++) mk_bundle_positions(b)[i] = (int32_t)i;
+            mk_boundary_header hd = *mk_bundle_header(b);
+            memset(hd.recipe_digest, 'a', MK_DIGEST_HEX_LEN);
+            mk_bundle_set_header(b, &hd);
             /* The wire buffer is reused (mk_bundle_pack_to), as a peer's send buffer would be. */
             const size_t cap = mk_bundle_packed_size(b);
             /* Ceiling buffer: cache-line aligned and offset half a page from the source, so
              * glibc's memcpy is not measured in its 4 KiB-aliasing slow case. */
             uint8_t *copy_block = aligned_alloc(4096, ((bytes + 8192) + 4095) & ~(size_t)4095);
-            float *copy = (float *)(void *)(copy_block + (((uintptr_t)b->residual + 2048) & 4095));
+            float *copy = (float *)(void *)(copy_block + (((uintptr_t)res + 2048) & 4095));
             uint8_t *wire = malloc(cap);
             memset(copy, 0, bytes);
             memset(wire, 0, cap);
@@ -74,7 +77,7 @@ int main(void) {
                 size_t len = 0;
                 const double tc = now_s();
                 for (int k = 0; k < reps; k++) {
-                    memcpy(copy, b->residual, bytes);
+                    memcpy(copy, res, bytes);
                     __asm__ volatile("" ::"r"(copy) : "memory"); /* keep every copy */
                 }
                 const double t0 = now_s();
@@ -86,7 +89,7 @@ int main(void) {
                     return 1;
                 }
                 const double t2 = now_s();
-                if (memcmp(back->residual, b->residual, bytes) != 0 || memcmp(copy, b->residual, bytes) != 0) {
+                if (memcmp(mk_bundle_residual(back), res, bytes) != 0 || memcmp(copy, res, bytes) != 0) {
                     fprintf(stderr, "seam_bench: round trip is not exact at seq %zu hidden %zu\n", seq, hidden);
                     return 1;
                 }

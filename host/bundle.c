@@ -7,20 +7,26 @@
 
 #include "meshkern.pb-c.h"
 #include "mk_error.h"
+#include "boundary.h"
 #include "wire.h"
 
 #define MK_MAX_RANK 8
 
 /* =============================================================== lifecycle == */
 
-static void mk_bundle_set_defaults(mk_bundle *b) {
-    snprintf(b->architecture_adapter, sizeof b->architecture_adapter, "%s", MK_DENSE_LLAMA_ADAPTER);
-    snprintf(b->tensor_name, sizeof b->tensor_name, "%s", MK_RESIDUAL_TENSOR_NAME);
-    snprintf(b->boundary_point, sizeof b->boundary_point, "%s", MK_BOUNDARY_POINT);
-    b->schema_version = MK_BOUNDARY_SCHEMA_VERSION;
+void mk_boundary_header_defaults(mk_boundary_header *h) {
+    memset(h, 0, sizeof *h);
+    h->schema_version = MK_BOUNDARY_SCHEMA_VERSION;
+    h->architecture = MK_PROTOCOL_ARCH_DENSE;
+    snprintf(h->adapter, sizeof h->adapter, "%s", MK_DENSE_LLAMA_ADAPTER);
+    snprintf(h->tensor_name, sizeof h->tensor_name, "%s", MK_RESIDUAL_TENSOR_NAME);
+    snprintf(h->boundary_point, sizeof h->boundary_point, "%s", MK_BOUNDARY_POINT);
+    h->dtype = MK_DTYPE_F32;
+    h->batch = 1;
 }
 
 mk_status mk_bundle_create(size_t batch, size_t seq, size_t hidden, mk_bundle **out) {
+    mk_clear_error();
     if (!out) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_bundle_create: out is NULL");
     *out = NULL;
     if (batch == 0 || seq == 0 || hidden == 0)
@@ -37,18 +43,18 @@ mk_status mk_bundle_create(size_t batch, size_t seq, size_t hidden, mk_bundle **
         mk_bundle_free(b);
         return mk_fail(MK_ERR_OUT_OF_MEMORY, "bundle: out of memory for [%zu, %zu, %zu]", batch, seq, hidden);
     }
-    mk_bundle_set_defaults(b);
-    b->batch = batch;
-    b->seq = seq;
-    b->hidden = hidden;
+    mk_boundary_header_defaults(&b->h);
+    b->h.batch = batch;
+    b->h.rows = seq;
+    b->h.hidden = hidden;
     *out = b;
     return MK_OK;
 }
 
 void mk_bundle_free(mk_bundle *b) {
     if (!b) return;
-    if (b->storage_) {
-        meshkern__v1__tensor_bundle__free_unpacked(b->storage_, NULL);
+    if (b->storage) {
+        meshkern__v1__tensor_bundle__free_unpacked(b->storage, NULL);
     } else {
         free(b->residual);
         free(b->positions);
@@ -57,87 +63,108 @@ void mk_bundle_free(mk_bundle *b) {
 }
 
 mk_status mk_bundle_clone(const mk_bundle *src, mk_bundle **out) {
+    mk_clear_error();
     if (!src) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_bundle_clone: src is NULL");
-    MK_TRY(mk_bundle_create(src->batch, src->seq, src->hidden, out));
+    MK_TRY(mk_bundle_create(src->h.batch, src->h.rows, src->h.hidden, out));
     mk_bundle *b = *out;
-    float *residual = b->residual;
-    int32_t *positions = b->positions;
-    *b = *src;
-    b->residual = residual;
-    b->positions = positions;
-    b->storage_ = NULL;
-    memcpy(b->residual, src->residual, src->batch * src->seq * src->hidden * sizeof(float));
-    memcpy(b->positions, src->positions, src->batch * src->seq * sizeof(int32_t));
+    b->h = src->h;
+    memcpy(b->residual, src->residual, src->h.batch * src->h.rows * src->h.hidden * sizeof(float));
+    memcpy(b->positions, src->positions, src->h.batch * src->h.rows * sizeof(int32_t));
+    return MK_OK;
+}
+
+const mk_boundary_header *mk_bundle_header(const mk_bundle *b) { return b ? &b->h : NULL; }
+float *mk_bundle_residual(mk_bundle *b) { return b ? b->residual : NULL; }
+int32_t *mk_bundle_positions(mk_bundle *b) { return b ? b->positions : NULL; }
+const float *mk_bundle_residual_const(const mk_bundle *b) { return b ? b->residual : NULL; }
+const int32_t *mk_bundle_positions_const(const mk_bundle *b) { return b ? b->positions : NULL; }
+
+mk_status mk_bundle_set_header(mk_bundle *b, const mk_boundary_header *h) {
+    mk_clear_error();
+    if (!b || !h) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_bundle_set_header: NULL argument");
+    if (h->batch != b->h.batch || h->rows != b->h.rows || h->hidden != b->h.hidden || h->dtype != b->h.dtype)
+        return mk_fail(MK_ERR_SHAPE, "mk_bundle_set_header: the header's shape [%zu, %zu, %zu] is not the bundle's "
+                       "[%zu, %zu, %zu]", h->batch, h->rows, h->hidden, b->h.batch, b->h.rows, b->h.hidden);
+    b->h = *h;
     return MK_OK;
 }
 
 void mk_buffer_free(void *buffer) { free(buffer); }
 
 mk_status mk_bundle_tensor_fields(const mk_bundle *b, mk_tensor_fields *out) {
+    mk_clear_error();
     if (!b || !out) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_bundle_tensor_fields: NULL argument");
-    out->name = b->tensor_name;
+    out->name = b->h.tensor_name;
     out->dtype = MK_DTYPE_F32;
     out->rank = 3;
-    out->shape[0] = b->batch;
-    out->shape[1] = b->seq;
-    out->shape[2] = b->hidden;
+    out->shape[0] = b->h.batch;
+    out->shape[1] = b->h.rows;
+    out->shape[2] = b->h.hidden;
     out->shape[3] = 0;
     out->byte_order = mk_wire_host_is_little() ? "little" : "big";
     return MK_OK;
 }
 
+bool mk_floats_nonfinite(const void *data, size_t n, size_t *first_bad) {
+    const uint8_t *p = data;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t bits;
+        memcpy(&bits, p + i * 4, 4);
+        if ((bits & 0x7f800000u) == 0x7f800000u) { /* exponent all ones: Inf or NaN */
+            if (first_bad) *first_bad = i;
+            return true;
+        }
+    }
+    return false;
+}
+
 /* ===================================================================== pack == */
 
-/* The message describing a bundle; every array is referenced in place. */
-typedef struct mk_bundle_message {
-    Meshkern__V1__TensorBundle msg;
-    Meshkern__V1__Tensor residual, positions;
-    Meshkern__V1__Tensor *tensors[1];
-    uint64_t residual_shape[3], positions_shape[2];
-} mk_bundle_message;
-
-static mk_status mk_bundle_describe(const mk_bundle *b, mk_bundle_message *m) {
-    if (!b || !b->residual || !b->positions || b->batch == 0 || b->seq == 0 || b->hidden == 0)
+mk_status mk_bundle_message_describe(const mk_boundary_header *h, const void *residual, const int32_t *positions,
+                                     mk_bundle_message *m) {
+    if (!h || !residual || !positions || h->batch == 0 || h->rows == 0 || h->hidden == 0)
         return mk_fail(MK_ERR_SHAPE, "mk_bundle_pack: bundle has no residual");
-    const size_t rows = b->batch * b->seq;
-    m->residual_shape[0] = b->batch;
-    m->residual_shape[1] = b->seq;
-    m->residual_shape[2] = b->hidden;
-    m->positions_shape[0] = b->batch;
-    m->positions_shape[1] = b->seq;
+    const size_t rows = h->batch * h->rows;
+    m->residual_shape[0] = h->batch;
+    m->residual_shape[1] = h->rows;
+    m->residual_shape[2] = h->hidden;
+    m->positions_shape[0] = h->batch;
+    m->positions_shape[1] = h->rows;
     meshkern__v1__tensor__init(&m->residual);
-    mk_wire_tensor_describe(&m->residual, b->tensor_name, MESHKERN__V1__DTYPE__DTYPE_FLOAT32, m->residual_shape, 3,
-                            b->residual, rows * b->hidden * sizeof(float));
+    mk_wire_tensor_describe(&m->residual, h->tensor_name, MESHKERN__V1__DTYPE__DTYPE_FLOAT32, m->residual_shape, 3,
+                            residual, rows * h->hidden * sizeof(float));
     meshkern__v1__tensor__init(&m->positions);
     mk_wire_tensor_describe(&m->positions, "positions", MESHKERN__V1__DTYPE__DTYPE_INT32, m->positions_shape, 2,
-                            b->positions, rows * sizeof(int32_t));
+                            positions, rows * sizeof(int32_t));
     m->tensors[0] = &m->residual;
     meshkern__v1__tensor_bundle__init(&m->msg);
-    m->msg.schema_version = b->schema_version;
+    m->msg.schema_version = h->schema_version;
     m->msg.architecture = MESHKERN__V1__ARCHITECTURE_TYPE__ARCHITECTURE_TYPE_DENSE;
-    m->msg.adapter = (char *)b->architecture_adapter;
-    m->msg.boundary_point = (char *)b->boundary_point;
-    m->msg.next_layer = b->next_layer;
+    m->msg.adapter = (char *)h->adapter;
+    m->msg.boundary_point = (char *)h->boundary_point;
+    m->msg.next_layer = h->next_layer;
     m->msg.has_next_layer = 1;
-    m->msg.normalized = b->normalized;
+    m->msg.normalized = h->normalized;
     m->msg.n_tensors = 1;
     m->msg.tensors = m->tensors;
     m->msg.positions = &m->positions;
-    m->msg.runtime_recipe_digest = (char *)b->recipe_digest;
-    m->msg.request_id = (char *)b->request_id;
+    m->msg.runtime_recipe_digest = (char *)h->recipe_digest;
+    m->msg.request_id = (char *)h->request_id;
+    m->msg.step = h->step;
     return MK_OK;
 }
 
 size_t mk_bundle_packed_size(const mk_bundle *b) {
     mk_bundle_message m;
-    if (mk_bundle_describe(b, &m) != MK_OK) return 0;
+    if (!b || mk_bundle_message_describe(&b->h, b->residual, b->positions, &m) != MK_OK) return 0;
     return meshkern__v1__tensor_bundle__get_packed_size(&m.msg);
 }
 
 mk_status mk_bundle_pack_to(const mk_bundle *b, uint8_t *buffer, size_t capacity, size_t *out_len) {
-    if (!buffer || !out_len) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_bundle_pack_to: NULL argument");
+    mk_clear_error();
+    if (!b || !buffer || !out_len) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_bundle_pack_to: NULL argument");
     mk_bundle_message m;
-    MK_TRY(mk_bundle_describe(b, &m));
+    MK_TRY(mk_bundle_message_describe(&b->h, b->residual, b->positions, &m));
     const size_t len = meshkern__v1__tensor_bundle__get_packed_size(&m.msg);
     if (len > capacity)
         return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_bundle_pack_to: %zu bytes needed, buffer holds %zu", len, capacity);
@@ -147,9 +174,10 @@ mk_status mk_bundle_pack_to(const mk_bundle *b, uint8_t *buffer, size_t capacity
 }
 
 mk_status mk_bundle_pack(const mk_bundle *b, uint8_t **out, size_t *out_len) {
+    mk_clear_error();
     if (!b || !out || !out_len) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_bundle_pack: NULL argument");
     mk_bundle_message m;
-    MK_TRY(mk_bundle_describe(b, &m));
+    MK_TRY(mk_bundle_message_describe(&b->h, b->residual, b->positions, &m));
     const size_t len = meshkern__v1__tensor_bundle__get_packed_size(&m.msg);
     uint8_t *buf = malloc(len ? len : 1);
     if (!buf) return mk_fail(MK_ERR_OUT_OF_MEMORY, "mk_bundle_pack: out of memory for %zu bytes", len);
@@ -167,10 +195,8 @@ static mk_status mk_copy_field(char *dst, size_t cap, const char *src, const cha
     return MK_OK;
 }
 
-/* Validate a decoded message and wrap it as a bundle. On success the bundle takes the
- * message: residual and positions point into its decoded arrays (protobuf-c aligns each
- * bytes field as malloc does), so unpack copies the payload once, in protobuf-c. */
-static mk_status mk_bundle_from_message(Meshkern__V1__TensorBundle *msg, mk_bundle **out) {
+mk_status mk_bundle_message_check(const Meshkern__V1__TensorBundle *msg, mk_boundary_header *h,
+                                  const uint8_t **residual, const uint8_t **positions) {
     /* Envelope: every field present. */
     if (msg->schema_version == 0) return mk_fail(MK_ERR_MISSING_FIELD, "bundle is missing field schema_version");
     if (msg->schema_version != MK_BOUNDARY_SCHEMA_VERSION)
@@ -231,32 +257,46 @@ static mk_status mk_bundle_from_message(Meshkern__V1__TensorBundle *msg, mk_bund
                        "positions shape (rank %zu) does not match the residual's [batch=%llu, seq=%llu]", prank,
                        (unsigned long long)dims[0], (unsigned long long)dims[1]);
 
-    if ((uintptr_t)t->data.data % sizeof(float) || (uintptr_t)msg->positions->data.data % sizeof(int32_t))
+    mk_boundary_header_defaults(h);
+    h->batch = (size_t)dims[0];
+    h->rows = (size_t)dims[1];
+    h->hidden = (size_t)dims[2];
+    h->schema_version = msg->schema_version;
+    h->next_layer = msg->next_layer;
+    h->normalized = msg->normalized != 0;
+    h->step = msg->step;
+    int32_t first;
+    memcpy(&first, msg->positions->data.data, sizeof first);
+    h->position = first;
+    MK_TRY(mk_copy_field(h->adapter, sizeof h->adapter, arch.adapter, "adapter"));
+    MK_TRY(mk_copy_field(h->recipe_digest, sizeof h->recipe_digest, msg->runtime_recipe_digest, "digest"));
+    MK_TRY(mk_copy_field(h->request_id, sizeof h->request_id, msg->request_id ? msg->request_id : "", "request_id"));
+    *residual = t->data.data;
+    *positions = msg->positions->data.data;
+    return MK_OK;
+}
+
+/* Validate a decoded message and wrap it as a bundle. On success the bundle takes the
+ * message: residual and positions point into its decoded arrays (protobuf-c aligns each
+ * bytes field as malloc does), so unpack copies the payload once, in protobuf-c. */
+static mk_status mk_bundle_from_message(Meshkern__V1__TensorBundle *msg, mk_bundle **out) {
+    mk_boundary_header h;
+    const uint8_t *residual, *positions;
+    MK_TRY(mk_bundle_message_check(msg, &h, &residual, &positions));
+    if ((uintptr_t)residual % sizeof(float) || (uintptr_t)positions % sizeof(int32_t))
         return mk_fail(MK_ERR_INTERNAL, "decoded payload is misaligned");
     mk_bundle *b = calloc(1, sizeof *b);
     if (!b) return mk_fail(MK_ERR_OUT_OF_MEMORY, "bundle: out of memory");
-    mk_bundle_set_defaults(b);
-    b->batch = (size_t)dims[0];
-    b->seq = (size_t)dims[1];
-    b->hidden = (size_t)dims[2];
-    b->residual = (float *)(void *)t->data.data;
-    b->positions = (int32_t *)(void *)msg->positions->data.data;
-    b->schema_version = msg->schema_version;
-    b->next_layer = msg->next_layer;
-    b->normalized = msg->normalized != 0;
-    mk_status s = mk_copy_field(b->architecture_adapter, sizeof b->architecture_adapter, arch.adapter, "adapter");
-    if (s == MK_OK) s = mk_copy_field(b->recipe_digest, sizeof b->recipe_digest, msg->runtime_recipe_digest, "digest");
-    if (s == MK_OK) s = mk_copy_field(b->request_id, sizeof b->request_id, msg->request_id ? msg->request_id : "", "request_id");
-    if (s != MK_OK) {
-        free(b);
-        return s;
-    }
-    b->storage_ = msg;
+    b->h = h;
+    b->residual = (float *)(void *)residual;
+    b->positions = (int32_t *)(void *)positions;
+    b->storage = msg;
     *out = b;
     return MK_OK;
 }
 
 mk_status mk_bundle_unpack(const uint8_t *bytes, size_t len, mk_bundle **out) {
+    mk_clear_error();
     if (!out) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_bundle_unpack: out is NULL");
     *out = NULL;
     if (!bytes && len) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_bundle_unpack: bytes is NULL");

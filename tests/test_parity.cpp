@@ -132,7 +132,7 @@ TEST(Sequences, BundlePositionsMustContinueTheSequence) {
     mk_bundle *b = nullptr;
     MK_ASSERT_OK(mk_range_forward(p.range(0), hs, ids, 3, nullptr, nullptr, &b, nullptr));
     BundlePtr bundle(b);
-    bundle->positions[1] = 7;
+    mk_bundle_positions(bundle.get())[1] = 7;
     mk_tail_output *t = nullptr;
     EXPECT_EQ(mk_range_forward(p.range(1), ts, nullptr, 0, bundle.get(), nullptr, nullptr, &t), MK_ERR_POSITIONS_SHAPE);
     EXPECT_EQ(mk_sequence_length(ts), 0u);

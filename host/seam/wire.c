@@ -1,0 +1,109 @@
+/* The wire transport: both ends in one process, the boundary packed to TensorBundle
+ * bytes and unpacked again (protobuf-c), as a host runtime that carries the bytes itself
+ * would do. Staging and byte buffers are kept and reused across steps. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "mk_error.h"
+#include "seam.h"
+
+typedef struct mk_wire_link {
+    int refs;
+    void *staging;       /* host staging of the sender [max_rows, hidden] */
+    int32_t *positions;  /* [max_rows] */
+    uint8_t *bytes;      /* the packed message, reused */
+    size_t len, cap;
+    bool sent;
+    mk_bundle *received; /* the unpacked message, until its payload is taken */
+} mk_wire_link;
+
+static mk_status wire_send(mk_seam *s, const mk_boundary *b) {
+    mk_wire_link *link = s->impl;
+    mk_backend *be = mk_range_backend(b->range);
+    const size_t payload = b->h.rows * b->h.hidden * sizeof(float);
+    MK_TRY(be->ops->download_async(be, link->staging, b->payload, payload));
+    MK_TRY(be->ops->synchronize(be));
+    for (size_t i = 0; i < b->h.rows; i++) link->positions[i] = (int32_t)(b->h.position + (int64_t)i);
+    mk_bundle_message m;
+    MK_TRY(mk_bundle_message_describe(&b->h, link->staging, link->positions, &m));
+    const size_t len = meshkern__v1__tensor_bundle__get_packed_size(&m.msg);
+    if (len > link->cap) {
+        uint8_t *grown = realloc(link->bytes, len);
+        if (!grown) return mk_fail(MK_ERR_OUT_OF_MEMORY, "wire seam: out of memory for %zu bytes", len);
+        link->bytes = grown;
+        link->cap = len;
+    }
+    link->len = meshkern__v1__tensor_bundle__pack(&m.msg, link->bytes);
+    link->sent = true;
+    return MK_OK;
+}
+
+static mk_status wire_send_wait(mk_seam *s) { return MK_OK; }
+
+static mk_status wire_recv_header(mk_seam *s, mk_boundary_header *h) {
+    mk_wire_link *link = s->impl;
+    mk_bundle_free(link->received);
+    link->received = NULL;
+    if (!link->sent) return mk_fail(MK_ERR_INVALID_ARGUMENT, "wire seam: nothing was sent");
+    link->sent = false;
+    MK_TRY(mk_bundle_unpack(link->bytes, link->len, &link->received));
+    s->bytes += link->len;
+    const mk_bundle *b = link->received;
+    for (size_t i = 0; i < b->h.rows; i++)
+        if ((int64_t)b->positions[i] != b->h.position + (int64_t)i)
+            return mk_fail(MK_ERR_POSITIONS_SHAPE, "bundle position %d at row %zu does not continue row 0's %lld",
+                           b->positions[i], i, (long long)b->h.position);
+    *h = b->h;
+    return MK_OK;
+}
+
+static mk_status wire_recv_payload(mk_seam *s, mk_boundary *into) {
+    mk_wire_link *link = s->impl;
+    const mk_bundle *b = link->received;
+    const size_t n = b->h.rows * b->h.hidden;
+    size_t bad = 0;
+    if (mk_floats_nonfinite(b->residual, n, &bad))
+        return mk_fail(MK_ERR_NONFINITE, "boundary residual value %zu (row %zu) is NaN or infinite", bad, bad / b->h.hidden);
+    mk_backend *be = mk_range_backend(into->range);
+    const mk_status st = be->ops->upload(be, into->payload, b->residual, n * sizeof(float));
+    mk_bundle_free(link->received);
+    link->received = NULL;
+    return st;
+}
+
+static void wire_destroy(mk_seam *s) {
+    mk_wire_link *link = s->impl;
+    if (!link) return;
+    if (s->sender && link->staging) {
+        mk_backend *be = mk_range_backend(s->range);
+        be->ops->host_release(be, link->staging);
+        link->staging = NULL;
+    }
+    if (--link->refs > 0) return;
+    free(link->positions);
+    free(link->bytes);
+    mk_bundle_free(link->received);
+    free(link);
+}
+
+static const mk_seam_ops mk_wire_ops = {
+    .name = "wire",
+    .send = wire_send,
+    .send_wait = wire_send_wait,
+    .recv_header = wire_recv_header,
+    .recv_payload = wire_recv_payload,
+    .destroy = wire_destroy,
+};
+
+mk_status mk_seam_wire_pair(mk_seam *tx, mk_seam *rx) {
+    mk_wire_link *link = calloc(1, sizeof *link);
+    if (!link) return mk_fail(MK_ERR_OUT_OF_MEMORY, "wire seam: out of memory");
+    link->refs = 2;
+    tx->impl = rx->impl = link;
+    tx->ops = rx->ops = &mk_wire_ops;
+    const size_t rows = mk_range_max_rows(tx->range), hidden = mk_range_hidden(tx->range);
+    mk_backend *be = mk_range_backend(tx->range);
+    link->positions = malloc(rows * sizeof(int32_t));
+    if (!link->positions) return mk_fail(MK_ERR_OUT_OF_MEMORY, "wire seam: out of memory");
+    return be->ops->host_alloc(be, rows * hidden * sizeof(float), &link->staging);
+}
