@@ -8,6 +8,7 @@
 #ifndef MK_BACKEND_H
 #define MK_BACKEND_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -17,6 +18,8 @@ typedef struct mk_backend mk_backend;
 
 typedef struct mk_backend_ops {
     const char *name;
+    /* dev memory is ordinary host memory (cpu): seams read it in place, no staging copy */
+    bool host_addressable;
     void (*destroy)(mk_backend *b);
     /* memory */
     mk_status (*alloc)(mk_backend *b, size_t bytes, void **out /* dev */);

@@ -105,6 +105,7 @@ static mk_status cpu_argmax(mk_backend *b, int32_t *out, const float *x, size_t 
 
 static const mk_backend_ops mk_cpu_ops = {
     .name = "cpu",
+    .host_addressable = true,
     .destroy = cpu_destroy,
     .alloc = cpu_alloc,
     .release = cpu_release,

@@ -7,11 +7,16 @@
 #include "meshkern.h"
 #include "meshkern.pb-c.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 struct mk_bundle {
     mk_boundary_header h;
     float *residual;    /* [batch, rows, hidden] */
     int32_t *positions; /* [batch, rows] */
     void *storage;      /* the decoded message the arrays live in (mk_bundle_unpack), or NULL */
+    size_t cap_floats, cap_rows; /* what residual and positions can hold */
 };
 
 struct mk_boundary {
@@ -44,4 +49,7 @@ mk_status mk_bundle_message_describe(const mk_boundary_header *h, const void *re
 /* NaN or Inf anywhere in n floats (read bytewise: the pointer may be unaligned). */
 bool mk_floats_nonfinite(const void *data, size_t n, size_t *first_bad);
 
+#ifdef __cplusplus
+}
+#endif
 #endif

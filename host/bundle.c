@@ -8,6 +8,7 @@
 #include "meshkern.pb-c.h"
 #include "mk_error.h"
 #include "boundary.h"
+#include "seam/frame.h"
 #include "wire.h"
 
 #define MK_MAX_RANK 8
@@ -47,6 +48,8 @@ mk_status mk_bundle_create(size_t batch, size_t seq, size_t hidden, mk_bundle **
     b->h.batch = batch;
     b->h.rows = seq;
     b->h.hidden = hidden;
+    b->cap_floats = elems;
+    b->cap_rows = rows;
     *out = b;
     return MK_OK;
 }
@@ -106,13 +109,35 @@ mk_status mk_bundle_tensor_fields(const mk_bundle *b, mk_tensor_fields *out) {
 }
 
 bool mk_floats_nonfinite(const void *data, size_t n, size_t *first_bad) {
+    /* It reads every residual a transport accepts, so it scans two floats per 64-bit word
+     * without branches: a lane's exponent bits plus one exponent step carry into the
+     * lane's bit 31 exactly when they were all ones (Inf or NaN), never into the next
+     * lane. The index is searched only in a block that has one. */
     const uint8_t *p = data;
-    for (size_t i = 0; i < n; i++) {
-        uint32_t bits;
-        memcpy(&bits, p + i * 4, 4);
-        if ((bits & 0x7f800000u) == 0x7f800000u) { /* exponent all ones: Inf or NaN */
-            if (first_bad) *first_bad = i;
-            return true;
+    enum { BLOCK = 2048 };
+    const uint64_t exp_mask = 0x7f8000007f800000ull, step = 0x0080000000800000ull, top = 0x8000000080000000ull;
+    for (size_t start = 0; start < n; start += BLOCK) {
+        const size_t end = n - start < BLOCK ? n : start + BLOCK;
+        uint64_t any = 0;
+        size_t i = start;
+        for (; i + 2 <= end; i += 2) {
+            uint64_t w;
+            memcpy(&w, p + i * 4, 8);
+            any |= ((w & exp_mask) + step) & top;
+        }
+        if (i < end) {
+            uint32_t last;
+            memcpy(&last, p + i * 4, 4);
+            any |= (((uint64_t)(last & 0x7f800000u)) + 0x00800000u) & 0x80000000u;
+        }
+        if (!any) continue;
+        for (i = start; i < end; i++) {
+            uint32_t bits;
+            memcpy(&bits, p + i * 4, 4);
+            if ((bits & 0x7f800000u) == 0x7f800000u) {
+                if (first_bad) *first_bad = i;
+                return true;
+            }
         }
     }
     return false;
@@ -291,6 +316,8 @@ static mk_status mk_bundle_from_message(Meshkern__V1__TensorBundle *msg, mk_bund
     b->residual = (float *)(void *)residual;
     b->positions = (int32_t *)(void *)positions;
     b->storage = msg;
+    b->cap_rows = h.batch * h.rows;
+    b->cap_floats = b->cap_rows * h.hidden;
     *out = b;
     return MK_OK;
 }
@@ -306,6 +333,22 @@ mk_status mk_bundle_unpack(const uint8_t *bytes, size_t len, mk_bundle **out) {
     const mk_status s = mk_bundle_from_message(msg, out);
     if (s != MK_OK) meshkern__v1__tensor_bundle__free_unpacked(msg, NULL);
     return s;
+}
+
+mk_status mk_bundle_unpack_into(const uint8_t *bytes, size_t len, mk_bundle *into) {
+    mk_clear_error();
+    if (!into || (!bytes && len)) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_bundle_unpack_into: NULL argument");
+    mk_boundary_header h;
+    const uint8_t *residual;
+    MK_TRY(mk_frame_decode_body(bytes, len, &h, &residual));
+    const size_t rows = h.batch * h.rows, floats = rows * h.hidden;
+    if (floats > into->cap_floats || rows > into->cap_rows)
+        return mk_fail(MK_ERR_SHAPE, "mk_bundle_unpack_into: [%zu, %zu, %zu] does not fit the bundle's %zu floats",
+                       h.batch, h.rows, h.hidden, into->cap_floats);
+    memcpy(into->residual, residual, floats * sizeof(float));
+    for (size_t i = 0; i < rows; i++) into->positions[i] = (int32_t)(h.position + (int64_t)(i % h.rows));
+    into->h = h;
+    return MK_OK;
 }
 
 /* ======================================================== protocol bundles == */

@@ -227,6 +227,11 @@ MK_API mk_status mk_bundle_pack_to(const mk_bundle *bundle, uint8_t *buffer, siz
  * point, dtype, byte order, shape, data length and positions shape. Model-dependent
  * checks (hidden width, recipe digest, seam) happen when a range accepts it. */
 MK_API mk_status mk_bundle_unpack(const uint8_t *bytes, size_t len, mk_bundle **out);
+/* The same checks (and positions must count up from the first row), decoding into an
+ * existing bundle reused across steps, so no message lands on fresh pages. The payload is
+ * copied once, from `bytes` into the bundle's arrays, which must hold the message's
+ * rows x hidden (MK_ERR_SHAPE otherwise); the header is replaced. */
+MK_API mk_status mk_bundle_unpack_into(const uint8_t *bytes, size_t len, mk_bundle *into);
 MK_API void mk_buffer_free(void *buffer);
 
 /* Named tensor fields of the bundle's residual, as on the wire. */

@@ -25,6 +25,7 @@
 #include <thread>
 #include <vector>
 
+#include "boundary.h"
 #include "meshkern.pb-c.h"
 #include "mk_test_util.h"
 
@@ -193,7 +194,7 @@ TEST_P(SeamParity, SmolLM2SplitBitIdenticalOverTheTransport) {
     mk_range_options o = mk_range_options_default();
     o.max_context = 32;
     const std::vector<int32_t> prompt = {1, 9690, 28, 198, 504, 3458, 282, 4649, 314};
-    const Decode whole = decode_greedy(model.get(), {}, o, prompt, 4);
+    static const Decode whole = decode_greedy(model.get(), {}, o, prompt, 4); // once for every transport
     ASSERT_EQ(whole.tokens.size(), 4u);
     expect_same(whole, decode_greedy_seam(model.get(), {14}, o, seam, prompt, 4), t.name);
 }
@@ -542,6 +543,38 @@ TEST_F(FaultyPeer, NonFiniteResidualIsRefused) {
         std::string msg;
         EXPECT_EQ(receive(&msg), MK_ERR_NONFINITE);
         EXPECT_NE(msg.find("row 1"), std::string::npos) << msg;
+    }
+}
+
+// The branch-free scan finds a NaN or infinity at every index, odd lengths and block
+// edges included, and flags nothing finite (largest finite, denormals, -0).
+TEST(NonFiniteScan, FindsEveryBadValueAndNothingElse) {
+    const float finite[] = {std::numeric_limits<float>::max(), -std::numeric_limits<float>::max(),
+                            std::numeric_limits<float>::denorm_min(), -0.0f, 1.0f, -3.5e-20f};
+    const float bad[] = {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                         -std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::quiet_NaN()};
+    for (size_t n : {size_t(1), size_t(2), size_t(3), size_t(7), size_t(2047), size_t(2048), size_t(2049), size_t(4099)}) {
+        std::vector<float> v(n + 1);
+        for (size_t i = 0; i < n; i++) v[i] = finite[i % 6];
+        v[n] = bad[0]; // just past the end: never read
+        size_t at = 99;
+        ASSERT_FALSE(mk_floats_nonfinite(v.data(), n, &at)) << n;
+        for (size_t i = 0; i < n; i += (n > 16 ? 509 : 1)) {
+            for (float b : bad) {
+                std::vector<float> w(v.begin(), v.begin() + (long)n);
+                w[i] = b;
+                if (i + 1 < n) w[n - 1] = b; // the first one is reported
+                ASSERT_TRUE(mk_floats_nonfinite(w.data(), n, &at)) << n << " " << i;
+                EXPECT_EQ(at, i) << n;
+            }
+        }
+        // Unaligned, as in a received frame.
+        std::vector<uint8_t> raw(n * 4 + 1);
+        std::memcpy(raw.data() + 1, v.data(), n * 4);
+        EXPECT_FALSE(mk_floats_nonfinite(raw.data() + 1, n, &at));
+        std::memcpy(raw.data() + 1 + (n - 1) * 4, &bad[1], 4);
+        EXPECT_TRUE(mk_floats_nonfinite(raw.data() + 1, n, &at));
+        EXPECT_EQ(at, n - 1);
     }
 }
 

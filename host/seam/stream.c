@@ -115,11 +115,15 @@ static mk_status stream_send(mk_seam *s, const mk_boundary *b) {
     mk_stream *st = s->impl;
     MK_TRY(stream_send_wait(s)); /* one frame buffer: the previous write must be done */
     const size_t rows = b->h.rows, payload = rows * b->h.hidden * sizeof(float);
-    MK_TRY(st->backend->ops->download_async(st->backend, st->staging, b->payload, payload));
-    MK_TRY(st->backend->ops->synchronize(st->backend));
+    const void *residual = b->payload; /* host memory already on the cpu backend */
+    if (!st->backend->ops->host_addressable) {
+        MK_TRY(st->backend->ops->download_async(st->backend, st->staging, b->payload, payload));
+        residual = st->staging;
+    }
+    MK_TRY(st->backend->ops->synchronize(st->backend)); /* the residual is complete */
     for (size_t i = 0; i < rows; i++) st->positions[i] = (int32_t)(b->h.position + (int64_t)i);
     mk_bundle_message m;
-    MK_TRY(mk_bundle_message_describe(&b->h, st->staging, st->positions, &m));
+    MK_TRY(mk_bundle_message_describe(&b->h, residual, st->positions, &m));
     const size_t len = meshkern__v1__tensor_bundle__get_packed_size(&m.msg);
     if (len + MK_FRAME_HEADER_BYTES > st->frame_cap)
         return mk_fail(MK_ERR_INTERNAL, "stream seam: a frame of %zu bytes exceeds the %zu-byte frame buffer", len,
@@ -226,7 +230,8 @@ static mk_status mk_stream_init(mk_seam *s, int fd, bool tls_server) {
         st->frame_cap = (size_t)limit + MK_FRAME_HEADER_BYTES;
         st->positions = malloc(rows * sizeof(int32_t));
         if (!st->positions) return mk_fail(MK_ERR_OUT_OF_MEMORY, "stream seam: out of memory");
-        MK_TRY(st->backend->ops->host_alloc(st->backend, rows * hidden * sizeof(float), &st->staging));
+        if (!st->backend->ops->host_addressable)
+            MK_TRY(st->backend->ops->host_alloc(st->backend, rows * hidden * sizeof(float), &st->staging));
         MK_TRY(st->backend->ops->host_alloc(st->backend, st->frame_cap, (void **)&st->frame));
     } else {
         st->limit = limit; /* the receiver's own limit, never the sender's word */

@@ -1,9 +1,11 @@
 /* The wire transport: both ends in one process, the boundary packed to TensorBundle
- * bytes and unpacked again (protobuf-c), as a host runtime that carries the bytes itself
- * would do. Staging and byte buffers are kept and reused across steps. */
+ * bytes (protobuf-c, straight from the residual) and decoded again in place by the frame
+ * reader, as a host runtime that carries the bytes itself would do. Staging and byte
+ * buffers are kept and reused across steps. */
 #include <stdlib.h>
 #include <string.h>
 
+#include "frame.h"
 #include "mk_error.h"
 #include "seam.h"
 
@@ -14,18 +16,22 @@ typedef struct mk_wire_link {
     uint8_t *bytes;      /* the packed message, reused */
     size_t len, cap;
     bool sent;
-    mk_bundle *received; /* the unpacked message, until its payload is taken */
+    const uint8_t *residual; /* into bytes, after recv_header */
 } mk_wire_link;
 
 static mk_status wire_send(mk_seam *s, const mk_boundary *b) {
     mk_wire_link *link = s->impl;
     mk_backend *be = mk_range_backend(b->range);
     const size_t payload = b->h.rows * b->h.hidden * sizeof(float);
-    MK_TRY(be->ops->download_async(be, link->staging, b->payload, payload));
+    const void *residual = b->payload;
+    if (!be->ops->host_addressable) {
+        MK_TRY(be->ops->download_async(be, link->staging, b->payload, payload));
+        residual = link->staging;
+    }
     MK_TRY(be->ops->synchronize(be));
     for (size_t i = 0; i < b->h.rows; i++) link->positions[i] = (int32_t)(b->h.position + (int64_t)i);
     mk_bundle_message m;
-    MK_TRY(mk_bundle_message_describe(&b->h, link->staging, link->positions, &m));
+    MK_TRY(mk_bundle_message_describe(&b->h, residual, link->positions, &m));
     const size_t len = meshkern__v1__tensor_bundle__get_packed_size(&m.msg);
     if (len > link->cap) {
         uint8_t *grown = realloc(link->bytes, len);
@@ -42,33 +48,22 @@ static mk_status wire_send_wait(mk_seam *s) { return MK_OK; }
 
 static mk_status wire_recv_header(mk_seam *s, mk_boundary_header *h) {
     mk_wire_link *link = s->impl;
-    mk_bundle_free(link->received);
-    link->received = NULL;
+    link->residual = NULL;
     if (!link->sent) return mk_fail(MK_ERR_INVALID_ARGUMENT, "wire seam: nothing was sent");
     link->sent = false;
-    MK_TRY(mk_bundle_unpack(link->bytes, link->len, &link->received));
     s->bytes += link->len;
-    const mk_bundle *b = link->received;
-    for (size_t i = 0; i < b->h.rows; i++)
-        if ((int64_t)b->positions[i] != b->h.position + (int64_t)i)
-            return mk_fail(MK_ERR_POSITIONS_SHAPE, "bundle position %d at row %zu does not continue row 0's %lld",
-                           b->positions[i], i, (long long)b->h.position);
-    *h = b->h;
-    return MK_OK;
+    return mk_frame_decode_body(link->bytes, link->len, h, &link->residual);
 }
 
 static mk_status wire_recv_payload(mk_seam *s, mk_boundary *into) {
     mk_wire_link *link = s->impl;
-    const mk_bundle *b = link->received;
-    const size_t n = b->h.rows * b->h.hidden;
+    const size_t n = into->h.rows * into->h.hidden;
     size_t bad = 0;
-    if (mk_floats_nonfinite(b->residual, n, &bad))
-        return mk_fail(MK_ERR_NONFINITE, "boundary residual value %zu (row %zu) is NaN or infinite", bad, bad / b->h.hidden);
+    if (mk_floats_nonfinite(link->residual, n, &bad))
+        return mk_fail(MK_ERR_NONFINITE, "boundary residual value %zu (row %zu) is NaN or infinite", bad,
+                       bad / into->h.hidden);
     mk_backend *be = mk_range_backend(into->range);
-    const mk_status st = be->ops->upload(be, into->payload, b->residual, n * sizeof(float));
-    mk_bundle_free(link->received);
-    link->received = NULL;
-    return st;
+    return be->ops->upload(be, into->payload, link->residual, n * sizeof(float));
 }
 
 static void wire_destroy(mk_seam *s) {
@@ -82,7 +77,6 @@ static void wire_destroy(mk_seam *s) {
     if (--link->refs > 0) return;
     free(link->positions);
     free(link->bytes);
-    mk_bundle_free(link->received);
     free(link);
 }
 
@@ -105,5 +99,6 @@ mk_status mk_seam_wire_pair(mk_seam *tx, mk_seam *rx) {
     mk_backend *be = mk_range_backend(tx->range);
     link->positions = malloc(rows * sizeof(int32_t));
     if (!link->positions) return mk_fail(MK_ERR_OUT_OF_MEMORY, "wire seam: out of memory");
+    if (be->ops->host_addressable) return MK_OK;
     return be->ops->host_alloc(be, rows * hidden * sizeof(float), &link->staging);
 }
