@@ -46,6 +46,14 @@ typedef struct mk_bundle_message {
 mk_status mk_bundle_message_describe(const mk_boundary_header *h, const void *residual, const int32_t *positions,
                                      mk_bundle_message *m);
 
+/* Pack m (the payload copied once) into out[mk_bundle_message_size(m)]; returns the
+ * length. The bytes equal protobuf-c's pack of m->msg. */
+size_t mk_bundle_message_size(const mk_bundle_message *m);
+size_t mk_bundle_message_pack(const mk_bundle_message *m, uint8_t *out);
+/* Byte offset of the residual's data inside what m packs to: a buffer placed so that
+ * offset lands on 64 bytes lets pack and unpack copy at full speed. */
+size_t mk_bundle_message_payload_offset(const mk_bundle_message *m);
+
 /* NaN or Inf anywhere in n floats (read bytewise: the pointer may be unaligned). */
 bool mk_floats_nonfinite(const void *data, size_t n, size_t *first_bad);
 

@@ -8,6 +8,9 @@
 #include "meshkern.pb-c.h"
 #include "mk_error.h"
 #include "boundary.h"
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 #include "seam/frame.h"
 #include "wire.h"
 
@@ -109,10 +112,11 @@ mk_status mk_bundle_tensor_fields(const mk_bundle *b, mk_tensor_fields *out) {
 }
 
 bool mk_floats_nonfinite(const void *data, size_t n, size_t *first_bad) {
-    /* It reads every residual a transport accepts, so it scans two floats per 64-bit word
-     * without branches: a lane's exponent bits plus one exponent step carry into the
-     * lane's bit 31 exactly when they were all ones (Inf or NaN), never into the next
-     * lane. The index is searched only in a block that has one. */
+    /* It reads every residual a transport accepts, so it runs without branches: SSE2
+     * compares where there is SSE2, then two floats per 64-bit word (a lane's exponent
+     * bits plus one exponent step carry into the lane's bit 31 exactly when they were all
+     * ones, Inf or NaN, never into the next lane). The index is searched only in a block
+     * that has one. */
     const uint8_t *p = data;
     enum { BLOCK = 2048 };
     const uint64_t exp_mask = 0x7f8000007f800000ull, step = 0x0080000000800000ull, top = 0x8000000080000000ull;
@@ -120,6 +124,18 @@ bool mk_floats_nonfinite(const void *data, size_t n, size_t *first_bad) {
         const size_t end = n - start < BLOCK ? n : start + BLOCK;
         uint64_t any = 0;
         size_t i = start;
+#if defined(__SSE2__)
+        /* Four lanes at a time (x86-64 always has SSE2): exponent == all ones. */
+        const __m128i em = _mm_set1_epi32(0x7f800000);
+        __m128i a0 = _mm_setzero_si128(), a1 = a0;
+        for (; i + 8 <= end; i += 8) {
+            const __m128i v0 = _mm_loadu_si128((const __m128i *)(const void *)(p + i * 4));
+            const __m128i v1 = _mm_loadu_si128((const __m128i *)(const void *)(p + i * 4 + 16));
+            a0 = _mm_or_si128(a0, _mm_cmpeq_epi32(_mm_and_si128(v0, em), em));
+            a1 = _mm_or_si128(a1, _mm_cmpeq_epi32(_mm_and_si128(v1, em), em));
+        }
+        any |= (uint64_t)_mm_movemask_epi8(_mm_or_si128(a0, a1));
+#endif
         for (; i + 2 <= end; i += 2) {
             uint64_t w;
             memcpy(&w, p + i * 4, 8);
@@ -179,10 +195,106 @@ mk_status mk_bundle_message_describe(const mk_boundary_header *h, const void *re
     return MK_OK;
 }
 
+/* The TensorBundle's own fields are written here rather than by protobuf-c's pack, which
+ * writes a nested message behind a one-byte length guess and then moves the whole
+ * message (the residual included) when the length needs more bytes: a second copy of
+ * the payload. Sizes come first here, so the payload is copied once. The bytes are those
+ * protobuf-c writes (fields in number order, proto3 defaults left out); tests compare. */
+static size_t mk_pb_varint_size(uint64_t v) {
+    size_t n = 1;
+    while (v >= 0x80) v >>= 7, n++;
+    return n;
+}
+
+static uint8_t *mk_pb_varint(uint8_t *out, uint64_t v) {
+    while (v >= 0x80) *out++ = (uint8_t)(v | 0x80), v >>= 7;
+    *out++ = (uint8_t)v;
+    return out;
+}
+
+/* Field `number` as a varint (skipped when 0, as proto3 does). */
+static size_t mk_pb_uint_size(unsigned number, uint64_t v) { return v ? mk_pb_varint_size(number << 3) + mk_pb_varint_size(v) : 0; }
+static uint8_t *mk_pb_uint(uint8_t *out, unsigned number, uint64_t v) {
+    if (!v) return out;
+    return mk_pb_varint(mk_pb_varint(out, number << 3), v);
+}
+
+/* A length-delimited field of `len` bytes (the bytes follow). */
+static size_t mk_pb_len_size(unsigned number, size_t len) { return mk_pb_varint_size((number << 3) | 2) + mk_pb_varint_size(len) + len; }
+static uint8_t *mk_pb_len(uint8_t *out, unsigned number, size_t len) {
+    return mk_pb_varint(mk_pb_varint(out, (number << 3) | 2), len);
+}
+
+static size_t mk_pb_string_size(unsigned number, const char *sv) { return sv && *sv ? mk_pb_len_size(number, strlen(sv)) : 0; }
+static uint8_t *mk_pb_string(uint8_t *out, unsigned number, const char *sv) {
+    if (!sv || !*sv) return out;
+    const size_t n = strlen(sv);
+    out = mk_pb_len(out, number, n);
+    memcpy(out, sv, n);
+    return out + n;
+}
+
+/* int64 and enums as protobuf-c writes them: negative values sign-extended to 64 bits. */
+static uint64_t mk_pb_int(int64_t v) { return (uint64_t)v; }
+
+/* Fields 1-6, before the tensors. */
+static size_t mk_pb_head_size(const Meshkern__V1__TensorBundle *m) {
+    return mk_pb_uint_size(1, m->schema_version) + mk_pb_uint_size(2, mk_pb_int(m->architecture)) +
+           mk_pb_string_size(3, m->adapter) + mk_pb_string_size(4, m->boundary_point) +
+           mk_pb_uint_size(5, mk_pb_int(m->next_layer)) + mk_pb_uint_size(6, m->normalized ? 1 : 0);
+}
+
+/* Fields 8-12, after the tensors. */
+static size_t mk_pb_tail_size(const Meshkern__V1__TensorBundle *m, size_t positions_size) {
+    return (m->positions ? mk_pb_len_size(8, positions_size) : 0) + mk_pb_string_size(9, m->runtime_recipe_digest) +
+           mk_pb_string_size(10, m->request_id) + mk_pb_uint_size(11, m->has_next_layer ? 1 : 0) +
+           mk_pb_uint_size(12, m->step);
+}
+
+size_t mk_bundle_message_size(const mk_bundle_message *m) {
+    const size_t tensor = meshkern__v1__tensor__get_packed_size(&m->residual);
+    const size_t positions = meshkern__v1__tensor__get_packed_size(&m->positions);
+    return mk_pb_head_size(&m->msg) + mk_pb_len_size(7, tensor) + mk_pb_tail_size(&m->msg, positions);
+}
+
+size_t mk_bundle_message_payload_offset(const mk_bundle_message *m) {
+    const size_t tensor = meshkern__v1__tensor__get_packed_size(&m->residual);
+    /* data is the tensor's last field: its bytes end the tensor message. */
+    return mk_pb_head_size(&m->msg) + mk_pb_len_size(7, tensor) - m->residual.data.len;
+}
+
+size_t mk_bundle_message_pack(const mk_bundle_message *m, uint8_t *out) {
+    const Meshkern__V1__TensorBundle *msg = &m->msg;
+    uint8_t *p = out;
+    p = mk_pb_uint(p, 1, msg->schema_version);
+    p = mk_pb_uint(p, 2, mk_pb_int(msg->architecture));
+    p = mk_pb_string(p, 3, msg->adapter);
+    p = mk_pb_string(p, 4, msg->boundary_point);
+    p = mk_pb_uint(p, 5, mk_pb_int(msg->next_layer));
+    p = mk_pb_uint(p, 6, msg->normalized ? 1 : 0);
+    /* Nested messages: their length first, then protobuf-c packs them in place (a Tensor
+     * has no nested message, so its data is copied once). */
+    p = mk_pb_len(p, 7, meshkern__v1__tensor__get_packed_size(&m->residual));
+    p += meshkern__v1__tensor__pack(&m->residual, p);
+    p = mk_pb_len(p, 8, meshkern__v1__tensor__get_packed_size(&m->positions));
+    p += meshkern__v1__tensor__pack(&m->positions, p);
+    p = mk_pb_string(p, 9, msg->runtime_recipe_digest);
+    p = mk_pb_string(p, 10, msg->request_id);
+    p = mk_pb_uint(p, 11, msg->has_next_layer ? 1 : 0);
+    p = mk_pb_uint(p, 12, msg->step);
+    return (size_t)(p - out);
+}
+
+size_t mk_bundle_payload_offset(const mk_bundle *b) {
+    mk_bundle_message m;
+    if (!b || mk_bundle_message_describe(&b->h, b->residual, b->positions, &m) != MK_OK) return 0;
+    return mk_bundle_message_payload_offset(&m);
+}
+
 size_t mk_bundle_packed_size(const mk_bundle *b) {
     mk_bundle_message m;
     if (!b || mk_bundle_message_describe(&b->h, b->residual, b->positions, &m) != MK_OK) return 0;
-    return meshkern__v1__tensor_bundle__get_packed_size(&m.msg);
+    return mk_bundle_message_size(&m);
 }
 
 mk_status mk_bundle_pack_to(const mk_bundle *b, uint8_t *buffer, size_t capacity, size_t *out_len) {
@@ -190,11 +302,11 @@ mk_status mk_bundle_pack_to(const mk_bundle *b, uint8_t *buffer, size_t capacity
     if (!b || !buffer || !out_len) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_bundle_pack_to: NULL argument");
     mk_bundle_message m;
     MK_TRY(mk_bundle_message_describe(&b->h, b->residual, b->positions, &m));
-    const size_t len = meshkern__v1__tensor_bundle__get_packed_size(&m.msg);
+    const size_t len = mk_bundle_message_size(&m);
     if (len > capacity)
         return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_bundle_pack_to: %zu bytes needed, buffer holds %zu", len, capacity);
     /* The payload is copied once, straight from the residual into the wire buffer. */
-    *out_len = meshkern__v1__tensor_bundle__pack(&m.msg, buffer);
+    *out_len = mk_bundle_message_pack(&m, buffer);
     return MK_OK;
 }
 
@@ -203,10 +315,10 @@ mk_status mk_bundle_pack(const mk_bundle *b, uint8_t **out, size_t *out_len) {
     if (!b || !out || !out_len) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_bundle_pack: NULL argument");
     mk_bundle_message m;
     MK_TRY(mk_bundle_message_describe(&b->h, b->residual, b->positions, &m));
-    const size_t len = meshkern__v1__tensor_bundle__get_packed_size(&m.msg);
+    const size_t len = mk_bundle_message_size(&m);
     uint8_t *buf = malloc(len ? len : 1);
     if (!buf) return mk_fail(MK_ERR_OUT_OF_MEMORY, "mk_bundle_pack: out of memory for %zu bytes", len);
-    *out_len = meshkern__v1__tensor_bundle__pack(&m.msg, buf);
+    *out_len = mk_bundle_message_pack(&m, buf);
     *out = buf;
     return MK_OK;
 }

@@ -220,6 +220,9 @@ MK_API mk_status mk_bundle_pack(const mk_bundle *bundle, uint8_t **out, size_t *
 /* Serialize into a caller's buffer (e.g. pinned or registered memory) of `capacity`
  * bytes; mk_bundle_packed_size tells how many are needed. */
 MK_API size_t mk_bundle_packed_size(const mk_bundle *bundle);
+/* Where the residual's bytes start inside the packed message: place the buffer so that
+ * buffer + offset is 64-byte aligned and pack_to / unpack_into copy at memcpy speed. */
+MK_API size_t mk_bundle_payload_offset(const mk_bundle *bundle);
 MK_API mk_status mk_bundle_pack_to(const mk_bundle *bundle, uint8_t *buffer, size_t capacity,
                                    size_t *out_len);
 /* Parse protobuf bytes into a bundle, trusting no length, count or shape from the wire.

@@ -578,6 +578,53 @@ TEST(NonFiniteScan, FindsEveryBadValueAndNothingElse) {
     }
 }
 
+// The payload offset the transports align on is where protobuf-c puts the residual.
+TEST(SeamHostBundle, PayloadOffsetIsWhereTheResidualIsPacked) {
+    for (size_t rows : {1, 3, 200}) {
+        for (size_t hidden : {8, 576, 4096}) {
+            mk_bundle *b = nullptr;
+            MK_ASSERT_OK(mk_bundle_create(1, rows, hidden, &b));
+            BundlePtr bundle(b);
+            float *r = mk_bundle_residual(b);
+            for (size_t i = 0; i < rows * hidden; i++) r[i] = (float)i * 0.5f + 1.0f;
+            mk_boundary_header h = *mk_bundle_header(b);
+            std::memset(h.recipe_digest, 'c', MK_DIGEST_HEX_LEN);
+            std::snprintf(h.request_id, sizeof h.request_id, "request-%zu", rows);
+            h.step = rows * 1000;
+            MK_ASSERT_OK(mk_bundle_set_header(b, &h));
+            uint8_t *bytes = nullptr;
+            size_t len = 0;
+            MK_ASSERT_OK(mk_bundle_pack(b, &bytes, &len));
+            BufferPtr hold(bytes);
+            const size_t off = mk_bundle_payload_offset(b);
+            ASSERT_LE(off + rows * hidden * 4, len);
+            EXPECT_EQ(std::memcmp(bytes + off, r, rows * hidden * 4), 0) << rows << " x " << hidden;
+            EXPECT_NE(std::memcmp(bytes + off - 1, r, 4), 0);
+            // The single-copy packer writes exactly the bytes protobuf-c writes.
+            for (int variant = 0; variant < 3; variant++) {
+                mk_boundary_header v = h;
+                v.next_layer = variant == 0 ? 0 : variant == 1 ? 300 : (int64_t)1 << 40;
+                v.normalized = variant == 1;
+                v.step = variant == 2 ? 0 : v.step;
+                if (variant == 2) v.request_id[0] = '\0';
+                MK_ASSERT_OK(mk_bundle_set_header(b, &v));
+                uint8_t *mine = nullptr;
+                size_t mine_len = 0;
+                MK_ASSERT_OK(mk_bundle_pack(b, &mine, &mine_len));
+                BufferPtr hold_mine(mine);
+                ASSERT_EQ(mine_len, mk_bundle_packed_size(b));
+                Meshkern__V1__TensorBundle *msg = meshkern__v1__tensor_bundle__unpack(nullptr, mine_len, mine);
+                ASSERT_NE(msg, nullptr);
+                std::vector<uint8_t> theirs(meshkern__v1__tensor_bundle__get_packed_size(msg));
+                meshkern__v1__tensor_bundle__pack(msg, theirs.data());
+                meshkern__v1__tensor_bundle__free_unpacked(msg, nullptr);
+                ASSERT_EQ(theirs.size(), mine_len) << "variant " << variant;
+                EXPECT_EQ(std::memcmp(theirs.data(), mine, mine_len), 0) << "variant " << variant;
+            }
+        }
+    }
+}
+
 TEST(SeamHostBundle, NonFiniteBundleIsRefusedByTheRange) {
     ModelPtr model = make_random_model(mk_hparams_seed_default());
     Pipeline p(model.get(), {2});

@@ -19,21 +19,25 @@ static uint64_t mk_get_le(const uint8_t *p, int n) {
     return v;
 }
 
-void mk_frame_header_encode(uint8_t out[MK_FRAME_HEADER_BYTES], uint64_t length) {
+void mk_frame_header_encode(uint8_t out[MK_FRAME_HEADER_BYTES], uint64_t length, unsigned align) {
     mk_put_le(out, MK_FRAME_MAGIC, 4);
     mk_put_le(out + 4, MK_FRAME_VERSION, 2);
-    mk_put_le(out + 6, 0, 2);
+    mk_put_le(out + 6, align % MK_FRAME_ALIGN, 2);
     mk_put_le(out + 8, length, 8);
 }
 
-mk_status mk_frame_header_decode(const uint8_t in[MK_FRAME_HEADER_BYTES], uint64_t limit, uint64_t *length) {
+mk_status mk_frame_header_decode(const uint8_t in[MK_FRAME_HEADER_BYTES], uint64_t limit, uint64_t *length,
+                                 unsigned *align) {
     const uint64_t magic = mk_get_le(in, 4), version = mk_get_le(in + 4, 2), flags = mk_get_le(in + 6, 2);
     if (magic != MK_FRAME_MAGIC)
         return mk_fail(MK_ERR_FRAME, "seam frame: bad magic 0x%08llx (not a meshkern frame)", (unsigned long long)magic);
     if (version != MK_FRAME_VERSION)
         return mk_fail(MK_ERR_FRAME, "seam frame: version %llu is not the supported version %u",
                        (unsigned long long)version, MK_FRAME_VERSION);
-    if (flags != 0) return mk_fail(MK_ERR_FRAME, "seam frame: unknown flags 0x%04llx", (unsigned long long)flags);
+    if (flags >= MK_FRAME_ALIGN)
+        return mk_fail(MK_ERR_FRAME, "seam frame: alignment hint %llu is not below %u", (unsigned long long)flags,
+                       MK_FRAME_ALIGN);
+    *align = (unsigned)flags;
     *length = mk_get_le(in + 8, 8);
     if (*length == 0) return mk_fail(MK_ERR_FRAME, "seam frame: empty body");
     if (*length > limit)

@@ -13,7 +13,8 @@ typedef struct mk_wire_link {
     int refs;
     void *staging;       /* host staging of the sender [max_rows, hidden] */
     int32_t *positions;  /* [max_rows] */
-    uint8_t *bytes;      /* the packed message, reused */
+    uint8_t *bytes;      /* 64-byte aligned, reused */
+    uint8_t *message;    /* the packed message inside bytes */
     size_t len, cap;
     bool sent;
     const uint8_t *residual; /* into bytes, after recv_header */
@@ -32,14 +33,18 @@ static mk_status wire_send(mk_seam *s, const mk_boundary *b) {
     for (size_t i = 0; i < b->h.rows; i++) link->positions[i] = (int32_t)(b->h.position + (int64_t)i);
     mk_bundle_message m;
     MK_TRY(mk_bundle_message_describe(&b->h, residual, link->positions, &m));
-    const size_t len = meshkern__v1__tensor_bundle__get_packed_size(&m.msg);
-    if (len > link->cap) {
-        uint8_t *grown = realloc(link->bytes, len);
+    const size_t len = mk_bundle_message_size(&m);
+    if (len + MK_FRAME_ALIGN > link->cap) {
+        const size_t cap = (len + 2 * MK_FRAME_ALIGN) & ~(size_t)(MK_FRAME_ALIGN - 1);
+        uint8_t *grown = aligned_alloc(MK_FRAME_ALIGN, cap);
         if (!grown) return mk_fail(MK_ERR_OUT_OF_MEMORY, "wire seam: out of memory for %zu bytes", len);
+        free(link->bytes);
         link->bytes = grown;
-        link->cap = len;
+        link->cap = cap;
     }
-    link->len = meshkern__v1__tensor_bundle__pack(&m.msg, link->bytes);
+    /* The payload lands 64-byte aligned: pack and upload copy at full speed. */
+    link->message = link->bytes + mk_frame_shift(mk_bundle_message_payload_offset(&m));
+    link->len = mk_bundle_message_pack(&m, link->message);
     link->sent = true;
     return MK_OK;
 }
@@ -52,7 +57,7 @@ static mk_status wire_recv_header(mk_seam *s, mk_boundary_header *h) {
     if (!link->sent) return mk_fail(MK_ERR_INVALID_ARGUMENT, "wire seam: nothing was sent");
     link->sent = false;
     s->bytes += link->len;
-    return mk_frame_decode_body(link->bytes, link->len, h, &link->residual);
+    return mk_frame_decode_body(link->message, link->len, h, &link->residual);
 }
 
 static mk_status wire_recv_payload(mk_seam *s, mk_boundary *into) {

@@ -1,5 +1,5 @@
 /* libFuzzer target: the stream transport's decoders, as a peer's bytes reach them. The
- * first 16 bytes are a frame header (magic, version, flags, length) checked against a
+ * first 16 bytes are a frame header (magic, version, align, length) checked against a
  * receiver's limit; the rest is the body, decoded in place by the zero-copy TensorBundle
  * reader and validated into a boundary header. A body the reader accepts must also be
  * accepted by protobuf-c's decoder with the same header and payload bytes: the two
@@ -13,8 +13,9 @@
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size >= MK_FRAME_HEADER_BYTES) {
         uint64_t length = 0;
-        const mk_status s = mk_frame_header_decode(data, mk_frame_limit(64, 32), &length);
-        if (s == MK_OK && (length == 0 || length > mk_frame_limit(64, 32))) abort();
+        unsigned align = 0;
+        const mk_status s = mk_frame_header_decode(data, mk_frame_limit(64, 32), &length, &align);
+        if (s == MK_OK && (length == 0 || length > mk_frame_limit(64, 32) || align >= MK_FRAME_ALIGN)) abort();
         if (s != MK_OK && mk_last_error()[0] == '\0') abort();
     }
     mk_boundary_header h;
