@@ -79,11 +79,26 @@ mk_status mk_bundle_clone(const mk_bundle *src, mk_bundle **out) {
     return MK_OK;
 }
 
-const mk_boundary_header *mk_bundle_header(const mk_bundle *b) { return b ? &b->h : NULL; }
-float *mk_bundle_residual(mk_bundle *b) { return b ? b->residual : NULL; }
-int32_t *mk_bundle_positions(mk_bundle *b) { return b ? b->positions : NULL; }
-const float *mk_bundle_residual_const(const mk_bundle *b) { return b ? b->residual : NULL; }
-const int32_t *mk_bundle_positions_const(const mk_bundle *b) { return b ? b->positions : NULL; }
+const mk_boundary_header *mk_bundle_header(const mk_bundle *b) {
+    mk_clear_error();
+    return b ? &b->h : NULL;
+}
+float *mk_bundle_residual(mk_bundle *b) {
+    mk_clear_error();
+    return b ? b->residual : NULL;
+}
+int32_t *mk_bundle_positions(mk_bundle *b) {
+    mk_clear_error();
+    return b ? b->positions : NULL;
+}
+const float *mk_bundle_residual_const(const mk_bundle *b) {
+    mk_clear_error();
+    return b ? b->residual : NULL;
+}
+const int32_t *mk_bundle_positions_const(const mk_bundle *b) {
+    mk_clear_error();
+    return b ? b->positions : NULL;
+}
 
 mk_status mk_bundle_set_header(mk_bundle *b, const mk_boundary_header *h) {
     mk_clear_error();
@@ -286,6 +301,7 @@ size_t mk_bundle_message_pack(const mk_bundle_message *m, uint8_t *out) {
 }
 
 size_t mk_bundle_payload_offset(const mk_bundle *b) {
+    mk_clear_error();
     mk_bundle_message m;
     if (!b || mk_bundle_message_describe(&b->h, b->residual, b->positions, &m) != MK_OK) return 0;
     return mk_bundle_message_payload_offset(&m);

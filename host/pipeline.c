@@ -100,12 +100,16 @@ size_t mk_pipeline_range_count(const mk_pipeline *p) { return p ? p->n_ranges : 
 mk_range *mk_pipeline_range(mk_pipeline *p, size_t i) { return p && i < p->n_ranges ? p->ranges[i] : NULL; }
 
 size_t mk_pipeline_seam_bytes(const mk_pipeline *p) {
+    mk_clear_error();
     size_t bytes = 0;
     for (size_t i = 0; p && i + 1 < p->n_ranges; i++) bytes += mk_seam_bytes(p->rx[i]);
     return bytes;
 }
 
-double mk_pipeline_seam_seconds(const mk_pipeline *p) { return p ? p->seam_seconds : 0.0; }
+double mk_pipeline_seam_seconds(const mk_pipeline *p) {
+    mk_clear_error();
+    return p ? p->seam_seconds : 0.0;
+}
 
 /* Carry range i's output across seam i into range i+1's input. */
 static mk_status mk_pipeline_cross(mk_pipeline *p, size_t i) {

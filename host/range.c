@@ -615,13 +615,20 @@ mk_status mk_boundary_create(mk_range *r, mk_boundary **out) {
 }
 
 void mk_boundary_free(mk_boundary *bd) {
-    if (!bd) return;
+    if (!bd) return; /* no mk_clear_error: failure paths free after recording their message */
     bd->range->backend->ops->release(bd->range->backend, bd->payload);
     free(bd);
 }
 
-const mk_boundary_header *mk_boundary_header_of(const mk_boundary *bd) { return bd ? &bd->h : NULL; }
-mk_range *mk_boundary_range(const mk_boundary *bd) { return bd ? bd->range : NULL; }
+const mk_boundary_header *mk_boundary_header_of(const mk_boundary *bd) {
+    mk_clear_error();
+    return bd ? &bd->h : NULL;
+}
+
+mk_range *mk_boundary_range(const mk_boundary *bd) {
+    mk_clear_error();
+    return bd ? bd->range : NULL;
+}
 
 mk_status mk_boundary_read(const mk_boundary *bd, float *residual, size_t capacity_floats) {
     mk_clear_error();

@@ -865,6 +865,20 @@ TEST(SeamOptions, NamesAndDefaults) {
     EXPECT_GT(o.connect_timeout_ms, 0);
     EXPECT_GT(o.io_timeout_ms, 0);
     EXPECT_FALSE(o.tls.enabled);
+    // A failed pair says why (its failure path frees both ends without losing the message).
+    ModelPtr model = make_random_model(mk_hparams_seed_default());
+    mk_range *h = nullptr, *t = nullptr;
+    MK_ASSERT_OK(mk_range_create(model.get(), 0, 2, nullptr, &h));
+    MK_ASSERT_OK(mk_range_create(model.get(), 3, 5, nullptr, &t));
+    RangePtr head(h), tail(t);
+    mk_seam_options bad_key = mk_seam_options_default(MK_SEAM_UNIX);
+    bad_key.tls.enabled = true;
+    bad_key.tls.psk_hex = "not-hex-and-far-too-short";
+    mk_seam *tx = nullptr, *rx = nullptr;
+    EXPECT_EQ(mk_seam_pair(&bad_key, h, t, &tx, &rx), MK_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(mk_last_error()).find("pre-shared key"), std::string::npos) << mk_last_error();
+    EXPECT_EQ(tx, nullptr);
+    EXPECT_EQ(rx, nullptr);
     // Only stream transports cross processes.
     mk_seam_listener *l = nullptr;
     const mk_seam_options local = mk_seam_options_default(MK_SEAM_LOCAL);

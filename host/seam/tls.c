@@ -23,11 +23,15 @@ typedef struct mk_psk {
     char identity[128];
 } mk_psk;
 
+/* One ex_data slot for the key in every SSL_CTX: an OpenSSL registration made once per
+ * process (the only process-wide state here, OpenSSL's own design). */
+static int mk_psk_slot = -1;
+static pthread_once_t mk_psk_once = PTHREAD_ONCE_INIT;
+static void mk_psk_register(void) { mk_psk_slot = SSL_CTX_get_ex_new_index(0, NULL, NULL, NULL, NULL); }
+
 static int mk_psk_index(void) {
-    /* One ex_data slot for the key, allocated once by OpenSSL (thread-safe in 3.x). */
-    static int index = -1;
-    if (index < 0) index = SSL_CTX_get_ex_new_index(0, NULL, NULL, NULL, NULL);
-    return index;
+    pthread_once(&mk_psk_once, mk_psk_register);
+    return mk_psk_slot;
 }
 
 static SSL_SESSION *mk_psk_session(SSL *ssl, const mk_psk *psk) {
