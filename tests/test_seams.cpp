@@ -10,11 +10,15 @@
 #include <openssl/pem.h>
 #include <openssl/x509.h>
 #include <openssl/x509v3.h>
+#include <signal.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -405,6 +409,37 @@ TEST_F(FaultyPeer, ValidFrameIsAcceptedAndRunsTheTail) {
     mk_tail_output *t = nullptr;
     MK_ASSERT_OK(mk_range_forward_boundary(tail_.get(), seq_.get(), nullptr, 0, into_.get(), nullptr, nullptr, &t));
     mk_tail_output_free(t);
+}
+
+// A frame trickling in 16-byte pieces while signals interrupt every wait (EINTR from
+// poll and recv) is still read whole.
+void on_alarm(int) {}
+
+TEST_F(FaultyPeer, PartialWritesAndInterruptedWaitsAreRiddenOut) {
+    connect_raw();
+    struct sigaction sa {}, old_sa {};
+    sa.sa_handler = on_alarm;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = 0; // no SA_RESTART: blocked calls return EINTR
+    ASSERT_EQ(sigaction(SIGALRM, &sa, &old_sa), 0);
+    itimerval every{{0, 500}, {0, 500}}, off{};
+    ASSERT_EQ(setitimer(ITIMER_REAL, &every, nullptr), 0);
+    const std::vector<uint8_t> frame = framed(valid_);
+    std::thread writer([&]() {
+        for (size_t at = 0; at < frame.size(); at += 16) {
+            const size_t n = std::min<size_t>(16, frame.size() - at);
+            ssize_t w;
+            do w = send(raw_, frame.data() + at, n, MSG_NOSIGNAL);
+            while (w < 0 && errno == EINTR);
+            std::this_thread::sleep_for(std::chrono::microseconds(100));
+        }
+    });
+    const mk_status st = receive();
+    writer.join();
+    setitimer(ITIMER_REAL, &off, nullptr);
+    sigaction(SIGALRM, &old_sa, nullptr);
+    EXPECT_EQ(st, MK_OK) << mk_last_error();
+    EXPECT_EQ(mk_boundary_header_of(into_.get())->rows, 3u);
 }
 
 TEST_F(FaultyPeer, PeerClosesMidFrame) {
