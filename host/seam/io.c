@@ -67,13 +67,17 @@ static mk_status mk_plain_read(mk_io *io, uint8_t *p, size_t n, int64_t deadline
     return MK_OK;
 }
 
-static mk_status mk_plain_write(mk_io *io, const uint8_t *p, size_t n, int64_t deadline, const char *what) {
+/* Write n bytes; with no_wait, stop where the socket would block (*put says how far). */
+static mk_status mk_plain_write(mk_io *io, const uint8_t *p, size_t n, int64_t deadline, const char *what,
+                                size_t *put_out, bool no_wait) {
     size_t put = 0;
     while (put < n) {
         const ssize_t w = send(io->fd, p + put, n - put, MSG_NOSIGNAL);
         if (w >= 0) {
             put += (size_t)w;
+            if (put_out) *put_out = put;
         } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+            if (no_wait) return MK_OK;
             MK_TRY(mk_wait_fd(io->fd, POLLOUT, deadline, what));
         } else if (errno == EPIPE || errno == ECONNRESET) {
             return mk_fail(MK_ERR_PEER_CLOSED, "seam: the peer closed the connection after %zu of %zu bytes of the %s",
@@ -116,7 +120,8 @@ static void mk_sigpipe_restore(mk_sigpipe_guard *g) {
     pthread_sigmask(SIG_SETMASK, &g->old, NULL);
 }
 
-static mk_status mk_tls_io(mk_io *io, uint8_t *p, size_t n, bool writing, int64_t deadline, const char *what) {
+static mk_status mk_tls_io(mk_io *io, uint8_t *p, size_t n, bool writing, int64_t deadline, const char *what,
+                           size_t *done_out, bool no_wait) {
     size_t done = 0;
     mk_sigpipe_guard guard;
     mk_sigpipe_block(&guard);
@@ -128,9 +133,11 @@ static mk_status mk_tls_io(mk_io *io, uint8_t *p, size_t n, bool writing, int64_
                                : SSL_read_ex(io->ssl, p + done, n - done, &moved);
         if (ok) {
             done += moved;
+            if (done_out) *done_out = done;
             continue;
         }
         const int err = SSL_get_error(io->ssl, ok);
+        if (no_wait && (err == SSL_ERROR_WANT_READ || err == SSL_ERROR_WANT_WRITE)) break;
         if (err == SSL_ERROR_WANT_READ) s = mk_wait_fd(io->fd, POLLIN, deadline, what);
         else if (err == SSL_ERROR_WANT_WRITE) s = mk_wait_fd(io->fd, POLLOUT, deadline, what);
         else if (err == SSL_ERROR_ZERO_RETURN || err == SSL_ERROR_SYSCALL ||
@@ -150,12 +157,18 @@ static mk_status mk_tls_io(mk_io *io, uint8_t *p, size_t n, bool writing, int64_
 /* ================================================================ streams == */
 
 mk_status mk_io_read(mk_io *io, void *buf, size_t n, int64_t deadline, const char *what) {
-    return io->ssl ? mk_tls_io(io, buf, n, false, deadline, what) : mk_plain_read(io, buf, n, deadline, what);
+    return io->ssl ? mk_tls_io(io, buf, n, false, deadline, what, NULL, false) : mk_plain_read(io, buf, n, deadline, what);
 }
 
 mk_status mk_io_write(mk_io *io, const void *buf, size_t n, int64_t deadline, const char *what) {
-    return io->ssl ? mk_tls_io(io, (uint8_t *)(uintptr_t)buf, n, true, deadline, what)
-                   : mk_plain_write(io, buf, n, deadline, what);
+    return io->ssl ? mk_tls_io(io, (uint8_t *)(uintptr_t)buf, n, true, deadline, what, NULL, false)
+                   : mk_plain_write(io, buf, n, deadline, what, NULL, false);
+}
+
+mk_status mk_io_write_now(mk_io *io, const void *buf, size_t n, size_t *written, const char *what) {
+    *written = 0;
+    return io->ssl ? mk_tls_io(io, (uint8_t *)(uintptr_t)buf, n, true, 0, what, written, true)
+                   : mk_plain_write(io, buf, n, 0, what, written, true);
 }
 
 void mk_io_close(mk_io *io) {

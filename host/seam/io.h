@@ -26,6 +26,8 @@ int64_t mk_deadline_ms(int timeout_ms, int default_ms);
  * after some bytes, the message says how many of n arrived. */
 mk_status mk_io_read(mk_io *io, void *buf, size_t n, int64_t deadline, const char *what);
 mk_status mk_io_write(mk_io *io, const void *buf, size_t n, int64_t deadline, const char *what);
+/* Write what the socket takes now, without waiting: *written bytes (maybe fewer than n). */
+mk_status mk_io_write_now(mk_io *io, const void *buf, size_t n, size_t *written, const char *what);
 void mk_io_close(mk_io *io);
 
 /* Sockets. Addresses: a path (unix) or "HOST:PORT" (tcp; HOST may be empty = 127.0.0.1).

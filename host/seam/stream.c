@@ -3,9 +3,9 @@
  *
  * Send (calling thread): device -> pinned staging (async copy on the range's stream, then
  * a wait), positions from the header, TensorBundle packed straight from the staging
- * buffer into the pinned frame buffer behind a 16-byte frame header. The frame is then
- * written by the seam's own I/O thread, so the caller can go on (and, in one process,
- * receive it). Receive: frame header (magic, version, length <= this range's limit),
+ * buffer into the pinned frame buffer behind a 16-byte frame header. What the socket
+ * takes at once is written by the caller; the rest by the seam's own I/O thread, so the
+ * caller can go on (and, in one process, receive it). Receive: frame header (magic, version, length <= this range's limit),
  * body into a pinned buffer sized for the limit once, decoded in place (no payload
  * copy), header validated by seam.c, payload checked finite and uploaded.
  *
@@ -135,18 +135,24 @@ static mk_status stream_send(mk_seam *s, const mk_boundary *b) {
     uint8_t *frame = st->frame + mk_frame_shift(MK_FRAME_HEADER_BYTES + offset);
     mk_frame_header_encode(frame, len, (unsigned)(offset % MK_FRAME_ALIGN));
     mk_bundle_message_pack(&m, frame + MK_FRAME_HEADER_BYTES);
+    s->bytes += len + MK_FRAME_HEADER_BYTES;
+    /* What the socket takes at once is written here (a decode step's frame, usually all
+     * of it: no thread hand-off on the latency path); the rest goes to the I/O thread. */
+    size_t written = 0;
+    const mk_status now = mk_io_write_now(&st->io, frame, len + MK_FRAME_HEADER_BYTES, &written, "frame");
+    if (now != MK_OK) return mk_stream_break(st, now);
+    if (written == len + MK_FRAME_HEADER_BYTES) return MK_OK;
     if (!st->thread_started) {
         if (pthread_create(&st->thread, NULL, mk_stream_writer, st) != 0)
             return mk_fail(MK_ERR_INTERNAL, "stream seam: cannot start the I/O thread");
         st->thread_started = true;
     }
     pthread_mutex_lock(&st->mu);
-    st->job = frame;
-    st->job_len = len + MK_FRAME_HEADER_BYTES;
+    st->job = frame + written;
+    st->job_len = len + MK_FRAME_HEADER_BYTES - written;
     st->pending = true;
     pthread_cond_broadcast(&st->cv);
     pthread_mutex_unlock(&st->mu);
-    s->bytes += len + MK_FRAME_HEADER_BYTES;
     return MK_OK;
 }
 
