@@ -8,6 +8,7 @@
 #ifndef MK_BACKEND_H
 #define MK_BACKEND_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -17,6 +18,8 @@ typedef struct mk_backend mk_backend;
 
 typedef struct mk_backend_ops {
     const char *name;
+    /* dev memory is ordinary host memory (cpu): seams read it in place, no staging copy */
+    bool host_addressable;
     void (*destroy)(mk_backend *b);
     /* memory */
     mk_status (*alloc)(mk_backend *b, size_t bytes, void **out /* dev */);
@@ -31,6 +34,18 @@ typedef struct mk_backend_ops {
     /* Convert host F32 weights into the backend's weight dtype at dst (dev). */
     mk_status (*upload_weight)(mk_backend *b, void *dst /* dev, [n] in weight dtype */, const float *src /* host */,
                                size_t n);
+    /* seams: host staging (pinned on cuda) and copies enqueued on the backend's stream,
+     * complete at the next synchronize(). The host buffer of an async copy must stay
+     * untouched until then. */
+    mk_status (*host_alloc)(mk_backend *b, size_t bytes, void **out /* host */);
+    void (*host_release)(mk_backend *b, void *ptr /* host */);
+    mk_status (*download_async)(mk_backend *b, void *dst /* host staging */, const void *src /* dev */, size_t bytes);
+    mk_status (*upload_async)(mk_backend *b, void *dst /* dev */, const void *src /* host staging */, size_t bytes);
+    /* dst (this backend's memory) <- src (memory of `peer`, a backend of the same kind,
+     * possibly another device): ordered after the peer's queued work, and the peer's later
+     * work waits for the copy (no host wait, no host staging). */
+    mk_status (*copy_from_peer)(mk_backend *b, void *dst /* dev */, mk_backend *peer, const void *src /* peer dev */,
+                                size_t bytes);
     /* compute */
     mk_status (*embed)(mk_backend *b, float *out /* [n, hidden] */, const void *table /* [vocab, hidden] weight dtype */,
                        const int32_t *ids /* dev [n] */, size_t n, size_t hidden, size_t vocab);

@@ -29,6 +29,13 @@ static mk_status cpu_memcpy(mk_backend *b, void *dst, const void *src, size_t by
 
 static mk_status cpu_synchronize(mk_backend *b) { return MK_OK; }
 
+static mk_status cpu_host_alloc(mk_backend *b, size_t bytes, void **out) { return cpu_alloc(b, bytes, out); }
+
+static mk_status cpu_copy_from_peer(mk_backend *b, void *dst, mk_backend *peer, const void *src, size_t bytes) {
+    if (peer->ops != b->ops) return mk_fail(MK_ERR_INVALID_ARGUMENT, "cpu backend: peer copy from a %s backend", peer->ops->name);
+    return cpu_memcpy(b, dst, src, bytes);
+}
+
 static mk_status cpu_reserve(mk_backend *b, size_t max_rows, size_t max_context, const mk_hparams *hp) { return MK_OK; }
 
 static mk_status cpu_upload_weight(mk_backend *b, void *dst, const float *src, size_t n) {
@@ -99,6 +106,7 @@ static mk_status cpu_argmax(mk_backend *b, int32_t *out, const float *x, size_t 
 
 static const mk_backend_ops mk_cpu_ops = {
     .name = "cpu",
+    .host_addressable = true,
     .destroy = cpu_destroy,
     .alloc = cpu_alloc,
     .release = cpu_release,
@@ -108,6 +116,11 @@ static const mk_backend_ops mk_cpu_ops = {
     .synchronize = cpu_synchronize,
     .reserve = cpu_reserve,
     .upload_weight = cpu_upload_weight,
+    .host_alloc = cpu_host_alloc,
+    .host_release = cpu_release,
+    .download_async = cpu_memcpy,
+    .upload_async = cpu_memcpy,
+    .copy_from_peer = cpu_copy_from_peer,
     .embed = cpu_embed,
     .rmsnorm = cpu_rmsnorm,
     .add_rmsnorm = cpu_add_rmsnorm,

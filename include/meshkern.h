@@ -85,12 +85,13 @@ typedef enum mk_status {
     MK_ERR_CUBLAS = 84,
     MK_ERR_NCCL = 85,
     MK_ERR_KERNEL_LAUNCH = 86,
-    /* seams and transports */
-    MK_ERR_PEER_CLOSED = 90,           /* the peer closed, aborted or exited mid-exchange */
-    MK_ERR_PEER_TIMEOUT = 91,          /* the peer did not complete within the deadline */
-    MK_ERR_AUTH = 92,                  /* the peer failed authentication */
-    MK_ERR_FRAME = 93,                 /* a malformed or oversized frame */
-    MK_ERR_NONFINITE = 94,             /* a residual with NaN or infinite values */
+    /* seams and transports (host/seam/) */
+    MK_ERR_PEER_CLOSED = 90,           /* the peer closed the connection (mid-frame or before) */
+    MK_ERR_PEER_TIMEOUT = 91,          /* connect, read or write passed its deadline */
+    MK_ERR_AUTH = 92,                  /* TLS handshake refused: wrong key/cert or plaintext peer */
+    MK_ERR_FRAME = 93,                 /* bad frame magic/version, or a length over the receiver's limit */
+    MK_ERR_NONFINITE = 94,             /* a received residual carries NaN or Inf */
+    MK_ERR_CONNECT = 95,               /* address unusable or nobody listening */
     /* text: tokenizer and chat template */
     MK_ERR_TOKENIZER = 100,            /* tokenizer metadata missing, unknown or inconsistent */
     MK_ERR_INVALID_UTF8 = 101,         /* text to encode is not valid UTF-8 */
@@ -182,36 +183,55 @@ MK_API const char *mk_dtype_name(mk_dtype dtype);
 
 #define MK_DIGEST_HEX_LEN 64 /* sha256 as lowercase hex */
 
-/* The residual boundary between two ranges: the raw residual after layer next_layer-1,
- * every position row, unnormalized. Fields are public for reading; construct with
- * mk_bundle_create and release with mk_bundle_free. */
-typedef struct mk_bundle {
-    char architecture_adapter[32];   /* canonical adapter, "dense-llama" */
-    uint32_t schema_version;         /* MK_BOUNDARY_SCHEMA_VERSION */
-    char tensor_name[32];            /* "residual_stream" */
-    char boundary_point[32];         /* MK_BOUNDARY_POINT */
-    int64_t next_layer;              /* first layer that consumes this residual */
-    bool normalized;                 /* always false for an emitted bundle */
+/* The header of a boundary between two ranges: everything the contract checks, small
+ * enough to travel ahead of the payload (a frame, an NCCL send) and be validated before
+ * any payload is accepted. Plain data: copy it freely. */
+typedef struct mk_boundary_header {
+    uint32_t schema_version;          /* MK_BOUNDARY_SCHEMA_VERSION */
+    mk_protocol_arch architecture;    /* MK_PROTOCOL_ARCH_DENSE */
+    char adapter[32];                 /* canonical adapter, "dense-llama" */
+    char tensor_name[32];             /* "residual_stream" */
+    char boundary_point[32];          /* MK_BOUNDARY_POINT */
+    int64_t next_layer;               /* first layer that consumes this residual */
+    bool normalized;                  /* always false for an emitted boundary */
     char recipe_digest[MK_DIGEST_HEX_LEN + 1];
-    char request_id[64];             /* request / sequence id, may be "" */
-    size_t batch, seq, hidden;
-    float *residual;                 /* [batch, seq, hidden], owned */
-    int32_t *positions;              /* [batch, seq], owned */
-    void *storage_;                  /* private: the decoded message residual and positions
-                                        live in after mk_bundle_unpack (no extra copy) */
-} mk_bundle;
+    char request_id[64];              /* request / sequence id, may be "" */
+    size_t batch;                     /* 1: one sequence */
+    size_t rows;                      /* positions carried (seq) */
+    size_t hidden;
+    mk_dtype dtype;                   /* MK_DTYPE_F32 */
+    uint64_t step;                    /* forward count of the producing sequence (0 = prefill) */
+    int64_t position;                 /* position of the first row; rows continue it */
+} mk_boundary_header;
+
+/* A boundary in host memory: header + residual [batch, rows, hidden] F32 + positions
+ * [batch, rows] I32. Opaque; the protobuf TensorBundle is its wire encoding. Construct
+ * with mk_bundle_create, release with mk_bundle_free. */
+typedef struct mk_bundle mk_bundle;
 
 /* Allocate a bundle with zero-filled residual [batch, seq, hidden] and positions
  * [batch, seq]; metadata set to the dense-llama defaults, next_layer = 0. */
 MK_API mk_status mk_bundle_create(size_t batch, size_t seq, size_t hidden, mk_bundle **out);
 MK_API void mk_bundle_free(mk_bundle *bundle);
 MK_API mk_status mk_bundle_clone(const mk_bundle *src, mk_bundle **out);
+/* Accessors. The header and arrays belong to the bundle (valid until mk_bundle_free). */
+MK_API const mk_boundary_header *mk_bundle_header(const mk_bundle *bundle);
+MK_API float *mk_bundle_residual(mk_bundle *bundle);     /* [batch, rows, hidden] */
+MK_API int32_t *mk_bundle_positions(mk_bundle *bundle);  /* [batch, rows] */
+MK_API const float *mk_bundle_residual_const(const mk_bundle *bundle);
+MK_API const int32_t *mk_bundle_positions_const(const mk_bundle *bundle);
+/* Replace the header's identity fields (everything but batch, rows, hidden and dtype,
+ * which describe the arrays and must be unchanged: MK_ERR_SHAPE otherwise). */
+MK_API mk_status mk_bundle_set_header(mk_bundle *bundle, const mk_boundary_header *header);
 
 /* Serialize to protobuf bytes; *out is malloc'd, release with mk_buffer_free. */
 MK_API mk_status mk_bundle_pack(const mk_bundle *bundle, uint8_t **out, size_t *out_len);
 /* Serialize into a caller's buffer (e.g. pinned or registered memory) of `capacity`
  * bytes; mk_bundle_packed_size tells how many are needed. */
 MK_API size_t mk_bundle_packed_size(const mk_bundle *bundle);
+/* Where the residual's bytes start inside the packed message: place the buffer so that
+ * buffer + offset is 64-byte aligned and pack_to / unpack_into copy at memcpy speed. */
+MK_API size_t mk_bundle_payload_offset(const mk_bundle *bundle);
 MK_API mk_status mk_bundle_pack_to(const mk_bundle *bundle, uint8_t *buffer, size_t capacity,
                                    size_t *out_len);
 /* Parse protobuf bytes into a bundle, trusting no length, count or shape from the wire.
@@ -219,6 +239,11 @@ MK_API mk_status mk_bundle_pack_to(const mk_bundle *bundle, uint8_t *buffer, siz
  * point, dtype, byte order, shape, data length and positions shape. Model-dependent
  * checks (hidden width, recipe digest, seam) happen when a range accepts it. */
 MK_API mk_status mk_bundle_unpack(const uint8_t *bytes, size_t len, mk_bundle **out);
+/* The same checks (and positions must count up from the first row), decoding into an
+ * existing bundle reused across steps, so no message lands on fresh pages. The payload is
+ * copied once, from `bytes` into the bundle's arrays, which must hold the message's
+ * rows x hidden (MK_ERR_SHAPE otherwise); the header is replaced. */
+MK_API mk_status mk_bundle_unpack_into(const uint8_t *bytes, size_t len, mk_bundle *into);
 MK_API void mk_buffer_free(void *buffer);
 
 /* Named tensor fields of the bundle's residual, as on the wire. */
@@ -493,6 +518,36 @@ MK_API mk_status mk_range_forward(mk_range *range, mk_sequence *seq, const int32
                                   const mk_sampling_contract *sampling, mk_bundle **out_bundle,
                                   mk_tail_output **out_tail);
 
+/* ================================================================= boundaries == */
+
+/* A boundary whose payload stays in a range's backend memory (a device buffer on cuda):
+ * the form a seam transport moves. Capacity: the range's max_batch_tokens rows of its
+ * hidden width. Created for one range, used as that range's output or input; released
+ * with mk_boundary_free before the range. */
+typedef struct mk_boundary mk_boundary;
+MK_API mk_status mk_boundary_create(mk_range *range, mk_boundary **out);
+MK_API void mk_boundary_free(mk_boundary *boundary);
+/* The header of the boundary's current contents (rows == 0 while empty). */
+MK_API const mk_boundary_header *mk_boundary_header_of(const mk_boundary *boundary);
+MK_API mk_range *mk_boundary_range(const mk_boundary *boundary);
+/* Copy the payload to host memory: residual [rows, hidden] (waits for the range's stream). */
+MK_API mk_status mk_boundary_read(const mk_boundary *boundary, float *residual, size_t capacity_floats);
+
+/* The boundary contract on a header alone, exactly as the range applies it before any
+ * payload is accepted: role, normalized flag, schema version, architecture, tensor name,
+ * boundary point, next_layer, recipe digest, hidden width, dtype, rows within the range's
+ * max_batch_tokens and the sequence's context, first position continuing the sequence. */
+MK_API mk_status mk_range_check_boundary(const mk_range *range, const mk_sequence *seq,
+                                         const mk_boundary_header *header);
+
+/* mk_range_forward with boundaries in backend memory: `in` (a boundary of this range,
+ * validated and filled by a transport) or token ids; a non-tail range writes its raw
+ * residual into `out` (a boundary of this range), a tail range returns *out_tail. */
+MK_API mk_status mk_range_forward_boundary(mk_range *range, mk_sequence *seq, const int32_t *token_ids,
+                                           size_t n_tokens, const mk_boundary *in,
+                                           const mk_sampling_contract *sampling, mk_boundary *out,
+                                           mk_tail_output **out_tail);
+
 /* ================================================================== pipelines == */
 
 /* A model run as a chain of ranges in one process, one sequence in each range: the
@@ -543,6 +598,77 @@ typedef mk_status (*mk_token_callback)(void *user, int32_t token, const float *l
 MK_API mk_status mk_pipeline_generate(mk_pipeline *pipeline, const mk_tokenizer *tok, const int32_t *prompt,
                                       size_t n_prompt, size_t max_new, mk_token_callback callback, void *user,
                                       mk_generate_stats *stats);
+
+/* ====================================================================== seams == */
+
+/* How the boundary crosses a seam:
+ *   LOCAL  same process: device-to-device copy into the receiver's buffer (memcpy on cpu)
+ *   WIRE   same process: the TensorBundle packed to bytes and unpacked (host-staged)
+ *   UNIX   a Unix-domain stream socket: pinned staging -> TensorBundle -> framed bytes
+ *   TCP    the same over TCP (loopback unless an address says otherwise) */
+typedef enum mk_seam_kind { MK_SEAM_LOCAL = 1, MK_SEAM_WIRE, MK_SEAM_UNIX, MK_SEAM_TCP } mk_seam_kind;
+MK_API mk_status mk_seam_kind_from_name(const char *name, mk_seam_kind *out);
+MK_API const char *mk_seam_kind_name(mk_seam_kind kind);
+
+typedef struct mk_seam_tls {
+    bool enabled;
+    /* TLS 1.3 external pre-shared key (hex, >= 32 bytes) and its identity; or
+     * certificates: this end's cert + key (PEM files) and the CA that signs the peer's. */
+    const char *psk_hex;
+    const char *psk_identity;   /* NULL = "meshkern" */
+    const char *cert_file, *key_file, *ca_file;
+} mk_seam_tls;
+
+typedef struct mk_seam_options {
+    mk_seam_kind kind;
+    /* UNIX: a socket path (NULL in mk_seam_pair: an unnamed socketpair). TCP: "HOST:PORT";
+     * a listener binds 127.0.0.1 unless HOST says otherwise (port 0: any free port). */
+    const char *address;
+    int connect_timeout_ms;     /* 0 = 5000 */
+    int io_timeout_ms;          /* per frame read or write; 0 = 30000 */
+    mk_seam_tls tls;
+} mk_seam_options;
+MK_API mk_seam_options mk_seam_options_default(mk_seam_kind kind);
+
+/* One end of a seam. A sending end belongs to the range that produces the boundary, a
+ * receiving end to the range that consumes it: the receiver's limits (hidden width,
+ * max_batch_tokens) bound what it reads, never the sender's word. */
+typedef struct mk_seam mk_seam;
+typedef struct mk_seam_listener mk_seam_listener;
+
+/* Both ends in this process (local, wire, or a stream over a socketpair / loopback TCP
+ * connection). The ranges may sit on different devices. Free both with mk_seam_free. */
+MK_API mk_status mk_seam_pair(const mk_seam_options *options, mk_range *sender, mk_range *receiver,
+                              mk_seam **send_end, mk_seam **recv_end);
+/* Stream ends across processes: listen (bound before return), accept one sender within
+ * the connect deadline; or connect to a listener. */
+MK_API mk_status mk_seam_listen(const mk_seam_options *options, mk_seam_listener **out);
+/* The bound address ("127.0.0.1:40123", or the socket path); owned by the listener. */
+MK_API const char *mk_seam_listener_address(const mk_seam_listener *listener);
+MK_API mk_status mk_seam_accept(mk_seam_listener *listener, mk_range *receiver, mk_seam **out);
+MK_API void mk_seam_listener_free(mk_seam_listener *listener);
+MK_API mk_status mk_seam_connect(const mk_seam_options *options, mk_range *sender, mk_seam **out);
+MK_API void mk_seam_free(mk_seam *seam);
+
+/* Send a boundary of the sending range. Stream transports stage and pack on the calling
+ * thread and write from the seam's own I/O thread: the call returns once the frame is
+ * handed over; mk_seam_send_wait gives the write's status (the next send waits too). */
+MK_API mk_status mk_seam_send(mk_seam *seam, const mk_boundary *boundary);
+MK_API mk_status mk_seam_send_wait(mk_seam *seam);
+/* Receive into a boundary of the receiving range, for `seq`: the header is checked with
+ * mk_range_check_boundary before the payload is accepted; residuals with NaN/Inf are
+ * refused (MK_ERR_NONFINITE) on host-staged transports. */
+MK_API mk_status mk_seam_recv(mk_seam *seam, const mk_sequence *seq, mk_boundary *into);
+/* Bytes moved and seconds spent in send + recv on this end. */
+MK_API size_t mk_seam_bytes(const mk_seam *seam);
+MK_API double mk_seam_seconds(const mk_seam *seam);
+
+/* A pipeline whose seams use the given transport (mk_pipeline_create's through_wire is
+ * WIRE when true, LOCAL when false). Seam time and bytes: mk_pipeline_seam_seconds. */
+MK_API mk_status mk_pipeline_create_seamed(const mk_model *model, const int64_t *cuts, size_t n_cuts,
+                                           const mk_range_options *options, const mk_seam_options *seam,
+                                           mk_pipeline **out);
+MK_API double mk_pipeline_seam_seconds(const mk_pipeline *pipeline);
 
 #ifdef __cplusplus
 }

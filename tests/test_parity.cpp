@@ -158,7 +158,7 @@ TEST(Sequences, BundlePositionsMustContinueTheSequence) {
     mk_bundle *b = nullptr;
     MK_ASSERT_OK(mk_range_forward(p.range(0), hs, ids, 3, nullptr, nullptr, &b, nullptr));
     BundlePtr bundle(b);
-    bundle->positions[1] = 7;
+    mk_bundle_positions(bundle.get())[1] = 7;
     mk_tail_output *t = nullptr;
     EXPECT_ERROR(mk_range_forward(p.range(1), ts, nullptr, 0, bundle.get(), nullptr, nullptr, &t), MK_ERR_POSITIONS_SHAPE,
                  "bundle position 7 at row 1 does not continue the sequence (expected 1)");

@@ -277,6 +277,79 @@ TEST(CudaBackend, HeadOnDeviceZeroTailOnDeviceOneMatchesWhole) {
     expect_bit_identical(whole, split, "head on device 0, tail on device 1");
 }
 
+// ================================================================== seams ==
+
+// Whole vs split over every seam transport, on the cuda backend: the boundary stays in
+// device memory (local: device-to-device copy; the others stage through pinned memory).
+TEST(CudaSeams, EveryTransportSplitsBitIdentically) {
+    MK_REQUIRE_DEVICE();
+    const ModelCase c = model_cases()[1];
+    ModelPtr model = make_random_model(c.hp);
+    const Decode whole = decode_greedy(model.get(), {}, cuda_options(), c.prompt, 5);
+    ASSERT_EQ(whole.tokens.size(), 5u);
+    for (mk_seam_kind kind : {MK_SEAM_LOCAL, MK_SEAM_WIRE, MK_SEAM_UNIX, MK_SEAM_TCP}) {
+        for (bool tls : {false, true}) {
+            if (tls && kind != MK_SEAM_UNIX) continue;
+            mk_seam_options seam = mk_seam_options_default(kind);
+            seam.tls.enabled = tls;
+            seam.tls.psk_hex = "8f2a61c0de55aa0193b7e4f6021c9d3b5e7a8c0f1d2e3f405162738495a6b7c8";
+            const Decode split = decode_greedy_seam(model.get(), {1, 3}, cuda_options(), seam, c.prompt, 5);
+            expect_bit_identical(whole, split, mk_seam_kind_name(kind));
+        }
+    }
+}
+
+// Head on device 0, tail on device 1, boundaries in each device's memory, carried by the
+// local transport (peer copy on the tail's stream) and by the unix stream transport.
+TEST(CudaSeams, HeadOnDeviceZeroTailOnDeviceOneOverLocalAndStream) {
+    MK_REQUIRE_DEVICE();
+    if (device_count() < 2) GTEST_SKIP() << "needs 2 CUDA devices";
+    const ModelCase c = model_cases()[0];
+    ModelPtr model = make_random_model(c.hp);
+    const int64_t L = (int64_t)c.hp.n_layers;
+    const Decode whole = decode_greedy(model.get(), {}, cuda_options(), c.prompt, 6);
+    ASSERT_EQ(whole.tokens.size(), 6u);
+    for (mk_seam_kind kind : {MK_SEAM_LOCAL, MK_SEAM_UNIX}) {
+        mk_range *head_r = nullptr, *tail_r = nullptr;
+        mk_range_options on0 = cuda_options(MK_DTYPE_F32, false, 0), on1 = cuda_options(MK_DTYPE_F32, false, 1);
+        MK_ASSERT_OK(mk_range_create(model.get(), 0, 2, &on0, &head_r));
+        RangePtr head(head_r);
+        MK_ASSERT_OK(mk_range_create(model.get(), 3, L - 1, &on1, &tail_r));
+        RangePtr tail(tail_r);
+        mk_sequence *hs = nullptr, *ts = nullptr;
+        MK_ASSERT_OK(mk_sequence_open(head.get(), &hs));
+        SequencePtr head_seq(hs);
+        MK_ASSERT_OK(mk_sequence_open(tail.get(), &ts));
+        SequencePtr tail_seq(ts);
+        mk_boundary *out = nullptr, *in = nullptr;
+        MK_ASSERT_OK(mk_boundary_create(head.get(), &out));
+        MK_ASSERT_OK(mk_boundary_create(tail.get(), &in));
+        const mk_seam_options seam = mk_seam_options_default(kind);
+        mk_seam *tx = nullptr, *rx = nullptr;
+        MK_ASSERT_OK(mk_seam_pair(&seam, head.get(), tail.get(), &tx, &rx));
+        Decode split;
+        std::vector<int32_t> next = c.prompt;
+        for (int i = 0; i < 6; i++) {
+            MK_ASSERT_OK(mk_range_forward_boundary(head.get(), hs, next.data(), next.size(), nullptr, nullptr, out, nullptr));
+            MK_ASSERT_OK(mk_seam_send(tx, out));
+            MK_ASSERT_OK(mk_seam_recv(rx, ts, in));
+            MK_ASSERT_OK(mk_seam_send_wait(tx));
+            mk_tail_output *t = nullptr;
+            MK_ASSERT_OK(mk_range_forward_boundary(tail.get(), ts, nullptr, 0, in, nullptr, nullptr, &t));
+            TailPtr o(t);
+            split.logits.push_back(logits_of(o));
+            split.tokens.push_back(o->token_ids[0]);
+            next = {o->token_ids[0]};
+        }
+        EXPECT_GT(mk_seam_bytes(rx), 0u);
+        mk_seam_free(tx);
+        mk_seam_free(rx);
+        mk_boundary_free(out);
+        mk_boundary_free(in);
+        expect_bit_identical(whole, split, mk_seam_kind_name(kind));
+    }
+}
+
 // ================================================================= errors ==
 
 TEST(CudaBackend, DeviceIndexThatDoesNotExistIsRefused) {
@@ -563,6 +636,9 @@ TEST(CudaBackendSmolLM2, WholeAndTwoRangeSplitAreBitIdentical) {
     ASSERT_EQ(whole.tokens.size(), n_steps);
     printf("SmolLM2 whole: %zu steps in %.2f s\n", n_steps, s);
     expect_bit_identical(whole, decode_greedy(model.get(), {14}, o, prompt, n_steps), "SmolLM2 2 ranges");
+    // The device-resident boundary over the local transport (device-to-device copy).
+    expect_bit_identical(whole, decode_greedy_seam(model.get(), {14}, o, mk_seam_options_default(MK_SEAM_LOCAL), prompt, n_steps),
+                         "SmolLM2 2 ranges, local seam");
 #if !defined(MK_TEST_CUDASIM)
     expect_bit_identical(whole, decode_greedy(model.get(), {9, 19}, o, prompt, n_steps), "SmolLM2 3 ranges");
 #endif
