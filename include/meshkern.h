@@ -456,7 +456,8 @@ typedef enum mk_backend_kind { MK_BACKEND_CPU = 1, MK_BACKEND_CUDA = 2 } mk_back
  * of meshkern only append fields, read just the struct_size bytes a caller has, and give
  * the fields it lacks their defaults. A struct_size meshkern does not know (0 from a
  * struct not made by *_default(), or one larger than its own) is refused with
- * MK_ERR_INVALID_ARGUMENT. */
+ * MK_ERR_INVALID_ARGUMENT. mk_backend_config is embedded in mk_range_options, so it never
+ * grows: a later backend setting is appended to mk_range_options instead. */
 typedef struct mk_backend_config {
     size_t struct_size;    /* sizeof(mk_backend_config), set by mk_backend_config_default */
     mk_backend_kind kind;
