@@ -72,6 +72,7 @@ mk_status mk_pipeline_create_seamed(const mk_model *model, const int64_t *cuts, 
 
 mk_status mk_pipeline_create(const mk_model *model, const int64_t *cuts, size_t n_cuts, const mk_range_options *options,
                              bool through_wire, mk_pipeline **out) {
+    mk_clear_error();
     const mk_seam_options seam = mk_seam_options_default(through_wire ? MK_SEAM_WIRE : MK_SEAM_LOCAL);
     return mk_pipeline_create_seamed(model, cuts, n_cuts, options, &seam, out);
 }
