@@ -31,6 +31,13 @@ typedef struct mk_backend_ops {
     /* Convert host F32 weights into the backend's weight dtype at dst (dev). */
     mk_status (*upload_weight)(mk_backend *b, void *dst /* dev, [n] in weight dtype */, const float *src /* host */,
                                size_t n);
+    /* Native weight mode (weight_dtype MK_DTYPE_NATIVE); NULL on a backend without it.
+     * Bytes a weight matrix [rows, cols] whose source stores ggml `type` occupies (0: it
+     * cannot be kept), and storing it from the source's bytes (F32 for a source without a
+     * stored format). The stored pointer is what matmul and embed receive as `w`/`table`. */
+    size_t (*native_weight_bytes)(mk_backend *b, uint32_t ggml_type, size_t rows, size_t cols);
+    mk_status (*upload_native_weight)(mk_backend *b, void *dst /* dev */, uint32_t ggml_type,
+                                      const void *src /* host */, size_t src_bytes, size_t rows, size_t cols);
     /* compute */
     mk_status (*embed)(mk_backend *b, float *out /* [n, hidden] */, const void *table /* [vocab, hidden] weight dtype */,
                        const int32_t *ids /* dev [n] */, size_t n, size_t hidden, size_t vocab);

@@ -1,14 +1,32 @@
-/* The cpu backend: the reference ops over host memory. Weights are stored as F32; a
- * range whose weight dtype is F16/BF16 stores the values rounded through that dtype, so
- * it computes exactly what that dtype can represent. */
+/* The cpu backend: the reference ops over host memory.
+ *
+ * Weight modes. F32 (parity): weights stored as F32 and multiplied by OpenBLAS SGEMM.
+ * F16/BF16: stored as F32 values rounded through that dtype, so the backend computes
+ * exactly what that dtype can represent. NATIVE: every matrix stays in the format its
+ * GGUF file stores (cpu_native.h) and is multiplied by the SIMD kernels of cpu_quant.h on
+ * the backend's thread pool. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "backend.h"
+#include "cpu_native.h"
 #include "cpu_ops.h"
 #include "mk_error.h"
 
-static void cpu_destroy(mk_backend *b) { free(b); }
+typedef struct mk_cpu_backend {
+    mk_backend base;
+    mk_cpu_native native; /* pool, kernels, activation scratch (native mode) */
+} mk_cpu_backend;
+
+static mk_cpu_backend *cpu_of(mk_backend *b) { return (mk_cpu_backend *)b; }
+static bool cpu_native_mode(const mk_backend *b) { return b->config.weight_dtype == MK_DTYPE_NATIVE; }
+
+static void cpu_destroy(mk_backend *b) {
+    mk_cpu_backend *cb = cpu_of(b);
+    mk_cpu_pool_free(cb->native.pool);
+    free(cb->native.xq);
+    free(cb);
+}
 
 static mk_status cpu_alloc(mk_backend *b, size_t bytes, void **out) {
     /* 64-byte aligned for BLAS; aligned_alloc wants a multiple of the alignment. */
@@ -28,7 +46,20 @@ static mk_status cpu_memcpy(mk_backend *b, void *dst, const void *src, size_t by
 
 static mk_status cpu_synchronize(mk_backend *b) { return MK_OK; }
 
-static mk_status cpu_reserve(mk_backend *b, size_t max_rows, size_t max_context, const mk_hparams *hp) { return MK_OK; }
+static mk_status cpu_reserve(mk_backend *b, size_t max_rows, size_t max_context, const mk_hparams *hp) {
+    if (!cpu_native_mode(b)) return MK_OK;
+    /* Quantized activations of the widest product input, for the largest forward. */
+    size_t width = hp->hidden;
+    if (hp->intermediate > width) width = hp->intermediate;
+    if (hp->n_heads * hp->head_dim > width) width = hp->n_heads * hp->head_dim;
+    mk_cpu_backend *cb = cpu_of(b);
+    const size_t blocks = max_rows * (width / MK_Q8_BLOCK);
+    free(cb->native.xq);
+    cb->native.xq = malloc((blocks ? blocks : 1) * sizeof(mk_q8_block));
+    cb->native.xq_blocks = cb->native.xq ? blocks : 0;
+    if (!cb->native.xq) return mk_fail(MK_ERR_OUT_OF_MEMORY, "cpu backend: out of memory for %zu activation blocks", blocks);
+    return MK_OK;
+}
 
 static mk_status cpu_upload_weight(mk_backend *b, void *dst, const float *src, size_t n) {
     float *out = dst;
@@ -45,8 +76,18 @@ static mk_status cpu_upload_weight(mk_backend *b, void *dst, const float *src, s
     return MK_OK;
 }
 
+static size_t cpu_native_weight_bytes(mk_backend *b, uint32_t ggml_type, size_t rows, size_t cols) {
+    return mk_cpu_native_weight_bytes(ggml_type, rows, cols);
+}
+
+static mk_status cpu_upload_native_weight(mk_backend *b, void *dst, uint32_t ggml_type, const void *src,
+                                          size_t src_bytes, size_t rows, size_t cols) {
+    return mk_cpu_native_store(dst, ggml_type, src, src_bytes, rows, cols);
+}
+
 static mk_status cpu_embed(mk_backend *b, float *out, const void *table, const int32_t *ids, size_t n, size_t hidden,
                            size_t vocab) {
+    if (cpu_native_mode(b)) return mk_cpu_native_embed(out, table, ids, n, hidden);
     mk_cpu_embed(out, table, ids, n, hidden);
     return MK_OK;
 }
@@ -65,6 +106,7 @@ static mk_status cpu_add_rmsnorm(mk_backend *b, float *residual, float *out, con
 
 static mk_status cpu_matmul(mk_backend *b, float *y, const float *x, const void *w, size_t rows, size_t in_dim,
                             size_t out_dim) {
+    if (cpu_native_mode(b)) return mk_cpu_native_matmul(&cpu_of(b)->native, y, x, w, rows, in_dim, out_dim);
     mk_cpu_matmul(y, x, w, rows, in_dim, out_dim);
     return MK_OK;
 }
@@ -107,6 +149,8 @@ static const mk_backend_ops mk_cpu_ops = {
     .synchronize = cpu_synchronize,
     .reserve = cpu_reserve,
     .upload_weight = cpu_upload_weight,
+    .native_weight_bytes = cpu_native_weight_bytes,
+    .upload_native_weight = cpu_upload_native_weight,
     .embed = cpu_embed,
     .rmsnorm = cpu_rmsnorm,
     .add_rmsnorm = cpu_add_rmsnorm,
@@ -120,21 +164,34 @@ static const mk_backend_ops mk_cpu_ops = {
 
 mk_status mk_backend_cpu_create(const mk_backend_config *config, mk_backend **out) {
     if (config->weight_dtype != MK_DTYPE_F32 && config->weight_dtype != MK_DTYPE_F16 &&
-        config->weight_dtype != MK_DTYPE_BF16)
-        return mk_fail(MK_ERR_DTYPE, "cpu backend: weight dtype %s is not one of f32, f16, bf16",
+        config->weight_dtype != MK_DTYPE_BF16 && config->weight_dtype != MK_DTYPE_NATIVE)
+        return mk_fail(MK_ERR_DTYPE, "cpu backend: weight dtype %s is not one of f32, f16, bf16, native",
                        mk_dtype_name(config->weight_dtype));
-    mk_backend *b = calloc(1, sizeof *b);
-    if (!b) return mk_fail(MK_ERR_OUT_OF_MEMORY, "cpu backend: out of memory");
-    b->ops = &mk_cpu_ops;
-    b->config = *config;
-    *out = b;
+    if (config->threads > 1024)
+        return mk_fail(MK_ERR_INVALID_ARGUMENT, "cpu backend: %zu threads (at most 1024)", config->threads);
+    mk_cpu_backend *cb = calloc(1, sizeof *cb);
+    if (!cb) return mk_fail(MK_ERR_OUT_OF_MEMORY, "cpu backend: out of memory");
+    cb->base.ops = &mk_cpu_ops;
+    cb->base.config = *config;
+    if (config->weight_dtype == MK_DTYPE_NATIVE) {
+        /* Threads only where the native kernels use them; F32 products thread in OpenBLAS. */
+        const size_t threads = config->threads ? config->threads : mk_cpu_core_count();
+        cb->base.config.threads = threads;
+        cb->native.kernels = mk_cpu_quant_best();
+        const mk_status s = mk_cpu_pool_create(threads, &cb->native.pool);
+        if (s != MK_OK) {
+            free(cb);
+            return s;
+        }
+    }
+    *out = &cb->base;
     return MK_OK;
 }
 
 /* ============================================================ dispatching == */
 
 size_t mk_backend_weight_elem_size(const mk_backend *b) {
-    /* The cpu backend keeps F32 storage whatever the dtype (see above). */
+    /* The cpu backend keeps F32 storage in the F32/F16/BF16 modes (see above). */
     if (b->config.kind == MK_BACKEND_CPU) return sizeof(float);
     return mk_dtype_size(b->config.weight_dtype);
 }

@@ -98,6 +98,32 @@ const char *mk_range_recipe_digest(const mk_range *r) { return r->digest; }
 
 /* ================================================================ weights == */
 
+/* Native weight mode: a matrix kept in the format its source stores (or F32 for a source
+ * without one), as the backend lays it out. */
+static mk_status mk_range_native_matrix(mk_range *r, mk_carver *c, void **dst, const char *name, size_t rows,
+                                        size_t cols, float *staging) {
+    mk_backend *b = r->backend;
+    if (!b->ops->native_weight_bytes)
+        return mk_fail(MK_ERR_DTYPE, "%s backend has no native weight mode", b->ops->name);
+    uint32_t type = 0; /* F32 */
+    const void *src = NULL;
+    size_t src_bytes = 0;
+    const bool stored = mk_model_tensor_stored(r->model, name, rows * cols, &type, &src, &src_bytes);
+    if (!stored) type = 0;
+    const size_t bytes = b->ops->native_weight_bytes(b, type, rows, cols);
+    if (!bytes)
+        return mk_fail(MK_ERR_DTYPE, "%s backend cannot keep tensor '%s' [%zu, %zu] in its stored format",
+                       b->ops->name, name, rows, cols);
+    *dst = mk_carve(c, bytes);
+    if (!c->base) return MK_OK;
+    if (!stored) {
+        MK_TRY(mk_model_load_tensor(r->model, name, staging, rows * cols));
+        src = staging;
+        src_bytes = rows * cols * sizeof(float);
+    }
+    return b->ops->upload_native_weight(b, *dst, type, src, src_bytes, rows, cols);
+}
+
 /* Carve (or, on the second pass, load) every weight the range owns. */
 static mk_status mk_range_weights(mk_range *r, mk_carver *c, float *staging) {
     const mk_hparams *hp = &r->hp;
@@ -105,13 +131,17 @@ static mk_status mk_range_weights(mk_range *r, mk_carver *c, float *staging) {
     const size_t welem = mk_backend_weight_elem_size(r->backend);
     mk_backend *b = r->backend;
     const bool loading = c->base != NULL;
+    const bool native = b->config.weight_dtype == MK_DTYPE_NATIVE;
 
-#define MK_MATRIX(dst, name, count)                                                   \
+#define MK_MATRIX(dst, name, rows, cols)                                              \
     do {                                                                              \
-        (dst) = mk_carve(c, (count) * welem);                                         \
-        if (loading) {                                                                \
-            MK_TRY(mk_model_load_tensor(r->model, (name), staging, (count)));         \
-            MK_TRY(b->ops->upload_weight(b, (dst), staging, (count)));                \
+        if (native) MK_TRY(mk_range_native_matrix(r, c, &(dst), (name), (rows), (cols), staging)); \
+        else {                                                                        \
+            (dst) = mk_carve(c, (rows) * (cols) * welem);                             \
+            if (loading) {                                                            \
+                MK_TRY(mk_model_load_tensor(r->model, (name), staging, (rows) * (cols))); \
+                MK_TRY(b->ops->upload_weight(b, (dst), staging, (rows) * (cols)));    \
+            }                                                                         \
         }                                                                             \
     } while (0)
 #define MK_VECTOR(dst, name, count)                                                   \
@@ -125,20 +155,20 @@ static mk_status mk_range_weights(mk_range *r, mk_carver *c, float *staging) {
 
     const bool tied = !mk_model_has_tensor(r->model, "output.weight");
     if (mk_role_owns_embedding(r->role) || (mk_role_owns_final_head(r->role) && tied))
-        MK_MATRIX(r->token_embd, "token_embd.weight", hp->vocab * hp->hidden);
+        MK_MATRIX(r->token_embd, "token_embd.weight", hp->vocab, hp->hidden);
     char name[96];
     for (int64_t l = r->start; l <= r->end; l++) {
         mk_layer_weights *w = &r->layers[l - r->start];
 #define MK_LAYER_NAME(part) (snprintf(name, sizeof name, "blk.%lld." part, (long long)l), name)
         MK_VECTOR(w->attn_norm, MK_LAYER_NAME("attn_norm.weight"), hp->hidden);
-        MK_MATRIX(w->wq, MK_LAYER_NAME("attn_q.weight"), q_dim * hp->hidden);
-        MK_MATRIX(w->wk, MK_LAYER_NAME("attn_k.weight"), kv_dim * hp->hidden);
-        MK_MATRIX(w->wv, MK_LAYER_NAME("attn_v.weight"), kv_dim * hp->hidden);
-        MK_MATRIX(w->wo, MK_LAYER_NAME("attn_output.weight"), hp->hidden * q_dim);
+        MK_MATRIX(w->wq, MK_LAYER_NAME("attn_q.weight"), q_dim, hp->hidden);
+        MK_MATRIX(w->wk, MK_LAYER_NAME("attn_k.weight"), kv_dim, hp->hidden);
+        MK_MATRIX(w->wv, MK_LAYER_NAME("attn_v.weight"), kv_dim, hp->hidden);
+        MK_MATRIX(w->wo, MK_LAYER_NAME("attn_output.weight"), hp->hidden, q_dim);
         MK_VECTOR(w->ffn_norm, MK_LAYER_NAME("ffn_norm.weight"), hp->hidden);
-        MK_MATRIX(w->w_gate, MK_LAYER_NAME("ffn_gate.weight"), hp->intermediate * hp->hidden);
-        MK_MATRIX(w->w_up, MK_LAYER_NAME("ffn_up.weight"), hp->intermediate * hp->hidden);
-        MK_MATRIX(w->w_down, MK_LAYER_NAME("ffn_down.weight"), hp->hidden * hp->intermediate);
+        MK_MATRIX(w->w_gate, MK_LAYER_NAME("ffn_gate.weight"), hp->intermediate, hp->hidden);
+        MK_MATRIX(w->w_up, MK_LAYER_NAME("ffn_up.weight"), hp->intermediate, hp->hidden);
+        MK_MATRIX(w->w_down, MK_LAYER_NAME("ffn_down.weight"), hp->hidden, hp->intermediate);
 #undef MK_LAYER_NAME
     }
     if (mk_role_owns_final_head(r->role)) {
@@ -147,7 +177,7 @@ static mk_status mk_range_weights(mk_range *r, mk_carver *c, float *staging) {
             r->lm_head = r->token_embd;
         } else {
             void *head;
-            MK_MATRIX(head, "output.weight", hp->vocab * hp->hidden);
+            MK_MATRIX(head, "output.weight", hp->vocab, hp->hidden);
             r->lm_head = head;
         }
     }

@@ -161,6 +161,9 @@ typedef enum mk_dtype {
     MK_DTYPE_BF16 = 3,
     MK_DTYPE_I32 = 4,
     MK_DTYPE_I64 = 5,
+    /* Weights only: each tensor kept in the format its GGUF file stores (Q4_1, Q8_0, ...)
+     * on backends that compute on it (cpu); never a bundle dtype. mk_dtype_size is 0. */
+    MK_DTYPE_NATIVE = 6,
 } mk_dtype;
 MK_API size_t mk_dtype_size(mk_dtype dtype); /* 0 for an unknown dtype */
 MK_API const char *mk_dtype_name(mk_dtype dtype);
@@ -323,8 +326,10 @@ typedef enum mk_backend_kind { MK_BACKEND_CPU = 1, MK_BACKEND_CUDA = 2 } mk_back
 typedef struct mk_backend_config {
     mk_backend_kind kind;
     int device;            /* cuda device index */
-    mk_dtype weight_dtype; /* F32 (default), F16, BF16 */
+    mk_dtype weight_dtype; /* F32 (default), F16, BF16, or NATIVE (cpu) */
     bool speed_mode;       /* cuda: tensor-core GEMMs; false = parity mode (F32, no TF32) */
+    size_t threads;        /* cpu: threads for native matrix products; 0 = every core this
+                            * process may run on. Results do not depend on it. */
 } mk_backend_config;
 
 MK_API mk_backend_config mk_backend_config_default(mk_backend_kind kind);

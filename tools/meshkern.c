@@ -2,11 +2,12 @@
  *
  *   meshkern inspect MODEL.gguf | --random[:key=value,...]
  *   meshkern run MODEL.gguf | --random[:key=value,...]  --tokens 1,2,3 [--split L1,L2,...] [--n N]
- *                [--backend cpu|cuda] [--device I] [--dtype f32|f16|bf16]
+ *                [--backend cpu|cuda] [--device I] [--dtype native|f32|f16|bf16] [--threads N]
  *
  * run executes the model as one FULL range and, with --split, as the given ranges in this
  * process, every seam packed and unpacked as protobuf; it prints the greedy tokens, the
  * throughput and whether the split output equals the whole-model output bit for bit. */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,7 +27,10 @@ static int usage(void) {
             "usage:\n"
             "  meshkern inspect MODEL.gguf | --random[:key=value,...]\n"
             "  meshkern run MODEL.gguf | --random[:key=value,...] --tokens IDS [--split L1,L2,...] [--n N]\n"
-            "               [--backend cpu|cuda] [--device I] [--dtype f32|f16|bf16] [--speed]\n"
+            "               [--backend cpu|cuda] [--device I] [--dtype native|f32|f16|bf16] [--threads N]\n"
+            "               [--speed]\n"
+            "  --dtype native keeps weights in their GGUF format (the cpu backend's default for a\n"
+            "  GGUF model); f32 is the parity mode. --threads: cpu threads (default: every core).\n"
             "  --random is the seed's random model (vocab 48, hidden 32, 6 layers, 4 heads); keys\n"
             "  vocab, hidden, layers, heads, kv_heads, head_dim, ffn, ctx, seed change its shape.\n");
     return 2;
@@ -192,6 +196,7 @@ static int cmd_run(int argc, char **argv) {
     long n_tokens = -1, n_cuts = 0;
     size_t n_new = 16;
     mk_range_options opt = mk_range_options_default();
+    bool dtype_given = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(a, "--speed") == 0) { /* the one flag without a value */
@@ -212,8 +217,17 @@ static int cmd_run(int argc, char **argv) {
             const mk_status s = mk_backend_kind_from_name(v, &opt.backend.kind);
             if (s != MK_OK) return fail(s);
         } else if (strcmp(a, "--dtype") == 0) {
-            opt.backend.weight_dtype = strcmp(v, "f16") == 0 ? MK_DTYPE_F16 : strcmp(v, "bf16") == 0 ? MK_DTYPE_BF16 : MK_DTYPE_F32;
-            if (opt.backend.weight_dtype == MK_DTYPE_F32 && strcmp(v, "f32") != 0) return usage();
+            if (strcmp(v, "native") == 0) opt.backend.weight_dtype = MK_DTYPE_NATIVE;
+            else if (strcmp(v, "f32") == 0) opt.backend.weight_dtype = MK_DTYPE_F32;
+            else if (strcmp(v, "f16") == 0) opt.backend.weight_dtype = MK_DTYPE_F16;
+            else if (strcmp(v, "bf16") == 0) opt.backend.weight_dtype = MK_DTYPE_BF16;
+            else return usage();
+            dtype_given = true;
+        } else if (strcmp(a, "--threads") == 0) {
+            char *end = NULL;
+            const unsigned long long t = v[0] >= '1' && v[0] <= '9' ? strtoull(v, &end, 10) : 0;
+            if (!end || *end || t > 1024) return usage();
+            opt.backend.threads = (size_t)t;
         } else return usage();
         i++;
     }
@@ -223,6 +237,10 @@ static int cmd_run(int argc, char **argv) {
             fprintf(stderr, "meshkern: token id %lld is not a valid token id\n", tokens_ll[i]);
             return usage();
         }
+
+    /* A GGUF model on the cpu backend runs on its stored weights unless asked otherwise. */
+    if (!dtype_given && opt.backend.kind == MK_BACKEND_CPU && strncmp(path, "--random", 8) != 0)
+        opt.backend.weight_dtype = MK_DTYPE_NATIVE;
 
     mk_model *model = NULL;
     mk_status s = open_model(path, &model);
