@@ -25,6 +25,7 @@ static void cpu_destroy(mk_backend *b) {
     mk_cpu_backend *cb = cpu_of(b);
     mk_cpu_pool_free(cb->native.pool);
     free(cb->native.xq);
+    free(cb->native.wtile);
     free(cb);
 }
 
@@ -58,6 +59,15 @@ static mk_status cpu_reserve(mk_backend *b, size_t max_rows, size_t max_context,
     cb->native.xq = malloc((blocks ? blocks : 1) * sizeof(mk_q8_block));
     cb->native.xq_blocks = cb->native.xq ? blocks : 0;
     if (!cb->native.xq) return mk_fail(MK_ERR_OUT_OF_MEMORY, "cpu backend: out of memory for %zu activation blocks", blocks);
+    /* One dequantized weight tile for products of many rows (prefill). */
+    free(cb->native.wtile);
+    cb->native.wtile = NULL;
+    cb->native.wtile_elems = 0;
+    if (max_rows >= MK_NATIVE_GEMM_MIN_ROWS) {
+        cb->native.wtile_elems = (size_t)MK_NATIVE_GEMM_TILE * width;
+        cb->native.wtile = aligned_alloc(64, cb->native.wtile_elems * sizeof(float));
+        if (!cb->native.wtile) return mk_fail(MK_ERR_OUT_OF_MEMORY, "cpu backend: out of memory for a weight tile");
+    }
     return MK_OK;
 }
 

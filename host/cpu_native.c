@@ -85,6 +85,35 @@ static void mk_native_rows(void *arg, size_t begin, size_t end) {
     }
 }
 
+/* Dequantize stored rows [begin, end) of the current tile into the F32 scratch. */
+typedef struct mk_tile_job {
+    const mk_cpu_weight *w;
+    const uint8_t *first; /* first stored row of the tile */
+    float *out;           /* [tile rows, cols] */
+    mk_status status;
+} mk_tile_job;
+
+static void mk_native_dequantize_rows(void *arg, size_t begin, size_t end) {
+    mk_tile_job *j = arg;
+    const size_t cols = j->w->cols;
+    for (size_t r = begin; r < end; r++)
+        if (mk_gguf_dequantize(j->w->type, j->first + r * j->w->row_bytes, j->w->row_bytes, j->out + r * cols,
+                               cols) != MK_OK)
+            j->status = MK_ERR_INTERNAL; /* cannot happen: the layout was checked at load */
+}
+
+static mk_status mk_native_gemm(const mk_cpu_native *ctx, float *y, const float *x, const mk_cpu_weight *h,
+                                const uint8_t *data, size_t rows, size_t in_dim, size_t out_dim) {
+    for (size_t t0 = 0; t0 < out_dim; t0 += MK_NATIVE_GEMM_TILE) {
+        const size_t n = out_dim - t0 < MK_NATIVE_GEMM_TILE ? out_dim - t0 : MK_NATIVE_GEMM_TILE;
+        mk_tile_job job = {.w = h, .first = data + t0 * h->row_bytes, .out = ctx->wtile, .status = MK_OK};
+        mk_cpu_pool_run(ctx->pool, n, MK_NATIVE_ROWS_PER_CHUNK, mk_native_dequantize_rows, &job);
+        if (job.status != MK_OK) return mk_fail(MK_ERR_INTERNAL, "native matmul: a weight tile did not dequantize");
+        mk_cpu_sgemm_strided(y + t0, out_dim, x, ctx->wtile, rows, in_dim, n);
+    }
+    return MK_OK;
+}
+
 mk_status mk_cpu_native_matmul(const mk_cpu_native *ctx, float *y, const float *x, const void *w, size_t rows,
                                size_t in_dim, size_t out_dim) {
     const mk_cpu_weight *h = w;
@@ -96,6 +125,8 @@ mk_status mk_cpu_native_matmul(const mk_cpu_native *ctx, float *y, const float *
         mk_cpu_matmul(y, x, (const float *)data, rows, in_dim, out_dim);
         return MK_OK;
     }
+    if (rows >= MK_NATIVE_GEMM_MIN_ROWS && ctx->wtile && in_dim * MK_NATIVE_GEMM_TILE <= ctx->wtile_elems)
+        return mk_native_gemm(ctx, y, x, h, data, rows, in_dim, out_dim);
     mk_native_job job = {.ctx = ctx, .w = h, .data = data, .y = y, .x = x, .rows = rows};
     if (h->type == MK_GGML_TYPE_F16) {
         job.hdot = ctx->kernels->dot_f16;

@@ -6,11 +6,16 @@
  * as F32 for a source in any other format (dequantized once at load). The header keeps the
  * backend's op interface unchanged: a weight is still one opaque pointer.
  *
- * Matrix products: the activation rows are quantized to 8-bit blocks (cpu_quant.h), then
- * output features are split across the pool's threads in chunks; every output element
- * is one dot product of one weight row with one activation row, computed by one thread,
- * so results are identical for any thread count. F32 weights go to OpenBLAS SGEMM, the
- * same call as the F32 weight mode. */
+ * Matrix products of few rows (decode): the activation rows are quantized to 8-bit blocks
+ * (cpu_quant.h), then output features are split across the pool's threads in chunks;
+ * every output element is one dot product of one weight row with one activation row,
+ * computed by one thread, so results are identical for any thread count.
+ * Products of many rows (prefill, >= MK_NATIVE_GEMM_MIN_ROWS): the weight is dequantized
+ * in tiles of MK_NATIVE_GEMM_TILE output features into an F32 scratch (rows split across
+ * the pool, each row an exact function of the stored bytes) and each tile multiplied by
+ * one OpenBLAS SGEMM call from the calling thread; the tiling depends only on the shape,
+ * so this too is independent of the pool's thread count.
+ * F32 weights go to OpenBLAS SGEMM, the same call as the F32 weight mode. */
 #ifndef MK_CPU_NATIVE_H
 #define MK_CPU_NATIVE_H
 
@@ -34,13 +39,18 @@ typedef struct mk_cpu_weight {
     uint8_t pad[32];    /* the rows start 64 bytes in, aligned like the allocation */
 } mk_cpu_weight;
 
-/* What a native matrix product needs: the threads, the kernels, and scratch for the
- * quantized activations (xq_blocks blocks of 32). Owned by the backend. */
+enum { MK_NATIVE_GEMM_MIN_ROWS = 32, MK_NATIVE_GEMM_TILE = 256 };
+
+/* What a native matrix product needs: the threads, the kernels, scratch for the quantized
+ * activations (xq_blocks blocks of 32) and for one dequantized weight tile (wtile_elems
+ * floats; NULL = products of many rows use the dot kernels too). Owned by the backend. */
 typedef struct mk_cpu_native {
     mk_cpu_pool *pool;
     const mk_cpu_quant *kernels;
     mk_q8_block *xq;
     size_t xq_blocks;
+    float *wtile;
+    size_t wtile_elems;
 } mk_cpu_native;
 
 /* Bytes of a native weight [rows, cols] whose source is in ggml `type` (header included):

@@ -149,6 +149,12 @@ void mk_cpu_matmul(float *y, const float *x, const float *w, size_t rows, size_t
                 (blasint)out_dim);
 }
 
+void mk_cpu_sgemm_strided(float *y, size_t ldy, const float *x, const float *w, size_t rows, size_t in_dim,
+                          size_t n) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)rows, (blasint)n, (blasint)in_dim, 1.0f, x,
+                (blasint)in_dim, w, (blasint)in_dim, 0.0f, y, (blasint)ldy);
+}
+
 /* ============================================================== conversions == */
 
 uint16_t mk_f32_to_f16(float f) {

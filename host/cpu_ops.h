@@ -67,6 +67,11 @@ void mk_cpu_matmul(float *y /* [rows, out_dim] */, const float *x /* [rows, in_d
                    const float *w /* [out_dim, in_dim] */, size_t rows, size_t in_dim,
                    size_t out_dim);
 
+/* y[r, j] (row stride ldy) = x[r, :] . w[j, :] for w [n, in_dim]: one SGEMM into a column
+ * block of a wider output. */
+void mk_cpu_sgemm_strided(float *y /* [rows, ldy] */, size_t ldy, const float *x /* [rows, in_dim] */,
+                          const float *w /* [n, in_dim] */, size_t rows, size_t in_dim, size_t n);
+
 /* ---- dtype conversions (round to nearest even) ---- */
 uint16_t mk_f32_to_f16(float f);
 float mk_f16_to_f32(uint16_t h);

@@ -97,15 +97,20 @@ struct NativeWeight {
     static void MK_ASSERT_OK_VOID(mk_status s) { ASSERT_EQ(s, MK_OK) << mk_last_error(); }
 };
 
-// Owns a pool and the activation scratch of a native product.
+// Owns a pool and the scratch of a native product (activation blocks, one weight tile
+// of up to max_in columns for products of many rows).
 struct NativeCtx {
     mk_cpu_native ctx{};
     std::vector<mk_q8_block> xq;
-    NativeCtx(size_t threads, const mk_cpu_quant *kernels, size_t max_blocks) : xq(max_blocks) {
+    std::vector<float> wtile;
+    NativeCtx(size_t threads, const mk_cpu_quant *kernels, size_t max_blocks, size_t max_in = 1024)
+        : xq(max_blocks), wtile((size_t)MK_NATIVE_GEMM_TILE * max_in) {
         EXPECT_EQ(mk_cpu_pool_create(threads, &ctx.pool), MK_OK) << mk_last_error();
         ctx.kernels = kernels;
         ctx.xq = xq.data();
         ctx.xq_blocks = xq.size();
+        ctx.wtile = wtile.data();
+        ctx.wtile_elems = wtile.size();
     }
     ~NativeCtx() { mk_cpu_pool_free(ctx.pool); }
 };
@@ -138,8 +143,10 @@ TEST(NativeMatmul, EveryFormatMatchesTheDequantizedReference) {
     if (mk_cpu_quant_avx2()) kernel_sets.push_back(mk_cpu_quant_avx2());
     for (const Format &f : kFormats) {
         for (size_t in : cols_for(f.type)) {
-            for (size_t out : {1u, 7u, 33u}) {
-                for (size_t rows : {1u, 3u}) {
+            for (size_t out : {1u, 7u, 33u, 300u}) {
+                // 1 and 3 rows: the dot kernels; 40 rows: dequantized tiles and SGEMM.
+                for (size_t rows : {1u, 3u, 40u}) {
+                    if ((out == 300) != (rows == 40)) continue; // keep the grid small
                     SCOPED_TRACE(std::string(f.name) + " in " + std::to_string(in) + " out " + std::to_string(out) +
                                  " rows " + std::to_string(rows));
                     const std::vector<uint8_t> wq = random_rows(f.type, out, in, rng);
@@ -259,7 +266,7 @@ TEST(NativeMatmul, ThreadCountDoesNotChangeOneBit) {
         SCOPED_TRACE(f.name);
         const std::vector<uint8_t> wq = random_rows(f.type, out, in, rng);
         NativeWeight w(f.type, wq, out, in);
-        for (size_t rows : {1u, 4u}) {
+        for (size_t rows : {1u, 4u, 37u}) { // 37 rows: the tiled SGEMM path (300 = 256 + a partial tile)
             const std::vector<float> x = random_floats(rows * in, rng);
             NativeCtx one(1, mk_cpu_quant_best(), rows * in / 32);
             const std::vector<float> y1 = native_product(one, w, x, rows, in, out);

@@ -234,7 +234,7 @@ struct TempModel {
 
 mk_range_options native_options(size_t threads) {
     mk_range_options o = mk_range_options_default();
-    o.max_context = 32;
+    o.max_context = 64;
     o.backend.weight_dtype = MK_DTYPE_NATIVE;
     o.backend.threads = threads;
     return o;
@@ -267,6 +267,14 @@ TEST_P(NativeModel, SplitsAndThreadCountsAreBitIdentical) {
         for (size_t i = 0; i < 8; i++) EXPECT_TRUE(bit_identical(whole.logits[i], split.logits[i])) << "cut " << cuts[0] << " step " << i;
         EXPECT_EQ(whole.tokens, split.tokens);
     }
+    // A prompt long enough for the prefill path (dequantized tiles + SGEMM).
+    std::vector<int32_t> long_prompt(40);
+    for (size_t i = 0; i < long_prompt.size(); i++) long_prompt[i] = (int32_t)((i * 7 + 3) % 40);
+    const Decode long_whole = decode_greedy(tm.model.get(), {}, native_options(2), long_prompt, 3);
+    const Decode long_split = decode_greedy(tm.model.get(), {0, 1}, native_options(3), long_prompt, 3);
+    ASSERT_EQ(long_whole.logits.size(), 3u);
+    ASSERT_EQ(long_split.logits.size(), 3u);
+    for (size_t i = 0; i < 3; i++) EXPECT_TRUE(bit_identical(long_whole.logits[i], long_split.logits[i])) << "long prompt, step " << i;
     for (size_t threads : {1u, 3u}) {
         const Decode other = decode_greedy(tm.model.get(), {1}, native_options(threads), prompt, 8);
         ASSERT_EQ(other.logits.size(), 8u);
