@@ -127,9 +127,42 @@ static mk_status cpu_rope(mk_backend *b, float *x, const int32_t *positions, siz
     return MK_OK;
 }
 
-static mk_status cpu_attention(mk_backend *b, float *out, const float *q, const float *k_cache, const float *v_cache,
+typedef struct mk_attention_job {
+    float *out;
+    const float *q;
+    const void *k_cache, *v_cache;
+    size_t past, n_heads, n_kv_heads, head_dim;
+    bool f16;
+} mk_attention_job;
+
+static void cpu_attention_part(void *arg, size_t begin, size_t end) {
+    const mk_attention_job *j = arg;
+    if (j->f16)
+        mk_cpu_attention_heads_f16(j->out, j->q, j->k_cache, j->v_cache, begin, end, j->past, j->n_heads,
+                                   j->n_kv_heads, j->head_dim);
+    else
+        mk_cpu_attention_heads(j->out, j->q, j->k_cache, j->v_cache, begin, end, j->past, j->n_heads, j->n_kv_heads,
+                               j->head_dim);
+}
+
+static mk_status cpu_attention(mk_backend *b, float *out, const float *q, const void *k_cache, const void *v_cache,
                                size_t rows, size_t past, size_t n_heads, size_t n_kv_heads, size_t head_dim) {
-    mk_cpu_attention(out, q, k_cache, v_cache, rows, past, n_heads, n_kv_heads, head_dim);
+    /* Every (row, head) pair is computed alone: native mode spreads them over the pool. */
+    mk_attention_job job = {out, q, k_cache, v_cache, past, n_heads, n_kv_heads, head_dim,
+                            mk_backend_kv_dtype(b) == MK_DTYPE_F16};
+    mk_cpu_pool *pool = cpu_of(b)->native.pool;
+    if (pool) mk_cpu_pool_run(pool, rows * n_heads, 1, cpu_attention_part, &job);
+    else cpu_attention_part(&job, 0, rows * n_heads);
+    return MK_OK;
+}
+
+static mk_status cpu_kv_store(mk_backend *b, void *cache, size_t pos, const float *src, size_t rows, size_t width) {
+    if (mk_backend_kv_dtype(b) == MK_DTYPE_F16) {
+        uint16_t *dst = (uint16_t *)cache + pos * width;
+        for (size_t i = 0; i < rows * width; i++) dst[i] = mk_f32_to_f16(src[i]);
+    } else {
+        memcpy((float *)cache + pos * width, src, rows * width * sizeof(float));
+    }
     return MK_OK;
 }
 
@@ -167,6 +200,7 @@ static const mk_backend_ops mk_cpu_ops = {
     .matmul = cpu_matmul,
     .rope = cpu_rope,
     .attention = cpu_attention,
+    .kv_store = cpu_kv_store,
     .swiglu = cpu_swiglu,
     .add = cpu_add,
     .argmax = cpu_argmax,
@@ -177,6 +211,8 @@ mk_status mk_backend_cpu_create(const mk_backend_config *config, mk_backend **ou
         config->weight_dtype != MK_DTYPE_BF16 && config->weight_dtype != MK_DTYPE_NATIVE)
         return mk_fail(MK_ERR_DTYPE, "cpu backend: weight dtype %s is not one of f32, f16, bf16, native",
                        mk_dtype_name(config->weight_dtype));
+    if (config->kv_dtype != 0 && config->kv_dtype != MK_DTYPE_F32 && config->kv_dtype != MK_DTYPE_F16)
+        return mk_fail(MK_ERR_DTYPE, "cpu backend: KV cache dtype %s is not f32 or f16", mk_dtype_name(config->kv_dtype));
     if (config->threads > 1024)
         return mk_fail(MK_ERR_INVALID_ARGUMENT, "cpu backend: %zu threads (at most 1024)", config->threads);
     mk_cpu_backend *cb = calloc(1, sizeof *cb);
@@ -204,6 +240,10 @@ size_t mk_backend_weight_elem_size(const mk_backend *b) {
     /* The cpu backend keeps F32 storage in the F32/F16/BF16 modes (see above). */
     if (b->config.kind == MK_BACKEND_CPU) return sizeof(float);
     return mk_dtype_size(b->config.weight_dtype);
+}
+
+mk_dtype mk_backend_kv_dtype(const mk_backend *b) {
+    return b->config.kv_dtype == 0 ? MK_DTYPE_F32 : b->config.kv_dtype;
 }
 
 mk_status mk_backend_create(const mk_backend_config *config, mk_backend **out) {

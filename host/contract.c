@@ -153,7 +153,8 @@ const char *mk_dtype_name(mk_dtype dtype) {
 /* ================================================================== backends == */
 
 mk_backend_config mk_backend_config_default(mk_backend_kind kind) {
-    mk_backend_config c = {.kind = kind, .device = 0, .weight_dtype = MK_DTYPE_F32, .speed_mode = false, .threads = 0};
+    mk_backend_config c = {.kind = kind, .device = 0, .weight_dtype = MK_DTYPE_F32, .speed_mode = false, .threads = 0,
+                            .kv_dtype = MK_DTYPE_F32};
     return c;
 }
 

@@ -65,6 +65,19 @@ void mk_cpu_rope(float *x, const int32_t *positions, size_t rows, size_t n_heads
 void mk_cpu_attention(float *out, const float *q, const float *k_cache, const float *v_cache,
                       size_t rows, size_t past, size_t n_heads, size_t n_kv_heads,
                       size_t head_dim) {
+    mk_cpu_attention_heads(out, q, k_cache, v_cache, 0, rows * n_heads, past, n_heads, n_kv_heads, head_dim);
+}
+
+/* A cache element as float: F32 as stored, F16 widened exactly. */
+static inline float mk_kv_at(const void *cache, size_t i, bool f16) {
+    return f16 ? mk_f16_to_f32(((const uint16_t *)cache)[i]) : ((const float *)cache)[i];
+}
+
+/* The attention of pairs [begin, end); `f16` is a constant at each call site below, so
+ * each caller gets its own specialised copy and the F32 path is the plain float loop. */
+static inline void mk_attention_core(float *out, const float *q, const void *k_cache, const void *v_cache,
+                                     size_t begin, size_t end, size_t past, size_t n_heads, size_t n_kv_heads,
+                                     size_t head_dim, bool f16) {
     const size_t group = n_heads / n_kv_heads;
     const size_t kv_stride = n_kv_heads * head_dim;
     const float scale = (float)(1.0 / sqrt((double)head_dim));
@@ -73,42 +86,53 @@ void mk_cpu_attention(float *out, const float *q, const float *k_cache, const fl
      * operations, so the result does not depend on where the cache ends. */
     enum { MK_SCORE_CACHE = 4096 };
     float cached[MK_SCORE_CACHE];
-    for (size_t r = 0; r < rows; r++) {
+    for (size_t item = begin; item < end; item++) {
+        const size_t r = item / n_heads, h = item % n_heads;
         const size_t n_keys = past + r + 1;
-        for (size_t h = 0; h < n_heads; h++) {
-            const float *qh = q + (r * n_heads + h) * head_dim;
-            const size_t kvh = h / group;
-            float max_score = -INFINITY;
-            for (size_t t = 0; t < n_keys; t++) {
-                const float *kt = k_cache + t * kv_stride + kvh * head_dim;
-                float dot = 0.0f;
-                for (size_t d = 0; d < head_dim; d++) dot += qh[d] * kt[d];
-                dot *= scale;
-                if (t < MK_SCORE_CACHE) cached[t] = dot;
-                if (dot > max_score) max_score = dot;
-            }
-            float *oh = out + (r * n_heads + h) * head_dim;
-            double accp[MK_MAX_HEAD_DIM]; /* head_dim <= MK_MAX_HEAD_DIM by hparams */
-            double denom = 0.0;
-            for (size_t d = 0; d < head_dim; d++) accp[d] = 0.0;
-            for (size_t t = 0; t < n_keys; t++) {
-                const float *vt = v_cache + t * kv_stride + kvh * head_dim;
-                float dot;
-                if (t < MK_SCORE_CACHE) {
-                    dot = cached[t];
-                } else {
-                    const float *kt = k_cache + t * kv_stride + kvh * head_dim;
-                    dot = 0.0f;
-                    for (size_t d = 0; d < head_dim; d++) dot += qh[d] * kt[d];
-                    dot *= scale;
-                }
-                const float p = expf(dot - max_score);
-                denom += p;
-                for (size_t d = 0; d < head_dim; d++) accp[d] += (double)p * vt[d];
-            }
-            for (size_t d = 0; d < head_dim; d++) oh[d] = (float)(accp[d] / denom);
+        const float *qh = q + (r * n_heads + h) * head_dim;
+        const size_t kvh = h / group;
+        float max_score = -INFINITY;
+        for (size_t t = 0; t < n_keys; t++) {
+            const size_t kt = t * kv_stride + kvh * head_dim;
+            float dot = 0.0f;
+            for (size_t d = 0; d < head_dim; d++) dot += qh[d] * mk_kv_at(k_cache, kt + d, f16);
+            dot *= scale;
+            if (t < MK_SCORE_CACHE) cached[t] = dot;
+            if (dot > max_score) max_score = dot;
         }
+        float *oh = out + (r * n_heads + h) * head_dim;
+        double accp[MK_MAX_HEAD_DIM]; /* head_dim <= MK_MAX_HEAD_DIM by hparams */
+        double denom = 0.0;
+        for (size_t d = 0; d < head_dim; d++) accp[d] = 0.0;
+        for (size_t t = 0; t < n_keys; t++) {
+            const size_t vt = t * kv_stride + kvh * head_dim;
+            float dot;
+            if (t < MK_SCORE_CACHE) {
+                dot = cached[t];
+            } else {
+                const size_t kt = t * kv_stride + kvh * head_dim;
+                dot = 0.0f;
+                for (size_t d = 0; d < head_dim; d++) dot += qh[d] * mk_kv_at(k_cache, kt + d, f16);
+                dot *= scale;
+            }
+            const float p = expf(dot - max_score);
+            denom += p;
+            for (size_t d = 0; d < head_dim; d++) accp[d] += (double)p * mk_kv_at(v_cache, vt + d, f16);
+        }
+        for (size_t d = 0; d < head_dim; d++) oh[d] = (float)(accp[d] / denom);
     }
+}
+
+void mk_cpu_attention_heads(float *out, const float *q, const float *k_cache, const float *v_cache,
+                            size_t begin, size_t end, size_t past, size_t n_heads, size_t n_kv_heads,
+                            size_t head_dim) {
+    mk_attention_core(out, q, k_cache, v_cache, begin, end, past, n_heads, n_kv_heads, head_dim, false);
+}
+
+void mk_cpu_attention_heads_f16(float *out, const float *q, const uint16_t *k_cache, const uint16_t *v_cache,
+                                size_t begin, size_t end, size_t past, size_t n_heads, size_t n_kv_heads,
+                                size_t head_dim) {
+    mk_attention_core(out, q, k_cache, v_cache, begin, end, past, n_heads, n_kv_heads, head_dim, true);
 }
 
 /* ===================================================================== swiglu == */

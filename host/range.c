@@ -64,7 +64,7 @@ struct mk_range {
 
 struct mk_sequence {
     mk_range *range;
-    void *kv_arena;  /* dev: [n_layers][2][max_context, kv_dim] */
+    void *kv_arena;  /* dev: [n_layers][2][max_context, kv_dim] in the backend's KV dtype */
     size_t length;   /* positions cached */
 };
 
@@ -265,14 +265,20 @@ mk_status mk_range_create(const mk_model *model, int64_t start, int64_t end, con
     r->host_positions = calloc(max_rows, sizeof(int32_t));
     mk_status s = r->layers && r->host_positions ? MK_OK : mk_fail(MK_ERR_OUT_OF_MEMORY, "range: out of memory");
     if (s == MK_OK) s = mk_backend_create(&opt->backend, &r->backend);
+    if (s == MK_OK && mk_backend_kv_dtype(r->backend) != MK_DTYPE_F32 && !r->backend->ops->kv_store)
+        s = mk_fail(MK_ERR_DTYPE, "%s backend keeps its KV cache in f32 only (asked for %s)", r->backend->ops->name,
+                    mk_dtype_name(opt->backend.kv_dtype));
     if (s == MK_OK) {
         /* The digest binds the model identity and the weight dtype the residual came from. */
         mk_sha256 *ctx;
         s = mk_sha256_begin(&ctx);
         if (s == MK_OK) {
             char text[96];
-            const int n = snprintf(text, sizeof text, "%s;weights=%s", model->digest,
-                                   mk_dtype_name(opt->backend.weight_dtype));
+            /* An F16 KV cache changes the residual too; F32 (the default) adds nothing, so
+             * digests of F32-cache ranges are what they always were. */
+            const bool kv16 = opt->backend.kv_dtype == MK_DTYPE_F16;
+            const int n = snprintf(text, sizeof text, "%s;weights=%s%s", model->digest,
+                                   mk_dtype_name(opt->backend.weight_dtype), kv16 ? ";kv=f16" : "");
             mk_sha256_update(ctx, text, (size_t)n);
             mk_sha256_finish(ctx, r->digest);
         }
@@ -311,6 +317,7 @@ void mk_range_free(mk_range *r) {
 /* ============================================================== sequences == */
 
 static size_t mk_kv_slab_elems(const mk_range *r) { return r->max_context * r->hp.n_kv_heads * r->hp.head_dim; }
+static size_t mk_kv_elem_size(const mk_range *r) { return mk_dtype_size(mk_backend_kv_dtype(r->backend)); }
 
 mk_status mk_sequence_open(mk_range *r, mk_sequence **out) {
     if (!r || !out) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_sequence_open: NULL argument");
@@ -321,7 +328,7 @@ mk_status mk_sequence_open(mk_range *r, mk_sequence **out) {
     const size_t layers = (size_t)(r->end - r->start + 1);
     size_t bytes;
     if (__builtin_mul_overflow(layers * 2, mk_kv_slab_elems(r), &bytes) ||
-        __builtin_mul_overflow(bytes, sizeof(float), &bytes)) {
+        __builtin_mul_overflow(bytes, mk_kv_elem_size(r), &bytes)) {
         free(seq);
         return mk_fail(MK_ERR_OUT_OF_MEMORY, "sequence: KV cache of %zu layers x %zu positions overflows", layers,
                        r->max_context);
@@ -440,8 +447,9 @@ static mk_status mk_run_layer(mk_range *r, mk_sequence *seq, size_t layer_index,
     const mk_activations *a = &r->act;
     const size_t q_dim = hp->n_heads * hp->head_dim, kv_dim = hp->n_kv_heads * hp->head_dim;
     const size_t past = seq->length;
-    float *k_cache = (float *)seq->kv_arena + (2 * layer_index) * mk_kv_slab_elems(r);   /* [ctx, kv_dim] */
-    float *v_cache = (float *)seq->kv_arena + (2 * layer_index + 1) * mk_kv_slab_elems(r); /* [ctx, kv_dim] */
+    const size_t slab = mk_kv_slab_elems(r) * mk_kv_elem_size(r);
+    uint8_t *k_cache = (uint8_t *)seq->kv_arena + (2 * layer_index) * slab;     /* [ctx, kv_dim] KV dtype */
+    uint8_t *v_cache = (uint8_t *)seq->kv_arena + (2 * layer_index + 1) * slab; /* [ctx, kv_dim] KV dtype */
 
     /* attention block */
     if (layer_index == 0) MK_TRY(ops->rmsnorm(b, a->xn, a->x, w->attn_norm, rows, hp->hidden, hp->rms_eps));
@@ -451,8 +459,13 @@ static mk_status mk_run_layer(mk_range *r, mk_sequence *seq, size_t layer_index,
     MK_TRY(ops->matmul(b, a->v, a->xn, w->wv, rows, hp->hidden, kv_dim));
     MK_TRY(ops->rope(b, a->q, a->pos, rows, hp->n_heads, hp->head_dim, hp->rope_theta, hp->rope_layout));
     MK_TRY(ops->rope(b, a->k, a->pos, rows, hp->n_kv_heads, hp->head_dim, hp->rope_theta, hp->rope_layout));
-    MK_TRY(ops->copy(b, k_cache + past * kv_dim, a->k, rows * kv_dim * sizeof(float)));
-    MK_TRY(ops->copy(b, v_cache + past * kv_dim, a->v, rows * kv_dim * sizeof(float)));
+    if (ops->kv_store) {
+        MK_TRY(ops->kv_store(b, k_cache, past, a->k, rows, kv_dim));
+        MK_TRY(ops->kv_store(b, v_cache, past, a->v, rows, kv_dim));
+    } else {
+        MK_TRY(ops->copy(b, k_cache + past * kv_dim * sizeof(float), a->k, rows * kv_dim * sizeof(float)));
+        MK_TRY(ops->copy(b, v_cache + past * kv_dim * sizeof(float), a->v, rows * kv_dim * sizeof(float)));
+    }
     MK_TRY(ops->attention(b, a->att, a->q, k_cache, v_cache, rows, past, hp->n_heads, hp->n_kv_heads, hp->head_dim));
     MK_TRY(ops->matmul(b, a->proj, a->att, w->wo, rows, q_dim, hp->hidden));
 

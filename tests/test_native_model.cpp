@@ -360,3 +360,51 @@ TEST(NativeModelDigest, RandomModelInNativeModeEqualsF32Mode) {
 }
 
 } // namespace
+
+namespace {
+
+// The KV cache in F16: whole vs split bit-exact in both weight modes, close to the F32
+// cache (keys and values rounded to F16), and bound into the recipe digest.
+TEST(KvCacheF16, SplitsStayBitExactAndTheResultIsCloseToF32) {
+    TempModel tm([](const std::string &) { return (uint32_t)MK_GGML_TYPE_Q8_0; }, true);
+    ASSERT_TRUE(tm.model);
+    const std::vector<int32_t> prompt = {5, 9, 33, 2, 17, 8};
+    for (mk_dtype weights : {MK_DTYPE_NATIVE, MK_DTYPE_F32}) {
+        SCOPED_TRACE(mk_dtype_name(weights));
+        mk_range_options o = native_options(2);
+        o.backend.weight_dtype = weights;
+        const Decode f32_kv = decode_greedy(tm.model.get(), {}, o, prompt, 10);
+        o.backend.kv_dtype = MK_DTYPE_F16;
+        const Decode whole = decode_greedy(tm.model.get(), {}, o, prompt, 10, &f32_kv.tokens);
+        const Decode split = decode_greedy(tm.model.get(), {0, 1}, o, prompt, 10, &f32_kv.tokens);
+        ASSERT_EQ(whole.logits.size(), 10u);
+        ASSERT_EQ(split.logits.size(), 10u);
+        bool any_difference = false;
+        for (size_t i = 0; i < 10; i++) {
+            EXPECT_TRUE(bit_identical(whole.logits[i], split.logits[i])) << "step " << i;
+            any_difference |= !bit_identical(whole.logits[i], f32_kv.logits[i]);
+            float scale = 0.0f, worst = 0.0f;
+            for (float v : f32_kv.logits[i]) scale = std::max(scale, std::fabs(v));
+            for (size_t j = 0; j < whole.logits[i].size(); j++)
+                worst = std::max(worst, std::fabs(whole.logits[i][j] - f32_kv.logits[i][j]));
+            // F16 keeps 11 significant bits. With 8-bit activations (native) a small change
+            // flips some rounding decisions, so the difference is of the activation
+            // quantization's own size there.
+            EXPECT_LE(worst, (weights == MK_DTYPE_NATIVE ? 0.1f : 2e-3f) * scale) << "step " << i;
+        }
+        EXPECT_TRUE(any_difference) << "the F16 cache was not used";
+        Pipeline a(tm.model.get(), {1}, o);
+        o.backend.kv_dtype = MK_DTYPE_F32;
+        Pipeline b(tm.model.get(), {1}, o);
+        MK_ASSERT_OK(a.status());
+        MK_ASSERT_OK(b.status());
+        EXPECT_STRNE(mk_range_recipe_digest(a.range(0)), mk_range_recipe_digest(b.range(0)));
+    }
+    mk_range_options bad = native_options(1);
+    bad.backend.kv_dtype = MK_DTYPE_BF16;
+    mk_range *r = nullptr;
+    EXPECT_EQ(mk_range_create(tm.model.get(), 0, 2, &bad, &r), MK_ERR_DTYPE);
+    EXPECT_EQ(r, nullptr);
+}
+
+} // namespace

@@ -2,7 +2,7 @@
  *
  *   meshkern inspect MODEL.gguf | --random[:key=value,...]
  *   meshkern run MODEL.gguf | --random[:key=value,...]  --tokens 1,2,3 [--split L1,L2,...] [--n N]
- *                [--backend cpu|cuda] [--device I] [--dtype native|f32|f16|bf16] [--threads N]
+ *                [--backend cpu|cuda] [--device I] [--dtype native|f32|f16|bf16] [--threads N] [--kv f32|f16]
  *
  * run executes the model as one FULL range and, with --split, as the given ranges in this
  * process, every seam packed and unpacked as protobuf; it prints the greedy tokens, the
@@ -28,9 +28,10 @@ static int usage(void) {
             "  meshkern inspect MODEL.gguf | --random[:key=value,...]\n"
             "  meshkern run MODEL.gguf | --random[:key=value,...] --tokens IDS [--split L1,L2,...] [--n N]\n"
             "               [--backend cpu|cuda] [--device I] [--dtype native|f32|f16|bf16] [--threads N]\n"
-            "               [--speed]\n"
+            "               [--kv f32|f16] [--speed]\n"
             "  --dtype native keeps weights in their GGUF format (the cpu backend's default for a\n"
             "  GGUF model); f32 is the parity mode. --threads: cpu threads (default: every core).\n"
+            "  --kv f16 halves the cpu backend's KV cache.\n"
             "  --random is the seed's random model (vocab 48, hidden 32, 6 layers, 4 heads); keys\n"
             "  vocab, hidden, layers, heads, kv_heads, head_dim, ffn, ctx, seed change its shape.\n");
     return 2;
@@ -223,6 +224,10 @@ static int cmd_run(int argc, char **argv) {
             else if (strcmp(v, "bf16") == 0) opt.backend.weight_dtype = MK_DTYPE_BF16;
             else return usage();
             dtype_given = true;
+        } else if (strcmp(a, "--kv") == 0) {
+            if (strcmp(v, "f16") == 0) opt.backend.kv_dtype = MK_DTYPE_F16;
+            else if (strcmp(v, "f32") == 0) opt.backend.kv_dtype = MK_DTYPE_F32;
+            else return usage();
         } else if (strcmp(a, "--threads") == 0) {
             char *end = NULL;
             const unsigned long long t = v[0] >= '1' && v[0] <= '9' ? strtoull(v, &end, 10) : 0;
