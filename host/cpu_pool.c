@@ -27,7 +27,8 @@ struct mk_cpu_pool {
 
     pthread_mutex_t mu;
     pthread_cond_t wake;
-    atomic_uint_fast64_t generation; /* bumped (under mu) for every job and for stop */
+    atomic_uint_fast64_t generation; /* bumped for every job and for stop */
+    atomic_size_t sleepers;          /* workers inside (or entering) the condition wait */
     atomic_bool stop;
 
     atomic_uint_fast64_t ticket;    /* n_chunks << 32 | next chunk */
@@ -80,8 +81,14 @@ static void *mk_pool_worker(void *arg) {
                 mk_cpu_relax();
                 continue;
             }
+            /* Announce the sleep, then re-check under the lock: the publisher bumps the
+             * generation before it looks at `sleepers` (both sequentially consistent), so
+             * either it sees this sleeper and broadcasts under the lock, or this check
+             * sees the new generation. */
             pthread_mutex_lock(&p->mu);
-            while (atomic_load_explicit(&p->generation, memory_order_acquire) == seen) pthread_cond_wait(&p->wake, &p->mu);
+            atomic_fetch_add(&p->sleepers, 1);
+            while (atomic_load(&p->generation) == seen) pthread_cond_wait(&p->wake, &p->mu);
+            atomic_fetch_sub(&p->sleepers, 1);
             pthread_mutex_unlock(&p->mu);
         }
         seen = g;
@@ -91,8 +98,9 @@ static void *mk_pool_worker(void *arg) {
 }
 
 static void mk_pool_publish(mk_cpu_pool *p) {
+    atomic_fetch_add(&p->generation, 1);
+    if (atomic_load(&p->sleepers) == 0) return; /* every worker is spinning and will see it */
     pthread_mutex_lock(&p->mu);
-    atomic_fetch_add_explicit(&p->generation, 1, memory_order_release);
     pthread_cond_broadcast(&p->wake);
     pthread_mutex_unlock(&p->mu);
 }
@@ -107,6 +115,7 @@ mk_status mk_cpu_pool_create(size_t n_threads, mk_cpu_pool **out) {
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->wake, NULL);
     atomic_init(&p->generation, 0);
+    atomic_init(&p->sleepers, 0);
     atomic_init(&p->stop, false);
     atomic_init(&p->ticket, 0);
     atomic_init(&p->completed, 0);

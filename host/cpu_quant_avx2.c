@@ -15,7 +15,11 @@
 #include <cpuid.h>
 #include <immintrin.h>
 #include <math.h>
+#include <stddef.h>
 #include <string.h>
+
+/* cx_q4_1_scales loads (d, s) of an activation block as one 64-bit pair. */
+_Static_assert(offsetof(mk_q8_block, s) == offsetof(mk_q8_block, d) + sizeof(float), "mk_q8_block: d, s adjacent");
 
 #define MK_AVX2 __attribute__((target("avx2,fma,f16c")))
 
@@ -102,25 +106,36 @@ MK_AVX2 static float cx_dot_q4_0(const uint8_t *w, const mk_q8_block *x, size_t 
     return cx_hsum(acc);
 }
 
+/* Scales of a Q4_1 block times its activation block's: [d * x.d, m * x.s, 0, 0] from one
+ * F16C conversion of the packed (d, m) pair and one multiply with the adjacent (d, s). */
+MK_AVX2 static inline __m128 cx_q4_1_scales(const uint8_t *w, const mk_q8_block *x) {
+    uint32_t dm;
+    memcpy(&dm, w, sizeof dm);
+    const __m128 xds = _mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)&x->d));
+    return _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128((int)dm)), xds);
+}
+
 MK_AVX2 static float cx_dot_q4_1(const uint8_t *w, const mk_q8_block *x, size_t n) {
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    float mins = 0.0f;
+    __m128 mins = _mm_setzero_ps(); /* lane 1 sums m * x.s */
     const size_t nb = n / 32;
     size_t b = 0;
     /* Two blocks per iteration: two independent FMA chains. */
     for (; b + 1 < nb; b += 2, w += 40) {
+        const __m128 s0 = cx_q4_1_scales(w, &x[b]), s1 = cx_q4_1_scales(w + 20, &x[b + 1]);
         const __m256i p0 = cx_dot_us(cx_nibbles(w + 4), cx_loadu(x[b].q));
         const __m256i p1 = cx_dot_us(cx_nibbles(w + 24), cx_loadu(x[b + 1].q));
-        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(cx_f16(w) * x[b].d), _mm256_cvtepi32_ps(p0), acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_set1_ps(cx_f16(w + 20) * x[b + 1].d), _mm256_cvtepi32_ps(p1), acc1);
-        mins += cx_f16(w + 2) * x[b].s + cx_f16(w + 22) * x[b + 1].s;
+        acc0 = _mm256_fmadd_ps(_mm256_broadcastss_ps(s0), _mm256_cvtepi32_ps(p0), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_broadcastss_ps(s1), _mm256_cvtepi32_ps(p1), acc1);
+        mins = _mm_add_ps(mins, _mm_add_ps(s0, s1));
     }
     for (; b < nb; b++, w += 20) {
+        const __m128 s = cx_q4_1_scales(w, &x[b]);
         const __m256i p = cx_dot_us(cx_nibbles(w + 4), cx_loadu(x[b].q));
-        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(cx_f16(w) * x[b].d), _mm256_cvtepi32_ps(p), acc0);
-        mins += cx_f16(w + 2) * x[b].s;
+        acc0 = _mm256_fmadd_ps(_mm256_broadcastss_ps(s), _mm256_cvtepi32_ps(p), acc0);
+        mins = _mm_add_ps(mins, s);
     }
-    return cx_hsum(_mm256_add_ps(acc0, acc1)) + mins;
+    return cx_hsum(_mm256_add_ps(acc0, acc1)) + _mm_cvtss_f32(_mm_movehdup_ps(mins));
 }
 
 MK_AVX2 static float cx_dot_q8_0(const uint8_t *w, const mk_q8_block *x, size_t n) {

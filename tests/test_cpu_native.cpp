@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
 #include "cpu_native.h"
 #include "cpu_ops.h"
 #include "cpu_pool.h"
@@ -297,7 +299,20 @@ TEST(CpuPool, EveryItemRunsExactlyOnce) {
         }
         mk_cpu_pool_free(p);
     }
+    // Back-to-back jobs (workers still spinning) and jobs after a pause (workers asleep).
     mk_cpu_pool *p = nullptr;
+    MK_ASSERT_OK(mk_cpu_pool_create(3, &p));
+    std::vector<int> hits(50, 0);
+    for (int job = 0; job < 300; job++) {
+        if (job % 50 == 49) usleep(2000);
+        mk_cpu_pool_run(p, hits.size(), 2, [](void *arg, size_t b, size_t e) {
+            int *h = static_cast<int *>(arg);
+            for (size_t i = b; i < e; i++) __atomic_fetch_add(&h[i], 1, __ATOMIC_RELAXED);
+        }, hits.data());
+    }
+    for (int h : hits) ASSERT_EQ(h, 300);
+    mk_cpu_pool_free(p);
+    p = nullptr;
     EXPECT_EQ(mk_cpu_pool_create(0, &p), MK_ERR_INVALID_ARGUMENT);
     EXPECT_EQ(p, nullptr);
 }
