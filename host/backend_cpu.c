@@ -16,6 +16,11 @@
 typedef struct mk_cpu_backend {
     mk_backend base;
     mk_cpu_native native; /* pool, kernels, activation scratch (native mode) */
+    /* RoPE cos/sin of every position of the reserved context, for the model's head_dim and
+     * theta (the values mk_cpu_rope computes, computed once): [rope_positions, hd/2, 2]. */
+    float *rope_table;
+    size_t rope_positions, rope_head_dim;
+    float rope_theta;
 } mk_cpu_backend;
 
 static mk_cpu_backend *cpu_of(mk_backend *b) { return (mk_cpu_backend *)b; }
@@ -26,6 +31,7 @@ static void cpu_destroy(mk_backend *b) {
     mk_cpu_pool_free(cb->native.pool);
     free(cb->native.xq);
     free(cb->native.wtile);
+    free(cb->rope_table);
     free(cb);
 }
 
@@ -48,12 +54,19 @@ static mk_status cpu_memcpy(mk_backend *b, void *dst, const void *src, size_t by
 static mk_status cpu_synchronize(mk_backend *b) { return MK_OK; }
 
 static mk_status cpu_reserve(mk_backend *b, size_t max_rows, size_t max_context, const mk_hparams *hp) {
+    mk_cpu_backend *cb = cpu_of(b);
+    free(cb->rope_table);
+    cb->rope_table = malloc(max_context * (hp->head_dim / 2) * 2 * sizeof(float) + 1);
+    if (!cb->rope_table) return mk_fail(MK_ERR_OUT_OF_MEMORY, "cpu backend: out of memory for the RoPE table");
+    mk_cpu_rope_table(cb->rope_table, max_context, hp->head_dim, hp->rope_theta);
+    cb->rope_positions = max_context;
+    cb->rope_head_dim = hp->head_dim;
+    cb->rope_theta = hp->rope_theta;
     if (!cpu_native_mode(b)) return MK_OK;
     /* Quantized activations of the widest product input, for the largest forward. */
     size_t width = hp->hidden;
     if (hp->intermediate > width) width = hp->intermediate;
     if (hp->n_heads * hp->head_dim > width) width = hp->n_heads * hp->head_dim;
-    mk_cpu_backend *cb = cpu_of(b);
     const size_t blocks = max_rows * (width / MK_Q8_BLOCK);
     free(cb->native.xq);
     cb->native.xq = malloc((blocks ? blocks : 1) * sizeof(mk_q8_block));
@@ -123,7 +136,10 @@ static mk_status cpu_matmul(mk_backend *b, float *y, const float *x, const void 
 
 static mk_status cpu_rope(mk_backend *b, float *x, const int32_t *positions, size_t rows, size_t heads,
                           size_t head_dim, float theta, mk_rope_layout layout) {
-    mk_cpu_rope(x, positions, rows, heads, head_dim, theta, layout);
+    const mk_cpu_backend *cb = cpu_of(b);
+    const bool table = cb->rope_table && head_dim == cb->rope_head_dim && theta == cb->rope_theta;
+    mk_cpu_rope_cached(x, positions, rows, heads, head_dim, theta, layout, table ? cb->rope_table : NULL,
+                       table ? cb->rope_positions : 0);
     return MK_OK;
 }
 

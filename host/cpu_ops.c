@@ -41,13 +41,38 @@ float mk_rope_inv_freq(size_t pair, size_t head_dim, float theta) {
     return (float)pow((double)theta, -(double)(2 * pair) / (double)head_dim);
 }
 
+/* The rotation of pair i at position p, exactly as mk_cpu_rope defines it. */
+static void mk_rope_cos_sin(int32_t p, size_t i, size_t head_dim, float theta, float *c, float *s) {
+    const float angle = (float)p * mk_rope_inv_freq(i, head_dim, theta);
+    *c = (float)cos((double)angle);
+    *s = (float)sin((double)angle);
+}
+
+void mk_cpu_rope_table(float *table, size_t n_positions, size_t head_dim, float theta) {
+    const size_t half = head_dim / 2;
+    for (size_t p = 0; p < n_positions; p++)
+        for (size_t i = 0; i < half; i++)
+            mk_rope_cos_sin((int32_t)p, i, head_dim, theta, &table[(p * half + i) * 2], &table[(p * half + i) * 2 + 1]);
+}
+
 void mk_cpu_rope(float *x, const int32_t *positions, size_t rows, size_t n_heads, size_t head_dim,
                  float theta, mk_rope_layout layout) {
+    mk_cpu_rope_cached(x, positions, rows, n_heads, head_dim, theta, layout, NULL, 0);
+}
+
+void mk_cpu_rope_cached(float *x, const int32_t *positions, size_t rows, size_t n_heads, size_t head_dim,
+                        float theta, mk_rope_layout layout, const float *table, size_t n_positions) {
     const size_t half = head_dim / 2;
     for (size_t r = 0; r < rows; r++) {
+        const bool cached = table && positions[r] >= 0 && (size_t)positions[r] < n_positions;
         for (size_t i = 0; i < half; i++) {
-            const float angle = (float)positions[r] * mk_rope_inv_freq(i, head_dim, theta);
-            const float c = (float)cos((double)angle), s = (float)sin((double)angle);
+            float c, s;
+            if (cached) {
+                c = table[((size_t)positions[r] * half + i) * 2];
+                s = table[((size_t)positions[r] * half + i) * 2 + 1];
+            } else {
+                mk_rope_cos_sin(positions[r], i, head_dim, theta, &c, &s);
+            }
             for (size_t h = 0; h < n_heads; h++) {
                 float *head = x + (r * n_heads + h) * head_dim;
                 const size_t a = layout == MK_ROPE_ROTATE_HALF ? i : 2 * i;

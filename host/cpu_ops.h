@@ -43,6 +43,15 @@ float mk_rope_inv_freq(size_t pair, size_t head_dim, float theta);
 void mk_cpu_rope(float *x /* [rows, n_heads, head_dim] */, const int32_t *positions /* [rows] */,
                  size_t rows, size_t n_heads, size_t head_dim, float theta, mk_rope_layout layout);
 
+/* The same rotation with cos/sin of positions [0, n_positions) read from a table built by
+ * mk_cpu_rope_table(table, n_positions, head_dim, theta) (the same values, computed once);
+ * positions outside the table are computed. table NULL = mk_cpu_rope. */
+void mk_cpu_rope_table(float *table /* [n_positions, head_dim / 2, 2] */, size_t n_positions, size_t head_dim,
+                       float theta);
+void mk_cpu_rope_cached(float *x /* [rows, n_heads, head_dim] */, const int32_t *positions /* [rows] */,
+                        size_t rows, size_t n_heads, size_t head_dim, float theta, mk_rope_layout layout,
+                        const float *table, size_t n_positions);
+
 /* Causal grouped-query attention of `rows` new queries against a KV cache.
  * Query row r sits at cache index past + r and attends to cache entries [0, past + r].
  * Query head h reads kv head h / (n_heads / n_kv_heads). Scale 1/sqrt(head_dim).
