@@ -72,12 +72,12 @@ static mk_status cpu_reserve(mk_backend *b, size_t max_rows, size_t max_context,
     cb->native.xq = malloc((blocks ? blocks : 1) * sizeof(mk_q8_block));
     cb->native.xq_blocks = cb->native.xq ? blocks : 0;
     if (!cb->native.xq) return mk_fail(MK_ERR_OUT_OF_MEMORY, "cpu backend: out of memory for %zu activation blocks", blocks);
-    /* One dequantized weight tile for products of many rows (prefill). */
+    /* One dequantized weight tile per thread for products of many rows (prefill). */
     free(cb->native.wtile);
     cb->native.wtile = NULL;
     cb->native.wtile_elems = 0;
     if (max_rows >= MK_NATIVE_GEMM_MIN_ROWS) {
-        cb->native.wtile_elems = (size_t)MK_NATIVE_GEMM_TILE * width;
+        cb->native.wtile_elems = (size_t)MK_NATIVE_GEMM_TILE * width * mk_cpu_pool_threads(cb->native.pool);
         cb->native.wtile = aligned_alloc(64, cb->native.wtile_elems * sizeof(float));
         if (!cb->native.wtile) return mk_fail(MK_ERR_OUT_OF_MEMORY, "cpu backend: out of memory for a weight tile");
     }
@@ -151,7 +151,7 @@ typedef struct mk_attention_job {
     bool f16;
 } mk_attention_job;
 
-static void cpu_attention_part(void *arg, size_t begin, size_t end) {
+static void cpu_attention_part(void *arg, size_t begin, size_t end, size_t thread) {
     const mk_attention_job *j = arg;
     if (j->f16)
         mk_cpu_attention_heads_f16(j->out, j->q, j->k_cache, j->v_cache, begin, end, j->past, j->n_heads,
@@ -168,7 +168,7 @@ static mk_status cpu_attention(mk_backend *b, float *out, const float *q, const 
                             mk_backend_kv_dtype(b) == MK_DTYPE_F16};
     mk_cpu_pool *pool = cpu_of(b)->native.pool;
     if (pool) mk_cpu_pool_run(pool, rows * n_heads, 1, cpu_attention_part, &job);
-    else cpu_attention_part(&job, 0, rows * n_heads);
+    else cpu_attention_part(&job, 0, rows * n_heads, 0);
     return MK_OK;
 }
 

@@ -1,6 +1,7 @@
 /* Native-format weights on the cpu backend (see cpu_native.h). */
 #include "cpu_native.h"
 
+#include <stdbool.h>
 #include <string.h>
 
 #include "cpu_ops.h"
@@ -64,7 +65,7 @@ typedef struct mk_native_job {
 } mk_native_job;
 
 /* Quantize activation rows [begin, end). */
-static void mk_native_quantize(void *arg, size_t begin, size_t end) {
+static void mk_native_quantize(void *arg, size_t begin, size_t end, size_t thread) {
     const mk_native_job *j = arg;
     const size_t in = j->w->cols, per_row = in / MK_Q8_BLOCK;
     for (size_t r = begin; r < end; r++) j->ctx->kernels->quantize_row(j->ctx->xq + r * per_row, j->x + r * in, in);
@@ -72,7 +73,7 @@ static void mk_native_quantize(void *arg, size_t begin, size_t end) {
 
 /* Output features [begin, end) for every activation row: each weight row is read once
  * and stays in L1 while it meets every activation row. */
-static void mk_native_rows(void *arg, size_t begin, size_t end) {
+static void mk_native_rows(void *arg, size_t begin, size_t end, size_t thread) {
     const mk_native_job *j = arg;
     const size_t in = j->w->cols, out = j->w->rows, per_row = in / MK_Q8_BLOCK;
     for (size_t o = begin; o < end; o++) {
@@ -85,33 +86,31 @@ static void mk_native_rows(void *arg, size_t begin, size_t end) {
     }
 }
 
-/* Dequantize stored rows [begin, end) of the current tile into the F32 scratch. */
+/* Products of many rows: tiles of MK_NATIVE_GEMM_TILE output features, each dequantized
+ * by one thread into its own scratch and multiplied by one SGEMM call from that thread. */
 typedef struct mk_tile_job {
+    const mk_cpu_native *ctx;
     const mk_cpu_weight *w;
-    const uint8_t *first; /* first stored row of the tile */
-    float *out;           /* [tile rows, cols] */
-    mk_status status;
+    const uint8_t *data;
+    float *y;       /* [rows, out] */
+    const float *x; /* [rows, in] */
+    size_t rows;
+    bool failed;
 } mk_tile_job;
 
-static void mk_native_dequantize_rows(void *arg, size_t begin, size_t end) {
+static void mk_native_tiles(void *arg, size_t begin, size_t end, size_t thread) {
     mk_tile_job *j = arg;
-    const size_t cols = j->w->cols;
-    for (size_t r = begin; r < end; r++)
-        if (mk_gguf_dequantize(j->w->type, j->first + r * j->w->row_bytes, j->w->row_bytes, j->out + r * cols,
-                               cols) != MK_OK)
-            j->status = MK_ERR_INTERNAL; /* cannot happen: the layout was checked at load */
-}
-
-static mk_status mk_native_gemm(const mk_cpu_native *ctx, float *y, const float *x, const mk_cpu_weight *h,
-                                const uint8_t *data, size_t rows, size_t in_dim, size_t out_dim) {
-    for (size_t t0 = 0; t0 < out_dim; t0 += MK_NATIVE_GEMM_TILE) {
-        const size_t n = out_dim - t0 < MK_NATIVE_GEMM_TILE ? out_dim - t0 : MK_NATIVE_GEMM_TILE;
-        mk_tile_job job = {.w = h, .first = data + t0 * h->row_bytes, .out = ctx->wtile, .status = MK_OK};
-        mk_cpu_pool_run(ctx->pool, n, MK_NATIVE_ROWS_PER_CHUNK, mk_native_dequantize_rows, &job);
-        if (job.status != MK_OK) return mk_fail(MK_ERR_INTERNAL, "native matmul: a weight tile did not dequantize");
-        mk_cpu_sgemm_strided(y + t0, out_dim, x, ctx->wtile, rows, in_dim, n);
+    const size_t in = j->w->cols, out = j->w->rows;
+    float *tile = j->ctx->wtile + thread * (size_t)MK_NATIVE_GEMM_TILE * in; /* [tile rows, in] */
+    for (size_t t = begin; t < end; t++) {
+        const size_t first = t * MK_NATIVE_GEMM_TILE;
+        const size_t n = out - first < MK_NATIVE_GEMM_TILE ? out - first : MK_NATIVE_GEMM_TILE;
+        for (size_t r = 0; r < n; r++)
+            if (mk_gguf_dequantize(j->w->type, j->data + (first + r) * j->w->row_bytes, j->w->row_bytes,
+                                   tile + r * in, in) != MK_OK)
+                j->failed = true; /* cannot happen: the layout was checked at load */
+        mk_cpu_sgemm_strided(j->y + first, out, j->x, tile, j->rows, in, n);
     }
-    return MK_OK;
 }
 
 mk_status mk_cpu_native_matmul(const mk_cpu_native *ctx, float *y, const float *x, const void *w, size_t rows,
@@ -125,8 +124,14 @@ mk_status mk_cpu_native_matmul(const mk_cpu_native *ctx, float *y, const float *
         mk_cpu_matmul(y, x, (const float *)data, rows, in_dim, out_dim);
         return MK_OK;
     }
-    if (rows >= MK_NATIVE_GEMM_MIN_ROWS && ctx->wtile && in_dim * MK_NATIVE_GEMM_TILE <= ctx->wtile_elems)
-        return mk_native_gemm(ctx, y, x, h, data, rows, in_dim, out_dim);
+    const size_t threads = mk_cpu_pool_threads(ctx->pool);
+    if (rows >= MK_NATIVE_GEMM_MIN_ROWS && ctx->wtile && in_dim * MK_NATIVE_GEMM_TILE * threads <= ctx->wtile_elems) {
+        mk_tile_job tiles = {.ctx = ctx, .w = h, .data = data, .y = y, .x = x, .rows = rows, .failed = false};
+        mk_cpu_pool_run(ctx->pool, (out_dim + MK_NATIVE_GEMM_TILE - 1) / MK_NATIVE_GEMM_TILE, 1, mk_native_tiles,
+                        &tiles);
+        if (tiles.failed) return mk_fail(MK_ERR_INTERNAL, "native matmul: a weight tile did not dequantize");
+        return MK_OK;
+    }
     mk_native_job job = {.ctx = ctx, .w = h, .data = data, .y = y, .x = x, .rows = rows};
     if (h->type == MK_GGML_TYPE_F16) {
         job.hdot = ctx->kernels->dot_f16;

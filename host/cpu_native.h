@@ -10,11 +10,12 @@
  * (cpu_quant.h), then output features are split across the pool's threads in chunks;
  * every output element is one dot product of one weight row with one activation row,
  * computed by one thread, so results are identical for any thread count.
- * Products of many rows (prefill, >= MK_NATIVE_GEMM_MIN_ROWS): the weight is dequantized
- * in tiles of MK_NATIVE_GEMM_TILE output features into an F32 scratch (rows split across
- * the pool, each row an exact function of the stored bytes) and each tile multiplied by
- * one OpenBLAS SGEMM call from the calling thread; the tiling depends only on the shape,
- * so this too is independent of the pool's thread count.
+ * Products of many rows (prefill, >= MK_NATIVE_GEMM_MIN_ROWS): the weight is cut into
+ * tiles of MK_NATIVE_GEMM_TILE output features; the pool's threads take whole tiles, each
+ * dequantized exactly into that thread's F32 scratch and multiplied by one OpenBLAS SGEMM
+ * call. The tiling depends only on the shape and a tile's result not on the thread that
+ * computes it, so this too is independent of the pool's thread count (OpenBLAS's own
+ * thread count, OPENBLAS_NUM_THREADS, is the same for every range of a process).
  * F32 weights go to OpenBLAS SGEMM, the same call as the F32 weight mode. */
 #ifndef MK_CPU_NATIVE_H
 #define MK_CPU_NATIVE_H
@@ -42,8 +43,9 @@ typedef struct mk_cpu_weight {
 enum { MK_NATIVE_GEMM_MIN_ROWS = 32, MK_NATIVE_GEMM_TILE = 256 };
 
 /* What a native matrix product needs: the threads, the kernels, scratch for the quantized
- * activations (xq_blocks blocks of 32) and for one dequantized weight tile (wtile_elems
- * floats; NULL = products of many rows use the dot kernels too). Owned by the backend. */
+ * activations (xq_blocks blocks of 32) and one dequantized weight tile per thread
+ * (wtile_elems floats in all; too small or NULL = products of many rows use the dot
+ * kernels too). Owned by the backend. */
 typedef struct mk_cpu_native {
     mk_cpu_pool *pool;
     const mk_cpu_quant *kernels;

@@ -20,9 +20,12 @@
  * the same process does not steal a core for long. */
 enum { MK_POOL_SPINS = 2000, MK_POOL_WAIT_SPINS_BEFORE_YIELD = 1 << 14 };
 
+typedef struct mk_pool_worker_arg mk_pool_worker_arg;
+
 struct mk_cpu_pool {
     size_t n_threads;
     pthread_t *workers; /* [n_threads - 1] */
+    mk_pool_worker_arg *args; /* [n_threads - 1] */
     size_t n_started;
 
     pthread_mutex_t mu;
@@ -36,6 +39,11 @@ struct mk_cpu_pool {
     mk_cpu_task_fn fn;              /* the current job; written only between jobs */
     void *arg;
     size_t n, chunk;
+};
+
+struct mk_pool_worker_arg {
+    mk_cpu_pool *pool;
+    size_t index; /* 1..n_threads-1 */
 };
 
 static inline void mk_cpu_relax(void) {
@@ -54,7 +62,7 @@ size_t mk_cpu_core_count(void) {
 }
 
 /* Claim and run chunks of the current job until none is left. */
-static void mk_pool_work(mk_cpu_pool *p) {
+static void mk_pool_work(mk_cpu_pool *p, size_t thread) {
     uint_fast64_t t = atomic_load_explicit(&p->ticket, memory_order_acquire);
     for (;;) {
         const uint_fast64_t next = t & 0xffffffffu, n_chunks = t >> 32;
@@ -64,14 +72,16 @@ static void mk_pool_work(mk_cpu_pool *p) {
             continue;
         const size_t begin = (size_t)next * p->chunk;
         const size_t end = begin + p->chunk < p->n ? begin + p->chunk : p->n;
-        p->fn(p->arg, begin, end);
+        p->fn(p->arg, begin, end, thread);
         atomic_fetch_add_explicit(&p->completed, 1, memory_order_release);
         t = atomic_load_explicit(&p->ticket, memory_order_acquire);
     }
 }
 
 static void *mk_pool_worker(void *arg) {
-    mk_cpu_pool *p = arg;
+    const mk_pool_worker_arg *a = arg;
+    mk_cpu_pool *p = a->pool;
+    const size_t index = a->index;
     uint_fast64_t seen = 0;
     for (;;) {
         uint_fast64_t g;
@@ -93,7 +103,7 @@ static void *mk_pool_worker(void *arg) {
         }
         seen = g;
         if (atomic_load_explicit(&p->stop, memory_order_acquire)) return NULL;
-        mk_pool_work(p);
+        mk_pool_work(p, index);
     }
 }
 
@@ -121,12 +131,14 @@ mk_status mk_cpu_pool_create(size_t n_threads, mk_cpu_pool **out) {
     atomic_init(&p->completed, 0);
     if (n_threads > 1) {
         p->workers = calloc(n_threads - 1, sizeof *p->workers);
-        if (!p->workers) {
+        p->args = calloc(n_threads - 1, sizeof *p->args);
+        if (!p->workers || !p->args) {
             mk_cpu_pool_free(p);
             return mk_fail(MK_ERR_OUT_OF_MEMORY, "cpu thread pool: out of memory");
         }
         for (size_t i = 0; i + 1 < n_threads; i++) {
-            if (pthread_create(&p->workers[i], NULL, mk_pool_worker, p) != 0) {
+            p->args[i] = (mk_pool_worker_arg){p, i + 1};
+            if (pthread_create(&p->workers[i], NULL, mk_pool_worker, &p->args[i]) != 0) {
                 mk_cpu_pool_free(p);
                 return mk_fail(MK_ERR_INTERNAL, "cpu thread pool: could not start thread %zu of %zu", i + 1,
                                n_threads);
@@ -146,6 +158,7 @@ void mk_cpu_pool_free(mk_cpu_pool *p) {
     pthread_cond_destroy(&p->wake);
     pthread_mutex_destroy(&p->mu);
     free(p->workers);
+    free(p->args);
     free(p);
 }
 
@@ -160,7 +173,7 @@ void mk_cpu_pool_run(mk_cpu_pool *p, size_t n, size_t chunk, mk_cpu_task_fn fn, 
         n_chunks = (n + chunk - 1) / chunk;
     }
     if (p->n_threads == 1 || n_chunks == 1) {
-        for (size_t begin = 0; begin < n; begin += chunk) fn(arg, begin, begin + chunk < n ? begin + chunk : n);
+        for (size_t begin = 0; begin < n; begin += chunk) fn(arg, begin, begin + chunk < n ? begin + chunk : n, 0);
         return;
     }
     p->fn = fn;
@@ -170,7 +183,7 @@ void mk_cpu_pool_run(mk_cpu_pool *p, size_t n, size_t chunk, mk_cpu_task_fn fn, 
     atomic_store_explicit(&p->completed, 0, memory_order_relaxed);
     atomic_store_explicit(&p->ticket, (uint_fast64_t)n_chunks << 32, memory_order_release);
     mk_pool_publish(p);
-    mk_pool_work(p);
+    mk_pool_work(p, 0);
     int spins = 0;
     while (atomic_load_explicit(&p->completed, memory_order_acquire) < n_chunks) {
         if (++spins < MK_POOL_WAIT_SPINS_BEFORE_YIELD) mk_cpu_relax();

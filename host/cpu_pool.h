@@ -1,9 +1,10 @@
 /* A fixed set of worker threads owned by one cpu backend, for splitting a job's items
  * (matrix rows) across cores without creating threads per op.
  *
- * mk_cpu_pool_run(pool, n, chunk, fn, arg) calls fn(arg, begin, end) over [0, n) in chunks
- * of `chunk` items (the last one shorter); the caller's thread works too and the call
- * returns when every chunk is done. Chunks are handed out in order from a shared counter,
+ * mk_cpu_pool_run(pool, n, chunk, fn, arg) calls fn(arg, begin, end, thread) over [0, n) in
+ * chunks of `chunk` items (the last one shorter); `thread` (0 = the caller, 1..n_threads-1
+ * the workers) lets a task use per-thread scratch. The caller's thread works too and the
+ * call returns when every chunk is done. Chunks are handed out in order from a shared counter,
  * so a busy core takes fewer of them, but the chunk boundaries depend only on n and
  * chunk: when fn's result for an item depends only on the item, the output is the same
  * bit for bit for any number of threads.
@@ -25,7 +26,7 @@ extern "C" {
 #endif
 
 typedef struct mk_cpu_pool mk_cpu_pool;
-typedef void (*mk_cpu_task_fn)(void *arg, size_t begin, size_t end);
+typedef void (*mk_cpu_task_fn)(void *arg, size_t begin, size_t end, size_t thread);
 
 /* n_threads >= 1 threads in all, the caller's included. */
 mk_status mk_cpu_pool_create(size_t n_threads, mk_cpu_pool **out);

@@ -106,7 +106,7 @@ struct NativeCtx {
     std::vector<mk_q8_block> xq;
     std::vector<float> wtile;
     NativeCtx(size_t threads, const mk_cpu_quant *kernels, size_t max_blocks, size_t max_in = 1024)
-        : xq(max_blocks), wtile((size_t)MK_NATIVE_GEMM_TILE * max_in) {
+        : xq(max_blocks), wtile((size_t)MK_NATIVE_GEMM_TILE * max_in * threads) {
         EXPECT_EQ(mk_cpu_pool_create(threads, &ctx.pool), MK_OK) << mk_last_error();
         ctx.kernels = kernels;
         ctx.xq = xq.data();
@@ -290,7 +290,7 @@ TEST(CpuPool, EveryItemRunsExactlyOnce) {
         for (size_t n : {1u, 7u, 64u, 1001u}) {
             for (size_t chunk : {1u, 3u, 16u}) {
                 std::vector<int> hits(n, 0);
-                mk_cpu_pool_run(p, n, chunk, [](void *arg, size_t b, size_t e) {
+                mk_cpu_pool_run(p, n, chunk, [](void *arg, size_t b, size_t e, size_t) {
                     int *h = static_cast<int *>(arg);
                     for (size_t i = b; i < e; i++) __atomic_fetch_add(&h[i], 1, __ATOMIC_RELAXED);
                 }, hits.data());
@@ -305,7 +305,7 @@ TEST(CpuPool, EveryItemRunsExactlyOnce) {
     std::vector<int> hits(50, 0);
     for (int job = 0; job < 300; job++) {
         if (job % 50 == 49) usleep(2000);
-        mk_cpu_pool_run(p, hits.size(), 2, [](void *arg, size_t b, size_t e) {
+        mk_cpu_pool_run(p, hits.size(), 2, [](void *arg, size_t b, size_t e, size_t) {
             int *h = static_cast<int *>(arg);
             for (size_t i = b; i < e; i++) __atomic_fetch_add(&h[i], 1, __ATOMIC_RELAXED);
         }, hits.data());
