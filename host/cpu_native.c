@@ -127,8 +127,11 @@ mk_status mk_cpu_native_matmul(const mk_cpu_native *ctx, float *y, const float *
     const size_t threads = mk_cpu_pool_threads(ctx->pool);
     if (rows >= MK_NATIVE_GEMM_MIN_ROWS && ctx->wtile && in_dim * MK_NATIVE_GEMM_TILE * threads <= ctx->wtile_elems) {
         mk_tile_job tiles = {.ctx = ctx, .w = h, .data = data, .y = y, .x = x, .rows = rows, .failed = false};
-        mk_cpu_pool_run(ctx->pool, (out_dim + MK_NATIVE_GEMM_TILE - 1) / MK_NATIVE_GEMM_TILE, 1, mk_native_tiles,
-                        &tiles);
+        const size_t n_tiles = (out_dim + MK_NATIVE_GEMM_TILE - 1) / MK_NATIVE_GEMM_TILE;
+        /* A multi-threaded OpenBLAS gets the tiles one after the other (its threads split
+         * each one); tiles from several of our threads at once would oversubscribe. */
+        if (mk_cpu_blas_threads() > 1) mk_native_tiles(&tiles, 0, n_tiles, 0);
+        else mk_cpu_pool_run(ctx->pool, n_tiles, 1, mk_native_tiles, &tiles);
         if (tiles.failed) return mk_fail(MK_ERR_INTERNAL, "native matmul: a weight tile did not dequantize");
         return MK_OK;
     }

@@ -198,6 +198,11 @@ void mk_cpu_matmul(float *y, const float *x, const float *w, size_t rows, size_t
                 (blasint)out_dim);
 }
 
+size_t mk_cpu_blas_threads(void) {
+    const int n = openblas_get_num_threads();
+    return n > 0 ? (size_t)n : 1;
+}
+
 void mk_cpu_sgemm_strided(float *y, size_t ldy, const float *x, const float *w, size_t rows, size_t in_dim,
                           size_t n) {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)rows, (blasint)n, (blasint)in_dim, 1.0f, x,

@@ -91,6 +91,9 @@ void mk_cpu_matmul(float *y /* [rows, out_dim] */, const float *x /* [rows, in_d
 void mk_cpu_sgemm_strided(float *y /* [rows, ldy] */, size_t ldy, const float *x /* [rows, in_dim] */,
                           const float *w /* [n, in_dim] */, size_t rows, size_t in_dim, size_t n);
 
+/* Threads OpenBLAS itself uses per call (OPENBLAS_NUM_THREADS). */
+size_t mk_cpu_blas_threads(void);
+
 /* ---- dtype conversions (round to nearest even) ---- */
 uint16_t mk_f32_to_f16(float f);
 float mk_f16_to_f32(uint16_t h);
