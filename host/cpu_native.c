@@ -124,8 +124,11 @@ mk_status mk_cpu_native_matmul(const mk_cpu_native *ctx, float *y, const float *
         mk_cpu_matmul(y, x, (const float *)data, rows, in_dim, out_dim);
         return MK_OK;
     }
-    const size_t threads = mk_cpu_pool_threads(ctx->pool);
-    if (rows >= MK_NATIVE_GEMM_MIN_ROWS && ctx->wtile && in_dim * MK_NATIVE_GEMM_TILE * threads <= ctx->wtile_elems) {
+    /* The path depends on the row count alone (never on the threads), so results do too. */
+    if (rows >= MK_NATIVE_GEMM_MIN_ROWS && ctx->wtile) {
+        if (in_dim * MK_NATIVE_GEMM_TILE * mk_cpu_pool_threads(ctx->pool) > ctx->wtile_elems)
+            return mk_fail(MK_ERR_INTERNAL, "native matmul: weight tiles of width %zu exceed the reserved scratch",
+                           in_dim);
         mk_tile_job tiles = {.ctx = ctx, .w = h, .data = data, .y = y, .x = x, .rows = rows, .failed = false};
         const size_t n_tiles = (out_dim + MK_NATIVE_GEMM_TILE - 1) / MK_NATIVE_GEMM_TILE;
         /* A multi-threaded OpenBLAS gets the tiles one after the other (its threads split

@@ -44,8 +44,8 @@ enum { MK_NATIVE_GEMM_MIN_ROWS = 32, MK_NATIVE_GEMM_TILE = 256 };
 
 /* What a native matrix product needs: the threads, the kernels, scratch for the quantized
  * activations (xq_blocks blocks of 32) and one dequantized weight tile per thread
- * (wtile_elems floats in all; too small or NULL = products of many rows use the dot
- * kernels too). Owned by the backend. */
+ * (wtile_elems floats in all, at least threads x MK_NATIVE_GEMM_TILE x the widest input;
+ * NULL = products of many rows use the dot kernels too). Owned by the backend. */
 typedef struct mk_cpu_native {
     mk_cpu_pool *pool;
     const mk_cpu_quant *kernels;
