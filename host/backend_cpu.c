@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "backend.h"
+#include "cpu_attention_fast.h"
 #include "cpu_native.h"
 #include "cpu_ops.h"
 #include "mk_error.h"
@@ -16,6 +17,7 @@
 typedef struct mk_cpu_backend {
     mk_backend base;
     mk_cpu_native native; /* pool, kernels, activation scratch (native mode) */
+    mk_attention_fast_fn attention_fast; /* native mode, F32 cache: float accumulation */
     /* RoPE cos/sin of every position of the reserved context, for the model's head_dim and
      * theta (the values mk_cpu_rope computes, computed once): [rope_positions, hd/2, 2]. */
     float *rope_table;
@@ -149,11 +151,14 @@ typedef struct mk_attention_job {
     const void *k_cache, *v_cache;
     size_t past, n_heads, n_kv_heads, head_dim;
     bool f16;
+    mk_attention_fast_fn fast;
 } mk_attention_job;
 
 static void cpu_attention_part(void *arg, size_t begin, size_t end, size_t thread) {
     const mk_attention_job *j = arg;
-    if (j->f16)
+    if (j->fast)
+        j->fast(j->out, j->q, j->k_cache, j->v_cache, begin, end, j->past, j->n_heads, j->n_kv_heads, j->head_dim);
+    else if (j->f16)
         mk_cpu_attention_heads_f16(j->out, j->q, j->k_cache, j->v_cache, begin, end, j->past, j->n_heads,
                                    j->n_kv_heads, j->head_dim);
     else
@@ -163,9 +168,11 @@ static void cpu_attention_part(void *arg, size_t begin, size_t end, size_t threa
 
 static mk_status cpu_attention(mk_backend *b, float *out, const float *q, const void *k_cache, const void *v_cache,
                                size_t rows, size_t past, size_t n_heads, size_t n_kv_heads, size_t head_dim) {
-    /* Every (row, head) pair is computed alone: native mode spreads them over the pool. */
-    mk_attention_job job = {out, q, k_cache, v_cache, past, n_heads, n_kv_heads, head_dim,
-                            mk_backend_kv_dtype(b) == MK_DTYPE_F16};
+    /* Every (row, head) pair is computed alone: native mode spreads them over the pool and,
+     * over an F32 cache, accumulates in float (the parity mode keeps the double reference). */
+    const bool f16 = mk_backend_kv_dtype(b) == MK_DTYPE_F16;
+    mk_attention_job job = {out, q, k_cache, v_cache, past, n_heads, n_kv_heads, head_dim, f16,
+                            f16 ? NULL : cpu_of(b)->attention_fast};
     mk_cpu_pool *pool = cpu_of(b)->native.pool;
     if (pool) mk_cpu_pool_run(pool, rows * n_heads, 1, cpu_attention_part, &job);
     else cpu_attention_part(&job, 0, rows * n_heads, 0);
@@ -240,6 +247,7 @@ mk_status mk_backend_cpu_create(const mk_backend_config *config, mk_backend **ou
         const size_t threads = config->threads ? config->threads : mk_cpu_core_count();
         cb->base.config.threads = threads;
         cb->native.kernels = mk_cpu_quant_best();
+        cb->attention_fast = mk_cpu_attention_fast_for(cb->native.kernels);
         const mk_status s = mk_cpu_pool_create(threads, &cb->native.pool);
         if (s != MK_OK) {
             free(cb);

@@ -11,6 +11,7 @@
 
 #include <unistd.h>
 
+#include "cpu_attention_fast.h"
 #include "cpu_native.h"
 #include "cpu_ops.h"
 #include "cpu_pool.h"
@@ -349,6 +350,34 @@ TEST(NativeWeightStore, OtherFormatsBecomeF32AndEmbeddingDequantizesRows) {
     EXPECT_EQ(mk_cpu_native_store(buf.data(), MK_GGML_TYPE_Q8_0, q8.data(), q8.size() - 1, rows, cols),
               MK_ERR_DATA_LENGTH);
     EXPECT_EQ(mk_cpu_native_weight_bytes(MK_GGML_TYPE_Q8_0, rows, 33), 0u); // not whole blocks
+}
+
+// The native mode's float attention agrees with the double-accumulating reference, in
+// both compiled copies, for head widths with and without a tail past the 8 lanes.
+TEST(NativeAttention, FloatAttentionMatchesTheReference) {
+    std::mt19937 rng(21);
+    std::vector<mk_attention_fast_fn> fns = {mk_cpu_attention_fast_for(mk_cpu_quant_portable())};
+    if (mk_cpu_quant_avx2()) fns.push_back(mk_cpu_attention_fast_for(mk_cpu_quant_avx2()));
+    for (size_t head_dim : {8u, 20u, 64u}) {
+        const size_t rows = 3, past = 37, heads = 6, kv_heads = 2, ctx = past + rows;
+        const std::vector<float> q = random_floats(rows * heads * head_dim, rng);
+        const std::vector<float> k = random_floats(ctx * kv_heads * head_dim, rng);
+        const std::vector<float> v = random_floats(ctx * kv_heads * head_dim, rng);
+        std::vector<float> ref(rows * heads * head_dim);
+        mk_cpu_attention(ref.data(), q.data(), k.data(), v.data(), rows, past, heads, kv_heads, head_dim);
+        for (mk_attention_fast_fn fn : fns) {
+            std::vector<float> got(ref.size() + 4, kSentinel);
+            fn(got.data(), q.data(), k.data(), v.data(), 0, rows * heads, past, heads, kv_heads, head_dim);
+            for (size_t i = ref.size(); i < got.size(); i++) EXPECT_EQ(got[i], kSentinel);
+            std::vector<float> parts(ref.size());
+            fn(parts.data(), q.data(), k.data(), v.data(), 0, 5, past, heads, kv_heads, head_dim);
+            fn(parts.data(), q.data(), k.data(), v.data(), 5, rows * heads, past, heads, kv_heads, head_dim);
+            got.resize(ref.size());
+            EXPECT_TRUE(bit_identical(got, parts)) << "a split of the (row, head) pairs changed the result";
+            for (size_t i = 0; i < ref.size(); i++)
+                ASSERT_NEAR(got[i], ref[i], 2e-5f * (1.0f + std::fabs(ref[i]))) << "head_dim " << head_dim << " at " << i;
+        }
+    }
 }
 
 } // namespace

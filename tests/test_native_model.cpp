@@ -340,8 +340,9 @@ TEST(NativeModelDigest, BundleOfAnotherWeightModeIsRefused) {
     mk_tail_output_free(out);
 }
 
-// Native mode on a source without a stored format (a random model) keeps F32 and computes
-// exactly what the F32 mode computes; the cuda backend refuses the mode.
+// Native mode on a source without a stored format (a random model) keeps F32 weights and
+// the SGEMM products of the F32 mode; only attention accumulates in float instead of
+// double, so the two agree to float rounding. The cuda backend refuses the mode.
 TEST(NativeModelDigest, RandomModelInNativeModeEqualsF32Mode) {
     ModelPtr model = make_random_model(gqa_tied_hparams());
     mk_range_options native = mk_range_options_default();
@@ -349,7 +350,13 @@ TEST(NativeModelDigest, RandomModelInNativeModeEqualsF32Mode) {
     const Decode a = decode_greedy(model.get(), {2}, native, {1, 2, 3}, 4);
     const Decode b = decode_greedy(model.get(), {2}, mk_range_options_default(), {1, 2, 3}, 4);
     ASSERT_EQ(a.logits.size(), 4u);
-    for (size_t i = 0; i < 4; i++) EXPECT_TRUE(bit_identical(a.logits[i], b.logits[i])) << i;
+    ASSERT_EQ(b.logits.size(), 4u);
+    EXPECT_EQ(a.tokens, b.tokens);
+    for (size_t i = 0; i < 4; i++) {
+        float scale = 0.0f;
+        for (float x : b.logits[i]) scale = std::max(scale, std::fabs(x));
+        for (size_t j = 0; j < b.logits[i].size(); j++) ASSERT_NEAR(a.logits[i][j], b.logits[i][j], 1e-5f * scale) << i;
+    }
     mk_backend_config cuda = mk_backend_config_default(MK_BACKEND_CUDA);
     cuda.weight_dtype = MK_DTYPE_NATIVE;
     mk_range_options o = mk_range_options_default();
