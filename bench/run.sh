@@ -4,7 +4,7 @@
 # same run, and writes one JSON document, a table and PNG plots.
 #
 #   bench/run.sh [--quick] [--tiny] [--suite NAME]... [--out DIR] [--build DIR] [--bin-dir DIR]
-#                [--model GGUF] [--threads N] [--no-build] [--no-install] [--no-plots]
+#                [--model GGUF] [--threads N (default: every core)] [--no-build] [--no-install] [--no-plots]
 #
 # Suites (default: all, in this order):
 #   ceilings  bench/ceilings: memcpy, single- and multi-threaded read bandwidth; with a CUDA
@@ -30,7 +30,9 @@ set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 ALL_SUITES=(ceilings kernels e2e seams pipeline)
 SUITES=() MODE=full OUTDIR="$ROOT/bench/results" BUILD="$ROOT/build-bench" BIN_DIR=""
-MODEL="$ROOT/models/SmolLM2-135M-Instruct.Q4_1.gguf" THREADS=$(nproc 2>/dev/null || echo 2)
+# --threads: the engines' threads (meshkern and llama.cpp alike); read_mt always uses every core
+CORES=$(nproc 2>/dev/null || echo 2)
+MODEL="$ROOT/models/SmolLM2-135M-Instruct.Q4_1.gguf" THREADS=$CORES
 DO_BUILD=1 DO_INSTALL=1 DO_PLOTS=1
 
 usage() { sed -n '2,26p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
@@ -122,11 +124,11 @@ if [ $need_peer -eq 1 ] && ! peer_ready && [ $DO_INSTALL -eq 1 ]; then
   # CPU build from source on first use; with a GPU, llama.cpp's CUDA build if it compiles.
   say "installing llama-cpp-python (the e2e peer; pip caches the build)"
   if have_gpu && command -v nvcc >/dev/null 2>&1; then
-    CMAKE_ARGS="-DGGML_CUDA=on" timeout 900 python3 -m pip install llama-cpp-python numpy >"$RAW/pip.log" 2>&1 ||
+    CMAKE_ARGS="-DGGML_CUDA=on" timeout 900 python3 -m pip install --retries 1 --timeout 20 llama-cpp-python numpy >"$RAW/pip.log" 2>&1 ||
       say "llama-cpp-python CUDA build failed; trying the CPU build"
   fi
-  peer_ready || timeout 900 python3 -m pip install llama-cpp-python numpy >>"$RAW/pip.log" 2>&1 ||
-    timeout 900 python3 -m pip install --break-system-packages llama-cpp-python numpy >>"$RAW/pip.log" 2>&1 ||
+  peer_ready || timeout 900 python3 -m pip install --retries 1 --timeout 20 llama-cpp-python numpy >>"$RAW/pip.log" 2>&1 ||
+    timeout 900 python3 -m pip install --retries 1 --timeout 20 --break-system-packages llama-cpp-python numpy >>"$RAW/pip.log" 2>&1 ||
     say "llama-cpp-python could not be installed (see $RAW/pip.log)"
 fi
 
@@ -199,7 +201,7 @@ for suite in "${SUITES[@]}"; do
   case $suite in
     ceilings)
       is_available ceilings host ceilings &&
-        run_case ceilings host 300 "$CEIL_BIN" --bytes "$CEIL_BYTES" --threads "$THREADS" --reps "$CEIL_REPS" \
+        run_case ceilings host 300 "$CEIL_BIN" --bytes "$CEIL_BYTES" --threads "$CORES" --reps "$CEIL_REPS" \
           --json "$RAW/ceilings/ceilings.json"
       ;;
     kernels)
