@@ -358,6 +358,7 @@ def table(doc):
 # ---- plots (gnuplot) -------------------------------------------------------------------------
 
 def _gnuplot(script, outdir, name):
+    outdir = os.path.abspath(outdir)
     path = os.path.join(outdir, name + ".gp")
     with open(path, "w") as f:
         f.write(script)

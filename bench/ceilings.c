@@ -7,8 +7,9 @@
  *   read_mt     every thread summing its own share of one buffer: the ceiling of a decode
  *               step that streams its weights from all cores (llama.cpp on 2 threads beats
  *               a single-thread memcpy, so that is no ceiling for a multi-threaded reader)
- *   cuda_d2d, cuda_h2d_pinned, cuda_d2h_pinned (built with MK_CEILINGS_CUDA and only when a
- *               device exists): cudaMemcpy bandwidth, bytes copied per second
+ *   cuda_d2d    (built with MK_CEILINGS_CUDA, with a device) cudaMemcpy on the device, bytes
+ *               read + written per second (device memory traffic, as kernel_bench counts it)
+ *   cuda_h2d_pinned, cuda_d2h_pinned: pinned host<->device cudaMemcpy, bytes copied per second
  *
  * Each figure is the best of --reps rounds after one warm-up round (the best, because
  * other work on a shared machine only ever makes a round slower). The buffer is filled
@@ -216,7 +217,9 @@ static void cuda_ceilings(results *r, size_t bytes, int reps) {
     const double d2d = cuda_copy_gbps(cudaMemcpyDeviceToDevice, bytes, reps);
     const double h2d = cuda_copy_gbps(cudaMemcpyHostToDevice, bytes, reps);
     const double d2h = cuda_copy_gbps(cudaMemcpyDeviceToHost, bytes, reps);
-    if (d2d > 0) add(r, "cuda_d2d", "device-to-device cudaMemcpy, bytes copied per second", d2d, bytes, 1);
+    /* A device copy reads and writes every byte: counted twice, as kernel_bench counts its
+     * copy and every kernel's traffic, so the kernels' and decode's bytes compare with it. */
+    if (d2d > 0) add(r, "cuda_d2d", "device-to-device cudaMemcpy, bytes read + written per second", 2.0 * d2d, bytes, 1);
     if (h2d > 0) add(r, "cuda_h2d_pinned", "pinned host to device cudaMemcpy", h2d, bytes, 1);
     if (d2h > 0) add(r, "cuda_d2h_pinned", "device to pinned host cudaMemcpy", d2h, bytes, 1);
 }

@@ -186,8 +186,13 @@ is_available() {
   local suite=$1 name=$2 p=$3 path
   path=$(bin "$p")
   if [ ! -f "$ROOT/$(prog_src "$p")" ]; then unavailable "$suite" "$name" "$p is not in this tree yet"; return 1; fi
+  if [ ! -x "$path" ] && [ $DO_BUILD -eq 0 ]; then  # the caller chose not to build it
+    unavailable "$suite" "$name" "$p is not built ($path) and --no-build/--bin-dir was given"
+    return 1
+  fi
   if [ ! -x "$path" ]; then
-    unavailable "$suite" "$name" "$p is not built ($path; see raw/build.log)"
+    say "$suite / $name: FAILED ($p did not build; see $RAW/build.log)"
+    record "$suite" "$name" failed 0 "$p did not build (see raw/build.log)"
     FAILED=1
     return 1
   fi

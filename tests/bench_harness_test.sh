@@ -73,7 +73,7 @@ PY
 # a suite whose program is not there is "not available", with a reason, and no error
 mkdir -p "$WORK/empty-bin"
 "$SRC/bench/run.sh" --suite seams --tiny --bin-dir "$WORK/empty-bin" --out "$WORK/na" --no-install --no-plots \
-  >"$WORK/na.log" 2>&1
+  >"$WORK/na.log" 2>&1 || { cat "$WORK/na.log"; fail "a program not built on purpose made run.sh fail"; }
 python3 - "$WORK/na/results.json" <<'PY' || fail "a missing program"
 import json, sys
 doc = json.load(open(sys.argv[1]))
