@@ -70,6 +70,26 @@ broken(set_(["suites", "ceilings", "cases", 0, "status"], "failed"), "without a 
 broken(set_(["suites", "warp"], {"status": "ok", "cases": []}), "unknown suite")
 PY
 
+# the README section is generated from the document: its numbers come from the JSON, the text
+# around the markers is kept, and an invalid document is refused without touching the file
+printf '# title\nbefore\n<!-- bench:begin -->\nstale 123\n<!-- bench:end -->\nafter\n' >"$WORK/README.md"
+python3 "$SRC/scripts/bench_readme.py" "$WORK/results.json" "$WORK/README.md" >/dev/null || fail "bench_readme.py"
+python3 - "$WORK/results.json" "$WORK/README.md" <<'PY' || fail "the generated README section"
+import json, sys
+doc, text = json.load(open(sys.argv[1])), open(sys.argv[2]).read()
+assert text.startswith("# title\nbefore\n<!-- bench:begin -->") and text.endswith("<!-- bench:end -->\nafter\n"), text
+assert "stale 123" not in text and doc["date"] in text and doc["machine"]["cpu_model"] in text
+for f in doc["figures"]:
+    v = f["value"]
+    shown = f"{v:.3g}" if v < 100 else f"{v:.0f}"
+    assert f"| {f['name']} | {shown} {f['unit']} |" in text, (f, text)
+PY
+cp "$WORK/README.md" "$WORK/README.before"
+python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); d["figures"][0]["value"]=0; json.dump(d,open(sys.argv[2],"w"))' \
+  "$WORK/results.json" "$WORK/bad.json"
+python3 "$SRC/scripts/bench_readme.py" "$WORK/bad.json" "$WORK/README.md" 2>/dev/null && fail "an invalid document was accepted"
+cmp -s "$WORK/README.md" "$WORK/README.before" || fail "an invalid document changed the README"
+
 # a suite whose program is not there is "not available", with a reason, and no error
 mkdir -p "$WORK/empty-bin"
 "$SRC/bench/run.sh" --suite seams --tiny --bin-dir "$WORK/empty-bin" --out "$WORK/na" --no-install --no-plots \
