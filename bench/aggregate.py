@@ -137,7 +137,7 @@ def collect_ceilings(raw, figs):
     if not doc:
         return
     for f in doc.get("figures", []):
-        figs.add("ceilings", "host" if not f["name"].startswith("cuda") else "cuda", f["name"], f["value"],
+        figs.add("ceilings", "cuda" if f["name"].startswith("cu") else "host", f["name"], f["value"],
                  f["unit"], f"{f.get('what', '')} ({f.get('threads', 1)} threads, {f.get('bytes', 0) >> 20} MiB)")
 
 
@@ -417,7 +417,7 @@ def plots(doc, outdir):
                              "set xlabel 'sequences in flight'\nset ylabel 'tokens/s'\nunset key\n"
                              "plot '-' using 1:2 with linespoints\n" + "\n".join(f"{a} {b}" for a, b in sorted(pipe))
                              + "\ne\n", outdir, "pipeline_scaling"))
-    c = [(f["name"], f["value"]) for f in figs if f["suite"] == "ceilings"]
+    c = [(f["name"], f["value"]) for f in figs if f["suite"] == "ceilings" and f["unit"] == "GB/s"]
     if c:
         made.append(_gnuplot(HEAD + bars + "set output 'ceilings.png'\nset title 'Measured ceilings'\n"
                              "set ylabel 'GB/s'\nunset key\nplot '-' using 2:xtic(1)\n" + _bars(c), outdir, "ceilings"))

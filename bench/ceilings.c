@@ -10,6 +10,8 @@
  *   cuda_d2d    (built with MK_CEILINGS_CUDA, with a device) cudaMemcpy on the device, bytes
  *               read + written per second (device memory traffic, as kernel_bench counts it)
  *   cuda_h2d_pinned, cuda_d2h_pinned: pinned host<->device cudaMemcpy, bytes copied per second
+ *   cublas_gemm_f32, cublas_gemm_bf16: cublasGemmEx on 4096^3 (F32, and BF16 inputs with F32
+ *               accumulation), FLOP per second (2*M*N*K per GEMM)
  *
  * Each figure is the best of --reps rounds after one warm-up round (the best, because
  * other work on a shared machine only ever makes a round slower). The buffer is filled
@@ -29,6 +31,7 @@
 #include <unistd.h>
 
 #ifdef MK_CEILINGS_CUDA
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
 #endif
 
@@ -41,12 +44,13 @@ typedef struct {
     const char *json_path;
 } options;
 
-enum { MAX_FIGURES = 8, MAX_THREADS = 256 };
+enum { MAX_FIGURES = 10, MAX_THREADS = 256 };
 
 typedef struct {
     const char *name;
     const char *what;
-    double gbps;
+    const char *unit; /* "GB/s" or "GFLOP/s" */
+    double gbps;      /* the value, in unit */
     size_t bytes;
     size_t threads;
 } figure;
@@ -57,8 +61,13 @@ typedef struct {
     char device[256];
 } results;
 
+static void add_unit(results *r, const char *name, const char *what, const char *unit, double value, size_t bytes,
+                     size_t threads) {
+    if (r->n < MAX_FIGURES) r->f[r->n++] = (figure){name, what, unit, value, bytes, threads};
+}
+
 static void add(results *r, const char *name, const char *what, double gbps, size_t bytes, size_t threads) {
-    if (r->n < MAX_FIGURES) r->f[r->n++] = (figure){name, what, gbps, bytes, threads};
+    add_unit(r, name, what, "GB/s", gbps, bytes, threads);
 }
 
 static double now_s(void) {
@@ -209,6 +218,55 @@ static double cuda_copy_gbps(enum cudaMemcpyKind kind, size_t bytes, int reps) {
     return best;
 }
 
+/* cublasGemmEx C = A * B, n x n x n, inputs of one type (a non-zero byte pattern: never
+ * time on zeros), F32 accumulation; GFLOP/s, best of reps after a warm-up. */
+static double gemm_gflops(cudaDataType_t type, size_t elem, int n, int reps) {
+    void *a = NULL, *b = NULL, *c = NULL;
+    const size_t in_bytes = (size_t)n * (size_t)n * elem, out_bytes = (size_t)n * (size_t)n * sizeof(float);
+    CK(cudaMalloc(&a, in_bytes));
+    CK(cudaMalloc(&b, in_bytes));
+    CK(cudaMalloc(&c, out_bytes));
+    CK(cudaMemset(a, 0x3C, in_bytes));
+    CK(cudaMemset(b, 0x3C, in_bytes));
+    cublasHandle_t h = NULL;
+    if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) {
+        fprintf(stderr, "ceilings: cublasCreate failed\n");
+        return 0.0;
+    }
+    cudaStream_t st;
+    cudaEvent_t e0, e1;
+    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    cublasSetStream(h, st);
+    const float alpha = 1.0f, beta = 0.0f;
+    double best = 0.0;
+    for (int i = 0; i <= reps; i++) {
+        float ms = 0.0f;
+        CK(cudaEventRecord(e0, st));
+        const cublasStatus_t cs = cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &alpha, a, type, n, b, type, n,
+                                               &beta, c, CUDA_R_32F, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        if (cs != CUBLAS_STATUS_SUCCESS) {
+            fprintf(stderr, "ceilings: cublasGemmEx failed (status %d)\n", (int)cs);
+            best = 0.0;
+            break;
+        }
+        CK(cudaEventRecord(e1, st));
+        CK(cudaEventSynchronize(e1));
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        const double gflops = 2.0 * (double)n * (double)n * (double)n / 1e9 / (ms * 1e-3);
+        if (i > 0 && gflops > best) best = gflops;
+    }
+    cublasDestroy(h);
+    CK(cudaEventDestroy(e0));
+    CK(cudaEventDestroy(e1));
+    CK(cudaStreamDestroy(st));
+    CK(cudaFree(a));
+    CK(cudaFree(b));
+    CK(cudaFree(c));
+    return best;
+}
+
 static void cuda_ceilings(results *r, size_t bytes, int reps) {
     int count = 0;
     if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) return; /* host figures only */
@@ -222,6 +280,12 @@ static void cuda_ceilings(results *r, size_t bytes, int reps) {
     if (d2d > 0) add(r, "cuda_d2d", "device-to-device cudaMemcpy, bytes read + written per second", 2.0 * d2d, bytes, 1);
     if (h2d > 0) add(r, "cuda_h2d_pinned", "pinned host to device cudaMemcpy", h2d, bytes, 1);
     if (d2h > 0) add(r, "cuda_d2h_pinned", "device to pinned host cudaMemcpy", d2h, bytes, 1);
+    enum { GEMM_N = 4096 };
+    const double f32 = gemm_gflops(CUDA_R_32F, sizeof(float), GEMM_N, reps);
+    const double bf16 = gemm_gflops(CUDA_R_16BF, 2, GEMM_N, reps);
+    if (f32 > 0) add_unit(r, "cublas_gemm_f32", "cublasGemmEx F32, 4096^3, FLOP per second", "GFLOP/s", f32, 0, 1);
+    if (bf16 > 0)
+        add_unit(r, "cublas_gemm_bf16", "cublasGemmEx BF16 inputs, F32 accumulation, 4096^3", "GFLOP/s", bf16, 0, 1);
 }
 #endif
 
@@ -265,9 +329,9 @@ int main(int argc, char **argv) {
     cuda_ceilings(&r, o.bytes, o.reps);
 #endif
 
-    printf("%-16s %10s %8s %12s  %s\n", "ceiling", "GB/s", "threads", "buffer MiB", "what");
+    printf("%-16s %10s %-8s %8s %12s  %s\n", "ceiling", "value", "unit", "threads", "buffer MiB", "what");
     for (size_t i = 0; i < r.n; i++)
-        printf("%-16s %10.2f %8zu %12.0f  %s\n", r.f[i].name, r.f[i].gbps, r.f[i].threads,
+        printf("%-16s %10.2f %-8s %8zu %12.0f  %s\n", r.f[i].name, r.f[i].gbps, r.f[i].unit, r.f[i].threads,
                (double)r.f[i].bytes / (1 << 20), r.f[i].what);
     printf("(checksum %016llx)\n", (unsigned long long)checksum);
 
@@ -280,9 +344,10 @@ int main(int argc, char **argv) {
         fprintf(j, "{\"threads\": %zu, \"bytes\": %zu, \"reps\": %d, \"device\": \"%s\", \"figures\": [", o.threads,
                 o.bytes, o.reps, r.device);
         for (size_t i = 0; i < r.n; i++)
-            fprintf(j, "%s\n  {\"name\": \"%s\", \"value\": %.4f, \"unit\": \"GB/s\", \"threads\": %zu, \"bytes\": %zu, "
+            fprintf(j, "%s\n  {\"name\": \"%s\", \"value\": %.4f, \"unit\": \"%s\", \"threads\": %zu, \"bytes\": %zu, "
                        "\"what\": \"%s\"}",
-                    i ? "," : "", r.f[i].name, r.f[i].gbps, r.f[i].threads, r.f[i].bytes, r.f[i].what);
+                    i ? "," : "", r.f[i].name, r.f[i].gbps, r.f[i].unit, r.f[i].threads, r.f[i].bytes,
+                    r.f[i].what);
         fprintf(j, "\n]}\n");
         fclose(j);
     }

@@ -8,7 +8,7 @@
 #
 # Suites (default: all, in this order):
 #   ceilings  bench/ceilings: memcpy, single- and multi-threaded read bandwidth; with a CUDA
-#             device also device-to-device and pinned host<->device copies
+#             device also device-to-device and pinned host<->device copies, cuBLAS F32/BF16 GEMM
 #   kernels   bench/kernel_bench: every CUDA kernel family vs the device copy (CUDA device only)
 #   e2e       bench/e2e_bench on the GGUF (whole vs split, prefill and decode tokens/s, decode
 #             weight bandwidth vs read_mt) and bench/llamacpp_peer.py: llama.cpp on the same
@@ -172,7 +172,7 @@ if [ ! -x "$BIN_DIR/ceilings" ] && [ -f "$ROOT/bench/ceilings.c" ] && [[ " ${wan
   cuda_home=$(dirname "$(dirname "$(command -v nvcc 2>/dev/null || echo /usr/local/cuda/bin/nvcc)")")
   if have_gpu && [ -f "$cuda_home/include/cuda_runtime.h" ]; then
     cc -O3 -std=c11 -D_GNU_SOURCE -DMK_CEILINGS_CUDA -I"$cuda_home/include" "$ROOT/bench/ceilings.c" \
-      -L"$cuda_home/lib64" -Wl,-rpath,"$cuda_home/lib64" -lcudart -pthread -o "$CEIL_BIN" >>"$RAW/build.log" 2>&1
+      -L"$cuda_home/lib64" -Wl,-rpath,"$cuda_home/lib64" -lcublas -lcudart -pthread -o "$CEIL_BIN" >>"$RAW/build.log" 2>&1
   else
     cc -O3 -std=c11 -D_GNU_SOURCE "$ROOT/bench/ceilings.c" -pthread -o "$CEIL_BIN" >>"$RAW/build.log" 2>&1
   fi

@@ -21,7 +21,8 @@ MEANING = {
     "ceilings": "What this machine's memory can do, measured in the same run: `memcpy_1t` bytes copied per "
                 "second by one thread; `read_1t` / `read_mt` bytes read per second by one thread / by every "
                 "thread summing its share of one buffer (the ceiling a decode step that streams its weights is "
-                "judged against); on a GPU `cuda_d2d` and pinned host<->device copies.",
+                "judged against); on a GPU `cuda_d2d` (device memory traffic: bytes read + written), pinned "
+                "host<->device copies, and cuBLAS F32 and BF16 GEMM rates.",
     "kernels": "Each CUDA kernel family on SmolLM2- and Llama-3-8B-shaped inputs, validated against the CPU op "
                "before it is timed: bytes moved per second as a % of the device-to-device copy.",
     "e2e": "SmolLM2-135M (the GGUF in models/) run whole and split in two ranges (the residual crosses the wire "
