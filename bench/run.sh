@@ -114,8 +114,10 @@ run_case() {
 have_gpu() { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; }
 if [ $DO_PLOTS -eq 1 ] && ! command -v gnuplot >/dev/null 2>&1 && [ $DO_INSTALL -eq 1 ]; then
   say "installing gnuplot-nox (plots)"
-  if [ "$(id -u)" = 0 ]; then apt-get install -y gnuplot-nox >"$RAW/apt.log" 2>&1
-  else sudo -n apt-get install -y gnuplot-nox >"$RAW/apt.log" 2>&1; fi || say "gnuplot not installed: no plots"
+  asroot=()
+  [ "$(id -u)" = 0 ] || asroot=(sudo -n)
+  # shellcheck disable=SC2024 # the log is ours; only apt-get needs root
+  "${asroot[@]}" apt-get install -y gnuplot-nox >"$RAW/apt.log" 2>&1 || say "gnuplot not installed: no plots"
 fi
 peer_ready() { python3 -c 'import llama_cpp, numpy' >/dev/null 2>&1; }
 need_peer=0
