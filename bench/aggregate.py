@@ -84,7 +84,9 @@ def versions(root, peer):
 
 def git(root):
     commit = _run(["git", "-C", root, "rev-parse", "HEAD"]) or "unknown"
-    dirty = bool(_run(["git", "-C", root, "status", "--porcelain", "--untracked-files=no"]))
+    # uncommitted changes to tracked files, except the harness's own outputs (bench/results)
+    dirty = bool(_run(["git", "-C", root, "status", "--porcelain", "--untracked-files=no", "--", ".",
+                       ":(exclude)bench/results"]))
     return {"commit": commit, "dirty": dirty}
 
 
