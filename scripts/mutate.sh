@@ -53,6 +53,13 @@ MUTATIONS=(
 )
 
 log() { printf '%s\n' "$*" >&2; }
+# Run a command and wait for it with the `wait` builtin: a Ctrl-C then reaches the INT trap
+# at once (bash defers traps while a foreground child runs, and skips them when the child
+# exits normally, as ninja does when interrupted).
+run() {
+  "$@" &
+  wait $!
+}
 
 # ---- the copy of the tree --------------------------------------------------------------
 mkdir -p "$SRC"
@@ -82,25 +89,25 @@ log "== configure and build the simulated suites in $BUILD"
 cmake -S "$SRC" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMESHKERN_CUDA=OFF -DMESHKERN_TESTS=ON \
   >"$WORK/configure.log" 2>&1 || { tail -20 "$WORK/configure.log"; exit 2; }
 TARGETS=(test_ops_sim test_boundary_contract test_bundle_malformed test_parity)
-ninja -C "$BUILD" -j "$JOBS" "${TARGETS[@]}" >"$WORK/build.log" 2>&1 || { tail -30 "$WORK/build.log"; exit 2; }
+run ninja -C "$BUILD" -j "$JOBS" "${TARGETS[@]}" >"$WORK/build.log" 2>&1 || { tail -30 "$WORK/build.log"; exit 2; }
 
 # The unmutated suites must be green first, or no red means anything.
 run_tests() { # $1 = test spec; returns 0 when every test passed
   case "$1" in
     ops:*)
       local filter="${1#ops:}"
-      CUDASIM_ORDER=forward timeout 900 "$BUILD/tests/ops/test_ops_sim" --gtest_filter="$filter" >>"$WORK/run.log" 2>&1 &&
-        CUDASIM_ORDER=random CUDASIM_SEED=7 timeout 900 "$BUILD/tests/ops/test_ops_sim" --gtest_filter="$filter" \
+      CUDASIM_ORDER=forward run timeout 900 "$BUILD/tests/ops/test_ops_sim" --gtest_filter="$filter" >>"$WORK/run.log" 2>&1 &&
+        CUDASIM_ORDER=random CUDASIM_SEED=7 run timeout 900 "$BUILD/tests/ops/test_ops_sim" --gtest_filter="$filter" \
           >>"$WORK/run.log" 2>&1
       ;;
     host)
       local t
       for t in test_boundary_contract test_bundle_malformed test_parity; do
-        timeout 900 "$BUILD/tests/$t" >>"$WORK/run.log" 2>&1 || return 1
+        run timeout 900 "$BUILD/tests/$t" >>"$WORK/run.log" 2>&1 || return 1
       done
       ;;
     api)
-      python3 "$SRC/tests/api_surface_check.py" clears "$SRC/include/meshkern.h" "$SRC/host" "$SRC/host/cuda" \
+      run python3 "$SRC/tests/api_surface_check.py" clears "$SRC/include/meshkern.h" "$SRC/host" "$SRC/host/cuda" \
         >>"$WORK/run.log" 2>&1
       ;;
     *) log "unknown test spec $1"; return 2 ;;
@@ -130,7 +137,7 @@ for m in "${MUTATIONS[@]}"; do
   changed=$(diff "$ROOT/$file" "$SRC/$file" | grep -c '^[<>]')
   log "== $id ($file, $changed line(s) differ; tests: $spec)"
   echo "==== $id" >>"$WORK/run.log"
-  if [ "$spec" != api ] && ! ninja -C "$BUILD" -j "$JOBS" "${TARGETS[@]}" >>"$WORK/build.log" 2>&1; then
+  if [ "$spec" != api ] && ! run ninja -C "$BUILD" -j "$JOBS" "${TARGETS[@]}" >>"$WORK/build.log" 2>&1; then
     verdict="build failed (not counted)"
   elif run_tests "$spec"; then
     verdict="NO  <- test gap"
@@ -142,7 +149,7 @@ for m in "${MUTATIONS[@]}"; do
   restore
 done
 # Leave the build matching the unmutated copy.
-ninja -C "$BUILD" -j "$JOBS" "${TARGETS[@]}" >>"$WORK/build.log" 2>&1
+run ninja -C "$BUILD" -j "$JOBS" "${TARGETS[@]}" >>"$WORK/build.log" 2>&1
 
 printf '\n%-32s %-30s %s\n' "mutation" "file" "caught"
 printf '%-32s %-30s %s\n' "--------" "----" "------"

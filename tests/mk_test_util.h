@@ -144,6 +144,14 @@ class Pipeline {
         status_ = mk_pipeline_create(model, cuts.data(), cuts.size(), &options, through_wire, &p);
         pipeline_.reset(p);
     }
+    // Every seam over the given transport.
+    Pipeline(const mk_model *model, const std::vector<int64_t> &cuts, mk_range_options options,
+             const mk_seam_options &seam) {
+        mk_pipeline *p = nullptr;
+        status_ = mk_pipeline_create_seamed(model, cuts.data(), cuts.size(), &options, &seam, &p);
+        pipeline_.reset(p);
+    }
+    mk_pipeline *get() { return pipeline_.get(); }
     mk_status status() const { return status_; }
     mk_range *range(size_t i) { return mk_pipeline_range(pipeline_.get(), i); }
     mk_status step(const std::vector<int32_t> &tokens, TailPtr *out) {
@@ -185,11 +193,26 @@ struct Decode {
     std::vector<int32_t> tokens;
 };
 
+inline Decode decode_greedy_on(Pipeline &p, const std::vector<int32_t> &prompt, size_t n_steps,
+                               const std::vector<int32_t> *forced = nullptr);
+
 inline Decode decode_greedy(const mk_model *model, const std::vector<int64_t> &cuts, const mk_range_options &options,
                             const std::vector<int32_t> &prompt, size_t n_steps,
                             const std::vector<int32_t> *forced = nullptr) {
-    Decode d;
     Pipeline p(model, cuts, options);
+    return decode_greedy_on(p, prompt, n_steps, forced);
+}
+
+// The same through a given seam transport.
+inline Decode decode_greedy_seam(const mk_model *model, const std::vector<int64_t> &cuts, const mk_range_options &options,
+                                 const mk_seam_options &seam, const std::vector<int32_t> &prompt, size_t n_steps) {
+    Pipeline p(model, cuts, options, seam);
+    return decode_greedy_on(p, prompt, n_steps);
+}
+
+inline Decode decode_greedy_on(Pipeline &p, const std::vector<int32_t> &prompt, size_t n_steps,
+                               const std::vector<int32_t> *forced) {
+    Decode d;
     EXPECT_EQ(p.status(), MK_OK) << mk_status_name(p.status()) << ": " << mk_last_error();
     if (p.status() != MK_OK) return d;
     std::vector<int32_t> next = prompt;

@@ -177,7 +177,7 @@ TEST(InputSide, BoundarySeamLayerMismatchIsRejected) {
     RangePtr head = make_range(model.get(), 0, 2);
     BundlePtr bundle = head_forward(head.get(), {1, 2, 3});
     ASSERT_TRUE(bundle);
-    EXPECT_EQ(bundle->next_layer, 3);
+    EXPECT_EQ(mk_bundle_header(bundle.get())->next_layer, 3);
     RangePtr wrong = make_range(model.get(), 4, 5);
     std::string msg;
     EXPECT_EQ(forward_bundle(wrong.get(), bundle.get(), &msg), MK_ERR_SEAM_MISMATCH);
@@ -197,7 +197,9 @@ TEST(InputSide, NormalizedBundleIsRejected) {
     mk_bundle *copy = nullptr;
     MK_ASSERT_OK(mk_bundle_clone(bundle.get(), &copy));
     BundlePtr normalized(copy);
-    normalized->normalized = true;
+    mk_boundary_header marked = *mk_bundle_header(normalized.get());
+    marked.normalized = true;
+    MK_ASSERT_OK(mk_bundle_set_header(normalized.get(), &marked));
     RangePtr tail = make_range(model.get(), 3, 5);
     std::string msg;
     EXPECT_EQ(forward_bundle(tail.get(), normalized.get(), &msg), MK_ERR_NORMALIZED_BUNDLE);
@@ -205,7 +207,7 @@ TEST(InputSide, NormalizedBundleIsRejected) {
     // The flag survives the wire, and the receiver still refuses it.
     BundlePtr received = through_wire(normalized.get());
     ASSERT_TRUE(received);
-    EXPECT_TRUE(received->normalized);
+    EXPECT_TRUE(mk_bundle_header(received.get())->normalized);
     EXPECT_EQ(forward_bundle(tail.get(), received.get(), &msg), MK_ERR_NORMALIZED_BUNDLE);
     EXPECT_NE(msg.find("UNNORMALIZED"), std::string::npos) << msg;
 }
@@ -256,18 +258,21 @@ TEST(OutputSide, NonTailEmitsUnnormalizedFullRowBoundary) {
     RangePtr head = make_range(model.get(), 0, 2);
     BundlePtr bundle = head_forward(head.get(), tokens);
     ASSERT_TRUE(bundle);
-    EXPECT_FALSE(bundle->normalized);
-    EXPECT_STREQ(bundle->tensor_name, "residual_stream");
-    EXPECT_EQ(bundle->schema_version, MK_BOUNDARY_SCHEMA_VERSION);
-    EXPECT_EQ(bundle->next_layer, 3);
-    EXPECT_EQ(bundle->batch, 1u);
-    EXPECT_EQ(bundle->seq, tokens.size());
-    EXPECT_EQ(bundle->hidden, hp.hidden);
-    for (size_t i = 0; i < tokens.size(); i++) EXPECT_EQ(bundle->positions[i], (int32_t)i);
-    EXPECT_STREQ(bundle->recipe_digest, mk_range_recipe_digest(head.get()));
+    const mk_boundary_header *h = mk_bundle_header(bundle.get());
+    EXPECT_FALSE(h->normalized);
+    EXPECT_STREQ(h->tensor_name, "residual_stream");
+    EXPECT_EQ(h->schema_version, MK_BOUNDARY_SCHEMA_VERSION);
+    EXPECT_EQ(h->next_layer, 3);
+    EXPECT_EQ(h->batch, 1u);
+    EXPECT_EQ(h->rows, tokens.size());
+    EXPECT_EQ(h->hidden, hp.hidden);
+    EXPECT_EQ(h->position, 0);
+    EXPECT_EQ(h->dtype, MK_DTYPE_F32);
+    for (size_t i = 0; i < tokens.size(); i++) EXPECT_EQ(mk_bundle_positions(bundle.get())[i], (int32_t)i);
+    EXPECT_STREQ(h->recipe_digest, mk_range_recipe_digest(head.get()));
 
     const std::vector<float> direct = direct_residual(model.get(), tokens, 3);
-    const std::vector<float> emitted(bundle->residual, bundle->residual + direct.size());
+    const std::vector<float> emitted(mk_bundle_residual(bundle.get()), mk_bundle_residual(bundle.get()) + direct.size());
     EXPECT_TRUE(bit_identical(emitted, direct));
 
     std::vector<float> final_ln(hp.hidden), normed(direct.size());
@@ -359,13 +364,16 @@ TEST(Wire, BoundaryBundleRoundTripIsExact) {
     ASSERT_TRUE(bundle);
     BundlePtr restored = through_wire(bundle.get());
     ASSERT_TRUE(restored);
-    const size_t n = bundle->batch * bundle->seq * bundle->hidden;
-    EXPECT_EQ(std::memcmp(restored->residual, bundle->residual, n * sizeof(float)), 0);
-    EXPECT_EQ(std::memcmp(restored->positions, bundle->positions, bundle->seq * sizeof(int32_t)), 0);
-    EXPECT_EQ(restored->next_layer, bundle->next_layer);
-    EXPECT_STREQ(restored->architecture_adapter, bundle->architecture_adapter);
-    EXPECT_STREQ(restored->recipe_digest, bundle->recipe_digest);
-    EXPECT_EQ(restored->normalized, bundle->normalized);
+    const mk_boundary_header *sent = mk_bundle_header(bundle.get()), *got = mk_bundle_header(restored.get());
+    const size_t n = sent->batch * sent->rows * sent->hidden;
+    EXPECT_EQ(std::memcmp(mk_bundle_residual(restored.get()), mk_bundle_residual(bundle.get()), n * sizeof(float)), 0);
+    EXPECT_EQ(std::memcmp(mk_bundle_positions(restored.get()), mk_bundle_positions(bundle.get()), sent->rows * sizeof(int32_t)), 0);
+    EXPECT_EQ(got->next_layer, sent->next_layer);
+    EXPECT_STREQ(got->adapter, sent->adapter);
+    EXPECT_STREQ(got->recipe_digest, sent->recipe_digest);
+    EXPECT_EQ(got->normalized, sent->normalized);
+    EXPECT_EQ(got->step, sent->step);
+    EXPECT_EQ(got->position, sent->position);
 
     mk_tensor_fields fields;
     MK_ASSERT_OK(mk_bundle_tensor_fields(bundle.get(), &fields));
@@ -441,5 +449,5 @@ TEST(OptionStructs, StructSizeIsSetByDefaultAndChecked) {
     std::vector<int32_t> ids(17, 3);
     mk_tail_output *t = nullptr;
     EXPECT_ERROR(mk_range_forward(range.get(), s, ids.data(), ids.size(), nullptr, nullptr, nullptr, &t),
-                 MK_ERR_INVALID_ARGUMENT, "forward of 17 rows exceeds this range's max_batch_tokens 16");
+                 MK_ERR_CONTEXT_OVERFLOW, "plus 17 rows exceeds max_context 16");
 }
