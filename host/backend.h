@@ -46,6 +46,9 @@ typedef struct mk_backend_ops {
      * work waits for the copy (no host wait, no host staging). */
     mk_status (*copy_from_peer)(mk_backend *b, void *dst /* dev */, mk_backend *peer, const void *src /* peer dev */,
                                 size_t bytes);
+    /* The native stream every op is enqueued on (cuda: the cudaStream_t), for transports
+     * that post their own device work in stream order (NCCL); NULL: no such stream (cpu). */
+    void *(*native_stream)(mk_backend *b);
     /* compute */
     mk_status (*embed)(mk_backend *b, float *out /* [n, hidden] */, const void *table /* [vocab, hidden] weight dtype */,
                        const int32_t *ids /* dev [n] */, size_t n, size_t hidden, size_t vocab);
