@@ -111,6 +111,7 @@ TEST_P(NcclPipeline, WholeAndSplitsOverTwoAndThreeDevicesAreBitIdentical) {
     ModelPtr model = make_random_model(c.hp);
     const int64_t L = (int64_t)c.hp.n_layers;
     const size_t n = 5;
+    ASSERT_EQ(cudaSetDevice(2), cudaSuccess);
     const Decode whole = decode_placed(model.get(), {}, {0}, mk_seam_options_default(MK_SEAM_LOCAL), c.prompt, n);
     ASSERT_EQ(whole.tokens.size(), n);
     expect_identical(whole, decode_placed(model.get(), {L / 2}, {0, 1}, nccl_options(), c.prompt, n), "2 devices");
@@ -118,6 +119,9 @@ TEST_P(NcclPipeline, WholeAndSplitsOverTwoAndThreeDevicesAreBitIdentical) {
                      "3 devices");
     // Placement is not fixed to ascending devices: the head on device 2.
     expect_identical(whole, decode_placed(model.get(), {L / 2}, {2, 0}, nccl_options(), c.prompt, n), "devices 2,0");
+    int current = -1;
+    ASSERT_EQ(cudaGetDevice(&current), cudaSuccess);
+    EXPECT_EQ(current, 2) << "the caller's current device must survive the seams";
 }
 
 INSTANTIATE_TEST_SUITE_P(RandomModels, NcclPipeline, ::testing::Values(size_t{0}, size_t{1}),

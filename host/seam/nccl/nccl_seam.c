@@ -210,7 +210,8 @@ static void nccl_destroy(mk_seam *s) {
     mk_nccl_link *link = s->impl;
     if (!link || --link->refs > 0) return;
     const int dev = current_device();
-    /* Abort every live communicator first, so no rank's finalize waits on another. */
+    /* Each rank finalizes within its deadline (aborts past it, or with a send pending), then
+     * waits for its stream (the range's) and frees its blocks: the ranges outlive their seams. */
     for (int i = 0; i < link->n; ++i) mk_nccl_ctx_destroy(&link->ctx[i]);
     restore_device(dev);
     free(link);
