@@ -139,6 +139,7 @@ size_t mk_dtype_size(mk_dtype dtype) {
         case MK_DTYPE_BF16: return 2;
         case MK_DTYPE_I32: return 4;
         case MK_DTYPE_I64: return 8;
+        case MK_DTYPE_NATIVE: return 0;
     }
     return 0;
 }
@@ -150,6 +151,7 @@ const char *mk_dtype_name(mk_dtype dtype) {
         case MK_DTYPE_BF16: return "bf16";
         case MK_DTYPE_I32: return "i32";
         case MK_DTYPE_I64: return "i64";
+        case MK_DTYPE_NATIVE: return "native";
     }
     return "unknown";
 }
@@ -157,8 +159,8 @@ const char *mk_dtype_name(mk_dtype dtype) {
 /* ================================================================== backends == */
 
 mk_backend_config mk_backend_config_default(mk_backend_kind kind) {
-    mk_backend_config c = {.struct_size = sizeof c, .kind = kind, .device = 0, .weight_dtype = MK_DTYPE_F32,
-                           .speed_mode = false};
+    mk_backend_config c = {.struct_size = sizeof c, .kind = kind, .device = 0, .weight_dtype = MK_DTYPE_F32, .speed_mode = false, .threads = 0,
+                            .kv_dtype = MK_DTYPE_F32};
     return c;
 }
 

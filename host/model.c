@@ -173,6 +173,14 @@ const char *mk_model_digest(const mk_model *m) { return m ? m->digest : NULL; }
 bool mk_model_gguf_has_tensor(const mk_model *m, const char *name);                       /* model_gguf.c */
 mk_status mk_model_gguf_load_tensor(const mk_model *m, const char *name, float *out, size_t n); /* model_gguf.c */
 
+bool mk_model_gguf_tensor_stored(const mk_model *m, const char *name, size_t n, uint32_t *ggml_type,
+                                 const void **data, size_t *bytes); /* model_gguf.c */
+
+bool mk_model_tensor_stored(const mk_model *m, const char *name, size_t n, uint32_t *ggml_type, const void **data,
+                            size_t *bytes) {
+    return m->gguf && mk_model_gguf_tensor_stored(m, name, n, ggml_type, data, bytes);
+}
+
 bool mk_model_has_tensor(const mk_model *m, const char *name) {
     if (m->gguf) return mk_model_gguf_has_tensor(m, name);
     bool is_norm;

@@ -68,7 +68,7 @@ struct mk_range {
 
 struct mk_sequence {
     mk_range *range;
-    void *kv_arena;  /* dev: [n_layers][2][max_context, kv_dim] */
+    void *kv_arena;  /* dev: [n_layers][2][max_context, kv_dim] in the backend's KV dtype */
     size_t length;   /* positions cached */
     uint64_t steps;  /* forwards so far: the step number a boundary carries */
 };
@@ -107,19 +107,49 @@ size_t mk_range_hidden(const mk_range *r) { return r->hp.hidden; }
 
 /* ================================================================ weights == */
 
+/* Native weight mode: a matrix kept in the format its source stores (or F32 for a source
+ * without one), as the backend lays it out. */
+static mk_status mk_range_native_matrix(mk_range *r, mk_carver *c, void **dst, const char *name, size_t rows,
+                                        size_t cols, float *staging) {
+    mk_backend *b = r->backend;
+    if (!b->ops->native_weight_bytes)
+        return mk_fail(MK_ERR_DTYPE, "%s backend has no native weight mode", b->ops->name);
+    uint32_t type = 0; /* F32 */
+    const void *src = NULL;
+    size_t src_bytes = 0;
+    const bool stored = mk_model_tensor_stored(r->model, name, rows * cols, &type, &src, &src_bytes);
+    if (!stored) type = 0;
+    const size_t bytes = b->ops->native_weight_bytes(b, type, rows, cols);
+    if (!bytes)
+        return mk_fail(MK_ERR_DTYPE, "%s backend cannot keep tensor '%s' [%zu, %zu] in its stored format",
+                       b->ops->name, name, rows, cols);
+    *dst = mk_carve(c, bytes);
+    if (!c->base) return MK_OK;
+    if (!stored) {
+        MK_TRY(mk_model_load_tensor(r->model, name, staging, rows * cols));
+        src = staging;
+        src_bytes = rows * cols * sizeof(float);
+    }
+    return b->ops->upload_native_weight(b, *dst, type, src, src_bytes, rows, cols);
+}
+
 /* Carve (or, on the second pass, load) every weight the range owns. */
 static mk_status mk_range_weights(mk_range *r, mk_carver *c, float *staging) {
     const mk_hparams *hp = &r->hp;
     const size_t welem = mk_backend_weight_elem_size(r->backend);
     mk_backend *b = r->backend;
     const bool loading = c->base != NULL;
+    const bool native = b->config.weight_dtype == MK_DTYPE_NATIVE;
 
-#define MK_MATRIX(dst, name, count)                                                   \
+#define MK_MATRIX(dst, name, rows, cols)                                              \
     do {                                                                              \
-        (dst) = mk_carve(c, (count) * welem);                                         \
-        if (loading) {                                                                \
-            MK_TRY(mk_model_load_tensor(r->model, (name), staging, (count)));         \
-            MK_TRY(b->ops->upload_weight(b, (dst), staging, (count)));                \
+        if (native) MK_TRY(mk_range_native_matrix(r, c, &(dst), (name), (rows), (cols), staging)); \
+        else {                                                                        \
+            (dst) = mk_carve(c, (rows) * (cols) * welem);                             \
+            if (loading) {                                                            \
+                MK_TRY(mk_model_load_tensor(r->model, (name), staging, (rows) * (cols))); \
+                MK_TRY(b->ops->upload_weight(b, (dst), staging, (rows) * (cols)));    \
+            }                                                                         \
         }                                                                             \
     } while (0)
 #define MK_VECTOR(dst, name, count)                                                   \
@@ -133,11 +163,17 @@ static mk_status mk_range_weights(mk_range *r, mk_carver *c, float *staging) {
 
     /* Names and sizes come from the tensor schema; this says only where each one goes. */
     char name[96];
+/* Vectors (norm weights) and matrices by their schema kind: name and shape from the table. */
+#define MK_TENSOR_VECTOR(dst, kind, layer)                                                          \
+    do {                                                                                            \
+        mk_tensor_name((kind), (layer), name, sizeof name);                                         \
+        MK_VECTOR(dst, name, mk_tensor_elems(hp, (kind)));                                          \
+    } while (0)
 #define MK_TENSOR(dst, kind, layer)                                                                 \
     do {                                                                                            \
         mk_tensor_name((kind), (layer), name, sizeof name);                                         \
-        if (mk_tensor_is_vector(kind)) MK_VECTOR(dst, name, mk_tensor_elems(hp, (kind)));           \
-        else MK_MATRIX(dst, name, mk_tensor_elems(hp, (kind)));                                     \
+        MK_MATRIX(dst, name, mk_tensor_dim_size(hp, mk_tensor_schema_of(kind)->rows),               \
+                  mk_tensor_dim_size(hp, mk_tensor_schema_of(kind)->cols));                         \
     } while (0)
     char output_name[96];
     const bool tied = !mk_model_has_tensor(r->model, mk_tensor_name(MK_TENSOR_OUTPUT, 0, output_name, sizeof output_name));
@@ -145,18 +181,18 @@ static mk_status mk_range_weights(mk_range *r, mk_carver *c, float *staging) {
         MK_TENSOR(r->token_embd, MK_TENSOR_TOKEN_EMBD, 0);
     for (int64_t l = r->start; l <= r->end; l++) {
         mk_layer_weights *w = &r->layers[l - r->start];
-        MK_TENSOR(w->attn_norm, MK_TENSOR_ATTN_NORM, l);
+        MK_TENSOR_VECTOR(w->attn_norm, MK_TENSOR_ATTN_NORM, l);
         MK_TENSOR(w->wq, MK_TENSOR_ATTN_Q, l);
         MK_TENSOR(w->wk, MK_TENSOR_ATTN_K, l);
         MK_TENSOR(w->wv, MK_TENSOR_ATTN_V, l);
         MK_TENSOR(w->wo, MK_TENSOR_ATTN_OUTPUT, l);
-        MK_TENSOR(w->ffn_norm, MK_TENSOR_FFN_NORM, l);
+        MK_TENSOR_VECTOR(w->ffn_norm, MK_TENSOR_FFN_NORM, l);
         MK_TENSOR(w->w_gate, MK_TENSOR_FFN_GATE, l);
         MK_TENSOR(w->w_up, MK_TENSOR_FFN_UP, l);
         MK_TENSOR(w->w_down, MK_TENSOR_FFN_DOWN, l);
     }
     if (mk_role_owns_final_head(r->role)) {
-        MK_TENSOR(r->output_norm, MK_TENSOR_OUTPUT_NORM, 0);
+        MK_TENSOR_VECTOR(r->output_norm, MK_TENSOR_OUTPUT_NORM, 0);
         if (tied) {
             r->lm_head = r->token_embd;
         } else {
@@ -166,6 +202,7 @@ static mk_status mk_range_weights(mk_range *r, mk_carver *c, float *staging) {
         }
     }
 #undef MK_TENSOR
+#undef MK_TENSOR_VECTOR
 #undef MK_MATRIX
 #undef MK_VECTOR
     return MK_OK;
@@ -251,14 +288,20 @@ mk_status mk_range_create(const mk_model *model, int64_t start, int64_t end, con
     r->host_positions = calloc(max_rows, sizeof(int32_t));
     mk_status s = r->layers && r->host_positions ? MK_OK : mk_fail(MK_ERR_OUT_OF_MEMORY, "range: out of memory");
     if (s == MK_OK) s = mk_backend_create(&opt->backend, &r->backend);
+    if (s == MK_OK && mk_backend_kv_dtype(r->backend) != MK_DTYPE_F32 && !r->backend->ops->kv_store)
+        s = mk_fail(MK_ERR_DTYPE, "%s backend keeps its KV cache in f32 only (asked for %s)", r->backend->ops->name,
+                    mk_dtype_name(opt->backend.kv_dtype));
     if (s == MK_OK) {
         /* The digest binds the model identity and the weight dtype the residual came from. */
         mk_sha256 *ctx;
         s = mk_sha256_begin(&ctx);
         if (s == MK_OK) {
             char text[96];
-            const int n = snprintf(text, sizeof text, "%s;weights=%s", model->digest,
-                                   mk_dtype_name(opt->backend.weight_dtype));
+            /* An F16 KV cache changes the residual too; F32 (the default) adds nothing, so
+             * digests of F32-cache ranges are what they always were. */
+            const bool kv16 = opt->backend.kv_dtype == MK_DTYPE_F16;
+            const int n = snprintf(text, sizeof text, "%s;weights=%s%s", model->digest,
+                                   mk_dtype_name(opt->backend.weight_dtype), kv16 ? ";kv=f16" : "");
             mk_sha256_update(ctx, text, (size_t)n);
             mk_sha256_finish(ctx, r->digest);
         }
@@ -297,6 +340,7 @@ void mk_range_free(mk_range *r) {
 /* ============================================================== sequences == */
 
 static size_t mk_kv_slab_elems(const mk_range *r) { return r->max_context * r->hp.n_kv_heads * r->hp.head_dim; }
+static size_t mk_kv_elem_size(const mk_range *r) { return mk_dtype_size(mk_backend_kv_dtype(r->backend)); }
 
 mk_status mk_sequence_open(mk_range *r, mk_sequence **out) {
     mk_clear_error();
@@ -308,7 +352,7 @@ mk_status mk_sequence_open(mk_range *r, mk_sequence **out) {
     const size_t layers = (size_t)(r->end - r->start + 1);
     size_t bytes;
     if (__builtin_mul_overflow(layers * 2, mk_kv_slab_elems(r), &bytes) ||
-        __builtin_mul_overflow(bytes, sizeof(float), &bytes)) {
+        __builtin_mul_overflow(bytes, mk_kv_elem_size(r), &bytes)) {
         free(seq);
         return mk_fail(MK_ERR_OUT_OF_MEMORY, "sequence: KV cache of %zu layers x %zu positions overflows", layers,
                        r->max_context);
@@ -472,8 +516,9 @@ static mk_status mk_run_layer(mk_range *r, mk_sequence *seq, size_t layer_index,
     const mk_activations *a = &r->act;
     const size_t q_dim = hp->n_heads * hp->head_dim, kv_dim = hp->n_kv_heads * hp->head_dim;
     const size_t past = seq->length;
-    float *k_cache = (float *)seq->kv_arena + (2 * layer_index) * mk_kv_slab_elems(r);   /* [ctx, kv_dim] */
-    float *v_cache = (float *)seq->kv_arena + (2 * layer_index + 1) * mk_kv_slab_elems(r); /* [ctx, kv_dim] */
+    const size_t slab = mk_kv_slab_elems(r) * mk_kv_elem_size(r);
+    uint8_t *k_cache = (uint8_t *)seq->kv_arena + (2 * layer_index) * slab;     /* [ctx, kv_dim] KV dtype */
+    uint8_t *v_cache = (uint8_t *)seq->kv_arena + (2 * layer_index + 1) * slab; /* [ctx, kv_dim] KV dtype */
 
     /* attention block */
     if (layer_index == 0) MK_TRY(ops->rmsnorm(b, a->xn, a->x, w->attn_norm, rows, hp->hidden, hp->rms_eps));
@@ -483,8 +528,13 @@ static mk_status mk_run_layer(mk_range *r, mk_sequence *seq, size_t layer_index,
     MK_TRY(ops->matmul(b, a->v, a->xn, w->wv, rows, hp->hidden, kv_dim));
     MK_TRY(ops->rope(b, a->q, a->pos, rows, hp->n_heads, hp->head_dim, hp->rope_theta, hp->rope_layout));
     MK_TRY(ops->rope(b, a->k, a->pos, rows, hp->n_kv_heads, hp->head_dim, hp->rope_theta, hp->rope_layout));
-    MK_TRY(ops->copy(b, k_cache + past * kv_dim, a->k, rows * kv_dim * sizeof(float)));
-    MK_TRY(ops->copy(b, v_cache + past * kv_dim, a->v, rows * kv_dim * sizeof(float)));
+    if (ops->kv_store) {
+        MK_TRY(ops->kv_store(b, k_cache, past, a->k, rows, kv_dim));
+        MK_TRY(ops->kv_store(b, v_cache, past, a->v, rows, kv_dim));
+    } else {
+        MK_TRY(ops->copy(b, k_cache + past * kv_dim * sizeof(float), a->k, rows * kv_dim * sizeof(float)));
+        MK_TRY(ops->copy(b, v_cache + past * kv_dim * sizeof(float), a->v, rows * kv_dim * sizeof(float)));
+    }
     MK_TRY(ops->attention(b, a->att, a->q, k_cache, v_cache, rows, past, hp->n_heads, hp->n_kv_heads, hp->head_dim));
     MK_TRY(ops->matmul(b, a->proj, a->att, w->wo, rows, q_dim, hp->hidden));
 

@@ -177,6 +177,9 @@ typedef enum mk_dtype {
     MK_DTYPE_BF16 = 3,
     MK_DTYPE_I32 = 4,
     MK_DTYPE_I64 = 5,
+    /* Weights only: each tensor kept in the format its GGUF file stores (Q4_1, Q8_0, ...)
+     * on backends that compute on it (cpu); never a bundle dtype. mk_dtype_size is 0. */
+    MK_DTYPE_NATIVE = 6,
 } mk_dtype;
 MK_API size_t mk_dtype_size(mk_dtype dtype); /* 0 for an unknown dtype */
 MK_API const char *mk_dtype_name(mk_dtype dtype);
@@ -462,8 +465,11 @@ typedef struct mk_backend_config {
     size_t struct_size;    /* sizeof(mk_backend_config), set by mk_backend_config_default */
     mk_backend_kind kind;
     int device;            /* cuda device index */
-    mk_dtype weight_dtype; /* F32 (default), F16, BF16 */
+    mk_dtype weight_dtype; /* F32 (default), F16, BF16, or NATIVE (cpu) */
     bool speed_mode;       /* cuda: tensor-core GEMMs; false = parity mode (F32, no TF32) */
+    size_t threads;        /* cpu: threads for native matrix products; 0 = every core this
+                            * process may run on. Results do not depend on it. */
+    mk_dtype kv_dtype;     /* KV cache elements: F32 (default; 0 also means F32) or F16 (cpu) */
 } mk_backend_config;
 
 MK_API mk_backend_config mk_backend_config_default(mk_backend_kind kind);

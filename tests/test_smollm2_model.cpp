@@ -202,6 +202,72 @@ TEST_F(SmolLM2, BundleOfAnotherWeightDtypeIsRefused) {
     EXPECT_EQ(out, nullptr);
 }
 
+// Native weight mode (Q4_1 and Q8_0 kept as stored, 8-bit activations): teacher-forced
+// agreement with the float64 reference at >= 97% of positions, logit error reported.
+TEST_F(SmolLM2, NativeWeightsTeacherForcedAgreeWithIndependentReference) {
+    const std::vector<int32_t> tokens = read_int_file("tokens.txt");
+    const std::vector<int32_t> argmax = read_int_file("argmax.txt");
+    const std::vector<int32_t> indices = read_int_file("indices.txt");
+    const std::vector<float> sample = read_floats("logits_sample.bin");
+    const size_t T = tokens.size(), K = indices.size();
+    ASSERT_GE(T, 64u);
+    ASSERT_EQ(sample.size(), T * K);
+    mk_range_options o = options(T);
+    o.backend.weight_dtype = MK_DTYPE_NATIVE;
+    Pipeline p(model_.get(), {}, o);
+    MK_ASSERT_OK(p.status());
+    size_t agree = 0;
+    float worst = 0.0f;
+    double mean = 0.0;
+    for (size_t t = 0; t < T; t++) {
+        TailPtr out;
+        MK_ASSERT_OK(p.step({tokens[t]}, &out));
+        agree += out->token_ids[0] == argmax[t];
+        float scale = 0.0f;
+        for (size_t j = 0; j < K; j++) scale = std::max(scale, std::fabs(sample[t * K + j]));
+        for (size_t j = 0; j < K; j++) {
+            const float err = std::fabs(out->logits[indices[j]] - sample[t * K + j]) / scale;
+            worst = std::max(worst, err);
+            mean += err;
+        }
+    }
+    std::printf("native teacher-forced: argmax agrees at %zu/%zu positions; |logit error| / max|logit|: worst %.2e, "
+                "mean %.2e\n", agree, T, worst, mean / (double)(T * K));
+    EXPECT_GE((double)agree, 0.97 * (double)T);
+    EXPECT_LT(worst, 0.1f); // 8-bit activations: a few percent at most, never garbage
+}
+
+// Native mode: whole, 2-range and 3-range splits and 1, 2, 3 threads give the same bits
+// (prefill then KV-cached decode).
+TEST_F(SmolLM2, NativeWeightsSplitAndThreadCountAreBitIdentical) {
+    const std::vector<int32_t> prompt = {1, 4093, 198, 57, 8316, 260, 3371};
+    mk_range_options o = options(24);
+    o.backend.weight_dtype = MK_DTYPE_NATIVE;
+    o.backend.threads = 2;
+    const Decode whole = decode_greedy(model_.get(), {}, o, prompt, 6);
+    ASSERT_EQ(whole.logits.size(), 6u);
+    for (const std::vector<int64_t> &cuts : std::vector<std::vector<int64_t>>{{14}, {9, 19}}) {
+        const Decode split = decode_greedy(model_.get(), cuts, o, prompt, 6);
+        ASSERT_EQ(split.logits.size(), 6u);
+        for (size_t i = 0; i < 6; i++) EXPECT_TRUE(bit_identical(whole.logits[i], split.logits[i])) << cuts[0] << " step " << i;
+    }
+    for (size_t threads : {1u, 3u}) {
+        o.backend.threads = threads;
+        const Decode other = decode_greedy(model_.get(), {14}, o, prompt, 6);
+        ASSERT_EQ(other.logits.size(), 6u);
+        for (size_t i = 0; i < 6; i++) EXPECT_TRUE(bit_identical(whole.logits[i], other.logits[i])) << threads << " threads, step " << i;
+    }
+    // The native weights are what the file stores: Q4_1 layers and a Q8_0 table, well
+    // under a third of the F32 footprint.
+    Pipeline native(model_.get(), {}, o), f32(model_.get(), {}, options(8));
+    MK_ASSERT_OK(native.status());
+    MK_ASSERT_OK(f32.status());
+    const size_t nb = mk_range_weight_bytes(native.range(0)), fb = mk_range_weight_bytes(f32.range(0));
+    std::printf("resident weights: native %.1f MiB, f32 %.1f MiB\n", nb / 1048576.0, fb / 1048576.0);
+    EXPECT_LT(nb * 5, fb);
+    EXPECT_STRNE(mk_range_recipe_digest(native.range(0)), mk_range_recipe_digest(f32.range(0)));
+}
+
 // A GGUF whose general.architecture is not certified fails closed before any weight.
 TEST(GgufModel, UncertifiedArchitectureFailsClosed) {
     std::vector<uint8_t> file;

@@ -2,7 +2,7 @@
  *
  *   meshkern inspect MODEL.gguf | --random[:key=value,...]
  *   meshkern run MODEL.gguf | --random[:key=value,...]  --tokens 1,2,3 [--split L1,L2,...] [--n N]
- *                [--backend cpu|cuda] [--device I] [--dtype f32|f16|bf16]
+ *                [--backend cpu|cuda] [--device I] [--dtype native|f32|f16|bf16] [--threads N] [--kv f32|f16]
  *                [--seam local|wire|unix|tcp|nccl] [--devices D0,D1,...]
  *                [--seam-address A] [--seam-timeout MS]
  *                [--tls-psk HEX [--tls-identity ID] | --tls-cert PEM --tls-key PEM --tls-ca PEM]
@@ -13,6 +13,7 @@
  * process, every seam carried by the chosen transport (default wire: packed and unpacked
  * as protobuf); it prints the greedy tokens, the throughput, the bytes and time spent in
  * seams, and whether the split output equals the whole-model output bit for bit. */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,13 +33,17 @@ static int usage(void) {
             "usage:\n"
             "  meshkern inspect MODEL.gguf | --random[:key=value,...]\n"
             "  meshkern run MODEL.gguf | --random[:key=value,...] --tokens IDS [--split L1,L2,...] [--n N]\n"
-            "               [--backend cpu|cuda] [--device I] [--dtype f32|f16|bf16] [--speed]\n"
+            "               [--backend cpu|cuda] [--device I] [--dtype native|f32|f16|bf16] [--threads N]\n"
+            "               [--kv f32|f16] [--speed]\n"
             "               [--seam local|wire|unix|tcp|nccl] [--devices D0,D1,... (one per range; cuda)]\n"
             "               [--seam-address PATH|HOST:PORT] [--seam-timeout MS]\n"
             "               [--tls-psk HEX [--tls-identity ID] | --tls-cert PEM --tls-key PEM --tls-ca PEM]\n"
             "  meshkern run MODEL.gguf -p TEXT [--system S] [--raw] [--split L1,L2,...] [--n N] [--backend ...]\n"
             "  meshkern chat MODEL.gguf [--system S] [--split L1,...] [--n N] [--backend ...]\n"
             "  meshkern tokenize MODEL.gguf TEXT [--ids] [--no-bos] [--no-parse-special]\n"
+            "  --dtype native keeps weights in their GGUF format (the cpu backend's default for a\n"
+            "  GGUF model); f32 is the parity mode. --threads: cpu threads (default: every core).\n"
+            "  --kv f16 halves the cpu backend's KV cache.\n"
             "  --random is the seed's random model (vocab 48, hidden 32, 6 layers, 4 heads); keys\n"
             "  vocab, hidden, layers, heads, kv_heads, head_dim, ffn, ctx, seed change its shape.\n");
     return 2;
@@ -210,6 +215,7 @@ static int cmd_run(int argc, char **argv) {
     size_t n_new = 16;
     mk_range_options opt = mk_range_options_default();
     mk_seam_options seam = mk_seam_options_default(MK_SEAM_WIRE);
+    bool dtype_given = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(a, "--speed") == 0) { /* the one flag without a value */
@@ -245,8 +251,21 @@ static int cmd_run(int argc, char **argv) {
             const mk_status s = mk_backend_kind_from_name(v, &opt.backend.kind);
             if (s != MK_OK) return fail(s);
         } else if (strcmp(a, "--dtype") == 0) {
-            opt.backend.weight_dtype = strcmp(v, "f16") == 0 ? MK_DTYPE_F16 : strcmp(v, "bf16") == 0 ? MK_DTYPE_BF16 : MK_DTYPE_F32;
-            if (opt.backend.weight_dtype == MK_DTYPE_F32 && strcmp(v, "f32") != 0) return usage();
+            if (strcmp(v, "native") == 0) opt.backend.weight_dtype = MK_DTYPE_NATIVE;
+            else if (strcmp(v, "f32") == 0) opt.backend.weight_dtype = MK_DTYPE_F32;
+            else if (strcmp(v, "f16") == 0) opt.backend.weight_dtype = MK_DTYPE_F16;
+            else if (strcmp(v, "bf16") == 0) opt.backend.weight_dtype = MK_DTYPE_BF16;
+            else return usage();
+            dtype_given = true;
+        } else if (strcmp(a, "--kv") == 0) {
+            if (strcmp(v, "f16") == 0) opt.backend.kv_dtype = MK_DTYPE_F16;
+            else if (strcmp(v, "f32") == 0) opt.backend.kv_dtype = MK_DTYPE_F32;
+            else return usage();
+        } else if (strcmp(a, "--threads") == 0) {
+            char *end = NULL;
+            const unsigned long long t = v[0] >= '1' && v[0] <= '9' ? strtoull(v, &end, 10) : 0;
+            if (!end || *end || t > 1024) return usage();
+            opt.backend.threads = (size_t)t;
         } else return usage();
         i++;
     }
@@ -274,6 +293,9 @@ static int cmd_run(int argc, char **argv) {
         devices[i] = (int)devices_ll[i];
     }
     if (n_devices > 0) opt.backend.device = devices[0]; /* the whole model runs on the first */
+    /* A GGUF model on the cpu backend runs on its stored weights unless asked otherwise. */
+    if (!dtype_given && opt.backend.kind == MK_BACKEND_CPU && strncmp(path, "--random", 8) != 0)
+        opt.backend.weight_dtype = MK_DTYPE_NATIVE;
 
     mk_model *model = NULL;
     mk_status s = open_model(path, &model);

@@ -323,7 +323,7 @@ static mk_status cuda_rope(mk_backend *b, float *x, const int32_t *positions, si
     return mk_cuda_after_launch(cb, mk_kernel_rope(x, positions, rows, heads, head_dim, theta, layout, cb->stream));
 }
 
-static mk_status cuda_attention(mk_backend *b, float *out, const float *q, const float *k_cache, const float *v_cache,
+static mk_status cuda_attention(mk_backend *b, float *out, const float *q, const void *k_cache, const void *v_cache,
                                 size_t rows, size_t past, size_t n_heads, size_t n_kv_heads, size_t head_dim) {
     mk_cuda_backend *cb = cuda_of(b);
     MK_ON_DEVICE(cb);
