@@ -46,6 +46,9 @@ typedef struct mk_backend_ops {
      * work waits for the copy (no host wait, no host staging). */
     mk_status (*copy_from_peer)(mk_backend *b, void *dst /* dev */, mk_backend *peer, const void *src /* peer dev */,
                                 size_t bytes);
+    /* The native stream every op is enqueued on (cuda: the cudaStream_t), for transports
+     * that post their own device work in stream order (NCCL); NULL: no such stream (cpu). */
+    void *(*native_stream)(mk_backend *b);
     /* Native weight mode (weight_dtype MK_DTYPE_NATIVE); NULL on a backend without it.
      * Bytes a weight matrix [rows, cols] whose source stores ggml `type` occupies (0: it
      * cannot be kept), and storing it from the source's bytes (F32 for a source without a

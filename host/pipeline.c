@@ -5,6 +5,7 @@
 #include <time.h>
 
 #include "mk_error.h"
+#include "options.h"
 #include "range.h"
 
 struct mk_pipeline {
@@ -24,12 +25,19 @@ static double mk_pipeline_now(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-mk_status mk_pipeline_create_seamed(const mk_model *model, const int64_t *cuts, size_t n_cuts,
-                                    const mk_range_options *options, const mk_seam_options *seam, mk_pipeline **out) {
+mk_status mk_pipeline_create_placed(const mk_model *model, const int64_t *cuts, size_t n_cuts,
+                                    const mk_range_options *options, const mk_seam_options *seam, const int *devices,
+                                    size_t n_devices, mk_pipeline **out) {
     mk_clear_error();
     if (!model || !out || !seam || (n_cuts && !cuts))
         return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_pipeline_create: NULL argument");
     *out = NULL;
+    if (devices && n_devices != n_cuts + 1)
+        return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_pipeline_create_placed: %zu devices for %zu ranges (one per range)",
+                       n_devices, n_cuts + 1);
+    /* The caller's options (its struct_size) taken once; each range gets its device. */
+    mk_range_options placed = mk_range_options_default();
+    if (options) MK_TRY(mk_options_take(&placed, sizeof placed, MK_RANGE_OPTIONS_V1_SIZE, options, "mk_range_options"));
     const int64_t n_layers = (int64_t)mk_model_hparams(model)->n_layers;
     for (size_t i = 0; i < n_cuts; i++)
         if (cuts[i] < 0 || cuts[i] >= n_layers - 1 || (i > 0 && cuts[i] <= cuts[i - 1]))
@@ -53,7 +61,8 @@ mk_status mk_pipeline_create_seamed(const mk_model *model, const int64_t *cuts, 
     int64_t start = 0;
     for (size_t i = 0; s == MK_OK && i < p->n_ranges; i++) {
         const int64_t end = i < n_cuts ? cuts[i] : n_layers - 1;
-        s = mk_range_create(model, start, end, options, &p->ranges[i]);
+        if (devices) placed.backend.device = devices[i];
+        s = mk_range_create(model, start, end, &placed, &p->ranges[i]);
         if (s == MK_OK) s = mk_sequence_open(p->ranges[i], &p->sequences[i]);
         start = end + 1;
     }
@@ -68,6 +77,12 @@ mk_status mk_pipeline_create_seamed(const mk_model *model, const int64_t *cuts, 
     }
     *out = p;
     return MK_OK;
+}
+
+mk_status mk_pipeline_create_seamed(const mk_model *model, const int64_t *cuts, size_t n_cuts,
+                                    const mk_range_options *options, const mk_seam_options *seam, mk_pipeline **out) {
+    mk_clear_error();
+    return mk_pipeline_create_placed(model, cuts, n_cuts, options, seam, NULL, 0, out);
 }
 
 mk_status mk_pipeline_create(const mk_model *model, const int64_t *cuts, size_t n_cuts, const mk_range_options *options,

@@ -612,8 +612,15 @@ MK_API mk_status mk_pipeline_generate(mk_pipeline *pipeline, const mk_tokenizer 
  *   LOCAL  same process: device-to-device copy into the receiver's buffer (memcpy on cpu)
  *   WIRE   same process: the TensorBundle packed to bytes and unpacked (host-staged)
  *   UNIX   a Unix-domain stream socket: pinned staging -> TensorBundle -> framed bytes
- *   TCP    the same over TCP (loopback unless an address says otherwise) */
-typedef enum mk_seam_kind { MK_SEAM_LOCAL = 1, MK_SEAM_WIRE, MK_SEAM_UNIX, MK_SEAM_TCP } mk_seam_kind;
+ *   TCP    the same over TCP (loopback unless an address says otherwise)
+ *   NCCL   GPU to GPU (cuda backend on both ends, distinct devices): the header as a
+ *          512-byte NCCL send checked by the receiver's contract before the payload
+ *          receive is posted into its device buffer; payload device-to-device on the
+ *          ranges' streams. In one process mk_seam_pair builds a two-rank communicator;
+ *          across processes the listener's address is a file through which the unique id
+ *          is handed over (mk_seam_listen writes it, mk_seam_connect reads it). Builds
+ *          without NCCL refuse it with MK_ERR_UNSUPPORTED. */
+typedef enum mk_seam_kind { MK_SEAM_LOCAL = 1, MK_SEAM_WIRE, MK_SEAM_UNIX, MK_SEAM_TCP, MK_SEAM_NCCL } mk_seam_kind;
 MK_API mk_status mk_seam_kind_from_name(const char *name, mk_seam_kind *out);
 MK_API const char *mk_seam_kind_name(mk_seam_kind kind);
 
@@ -676,6 +683,12 @@ MK_API mk_status mk_pipeline_create_seamed(const mk_model *model, const int64_t 
                                            const mk_range_options *options, const mk_seam_options *seam,
                                            mk_pipeline **out);
 MK_API double mk_pipeline_seam_seconds(const mk_pipeline *pipeline);
+/* mk_pipeline_create_seamed with each range placed on a device: devices[i] is range i's
+ * options->backend.device (n_devices must equal n_cuts + 1); NULL devices: every range on
+ * options->backend.device. */
+MK_API mk_status mk_pipeline_create_placed(const mk_model *model, const int64_t *cuts, size_t n_cuts,
+                                           const mk_range_options *options, const mk_seam_options *seam,
+                                           const int *devices, size_t n_devices, mk_pipeline **out);
 
 #ifdef __cplusplus
 }

@@ -889,11 +889,11 @@ TEST(SeamLocal, BoundaryStaysInBackendMemoryAndMovesByCopy) {
 
 TEST(SeamOptions, NamesAndDefaults) {
     mk_seam_kind k;
-    for (const char *name : {"local", "wire", "unix", "tcp"}) {
+    for (const char *name : {"local", "wire", "unix", "tcp", "nccl"}) {
         MK_ASSERT_OK(mk_seam_kind_from_name(name, &k));
         EXPECT_STREQ(mk_seam_kind_name(k), name);
     }
-    EXPECT_EQ(mk_seam_kind_from_name("nccl", &k), MK_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(mk_seam_kind_from_name("pigeon", &k), MK_ERR_INVALID_ARGUMENT);
     for (mk_status s : {MK_ERR_PEER_CLOSED, MK_ERR_PEER_TIMEOUT, MK_ERR_AUTH, MK_ERR_FRAME, MK_ERR_NONFINITE, MK_ERR_CONNECT})
         EXPECT_EQ(std::string(mk_status_name(s)).rfind("MK_ERR_", 0), 0u) << (int)s;
     const mk_seam_options o = mk_seam_options_default(MK_SEAM_TCP);
@@ -914,10 +914,18 @@ TEST(SeamOptions, NamesAndDefaults) {
     EXPECT_NE(std::string(mk_last_error()).find("pre-shared key"), std::string::npos) << mk_last_error();
     EXPECT_EQ(tx, nullptr);
     EXPECT_EQ(rx, nullptr);
-    // Only stream transports cross processes.
+    // This binary links no NCCL seam: choosing it says so (tests/nccl_seam covers the real one).
+    const mk_seam_options nccl = mk_seam_options_default(MK_SEAM_NCCL);
+    EXPECT_EQ(mk_seam_pair(&nccl, h, t, &tx, &rx), MK_ERR_UNSUPPORTED);
+    EXPECT_NE(std::string(mk_last_error()).find("no NCCL seam"), std::string::npos) << mk_last_error();
+    EXPECT_EQ(tx, nullptr);
+    EXPECT_EQ(rx, nullptr);
+    // Only stream transports and NCCL (through an id file) cross processes.
     mk_seam_listener *l = nullptr;
     const mk_seam_options local = mk_seam_options_default(MK_SEAM_LOCAL);
     EXPECT_EQ(mk_seam_listen(&local, &l), MK_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(mk_seam_listen(&nccl, &l), MK_ERR_INVALID_ARGUMENT); // no id file named
+    EXPECT_NE(std::string(mk_last_error()).find("id file"), std::string::npos) << mk_last_error();
 }
 
 }  // namespace

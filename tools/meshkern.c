@@ -3,7 +3,8 @@
  *   meshkern inspect MODEL.gguf | --random[:key=value,...]
  *   meshkern run MODEL.gguf | --random[:key=value,...]  --tokens 1,2,3 [--split L1,L2,...] [--n N]
  *                [--backend cpu|cuda] [--device I] [--dtype native|f32|f16|bf16] [--threads N] [--kv f32|f16]
- *                [--seam local|wire|unix|tcp] [--seam-address A] [--seam-timeout MS]
+ *                [--seam local|wire|unix|tcp|nccl] [--devices D0,D1,...]
+ *                [--seam-address A] [--seam-timeout MS]
  *                [--tls-psk HEX [--tls-identity ID] | --tls-cert PEM --tls-key PEM --tls-ca PEM]
  *   meshkern run MODEL.gguf -p TEXT ... | chat MODEL.gguf | tokenize MODEL.gguf TEXT
  *                (text in, text out: tools/cli_text.c)
@@ -34,7 +35,8 @@ static int usage(void) {
             "  meshkern run MODEL.gguf | --random[:key=value,...] --tokens IDS [--split L1,L2,...] [--n N]\n"
             "               [--backend cpu|cuda] [--device I] [--dtype native|f32|f16|bf16] [--threads N]\n"
             "               [--kv f32|f16] [--speed]\n"
-            "               [--seam local|wire|unix|tcp] [--seam-address PATH|HOST:PORT] [--seam-timeout MS]\n"
+            "               [--seam local|wire|unix|tcp|nccl] [--devices D0,D1,... (one per range; cuda)]\n"
+            "               [--seam-address PATH|HOST:PORT] [--seam-timeout MS]\n"
             "               [--tls-psk HEX [--tls-identity ID] | --tls-cert PEM --tls-key PEM --tls-ca PEM]\n"
             "  meshkern run MODEL.gguf -p TEXT [--system S] [--raw] [--split L1,L2,...] [--n N] [--backend ...]\n"
             "  meshkern chat MODEL.gguf [--system S] [--split L1,...] [--n N] [--backend ...]\n"
@@ -156,11 +158,11 @@ typedef struct run_result {
 } run_result;
 
 static mk_status run_pipeline(const mk_model *model, const int64_t *cuts, size_t n_cuts, const mk_range_options *opt,
-                              const mk_seam_options *seam, const int32_t *prompt, size_t n_prompt, size_t n_new,
-                              run_result *res) {
+                              const mk_seam_options *seam, const int *devices, size_t n_devices, const int32_t *prompt,
+                              size_t n_prompt, size_t n_new, run_result *res) {
     const size_t vocab = mk_model_hparams(model)->vocab;
     mk_pipeline *p = NULL;
-    mk_status s = mk_pipeline_create_seamed(model, cuts, n_cuts, opt, seam, &p);
+    mk_status s = mk_pipeline_create_placed(model, cuts, n_cuts, opt, seam, devices, n_devices, &p);
     if (s != MK_OK) return s;
     printf("  ranges:");
     for (size_t i = 0; i < mk_pipeline_range_count(p); i++) {
@@ -208,8 +210,8 @@ static void print_run(const char *label, const run_result *r, size_t n_prompt, s
 static int cmd_run(int argc, char **argv) {
     if (argc < 1) return usage();
     const char *path = argv[0];
-    long long tokens_ll[MK_MAX_TOKENS], cuts_ll[MK_MAX_CUTS];
-    long n_tokens = -1, n_cuts = 0;
+    long long tokens_ll[MK_MAX_TOKENS], cuts_ll[MK_MAX_CUTS], devices_ll[MK_MAX_CUTS + 1];
+    long n_tokens = -1, n_cuts = 0, n_devices = 0;
     size_t n_new = 16;
     mk_range_options opt = mk_range_options_default();
     mk_seam_options seam = mk_seam_options_default(MK_SEAM_WIRE);
@@ -230,7 +232,10 @@ static int cmd_run(int argc, char **argv) {
             if (!end || *end || n_new >= MK_MAX_TOKENS) return usage();
         }
         else if (strcmp(a, "--device") == 0) opt.backend.device = atoi(v);
-        else if (strcmp(a, "--seam") == 0) {
+        else if (strcmp(a, "--devices") == 0) {
+            n_devices = parse_list(v, devices_ll, MK_MAX_CUTS + 1);
+            if (n_devices <= 0) return usage();
+        } else if (strcmp(a, "--seam") == 0) {
             const mk_status s = mk_seam_kind_from_name(v, &seam.kind);
             if (s != MK_OK) return fail(s);
         } else if (strcmp(a, "--seam-address") == 0) seam.address = v;
@@ -271,6 +276,23 @@ static int cmd_run(int argc, char **argv) {
             return usage();
         }
 
+    /* GPU to GPU needs the cuda backend: said here, before the model is read. */
+    if (opt.backend.kind != MK_BACKEND_CUDA && (seam.kind == MK_SEAM_NCCL || n_devices > 0)) {
+        fprintf(stderr, "meshkern: %s needs --backend cuda (the %s backend has no devices)\n",
+                seam.kind == MK_SEAM_NCCL ? "--seam nccl" : "--devices", opt.backend.kind == MK_BACKEND_CPU ? "cpu" : "chosen");
+        return 2;
+    }
+    if (n_devices > 0 && n_devices != n_cuts + 1) {
+        fprintf(stderr, "meshkern: --devices names %ld devices for %ld ranges (one per range: --split has %ld cuts)\n",
+                n_devices, n_cuts + 1, n_cuts);
+        return 2;
+    }
+    int devices[MK_MAX_CUTS + 1];
+    for (long i = 0; i < n_devices; i++) {
+        if (devices_ll[i] < 0 || devices_ll[i] > INT32_MAX) return usage();
+        devices[i] = (int)devices_ll[i];
+    }
+    if (n_devices > 0) opt.backend.device = devices[0]; /* the whole model runs on the first */
     /* A GGUF model on the cpu backend runs on its stored weights unless asked otherwise. */
     if (!dtype_given && opt.backend.kind == MK_BACKEND_CPU && strncmp(path, "--random", 8) != 0)
         opt.backend.weight_dtype = MK_DTYPE_NATIVE;
@@ -292,13 +314,14 @@ static int cmd_run(int argc, char **argv) {
     run_result whole = {0}, split = {0};
     int rc = 0;
     printf("whole model:\n");
-    s = run_pipeline(model, NULL, 0, &opt, &seam, prompt, (size_t)n_tokens, n_new, &whole);
+    s = run_pipeline(model, NULL, 0, &opt, &seam, NULL, 0, prompt, (size_t)n_tokens, n_new, &whole);
     if (s == MK_OK) print_run("whole", &whole, (size_t)n_tokens, n_new);
     if (s == MK_OK && n_cuts > 0) {
         printf("split at");
         for (long i = 0; i < n_cuts; i++) printf(" %lld", (long long)cuts[i]);
         printf(" over the %s seam%s:\n", mk_seam_kind_name(seam.kind), seam.tls.enabled ? " (TLS 1.3)" : "");
-        s = run_pipeline(model, cuts, (size_t)n_cuts, &opt, &seam, prompt, (size_t)n_tokens, n_new, &split);
+        s = run_pipeline(model, cuts, (size_t)n_cuts, &opt, &seam, n_devices > 0 ? devices : NULL, (size_t)n_devices,
+                         prompt, (size_t)n_tokens, n_new, &split);
         if (s == MK_OK) print_run("split", &split, (size_t)n_tokens, n_new);
     }
     if (s != MK_OK) {

@@ -218,6 +218,8 @@ static mk_status cuda_upload_async(mk_backend *b, void *dst, const void *src, si
 
 /* The copy runs on this range's stream after the peer's queued work (its event), and
  * the peer's stream waits for the copy before it may overwrite the source. */
+static void *cuda_native_stream(mk_backend *b) { return cuda_of(b)->stream; }
+
 static mk_status cuda_copy_from_peer(mk_backend *b, void *dst, mk_backend *peer, const void *src, size_t bytes) {
     mk_cuda_backend *cb = cuda_of(b), *pb = cuda_of(peer);
     if (peer->ops != b->ops) return mk_fail(MK_ERR_INVALID_ARGUMENT, "cuda backend: peer copy from a %s backend", peer->ops->name);
@@ -440,6 +442,7 @@ static const mk_backend_ops mk_cuda_ops = {
     .download_async = cuda_download_async,
     .upload_async = cuda_upload_async,
     .copy_from_peer = cuda_copy_from_peer,
+    .native_stream = cuda_native_stream,
     .embed = cuda_embed,
     .rmsnorm = cuda_rmsnorm,
     .add_rmsnorm = cuda_add_rmsnorm,

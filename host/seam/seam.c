@@ -14,7 +14,8 @@
 static const struct {
     mk_seam_kind kind;
     const char *name;
-} mk_seam_kinds[] = {{MK_SEAM_LOCAL, "local"}, {MK_SEAM_WIRE, "wire"}, {MK_SEAM_UNIX, "unix"}, {MK_SEAM_TCP, "tcp"}};
+} mk_seam_kinds[] = {{MK_SEAM_LOCAL, "local"}, {MK_SEAM_WIRE, "wire"}, {MK_SEAM_UNIX, "unix"}, {MK_SEAM_TCP, "tcp"},
+                    {MK_SEAM_NCCL, "nccl"}};
 
 mk_status mk_seam_kind_from_name(const char *name, mk_seam_kind *out) {
     mk_clear_error();
@@ -23,7 +24,7 @@ mk_status mk_seam_kind_from_name(const char *name, mk_seam_kind *out) {
             *out = mk_seam_kinds[i].kind;
             return MK_OK;
         }
-    return mk_fail(MK_ERR_INVALID_ARGUMENT, "unknown seam '%s' (local, wire, unix, tcp)", name ? name : "(null)");
+    return mk_fail(MK_ERR_INVALID_ARGUMENT, "unknown seam '%s' (local, wire, unix, tcp, nccl)", name ? name : "(null)");
 }
 
 const char *mk_seam_kind_name(mk_seam_kind kind) {
@@ -89,6 +90,8 @@ mk_status mk_seam_pair(const mk_seam_options *opt, mk_range *sender, mk_range *r
             s = mk_seam_local_pair(tx, rx);
         } else if (opt->kind == MK_SEAM_WIRE) {
             s = mk_seam_wire_pair(tx, rx);
+        } else if (opt->kind == MK_SEAM_NCCL) {
+            s = mk_seam_nccl_pair(tx, rx);
         } else {
             s = mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_seam_pair: unknown seam kind %d", (int)opt->kind);
         }
@@ -112,9 +115,11 @@ struct mk_seam_listener {
 };
 
 static mk_status mk_check_stream(const mk_seam_options *opt, const char *who) {
-    if (!mk_is_stream(opt->kind))
-        return mk_fail(MK_ERR_INVALID_ARGUMENT, "%s: only the unix and tcp seams cross processes, not '%s'", who,
+    if (!mk_is_stream(opt->kind) && opt->kind != MK_SEAM_NCCL)
+        return mk_fail(MK_ERR_INVALID_ARGUMENT, "%s: only the unix, tcp and nccl seams cross processes, not '%s'", who,
                        mk_seam_kind_name(opt->kind));
+    if (opt->kind == MK_SEAM_NCCL && (!opt->address || !*opt->address))
+        return mk_fail(MK_ERR_INVALID_ARGUMENT, "%s: the nccl seam across processes needs an address (the id file)", who);
     return MK_OK;
 }
 
@@ -127,6 +132,20 @@ mk_status mk_seam_listen(const mk_seam_options *opt, mk_seam_listener **out) {
     if (!l) return mk_fail(MK_ERR_OUT_OF_MEMORY, "seam: out of memory");
     l->options = *opt;
     l->options.address = NULL;
+    if (opt->kind == MK_SEAM_NCCL) {
+        /* No socket: the unique id goes to the file the sender reads. */
+        l->fd = -1;
+        const int n = snprintf(l->address, sizeof l->address, "%s", opt->address);
+        mk_status s = n < 0 || (size_t)n >= sizeof l->address
+                          ? mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_seam_listen: id file path too long")
+                          : mk_seam_nccl_publish(l->address);
+        if (s != MK_OK) {
+            free(l);
+            return s;
+        }
+        *out = l;
+        return MK_OK;
+    }
     const mk_status s = mk_socket_listen(opt->kind, opt->address, &l->fd, l->address, sizeof l->address);
     if (s != MK_OK) {
         free(l);
@@ -143,15 +162,30 @@ const char *mk_seam_listener_address(const mk_seam_listener *l) {
 
 void mk_seam_listener_free(mk_seam_listener *l) {
     if (!l) return;
-    close(l->fd);
-    if (l->options.kind == MK_SEAM_UNIX) (void)unlink(l->address);
+    if (l->fd >= 0) close(l->fd);
+    if (l->options.kind == MK_SEAM_UNIX || l->options.kind == MK_SEAM_NCCL) (void)unlink(l->address);
     free(l);
+}
+
+/* One NCCL end across processes: the seam, then its join through the id file. */
+static mk_status mk_seam_nccl_end(const mk_seam_options *opt, const char *id_path, mk_range *range, bool sender,
+                                  mk_seam **out) {
+    mk_seam *s = NULL;
+    MK_TRY(mk_seam_new(opt, range, sender, &s));
+    const mk_status st = mk_seam_nccl_join(s, id_path);
+    if (st != MK_OK) {
+        mk_seam_free(s);
+        return st;
+    }
+    *out = s;
+    return MK_OK;
 }
 
 mk_status mk_seam_accept(mk_seam_listener *l, mk_range *receiver, mk_seam **out) {
     mk_clear_error();
     if (!l || !receiver || !out) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_seam_accept: NULL argument");
     *out = NULL;
+    if (l->options.kind == MK_SEAM_NCCL) return mk_seam_nccl_end(&l->options, l->address, receiver, false, out);
     const int64_t deadline = mk_deadline_ms(l->options.connect_timeout_ms, 5000);
     int fd = -1;
     MK_TRY(mk_socket_accept(l->fd, deadline, &fd));
@@ -175,6 +209,7 @@ mk_status mk_seam_connect(const mk_seam_options *opt, mk_range *sender, mk_seam 
     if (!opt || !sender || !out) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_seam_connect: NULL argument");
     *out = NULL;
     MK_TRY(mk_check_stream(opt, "mk_seam_connect"));
+    if (opt->kind == MK_SEAM_NCCL) return mk_seam_nccl_end(opt, opt->address, sender, true, out);
     const int64_t deadline = mk_deadline_ms(opt->connect_timeout_ms, 5000);
     int fd = -1;
     MK_TRY(mk_socket_connect(opt->kind, opt->address, deadline, &fd));
@@ -216,6 +251,16 @@ mk_status mk_seam_send_wait(mk_seam *s) {
     return st;
 }
 
+typedef struct seam_contract_args {
+    const mk_range *range;
+    const mk_sequence *seq;
+} seam_contract_args;
+
+static mk_status seam_contract(void *user, const mk_boundary_header *h) {
+    const seam_contract_args *a = user;
+    return mk_range_check_boundary(a->range, a->seq, h);
+}
+
 mk_status mk_seam_recv(mk_seam *s, const mk_sequence *seq, mk_boundary *into) {
     mk_clear_error();
     if (!s || !seq || !into) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_seam_recv: NULL argument");
@@ -223,14 +268,23 @@ mk_status mk_seam_recv(mk_seam *s, const mk_sequence *seq, mk_boundary *into) {
     if (into->range != s->range) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_seam_recv: the boundary is not this range's");
     const double t0 = mk_seconds();
     into->h.rows = 0;
-    mk_boundary_header h;
-    mk_status st = s->ops->recv_header(s, &h);
-    /* The contract, once, on the header: nothing of the payload is accepted before. */
-    if (st == MK_OK) st = mk_range_check_boundary(s->range, seq, &h);
-    if (st == MK_OK) {
-        into->h = h;
-        st = s->ops->recv_payload(s, into);
+    mk_status st;
+    if (s->ops->recv_checked) {
+        /* The transport takes header and payload in one exchange; the contract still runs
+         * here, on the header, before the transport posts the payload receive. */
+        seam_contract_args args = {s->range, seq};
+        st = s->ops->recv_checked(s, seam_contract, &args, into);
         if (st != MK_OK) into->h.rows = 0;
+    } else {
+        mk_boundary_header h;
+        st = s->ops->recv_header(s, &h);
+        /* The contract, once, on the header: nothing of the payload is accepted before. */
+        if (st == MK_OK) st = mk_range_check_boundary(s->range, seq, &h);
+        if (st == MK_OK) {
+            into->h = h;
+            st = s->ops->recv_payload(s, into);
+            if (st != MK_OK) into->h.rows = 0;
+        }
     }
     s->seconds += mk_seconds() - t0;
     return st;

@@ -10,12 +10,19 @@
 #include "backend.h"
 #include "boundary.h"
 
+/* The contract as seam.c applies it to a received header (before any payload). */
+typedef mk_status (*mk_seam_check)(void *user, const mk_boundary_header *h);
+
 typedef struct mk_seam_ops {
     const char *name;
     mk_status (*send)(mk_seam *s, const mk_boundary *b);
     mk_status (*send_wait)(mk_seam *s);
     mk_status (*recv_header)(mk_seam *s, mk_boundary_header *h);
     mk_status (*recv_payload)(mk_seam *s, mk_boundary *into);
+    /* Instead of the two steps above, where header and payload are one exchange (NCCL):
+     * receive the header, run check(user, header) and only if it passes receive the
+     * payload into `into` and set into->h. */
+    mk_status (*recv_checked)(mk_seam *s, mk_seam_check check, void *user, mk_boundary *into);
     void (*destroy)(mk_seam *s);
 } mk_seam_ops;
 
@@ -41,6 +48,13 @@ mk_status mk_seam_local_pair(mk_seam *tx, mk_seam *rx);
 mk_status mk_seam_wire_pair(mk_seam *tx, mk_seam *rx);
 mk_status mk_seam_stream_pair(mk_seam *tx, mk_seam *rx);
 mk_status mk_seam_stream_end(mk_seam *s, int fd, bool tls_server_side, int64_t deadline);
+/* NCCL (host/seam/nccl/nccl_seam.c where NCCL is linked, else nccl_absent.c refuses):
+ * both ends in one process; or one end across processes, joining through the unique id
+ * in the file at id_path (the receiver's listener wrote it: mk_seam_nccl_publish), within
+ * connect_timeout_ms. */
+mk_status mk_seam_nccl_pair(mk_seam *tx, mk_seam *rx);
+mk_status mk_seam_nccl_publish(const char *id_path);
+mk_status mk_seam_nccl_join(mk_seam *s, const char *id_path);
 /* Transports own impl; seam.c frees the seam itself. */
 
 #endif

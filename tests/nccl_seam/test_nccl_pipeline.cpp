@@ -1,0 +1,444 @@
+// The NCCL seam transport (MK_SEAM_NCCL) end to end on the cuda backend under cudasim:
+// whole vs split over NCCL within one process (2 and 3 simulated devices) and across two
+// processes, bit for bit; and its faults, each a clear status within the deadline: a
+// header for another model or layer, header and payload sizes that disagree, a peer that
+// aborts, a peer process that exits mid-step; placement errors (one device, cpu backend).
+#include <gtest/gtest.h>
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "boundary.h"
+#include "cudasim.h"
+#include "mk_test_util.h"
+#include "nccl_comm.h"
+#include "nccl_seam.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr int kDeadlineMs = 300;
+/* How late a fault may surface past its deadline on a loaded CI machine (sanitizers,
+ * parallel tests): generous, yet a hang still fails. */
+constexpr double kSlackMs = kDeadlineMs + 2000.0;
+
+double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
+
+void need_sim_devices(int n) {
+    int have = 0;
+    cudaGetDeviceCount(&have);
+    if (have < n) cudasim::set_device_count(n);
+}
+
+mk_range_options cuda_on(int device) {
+    mk_range_options o = mk_range_options_default();
+    o.backend = mk_backend_config_default(MK_BACKEND_CUDA);
+    o.backend.device = device;
+    return o;
+}
+
+mk_seam_options nccl_options(const char *address = nullptr) {
+    mk_seam_options s = mk_seam_options_default(MK_SEAM_NCCL);
+    s.address = address;
+    s.io_timeout_ms = kDeadlineMs;
+    s.connect_timeout_ms = 5000;
+    return s;
+}
+
+struct PipelineDeleter { void operator()(mk_pipeline *p) const { mk_pipeline_free(p); } };
+using PipelinePtr = std::unique_ptr<mk_pipeline, PipelineDeleter>;
+struct BoundaryDeleter { void operator()(mk_boundary *b) const { mk_boundary_free(b); } };
+using BoundaryPtr = std::unique_ptr<mk_boundary, BoundaryDeleter>;
+struct SeamDeleter { void operator()(mk_seam *s) const { mk_seam_free(s); } };
+using SeamPtr = std::unique_ptr<mk_seam, SeamDeleter>;
+
+// Greedy decode through a pipeline whose ranges sit on `devices`.
+Decode decode_placed(const mk_model *model, const std::vector<int64_t> &cuts, const std::vector<int> &devices,
+                     const mk_seam_options &seam, const std::vector<int32_t> &prompt, size_t n_steps,
+                     size_t max_context = 0) {
+    Decode d;
+    mk_range_options o = cuda_on(devices[0]);
+    o.max_context = max_context;
+    mk_pipeline *p = nullptr;
+    const mk_status s =
+        mk_pipeline_create_placed(model, cuts.data(), cuts.size(), &o, &seam, devices.data(), devices.size(), &p);
+    EXPECT_EQ(s, MK_OK) << mk_status_name(s) << ": " << mk_last_error();
+    if (s != MK_OK) return d;
+    PipelinePtr pipe(p);
+    std::vector<int32_t> next = prompt;
+    for (size_t i = 0; i < n_steps; i++) {
+        mk_tail_output *t = nullptr;
+        const mk_status st = mk_pipeline_step(p, next.data(), next.size(), &t);
+        TailPtr out(t);
+        EXPECT_EQ(st, MK_OK) << mk_status_name(st) << ": " << mk_last_error();
+        if (st != MK_OK) return d;
+        d.logits.push_back(logits_of(out));
+        d.tokens.push_back(out->token_ids[0]);
+        next = {out->token_ids[0]};
+    }
+    if (!cuts.empty()) {
+        EXPECT_GT(mk_pipeline_seam_bytes(p), 0u);
+    }
+    return d;
+}
+
+void expect_identical(const Decode &a, const Decode &b, const char *what) {
+    ASSERT_EQ(a.logits.size(), b.logits.size()) << what;
+    for (size_t i = 0; i < a.logits.size(); i++) {
+        ASSERT_EQ(a.logits[i].size(), b.logits[i].size()) << what;
+        EXPECT_EQ(memcmp(a.logits[i].data(), b.logits[i].data(), a.logits[i].size() * sizeof(float)), 0)
+            << what << ": step " << i;
+    }
+    EXPECT_EQ(a.tokens, b.tokens) << what;
+}
+
+// ============================================================ in-process parity ==
+
+class NcclPipeline : public ::testing::TestWithParam<size_t> {};
+
+TEST_P(NcclPipeline, WholeAndSplitsOverTwoAndThreeDevicesAreBitIdentical) {
+    need_sim_devices(3);
+    const ModelCase c = model_cases()[GetParam()];
+    ModelPtr model = make_random_model(c.hp);
+    const int64_t L = (int64_t)c.hp.n_layers;
+    const size_t n = 5;
+    ASSERT_EQ(cudaSetDevice(2), cudaSuccess);
+    const Decode whole = decode_placed(model.get(), {}, {0}, mk_seam_options_default(MK_SEAM_LOCAL), c.prompt, n);
+    ASSERT_EQ(whole.tokens.size(), n);
+    expect_identical(whole, decode_placed(model.get(), {L / 2}, {0, 1}, nccl_options(), c.prompt, n), "2 devices");
+    expect_identical(whole, decode_placed(model.get(), {1, L - 2}, {0, 1, 2}, nccl_options(), c.prompt, n),
+                     "3 devices");
+    // Placement is not fixed to ascending devices: the head on device 2.
+    expect_identical(whole, decode_placed(model.get(), {L / 2}, {2, 0}, nccl_options(), c.prompt, n), "devices 2,0");
+    int current = -1;
+    ASSERT_EQ(cudaGetDevice(&current), cudaSuccess);
+    EXPECT_EQ(current, 2) << "the caller's current device must survive the seams";
+}
+
+INSTANTIATE_TEST_SUITE_P(RandomModels, NcclPipeline, ::testing::Values(size_t{0}, size_t{1}),
+                         [](const ::testing::TestParamInfo<size_t> &i) { return std::string(model_cases()[i.param].name); });
+
+TEST(NcclPipelineSmolLM2, WholeAndTwoDeviceSplitAreBitIdentical) {
+    need_sim_devices(2);
+    const std::string path = mk_test_model_path();
+    MK_REQUIRE_MODEL_FILE(path);
+    mk_model *m = nullptr;
+    ASSERT_EQ(mk_model_open_gguf(path.c_str(), &m), MK_OK) << path << " is present but does not open: " << mk_last_error();
+    ModelPtr model(m);
+    const std::vector<int32_t> prompt = {1, 9690, 28, 198, 504};
+    const size_t n = 2; // seconds a step simulated: a prefill and one decode step each way
+    const Decode whole = decode_placed(model.get(), {}, {0}, mk_seam_options_default(MK_SEAM_LOCAL), prompt, n, 32);
+    ASSERT_EQ(whole.tokens.size(), n);
+    expect_identical(whole, decode_placed(model.get(), {14}, {0, 1}, nccl_options(), prompt, n, 32), "SmolLM2 2 devices");
+}
+
+// ================================================================ placement ==
+
+TEST(NcclPipeline, RangesOnOneDeviceOrOnTheCpuAreRefusedClearly) {
+    need_sim_devices(2);
+    const ModelCase c = model_cases()[0];
+    ModelPtr model = make_random_model(c.hp);
+    const mk_seam_options seam = nccl_options();
+    mk_range_options o = cuda_on(0);
+    const int64_t cut = 1;
+    mk_pipeline *p = nullptr;
+    const int same[] = {1, 1};
+    EXPECT_ERROR(mk_pipeline_create_placed(model.get(), &cut, 1, &o, &seam, same, 2, &p), MK_ERR_UNSUPPORTED,
+                 "distinct devices");
+    EXPECT_EQ(p, nullptr);
+    const int one[] = {0};
+    EXPECT_ERROR(mk_pipeline_create_placed(model.get(), &cut, 1, &o, &seam, one, 1, &p), MK_ERR_INVALID_ARGUMENT,
+                 "one per range");
+    mk_range_options cpu = mk_range_options_default();
+    EXPECT_ERROR(mk_pipeline_create_seamed(model.get(), &cut, 1, &cpu, &seam, &p), MK_ERR_UNSUPPORTED,
+                 "needs the cuda backend");
+    EXPECT_EQ(p, nullptr);
+    mk_seam_kind k{};
+    ASSERT_EQ(mk_seam_kind_from_name("nccl", &k), MK_OK);
+    EXPECT_EQ(k, MK_SEAM_NCCL);
+    EXPECT_STREQ(mk_seam_kind_name(MK_SEAM_NCCL), "nccl");
+}
+
+// ============================================================ contract faults ==
+
+// A head and a tail joined by an NCCL pair; one step's boundary sent and received.
+struct Hop {
+    RangePtr head, tail;
+    SequencePtr hs, ts;
+    BoundaryPtr out, in;
+    SeamPtr tx, rx;
+    Hop(const mk_model *head_model, int64_t head_end, const mk_model *tail_model, int64_t tail_start) {
+        mk_range *r = nullptr;
+        mk_range_options o0 = cuda_on(0), o1 = cuda_on(1);
+        EXPECT_EQ(mk_range_create(head_model, 0, head_end, &o0, &r), MK_OK) << mk_last_error();
+        head.reset(r);
+        const int64_t L = (int64_t)mk_model_hparams(tail_model)->n_layers;
+        EXPECT_EQ(mk_range_create(tail_model, tail_start, L - 1, &o1, &r), MK_OK) << mk_last_error();
+        tail.reset(r);
+        mk_sequence *s = nullptr;
+        EXPECT_EQ(mk_sequence_open(head.get(), &s), MK_OK);
+        hs.reset(s);
+        EXPECT_EQ(mk_sequence_open(tail.get(), &s), MK_OK);
+        ts.reset(s);
+        mk_boundary *b = nullptr;
+        EXPECT_EQ(mk_boundary_create(head.get(), &b), MK_OK);
+        out.reset(b);
+        EXPECT_EQ(mk_boundary_create(tail.get(), &b), MK_OK);
+        in.reset(b);
+        const mk_seam_options seam = nccl_options();
+        mk_seam *t = nullptr, *x = nullptr;
+        EXPECT_EQ(mk_seam_pair(&seam, head.get(), tail.get(), &t, &x), MK_OK) << mk_last_error();
+        tx.reset(t);
+        rx.reset(x);
+    }
+    mk_status head_forward(const std::vector<int32_t> &tokens) {
+        return mk_range_forward_boundary(head.get(), hs.get(), tokens.data(), tokens.size(), nullptr, nullptr,
+                                         out.get(), nullptr);
+    }
+};
+
+void expect_refused_then_dead(Hop &h, mk_status want, const char *needle) {
+    const std::vector<int32_t> prompt = {3, 9, 27, 4};
+    ASSERT_EQ(h.head_forward(prompt), MK_OK) << mk_last_error();
+    ASSERT_EQ(mk_seam_send(h.tx.get(), h.out.get()), MK_OK) << mk_last_error();
+    const auto t0 = Clock::now();
+    EXPECT_ERROR(mk_seam_recv(h.rx.get(), h.ts.get(), h.in.get()), want, needle);
+    EXPECT_LT(ms_since(t0), kSlackMs);
+    EXPECT_EQ(mk_boundary_header_of(h.in.get())->rows, 0u) << "a refused boundary must stay empty";
+    // The sender learns within its deadline that the exchange is gone (no hang).
+    const auto t1 = Clock::now();
+    const mk_status ws = mk_seam_send_wait(h.tx.get());
+    EXPECT_NE(ws, MK_OK);
+    EXPECT_TRUE(ws == MK_ERR_PEER_CLOSED || ws == MK_ERR_PEER_TIMEOUT) << mk_status_name(ws) << ": " << mk_last_error();
+    EXPECT_LT(ms_since(t1), kSlackMs);
+    // The communicator was aborted: the seam stays dead, clearly.
+    EXPECT_ERROR(mk_seam_recv(h.rx.get(), h.ts.get(), h.in.get()), MK_ERR_PEER_CLOSED, "aborted");
+}
+
+TEST(NcclSeamFaults, HeaderForAnotherModelIsRefusedByTheContract) {
+    need_sim_devices(2);
+    const ModelCase c = model_cases()[0];
+    ModelPtr a = make_random_model(c.hp, 1), b = make_random_model(c.hp, 2);
+    Hop h(a.get(), 1, b.get(), 2);
+    ASSERT_STRNE(mk_range_recipe_digest(h.head.get()), mk_range_recipe_digest(h.tail.get()));
+    expect_refused_then_dead(h, MK_ERR_RECIPE_DIGEST, "recipe digest");
+}
+
+TEST(NcclSeamFaults, HeaderForAnotherLayerIsRefusedByTheContract) {
+    need_sim_devices(2);
+    const ModelCase c = model_cases()[1];
+    ModelPtr m = make_random_model(c.hp);
+    Hop h(m.get(), 1, m.get(), 3); // the head ends at layer 1, the tail starts at 3
+    expect_refused_then_dead(h, MK_ERR_SEAM_MISMATCH, "");
+}
+
+// ===================================================== lying and dying peers ==
+
+// The receiving end: a tail range on device 1 behind an NCCL listener (the id file).
+struct Receiver {
+    char dir[32] = "/tmp/mk_nccl_pipe_XXXXXX";
+    std::string id_path;
+    RangePtr tail;
+    SequencePtr ts;
+    BoundaryPtr in;
+    mk_seam_listener *listener = nullptr;
+    Receiver(const mk_model *model, int64_t start, int device) {
+        EXPECT_NE(mkdtemp(dir), nullptr);
+        id_path = std::string(dir) + "/id";
+        mk_range_options o = cuda_on(device);
+        mk_range *r = nullptr;
+        const int64_t L = (int64_t)mk_model_hparams(model)->n_layers;
+        EXPECT_EQ(mk_range_create(model, start, L - 1, &o, &r), MK_OK) << mk_last_error();
+        tail.reset(r);
+        mk_sequence *s = nullptr;
+        EXPECT_EQ(mk_sequence_open(tail.get(), &s), MK_OK);
+        ts.reset(s);
+        mk_boundary *b = nullptr;
+        EXPECT_EQ(mk_boundary_create(tail.get(), &b), MK_OK);
+        in.reset(b);
+        const mk_seam_options opt = nccl_options(id_path.c_str());
+        EXPECT_EQ(mk_seam_listen(&opt, &listener), MK_OK) << mk_last_error();
+        EXPECT_STREQ(mk_seam_listener_address(listener), id_path.c_str());
+    }
+    ~Receiver() {
+        mk_seam_listener_free(listener); // removes the id file
+        rmdir(dir);
+    }
+};
+
+// A head range's first boundary (prompt on device 0), for a raw peer to misrepresent.
+struct HeadOutput {
+    RangePtr head;
+    SequencePtr hs;
+    BoundaryPtr out;
+    HeadOutput(const mk_model *model, int64_t end) {
+        mk_range_options o = cuda_on(0);
+        mk_range *r = nullptr;
+        EXPECT_EQ(mk_range_create(model, 0, end, &o, &r), MK_OK) << mk_last_error();
+        head.reset(r);
+        mk_sequence *s = nullptr;
+        EXPECT_EQ(mk_sequence_open(head.get(), &s), MK_OK);
+        hs.reset(s);
+        mk_boundary *b = nullptr;
+        EXPECT_EQ(mk_boundary_create(head.get(), &b), MK_OK);
+        out.reset(b);
+        const std::vector<int32_t> prompt = {5, 1, 30, 2, 8};
+        EXPECT_EQ(mk_range_forward_boundary(head.get(), hs.get(), prompt.data(), prompt.size(), nullptr, nullptr,
+                                            out.get(), nullptr),
+                  MK_OK)
+            << mk_last_error();
+        // The payload is complete on the range's stream before a raw peer reads it.
+        std::vector<float> host(mk_boundary_header_of(out.get())->rows * mk_model_hparams(model)->hidden);
+        EXPECT_EQ(mk_boundary_read(out.get(), host.data(), host.size()), MK_OK) << mk_last_error();
+    }
+};
+
+enum class Lie { kShortPayload, kAbort };
+
+// A raw sender (the primitives, rank 0 on device 0) on its own thread: joins through the
+// id file, then either declares a payload one row short of its header, or aborts.
+void raw_peer(const std::string &id_path, const mk_boundary *b, Lie lie, mk_status *result) {
+    ncclUniqueId id;
+    *result = mk_nccl_id_read_file(id_path.c_str(), &id, 5000);
+    if (*result != MK_OK) return;
+    mk_nccl_ctx ctx;
+    *result = mk_nccl_init_rank(&ctx, 2, 0, &id, 0, nullptr, 5000);
+    if (*result != MK_OK) return;
+    *result = mk_nccl_warmup(&ctx, -1, 1);
+    if (*result == MK_OK) {
+        if (lie == Lie::kAbort) {
+            ncclCommAbort(ctx.comm);
+            ctx.comm = nullptr;
+        } else {
+            unsigned char header[MK_NCCL_BOUNDARY_HEADER_BYTES];
+            mk_nccl_header_encode(&b->h, header);
+            const size_t bytes = (b->h.rows - 1) * b->h.hidden * sizeof(float);
+            *result = mk_nccl_send_post(&ctx, 1, header, sizeof header, b->payload, bytes);
+            if (*result == MK_OK) (void)mk_nccl_send_wait(&ctx); // released by the receiver's abort
+        }
+    }
+    mk_nccl_ctx_destroy(&ctx);
+}
+
+void lying_peer_case(Lie lie, mk_status want, const char *needle) {
+    need_sim_devices(2);
+    const ModelCase c = model_cases()[1];
+    ModelPtr model = make_random_model(c.hp);
+    HeadOutput head(model.get(), 1);
+    Receiver rx(model.get(), 2, 1);
+    ASSERT_NE(rx.listener, nullptr);
+    mk_status peer = MK_OK;
+    std::thread t(raw_peer, rx.id_path, head.out.get(), lie, &peer);
+    mk_seam *s = nullptr;
+    const mk_status as = mk_seam_accept(rx.listener, rx.tail.get(), &s);
+    SeamPtr end(s);
+    if (as != MK_OK) {
+        t.join();
+        FAIL() << mk_status_name(as) << ": " << mk_last_error();
+    }
+    const auto t0 = Clock::now();
+    EXPECT_ERROR(mk_seam_recv(end.get(), rx.ts.get(), rx.in.get()), want, needle);
+    EXPECT_LT(ms_since(t0), kSlackMs);
+    EXPECT_EQ(mk_boundary_header_of(rx.in.get())->rows, 0u);
+    t.join();
+    EXPECT_EQ(peer, MK_OK) << "the raw peer itself failed to set up";
+}
+
+TEST(NcclSeamFaults, HeaderAndPayloadSizesThatDisagreeAreRefused) {
+    lying_peer_case(Lie::kShortPayload, MK_ERR_FRAME, "sizes disagree");
+}
+
+TEST(NcclSeamFaults, PeerThatAbortsIsReportedClosedWithinTheDeadline) {
+    lying_peer_case(Lie::kAbort, MK_ERR_PEER_CLOSED, "");
+}
+
+// ============================================================ two processes ==
+
+// The head in a forked child (sim device 0) sends each step's boundary over NCCL, fed the
+// whole-model run's tokens; the tail in the parent (device 1) decodes. `vanish`: the child
+// exits right after posting its first send (mid-step for the parent).
+void two_process_case(bool vanish) {
+    need_sim_devices(2);
+    const ModelCase c = model_cases()[1];
+    ModelPtr model = make_random_model(c.hp);
+    const int64_t cut = 2;
+    const size_t n = 5;
+    const Decode whole = decode_placed(model.get(), {}, {0}, mk_seam_options_default(MK_SEAM_LOCAL), c.prompt, n);
+    ASSERT_EQ(whole.tokens.size(), n);
+    Receiver rx(model.get(), cut + 1, 1);
+    ASSERT_NE(rx.listener, nullptr);
+    const std::string id_path = rx.id_path;
+    const pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+        // Child: only _exit (no gtest teardown, no destructors of the parent's objects).
+        mk_range_options o = cuda_on(0);
+        mk_range *head = nullptr;
+        mk_sequence *hs = nullptr;
+        mk_boundary *out = nullptr;
+        mk_seam *tx = nullptr;
+        if (mk_range_create(model.get(), 0, cut, &o, &head) != MK_OK) _exit(10);
+        if (mk_sequence_open(head, &hs) != MK_OK || mk_boundary_create(head, &out) != MK_OK) _exit(11);
+        const mk_seam_options opt = nccl_options(id_path.c_str());
+        if (mk_seam_connect(&opt, head, &tx) != MK_OK) _exit(12);
+        std::vector<int32_t> next = c.prompt;
+        for (size_t i = 0; i < n; i++) {
+            if (mk_range_forward_boundary(head, hs, next.data(), next.size(), nullptr, nullptr, out, nullptr) != MK_OK)
+                _exit(13);
+            if (mk_seam_send(tx, out) != MK_OK) _exit(14);
+            if (vanish) _exit(0);
+            if (mk_seam_send_wait(tx) != MK_OK) _exit(15);
+            next = {whole.tokens[i]};
+        }
+        mk_seam_free(tx);
+        mk_boundary_free(out);
+        mk_sequence_close(hs);
+        mk_range_free(head);
+        _exit(0);
+    }
+    mk_seam *s = nullptr;
+    const mk_status as = mk_seam_accept(rx.listener, rx.tail.get(), &s);
+    SeamPtr end(s);
+    Decode split;
+    mk_status st = as;
+    Clock::time_point t0 = Clock::now();
+    for (size_t i = 0; st == MK_OK && i < n; i++) {
+        t0 = Clock::now();
+        st = mk_seam_recv(end.get(), rx.ts.get(), rx.in.get());
+        if (st != MK_OK) break;
+        mk_tail_output *t = nullptr;
+        st = mk_range_forward_boundary(rx.tail.get(), rx.ts.get(), nullptr, 0, rx.in.get(), nullptr, nullptr, &t);
+        TailPtr o(t);
+        if (st != MK_OK) break;
+        split.logits.push_back(logits_of(o));
+        split.tokens.push_back(o->token_ids[0]);
+    }
+    const mk_status failed = st;
+    const std::string why = mk_last_error();
+    int status = 0;
+    ASSERT_EQ(waitpid(pid, &status, 0), pid);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child exit " << WEXITSTATUS(status);
+    ASSERT_EQ(as, MK_OK) << why;
+    if (vanish) {
+        EXPECT_TRUE(failed == MK_ERR_PEER_CLOSED) << mk_status_name(failed) << ": " << why;
+        EXPECT_LT(ms_since(t0), kSlackMs);
+        EXPECT_LE(split.tokens.size(), 1u) << "the child exited while its first step was in flight";
+    } else {
+        ASSERT_EQ(failed, MK_OK) << mk_status_name(failed) << ": " << why;
+        expect_identical(whole, split, "head in another process over NCCL");
+    }
+}
+
+TEST(NcclTwoProcesses, HeadInAChildTailInTheParentAreBitIdenticalToWhole) { two_process_case(false); }
+TEST(NcclTwoProcesses, PeerProcessExitingMidStepIsReportedClosed) { two_process_case(true); }
+
+} // namespace
