@@ -95,6 +95,7 @@ int64_t mk_range_start(const mk_range *r) { return r->start; }
 int64_t mk_range_end(const mk_range *r) { return r->end; }
 size_t mk_range_weight_bytes(const mk_range *r) { return r->weight_bytes; }
 const char *mk_range_recipe_digest(const mk_range *r) { return r->digest; }
+size_t mk_range_max_rows(const mk_range *r) { return r->max_rows; }
 
 /* ================================================================ weights == */
 
@@ -436,20 +437,40 @@ static mk_status mk_run_layer(mk_range *r, mk_sequence *seq, size_t layer_index,
     return MK_OK;
 }
 
+/* The raw residual of `rows` rows into a bundle whose residual and positions hold them. */
+static mk_status mk_fill_bundle(mk_range *r, size_t rows, const int32_t *positions, mk_bundle *bundle) {
+    MK_TRY(r->backend->ops->download(r->backend, bundle->residual, r->act.x, rows * r->hp.hidden * sizeof(float)));
+    memcpy(bundle->positions, positions, rows * sizeof(int32_t));
+    /* No final norm, no pruning, no sampling: the raw residual is the next range's input. */
+    bundle->batch = 1;
+    bundle->seq = rows;
+    bundle->next_layer = r->end + 1;
+    bundle->normalized = false;
+    memcpy(bundle->recipe_digest, r->digest, sizeof bundle->recipe_digest);
+    return MK_OK;
+}
+
 static mk_status mk_emit_bundle(mk_range *r, size_t rows, const int32_t *positions, mk_bundle **out) {
     mk_bundle *bundle;
     MK_TRY(mk_bundle_create(1, rows, r->hp.hidden, &bundle));
-    mk_status s = r->backend->ops->download(r->backend, bundle->residual, r->act.x, rows * r->hp.hidden * sizeof(float));
+    const mk_status s = mk_fill_bundle(r, rows, positions, bundle);
     if (s != MK_OK) {
         mk_bundle_free(bundle);
         return s;
     }
-    memcpy(bundle->positions, positions, rows * sizeof(int32_t));
-    /* No final norm, no pruning, no sampling: the raw residual is the next range's input. */
-    bundle->next_layer = r->end + 1;
-    bundle->normalized = false;
-    memcpy(bundle->recipe_digest, r->digest, sizeof bundle->recipe_digest);
     *out = bundle;
+    return MK_OK;
+}
+
+/* Tail-only pruning: final norm and lm_head on the last row alone, then the sample. */
+static mk_status mk_tail_compute(mk_range *r, size_t rows) {
+    const mk_hparams *hp = &r->hp;
+    mk_backend *b = r->backend;
+    const mk_activations *a = &r->act;
+    const float *last = a->x + (rows - 1) * hp->hidden;
+    MK_TRY(b->ops->rmsnorm(b, a->xn, last, r->output_norm, 1, hp->hidden, hp->rms_eps));
+    MK_TRY(b->ops->matmul(b, a->logits, a->xn, r->lm_head, 1, hp->hidden, hp->vocab));
+    MK_TRY(b->ops->argmax(b, a->token, a->logits, 1, hp->vocab));
     return MK_OK;
 }
 
@@ -457,11 +478,7 @@ static mk_status mk_emit_tail(mk_range *r, size_t rows, const mk_sampling_contra
     const mk_hparams *hp = &r->hp;
     mk_backend *b = r->backend;
     const mk_activations *a = &r->act;
-    /* Tail-only pruning: final norm and lm_head on the last row alone. */
-    const float *last = a->x + (rows - 1) * hp->hidden;
-    MK_TRY(b->ops->rmsnorm(b, a->xn, last, r->output_norm, 1, hp->hidden, hp->rms_eps));
-    MK_TRY(b->ops->matmul(b, a->logits, a->xn, r->lm_head, 1, hp->hidden, hp->vocab));
-    MK_TRY(b->ops->argmax(b, a->token, a->logits, 1, hp->vocab));
+    MK_TRY(mk_tail_compute(r, rows));
     mk_tail_output *t = calloc(1, sizeof *t);
     if (!t) return mk_fail(MK_ERR_OUT_OF_MEMORY, "tail output: out of memory");
     t->batch = 1;
@@ -480,18 +497,10 @@ static mk_status mk_emit_tail(mk_range *r, size_t rows, const mk_sampling_contra
     return MK_OK;
 }
 
-mk_status mk_range_forward(mk_range *r, mk_sequence *seq, const int32_t *token_ids, size_t n_tokens,
-                           const mk_bundle *bundle, const mk_sampling_contract *sampling, mk_bundle **out_bundle,
-                           mk_tail_output **out_tail) {
-    if (!r || !seq) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_range_forward: NULL range or sequence");
-    if (seq->range != r) return mk_fail(MK_ERR_INVALID_ARGUMENT, "sequence belongs to another range");
-    const bool tail = mk_role_owns_final_head(r->role);
-    if (tail ? !out_tail : !out_bundle)
-        return mk_fail(MK_ERR_INVALID_ARGUMENT, "%s range needs %s", mk_role_name(r->role),
-                       tail ? "out_tail" : "out_bundle");
-    mk_sampling_contract greedy = {MK_SAMPLING_GREEDY};
-    if (sampling) MK_TRY(mk_sampling_contract_init(&greedy, sampling->mode));
-
+/* Checks and the layers of one forward; the caller emits the output and advances the
+ * sequence. *out_rows is the number of rows computed; r->host_positions holds them. */
+static mk_status mk_range_compute(mk_range *r, mk_sequence *seq, const int32_t *token_ids, size_t n_tokens,
+                                  const mk_bundle *bundle, size_t *out_rows) {
     size_t rows = 0;
     MK_TRY(mk_check_input(r, seq, token_ids, n_tokens, bundle, &rows));
     if (rows > r->max_rows)
@@ -514,9 +523,54 @@ mk_status mk_range_forward(mk_range *r, mk_sequence *seq, const int32_t *token_i
     }
     const size_t n_layers = (size_t)(r->end - r->start + 1);
     for (size_t l = 0; l < n_layers; l++) MK_TRY(mk_run_layer(r, seq, l, rows, l + 1 == n_layers));
+    *out_rows = rows;
+    return MK_OK;
+}
 
+mk_status mk_range_forward(mk_range *r, mk_sequence *seq, const int32_t *token_ids, size_t n_tokens,
+                           const mk_bundle *bundle, const mk_sampling_contract *sampling, mk_bundle **out_bundle,
+                           mk_tail_output **out_tail) {
+    if (!r || !seq) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_range_forward: NULL range or sequence");
+    if (seq->range != r) return mk_fail(MK_ERR_INVALID_ARGUMENT, "sequence belongs to another range");
+    const bool tail = mk_role_owns_final_head(r->role);
+    if (tail ? !out_tail : !out_bundle)
+        return mk_fail(MK_ERR_INVALID_ARGUMENT, "%s range needs %s", mk_role_name(r->role),
+                       tail ? "out_tail" : "out_bundle");
+    mk_sampling_contract greedy = {MK_SAMPLING_GREEDY};
+    if (sampling) MK_TRY(mk_sampling_contract_init(&greedy, sampling->mode));
+
+    size_t rows = 0;
+    MK_TRY(mk_range_compute(r, seq, token_ids, n_tokens, bundle, &rows));
     if (tail) MK_TRY(mk_emit_tail(r, rows, &greedy, out_tail));
-    else MK_TRY(mk_emit_bundle(r, rows, positions, out_bundle));
+    else MK_TRY(mk_emit_bundle(r, rows, r->host_positions, out_bundle));
+    seq->length += rows;
+    return MK_OK;
+}
+
+/* The scheduler's step path: the same forward, emitted into buffers the caller owns
+ * (a preallocated activation slot), so a step allocates nothing. */
+mk_status mk_range_forward_into(mk_range *r, mk_sequence *seq, const int32_t *token_ids, size_t n_tokens,
+                                const mk_bundle *bundle, mk_bundle *out_bundle, size_t out_capacity_rows,
+                                float *out_logits, int32_t *out_token) {
+    if (!r || !seq) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_range_forward_into: NULL range or sequence");
+    if (seq->range != r) return mk_fail(MK_ERR_INVALID_ARGUMENT, "sequence belongs to another range");
+    const bool tail = mk_role_owns_final_head(r->role);
+    if (tail ? !out_logits || !out_token : !out_bundle || out_bundle->hidden != r->hp.hidden)
+        return mk_fail(MK_ERR_INVALID_ARGUMENT, "%s range needs %s", mk_role_name(r->role),
+                       tail ? "logits and token buffers" : "an output bundle of the model's hidden width");
+    size_t rows = 0;
+    MK_TRY(mk_range_compute(r, seq, token_ids, n_tokens, bundle, &rows));
+    if (tail) {
+        mk_backend *b = r->backend;
+        MK_TRY(mk_tail_compute(r, rows));
+        MK_TRY(b->ops->download(b, out_logits, r->act.logits, r->hp.vocab * sizeof(float)));
+        MK_TRY(b->ops->download(b, out_token, r->act.token, sizeof(int32_t)));
+    } else {
+        if (rows > out_capacity_rows)
+            return mk_fail(MK_ERR_INVALID_ARGUMENT, "forward of %zu rows exceeds the output slot's %zu rows", rows,
+                           out_capacity_rows);
+        MK_TRY(mk_fill_bundle(r, rows, r->host_positions, out_bundle));
+    }
     seq->length += rows;
     return MK_OK;
 }
