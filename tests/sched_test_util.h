@@ -10,6 +10,7 @@
 #include <map>
 #include <mutex>
 #include <random>
+#include <tuple>
 
 #include "mk_test_util.h"
 
@@ -126,16 +127,29 @@ inline std::vector<SeqSpec> mixed_specs(const mk_model *model, const mk_range_op
     return specs;
 }
 
+// Whole-model runs of specs already seen (one model and options per cache).
+struct ReferenceCache {
+    std::map<std::tuple<std::vector<int32_t>, size_t, std::vector<int32_t>>, Decode> runs;
+    const Decode &get(const mk_model *model, const mk_range_options &options, const SeqSpec &sp) {
+        const auto key = std::make_tuple(sp.prompt, sp.max_new, sp.stop);
+        auto it = runs.find(key);
+        if (it == runs.end()) it = runs.emplace(key, whole_reference(model, options, sp)).first;
+        return it->second;
+    }
+};
+
 // Every sequence DONE with tokens and logits bit-identical to its whole-model run.
 inline void expect_all_match_whole(const mk_model *model, const mk_range_options &options,
                                    const std::vector<SeqSpec> &specs, const std::vector<SeqResult> &results,
-                                   const std::string &what) {
+                                   const std::string &what, ReferenceCache *cache = nullptr) {
+    ReferenceCache local;
+    if (!cache) cache = &local;
     ASSERT_EQ(specs.size(), results.size());
     for (size_t i = 0; i < specs.size(); i++) {
         const SeqResult &r = results[i];
         ASSERT_EQ(r.info.state, MK_SEQ_DONE) << what << " seq " << i << ": " << mk_status_name(r.info.status) << " "
                                              << r.error;
-        const Decode ref = whole_reference(model, options, specs[i]);
+        const Decode &ref = cache->get(model, options, specs[i]);
         EXPECT_EQ(r.tokens, ref.tokens) << what << " seq " << i;
         EXPECT_EQ(r.callback_tokens, ref.tokens) << what << " seq " << i;
         ASSERT_EQ(r.logits.size(), ref.logits.size()) << what << " seq " << i;
