@@ -3,6 +3,8 @@
  *   meshkern inspect MODEL.gguf | --random[:key=value,...]
  *   meshkern run MODEL.gguf | --random[:key=value,...]  --tokens 1,2,3 [--split L1,L2,...] [--n N]
  *                [--backend cpu|cuda] [--device I] [--dtype f32|f16|bf16]
+ *   meshkern run MODEL --prompts FILE [--split auto|L1,...] [--devices 0,1] [--batch M] ...
+ *                (run_batch.c: many sequences through a placed pipeline)
  *
  * run executes the model as one FULL range and, with --split, as the given ranges in this
  * process, every seam packed and unpacked as protobuf; it prints the greedy tokens, the
@@ -12,6 +14,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "cli.h"
 #include "gguf.h"
 #include "meshkern.h"
 #include "model.h"
@@ -27,6 +30,9 @@ static int usage(void) {
             "  meshkern inspect MODEL.gguf | --random[:key=value,...]\n"
             "  meshkern run MODEL.gguf | --random[:key=value,...] --tokens IDS [--split L1,L2,...] [--n N]\n"
             "               [--backend cpu|cuda] [--device I] [--dtype f32|f16|bf16] [--speed]\n"
+            "  meshkern run MODEL --prompts FILE [--split auto|L1,L2,...] [--devices 0,1,...] [--batch M]\n"
+            "               [--n N] [--stop IDS] [--seam local|wire] [--backend cpu|cuda] [--dtype ...]\n"
+            "               [--timeline FILE.json]   FILE: one prompt per line, comma-separated token ids\n"
             "  --random is the seed's random model (vocab 48, hidden 32, 6 layers, 4 heads); keys\n"
             "  vocab, hidden, layers, heads, kv_heads, head_dim, ffn, ctx, seed change its shape.\n");
     return 2;
@@ -274,9 +280,15 @@ static int cmd_run(int argc, char **argv) {
     return rc;
 }
 
+/* For the other files of the program (cli.h). */
+mk_status mk_cli_open_model(const char *path, mk_model **out) { return open_model(path, out); }
+int mk_cli_usage(void) { return usage(); }
+int mk_cli_fail(mk_status s) { return fail(s); }
+
 int main(int argc, char **argv) {
     if (argc < 3) return usage();
     if (strcmp(argv[1], "inspect") == 0) return cmd_inspect(argv[2]);
-    if (strcmp(argv[1], "run") == 0) return cmd_run(argc - 2, argv + 2);
+    if (strcmp(argv[1], "run") == 0)
+        return mk_cli_is_batch_run(argc - 2, argv + 2) ? mk_cli_run_batch(argc - 2, argv + 2) : cmd_run(argc - 2, argv + 2);
     return usage();
 }
