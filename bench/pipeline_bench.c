@@ -9,7 +9,8 @@
  * good as the two idle cores it needs. Run with OPENBLAS_NUM_THREADS=1 (one thread per
  * stage).
  *
- *   pipeline_bench MODEL.gguf|--random [cpu|cuda] [sequences] [decode_tokens] [repeats] [devices]
+ *   pipeline_bench MODEL.gguf|--random|--random-llama [cpu|cuda] [sequences] [decode_tokens] [repeats] [devices]
+ *   (--random: the seed's tiny model; --random-llama: a random 0.5B-parameter llama for GPUs)
  *   (devices: the 2-stage placement on cuda, e.g. 0,1 or 0,0 for two streams on one GPU) */
 #include <stdbool.h>
 #include <stdio.h>
@@ -172,10 +173,20 @@ int main(int argc, char **argv) {
     }
     mk_status st = mk_backend_kind_from_name(backend, &c.backend);
     mk_model *model = NULL;
-    const mk_hparams seed_hp = mk_hparams_seed_default();
+    mk_hparams hp = mk_hparams_seed_default();
+    if (strcmp(path, "--random-llama") == 0) {
+        hp.vocab = 32000;
+        hp.hidden = 2048;
+        hp.n_layers = 8;
+        hp.n_heads = 32;
+        hp.n_kv_heads = 8;
+        hp.head_dim = 64;
+        hp.intermediate = 5632;
+        hp.max_context = 1024;
+    }
     if (st == MK_OK)
-        st = strcmp(path, "--random") == 0 ? mk_model_create_random(&seed_hp, 1, NULL, &model)
-                                           : mk_model_open_gguf(path, &model);
+        st = strncmp(path, "--random", 8) == 0 ? mk_model_create_random(&hp, 1, NULL, &model)
+                                               : mk_model_open_gguf(path, &model);
     if (st != MK_OK) {
         fprintf(stderr, "pipeline_bench: %s: %s\n", mk_status_name(st), mk_last_error());
         return 1;
