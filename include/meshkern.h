@@ -438,7 +438,8 @@ typedef struct mk_sched_options {
     mk_sched_seam seam;        /* default MK_SCHED_SEAM_LOCAL */
     mk_sched_token_fn on_token; /* optional */
     void *user;
-    size_t timeline_capacity;  /* step records kept per stage for the timeline; 0 = none */
+    size_t timeline_capacity;  /* step records kept per stage for the timeline (later steps
+                                  are not recorded); 0 = none */
 } mk_sched_options;
 
 MK_API mk_sched_options mk_sched_options_default(void);
@@ -473,7 +474,8 @@ typedef struct mk_seq_info {
     mk_status status;   /* MK_OK unless FAILED */
     size_t n_tokens;    /* generated so far */
     bool stopped;       /* DONE on a stop id (false: on the token limit) */
-    const char *error;  /* "" unless FAILED; valid until mk_sched_free */
+    const char *error;  /* when FAILED: the stage, its layers and the cause; valid until
+                           mk_sched_free ("" otherwise) */
 } mk_seq_info;
 
 /* A sequence's state and up to `cap` of its generated tokens (tokens may be NULL). */

@@ -145,4 +145,22 @@ TEST(SchedCuda, StageThatDiesOnItsDeviceFailsItsSequences) {
     }
 }
 
+// A stage placed on a device that does not exist: a clear status, nothing left behind.
+TEST(SchedCuda, MissingDeviceIsRefusedAndNothingLeaks) {
+    Devices n(2);
+    MK_REQUIRE_DEVICE();
+    ModelPtr model = make_random_model(mk_hparams_seed_default());
+    const size_t used0 = device_bytes_used(0);
+    const int devices[2] = {0, device_count() + 3};
+    mk_sched_options o = mk_sched_options_default();
+    o.range = cuda_options();
+    o.split_auto = true;
+    o.devices = devices;
+    o.n_devices = 2;
+    mk_sched *s = nullptr;
+    EXPECT_EQ(mk_sched_create(model.get(), &o, &s), MK_ERR_DEVICE_INDEX) << mk_last_error();
+    EXPECT_EQ(s, nullptr);
+    EXPECT_EQ(device_bytes_used(0), used0) << "the head's range was not released";
+}
+
 } // namespace
