@@ -106,10 +106,10 @@ inline Decode whole_reference(const mk_model *model, const mk_range_options &opt
     return d;
 }
 
-// `count` sequences of mixed prompt lengths (1..9) and token limits (2..8); every third
-// stops on the token its whole-model run emits at step 1 (so it ends early).
+// `count` sequences of mixed prompt lengths (1..9) and token limits (2..limit_span+1);
+// every third stops on the token its whole-model run emits at step 1 (so it ends early).
 inline std::vector<SeqSpec> mixed_specs(const mk_model *model, const mk_range_options &options, size_t count,
-                                        uint32_t seed) {
+                                        uint32_t seed, size_t limit_span = 7) {
     const size_t vocab = mk_model_hparams(model)->vocab;
     std::mt19937 rng(seed);
     std::vector<SeqSpec> specs;
@@ -117,7 +117,7 @@ inline std::vector<SeqSpec> mixed_specs(const mk_model *model, const mk_range_op
         SeqSpec sp;
         const size_t len = 1 + (i * 4 + seed) % 9;
         for (size_t k = 0; k < len; k++) sp.prompt.push_back((int32_t)(rng() % vocab));
-        sp.max_new = 2 + (i * 5 + seed) % 7;
+        sp.max_new = 2 + (i * 5 + seed) % limit_span;
         if (i % 3 == 2) {
             const Decode d = decode_greedy(model, {}, options, sp.prompt, 2);
             if (d.tokens.size() == 2) sp.stop = {d.tokens[1], (int32_t)vocab + 7 /* never emitted */};

@@ -72,8 +72,8 @@ void run_parity(size_t stages, const std::vector<size_t> &in_flight, mk_sched_se
     ModelPtr model = make_random_model(mc.hp);
     ASSERT_TRUE(model);
     const std::vector<int> devices = placement(stages);
-    // One pool of 9 sequences (whole-model runs computed once), rotated per m.
-    const std::vector<SeqSpec> pool = mixed_specs(model.get(), cuda_options(), 9, (uint32_t)stages);
+    // One pool of 9 sequences (limits 2..5; whole-model runs computed once), rotated per m.
+    const std::vector<SeqSpec> pool = mixed_specs(model.get(), cuda_options(), 9, (uint32_t)stages, 4);
     ReferenceCache refs;
     for (size_t m : in_flight) {
         std::vector<SeqSpec> specs;
