@@ -488,6 +488,8 @@ MK_API mk_status mk_sched_wait_all(mk_sched *sched);
 typedef struct mk_stage_stats {
     size_t steps;          /* forwards run */
     uint64_t busy_ns;      /* time inside them */
+    uint64_t cpu_ns;       /* CPU time the stage's thread spent inside them (less than
+                              busy_ns when other processes share the cores) */
     uint64_t first_ns;     /* start of the first, end of the last (CLOCK_MONOTONIC) */
     uint64_t last_ns;
 } mk_stage_stats;

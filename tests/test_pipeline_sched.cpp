@@ -386,6 +386,7 @@ TEST(PipelineSched, TimelineHasOneRecordPerStepAndStage) {
         MK_ASSERT_OK(mk_sched_stage_stats(s.get(), i, &st));
         EXPECT_EQ(st.steps, steps) << "stage " << i;
         EXPECT_GT(st.busy_ns, 0u);
+        EXPECT_GT(st.cpu_ns, 0u);
         EXPECT_LE(st.busy_ns, st.last_ns - st.first_ns);
         share_sum += mk_sched_stage_share(s.get(), i);
     }

@@ -16,6 +16,12 @@ static uint64_t mk_now_ns(void) {
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
+static uint64_t mk_thread_cpu_ns(void) {
+    struct timespec ts;
+    if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0) return 0;
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
 static bool mk_stage_is_head(const mk_sched_stage *st) { return st->index == 0; }
 static bool mk_stage_is_tail(const mk_sched_stage *st) { return st->index + 1 == st->sched->n_stages; }
 
@@ -38,15 +44,16 @@ static mk_status mk_stage_step(mk_sched_stage *st, mk_sched_item *item) {
     const bool head = mk_stage_is_head(st), tail = mk_stage_is_tail(st);
     /* Stage i writes act[i % 2] while it reads the boundary stage i - 1 wrote in the other. */
     mk_bundle *out = tail ? NULL : item->act[st->index % 2];
-    const uint64_t t0 = mk_now_ns();
+    const uint64_t t0 = mk_now_ns(), c0 = mk_thread_cpu_ns();
     const mk_status s =
         mk_range_forward_into(st->range, seq, head ? item->tokens : NULL, head ? item->n_tokens : 0,
                               head ? NULL : item->in, out, item->act_rows, item->logits, &item->token);
-    const uint64_t t1 = mk_now_ns();
+    const uint64_t t1 = mk_now_ns(), c1 = mk_thread_cpu_ns();
     mk_stage_stats *stats = &st->stats;
     if (stats->steps == 0) stats->first_ns = t0;
     stats->steps++;
     stats->busy_ns += t1 - t0;
+    stats->cpu_ns += c1 - c0;
     stats->last_ns = t1;
     if (st->timeline_len < st->timeline_cap)
         st->timeline[st->timeline_len++] = (mk_timeline_record){
