@@ -1,17 +1,21 @@
 #!/usr/bin/env bash
-# gpu_check.sh - on a machine with an NVIDIA GPU: build the kernels (Release), run the op
-# grid on the device, then the kernel bandwidth benchmark. Prints a compact table (kernel,
-# shape, time, GB/s, % of a measured device-to-device copy) and writes machine-readable
-# results (CSV, gtest XML, logs) to $OUT if set, else <build>/gpu_check. Aims at < 6 min on
-# one H200.
+# gpu_check.sh - on a machine with an NVIDIA GPU: build (Release), run the op grid and the
+# cuda backend tests on the device, an end-to-end run on cuda, then the benchmark harness
+# (bench/run.sh --quick: ceilings incl. device and pinned copies, kernels vs the device copy,
+# e2e, seams, pipeline) whose table is printed last. Machine-readable results (gtest XML,
+# logs, the harness's results.json and plots) go to $OUT if set, else <build>/gpu_check.
+# Aims at < 6 min on one H200.
 #
-#   bench/gpu_check.sh [build-dir]     env: OUT, MK_GPU_ARCHS (default: 90), JOBS
+#   bench/gpu_check.sh [build-dir]     env: OUT, MK_GPU_ARCHS (default: 90), JOBS,
+#                                      MK_BENCH_INSTALL=1 (let run.sh apt/pip install gnuplot
+#                                      and llama-cpp-python; off: GPU machines have no network)
 #
 # Two build paths: the CMake project (needs protobuf-c, OpenBLAS, OpenSSL, GoogleTest as on
 # the development machines); if its configure fails (a bare GPU image), a standalone nvcc
 # build of just the kernels, the CPU reference ops, the op grid (when GoogleTest headers
-# exist) and the benchmark. Exit status: 0 all passed; 1 a test/validation failed;
-# 2 no GPU; 3 build failed.
+# exist) and the kernel benchmark; the harness then runs what it can (bench/ceilings builds
+# with a bare compiler) and reports the rest as not available. Exit status: 0 all passed;
+# 1 a test/validation failed; 2 no GPU; 3 build failed.
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -37,9 +41,9 @@ command -v ninja >/dev/null 2>&1 && GEN=(-G Ninja)
 log "configure (Release, sm_$ARCHS)"
 if cmake -S "$ROOT" -B "$BUILD/cmake" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DMESHKERN_CUDA=ON \
      -DMK_KERNEL_CUDA_ARCHS="$ARCHS" >"$RESULTS/configure.log" 2>&1; then
-  log "build test_ops_device test_cuda_backend_device test_sched_cuda_device kernel_bench pipeline_bench meshkern"
+  log "build test_ops_device test_cuda_backend_device test_sched_cuda_device kernel_bench pipeline_bench meshkern ceilings e2e_bench seam_bench"
   cmake --build "$BUILD/cmake" -j "$JOBS" --target test_ops_device test_cuda_backend_device test_sched_cuda_device \
-    kernel_bench pipeline_bench meshkern_cli \
+    kernel_bench pipeline_bench meshkern_cli ceilings e2e_bench seam_bench \
     >"$RESULTS/build.log" 2>&1 || { tail -30 "$RESULTS/build.log"; die 3 "build failed (log: $RESULTS/build.log)"; }
   TEST_BIN="$BUILD/cmake/tests/ops/test_ops_device"
   BACKEND_BIN="$BUILD/cmake/tests/backend/test_cuda_backend_device"
@@ -52,11 +56,11 @@ else
   log "CMake configure failed (see configure.log); standalone nvcc build"
   SA="$BUILD/standalone"
   mkdir -p "$SA"
-  INC=(-I"$ROOT/include" -I"$ROOT/host" -I"$ROOT/kernels")
+  INC=(-I"$ROOT/include" -I"$ROOT/common" -I"$ROOT/host" -I"$ROOT/kernels" -I"$ROOT/kernels/nvcc" -I"$ROOT/tests")
   NVFLAGS=(-O3 -std=c++17 -gencode "arch=compute_$ARCHS,code=sm_$ARCHS" -Xptxas -v "${INC[@]}")
   objs=()
   {
-    gcc -O2 -std=c11 -c "$ROOT/host/error.c" -I"$ROOT/include" -o "$SA/error.o" &&
+    gcc -O2 -std=c11 -c "$ROOT/host/error.c" -I"$ROOT/include" -I"$ROOT/common" -o "$SA/error.o" &&
     gcc -O2 -std=c11 -c "$ROOT/host/cpu_ops.c" -I"$ROOT/include" -I"$ROOT/bench/standalone" -o "$SA/cpu_ops.o"
   } >"$RESULTS/build.log" 2>&1 || { tail -30 "$RESULTS/build.log"; die 3 "host build failed"; }
   pids=()
@@ -114,12 +118,6 @@ if [ -n "$SCHED_BIN" ]; then
   [ $rc -eq 0 ] || { log "placed pipeline tests FAILED (rc $rc; log: test_sched_cuda_device.log)"; status=1; }
 fi
 
-# ---- 4. bandwidth ------------------------------------------------------------------------------
-log "kernel bandwidth"
-timeout 240 "$BENCH_BIN" "$RESULTS" 2>&1 | tee "$RESULTS/kernel_bench.log"
-rc=${PIPESTATUS[0]}
-[ $rc -eq 2 ] && die 2 "kernel_bench found no CUDA device"
-[ $rc -eq 0 ] || { log "kernel_bench FAILED (rc $rc)"; status=1; }
 # ---- 5. end to end: a random 0.5B-parameter llama, whole vs split, tokens/s ---------------
 if [ -n "$CLI_BIN" ]; then
   MODEL=--random:vocab=32000,hidden=2048,layers=8,heads=32,kv_heads=8,ffn=5632,ctx=1024
@@ -140,5 +138,20 @@ if [ -n "$PIPE_BENCH_BIN" ]; then
   [ "${PIPESTATUS[0]}" -eq 0 ] || { log "pipeline_bench FAILED"; status=1; }
 fi
 
-log "results in $RESULTS"
+# ---- 6. the benchmark harness, its table last ------------------------------------------------
+# kernel_bench runs inside it (kernels suite); in the CMake path it builds ceilings, e2e_bench,
+# seam_bench (and pipeline_bench when present) into the same build directory.
+log "benchmarks (bench/run.sh --quick; results in $RESULTS/bench/results.json, other results in $RESULTS)"
+install=(--no-install)
+[ "${MK_BENCH_INSTALL:-0}" = 1 ] && install=()
+if [ -n "$CLI_BIN" ]; then
+  "$ROOT/bench/run.sh" --quick --build "$BUILD/cmake" --out "$RESULTS/bench" "${install[@]}"
+  rc=$?
+  [ $rc -eq 0 ] || { log "benchmark harness: a case FAILED (rc $rc; logs in $RESULTS/bench/raw)"; status=1; }
+else
+  # standalone build: only the kernels and ceilings can run; the harness says so for the rest
+  MK_BENCH_KERNEL_BIN="$BENCH_BIN" "$ROOT/bench/run.sh" --quick --build "$BUILD/standalone-bench" --no-build \
+    --out "$RESULTS/bench" "${install[@]}"
+  grep -qE '^kernels .*FAILED' "$RESULTS/bench/table.txt" 2>/dev/null && { log "kernel_bench FAILED"; status=1; }
+fi
 exit $status

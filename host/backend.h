@@ -8,6 +8,7 @@
 #ifndef MK_BACKEND_H
 #define MK_BACKEND_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -17,6 +18,8 @@ typedef struct mk_backend mk_backend;
 
 typedef struct mk_backend_ops {
     const char *name;
+    /* dev memory is ordinary host memory (cpu): seams read it in place, no staging copy */
+    bool host_addressable;
     void (*destroy)(mk_backend *b);
     /* memory */
     mk_status (*alloc)(mk_backend *b, size_t bytes, void **out /* dev */);
@@ -31,6 +34,25 @@ typedef struct mk_backend_ops {
     /* Convert host F32 weights into the backend's weight dtype at dst (dev). */
     mk_status (*upload_weight)(mk_backend *b, void *dst /* dev, [n] in weight dtype */, const float *src /* host */,
                                size_t n);
+    /* seams: host staging (pinned on cuda) and copies enqueued on the backend's stream,
+     * complete at the next synchronize(). The host buffer of an async copy must stay
+     * untouched until then. */
+    mk_status (*host_alloc)(mk_backend *b, size_t bytes, void **out /* host */);
+    void (*host_release)(mk_backend *b, void *ptr /* host */);
+    mk_status (*download_async)(mk_backend *b, void *dst /* host staging */, const void *src /* dev */, size_t bytes);
+    mk_status (*upload_async)(mk_backend *b, void *dst /* dev */, const void *src /* host staging */, size_t bytes);
+    /* dst (this backend's memory) <- src (memory of `peer`, a backend of the same kind,
+     * possibly another device): ordered after the peer's queued work, and the peer's later
+     * work waits for the copy (no host wait, no host staging). */
+    mk_status (*copy_from_peer)(mk_backend *b, void *dst /* dev */, mk_backend *peer, const void *src /* peer dev */,
+                                size_t bytes);
+    /* Native weight mode (weight_dtype MK_DTYPE_NATIVE); NULL on a backend without it.
+     * Bytes a weight matrix [rows, cols] whose source stores ggml `type` occupies (0: it
+     * cannot be kept), and storing it from the source's bytes (F32 for a source without a
+     * stored format). The stored pointer is what matmul and embed receive as `w`/`table`. */
+    size_t (*native_weight_bytes)(mk_backend *b, uint32_t ggml_type, size_t rows, size_t cols);
+    mk_status (*upload_native_weight)(mk_backend *b, void *dst /* dev */, uint32_t ggml_type,
+                                      const void *src /* host */, size_t src_bytes, size_t rows, size_t cols);
     /* compute */
     mk_status (*embed)(mk_backend *b, float *out /* [n, hidden] */, const void *table /* [vocab, hidden] weight dtype */,
                        const int32_t *ids /* dev [n] */, size_t n, size_t hidden, size_t vocab);
@@ -44,10 +66,15 @@ typedef struct mk_backend_ops {
                         const void *w /* [out, in] weight dtype */, size_t rows, size_t in_dim, size_t out_dim);
     mk_status (*rope)(mk_backend *b, float *x /* [rows, heads, head_dim] */, const int32_t *positions /* dev [rows] */,
                       size_t rows, size_t heads, size_t head_dim, float theta, mk_rope_layout layout);
+    /* The caches hold the KV dtype (config.kv_dtype: F32, or F16 where kv_store exists). */
     mk_status (*attention)(mk_backend *b, float *out /* [rows, n_heads, head_dim] */,
-                           const float *q /* [rows, n_heads, head_dim] */, const float *k_cache /* [ctx, kv, hd] */,
-                           const float *v_cache /* [ctx, kv, hd] */, size_t rows, size_t past, size_t n_heads,
+                           const float *q /* [rows, n_heads, head_dim] */, const void *k_cache /* [ctx, kv, hd] */,
+                           const void *v_cache /* [ctx, kv, hd] */, size_t rows, size_t past, size_t n_heads,
                            size_t n_kv_heads, size_t head_dim);
+    /* cache[pos + r, :] = src[r, :] converted to the KV dtype. NULL: the backend keeps an
+     * F32 cache only, written with copy(). */
+    mk_status (*kv_store)(mk_backend *b, void *cache /* dev [ctx, width] KV dtype */, size_t pos,
+                          const float *src /* [rows, width] */, size_t rows, size_t width);
     mk_status (*swiglu)(mk_backend *b, float *out /* [n] */, const float *gate /* [n] */, const float *up /* [n] */,
                         size_t n);
     mk_status (*add)(mk_backend *b, float *y /* [n] */, const float *x /* [n] */, size_t n);
@@ -62,6 +89,8 @@ struct mk_backend {
 
 /* Bytes one weight element occupies in this backend (its weight dtype). */
 size_t mk_backend_weight_elem_size(const mk_backend *b);
+/* The KV cache dtype (F32 unless config.kv_dtype asks for F16). */
+mk_dtype mk_backend_kv_dtype(const mk_backend *b);
 
 mk_status mk_backend_create(const mk_backend_config *config, mk_backend **out);
 void mk_backend_destroy(mk_backend *b);

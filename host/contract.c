@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "mk_error.h"
+#include "options.h"
 
 /* ============================================================= architectures == */
 
@@ -10,6 +11,7 @@ static const char *const mk_dense_llama_names[] = {
     MK_DENSE_LLAMA_ADAPTER, "llama", "LlamaForCausalLM", "LlamaModel"};
 
 mk_status mk_certified_architecture(const char *name, mk_architecture *out) {
+    mk_clear_error();
     if (name != NULL) {
         for (size_t i = 0; i < sizeof mk_dense_llama_names / sizeof *mk_dense_llama_names; i++) {
             if (strcmp(name, mk_dense_llama_names[i]) == 0) {
@@ -58,6 +60,7 @@ static const char *mk_protocol_arch_name(mk_protocol_arch arch) {
 
 mk_status mk_protocol_check_tensors(mk_protocol_arch arch, const char *const *names,
                                     size_t n_names) {
+    mk_clear_error();
     const char *const *required = mk_protocol_required_tensors(arch);
     if (!required) return mk_fail(MK_ERR_ARCHITECTURE_MISMATCH, "unknown protocol architecture %d", (int)arch);
     for (const char *const *r = required; *r; r++) {
@@ -74,6 +77,7 @@ mk_status mk_protocol_check_tensors(mk_protocol_arch arch, const char *const *na
 /* ===================================================================== roles == */
 
 mk_status mk_role_for_range(int64_t start, int64_t end, int64_t total, mk_role *out) {
+    mk_clear_error();
     if (total <= 0) return mk_fail(MK_ERR_INVALID_RANGE, "model has no layers (total %lld)", (long long)total);
     if (start < 0 || end < start)
         return mk_fail(MK_ERR_INVALID_RANGE, "dense range [%lld, %lld] is empty or inverted",
@@ -109,6 +113,7 @@ const char *mk_sampling_mode_name(mk_sampling_mode mode) {
 }
 
 mk_status mk_sampling_contract_init(mk_sampling_contract *out, mk_sampling_mode mode) {
+    mk_clear_error();
     if (!out) return mk_fail(MK_ERR_INVALID_ARGUMENT, "sampling contract: out is NULL");
     if (mode != MK_SAMPLING_GREEDY)
         return mk_fail(MK_ERR_UNCERTIFIED_SAMPLING,
@@ -118,6 +123,7 @@ mk_status mk_sampling_contract_init(mk_sampling_contract *out, mk_sampling_mode 
 }
 
 mk_status mk_sampling_contract_from_name(mk_sampling_contract *out, const char *mode) {
+    mk_clear_error();
     for (size_t i = 0; mode && i < sizeof mk_sampling_names / sizeof *mk_sampling_names; i++)
         if (strcmp(mode, mk_sampling_names[i]) == 0) return mk_sampling_contract_init(out, (mk_sampling_mode)i);
     return mk_fail(MK_ERR_UNCERTIFIED_SAMPLING, "unknown sampling mode '%s'; only greedy is certified",
@@ -133,6 +139,7 @@ size_t mk_dtype_size(mk_dtype dtype) {
         case MK_DTYPE_BF16: return 2;
         case MK_DTYPE_I32: return 4;
         case MK_DTYPE_I64: return 8;
+        case MK_DTYPE_NATIVE: return 0;
     }
     return 0;
 }
@@ -144,6 +151,7 @@ const char *mk_dtype_name(mk_dtype dtype) {
         case MK_DTYPE_BF16: return "bf16";
         case MK_DTYPE_I32: return "i32";
         case MK_DTYPE_I64: return "i64";
+        case MK_DTYPE_NATIVE: return "native";
     }
     return "unknown";
 }
@@ -151,11 +159,26 @@ const char *mk_dtype_name(mk_dtype dtype) {
 /* ================================================================== backends == */
 
 mk_backend_config mk_backend_config_default(mk_backend_kind kind) {
-    mk_backend_config c = {.kind = kind, .device = 0, .weight_dtype = MK_DTYPE_F32, .speed_mode = false};
+    mk_backend_config c = {.struct_size = sizeof c, .kind = kind, .device = 0, .weight_dtype = MK_DTYPE_F32, .speed_mode = false, .threads = 0,
+                            .kv_dtype = MK_DTYPE_F32};
     return c;
 }
 
+mk_status mk_options_take(void *dst, size_t current_size, size_t v1_size, const void *src, const char *what) {
+    size_t size;
+    memcpy(&size, src, sizeof size); /* struct_size is the first field of every option struct */
+    if (size < v1_size || size > current_size)
+        return mk_fail(MK_ERR_INVALID_ARGUMENT,
+                       "%s.struct_size %zu is not a version this meshkern knows (%zu to %zu bytes): start from "
+                       "%s_default()",
+                       what, size, v1_size, current_size, what);
+    memcpy(dst, src, size);
+    memcpy(dst, &current_size, sizeof current_size);
+    return MK_OK;
+}
+
 mk_status mk_backend_kind_from_name(const char *name, mk_backend_kind *out) {
+    mk_clear_error();
     if (name && strcmp(name, "cpu") == 0) {
         *out = MK_BACKEND_CPU;
         return MK_OK;

@@ -15,8 +15,6 @@
 extern "C" {
 #endif
 
-#define MK_MAX_HEAD_DIM 256 /* validated by mk_hparams_validate */
-
 /* out[i, :] = table[ids[i], :]. Caller guarantees ids are < vocab. */
 void mk_cpu_embed(float *out /* [n, hidden] */, const float *table /* [vocab, hidden] */,
                   const int32_t *ids /* [n] */, size_t n, size_t hidden);
@@ -43,6 +41,15 @@ float mk_rope_inv_freq(size_t pair, size_t head_dim, float theta);
 void mk_cpu_rope(float *x /* [rows, n_heads, head_dim] */, const int32_t *positions /* [rows] */,
                  size_t rows, size_t n_heads, size_t head_dim, float theta, mk_rope_layout layout);
 
+/* The same rotation with cos/sin of positions [0, n_positions) read from a table built by
+ * mk_cpu_rope_table(table, n_positions, head_dim, theta) (the same values, computed once);
+ * positions outside the table are computed. table NULL = mk_cpu_rope. */
+void mk_cpu_rope_table(float *table /* [n_positions, head_dim / 2, 2] */, size_t n_positions, size_t head_dim,
+                       float theta);
+void mk_cpu_rope_cached(float *x /* [rows, n_heads, head_dim] */, const int32_t *positions /* [rows] */,
+                        size_t rows, size_t n_heads, size_t head_dim, float theta, mk_rope_layout layout,
+                        const float *table, size_t n_positions);
+
 /* Causal grouped-query attention of `rows` new queries against a KV cache.
  * Query row r sits at cache index past + r and attends to cache entries [0, past + r].
  * Query head h reads kv head h / (n_heads / n_kv_heads). Scale 1/sqrt(head_dim).
@@ -53,6 +60,16 @@ void mk_cpu_attention(float *out /* [rows, n_heads, head_dim] */,
                       const float *v_cache /* [>= past + rows, n_kv_heads, head_dim] */,
                       size_t rows, size_t past, size_t n_heads, size_t n_kv_heads,
                       size_t head_dim);
+
+/* The same for the (row, head) pairs item in [begin, end), item = row * n_heads + head:
+ * each pair is computed alone, so any partition of the pairs gives the same bits. */
+void mk_cpu_attention_heads(float *out, const float *q, const float *k_cache, const float *v_cache,
+                            size_t begin, size_t end, size_t past, size_t n_heads, size_t n_kv_heads,
+                            size_t head_dim);
+/* The same over an F16 cache: each element widened to float exactly, then the F32 math. */
+void mk_cpu_attention_heads_f16(float *out, const float *q, const uint16_t *k_cache, const uint16_t *v_cache,
+                                size_t begin, size_t end, size_t past, size_t n_heads, size_t n_kv_heads,
+                                size_t head_dim);
 
 /* out = silu(gate) * up, silu(g) = g / (1 + exp(-g)). */
 void mk_cpu_swiglu(float *out /* [n] */, const float *gate /* [n] */, const float *up /* [n] */,
@@ -66,6 +83,14 @@ void mk_cpu_argmax(int32_t *out /* [rows] */, const float *x /* [rows, n] */, si
 void mk_cpu_matmul(float *y /* [rows, out_dim] */, const float *x /* [rows, in_dim] */,
                    const float *w /* [out_dim, in_dim] */, size_t rows, size_t in_dim,
                    size_t out_dim);
+
+/* y[r, j] (row stride ldy) = x[r, :] . w[j, :] for w [n, in_dim]: one SGEMM into a column
+ * block of a wider output. */
+void mk_cpu_sgemm_strided(float *y /* [rows, ldy] */, size_t ldy, const float *x /* [rows, in_dim] */,
+                          const float *w /* [n, in_dim] */, size_t rows, size_t in_dim, size_t n);
+
+/* Threads OpenBLAS itself uses per call (OPENBLAS_NUM_THREADS). */
+size_t mk_cpu_blas_threads(void);
 
 /* ---- dtype conversions (round to nearest even) ---- */
 uint16_t mk_f32_to_f16(float f);

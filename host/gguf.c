@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "gguf.h"
+#include "tensor_schema.h"
 #include "mk_error.h"
 
 /* Smallest encodings, used to cap counts by what the remaining bytes could hold. */
@@ -106,8 +107,10 @@ static mk_status gg_string(gg_cursor *c, const char *what, const uint8_t **chars
 
 /* A key or tensor name: non-empty, no NUL inside; copied NUL-terminated. */
 static mk_status gg_name(gg_cursor *c, const char *what, char **out) {
-    const uint8_t *chars;
-    size_t len, at = c->pos;
+    /* Initialised: the compiler cannot see that gg_string sets both whenever it returns
+     * MK_OK (its failures return mk_fail's value, which it does not know is non-zero). */
+    const uint8_t *chars = NULL;
+    size_t len = 0, at = c->pos;
     MK_TRY(gg_string(c, what, &chars, &len));
     if (len == 0) return mk_fail(MK_ERR_GGUF_STRING, "gguf: empty %s at byte %zu", what, at);
     if (memchr(chars, 0, len))
@@ -437,6 +440,7 @@ static mk_status gg_open_bytes(const uint8_t *base, size_t size, void *map, mk_g
 }
 
 mk_status mk_gguf_open_memory(const void *data, size_t len, mk_gguf **out) {
+    mk_clear_error();
     if (!out) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_gguf_open_memory: NULL out");
     *out = NULL;
     if (!data && len > 0) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_gguf_open_memory: NULL data");
@@ -445,6 +449,7 @@ mk_status mk_gguf_open_memory(const void *data, size_t len, mk_gguf **out) {
 }
 
 mk_status mk_gguf_open(const char *path, mk_gguf **out) {
+    mk_clear_error();
     if (!out) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_gguf_open: NULL out");
     *out = NULL;
     if (!path) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_gguf_open: NULL path");
@@ -822,7 +827,18 @@ static mk_status gg_check_shape(const mk_gguf *g, const char *name, uint32_t n_d
     return MK_OK;
 }
 
+/* The tensor `kind` (of `layer`) must have its schema's shape under hp. */
+static mk_status gg_check_tensor(const mk_gguf *g, const mk_hparams *hp, mk_tensor_kind kind, int64_t layer, char *name,
+                                 size_t cap) {
+    const mk_tensor_schema *ts = mk_tensor_schema_of(kind);
+    mk_tensor_name(kind, layer, name, cap);
+    const uint64_t cols = mk_tensor_dim_size(hp, ts->cols), rows = mk_tensor_dim_size(hp, ts->rows);
+    if (mk_tensor_is_vector(kind)) return gg_check_shape(g, name, 1, cols, 0);
+    return gg_check_shape(g, name, 2, cols, rows);
+}
+
 mk_status mk_gguf_read_hparams(const mk_gguf *g, mk_hparams *hp, char *arch, size_t arch_cap) {
+    mk_clear_error();
     if (!g || !hp) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_gguf_read_hparams: NULL argument");
     char a[64];
     MK_TRY(mk_gguf_architecture(g, a, sizeof a));
@@ -860,8 +876,9 @@ mk_status mk_gguf_read_hparams(const mk_gguf *g, mk_hparams *hp, char *arch, siz
                        (unsigned long long)rope_dims, (unsigned long long)head_dim);
 
     /* vocabulary: explicit key, else the tokenizer's token list, else the embedding */
-    const mk_gguf_tensor_info *embd = mk_gguf_find_tensor(g, "token_embd.weight");
-    if (!embd) return mk_fail(MK_ERR_GGUF_MISSING, "gguf: required tensor 'token_embd.weight' is missing");
+    char name[96];
+    const mk_gguf_tensor_info *embd = mk_gguf_find_tensor(g, mk_tensor_name(MK_TENSOR_TOKEN_EMBD, 0, name, sizeof name));
+    if (!embd) return mk_fail(MK_ERR_GGUF_MISSING, "gguf: required tensor '%s' is missing", name);
     MK_TRY(gg_hp_u64(g, a, "vocab_size", false, &vocab));
     if (vocab == 0) {
         size_t n;
@@ -872,43 +889,32 @@ mk_status mk_gguf_read_hparams(const mk_gguf *g, mk_hparams *hp, char *arch, siz
     if (vocab == 0 || vocab > GG_HP_CAP)
         return mk_fail(MK_ERR_GGUF_HPARAMS, "gguf: cannot determine a valid vocabulary size");
 
-    /* tensor shapes: GGUF lists dims fastest first, so a [out, in] weight is {in, out} */
-    char name[96];
-    const uint64_t q_dim = heads * head_dim, kv_dim = kv_heads * head_dim;
-    MK_TRY(gg_check_shape(g, "token_embd.weight", 2, hidden, vocab));
-    MK_TRY(gg_check_shape(g, "output_norm.weight", 1, hidden, 0));
-    const bool tied = mk_gguf_find_tensor(g, "output.weight") == NULL;
-    if (!tied) MK_TRY(gg_check_shape(g, "output.weight", 2, hidden, vocab));
-    for (uint64_t l = 0; l < layers; l++) {
-        const struct {
-            const char *suffix;
-            uint32_t n_dims;
-            uint64_t d0, d1;
-        } want[] = {
-            {"attn_norm.weight", 1, hidden, 0}, {"attn_q.weight", 2, hidden, q_dim},
-            {"attn_k.weight", 2, hidden, kv_dim}, {"attn_v.weight", 2, hidden, kv_dim},
-            {"attn_output.weight", 2, q_dim, hidden}, {"ffn_norm.weight", 1, hidden, 0},
-            {"ffn_gate.weight", 2, hidden, ff}, {"ffn_up.weight", 2, hidden, ff},
-            {"ffn_down.weight", 2, ff, hidden},
-        };
-        for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
-            snprintf(name, sizeof name, "blk.%llu.%s", (unsigned long long)l, want[i].suffix);
-            MK_TRY(gg_check_shape(g, name, want[i].n_dims, want[i].d0, want[i].d1));
-        }
-    }
+    mk_hparams h;
+    memset(&h, 0, sizeof h);
+    h.vocab = (size_t)vocab;
+    h.hidden = (size_t)hidden;
+    h.n_layers = (size_t)layers;
+    h.n_heads = (size_t)heads;
+    h.n_kv_heads = (size_t)kv_heads;
+    h.head_dim = (size_t)head_dim;
+    h.intermediate = (size_t)ff;
+    h.rms_eps = eps;
+    h.rope_theta = theta;
+    h.rope_layout = MK_ROPE_ADJACENT_PAIRS;
+    h.tied_embeddings = mk_gguf_find_tensor(g, mk_tensor_name(MK_TENSOR_OUTPUT, 0, name, sizeof name)) == NULL;
+    h.max_context = (size_t)ctx;
 
-    memset(hp, 0, sizeof *hp);
-    hp->vocab = (size_t)vocab;
-    hp->hidden = (size_t)hidden;
-    hp->n_layers = (size_t)layers;
-    hp->n_heads = (size_t)heads;
-    hp->n_kv_heads = (size_t)kv_heads;
-    hp->head_dim = (size_t)head_dim;
-    hp->intermediate = (size_t)ff;
-    hp->rms_eps = eps;
-    hp->rope_theta = theta;
-    hp->rope_layout = MK_ROPE_ADJACENT_PAIRS;
-    hp->tied_embeddings = tied;
-    hp->max_context = (size_t)ctx;
+    /* tensor shapes, from the tensor schema: GGUF lists dims fastest first, so a
+     * [rows, cols] = [out, in] weight is {cols, rows} and a vector is {cols} */
+    for (int k = 0; k < MK_TENSOR_KIND_COUNT; k++) {
+        const mk_tensor_kind kind = (mk_tensor_kind)k;
+        if (mk_tensor_schema_of(kind)->per_layer || (kind == MK_TENSOR_OUTPUT && h.tied_embeddings)) continue;
+        MK_TRY(gg_check_tensor(g, &h, kind, 0, name, sizeof name));
+    }
+    for (uint64_t l = 0; l < layers; l++)
+        for (int k = 0; k < MK_TENSOR_KIND_COUNT; k++)
+            if (mk_tensor_schema_of((mk_tensor_kind)k)->per_layer)
+                MK_TRY(gg_check_tensor(g, &h, (mk_tensor_kind)k, (int64_t)l, name, sizeof name));
+    *hp = h;
     return MK_OK;
 }

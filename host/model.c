@@ -9,6 +9,7 @@
 
 #include "cpu_ops.h"
 #include "mk_error.h"
+#include "tensor_schema.h"
 
 /* ============================================================== hparams == */
 
@@ -22,6 +23,7 @@ mk_hparams mk_hparams_seed_default(void) {
 }
 
 mk_status mk_hparams_validate(const mk_hparams *hp) {
+    mk_clear_error();
     if (!hp) return mk_fail(MK_ERR_INVALID_ARGUMENT, "hparams is NULL");
     if (!hp->vocab || !hp->hidden || !hp->n_layers || !hp->n_heads || !hp->n_kv_heads || !hp->head_dim ||
         !hp->intermediate || !hp->max_context)
@@ -113,26 +115,20 @@ static void mk_random_normal(float *out, size_t n, uint64_t stream, float mean, 
     }
 }
 
-/* Expected element count of a named tensor in a dense-llama model; 0 if unknown. */
-static size_t mk_tensor_elems(const mk_hparams *hp, const char *name, bool *is_norm) {
-    const size_t q_dim = hp->n_heads * hp->head_dim, kv_dim = hp->n_kv_heads * hp->head_dim;
+/* Element count of a named tensor of the random dense-llama model (the tensor schema);
+ * 0 if it has no such tensor. */
+static size_t mk_random_tensor_elems(const mk_hparams *hp, const char *name, bool *is_norm) {
+    mk_tensor_kind kind;
+    int64_t layer;
     *is_norm = false;
-    if (strcmp(name, "token_embd.weight") == 0) return hp->vocab * hp->hidden;
-    if (strcmp(name, "output.weight") == 0) return hp->tied_embeddings ? 0 : hp->vocab * hp->hidden;
-    if (strcmp(name, "output_norm.weight") == 0) return *is_norm = true, hp->hidden;
-    unsigned layer;
-    char part[64];
-    if (sscanf(name, "blk.%u.%63s", &layer, part) != 2 || layer >= hp->n_layers) return 0;
-    if (strcmp(part, "attn_norm.weight") == 0 || strcmp(part, "ffn_norm.weight") == 0) return *is_norm = true, hp->hidden;
-    if (strcmp(part, "attn_q.weight") == 0) return q_dim * hp->hidden;
-    if (strcmp(part, "attn_k.weight") == 0 || strcmp(part, "attn_v.weight") == 0) return kv_dim * hp->hidden;
-    if (strcmp(part, "attn_output.weight") == 0) return hp->hidden * q_dim;
-    if (strcmp(part, "ffn_gate.weight") == 0 || strcmp(part, "ffn_up.weight") == 0) return hp->intermediate * hp->hidden;
-    if (strcmp(part, "ffn_down.weight") == 0) return hp->hidden * hp->intermediate;
-    return 0;
+    if (!mk_tensor_parse(name, hp->n_layers, &kind, &layer)) return 0;
+    if (kind == MK_TENSOR_OUTPUT && hp->tied_embeddings) return 0;
+    *is_norm = mk_tensor_is_vector(kind);
+    return mk_tensor_elems(hp, kind);
 }
 
 mk_status mk_model_create_random(const mk_hparams *hp, uint64_t seed, const char *architecture, mk_model **out) {
+    mk_clear_error();
     if (!out) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_model_create_random: out is NULL");
     *out = NULL;
     MK_TRY(mk_hparams_validate(hp));
@@ -177,16 +173,24 @@ const char *mk_model_digest(const mk_model *m) { return m ? m->digest : NULL; }
 bool mk_model_gguf_has_tensor(const mk_model *m, const char *name);                       /* model_gguf.c */
 mk_status mk_model_gguf_load_tensor(const mk_model *m, const char *name, float *out, size_t n); /* model_gguf.c */
 
+bool mk_model_gguf_tensor_stored(const mk_model *m, const char *name, size_t n, uint32_t *ggml_type,
+                                 const void **data, size_t *bytes); /* model_gguf.c */
+
+bool mk_model_tensor_stored(const mk_model *m, const char *name, size_t n, uint32_t *ggml_type, const void **data,
+                            size_t *bytes) {
+    return m->gguf && mk_model_gguf_tensor_stored(m, name, n, ggml_type, data, bytes);
+}
+
 bool mk_model_has_tensor(const mk_model *m, const char *name) {
     if (m->gguf) return mk_model_gguf_has_tensor(m, name);
     bool is_norm;
-    return mk_tensor_elems(&m->hp, name, &is_norm) != 0;
+    return mk_random_tensor_elems(&m->hp, name, &is_norm) != 0;
 }
 
 mk_status mk_model_load_tensor(const mk_model *m, const char *name, float *out, size_t n) {
     if (m->gguf) return mk_model_gguf_load_tensor(m, name, out, n);
     bool is_norm;
-    const size_t expected = mk_tensor_elems(&m->hp, name, &is_norm);
+    const size_t expected = mk_random_tensor_elems(&m->hp, name, &is_norm);
     if (expected == 0) return mk_fail(MK_ERR_GGUF_MISSING, "random model has no tensor '%s'", name);
     if (expected != n)
         return mk_fail(MK_ERR_SHAPE, "tensor '%s' has %zu elements, caller expected %zu", name, expected, n);

@@ -24,6 +24,11 @@ struct mk_model {
 bool mk_model_has_tensor(const mk_model *m, const char *name);
 /* Fill out[n] with the tensor as F32; n must equal its element count. */
 mk_status mk_model_load_tensor(const mk_model *m, const char *name, float *out, size_t n);
+/* The tensor as its source stores it, when the source has a stored format (a GGUF file):
+ * ggml type, bytes inside the model (valid while the model lives) and their count; n must
+ * equal its element count. False for a source without one (random): use load_tensor. */
+bool mk_model_tensor_stored(const mk_model *m, const char *name, size_t n, uint32_t *ggml_type, const void **data,
+                            size_t *bytes);
 
 /* sha256 of `len` bytes as lowercase hex (65 bytes with the terminator). */
 typedef struct mk_sha256 mk_sha256;

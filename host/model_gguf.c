@@ -29,6 +29,7 @@ static mk_status mk_gguf_digest(const mk_gguf *g, const mk_hparams *hp, char out
 }
 
 mk_status mk_model_open_gguf(const char *path, mk_model **out) {
+    mk_clear_error();
     if (!path || !out) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_model_open_gguf: NULL argument");
     *out = NULL;
     mk_gguf *g = NULL;
@@ -64,4 +65,14 @@ bool mk_model_gguf_has_tensor(const mk_model *m, const char *name) { return mk_g
 
 mk_status mk_model_gguf_load_tensor(const mk_model *m, const char *name, float *out, size_t n) {
     return mk_gguf_tensor_to_f32(m->gguf, name, out, n);
+}
+
+bool mk_model_gguf_tensor_stored(const mk_model *m, const char *name, size_t n, uint32_t *ggml_type,
+                                 const void **data, size_t *bytes) {
+    const mk_gguf_tensor_info *t = mk_gguf_find_tensor(m->gguf, name);
+    if (!t || t->n_elements != n) return false;
+    *ggml_type = t->type;
+    *data = t->data;
+    *bytes = t->n_bytes;
+    return true;
 }

@@ -9,9 +9,13 @@
 #include <string.h>
 
 #include "backend.h"
+#include "boundary.h"
 #include "model.h"
 #include "mk_error.h"
+#include "options.h"
 #include "range.h"
+#include "tensor_schema.h"
+#include "seam/seam.h"
 
 typedef struct mk_layer_weights {
     float *attn_norm; /* [hidden] f32 */
@@ -64,8 +68,9 @@ struct mk_range {
 
 struct mk_sequence {
     mk_range *range;
-    void *kv_arena;  /* dev: [n_layers][2][max_context, kv_dim] */
+    void *kv_arena;  /* dev: [n_layers][2][max_context, kv_dim] in the backend's KV dtype */
     size_t length;   /* positions cached */
+    uint64_t steps;  /* forwards so far: the step number a boundary carries */
 };
 
 /* ================================================================ helpers == */
@@ -85,8 +90,9 @@ static void *mk_carve(mk_carver *c, size_t bytes) {
 }
 
 mk_range_options mk_range_options_default(void) {
-    mk_range_options o = {.architecture = NULL, .backend = mk_backend_config_default(MK_BACKEND_CPU),
-                          .max_context = 0, .max_batch_tokens = 0};
+    mk_range_options o = {.struct_size = sizeof o, .architecture = NULL,
+                          .backend = mk_backend_config_default(MK_BACKEND_CPU), .max_context = 0,
+                          .max_batch_tokens = 0};
     return o;
 }
 
@@ -95,24 +101,55 @@ int64_t mk_range_start(const mk_range *r) { return r->start; }
 int64_t mk_range_end(const mk_range *r) { return r->end; }
 size_t mk_range_weight_bytes(const mk_range *r) { return r->weight_bytes; }
 const char *mk_range_recipe_digest(const mk_range *r) { return r->digest; }
+mk_backend *mk_range_backend(const mk_range *r) { return r->backend; }
 size_t mk_range_max_rows(const mk_range *r) { return r->max_rows; }
+size_t mk_range_hidden(const mk_range *r) { return r->hp.hidden; }
 
 /* ================================================================ weights == */
+
+/* Native weight mode: a matrix kept in the format its source stores (or F32 for a source
+ * without one), as the backend lays it out. */
+static mk_status mk_range_native_matrix(mk_range *r, mk_carver *c, void **dst, const char *name, size_t rows,
+                                        size_t cols, float *staging) {
+    mk_backend *b = r->backend;
+    if (!b->ops->native_weight_bytes)
+        return mk_fail(MK_ERR_DTYPE, "%s backend has no native weight mode", b->ops->name);
+    uint32_t type = 0; /* F32 */
+    const void *src = NULL;
+    size_t src_bytes = 0;
+    const bool stored = mk_model_tensor_stored(r->model, name, rows * cols, &type, &src, &src_bytes);
+    if (!stored) type = 0;
+    const size_t bytes = b->ops->native_weight_bytes(b, type, rows, cols);
+    if (!bytes)
+        return mk_fail(MK_ERR_DTYPE, "%s backend cannot keep tensor '%s' [%zu, %zu] in its stored format",
+                       b->ops->name, name, rows, cols);
+    *dst = mk_carve(c, bytes);
+    if (!c->base) return MK_OK;
+    if (!stored) {
+        MK_TRY(mk_model_load_tensor(r->model, name, staging, rows * cols));
+        src = staging;
+        src_bytes = rows * cols * sizeof(float);
+    }
+    return b->ops->upload_native_weight(b, *dst, type, src, src_bytes, rows, cols);
+}
 
 /* Carve (or, on the second pass, load) every weight the range owns. */
 static mk_status mk_range_weights(mk_range *r, mk_carver *c, float *staging) {
     const mk_hparams *hp = &r->hp;
-    const size_t q_dim = hp->n_heads * hp->head_dim, kv_dim = hp->n_kv_heads * hp->head_dim;
     const size_t welem = mk_backend_weight_elem_size(r->backend);
     mk_backend *b = r->backend;
     const bool loading = c->base != NULL;
+    const bool native = b->config.weight_dtype == MK_DTYPE_NATIVE;
 
-#define MK_MATRIX(dst, name, count)                                                   \
+#define MK_MATRIX(dst, name, rows, cols)                                              \
     do {                                                                              \
-        (dst) = mk_carve(c, (count) * welem);                                         \
-        if (loading) {                                                                \
-            MK_TRY(mk_model_load_tensor(r->model, (name), staging, (count)));         \
-            MK_TRY(b->ops->upload_weight(b, (dst), staging, (count)));                \
+        if (native) MK_TRY(mk_range_native_matrix(r, c, &(dst), (name), (rows), (cols), staging)); \
+        else {                                                                        \
+            (dst) = mk_carve(c, (rows) * (cols) * welem);                             \
+            if (loading) {                                                            \
+                MK_TRY(mk_model_load_tensor(r->model, (name), staging, (rows) * (cols))); \
+                MK_TRY(b->ops->upload_weight(b, (dst), staging, (rows) * (cols)));    \
+            }                                                                         \
         }                                                                             \
     } while (0)
 #define MK_VECTOR(dst, name, count)                                                   \
@@ -124,44 +161,57 @@ static mk_status mk_range_weights(mk_range *r, mk_carver *c, float *staging) {
         }                                                                             \
     } while (0)
 
-    const bool tied = !mk_model_has_tensor(r->model, "output.weight");
-    if (mk_role_owns_embedding(r->role) || (mk_role_owns_final_head(r->role) && tied))
-        MK_MATRIX(r->token_embd, "token_embd.weight", hp->vocab * hp->hidden);
+    /* Names and sizes come from the tensor schema; this says only where each one goes. */
     char name[96];
+/* Vectors (norm weights) and matrices by their schema kind: name and shape from the table. */
+#define MK_TENSOR_VECTOR(dst, kind, layer)                                                          \
+    do {                                                                                            \
+        mk_tensor_name((kind), (layer), name, sizeof name);                                         \
+        MK_VECTOR(dst, name, mk_tensor_elems(hp, (kind)));                                          \
+    } while (0)
+#define MK_TENSOR(dst, kind, layer)                                                                 \
+    do {                                                                                            \
+        mk_tensor_name((kind), (layer), name, sizeof name);                                         \
+        MK_MATRIX(dst, name, mk_tensor_dim_size(hp, mk_tensor_schema_of(kind)->rows),               \
+                  mk_tensor_dim_size(hp, mk_tensor_schema_of(kind)->cols));                         \
+    } while (0)
+    char output_name[96];
+    const bool tied = !mk_model_has_tensor(r->model, mk_tensor_name(MK_TENSOR_OUTPUT, 0, output_name, sizeof output_name));
+    if (mk_role_owns_embedding(r->role) || (mk_role_owns_final_head(r->role) && tied))
+        MK_TENSOR(r->token_embd, MK_TENSOR_TOKEN_EMBD, 0);
     for (int64_t l = r->start; l <= r->end; l++) {
         mk_layer_weights *w = &r->layers[l - r->start];
-#define MK_LAYER_NAME(part) (snprintf(name, sizeof name, "blk.%lld." part, (long long)l), name)
-        MK_VECTOR(w->attn_norm, MK_LAYER_NAME("attn_norm.weight"), hp->hidden);
-        MK_MATRIX(w->wq, MK_LAYER_NAME("attn_q.weight"), q_dim * hp->hidden);
-        MK_MATRIX(w->wk, MK_LAYER_NAME("attn_k.weight"), kv_dim * hp->hidden);
-        MK_MATRIX(w->wv, MK_LAYER_NAME("attn_v.weight"), kv_dim * hp->hidden);
-        MK_MATRIX(w->wo, MK_LAYER_NAME("attn_output.weight"), hp->hidden * q_dim);
-        MK_VECTOR(w->ffn_norm, MK_LAYER_NAME("ffn_norm.weight"), hp->hidden);
-        MK_MATRIX(w->w_gate, MK_LAYER_NAME("ffn_gate.weight"), hp->intermediate * hp->hidden);
-        MK_MATRIX(w->w_up, MK_LAYER_NAME("ffn_up.weight"), hp->intermediate * hp->hidden);
-        MK_MATRIX(w->w_down, MK_LAYER_NAME("ffn_down.weight"), hp->hidden * hp->intermediate);
-#undef MK_LAYER_NAME
+        MK_TENSOR_VECTOR(w->attn_norm, MK_TENSOR_ATTN_NORM, l);
+        MK_TENSOR(w->wq, MK_TENSOR_ATTN_Q, l);
+        MK_TENSOR(w->wk, MK_TENSOR_ATTN_K, l);
+        MK_TENSOR(w->wv, MK_TENSOR_ATTN_V, l);
+        MK_TENSOR(w->wo, MK_TENSOR_ATTN_OUTPUT, l);
+        MK_TENSOR_VECTOR(w->ffn_norm, MK_TENSOR_FFN_NORM, l);
+        MK_TENSOR(w->w_gate, MK_TENSOR_FFN_GATE, l);
+        MK_TENSOR(w->w_up, MK_TENSOR_FFN_UP, l);
+        MK_TENSOR(w->w_down, MK_TENSOR_FFN_DOWN, l);
     }
     if (mk_role_owns_final_head(r->role)) {
-        MK_VECTOR(r->output_norm, "output_norm.weight", hp->hidden);
+        MK_TENSOR_VECTOR(r->output_norm, MK_TENSOR_OUTPUT_NORM, 0);
         if (tied) {
             r->lm_head = r->token_embd;
         } else {
             void *head;
-            MK_MATRIX(head, "output.weight", hp->vocab * hp->hidden);
+            MK_TENSOR(head, MK_TENSOR_OUTPUT, 0);
             r->lm_head = head;
         }
     }
+#undef MK_TENSOR
+#undef MK_TENSOR_VECTOR
 #undef MK_MATRIX
 #undef MK_VECTOR
     return MK_OK;
 }
 
 static size_t mk_range_largest_tensor(const mk_hparams *hp) {
-    size_t n = hp->vocab * hp->hidden;
-    const size_t q = hp->n_heads * hp->head_dim * hp->hidden, ffn = hp->intermediate * hp->hidden;
-    if (q > n) n = q;
-    if (ffn > n) n = ffn;
+    size_t n = 0;
+    for (int k = 0; k < MK_TENSOR_KIND_COUNT; k++)
+        if (mk_tensor_elems(hp, (mk_tensor_kind)k) > n) n = mk_tensor_elems(hp, (mk_tensor_kind)k);
     return n;
 }
 
@@ -205,10 +255,12 @@ static void mk_range_activations(mk_range *r, mk_carver *c) {
 
 mk_status mk_range_create(const mk_model *model, int64_t start, int64_t end, const mk_range_options *options,
                           mk_range **out) {
+    mk_clear_error();
     if (!model || !out) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_range_create: NULL argument");
     *out = NULL;
-    const mk_range_options defaults = mk_range_options_default();
-    const mk_range_options *opt = options ? options : &defaults;
+    mk_range_options taken = mk_range_options_default();
+    if (options) MK_TRY(mk_options_take(&taken, sizeof taken, MK_RANGE_OPTIONS_V1_SIZE, options, "mk_range_options"));
+    const mk_range_options *opt = &taken;
     /* Fail closed before touching any weight. */
     const char *advertised = opt->architecture ? opt->architecture : model->architecture;
     MK_TRY(mk_certified_architecture(advertised, NULL));
@@ -236,14 +288,20 @@ mk_status mk_range_create(const mk_model *model, int64_t start, int64_t end, con
     r->host_positions = calloc(max_rows, sizeof(int32_t));
     mk_status s = r->layers && r->host_positions ? MK_OK : mk_fail(MK_ERR_OUT_OF_MEMORY, "range: out of memory");
     if (s == MK_OK) s = mk_backend_create(&opt->backend, &r->backend);
+    if (s == MK_OK && mk_backend_kv_dtype(r->backend) != MK_DTYPE_F32 && !r->backend->ops->kv_store)
+        s = mk_fail(MK_ERR_DTYPE, "%s backend keeps its KV cache in f32 only (asked for %s)", r->backend->ops->name,
+                    mk_dtype_name(opt->backend.kv_dtype));
     if (s == MK_OK) {
         /* The digest binds the model identity and the weight dtype the residual came from. */
         mk_sha256 *ctx;
         s = mk_sha256_begin(&ctx);
         if (s == MK_OK) {
             char text[96];
-            const int n = snprintf(text, sizeof text, "%s;weights=%s", model->digest,
-                                   mk_dtype_name(opt->backend.weight_dtype));
+            /* An F16 KV cache changes the residual too; F32 (the default) adds nothing, so
+             * digests of F32-cache ranges are what they always were. */
+            const bool kv16 = opt->backend.kv_dtype == MK_DTYPE_F16;
+            const int n = snprintf(text, sizeof text, "%s;weights=%s%s", model->digest,
+                                   mk_dtype_name(opt->backend.weight_dtype), kv16 ? ";kv=f16" : "");
             mk_sha256_update(ctx, text, (size_t)n);
             mk_sha256_finish(ctx, r->digest);
         }
@@ -282,8 +340,10 @@ void mk_range_free(mk_range *r) {
 /* ============================================================== sequences == */
 
 static size_t mk_kv_slab_elems(const mk_range *r) { return r->max_context * r->hp.n_kv_heads * r->hp.head_dim; }
+static size_t mk_kv_elem_size(const mk_range *r) { return mk_dtype_size(mk_backend_kv_dtype(r->backend)); }
 
 mk_status mk_sequence_open(mk_range *r, mk_sequence **out) {
+    mk_clear_error();
     if (!r || !out) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_sequence_open: NULL argument");
     *out = NULL;
     mk_sequence *seq = calloc(1, sizeof *seq);
@@ -292,7 +352,7 @@ mk_status mk_sequence_open(mk_range *r, mk_sequence **out) {
     const size_t layers = (size_t)(r->end - r->start + 1);
     size_t bytes;
     if (__builtin_mul_overflow(layers * 2, mk_kv_slab_elems(r), &bytes) ||
-        __builtin_mul_overflow(bytes, sizeof(float), &bytes)) {
+        __builtin_mul_overflow(bytes, mk_kv_elem_size(r), &bytes)) {
         free(seq);
         return mk_fail(MK_ERR_OUT_OF_MEMORY, "sequence: KV cache of %zu layers x %zu positions overflows", layers,
                        r->max_context);
@@ -313,8 +373,10 @@ void mk_sequence_close(mk_sequence *seq) {
 }
 
 mk_status mk_sequence_reset(mk_sequence *seq) {
+    mk_clear_error();
     if (!seq) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_sequence_reset: NULL sequence");
     seq->length = 0; /* stale cache rows are never read: attention reads [0, length) */
+    seq->steps = 0;
     return MK_OK;
 }
 
@@ -325,6 +387,7 @@ mk_status mk_sequence_rewind(mk_sequence *seq, size_t length) {
     if (length > seq->length)
         return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_sequence_rewind: %zu is past the sequence's %zu positions", length,
                        seq->length);
+    if (length < seq->length && seq->steps) seq->steps--; /* the failed step is retried */
     seq->length = length; /* cache rows past `length` are stale and never read */
     return MK_OK;
 }
@@ -338,11 +401,11 @@ void mk_tail_output_free(mk_tail_output *t) {
 
 /* ============================================================== contract == */
 
-static mk_status mk_check_input(const mk_range *r, const mk_sequence *seq, const int32_t *ids, size_t n_tokens,
-                                const mk_bundle *bundle, size_t *rows) {
+/* Which kind of input the range's role takes (token ids or a boundary). */
+static mk_status mk_check_input_kind(const mk_range *r, const int32_t *ids, size_t n_tokens, bool has_boundary) {
     const char *role = mk_role_name(r->role);
     if (mk_role_owns_embedding(r->role)) {
-        if (bundle)
+        if (has_boundary)
             return mk_fail(MK_ERR_HEAD_OWNS_EMBEDDING,
                            "%s range refuses a boundary bundle: head owns token embedding and accepts token ids",
                            role);
@@ -352,48 +415,90 @@ static mk_status mk_check_input(const mk_range *r, const mk_sequence *seq, const
             if (ids[i] < 0 || (size_t)ids[i] >= r->hp.vocab)
                 return mk_fail(MK_ERR_TOKEN_OUT_OF_RANGE, "token id %d at index %zu is outside the vocabulary (%zu)",
                                ids[i], i, r->hp.vocab);
-        *rows = n_tokens;
         return MK_OK;
     }
     if (ids || n_tokens)
         return mk_fail(MK_ERR_BYPASS_EMBEDDING,
                        "%s range refuses token ids: middle and tail ranges bypass token embedding", role);
-    if (!bundle)
+    if (!has_boundary)
         return mk_fail(MK_ERR_BUNDLE_REQUIRED, "%s range must receive the named boundary bundle '%s'", role,
                        MK_RESIDUAL_TENSOR_NAME);
-    if (bundle->normalized)
+    return MK_OK;
+}
+
+/* The rows of one forward fit the activation arena and the sequence's KV cache. */
+static mk_status mk_check_rows(const mk_range *r, const mk_sequence *seq, size_t rows) {
+    /* the context first: a prompt longer than it is the error a caller can act on */
+    if (seq->length + rows > r->max_context)
+        return mk_fail(MK_ERR_CONTEXT_OVERFLOW, "sequence of %zu positions plus %zu rows exceeds max_context %zu",
+                       seq->length, rows, r->max_context);
+    if (rows > r->max_rows)
+        return mk_fail(MK_ERR_INVALID_ARGUMENT, "forward of %zu rows exceeds this range's max_batch_tokens %zu", rows,
+                       r->max_rows);
+    return MK_OK;
+}
+
+/* The one check of a boundary header against this range and sequence. Transports call it
+ * before they accept a payload; the executor calls it for every boundary it consumes. */
+mk_status mk_range_check_boundary(const mk_range *r, const mk_sequence *seq, const mk_boundary_header *h) {
+    mk_clear_error();
+    if (!r || !seq || !h) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_range_check_boundary: NULL argument");
+    if (seq->range != r) return mk_fail(MK_ERR_INVALID_ARGUMENT, "sequence belongs to another range");
+    MK_TRY(mk_check_input_kind(r, NULL, 0, true));
+    if (h->normalized)
         return mk_fail(MK_ERR_NORMALIZED_BUNDLE,
                        "boundary bundle is marked normalized: the seam carries the UNNORMALIZED residual stream");
-    if (bundle->schema_version != MK_BOUNDARY_SCHEMA_VERSION)
+    if (h->schema_version != MK_BOUNDARY_SCHEMA_VERSION)
         return mk_fail(MK_ERR_SCHEMA_VERSION, "bundle schema version %u is not the supported version %u",
-                       bundle->schema_version, MK_BOUNDARY_SCHEMA_VERSION);
+                       h->schema_version, MK_BOUNDARY_SCHEMA_VERSION);
+    if (h->architecture != MK_PROTOCOL_ARCH_DENSE)
+        return mk_fail(MK_ERR_ARCHITECTURE_MISMATCH,
+                       "bundle architecture type %d is not dense: it is not executable by the dense-llama adapter",
+                       (int)h->architecture);
     mk_architecture arch;
-    MK_TRY(mk_certified_architecture(bundle->architecture_adapter, &arch));
-    if (strcmp(bundle->tensor_name, arch.boundary_tensor_name) != 0)
-        return mk_fail(MK_ERR_TENSOR_NAME, "boundary tensor is named '%s', expected '%s'", bundle->tensor_name,
+    MK_TRY(mk_certified_architecture(h->adapter, &arch));
+    if (strcmp(h->tensor_name, arch.boundary_tensor_name) != 0)
+        return mk_fail(MK_ERR_TENSOR_NAME, "boundary tensor is named '%.32s', expected '%s'", h->tensor_name,
                        arch.boundary_tensor_name);
-    if (strcmp(bundle->boundary_point, MK_BOUNDARY_POINT) != 0)
-        return mk_fail(MK_ERR_BOUNDARY_POINT, "incompatible dense residual boundary schema '%s'", bundle->boundary_point);
-    if (bundle->next_layer != r->start)
+    if (strcmp(h->boundary_point, MK_BOUNDARY_POINT) != 0)
+        return mk_fail(MK_ERR_BOUNDARY_POINT, "incompatible dense residual boundary schema '%.32s'", h->boundary_point);
+    if (h->next_layer != r->start)
         return mk_fail(MK_ERR_SEAM_MISMATCH,
                        "seam mismatch: this range starts at layer %lld but the bundle was cut before layer %lld",
-                       (long long)r->start, (long long)bundle->next_layer);
-    if (strcmp(bundle->recipe_digest, r->digest) != 0)
+                       (long long)r->start, (long long)h->next_layer);
+    if (strncmp(h->recipe_digest, r->digest, sizeof h->recipe_digest) != 0)
         return mk_fail(MK_ERR_RECIPE_DIGEST, "bundle recipe digest %.16s... does not match this range's %.16s...",
-                       bundle->recipe_digest, r->digest);
-    if (bundle->hidden != r->hp.hidden)
-        return mk_fail(MK_ERR_HIDDEN_WIDTH, "bundle hidden width %zu does not match the model's %zu", bundle->hidden,
+                       h->recipe_digest, r->digest);
+    if (h->hidden != r->hp.hidden)
+        return mk_fail(MK_ERR_HIDDEN_WIDTH, "bundle hidden width %zu does not match the model's %zu", h->hidden,
                        r->hp.hidden);
-    if (bundle->batch != 1)
-        return mk_fail(MK_ERR_SHAPE, "bundle batch %zu: a sequence carries batch 1", bundle->batch);
-    if (!bundle->residual || !bundle->positions || bundle->seq == 0)
+    if (h->batch != 1) return mk_fail(MK_ERR_SHAPE, "bundle batch %zu: a sequence carries batch 1", h->batch);
+    if (h->dtype != MK_DTYPE_F32)
+        return mk_fail(MK_ERR_DTYPE, "bundle residual dtype %s is not f32", mk_dtype_name(h->dtype));
+    if (h->rows == 0) return mk_fail(MK_ERR_EMPTY_INPUT, "bundle carries no rows");
+    if (h->position < 0 || (size_t)h->position != seq->length)
+        return mk_fail(MK_ERR_POSITIONS_SHAPE,
+                       "bundle position %lld at row 0 does not continue the sequence (expected %zu)",
+                       (long long)h->position, seq->length);
+    return mk_check_rows(r, seq, h->rows);
+}
+
+/* A host bundle: the header check, then its arrays (positions row by row, finite values). */
+static mk_status mk_check_bundle(const mk_range *r, const mk_sequence *seq, const mk_bundle *bundle) {
+    if (!bundle->residual || !bundle->positions || bundle->h.rows == 0)
         return mk_fail(MK_ERR_EMPTY_INPUT, "bundle carries no rows");
-    for (size_t i = 0; i < bundle->seq; i++)
+    mk_boundary_header h = bundle->h;
+    h.position = (int64_t)seq->length; /* the rows are checked one by one below */
+    MK_TRY(mk_range_check_boundary(r, seq, &h));
+    for (size_t i = 0; i < bundle->h.rows; i++)
         if (bundle->positions[i] < 0 || (size_t)bundle->positions[i] != seq->length + i)
             return mk_fail(MK_ERR_POSITIONS_SHAPE,
                            "bundle position %d at row %zu does not continue the sequence (expected %zu)",
                            bundle->positions[i], i, seq->length + i);
-    *rows = bundle->seq;
+    size_t bad = 0;
+    if (mk_floats_nonfinite(bundle->residual, bundle->h.rows * bundle->h.hidden, &bad))
+        return mk_fail(MK_ERR_NONFINITE, "boundary residual value %zu (row %zu) is NaN or infinite", bad,
+                       bad / bundle->h.hidden);
     return MK_OK;
 }
 
@@ -411,8 +516,9 @@ static mk_status mk_run_layer(mk_range *r, mk_sequence *seq, size_t layer_index,
     const mk_activations *a = &r->act;
     const size_t q_dim = hp->n_heads * hp->head_dim, kv_dim = hp->n_kv_heads * hp->head_dim;
     const size_t past = seq->length;
-    float *k_cache = (float *)seq->kv_arena + (2 * layer_index) * mk_kv_slab_elems(r);   /* [ctx, kv_dim] */
-    float *v_cache = (float *)seq->kv_arena + (2 * layer_index + 1) * mk_kv_slab_elems(r); /* [ctx, kv_dim] */
+    const size_t slab = mk_kv_slab_elems(r) * mk_kv_elem_size(r);
+    uint8_t *k_cache = (uint8_t *)seq->kv_arena + (2 * layer_index) * slab;     /* [ctx, kv_dim] KV dtype */
+    uint8_t *v_cache = (uint8_t *)seq->kv_arena + (2 * layer_index + 1) * slab; /* [ctx, kv_dim] KV dtype */
 
     /* attention block */
     if (layer_index == 0) MK_TRY(ops->rmsnorm(b, a->xn, a->x, w->attn_norm, rows, hp->hidden, hp->rms_eps));
@@ -422,8 +528,13 @@ static mk_status mk_run_layer(mk_range *r, mk_sequence *seq, size_t layer_index,
     MK_TRY(ops->matmul(b, a->v, a->xn, w->wv, rows, hp->hidden, kv_dim));
     MK_TRY(ops->rope(b, a->q, a->pos, rows, hp->n_heads, hp->head_dim, hp->rope_theta, hp->rope_layout));
     MK_TRY(ops->rope(b, a->k, a->pos, rows, hp->n_kv_heads, hp->head_dim, hp->rope_theta, hp->rope_layout));
-    MK_TRY(ops->copy(b, k_cache + past * kv_dim, a->k, rows * kv_dim * sizeof(float)));
-    MK_TRY(ops->copy(b, v_cache + past * kv_dim, a->v, rows * kv_dim * sizeof(float)));
+    if (ops->kv_store) {
+        MK_TRY(ops->kv_store(b, k_cache, past, a->k, rows, kv_dim));
+        MK_TRY(ops->kv_store(b, v_cache, past, a->v, rows, kv_dim));
+    } else {
+        MK_TRY(ops->copy(b, k_cache + past * kv_dim * sizeof(float), a->k, rows * kv_dim * sizeof(float)));
+        MK_TRY(ops->copy(b, v_cache + past * kv_dim * sizeof(float), a->v, rows * kv_dim * sizeof(float)));
+    }
     MK_TRY(ops->attention(b, a->att, a->q, k_cache, v_cache, rows, past, hp->n_heads, hp->n_kv_heads, hp->head_dim));
     MK_TRY(ops->matmul(b, a->proj, a->att, w->wo, rows, q_dim, hp->hidden));
 
@@ -437,23 +548,34 @@ static mk_status mk_run_layer(mk_range *r, mk_sequence *seq, size_t layer_index,
     return MK_OK;
 }
 
-/* The raw residual of `rows` rows into a bundle whose residual and positions hold them. */
-static mk_status mk_fill_bundle(mk_range *r, size_t rows, const int32_t *positions, mk_bundle *bundle) {
+/* The header of what this range emits after `rows` rows of `seq`. No final norm, no
+ * pruning, no sampling: the raw residual is the next range's input. */
+static void mk_emit_header(const mk_range *r, const mk_sequence *seq, size_t rows, mk_boundary_header *h) {
+    mk_boundary_header_defaults(h);
+    h->next_layer = r->end + 1;
+    h->normalized = false;
+    memcpy(h->recipe_digest, r->digest, sizeof h->recipe_digest);
+    h->rows = rows;
+    h->hidden = r->hp.hidden;
+    h->position = (int64_t)seq->length;
+    h->step = seq->steps;
+}
+
+/* The raw residual of `rows` rows of `seq` into a host bundle whose arrays hold them
+ * (a fresh one, or the scheduler's preallocated slot). */
+static mk_status mk_fill_bundle(mk_range *r, const mk_sequence *seq, size_t rows, const int32_t *positions,
+                                mk_bundle *bundle) {
     MK_TRY(r->backend->ops->download(r->backend, bundle->residual, r->act.x, rows * r->hp.hidden * sizeof(float)));
     memcpy(bundle->positions, positions, rows * sizeof(int32_t));
-    /* No final norm, no pruning, no sampling: the raw residual is the next range's input. */
-    bundle->batch = 1;
-    bundle->seq = rows;
-    bundle->next_layer = r->end + 1;
-    bundle->normalized = false;
-    memcpy(bundle->recipe_digest, r->digest, sizeof bundle->recipe_digest);
+    mk_emit_header(r, seq, rows, &bundle->h);
     return MK_OK;
 }
 
-static mk_status mk_emit_bundle(mk_range *r, size_t rows, const int32_t *positions, mk_bundle **out) {
+static mk_status mk_emit_bundle(mk_range *r, const mk_sequence *seq, size_t rows, const int32_t *positions,
+                                mk_bundle **out) {
     mk_bundle *bundle;
     MK_TRY(mk_bundle_create(1, rows, r->hp.hidden, &bundle));
-    const mk_status s = mk_fill_bundle(r, rows, positions, bundle);
+    const mk_status s = mk_fill_bundle(r, seq, rows, positions, bundle);
     if (s != MK_OK) {
         mk_bundle_free(bundle);
         return s;
@@ -497,19 +619,23 @@ static mk_status mk_emit_tail(mk_range *r, size_t rows, const mk_sampling_contra
     return MK_OK;
 }
 
-/* Checks and the layers of one forward; the caller emits the output and advances the
- * sequence. *out_rows is the number of rows computed; r->host_positions holds them. */
-static mk_status mk_range_compute(mk_range *r, mk_sequence *seq, const int32_t *token_ids, size_t n_tokens,
-                                  const mk_bundle *bundle, size_t *out_rows) {
-    size_t rows = 0;
-    MK_TRY(mk_check_input(r, seq, token_ids, n_tokens, bundle, &rows));
-    if (rows > r->max_rows)
-        return mk_fail(MK_ERR_INVALID_ARGUMENT, "forward of %zu rows exceeds this range's max_batch_tokens %zu", rows,
-                       r->max_rows);
-    if (seq->length + rows > r->max_context)
-        return mk_fail(MK_ERR_CONTEXT_OVERFLOW, "sequence of %zu positions plus %zu rows exceeds max_context %zu",
-                       seq->length, rows, r->max_context);
+/* Argument checks shared by both forward entries. */
+static mk_status mk_forward_args(mk_range *r, mk_sequence *seq, bool has_out, mk_tail_output **out_tail,
+                                 const mk_sampling_contract *sampling, mk_sampling_contract *contract) {
+    if (!r || !seq) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_range_forward: NULL range or sequence");
+    if (seq->range != r) return mk_fail(MK_ERR_INVALID_ARGUMENT, "sequence belongs to another range");
+    const bool tail = mk_role_owns_final_head(r->role);
+    if (tail ? !out_tail : !has_out)
+        return mk_fail(MK_ERR_INVALID_ARGUMENT, "%s range needs %s", mk_role_name(r->role),
+                       tail ? "out_tail" : "out_bundle");
+    contract->mode = MK_SAMPLING_GREEDY;
+    if (sampling) MK_TRY(mk_sampling_contract_init(contract, sampling->mode));
+    return MK_OK;
+}
 
+/* Positions of the rows (host staging), uploaded; token ids embedded for a head. The
+ * residual of a boundary input is already in act.x. */
+static mk_status mk_forward_inputs(mk_range *r, mk_sequence *seq, const int32_t *token_ids, size_t rows) {
     mk_backend *b = r->backend;
     const mk_activations *a = &r->act;
     int32_t *positions = r->host_positions;
@@ -518,59 +644,138 @@ static mk_status mk_range_compute(mk_range *r, mk_sequence *seq, const int32_t *
     if (mk_role_owns_embedding(r->role)) {
         MK_TRY(b->ops->upload(b, a->ids, token_ids, rows * sizeof(int32_t)));
         MK_TRY(b->ops->embed(b, a->x, r->token_embd, a->ids, rows, r->hp.hidden, r->hp.vocab));
-    } else {
-        MK_TRY(b->ops->upload(b, a->x, bundle->residual, rows * r->hp.hidden * sizeof(float)));
     }
     const size_t n_layers = (size_t)(r->end - r->start + 1);
     for (size_t l = 0; l < n_layers; l++) MK_TRY(mk_run_layer(r, seq, l, rows, l + 1 == n_layers));
-    *out_rows = rows;
     return MK_OK;
 }
 
 mk_status mk_range_forward(mk_range *r, mk_sequence *seq, const int32_t *token_ids, size_t n_tokens,
                            const mk_bundle *bundle, const mk_sampling_contract *sampling, mk_bundle **out_bundle,
                            mk_tail_output **out_tail) {
-    if (!r || !seq) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_range_forward: NULL range or sequence");
-    if (seq->range != r) return mk_fail(MK_ERR_INVALID_ARGUMENT, "sequence belongs to another range");
-    const bool tail = mk_role_owns_final_head(r->role);
-    if (tail ? !out_tail : !out_bundle)
-        return mk_fail(MK_ERR_INVALID_ARGUMENT, "%s range needs %s", mk_role_name(r->role),
-                       tail ? "out_tail" : "out_bundle");
-    mk_sampling_contract greedy = {MK_SAMPLING_GREEDY};
-    if (sampling) MK_TRY(mk_sampling_contract_init(&greedy, sampling->mode));
-
-    size_t rows = 0;
-    MK_TRY(mk_range_compute(r, seq, token_ids, n_tokens, bundle, &rows));
-    if (tail) MK_TRY(mk_emit_tail(r, rows, &greedy, out_tail));
-    else MK_TRY(mk_emit_bundle(r, rows, r->host_positions, out_bundle));
+    mk_clear_error();
+    mk_sampling_contract contract;
+    MK_TRY(mk_forward_args(r, seq, out_bundle != NULL, out_tail, sampling, &contract));
+    MK_TRY(mk_check_input_kind(r, token_ids, n_tokens, bundle != NULL));
+    const size_t rows = bundle ? bundle->h.rows : n_tokens;
+    if (bundle) MK_TRY(mk_check_bundle(r, seq, bundle));
+    else MK_TRY(mk_check_rows(r, seq, rows));
+    if (bundle)
+        MK_TRY(r->backend->ops->upload(r->backend, r->act.x, bundle->residual, rows * r->hp.hidden * sizeof(float)));
+    MK_TRY(mk_forward_inputs(r, seq, token_ids, rows));
+    if (mk_role_owns_final_head(r->role)) MK_TRY(mk_emit_tail(r, rows, &contract, out_tail));
+    else MK_TRY(mk_emit_bundle(r, seq, rows, r->host_positions, out_bundle));
     seq->length += rows;
+    seq->steps++;
     return MK_OK;
 }
 
-/* The scheduler's step path: the same forward, emitted into buffers the caller owns
- * (a preallocated activation slot), so a step allocates nothing. */
+/* The scheduler's step path: mk_range_forward's checks and layers, emitted into buffers
+ * the caller owns (a preallocated activation slot), so a step allocates nothing. */
 mk_status mk_range_forward_into(mk_range *r, mk_sequence *seq, const int32_t *token_ids, size_t n_tokens,
                                 const mk_bundle *bundle, mk_bundle *out_bundle, size_t out_capacity_rows,
                                 float *out_logits, int32_t *out_token) {
     if (!r || !seq) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_range_forward_into: NULL range or sequence");
     if (seq->range != r) return mk_fail(MK_ERR_INVALID_ARGUMENT, "sequence belongs to another range");
     const bool tail = mk_role_owns_final_head(r->role);
-    if (tail ? !out_logits || !out_token : !out_bundle || out_bundle->hidden != r->hp.hidden)
+    if (tail ? !out_logits || !out_token : !out_bundle || out_bundle->h.hidden != r->hp.hidden)
         return mk_fail(MK_ERR_INVALID_ARGUMENT, "%s range needs %s", mk_role_name(r->role),
                        tail ? "logits and token buffers" : "an output bundle of the model's hidden width");
-    size_t rows = 0;
-    MK_TRY(mk_range_compute(r, seq, token_ids, n_tokens, bundle, &rows));
+    MK_TRY(mk_check_input_kind(r, token_ids, n_tokens, bundle != NULL));
+    const size_t rows = bundle ? bundle->h.rows : n_tokens;
+    if (bundle) MK_TRY(mk_check_bundle(r, seq, bundle));
+    else MK_TRY(mk_check_rows(r, seq, rows));
+    if (!tail && (rows > out_capacity_rows || rows > out_bundle->cap_rows))
+        return mk_fail(MK_ERR_INVALID_ARGUMENT, "forward of %zu rows exceeds the output slot's %zu rows", rows,
+                       out_capacity_rows < out_bundle->cap_rows ? out_capacity_rows : out_bundle->cap_rows);
+    mk_backend *b = r->backend;
+    if (bundle) MK_TRY(b->ops->upload(b, r->act.x, bundle->residual, rows * r->hp.hidden * sizeof(float)));
+    MK_TRY(mk_forward_inputs(r, seq, token_ids, rows));
     if (tail) {
-        mk_backend *b = r->backend;
         MK_TRY(mk_tail_compute(r, rows));
         MK_TRY(b->ops->download(b, out_logits, r->act.logits, r->hp.vocab * sizeof(float)));
         MK_TRY(b->ops->download(b, out_token, r->act.token, sizeof(int32_t)));
     } else {
-        if (rows > out_capacity_rows)
-            return mk_fail(MK_ERR_INVALID_ARGUMENT, "forward of %zu rows exceeds the output slot's %zu rows", rows,
-                           out_capacity_rows);
-        MK_TRY(mk_fill_bundle(r, rows, r->host_positions, out_bundle));
+        MK_TRY(mk_fill_bundle(r, seq, rows, r->host_positions, out_bundle));
     }
     seq->length += rows;
+    seq->steps++;
+    return MK_OK;
+}
+
+/* ============================================================= boundaries == */
+
+mk_status mk_boundary_create(mk_range *r, mk_boundary **out) {
+    mk_clear_error();
+    if (!r || !out) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_boundary_create: NULL argument");
+    *out = NULL;
+    mk_boundary *bd = calloc(1, sizeof *bd);
+    if (!bd) return mk_fail(MK_ERR_OUT_OF_MEMORY, "boundary: out of memory");
+    bd->range = r;
+    bd->capacity_rows = r->max_rows;
+    mk_boundary_header_defaults(&bd->h);
+    bd->h.hidden = r->hp.hidden;
+    void *payload = NULL;
+    const mk_status s = r->backend->ops->alloc(r->backend, r->max_rows * r->hp.hidden * sizeof(float), &payload);
+    if (s != MK_OK) {
+        free(bd);
+        return s;
+    }
+    bd->payload = payload;
+    *out = bd;
+    return MK_OK;
+}
+
+void mk_boundary_free(mk_boundary *bd) {
+    if (!bd) return; /* no mk_clear_error: failure paths free after recording their message */
+    bd->range->backend->ops->release(bd->range->backend, bd->payload);
+    free(bd);
+}
+
+const mk_boundary_header *mk_boundary_header_of(const mk_boundary *bd) {
+    mk_clear_error();
+    return bd ? &bd->h : NULL;
+}
+
+mk_range *mk_boundary_range(const mk_boundary *bd) {
+    mk_clear_error();
+    return bd ? bd->range : NULL;
+}
+
+mk_status mk_boundary_read(const mk_boundary *bd, float *residual, size_t capacity_floats) {
+    mk_clear_error();
+    if (!bd || !residual) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_boundary_read: NULL argument");
+    const size_t n = bd->h.rows * bd->h.hidden;
+    if (n > capacity_floats)
+        return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_boundary_read: %zu floats needed, buffer holds %zu", n,
+                       capacity_floats);
+    mk_backend *b = bd->range->backend;
+    return b->ops->download(b, residual, bd->payload, n * sizeof(float));
+}
+
+mk_status mk_range_forward_boundary(mk_range *r, mk_sequence *seq, const int32_t *token_ids, size_t n_tokens,
+                                    const mk_boundary *in, const mk_sampling_contract *sampling, mk_boundary *out,
+                                    mk_tail_output **out_tail) {
+    mk_clear_error();
+    mk_sampling_contract contract;
+    MK_TRY(mk_forward_args(r, seq, out != NULL, out_tail, sampling, &contract));
+    if ((in && in->range != r) || (out && out->range != r))
+        return mk_fail(MK_ERR_INVALID_ARGUMENT, "boundary belongs to another range");
+    MK_TRY(mk_check_input_kind(r, token_ids, n_tokens, in != NULL));
+    const size_t rows = in ? in->h.rows : n_tokens;
+    if (in) MK_TRY(mk_range_check_boundary(r, seq, &in->h));
+    else MK_TRY(mk_check_rows(r, seq, rows));
+    mk_backend *b = r->backend;
+    if (in) MK_TRY(b->ops->copy(b, r->act.x, in->payload, rows * r->hp.hidden * sizeof(float)));
+    MK_TRY(mk_forward_inputs(r, seq, token_ids, rows));
+    if (mk_role_owns_final_head(r->role)) {
+        MK_TRY(mk_emit_tail(r, rows, &contract, out_tail));
+    } else {
+        /* The residual stays in backend memory: a copy on the range's stream. */
+        MK_TRY(b->ops->copy(b, out->payload, r->act.x, rows * r->hp.hidden * sizeof(float)));
+        mk_emit_header(r, seq, rows, &out->h);
+    }
+    seq->length += rows;
+    seq->steps++;
     return MK_OK;
 }

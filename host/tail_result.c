@@ -55,6 +55,7 @@ static mk_status mk_tail_result_pack(const mk_request_identity *identity, const 
 
 mk_status mk_tail_result_pack_token(const mk_request_identity *identity, const mk_sampling_params *sampling,
                                     int64_t token_id, uint8_t **out, size_t *out_len) {
+    mk_clear_error();
     if (token_id < 0) return mk_fail(MK_ERR_TAIL_RESULT, "sampled token id must be non-negative (got %lld)", (long long)token_id);
     Meshkern__V1__TailResult msg = MESHKERN__V1__TAIL_RESULT__INIT;
     msg.output_case = MESHKERN__V1__TAIL_RESULT__OUTPUT_SAMPLED_TOKEN_ID;
@@ -64,6 +65,7 @@ mk_status mk_tail_result_pack_token(const mk_request_identity *identity, const m
 
 mk_status mk_tail_result_pack_logits(const mk_request_identity *identity, const mk_sampling_params *sampling,
                                      const float *logits, size_t batch, size_t vocab, uint8_t **out, size_t *out_len) {
+    mk_clear_error();
     if (!logits || batch == 0 || vocab == 0)
         return mk_fail(MK_ERR_TAIL_RESULT, "logits tail output must carry a non-empty [batch, vocab] tensor");
     if (batch > SIZE_MAX / sizeof(float) / vocab) return mk_fail(MK_ERR_SHAPE_OVERFLOW, "logits shape overflows");
@@ -144,6 +146,7 @@ static mk_status mk_tail_result_check(const Meshkern__V1__TailResult *msg, mk_ta
 }
 
 mk_status mk_tail_result_validate(const uint8_t *bytes, size_t len, mk_tail_result_info *info) {
+    mk_clear_error();
     if (!bytes && len) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_tail_result_validate: bytes is NULL");
     Meshkern__V1__TailResult *msg = meshkern__v1__tail_result__unpack(NULL, len, bytes);
     if (!msg) return mk_fail(MK_ERR_WIRE_DECODE, "bytes (%zu) are not a valid TailResult message", len);

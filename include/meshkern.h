@@ -85,12 +85,28 @@ typedef enum mk_status {
     MK_ERR_CUBLAS = 84,
     MK_ERR_NCCL = 85,
     MK_ERR_KERNEL_LAUNCH = 86,
+    /* seams and transports (host/seam/) */
+    MK_ERR_PEER_CLOSED = 90,           /* the peer closed the connection (mid-frame or before) */
+    MK_ERR_PEER_TIMEOUT = 91,          /* connect, read or write passed its deadline */
+    MK_ERR_AUTH = 92,                  /* TLS handshake refused: wrong key/cert or plaintext peer */
+    MK_ERR_FRAME = 93,                 /* bad frame magic/version, or a length over the receiver's limit */
+    MK_ERR_NONFINITE = 94,             /* a received residual carries NaN or Inf */
+    MK_ERR_CONNECT = 95,               /* address unusable or nobody listening */
+    /* text: tokenizer and chat template */
+    MK_ERR_TOKENIZER = 100,            /* tokenizer metadata missing, unknown or inconsistent */
+    MK_ERR_INVALID_UTF8 = 101,         /* text to encode is not valid UTF-8 */
+    MK_ERR_CHAT_TEMPLATE = 102,        /* chat template absent or not recognised, bad roles */
 } mk_status;
 
 /* Symbolic name of a status ("MK_ERR_SEAM_MISMATCH"); never NULL. */
 MK_API const char *mk_status_name(mk_status status);
 /* Message of the last failure on this thread ("" if none). Valid until the next call
- * into meshkern on this thread. */
+ * into meshkern on this thread.
+ * Every call that can fail (each one returning an mk_status, and mk_bundle_packed_size)
+ * clears the message on entry, so after a failure the message is that failure's own, never
+ * one left by an earlier call. Calls that cannot fail (names, getters, *_default, the free
+ * functions) leave it alone: cleaning up, or naming the status, before reading the message
+ * keeps it. */
 MK_API const char *mk_last_error(void);
 
 /* ====================================================== architecture registry == */
@@ -161,42 +177,64 @@ typedef enum mk_dtype {
     MK_DTYPE_BF16 = 3,
     MK_DTYPE_I32 = 4,
     MK_DTYPE_I64 = 5,
+    /* Weights only: each tensor kept in the format its GGUF file stores (Q4_1, Q8_0, ...)
+     * on backends that compute on it (cpu); never a bundle dtype. mk_dtype_size is 0. */
+    MK_DTYPE_NATIVE = 6,
 } mk_dtype;
 MK_API size_t mk_dtype_size(mk_dtype dtype); /* 0 for an unknown dtype */
 MK_API const char *mk_dtype_name(mk_dtype dtype);
 
 #define MK_DIGEST_HEX_LEN 64 /* sha256 as lowercase hex */
 
-/* The residual boundary between two ranges: the raw residual after layer next_layer-1,
- * every position row, unnormalized. Fields are public for reading; construct with
- * mk_bundle_create and release with mk_bundle_free. */
-typedef struct mk_bundle {
-    char architecture_adapter[32];   /* canonical adapter, "dense-llama" */
-    uint32_t schema_version;         /* MK_BOUNDARY_SCHEMA_VERSION */
-    char tensor_name[32];            /* "residual_stream" */
-    char boundary_point[32];         /* MK_BOUNDARY_POINT */
-    int64_t next_layer;              /* first layer that consumes this residual */
-    bool normalized;                 /* always false for an emitted bundle */
+/* The header of a boundary between two ranges: everything the contract checks, small
+ * enough to travel ahead of the payload (a frame, an NCCL send) and be validated before
+ * any payload is accepted. Plain data: copy it freely. */
+typedef struct mk_boundary_header {
+    uint32_t schema_version;          /* MK_BOUNDARY_SCHEMA_VERSION */
+    mk_protocol_arch architecture;    /* MK_PROTOCOL_ARCH_DENSE */
+    char adapter[32];                 /* canonical adapter, "dense-llama" */
+    char tensor_name[32];             /* "residual_stream" */
+    char boundary_point[32];          /* MK_BOUNDARY_POINT */
+    int64_t next_layer;               /* first layer that consumes this residual */
+    bool normalized;                  /* always false for an emitted boundary */
     char recipe_digest[MK_DIGEST_HEX_LEN + 1];
-    char request_id[64];             /* request / sequence id, may be "" */
-    size_t batch, seq, hidden;
-    float *residual;                 /* [batch, seq, hidden], owned */
-    int32_t *positions;              /* [batch, seq], owned */
-    void *storage_;                  /* private: the decoded message residual and positions
-                                        live in after mk_bundle_unpack (no extra copy) */
-} mk_bundle;
+    char request_id[64];              /* request / sequence id, may be "" */
+    size_t batch;                     /* 1: one sequence */
+    size_t rows;                      /* positions carried (seq) */
+    size_t hidden;
+    mk_dtype dtype;                   /* MK_DTYPE_F32 */
+    uint64_t step;                    /* forward count of the producing sequence (0 = prefill) */
+    int64_t position;                 /* position of the first row; rows continue it */
+} mk_boundary_header;
+
+/* A boundary in host memory: header + residual [batch, rows, hidden] F32 + positions
+ * [batch, rows] I32. Opaque; the protobuf TensorBundle is its wire encoding. Construct
+ * with mk_bundle_create, release with mk_bundle_free. */
+typedef struct mk_bundle mk_bundle;
 
 /* Allocate a bundle with zero-filled residual [batch, seq, hidden] and positions
  * [batch, seq]; metadata set to the dense-llama defaults, next_layer = 0. */
 MK_API mk_status mk_bundle_create(size_t batch, size_t seq, size_t hidden, mk_bundle **out);
 MK_API void mk_bundle_free(mk_bundle *bundle);
 MK_API mk_status mk_bundle_clone(const mk_bundle *src, mk_bundle **out);
+/* Accessors. The header and arrays belong to the bundle (valid until mk_bundle_free). */
+MK_API const mk_boundary_header *mk_bundle_header(const mk_bundle *bundle);
+MK_API float *mk_bundle_residual(mk_bundle *bundle);     /* [batch, rows, hidden] */
+MK_API int32_t *mk_bundle_positions(mk_bundle *bundle);  /* [batch, rows] */
+MK_API const float *mk_bundle_residual_const(const mk_bundle *bundle);
+MK_API const int32_t *mk_bundle_positions_const(const mk_bundle *bundle);
+/* Replace the header's identity fields (everything but batch, rows, hidden and dtype,
+ * which describe the arrays and must be unchanged: MK_ERR_SHAPE otherwise). */
+MK_API mk_status mk_bundle_set_header(mk_bundle *bundle, const mk_boundary_header *header);
 
 /* Serialize to protobuf bytes; *out is malloc'd, release with mk_buffer_free. */
 MK_API mk_status mk_bundle_pack(const mk_bundle *bundle, uint8_t **out, size_t *out_len);
 /* Serialize into a caller's buffer (e.g. pinned or registered memory) of `capacity`
  * bytes; mk_bundle_packed_size tells how many are needed. */
 MK_API size_t mk_bundle_packed_size(const mk_bundle *bundle);
+/* Where the residual's bytes start inside the packed message: place the buffer so that
+ * buffer + offset is 64-byte aligned and pack_to / unpack_into copy at memcpy speed. */
+MK_API size_t mk_bundle_payload_offset(const mk_bundle *bundle);
 MK_API mk_status mk_bundle_pack_to(const mk_bundle *bundle, uint8_t *buffer, size_t capacity,
                                    size_t *out_len);
 /* Parse protobuf bytes into a bundle, trusting no length, count or shape from the wire.
@@ -204,6 +242,11 @@ MK_API mk_status mk_bundle_pack_to(const mk_bundle *bundle, uint8_t *buffer, siz
  * point, dtype, byte order, shape, data length and positions shape. Model-dependent
  * checks (hidden width, recipe digest, seam) happen when a range accepts it. */
 MK_API mk_status mk_bundle_unpack(const uint8_t *bytes, size_t len, mk_bundle **out);
+/* The same checks (and positions must count up from the first row), decoding into an
+ * existing bundle reused across steps, so no message lands on fresh pages. The payload is
+ * copied once, from `bytes` into the bundle's arrays, which must hold the message's
+ * rows x hidden (MK_ERR_SHAPE otherwise); the header is replaced. */
+MK_API mk_status mk_bundle_unpack_into(const uint8_t *bytes, size_t len, mk_bundle *into);
 MK_API void mk_buffer_free(void *buffer);
 
 /* Named tensor fields of the bundle's residual, as on the wire. */
@@ -282,6 +325,10 @@ typedef enum mk_rope_layout {
     MK_ROPE_ADJACENT_PAIRS = 2 /* pairs (2i, 2i + 1): GGUF llama exports */
 } mk_rope_layout;
 
+/* Largest head_dim a model may have (mk_hparams_validate refuses more): the kernels keep
+ * a head's row in shared memory and registers. */
+#define MK_MAX_HEAD_DIM 256
+
 typedef struct mk_hparams {
     size_t vocab;
     size_t hidden;
@@ -316,15 +363,113 @@ MK_API const char *mk_model_architecture(const mk_model *model); /* as advertise
 /* Identity of the model's tensors and hyper-parameters (sha256 hex). */
 MK_API const char *mk_model_digest(const mk_model *model);
 
+/* ================================================================== tokenizer == */
+
+/* The model's own tokenizer, read from the GGUF `tokenizer.ggml.*` metadata:
+ *   "gpt2"  byte-level BPE (merges by rank) with the pre-tokenizer named by
+ *           tokenizer.ggml.pre: "smollm" (digits one by one, then the GPT-2 rule),
+ *           "llama-bpe" / "llama3" / "llama-v3" (Llama-3), "gpt2" / "default" (GPT-2);
+ *   "llama" SentencePiece (scores, U+2581 for spaces, space prefix, <0xXX> byte fallback).
+ * Special tokens (control, user-defined) are split out of the text first, longest first.
+ * Anything else fails with MK_ERR_TOKENIZER naming the value. The tokenizer copies what it
+ * needs: it does not borrow the model, which may be freed first. One tokenizer may be
+ * used from several threads at once (encode and decode keep their state per call). */
+typedef struct mk_tokenizer mk_tokenizer;
+
+MK_API mk_status mk_tokenizer_open(const mk_model *model, mk_tokenizer **out);
+/* Only the tokenizer of a GGUF file (no weights are read or checked). */
+MK_API mk_status mk_tokenizer_open_file(const char *gguf_path, mk_tokenizer **out);
+MK_API void mk_tokenizer_free(mk_tokenizer *tok);
+
+MK_API size_t mk_tokenizer_vocab_size(const mk_tokenizer *tok);
+MK_API int32_t mk_tokenizer_bos(const mk_tokenizer *tok); /* -1 when the model has none */
+MK_API int32_t mk_tokenizer_eos(const mk_tokenizer *tok); /* -1 when the model has none */
+/* End of generation: EOS, EOT, EOM and the end-of-turn control tokens (<|im_end|>,
+ * <|eot_id|>, <|endoftext|>, ...). False for ids outside the vocabulary. */
+MK_API bool mk_tokenizer_is_eog(const mk_tokenizer *tok, int32_t token);
+/* Token text as stored in the vocabulary (byte-level or U+2581 form), NUL-terminated,
+ * owned by the tokenizer; NULL outside the vocabulary. */
+MK_API const char *mk_tokenizer_token_text(const mk_tokenizer *tok, int32_t token);
+
+/* Flags of mk_tokenizer_encode. */
+#define MK_TOKENIZE_ADD_SPECIAL 1u   /* add BOS / EOS as the model's add_bos/add_eos say */
+#define MK_TOKENIZE_PARSE_SPECIAL 2u /* control-token text ("<|im_end|>") becomes its id */
+
+/* Encode `len` bytes of UTF-8 text. Invalid UTF-8 fails with MK_ERR_INVALID_UTF8 and the
+ * byte offset. *out_ids is malloc'd (release with mk_buffer_free; NULL when *out_n is 0). */
+MK_API mk_status mk_tokenizer_encode(const mk_tokenizer *tok, const char *text, size_t len, unsigned flags,
+                                     int32_t **out_ids, size_t *out_n);
+/* Number of tokens mk_tokenizer_encode would return. */
+MK_API mk_status mk_tokenizer_count(const mk_tokenizer *tok, const char *text, size_t len, unsigned flags,
+                                    size_t *out_n);
+
+/* Flags of decoding. */
+#define MK_DECODE_SPECIAL 1u /* render control tokens as their text (default: nothing) */
+
+/* Decode ids to bytes, exactly as the pieces concatenate (so decode(encode(s)) == s for
+ * valid s); the SentencePiece space prefix is removed from the start. *out is malloc'd,
+ * NUL-terminated (release with mk_buffer_free). Ids outside the vocabulary fail with
+ * MK_ERR_TOKEN_OUT_OF_RANGE. */
+MK_API mk_status mk_tokenizer_decode(const mk_tokenizer *tok, const int32_t *ids, size_t n, unsigned flags,
+                                     char **out, size_t *out_len);
+
+/* Streaming decode for generation: each pushed token yields the text that is complete so
+ * far; bytes of a UTF-8 sequence that a token leaves unfinished are held until the tokens
+ * that finish it arrive. Output is always valid UTF-8 (a broken sequence becomes U+FFFD). */
+typedef struct mk_detokenizer mk_detokenizer;
+MK_API mk_status mk_detokenizer_create(const mk_tokenizer *tok, unsigned flags, mk_detokenizer **out);
+MK_API void mk_detokenizer_free(mk_detokenizer *d);
+/* *text (not NUL-terminated, *len bytes, possibly 0) is owned by d, valid until its next call. */
+MK_API mk_status mk_detokenizer_push(mk_detokenizer *d, int32_t token, const char **text, size_t *len);
+/* End of stream: held bytes of an unfinished sequence come out as U+FFFD; d starts afresh. */
+MK_API mk_status mk_detokenizer_flush(mk_detokenizer *d, const char **text, size_t *len);
+
+/* ============================================================== chat template == */
+
+/* The chat shapes meshkern renders, recognised from tokenizer.chat_template's text. */
+typedef enum mk_chat_template_kind {
+    MK_CHAT_TEMPLATE_CHATML = 1, /* <|im_start|>role\n...<|im_end|>\n (SmolLM2, Qwen) */
+    MK_CHAT_TEMPLATE_LLAMA3 = 2, /* <|start_header_id|>role<|end_header_id|>\n\n...<|eot_id|> */
+    MK_CHAT_TEMPLATE_LLAMA2 = 3, /* <s>[INST] <<SYS>>...<</SYS>> ... [/INST] answer </s> */
+} mk_chat_template_kind;
+
+typedef struct mk_chat_message {
+    const char *role;    /* "system", "user", "assistant" */
+    const char *content; /* UTF-8 */
+} mk_chat_message;
+
+/* Which shape the model's template has; MK_ERR_CHAT_TEMPLATE (naming the template's start)
+ * when it is absent or not one of the shapes above. */
+MK_API mk_status mk_chat_template_detect(const mk_tokenizer *tok, mk_chat_template_kind *out);
+MK_API const char *mk_chat_template_name(mk_chat_template_kind kind);
+/* Render a conversation as the model's template does (with its BOS text and default
+ * system prompt, if any), plus the assistant header when add_generation_prompt. Encode
+ * the result with MK_TOKENIZE_PARSE_SPECIAL and without MK_TOKENIZE_ADD_SPECIAL.
+ * *out is malloc'd, NUL-terminated (mk_buffer_free). */
+MK_API mk_status mk_chat_apply(const mk_tokenizer *tok, const mk_chat_message *messages, size_t n_messages,
+                               bool add_generation_prompt, char **out, size_t *out_len);
+
 /* =================================================================== backends == */
 
 typedef enum mk_backend_kind { MK_BACKEND_CPU = 1, MK_BACKEND_CUDA = 2 } mk_backend_kind;
 
+/* Option structs (mk_backend_config, mk_range_options) are versioned by their first field,
+ * struct_size, which their *_default() function sets to the size of the struct the caller
+ * was compiled with. Always start from *_default() and then change fields: later versions
+ * of meshkern only append fields, read just the struct_size bytes a caller has, and give
+ * the fields it lacks their defaults. A struct_size meshkern does not know (0 from a
+ * struct not made by *_default(), or one larger than its own) is refused with
+ * MK_ERR_INVALID_ARGUMENT. mk_backend_config is embedded in mk_range_options, so it never
+ * grows: a later backend setting is appended to mk_range_options instead. */
 typedef struct mk_backend_config {
+    size_t struct_size;    /* sizeof(mk_backend_config), set by mk_backend_config_default */
     mk_backend_kind kind;
     int device;            /* cuda device index */
-    mk_dtype weight_dtype; /* F32 (default), F16, BF16 */
+    mk_dtype weight_dtype; /* F32 (default), F16, BF16, or NATIVE (cpu) */
     bool speed_mode;       /* cuda: tensor-core GEMMs; false = parity mode (F32, no TF32) */
+    size_t threads;        /* cpu: threads for native matrix products; 0 = every core this
+                            * process may run on. Results do not depend on it. */
+    mk_dtype kv_dtype;     /* KV cache elements: F32 (default; 0 also means F32) or F16 (cpu) */
 } mk_backend_config;
 
 MK_API mk_backend_config mk_backend_config_default(mk_backend_kind kind);
@@ -334,7 +479,9 @@ MK_API mk_status mk_backend_kind_from_name(const char *name, mk_backend_kind *ou
 
 typedef struct mk_range mk_range; /* opaque: weights of [start, end], backend state */
 
+/* Versioned by struct_size like mk_backend_config (see there). */
 typedef struct mk_range_options {
+    size_t struct_size;          /* sizeof(mk_range_options), set by mk_range_options_default */
     const char *architecture;    /* advertised adapter; NULL = the model's */
     mk_backend_config backend;
     size_t max_context;          /* KV positions per sequence; 0 = min(model's, 4096) */
@@ -378,6 +525,36 @@ MK_API mk_status mk_range_forward(mk_range *range, mk_sequence *seq, const int32
                                   const mk_sampling_contract *sampling, mk_bundle **out_bundle,
                                   mk_tail_output **out_tail);
 
+/* ================================================================= boundaries == */
+
+/* A boundary whose payload stays in a range's backend memory (a device buffer on cuda):
+ * the form a seam transport moves. Capacity: the range's max_batch_tokens rows of its
+ * hidden width. Created for one range, used as that range's output or input; released
+ * with mk_boundary_free before the range. */
+typedef struct mk_boundary mk_boundary;
+MK_API mk_status mk_boundary_create(mk_range *range, mk_boundary **out);
+MK_API void mk_boundary_free(mk_boundary *boundary);
+/* The header of the boundary's current contents (rows == 0 while empty). */
+MK_API const mk_boundary_header *mk_boundary_header_of(const mk_boundary *boundary);
+MK_API mk_range *mk_boundary_range(const mk_boundary *boundary);
+/* Copy the payload to host memory: residual [rows, hidden] (waits for the range's stream). */
+MK_API mk_status mk_boundary_read(const mk_boundary *boundary, float *residual, size_t capacity_floats);
+
+/* The boundary contract on a header alone, exactly as the range applies it before any
+ * payload is accepted: role, normalized flag, schema version, architecture, tensor name,
+ * boundary point, next_layer, recipe digest, hidden width, dtype, rows within the range's
+ * max_batch_tokens and the sequence's context, first position continuing the sequence. */
+MK_API mk_status mk_range_check_boundary(const mk_range *range, const mk_sequence *seq,
+                                         const mk_boundary_header *header);
+
+/* mk_range_forward with boundaries in backend memory: `in` (a boundary of this range,
+ * validated and filled by a transport) or token ids; a non-tail range writes its raw
+ * residual into `out` (a boundary of this range), a tail range returns *out_tail. */
+MK_API mk_status mk_range_forward_boundary(mk_range *range, mk_sequence *seq, const int32_t *token_ids,
+                                           size_t n_tokens, const mk_boundary *in,
+                                           const mk_sampling_contract *sampling, mk_boundary *out,
+                                           mk_tail_output **out_tail);
+
 /* ================================================================== pipelines == */
 
 /* A model run as a chain of ranges in one process, one sequence in each range: the
@@ -398,6 +575,107 @@ MK_API mk_status mk_pipeline_step(mk_pipeline *pipeline, const int32_t *tokens, 
 MK_API mk_status mk_pipeline_reset(mk_pipeline *pipeline);
 /* Bytes that crossed seams on the wire so far. */
 MK_API size_t mk_pipeline_seam_bytes(const mk_pipeline *pipeline);
+/* Wall-clock seconds spent in range `index` (its forward passes, and for a range after a
+ * seam, receiving the bundle) over all steps so far; 0 for an index past the end. */
+MK_API double mk_pipeline_range_seconds(const mk_pipeline *pipeline, size_t index);
+
+/* ================================================================= generation == */
+
+typedef struct mk_generate_stats {
+    size_t n_prompt;      /* prompt tokens fed */
+    size_t n_generated;   /* tokens handed to the callback (the end-of-generation one excluded) */
+    bool stopped_at_eog;  /* true: an end-of-generation token came; false: max_new reached */
+    int32_t eog_token;    /* that token, or -1 */
+    double prefill_s;     /* the prompt's forward pass */
+    double decode_s;      /* every later forward pass */
+} mk_generate_stats;
+
+/* Receives each generated token and the logits [vocab] it was sampled from (valid during
+ * the call). A status other than MK_OK stops generation and is returned. */
+typedef mk_status (*mk_token_callback)(void *user, int32_t token, const float *logits, size_t vocab);
+
+/* Greedy generation through a pipeline, on whatever backend and split it was built with.
+ * The prompt continues the pipeline's sequence (so a chat keeps its KV cache from turn to
+ * turn). Sampling stops at the first token of the tokenizer's end-of-generation set (not
+ * passed to the callback; tok may be NULL for none) or after max_new tokens, whichever
+ * comes first. The last token sampled (the end-of-generation one, or the max_new-th) is
+ * not fed back: the sequence then holds the prompt and all generated tokens but the last.
+ * A prompt longer than the context fails with MK_ERR_CONTEXT_OVERFLOW before any
+ * decoding. stats may be NULL. */
+MK_API mk_status mk_pipeline_generate(mk_pipeline *pipeline, const mk_tokenizer *tok, const int32_t *prompt,
+                                      size_t n_prompt, size_t max_new, mk_token_callback callback, void *user,
+                                      mk_generate_stats *stats);
+
+/* ====================================================================== seams == */
+
+/* How the boundary crosses a seam:
+ *   LOCAL  same process: device-to-device copy into the receiver's buffer (memcpy on cpu)
+ *   WIRE   same process: the TensorBundle packed to bytes and unpacked (host-staged)
+ *   UNIX   a Unix-domain stream socket: pinned staging -> TensorBundle -> framed bytes
+ *   TCP    the same over TCP (loopback unless an address says otherwise) */
+typedef enum mk_seam_kind { MK_SEAM_LOCAL = 1, MK_SEAM_WIRE, MK_SEAM_UNIX, MK_SEAM_TCP } mk_seam_kind;
+MK_API mk_status mk_seam_kind_from_name(const char *name, mk_seam_kind *out);
+MK_API const char *mk_seam_kind_name(mk_seam_kind kind);
+
+typedef struct mk_seam_tls {
+    bool enabled;
+    /* TLS 1.3 external pre-shared key (hex, >= 32 bytes) and its identity; or
+     * certificates: this end's cert + key (PEM files) and the CA that signs the peer's. */
+    const char *psk_hex;
+    const char *psk_identity;   /* NULL = "meshkern" */
+    const char *cert_file, *key_file, *ca_file;
+} mk_seam_tls;
+
+typedef struct mk_seam_options {
+    mk_seam_kind kind;
+    /* UNIX: a socket path (NULL in mk_seam_pair: an unnamed socketpair). TCP: "HOST:PORT";
+     * a listener binds 127.0.0.1 unless HOST says otherwise (port 0: any free port). */
+    const char *address;
+    int connect_timeout_ms;     /* 0 = 5000 */
+    int io_timeout_ms;          /* per frame read or write; 0 = 30000 */
+    mk_seam_tls tls;
+} mk_seam_options;
+MK_API mk_seam_options mk_seam_options_default(mk_seam_kind kind);
+
+/* One end of a seam. A sending end belongs to the range that produces the boundary, a
+ * receiving end to the range that consumes it: the receiver's limits (hidden width,
+ * max_batch_tokens) bound what it reads, never the sender's word. */
+typedef struct mk_seam mk_seam;
+typedef struct mk_seam_listener mk_seam_listener;
+
+/* Both ends in this process (local, wire, or a stream over a socketpair / loopback TCP
+ * connection). The ranges may sit on different devices. Free both with mk_seam_free. */
+MK_API mk_status mk_seam_pair(const mk_seam_options *options, mk_range *sender, mk_range *receiver,
+                              mk_seam **send_end, mk_seam **recv_end);
+/* Stream ends across processes: listen (bound before return), accept one sender within
+ * the connect deadline; or connect to a listener. */
+MK_API mk_status mk_seam_listen(const mk_seam_options *options, mk_seam_listener **out);
+/* The bound address ("127.0.0.1:40123", or the socket path); owned by the listener. */
+MK_API const char *mk_seam_listener_address(const mk_seam_listener *listener);
+MK_API mk_status mk_seam_accept(mk_seam_listener *listener, mk_range *receiver, mk_seam **out);
+MK_API void mk_seam_listener_free(mk_seam_listener *listener);
+MK_API mk_status mk_seam_connect(const mk_seam_options *options, mk_range *sender, mk_seam **out);
+MK_API void mk_seam_free(mk_seam *seam);
+
+/* Send a boundary of the sending range. Stream transports stage and pack on the calling
+ * thread and write from the seam's own I/O thread: the call returns once the frame is
+ * handed over; mk_seam_send_wait gives the write's status (the next send waits too). */
+MK_API mk_status mk_seam_send(mk_seam *seam, const mk_boundary *boundary);
+MK_API mk_status mk_seam_send_wait(mk_seam *seam);
+/* Receive into a boundary of the receiving range, for `seq`: the header is checked with
+ * mk_range_check_boundary before the payload is accepted; residuals with NaN/Inf are
+ * refused (MK_ERR_NONFINITE) on host-staged transports. */
+MK_API mk_status mk_seam_recv(mk_seam *seam, const mk_sequence *seq, mk_boundary *into);
+/* Bytes moved and seconds spent in send + recv on this end. */
+MK_API size_t mk_seam_bytes(const mk_seam *seam);
+MK_API double mk_seam_seconds(const mk_seam *seam);
+
+/* A pipeline whose seams use the given transport (mk_pipeline_create's through_wire is
+ * WIRE when true, LOCAL when false). Seam time and bytes: mk_pipeline_seam_seconds. */
+MK_API mk_status mk_pipeline_create_seamed(const mk_model *model, const int64_t *cuts, size_t n_cuts,
+                                           const mk_range_options *options, const mk_seam_options *seam,
+                                           mk_pipeline **out);
+MK_API double mk_pipeline_seam_seconds(const mk_pipeline *pipeline);
 
 
 /* ========================================================= placed pipelines == */

@@ -11,7 +11,6 @@
 
 #include "mk_kernels_common.cuh"
 
-#include "cpu_ops.h" /* MK_MAX_HEAD_DIM */
 
 #define DEC_CHUNK 256
 #define DEC_THREADS 128

@@ -15,7 +15,6 @@
 
 #include "mk_kernels_common.cuh"
 
-#include "cpu_ops.h" /* MK_MAX_HEAD_DIM */
 
 #define PF_BQ 16
 #define PF_BK 32

@@ -14,11 +14,8 @@
 
 #include "meshkern.h"
 
-#if defined(MK_CUDASIM)
-#include "cudasim.h"
-#else
+/* The runtime's types (cudaStream_t); under cudasim the same header supplies them. */
 #include <cuda_runtime_api.h>
-#endif
 
 #ifdef __cplusplus
 extern "C" {

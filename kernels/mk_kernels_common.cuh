@@ -10,7 +10,7 @@
 #include <stdint.h>
 
 #include "kernels.h"
-#include "mk_error.h"
+#include "mk_error.h" /* common/: the library's per-thread error record, shared with host */
 
 #define MK_WARP 32
 

@@ -7,7 +7,6 @@
 
 #include "mk_kernels_common.cuh"
 
-#include "cpu_ops.h" /* MK_MAX_HEAD_DIM */
 
 static __global__ void rope_kernel(float *__restrict__ x /* [rows, heads, head_dim] */,
                                    const int32_t *__restrict__ positions /* [rows] */, size_t heads, int head_dim,

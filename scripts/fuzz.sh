@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Fuzz the parsers of untrusted input (wire bundles, GGUF files) with libFuzzer + ASan +
-# UBSan, SECONDS seconds each (default 60). Seeds: a packed bundle and the GGUF test
-# fixtures. Needs clang and its runtime (Debian: clang, libclang-rt-14-dev).
+# Fuzz the parsers of untrusted input (wire bundles, seam frames, GGUF files) and the
+# tokenizer's encoder (arbitrary bytes in) with libFuzzer + ASan + UBSan, SECONDS seconds
+# each (default 60). Seeds: a packed bundle, real frame bodies, the GGUF test fixtures, and
+# for the encoder the golden strings. MK_FUZZ_SMOLLM2=models/SmolLM2-135M-Instruct.Q4_1.gguf
+# adds SmolLM2's tokenizer. Needs clang and its runtime (Debian: clang, libclang-rt-14-dev).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -10,13 +12,30 @@ BUILD=build-fuzz
 CC=clang cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMESHKERN_CUDA=OFF -DMESHKERN_TESTS=OFF \
   -DCMAKE_C_FLAGS="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined" >/dev/null
 ninja -C "$BUILD" meshkern_core >/dev/null
-LIBS=("$BUILD/host/libmeshkern_core.a" "$BUILD/proto/libmeshkern_proto.a" -lprotobuf-c -lopenblas -lcrypto -lm -lpthread)
-for target in bundle gguf; do
-  clang -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Iinclude -Ihost \
+LIBS=("$BUILD/host/libmeshkern_core.a" "$BUILD/proto/libmeshkern_proto.a" -lprotobuf-c -lpcre2-8 -lopenblas -lssl -lcrypto -lm -lpthread)
+for target in bundle frame gguf tokenizer; do
+  clang -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Iinclude -Icommon -Ihost -I"$BUILD/proto" \
     "tests/fuzz/fuzz_$target.c" "${LIBS[@]}" -o "$BUILD/fuzz_$target"
   corpus="$BUILD/corpus_$target"
   mkdir -p "$corpus"
-  if [ "$target" = gguf ]; then cp tests/fixtures/dequant/*.gguf "$corpus/" 2>/dev/null || true; fi
+  if [ "$target" = gguf ]; then cp tests/fixtures/dequant/*.gguf tests/fixtures/tokenizer/*.gguf "$corpus/" 2>/dev/null || true; fi
+  if [ "$target" = tokenizer ] && [ -f tests/fixtures/tokenizer/goldens.tsv ]; then
+    # seeds: each golden string behind a selector byte (tokenizer and flags)
+    python3 - "$corpus" <<'PY'
+import sys, os
+out = sys.argv[1]
+for i, line in enumerate(open("tests/fixtures/tokenizer/goldens.tsv")):
+    cols = line.rstrip("\n").split("\t")
+    if len(cols) == 5 and i % 4 == 0:
+        open(os.path.join(out, f"g{i}"), "wb").write(bytes([i % 64]) + bytes.fromhex(cols[3]))
+PY
+  fi
+  # Seeds for the frame decoder: real frame bodies of a few shapes (meshkern run writes none,
+  # so a small program packs them through the public API).
+  if [ "$target" = frame ] && [ -z "$(ls -A "$corpus")" ]; then
+    clang -Iinclude tests/fuzz/seed_frame.c "${LIBS[@]}" -fsanitize=address,undefined -o "$BUILD/seed_frame"
+    "$BUILD/seed_frame" "$corpus"
+  fi
   echo "== fuzz_$target for ${SECONDS_EACH}s"
   "$BUILD/fuzz_$target" -max_total_time="$SECONDS_EACH" -max_len=65536 -rss_limit_mb=2048 "$corpus" 2>&1 | tail -3
 done

@@ -3,12 +3,80 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
+#include <strings.h>
+#include <unistd.h>
 #include <vector>
 
 #include "meshkern.h"
+
+// ====================================================================== skips ==
+// One rule for every conditional skip in the suite: a test may skip only when its
+// prerequisite is *absent*, and only where absence is allowed.
+//  - The default model (or MESHKERN_MODEL) missing: a skip on a developer's machine, a
+//    failure under CI (CI=true) or MESHKERN_REQUIRE_MODEL=1 (scripts/test.sh sets it).
+//  - A model file that is present but does not open is always a failure: a corrupt file
+//    or a loader regression must never read as a green skip.
+//  - Device tests (MK_REQUIRE_DEVICE, with the CUDA runtime header included first) skip
+//    only when cudaGetDeviceCount says there is no device; any other answer fails.
+
+inline bool mk_test_env_true(const char *name) {
+    const char *v = std::getenv(name);
+    return v && (std::strcmp(v, "1") == 0 || strcasecmp(v, "true") == 0 || strcasecmp(v, "yes") == 0);
+}
+
+inline bool mk_test_model_required() { return mk_test_env_true("CI") || mk_test_env_true("MESHKERN_REQUIRE_MODEL"); }
+
+// The SmolLM2 model the suites run: MESHKERN_MODEL if set, else the fetched default.
+inline std::string mk_test_model_path() {
+    if (const char *p = std::getenv("MESHKERN_MODEL"); p && *p) return p;
+#if defined(MK_SOURCE_DIR)
+    return std::string(MK_SOURCE_DIR) + "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+#else
+    return "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+#endif
+}
+
+inline bool mk_test_file_present(const std::string &path) { return access(path.c_str(), F_OK) == 0; }
+
+// In a test body or SetUp: returns from it with a skip (developer machine) or a failure
+// (CI / MESHKERN_REQUIRE_MODEL=1) when `path` does not exist. Whatever follows must
+// ASSERT that the present file opens.
+#define MK_REQUIRE_MODEL_FILE(path)                                                                            \
+    do {                                                                                                      \
+        const std::string mk_model_path_ = (path);                                                            \
+        if (!mk_test_file_present(mk_model_path_)) {                                                          \
+            if (mk_test_model_required())                                                                     \
+                FAIL() << mk_model_path_ << " is missing and required here (CI or MESHKERN_REQUIRE_MODEL=1)"; \
+            GTEST_SKIP() << mk_model_path_ << " not present: run scripts/fetch_model.sh";                     \
+        }                                                                                                     \
+    } while (0)
+
+#if defined(__CUDA_RUNTIME_API_H__)
+// Number of CUDA devices; 0 only when the runtime says there are none (no device, or no
+// driver on a machine without an NVIDIA device node). Any other error goes to *error.
+inline int mk_test_device_count(std::string *error) {
+    int n = 0;
+    const cudaError_t e = cudaGetDeviceCount(&n);
+    if (e == cudaSuccess) return n;
+    (void)cudaGetLastError();
+    if (e == cudaErrorNoDevice) return 0;
+    if (e == cudaErrorInsufficientDriver && access("/dev/nvidiactl", F_OK) != 0) return 0;
+    *error = std::string("cudaGetDeviceCount: ") + cudaGetErrorName(e) + ": " + cudaGetErrorString(e);
+    return 0;
+}
+
+#define MK_REQUIRE_DEVICE()                                                  \
+    do {                                                                     \
+        std::string mk_device_error_;                                        \
+        const int mk_devices_ = mk_test_device_count(&mk_device_error_);     \
+        if (!mk_device_error_.empty()) FAIL() << mk_device_error_;           \
+        if (mk_devices_ == 0) GTEST_SKIP() << "no CUDA device";              \
+    } while (0)
+#endif
 
 #define MK_ASSERT_OK(expr)                                                          \
     do {                                                                            \
@@ -16,6 +84,21 @@
         ASSERT_EQ(mk_assert_status_, MK_OK) << #expr << ": " << mk_status_name(mk_assert_status_) \
                                             << ": " << mk_last_error();            \
     } while (0)
+
+// A failing call: the expected status, and a message of its own that names the problem
+// (`needle` is a part specific to the case; a stale or generic message does not pass).
+inline ::testing::AssertionResult mk_error_is(const char *expr_text, mk_status got, mk_status want, const char *needle) {
+    const std::string message = mk_last_error();
+    if (got != want)
+        return ::testing::AssertionFailure() << expr_text << ": got " << mk_status_name(got) << ", want "
+                                             << mk_status_name(want) << " (message: '" << message << "')";
+    if (message.find(needle) == std::string::npos)
+        return ::testing::AssertionFailure() << expr_text << ": message '" << message << "' does not name '" << needle
+                                             << "'";
+    return ::testing::AssertionSuccess();
+}
+#define EXPECT_ERROR(expr, want, needle) EXPECT_TRUE(mk_error_is(#expr, (expr), (want), (needle)))
+#define ASSERT_ERROR(expr, want, needle) ASSERT_TRUE(mk_error_is(#expr, (expr), (want), (needle)))
 
 struct ModelDeleter { void operator()(mk_model *m) const { mk_model_free(m); } };
 struct RangeDeleter { void operator()(mk_range *r) const { mk_range_free(r); } };
@@ -61,6 +144,14 @@ class Pipeline {
         status_ = mk_pipeline_create(model, cuts.data(), cuts.size(), &options, through_wire, &p);
         pipeline_.reset(p);
     }
+    // Every seam over the given transport.
+    Pipeline(const mk_model *model, const std::vector<int64_t> &cuts, mk_range_options options,
+             const mk_seam_options &seam) {
+        mk_pipeline *p = nullptr;
+        status_ = mk_pipeline_create_seamed(model, cuts.data(), cuts.size(), &options, &seam, &p);
+        pipeline_.reset(p);
+    }
+    mk_pipeline *get() { return pipeline_.get(); }
     mk_status status() const { return status_; }
     mk_range *range(size_t i) { return mk_pipeline_range(pipeline_.get(), i); }
     mk_status step(const std::vector<int32_t> &tokens, TailPtr *out) {
@@ -102,11 +193,26 @@ struct Decode {
     std::vector<int32_t> tokens;
 };
 
+inline Decode decode_greedy_on(Pipeline &p, const std::vector<int32_t> &prompt, size_t n_steps,
+                               const std::vector<int32_t> *forced = nullptr);
+
 inline Decode decode_greedy(const mk_model *model, const std::vector<int64_t> &cuts, const mk_range_options &options,
                             const std::vector<int32_t> &prompt, size_t n_steps,
                             const std::vector<int32_t> *forced = nullptr) {
-    Decode d;
     Pipeline p(model, cuts, options);
+    return decode_greedy_on(p, prompt, n_steps, forced);
+}
+
+// The same through a given seam transport.
+inline Decode decode_greedy_seam(const mk_model *model, const std::vector<int64_t> &cuts, const mk_range_options &options,
+                                 const mk_seam_options &seam, const std::vector<int32_t> &prompt, size_t n_steps) {
+    Pipeline p(model, cuts, options, seam);
+    return decode_greedy_on(p, prompt, n_steps);
+}
+
+inline Decode decode_greedy_on(Pipeline &p, const std::vector<int32_t> &prompt, size_t n_steps,
+                               const std::vector<int32_t> *forced) {
+    Decode d;
     EXPECT_EQ(p.status(), MK_OK) << mk_status_name(p.status()) << ": " << mk_last_error();
     if (p.status() != MK_OK) return d;
     std::vector<int32_t> next = prompt;

@@ -91,8 +91,8 @@ TEST_P(Uncertified, FailsClosed) {
     const char *name = GetParam();
     EXPECT_FALSE(mk_is_certified_architecture(name));
     mk_architecture arch;
-    EXPECT_EQ(mk_certified_architecture(name, &arch), MK_ERR_UNCERTIFIED_ARCHITECTURE);
-    EXPECT_NE(std::string(mk_last_error()).find("uncertified architecture"), std::string::npos);
+    const std::string needle = std::string("uncertified architecture '") + (name ? name : "(null)") + "'";
+    EXPECT_ERROR(mk_certified_architecture(name, &arch), MK_ERR_UNCERTIFIED_ARCHITECTURE, needle.c_str());
 }
 
 INSTANTIATE_TEST_SUITE_P(Names, Uncertified,
@@ -103,11 +103,13 @@ TEST(Certification, AdapterConstructionFailsClosedForUncertifiedBackend) {
     mk_range_options opt = mk_range_options_default();
     opt.architecture = "qwen3-moe";
     mk_range *r = nullptr;
-    EXPECT_EQ(mk_range_create(model.get(), 0, 2, &opt, &r), MK_ERR_UNCERTIFIED_ARCHITECTURE);
+    EXPECT_ERROR(mk_range_create(model.get(), 0, 2, &opt, &r), MK_ERR_UNCERTIFIED_ARCHITECTURE,
+                 "uncertified architecture 'qwen3-moe'");
     EXPECT_EQ(r, nullptr);
     // A model that itself advertises an uncertified architecture fails the same way.
     ModelPtr qwen = make_random_model(mk_hparams_seed_default(), 1, "qwen3");
-    EXPECT_EQ(mk_range_create(qwen.get(), 0, 2, nullptr, &r), MK_ERR_UNCERTIFIED_ARCHITECTURE);
+    EXPECT_ERROR(mk_range_create(qwen.get(), 0, 2, nullptr, &r), MK_ERR_UNCERTIFIED_ARCHITECTURE,
+                 "uncertified architecture 'qwen3'");
 }
 
 // --------------------------------------------------------------------- roles ---
@@ -132,10 +134,10 @@ TEST(Roles, Classification) {
 
 TEST(Roles, InvalidRangesAreRefused) {
     mk_role role;
-    EXPECT_EQ(mk_role_for_range(-1, 2, 6, &role), MK_ERR_INVALID_RANGE);
-    EXPECT_EQ(mk_role_for_range(3, 2, 6, &role), MK_ERR_INVALID_RANGE);
-    EXPECT_EQ(mk_role_for_range(4, 6, 6, &role), MK_ERR_INVALID_RANGE);
-    EXPECT_EQ(mk_role_for_range(0, 0, 0, &role), MK_ERR_INVALID_RANGE);
+    EXPECT_ERROR(mk_role_for_range(-1, 2, 6, &role), MK_ERR_INVALID_RANGE, "[-1, 2] is empty or inverted");
+    EXPECT_ERROR(mk_role_for_range(3, 2, 6, &role), MK_ERR_INVALID_RANGE, "[3, 2] is empty or inverted");
+    EXPECT_ERROR(mk_role_for_range(4, 6, 6, &role), MK_ERR_INVALID_RANGE, "[4, 6] lies outside the model (6 layers)");
+    EXPECT_ERROR(mk_role_for_range(0, 0, 0, &role), MK_ERR_INVALID_RANGE, "model has no layers");
 }
 
 // -------------------------------------------------------------- input side ---
@@ -160,10 +162,10 @@ TEST(InputSide, MiddleAndTailBypassEmbeddingAndRequireTheBundle) {
         const int32_t ids[] = {1, 2, 3};
         mk_bundle *b = nullptr;
         mk_tail_output *t = nullptr;
-        EXPECT_EQ(mk_range_forward(range.get(), seq.get(), ids, 3, nullptr, nullptr, &b, &t), MK_ERR_BYPASS_EMBEDDING);
-        EXPECT_NE(std::string(mk_last_error()).find("bypass token embedding"), std::string::npos);
-        EXPECT_EQ(mk_range_forward(range.get(), seq.get(), nullptr, 0, nullptr, nullptr, &b, &t), MK_ERR_BUNDLE_REQUIRED);
-        EXPECT_NE(std::string(mk_last_error()).find("must receive the named boundary bundle"), std::string::npos);
+        EXPECT_ERROR(mk_range_forward(range.get(), seq.get(), ids, 3, nullptr, nullptr, &b, &t), MK_ERR_BYPASS_EMBEDDING,
+                     "bypass token embedding");
+        EXPECT_ERROR(mk_range_forward(range.get(), seq.get(), nullptr, 0, nullptr, nullptr, &b, &t),
+                     MK_ERR_BUNDLE_REQUIRED, "must receive the named boundary bundle");
         EXPECT_EQ(b, nullptr);
         EXPECT_EQ(t, nullptr);
         EXPECT_EQ(mk_sequence_length(seq.get()), 0u);
@@ -175,11 +177,16 @@ TEST(InputSide, BoundarySeamLayerMismatchIsRejected) {
     RangePtr head = make_range(model.get(), 0, 2);
     BundlePtr bundle = head_forward(head.get(), {1, 2, 3});
     ASSERT_TRUE(bundle);
-    EXPECT_EQ(bundle->next_layer, 3);
+    EXPECT_EQ(mk_bundle_header(bundle.get())->next_layer, 3);
     RangePtr wrong = make_range(model.get(), 4, 5);
     std::string msg;
     EXPECT_EQ(forward_bundle(wrong.get(), bundle.get(), &msg), MK_ERR_SEAM_MISMATCH);
     EXPECT_NE(msg.find("starts at layer 4"), std::string::npos) << msg;
+    // A range that starts before the cut (it would run layers the bundle already went
+    // through) is refused too, not only one that starts after it.
+    RangePtr behind = make_range(model.get(), 2, 5);
+    EXPECT_EQ(forward_bundle(behind.get(), bundle.get(), &msg), MK_ERR_SEAM_MISMATCH);
+    EXPECT_NE(msg.find("starts at layer 2"), std::string::npos) << msg;
 }
 
 TEST(InputSide, NormalizedBundleIsRejected) {
@@ -190,7 +197,9 @@ TEST(InputSide, NormalizedBundleIsRejected) {
     mk_bundle *copy = nullptr;
     MK_ASSERT_OK(mk_bundle_clone(bundle.get(), &copy));
     BundlePtr normalized(copy);
-    normalized->normalized = true;
+    mk_boundary_header marked = *mk_bundle_header(normalized.get());
+    marked.normalized = true;
+    MK_ASSERT_OK(mk_bundle_set_header(normalized.get(), &marked));
     RangePtr tail = make_range(model.get(), 3, 5);
     std::string msg;
     EXPECT_EQ(forward_bundle(tail.get(), normalized.get(), &msg), MK_ERR_NORMALIZED_BUNDLE);
@@ -198,8 +207,9 @@ TEST(InputSide, NormalizedBundleIsRejected) {
     // The flag survives the wire, and the receiver still refuses it.
     BundlePtr received = through_wire(normalized.get());
     ASSERT_TRUE(received);
-    EXPECT_TRUE(received->normalized);
+    EXPECT_TRUE(mk_bundle_header(received.get())->normalized);
     EXPECT_EQ(forward_bundle(tail.get(), received.get(), &msg), MK_ERR_NORMALIZED_BUNDLE);
+    EXPECT_NE(msg.find("UNNORMALIZED"), std::string::npos) << msg;
 }
 
 // ------------------------------------------------------------- output side ---
@@ -248,18 +258,21 @@ TEST(OutputSide, NonTailEmitsUnnormalizedFullRowBoundary) {
     RangePtr head = make_range(model.get(), 0, 2);
     BundlePtr bundle = head_forward(head.get(), tokens);
     ASSERT_TRUE(bundle);
-    EXPECT_FALSE(bundle->normalized);
-    EXPECT_STREQ(bundle->tensor_name, "residual_stream");
-    EXPECT_EQ(bundle->schema_version, MK_BOUNDARY_SCHEMA_VERSION);
-    EXPECT_EQ(bundle->next_layer, 3);
-    EXPECT_EQ(bundle->batch, 1u);
-    EXPECT_EQ(bundle->seq, tokens.size());
-    EXPECT_EQ(bundle->hidden, hp.hidden);
-    for (size_t i = 0; i < tokens.size(); i++) EXPECT_EQ(bundle->positions[i], (int32_t)i);
-    EXPECT_STREQ(bundle->recipe_digest, mk_range_recipe_digest(head.get()));
+    const mk_boundary_header *h = mk_bundle_header(bundle.get());
+    EXPECT_FALSE(h->normalized);
+    EXPECT_STREQ(h->tensor_name, "residual_stream");
+    EXPECT_EQ(h->schema_version, MK_BOUNDARY_SCHEMA_VERSION);
+    EXPECT_EQ(h->next_layer, 3);
+    EXPECT_EQ(h->batch, 1u);
+    EXPECT_EQ(h->rows, tokens.size());
+    EXPECT_EQ(h->hidden, hp.hidden);
+    EXPECT_EQ(h->position, 0);
+    EXPECT_EQ(h->dtype, MK_DTYPE_F32);
+    for (size_t i = 0; i < tokens.size(); i++) EXPECT_EQ(mk_bundle_positions(bundle.get())[i], (int32_t)i);
+    EXPECT_STREQ(h->recipe_digest, mk_range_recipe_digest(head.get()));
 
     const std::vector<float> direct = direct_residual(model.get(), tokens, 3);
-    const std::vector<float> emitted(bundle->residual, bundle->residual + direct.size());
+    const std::vector<float> emitted(mk_bundle_residual(bundle.get()), mk_bundle_residual(bundle.get()) + direct.size());
     EXPECT_TRUE(bit_identical(emitted, direct));
 
     std::vector<float> final_ln(hp.hidden), normed(direct.size());
@@ -291,10 +304,12 @@ TEST(OutputSide, TailEmitsPrunedLogitsThroughTheSamplingContract) {
 
 TEST(OutputSide, SamplingContractRejectsUncertifiedModes) {
     mk_sampling_contract c;
-    EXPECT_EQ(mk_sampling_contract_from_name(&c, "top_p"), MK_ERR_UNCERTIFIED_SAMPLING);
-    EXPECT_EQ(mk_sampling_contract_init(&c, MK_SAMPLING_TOP_K), MK_ERR_UNCERTIFIED_SAMPLING);
-    EXPECT_EQ(mk_sampling_contract_init(&c, MK_SAMPLING_TEMPERATURE), MK_ERR_UNCERTIFIED_SAMPLING);
-    EXPECT_EQ(mk_sampling_contract_from_name(&c, "nucleus"), MK_ERR_UNCERTIFIED_SAMPLING);
+    EXPECT_ERROR(mk_sampling_contract_from_name(&c, "top_p"), MK_ERR_UNCERTIFIED_SAMPLING, "'top_p' is not certified");
+    EXPECT_ERROR(mk_sampling_contract_init(&c, MK_SAMPLING_TOP_K), MK_ERR_UNCERTIFIED_SAMPLING, "'top_k' is not certified");
+    EXPECT_ERROR(mk_sampling_contract_init(&c, MK_SAMPLING_TEMPERATURE), MK_ERR_UNCERTIFIED_SAMPLING,
+                 "'temperature' is not certified");
+    EXPECT_ERROR(mk_sampling_contract_from_name(&c, "nucleus"), MK_ERR_UNCERTIFIED_SAMPLING,
+                 "unknown sampling mode 'nucleus'");
     MK_ASSERT_OK(mk_sampling_contract_from_name(&c, "greedy"));
     EXPECT_EQ(c.mode, MK_SAMPLING_GREEDY);
     // The executor refuses an uncertified contract too.
@@ -306,7 +321,8 @@ TEST(OutputSide, SamplingContractRejectsUncertifiedModes) {
     const mk_sampling_contract top_p = {MK_SAMPLING_TOP_P};
     const int32_t ids[] = {1, 2};
     mk_tail_output *t = nullptr;
-    EXPECT_EQ(mk_range_forward(full.get(), seq.get(), ids, 2, nullptr, &top_p, nullptr, &t), MK_ERR_UNCERTIFIED_SAMPLING);
+    EXPECT_ERROR(mk_range_forward(full.get(), seq.get(), ids, 2, nullptr, &top_p, nullptr, &t), MK_ERR_UNCERTIFIED_SAMPLING,
+                 "top_p");
     EXPECT_EQ(t, nullptr);
 }
 
@@ -348,13 +364,16 @@ TEST(Wire, BoundaryBundleRoundTripIsExact) {
     ASSERT_TRUE(bundle);
     BundlePtr restored = through_wire(bundle.get());
     ASSERT_TRUE(restored);
-    const size_t n = bundle->batch * bundle->seq * bundle->hidden;
-    EXPECT_EQ(std::memcmp(restored->residual, bundle->residual, n * sizeof(float)), 0);
-    EXPECT_EQ(std::memcmp(restored->positions, bundle->positions, bundle->seq * sizeof(int32_t)), 0);
-    EXPECT_EQ(restored->next_layer, bundle->next_layer);
-    EXPECT_STREQ(restored->architecture_adapter, bundle->architecture_adapter);
-    EXPECT_STREQ(restored->recipe_digest, bundle->recipe_digest);
-    EXPECT_EQ(restored->normalized, bundle->normalized);
+    const mk_boundary_header *sent = mk_bundle_header(bundle.get()), *got = mk_bundle_header(restored.get());
+    const size_t n = sent->batch * sent->rows * sent->hidden;
+    EXPECT_EQ(std::memcmp(mk_bundle_residual(restored.get()), mk_bundle_residual(bundle.get()), n * sizeof(float)), 0);
+    EXPECT_EQ(std::memcmp(mk_bundle_positions(restored.get()), mk_bundle_positions(bundle.get()), sent->rows * sizeof(int32_t)), 0);
+    EXPECT_EQ(got->next_layer, sent->next_layer);
+    EXPECT_STREQ(got->adapter, sent->adapter);
+    EXPECT_STREQ(got->recipe_digest, sent->recipe_digest);
+    EXPECT_EQ(got->normalized, sent->normalized);
+    EXPECT_EQ(got->step, sent->step);
+    EXPECT_EQ(got->position, sent->position);
 
     mk_tensor_fields fields;
     MK_ASSERT_OK(mk_bundle_tensor_fields(bundle.get(), &fields));
@@ -389,3 +408,46 @@ TEST(Parity, AliasArchitectureStillParityMatches) {
 }
 
 }  // namespace
+
+// ------------------------------------------------------------ option structs ---
+
+// Option structs carry struct_size (include/meshkern.h): *_default() sets it, a struct not
+// made by *_default() (struct_size 0) or from a newer header (larger) is refused, and a
+// caller of an older version (smaller, but at least the first versioned layout) is served.
+TEST(OptionStructs, StructSizeIsSetByDefaultAndChecked) {
+    const mk_range_options d = mk_range_options_default();
+    EXPECT_EQ(d.struct_size, sizeof(mk_range_options));
+    EXPECT_EQ(d.backend.struct_size, sizeof(mk_backend_config));
+    EXPECT_EQ(mk_backend_config_default(MK_BACKEND_CUDA).struct_size, sizeof(mk_backend_config));
+
+    ModelPtr model = make_random_model(mk_hparams_seed_default());
+    mk_range *r = nullptr;
+    mk_range_options zeroed;
+    std::memset(&zeroed, 0, sizeof zeroed);
+    EXPECT_ERROR(mk_range_create(model.get(), 0, 5, &zeroed, &r), MK_ERR_INVALID_ARGUMENT,
+                 "mk_range_options.struct_size 0 is not a version this meshkern knows");
+    EXPECT_EQ(r, nullptr);
+    mk_range_options newer = mk_range_options_default();
+    newer.struct_size = sizeof newer + 8;
+    EXPECT_ERROR(mk_range_create(model.get(), 0, 5, &newer, &r), MK_ERR_INVALID_ARGUMENT, "start from mk_range_options_default()");
+    mk_range_options no_backend_size = mk_range_options_default();
+    no_backend_size.backend.struct_size = 0;
+    EXPECT_ERROR(mk_range_create(model.get(), 0, 5, &no_backend_size, &r), MK_ERR_INVALID_ARGUMENT,
+                 "mk_backend_config.struct_size 0");
+    EXPECT_ERROR(Pipeline(model.get(), {2}, zeroed).status(), MK_ERR_INVALID_ARGUMENT, "mk_range_options.struct_size 0");
+
+    // An older caller's struct ends after its last field (no tail padding): accepted, and
+    // its fields are honoured.
+    mk_range_options older = mk_range_options_default();
+    older.max_context = 16;
+    older.struct_size = offsetof(mk_range_options, max_batch_tokens) + sizeof(size_t);
+    MK_ASSERT_OK(mk_range_create(model.get(), 0, 5, &older, &r));
+    RangePtr range(r);
+    mk_sequence *s = nullptr;
+    MK_ASSERT_OK(mk_sequence_open(range.get(), &s));
+    SequencePtr seq(s);
+    std::vector<int32_t> ids(17, 3);
+    mk_tail_output *t = nullptr;
+    EXPECT_ERROR(mk_range_forward(range.get(), s, ids.data(), ids.size(), nullptr, nullptr, nullptr, &t),
+                 MK_ERR_CONTEXT_OVERFLOW, "plus 17 rows exceeds max_context 16");
+}

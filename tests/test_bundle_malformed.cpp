@@ -104,7 +104,7 @@ TEST_F(MalformedBundle, TruncatedBytesAreRefusedAtEveryLength) {
         std::string msg;
         const mk_status s = unpack(prefix, &msg);
         ASSERT_NE(s, MK_OK) << "prefix of " << len << " bytes was accepted";
-        ASSERT_FALSE(msg.empty());
+        ASSERT_TRUE(msg.find("bundle") != std::string::npos || msg.find("tensor") != std::string::npos) << msg;
         seen.insert(s);
     }
     EXPECT_TRUE(seen.count(MK_ERR_WIRE_DECODE));
@@ -146,52 +146,63 @@ TEST_F(MalformedBundle, EveryMissingFieldIsNamed) {
 
 TEST_F(MalformedBundle, EachCorruptionHasItsOwnStatus) {
     std::map<std::string, mk_status> got;
+    std::map<std::string, std::string> said;
     std::string msg;
-    got["data length"] = unpack(mutated([](auto *m) { m->tensors[0]->data.len -= 4; }), &msg);
-    EXPECT_NE(msg.find("data bytes"), std::string::npos) << msg;
-    got["shape overflow"] = unpack(mutated([](auto *m) {
-                                       kShape[0] = 1ull << 40;
-                                       kShape[1] = 1ull << 40;
-                                       kShape[2] = 32;
-                                       std::swap(m->tensors[0]->shape, kShapePtr);
-                                   }),
-                                   &msg);
-    got["schema version"] = unpack(mutated([](auto *m) { m->schema_version = 2; }), &msg);
-    EXPECT_NE(msg.find("schema version 2"), std::string::npos) << msg;
-    got["positions shape"] = unpack(mutated([](auto *m) { m->positions->shape[1] = 2; m->positions->data.len = 8; }), &msg);
-    got["dtype"] = unpack(mutated([](auto *m) { m->tensors[0]->dtype = (Meshkern__V1__DType)99; }), &msg);
-    got["byte order"] = unpack(mutated([](auto *m) { m->tensors[0]->byte_order = MESHKERN__V1__BYTE_ORDER__BYTE_ORDER_BIG; }), &msg);
-    got["rank"] = unpack(mutated([](auto *m) { m->tensors[0]->n_shape = 2; m->tensors[0]->shape[1] *= 32; }), &msg);
-    got["tensor name"] = unpack(mutated([](auto *m) { m->tensors[0]->name[0] = 'X'; }), &msg);
-    got["boundary point"] = unpack(mutated([](auto *m) { m->boundary_point[0] = 'X'; }), &msg);
-    got["architecture kind"] = unpack(mutated([](auto *m) { m->architecture = MESHKERN__V1__ARCHITECTURE_TYPE__ARCHITECTURE_TYPE_MOE; }), &msg);
-    got["uncertified adapter"] = unpack(mutated([](auto *m) { m->adapter[0] = 'X'; }), &msg);
-    got["random bytes"] = unpack(std::vector<uint8_t>{0xff, 0xff, 0xff, 0xff, 0x0f, 0x12}, &msg);
+    auto note = [&](const char *name, mk_status s) {
+        got[name] = s;
+        said[name] = msg;
+    };
+    note("data length", unpack(mutated([](auto *m) { m->tensors[0]->data.len -= 4; }), &msg));
+    note("shape overflow", unpack(mutated([](auto *m) {
+                                      kShape[0] = 1ull << 40;
+                                      kShape[1] = 1ull << 40;
+                                      kShape[2] = 32;
+                                      std::swap(m->tensors[0]->shape, kShapePtr);
+                                  }),
+                                  &msg));
+    note("schema version", unpack(mutated([](auto *m) { m->schema_version = 2; }), &msg));
+    note("positions shape", unpack(mutated([](auto *m) { m->positions->shape[1] = 2; m->positions->data.len = 8; }), &msg));
+    note("dtype", unpack(mutated([](auto *m) { m->tensors[0]->dtype = (Meshkern__V1__DType)99; }), &msg));
+    note("byte order", unpack(mutated([](auto *m) { m->tensors[0]->byte_order = MESHKERN__V1__BYTE_ORDER__BYTE_ORDER_BIG; }), &msg));
+    note("rank", unpack(mutated([](auto *m) { m->tensors[0]->n_shape = 2; m->tensors[0]->shape[1] *= 32; }), &msg));
+    note("tensor name", unpack(mutated([](auto *m) { m->tensors[0]->name[0] = 'X'; }), &msg));
+    note("boundary point", unpack(mutated([](auto *m) { m->boundary_point[0] = 'X'; }), &msg));
+    note("architecture kind", unpack(mutated([](auto *m) { m->architecture = MESHKERN__V1__ARCHITECTURE_TYPE__ARCHITECTURE_TYPE_MOE; }), &msg));
+    note("uncertified adapter", unpack(mutated([](auto *m) { m->adapter[0] = 'X'; }), &msg));
+    note("random bytes", unpack(std::vector<uint8_t>{0xff, 0xff, 0xff, 0xff, 0x0f, 0x12}, &msg));
     // Model-dependent checks happen when the tail accepts the bundle.
-    got["recipe digest"] = accept(mutated([](auto *m) { m->runtime_recipe_digest[0] = m->runtime_recipe_digest[0] == 'a' ? 'b' : 'a'; }), &msg);
-    EXPECT_NE(msg.find("recipe digest"), std::string::npos) << msg;
-    got["hidden width"] = accept(mutated([](auto *m) {
-                                     m->tensors[0]->shape[2] = 16;
-                                     m->tensors[0]->data.len /= 2;
-                                 }),
-                                 &msg);
-    EXPECT_NE(msg.find("hidden width 16"), std::string::npos) << msg;
-    got["seam"] = accept(mutated([](auto *m) { m->next_layer = 2; }), &msg);
+    note("recipe digest", accept(mutated([](auto *m) { m->runtime_recipe_digest[0] = m->runtime_recipe_digest[0] == 'a' ? 'b' : 'a'; }), &msg));
+    note("hidden width", accept(mutated([](auto *m) {
+                                    m->tensors[0]->shape[2] = 16;
+                                    m->tensors[0]->data.len /= 2;
+                                }),
+                                &msg));
+    note("seam", accept(mutated([](auto *m) { m->next_layer = 2; }), &msg));
 
-    const std::map<std::string, mk_status> expected = {
-        {"data length", MK_ERR_DATA_LENGTH},       {"shape overflow", MK_ERR_SHAPE_OVERFLOW},
-        {"schema version", MK_ERR_SCHEMA_VERSION}, {"positions shape", MK_ERR_POSITIONS_SHAPE},
-        {"dtype", MK_ERR_DTYPE},                   {"byte order", MK_ERR_BYTE_ORDER},
-        {"rank", MK_ERR_SHAPE},                    {"tensor name", MK_ERR_TENSOR_NAME},
-        {"boundary point", MK_ERR_BOUNDARY_POINT}, {"architecture kind", MK_ERR_ARCHITECTURE_MISMATCH},
-        {"uncertified adapter", MK_ERR_UNCERTIFIED_ARCHITECTURE}, {"random bytes", MK_ERR_WIRE_DECODE},
-        {"recipe digest", MK_ERR_RECIPE_DIGEST},   {"hidden width", MK_ERR_HIDDEN_WIDTH},
-        {"seam", MK_ERR_SEAM_MISMATCH},
+    // Each its own status, and a message that names the problem.
+    const std::map<std::string, std::pair<mk_status, const char *>> expected = {
+        {"data length", {MK_ERR_DATA_LENGTH, "data bytes but its shape and dtype need"}},
+        {"shape overflow", {MK_ERR_SHAPE_OVERFLOW, "shape overflows at dimension"}},
+        {"schema version", {MK_ERR_SCHEMA_VERSION, "schema version 2"}},
+        {"positions shape", {MK_ERR_POSITIONS_SHAPE, "positions"}},
+        {"dtype", {MK_ERR_DTYPE, "unknown dtype 99"}},
+        {"byte order", {MK_ERR_BYTE_ORDER, "byte order"}},
+        {"rank", {MK_ERR_SHAPE, "rank 2, expected 3"}},
+        {"tensor name", {MK_ERR_TENSOR_NAME, "expected 'residual_stream'"}},
+        {"boundary point", {MK_ERR_BOUNDARY_POINT, "incompatible dense residual boundary schema"}},
+        {"architecture kind", {MK_ERR_ARCHITECTURE_MISMATCH, "not executable"}},
+        {"uncertified adapter", {MK_ERR_UNCERTIFIED_ARCHITECTURE, "uncertified architecture 'Xense-llama'"}},
+        {"random bytes", {MK_ERR_WIRE_DECODE, "not a valid TensorBundle message"}},
+        {"recipe digest", {MK_ERR_RECIPE_DIGEST, "recipe digest"}},
+        {"hidden width", {MK_ERR_HIDDEN_WIDTH, "hidden width 16"}},
+        {"seam", {MK_ERR_SEAM_MISMATCH, "starts at layer"}},
     };
     std::set<mk_status> distinct;
-    for (const auto &[name, status] : expected) {
-        EXPECT_EQ(got[name], status) << name << " gave " << mk_status_name(got[name]);
-        distinct.insert(status);
+    for (const auto &[name, want] : expected) {
+        EXPECT_EQ(got[name], want.first) << name << " gave " << mk_status_name(got[name]) << ": " << said[name];
+        EXPECT_NE(said[name].find(want.second), std::string::npos)
+            << name << ": message '" << said[name] << "' does not name '" << want.second << "'";
+        distinct.insert(want.first);
     }
     EXPECT_EQ(distinct.size(), expected.size());
 }
@@ -218,7 +229,8 @@ TEST_F(MalformedBundle, BundleFromAnotherModelOrDtypeIsRefusedByDigest) {
         MK_ASSERT_OK(mk_sequence_open(tail_.get(), &ts));
         SequencePtr tseq(ts);
         mk_tail_output *t = nullptr;
-        EXPECT_EQ(mk_range_forward(tail_.get(), ts, nullptr, 0, bundle.get(), nullptr, nullptr, &t), MK_ERR_RECIPE_DIGEST);
+        EXPECT_ERROR(mk_range_forward(tail_.get(), ts, nullptr, 0, bundle.get(), nullptr, nullptr, &t), MK_ERR_RECIPE_DIGEST,
+                     "recipe digest");
     }
 }
 
@@ -267,14 +279,13 @@ TEST(ProtocolBundles, MoeAndMlaAreValidatedButNotExecutable) {
         MK_ASSERT_OK(mk_protocol_bundle_validate(bytes, len, &arch));
         EXPECT_EQ(arch, k.arch);
         mk_bundle *b = nullptr;
-        EXPECT_EQ(mk_bundle_unpack(bytes, len, &b), MK_ERR_ARCHITECTURE_MISMATCH);
-        EXPECT_NE(std::string(mk_last_error()).find("not executable"), std::string::npos);
+        EXPECT_ERROR(mk_bundle_unpack(bytes, len, &b), MK_ERR_ARCHITECTURE_MISMATCH, "not executable");
         // Missing the second required tensor is refused when packing.
-        EXPECT_EQ(mk_protocol_bundle_pack(k.arch, k.full.data(), 1, &bytes, &len), MK_ERR_REQUIRED_TENSORS);
-        EXPECT_NE(std::string(mk_last_error()).find(k.second), std::string::npos);
+        EXPECT_ERROR(mk_protocol_bundle_pack(k.arch, k.full.data(), 1, &bytes, &len), MK_ERR_REQUIRED_TENSORS, k.second);
     }
     const char *names[] = {"hidden_states"};
-    EXPECT_EQ(mk_protocol_check_tensors(MK_PROTOCOL_ARCH_MOE, names, 1), MK_ERR_REQUIRED_TENSORS);
+    EXPECT_ERROR(mk_protocol_check_tensors(MK_PROTOCOL_ARCH_MOE, names, 1), MK_ERR_REQUIRED_TENSORS,
+                 "moe boundary requires tensor 'router_logits'");
 }
 
 TEST(ProtocolBundles, PayloadCountWhoseByteSizeOverflowsIsRefused) {
@@ -284,7 +295,8 @@ TEST(ProtocolBundles, PayloadCountWhoseByteSizeOverflowsIsRefused) {
                                          {"router_logits", data, 1}};
     uint8_t *bytes = nullptr;
     size_t len = 0;
-    EXPECT_EQ(mk_protocol_bundle_pack(MK_PROTOCOL_ARCH_MOE, payloads, 2, &bytes, &len), MK_ERR_SHAPE_OVERFLOW);
+    EXPECT_ERROR(mk_protocol_bundle_pack(MK_PROTOCOL_ARCH_MOE, payloads, 2, &bytes, &len), MK_ERR_SHAPE_OVERFLOW,
+                 "payload 'hidden_states' of");
     EXPECT_EQ(bytes, nullptr);
     mk_buffer_free(bytes);
 }
@@ -322,17 +334,18 @@ TEST(TailResult, IdentityAndOutputAreEnforced) {
     uint8_t *bytes = nullptr;
     size_t len = 0;
     const mk_request_identity no_request = {"", "ab12", "", "", "", MK_PROTOCOL_ARCH_DENSE};
-    EXPECT_EQ(mk_tail_result_pack_token(&no_request, &greedy, 1, &bytes, &len), MK_ERR_TAIL_RESULT);
-    EXPECT_NE(std::string(mk_last_error()).find("exact request and recipe identity"), std::string::npos);
+    EXPECT_ERROR(mk_tail_result_pack_token(&no_request, &greedy, 1, &bytes, &len), MK_ERR_TAIL_RESULT,
+                 "exact request and recipe identity");
     const mk_request_identity no_digest = {"r", nullptr, "", "", "", MK_PROTOCOL_ARCH_DENSE};
-    EXPECT_EQ(mk_tail_result_pack_token(&no_digest, &greedy, 1, &bytes, &len), MK_ERR_TAIL_RESULT);
+    EXPECT_ERROR(mk_tail_result_pack_token(&no_digest, &greedy, 1, &bytes, &len), MK_ERR_TAIL_RESULT,
+                 "exact request and recipe identity");
     const mk_request_identity moe = {"r", "d", "", "", "", MK_PROTOCOL_ARCH_MOE};
-    EXPECT_EQ(mk_tail_result_pack_token(&moe, &greedy, 1, &bytes, &len), MK_ERR_TAIL_RESULT);
-    EXPECT_NE(std::string(mk_last_error()).find("does not match certified adapter"), std::string::npos);
+    EXPECT_ERROR(mk_tail_result_pack_token(&moe, &greedy, 1, &bytes, &len), MK_ERR_TAIL_RESULT,
+                 "does not match certified adapter");
     const mk_request_identity ok = {"r", "d", "", "", "", MK_PROTOCOL_ARCH_DENSE};
-    EXPECT_EQ(mk_tail_result_pack_token(&ok, &greedy, -1, &bytes, &len), MK_ERR_TAIL_RESULT);
-    EXPECT_NE(std::string(mk_last_error()).find("non-negative"), std::string::npos);
-    EXPECT_EQ(mk_tail_result_pack_logits(&ok, &greedy, nullptr, 1, 3, &bytes, &len), MK_ERR_TAIL_RESULT);
+    EXPECT_ERROR(mk_tail_result_pack_token(&ok, &greedy, -1, &bytes, &len), MK_ERR_TAIL_RESULT, "non-negative");
+    EXPECT_ERROR(mk_tail_result_pack_logits(&ok, &greedy, nullptr, 1, 3, &bytes, &len), MK_ERR_TAIL_RESULT,
+                 "non-empty [batch, vocab] tensor");
 
     // A message with no output, and garbage bytes.
     Meshkern__V1__RequestRecipeIdentity ident = MESHKERN__V1__REQUEST_RECIPE_IDENTITY__INIT;
@@ -345,13 +358,13 @@ TEST(TailResult, IdentityAndOutputAreEnforced) {
     msg.sampling = &sp;
     std::vector<uint8_t> buf(meshkern__v1__tail_result__get_packed_size(&msg));
     meshkern__v1__tail_result__pack(&msg, buf.data());
-    EXPECT_EQ(mk_tail_result_validate(buf.data(), buf.size(), nullptr), MK_ERR_TAIL_RESULT);
+    EXPECT_ERROR(mk_tail_result_validate(buf.data(), buf.size(), nullptr), MK_ERR_TAIL_RESULT, "carries no output");
     msg.identity = nullptr;
     buf.resize(meshkern__v1__tail_result__get_packed_size(&msg));
     meshkern__v1__tail_result__pack(&msg, buf.data());
-    EXPECT_EQ(mk_tail_result_validate(buf.data(), buf.size(), nullptr), MK_ERR_MISSING_FIELD);
+    EXPECT_ERROR(mk_tail_result_validate(buf.data(), buf.size(), nullptr), MK_ERR_MISSING_FIELD, "missing field identity");
     const uint8_t junk[] = {0x0a, 0xff, 0x01};
-    EXPECT_EQ(mk_tail_result_validate(junk, sizeof junk, nullptr), MK_ERR_WIRE_DECODE);
+    EXPECT_ERROR(mk_tail_result_validate(junk, sizeof junk, nullptr), MK_ERR_WIRE_DECODE, "not a valid TailResult message");
 }
 
 // A received TailResult's logits bundle is validated before it is trusted: another schema,
@@ -375,19 +388,20 @@ TEST(TailResult, LogitsBundleAndIdentityAreValidatedOnReceipt) {
     struct Case {
         const char *what;
         mk_status expected;
+        const char *needle;
         std::function<void(Meshkern__V1__TailResult *)> swap;  // its own inverse
     };
     const std::vector<Case> cases = {
-        {"schema version", MK_ERR_SCHEMA_VERSION, [](auto *m) { m->logits->schema_version ^= 6u; }},
-        {"architecture", MK_ERR_TAIL_RESULT,
+        {"schema version", MK_ERR_SCHEMA_VERSION, "logits bundle schema version", [](auto *m) { m->logits->schema_version ^= 6u; }},
+        {"architecture", MK_ERR_TAIL_RESULT, "logits bundle architecture does not match",
          [](auto *m) {
              m->logits->architecture = m->logits->architecture == MESHKERN__V1__ARCHITECTURE_TYPE__ARCHITECTURE_TYPE_MOE
                                            ? MESHKERN__V1__ARCHITECTURE_TYPE__ARCHITECTURE_TYPE_DENSE
                                            : MESHKERN__V1__ARCHITECTURE_TYPE__ARCHITECTURE_TYPE_MOE;
          }},
-        {"recipe digest", MK_ERR_TAIL_RESULT, [&](auto *m) { std::swap(m->logits->runtime_recipe_digest, other_ptr); }},
-        {"request id", MK_ERR_TAIL_RESULT, [&](auto *m) { std::swap(m->logits->request_id, other_ptr); }},
-        {"long request id", MK_ERR_TAIL_RESULT, nullptr},  // set below, on both messages
+        {"recipe digest", MK_ERR_TAIL_RESULT, "logits bundle identity does not match", [&](auto *m) { std::swap(m->logits->runtime_recipe_digest, other_ptr); }},
+        {"request id", MK_ERR_TAIL_RESULT, "logits bundle identity does not match", [&](auto *m) { std::swap(m->logits->request_id, other_ptr); }},
+        {"long request id", MK_ERR_TAIL_RESULT, "is too long", nullptr},  // set below, on both messages
     };
     for (const Case &c : cases) {
         Meshkern__V1__TailResult *msg = meshkern__v1__tail_result__unpack(nullptr, valid.size(), valid.data());
@@ -411,9 +425,7 @@ TEST(TailResult, LogitsBundleAndIdentityAreValidatedOnReceipt) {
         }
         meshkern__v1__tail_result__free_unpacked(msg, nullptr);
         mk_tail_result_info info;
-        EXPECT_EQ(mk_tail_result_validate(buf.data(), buf.size(), &info), c.expected)
-            << c.what << ": " << mk_status_name(mk_tail_result_validate(buf.data(), buf.size(), &info)) << " "
-            << mk_last_error();
+        EXPECT_ERROR(mk_tail_result_validate(buf.data(), buf.size(), &info), c.expected, c.needle) << c.what;
     }
 }
 

@@ -25,11 +25,12 @@
 
 #include "gguf.h"
 #include "meshkern.h"
+#include "mk_test_util.h"
 
 namespace {
 
 const std::string kDir = std::string(MK_FIXTURE_DIR) + "/dequant/";
-const std::string kModel = std::string(MK_SOURCE_DIR) + "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+const std::string kModel = mk_test_model_path();
 
 bool read_f32(const std::string &path, std::vector<float> &out) {
     std::ifstream f(path, std::ios::binary);
@@ -170,9 +171,8 @@ TEST(gguf_dequant, SyntheticMetadataWrittenByGgufPackage) {
 
 TEST(gguf_dequant, SmolLM2TensorsMatchGgufPackage) {
     Gguf f;
-    if (access(kModel.c_str(), R_OK) != 0)
-        GTEST_SKIP() << kModel << " not present: run scripts/fetch_model.sh";
-    ASSERT_EQ(mk_gguf_open(kModel.c_str(), &f.g), MK_OK) << mk_last_error();
+    MK_REQUIRE_MODEL_FILE(kModel);
+    ASSERT_EQ(mk_gguf_open(kModel.c_str(), &f.g), MK_OK) << kModel << " is present but does not open: " << mk_last_error();
     auto rows = read_manifest(kDir + "smollm2_manifest.txt");
     ASSERT_GE(rows.size(), 3u);
     std::vector<std::string> types;
@@ -206,11 +206,14 @@ TEST(gguf_dequant, RawKernelArgumentChecks) {
     uint8_t blk[40] = {0};
     EXPECT_EQ(mk_gguf_dequantize(MK_GGML_TYPE_Q8_0, blk, 34, out, 32), MK_OK);
     for (int i = 0; i < 32; i++) EXPECT_EQ(out[i], 0.0f);
-    EXPECT_EQ(mk_gguf_dequantize(MK_GGML_TYPE_Q8_0, blk, 35, out, 32), MK_ERR_GGUF_DATA_BOUNDS);
-    EXPECT_EQ(mk_gguf_dequantize(MK_GGML_TYPE_Q8_0, blk, 34, out, 16), MK_ERR_GGUF_DIMS);
-    EXPECT_EQ(mk_gguf_dequantize(MK_GGML_TYPE_Q8_0, nullptr, 34, out, 32), MK_ERR_INVALID_ARGUMENT);
-    EXPECT_EQ(mk_gguf_dequantize(MK_GGML_TYPE_Q8_K, blk, 34, out, 32), MK_ERR_GGUF_TENSOR_TYPE);
-    EXPECT_EQ(mk_gguf_dequantize(4, blk, 34, out, 32), MK_ERR_GGUF_TENSOR_TYPE);
+    EXPECT_ERROR(mk_gguf_dequantize(MK_GGML_TYPE_Q8_0, blk, 35, out, 32), MK_ERR_GGUF_DATA_BOUNDS,
+                 "32 elements need 34 bytes, got 35");
+    EXPECT_ERROR(mk_gguf_dequantize(MK_GGML_TYPE_Q8_0, blk, 34, out, 16), MK_ERR_GGUF_DIMS,
+                 "16 elements is not a multiple of the block size 32");
+    EXPECT_ERROR(mk_gguf_dequantize(MK_GGML_TYPE_Q8_0, nullptr, 34, out, 32), MK_ERR_INVALID_ARGUMENT, "NULL buffer");
+    EXPECT_ERROR(mk_gguf_dequantize(MK_GGML_TYPE_Q8_K, blk, 34, out, 32), MK_ERR_GGUF_TENSOR_TYPE,
+                 "Q8_K (15) is not supported for dequantization");
+    EXPECT_ERROR(mk_gguf_dequantize(4, blk, 34, out, 32), MK_ERR_GGUF_TENSOR_TYPE, "unknown ggml tensor type 4");
     EXPECT_EQ(mk_gguf_dequantize(MK_GGML_TYPE_F32, blk, 0, out, 0), MK_OK);
     size_t be = 0, bb = 0;
     EXPECT_TRUE(mk_ggml_type_layout(MK_GGML_TYPE_Q4_1, &be, &bb));

@@ -1,7 +1,7 @@
 // The embedded default model, SmolLM2-135M-Instruct (Q4_1 GGUF), through the GGUF reader:
 // header, hyper-parameters, tensor table and types, every tensor dequantizes, and slices
 // equal the `gguf` package's dequantization (tests/fixtures/dequant/smollm2_*).
-// Skips when models/SmolLM2-135M-Instruct.Q4_1.gguf is absent (scripts/fetch_model.sh).
+// Skips by the suite's rule (tests/mk_test_util.h) when the model file is absent.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -16,19 +16,19 @@
 
 #include "gguf.h"
 #include "meshkern.h"
+#include "mk_test_util.h"
 
 namespace {
 
-const std::string kModel = std::string(MK_SOURCE_DIR) + "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+const std::string kModel = mk_test_model_path();
 const std::string kDir = std::string(MK_FIXTURE_DIR) + "/dequant/";
 
 class gguf_smollm2 : public ::testing::Test {
   protected:
     mk_gguf *g = nullptr;
     void SetUp() override {
-        if (access(kModel.c_str(), R_OK) != 0)
-            GTEST_SKIP() << kModel << " not present: run scripts/fetch_model.sh";
-        ASSERT_EQ(mk_gguf_open(kModel.c_str(), &g), MK_OK) << mk_last_error();
+        MK_REQUIRE_MODEL_FILE(kModel);
+        ASSERT_EQ(mk_gguf_open(kModel.c_str(), &g), MK_OK) << kModel << " is present but does not open: " << mk_last_error();
     }
     void TearDown() override { mk_gguf_close(g); }
 };

@@ -93,6 +93,25 @@ TEST(Sequences, ResetStartsOverAndIndependentSequencesDoNotInterfere) {
     EXPECT_FALSE(bit_identical(logits_of(o1), logits_of(o2)));
 }
 
+TEST(Sequences, ForwardLargerThanMaxBatchTokensIsRefused) {
+    ModelPtr model = make_random_model(mk_hparams_seed_default());
+    mk_range_options opt = mk_range_options_default();
+    opt.max_context = 8;
+    opt.max_batch_tokens = 4;
+    mk_range *r = nullptr;
+    MK_ASSERT_OK(mk_range_create(model.get(), 0, 5, &opt, &r));
+    RangePtr full(r);
+    mk_sequence *s = nullptr;
+    MK_ASSERT_OK(mk_sequence_open(full.get(), &s));
+    SequencePtr seq(s);
+    const int32_t ids[5] = {1, 2, 3, 4, 5};
+    mk_tail_output *t = nullptr;
+    EXPECT_ERROR(mk_range_forward(full.get(), s, ids, 5, nullptr, nullptr, nullptr, &t), MK_ERR_INVALID_ARGUMENT,
+                 "forward of 5 rows exceeds this range's max_batch_tokens 4");
+    MK_ASSERT_OK(mk_range_forward(full.get(), s, ids, 4, nullptr, nullptr, nullptr, &t));
+    mk_tail_output_free(t);
+}
+
 TEST(Sequences, ContextOverflowAndBadTokensAreRefused) {
     ModelPtr model = make_random_model(mk_hparams_seed_default());
     mk_range_options opt = mk_range_options_default();
@@ -105,17 +124,24 @@ TEST(Sequences, ContextOverflowAndBadTokensAreRefused) {
     SequencePtr seq(s);
     const int32_t ids[9] = {1, 2, 3, 4, 5, 6, 7, 8, 9};
     mk_tail_output *t = nullptr;
-    EXPECT_EQ(mk_range_forward(full.get(), s, ids, 9, nullptr, nullptr, nullptr, &t), MK_ERR_INVALID_ARGUMENT);
+    // A prompt longer than the whole context is a context overflow (checked before the
+    // batch limit, which defaults to max_context).
+    EXPECT_ERROR(mk_range_forward(full.get(), s, ids, 9, nullptr, nullptr, nullptr, &t), MK_ERR_CONTEXT_OVERFLOW,
+                 "sequence of 0 positions plus 9 rows exceeds max_context 8");
     MK_ASSERT_OK(mk_range_forward(full.get(), s, ids, 8, nullptr, nullptr, nullptr, &t));
     mk_tail_output_free(t);
     t = nullptr;
-    EXPECT_EQ(mk_range_forward(full.get(), s, ids, 1, nullptr, nullptr, nullptr, &t), MK_ERR_CONTEXT_OVERFLOW);
+    EXPECT_ERROR(mk_range_forward(full.get(), s, ids, 1, nullptr, nullptr, nullptr, &t), MK_ERR_CONTEXT_OVERFLOW,
+                 "sequence of 8 positions plus 1 rows exceeds max_context 8");
     MK_ASSERT_OK(mk_sequence_reset(s));
     const int32_t bad[] = {1, 48};
-    EXPECT_EQ(mk_range_forward(full.get(), s, bad, 2, nullptr, nullptr, nullptr, &t), MK_ERR_TOKEN_OUT_OF_RANGE);
+    EXPECT_ERROR(mk_range_forward(full.get(), s, bad, 2, nullptr, nullptr, nullptr, &t), MK_ERR_TOKEN_OUT_OF_RANGE,
+                 "token id 48 at index 1 is outside the vocabulary (48)");
     const int32_t negative[] = {-1};
-    EXPECT_EQ(mk_range_forward(full.get(), s, negative, 1, nullptr, nullptr, nullptr, &t), MK_ERR_TOKEN_OUT_OF_RANGE);
-    EXPECT_EQ(mk_range_forward(full.get(), s, ids, 0, nullptr, nullptr, nullptr, &t), MK_ERR_EMPTY_INPUT);
+    EXPECT_ERROR(mk_range_forward(full.get(), s, negative, 1, nullptr, nullptr, nullptr, &t), MK_ERR_TOKEN_OUT_OF_RANGE,
+                 "token id -1 at index 0");
+    EXPECT_ERROR(mk_range_forward(full.get(), s, ids, 0, nullptr, nullptr, nullptr, &t), MK_ERR_EMPTY_INPUT,
+                 "requires at least one token id");
     EXPECT_EQ(t, nullptr);
     EXPECT_EQ(mk_sequence_length(s), 0u);
 }
@@ -132,9 +158,10 @@ TEST(Sequences, BundlePositionsMustContinueTheSequence) {
     mk_bundle *b = nullptr;
     MK_ASSERT_OK(mk_range_forward(p.range(0), hs, ids, 3, nullptr, nullptr, &b, nullptr));
     BundlePtr bundle(b);
-    bundle->positions[1] = 7;
+    mk_bundle_positions(bundle.get())[1] = 7;
     mk_tail_output *t = nullptr;
-    EXPECT_EQ(mk_range_forward(p.range(1), ts, nullptr, 0, bundle.get(), nullptr, nullptr, &t), MK_ERR_POSITIONS_SHAPE);
+    EXPECT_ERROR(mk_range_forward(p.range(1), ts, nullptr, 0, bundle.get(), nullptr, nullptr, &t), MK_ERR_POSITIONS_SHAPE,
+                 "bundle position 7 at row 1 does not continue the sequence (expected 1)");
     EXPECT_EQ(mk_sequence_length(ts), 0u);
 }
 

@@ -2,13 +2,19 @@
  *
  *   meshkern inspect MODEL.gguf | --random[:key=value,...]
  *   meshkern run MODEL.gguf | --random[:key=value,...]  --tokens 1,2,3 [--split L1,L2,...] [--n N]
- *                [--backend cpu|cuda] [--device I] [--dtype f32|f16|bf16]
+ *                [--backend cpu|cuda] [--device I] [--dtype native|f32|f16|bf16] [--threads N] [--kv f32|f16]
+ *                [--seam local|wire|unix|tcp] [--seam-address A] [--seam-timeout MS]
+ *                [--tls-psk HEX [--tls-identity ID] | --tls-cert PEM --tls-key PEM --tls-ca PEM]
+ *   meshkern run MODEL.gguf -p TEXT ... | chat MODEL.gguf | tokenize MODEL.gguf TEXT
+ *                (text in, text out: tools/cli_text.c)
  *   meshkern run MODEL --prompts FILE [--split auto|L1,...] [--devices 0,1] [--batch M] ...
  *                (run_batch.c: many sequences through a placed pipeline)
  *
  * run executes the model as one FULL range and, with --split, as the given ranges in this
- * process, every seam packed and unpacked as protobuf; it prints the greedy tokens, the
- * throughput and whether the split output equals the whole-model output bit for bit. */
+ * process, every seam carried by the chosen transport (default wire: packed and unpacked
+ * as protobuf); it prints the greedy tokens, the throughput, the bytes and time spent in
+ * seams, and whether the split output equals the whole-model output bit for bit. */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,7 +25,7 @@
 #include "meshkern.h"
 #include "model.h"
 #include "mk_error.h"
-#include "vocab.h"
+#include "cli_text.h"
 
 #define MK_MAX_CUTS 64
 #define MK_MAX_TOKENS 4096
@@ -29,7 +35,16 @@ static int usage(void) {
             "usage:\n"
             "  meshkern inspect MODEL.gguf | --random[:key=value,...]\n"
             "  meshkern run MODEL.gguf | --random[:key=value,...] --tokens IDS [--split L1,L2,...] [--n N]\n"
-            "               [--backend cpu|cuda] [--device I] [--dtype f32|f16|bf16] [--speed]\n"
+            "               [--backend cpu|cuda] [--device I] [--dtype native|f32|f16|bf16] [--threads N]\n"
+            "               [--kv f32|f16] [--speed]\n"
+            "               [--seam local|wire|unix|tcp] [--seam-address PATH|HOST:PORT] [--seam-timeout MS]\n"
+            "               [--tls-psk HEX [--tls-identity ID] | --tls-cert PEM --tls-key PEM --tls-ca PEM]\n"
+            "  meshkern run MODEL.gguf -p TEXT [--system S] [--raw] [--split L1,L2,...] [--n N] [--backend ...]\n"
+            "  meshkern chat MODEL.gguf [--system S] [--split L1,...] [--n N] [--backend ...]\n"
+            "  meshkern tokenize MODEL.gguf TEXT [--ids] [--no-bos] [--no-parse-special]\n"
+            "  --dtype native keeps weights in their GGUF format (the cpu backend's default for a\n"
+            "  GGUF model); f32 is the parity mode. --threads: cpu threads (default: every core).\n"
+            "  --kv f16 halves the cpu backend's KV cache.\n"
             "  meshkern run MODEL --prompts FILE [--split auto|L1,L2,...] [--devices 0,1,...] [--batch M]\n"
             "               [--n N] [--stop IDS] [--seam local|wire] [--backend cpu|cuda] [--dtype ...]\n"
             "               [--timeline FILE.json]   FILE: one prompt per line, comma-separated token ids\n"
@@ -143,13 +158,15 @@ typedef struct run_result {
     float *logits; /* [n_steps, vocab] */
     double prefill_s, decode_s;
     size_t seam_bytes;
+    double seam_s;
 } run_result;
 
 static mk_status run_pipeline(const mk_model *model, const int64_t *cuts, size_t n_cuts, const mk_range_options *opt,
-                              const int32_t *prompt, size_t n_prompt, size_t n_new, run_result *res) {
+                              const mk_seam_options *seam, const int32_t *prompt, size_t n_prompt, size_t n_new,
+                              run_result *res) {
     const size_t vocab = mk_model_hparams(model)->vocab;
     mk_pipeline *p = NULL;
-    mk_status s = mk_pipeline_create(model, cuts, n_cuts, opt, true, &p);
+    mk_status s = mk_pipeline_create_seamed(model, cuts, n_cuts, opt, seam, &p);
     if (s != MK_OK) return s;
     printf("  ranges:");
     for (size_t i = 0; i < mk_pipeline_range_count(p); i++) {
@@ -177,6 +194,7 @@ static mk_status run_pipeline(const mk_model *model, const int64_t *cuts, size_t
         n_input = 1;
     }
     res->seam_bytes = mk_pipeline_seam_bytes(p);
+    res->seam_s = mk_pipeline_seam_seconds(p);
     mk_pipeline_free(p);
     return s;
 }
@@ -185,7 +203,9 @@ static void print_run(const char *label, const run_result *r, size_t n_prompt, s
     printf("  %s: prefill %zu tokens %.3f s (%.1f tok/s), decode %zu tokens %.3f s (%.1f tok/s)", label, n_prompt,
            r->prefill_s, (double)n_prompt / r->prefill_s, n_new - 1, r->decode_s,
            n_new > 1 ? (double)(n_new - 1) / r->decode_s : 0.0);
-    if (r->seam_bytes) printf(", %.1f KiB across seams", (double)r->seam_bytes / 1024.0);
+    if (r->seam_bytes)
+        printf("\n  %s seams: %.1f KiB in %.3f ms (%.1f MB/s)", label, (double)r->seam_bytes / 1024.0, r->seam_s * 1e3,
+               r->seam_s > 0 ? (double)r->seam_bytes / r->seam_s / 1e6 : 0.0);
     printf("\n  %s tokens:", label);
     for (size_t i = 0; i < n_new; i++) printf(" %d", r->tokens[i]);
     printf("\n");
@@ -198,6 +218,8 @@ static int cmd_run(int argc, char **argv) {
     long n_tokens = -1, n_cuts = 0;
     size_t n_new = 16;
     mk_range_options opt = mk_range_options_default();
+    mk_seam_options seam = mk_seam_options_default(MK_SEAM_WIRE);
+    bool dtype_given = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(a, "--speed") == 0) { /* the one flag without a value */
@@ -214,12 +236,37 @@ static int cmd_run(int argc, char **argv) {
             if (!end || *end || n_new >= MK_MAX_TOKENS) return usage();
         }
         else if (strcmp(a, "--device") == 0) opt.backend.device = atoi(v);
+        else if (strcmp(a, "--seam") == 0) {
+            const mk_status s = mk_seam_kind_from_name(v, &seam.kind);
+            if (s != MK_OK) return fail(s);
+        } else if (strcmp(a, "--seam-address") == 0) seam.address = v;
+        else if (strcmp(a, "--seam-timeout") == 0) {
+            seam.io_timeout_ms = seam.connect_timeout_ms = atoi(v);
+            if (seam.io_timeout_ms <= 0) return usage();
+        } else if (strcmp(a, "--tls-psk") == 0) seam.tls.enabled = true, seam.tls.psk_hex = v;
+        else if (strcmp(a, "--tls-identity") == 0) seam.tls.psk_identity = v;
+        else if (strcmp(a, "--tls-cert") == 0) seam.tls.enabled = true, seam.tls.cert_file = v;
+        else if (strcmp(a, "--tls-key") == 0) seam.tls.key_file = v;
+        else if (strcmp(a, "--tls-ca") == 0) seam.tls.ca_file = v;
         else if (strcmp(a, "--backend") == 0) {
             const mk_status s = mk_backend_kind_from_name(v, &opt.backend.kind);
             if (s != MK_OK) return fail(s);
         } else if (strcmp(a, "--dtype") == 0) {
-            opt.backend.weight_dtype = strcmp(v, "f16") == 0 ? MK_DTYPE_F16 : strcmp(v, "bf16") == 0 ? MK_DTYPE_BF16 : MK_DTYPE_F32;
-            if (opt.backend.weight_dtype == MK_DTYPE_F32 && strcmp(v, "f32") != 0) return usage();
+            if (strcmp(v, "native") == 0) opt.backend.weight_dtype = MK_DTYPE_NATIVE;
+            else if (strcmp(v, "f32") == 0) opt.backend.weight_dtype = MK_DTYPE_F32;
+            else if (strcmp(v, "f16") == 0) opt.backend.weight_dtype = MK_DTYPE_F16;
+            else if (strcmp(v, "bf16") == 0) opt.backend.weight_dtype = MK_DTYPE_BF16;
+            else return usage();
+            dtype_given = true;
+        } else if (strcmp(a, "--kv") == 0) {
+            if (strcmp(v, "f16") == 0) opt.backend.kv_dtype = MK_DTYPE_F16;
+            else if (strcmp(v, "f32") == 0) opt.backend.kv_dtype = MK_DTYPE_F32;
+            else return usage();
+        } else if (strcmp(a, "--threads") == 0) {
+            char *end = NULL;
+            const unsigned long long t = v[0] >= '1' && v[0] <= '9' ? strtoull(v, &end, 10) : 0;
+            if (!end || *end || t > 1024) return usage();
+            opt.backend.threads = (size_t)t;
         } else return usage();
         i++;
     }
@@ -229,6 +276,10 @@ static int cmd_run(int argc, char **argv) {
             fprintf(stderr, "meshkern: token id %lld is not a valid token id\n", tokens_ll[i]);
             return usage();
         }
+
+    /* A GGUF model on the cpu backend runs on its stored weights unless asked otherwise. */
+    if (!dtype_given && opt.backend.kind == MK_BACKEND_CPU && strncmp(path, "--random", 8) != 0)
+        opt.backend.weight_dtype = MK_DTYPE_NATIVE;
 
     mk_model *model = NULL;
     mk_status s = open_model(path, &model);
@@ -247,20 +298,20 @@ static int cmd_run(int argc, char **argv) {
     run_result whole = {0}, split = {0};
     int rc = 0;
     printf("whole model:\n");
-    s = run_pipeline(model, NULL, 0, &opt, prompt, (size_t)n_tokens, n_new, &whole);
+    s = run_pipeline(model, NULL, 0, &opt, &seam, prompt, (size_t)n_tokens, n_new, &whole);
     if (s == MK_OK) print_run("whole", &whole, (size_t)n_tokens, n_new);
     if (s == MK_OK && n_cuts > 0) {
         printf("split at");
         for (long i = 0; i < n_cuts; i++) printf(" %lld", (long long)cuts[i]);
-        printf(":\n");
-        s = run_pipeline(model, cuts, (size_t)n_cuts, &opt, prompt, (size_t)n_tokens, n_new, &split);
+        printf(" over the %s seam%s:\n", mk_seam_kind_name(seam.kind), seam.tls.enabled ? " (TLS 1.3)" : "");
+        s = run_pipeline(model, cuts, (size_t)n_cuts, &opt, &seam, prompt, (size_t)n_tokens, n_new, &split);
         if (s == MK_OK) print_run("split", &split, (size_t)n_tokens, n_new);
     }
     if (s != MK_OK) {
         rc = fail(s);
     } else {
         printf("text: ");
-        for (size_t i = 0; i < n_new; i++) mk_vocab_print(stdout, model, whole.tokens[i]);
+        mk_cli_print_text(stdout, model, whole.tokens, n_new);
         printf("\n");
         if (n_cuts > 0) {
             const bool same_logits = memcmp(whole.logits, split.logits, n_new * hp->vocab * sizeof(float)) == 0;
@@ -288,7 +339,13 @@ int mk_cli_fail(mk_status s) { return fail(s); }
 int main(int argc, char **argv) {
     if (argc < 3) return usage();
     if (strcmp(argv[1], "inspect") == 0) return cmd_inspect(argv[2]);
-    if (strcmp(argv[1], "run") == 0)
-        return mk_cli_is_batch_run(argc - 2, argv + 2) ? mk_cli_run_batch(argc - 2, argv + 2) : cmd_run(argc - 2, argv + 2);
+    if (strcmp(argv[1], "run") == 0) {
+        for (int i = 3; i < argc; i++) /* a text prompt: the text path */
+            if (strcmp(argv[i], "-p") == 0 || strcmp(argv[i], "--prompt") == 0) return mk_cli_run_text(argc - 2, argv + 2);
+        return mk_cli_is_batch_run(argc - 2, argv + 2) ? mk_cli_run_batch(argc - 2, argv + 2)
+                                                       : cmd_run(argc - 2, argv + 2);
+    }
+    if (strcmp(argv[1], "chat") == 0) return mk_cli_chat(argc - 2, argv + 2);
+    if (strcmp(argv[1], "tokenize") == 0) return mk_cli_tokenize(argc - 2, argv + 2);
     return usage();
 }

@@ -17,10 +17,10 @@
 #include <time.h>
 
 #include "cli.h"
+#include "cli_text.h"
 #include "gguf.h"
 #include "model.h"
 #include "mk_error.h"
-#include "vocab.h"
 
 #define MK_BATCH_MAX_LIST 64
 
@@ -252,7 +252,7 @@ static int run_batch(const batch_args *a, const mk_model *model, const batch_pro
         printf(" %zu tokens:", info.n_tokens);
         for (size_t k = 0; k < info.n_tokens; k++) printf(" %d", tokens[k]);
         printf("\n  text: ");
-        for (size_t k = 0; k < info.n_tokens; k++) mk_vocab_print(stdout, model, tokens[k]);
+        mk_cli_print_text(stdout, model, tokens, info.n_tokens); /* "<id>" without a tokenizer */
         printf("\n");
     }
     if (rc == 0) {

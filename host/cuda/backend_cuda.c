@@ -33,13 +33,40 @@ typedef struct mk_cuda_backend {
     size_t decode_ws_bytes;
     void *pinned;          /* host pinned staging for downloads / uploads */
     size_t pinned_bytes;
+    cudaEvent_t seam_event; /* orders a peer copy against this range's stream */
 } mk_cuda_backend;
 
 static mk_cuda_backend *cuda_of(mk_backend *b) { return (mk_cuda_backend *)b; }
 
-/* Every entry point selects the range's device: ranges on different devices share the
- * calling thread. */
-#define MK_ON_DEVICE(cb) MK_CUDA_CHECK(cudaSetDevice((cb)->device))
+/* Every entry point selects the range's device (ranges on different devices share the
+ * calling thread) and gives the caller's current device back on every return path (the
+ * cleanup attribute), so the caller's own CUDA work never lands on a range's device. */
+typedef struct mk_device_scope {
+    int caller; /* the caller's current device, to restore */
+    bool entered;
+} mk_device_scope;
+
+static void mk_device_scope_exit(mk_device_scope *scope) {
+    if (scope->entered && cudaSetDevice(scope->caller) != cudaSuccess) (void)cudaGetLastError();
+}
+
+/* Enter `device` for the rest of the enclosing block; false (nothing changed) on failure. */
+static bool mk_device_scope_enter(mk_device_scope *scope, int device) {
+    if (cudaGetDevice(&scope->caller) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    scope->entered = true;
+    return cudaSetDevice(device) == cudaSuccess;
+}
+
+#define MK_DEVICE_SCOPE(name) mk_device_scope name __attribute__((cleanup(mk_device_scope_exit))) = {0, false}
+
+#define MK_ON_DEVICE(cb)                                                   \
+    MK_DEVICE_SCOPE(mk_device_scope_);                                     \
+    MK_CUDA_CHECK(cudaGetDevice(&mk_device_scope_.caller));                \
+    mk_device_scope_.entered = true;                                       \
+    MK_CUDA_CHECK(cudaSetDevice((cb)->device))
 
 /* After a kernel entry: a debug build waits for the stream, so an asynchronous fault is
  * reported by the op that caused it rather than by a later copy. */
@@ -56,9 +83,11 @@ static void cuda_destroy(mk_backend *b) {
     mk_cuda_backend *cb = cuda_of(b);
     /* Only touch the device if something was created on it: a backend that failed on a
      * missing device index must not leave cudaSetDevice's error behind. */
-    const bool created = cb->stream || cb->cublas || cb->act_lowp || cb->decode_ws || cb->pinned;
-    if (created && cudaSetDevice(cb->device) == cudaSuccess) {
+    const bool created = cb->stream || cb->cublas || cb->act_lowp || cb->decode_ws || cb->pinned || cb->seam_event;
+    MK_DEVICE_SCOPE(scope);
+    if (created && mk_device_scope_enter(&scope, cb->device)) {
         if (cb->stream) cudaStreamSynchronize(cb->stream);
+        if (cb->seam_event) cudaEventDestroy(cb->seam_event);
         if (cb->act_lowp) cudaFree(cb->act_lowp);
         if (cb->decode_ws) cudaFree(cb->decode_ws);
         if (cb->pinned) cudaFreeHost(cb->pinned);
@@ -89,7 +118,8 @@ static mk_status cuda_alloc(mk_backend *b, size_t bytes, void **out) {
 
 static void cuda_release(mk_backend *b, void *ptr) {
     if (!ptr) return;
-    if (cudaSetDevice(cuda_of(b)->device) == cudaSuccess) cudaFree(ptr);
+    MK_DEVICE_SCOPE(scope);
+    if (mk_device_scope_enter(&scope, cuda_of(b)->device)) cudaFree(ptr);
     (void)cudaGetLastError(); /* release reports nothing: leave no stale error */
 }
 
@@ -129,6 +159,57 @@ static mk_status cuda_copy(mk_backend *b, void *dst, const void *src, size_t byt
     mk_cuda_backend *cb = cuda_of(b);
     MK_ON_DEVICE(cb);
     if (bytes) MK_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, cb->stream));
+    return MK_OK;
+}
+
+/* ================================================================== seams == */
+
+static mk_status cuda_host_alloc(mk_backend *b, size_t bytes, void **out) {
+    mk_cuda_backend *cb = cuda_of(b);
+    MK_ON_DEVICE(cb);
+    *out = NULL;
+    MK_CUDA_CHECK(cudaMallocHost(out, bytes ? bytes : 1));
+    return MK_OK;
+}
+
+static void cuda_host_release(mk_backend *b, void *ptr) {
+    if (ptr) cudaFreeHost(ptr);
+    (void)cudaGetLastError();
+}
+
+static mk_status cuda_download_async(mk_backend *b, void *dst, const void *src, size_t bytes) {
+    mk_cuda_backend *cb = cuda_of(b);
+    MK_ON_DEVICE(cb);
+    if (bytes) MK_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, cb->stream));
+    return MK_OK;
+}
+
+static mk_status cuda_upload_async(mk_backend *b, void *dst, const void *src, size_t bytes) {
+    mk_cuda_backend *cb = cuda_of(b);
+    MK_ON_DEVICE(cb);
+    if (bytes) MK_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, cb->stream));
+    return MK_OK;
+}
+
+/* The copy runs on this range's stream after the peer's queued work (its event), and
+ * the peer's stream waits for the copy before it may overwrite the source. */
+static mk_status cuda_copy_from_peer(mk_backend *b, void *dst, mk_backend *peer, const void *src, size_t bytes) {
+    mk_cuda_backend *cb = cuda_of(b), *pb = cuda_of(peer);
+    if (peer->ops != b->ops) return mk_fail(MK_ERR_INVALID_ARGUMENT, "cuda backend: peer copy from a %s backend", peer->ops->name);
+    if (!bytes) return MK_OK;
+    /* One scope restores the caller's device on every return; inside it, each call runs
+     * on the device that owns its stream or event. */
+    MK_ON_DEVICE(pb);
+    MK_CUDA_CHECK(cudaEventRecord(pb->seam_event, pb->stream));
+    MK_CUDA_CHECK(cudaSetDevice(cb->device));
+    MK_CUDA_CHECK(cudaStreamWaitEvent(cb->stream, pb->seam_event, 0));
+    if (pb->device == cb->device)
+        MK_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, cb->stream));
+    else
+        MK_CUDA_CHECK(cudaMemcpyPeerAsync(dst, cb->device, src, pb->device, bytes, cb->stream));
+    MK_CUDA_CHECK(cudaEventRecord(cb->seam_event, cb->stream));
+    MK_CUDA_CHECK(cudaSetDevice(pb->device));
+    MK_CUDA_CHECK(cudaStreamWaitEvent(pb->stream, cb->seam_event, 0));
     return MK_OK;
 }
 
@@ -240,7 +321,7 @@ static mk_status cuda_rope(mk_backend *b, float *x, const int32_t *positions, si
     return mk_cuda_after_launch(cb, mk_kernel_rope(x, positions, rows, heads, head_dim, theta, layout, cb->stream));
 }
 
-static mk_status cuda_attention(mk_backend *b, float *out, const float *q, const float *k_cache, const float *v_cache,
+static mk_status cuda_attention(mk_backend *b, float *out, const float *q, const void *k_cache, const void *v_cache,
                                 size_t rows, size_t past, size_t n_heads, size_t n_kv_heads, size_t head_dim) {
     mk_cuda_backend *cb = cuda_of(b);
     MK_ON_DEVICE(cb);
@@ -282,6 +363,11 @@ static const mk_backend_ops mk_cuda_ops = {
     .synchronize = cuda_synchronize,
     .reserve = cuda_reserve,
     .upload_weight = cuda_upload_weight,
+    .host_alloc = cuda_host_alloc,
+    .host_release = cuda_host_release,
+    .download_async = cuda_download_async,
+    .upload_async = cuda_upload_async,
+    .copy_from_peer = cuda_copy_from_peer,
     .embed = cuda_embed,
     .rmsnorm = cuda_rmsnorm,
     .add_rmsnorm = cuda_add_rmsnorm,
@@ -305,6 +391,7 @@ static mk_status mk_cuda_backend_init(mk_cuda_backend *cb) {
         return mk_fail(MK_ERR_DEVICE_INDEX, "CUDA device %d does not exist (this machine has %d)", cb->device, count);
     MK_ON_DEVICE(cb);
     MK_CUDA_CHECK(cudaStreamCreateWithFlags(&cb->stream, cudaStreamNonBlocking));
+    MK_CUDA_CHECK(cudaEventCreateWithFlags(&cb->seam_event, cudaEventDisableTiming));
     MK_CUBLAS_CHECK(cublasCreate(&cb->cublas));
     MK_CUBLAS_CHECK(cublasSetStream(cb->cublas, cb->stream));
     /* Parity mode must never down-convert F32 inputs to TF32 behind our back. */

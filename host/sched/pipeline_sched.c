@@ -76,8 +76,10 @@ static mk_status mk_sched_items(mk_sched *s, const mk_sched_options *o) {
         for (int k = 0; k < 2; k++) {
             MK_TRY(mk_bundle_create(1, rows, hidden, &it->act[k]));
             /* the metadata a full slot is packed with, so its packed size bounds any step */
-            memcpy(it->act[k]->recipe_digest, mk_range_recipe_digest(head), sizeof it->act[k]->recipe_digest);
-            it->act[k]->next_layer = (int64_t)mk_model_hparams(s->model)->n_layers;
+            mk_boundary_header h = *mk_bundle_header(it->act[k]);
+            memcpy(h.recipe_digest, mk_range_recipe_digest(head), sizeof h.recipe_digest);
+            h.next_layer = (int64_t)mk_model_hparams(s->model)->n_layers;
+            MK_TRY(mk_bundle_set_header(it->act[k], &h));
         }
         if (o->seam == MK_SCHED_SEAM_WIRE) {
             it->wire_cap = mk_bundle_packed_size(it->act[0]) + 64;

@@ -58,7 +58,7 @@ static mk_status mk_stage_step(mk_sched_stage *st, mk_sched_item *item) {
     if (st->timeline_len < st->timeline_cap)
         st->timeline[st->timeline_len++] = (mk_timeline_record){
             .seq_id = item->req->id, .start_ns = t0, .end_ns = t1,
-            .rows = (uint32_t)(head ? item->n_tokens : item->in ? item->in->seq : 0)};
+            .rows = (uint32_t)(head ? item->n_tokens : item->in ? mk_bundle_header(item->in)->rows : 0)};
     return s;
 }
 

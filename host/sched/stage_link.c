@@ -3,10 +3,11 @@
  * packed to protobuf bytes in the item's preallocated buffer by the sender and unpacked
  * by the receiver, as between mesh peers.
  *
- * When the seams issues' transports land (a boundary that stays on the device, local
- * device-to-device copy, unix/tcp streams, NCCL), send/recv/release become calls into the
- * transport and mk_stage_link holds the transport instead of the seam kind; the stage
- * worker does not change. */
+ * The seam transports (host/seam/: mk_boundary kept in backend memory, local
+ * device-to-device copy, unix/tcp streams, TLS, NCCL) are on main now but not yet plugged
+ * in here: that is the next step. Then send/recv/release become calls into the transport
+ * and mk_stage_link holds the transport instead of the seam kind; the stage worker does
+ * not change. */
 #include "mk_error.h"
 #include "sched.h"
 

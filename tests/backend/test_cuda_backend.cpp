@@ -11,6 +11,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -19,6 +20,7 @@
 #include <vector>
 
 #include "mk_test_util.h"
+#include "tokenizer.h"
 
 #if defined(MK_TEST_CUDASIM)
 #include "cudasim.h"
@@ -26,26 +28,13 @@
 
 namespace {
 
-bool device_available() {
-    int n = 0;
-    const cudaError_t e = cudaGetDeviceCount(&n);
-    if (e != cudaSuccess) (void)cudaGetLastError();
-    return e == cudaSuccess && n > 0;
-}
-
+// Devices for tests that need more than one (after MK_REQUIRE_DEVICE).
 int device_count() {
-    int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess) {
-        (void)cudaGetLastError();
-        return 0;
-    }
+    std::string error;
+    const int n = mk_test_device_count(&error);
+    EXPECT_EQ(error, "");
     return n;
 }
-
-#define MK_REQUIRE_DEVICE()                                               \
-    do {                                                                  \
-        if (!device_available()) GTEST_SKIP() << "no CUDA device";        \
-    } while (0)
 
 // Device memory in use on `device` (total - free).
 size_t device_bytes_used(int device) {
@@ -200,6 +189,52 @@ TEST(CudaBackend, LowPrecisionWeightsTakeHalfTheDeviceMemory) {
 
 // ================================================================ devices ==
 
+int current_device() {
+    int d = -1;
+    EXPECT_EQ(cudaGetDevice(&d), cudaSuccess);
+    return d;
+}
+
+// The backend gives the caller's current device back: creating a range on the other
+// device, opening a sequence, a forward (prefill and decode) and freeing it all leave the
+// calling thread on the device the caller had chosen.
+TEST(CudaBackend, CallersCurrentDeviceIsRestored) {
+    MK_REQUIRE_DEVICE();
+    if (device_count() < 2) GTEST_SKIP() << "needs 2 CUDA devices";
+    const ModelCase c = model_cases()[1];
+    ModelPtr model = make_random_model(c.hp);
+    const int64_t L = (int64_t)c.hp.n_layers;
+    for (int caller : {0, 1}) {
+        const int range_device = 1 - caller;
+        SCOPED_TRACE("caller on device " + std::to_string(caller) + ", range on " + std::to_string(range_device));
+        ASSERT_EQ(cudaSetDevice(caller), cudaSuccess);
+        mk_range_options o = cuda_options(MK_DTYPE_F32, false, range_device);
+        mk_range *r = nullptr;
+        MK_ASSERT_OK(mk_range_create(model.get(), 0, L - 1, &o, &r));
+        RangePtr range(r);
+        EXPECT_EQ(current_device(), caller) << "after mk_range_create";
+        mk_sequence *s = nullptr;
+        MK_ASSERT_OK(mk_sequence_open(range.get(), &s));
+        SequencePtr seq(s);
+        EXPECT_EQ(current_device(), caller) << "after mk_sequence_open";
+        mk_tail_output *t = nullptr;
+        MK_ASSERT_OK(mk_range_forward(range.get(), s, c.prompt.data(), c.prompt.size(), nullptr, nullptr, nullptr, &t));
+        TailPtr prefill(t);
+        EXPECT_EQ(current_device(), caller) << "after a prefill forward";
+        MK_ASSERT_OK(mk_range_forward(range.get(), s, prefill->token_ids, 1, nullptr, nullptr, nullptr, &t));
+        TailPtr decode(t);
+        EXPECT_EQ(current_device(), caller) << "after a decode forward";
+        // a failing call gives it back too
+        const int32_t bad = (int32_t)c.hp.vocab;
+        EXPECT_EQ(mk_range_forward(range.get(), s, &bad, 1, nullptr, nullptr, nullptr, &t), MK_ERR_TOKEN_OUT_OF_RANGE);
+        EXPECT_EQ(current_device(), caller) << "after a refused forward";
+        seq.reset();
+        range.reset();
+        EXPECT_EQ(current_device(), caller) << "after freeing the range";
+    }
+    ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+}
+
 // Head on device 0, tail on device 1, the bundle through the wire between them.
 TEST(CudaBackend, HeadOnDeviceZeroTailOnDeviceOneMatchesWhole) {
     MK_REQUIRE_DEVICE();
@@ -240,6 +275,79 @@ TEST(CudaBackend, HeadOnDeviceZeroTailOnDeviceOneMatchesWhole) {
         next = {out->token_ids[0]};
     }
     expect_bit_identical(whole, split, "head on device 0, tail on device 1");
+}
+
+// ================================================================== seams ==
+
+// Whole vs split over every seam transport, on the cuda backend: the boundary stays in
+// device memory (local: device-to-device copy; the others stage through pinned memory).
+TEST(CudaSeams, EveryTransportSplitsBitIdentically) {
+    MK_REQUIRE_DEVICE();
+    const ModelCase c = model_cases()[1];
+    ModelPtr model = make_random_model(c.hp);
+    const Decode whole = decode_greedy(model.get(), {}, cuda_options(), c.prompt, 5);
+    ASSERT_EQ(whole.tokens.size(), 5u);
+    for (mk_seam_kind kind : {MK_SEAM_LOCAL, MK_SEAM_WIRE, MK_SEAM_UNIX, MK_SEAM_TCP}) {
+        for (bool tls : {false, true}) {
+            if (tls && kind != MK_SEAM_UNIX) continue;
+            mk_seam_options seam = mk_seam_options_default(kind);
+            seam.tls.enabled = tls;
+            seam.tls.psk_hex = "8f2a61c0de55aa0193b7e4f6021c9d3b5e7a8c0f1d2e3f405162738495a6b7c8";
+            const Decode split = decode_greedy_seam(model.get(), {1, 3}, cuda_options(), seam, c.prompt, 5);
+            expect_bit_identical(whole, split, mk_seam_kind_name(kind));
+        }
+    }
+}
+
+// Head on device 0, tail on device 1, boundaries in each device's memory, carried by the
+// local transport (peer copy on the tail's stream) and by the unix stream transport.
+TEST(CudaSeams, HeadOnDeviceZeroTailOnDeviceOneOverLocalAndStream) {
+    MK_REQUIRE_DEVICE();
+    if (device_count() < 2) GTEST_SKIP() << "needs 2 CUDA devices";
+    const ModelCase c = model_cases()[0];
+    ModelPtr model = make_random_model(c.hp);
+    const int64_t L = (int64_t)c.hp.n_layers;
+    const Decode whole = decode_greedy(model.get(), {}, cuda_options(), c.prompt, 6);
+    ASSERT_EQ(whole.tokens.size(), 6u);
+    for (mk_seam_kind kind : {MK_SEAM_LOCAL, MK_SEAM_UNIX}) {
+        mk_range *head_r = nullptr, *tail_r = nullptr;
+        mk_range_options on0 = cuda_options(MK_DTYPE_F32, false, 0), on1 = cuda_options(MK_DTYPE_F32, false, 1);
+        MK_ASSERT_OK(mk_range_create(model.get(), 0, 2, &on0, &head_r));
+        RangePtr head(head_r);
+        MK_ASSERT_OK(mk_range_create(model.get(), 3, L - 1, &on1, &tail_r));
+        RangePtr tail(tail_r);
+        mk_sequence *hs = nullptr, *ts = nullptr;
+        MK_ASSERT_OK(mk_sequence_open(head.get(), &hs));
+        SequencePtr head_seq(hs);
+        MK_ASSERT_OK(mk_sequence_open(tail.get(), &ts));
+        SequencePtr tail_seq(ts);
+        mk_boundary *out = nullptr, *in = nullptr;
+        MK_ASSERT_OK(mk_boundary_create(head.get(), &out));
+        MK_ASSERT_OK(mk_boundary_create(tail.get(), &in));
+        const mk_seam_options seam = mk_seam_options_default(kind);
+        mk_seam *tx = nullptr, *rx = nullptr;
+        MK_ASSERT_OK(mk_seam_pair(&seam, head.get(), tail.get(), &tx, &rx));
+        Decode split;
+        std::vector<int32_t> next = c.prompt;
+        for (int i = 0; i < 6; i++) {
+            MK_ASSERT_OK(mk_range_forward_boundary(head.get(), hs, next.data(), next.size(), nullptr, nullptr, out, nullptr));
+            MK_ASSERT_OK(mk_seam_send(tx, out));
+            MK_ASSERT_OK(mk_seam_recv(rx, ts, in));
+            MK_ASSERT_OK(mk_seam_send_wait(tx));
+            mk_tail_output *t = nullptr;
+            MK_ASSERT_OK(mk_range_forward_boundary(tail.get(), ts, nullptr, 0, in, nullptr, nullptr, &t));
+            TailPtr o(t);
+            split.logits.push_back(logits_of(o));
+            split.tokens.push_back(o->token_ids[0]);
+            next = {o->token_ids[0]};
+        }
+        EXPECT_GT(mk_seam_bytes(rx), 0u);
+        mk_seam_free(tx);
+        mk_seam_free(rx);
+        mk_boundary_free(out);
+        mk_boundary_free(in);
+        expect_bit_identical(whole, split, mk_seam_kind_name(kind));
+    }
 }
 
 // ================================================================= errors ==
@@ -507,12 +615,12 @@ TEST(CudasimCublas, BadArgumentsAreRefusedAsCublasDoes) {
 
 // ============================================================== SmolLM2 ==
 
-const std::string kSmolLM2 = std::string(MK_SOURCE_DIR) + "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
-
 TEST(CudaBackendSmolLM2, WholeAndTwoRangeSplitAreBitIdentical) {
     MK_REQUIRE_DEVICE();
+    const std::string path = mk_test_model_path();
+    MK_REQUIRE_MODEL_FILE(path);
     mk_model *m = nullptr;
-    if (mk_model_open_gguf(kSmolLM2.c_str(), &m) != MK_OK) GTEST_SKIP() << "SmolLM2 absent: " << mk_last_error();
+    ASSERT_EQ(mk_model_open_gguf(path.c_str(), &m), MK_OK) << path << " is present but does not open: " << mk_last_error();
     ModelPtr model(m);
     const std::vector<int32_t> prompt = {1, 9690, 28, 198, 504, 3458, 282, 4649, 314};
     mk_range_options o = cuda_options();
@@ -528,6 +636,9 @@ TEST(CudaBackendSmolLM2, WholeAndTwoRangeSplitAreBitIdentical) {
     ASSERT_EQ(whole.tokens.size(), n_steps);
     printf("SmolLM2 whole: %zu steps in %.2f s\n", n_steps, s);
     expect_bit_identical(whole, decode_greedy(model.get(), {14}, o, prompt, n_steps), "SmolLM2 2 ranges");
+    // The device-resident boundary over the local transport (device-to-device copy).
+    expect_bit_identical(whole, decode_greedy_seam(model.get(), {14}, o, mk_seam_options_default(MK_SEAM_LOCAL), prompt, n_steps),
+                         "SmolLM2 2 ranges, local seam");
 #if !defined(MK_TEST_CUDASIM)
     expect_bit_identical(whole, decode_greedy(model.get(), {9, 19}, o, prompt, n_steps), "SmolLM2 3 ranges");
 #endif
@@ -535,6 +646,59 @@ TEST(CudaBackendSmolLM2, WholeAndTwoRangeSplitAreBitIdentical) {
     ASSERT_EQ(cpu.logits.size(), n_steps);
     for (size_t i = 0; i < n_steps; i++) EXPECT_TRUE(close_rel(whole.logits[i], cpu.logits[i], 1e-4f)) << "step " << i;
     EXPECT_EQ(whole.tokens, cpu.tokens);
+}
+
+// The generation loop stops at the end-of-generation set or the token budget, whichever
+// comes first, the same on both backends and every split: a tokenizer whose only
+// end-of-generation token is the one the random model samples at step k.
+TEST(Generation, StopsAtEndOfTurnOrBudgetOnEveryBackendAndSplit) {
+    MK_REQUIRE_DEVICE();
+    const ModelCase c = model_cases()[0];
+    ModelPtr model = make_random_model(c.hp);
+    const Decode reference = decode_greedy(model.get(), {}, cpu_options(), c.prompt, 10);
+    ASSERT_EQ(reference.tokens.size(), 10u);
+    size_t k = 2; // the first step >= 2 whose token is new
+    while (k < 10 && std::find(reference.tokens.begin(), reference.tokens.begin() + (long)k, reference.tokens[k]) !=
+                         reference.tokens.begin() + (long)k)
+        k++;
+    ASSERT_LT(k, 10u) << "the random model repeats itself; pick another seed";
+    mk_tokenizer *tok = nullptr;
+    const std::string vocab = std::string(MK_SOURCE_DIR) + "/tests/fixtures/tokenizer/spm_tiny.gguf";
+    ASSERT_EQ(mk_tokenizer_open_file(vocab.c_str(), &tok), MK_OK) << mk_last_error();
+    ASSERT_GT(tok->n_vocab, c.hp.vocab);
+    for (size_t i = 0; i < tok->n_vocab; i++) tok->eog[i] = false;
+    tok->eog[reference.tokens[k]] = true;
+    struct Run {
+        std::vector<int32_t> tokens;
+        static mk_status on(void *user, int32_t token, const float *, size_t) {
+            static_cast<Run *>(user)->tokens.push_back(token);
+            return MK_OK;
+        }
+    };
+    const size_t L = c.hp.n_layers;
+    for (const mk_range_options &o : {cpu_options(), cuda_options()}) {
+        for (const std::vector<int64_t> &cuts : {std::vector<int64_t>{}, std::vector<int64_t>{(int64_t)L / 2},
+                                                 std::vector<int64_t>{0, (int64_t)L - 2}}) {
+            for (const size_t budget : {size_t{20}, k - 1}) {
+                mk_pipeline *p = nullptr;
+                ASSERT_EQ(mk_pipeline_create(model.get(), cuts.data(), cuts.size(), &o, true, &p), MK_OK) << mk_last_error();
+                Run run;
+                mk_generate_stats st;
+                ASSERT_EQ(mk_pipeline_generate(p, tok, c.prompt.data(), c.prompt.size(), budget, Run::on, &run, &st), MK_OK)
+                    << mk_last_error();
+                mk_pipeline_free(p);
+                const size_t want = budget < k ? budget : k;
+                const std::string where = std::string(o.backend.kind == MK_BACKEND_CUDA ? "cuda" : "cpu") + ", " +
+                                          std::to_string(cuts.size() + 1) + " ranges, budget " + std::to_string(budget);
+                EXPECT_EQ(run.tokens, std::vector<int32_t>(reference.tokens.begin(), reference.tokens.begin() + (long)want))
+                    << where;
+                EXPECT_EQ(st.n_generated, want) << where;
+                EXPECT_EQ(st.stopped_at_eog, budget >= k) << where;
+                EXPECT_EQ(st.eog_token, budget >= k ? reference.tokens[k] : -1) << where;
+            }
+        }
+    }
+    mk_tokenizer_free(tok);
 }
 
 } // namespace

@@ -1,7 +1,7 @@
 /* cudasim.h - CUDA semantics on the CPU for kernel sources compiled by a C++ compiler.
  *
- * Kernel sources include kernels/mk_cuda_compat.h, which includes this header when built
- * with -DMK_CUDASIM. Each block's threads run as cooperative fibers on one OS thread;
+ * Kernel sources include mk_cuda_compat.h; its cudasim flavour (this directory, on the
+ * include path of whatever links the `cudasim` target) includes this header. Each block's threads run as cooperative fibers on one OS thread;
  * blocks of a launch are spread over a small pool of OS threads. __syncthreads and the
  * warp intrinsics are real barriers/exchanges; the order threads run between them is
  * forward, reverse or seeded random (CUDASIM_ORDER, CUDASIM_SEED, cudasim::set_order).

@@ -132,6 +132,7 @@ cublasStatus_t gemm(const char *fn, cublasHandle_t handle, cublasOperation_t tra
                     cudaDataType Btype, int ldb, const float *beta, void *C, cudaDataType Ctype, int ldc,
                     cublasComputeType_t compute) {
   if (!handle_live(handle)) return fail(CUBLAS_STATUS_NOT_INITIALIZED, fn, "handle is not a live cublasCreate handle");
+  cudasim::stream_drain(handle->stream); /* stream order with queued tasks (NCCL) */
   const bool ta = transa != CUBLAS_OP_N, tb = transb != CUBLAS_OP_N;
   if ((transa != CUBLAS_OP_N && transa != CUBLAS_OP_T && transa != CUBLAS_OP_C) ||
       (transb != CUBLAS_OP_N && transb != CUBLAS_OP_T && transb != CUBLAS_OP_C))

@@ -25,6 +25,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <pthread.h>
+
+#include <new>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -823,7 +827,11 @@ void work(Launch &L) {
 class Pool {
  public:
   static Pool &get() {
-    static Pool *p = new Pool(); /* leaked: threads outlive static destruction */
+    static Pool *p = [] {
+      Pool *q = new Pool(); /* leaked: threads outlive static destruction */
+      pthread_atfork(before_fork, after_fork_parent, after_fork_child);
+      return q;
+    }();
     return *p;
   }
   /* Run work(L) on the calling thread and on up to n-1 pool threads. */
@@ -861,6 +869,29 @@ class Pool {
       --active_;
       if (want_ == 0 && active_ == 0) done_cv_.notify_all();
     }
+  }
+  /* fork(): no launch is in flight across it, and the child, which has none of the pool
+   * threads, starts a new pool (the parent's thread handles are kept, unjoinable there). */
+  static void before_fork() {
+    get().launch_mu_.lock();
+    get().mu_.lock();
+  }
+  static void after_fork_parent() {
+    get().mu_.unlock();
+    get().launch_mu_.unlock();
+  }
+  static void after_fork_child() {
+    Pool &p = get();
+    static std::vector<std::thread> *orphans = new std::vector<std::thread>();
+    for (std::thread &t : p.threads_) orphans->push_back(std::move(t));
+    p.threads_.clear();
+    p.job_ = nullptr;
+    p.want_ = p.active_ = 0;
+    /* New locks and condition variables: the parent's pool threads waited on the old ones. */
+    new (&p.mu_) std::mutex();
+    new (&p.launch_mu_) std::mutex();
+    new (&p.cv_) std::condition_variable();
+    new (&p.done_cv_) std::condition_variable();
   }
   std::mutex launch_mu_, mu_;
   std::condition_variable cv_, done_cv_;
@@ -940,6 +971,8 @@ cudaError_t launch(const Thunk &t, dim3 grid, dim3 block, size_t shmem, cudaStre
             "is %d",
             t.name, file, line, sd, cur));
   }
+  /* Stream order: queued tasks on the stream (an NCCL receive) finish before the kernel. */
+  stream_drain(stream);
   Launch L;
   L.thunk = t;
   L.grid = grid;

@@ -5,6 +5,8 @@
 #include "cudasim.h"
 
 #include <atomic>
+#include <functional>
+#include <memory>
 #include <string>
 
 namespace cudasim {
@@ -34,6 +36,37 @@ int current_device();
 /* Where [p, p + n) lives: the device of the one allocation holding it, -1 for pinned host
  * memory, -2 when no single allocation holds it (used by the cuBLAS stand-ins). */
 int allocation_device(const void *p, size_t n);
+
+/* ---- asynchronous stream work (cudasim_async.cpp) -------------------------------------
+ * Kernels, copies and cuBLAS run synchronously in the calling thread. Work that must wait
+ * for another party (an NCCL send or receive, a wait on an event that is not complete yet)
+ * is a task queued on its stream and run, in order, by that stream's worker thread. Any
+ * synchronous work issued to a stream afterwards first waits for those tasks
+ * (stream_drain), so stream order holds: a kernel after a receive reads the received data. */
+using StreamTask = std::function<void()>;
+/* Queue task on s (a created stream, or the current device's default stream for 0). */
+void stream_enqueue(cudaStream_t s, StreamTask task);
+/* Block until every task queued on s so far has run (no-op for a stream without tasks). */
+void stream_drain(cudaStream_t s);
+/* Drain every stream of a device (cudaDeviceSynchronize). */
+void device_drain(int device);
+/* True while s has queued or running tasks (cudaStreamQuery). */
+bool stream_busy(cudaStream_t s);
+/* The stream is being destroyed: its worker finishes the queued tasks and exits. */
+void stream_forget(cudaStream_t s);
+
+/* Completion flag of an event recorded behind queued tasks. */
+struct EventMark {
+  bool done = false; /* guarded by the async lock */
+  double t_ms = 0;
+};
+/* Record an event on s: nullptr if s has no pending tasks (the event is complete now),
+ * else a mark that completes when the tasks queued before it have run. */
+std::shared_ptr<EventMark> stream_mark(cudaStream_t s);
+bool mark_done(const std::shared_ptr<EventMark> &m);
+void mark_wait(const std::shared_ptr<EventMark> &m);
+/* Milliseconds of the steady clock (event times). */
+double now_ms();
 
 }  // namespace cudasim
 

@@ -30,6 +30,8 @@ struct CUevent_st {
   unsigned flags;
   bool recorded;
   double t_ms;
+  /* Set when recorded behind queued stream tasks (NCCL): complete once they have run. */
+  std::shared_ptr<cudasim::EventMark> mark;
 };
 
 namespace cudasim {
@@ -173,7 +175,11 @@ const char *kind_name(cudaMemcpyKind k) {
   return "?";
 }
 
-cudaError_t copy(void *dst, const void *src, size_t n, cudaMemcpyKind kind, const char *fn) {
+/* Checks a copy's arguments; copies now, or when `later` is a stream with queued tasks (an
+ * NCCL receive), queues the copy behind them and returns (the host thread goes on, as with
+ * a GPU), except into pageable host memory, which libcudart also completes before returning. */
+cudaError_t copy(void *dst, const void *src, size_t n, cudaMemcpyKind kind, const char *fn,
+                 const cudaStream_t *later = nullptr) {
   if (n == 0) return cudaSuccess;
   if (!dst || !src) return fail(cudaErrorInvalidValue, fmt("cudasim: %s with a null pointer", fn));
   const bool dst_dev = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
@@ -188,6 +194,12 @@ cudaError_t copy(void *dst, const void *src, size_t n, cudaMemcpyKind kind, cons
     return fail(cudaErrorInvalidValue,
                 fmt("cudasim: %s(%s): source [%p, +%zu) is not inside one device allocation", fn,
                     kind_name(kind), src, n));
+  if (later && !(kind == cudaMemcpyDeviceToHost && allocation_device(dst, n) == -2) &&
+      stream_busy(*later)) {
+    stream_enqueue(*later, [dst, src, n] { memmove(dst, src, n); });
+    return cudaSuccess;
+  }
+  if (later) stream_drain(*later);
   memmove(dst, src, n);
   return cudaSuccess;
 }
@@ -199,10 +211,11 @@ cudaError_t check_stream(cudaStream_t s, const char *fn) {
   return fail(cudaErrorInvalidResourceHandle, fmt("cudasim: %s: invalid stream %p", fn, (void *)s));
 }
 
-double now_ms() {
-  return std::chrono::duration<double, std::milli>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+/* A valid stream whose queued tasks (NCCL) have all run: synchronous work may start. */
+cudaError_t ready_stream(cudaStream_t s, const char *fn) {
+  if (cudaError_t e = check_stream(s, fn)) return e;
+  stream_drain(s);
+  return cudaSuccess;
 }
 
 cudaError_t sync_result() {
@@ -398,7 +411,10 @@ cudaError_t cudaDeviceGetAttribute(int *v, cudaDeviceAttr a, int device) {
   }
   return cudaSuccess;
 }
-cudaError_t cudaDeviceSynchronize(void) { return sync_result(); }
+cudaError_t cudaDeviceSynchronize(void) {
+  device_drain(tls_device);
+  return sync_result();
+}
 cudaError_t cudaDeviceReset(void) { return cudaSuccess; }
 cudaError_t cudaDeviceCanAccessPeer(int *can, int device, int peer) {
   if (!can) return fail(cudaErrorInvalidValue, "cudasim: cudaDeviceCanAccessPeer(NULL)");
@@ -437,11 +453,11 @@ cudaError_t cudaDriverGetVersion(int *v) {
 cudaError_t cudaMalloc(void **p, size_t size) { return alloc(p, size, tls_device); }
 cudaError_t cudaFree(void *p) { return release(p, false); }
 cudaError_t cudaMallocAsync(void **p, size_t size, cudaStream_t s) {
-  if (cudaError_t e = check_stream(s, "cudaMallocAsync")) return e;
+  if (cudaError_t e = ready_stream(s, "cudaMallocAsync")) return e;
   return alloc(p, size, tls_device);
 }
 cudaError_t cudaFreeAsync(void *p, cudaStream_t s) {
-  if (cudaError_t e = check_stream(s, "cudaFreeAsync")) return e;
+  if (cudaError_t e = ready_stream(s, "cudaFreeAsync")) return e;
   return release(p, false);
 }
 cudaError_t cudaMallocHost(void **p, size_t size) { return alloc(p, size, -1); }
@@ -460,20 +476,22 @@ cudaError_t cudaMemGetInfo(size_t *free_b, size_t *total) {
 }
 
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind kind) {
+  stream_drain(nullptr);
   if (cudaError_t e = copy(dst, src, n, kind, "cudaMemcpy")) return e;
   return sync_result();
 }
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind kind,
                             cudaStream_t s) {
   if (cudaError_t e = check_stream(s, "cudaMemcpyAsync")) return e;
-  return copy(dst, src, n, kind, "cudaMemcpyAsync");
+  return copy(dst, src, n, kind, "cudaMemcpyAsync", &s);
 }
 cudaError_t cudaMemcpyPeer(void *dst, int, const void *src, int, size_t n) {
+  stream_drain(nullptr);
   return copy(dst, src, n, cudaMemcpyDeviceToDevice, "cudaMemcpyPeer");
 }
 cudaError_t cudaMemcpyPeerAsync(void *dst, int, const void *src, int, size_t n, cudaStream_t s) {
   if (cudaError_t e = check_stream(s, "cudaMemcpyPeerAsync")) return e;
-  return copy(dst, src, n, cudaMemcpyDeviceToDevice, "cudaMemcpyPeerAsync");
+  return copy(dst, src, n, cudaMemcpyDeviceToDevice, "cudaMemcpyPeerAsync", &s);
 }
 cudaError_t cudaMemcpy2D(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
                          size_t height, cudaMemcpyKind kind) {
@@ -488,7 +506,7 @@ cudaError_t cudaMemcpy2D(void *dst, size_t dpitch, const void *src, size_t spitc
 }
 cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch,
                               size_t width, size_t height, cudaMemcpyKind kind, cudaStream_t s) {
-  if (cudaError_t e = check_stream(s, "cudaMemcpy2DAsync")) return e;
+  if (cudaError_t e = ready_stream(s, "cudaMemcpy2DAsync")) return e;
   return cudaMemcpy2D(dst, dpitch, src, spitch, width, height, kind);
 }
 cudaError_t cudaMemcpyToSymbol(const void *symbol, const void *src, size_t count, size_t offset,
@@ -502,6 +520,7 @@ cudaError_t cudaMemcpyFromSymbol(void *dst, const void *symbol, size_t count, si
   return cudaSuccess;
 }
 cudaError_t cudaMemset(void *p, int value, size_t n) {
+  stream_drain(nullptr);
   if (n && !device_range_ok(p, n))
     return fail(cudaErrorInvalidValue,
                 fmt("cudasim: cudaMemset: [%p, +%zu) is not inside one device allocation", p, n));
@@ -510,7 +529,16 @@ cudaError_t cudaMemset(void *p, int value, size_t n) {
 }
 cudaError_t cudaMemsetAsync(void *p, int value, size_t n, cudaStream_t s) {
   if (cudaError_t e = check_stream(s, "cudaMemsetAsync")) return e;
-  return cudaMemset(p, value, n);
+  if (n && !device_range_ok(p, n))
+    return fail(cudaErrorInvalidValue,
+                fmt("cudasim: cudaMemsetAsync: [%p, +%zu) is not inside one device allocation", p, n));
+  if (n && stream_busy(s)) {
+    stream_enqueue(s, [p, value, n] { memset(p, value, n); });
+    return cudaSuccess;
+  }
+  stream_drain(s);
+  if (n) memset(p, value, n);
+  return cudaSuccess;
 }
 cudaError_t cudaPointerGetAttributes(cudaPointerAttributes *a, const void *p) {
   if (!a) return fail(cudaErrorInvalidValue, "cudasim: cudaPointerGetAttributes(NULL)");
@@ -559,22 +587,32 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
     tls_diag = "cudasim: cudaStreamDestroy: invalid stream";
     return cudaErrorInvalidResourceHandle;
   }
+  stream_forget(s);
   delete s;
   return cudaSuccess;
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
-  if (cudaError_t e = check_stream(s, "cudaStreamSynchronize")) return e;
+  if (cudaError_t e = ready_stream(s, "cudaStreamSynchronize")) return e;
   return sync_result();
 }
-cudaError_t cudaStreamQuery(cudaStream_t s) { return check_stream(s, "cudaStreamQuery"); }
+cudaError_t cudaStreamQuery(cudaStream_t s) {
+  if (cudaError_t e = check_stream(s, "cudaStreamQuery")) return e;
+  return stream_busy(s) ? cudaErrorNotReady : cudaSuccess;
+}
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t ev, unsigned int) {
   if (cudaError_t e = check_stream(s, "cudaStreamWaitEvent")) return e;
-  std::lock_guard<std::mutex> g(g_mu);
-  if (!g_events.count(ev)) {
-    tls_last = tls_diag_code = cudaErrorInvalidResourceHandle;
-    tls_diag = "cudasim: cudaStreamWaitEvent: invalid event";
-    return cudaErrorInvalidResourceHandle;
+  std::shared_ptr<EventMark> m;
+  {
+    std::lock_guard<std::mutex> g(g_mu);
+    if (!g_events.count(ev)) {
+      tls_last = tls_diag_code = cudaErrorInvalidResourceHandle;
+      tls_diag = "cudasim: cudaStreamWaitEvent: invalid event";
+      return cudaErrorInvalidResourceHandle;
+    }
+    m = ev->mark;
   }
+  /* An event behind queued tasks of another stream: s waits for it as a task of its own. */
+  if (!mark_done(m)) stream_enqueue(s, [m] { mark_wait(m); });
   return cudaSuccess;
 }
 
@@ -585,7 +623,7 @@ static CUevent_st *find_event(cudaEvent_t e) {
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned int flags) {
   if (!e) return fail(cudaErrorInvalidValue, "cudasim: cudaEventCreate(NULL)");
-  *e = new CUevent_st{tls_device, flags, false, 0.0};
+  *e = new CUevent_st{tls_device, flags, false, 0.0, nullptr};
   std::lock_guard<std::mutex> g(g_mu);
   g_events.insert(*e);
   return cudaSuccess;
@@ -610,19 +648,22 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
     return fail(cudaErrorInvalidResourceHandle,
                 fmt("cudasim: cudaEventRecord: event of device %d recorded on a stream of device %d",
                     ev->device, sd));
+  ev->mark = stream_mark(s);
   ev->recorded = true;
   ev->t_ms = now_ms();
   return cudaSuccess;
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
-  if (!find_event(e))
+  CUevent_st *ev = find_event(e);
+  if (!ev)
     return fail(cudaErrorInvalidResourceHandle, "cudasim: cudaEventSynchronize: invalid event");
+  mark_wait(ev->mark);
   return sync_result();
 }
 cudaError_t cudaEventQuery(cudaEvent_t e) {
-  if (!find_event(e))
-    return fail(cudaErrorInvalidResourceHandle, "cudasim: cudaEventQuery: invalid event");
-  return cudaSuccess;
+  CUevent_st *ev = find_event(e);
+  if (!ev) return fail(cudaErrorInvalidResourceHandle, "cudasim: cudaEventQuery: invalid event");
+  return mark_done(ev->mark) ? cudaSuccess : cudaErrorNotReady;
 }
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b) {
   CUevent_st *ea = find_event(a), *eb = find_event(b);
@@ -634,6 +675,8 @@ cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b) {
   if (!ea->recorded || !eb->recorded)
     return fail(cudaErrorInvalidResourceHandle,
                 "cudasim: cudaEventElapsedTime: event not recorded");
-  *ms = static_cast<float>(eb->t_ms - ea->t_ms);
+  if (!mark_done(ea->mark) || !mark_done(eb->mark)) return cudaErrorNotReady;
+  const double ta = ea->mark ? ea->mark->t_ms : ea->t_ms, tb = eb->mark ? eb->mark->t_ms : eb->t_ms;
+  *ms = static_cast<float>(tb - ta);
   return cudaSuccess;
 }

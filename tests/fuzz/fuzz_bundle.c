@@ -15,8 +15,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (mk_bundle_pack(b, &bytes, &len) != MK_OK) abort();
         mk_bundle *again = NULL;
         if (mk_bundle_unpack(bytes, len, &again) != MK_OK) abort();
-        const size_t n = b->batch * b->seq * b->hidden;
-        if (memcmp(again->residual, b->residual, n * sizeof(float)) != 0) abort();
+        const mk_boundary_header *h = mk_bundle_header(b);
+        const size_t n = h->batch * h->rows * h->hidden;
+        if (memcmp(mk_bundle_residual_const(again), mk_bundle_residual_const(b), n * sizeof(float)) != 0) abort();
         mk_bundle_free(again);
         mk_buffer_free(bytes);
         mk_bundle_free(b);

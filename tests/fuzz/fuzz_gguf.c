@@ -1,9 +1,11 @@
-/* libFuzzer target: GGUF bytes. Opening, reading hyper-parameters and dequantizing every
- * tensor must return statuses, never read out of bounds or allocate without bound. */
+/* libFuzzer target: GGUF bytes. Opening, reading hyper-parameters, dequantizing every
+ * tensor and loading the tokenizer (then encoding and decoding a fixed text with it) must
+ * return statuses, never read out of bounds or allocate without bound. */
 #include <stdint.h>
 #include <stdlib.h>
 
 #include "gguf.h"
+#include "tokenizer.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     mk_gguf *g = NULL;
@@ -17,6 +19,21 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         float *out = malloc((size_t)t->n_elements * sizeof(float) + 1);
         if (out) (void)mk_gguf_tensor_to_f32(g, t->name, out, (size_t)t->n_elements);
         free(out);
+    }
+    mk_tokenizer *tok = NULL;
+    if (mk_tokenizer_from_gguf(g, &tok) == MK_OK) {
+        static const char text[] = "Hello <|im_end|> w\xc3\xb6rld 123 \xf0\x9f\x98\x80";
+        int32_t *ids = NULL;
+        size_t n = 0;
+        if (mk_tokenizer_encode(tok, text, sizeof text - 1, MK_TOKENIZE_ADD_SPECIAL | MK_TOKENIZE_PARSE_SPECIAL, &ids,
+                                &n) == MK_OK) {
+            char *back = NULL;
+            size_t len = 0;
+            (void)mk_tokenizer_decode(tok, ids, n, MK_DECODE_SPECIAL, &back, &len);
+            mk_buffer_free(back);
+        }
+        mk_buffer_free(ids);
+        mk_tokenizer_free(tok);
     }
     mk_gguf_close(g);
     return 0;

@@ -21,21 +21,11 @@
 
 #include "cpu_ops.h"
 #include "kernels.h"
+#include "mk_test_util.h"
 
 namespace {
 
 // ============================================================================ device ==
-
-bool device_available() {
-    static int cached = -1;
-    if (cached < 0) {
-        int n = 0;
-        const cudaError_t e = cudaGetDeviceCount(&n);
-        cached = (e == cudaSuccess && n > 0) ? 1 : 0;
-        if (e != cudaSuccess) (void)cudaGetLastError();
-    }
-    return cached == 1;
-}
 
 #define CUDA_OK(expr)                                                                          \
     do {                                                                                       \
@@ -190,7 +180,7 @@ template <class T>
 class OpTest : public ::testing::Test {
 protected:
     void SetUp() override {
-        if (!device_available()) GTEST_SKIP() << "no CUDA device";
+        MK_REQUIRE_DEVICE();
         ASSERT_EQ(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), cudaSuccess);
     }
     void TearDown() override {
@@ -212,8 +202,10 @@ std::string case_name(const ::testing::TestParamInfo<P> &info) {
 struct NormCase {
     size_t rows, cols;
     bool add;
+    bool tiny = false; // inputs ~1e-3: mean square ~3e-7, below eps, so eps decides the scale
     std::string name() const {
-        return std::string(add ? "add_" : "") + "r" + std::to_string(rows) + "_c" + std::to_string(cols);
+        return std::string(add ? "add_" : "") + "r" + std::to_string(rows) + "_c" + std::to_string(cols) +
+               (tiny ? "_tiny" : "");
     }
 };
 void PrintTo(const NormCase &c, std::ostream *os) { *os << c.name(); }
@@ -224,8 +216,10 @@ TEST_P(RmsNorm, MatchesCpu) {
     const NormCase c = GetParam();
     const size_t n = c.rows * c.cols;
     const float eps = 1e-5f;
-    std::vector<float> x = random_f32(n, 11 + n, 3.0f), w = random_f32(c.cols, 12 + c.cols, 1.5f);
-    std::vector<float> delta = random_f32(n, 13 + n, 0.5f);
+    // Inputs far above eps hide a wrong eps; the tiny cases put the mean square below it.
+    const float scale = c.tiny ? 1e-3f : 1.0f;
+    std::vector<float> x = random_f32(n, 11 + n, 3.0f * scale), w = random_f32(c.cols, 12 + c.cols, 1.5f);
+    std::vector<float> delta = random_f32(n, 13 + n, 0.5f * scale);
     GuardedBuf dx(n * 4), dw(c.cols * 4), dout(n * 4), ddelta(n * 4);
     ASSERT_TRUE(dx.ok() && dw.ok() && dout.ok() && ddelta.ok());
     CUDA_OK(dx.upload(x.data()));
@@ -258,6 +252,8 @@ std::vector<NormCase> norm_cases() {
     v.push_back({4, 8192, true});
     v.push_back({64, 32, false});
     v.push_back({16, 8192, true});
+    for (size_t cols : {1, 33, 576, 4097})
+        for (bool add : {false, true}) v.push_back({cols > 1000 ? size_t(2) : size_t(5), cols, add, true});
     return v;
 }
 INSTANTIATE_TEST_SUITE_P(Ops, RmsNorm, ::testing::ValuesIn(norm_cases()), case_name<NormCase>);
@@ -436,9 +432,9 @@ TEST_P(AttentionDecode, MatchesCpu) {
     CUDA_OK(dout.poison());
     CUDA_OK(dws.poison());
     // too small a workspace is refused
-    EXPECT_EQ(mk_kernel_attention_decode(dout.ptr<float>(), dq.ptr<float>(), dk.ptr<float>(), dv.ptr<float>(), c.past,
-                                         c.n_heads, c.n_kv_heads, c.head_dim, dws.ptr(), ws_bytes - 4, stream_),
-              MK_ERR_INVALID_ARGUMENT);
+    EXPECT_ERROR(mk_kernel_attention_decode(dout.ptr<float>(), dq.ptr<float>(), dk.ptr<float>(), dv.ptr<float>(), c.past,
+                                            c.n_heads, c.n_kv_heads, c.head_dim, dws.ptr(), ws_bytes - 4, stream_),
+                 MK_ERR_INVALID_ARGUMENT, "mk_kernel_attention_decode: workspace");
     MK_OK_(mk_kernel_attention_decode(dout.ptr<float>(), dq.ptr<float>(), dk.ptr<float>(), dv.ptr<float>(), c.past,
                                       c.n_heads, c.n_kv_heads, c.head_dim, dws.ptr(), ws_bytes, stream_));
     CUDA_OK(cudaStreamSynchronize(stream_));
@@ -561,13 +557,14 @@ INSTANTIATE_TEST_SUITE_P(Ops, Swiglu, ::testing::ValuesIn(swiglu_cases()), case_
 
 // ============================================================================= argmax ==
 
-enum class ArgPattern { Random, Ties, Nans, AllNan, NegInf, Misaligned };
+enum class ArgPattern { Random, Ties, Nans, AllNan, NegInf, Misaligned, ThreadTies, ThreadTiesMisaligned };
 
 struct ArgmaxCase {
     size_t rows, n;
     ArgPattern pattern;
     std::string name() const {
-        static const char *tags[] = {"random", "ties", "nans", "allnan", "neginf", "misaligned"};
+        static const char *tags[] = {"random", "ties", "nans", "allnan", "neginf", "misaligned", "threadties",
+                                     "threadties_misaligned"};
         return std::string(tags[(int)pattern]) + "_r" + std::to_string(rows) + "_n" + std::to_string(n);
     }
 };
@@ -592,6 +589,16 @@ TEST_P(Argmax, ExactLowestIndex) {
                 for (size_t i : at) xr[i] = 50.0f;
                 break;
             }
+            case ArgPattern::ThreadTies:
+            case ArgPattern::ThreadTiesMisaligned: {
+                // Ties one thread sees in its own scan, whatever the block size (32, 256 or
+                // 1024 threads) and load width: the same 16-byte load (+1..+3) and the same
+                // thread's later strides (+32 .. +8192). The lowest is a multiple of 4.
+                const size_t a = (rng() % (c.n / 2 + 1)) & ~size_t(3);
+                for (size_t off : {0, 1, 2, 3, 32, 64, 256, 512, 1024, 2048, 4096, 8192})
+                    if (a + off < c.n) xr[a + off] = 50.0f;
+                break;
+            }
             case ArgPattern::Nans: // NaNs everywhere, one bigger-looking than anything, and at 0
                 for (size_t i = 0; i < c.n; i += 1 + rng() % 7) xr[i] = qnan;
                 xr[0] = qnan;
@@ -609,7 +616,8 @@ TEST_P(Argmax, ExactLowestIndex) {
         }
     }
     // Misaligned: the rows start 4 bytes into the buffer (no 16-byte loads).
-    const size_t shift = c.pattern == ArgPattern::Misaligned ? 1 : 0;
+    const size_t shift =
+        c.pattern == ArgPattern::Misaligned || c.pattern == ArgPattern::ThreadTiesMisaligned ? 1 : 0;
     GuardedBuf dx((total + shift) * 4), dout(c.rows * 4);
     std::vector<float> hx(total + shift, 1e30f);
     std::copy(x.begin(), x.end(), hx.begin() + shift);
@@ -637,6 +645,9 @@ std::vector<ArgmaxCase> argmax_cases() {
     v.push_back({1, 262144, ArgPattern::Nans});
     v.push_back({1, 256000, ArgPattern::Random});
     v.push_back({1, 151937, ArgPattern::Ties});
+    for (size_t n : {100, 1000, 4097, 49152}) v.push_back({3, n, ArgPattern::ThreadTies});
+    v.push_back({3, 1000, ArgPattern::ThreadTiesMisaligned});
+    v.push_back({2, 8192, ArgPattern::ThreadTiesMisaligned});
     return v;
 }
 INSTANTIATE_TEST_SUITE_P(Ops, Argmax, ::testing::ValuesIn(argmax_cases()), case_name<ArgmaxCase>);
@@ -750,23 +761,32 @@ TEST_F(OpTest, ShapeAndArgumentErrors) {
     GuardedBuf b(4096);
     float *f = b.ptr<float>();
     int32_t *i = b.ptr<int32_t>();
-    EXPECT_EQ(mk_kernel_embed(f, f, MK_DTYPE_I32, i, 1, 4, 4, stream_), MK_ERR_INVALID_ARGUMENT);
-    EXPECT_EQ(mk_kernel_embed(f, f, MK_DTYPE_F32, i, 1, 0, 4, stream_), MK_ERR_SHAPE);
-    EXPECT_EQ(mk_kernel_rmsnorm(f, f, f, 2, 0, 1e-5f, stream_), MK_ERR_SHAPE);
-    EXPECT_EQ(mk_kernel_rmsnorm(nullptr, f, f, 2, 4, 1e-5f, stream_), MK_ERR_INVALID_ARGUMENT);
-    EXPECT_EQ(mk_kernel_rope(f, i, 1, 1, 7, 10000.0f, MK_ROPE_ROTATE_HALF, stream_), MK_ERR_SHAPE);
-    EXPECT_EQ(mk_kernel_rope(f, i, 1, 1, 258, 10000.0f, MK_ROPE_ROTATE_HALF, stream_), MK_ERR_SHAPE);
-    EXPECT_EQ(mk_kernel_rope(f, i, 1, 1, 8, 10000.0f, (mk_rope_layout)9, stream_), MK_ERR_INVALID_ARGUMENT);
-    EXPECT_EQ(mk_kernel_attention_prefill(f, f, f, f, 1, 0, 6, 4, 8, stream_), MK_ERR_SHAPE); // 6 % 4
-    EXPECT_EQ(mk_kernel_attention_prefill(f, f, f, f, 1, 0, 4, 4, 5, stream_), MK_ERR_SHAPE); // odd head_dim
-    EXPECT_EQ(mk_kernel_attention_decode(f, f, f, f, 0, 4, 0, 8, f, 4096, stream_), MK_ERR_SHAPE);
-    EXPECT_EQ(mk_kernel_swiglu(f, f, f, MK_DTYPE_I64, 4, stream_), MK_ERR_INVALID_ARGUMENT);
-    EXPECT_EQ(mk_kernel_argmax(i, f, 1, 0, stream_), MK_ERR_SHAPE);
-    EXPECT_EQ(mk_kernel_argmax(i, f, 1, (size_t)1 << 31, stream_), MK_ERR_SHAPE);
-    EXPECT_EQ(mk_kernel_convert(f, MK_DTYPE_I32, f, MK_DTYPE_F32, 4, stream_), MK_ERR_INVALID_ARGUMENT);
-    EXPECT_EQ(mk_kernel_last_row(f, f, 0, 4, stream_), MK_ERR_SHAPE);
-    EXPECT_EQ(mk_kernel_kv_append(f, f, f, f, 0, 1, 0, stream_), MK_ERR_SHAPE);
-    EXPECT_STRNE(mk_last_error(), "");
+    EXPECT_ERROR(mk_kernel_embed(f, f, MK_DTYPE_I32, i, 1, 4, 4, stream_), MK_ERR_INVALID_ARGUMENT,
+                 "mk_kernel_embed: table dtype 4 is not F32/F16/BF16");
+    EXPECT_ERROR(mk_kernel_embed(f, f, MK_DTYPE_F32, i, 1, 0, 4, stream_), MK_ERR_SHAPE, "mk_kernel_embed: hidden 0, vocab 4");
+    EXPECT_ERROR(mk_kernel_rmsnorm(f, f, f, 2, 0, 1e-5f, stream_), MK_ERR_SHAPE, "mk_kernel_rmsnorm: zero columns");
+    EXPECT_ERROR(mk_kernel_rmsnorm(nullptr, f, f, 2, 4, 1e-5f, stream_), MK_ERR_INVALID_ARGUMENT,
+                 "mk_kernel_rmsnorm: null pointer");
+    EXPECT_ERROR(mk_kernel_rope(f, i, 1, 1, 7, 10000.0f, MK_ROPE_ROTATE_HALF, stream_), MK_ERR_SHAPE,
+                 "mk_kernel_rope: head_dim 7 must be even");
+    EXPECT_ERROR(mk_kernel_rope(f, i, 1, 1, 258, 10000.0f, MK_ROPE_ROTATE_HALF, stream_), MK_ERR_SHAPE,
+                 "mk_kernel_rope: head_dim 258 must be even and <= 256");
+    EXPECT_ERROR(mk_kernel_rope(f, i, 1, 1, 8, 10000.0f, (mk_rope_layout)9, stream_), MK_ERR_INVALID_ARGUMENT,
+                 "mk_kernel_rope: unknown layout 9");
+    EXPECT_ERROR(mk_kernel_attention_prefill(f, f, f, f, 1, 0, 6, 4, 8, stream_), MK_ERR_SHAPE,
+                 "n_heads 6 must be a multiple of n_kv_heads 4");
+    EXPECT_ERROR(mk_kernel_attention_prefill(f, f, f, f, 1, 0, 4, 4, 5, stream_), MK_ERR_SHAPE,
+                 "mk_kernel_attention_prefill: head_dim 5 must be even");
+    EXPECT_ERROR(mk_kernel_attention_decode(f, f, f, f, 0, 4, 0, 8, f, 4096, stream_), MK_ERR_SHAPE,
+                 "mk_kernel_attention_decode: n_heads 4 must be a multiple of n_kv_heads 0");
+    EXPECT_ERROR(mk_kernel_swiglu(f, f, f, MK_DTYPE_I64, 4, stream_), MK_ERR_INVALID_ARGUMENT,
+                 "mk_kernel_swiglu: dtype 5 is not F32/F16/BF16");
+    EXPECT_ERROR(mk_kernel_argmax(i, f, 1, 0, stream_), MK_ERR_SHAPE, "mk_kernel_argmax: row length 0");
+    EXPECT_ERROR(mk_kernel_argmax(i, f, 1, (size_t)1 << 31, stream_), MK_ERR_SHAPE, "mk_kernel_argmax: row length 2147483648");
+    EXPECT_ERROR(mk_kernel_convert(f, MK_DTYPE_I32, f, MK_DTYPE_F32, 4, stream_), MK_ERR_INVALID_ARGUMENT,
+                 "mk_kernel_convert: unsupported dtypes 1 -> 4");
+    EXPECT_ERROR(mk_kernel_last_row(f, f, 0, 4, stream_), MK_ERR_SHAPE, "mk_kernel_last_row: shape [0, 4]");
+    EXPECT_ERROR(mk_kernel_kv_append(f, f, f, f, 0, 1, 0, stream_), MK_ERR_SHAPE, "mk_kernel_kv_append: zero kv_dim");
     // zero work is a no-op, not an error
     EXPECT_EQ(mk_kernel_rmsnorm(f, f, f, 0, 4, 1e-5f, stream_), MK_OK);
     EXPECT_EQ(mk_kernel_argmax(i, f, 0, 4, stream_), MK_OK);

@@ -1,10 +1,14 @@
-/* mk_cuda_compat.h - the one header every kernel .cu includes first.
+/* mk_cuda_compat.h (nvcc flavour) - the one header every kernel .cu includes first.
  *
- * Two worlds, one kernel source:
- *   nvcc (__CUDACC__)      : the real CUDA headers; MK_LAUNCH is the only `<<<>>>` in the project.
- *   g++ -DMK_CUDASIM       : tests/cudasim/cudasim.h gives CUDA semantics on the CPU
- *                            (blocks of cooperative fibers, real barriers and warp exchanges).
+ * Two flavours of this header exist, with the same name; the build picks one by include
+ * path, so kernel sources carry no #ifdef for it:
+ *   kernels/nvcc/mk_cuda_compat.h    (this file) nvcc and the real CUDA headers; added to
+ *                                    meshkern_kernels_cuda's include path
+ *   tests/cudasim/mk_cuda_compat.h   the host compiler and cudasim (CPU execution with CUDA
+ *                                    semantics); on the include path of everything that
+ *                                    links the `cudasim` target
  *
+ * Both define:
  * MK_LAUNCH(kernel, grid, block, shmem_bytes, stream, args...)
  *     Launch `kernel`. A template kernel whose argument list contains a comma must be
  *     parenthesised: MK_LAUNCH((k<float, 256>), ...). Check cudaGetLastError() after it.
@@ -15,12 +19,15 @@
 #ifndef MK_CUDA_COMPAT_H
 #define MK_CUDA_COMPAT_H
 
-#if defined(__CUDACC__)
+#if !defined(__CUDACC__)
+#error "kernels/nvcc/mk_cuda_compat.h is for nvcc; host-compiler builds take tests/cudasim/mk_cuda_compat.h"
+#endif
 
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 
+/* MK_LAUNCH is the only `<<<>>>` in the project. */
 #define MK_LAUNCH(kernel, grid, block, shmem_bytes, stream, ...) \
   (kernel)<<<(grid), (block), (shmem_bytes), (stream)>>>(__VA_ARGS__)
 
@@ -29,23 +36,5 @@
 #define MK_DYNAMIC_SHARED(type, name)                                   \
   extern __shared__ __align__(16) unsigned char mk_dynamic_smem_raw_[]; \
   type *name = reinterpret_cast<type *>(mk_dynamic_smem_raw_)
-
-#elif defined(MK_CUDASIM)
-
-#if __has_include("cudasim.h")
-#include "cudasim.h"
-#else
-#include "../tests/cudasim/cudasim.h"
-#endif
-
-#define MK_LAUNCH(kernel, grid, block, shmem_bytes, stream, ...) \
-  CUDASIM_LAUNCH(kernel, grid, block, shmem_bytes, stream, ##__VA_ARGS__)
-
-#define MK_DYNAMIC_SHARED(type, name) \
-  type *name = reinterpret_cast<type *>(::cudasim::detail::dynamic_shared())
-
-#else
-#error "mk_cuda_compat.h: compile kernels with nvcc, or with a C++ compiler and -DMK_CUDASIM (cudasim)"
-#endif
 
 #endif /* MK_CUDA_COMPAT_H */

@@ -12,7 +12,8 @@ extern "C" {
 /* Record `status` with a printf-style message on this thread and return it, so a
  * failure reads `return mk_fail(MK_ERR_SHAPE, "bad rank %zu", rank);`. */
 mk_status mk_fail(mk_status status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-/* Clear the message (called on entry of public functions that succeed trivially). */
+/* Clear the message: the first statement of every MK_API function that can fail (checked
+ * by tests/api_surface_check.py), and of module entries the tests drive directly. */
 void mk_clear_error(void);
 
 /* Propagate a failing status unchanged (message already recorded). */

@@ -1,0 +1,172 @@
+/* Native-format weights on the cpu backend (see cpu_native.h). */
+#include "cpu_native.h"
+
+#include <stdbool.h>
+#include <string.h>
+
+#include "cpu_ops.h"
+#include "gguf.h"
+#include "mk_error.h"
+
+/* Output features per chunk handed to a thread: enough work to amortize the hand-out,
+ * small enough that two threads finish a 192-row product together. */
+enum { MK_NATIVE_ROWS_PER_CHUNK = 16 };
+
+static uint32_t mk_native_stored_type(uint32_t type) { return mk_cpu_quant_keeps(type) ? type : MK_GGML_TYPE_F32; }
+
+static size_t mk_native_row_bytes(uint32_t stored, size_t cols) {
+    size_t be, bb;
+    if (!mk_ggml_type_layout(stored, &be, &bb) || cols % be != 0) return 0;
+    return cols / be * bb;
+}
+
+size_t mk_cpu_native_weight_bytes(uint32_t type, size_t rows, size_t cols) {
+    if (!mk_ggml_type_layout(type, NULL, NULL) || !mk_ggml_type_can_dequantize(type)) return 0;
+    const size_t row_bytes = mk_native_row_bytes(mk_native_stored_type(type), cols);
+    if (!row_bytes || rows > (SIZE_MAX - sizeof(mk_cpu_weight)) / row_bytes) return 0;
+    return sizeof(mk_cpu_weight) + rows * row_bytes;
+}
+
+mk_status mk_cpu_native_store(void *dst, uint32_t type, const void *src, size_t src_bytes, size_t rows,
+                              size_t cols) {
+    if (!mk_cpu_native_weight_bytes(type, rows, cols))
+        return mk_fail(MK_ERR_DTYPE, "native weight [%zu, %zu] of ggml type %s cannot be stored", rows, cols,
+                       mk_ggml_type_name(type) ? mk_ggml_type_name(type) : "unknown");
+    const uint32_t stored = mk_native_stored_type(type);
+    mk_cpu_weight *h = dst;
+    memset(h, 0, sizeof *h);
+    h->type = stored;
+    h->rows = rows;
+    h->cols = cols;
+    h->row_bytes = mk_native_row_bytes(stored, cols);
+    uint8_t *data = (uint8_t *)(h + 1);
+    if (stored == type) {
+        if (src_bytes != rows * h->row_bytes)
+            return mk_fail(MK_ERR_DATA_LENGTH, "native weight [%zu, %zu] %s: %zu bytes given, %zu expected", rows, cols,
+                           mk_ggml_type_name(type), src_bytes, (size_t)(rows * h->row_bytes));
+        memcpy(data, src, src_bytes);
+        return MK_OK;
+    }
+    /* A format without a native kernel: dequantized once, kept as F32. */
+    return mk_gguf_dequantize(type, src, src_bytes, (float *)data, rows * cols);
+}
+
+/* ================================================================ matmul == */
+
+typedef struct mk_native_job {
+    const mk_cpu_native *ctx;
+    const mk_cpu_weight *w;
+    const uint8_t *data;
+    float *y;           /* [rows, out] */
+    const float *x;     /* [rows, in] */
+    size_t rows;
+    mk_qdot_fn qdot;    /* quantized formats */
+    mk_hdot_fn hdot;    /* F16 / BF16 */
+} mk_native_job;
+
+/* Quantize activation rows [begin, end). */
+static void mk_native_quantize(void *arg, size_t begin, size_t end, size_t thread) {
+    const mk_native_job *j = arg;
+    const size_t in = j->w->cols, per_row = in / MK_Q8_BLOCK;
+    for (size_t r = begin; r < end; r++) j->ctx->kernels->quantize_row(j->ctx->xq + r * per_row, j->x + r * in, in);
+}
+
+/* Output features [begin, end) for every activation row: each weight row is read once
+ * and stays in L1 while it meets every activation row. */
+static void mk_native_rows(void *arg, size_t begin, size_t end, size_t thread) {
+    const mk_native_job *j = arg;
+    const size_t in = j->w->cols, out = j->w->rows, per_row = in / MK_Q8_BLOCK;
+    for (size_t o = begin; o < end; o++) {
+        const uint8_t *wr = j->data + o * j->w->row_bytes;
+        if (j->qdot) {
+            for (size_t r = 0; r < j->rows; r++) j->y[r * out + o] = j->qdot(wr, j->ctx->xq + r * per_row, in);
+        } else {
+            for (size_t r = 0; r < j->rows; r++) j->y[r * out + o] = j->hdot((const uint16_t *)wr, j->x + r * in, in);
+        }
+    }
+}
+
+/* Products of many rows: tiles of MK_NATIVE_GEMM_TILE output features, each dequantized
+ * by one thread into its own scratch and multiplied by one SGEMM call from that thread. */
+typedef struct mk_tile_job {
+    const mk_cpu_native *ctx;
+    const mk_cpu_weight *w;
+    const uint8_t *data;
+    float *y;       /* [rows, out] */
+    const float *x; /* [rows, in] */
+    size_t rows;
+    bool failed;
+} mk_tile_job;
+
+static void mk_native_tiles(void *arg, size_t begin, size_t end, size_t thread) {
+    mk_tile_job *j = arg;
+    const size_t in = j->w->cols, out = j->w->rows;
+    float *tile = j->ctx->wtile + thread * (size_t)MK_NATIVE_GEMM_TILE * in; /* [tile rows, in] */
+    for (size_t t = begin; t < end; t++) {
+        const size_t first = t * MK_NATIVE_GEMM_TILE;
+        const size_t n = out - first < MK_NATIVE_GEMM_TILE ? out - first : MK_NATIVE_GEMM_TILE;
+        for (size_t r = 0; r < n; r++)
+            if (mk_gguf_dequantize(j->w->type, j->data + (first + r) * j->w->row_bytes, j->w->row_bytes,
+                                   tile + r * in, in) != MK_OK)
+                j->failed = true; /* cannot happen: the layout was checked at load */
+        mk_cpu_sgemm_strided(j->y + first, out, j->x, tile, j->rows, in, n);
+    }
+}
+
+mk_status mk_cpu_native_matmul(const mk_cpu_native *ctx, float *y, const float *x, const void *w, size_t rows,
+                               size_t in_dim, size_t out_dim) {
+    const mk_cpu_weight *h = w;
+    if (h->rows != out_dim || h->cols != in_dim)
+        return mk_fail(MK_ERR_SHAPE, "native matmul: weight is [%llu, %llu], product wants [%zu, %zu]",
+                       (unsigned long long)h->rows, (unsigned long long)h->cols, out_dim, in_dim);
+    const uint8_t *data = (const uint8_t *)(h + 1);
+    if (h->type == MK_GGML_TYPE_F32) {
+        mk_cpu_matmul(y, x, (const float *)data, rows, in_dim, out_dim);
+        return MK_OK;
+    }
+    /* The path depends on the row count alone (never on the threads), so results do too. */
+    if (rows >= MK_NATIVE_GEMM_MIN_ROWS && ctx->wtile) {
+        if (in_dim * MK_NATIVE_GEMM_TILE * mk_cpu_pool_threads(ctx->pool) > ctx->wtile_elems)
+            return mk_fail(MK_ERR_INTERNAL, "native matmul: weight tiles of width %zu exceed the reserved scratch",
+                           in_dim);
+        mk_tile_job tiles = {.ctx = ctx, .w = h, .data = data, .y = y, .x = x, .rows = rows, .failed = false};
+        const size_t n_tiles = (out_dim + MK_NATIVE_GEMM_TILE - 1) / MK_NATIVE_GEMM_TILE;
+        /* A multi-threaded OpenBLAS gets the tiles one after the other (its threads split
+         * each one); tiles from several of our threads at once would oversubscribe. */
+        if (mk_cpu_blas_threads() > 1) mk_native_tiles(&tiles, 0, n_tiles, 0);
+        else mk_cpu_pool_run(ctx->pool, n_tiles, 1, mk_native_tiles, &tiles);
+        if (tiles.failed) return mk_fail(MK_ERR_INTERNAL, "native matmul: a weight tile did not dequantize");
+        return MK_OK;
+    }
+    mk_native_job job = {.ctx = ctx, .w = h, .data = data, .y = y, .x = x, .rows = rows};
+    if (h->type == MK_GGML_TYPE_F16) {
+        job.hdot = ctx->kernels->dot_f16;
+    } else if (h->type == MK_GGML_TYPE_BF16) {
+        job.hdot = ctx->kernels->dot_bf16;
+    } else {
+        job.qdot = mk_cpu_quant_dot_for(ctx->kernels, h->type);
+        if (!job.qdot)
+            return mk_fail(MK_ERR_INTERNAL, "native matmul: no kernel for %s", mk_ggml_type_name(h->type));
+        const size_t blocks = rows * (in_dim / MK_Q8_BLOCK);
+        if (in_dim % MK_Q8_BLOCK != 0 || blocks > ctx->xq_blocks)
+            return mk_fail(MK_ERR_INTERNAL, "native matmul: %zu x %zu activations exceed the reserved scratch", rows,
+                           in_dim);
+        mk_cpu_pool_run(ctx->pool, rows, 1, mk_native_quantize, &job);
+    }
+    mk_cpu_pool_run(ctx->pool, out_dim, MK_NATIVE_ROWS_PER_CHUNK, mk_native_rows, &job);
+    return MK_OK;
+}
+
+/* ================================================================= embed == */
+
+mk_status mk_cpu_native_embed(float *out, const void *w, const int32_t *ids, size_t n, size_t hidden) {
+    const mk_cpu_weight *h = w;
+    if (h->cols != hidden)
+        return mk_fail(MK_ERR_SHAPE, "native embed: table rows are %llu wide, hidden is %zu",
+                       (unsigned long long)h->cols, hidden);
+    const uint8_t *data = (const uint8_t *)(h + 1);
+    for (size_t i = 0; i < n; i++)
+        MK_TRY(mk_gguf_dequantize(h->type, data + (size_t)ids[i] * h->row_bytes, h->row_bytes, out + i * hidden,
+                                  hidden));
+    return MK_OK;
+}

@@ -1,0 +1,72 @@
+/* Dot products of weight rows kept in their GGUF block format ("native" weights) with an
+ * activation row, for the cpu backend's matrix products.
+ *
+ * Quantized weights (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K) are multiplied with the activation row
+ * quantized to 8 bits per block of 32 (mk_q8_block, as llama.cpp's Q8_1): the inner
+ * products are exact integer sums and each block contributes one float term. F16 and
+ * BF16 rows are multiplied with the float activations directly (widened in registers).
+ *
+ * Two implementations share one table layout: portable C (the reference the other is
+ * tested against) and AVX2+FMA+F16C. The best one the running CPU supports is chosen once
+ * at run time (mk_cpu_quant_best); the AVX2 file compiles its kernels with function-level
+ * target attributes, so the library itself is built for baseline x86-64 and runs
+ * everywhere.
+ *
+ * Numerics: activation quantization is bit-identical across implementations (same float
+ * multiply, round-to-nearest-even, integer sums). The dots differ only in the order the
+ * per-block float terms are summed, so SIMD and portable agree to float rounding; each
+ * implementation is a fixed function of (weight row, activation row), so results do not
+ * depend on threads or on how a model is split into ranges. */
+#ifndef MK_CPU_QUANT_H
+#define MK_CPU_QUANT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define MK_Q8_BLOCK 32
+
+/* One block of 32 activations: x[i] ~= d * q[i]; s = d * sum(q) (for formats with a min). */
+typedef struct mk_q8_block {
+    float d;
+    float s;
+    int8_t q[MK_Q8_BLOCK];
+} mk_q8_block;
+
+/* out[n / 32] from x[n]; n a multiple of 32. */
+typedef void (*mk_quantize_row_fn)(mk_q8_block *out, const float *x, size_t n);
+/* Dot of one weight row of n elements (n / block_elements whole blocks) with the
+ * quantized activation row xq[n / 32]. */
+typedef float (*mk_qdot_fn)(const uint8_t *w, const mk_q8_block *xq, size_t n);
+/* Dot of one F16/BF16 weight row with float activations x[n] (any n). */
+typedef float (*mk_hdot_fn)(const uint16_t *w, const float *x, size_t n);
+
+typedef struct mk_cpu_quant {
+    const char *name; /* "portable", "avx2" */
+    mk_quantize_row_fn quantize_row;
+    mk_qdot_fn dot_q4_0, dot_q4_1, dot_q8_0, dot_q4_k, dot_q6_k;
+    mk_hdot_fn dot_f16, dot_bf16;
+} mk_cpu_quant;
+
+/* The portable C implementation (always available). */
+const mk_cpu_quant *mk_cpu_quant_portable(void);
+/* The AVX2 implementation, or NULL when this CPU (or the compiler) lacks AVX2/FMA/F16C. */
+const mk_cpu_quant *mk_cpu_quant_avx2(void);
+/* The fastest implementation this CPU runs; MESHKERN_CPU_KERNELS=portable in the
+ * environment forces the portable one (for comparisons). */
+const mk_cpu_quant *mk_cpu_quant_best(void);
+
+/* The dot for a ggml weight type (mk_ggml_type id) in table q, or NULL when the type has no
+ * native kernel (F32 and the formats below are dequantized at load instead). */
+mk_qdot_fn mk_cpu_quant_dot_for(const mk_cpu_quant *q, uint32_t ggml_type);
+/* True for the ggml types the cpu backend keeps in their stored format. */
+bool mk_cpu_quant_keeps(uint32_t ggml_type);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,247 @@
+/* The public seam API: construction of seam ends for each transport, and the one
+ * receive path that runs the boundary contract between header and payload. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "io.h"
+#include "mk_error.h"
+#include "seam.h"
+
+/* One table: kind <-> name. */
+static const struct {
+    mk_seam_kind kind;
+    const char *name;
+} mk_seam_kinds[] = {{MK_SEAM_LOCAL, "local"}, {MK_SEAM_WIRE, "wire"}, {MK_SEAM_UNIX, "unix"}, {MK_SEAM_TCP, "tcp"}};
+
+mk_status mk_seam_kind_from_name(const char *name, mk_seam_kind *out) {
+    mk_clear_error();
+    for (size_t i = 0; name && out && i < sizeof mk_seam_kinds / sizeof *mk_seam_kinds; i++)
+        if (strcmp(name, mk_seam_kinds[i].name) == 0) {
+            *out = mk_seam_kinds[i].kind;
+            return MK_OK;
+        }
+    return mk_fail(MK_ERR_INVALID_ARGUMENT, "unknown seam '%s' (local, wire, unix, tcp)", name ? name : "(null)");
+}
+
+const char *mk_seam_kind_name(mk_seam_kind kind) {
+    mk_clear_error();
+    for (size_t i = 0; i < sizeof mk_seam_kinds / sizeof *mk_seam_kinds; i++)
+        if (mk_seam_kinds[i].kind == kind) return mk_seam_kinds[i].name;
+    return "unknown";
+}
+
+mk_seam_options mk_seam_options_default(mk_seam_kind kind) {
+    mk_clear_error();
+    mk_seam_options o;
+    memset(&o, 0, sizeof o);
+    o.kind = kind;
+    o.connect_timeout_ms = 5000;
+    o.io_timeout_ms = 30000;
+    return o;
+}
+
+static double mk_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static bool mk_is_stream(mk_seam_kind kind) { return kind == MK_SEAM_UNIX || kind == MK_SEAM_TCP; }
+
+static mk_status mk_seam_new(const mk_seam_options *opt, mk_range *range, bool sender, mk_seam **out) {
+    mk_seam *s = calloc(1, sizeof *s);
+    if (!s) return mk_fail(MK_ERR_OUT_OF_MEMORY, "seam: out of memory");
+    s->kind = opt->kind;
+    s->range = range;
+    s->sender = sender;
+    s->options = *opt;
+    s->options.address = NULL; /* not kept: the caller owns the string */
+    *out = s;
+    return MK_OK;
+}
+
+void mk_seam_free(mk_seam *s) {
+    if (!s) return;
+    if (s->ops) s->ops->destroy(s);
+    free(s);
+}
+
+/* ================================================================ in process == */
+
+mk_status mk_seam_pair(const mk_seam_options *opt, mk_range *sender, mk_range *receiver, mk_seam **send_end,
+                       mk_seam **recv_end) {
+    mk_clear_error();
+    if (!opt || !sender || !receiver || !send_end || !recv_end)
+        return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_seam_pair: NULL argument");
+    *send_end = *recv_end = NULL;
+    mk_seam *tx = NULL, *rx = NULL;
+    MK_TRY(mk_seam_new(opt, sender, true, &tx));
+    mk_status s = mk_seam_new(opt, receiver, false, &rx);
+    if (s == MK_OK) {
+        if (mk_is_stream(opt->kind)) {
+            tx->options.address = opt->address; /* used while connecting only */
+            s = mk_seam_stream_pair(tx, rx);
+            tx->options.address = NULL;
+        } else if (opt->kind == MK_SEAM_LOCAL) {
+            s = mk_seam_local_pair(tx, rx);
+        } else if (opt->kind == MK_SEAM_WIRE) {
+            s = mk_seam_wire_pair(tx, rx);
+        } else {
+            s = mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_seam_pair: unknown seam kind %d", (int)opt->kind);
+        }
+    }
+    if (s != MK_OK) {
+        mk_seam_free(tx);
+        mk_seam_free(rx);
+        return s;
+    }
+    *send_end = tx;
+    *recv_end = rx;
+    return MK_OK;
+}
+
+/* ============================================================ across processes == */
+
+struct mk_seam_listener {
+    mk_seam_options options;
+    int fd;
+    char address[300];
+};
+
+static mk_status mk_check_stream(const mk_seam_options *opt, const char *who) {
+    if (!mk_is_stream(opt->kind))
+        return mk_fail(MK_ERR_INVALID_ARGUMENT, "%s: only the unix and tcp seams cross processes, not '%s'", who,
+                       mk_seam_kind_name(opt->kind));
+    return MK_OK;
+}
+
+mk_status mk_seam_listen(const mk_seam_options *opt, mk_seam_listener **out) {
+    mk_clear_error();
+    if (!opt || !out) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_seam_listen: NULL argument");
+    *out = NULL;
+    MK_TRY(mk_check_stream(opt, "mk_seam_listen"));
+    mk_seam_listener *l = calloc(1, sizeof *l);
+    if (!l) return mk_fail(MK_ERR_OUT_OF_MEMORY, "seam: out of memory");
+    l->options = *opt;
+    l->options.address = NULL;
+    const mk_status s = mk_socket_listen(opt->kind, opt->address, &l->fd, l->address, sizeof l->address);
+    if (s != MK_OK) {
+        free(l);
+        return s;
+    }
+    *out = l;
+    return MK_OK;
+}
+
+const char *mk_seam_listener_address(const mk_seam_listener *l) {
+    mk_clear_error();
+    return l ? l->address : "";
+}
+
+void mk_seam_listener_free(mk_seam_listener *l) {
+    if (!l) return;
+    close(l->fd);
+    if (l->options.kind == MK_SEAM_UNIX) (void)unlink(l->address);
+    free(l);
+}
+
+mk_status mk_seam_accept(mk_seam_listener *l, mk_range *receiver, mk_seam **out) {
+    mk_clear_error();
+    if (!l || !receiver || !out) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_seam_accept: NULL argument");
+    *out = NULL;
+    const int64_t deadline = mk_deadline_ms(l->options.connect_timeout_ms, 5000);
+    int fd = -1;
+    MK_TRY(mk_socket_accept(l->fd, deadline, &fd));
+    mk_seam *s = NULL;
+    mk_status st = mk_seam_new(&l->options, receiver, false, &s);
+    if (st != MK_OK) {
+        close(fd);
+        return st;
+    }
+    st = mk_seam_stream_end(s, fd, true, deadline);
+    if (st != MK_OK) {
+        mk_seam_free(s);
+        return st;
+    }
+    *out = s;
+    return MK_OK;
+}
+
+mk_status mk_seam_connect(const mk_seam_options *opt, mk_range *sender, mk_seam **out) {
+    mk_clear_error();
+    if (!opt || !sender || !out) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_seam_connect: NULL argument");
+    *out = NULL;
+    MK_TRY(mk_check_stream(opt, "mk_seam_connect"));
+    const int64_t deadline = mk_deadline_ms(opt->connect_timeout_ms, 5000);
+    int fd = -1;
+    MK_TRY(mk_socket_connect(opt->kind, opt->address, deadline, &fd));
+    mk_seam *s = NULL;
+    mk_status st = mk_seam_new(opt, sender, true, &s);
+    if (st != MK_OK) {
+        close(fd);
+        return st;
+    }
+    st = mk_seam_stream_end(s, fd, false, deadline);
+    if (st != MK_OK) {
+        mk_seam_free(s);
+        return st;
+    }
+    *out = s;
+    return MK_OK;
+}
+
+/* ========================================================== send and receive == */
+
+mk_status mk_seam_send(mk_seam *s, const mk_boundary *b) {
+    mk_clear_error();
+    if (!s || !b) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_seam_send: NULL argument");
+    if (!s->sender) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_seam_send: this is a receiving end");
+    if (b->range != s->range) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_seam_send: the boundary is not this range's");
+    if (b->h.rows == 0) return mk_fail(MK_ERR_EMPTY_INPUT, "mk_seam_send: the boundary is empty");
+    const double t0 = mk_seconds();
+    const mk_status st = s->ops->send(s, b);
+    s->seconds += mk_seconds() - t0;
+    return st;
+}
+
+mk_status mk_seam_send_wait(mk_seam *s) {
+    mk_clear_error();
+    if (!s || !s->sender) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_seam_send_wait: not a sending end");
+    const double t0 = mk_seconds();
+    const mk_status st = s->ops->send_wait(s);
+    s->seconds += mk_seconds() - t0;
+    return st;
+}
+
+mk_status mk_seam_recv(mk_seam *s, const mk_sequence *seq, mk_boundary *into) {
+    mk_clear_error();
+    if (!s || !seq || !into) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_seam_recv: NULL argument");
+    if (s->sender) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_seam_recv: this is a sending end");
+    if (into->range != s->range) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_seam_recv: the boundary is not this range's");
+    const double t0 = mk_seconds();
+    into->h.rows = 0;
+    mk_boundary_header h;
+    mk_status st = s->ops->recv_header(s, &h);
+    /* The contract, once, on the header: nothing of the payload is accepted before. */
+    if (st == MK_OK) st = mk_range_check_boundary(s->range, seq, &h);
+    if (st == MK_OK) {
+        into->h = h;
+        st = s->ops->recv_payload(s, into);
+        if (st != MK_OK) into->h.rows = 0;
+    }
+    s->seconds += mk_seconds() - t0;
+    return st;
+}
+
+size_t mk_seam_bytes(const mk_seam *s) {
+    mk_clear_error();
+    return s ? s->bytes : 0;
+}
+
+double mk_seam_seconds(const mk_seam *s) {
+    mk_clear_error();
+    return s ? s->seconds : 0.0;
+}

@@ -1,0 +1,46 @@
+/* The transport interface behind mk_seam (include/meshkern.h). One file per transport:
+ * local.c, wire.c, stream.c. A receive is two steps, so the contract runs between them:
+ * recv_header gives the boundary's header (nothing is accepted yet), seam.c checks it
+ * with mk_range_check_boundary, and only then recv_payload moves the payload into the
+ * receiving range's preallocated buffer. NCCL (header as a small send, payload
+ * device-to-device) fits the same two steps. */
+#ifndef MK_SEAM_H
+#define MK_SEAM_H
+
+#include "backend.h"
+#include "boundary.h"
+
+typedef struct mk_seam_ops {
+    const char *name;
+    mk_status (*send)(mk_seam *s, const mk_boundary *b);
+    mk_status (*send_wait)(mk_seam *s);
+    mk_status (*recv_header)(mk_seam *s, mk_boundary_header *h);
+    mk_status (*recv_payload)(mk_seam *s, mk_boundary *into);
+    void (*destroy)(mk_seam *s);
+} mk_seam_ops;
+
+struct mk_seam {
+    const mk_seam_ops *ops;
+    mk_seam_kind kind;
+    mk_range *range;  /* the range at this end */
+    bool sender;
+    mk_seam_options options;
+    size_t bytes;     /* moved so far */
+    double seconds;   /* spent in send + recv */
+    void *impl;       /* the transport's state */
+};
+
+/* The backend of a range (range.c). */
+mk_backend *mk_range_backend(const mk_range *range);
+size_t mk_range_max_rows(const mk_range *range);
+size_t mk_range_hidden(const mk_range *range);
+
+/* Transport constructors: both ends in one process (local, wire, stream) or one end of a
+ * stream connection (fd connected, TLS context or NULL). */
+mk_status mk_seam_local_pair(mk_seam *tx, mk_seam *rx);
+mk_status mk_seam_wire_pair(mk_seam *tx, mk_seam *rx);
+mk_status mk_seam_stream_pair(mk_seam *tx, mk_seam *rx);
+mk_status mk_seam_stream_end(mk_seam *s, int fd, bool tls_server_side, int64_t deadline);
+/* Transports own impl; seam.c frees the seam itself. */
+
+#endif

@@ -1,0 +1,161 @@
+#!/usr/bin/env bash
+# Mutation pass: plant one single-line bug at a time in the kernels (kernels/*.cu) and the
+# contract checks (host/contract.c, host/range.c), rebuild the simulated suites, run the
+# tests that cover the change, and expect red. Prints a table: mutation, caught yes/no.
+# A mutation the suite does not catch is a test gap to close.
+#
+# Run by hand (not part of scripts/test.sh: a rebuild and a test run per mutation, tens of
+# minutes in all on 2 cores):
+#   scripts/mutate.sh [ID_REGEX]      only the mutations whose id matches ID_REGEX
+#
+# The working tree is never edited: the tracked and untracked (not ignored) files are
+# copied to build-mutate/src (only what changed since the last run, so rebuilds stay
+# incremental), mutations are applied there one at a time, and the mutated file is
+# restored after each mutation and on exit or interrupt (trap). The simulated suites are
+# built in build-mutate/build (MESHKERN_CUDA=OFF).
+set -uo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+WORK="$ROOT/build-mutate"
+SRC="$WORK/src"
+BUILD="$WORK/build"
+ONLY="${1:-.}"
+JOBS="${JOBS:-2}"
+export OPENBLAS_NUM_THREADS=1
+
+# id ~ file ~ perl substitution (applied with -0: may span lines; must change the file) ~ tests
+#   tests: ops:<gtest filter>  the kernel op grid under cudasim, forward and random order
+#          host                the contract, bundle and parity suites
+#          api                 the public-surface check (fallible MK_API functions clear the message)
+MUTATIONS=(
+  "argmax.tie-inside-thread~kernels/argmax.cu~s/\(bi < 0 \|\| v > bv\)/(bi < 0 || v >= bv)/~ops:*Argmax*"
+  "argmax.nan-may-win~kernels/argmax.cu~s/if \(!isnan\(v\) && \(/if ((/~ops:*Argmax*"
+  "argmax.tie-across-threads~kernels/argmax.cu~s/av == bv && ai < bi/av == bv && ai > bi/~ops:*Argmax*"
+  "rmsnorm.eps-constant~kernels/rmsnorm.cu~s/rsqrtf\(ss \/ \(float\)cols \+ eps\)/rsqrtf(ss \/ (float)cols + 1e-6f)/~ops:*RmsNorm*"
+  "rmsnorm.eps-inside-mean~kernels/rmsnorm.cu~s/rsqrtf\(ss \/ \(float\)cols \+ eps\)/rsqrtf((ss + eps) \/ (float)cols)/~ops:*RmsNorm*"
+  "rmsnorm.residual-not-written~kernels/rmsnorm.cu~s/residual\[off \+ c\] = v;/(void)0;/~ops:*RmsNorm*"
+  "rope.rotation-sign~kernels/rope.cu~s/head\[b\] = __fadd_rn\(__fmul_rn\(xb, c\), __fmul_rn\(xa, s\)\)/head[b] = __fadd_rn(__fmul_rn(xb, c), -__fmul_rn(xa, s))/~ops:*Rope*"
+  "rope.theta-exponent~kernels/rope.cu~s/-\(double\)\(2 \* i\) \/ \(double\)head_dim/-(double)(2 * i + 1) \/ (double)head_dim/~ops:*Rope*"
+  "swiglu.silu-sign~kernels/swiglu.cu~s/expf\(-g\)/expf(g)/~ops:*Swiglu*"
+  "embed.vocab-bound~kernels/embed.cu~s/\(size_t\)id >= vocab/(size_t)id > vocab/~ops:*Embed*"
+  "prefill.causal-mask~kernels/attention_prefill.cu~s/t <= past \+ qi;/t <= past + qi + 1;/~ops:*Attention*"
+  "decode.no-scale~kernels/attention_decode.cu~s/p_s\[i\] = s \* scale;/p_s[i] = s;/~ops:*Attention*:*Decode*"
+  "add.overwrites~kernels/elementwise.cu~s/y\[i\] \+= x\[i\];/y[i] = x[i];/~ops:*AddAndLastRow*"
+  "last_row.wrong-row~kernels/elementwise.cu~s/x \+ \(rows - 1\) \* cols/x + (rows > 1 ? rows - 2 : 0) * cols/~ops:*AddAndLastRow*"
+  "kv_append.off-by-one~kernels/elementwise.cu~s/k_cache \+ past \* kv_dim/k_cache + (past ? past - 1 : 0) * kv_dim/~ops:*KvAppend*:*Decode*"
+  "contract.alias-dropped~host/contract.c~s/\"LlamaModel\"\}/\"LlamaModels\"}/~host"
+  "contract.tail-role~host/contract.c~s/tail = end == total - 1/tail = end >= total - 2/~host"
+  "contract.sampling-top_p~host/contract.c~s/if \(mode != MK_SAMPLING_GREEDY\)/if (mode > MK_SAMPLING_TOP_P)/~host"
+  "range.seam-check~host/range.c~s/bundle->next_layer != r->start/bundle->next_layer < r->start/~host"
+  "range.normalized-accepted~host/range.c~s/if \(bundle->normalized\)/if (0 \&\& bundle->normalized)/~host"
+  "range.token-bound~host/range.c~s/\(size_t\)ids\[i\] >= r->hp.vocab/(size_t)ids[i] > r->hp.vocab/~host"
+  "range.message-removed~host/range.c~s/return mk_fail\(MK_ERR_HEAD_OWNS_EMBEDDING,[^;]*;/return MK_ERR_HEAD_OWNS_EMBEDDING;/~host"
+  "bundle.clear-error-removed~host/bundle.c~s/(mk_status mk_bundle_unpack\([^{]*\{\n)    mk_clear_error\(\);\n/\$1/~api"
+)
+
+log() { printf '%s\n' "$*" >&2; }
+# Run a command and wait for it with the `wait` builtin: a Ctrl-C then reaches the INT trap
+# at once (bash defers traps while a foreground child runs, and skips them when the child
+# exits normally, as ninja does when interrupted).
+run() {
+  "$@" &
+  wait $!
+}
+
+# ---- the copy of the tree --------------------------------------------------------------
+mkdir -p "$SRC"
+cd "$ROOT"
+while IFS= read -r -d '' f; do
+  [ -f "$f" ] || continue
+  if ! cmp -s "$f" "$SRC/$f"; then
+    mkdir -p "$SRC/$(dirname "$f")"
+    cp -p "$f" "$SRC/$f"
+  fi
+done < <(git ls-files -z -co --exclude-standard)
+ln -sfn "$(readlink -f "$ROOT/models" 2>/dev/null || echo "$ROOT/models")" "$SRC/models"
+
+# Restore the mutated file of the copy on any exit, including Ctrl-C.
+MUTATED=""
+restore() {
+  if [ -n "$MUTATED" ]; then
+    cp -p "$ROOT/$MUTATED" "$SRC/$MUTATED"
+    touch "$SRC/$MUTATED" # newer than the mutated build: the next build recompiles it
+    MUTATED=""
+  fi
+}
+trap 'restore' EXIT
+trap 'restore; exit 130' INT TERM
+
+log "== configure and build the simulated suites in $BUILD"
+cmake -S "$SRC" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMESHKERN_CUDA=OFF -DMESHKERN_TESTS=ON \
+  >"$WORK/configure.log" 2>&1 || { tail -20 "$WORK/configure.log"; exit 2; }
+TARGETS=(test_ops_sim test_boundary_contract test_bundle_malformed test_parity)
+run ninja -C "$BUILD" -j "$JOBS" "${TARGETS[@]}" >"$WORK/build.log" 2>&1 || { tail -30 "$WORK/build.log"; exit 2; }
+
+# The unmutated suites must be green first, or no red means anything.
+run_tests() { # $1 = test spec; returns 0 when every test passed
+  case "$1" in
+    ops:*)
+      local filter="${1#ops:}"
+      CUDASIM_ORDER=forward run timeout 900 "$BUILD/tests/ops/test_ops_sim" --gtest_filter="$filter" >>"$WORK/run.log" 2>&1 &&
+        CUDASIM_ORDER=random CUDASIM_SEED=7 run timeout 900 "$BUILD/tests/ops/test_ops_sim" --gtest_filter="$filter" \
+          >>"$WORK/run.log" 2>&1
+      ;;
+    host)
+      local t
+      for t in test_boundary_contract test_bundle_malformed test_parity; do
+        run timeout 900 "$BUILD/tests/$t" >>"$WORK/run.log" 2>&1 || return 1
+      done
+      ;;
+    api)
+      run python3 "$SRC/tests/api_surface_check.py" clears "$SRC/include/meshkern.h" "$SRC/host" "$SRC/host/cuda" \
+        >>"$WORK/run.log" 2>&1
+      ;;
+    *) log "unknown test spec $1"; return 2 ;;
+  esac
+}
+
+: >"$WORK/run.log"
+for spec in "ops:*" host api; do
+  run_tests "$spec" || { log "the unmutated suite ($spec) fails: see $WORK/run.log"; exit 2; }
+done
+
+# ---- one mutation at a time ------------------------------------------------------------
+results=()
+caught=0
+total=0
+for m in "${MUTATIONS[@]}"; do
+  IFS='~' read -r id file subst spec <<<"$m"
+  [[ "$id" =~ $ONLY ]] || continue
+  total=$((total + 1))
+  MUTATED="$file"
+  perl -0pi -e "$subst" "$SRC/$file"
+  if cmp -s "$ROOT/$file" "$SRC/$file"; then
+    results+=("$id|$file|NOT APPLIED (pattern not found)")
+    restore
+    continue
+  fi
+  changed=$(diff "$ROOT/$file" "$SRC/$file" | grep -c '^[<>]')
+  log "== $id ($file, $changed line(s) differ; tests: $spec)"
+  echo "==== $id" >>"$WORK/run.log"
+  if [ "$spec" != api ] && ! run ninja -C "$BUILD" -j "$JOBS" "${TARGETS[@]}" >>"$WORK/build.log" 2>&1; then
+    verdict="build failed (not counted)"
+  elif run_tests "$spec"; then
+    verdict="NO  <- test gap"
+  else
+    verdict="yes"
+    caught=$((caught + 1))
+  fi
+  results+=("$id|$file|$verdict")
+  restore
+done
+# Leave the build matching the unmutated copy.
+run ninja -C "$BUILD" -j "$JOBS" "${TARGETS[@]}" >>"$WORK/build.log" 2>&1
+
+printf '\n%-32s %-30s %s\n' "mutation" "file" "caught"
+printf '%-32s %-30s %s\n' "--------" "----" "------"
+for r in "${results[@]}"; do
+  IFS='|' read -r id file verdict <<<"$r"
+  printf '%-32s %-30s %s\n' "$id" "$file" "$verdict"
+done
+printf '\n%d of %d mutations caught (logs: %s/run.log, build.log)\n' "$caught" "$total" "$WORK"
+[ "$caught" -eq "$total" ]

@@ -1,0 +1,503 @@
+/* The NCCL seam primitives (host/seam/nccl/): header + payload exchange within one process
+ * (2 and 3 devices) and across two processes, bootstrap hand-over, and the faults that must
+ * end in a clear status within the deadline: sizes that disagree, a header the contract
+ * refuses, a lying peer, a peer that aborts, goes silent or exits. */
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "meshkern.h"
+#include "mk_error.h"
+#include "nccl_comm.h"
+
+#ifdef MK_TEST_CUDASIM
+#include "cudasim.h"
+#endif
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr int kDeadlineMs = 300; /* short: every fault must surface well within a test */
+/* Upper bound on how late a fault may surface past its deadline on a loaded CI machine
+ * (sanitizers, parallel tests): generous, yet a hang still fails. */
+constexpr double kSlackMs = kDeadlineMs + 1500.0;
+
+double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
+
+/* Devices for an in-process clique: simulated ones are added; real NCCL needs one GPU per rank. */
+bool have_devices(int n) {
+#ifdef MK_TEST_CUDASIM
+  int have = 0;
+  cudaGetDeviceCount(&have);
+  if (have < n) cudasim::set_device_count(n);
+  return true;
+#else
+  int have = 0;
+  if (cudaGetDeviceCount(&have) != cudaSuccess) have = 0;
+  (void)cudaGetLastError();
+  return have >= n;
+#endif
+}
+#define NEED_DEVICES(n)                                                                      \
+  do {                                                                                       \
+    if (!have_devices(n)) GTEST_SKIP() << "needs " << (n) << " CUDA devices (one per NCCL rank)"; \
+  } while (0)
+
+/* A stand-in for the boundary header: what the contract checks before the payload. */
+struct Header {
+  uint32_t next_layer;
+  uint32_t rows;
+  uint32_t hidden;
+  uint32_t step;
+};
+
+struct Expect {
+  uint32_t next_layer;
+  uint32_t hidden;
+  const float *payload_dev; /* the receiver's buffer: must be untouched when the check runs */
+  size_t payload_cap;
+  bool payload_untouched_at_check = false;
+  int calls = 0;
+};
+
+std::vector<float> random_floats(size_t n, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> d(-2.0f, 2.0f);
+  std::vector<float> v(n);
+  for (float &x : v) x = d(rng);
+  return v;
+}
+
+const float kSentinel = -12345.5f;
+
+mk_status contract_check(void *user, const void *header, size_t header_bytes, size_t payload_bytes) {
+  Expect *e = static_cast<Expect *>(user);
+  ++e->calls;
+  std::vector<float> now(e->payload_cap / sizeof(float));
+  if (cudaMemcpy(now.data(), e->payload_dev, e->payload_cap, cudaMemcpyDeviceToHost) == cudaSuccess) {
+    e->payload_untouched_at_check = true;
+    for (float x : now) e->payload_untouched_at_check &= x == kSentinel;
+  }
+  if (header_bytes != sizeof(Header))
+    return mk_fail(MK_ERR_FRAME, "header of %zu bytes, expected %zu", header_bytes, sizeof(Header));
+  Header h;
+  memcpy(&h, header, sizeof h);
+  if (h.next_layer != e->next_layer)
+    return mk_fail(MK_ERR_SEAM_MISMATCH, "boundary for layer %u, this range starts at layer %u", h.next_layer,
+                   e->next_layer);
+  if (h.hidden != e->hidden) return mk_fail(MK_ERR_HIDDEN_WIDTH, "hidden %u, expected %u", h.hidden, e->hidden);
+  if (payload_bytes != size_t(h.rows) * h.hidden * sizeof(float))
+    return mk_fail(MK_ERR_DATA_LENGTH, "payload of %zu bytes for %u rows x %u", payload_bytes, h.rows, h.hidden);
+  return MK_OK;
+}
+
+/* A device buffer on the endpoint's device, filled with v (or the sentinel). */
+float *device_buffer(int device, const std::vector<float> &v) {
+  cudaSetDevice(device);
+  void *p = nullptr;
+  EXPECT_EQ(cudaMalloc(&p, v.size() * sizeof(float)), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(p, v.data(), v.size() * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+  return static_cast<float *>(p);
+}
+
+std::vector<float> read_back(int device, const float *p, size_t n) {
+  cudaSetDevice(device);
+  std::vector<float> v(n);
+  EXPECT_EQ(cudaMemcpy(v.data(), p, n * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+  return v;
+}
+
+struct Clique {
+  std::vector<mk_nccl_ctx> ctx;
+  explicit Clique(int n) : ctx(static_cast<size_t>(n)) {
+    std::vector<int> devices(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) devices[static_cast<size_t>(i)] = i;
+    status = mk_nccl_init_all(ctx.data(), n, devices.data(), nullptr, kDeadlineMs);
+  }
+  ~Clique() {
+    for (mk_nccl_ctx &c : ctx) mk_nccl_ctx_destroy(&c);
+  }
+  mk_status status;
+};
+
+/* One residual hop from ctx[from] to ctx[to], driven by one thread. */
+mk_status hop(Clique &q, int from, int to, const Header &h, const float *src, float *dst, size_t cap, Expect *e,
+              size_t *got_bytes) {
+  mk_nccl_ctx &s = q.ctx[static_cast<size_t>(from)], &r = q.ctx[static_cast<size_t>(to)];
+  const size_t bytes = size_t(h.rows) * h.hidden * sizeof(float);
+  MK_TRY(mk_nccl_send_post(&s, to, &h, sizeof h, src, bytes));
+  Header got{};
+  size_t hb = 0;
+  const mk_status st = mk_nccl_recv(&r, from, contract_check, e, &got, sizeof got, &hb, dst, cap, got_bytes);
+  const mk_status ss = mk_nccl_send_wait(&s);
+  return st != MK_OK ? st : ss;
+}
+
+TEST(NcclSeam, TwoDevicesInOneProcessCarryTheResidualExactly) {
+  NEED_DEVICES(2);
+  Clique q(2);
+  ASSERT_EQ(q.status, MK_OK) << mk_last_error();
+  for (uint32_t rows : {1u, 7u, 512u}) {
+    const uint32_t hidden = 96;
+    const size_t n = size_t(rows) * hidden;
+    const std::vector<float> payload = random_floats(n, rows);
+    float *src = device_buffer(0, payload);
+    float *dst = device_buffer(1, std::vector<float>(n, kSentinel));
+    Expect e{5, hidden, dst, n * sizeof(float)};
+    size_t got = 0;
+    ASSERT_EQ(hop(q, 0, 1, Header{5, rows, hidden, 1}, src, dst, n * sizeof(float), &e, &got), MK_OK)
+        << mk_last_error();
+    EXPECT_EQ(got, n * sizeof(float));
+    EXPECT_EQ(e.calls, 1);
+    EXPECT_TRUE(e.payload_untouched_at_check) << "the payload arrived before the header was checked";
+    const std::vector<float> back = read_back(1, dst, n);
+    EXPECT_EQ(memcmp(back.data(), payload.data(), n * sizeof(float)), 0) << rows << " rows";
+    cudaFree(src);
+    cudaFree(dst);
+  }
+  EXPECT_EQ(q.ctx[0].sent, 3u);
+  EXPECT_EQ(q.ctx[1].received, 3u);
+#ifdef MK_TEST_CUDASIM
+  const size_t live = cudasim::live_allocations();
+  for (mk_nccl_ctx &c : q.ctx) mk_nccl_ctx_destroy(&c);
+  EXPECT_EQ(cudasim::live_allocations(), live - 8) << "each endpoint owns two device and two pinned blocks";
+#endif
+}
+
+TEST(NcclSeam, ThreeDevicesChainForwardsTheResidual) {
+  NEED_DEVICES(3);
+  Clique q(3);
+  ASSERT_EQ(q.status, MK_OK) << mk_last_error();
+  const uint32_t rows = 3, hidden = 577; /* odd sizes */
+  const size_t n = size_t(rows) * hidden;
+  const std::vector<float> payload = random_floats(n, 9);
+  float *a = device_buffer(0, payload);
+  float *b = device_buffer(1, std::vector<float>(n, kSentinel));
+  float *c = device_buffer(2, std::vector<float>(n, kSentinel));
+  Expect e1{4, hidden, b, n * sizeof(float)}, e2{8, hidden, c, n * sizeof(float)};
+  size_t got = 0;
+  ASSERT_EQ(hop(q, 0, 1, Header{4, rows, hidden, 0}, a, b, n * sizeof(float), &e1, &got), MK_OK) << mk_last_error();
+  ASSERT_EQ(hop(q, 1, 2, Header{8, rows, hidden, 0}, b, c, n * sizeof(float), &e2, &got), MK_OK) << mk_last_error();
+  const std::vector<float> back = read_back(2, c, n);
+  EXPECT_EQ(memcmp(back.data(), payload.data(), n * sizeof(float)), 0);
+  cudaFree(a);
+  cudaFree(b);
+  cudaFree(c);
+}
+
+/* The header says 4 rows, the payload holds 5: the contract check refuses it before the
+ * payload is received; the sender learns its peer went away. */
+TEST(NcclSeam, HeaderAndPayloadSizesThatDisagreeAreRefused) {
+  NEED_DEVICES(2);
+  Clique q(2);
+  ASSERT_EQ(q.status, MK_OK) << mk_last_error();
+  const uint32_t hidden = 64;
+  const std::vector<float> payload = random_floats(5 * hidden, 2);
+  float *src = device_buffer(0, payload);
+  float *dst = device_buffer(1, std::vector<float>(8 * hidden, kSentinel));
+  Expect e{2, hidden, dst, 8 * hidden * sizeof(float)};
+  const Header h{2, 4, hidden, 0};
+  ASSERT_EQ(mk_nccl_send_post(&q.ctx[0], 1, &h, sizeof h, src, payload.size() * sizeof(float)), MK_OK);
+  Header got{};
+  size_t hb = 0, pb = 0;
+  const auto t0 = Clock::now();
+  EXPECT_EQ(mk_nccl_recv(&q.ctx[1], 0, contract_check, &e, &got, sizeof got, &hb, dst, 8 * hidden * sizeof(float), &pb),
+            MK_ERR_DATA_LENGTH);
+  EXPECT_NE(std::string(mk_last_error()).find("payload of 1280 bytes for 4 rows"), std::string::npos) << mk_last_error();
+  EXPECT_EQ(q.ctx[1].comm, nullptr) << "the communicator must be aborted";
+  const mk_status ss = mk_nccl_send_wait(&q.ctx[0]);
+  EXPECT_TRUE(ss == MK_ERR_PEER_CLOSED || ss == MK_ERR_PEER_TIMEOUT) << mk_status_name(ss);
+  EXPECT_LT(ms_since(t0), 2.0 * kSlackMs);
+  const std::vector<float> back = read_back(1, dst, 8 * hidden);
+  for (float x : back) ASSERT_EQ(x, kSentinel) << "payload written after the header was refused";
+  /* The dead endpoint says so. */
+  EXPECT_EQ(mk_nccl_send(&q.ctx[1], 0, &h, sizeof h, nullptr, 0), MK_ERR_PEER_CLOSED);
+  cudaFree(src);
+  cudaFree(dst);
+}
+
+/* A header for another layer (the contract's own status), and a payload larger than the
+ * receiver's buffer (a limit of the receiver, whatever the sender says). */
+TEST(NcclSeam, HeaderRefusedByTheContractAndPayloadOverTheReceiversLimit) {
+  NEED_DEVICES(2);
+  for (int variant = 0; variant < 2; ++variant) {
+    Clique q(2);
+    ASSERT_EQ(q.status, MK_OK) << mk_last_error();
+    const uint32_t hidden = 32, rows = variant == 0 ? 2 : 9;
+    const std::vector<float> payload = random_floats(size_t(rows) * hidden, 3);
+    float *src = device_buffer(0, payload);
+    float *dst = device_buffer(1, std::vector<float>(4 * hidden, kSentinel));
+    Expect e{6, hidden, dst, 4 * hidden * sizeof(float)};
+    size_t got = 0;
+    const Header h{variant == 0 ? 7u : 6u, rows, hidden, 0};
+    const mk_status st = hop(q, 0, 1, h, src, dst, 4 * hidden * sizeof(float), &e, &got);
+    if (variant == 0) {
+      EXPECT_EQ(st, MK_ERR_SEAM_MISMATCH) << mk_last_error();
+      EXPECT_EQ(e.calls, 1);
+    } else {
+      EXPECT_EQ(st, MK_ERR_FRAME) << mk_last_error();
+      EXPECT_EQ(e.calls, 0) << "an oversized payload must be refused before the contract check";
+    }
+    const std::vector<float> back = read_back(1, dst, 4 * hidden);
+    for (float x : back) ASSERT_EQ(x, kSentinel);
+    cudaFree(src);
+    cudaFree(dst);
+  }
+}
+
+/* A peer that does not speak the seam protocol: a block without the envelope, and a block
+ * of the wrong size (NCCL sizes that disagree: the stand-in reports it, real NCCL would
+ * leave it to the deadline). */
+TEST(NcclSeam, LyingPeerBlocksAreRefused) {
+  NEED_DEVICES(2);
+  for (size_t block : {size_t(MK_NCCL_HEADER_BLOCK), size_t(100)}) {
+    Clique q(2);
+    ASSERT_EQ(q.status, MK_OK) << mk_last_error();
+    float *junk = device_buffer(0, random_floats(MK_NCCL_HEADER_BLOCK / 4, 4));
+    cudaSetDevice(0);
+    ASSERT_EQ(ncclSend(junk, block, ncclUint8, 1, q.ctx[0].comm, q.ctx[0].stream), ncclSuccess);
+    float *dst = device_buffer(1, std::vector<float>(16, kSentinel));
+    Expect e{1, 4, dst, 64};
+    Header got{};
+    size_t hb = 0, pb = 0;
+    const auto t0 = Clock::now();
+    const mk_status st = mk_nccl_recv(&q.ctx[1], 0, contract_check, &e, &got, sizeof got, &hb, dst, 64, &pb);
+#ifdef MK_TEST_CUDASIM
+    EXPECT_EQ(st, MK_ERR_FRAME) << mk_last_error();
+#else
+    EXPECT_TRUE(st == MK_ERR_FRAME || st == MK_ERR_PEER_TIMEOUT) << mk_last_error();
+#endif
+    EXPECT_LT(ms_since(t0), kSlackMs);
+    EXPECT_EQ(e.calls, 0);
+    cudaFree(junk);
+    cudaFree(dst);
+  }
+}
+
+TEST(NcclSeam, PeerThatAbortsItsCommunicatorIsReportedClosed) {
+  NEED_DEVICES(2);
+  Clique q(2);
+  ASSERT_EQ(q.status, MK_OK) << mk_last_error();
+  ncclCommAbort(q.ctx[0].comm);
+  q.ctx[0].comm = nullptr;
+  float *dst = device_buffer(1, std::vector<float>(16, kSentinel));
+  Expect e{1, 4, dst, 64};
+  Header got{};
+  size_t hb = 0, pb = 0;
+  const auto t0 = Clock::now();
+  const mk_status st = mk_nccl_recv(&q.ctx[1], 0, contract_check, &e, &got, sizeof got, &hb, dst, 64, &pb);
+#ifdef MK_TEST_CUDASIM
+  EXPECT_EQ(st, MK_ERR_PEER_CLOSED) << mk_last_error();
+#else
+  EXPECT_TRUE(st == MK_ERR_PEER_CLOSED || st == MK_ERR_PEER_TIMEOUT) << mk_last_error();
+#endif
+  EXPECT_LT(ms_since(t0), kSlackMs);
+  cudaFree(dst);
+}
+
+TEST(NcclSeam, SilentPeerTimesOutAtTheDeadline) {
+  NEED_DEVICES(2);
+  Clique q(2);
+  ASSERT_EQ(q.status, MK_OK) << mk_last_error();
+  float *dst = device_buffer(1, std::vector<float>(16, kSentinel));
+  Expect e{1, 4, dst, 64};
+  Header got{};
+  size_t hb = 0, pb = 0;
+  const auto t0 = Clock::now();
+  EXPECT_EQ(mk_nccl_recv(&q.ctx[1], 0, contract_check, &e, &got, sizeof got, &hb, dst, 64, &pb), MK_ERR_PEER_TIMEOUT);
+  const double ms = ms_since(t0);
+  EXPECT_GE(ms, kDeadlineMs - 1.0);
+  EXPECT_LT(ms, kSlackMs);
+  EXPECT_NE(std::string(mk_last_error()).find("within 300 ms"), std::string::npos) << mk_last_error();
+  cudaFree(dst);
+}
+
+TEST(NcclSeam, SendNobodyReceivesTimesOutAtTheDeadline) {
+  NEED_DEVICES(2);
+  Clique q(2);
+  ASSERT_EQ(q.status, MK_OK) << mk_last_error();
+  /* 8 MiB: beyond any eager buffering, so real NCCL waits for the receiver as well. */
+  const std::vector<float> payload = random_floats(size_t(2) << 20, 8);
+  float *src = device_buffer(0, payload);
+  const Header h{1, 512, 4096, 0};
+  const auto t0 = Clock::now();
+  EXPECT_EQ(mk_nccl_send(&q.ctx[0], 1, &h, sizeof h, src, payload.size() * sizeof(float)), MK_ERR_PEER_TIMEOUT)
+      << mk_last_error();
+  const double ms = ms_since(t0);
+  EXPECT_GE(ms, kDeadlineMs - 1.0);
+  EXPECT_LT(ms, kSlackMs);
+  cudaFree(src);
+}
+
+TEST(NcclSeam, InitTimesOutWhenARankNeverJoins) {
+  NEED_DEVICES(1); /* only rank 0 is created here */
+  ncclUniqueId id;
+  ASSERT_EQ(mk_nccl_id_create(&id), MK_OK);
+  mk_nccl_ctx ctx;
+  const auto t0 = Clock::now();
+  EXPECT_EQ(mk_nccl_init_rank(&ctx, 2, 0, &id, 0, nullptr, kDeadlineMs), MK_ERR_PEER_TIMEOUT);
+  EXPECT_LT(ms_since(t0), kSlackMs);
+  EXPECT_EQ(ctx.comm, nullptr);
+  mk_nccl_ctx_destroy(&ctx); /* harmless after a failed init */
+}
+
+/* A device that does not exist: a clear status, every other rank's communicator released,
+ * nothing left allocated. */
+TEST(NcclSeam, InitAllWithABadDeviceFailsAndLeavesNothing) {
+  NEED_DEVICES(2);
+#ifdef MK_TEST_CUDASIM
+  const size_t live_before = cudasim::live_allocations();
+#endif
+  std::vector<mk_nccl_ctx> ctx(2);
+  const int devices[2] = {0, 99};
+  const auto t0 = Clock::now();
+  EXPECT_EQ(mk_nccl_init_all(ctx.data(), 2, devices, nullptr, kDeadlineMs), MK_ERR_NCCL);
+  EXPECT_LT(ms_since(t0), kSlackMs);
+  for (const mk_nccl_ctx &c : ctx) {
+    EXPECT_EQ(c.comm, nullptr);
+    EXPECT_EQ(c.send_block_dev, nullptr);
+  }
+#ifdef MK_TEST_CUDASIM
+  EXPECT_EQ(cudasim::live_allocations(), live_before);
+#endif
+  cudaSetDevice(0);
+}
+
+TEST(NcclSeam, BootstrapHandOverFailsClearly) {
+  char dir[] = "/tmp/mk_nccl_seam_XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string missing = std::string(dir) + "/none", junk = std::string(dir) + "/junk",
+                    good = std::string(dir) + "/id";
+  ncclUniqueId id, back;
+  auto t0 = Clock::now();
+  EXPECT_EQ(mk_nccl_id_read_file(missing.c_str(), &back, 100), MK_ERR_PEER_TIMEOUT);
+  EXPECT_LT(ms_since(t0), kSlackMs);
+  FILE *f = fopen(junk.c_str(), "wb");
+  ASSERT_NE(f, nullptr);
+  fwrite("not an id at all, just some bytes of text padding it out past the record size to be sure ......"
+         "..........................................................................",
+         1, 8 + sizeof(ncclUniqueId), f);
+  fclose(f);
+  EXPECT_EQ(mk_nccl_id_read_file(junk.c_str(), &back, 100), MK_ERR_FRAME);
+  ASSERT_EQ(mk_nccl_id_create(&id), MK_OK);
+  ASSERT_EQ(mk_nccl_id_write_file(good.c_str(), &id), MK_OK);
+  ASSERT_EQ(mk_nccl_id_read_file(good.c_str(), &back, 100), MK_OK);
+  EXPECT_EQ(memcmp(&id, &back, sizeof id), 0);
+  /* Nobody serving: the fetch gives up at its deadline. */
+  uint16_t port = 0;
+  int fd = -1;
+  ASSERT_EQ(mk_nccl_id_listen(nullptr, &port, &fd), MK_OK);
+  close(fd); /* the port is now (almost certainly) closed */
+  t0 = Clock::now();
+  EXPECT_EQ(mk_nccl_id_fetch(nullptr, port, &back, 150), MK_ERR_PEER_TIMEOUT);
+  EXPECT_LT(ms_since(t0), kSlackMs);
+  /* Served to two joiners. */
+  port = 0;
+  ASSERT_EQ(mk_nccl_id_listen(nullptr, &port, &fd), MK_OK);
+  std::vector<ncclUniqueId> fetched(2);
+  std::vector<mk_status> fst(2, MK_ERR_INTERNAL);
+  std::vector<std::thread> ts;
+  for (int i = 0; i < 2; ++i)
+    ts.emplace_back([&, i] { fst[static_cast<size_t>(i)] = mk_nccl_id_fetch(nullptr, port, &fetched[static_cast<size_t>(i)], 2000); });
+  EXPECT_EQ(mk_nccl_id_serve(fd, 2, &id, 2000), MK_OK);
+  for (auto &t : ts) t.join();
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(fst[static_cast<size_t>(i)], MK_OK);
+    EXPECT_EQ(memcmp(&fetched[static_cast<size_t>(i)], &id, sizeof id), 0);
+  }
+  unlink(good.c_str());
+  unlink(junk.c_str());
+  rmdir(dir);
+}
+
+#ifdef MK_TEST_CUDASIM
+/* ---- two processes (under cudasim: fork after CUDA initialization is unsupported on GPUs) -- */
+
+/* The child's side: join through the file, warm up, receive one residual, send it back
+ * doubled (or, when `vanish`, exit right after receiving: mid-exchange). */
+int child_main(const std::string &id_path, uint32_t rows, uint32_t hidden, bool vanish) {
+  ncclUniqueId id;
+  if (mk_nccl_id_read_file(id_path.c_str(), &id, 5000) != MK_OK) return 10;
+  mk_nccl_ctx ctx;
+  if (mk_nccl_init_rank(&ctx, 2, 1, &id, 0, nullptr, 5000) != MK_OK) return 11;
+  if (mk_nccl_warmup(&ctx, 0, 0) != MK_OK) return 12;
+  const size_t n = size_t(rows) * hidden;
+  float *buf = device_buffer(0, std::vector<float>(n, kSentinel));
+  Expect e{3, hidden, buf, n * sizeof(float)};
+  Header h{};
+  size_t hb = 0, pb = 0;
+  if (mk_nccl_recv(&ctx, 0, contract_check, &e, &h, sizeof h, &hb, buf, n * sizeof(float), &pb) != MK_OK) return 13;
+  if (vanish) _exit(0);
+  std::vector<float> v = read_back(0, buf, n);
+  for (float &x : v) x *= 2.0f;
+  float *out = device_buffer(0, v);
+  const Header back{4, rows, hidden, h.step + 1};
+  if (mk_nccl_send(&ctx, 0, &back, sizeof back, out, n * sizeof(float)) != MK_OK) return 14;
+  cudaFree(buf);
+  cudaFree(out);
+  mk_nccl_ctx_destroy(&ctx);
+  return 0;
+}
+
+void two_process_exchange(bool vanish) {
+  char dir[] = "/tmp/mk_nccl_seam_XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string id_path = std::string(dir) + "/id";
+  const uint32_t rows = 5, hidden = 4096 / 4; /* 5 decode rows of a 1024-wide model: 20 KB */
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) _exit(child_main(id_path, rows, hidden, vanish));
+  ncclUniqueId id;
+  ASSERT_EQ(mk_nccl_id_create(&id), MK_OK);
+  ASSERT_EQ(mk_nccl_id_write_file(id_path.c_str(), &id), MK_OK);
+  mk_nccl_ctx ctx;
+  ASSERT_EQ(mk_nccl_init_rank(&ctx, 2, 0, &id, 0, nullptr, 5000), MK_OK) << mk_last_error();
+  ctx.deadline_ms = 5000; /* the warm-up waits for the child's start */
+  ASSERT_EQ(mk_nccl_warmup(&ctx, 1, 1), MK_OK) << mk_last_error();
+  ctx.deadline_ms = kDeadlineMs;
+  const size_t n = size_t(rows) * hidden;
+  const std::vector<float> payload = random_floats(n, 31);
+  float *src = device_buffer(0, payload);
+  float *dst = device_buffer(0, std::vector<float>(n, kSentinel));
+  const Header h{3, rows, hidden, 7};
+  ASSERT_EQ(mk_nccl_send(&ctx, 1, &h, sizeof h, src, n * sizeof(float)), MK_OK) << mk_last_error();
+  Expect e{4, hidden, dst, n * sizeof(float)};
+  Header got{};
+  size_t hb = 0, pb = 0;
+  const auto t0 = Clock::now();
+  const mk_status st = mk_nccl_recv(&ctx, 1, contract_check, &e, &got, sizeof got, &hb, dst, n * sizeof(float), &pb);
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child exit " << WEXITSTATUS(status);
+  if (vanish) {
+    EXPECT_EQ(st, MK_ERR_PEER_CLOSED) << mk_last_error();
+    EXPECT_LT(ms_since(t0), kSlackMs);
+    for (float x : read_back(0, dst, n)) ASSERT_EQ(x, kSentinel);
+  } else {
+    ASSERT_EQ(st, MK_OK) << mk_last_error();
+    EXPECT_EQ(got.step, 8u);
+    std::vector<float> want = payload;
+    for (float &x : want) x *= 2.0f;
+    const std::vector<float> back = read_back(0, dst, n);
+    EXPECT_EQ(memcmp(back.data(), want.data(), n * sizeof(float)), 0);
+  }
+  mk_nccl_ctx_destroy(&ctx);
+  cudaFree(src);
+  cudaFree(dst);
+  unlink(id_path.c_str());
+  rmdir(dir);
+}
+
+TEST(NcclSeam, TwoProcessesExchangeThroughAFileBootstrap) { two_process_exchange(false); }
+TEST(NcclSeam, PeerProcessExitingMidExchangeIsReportedClosed) { two_process_exchange(true); }
+#endif
+
+}  // namespace

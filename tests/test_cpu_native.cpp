@@ -1,0 +1,383 @@
+// The cpu backend's native-format kernels: every format's matrix product against the F32
+// dequantize-then-multiply reference over odd shapes (tolerance from the format), the
+// SIMD kernels against the portable ones, and thread-count invariance bit for bit.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <unistd.h>
+
+#include "cpu_attention_fast.h"
+#include "cpu_native.h"
+#include "cpu_ops.h"
+#include "cpu_pool.h"
+#include "cpu_quant.h"
+#include "gguf.h"
+#include "mk_test_util.h"
+
+namespace {
+
+struct Format {
+    uint32_t type;
+    const char *name;
+};
+
+const Format kFormats[] = {{MK_GGML_TYPE_Q4_0, "Q4_0"}, {MK_GGML_TYPE_Q4_1, "Q4_1"}, {MK_GGML_TYPE_Q8_0, "Q8_0"},
+                           {MK_GGML_TYPE_Q4_K, "Q4_K"}, {MK_GGML_TYPE_Q6_K, "Q6_K"}, {MK_GGML_TYPE_F16, "F16"},
+                           {MK_GGML_TYPE_BF16, "BF16"}};
+
+size_t block_elems(uint32_t type) {
+    size_t be = 0, bb = 0;
+    mk_ggml_type_layout(type, &be, &bb);
+    return be;
+}
+
+size_t row_bytes(uint32_t type, size_t cols) {
+    size_t be = 0, bb = 0;
+    mk_ggml_type_layout(type, &be, &bb);
+    return cols / be * bb;
+}
+
+void put_f16(uint8_t *p, float v) {
+    const uint16_t h = mk_f32_to_f16(v);
+    std::memcpy(p, &h, 2);
+}
+
+// Random stored rows of a format: random quant bytes with finite, small scales in the
+// places the format keeps its f16 fields.
+std::vector<uint8_t> random_rows(uint32_t type, size_t rows, size_t cols, std::mt19937 &rng) {
+    std::uniform_int_distribution<int> byte(0, 255);
+    std::uniform_real_distribution<float> scale(0.002f, 0.05f), shift(-0.2f, 0.2f), value(-1.0f, 1.0f);
+    const size_t rb = row_bytes(type, cols);
+    std::vector<uint8_t> w(rows * rb);
+    if (type == MK_GGML_TYPE_F16 || type == MK_GGML_TYPE_BF16) {
+        for (size_t i = 0; i < rows * cols; i++) {
+            const uint16_t h = type == MK_GGML_TYPE_F16 ? mk_f32_to_f16(value(rng)) : mk_f32_to_bf16(value(rng));
+            std::memcpy(&w[2 * i], &h, 2);
+        }
+        return w;
+    }
+    for (auto &b : w) b = (uint8_t)byte(rng);
+    size_t be = 0, bb = 0;
+    mk_ggml_type_layout(type, &be, &bb);
+    for (size_t blk = 0; blk < rows * cols / be; blk++) {
+        uint8_t *p = &w[blk * bb];
+        switch (type) {
+            case MK_GGML_TYPE_Q4_0: case MK_GGML_TYPE_Q8_0: put_f16(p, scale(rng)); break;
+            case MK_GGML_TYPE_Q4_1: put_f16(p, scale(rng)); put_f16(p + 2, shift(rng)); break;
+            case MK_GGML_TYPE_Q4_K: put_f16(p, scale(rng) * 0.1f); put_f16(p + 2, scale(rng) * 0.1f); break;
+            case MK_GGML_TYPE_Q6_K: put_f16(p + 208, scale(rng) * 0.1f); break;
+        }
+    }
+    return w;
+}
+
+std::vector<float> random_floats(size_t n, std::mt19937 &rng) {
+    std::normal_distribution<float> d(0.0f, 1.0f);
+    std::vector<float> v(n);
+    for (auto &x : v) x = d(rng);
+    return v;
+}
+
+// A native weight as the backend stores it (header + rows).
+struct NativeWeight {
+    std::vector<uint8_t> bytes;
+    NativeWeight(uint32_t type, const std::vector<uint8_t> &rows_data, size_t rows, size_t cols) {
+        const size_t n = mk_cpu_native_weight_bytes(type, rows, cols);
+        EXPECT_GT(n, 0u);
+        bytes.resize(n + 64);
+        MK_ASSERT_OK_VOID(mk_cpu_native_store(data(), type, rows_data.data(), rows_data.size(), rows, cols));
+    }
+    // 64-byte aligned view inside the vector.
+    void *data() {
+        const uintptr_t p = (uintptr_t)bytes.data();
+        return (void *)((p + 63) & ~(uintptr_t)63);
+    }
+    static void MK_ASSERT_OK_VOID(mk_status s) { ASSERT_EQ(s, MK_OK) << mk_last_error(); }
+};
+
+// Owns a pool and the scratch of a native product (activation blocks, one weight tile
+// of up to max_in columns for products of many rows).
+struct NativeCtx {
+    mk_cpu_native ctx{};
+    std::vector<mk_q8_block> xq;
+    std::vector<float> wtile;
+    NativeCtx(size_t threads, const mk_cpu_quant *kernels, size_t max_blocks, size_t max_in = 1024)
+        : xq(max_blocks), wtile((size_t)MK_NATIVE_GEMM_TILE * max_in * threads) {
+        EXPECT_EQ(mk_cpu_pool_create(threads, &ctx.pool), MK_OK) << mk_last_error();
+        ctx.kernels = kernels;
+        ctx.xq = xq.data();
+        ctx.xq_blocks = xq.size();
+        ctx.wtile = wtile.data();
+        ctx.wtile_elems = wtile.size();
+    }
+    ~NativeCtx() { mk_cpu_pool_free(ctx.pool); }
+};
+
+const float kSentinel = -12345.5f;
+
+// y = x @ w^T through the native product; sentinels after y must survive.
+std::vector<float> native_product(NativeCtx &c, NativeWeight &w, const std::vector<float> &x, size_t rows,
+                                  size_t in, size_t out) {
+    std::vector<float> y(rows * out + 8, kSentinel);
+    const mk_status s = mk_cpu_native_matmul(&c.ctx, y.data(), x.data(), w.data(), rows, in, out);
+    EXPECT_EQ(s, MK_OK) << mk_last_error();
+    for (size_t i = rows * out; i < y.size(); i++) EXPECT_EQ(y[i], kSentinel) << "wrote past the output";
+    y.resize(rows * out);
+    return y;
+}
+
+std::vector<size_t> cols_for(uint32_t type) {
+    if (block_elems(type) == 256) return {256, 768};
+    if (block_elems(type) == 32) return {32, 96, 544};
+    return {1, 13, 45, 100}; // F16/BF16: any width
+}
+
+// Every format, odd shapes, every kernel set this CPU has: the product matches the F32
+// dequantize-then-multiply reference within the error the 8-bit activations can cause
+// (|x - d q| <= d/2 per value) plus float rounding.
+TEST(NativeMatmul, EveryFormatMatchesTheDequantizedReference) {
+    std::mt19937 rng(1234);
+    std::vector<const mk_cpu_quant *> kernel_sets = {mk_cpu_quant_portable()};
+    if (mk_cpu_quant_avx2()) kernel_sets.push_back(mk_cpu_quant_avx2());
+    for (const Format &f : kFormats) {
+        for (size_t in : cols_for(f.type)) {
+            for (size_t out : {1u, 7u, 33u, 300u}) {
+                // 1 and 3 rows: the dot kernels; 40 rows: dequantized tiles and SGEMM.
+                for (size_t rows : {1u, 3u, 40u}) {
+                    if ((out == 300) != (rows == 40)) continue; // keep the grid small
+                    SCOPED_TRACE(std::string(f.name) + " in " + std::to_string(in) + " out " + std::to_string(out) +
+                                 " rows " + std::to_string(rows));
+                    const std::vector<uint8_t> wq = random_rows(f.type, out, in, rng);
+                    std::vector<float> wf(out * in);
+                    MK_ASSERT_OK(mk_gguf_dequantize(f.type, wq.data(), wq.size(), wf.data(), wf.size()));
+                    const std::vector<float> x = random_floats(rows * in, rng);
+                    NativeWeight w(f.type, wq, out, in);
+                    for (const mk_cpu_quant *k : kernel_sets) {
+                        SCOPED_TRACE(k->name);
+                        NativeCtx c(1, k, rows * in / 32 + 1);
+                        const std::vector<float> y = native_product(c, w, x, rows, in, out);
+                        const bool quantized = f.type != MK_GGML_TYPE_F16 && f.type != MK_GGML_TYPE_BF16;
+                        int shown = 0;
+                        for (size_t r = 0; r < rows; r++) {
+                            for (size_t o = 0; o < out; o++) {
+                                double ref = 0.0, mag = 0.0, act_err = 0.0;
+                                for (size_t i = 0; i < in; i += 32) {
+                                    double amax = 0.0, wabs = 0.0;
+                                    const size_t end = std::min(in, i + 32);
+                                    for (size_t j = i; j < end; j++) {
+                                        const double wv = wf[o * in + j], xv = x[r * in + j];
+                                        ref += wv * xv;
+                                        mag += std::fabs(wv * xv);
+                                        amax = std::max(amax, std::fabs(xv));
+                                        wabs += std::fabs(wv);
+                                    }
+                                    if (quantized) act_err += amax / 127.0 / 2.0 * wabs * (1 + 1e-6);
+                                }
+                                const double tol = act_err + (4.8e-7 * (double)in + 1e-6) * (mag + act_err) + 1e-6;
+                                const double err = std::fabs((double)y[r * out + o] - ref);
+                                EXPECT_TRUE(std::isfinite(y[r * out + o]));
+                                if (err > tol && shown++ < 10)
+                                    ADD_FAILURE() << "row " << r << " out " << o << ": " << y[r * out + o]
+                                                  << " vs reference " << ref << " (tolerance " << tol << ")";
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+// Activation quantization is integer math after one float multiply: SIMD and portable
+// agree bit for bit, and every value is within half a step of the input.
+TEST(NativeKernels, SimdQuantizationIsBitIdenticalToPortable) {
+    const mk_cpu_quant *simd = mk_cpu_quant_avx2();
+    if (!simd) GTEST_SKIP() << "this CPU has no AVX2";
+    std::mt19937 rng(99);
+    for (size_t n : {32u, 64u, 1536u}) {
+        std::vector<float> x = random_floats(n, rng);
+        x[5] = 0.0f;
+        if (n >= 64) std::fill(x.begin() + 32, x.begin() + 64, 0.0f); // an all-zero block
+        if (n >= 1536) x[1000] = 1e30f;                                // one huge value
+        std::vector<mk_q8_block> a(n / 32), b(n / 32);
+        mk_cpu_quant_portable()->quantize_row(a.data(), x.data(), n);
+        simd->quantize_row(b.data(), x.data(), n);
+        ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(mk_q8_block)), 0) << n;
+        for (size_t i = 0; i < n; i++) {
+            const mk_q8_block &q = a[i / 32];
+            ASSERT_LE(std::fabs(x[i] - q.d * q.q[i % 32]), q.d * 0.5f * (1 + 1e-5f) + 1e-30f) << i;
+        }
+        for (size_t blk = 0; blk < n / 32; blk++) {
+            int sum = 0;
+            for (int i = 0; i < 32; i++) sum += a[blk].q[i];
+            EXPECT_EQ(a[blk].s, a[blk].d * (float)sum);
+        }
+    }
+}
+
+// The SIMD dots compute the same integer block sums as the portable ones and add the
+// per-block terms in a different order: equal up to float rounding of those sums.
+TEST(NativeKernels, SimdDotsMatchPortable) {
+    const mk_cpu_quant *simd = mk_cpu_quant_avx2();
+    if (!simd) GTEST_SKIP() << "this CPU has no AVX2";
+    const mk_cpu_quant *ref = mk_cpu_quant_portable();
+    std::mt19937 rng(7);
+    for (const Format &f : kFormats) {
+        for (size_t in : cols_for(f.type)) {
+            SCOPED_TRACE(std::string(f.name) + " in " + std::to_string(in));
+            const std::vector<uint8_t> w = random_rows(f.type, 5, in, rng);
+            const std::vector<float> x = random_floats(in, rng);
+            const size_t rb = row_bytes(f.type, in);
+            std::vector<mk_q8_block> xq(in / 32 + 1);
+            if (in % 32 == 0) ref->quantize_row(xq.data(), x.data(), in);
+            for (size_t r = 0; r < 5; r++) {
+                float a, b, mag = 0.0f;
+                if (f.type == MK_GGML_TYPE_F16 || f.type == MK_GGML_TYPE_BF16) {
+                    mk_hdot_fn pa = f.type == MK_GGML_TYPE_F16 ? ref->dot_f16 : ref->dot_bf16;
+                    mk_hdot_fn pb = f.type == MK_GGML_TYPE_F16 ? simd->dot_f16 : simd->dot_bf16;
+                    a = pa((const uint16_t *)&w[r * rb], x.data(), in);
+                    b = pb((const uint16_t *)&w[r * rb], x.data(), in);
+                    std::vector<float> wf(in);
+                    MK_ASSERT_OK(mk_gguf_dequantize(f.type, &w[r * rb], rb, wf.data(), in));
+                    for (size_t i = 0; i < in; i++) mag += std::fabs(wf[i] * x[i]);
+                } else {
+                    a = mk_cpu_quant_dot_for(ref, f.type)(&w[r * rb], xq.data(), in);
+                    b = mk_cpu_quant_dot_for(simd, f.type)(&w[r * rb], xq.data(), in);
+                    std::vector<float> wf(in);
+                    MK_ASSERT_OK(mk_gguf_dequantize(f.type, &w[r * rb], rb, wf.data(), in));
+                    for (size_t i = 0; i < in; i++) mag += std::fabs(wf[i] * xq[i / 32].d * xq[i / 32].q[i % 32]);
+                    for (size_t blk = 0; blk < in / 32; blk++) mag += std::fabs(xq[blk].s) * 0.25f;
+                }
+                EXPECT_LE(std::fabs(a - b), 1e-6f * (float)in * mag / 8.0f + 1e-7f) << "row " << r << ": " << a << " vs " << b;
+            }
+        }
+    }
+}
+
+// One output element is one dot product computed by one thread: 1, 2 and 3 threads give
+// the same bits, for decode (one row) and prefill (several rows), in every format.
+TEST(NativeMatmul, ThreadCountDoesNotChangeOneBit) {
+    std::mt19937 rng(5);
+    const size_t out = 333;
+    for (const Format &f : kFormats) {
+        const size_t in = block_elems(f.type) == 256 ? 512 : 96;
+        SCOPED_TRACE(f.name);
+        const std::vector<uint8_t> wq = random_rows(f.type, out, in, rng);
+        NativeWeight w(f.type, wq, out, in);
+        for (size_t rows : {1u, 4u, 37u}) { // 37 rows: the tiled SGEMM path (300 = 256 + a partial tile)
+            const std::vector<float> x = random_floats(rows * in, rng);
+            NativeCtx one(1, mk_cpu_quant_best(), rows * in / 32);
+            const std::vector<float> y1 = native_product(one, w, x, rows, in, out);
+            for (size_t threads : {2u, 3u}) {
+                NativeCtx many(threads, mk_cpu_quant_best(), rows * in / 32);
+                for (int rep = 0; rep < 3; rep++) // the pool is reused across products
+                    EXPECT_TRUE(bit_identical(y1, native_product(many, w, x, rows, in, out)))
+                        << threads << " threads, rows " << rows << ", repetition " << rep;
+            }
+        }
+    }
+}
+
+// The pool runs every item exactly once, for chunk sizes that do and do not divide n.
+TEST(CpuPool, EveryItemRunsExactlyOnce) {
+    for (size_t threads : {1u, 2u, 3u, 5u}) {
+        mk_cpu_pool *p = nullptr;
+        MK_ASSERT_OK(mk_cpu_pool_create(threads, &p));
+        for (size_t n : {1u, 7u, 64u, 1001u}) {
+            for (size_t chunk : {1u, 3u, 16u}) {
+                std::vector<int> hits(n, 0);
+                mk_cpu_pool_run(p, n, chunk, [](void *arg, size_t b, size_t e, size_t) {
+                    int *h = static_cast<int *>(arg);
+                    for (size_t i = b; i < e; i++) __atomic_fetch_add(&h[i], 1, __ATOMIC_RELAXED);
+                }, hits.data());
+                for (size_t i = 0; i < n; i++) ASSERT_EQ(hits[i], 1) << threads << " threads, n " << n << ", chunk " << chunk;
+            }
+        }
+        mk_cpu_pool_free(p);
+    }
+    // Back-to-back jobs (workers still spinning) and jobs after a pause (workers asleep).
+    mk_cpu_pool *p = nullptr;
+    MK_ASSERT_OK(mk_cpu_pool_create(3, &p));
+    std::vector<int> hits(50, 0);
+    for (int job = 0; job < 300; job++) {
+        if (job % 50 == 49) usleep(2000);
+        mk_cpu_pool_run(p, hits.size(), 2, [](void *arg, size_t b, size_t e, size_t) {
+            int *h = static_cast<int *>(arg);
+            for (size_t i = b; i < e; i++) __atomic_fetch_add(&h[i], 1, __ATOMIC_RELAXED);
+        }, hits.data());
+    }
+    for (int h : hits) ASSERT_EQ(h, 300);
+    mk_cpu_pool_free(p);
+    p = nullptr;
+    EXPECT_EQ(mk_cpu_pool_create(0, &p), MK_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(p, nullptr);
+}
+
+// Formats without a native kernel are kept as F32 (dequantized once); the embedding of a
+// native table is the dequantized row.
+TEST(NativeWeightStore, OtherFormatsBecomeF32AndEmbeddingDequantizesRows) {
+    std::mt19937 rng(11);
+    const size_t rows = 5, cols = 64;
+    std::vector<uint8_t> q5(rows * row_bytes(MK_GGML_TYPE_Q5_0, cols));
+    for (auto &b : q5) b = (uint8_t)rng();
+    for (size_t blk = 0; blk < rows * cols / 32; blk++) put_f16(&q5[blk * 22], 0.01f);
+    NativeWeight w(MK_GGML_TYPE_Q5_0, q5, rows, cols);
+    const mk_cpu_weight *h = static_cast<const mk_cpu_weight *>(w.data());
+    EXPECT_EQ(h->type, (uint32_t)MK_GGML_TYPE_F32);
+    EXPECT_EQ(mk_cpu_native_weight_bytes(MK_GGML_TYPE_Q5_0, rows, cols), sizeof(mk_cpu_weight) + rows * cols * 4);
+    std::vector<float> ref(rows * cols);
+    MK_ASSERT_OK(mk_gguf_dequantize(MK_GGML_TYPE_Q5_0, q5.data(), q5.size(), ref.data(), ref.size()));
+    const int32_t ids[] = {4, 0, 4};
+    std::vector<float> out(3 * cols);
+    MK_ASSERT_OK(mk_cpu_native_embed(out.data(), w.data(), ids, 3, cols));
+    for (size_t i = 0; i < 3; i++)
+        EXPECT_EQ(std::memcmp(&out[i * cols], &ref[ids[i] * cols], cols * sizeof(float)), 0) << i;
+
+    const std::vector<uint8_t> q8 = random_rows(MK_GGML_TYPE_Q8_0, rows, cols, rng);
+    NativeWeight w8(MK_GGML_TYPE_Q8_0, q8, rows, cols);
+    std::vector<float> ref8(rows * cols);
+    MK_ASSERT_OK(mk_gguf_dequantize(MK_GGML_TYPE_Q8_0, q8.data(), q8.size(), ref8.data(), ref8.size()));
+    MK_ASSERT_OK(mk_cpu_native_embed(out.data(), w8.data(), ids, 3, cols));
+    for (size_t i = 0; i < 3; i++)
+        EXPECT_EQ(std::memcmp(&out[i * cols], &ref8[ids[i] * cols], cols * sizeof(float)), 0) << i;
+    // A stored tensor of the wrong size is refused.
+    std::vector<uint8_t> buf(mk_cpu_native_weight_bytes(MK_GGML_TYPE_Q8_0, rows, cols) + 64);
+    EXPECT_EQ(mk_cpu_native_store(buf.data(), MK_GGML_TYPE_Q8_0, q8.data(), q8.size() - 1, rows, cols),
+              MK_ERR_DATA_LENGTH);
+    EXPECT_EQ(mk_cpu_native_weight_bytes(MK_GGML_TYPE_Q8_0, rows, 33), 0u); // not whole blocks
+}
+
+// The native mode's float attention agrees with the double-accumulating reference, in
+// both compiled copies, for head widths with and without a tail past the 8 lanes.
+TEST(NativeAttention, FloatAttentionMatchesTheReference) {
+    std::mt19937 rng(21);
+    std::vector<mk_attention_fast_fn> fns = {mk_cpu_attention_fast_for(mk_cpu_quant_portable())};
+    if (mk_cpu_quant_avx2()) fns.push_back(mk_cpu_attention_fast_for(mk_cpu_quant_avx2()));
+    for (size_t head_dim : {8u, 20u, 64u}) {
+        const size_t rows = 3, past = 37, heads = 6, kv_heads = 2, ctx = past + rows;
+        const std::vector<float> q = random_floats(rows * heads * head_dim, rng);
+        const std::vector<float> k = random_floats(ctx * kv_heads * head_dim, rng);
+        const std::vector<float> v = random_floats(ctx * kv_heads * head_dim, rng);
+        std::vector<float> ref(rows * heads * head_dim);
+        mk_cpu_attention(ref.data(), q.data(), k.data(), v.data(), rows, past, heads, kv_heads, head_dim);
+        for (mk_attention_fast_fn fn : fns) {
+            std::vector<float> got(ref.size() + 4, kSentinel);
+            fn(got.data(), q.data(), k.data(), v.data(), 0, rows * heads, past, heads, kv_heads, head_dim);
+            for (size_t i = ref.size(); i < got.size(); i++) EXPECT_EQ(got[i], kSentinel);
+            std::vector<float> parts(ref.size());
+            fn(parts.data(), q.data(), k.data(), v.data(), 0, 5, past, heads, kv_heads, head_dim);
+            fn(parts.data(), q.data(), k.data(), v.data(), 5, rows * heads, past, heads, kv_heads, head_dim);
+            got.resize(ref.size());
+            EXPECT_TRUE(bit_identical(got, parts)) << "a split of the (row, head) pairs changed the result";
+            for (size_t i = 0; i < ref.size(); i++)
+                ASSERT_NEAR(got[i], ref[i], 2e-5f * (1.0f + std::fabs(ref[i]))) << "head_dim " << head_dim << " at " << i;
+        }
+    }
+}
+
+} // namespace

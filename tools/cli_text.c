@@ -1,0 +1,442 @@
+/* meshkern run -p / chat / tokenize: text in, text out, through the library's tokenizer,
+ * chat template and generation loop.
+ *
+ *   meshkern run MODEL -p TEXT [--system S] [--raw] [--split L1,...] [--n N]
+ *                [--backend cpu|cuda] [--device I] [--dtype f32|f16|bf16] [--speed]
+ *   meshkern chat MODEL [--system S] [--split L1,...] [--n N] [--backend ...] ...
+ *   meshkern tokenize MODEL TEXT [--ids] [--no-bos] [--no-parse-special]
+ *
+ * run streams the answer of the model (split as asked) and prints one summary line; with
+ * --split it then runs the whole model on the same prompt and reports whether the split
+ * gave the same tokens and bit-identical logits. chat reads one user turn per line from
+ * stdin and keeps the KV cache from turn to turn. */
+#include "cli_text.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define MK_CLI_MAX_CUTS 64
+
+typedef struct mk_cli_opts {
+    const char *model_path;
+    const char *prompt; /* -p */
+    const char *system; /* --system */
+    bool raw;           /* --raw: no chat template */
+    int64_t cuts[MK_CLI_MAX_CUTS];
+    size_t n_cuts;
+    size_t n_new; /* --n */
+    mk_range_options range;
+} mk_cli_opts;
+
+static int mk_cli_usage(void) {
+    fprintf(stderr,
+            "usage:\n"
+            "  meshkern run MODEL.gguf -p TEXT [--system S] [--raw] [--split L1,L2,...] [--n N]\n"
+            "               [--backend cpu|cuda] [--device I] [--dtype f32|f16|bf16] [--speed]\n"
+            "  meshkern chat MODEL.gguf [--system S] [--split L1,...] [--n N] [--backend cpu|cuda] ...\n"
+            "  meshkern tokenize MODEL.gguf TEXT [--ids] [--no-bos] [--no-parse-special]\n");
+    return 2;
+}
+
+static int mk_cli_fail(mk_status s) {
+    fprintf(stderr, "meshkern: %s: %s\n", mk_status_name(s), mk_last_error());
+    return 1;
+}
+
+/* Options shared by run -p and chat; returns 0 or a usage exit code. */
+static int mk_cli_parse(int argc, char **argv, mk_cli_opts *o, size_t default_n) {
+    memset(o, 0, sizeof *o);
+    o->range = mk_range_options_default();
+    o->n_new = default_n;
+    if (argc < 1) return mk_cli_usage();
+    o->model_path = argv[0];
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(a, "--raw") == 0) { o->raw = true; continue; }
+        if (strcmp(a, "--speed") == 0) { o->range.backend.speed_mode = true; continue; }
+        if (!v) return mk_cli_usage();
+        i++;
+        if (strcmp(a, "-p") == 0 || strcmp(a, "--prompt") == 0) o->prompt = v;
+        else if (strcmp(a, "--system") == 0) o->system = v;
+        else if (strcmp(a, "--split") == 0) {
+            for (const char *p = v; *p;) {
+                char *end;
+                if (*p < '0' || *p > '9' || o->n_cuts == MK_CLI_MAX_CUTS) return mk_cli_usage();
+                o->cuts[o->n_cuts++] = strtoll(p, &end, 10);
+                if (*end && *end != ',') return mk_cli_usage();
+                p = *end ? end + 1 : end;
+            }
+        } else if (strcmp(a, "--n") == 0) {
+            char *end = NULL; /* digits only: strtoull would turn "-1" into SIZE_MAX */
+            o->n_new = v[0] >= '0' && v[0] <= '9' ? (size_t)strtoull(v, &end, 10) : 0;
+            if (!end || *end || o->n_new == 0 || o->n_new > (1u << 20)) return mk_cli_usage();
+        } else if (strcmp(a, "--device") == 0) o->range.backend.device = atoi(v);
+        else if (strcmp(a, "--backend") == 0) {
+            const mk_status s = mk_backend_kind_from_name(v, &o->range.backend.kind);
+            if (s != MK_OK) return mk_cli_fail(s);
+        } else if (strcmp(a, "--dtype") == 0) {
+            mk_dtype *d = &o->range.backend.weight_dtype;
+            if (strcmp(v, "f32") == 0) *d = MK_DTYPE_F32;
+            else if (strcmp(v, "f16") == 0) *d = MK_DTYPE_F16;
+            else if (strcmp(v, "bf16") == 0) *d = MK_DTYPE_BF16;
+            else return mk_cli_usage();
+        } else return mk_cli_usage();
+    }
+    return 0;
+}
+
+/* ================================================================ printing == */
+
+void mk_cli_print_text(FILE *f, const mk_model *model, const int32_t *ids, size_t n) {
+    mk_tokenizer *tok = NULL;
+    char *text = NULL;
+    size_t len = 0;
+    if (mk_tokenizer_open(model, &tok) == MK_OK && mk_tokenizer_decode(tok, ids, n, MK_DECODE_SPECIAL, &text, &len) == MK_OK) {
+        fwrite(text, 1, len, f);
+    } else {
+        for (size_t i = 0; i < n; i++) fprintf(f, "<%d>", ids[i]);
+    }
+    mk_buffer_free(text);
+    mk_tokenizer_free(tok);
+}
+
+/* What one generation produced, for the split-vs-whole comparison. */
+typedef struct mk_cli_gen {
+    mk_detokenizer *stream; /* NULL: do not print */
+    int32_t *tokens;        /* [n] */
+    float *logits;          /* [n, vocab] */
+    size_t n, cap, vocab;
+    mk_status status;
+} mk_cli_gen;
+
+static mk_status mk_cli_on_token(void *user, int32_t token, const float *logits, size_t vocab) {
+    mk_cli_gen *g = user;
+    if (g->n == g->cap) {
+        const size_t cap = g->cap ? g->cap * 2 : 64;
+        int32_t *t = realloc(g->tokens, cap * sizeof *t);
+        if (t) g->tokens = t;
+        float *l = realloc(g->logits, cap * vocab * sizeof *l);
+        if (l) g->logits = l;
+        if (!t || !l) return MK_ERR_OUT_OF_MEMORY;
+        g->cap = cap;
+    }
+    g->tokens[g->n] = token;
+    memcpy(g->logits + g->n * vocab, logits, vocab * sizeof *logits);
+    g->vocab = vocab;
+    g->n++;
+    if (g->stream) {
+        const char *text;
+        size_t len;
+        const mk_status s = mk_detokenizer_push(g->stream, token, &text, &len);
+        if (s != MK_OK) return s;
+        fwrite(text, 1, len, stdout);
+        fflush(stdout);
+    }
+    return MK_OK;
+}
+
+static void mk_cli_stream_end(mk_detokenizer *d) {
+    const char *text;
+    size_t len;
+    if (d && mk_detokenizer_flush(d, &text, &len) == MK_OK) fwrite(text, 1, len, stdout);
+}
+
+static void mk_cli_gen_free(mk_cli_gen *g) {
+    mk_detokenizer_free(g->stream);
+    free(g->tokens);
+    free(g->logits);
+}
+
+/* The prompt's ids: the conversation through the chat template, or the raw text. */
+static mk_status mk_cli_prompt_ids(const mk_tokenizer *tok, const mk_cli_opts *o, int32_t **ids, size_t *n,
+                                   const char **template_name) {
+    if (o->raw) {
+        *template_name = "none (--raw)";
+        return mk_tokenizer_encode(tok, o->prompt, strlen(o->prompt), MK_TOKENIZE_ADD_SPECIAL | MK_TOKENIZE_PARSE_SPECIAL,
+                                   ids, n);
+    }
+    mk_chat_template_kind kind;
+    mk_status s = mk_chat_template_detect(tok, &kind);
+    if (s != MK_OK) return s;
+    *template_name = mk_chat_template_name(kind);
+    mk_chat_message msgs[2];
+    size_t n_msgs = 0;
+    if (o->system) msgs[n_msgs++] = (mk_chat_message){"system", o->system};
+    msgs[n_msgs++] = (mk_chat_message){"user", o->prompt};
+    char *text = NULL;
+    size_t len = 0;
+    s = mk_chat_apply(tok, msgs, n_msgs, true, &text, &len);
+    if (s == MK_OK) s = mk_tokenizer_encode(tok, text, len, MK_TOKENIZE_PARSE_SPECIAL, ids, n);
+    mk_buffer_free(text);
+    return s;
+}
+
+static void mk_cli_print_ranges(mk_pipeline *p) {
+    printf("ranges:");
+    for (size_t i = 0; i < mk_pipeline_range_count(p); i++) {
+        const mk_range *r = mk_pipeline_range(p, i);
+        printf(" [%lld-%lld] %s %.1f MiB%s", (long long)mk_range_start(r), (long long)mk_range_end(r),
+               mk_role_name(mk_range_role(r)), (double)mk_range_weight_bytes(r) / 1048576.0,
+               i + 1 < mk_pipeline_range_count(p) ? " |" : "\n");
+    }
+}
+
+static void mk_cli_print_summary(mk_pipeline *p, const mk_tokenizer *tok, const mk_generate_stats *st) {
+    double total = 0.0;
+    for (size_t i = 0; i < mk_pipeline_range_count(p); i++) total += mk_pipeline_range_seconds(p, i);
+    printf("[%s] prompt %zu tokens, prefill %.1f tok/s; generated %zu tokens, decode %.1f tok/s; time per range",
+           st->stopped_at_eog ? "end of turn" : "token limit", st->n_prompt,
+           st->prefill_s > 0 ? (double)st->n_prompt / st->prefill_s : 0.0, st->n_generated,
+           st->decode_s > 0 ? (double)(st->n_generated > 0 ? st->n_generated - (st->stopped_at_eog ? 0 : 1) : 0) / st->decode_s
+                            : 0.0);
+    for (size_t i = 0; i < mk_pipeline_range_count(p); i++) {
+        const mk_range *r = mk_pipeline_range(p, i);
+        printf(" [%lld-%lld] %.0f%%", (long long)mk_range_start(r), (long long)mk_range_end(r),
+               total > 0 ? 100.0 * mk_pipeline_range_seconds(p, i) / total : 0.0);
+    }
+    if (st->stopped_at_eog) printf("; stopped at %s", mk_tokenizer_token_text(tok, st->eog_token));
+    printf("\n");
+}
+
+/* One generation on a fresh pipeline of the given split. */
+static mk_status mk_cli_generate(const mk_model *model, const mk_tokenizer *tok, const mk_cli_opts *o,
+                                 const int64_t *cuts, size_t n_cuts, const int32_t *ids, size_t n_ids, bool print,
+                                 mk_cli_gen *g, mk_generate_stats *st) {
+    mk_pipeline *p = NULL;
+    mk_status s = mk_pipeline_create(model, cuts, n_cuts, &o->range, true, &p);
+    if (s == MK_OK && print) {
+        mk_cli_print_ranges(p);
+        s = mk_detokenizer_create(tok, 0, &g->stream);
+    }
+    if (s == MK_OK) s = mk_pipeline_generate(p, tok, ids, n_ids, o->n_new, mk_cli_on_token, g, st);
+    if (print && s == MK_OK) { /* on failure the message stays for the caller to print */
+        mk_cli_stream_end(g->stream);
+        printf("\n");
+        mk_cli_print_summary(p, tok, st);
+    }
+    mk_pipeline_free(p);
+    return s;
+}
+
+int mk_cli_run_text(int argc, char **argv) {
+    mk_cli_opts o;
+    const int bad = mk_cli_parse(argc, argv, &o, 256);
+    if (bad) return bad;
+    if (!o.prompt) return mk_cli_usage();
+    mk_model *model = NULL;
+    mk_tokenizer *tok = NULL;
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+    const char *template_name = "";
+    mk_status s = mk_model_open_gguf(o.model_path, &model);
+    if (s == MK_OK) s = mk_tokenizer_open(model, &tok);
+    if (s == MK_OK) s = mk_cli_prompt_ids(tok, &o, &ids, &n_ids, &template_name);
+    if (s != MK_OK) {
+        const int rc = mk_cli_fail(s);
+        mk_tokenizer_free(tok);
+        mk_model_free(model);
+        return rc;
+    }
+    const mk_hparams *hp = mk_model_hparams(model);
+    /* the KV cache holds the prompt and the answer; more than the model's context fails */
+    o.range.max_context = n_ids + o.n_new < hp->max_context ? n_ids + o.n_new : hp->max_context;
+    printf("model %s: %s, %zu layers, hidden %zu, vocab %zu; backend %s, weights %s\n", o.model_path,
+           mk_model_architecture(model), hp->n_layers, hp->hidden, hp->vocab,
+           o.range.backend.kind == MK_BACKEND_CUDA ? "cuda" : "cpu", mk_dtype_name(o.range.backend.weight_dtype));
+    printf("chat template %s; prompt %zu tokens\n", template_name, n_ids);
+    mk_cli_gen split = {0}, whole = {0};
+    mk_generate_stats st_split, st_whole;
+    int rc = 0;
+    s = mk_cli_generate(model, tok, &o, o.cuts, o.n_cuts, ids, n_ids, true, &split, &st_split);
+    if (s == MK_OK && o.n_cuts > 0) {
+        s = mk_cli_generate(model, tok, &o, NULL, 0, ids, n_ids, false, &whole, &st_whole);
+        if (s == MK_OK) {
+            const bool same_tokens = split.n == whole.n && st_split.eog_token == st_whole.eog_token &&
+                                     memcmp(split.tokens, whole.tokens, split.n * sizeof(int32_t)) == 0;
+            const bool same_logits = same_tokens && memcmp(split.logits, whole.logits, split.n * split.vocab * sizeof(float)) == 0;
+            if (same_tokens && same_logits) {
+                printf("parity: exact (whole model: the same %zu tokens%s, logits bit-identical at every step)\n",
+                       whole.n, st_whole.stopped_at_eog ? " and end of turn" : "");
+            } else {
+                printf("parity: MISMATCH (whole model: %zu tokens, tokens %s, logits %s)\n", whole.n,
+                       same_tokens ? "equal" : "differ", same_logits ? "equal" : "differ");
+                rc = 3;
+            }
+        }
+    }
+    if (s != MK_OK) rc = mk_cli_fail(s);
+    mk_cli_gen_free(&split);
+    mk_cli_gen_free(&whole);
+    mk_buffer_free(ids);
+    mk_tokenizer_free(tok);
+    mk_model_free(model);
+    return rc;
+}
+
+/* ==================================================================== chat == */
+
+typedef struct mk_chat_state {
+    mk_chat_message *msgs;
+    size_t n, cap;
+    char *cached_text; /* the rendered text whose tokens the KV cache holds */
+} mk_chat_state;
+
+static mk_status mk_chat_add(mk_chat_state *c, const char *role, const char *content) {
+    if (c->n == c->cap) {
+        const size_t cap = c->cap ? c->cap * 2 : 8;
+        mk_chat_message *m = realloc(c->msgs, cap * sizeof *m);
+        if (!m) return MK_ERR_OUT_OF_MEMORY;
+        c->msgs = m;
+        c->cap = cap;
+    }
+    char *copy = strdup(content);
+    if (!copy) return MK_ERR_OUT_OF_MEMORY;
+    c->msgs[c->n++] = (mk_chat_message){role, copy};
+    return MK_OK;
+}
+
+/* One turn: render the whole conversation, feed only what the cache does not hold yet
+ * (or everything again after a reset when the text no longer extends it), generate. */
+static mk_status mk_chat_turn(mk_pipeline *p, const mk_tokenizer *tok, const mk_cli_opts *o, mk_chat_state *c) {
+    char *text = NULL;
+    size_t len = 0;
+    mk_status s = mk_chat_apply(tok, c->msgs, c->n, true, &text, &len);
+    if (s != MK_OK) return s;
+    const size_t cached = c->cached_text ? strlen(c->cached_text) : 0;
+    size_t from = 0;
+    if (cached && len > cached && memcmp(text, c->cached_text, cached) == 0) from = cached;
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+    s = mk_tokenizer_encode(tok, text + from, len - from, MK_TOKENIZE_PARSE_SPECIAL, &ids, &n_ids);
+    if (s == MK_ERR_INVALID_UTF8 && from) { /* the cut fell inside a character: start over */
+        from = 0;
+        s = mk_tokenizer_encode(tok, text, len, MK_TOKENIZE_PARSE_SPECIAL, &ids, &n_ids);
+    }
+    if (s == MK_OK && from == 0) s = mk_pipeline_reset(p);
+    mk_cli_gen g = {0};
+    mk_generate_stats st;
+    if (s == MK_OK) s = mk_detokenizer_create(tok, 0, &g.stream);
+    if (s == MK_OK) s = mk_pipeline_generate(p, tok, ids, n_ids, o->n_new, mk_cli_on_token, &g, &st);
+    if (s == MK_OK) {
+        mk_cli_stream_end(g.stream);
+        printf("\n");
+        fflush(stdout);
+    }
+    char *answer = NULL;
+    size_t answer_len = 0;
+    /* the cache holds every generated token but the last: the next turn's text must
+     * continue from exactly there */
+    if (s == MK_OK) s = mk_tokenizer_decode(tok, g.tokens, g.n, 0, &answer, &answer_len);
+    if (s == MK_OK) s = mk_chat_add(c, "assistant", answer);
+    if (s == MK_OK) {
+        char *held = NULL;
+        size_t held_len = 0;
+        const size_t n_cached = st.stopped_at_eog ? g.n : (g.n ? g.n - 1 : 0);
+        s = mk_tokenizer_decode(tok, g.tokens, n_cached, 0, &held, &held_len);
+        free(c->cached_text);
+        c->cached_text = malloc(len + held_len + 1);
+        if (s == MK_OK && c->cached_text) {
+            memcpy(c->cached_text, text, len);
+            memcpy(c->cached_text + len, held, held_len);
+            c->cached_text[len + held_len] = '\0';
+        } else if (s == MK_OK) {
+            s = MK_ERR_OUT_OF_MEMORY;
+        }
+        mk_buffer_free(held);
+        fprintf(stderr, "[%zu prompt tokens fed%s, %zu generated, %s]\n", n_ids, from ? " (cache kept)" : "", g.n,
+                st.stopped_at_eog ? "end of turn" : "token limit");
+    }
+    mk_buffer_free(answer);
+    mk_cli_gen_free(&g);
+    mk_buffer_free(ids);
+    mk_buffer_free(text);
+    return s;
+}
+
+int mk_cli_chat(int argc, char **argv) {
+    mk_cli_opts o;
+    const int bad = mk_cli_parse(argc, argv, &o, 512);
+    if (bad) return bad;
+    mk_model *model = NULL;
+    mk_tokenizer *tok = NULL;
+    mk_pipeline *p = NULL;
+    mk_chat_state c = {0};
+    mk_chat_template_kind kind;
+    mk_status s = mk_model_open_gguf(o.model_path, &model);
+    if (s == MK_OK) s = mk_tokenizer_open(model, &tok);
+    if (s == MK_OK) s = mk_chat_template_detect(tok, &kind);
+    if (s == MK_OK) s = mk_pipeline_create(model, o.cuts, o.n_cuts, &o.range, true, &p);
+    if (s == MK_OK && o.system) s = mk_chat_add(&c, "system", o.system);
+    if (s == MK_OK) {
+        fprintf(stderr, "chat with %s (template %s); one message per line, end with an empty line or EOF\n",
+                o.model_path, mk_chat_template_name(kind));
+        char *line = NULL;
+        size_t cap = 0;
+        for (;;) {
+            if (isatty(STDIN_FILENO)) fputs("> ", stdout), fflush(stdout);
+            const ssize_t n = getline(&line, &cap, stdin);
+            if (n <= 0) break;
+            if (line[n - 1] == '\n') line[n - 1] = '\0';
+            if (!line[0]) break;
+            s = mk_chat_add(&c, "user", line);
+            if (s == MK_OK) s = mk_chat_turn(p, tok, &o, &c);
+            if (s != MK_OK) break;
+        }
+        free(line);
+    }
+    const int rc = s == MK_OK ? 0 : mk_cli_fail(s);
+    for (size_t i = 0; i < c.n; i++) free((char *)c.msgs[i].content);
+    free(c.msgs);
+    free(c.cached_text);
+    mk_pipeline_free(p);
+    mk_tokenizer_free(tok);
+    mk_model_free(model);
+    return rc;
+}
+
+/* ================================================================ tokenize == */
+
+int mk_cli_tokenize(int argc, char **argv) {
+    if (argc < 2) return mk_cli_usage();
+    unsigned flags = MK_TOKENIZE_ADD_SPECIAL | MK_TOKENIZE_PARSE_SPECIAL;
+    bool ids_only = false;
+    for (int i = 2; i < argc; i++) {
+        if (strcmp(argv[i], "--ids") == 0) ids_only = true;
+        else if (strcmp(argv[i], "--no-bos") == 0) flags &= ~MK_TOKENIZE_ADD_SPECIAL;
+        else if (strcmp(argv[i], "--no-parse-special") == 0) flags &= ~MK_TOKENIZE_PARSE_SPECIAL;
+        else return mk_cli_usage();
+    }
+    mk_tokenizer *tok = NULL;
+    int32_t *ids = NULL;
+    size_t n = 0;
+    mk_status s = mk_tokenizer_open_file(argv[0], &tok);
+    if (s == MK_OK) s = mk_tokenizer_encode(tok, argv[1], strlen(argv[1]), flags, &ids, &n);
+    if (s != MK_OK) {
+        const int rc = mk_cli_fail(s);
+        mk_tokenizer_free(tok);
+        return rc;
+    }
+    if (ids_only) {
+        printf("[");
+        for (size_t i = 0; i < n; i++) printf(i ? ", %d" : "%d", ids[i]);
+        printf("]\n");
+    } else {
+        /* each token's bytes in context: what it adds to the decoded prefix (so SentencePiece's
+         * prefix space is removed once, as in the whole text) */
+        size_t before = 0;
+        for (size_t i = 0; i < n; i++) {
+            char *text = NULL;
+            size_t len = 0;
+            printf("%6d -> '", ids[i]);
+            if (mk_tokenizer_decode(tok, ids, i + 1, MK_DECODE_SPECIAL, &text, &len) == MK_OK && len >= before)
+                fwrite(text + before, 1, len - before, stdout);
+            printf("'\n");
+            before = len;
+            mk_buffer_free(text);
+        }
+    }
+    mk_buffer_free(ids);
+    mk_tokenizer_free(tok);
+    return 0;
+}

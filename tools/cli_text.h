@@ -1,0 +1,19 @@
+/* The text side of the command-line program (cli_text.c): prompts in, answers out. */
+#ifndef MK_CLI_TEXT_H
+#define MK_CLI_TEXT_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "meshkern.h"
+
+/* meshkern run MODEL -p TEXT ...: argv[0] is MODEL. */
+int mk_cli_run_text(int argc, char **argv);
+/* meshkern chat MODEL ...: argv[0] is MODEL. */
+int mk_cli_chat(int argc, char **argv);
+/* meshkern tokenize MODEL TEXT ...: argv[0] is MODEL. */
+int mk_cli_tokenize(int argc, char **argv);
+/* Print ids as the model's text (as "<id>" when the model has no tokenizer). */
+void mk_cli_print_text(FILE *f, const mk_model *model, const int32_t *ids, size_t n);
+
+#endif
