@@ -35,20 +35,22 @@ nvidia-smi -L | tee "$RESULTS/gpu.txt"
 command -v nvcc >/dev/null 2>&1 || die 3 "nvcc not found (the CUDA toolkit is needed to build the kernels)"
 
 # ---- 2. build ---------------------------------------------------------------------------
-TEST_BIN="" BENCH_BIN="" BACKEND_BIN="" CLI_BIN=""
+TEST_BIN="" BENCH_BIN="" BACKEND_BIN="" CLI_BIN="" SCHED_BIN="" PIPE_BENCH_BIN=""
 GEN=()
 command -v ninja >/dev/null 2>&1 && GEN=(-G Ninja)
 log "configure (Release, sm_$ARCHS)"
 if cmake -S "$ROOT" -B "$BUILD/cmake" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DMESHKERN_CUDA=ON \
      -DMK_KERNEL_CUDA_ARCHS="$ARCHS" >"$RESULTS/configure.log" 2>&1; then
-  log "build test_ops_device test_cuda_backend_device kernel_bench meshkern ceilings e2e_bench seam_bench"
-  cmake --build "$BUILD/cmake" -j "$JOBS" --target test_ops_device test_cuda_backend_device kernel_bench meshkern_cli \
-    ceilings e2e_bench seam_bench \
+  log "build test_ops_device test_cuda_backend_device test_sched_cuda_device kernel_bench pipeline_bench meshkern ceilings e2e_bench seam_bench"
+  cmake --build "$BUILD/cmake" -j "$JOBS" --target test_ops_device test_cuda_backend_device test_sched_cuda_device \
+    kernel_bench pipeline_bench meshkern_cli ceilings e2e_bench seam_bench \
     >"$RESULTS/build.log" 2>&1 || { tail -30 "$RESULTS/build.log"; die 3 "build failed (log: $RESULTS/build.log)"; }
   TEST_BIN="$BUILD/cmake/tests/ops/test_ops_device"
   BACKEND_BIN="$BUILD/cmake/tests/backend/test_cuda_backend_device"
   CLI_BIN="$BUILD/cmake/tools/meshkern"
   BENCH_BIN="$BUILD/cmake/bench/kernel_bench"
+  SCHED_BIN="$BUILD/cmake/tests/backend/test_sched_cuda_device"
+  PIPE_BENCH_BIN="$BUILD/cmake/bench/pipeline_bench"
   cp "$BUILD/cmake/ptxas_report.txt" "$RESULTS/" 2>/dev/null || true
 else
   log "CMake configure failed (see configure.log); standalone nvcc build"
@@ -106,6 +108,16 @@ if [ -n "$BACKEND_BIN" ]; then
   [ $rc -eq 0 ] || { log "cuda backend tests FAILED (rc $rc; log: test_cuda_backend_device.log)"; status=1; }
 fi
 
+# ---- 3c. the placed pipeline on the device (stages share device 0 on a one-GPU machine) ------
+if [ -n "$SCHED_BIN" ]; then
+  log "placed pipeline tests on the device"
+  timeout 240 "$SCHED_BIN" --gtest_output="xml:$RESULTS/test_sched_cuda_device.xml" \
+    >"$RESULTS/test_sched_cuda_device.log" 2>&1
+  rc=$?
+  grep -E "^\[  (PASSED|FAILED|SKIPPED) " "$RESULTS/test_sched_cuda_device.log" | head -40
+  [ $rc -eq 0 ] || { log "placed pipeline tests FAILED (rc $rc; log: test_sched_cuda_device.log)"; status=1; }
+fi
+
 # ---- 5. end to end: a random 0.5B-parameter llama, whole vs split, tokens/s ---------------
 if [ -n "$CLI_BIN" ]; then
   MODEL=--random:vocab=32000,hidden=2048,layers=8,heads=32,kv_heads=8,ffn=5632,ctx=1024
@@ -117,6 +129,13 @@ if [ -n "$CLI_BIN" ]; then
       >"$RESULTS/e2e_${mode// /_}.log" 2>&1 || { log "end to end FAILED ($mode)"; status=1; }
     grep -E "whole:|split:|parity" "$RESULTS/e2e_${mode// /_}.log"
   done
+fi
+
+# ---- 6. placed pipeline: 1 GPU whole vs 2 ranges on the same GPU (2 streams, 2 threads) ----
+if [ -n "$PIPE_BENCH_BIN" ]; then
+  log "pipeline_bench on cuda (whole vs 2 ranges on device 0)"
+  OUT="$RESULTS" timeout 240 "$PIPE_BENCH_BIN" --random-llama cuda 8 64 2 0,0 2>&1 | tee "$RESULTS/pipeline_bench.log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || { log "pipeline_bench FAILED"; status=1; }
 fi
 
 # ---- 6. the benchmark harness, its table last ------------------------------------------------

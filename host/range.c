@@ -579,18 +579,38 @@ static void mk_emit_header(const mk_range *r, const mk_sequence *seq, size_t row
     h->step = seq->steps;
 }
 
+/* The raw residual of `rows` rows of `seq` into a host bundle whose arrays hold them
+ * (a fresh one, or the scheduler's preallocated slot). */
+static mk_status mk_fill_bundle(mk_range *r, const mk_sequence *seq, size_t rows, const int32_t *positions,
+                                mk_bundle *bundle) {
+    MK_TRY(r->backend->ops->download(r->backend, bundle->residual, r->act.x, rows * r->hp.hidden * sizeof(float)));
+    memcpy(bundle->positions, positions, rows * sizeof(int32_t));
+    mk_emit_header(r, seq, rows, &bundle->h);
+    return MK_OK;
+}
+
 static mk_status mk_emit_bundle(mk_range *r, const mk_sequence *seq, size_t rows, const int32_t *positions,
                                 mk_bundle **out) {
     mk_bundle *bundle;
     MK_TRY(mk_bundle_create(1, rows, r->hp.hidden, &bundle));
-    mk_status s = r->backend->ops->download(r->backend, bundle->residual, r->act.x, rows * r->hp.hidden * sizeof(float));
+    const mk_status s = mk_fill_bundle(r, seq, rows, positions, bundle);
     if (s != MK_OK) {
         mk_bundle_free(bundle);
         return s;
     }
-    memcpy(bundle->positions, positions, rows * sizeof(int32_t));
-    mk_emit_header(r, seq, rows, &bundle->h);
     *out = bundle;
+    return MK_OK;
+}
+
+/* Tail-only pruning: final norm and lm_head on the last row alone, then the sample. */
+static mk_status mk_tail_compute(mk_range *r, size_t rows) {
+    const mk_hparams *hp = &r->hp;
+    mk_backend *b = r->backend;
+    const mk_activations *a = &r->act;
+    const float *last = a->x + (rows - 1) * hp->hidden;
+    MK_TRY(b->ops->rmsnorm(b, a->xn, last, r->output_norm, 1, hp->hidden, hp->rms_eps));
+    MK_TRY(b->ops->matmul(b, a->logits, a->xn, r->lm_head, 1, hp->hidden, hp->vocab));
+    MK_TRY(b->ops->argmax(b, a->token, a->logits, 1, hp->vocab));
     return MK_OK;
 }
 
@@ -598,11 +618,7 @@ static mk_status mk_emit_tail(mk_range *r, size_t rows, const mk_sampling_contra
     const mk_hparams *hp = &r->hp;
     mk_backend *b = r->backend;
     const mk_activations *a = &r->act;
-    /* Tail-only pruning: final norm and lm_head on the last row alone. */
-    const float *last = a->x + (rows - 1) * hp->hidden;
-    MK_TRY(b->ops->rmsnorm(b, a->xn, last, r->output_norm, 1, hp->hidden, hp->rms_eps));
-    MK_TRY(b->ops->matmul(b, a->logits, a->xn, r->lm_head, 1, hp->hidden, hp->vocab));
-    MK_TRY(b->ops->argmax(b, a->token, a->logits, 1, hp->vocab));
+    MK_TRY(mk_tail_compute(r, rows));
     mk_tail_output *t = calloc(1, sizeof *t);
     if (!t) return mk_fail(MK_ERR_OUT_OF_MEMORY, "tail output: out of memory");
     t->batch = 1;
@@ -667,6 +683,39 @@ mk_status mk_range_forward(mk_range *r, mk_sequence *seq, const int32_t *token_i
     MK_TRY(mk_forward_inputs(r, seq, token_ids, rows));
     if (mk_role_owns_final_head(r->role)) MK_TRY(mk_emit_tail(r, rows, &contract, out_tail));
     else MK_TRY(mk_emit_bundle(r, seq, rows, r->host_positions, out_bundle));
+    seq->length += rows;
+    seq->steps++;
+    return MK_OK;
+}
+
+/* The scheduler's step path: mk_range_forward's checks and layers, emitted into buffers
+ * the caller owns (a preallocated activation slot), so a step allocates nothing. */
+mk_status mk_range_forward_into(mk_range *r, mk_sequence *seq, const int32_t *token_ids, size_t n_tokens,
+                                const mk_bundle *bundle, mk_bundle *out_bundle, size_t out_capacity_rows,
+                                float *out_logits, int32_t *out_token) {
+    if (!r || !seq) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_range_forward_into: NULL range or sequence");
+    if (seq->range != r) return mk_fail(MK_ERR_INVALID_ARGUMENT, "sequence belongs to another range");
+    const bool tail = mk_role_owns_final_head(r->role);
+    if (tail ? !out_logits || !out_token : !out_bundle || out_bundle->h.hidden != r->hp.hidden)
+        return mk_fail(MK_ERR_INVALID_ARGUMENT, "%s range needs %s", mk_role_name(r->role),
+                       tail ? "logits and token buffers" : "an output bundle of the model's hidden width");
+    MK_TRY(mk_check_input_kind(r, token_ids, n_tokens, bundle != NULL));
+    const size_t rows = bundle ? bundle->h.rows : n_tokens;
+    if (bundle) MK_TRY(mk_check_bundle(r, seq, bundle));
+    else MK_TRY(mk_check_rows(r, seq, rows));
+    if (!tail && (rows > out_capacity_rows || rows > out_bundle->cap_rows))
+        return mk_fail(MK_ERR_INVALID_ARGUMENT, "forward of %zu rows exceeds the output slot's %zu rows", rows,
+                       out_capacity_rows < out_bundle->cap_rows ? out_capacity_rows : out_bundle->cap_rows);
+    mk_backend *b = r->backend;
+    if (bundle) MK_TRY(b->ops->upload(b, r->act.x, bundle->residual, rows * r->hp.hidden * sizeof(float)));
+    MK_TRY(mk_forward_inputs(r, seq, token_ids, rows));
+    if (tail) {
+        MK_TRY(mk_tail_compute(r, rows));
+        MK_TRY(b->ops->download(b, out_logits, r->act.logits, r->hp.vocab * sizeof(float)));
+        MK_TRY(b->ops->download(b, out_token, r->act.token, sizeof(int32_t)));
+    } else {
+        MK_TRY(mk_fill_bundle(r, seq, rows, r->host_positions, out_bundle));
+    }
     seq->length += rows;
     seq->steps++;
     return MK_OK;

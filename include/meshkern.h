@@ -690,6 +690,114 @@ MK_API mk_status mk_pipeline_create_placed(const mk_model *model, const int64_t 
                                            const mk_range_options *options, const mk_seam_options *seam,
                                            const int *devices, size_t n_devices, mk_pipeline **out);
 
+
+/* ========================================================= placed pipelines == */
+
+/* The multi-device single-node pipeline: a model cut into ranges, each range on its own
+ * device (cuda) or worker thread (cpu), many sequences in flight. Every stage has its own
+ * host thread and its range's own stream; neighbouring stages are joined by a bounded
+ * queue that carries the boundary of one micro-batch (one step of one sequence), so
+ * while range i computes a step of sequence m, range i+1 computes a step of another.
+ * Each range keeps a KV cache per sequence slot and each slot one preallocated
+ * activation buffer per seam: a step allocates nothing on the in-process seam.
+ * A sequence leaves on a stop id or its token limit and a queued one takes its slot. */
+
+typedef struct mk_sched mk_sched;
+
+/* How the boundary crosses each seam. */
+typedef enum mk_sched_seam {
+    MK_SCHED_SEAM_LOCAL = 0, /* handed over in process, no copy */
+    MK_SCHED_SEAM_WIRE = 1,  /* packed to protobuf bytes and unpacked, as between peers */
+} mk_sched_seam;
+
+/* Called on the tail stage's thread for each generated token, in order per sequence;
+ * `logits` [vocab] is valid only during the call. Must not call back into the mk_sched. */
+typedef void (*mk_sched_token_fn)(void *user, uint64_t seq_id, size_t index, int32_t token, const float *logits,
+                                  size_t vocab);
+
+typedef struct mk_sched_options {
+    size_t struct_size;        /* sizeof(mk_sched_options): set by mk_sched_options_default */
+    mk_range_options range;    /* backend kind, weight dtype, max_context, max_batch_tokens
+                                  (the longest prompt); backend.device comes from devices */
+    const int64_t *cuts;       /* last layer of each range but the last (ascending) ... */
+    size_t n_cuts;             /* ... or, with split_auto, ignored */
+    bool split_auto;           /* balanced cuts for n_stages ranges (mk_split_auto) */
+    size_t n_stages;           /* split_auto: ranges; 0 = n_devices (or 1) */
+    const int *devices;        /* device of each range [n_devices]; NULL = range i on device i */
+    size_t n_devices;
+    size_t max_sequences;      /* sequences in flight (KV and activation slots); default 8 */
+    mk_sched_seam seam;        /* default MK_SCHED_SEAM_LOCAL */
+    mk_sched_token_fn on_token; /* optional */
+    void *user;
+    size_t timeline_capacity;  /* step records kept per stage for the timeline (later steps
+                                  are not recorded); 0 = none */
+} mk_sched_options;
+
+MK_API mk_sched_options mk_sched_options_default(void);
+
+/* Build the ranges on their devices and start one worker thread per stage. The model
+ * must outlive the mk_sched. Release with mk_sched_free. */
+MK_API mk_status mk_sched_create(const mk_model *model, const mk_sched_options *options, mk_sched **out);
+/* Stop the workers (sequences still in flight are abandoned) and free every range. */
+MK_API void mk_sched_free(mk_sched *sched);
+
+MK_API size_t mk_sched_stage_count(const mk_sched *sched);
+/* The range of stage i (owned by the mk_sched; do not forward through it while running). */
+MK_API const mk_range *mk_sched_stage_range(const mk_sched *sched, size_t stage);
+/* Stage i's share of the per-step cost the cuts were balanced on (sums to 1). */
+MK_API double mk_sched_stage_share(const mk_sched *sched, size_t stage);
+
+/* Queue a sequence: prompt [n_prompt] token ids (copied), at most max_new_tokens
+ * generated, stopping early after any id in stop_ids [n_stop] (copied; e.g. the model's
+ * end-of-generation ids). *seq_id names it in the calls below. */
+MK_API mk_status mk_sched_submit(mk_sched *sched, const int32_t *prompt, size_t n_prompt, size_t max_new_tokens,
+                                 const int32_t *stop_ids, size_t n_stop, uint64_t *seq_id);
+
+typedef enum mk_seq_state {
+    MK_SEQ_QUEUED = 1,  /* waiting for a slot */
+    MK_SEQ_RUNNING = 2,
+    MK_SEQ_DONE = 3,    /* stopped on a stop id or its token limit */
+    MK_SEQ_FAILED = 4,  /* status and error say why; tokens so far are kept */
+} mk_seq_state;
+
+typedef struct mk_seq_info {
+    mk_seq_state state;
+    mk_status status;   /* MK_OK unless FAILED */
+    size_t n_tokens;    /* generated so far */
+    bool stopped;       /* DONE on a stop id (false: on the token limit) */
+    const char *error;  /* when FAILED: the stage, its layers and the cause; valid until
+                           mk_sched_free ("" otherwise) */
+} mk_seq_info;
+
+/* A sequence's state and up to `cap` of its generated tokens (tokens may be NULL). */
+MK_API mk_status mk_sched_poll(mk_sched *sched, uint64_t seq_id, mk_seq_info *info, int32_t *tokens, size_t cap);
+/* Block until the sequence is DONE or FAILED (the workers always finish one). */
+MK_API mk_status mk_sched_wait(mk_sched *sched, uint64_t seq_id);
+/* Block until every submitted sequence is DONE or FAILED. */
+MK_API mk_status mk_sched_wait_all(mk_sched *sched);
+
+typedef struct mk_stage_stats {
+    size_t steps;          /* forwards run */
+    uint64_t busy_ns;      /* time inside them */
+    uint64_t cpu_ns;       /* CPU time the stage's thread spent inside them (less than
+                              busy_ns when other processes share the cores) */
+    uint64_t first_ns;     /* start of the first, end of the last (CLOCK_MONOTONIC) */
+    uint64_t last_ns;
+} mk_stage_stats;
+MK_API mk_status mk_sched_stage_stats(const mk_sched *sched, size_t stage, mk_stage_stats *out);
+/* Clear the statistics and the timeline; call while no sequence is in flight. */
+MK_API mk_status mk_sched_reset_stats(mk_sched *sched);
+/* The stage timeline as JSON: {"stages":N,"steps":[{"stage":i,"seq":id,"rows":r,
+ * "start_us":t0,"end_us":t1},...]} with times from the earliest start. *out is malloc'd
+ * (mk_buffer_free). */
+MK_API mk_status mk_sched_timeline_json(const mk_sched *sched, char **out, size_t *out_len);
+
+/* Balanced cuts: per-layer cost is the weight elements a decode step reads; the head
+ * adds one embedding row per token, the tail the final norm and the lm_head. Picks the
+ * n_stages - 1 cuts (last layer of each range but the last) that minimise the largest
+ * stage cost; shares [n_stages] (may be NULL) receive each stage's fraction. */
+MK_API mk_status mk_split_auto(const mk_model *model, size_t n_stages, int64_t *cuts, double *shares);
+
 #ifdef __cplusplus
 }
 #endif

@@ -8,6 +8,8 @@
  *                [--tls-psk HEX [--tls-identity ID] | --tls-cert PEM --tls-key PEM --tls-ca PEM]
  *   meshkern run MODEL.gguf -p TEXT ... | chat MODEL.gguf | tokenize MODEL.gguf TEXT
  *                (text in, text out: tools/cli_text.c)
+ *   meshkern run MODEL --prompts FILE [--split auto|L1,...] [--devices 0,1] [--batch M] ...
+ *                (run_batch.c: many sequences through a placed pipeline)
  *
  * run executes the model as one FULL range and, with --split, as the given ranges in this
  * process, every seam carried by the chosen transport (default wire: packed and unpacked
@@ -19,6 +21,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "cli.h"
 #include "gguf.h"
 #include "meshkern.h"
 #include "model.h"
@@ -44,6 +47,9 @@ static int usage(void) {
             "  --dtype native keeps weights in their GGUF format (the cpu backend's default for a\n"
             "  GGUF model); f32 is the parity mode. --threads: cpu threads (default: every core).\n"
             "  --kv f16 halves the cpu backend's KV cache.\n"
+            "  meshkern run MODEL --prompts FILE [--split auto|L1,L2,...] [--devices 0,1,...] [--batch M]\n"
+            "               [--n N] [--stop IDS] [--seam local|wire] [--backend cpu|cuda] [--dtype ...]\n"
+            "               [--timeline FILE.json]   FILE: one prompt per line, comma-separated token ids\n"
             "  --random is the seed's random model (vocab 48, hidden 32, 6 layers, 4 heads); keys\n"
             "  vocab, hidden, layers, heads, kv_heads, head_dim, ffn, ctx, seed change its shape.\n");
     return 2;
@@ -348,13 +354,19 @@ static int cmd_run(int argc, char **argv) {
     return rc;
 }
 
+/* For the other files of the program (cli.h). */
+mk_status mk_cli_open_model(const char *path, mk_model **out) { return open_model(path, out); }
+int mk_cli_usage(void) { return usage(); }
+int mk_cli_fail(mk_status s) { return fail(s); }
+
 int main(int argc, char **argv) {
     if (argc < 3) return usage();
     if (strcmp(argv[1], "inspect") == 0) return cmd_inspect(argv[2]);
     if (strcmp(argv[1], "run") == 0) {
         for (int i = 3; i < argc; i++) /* a text prompt: the text path */
             if (strcmp(argv[i], "-p") == 0 || strcmp(argv[i], "--prompt") == 0) return mk_cli_run_text(argc - 2, argv + 2);
-        return cmd_run(argc - 2, argv + 2);
+        return mk_cli_is_batch_run(argc - 2, argv + 2) ? mk_cli_run_batch(argc - 2, argv + 2)
+                                                       : cmd_run(argc - 2, argv + 2);
     }
     if (strcmp(argv[1], "chat") == 0) return mk_cli_chat(argc - 2, argv + 2);
     if (strcmp(argv[1], "tokenize") == 0) return mk_cli_tokenize(argc - 2, argv + 2);

@@ -198,12 +198,18 @@ void segv_handler(int sig, siginfo_t *si, void *) {
 }
 
 void install_overflow_handler() {
-  /* alternate stack for this thread: the faulting fiber's stack is unusable */
-  static thread_local std::vector<unsigned char> alt(64 * 1024);
-  stack_t ss{};
-  ss.ss_sp = alt.data();
-  ss.ss_size = alt.size();
-  sigaltstack(&ss, nullptr);
+  /* alternate stack for this thread: the faulting fiber's stack is unusable. A stack the
+   * thread already has is kept: a sanitizer unmaps the one it finds when the thread exits,
+   * so replacing its own breaks every host thread that launched a kernel and then ends. */
+  stack_t cur{};
+  const bool has_one = sigaltstack(nullptr, &cur) == 0 && !(cur.ss_flags & SS_DISABLE) && cur.ss_size >= 16 * 1024;
+  if (!has_one) {
+    static thread_local std::vector<unsigned char> alt(64 * 1024);
+    stack_t ss{};
+    ss.ss_sp = alt.data();
+    ss.ss_size = alt.size();
+    sigaltstack(&ss, nullptr);
+  }
   std::call_once(g_segv_once, [] {
     struct sigaction sa {};
     sa.sa_sigaction = segv_handler;

@@ -1,0 +1,438 @@
+/* The placed pipeline's public face: build the stages (ranges on their devices, KV and
+ * activation slots), admit sequences into free slots (continuous admission: a finished
+ * sequence's slot goes to the next queued one), collect tokens and statuses. The worker
+ * loop is stage.c, the seam hand-off stage_link.c, the cut chooser split_auto.c. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "mk_error.h"
+#include "range.h"
+#include "sched.h"
+
+#define MK_SCHED_DEFAULT_SEQUENCES 8
+
+mk_sched_options mk_sched_options_default(void) {
+    mk_sched_options o;
+    memset(&o, 0, sizeof o);
+    o.struct_size = sizeof o;
+    o.range = mk_range_options_default();
+    o.max_sequences = MK_SCHED_DEFAULT_SEQUENCES;
+    o.seam = MK_SCHED_SEAM_LOCAL;
+    return o;
+}
+
+/* Fields past the caller's struct_size (an older header) keep their defaults. */
+static mk_status mk_sched_read_options(const mk_sched_options *given, mk_sched_options *o) {
+    *o = mk_sched_options_default();
+    if (!given) return MK_OK;
+    if (given->struct_size < offsetof(mk_sched_options, seam))
+        return mk_fail(MK_ERR_INVALID_ARGUMENT,
+                       "mk_sched_options.struct_size is %zu: initialise the options with mk_sched_options_default()",
+                       given->struct_size);
+    memcpy(o, given, given->struct_size < sizeof *o ? given->struct_size : sizeof *o);
+    o->struct_size = sizeof *o;
+    return MK_OK;
+}
+
+/* ============================================================ per-range cost == */
+
+static mk_status mk_sched_shares(mk_sched *s, const int64_t *cuts) {
+    const size_t n_layers = mk_model_hparams(s->model)->n_layers;
+    double *cost = malloc(n_layers * sizeof *cost);
+    if (!cost) return mk_fail(MK_ERR_OUT_OF_MEMORY, "pipeline: out of memory");
+    double head = 0, tail = 0, total = 0;
+    const mk_status st = mk_split_costs(s->model, cost, &head, &tail);
+    if (st == MK_OK) {
+        size_t layer = 0;
+        for (size_t i = 0; i < s->n_stages; i++) {
+            const size_t end = i + 1 < s->n_stages ? (size_t)cuts[i] : n_layers - 1;
+            double c = (i == 0 ? head : 0) + (i + 1 == s->n_stages ? tail : 0);
+            for (; layer <= end; layer++) c += cost[layer];
+            s->stages[i].share = c;
+            total += c;
+        }
+        for (size_t i = 0; i < s->n_stages; i++) s->stages[i].share /= total;
+    }
+    free(cost);
+    return st;
+}
+
+/* ================================================================= create == */
+
+static mk_status mk_sched_items(mk_sched *s, const mk_sched_options *o) {
+    const mk_range *head = s->stages[0].range;
+    const size_t rows = mk_range_max_rows(head), hidden = mk_model_hparams(s->model)->hidden;
+    s->items = calloc(s->n_slots, sizeof *s->items);
+    s->free_slots = calloc(s->n_slots, sizeof *s->free_slots);
+    if (!s->items || !s->free_slots) return mk_fail(MK_ERR_OUT_OF_MEMORY, "pipeline: out of memory");
+    for (size_t i = 0; i < s->n_slots; i++) {
+        mk_sched_item *it = &s->items[i];
+        it->slot = i;
+        s->free_slots[s->n_free++] = s->n_slots - 1 - i; /* slot 0 is taken first */
+        it->logits = malloc(s->vocab * sizeof(float));
+        if (!it->logits) return mk_fail(MK_ERR_OUT_OF_MEMORY, "pipeline: out of memory for logits");
+        if (s->n_stages == 1) continue; /* a whole-model stage has no seam */
+        it->act_rows = rows;
+        for (int k = 0; k < 2; k++) {
+            MK_TRY(mk_bundle_create(1, rows, hidden, &it->act[k]));
+            /* the metadata a full slot is packed with, so its packed size bounds any step */
+            mk_boundary_header h = *mk_bundle_header(it->act[k]);
+            memcpy(h.recipe_digest, mk_range_recipe_digest(head), sizeof h.recipe_digest);
+            h.next_layer = (int64_t)mk_model_hparams(s->model)->n_layers;
+            MK_TRY(mk_bundle_set_header(it->act[k], &h));
+        }
+        if (o->seam == MK_SCHED_SEAM_WIRE) {
+            it->wire_cap = mk_bundle_packed_size(it->act[0]) + 64;
+            it->wire = malloc(it->wire_cap);
+            if (!it->wire) return mk_fail(MK_ERR_OUT_OF_MEMORY, "pipeline: out of memory for the wire slot");
+        }
+    }
+    s->stop_items[0].kind = MK_ITEM_STOP;
+    return MK_OK;
+}
+
+static mk_status mk_sched_build(mk_sched *s, const mk_sched_options *o, const int64_t *cuts) {
+    const size_t n_layers = mk_model_hparams(s->model)->n_layers;
+    s->stages = calloc(s->n_stages, sizeof *s->stages);
+    s->links = calloc(s->n_stages > 1 ? s->n_stages - 1 : 1, sizeof *s->links);
+    if (!s->stages || !s->links) return mk_fail(MK_ERR_OUT_OF_MEMORY, "pipeline: out of memory");
+    MK_TRY(mk_queue_init(&s->inbox0, s->n_slots + 1));
+    for (size_t i = 0; i + 1 < s->n_stages; i++) MK_TRY(mk_stage_link_init(&s->links[i], o->seam, s->n_slots + 1));
+    int64_t start = 0;
+    for (size_t i = 0; i < s->n_stages; i++) {
+        mk_sched_stage *st = &s->stages[i];
+        st->sched = s;
+        st->index = i;
+        st->inbox = i == 0 ? &s->inbox0 : &s->links[i - 1].q;
+        st->in_link = i == 0 ? NULL : &s->links[i - 1];
+        st->out_link = i + 1 < s->n_stages ? &s->links[i] : NULL;
+        mk_range_options ro = o->range;
+        ro.backend.device = o->devices ? o->devices[i] : (int)i;
+        const int64_t end = i + 1 < s->n_stages ? cuts[i] : (int64_t)n_layers - 1;
+        MK_TRY(mk_range_create(s->model, start, end, &ro, &st->range));
+        start = end + 1;
+        st->seqs = calloc(s->n_slots, sizeof *st->seqs);
+        if (!st->seqs) return mk_fail(MK_ERR_OUT_OF_MEMORY, "pipeline: out of memory");
+        for (size_t k = 0; k < s->n_slots; k++) MK_TRY(mk_sequence_open(st->range, &st->seqs[k]));
+        if (o->timeline_capacity) {
+            st->timeline = calloc(o->timeline_capacity, sizeof *st->timeline);
+            if (!st->timeline) return mk_fail(MK_ERR_OUT_OF_MEMORY, "pipeline: out of memory for the timeline");
+            st->timeline_cap = o->timeline_capacity;
+        }
+    }
+    MK_TRY(mk_sched_shares(s, cuts));
+    MK_TRY(mk_sched_items(s, o));
+    for (size_t i = 0; i < s->n_stages; i++) {
+        if (pthread_create(&s->stages[i].thread, NULL, mk_stage_main, &s->stages[i]) != 0)
+            return mk_fail(MK_ERR_INTERNAL, "pipeline: cannot start the worker of stage %zu", i);
+        s->stages[i].started = true;
+    }
+    return MK_OK;
+}
+
+mk_status mk_sched_create(const mk_model *model, const mk_sched_options *options, mk_sched **out) {
+    mk_clear_error();
+    if (!model || !out) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_sched_create: NULL argument");
+    *out = NULL;
+    mk_sched_options o;
+    MK_TRY(mk_sched_read_options(options, &o));
+    const size_t n_layers = mk_model_hparams(model)->n_layers;
+    size_t n_stages = o.split_auto ? (o.n_stages ? o.n_stages : o.n_devices ? o.n_devices : 1) : o.n_cuts + 1;
+    if (n_stages == 0 || n_stages > n_layers)
+        return mk_fail(MK_ERR_INVALID_RANGE, "a pipeline of %zu stages over %zu layers: each stage needs a layer",
+                       n_stages, n_layers);
+    if (o.n_devices && o.n_devices != n_stages)
+        return mk_fail(MK_ERR_INVALID_ARGUMENT, "%zu devices for %zu stages: give one device per stage", o.n_devices,
+                       n_stages);
+    if (o.n_devices && !o.devices) return mk_fail(MK_ERR_INVALID_ARGUMENT, "n_devices set but devices is NULL");
+    if (o.max_sequences == 0) return mk_fail(MK_ERR_INVALID_ARGUMENT, "max_sequences must be at least 1");
+    if (!o.split_auto && o.n_cuts && !o.cuts) return mk_fail(MK_ERR_INVALID_ARGUMENT, "n_cuts set but cuts is NULL");
+    int64_t *cuts = calloc(n_stages, sizeof *cuts);
+    if (!cuts) return mk_fail(MK_ERR_OUT_OF_MEMORY, "pipeline: out of memory");
+    mk_status st = MK_OK;
+    if (o.split_auto) {
+        st = mk_split_auto(model, n_stages, cuts, NULL);
+    } else {
+        for (size_t i = 0; i < o.n_cuts; i++) {
+            cuts[i] = o.cuts[i];
+            if (cuts[i] < 0 || cuts[i] >= (int64_t)n_layers - 1 || (i > 0 && cuts[i] <= cuts[i - 1]))
+                st = mk_fail(MK_ERR_INVALID_RANGE,
+                             "split point %lld is invalid: cuts must ascend within [0, %lld) (the last layer of each "
+                             "non-final range)",
+                             (long long)cuts[i], (long long)n_layers - 1);
+        }
+    }
+    mk_sched *s = st == MK_OK ? calloc(1, sizeof *s) : NULL;
+    if (st == MK_OK && !s) st = mk_fail(MK_ERR_OUT_OF_MEMORY, "pipeline: out of memory");
+    if (st == MK_OK) {
+        s->model = model;
+        s->n_stages = n_stages;
+        s->n_slots = o.max_sequences;
+        s->vocab = mk_model_hparams(model)->vocab;
+        s->on_token = o.on_token;
+        s->user = o.user;
+        pthread_mutex_init(&s->mu, NULL);
+        pthread_cond_init(&s->done_cv, NULL);
+        st = mk_sched_build(s, &o, cuts);
+        if (st != MK_OK) mk_sched_free(s);
+    }
+    free(cuts);
+    if (st != MK_OK) return st;
+    *out = s;
+    return MK_OK;
+}
+
+/* ================================================================== free == */
+
+void mk_sched_free(mk_sched *s) {
+    if (!s) return;
+    /* Every worker receives the stop item; producers never wait, so all exit. */
+    if (s->stages) {
+        for (size_t i = 0; i < s->n_stages; i++) {
+            if (!s->stages[i].started) continue;
+            if (i == 0) (void)mk_queue_push(&s->inbox0, s->stop_items);
+            else (void)mk_stage_link_send_control(&s->links[i - 1], s->stop_items);
+        }
+        for (size_t i = 0; i < s->n_stages; i++)
+            if (s->stages[i].started) pthread_join(s->stages[i].thread, NULL);
+        for (size_t i = 0; i < s->n_stages; i++) {
+            mk_sched_stage *st = &s->stages[i];
+            if (st->seqs)
+                for (size_t k = 0; k < s->n_slots; k++) mk_sequence_close(st->seqs[k]);
+            free(st->seqs);
+            free(st->timeline);
+            mk_range_free(st->range);
+        }
+    }
+    if (s->items)
+        for (size_t i = 0; i < s->n_slots; i++) {
+            mk_sched_item *it = &s->items[i];
+            mk_bundle_free(it->act[0]);
+            mk_bundle_free(it->act[1]);
+            mk_bundle_free(it->received);
+            free(it->wire);
+            free(it->logits);
+        }
+    for (size_t i = 0; s->links && i + 1 < s->n_stages; i++) mk_stage_link_destroy(&s->links[i]);
+    mk_queue_destroy(&s->inbox0);
+    for (size_t i = 0; i < s->n_requests; i++) {
+        mk_sched_request *r = s->requests[i];
+        free(r->prompt);
+        free(r->stop_ids);
+        free(r->tokens);
+        free(r);
+    }
+    free(s->requests);
+    free(s->items);
+    free(s->free_slots);
+    free(s->links);
+    free(s->stages);
+    pthread_cond_destroy(&s->done_cv);
+    pthread_mutex_destroy(&s->mu);
+    free(s);
+}
+
+size_t mk_sched_stage_count(const mk_sched *s) { return s ? s->n_stages : 0; }
+const mk_range *mk_sched_stage_range(const mk_sched *s, size_t i) {
+    return s && i < s->n_stages ? s->stages[i].range : NULL;
+}
+double mk_sched_stage_share(const mk_sched *s, size_t i) { return s && i < s->n_stages ? s->stages[i].share : 0.0; }
+
+/* ============================================================= admission == */
+
+/* Point a slot's item at the first step of `req` (called under s->mu). */
+static void mk_sched_start(mk_sched_item *item, mk_sched_request *req) {
+    item->kind = MK_ITEM_PREFILL;
+    item->req = req;
+    item->tokens = req->prompt;
+    item->n_tokens = req->n_prompt;
+    req->state = MK_SEQ_RUNNING;
+}
+
+mk_status mk_sched_submit(mk_sched *s, const int32_t *prompt, size_t n_prompt, size_t max_new, const int32_t *stop_ids,
+                          size_t n_stop, uint64_t *seq_id) {
+    mk_clear_error();
+    if (!s || !prompt || !seq_id || (n_stop && !stop_ids))
+        return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_sched_submit: NULL argument");
+    if (n_prompt == 0) return mk_fail(MK_ERR_EMPTY_INPUT, "a sequence needs at least one prompt token");
+    if (max_new == 0) return mk_fail(MK_ERR_INVALID_ARGUMENT, "a sequence must be allowed at least one token");
+    const mk_range *head = s->stages[0].range;
+    if (n_prompt > mk_range_max_rows(head))
+        return mk_fail(MK_ERR_INVALID_ARGUMENT, "prompt of %zu tokens exceeds the pipeline's max_batch_tokens %zu",
+                       n_prompt, mk_range_max_rows(head));
+    mk_sched_request *r = calloc(1, sizeof *r);
+    if (!r) return mk_fail(MK_ERR_OUT_OF_MEMORY, "pipeline: out of memory");
+    r->prompt = malloc(n_prompt * sizeof *r->prompt);
+    r->stop_ids = malloc((n_stop ? n_stop : 1) * sizeof *r->stop_ids);
+    r->tokens = malloc(max_new * sizeof *r->tokens);
+    if (!r->prompt || !r->stop_ids || !r->tokens) {
+        free(r->prompt);
+        free(r->stop_ids);
+        free(r->tokens);
+        free(r);
+        return mk_fail(MK_ERR_OUT_OF_MEMORY, "pipeline: out of memory for a sequence of %zu tokens", max_new);
+    }
+    memcpy(r->prompt, prompt, n_prompt * sizeof *prompt);
+    if (n_stop) memcpy(r->stop_ids, stop_ids, n_stop * sizeof *stop_ids);
+    r->n_prompt = n_prompt;
+    r->n_stop = n_stop;
+    r->max_new = max_new;
+    r->state = MK_SEQ_QUEUED;
+
+    mk_sched_item *admit = NULL;
+    pthread_mutex_lock(&s->mu);
+    if (s->n_requests == s->cap_requests) {
+        const size_t cap = s->cap_requests ? 2 * s->cap_requests : 64;
+        mk_sched_request **grown = realloc(s->requests, cap * sizeof *grown);
+        if (!grown) {
+            pthread_mutex_unlock(&s->mu);
+            free(r->prompt);
+            free(r->stop_ids);
+            free(r->tokens);
+            free(r);
+            return mk_fail(MK_ERR_OUT_OF_MEMORY, "pipeline: out of memory for the request table");
+        }
+        s->requests = grown;
+        s->cap_requests = cap;
+    }
+    s->requests[s->n_requests++] = r;
+    r->id = s->n_requests;
+    s->n_unfinished++;
+    if (s->n_free) {
+        admit = &s->items[s->free_slots[--s->n_free]];
+        mk_sched_start(admit, r);
+    } else if (s->pending_tail) {
+        s->pending_tail->next_pending = r;
+        s->pending_tail = r;
+    } else {
+        s->pending_head = s->pending_tail = r;
+    }
+    *seq_id = r->id;
+    pthread_mutex_unlock(&s->mu);
+    return admit ? mk_queue_push(&s->inbox0, admit) : MK_OK;
+}
+
+void mk_sched_retire(mk_sched *s, mk_sched_item *item, mk_seq_state state, mk_status status, const char *error) {
+    pthread_mutex_lock(&s->mu);
+    mk_sched_request *r = item->req;
+    if (error) {
+        strncpy(r->error, error, sizeof r->error - 1);
+        r->error[sizeof r->error - 1] = '\0';
+    }
+    r->status = status;
+    r->state = state;
+    s->n_unfinished--;
+    mk_sched_request *next = s->pending_head;
+    if (next) {
+        s->pending_head = next->next_pending;
+        if (!s->pending_head) s->pending_tail = NULL;
+        mk_sched_start(item, next);
+    } else {
+        item->req = NULL;
+        s->free_slots[s->n_free++] = item->slot;
+    }
+    pthread_cond_broadcast(&s->done_cv);
+    pthread_mutex_unlock(&s->mu);
+    if (next) (void)mk_queue_push(&s->inbox0, item); /* never full: one item per slot */
+}
+
+void mk_sched_emit(mk_sched *s, mk_sched_item *item) {
+    mk_sched_request *r = item->req;
+    const int32_t token = item->token;
+    bool stop = false;
+    for (size_t i = 0; i < r->n_stop; i++) stop |= r->stop_ids[i] == token;
+    pthread_mutex_lock(&s->mu);
+    const size_t index = r->n_tokens;
+    r->tokens[r->n_tokens++] = token;
+    const bool limit = r->n_tokens == r->max_new;
+    r->stopped = stop;
+    pthread_mutex_unlock(&s->mu);
+    /* Before the sequence can be seen finished: a waiter has every callback behind it. */
+    if (s->on_token) s->on_token(s->user, r->id, index, token, item->logits, s->vocab);
+    if (stop || limit) {
+        mk_sched_retire(s, item, MK_SEQ_DONE, MK_OK, NULL);
+        return;
+    }
+    item->kind = MK_ITEM_DECODE;
+    item->next_token = token;
+    item->tokens = &item->next_token;
+    item->n_tokens = 1;
+    (void)mk_queue_push(&s->inbox0, item);
+}
+
+/* ============================================================== collect == */
+
+static mk_sched_request *mk_sched_find(mk_sched *s, uint64_t id) {
+    return id >= 1 && id <= s->n_requests ? s->requests[id - 1] : NULL;
+}
+
+mk_status mk_sched_poll(mk_sched *s, uint64_t id, mk_seq_info *info, int32_t *tokens, size_t cap) {
+    mk_clear_error();
+    if (!s || !info) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_sched_poll: NULL argument");
+    pthread_mutex_lock(&s->mu);
+    mk_sched_request *r = mk_sched_find(s, id);
+    if (r) {
+        info->state = r->state;
+        info->status = r->status;
+        info->n_tokens = r->n_tokens;
+        info->stopped = r->state == MK_SEQ_DONE && r->stopped;
+        info->error = r->error;
+        if (tokens) memcpy(tokens, r->tokens, (cap < r->n_tokens ? cap : r->n_tokens) * sizeof *tokens);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return r ? MK_OK : mk_fail(MK_ERR_INVALID_ARGUMENT, "no sequence %llu in this pipeline", (unsigned long long)id);
+}
+
+mk_status mk_sched_wait(mk_sched *s, uint64_t id) {
+    mk_clear_error();
+    if (!s) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_sched_wait: NULL pipeline");
+    pthread_mutex_lock(&s->mu);
+    mk_sched_request *r = mk_sched_find(s, id);
+    while (r && r->state != MK_SEQ_DONE && r->state != MK_SEQ_FAILED) pthread_cond_wait(&s->done_cv, &s->mu);
+    pthread_mutex_unlock(&s->mu);
+    return r ? MK_OK : mk_fail(MK_ERR_INVALID_ARGUMENT, "no sequence %llu in this pipeline", (unsigned long long)id);
+}
+
+mk_status mk_sched_wait_all(mk_sched *s) {
+    mk_clear_error();
+    if (!s) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_sched_wait_all: NULL pipeline");
+    pthread_mutex_lock(&s->mu);
+    while (s->n_unfinished) pthread_cond_wait(&s->done_cv, &s->mu);
+    pthread_mutex_unlock(&s->mu);
+    return MK_OK;
+}
+
+/* ============================================================ statistics == */
+
+mk_status mk_sched_stage_stats(const mk_sched *s, size_t stage, mk_stage_stats *out) {
+    mk_clear_error();
+    if (!s || !out || stage >= s->n_stages)
+        return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_sched_stage_stats: no stage %zu", stage);
+    *out = s->stages[stage].stats;
+    return MK_OK;
+}
+
+mk_status mk_sched_reset_stats(mk_sched *s) {
+    mk_clear_error();
+    if (!s) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_sched_reset_stats: NULL pipeline");
+    pthread_mutex_lock(&s->mu);
+    const bool idle = s->n_unfinished == 0;
+    pthread_mutex_unlock(&s->mu);
+    if (!idle) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_sched_reset_stats: sequences are still in flight");
+    for (size_t i = 0; i < s->n_stages; i++) {
+        memset(&s->stages[i].stats, 0, sizeof s->stages[i].stats);
+        s->stages[i].timeline_len = 0;
+        s->stages[i].attempts = 0;
+    }
+    return MK_OK;
+}
+
+mk_status mk_sched_inject_fault(mk_sched *s, size_t stage, size_t step, bool dies) {
+    if (!s || stage >= s->n_stages) return mk_fail(MK_ERR_INVALID_ARGUMENT, "inject fault: no stage %zu", stage);
+    pthread_mutex_lock(&s->mu); /* the worker reads these after taking an item: ordered by the queue */
+    s->stages[stage].fault_armed = true;
+    s->stages[stage].fault_step = step;
+    s->stages[stage].fault_dies = dies;
+    pthread_mutex_unlock(&s->mu);
+    return MK_OK;
+}

@@ -1,0 +1,188 @@
+/* Internal to the placed pipeline (host/sched/): the bounded queue between stages, the
+ * seam hand-off (stage_link), the micro-batch item, the stage worker and the cut chooser.
+ *
+ * Threads: one worker per stage. A stage's range, its KV caches and its statistics are
+ * touched only by its worker (and by create/free while no worker runs); an item is owned
+ * by exactly one stage at a time and changes hands only through a queue, whose mutex
+ * orders the writes of one stage before the reads of the next. Requests and the slot
+ * bookkeeping are guarded by mk_sched.mu. */
+#ifndef MK_SCHED_INTERNAL_H
+#define MK_SCHED_INTERNAL_H
+
+#include <pthread.h>
+
+#include "meshkern.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ================================================================== queue == */
+
+struct mk_sched_item;
+
+/* Bounded FIFO of items (mutex + condvar). Capacity is the number of items that can ever
+ * be in flight, so a push never waits: a stage never blocks on its downstream neighbour,
+ * only on its own empty inbox. */
+typedef struct mk_queue {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    struct mk_sched_item **ring; /* [cap] */
+    size_t cap, head, count;
+} mk_queue;
+
+mk_status mk_queue_init(mk_queue *q, size_t cap);
+void mk_queue_destroy(mk_queue *q);
+mk_status mk_queue_push(mk_queue *q, struct mk_sched_item *item);
+struct mk_sched_item *mk_queue_pop(mk_queue *q); /* waits while empty */
+
+/* =================================================================== item == */
+
+typedef enum mk_item_kind {
+    MK_ITEM_PREFILL = 1, /* a new sequence's prompt: every stage resets its slot's cache */
+    MK_ITEM_DECODE = 2,  /* one token */
+    MK_ITEM_STOP = 3,    /* the worker exits */
+} mk_item_kind;
+
+typedef struct mk_sched_request mk_sched_request;
+
+/* One micro-batch in flight: one step of the sequence in slot `slot`. Its activation
+ * buffers are preallocated: two boundaries used in turn (stage i writes act[i % 2], stage
+ * i + 1 reads it and writes the other), the wire bytes, the tail's logits. */
+typedef struct mk_sched_item {
+    mk_item_kind kind;
+    size_t slot;
+    mk_sched_request *req;
+    const int32_t *tokens; /* [n_tokens]: the prompt, or &next_token */
+    size_t n_tokens;
+    int32_t next_token;
+    mk_bundle *act[2];       /* [max_rows, hidden] each */
+    size_t act_rows;         /* their capacity in rows */
+    const mk_bundle *in;     /* the boundary the receiving stage consumes */
+    uint8_t *wire;           /* [wire_cap] packed boundary (wire seam) */
+    size_t wire_cap, wire_len;
+    mk_bundle *received;     /* unpacked boundary (wire seam), freed by the receiver */
+    float *logits;           /* [vocab] tail output */
+    int32_t token;
+} mk_sched_item;
+
+/* ============================================================= stage link == */
+
+/* The seam between stage i and i + 1: the ONE place a boundary is handed over. Today it
+ * carries the in-process bundle (local) or its protobuf bytes (wire); a transport from
+ * the seams issues (local device copy, unix/tcp stream, NCCL) replaces the body of
+ * send/recv/release and nothing else. */
+typedef struct mk_stage_link {
+    mk_queue q;
+    mk_sched_seam seam;
+    size_t bytes; /* moved so far (wire); written by the sender only */
+} mk_stage_link;
+
+mk_status mk_stage_link_init(mk_stage_link *link, mk_sched_seam seam, size_t cap);
+void mk_stage_link_destroy(mk_stage_link *link);
+/* Hand the boundary `out` (filled by the sending stage) to the next stage. */
+mk_status mk_stage_link_send(mk_stage_link *link, mk_sched_item *item, mk_bundle *out);
+/* Control items (stop) pass without a boundary. */
+mk_status mk_stage_link_send_control(mk_stage_link *link, mk_sched_item *item);
+/* Next item; for a step, item->in is the boundary to consume (validated by the range). */
+mk_status mk_stage_link_recv(mk_stage_link *link, mk_sched_item **item);
+/* The receiving stage is done with item->in. */
+void mk_stage_link_release(mk_stage_link *link, mk_sched_item *item);
+
+/* ================================================================== stage == */
+
+typedef struct mk_timeline_record {
+    uint64_t seq_id;
+    uint64_t start_ns, end_ns;
+    uint32_t rows;
+} mk_timeline_record;
+
+typedef struct mk_sched_stage {
+    struct mk_sched *sched;
+    size_t index;
+    mk_range *range;
+    mk_sequence **seqs;     /* [n_slots] KV cache per sequence slot */
+    mk_queue *inbox;        /* stage 0: admissions and feedback; others: in_link's queue */
+    mk_stage_link *in_link; /* NULL for stage 0 */
+    mk_stage_link *out_link; /* NULL for the tail */
+    pthread_t thread;
+    bool started;
+    double share;
+    /* fault injection (tests): fail the step numbered fault_step (0-based); dies = every
+     * later step fails too, as when a device is lost */
+    bool fault_armed, fault_dies, dead;
+    size_t fault_step;
+    size_t attempts;        /* steps begun since creation or reset (the fault's clock) */
+    char dead_reason[160];
+    /* statistics (worker only) */
+    mk_stage_stats stats;
+    mk_timeline_record *timeline; /* [timeline_cap] */
+    size_t timeline_cap, timeline_len;
+} mk_sched_stage;
+
+void *mk_stage_main(void *arg);
+
+/* ============================================================== scheduler == */
+
+struct mk_sched_request {
+    uint64_t id;
+    mk_seq_state state;
+    mk_status status;
+    bool stopped;
+    int32_t *prompt;    /* [n_prompt] */
+    size_t n_prompt;
+    int32_t *stop_ids;  /* [n_stop] */
+    size_t n_stop;
+    int32_t *tokens;    /* [max_new] generated */
+    size_t n_tokens, max_new;
+    char error[256];
+    mk_sched_request *next_pending;
+};
+
+struct mk_sched {
+    const mk_model *model;
+    size_t n_stages, n_slots, vocab;
+    mk_sched_stage *stages; /* [n_stages] */
+    mk_stage_link *links;   /* [n_stages - 1] */
+    mk_queue inbox0;
+    mk_sched_item *items;   /* [n_slots] */
+    mk_sched_item stop_items[1]; /* the one stop item every inbox receives at shutdown */
+    mk_sched_token_fn on_token;
+    void *user;
+
+    pthread_mutex_t mu;
+    pthread_cond_t done_cv;
+    mk_sched_request **requests; /* [n_requests], index = id - 1 */
+    size_t n_requests, cap_requests, n_unfinished;
+    mk_sched_request *pending_head, *pending_tail;
+    size_t *free_slots; /* stack [n_slots] */
+    size_t n_free;
+};
+
+/* A sequence leaves its slot (done or failed); a queued one takes it, or the slot is
+ * freed. Called by any stage's worker. */
+void mk_sched_retire(struct mk_sched *sched, mk_sched_item *item, mk_seq_state state, mk_status status,
+                     const char *error);
+/* The tail's token: recorded, reported, and the sequence continues or retires. */
+void mk_sched_emit(struct mk_sched *sched, mk_sched_item *item);
+
+/* Test hook: stage `stage` fails its step number `step` (counted from 0 since creation
+ * or mk_sched_reset_stats); with dies, every later step on it fails too. Call before
+ * submitting. */
+mk_status mk_sched_inject_fault(mk_sched *sched, size_t stage, size_t step, bool dies);
+
+/* ============================================================ cut chooser == */
+
+/* Contiguous ranges of n_layers layers (cost layer_cost[l]) into n_stages stages, the head
+ * stage adding head_extra and the tail tail_extra, minimising the largest stage cost (ties:
+ * the earliest cuts). cuts [n_stages - 1] receive the last layer of each stage but the last. */
+mk_status mk_choose_cuts(const double *layer_cost, size_t n_layers, double head_extra, double tail_extra,
+                         size_t n_stages, int64_t *cuts);
+
+/* The per-layer cost [n_layers] and the head's and tail's extra (split_auto.c). */
+mk_status mk_split_costs(const mk_model *model, double *layer_cost, double *head_extra, double *tail_extra);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,409 @@
+// The placed pipeline (mk_sched) on the cpu backend: one worker thread per range, many
+// sequences in flight, continuous admission, per-sequence statuses, injected stage
+// failures, the stage timeline, and the balanced cut chooser.
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "sched/sched.h"
+#include "sched_test_util.h"
+
+namespace {
+
+mk_range_options cpu_options() {
+    mk_range_options o = mk_range_options_default();
+    o.max_context = 64;
+    return o;
+}
+
+mk_sched_options sched_options(size_t in_flight, const std::vector<int64_t> *cuts, mk_sched_seam seam) {
+    mk_sched_options o = mk_sched_options_default();
+    o.range = cpu_options();
+    o.max_sequences = in_flight;
+    o.seam = seam;
+    if (cuts) {
+        o.cuts = cuts->data();
+        o.n_cuts = cuts->size();
+    }
+    return o;
+}
+
+// ============================================================ cut chooser ==
+
+// Largest stage cost of a partition (cuts = last layer of each stage but the last).
+double worst_stage(const std::vector<double> &cost, double head, double tail, const std::vector<int64_t> &cuts) {
+    double worst = 0;
+    size_t layer = 0;
+    for (size_t i = 0; i <= cuts.size(); i++) {
+        const size_t end = i < cuts.size() ? (size_t)cuts[i] : cost.size() - 1;
+        double c = (i == 0 ? head : 0) + (i == cuts.size() ? tail : 0);
+        for (; layer <= end; layer++) c += cost[layer];
+        worst = std::max(worst, c);
+    }
+    return worst;
+}
+
+// Every partition of n layers into k stages, by recursion (small n only).
+void best_by_brute_force(const std::vector<double> &cost, double head, double tail, size_t k,
+                         std::vector<int64_t> &cuts, double &best) {
+    if (cuts.size() + 1 == k) {
+        best = std::min(best, worst_stage(cost, head, tail, cuts));
+        return;
+    }
+    const int64_t from = cuts.empty() ? 0 : cuts.back() + 1;
+    const int64_t stages_left = (int64_t)(k - cuts.size() - 1);
+    for (int64_t c = from; c <= (int64_t)cost.size() - 1 - stages_left; c++) {
+        cuts.push_back(c);
+        best_by_brute_force(cost, head, tail, k, cuts, best);
+        cuts.pop_back();
+    }
+}
+
+TEST(SplitAuto, UniformLayersSplitEvenly) {
+    const std::vector<double> cost(12, 5.0);
+    int64_t cuts[3];
+    MK_ASSERT_OK(mk_choose_cuts(cost.data(), cost.size(), 0, 0, 4, cuts));
+    EXPECT_EQ(cuts[0], 2);
+    EXPECT_EQ(cuts[1], 5);
+    EXPECT_EQ(cuts[2], 8);
+}
+
+TEST(SplitAuto, HeavyLmHeadGivesTheTailFewerLayers) {
+    // 10 layers of 1; the tail's lm_head weighs 4 layers: 14 units, 7 per stage.
+    const std::vector<double> cost(10, 1.0);
+    int64_t cut = -1;
+    MK_ASSERT_OK(mk_choose_cuts(cost.data(), cost.size(), 0.0, 4.0, 2, &cut));
+    EXPECT_EQ(cut, 6) << "head 0-6 (7), tail 7-9 + lm_head (7)";
+    // A heavy head (embedding) moves the cut the other way.
+    MK_ASSERT_OK(mk_choose_cuts(cost.data(), cost.size(), 4.0, 0.0, 2, &cut));
+    EXPECT_EQ(cut, 2);
+}
+
+TEST(SplitAuto, ChooserIsOptimalOnRandomCosts) {
+    std::mt19937 rng(7);
+    for (int trial = 0; trial < 60; trial++) {
+        const size_t n = 2 + rng() % 9, k = 1 + rng() % std::min<size_t>(n, 4);
+        std::vector<double> cost(n);
+        for (double &c : cost) c = 1 + rng() % 50;
+        const double head = rng() % 30, tail = rng() % 120;
+        std::vector<int64_t> cuts(k > 1 ? k - 1 : 1);
+        MK_ASSERT_OK(mk_choose_cuts(cost.data(), n, head, tail, k, cuts.data()));
+        cuts.resize(k - 1);
+        for (size_t i = 0; i < cuts.size(); i++) {
+            ASSERT_GE(cuts[i], i == 0 ? 0 : cuts[i - 1] + 1);
+            ASSERT_LT(cuts[i], (int64_t)n - 1);
+        }
+        std::vector<int64_t> scratch;
+        double best = 1e300;
+        best_by_brute_force(cost, head, tail, k, scratch, best);
+        EXPECT_EQ(worst_stage(cost, head, tail, cuts), best) << "trial " << trial << " n " << n << " k " << k;
+    }
+}
+
+TEST(SplitAuto, MoreStagesThanLayersIsRefused) {
+    const std::vector<double> cost(3, 1.0);
+    int64_t cuts[4];
+    EXPECT_EQ(mk_choose_cuts(cost.data(), 3, 0, 0, 4, cuts), MK_ERR_INVALID_RANGE);
+    EXPECT_EQ(mk_choose_cuts(cost.data(), 3, 0, 0, 0, cuts), MK_ERR_INVALID_RANGE);
+}
+
+// SmolLM2-135M's shapes: the 49152 x 576 lm_head is ~8 layers, so the tail takes 11 of 30.
+TEST(SplitAuto, SmolLM2ShapesPutElevenLayersOnTheTail) {
+    mk_hparams hp = mk_hparams_seed_default();
+    hp.vocab = 49152;
+    hp.hidden = 576;
+    hp.n_layers = 30;
+    hp.n_heads = 9;
+    hp.n_kv_heads = 3;
+    hp.head_dim = 64;
+    hp.intermediate = 1536;
+    hp.tied_embeddings = true;
+    ModelPtr model = make_random_model(hp);
+    ASSERT_TRUE(model);
+    int64_t cut = -1;
+    double shares[2];
+    MK_ASSERT_OK(mk_split_auto(model.get(), 2, &cut, shares));
+    EXPECT_EQ(cut, 18);
+    EXPECT_NEAR(shares[0] + shares[1], 1.0, 1e-12);
+    EXPECT_NEAR(shares[0], 0.5, 0.02);
+    int64_t cuts3[2];
+    MK_ASSERT_OK(mk_split_auto(model.get(), 3, cuts3, nullptr));
+    EXPECT_GT(cuts3[1] - cuts3[0], 0);
+    EXPECT_LT(29 - cuts3[1], cuts3[0] + 1) << "the tail stage holds fewer layers than the head";
+}
+
+// ================================================================ parity ==
+
+// 1..8 sequences in flight (two more queued than slots, so slots are handed on), mixed
+// prompt lengths and limits, some stopping early; 2 stages through the wire and 3
+// balanced stages in process; both random model shapes.
+TEST(PipelineSched, EverySequenceMatchesItsWholeModelRunForOneToEightInFlight) {
+    for (const ModelCase &mc : model_cases()) {
+        ModelPtr model = make_random_model(mc.hp);
+        for (size_t m = 1; m <= 8; m++) {
+            const std::vector<SeqSpec> specs = mixed_specs(model.get(), cpu_options(), m + 2, (uint32_t)m);
+            const std::vector<int64_t> two = {2};
+            for (int variant = 0; variant < 2; variant++) {
+                mk_sched_options o = sched_options(m, variant == 0 ? &two : nullptr,
+                                                   variant == 0 ? MK_SCHED_SEAM_WIRE : MK_SCHED_SEAM_LOCAL);
+                if (variant == 1) {
+                    o.split_auto = true;
+                    o.n_stages = 3;
+                }
+                Collector c;
+                SchedPtr s = make_sched(model.get(), o, &c);
+                ASSERT_TRUE(s);
+                ASSERT_EQ(mk_sched_stage_count(s.get()), variant == 0 ? 2u : 3u);
+                const std::vector<uint64_t> ids = submit_all(s.get(), specs);
+                ASSERT_TRUE(wait_all_within(s.get(), 120));
+                const std::string what = std::string(mc.name) + (variant == 0 ? " 2 stages wire" : " 3 stages auto") +
+                                         " m=" + std::to_string(m);
+                expect_all_match_whole(model.get(), cpu_options(), specs, collect(s.get(), &c, ids), what);
+                if (HasFatalFailure()) return;
+            }
+        }
+    }
+}
+
+// The pipeline stays usable: a second wave on the same mk_sched (slots reused, caches reset).
+TEST(PipelineSched, SecondWaveOnTheSameSlotsMatches) {
+    ModelPtr model = make_random_model(gqa_tied_hparams());
+    const std::vector<int64_t> cuts = {1, 3};
+    Collector c;
+    SchedPtr s = make_sched(model.get(), sched_options(3, &cuts, MK_SCHED_SEAM_LOCAL), &c);
+    ASSERT_TRUE(s);
+    for (uint32_t wave = 0; wave < 2; wave++) {
+        const std::vector<SeqSpec> specs = mixed_specs(model.get(), cpu_options(), 5, 40 + wave);
+        const std::vector<uint64_t> ids = submit_all(s.get(), specs);
+        ASSERT_TRUE(wait_all_within(s.get(), 120));
+        expect_all_match_whole(model.get(), cpu_options(), specs, collect(s.get(), &c, ids), "wave");
+    }
+}
+
+// ============================================================ statuses ==
+
+// A sequence the head refuses (token outside the vocabulary) fails alone.
+TEST(PipelineSched, ABadSequenceFailsAloneAndTheOthersMatch) {
+    ModelPtr model = make_random_model(mk_hparams_seed_default());
+    std::vector<SeqSpec> specs = mixed_specs(model.get(), cpu_options(), 6, 3);
+    specs[2].prompt[0] = 4000; // outside the vocabulary of 48
+    const std::vector<int64_t> cuts = {2};
+    Collector c;
+    SchedPtr s = make_sched(model.get(), sched_options(3, &cuts, MK_SCHED_SEAM_LOCAL), &c);
+    ASSERT_TRUE(s);
+    const std::vector<uint64_t> ids = submit_all(s.get(), specs);
+    ASSERT_TRUE(wait_all_within(s.get(), 60));
+    std::vector<SeqResult> results = collect(s.get(), &c, ids);
+    EXPECT_EQ(results[2].info.state, MK_SEQ_FAILED);
+    EXPECT_EQ(results[2].info.status, MK_ERR_TOKEN_OUT_OF_RANGE);
+    EXPECT_NE(results[2].error.find("stage 0"), std::string::npos) << results[2].error;
+    EXPECT_NE(results[2].error.find("4000"), std::string::npos) << results[2].error;
+    EXPECT_TRUE(results[2].tokens.empty());
+    specs.erase(specs.begin() + 2);
+    results.erase(results.begin() + 2);
+    expect_all_match_whole(model.get(), cpu_options(), specs, results, "others");
+}
+
+TEST(PipelineSched, SubmitRefusesWhatCannotRun) {
+    ModelPtr model = make_random_model(mk_hparams_seed_default());
+    Collector c;
+    mk_sched_options o = sched_options(2, nullptr, MK_SCHED_SEAM_LOCAL);
+    o.range.max_batch_tokens = 8;
+    SchedPtr s = make_sched(model.get(), o, &c);
+    ASSERT_TRUE(s);
+    const std::vector<int32_t> long_prompt(9, 1);
+    uint64_t id = 0;
+    EXPECT_EQ(mk_sched_submit(s.get(), long_prompt.data(), long_prompt.size(), 4, nullptr, 0, &id),
+              MK_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(mk_last_error()).find("max_batch_tokens"), std::string::npos) << mk_last_error();
+    EXPECT_EQ(mk_sched_submit(s.get(), long_prompt.data(), 0, 4, nullptr, 0, &id), MK_ERR_EMPTY_INPUT);
+    EXPECT_EQ(mk_sched_submit(s.get(), long_prompt.data(), 3, 0, nullptr, 0, &id), MK_ERR_INVALID_ARGUMENT);
+    mk_seq_info info;
+    EXPECT_EQ(mk_sched_poll(s.get(), 99, &info, nullptr, 0), MK_ERR_INVALID_ARGUMENT);
+}
+
+// A sequence longer than the KV cache fails with the context error; the others finish.
+TEST(PipelineSched, ContextOverflowFailsThatSequenceOnly) {
+    ModelPtr model = make_random_model(mk_hparams_seed_default());
+    mk_range_options ro = cpu_options();
+    ro.max_context = 12;
+    mk_sched_options o = sched_options(2, nullptr, MK_SCHED_SEAM_LOCAL);
+    o.range = ro;
+    o.split_auto = true;
+    o.n_stages = 2;
+    Collector c;
+    SchedPtr s = make_sched(model.get(), o, &c);
+    ASSERT_TRUE(s);
+    const std::vector<SeqSpec> specs = {{{3, 4, 5, 6, 7, 8, 9, 10}, 10, {}}, {{1, 2}, 4, {}}, {{11}, 3, {}}};
+    const std::vector<uint64_t> ids = submit_all(s.get(), specs);
+    ASSERT_TRUE(wait_all_within(s.get(), 60));
+    const std::vector<SeqResult> results = collect(s.get(), &c, ids);
+    EXPECT_EQ(results[0].info.state, MK_SEQ_FAILED);
+    EXPECT_EQ(results[0].info.status, MK_ERR_CONTEXT_OVERFLOW) << results[0].error;
+    EXPECT_EQ(results[0].tokens.size(), 5u) << "8 prompt positions + 4 decodes fill 12; the 6th token overflows";
+    const Decode ref = whole_reference(model.get(), ro, {{3, 4, 5, 6, 7, 8, 9, 10}, 5, {}});
+    EXPECT_EQ(results[0].tokens, ref.tokens) << "tokens before the failure are kept";
+    expect_all_match_whole(model.get(), ro, {specs[1], specs[2]}, {results[1], results[2]}, "others");
+}
+
+// ============================================================== faults ==
+
+// One failed step (injected) on stage 1 fails exactly the sequence it belonged to.
+TEST(PipelineSched, InjectedStepFailureFailsOneSequenceAndTheOthersMatch) {
+    ModelPtr model = make_random_model(gqa_tied_hparams());
+    const std::vector<SeqSpec> specs = mixed_specs(model.get(), cpu_options(), 7, 5);
+    const std::vector<int64_t> cuts = {1, 3};
+    Collector c;
+    SchedPtr s = make_sched(model.get(), sched_options(4, &cuts, MK_SCHED_SEAM_WIRE), &c);
+    ASSERT_TRUE(s);
+    MK_ASSERT_OK(mk_sched_inject_fault(s.get(), 1, 6, false));
+    const std::vector<uint64_t> ids = submit_all(s.get(), specs);
+    ASSERT_TRUE(wait_all_within(s.get(), 60));
+    const std::vector<SeqResult> results = collect(s.get(), &c, ids);
+    std::vector<SeqSpec> ok_specs;
+    std::vector<SeqResult> ok_results;
+    size_t failed = 0;
+    for (size_t i = 0; i < results.size(); i++) {
+        if (results[i].info.state == MK_SEQ_FAILED) {
+            failed++;
+            EXPECT_EQ(results[i].info.status, MK_ERR_INTERNAL);
+            EXPECT_NE(results[i].error.find("stage 1 (layers 2-3): stage 1: injected failure at its step 6"),
+                      std::string::npos)
+                << results[i].error;
+            const Decode ref = whole_reference(model.get(), cpu_options(), specs[i]);
+            ASSERT_LT(results[i].tokens.size(), ref.tokens.size());
+            EXPECT_TRUE(std::equal(results[i].tokens.begin(), results[i].tokens.end(), ref.tokens.begin()))
+                << "tokens before the failure are the whole model's";
+        } else {
+            ok_specs.push_back(specs[i]);
+            ok_results.push_back(results[i]);
+        }
+    }
+    EXPECT_EQ(failed, 1u);
+    expect_all_match_whole(model.get(), cpu_options(), ok_specs, ok_results, "survivors");
+}
+
+// Stage 1 dies mid-run (every step from its 4th on fails, as on a lost device): the
+// sequences it holds fail with a clear status, nothing hangs, finished outputs stay intact,
+// and later submissions fail the same way.
+TEST(PipelineSched, StageThatDiesFailsItsSequencesWithoutHangingOrLosingFinishedOutputs) {
+    ModelPtr model = make_random_model(mk_hparams_seed_default());
+    const std::vector<SeqSpec> specs = {{{5, 6, 7}, 1, {}},      // done after its prefill
+                                        {{9, 1}, 30, {}},        // running when the stage dies
+                                        {{2, 2, 4, 8}, 12, {}},  // queued until the first finishes
+                                        {{13}, 6, {}}};
+    const std::vector<int64_t> cuts = {2, 4};
+    Collector c;
+    SchedPtr s = make_sched(model.get(), sched_options(2, &cuts, MK_SCHED_SEAM_LOCAL), &c);
+    ASSERT_TRUE(s);
+    MK_ASSERT_OK(mk_sched_inject_fault(s.get(), 1, 4, true));
+    const std::vector<uint64_t> ids = submit_all(s.get(), specs);
+    ASSERT_TRUE(wait_all_within(s.get(), 60));
+    const std::vector<SeqResult> results = collect(s.get(), &c, ids);
+    expect_all_match_whole(model.get(), cpu_options(), {specs[0]}, {results[0]}, "finished before the fault");
+    for (size_t i = 1; i < results.size(); i++) {
+        EXPECT_EQ(results[i].info.state, MK_SEQ_FAILED) << "seq " << i;
+        EXPECT_EQ(results[i].info.status, MK_ERR_INTERNAL) << "seq " << i;
+        EXPECT_NE(results[i].error.find("stage 1"), std::string::npos) << results[i].error;
+        const Decode ref = whole_reference(model.get(), cpu_options(), specs[i]);
+        ASSERT_LE(results[i].tokens.size(), ref.tokens.size());
+        EXPECT_TRUE(std::equal(results[i].tokens.begin(), results[i].tokens.end(), ref.tokens.begin()));
+    }
+    const std::vector<uint64_t> late = submit_all(s.get(), {{{4, 4}, 3, {}}});
+    ASSERT_TRUE(wait_all_within(s.get(), 60));
+    const std::vector<SeqResult> late_results = collect(s.get(), &c, late);
+    EXPECT_EQ(late_results[0].info.state, MK_SEQ_FAILED);
+    EXPECT_NE(late_results[0].error.find("stage 1 is down"), std::string::npos) << late_results[0].error;
+}
+
+// Freeing with sequences in flight neither hangs nor leaks (ASan build).
+TEST(PipelineSched, FreeWithSequencesInFlightReturns) {
+    ModelPtr model = make_random_model(mk_hparams_seed_default());
+    const std::vector<int64_t> cuts = {0, 2, 4};
+    for (mk_sched_seam seam : {MK_SCHED_SEAM_LOCAL, MK_SCHED_SEAM_WIRE}) {
+        Collector c;
+        SchedPtr s = make_sched(model.get(), sched_options(3, &cuts, seam), &c);
+        ASSERT_TRUE(s);
+        submit_all(s.get(), mixed_specs(model.get(), cpu_options(), 9, 2));
+        auto freed = std::async(std::launch::async, [&s] { s.reset(); });
+        ASSERT_EQ(freed.wait_for(std::chrono::seconds(30)), std::future_status::ready) << "mk_sched_free hung";
+    }
+}
+
+// ============================================================== options ==
+
+TEST(PipelineSched, OptionsAreChecked) {
+    ModelPtr model = make_random_model(mk_hparams_seed_default());
+    mk_sched *s = nullptr;
+    mk_sched_options o = mk_sched_options_default();
+    EXPECT_EQ(o.struct_size, sizeof(mk_sched_options));
+    o.struct_size = 0;
+    EXPECT_EQ(mk_sched_create(model.get(), &o, &s), MK_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(mk_last_error()).find("mk_sched_options_default"), std::string::npos);
+    o = mk_sched_options_default();
+    const int devices[3] = {0, 1, 2};
+    o.split_auto = true;
+    o.n_stages = 2;
+    o.devices = devices;
+    o.n_devices = 3;
+    EXPECT_EQ(mk_sched_create(model.get(), &o, &s), MK_ERR_INVALID_ARGUMENT);
+    o = mk_sched_options_default();
+    const int64_t bad_cuts[2] = {3, 2};
+    o.cuts = bad_cuts;
+    o.n_cuts = 2;
+    EXPECT_EQ(mk_sched_create(model.get(), &o, &s), MK_ERR_INVALID_RANGE);
+    o = mk_sched_options_default();
+    o.split_auto = true;
+    o.n_stages = 7; // 6 layers
+    EXPECT_EQ(mk_sched_create(model.get(), &o, &s), MK_ERR_INVALID_RANGE);
+    o = mk_sched_options_default();
+    o.max_sequences = 0;
+    EXPECT_EQ(mk_sched_create(model.get(), &o, &s), MK_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(s, nullptr);
+}
+
+// ============================================================= timeline ==
+
+// The statistics and the timeline count one record per step and stage; the JSON names
+// every stage and sequence.
+TEST(PipelineSched, TimelineHasOneRecordPerStepAndStage) {
+    ModelPtr model = make_random_model(mk_hparams_seed_default());
+    mk_sched_options o = sched_options(4, nullptr, MK_SCHED_SEAM_LOCAL);
+    o.split_auto = true;
+    o.n_stages = 2;
+    o.timeline_capacity = 256;
+    Collector c;
+    SchedPtr s = make_sched(model.get(), o, &c);
+    ASSERT_TRUE(s);
+    const std::vector<SeqSpec> specs = mixed_specs(model.get(), cpu_options(), 6, 9);
+    const std::vector<uint64_t> ids = submit_all(s.get(), specs);
+    ASSERT_TRUE(wait_all_within(s.get(), 60));
+    size_t steps = 0;
+    for (const SeqResult &r : collect(s.get(), &c, ids)) steps += r.tokens.size();
+    double share_sum = 0;
+    for (size_t i = 0; i < 2; i++) {
+        mk_stage_stats st;
+        MK_ASSERT_OK(mk_sched_stage_stats(s.get(), i, &st));
+        EXPECT_EQ(st.steps, steps) << "stage " << i;
+        EXPECT_GT(st.busy_ns, 0u);
+        EXPECT_GT(st.cpu_ns, 0u);
+        EXPECT_LE(st.busy_ns, st.last_ns - st.first_ns);
+        share_sum += mk_sched_stage_share(s.get(), i);
+    }
+    EXPECT_NEAR(share_sum, 1.0, 1e-12);
+    char *json = nullptr;
+    size_t len = 0;
+    MK_ASSERT_OK(mk_sched_timeline_json(s.get(), &json, &len));
+    const std::string text(json, len);
+    mk_buffer_free(json);
+    size_t records = 0;
+    for (size_t p = text.find("{\"stage\":"); p != std::string::npos; p = text.find("{\"stage\":", p + 1)) records++;
+    EXPECT_EQ(records, 2 * steps);
+    EXPECT_NE(text.find("\"stage\":1,\"seq\":6,"), std::string::npos);
+    MK_ASSERT_OK(mk_sched_reset_stats(s.get()));
+    mk_stage_stats st;
+    MK_ASSERT_OK(mk_sched_stage_stats(s.get(), 0, &st));
+    EXPECT_EQ(st.steps, 0u);
+}
+
+} // namespace

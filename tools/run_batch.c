@@ -1,0 +1,298 @@
+/* meshkern run MODEL --prompts FILE: many sequences through a placed pipeline.
+ *
+ *   meshkern run MODEL --prompts FILE [--split auto|L1,L2,...] [--devices 0,1,...] [--batch M]
+ *                [--n N] [--stop IDS] [--seam local|wire] [--backend cpu|cuda] [--dtype f32|f16|bf16]
+ *                [--timeline FILE.json]
+ *
+ * FILE holds one prompt per line as comma-separated token ids (blank lines and lines
+ * starting with '#' are skipped). Each range runs on its own device (cuda) or worker
+ * thread (cpu); --batch sequences are in flight at once and the rest wait for a slot.
+ * Generation stops at --n tokens or at a stop id: the model's end-of-generation id when
+ * the GGUF names one, plus --stop. Prints the cuts and each stage's share, every
+ * sequence's tokens (and text), and the aggregate throughput and per-stage busy share. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli.h"
+#include "cli_text.h"
+#include "gguf.h"
+#include "model.h"
+#include "mk_error.h"
+
+#define MK_BATCH_MAX_LIST 64
+
+typedef struct batch_prompt {
+    int32_t *ids;
+    size_t n;
+} batch_prompt;
+
+typedef struct batch_args {
+    const char *model, *prompts, *timeline;
+    bool split_auto;
+    int64_t cuts[MK_BATCH_MAX_LIST];
+    size_t n_cuts;
+    int devices[MK_BATCH_MAX_LIST];
+    size_t n_devices;
+    int32_t stop[MK_BATCH_MAX_LIST];
+    size_t n_stop;
+    size_t batch, n_new;
+    mk_sched_seam seam;
+    mk_backend_config backend;
+} batch_args;
+
+bool mk_cli_is_batch_run(int argc, char **argv) {
+    for (int i = 0; i < argc; i++)
+        if (strcmp(argv[i], "--prompts") == 0) return true;
+    return false;
+}
+
+static double batch_now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* "a,b,c" of integers in [lo, hi] into out[cap]; false on anything else. */
+static bool parse_ints(const char *text, long long lo, long long hi, long long *out, size_t cap, size_t *n) {
+    *n = 0;
+    const char *p = text;
+    while (*p) {
+        char *end;
+        errno = 0;
+        const long long v = strtoll(p, &end, 10);
+        if (end == p || errno || v < lo || v > hi || *n == cap || (*end && *end != ',' && *end != '\n' && *end != '\r'))
+            return false;
+        out[(*n)++] = v;
+        p = *end == ',' ? end + 1 : end;
+        if (*p == '\n' || *p == '\r') break;
+    }
+    return *n > 0;
+}
+
+static bool parse_count(const char *v, size_t *out) {
+    char *end = NULL;
+    *out = v[0] >= '0' && v[0] <= '9' ? (size_t)strtoull(v, &end, 10) : 0;
+    return end && !*end && *out > 0;
+}
+
+static int parse_batch_args(int argc, char **argv, batch_args *a) {
+    memset(a, 0, sizeof *a);
+    a->model = argv[0];
+    a->batch = 8;
+    a->n_new = 16;
+    a->seam = MK_SCHED_SEAM_LOCAL;
+    a->backend = mk_backend_config_default(MK_BACKEND_CPU);
+    long long list[MK_BATCH_MAX_LIST];
+    size_t n;
+    for (int i = 1; i < argc; i += 2) {
+        const char *k = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!v) return mk_cli_usage();
+        if (strcmp(k, "--prompts") == 0) a->prompts = v;
+        else if (strcmp(k, "--timeline") == 0) a->timeline = v;
+        else if (strcmp(k, "--batch") == 0) { if (!parse_count(v, &a->batch)) return mk_cli_usage(); }
+        else if (strcmp(k, "--n") == 0) { if (!parse_count(v, &a->n_new)) return mk_cli_usage(); }
+        else if (strcmp(k, "--split") == 0) {
+            if (strcmp(v, "auto") == 0) a->split_auto = true;
+            else if (!parse_ints(v, 0, INT32_MAX, list, MK_BATCH_MAX_LIST, &n)) return mk_cli_usage();
+            else for (a->n_cuts = 0; a->n_cuts < n; a->n_cuts++) a->cuts[a->n_cuts] = list[a->n_cuts];
+        } else if (strcmp(k, "--devices") == 0) {
+            if (!parse_ints(v, 0, 1023, list, MK_BATCH_MAX_LIST, &n)) return mk_cli_usage();
+            for (a->n_devices = 0; a->n_devices < n; a->n_devices++) a->devices[a->n_devices] = (int)list[a->n_devices];
+        } else if (strcmp(k, "--stop") == 0) {
+            if (!parse_ints(v, 0, INT32_MAX, list, MK_BATCH_MAX_LIST, &n)) return mk_cli_usage();
+            for (a->n_stop = 0; a->n_stop < n; a->n_stop++) a->stop[a->n_stop] = (int32_t)list[a->n_stop];
+        } else if (strcmp(k, "--seam") == 0) {
+            if (strcmp(v, "local") == 0) a->seam = MK_SCHED_SEAM_LOCAL;
+            else if (strcmp(v, "wire") == 0) a->seam = MK_SCHED_SEAM_WIRE;
+            else return mk_cli_usage();
+        } else if (strcmp(k, "--backend") == 0) {
+            const mk_status s = mk_backend_kind_from_name(v, &a->backend.kind);
+            if (s != MK_OK) return mk_cli_fail(s);
+        } else if (strcmp(k, "--dtype") == 0) {
+            a->backend.weight_dtype = strcmp(v, "f16") == 0 ? MK_DTYPE_F16 : strcmp(v, "bf16") == 0 ? MK_DTYPE_BF16 : MK_DTYPE_F32;
+            if (a->backend.weight_dtype == MK_DTYPE_F32 && strcmp(v, "f32") != 0) return mk_cli_usage();
+        } else return mk_cli_usage();
+    }
+    if (!a->prompts) return mk_cli_usage();
+    return 0;
+}
+
+/* One prompt per line; *out is an array of *n prompts (free_prompts). */
+static mk_status read_prompts(const char *path, batch_prompt **out, size_t *n_out) {
+    *out = NULL;
+    *n_out = 0;
+    FILE *f = fopen(path, "r");
+    if (!f) return mk_fail(MK_ERR_IO, "cannot open prompts file %s: %s", path, strerror(errno));
+    batch_prompt *prompts = NULL;
+    size_t n = 0, cap = 0, line_no = 0;
+    char *line = NULL;
+    size_t line_cap = 0;
+    mk_status s = MK_OK;
+    while (s == MK_OK && getline(&line, &line_cap, f) >= 0) {
+        line_no++;
+        const char *p = line;
+        while (*p == ' ' || *p == '\t') p++;
+        if (*p == '\0' || *p == '\n' || *p == '\r' || *p == '#') continue;
+        size_t count = 1;
+        for (const char *q = p; *q; q++) count += *q == ',';
+        long long *ids = malloc(count * sizeof *ids);
+        size_t got = 0;
+        if (!ids) s = mk_fail(MK_ERR_OUT_OF_MEMORY, "out of memory reading prompts");
+        else if (!parse_ints(p, 0, INT32_MAX, ids, count, &got))
+            s = mk_fail(MK_ERR_INVALID_ARGUMENT, "%s:%zu: expected comma-separated token ids", path, line_no);
+        if (s == MK_OK && n == cap) {
+            cap = cap ? 2 * cap : 16;
+            batch_prompt *grown = realloc(prompts, cap * sizeof *grown);
+            if (!grown) s = mk_fail(MK_ERR_OUT_OF_MEMORY, "out of memory reading prompts");
+            else prompts = grown;
+        }
+        if (s == MK_OK) {
+            prompts[n].ids = malloc(got * sizeof(int32_t));
+            if (!prompts[n].ids) s = mk_fail(MK_ERR_OUT_OF_MEMORY, "out of memory reading prompts");
+            else {
+                for (size_t i = 0; i < got; i++) prompts[n].ids[i] = (int32_t)ids[i];
+                prompts[n++].n = got;
+            }
+        }
+        free(ids);
+    }
+    free(line);
+    fclose(f);
+    if (s == MK_OK && n == 0) s = mk_fail(MK_ERR_EMPTY_INPUT, "prompts file %s holds no prompt", path);
+    *out = prompts;
+    *n_out = n;
+    return s;
+}
+
+static void free_prompts(batch_prompt *p, size_t n) {
+    for (size_t i = 0; p && i < n; i++) free(p[i].ids);
+    free(p);
+}
+
+static mk_status write_timeline(const mk_sched *sched, const char *path) {
+    char *json = NULL;
+    size_t len = 0;
+    MK_TRY(mk_sched_timeline_json(sched, &json, &len));
+    FILE *f = fopen(path, "w");
+    const bool ok = f && fwrite(json, 1, len, f) == len;
+    if (f && fclose(f) != 0) return mk_fail(MK_ERR_IO, "cannot write %s", path);
+    mk_buffer_free(json);
+    return ok ? MK_OK : mk_fail(MK_ERR_IO, "cannot write %s: %s", path, strerror(errno));
+}
+
+static int run_batch(const batch_args *a, const mk_model *model, const batch_prompt *prompts, size_t n_prompts) {
+    const mk_hparams *hp = mk_model_hparams(model);
+    /* The model's end-of-generation id, when the file names one, stops a sequence too. */
+    int32_t stop[MK_BATCH_MAX_LIST + 1];
+    size_t n_stop = a->n_stop;
+    memcpy(stop, a->stop, n_stop * sizeof *stop);
+    uint32_t eos;
+    if (model->gguf && mk_gguf_get_u32(model->gguf, "tokenizer.ggml.eos_token_id", &eos) == MK_OK)
+        stop[n_stop++] = (int32_t)eos;
+    mk_clear_error();
+
+    size_t longest = 0;
+    for (size_t i = 0; i < n_prompts; i++) longest = prompts[i].n > longest ? prompts[i].n : longest;
+    mk_sched_options o = mk_sched_options_default();
+    o.range.backend = a->backend;
+    o.range.max_context = longest + a->n_new;
+    if (o.range.max_context > hp->max_context) o.range.max_context = hp->max_context;
+    o.range.max_batch_tokens = longest < o.range.max_context ? longest : o.range.max_context;
+    o.split_auto = a->split_auto || (a->n_cuts == 0 && a->n_devices > 1);
+    o.n_stages = a->n_devices ? a->n_devices : o.split_auto ? 2 : 1;
+    o.cuts = a->cuts;
+    o.n_cuts = a->n_cuts;
+    o.devices = a->n_devices ? a->devices : NULL;
+    o.n_devices = a->n_devices;
+    o.max_sequences = a->batch;
+    o.seam = a->seam;
+    o.timeline_capacity = a->timeline ? n_prompts * (a->n_new + 1) : 0;
+    mk_sched *sched = NULL;
+    mk_status s = mk_sched_create(model, &o, &sched);
+    if (s != MK_OK) return mk_cli_fail(s);
+    const size_t n_stages = mk_sched_stage_count(sched);
+    printf("pipeline: %zu stages, %zu sequences in flight, seam %s, backend %s\n", n_stages, a->batch,
+           a->seam == MK_SCHED_SEAM_WIRE ? "wire" : "local", a->backend.kind == MK_BACKEND_CUDA ? "cuda" : "cpu");
+    printf("cuts (%s):", o.split_auto ? "auto" : "given");
+    for (size_t i = 0; i + 1 < n_stages; i++) printf(" %lld", (long long)mk_range_end(mk_sched_stage_range(sched, i)));
+    printf("\n");
+    for (size_t i = 0; i < n_stages; i++) {
+        const mk_range *r = mk_sched_stage_range(sched, i);
+        printf("  stage %zu: layers %lld-%lld %-6s on %s %d, %.1f MiB, %.1f%% of the per-step cost\n", i,
+               (long long)mk_range_start(r), (long long)mk_range_end(r), mk_role_name(mk_range_role(r)),
+               a->backend.kind == MK_BACKEND_CUDA ? "device" : "worker",
+               a->backend.kind == MK_BACKEND_CUDA ? (o.devices ? o.devices[i] : (int)i) : (int)i,
+               (double)mk_range_weight_bytes(r) / 1048576.0, 100.0 * mk_sched_stage_share(sched, i));
+    }
+
+    uint64_t *ids = calloc(n_prompts, sizeof *ids);
+    int32_t *tokens = malloc(a->n_new * sizeof *tokens);
+    if (!ids || !tokens) s = mk_fail(MK_ERR_OUT_OF_MEMORY, "out of memory");
+    const double t0 = batch_now_s();
+    for (size_t i = 0; s == MK_OK && i < n_prompts; i++)
+        s = mk_sched_submit(sched, prompts[i].ids, prompts[i].n, a->n_new, stop, n_stop, &ids[i]);
+    if (s == MK_OK) s = mk_sched_wait_all(sched);
+    const double wall = batch_now_s() - t0;
+    int rc = s == MK_OK ? 0 : mk_cli_fail(s);
+    size_t generated = 0, failed = 0;
+    for (size_t i = 0; rc == 0 && i < n_prompts; i++) {
+        mk_seq_info info;
+        if (mk_sched_poll(sched, ids[i], &info, tokens, a->n_new) != MK_OK) continue;
+        generated += info.n_tokens;
+        printf("seq %zu (%zu prompt tokens): ", i + 1, prompts[i].n);
+        if (info.state == MK_SEQ_FAILED) {
+            failed++;
+            printf("FAILED %s: %s;", mk_status_name(info.status), info.error);
+        } else {
+            printf("%s,", info.stopped ? "stopped" : "limit");
+        }
+        printf(" %zu tokens:", info.n_tokens);
+        for (size_t k = 0; k < info.n_tokens; k++) printf(" %d", tokens[k]);
+        printf("\n  text: ");
+        mk_cli_print_text(stdout, model, tokens, info.n_tokens); /* "<id>" without a tokenizer */
+        printf("\n");
+    }
+    if (rc == 0) {
+        printf("aggregate: %zu tokens from %zu sequences in %.3f s: %.1f tokens/s%s\n", generated, n_prompts, wall,
+               (double)generated / wall, failed ? " (some sequences failed)" : "");
+        for (size_t i = 0; i < n_stages; i++) {
+            mk_stage_stats st;
+            if (mk_sched_stage_stats(sched, i, &st) == MK_OK)
+                printf("  stage %zu: %zu steps, busy %.1f%% of the run\n", i, st.steps,
+                       100.0 * (double)st.busy_ns / (wall * 1e9));
+        }
+        if (a->timeline) {
+            s = write_timeline(sched, a->timeline);
+            if (s != MK_OK) rc = mk_cli_fail(s);
+            else printf("timeline: %s\n", a->timeline);
+        }
+        if (failed) rc = 4;
+    }
+    free(ids);
+    free(tokens);
+    mk_sched_free(sched);
+    return rc;
+}
+
+int mk_cli_run_batch(int argc, char **argv) {
+    if (argc < 1) return mk_cli_usage();
+    batch_args a;
+    const int bad = parse_batch_args(argc, argv, &a);
+    if (bad) return bad;
+    batch_prompt *prompts = NULL;
+    size_t n_prompts = 0;
+    mk_status s = read_prompts(a.prompts, &prompts, &n_prompts);
+    if (s != MK_OK) {
+        free_prompts(prompts, n_prompts);
+        return mk_cli_fail(s);
+    }
+    mk_model *model = NULL;
+    s = mk_cli_open_model(a.model, &model);
+    int rc = s == MK_OK ? run_batch(&a, model, prompts, n_prompts) : mk_cli_fail(s);
+    mk_model_free(model);
+    free_prompts(prompts, n_prompts);
+    return rc;
+}
