@@ -77,7 +77,7 @@ static mk_status mk_varint(mk_cursor *c, uint64_t *out) {
 
 /* A length-delimited field: [p, p + n) within the cursor. */
 static mk_status mk_delimited(mk_cursor *c, mk_cursor *field) {
-    uint64_t n;
+    uint64_t n = 0;
     MK_TRY(mk_varint(c, &n));
     if (n > (uint64_t)(c->end - c->p)) return mk_bad("length past the end");
     field->p = c->p;
@@ -87,8 +87,8 @@ static mk_status mk_delimited(mk_cursor *c, mk_cursor *field) {
 }
 
 static mk_status mk_skip(mk_cursor *c, unsigned wire_type) {
-    uint64_t v;
-    mk_cursor f;
+    uint64_t v = 0;
+    mk_cursor f = {0};
     switch (wire_type) {
         case 0: return mk_varint(c, &v);
         case 1:
@@ -121,7 +121,7 @@ static mk_status mk_parse_tensor(mk_cursor c, Meshkern__V1__Tensor *t, uint64_t 
         uint64_t key, v;
         MK_TRY(mk_varint(&c, &key));
         const unsigned field = (unsigned)(key >> 3), wt = (unsigned)(key & 7);
-        mk_cursor f;
+        mk_cursor f = {0};
         switch (field) {
             case 1:
                 MK_TRY(mk_expect(wt, 2));
@@ -182,7 +182,7 @@ mk_status mk_bundle_view_parse(const uint8_t *bytes, size_t len, mk_bundle_view 
         MK_TRY(mk_varint(&c, &key));
         const unsigned field = (unsigned)(key >> 3), wt = (unsigned)(key & 7);
         if (field == 0) return mk_bad("field number 0");
-        mk_cursor f;
+        mk_cursor f = {0};
         switch (field) {
             case 1: MK_TRY(mk_expect(wt, 0)); MK_TRY(mk_varint(&c, &v)); m->schema_version = (uint32_t)v; break;
             case 2: MK_TRY(mk_expect(wt, 0)); MK_TRY(mk_varint(&c, &v)); m->architecture = (Meshkern__V1__ArchitectureType)(int32_t)v; break;
