@@ -35,6 +35,8 @@
 #include <cuda_runtime.h>
 #endif
 
+#include "bench_time.h"
+
 /* ---- options and results ----------------------------------------------------------------- */
 
 typedef struct {
@@ -68,12 +70,6 @@ static void add_unit(results *r, const char *name, const char *what, const char 
 
 static void add(results *r, const char *name, const char *what, double gbps, size_t bytes, size_t threads) {
     add_unit(r, name, what, "GB/s", gbps, bytes, threads);
-}
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 /* ---- host: memcpy and reads --------------------------------------------------------------- */

@@ -28,19 +28,9 @@
 #include "cpu_quant.h"
 #include "gguf.h"
 #include "meshkern.h"
+#include "bench_time.h"
 
 #define MAX_RUNS 15
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    const double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
 
 static double median(const double *v, size_t n) {
     double s[MAX_RUNS];

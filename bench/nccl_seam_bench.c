@@ -19,6 +19,7 @@
 #include <time.h>
 
 #include "meshkern.h"
+#include "bench_time.h"
 #include "nccl_comm.h"
 
 #ifdef MK_BENCH_CUDASIM
@@ -26,22 +27,6 @@
 #else
 #define FLAVOUR "device"
 #endif
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    const double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return v[n / 2];
-}
 
 #define CHECK_CUDA(x)                                                                          \
     do {                                                                                       \
@@ -147,7 +132,7 @@ int main(void) {
             CHECK_CUDA(cudaStreamSynchronize(ctx[0].stream));
             t_peer[r] = now_s() - t0;
         }
-        const double mn = median(t_nccl, runs), mp = median(t_peer, runs);
+        const double mn = median_in_place(t_nccl, runs), mp = median_in_place(t_peer, runs);
         printf("%-32s %10zu | %10.1f %9.2f | %10.1f %9.2f | %5.0f%%\n", cases[c].what, bytes, mn * 1e6,
                (double)bytes / mn * 1e-9, mp * 1e6, (double)bytes / mp * 1e-9, 100.0 * mp / mn);
         if (json)

@@ -19,12 +19,7 @@
 #include <time.h>
 
 #include "meshkern.h"
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
+#include "bench_time.h"
 
 static void loadavg(char *out, size_t cap) {
     FILE *f = fopen("/proc/loadavg", "r");

@@ -32,22 +32,7 @@
 #include <unistd.h>
 
 #include "meshkern.h"
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    const double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return v[n / 2];
-}
+#include "bench_time.h"
 
 static int die(const char *what) {
     fprintf(stderr, "seam_bench: %s: %s\n", what, mk_last_error());
@@ -77,7 +62,7 @@ static double memcpy_seconds(size_t bytes) {
         }
         if (r >= 0) t[r] = (now_s() - t0) / reps;
     }
-    const double m = median(t, runs);
+    const double m = median_in_place(t, runs);
     free(t);
     free(src);
     free(dst_block);
@@ -151,7 +136,7 @@ static double socket_seconds(mk_seam_kind kind, size_t bytes) {
         if (r >= 0) t[r] = now_s() - t0;
     }
     pthread_join(th, NULL);
-    const double m = median(t, runs);
+    const double m = median_in_place(t, runs);
     close(fds[0]);
     close(fds[1]);
     free(t);
@@ -211,7 +196,7 @@ static int bench_codec(FILE *json, int *first) {
                 }
             }
             const double gb = (double)bytes / 1e9;
-            const double cpy = gb / memcpy_seconds(bytes), pk = gb / median(t_pack, runs), un = gb / median(t_unpack, runs);
+            const double cpy = gb / memcpy_seconds(bytes), pk = gb / median_in_place(t_pack, runs), un = gb / median_in_place(t_unpack, runs);
             printf("%6zu %6zu %10.1f | %9.2f %9.2f %9.2f | %6.0f%% %6.0f%%\n", seq, hidden, bytes / 1024.0, cpy, pk, un,
                    100.0 * pk / cpy, 100.0 * un / cpy);
             fprintf(json,
@@ -305,7 +290,7 @@ static int bench_transports(mk_backend_kind backend, const char *only, FILE *jso
                 }
                 if (r >= 0) t[r] = dt;
             }
-            const double hop = median(t, runs);
+            const double hop = median_in_place(t, runs);
             const bool socket_kind = c->kind == MK_SEAM_UNIX || c->kind == MK_SEAM_TCP;
             const double ceil_s = socket_kind ? socket_seconds(c->kind, bytes) : t_copy;
             const double gb = (double)bytes / 1e9;
