@@ -580,7 +580,7 @@ static void mk_emit_header(const mk_range *r, const mk_sequence *seq, size_t row
 }
 
 /* The raw residual of `rows` rows of `seq` into a host bundle whose arrays hold them
- * (a fresh one, or the scheduler's preallocated slot). */
+ * (mk_range_forward's fresh one). */
 static mk_status mk_fill_bundle(mk_range *r, const mk_sequence *seq, size_t rows, const int32_t *positions,
                                 mk_bundle *bundle) {
     MK_TRY(r->backend->ops->download(r->backend, bundle->residual, r->act.x, rows * r->hp.hidden * sizeof(float)));
@@ -688,33 +688,33 @@ mk_status mk_range_forward(mk_range *r, mk_sequence *seq, const int32_t *token_i
     return MK_OK;
 }
 
-/* The scheduler's step path: mk_range_forward's checks and layers, emitted into buffers
- * the caller owns (a preallocated activation slot), so a step allocates nothing. */
+/* The scheduler's step path: mk_range_forward_boundary's checks and layers, the tail's
+ * logits and token written into buffers the caller owns (a preallocated activation slot),
+ * so a step allocates nothing. The boundaries stay in backend memory. */
 mk_status mk_range_forward_into(mk_range *r, mk_sequence *seq, const int32_t *token_ids, size_t n_tokens,
-                                const mk_bundle *bundle, mk_bundle *out_bundle, size_t out_capacity_rows,
-                                float *out_logits, int32_t *out_token) {
+                                const mk_boundary *in, mk_boundary *out, float *out_logits, int32_t *out_token) {
     if (!r || !seq) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_range_forward_into: NULL range or sequence");
     if (seq->range != r) return mk_fail(MK_ERR_INVALID_ARGUMENT, "sequence belongs to another range");
     const bool tail = mk_role_owns_final_head(r->role);
-    if (tail ? !out_logits || !out_token : !out_bundle || out_bundle->h.hidden != r->hp.hidden)
+    if (tail ? !out_logits || !out_token : !out)
         return mk_fail(MK_ERR_INVALID_ARGUMENT, "%s range needs %s", mk_role_name(r->role),
-                       tail ? "logits and token buffers" : "an output bundle of the model's hidden width");
-    MK_TRY(mk_check_input_kind(r, token_ids, n_tokens, bundle != NULL));
-    const size_t rows = bundle ? bundle->h.rows : n_tokens;
-    if (bundle) MK_TRY(mk_check_bundle(r, seq, bundle));
+                       tail ? "logits and token buffers" : "an output boundary");
+    if ((in && in->range != r) || (out && out->range != r))
+        return mk_fail(MK_ERR_INVALID_ARGUMENT, "boundary belongs to another range");
+    MK_TRY(mk_check_input_kind(r, token_ids, n_tokens, in != NULL));
+    const size_t rows = in ? in->h.rows : n_tokens;
+    if (in) MK_TRY(mk_range_check_boundary(r, seq, &in->h));
     else MK_TRY(mk_check_rows(r, seq, rows));
-    if (!tail && (rows > out_capacity_rows || rows > out_bundle->cap_rows))
-        return mk_fail(MK_ERR_INVALID_ARGUMENT, "forward of %zu rows exceeds the output slot's %zu rows", rows,
-                       out_capacity_rows < out_bundle->cap_rows ? out_capacity_rows : out_bundle->cap_rows);
     mk_backend *b = r->backend;
-    if (bundle) MK_TRY(b->ops->upload(b, r->act.x, bundle->residual, rows * r->hp.hidden * sizeof(float)));
+    if (in) MK_TRY(b->ops->copy(b, r->act.x, in->payload, rows * r->hp.hidden * sizeof(float)));
     MK_TRY(mk_forward_inputs(r, seq, token_ids, rows));
     if (tail) {
         MK_TRY(mk_tail_compute(r, rows));
         MK_TRY(b->ops->download(b, out_logits, r->act.logits, r->hp.vocab * sizeof(float)));
         MK_TRY(b->ops->download(b, out_token, r->act.token, sizeof(int32_t)));
     } else {
-        MK_TRY(mk_fill_bundle(r, seq, rows, r->host_positions, out_bundle));
+        MK_TRY(b->ops->copy(b, out->payload, r->act.x, rows * r->hp.hidden * sizeof(float)));
+        mk_emit_header(r, seq, rows, &out->h);
     }
     seq->length += rows;
     seq->steps++;

@@ -696,19 +696,26 @@ MK_API mk_status mk_pipeline_create_placed(const mk_model *model, const int64_t 
 /* The multi-device single-node pipeline: a model cut into ranges, each range on its own
  * device (cuda) or worker thread (cpu), many sequences in flight. Every stage has its own
  * host thread and its range's own stream; neighbouring stages are joined by a bounded
- * queue that carries the boundary of one micro-batch (one step of one sequence), so
- * while range i computes a step of sequence m, range i+1 computes a step of another.
- * Each range keeps a KV cache per sequence slot and each slot one preallocated
- * activation buffer per seam: a step allocates nothing on the in-process seam.
+ * queue that says which micro-batch (one step of one sequence) comes next and by a seam
+ * transport that carries its boundary, so while range i computes a step of sequence m,
+ * range i+1 computes a step of another. Each range keeps a KV cache per sequence slot and
+ * each slot one preallocated boundary (backend memory) per seam: a step allocates nothing.
  * A sequence leaves on a stop id or its token limit and a queued one takes its slot. */
 
 typedef struct mk_sched mk_sched;
 
-/* How the boundary crosses each seam. */
-typedef enum mk_sched_seam {
-    MK_SCHED_SEAM_LOCAL = 0, /* handed over in process, no copy */
-    MK_SCHED_SEAM_WIRE = 1,  /* packed to protobuf bytes and unpacked, as between peers */
-} mk_sched_seam;
+/* How the boundary crosses each seam between neighbouring stages: mk_sched_options.seam
+ * is a transport of the seams API (mk_seam_kind) or 0 for the placement rule:
+ *   0      NCCL between stages on distinct cuda devices where this build has NCCL, else
+ *          LOCAL (a device-to-device copy; a memcpy on the cpu backend)
+ *   LOCAL  device-to-device copy on the stages' streams
+ *   WIRE   the TensorBundle packed to protobuf bytes and unpacked (a host-staged run)
+ *   UNIX, TCP  a stream connection per seam inside this process (a socketpair or a
+ *          loopback TCP connection between the two stage threads): pinned staging,
+ *          TensorBundle frames
+ *   NCCL   a two-rank communicator per seam (cuda backend, distinct devices)
+ * A transport that cannot join two stages (NCCL on the cpu backend or on one device, or in
+ * a build without NCCL) fails mk_sched_create with its status. */
 
 /* Called on the tail stage's thread for each generated token, in order per sequence;
  * `logits` [vocab] is valid only during the call. Must not call back into the mk_sched. */
@@ -726,7 +733,7 @@ typedef struct mk_sched_options {
     const int *devices;        /* device of each range [n_devices]; NULL = range i on device i */
     size_t n_devices;
     size_t max_sequences;      /* sequences in flight (KV and activation slots); default 8 */
-    mk_sched_seam seam;        /* default MK_SCHED_SEAM_LOCAL */
+    mk_seam_kind seam;         /* 0 (default): the placement rule above */
     mk_sched_token_fn on_token; /* optional */
     void *user;
     size_t timeline_capacity;  /* step records kept per stage for the timeline (later steps
@@ -746,6 +753,11 @@ MK_API size_t mk_sched_stage_count(const mk_sched *sched);
 MK_API const mk_range *mk_sched_stage_range(const mk_sched *sched, size_t stage);
 /* Stage i's share of the per-step cost the cuts were balanced on (sums to 1). */
 MK_API double mk_sched_stage_share(const mk_sched *sched, size_t stage);
+/* The transport of seam i (between stage i and i + 1) as built (the placement rule
+ * resolved); 0 for an index past the last seam. */
+MK_API mk_seam_kind mk_sched_seam_kind(const mk_sched *sched, size_t seam);
+/* Bytes seam i's receiving ends took so far (0 past the last seam). */
+MK_API size_t mk_sched_seam_bytes(const mk_sched *sched, size_t seam);
 
 /* Queue a sequence: prompt [n_prompt] token ids (copied), at most max_new_tokens
  * generated, stopping early after any id in stop_ids [n_stop] (copied; e.g. the model's

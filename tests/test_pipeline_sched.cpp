@@ -16,7 +16,7 @@ mk_range_options cpu_options() {
     return o;
 }
 
-mk_sched_options sched_options(size_t in_flight, const std::vector<int64_t> *cuts, mk_sched_seam seam) {
+mk_sched_options sched_options(size_t in_flight, const std::vector<int64_t> *cuts, mk_seam_kind seam) {
     mk_sched_options o = mk_sched_options_default();
     o.range = cpu_options();
     o.max_sequences = in_flight;
@@ -145,7 +145,7 @@ TEST(PipelineSched, EverySequenceMatchesItsWholeModelRunForOneToEightInFlight) {
             const std::vector<int64_t> two = {2};
             for (int variant = 0; variant < 2; variant++) {
                 mk_sched_options o = sched_options(m, variant == 0 ? &two : nullptr,
-                                                   variant == 0 ? MK_SCHED_SEAM_WIRE : MK_SCHED_SEAM_LOCAL);
+                                                   variant == 0 ? MK_SEAM_WIRE : MK_SEAM_LOCAL);
                 if (variant == 1) {
                     o.split_auto = true;
                     o.n_stages = 3;
@@ -165,12 +165,61 @@ TEST(PipelineSched, EverySequenceMatchesItsWholeModelRunForOneToEightInFlight) {
     }
 }
 
+// Every transport of the seams API joins the stages (3 balanced stages, so two seams, each
+// a stream connection / copy / pack of its own): 1..8 sequences in flight, nine sequences
+// rotated through the slots, each bit-identical to its whole-model run. 0 is the placement
+// rule (local on the cpu backend).
+TEST(PipelineSched, EverySeamTransportMatchesWholeForOneToEightInFlight) {
+    ModelPtr model = make_random_model(gqa_tied_hparams());
+    const std::vector<SeqSpec> pool = mixed_specs(model.get(), cpu_options(), 9, 21, 5);
+    ReferenceCache refs;
+    for (mk_seam_kind kind : {MK_SEAM_UNIX, MK_SEAM_TCP, MK_SEAM_LOCAL, MK_SEAM_WIRE, (mk_seam_kind)0}) {
+        for (size_t m = 1; m <= 8; m++) {
+            std::vector<SeqSpec> specs;
+            for (size_t k = 0; k <= m; k++) specs.push_back(pool[(m + k) % pool.size()]);
+            mk_sched_options o = sched_options(m, nullptr, kind);
+            o.split_auto = true;
+            o.n_stages = 3;
+            Collector c;
+            SchedPtr s = make_sched(model.get(), o, &c);
+            ASSERT_TRUE(s);
+            const mk_seam_kind built = kind ? kind : MK_SEAM_LOCAL;
+            EXPECT_EQ(mk_sched_seam_kind(s.get(), 0), built);
+            EXPECT_EQ(mk_sched_seam_kind(s.get(), 1), built);
+            EXPECT_EQ(mk_sched_seam_kind(s.get(), 2), (mk_seam_kind)0) << "past the last seam";
+            const std::vector<uint64_t> ids = submit_all(s.get(), specs);
+            ASSERT_TRUE(wait_all_within(s.get(), 120));
+            const std::string what = std::string(mk_seam_kind_name(built)) + " m=" + std::to_string(m);
+            expect_all_match_whole(model.get(), cpu_options(), specs, collect(s.get(), &c, ids), what, &refs);
+            if (HasFatalFailure()) return;
+            size_t rows = 0; // every boundary crossed both seams: its rows as f32 at least
+            for (const SeqSpec &sp : specs) rows += sp.prompt.size();
+            EXPECT_GE(mk_sched_seam_bytes(s.get(), 1), rows * mk_model_hparams(model.get())->hidden * sizeof(float))
+                << what;
+        }
+    }
+}
+
+// NCCL needs the cuda backend on distinct devices: on the cpu backend it is refused clearly.
+TEST(PipelineSched, NcclSeamOnTheCpuBackendIsRefused) {
+    ModelPtr model = make_random_model(mk_hparams_seed_default());
+    mk_sched_options o = sched_options(2, nullptr, MK_SEAM_NCCL);
+    o.split_auto = true;
+    o.n_stages = 2;
+    mk_sched *s = nullptr;
+    const mk_status st = mk_sched_create(model.get(), &o, &s);
+    EXPECT_EQ(st, MK_ERR_UNSUPPORTED);
+    EXPECT_EQ(s, nullptr);
+    const std::string err = mk_last_error();
+    EXPECT_TRUE(err.find("cpu backend") != std::string::npos || err.find("no NCCL seam") != std::string::npos) << err;
+}
+
 // The pipeline stays usable: a second wave on the same mk_sched (slots reused, caches reset).
 TEST(PipelineSched, SecondWaveOnTheSameSlotsMatches) {
     ModelPtr model = make_random_model(gqa_tied_hparams());
     const std::vector<int64_t> cuts = {1, 3};
     Collector c;
-    SchedPtr s = make_sched(model.get(), sched_options(3, &cuts, MK_SCHED_SEAM_LOCAL), &c);
+    SchedPtr s = make_sched(model.get(), sched_options(3, &cuts, MK_SEAM_LOCAL), &c);
     ASSERT_TRUE(s);
     for (uint32_t wave = 0; wave < 2; wave++) {
         const std::vector<SeqSpec> specs = mixed_specs(model.get(), cpu_options(), 5, 40 + wave);
@@ -189,7 +238,7 @@ TEST(PipelineSched, ABadSequenceFailsAloneAndTheOthersMatch) {
     specs[2].prompt[0] = 4000; // outside the vocabulary of 48
     const std::vector<int64_t> cuts = {2};
     Collector c;
-    SchedPtr s = make_sched(model.get(), sched_options(3, &cuts, MK_SCHED_SEAM_LOCAL), &c);
+    SchedPtr s = make_sched(model.get(), sched_options(3, &cuts, MK_SEAM_LOCAL), &c);
     ASSERT_TRUE(s);
     const std::vector<uint64_t> ids = submit_all(s.get(), specs);
     ASSERT_TRUE(wait_all_within(s.get(), 60));
@@ -207,7 +256,7 @@ TEST(PipelineSched, ABadSequenceFailsAloneAndTheOthersMatch) {
 TEST(PipelineSched, SubmitRefusesWhatCannotRun) {
     ModelPtr model = make_random_model(mk_hparams_seed_default());
     Collector c;
-    mk_sched_options o = sched_options(2, nullptr, MK_SCHED_SEAM_LOCAL);
+    mk_sched_options o = sched_options(2, nullptr, MK_SEAM_LOCAL);
     o.range.max_batch_tokens = 8;
     SchedPtr s = make_sched(model.get(), o, &c);
     ASSERT_TRUE(s);
@@ -227,7 +276,7 @@ TEST(PipelineSched, ContextOverflowFailsThatSequenceOnly) {
     ModelPtr model = make_random_model(mk_hparams_seed_default());
     mk_range_options ro = cpu_options();
     ro.max_context = 12;
-    mk_sched_options o = sched_options(2, nullptr, MK_SCHED_SEAM_LOCAL);
+    mk_sched_options o = sched_options(2, nullptr, MK_SEAM_LOCAL);
     o.range = ro;
     o.split_auto = true;
     o.n_stages = 2;
@@ -248,13 +297,17 @@ TEST(PipelineSched, ContextOverflowFailsThatSequenceOnly) {
 
 // ============================================================== faults ==
 
-// One failed step (injected) on stage 1 fails exactly the sequence it belonged to.
-TEST(PipelineSched, InjectedStepFailureFailsOneSequenceAndTheOthersMatch) {
+// One failed step (injected) on stage 1 fails exactly the sequence it belonged to. Over a
+// socket the failing stage still consumed that step's frame: the stream stays in step and
+// the survivors' boundaries are the right ones.
+class PipelineSchedSeam : public ::testing::TestWithParam<mk_seam_kind> {};
+
+TEST_P(PipelineSchedSeam, InjectedStepFailureFailsOneSequenceAndTheOthersMatch) {
     ModelPtr model = make_random_model(gqa_tied_hparams());
     const std::vector<SeqSpec> specs = mixed_specs(model.get(), cpu_options(), 7, 5);
     const std::vector<int64_t> cuts = {1, 3};
     Collector c;
-    SchedPtr s = make_sched(model.get(), sched_options(4, &cuts, MK_SCHED_SEAM_WIRE), &c);
+    SchedPtr s = make_sched(model.get(), sched_options(4, &cuts, GetParam()), &c);
     ASSERT_TRUE(s);
     MK_ASSERT_OK(mk_sched_inject_fault(s.get(), 1, 6, false));
     const std::vector<uint64_t> ids = submit_all(s.get(), specs);
@@ -286,7 +339,7 @@ TEST(PipelineSched, InjectedStepFailureFailsOneSequenceAndTheOthersMatch) {
 // Stage 1 dies mid-run (every step from its 4th on fails, as on a lost device): the
 // sequences it holds fail with a clear status, nothing hangs, finished outputs stay intact,
 // and later submissions fail the same way.
-TEST(PipelineSched, StageThatDiesFailsItsSequencesWithoutHangingOrLosingFinishedOutputs) {
+TEST_P(PipelineSchedSeam, StageThatDiesFailsItsSequencesWithoutHangingOrLosingFinishedOutputs) {
     ModelPtr model = make_random_model(mk_hparams_seed_default());
     const std::vector<SeqSpec> specs = {{{5, 6, 7}, 1, {}},      // done after its prefill
                                         {{9, 1}, 30, {}},        // running when the stage dies
@@ -294,7 +347,7 @@ TEST(PipelineSched, StageThatDiesFailsItsSequencesWithoutHangingOrLosingFinished
                                         {{13}, 6, {}}};
     const std::vector<int64_t> cuts = {2, 4};
     Collector c;
-    SchedPtr s = make_sched(model.get(), sched_options(2, &cuts, MK_SCHED_SEAM_LOCAL), &c);
+    SchedPtr s = make_sched(model.get(), sched_options(2, &cuts, GetParam()), &c);
     ASSERT_TRUE(s);
     MK_ASSERT_OK(mk_sched_inject_fault(s.get(), 1, 4, true));
     const std::vector<uint64_t> ids = submit_all(s.get(), specs);
@@ -316,11 +369,17 @@ TEST(PipelineSched, StageThatDiesFailsItsSequencesWithoutHangingOrLosingFinished
     EXPECT_NE(late_results[0].error.find("stage 1 is down"), std::string::npos) << late_results[0].error;
 }
 
+INSTANTIATE_TEST_SUITE_P(Transports, PipelineSchedSeam,
+                         ::testing::Values(MK_SEAM_LOCAL, MK_SEAM_WIRE, MK_SEAM_UNIX, MK_SEAM_TCP),
+                         [](const ::testing::TestParamInfo<mk_seam_kind> &p) {
+                             return std::string(mk_seam_kind_name(p.param));
+                         });
+
 // Freeing with sequences in flight neither hangs nor leaks (ASan build).
 TEST(PipelineSched, FreeWithSequencesInFlightReturns) {
     ModelPtr model = make_random_model(mk_hparams_seed_default());
     const std::vector<int64_t> cuts = {0, 2, 4};
-    for (mk_sched_seam seam : {MK_SCHED_SEAM_LOCAL, MK_SCHED_SEAM_WIRE}) {
+    for (mk_seam_kind seam : {MK_SEAM_LOCAL, MK_SEAM_WIRE, MK_SEAM_UNIX, MK_SEAM_TCP}) {
         Collector c;
         SchedPtr s = make_sched(model.get(), sched_options(3, &cuts, seam), &c);
         ASSERT_TRUE(s);
@@ -368,7 +427,7 @@ TEST(PipelineSched, OptionsAreChecked) {
 // every stage and sequence.
 TEST(PipelineSched, TimelineHasOneRecordPerStepAndStage) {
     ModelPtr model = make_random_model(mk_hparams_seed_default());
-    mk_sched_options o = sched_options(4, nullptr, MK_SCHED_SEAM_LOCAL);
+    mk_sched_options o = sched_options(4, nullptr, MK_SEAM_LOCAL);
     o.split_auto = true;
     o.n_stages = 2;
     o.timeline_capacity = 256;

@@ -48,7 +48,7 @@ static int usage(void) {
             "  GGUF model); f32 is the parity mode. --threads: cpu threads (default: every core).\n"
             "  --kv f16 halves the cpu backend's KV cache.\n"
             "  meshkern run MODEL --prompts FILE [--split auto|L1,L2,...] [--devices 0,1,...] [--batch M]\n"
-            "               [--n N] [--stop IDS] [--seam local|wire] [--backend cpu|cuda] [--dtype ...]\n"
+            "               [--n N] [--stop IDS] [--seam auto|local|wire|unix|tcp|nccl] [--backend cpu|cuda] [--dtype ...]\n"
             "               [--timeline FILE.json]   FILE: one prompt per line, comma-separated token ids\n"
             "  --random is the seed's random model (vocab 48, hidden 32, 6 layers, 4 heads); keys\n"
             "  vocab, hidden, layers, heads, kv_heads, head_dim, ffn, ctx, seed change its shape.\n");

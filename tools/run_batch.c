@@ -1,7 +1,7 @@
 /* meshkern run MODEL --prompts FILE: many sequences through a placed pipeline.
  *
  *   meshkern run MODEL --prompts FILE [--split auto|L1,L2,...] [--devices 0,1,...] [--batch M]
- *                [--n N] [--stop IDS] [--seam local|wire] [--backend cpu|cuda] [--dtype f32|f16|bf16]
+ *                [--n N] [--stop IDS] [--seam auto|local|wire|unix|tcp|nccl] [--backend cpu|cuda] [--dtype f32|f16|bf16]
  *                [--timeline FILE.json]
  *
  * FILE holds one prompt per line as comma-separated token ids (blank lines and lines
@@ -39,7 +39,7 @@ typedef struct batch_args {
     int32_t stop[MK_BATCH_MAX_LIST];
     size_t n_stop;
     size_t batch, n_new;
-    mk_sched_seam seam;
+    mk_seam_kind seam; /* 0: the placement rule */
     mk_backend_config backend;
 } batch_args;
 
@@ -83,7 +83,7 @@ static int parse_batch_args(int argc, char **argv, batch_args *a) {
     a->model = argv[0];
     a->batch = 8;
     a->n_new = 16;
-    a->seam = MK_SCHED_SEAM_LOCAL;
+    a->seam = 0;
     a->backend = mk_backend_config_default(MK_BACKEND_CPU);
     long long list[MK_BATCH_MAX_LIST];
     size_t n;
@@ -105,9 +105,11 @@ static int parse_batch_args(int argc, char **argv, batch_args *a) {
             if (!parse_ints(v, 0, INT32_MAX, list, MK_BATCH_MAX_LIST, &n)) return mk_cli_usage();
             for (a->n_stop = 0; a->n_stop < n; a->n_stop++) a->stop[a->n_stop] = (int32_t)list[a->n_stop];
         } else if (strcmp(k, "--seam") == 0) {
-            if (strcmp(v, "local") == 0) a->seam = MK_SCHED_SEAM_LOCAL;
-            else if (strcmp(v, "wire") == 0) a->seam = MK_SCHED_SEAM_WIRE;
-            else return mk_cli_usage();
+            if (strcmp(v, "auto") == 0) a->seam = 0;
+            else {
+                const mk_status s = mk_seam_kind_from_name(v, &a->seam);
+                if (s != MK_OK) return mk_cli_fail(s);
+            }
         } else if (strcmp(k, "--backend") == 0) {
             const mk_status s = mk_backend_kind_from_name(v, &a->backend.kind);
             if (s != MK_OK) return mk_cli_fail(s);
@@ -214,8 +216,9 @@ static int run_batch(const batch_args *a, const mk_model *model, const batch_pro
     mk_status s = mk_sched_create(model, &o, &sched);
     if (s != MK_OK) return mk_cli_fail(s);
     const size_t n_stages = mk_sched_stage_count(sched);
-    printf("pipeline: %zu stages, %zu sequences in flight, seam %s, backend %s\n", n_stages, a->batch,
-           a->seam == MK_SCHED_SEAM_WIRE ? "wire" : "local", a->backend.kind == MK_BACKEND_CUDA ? "cuda" : "cpu");
+    printf("pipeline: %zu stages, %zu sequences in flight, seam %s%s, backend %s\n", n_stages, a->batch,
+           n_stages > 1 ? mk_seam_kind_name(mk_sched_seam_kind(sched, 0)) : "none", a->seam ? "" : " (auto)",
+           a->backend.kind == MK_BACKEND_CUDA ? "cuda" : "cpu");
     printf("cuts (%s):", o.split_auto ? "auto" : "given");
     for (size_t i = 0; i + 1 < n_stages; i++) printf(" %lld", (long long)mk_range_end(mk_sched_stage_range(sched, i)));
     printf("\n");

@@ -8,6 +8,7 @@
 #include "mk_error.h"
 #include "range.h"
 #include "sched.h"
+#include "seam/seam.h"
 
 #define MK_SCHED_DEFAULT_SEQUENCES 8
 
@@ -17,7 +18,7 @@ mk_sched_options mk_sched_options_default(void) {
     o.struct_size = sizeof o;
     o.range = mk_range_options_default();
     o.max_sequences = MK_SCHED_DEFAULT_SEQUENCES;
-    o.seam = MK_SCHED_SEAM_LOCAL;
+    o.seam = 0; /* the placement rule (mk_sched_link_kind) */
     return o;
 }
 
@@ -59,9 +60,8 @@ static mk_status mk_sched_shares(mk_sched *s, const int64_t *cuts) {
 
 /* ================================================================= create == */
 
-static mk_status mk_sched_items(mk_sched *s, const mk_sched_options *o) {
-    const mk_range *head = s->stages[0].range;
-    const size_t rows = mk_range_max_rows(head), hidden = mk_model_hparams(s->model)->hidden;
+/* Each slot's item: stage i's output boundary for every seam, the tail's logits. */
+static mk_status mk_sched_items(mk_sched *s) {
     s->items = calloc(s->n_slots, sizeof *s->items);
     s->free_slots = calloc(s->n_slots, sizeof *s->free_slots);
     if (!s->items || !s->free_slots) return mk_fail(MK_ERR_OUT_OF_MEMORY, "pipeline: out of memory");
@@ -70,25 +70,28 @@ static mk_status mk_sched_items(mk_sched *s, const mk_sched_options *o) {
         it->slot = i;
         s->free_slots[s->n_free++] = s->n_slots - 1 - i; /* slot 0 is taken first */
         it->logits = malloc(s->vocab * sizeof(float));
-        if (!it->logits) return mk_fail(MK_ERR_OUT_OF_MEMORY, "pipeline: out of memory for logits");
-        if (s->n_stages == 1) continue; /* a whole-model stage has no seam */
-        it->act_rows = rows;
-        for (int k = 0; k < 2; k++) {
-            MK_TRY(mk_bundle_create(1, rows, hidden, &it->act[k]));
-            /* the metadata a full slot is packed with, so its packed size bounds any step */
-            mk_boundary_header h = *mk_bundle_header(it->act[k]);
-            memcpy(h.recipe_digest, mk_range_recipe_digest(head), sizeof h.recipe_digest);
-            h.next_layer = (int64_t)mk_model_hparams(s->model)->n_layers;
-            MK_TRY(mk_bundle_set_header(it->act[k], &h));
-        }
-        if (o->seam == MK_SCHED_SEAM_WIRE) {
-            it->wire_cap = mk_bundle_packed_size(it->act[0]) + 64;
-            it->wire = malloc(it->wire_cap);
-            if (!it->wire) return mk_fail(MK_ERR_OUT_OF_MEMORY, "pipeline: out of memory for the wire slot");
-        }
+        it->out = calloc(s->n_stages, sizeof *it->out);
+        if (!it->logits || !it->out) return mk_fail(MK_ERR_OUT_OF_MEMORY, "pipeline: out of memory for a slot");
+        for (size_t k = 0; k + 1 < s->n_stages; k++) MK_TRY(mk_boundary_create(s->stages[k].range, &it->out[k]));
     }
     s->stop_items[0].kind = MK_ITEM_STOP;
     return MK_OK;
+}
+
+/* The placement rule for the seam between ranges a and b: NCCL between cuda ranges on
+ * distinct devices where the build has it, else a local device-to-device copy (a memcpy
+ * on the cpu backend). An explicit choice is taken as given. */
+static mk_status mk_sched_link(mk_sched *s, size_t i, mk_seam_kind asked) {
+    mk_range *a = s->stages[i].range, *b = s->stages[i + 1].range;
+    mk_stage_link *link = &s->links[i];
+    if (asked) return mk_stage_link_init(link, asked, a, b, s->n_slots);
+    const mk_backend_config *ca = &mk_range_backend(a)->config, *cb = &mk_range_backend(b)->config;
+    if (ca->kind == MK_BACKEND_CUDA && cb->kind == MK_BACKEND_CUDA && ca->device != cb->device) {
+        const mk_status st = mk_stage_link_init(link, MK_SEAM_NCCL, a, b, s->n_slots);
+        if (st != MK_ERR_UNSUPPORTED) return st; /* joined, or a real failure */
+        mk_stage_link_destroy(link);
+    }
+    return mk_stage_link_init(link, MK_SEAM_LOCAL, a, b, s->n_slots);
 }
 
 static mk_status mk_sched_build(mk_sched *s, const mk_sched_options *o, const int64_t *cuts) {
@@ -97,7 +100,6 @@ static mk_status mk_sched_build(mk_sched *s, const mk_sched_options *o, const in
     s->links = calloc(s->n_stages > 1 ? s->n_stages - 1 : 1, sizeof *s->links);
     if (!s->stages || !s->links) return mk_fail(MK_ERR_OUT_OF_MEMORY, "pipeline: out of memory");
     MK_TRY(mk_queue_init(&s->inbox0, s->n_slots + 1));
-    for (size_t i = 0; i + 1 < s->n_stages; i++) MK_TRY(mk_stage_link_init(&s->links[i], o->seam, s->n_slots + 1));
     int64_t start = 0;
     for (size_t i = 0; i < s->n_stages; i++) {
         mk_sched_stage *st = &s->stages[i];
@@ -114,14 +116,16 @@ static mk_status mk_sched_build(mk_sched *s, const mk_sched_options *o, const in
         st->seqs = calloc(s->n_slots, sizeof *st->seqs);
         if (!st->seqs) return mk_fail(MK_ERR_OUT_OF_MEMORY, "pipeline: out of memory");
         for (size_t k = 0; k < s->n_slots; k++) MK_TRY(mk_sequence_open(st->range, &st->seqs[k]));
+        if (i > 0) MK_TRY(mk_boundary_create(st->range, &st->in));
         if (o->timeline_capacity) {
             st->timeline = calloc(o->timeline_capacity, sizeof *st->timeline);
             if (!st->timeline) return mk_fail(MK_ERR_OUT_OF_MEMORY, "pipeline: out of memory for the timeline");
             st->timeline_cap = o->timeline_capacity;
         }
     }
+    for (size_t i = 0; i + 1 < s->n_stages; i++) MK_TRY(mk_sched_link(s, i, o->seam));
     MK_TRY(mk_sched_shares(s, cuts));
-    MK_TRY(mk_sched_items(s, o));
+    MK_TRY(mk_sched_items(s));
     for (size_t i = 0; i < s->n_stages; i++) {
         if (pthread_create(&s->stages[i].thread, NULL, mk_stage_main, &s->stages[i]) != 0)
             return mk_fail(MK_ERR_INTERNAL, "pipeline: cannot start the worker of stage %zu", i);
@@ -195,8 +199,18 @@ void mk_sched_free(mk_sched *s) {
         }
         for (size_t i = 0; i < s->n_stages; i++)
             if (s->stages[i].started) pthread_join(s->stages[i].thread, NULL);
+        /* The seams and boundaries use their ranges' backends: they go first. */
+        for (size_t i = 0; s->links && i + 1 < s->n_stages; i++) mk_stage_link_destroy(&s->links[i]);
+        if (s->items)
+            for (size_t i = 0; i < s->n_slots; i++) {
+                mk_sched_item *it = &s->items[i];
+                for (size_t k = 0; it->out && k + 1 < s->n_stages; k++) mk_boundary_free(it->out[k]);
+                free(it->out);
+                free(it->logits);
+            }
         for (size_t i = 0; i < s->n_stages; i++) {
             mk_sched_stage *st = &s->stages[i];
+            mk_boundary_free(st->in);
             if (st->seqs)
                 for (size_t k = 0; k < s->n_slots; k++) mk_sequence_close(st->seqs[k]);
             free(st->seqs);
@@ -204,16 +218,6 @@ void mk_sched_free(mk_sched *s) {
             mk_range_free(st->range);
         }
     }
-    if (s->items)
-        for (size_t i = 0; i < s->n_slots; i++) {
-            mk_sched_item *it = &s->items[i];
-            mk_bundle_free(it->act[0]);
-            mk_bundle_free(it->act[1]);
-            mk_bundle_free(it->received);
-            free(it->wire);
-            free(it->logits);
-        }
-    for (size_t i = 0; s->links && i + 1 < s->n_stages; i++) mk_stage_link_destroy(&s->links[i]);
     mk_queue_destroy(&s->inbox0);
     for (size_t i = 0; i < s->n_requests; i++) {
         mk_sched_request *r = s->requests[i];
@@ -236,7 +240,20 @@ size_t mk_sched_stage_count(const mk_sched *s) { return s ? s->n_stages : 0; }
 const mk_range *mk_sched_stage_range(const mk_sched *s, size_t i) {
     return s && i < s->n_stages ? s->stages[i].range : NULL;
 }
-double mk_sched_stage_share(const mk_sched *s, size_t i) { return s && i < s->n_stages ? s->stages[i].share : 0.0; }
+double mk_sched_stage_share(const mk_sched *s, size_t i) {
+    mk_clear_error();
+    return s && i < s->n_stages ? s->stages[i].share : 0.0;
+}
+
+mk_seam_kind mk_sched_seam_kind(const mk_sched *s, size_t i) {
+    mk_clear_error();
+    return s && i + 1 < s->n_stages ? s->links[i].kind : (mk_seam_kind)0;
+}
+
+size_t mk_sched_seam_bytes(const mk_sched *s, size_t i) {
+    mk_clear_error();
+    return s && i + 1 < s->n_stages ? mk_stage_link_bytes(&s->links[i]) : 0;
+}
 
 /* ============================================================= admission == */
 

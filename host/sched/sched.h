@@ -46,9 +46,10 @@ typedef enum mk_item_kind {
 
 typedef struct mk_sched_request mk_sched_request;
 
-/* One micro-batch in flight: one step of the sequence in slot `slot`. Its activation
- * buffers are preallocated: two boundaries used in turn (stage i writes act[i % 2], stage
- * i + 1 reads it and writes the other), the wire bytes, the tail's logits. */
+/* One micro-batch in flight: one step of the sequence in slot `slot`. Its buffers are
+ * preallocated: out[i] is stage i's output boundary (in stage i's backend memory) for this
+ * slot, kept until the next stage has taken it (or, on a FIFO transport, sent it); the
+ * tail's logits and token. */
 typedef struct mk_sched_item {
     mk_item_kind kind;
     size_t slot;
@@ -56,38 +57,48 @@ typedef struct mk_sched_item {
     const int32_t *tokens; /* [n_tokens]: the prompt, or &next_token */
     size_t n_tokens;
     int32_t next_token;
-    mk_bundle *act[2];       /* [max_rows, hidden] each */
-    size_t act_rows;         /* their capacity in rows */
-    const mk_bundle *in;     /* the boundary the receiving stage consumes */
-    uint8_t *wire;           /* [wire_cap] packed boundary (wire seam) */
-    size_t wire_cap, wire_len;
-    mk_bundle *received;     /* unpacked boundary (wire seam), freed by the receiver */
+    mk_boundary **out;       /* [n_stages - 1] */
     float *logits;           /* [vocab] tail output */
     int32_t token;
 } mk_sched_item;
 
 /* ============================================================= stage link == */
 
-/* The seam between stage i and i + 1: the ONE place a boundary is handed over. Today it
- * carries the in-process bundle (local) or its protobuf bytes (wire); a transport from
- * the seams issues (local device copy, unix/tcp stream, NCCL) replaces the body of
- * send/recv/release and nothing else. */
+/* The seam between stage i and i + 1: the ONE place a boundary is handed over. The queue
+ * says which item comes next; a transport of host/seam/ carries its boundary from the
+ * sender's backend into the receiver's (and runs the boundary contract on the header
+ * before the payload is accepted). FIFO transports (unix, tcp: one connection; nccl: one
+ * communicator) carry the boundaries in the queue's order through one pair of ends; the
+ * in-process ones (local, wire) hold one posted boundary per pair, so there is a pair per
+ * sequence slot. Sender ends are used by stage i's thread only, receiver ends by stage
+ * i + 1's. */
 typedef struct mk_stage_link {
     mk_queue q;
-    mk_sched_seam seam;
-    size_t bytes; /* moved so far (wire); written by the sender only */
+    mk_seam_kind kind;
+    bool fifo;
+    size_t n_pairs;
+    mk_seam **tx, **rx; /* [n_pairs] */
 } mk_stage_link;
 
-mk_status mk_stage_link_init(mk_stage_link *link, mk_sched_seam seam, size_t cap);
+/* Join `sender` (stage i's range) and `receiver` with the transport `kind`, n_slots items. */
+mk_status mk_stage_link_init(mk_stage_link *link, mk_seam_kind kind, mk_range *sender, mk_range *receiver,
+                             size_t n_slots);
+/* The ends and the queue; call after the workers stopped, before the ranges are freed. */
 void mk_stage_link_destroy(mk_stage_link *link);
-/* Hand the boundary `out` (filled by the sending stage) to the next stage. */
-mk_status mk_stage_link_send(mk_stage_link *link, mk_sched_item *item, mk_bundle *out);
+/* Hand item (whose boundary `out`, of the sending range, is filled) to the next stage. On
+ * failure nothing reached the queue: the caller fails the item. */
+mk_status mk_stage_link_send(mk_stage_link *link, mk_sched_item *item, const mk_boundary *out);
 /* Control items (stop) pass without a boundary. */
 mk_status mk_stage_link_send_control(mk_stage_link *link, mk_sched_item *item);
-/* Next item; for a step, item->in is the boundary to consume (validated by the range). */
-mk_status mk_stage_link_recv(mk_stage_link *link, mk_sched_item **item);
-/* The receiving stage is done with item->in. */
-void mk_stage_link_release(mk_stage_link *link, mk_sched_item *item);
+/* The next item (waits while there is none). */
+mk_sched_item *mk_stage_link_take(mk_stage_link *link);
+/* The boundary of a step item just taken, received into `into` (a boundary of the
+ * receiving range) for the slot's sequence `seq`. Called once for every step item taken,
+ * even one that will fail, so a FIFO transport stays in step. */
+mk_status mk_stage_link_recv(mk_stage_link *link, const mk_sched_item *item, const mk_sequence *seq,
+                             mk_boundary *into);
+/* Bytes the receiving ends took so far. */
+size_t mk_stage_link_bytes(const mk_stage_link *link);
 
 /* ================================================================== stage == */
 
@@ -105,6 +116,7 @@ typedef struct mk_sched_stage {
     mk_queue *inbox;        /* stage 0: admissions and feedback; others: in_link's queue */
     mk_stage_link *in_link; /* NULL for stage 0 */
     mk_stage_link *out_link; /* NULL for the tail */
+    mk_boundary *in;        /* the received boundary (stages after the head) */
     pthread_t thread;
     bool started;
     double share;

@@ -39,15 +39,11 @@ static mk_status mk_stage_fault(mk_sched_stage *st) {
 static mk_status mk_stage_step(mk_sched_stage *st, mk_sched_item *item) {
     MK_TRY(mk_stage_fault(st));
     mk_sequence *seq = st->seqs[item->slot];
-    /* A new sequence in this slot: its cache starts empty (stale rows are never read). */
-    if (item->kind == MK_ITEM_PREFILL) MK_TRY(mk_sequence_reset(seq));
     const bool head = mk_stage_is_head(st), tail = mk_stage_is_tail(st);
-    /* Stage i writes act[i % 2] while it reads the boundary stage i - 1 wrote in the other. */
-    mk_bundle *out = tail ? NULL : item->act[st->index % 2];
+    mk_boundary *out = tail ? NULL : item->out[st->index];
     const uint64_t t0 = mk_now_ns(), c0 = mk_thread_cpu_ns();
-    const mk_status s =
-        mk_range_forward_into(st->range, seq, head ? item->tokens : NULL, head ? item->n_tokens : 0,
-                              head ? NULL : item->in, out, item->act_rows, item->logits, &item->token);
+    const mk_status s = mk_range_forward_into(st->range, seq, head ? item->tokens : NULL, head ? item->n_tokens : 0,
+                                              head ? NULL : st->in, out, item->logits, &item->token);
     const uint64_t t1 = mk_now_ns(), c1 = mk_thread_cpu_ns();
     mk_stage_stats *stats = &st->stats;
     if (stats->steps == 0) stats->first_ns = t0;
@@ -58,7 +54,7 @@ static mk_status mk_stage_step(mk_sched_stage *st, mk_sched_item *item) {
     if (st->timeline_len < st->timeline_cap)
         st->timeline[st->timeline_len++] = (mk_timeline_record){
             .seq_id = item->req->id, .start_ns = t0, .end_ns = t1,
-            .rows = (uint32_t)(head ? item->n_tokens : item->in ? mk_bundle_header(item->in)->rows : 0)};
+            .rows = (uint32_t)(head ? item->n_tokens : mk_boundary_header_of(st->in)->rows)};
     return s;
 }
 
@@ -75,14 +71,19 @@ void *mk_stage_main(void *arg) {
     mk_sched *sched = st->sched;
     const bool head = mk_stage_is_head(st), tail = mk_stage_is_tail(st);
     for (;;) {
-        mk_sched_item *item = NULL;
-        mk_status s = MK_OK;
-        if (head) item = mk_queue_pop(st->inbox);
-        else s = mk_stage_link_recv(st->in_link, &item);
+        mk_sched_item *item = head ? mk_queue_pop(st->inbox) : mk_stage_link_take(st->in_link);
         if (item->kind == MK_ITEM_STOP) break;
+        mk_status s = MK_OK;
+        /* A new sequence in this slot: its cache starts empty (stale rows are never read),
+         * before its first boundary is checked against it. */
+        if (item->kind == MK_ITEM_PREFILL) s = mk_sequence_reset(st->seqs[item->slot]);
+        /* Received even when the step will fail: a FIFO transport stays in step. */
+        if (!head) {
+            const mk_status r = mk_stage_link_recv(st->in_link, item, st->seqs[item->slot], st->in);
+            if (s == MK_OK) s = r;
+        }
         if (s == MK_OK) s = mk_stage_step(st, item);
-        if (!head) mk_stage_link_release(st->in_link, item);
-        if (s == MK_OK && !tail) s = mk_stage_link_send(st->out_link, item, item->act[st->index % 2]);
+        if (s == MK_OK && !tail) s = mk_stage_link_send(st->out_link, item, item->out[st->index]);
         if (s != MK_OK) mk_stage_fail_item(st, item, s);
         else if (tail) mk_sched_emit(sched, item);
     }

@@ -1,53 +1,81 @@
 /* The seam between two stages of a placed pipeline: the one place a boundary changes
- * hands. local: the bundle itself (the receiving range uploads it); wire: the bundle is
- * packed to protobuf bytes in the item's preallocated buffer by the sender and unpacked
- * by the receiver, as between mesh peers.
+ * hands, through a transport of host/seam/.
  *
- * The seam transports (host/seam/: mk_boundary kept in backend memory, local
- * device-to-device copy, unix/tcp streams, TLS, NCCL) are on main now but not yet plugged
- * in here: that is the next step. Then send/recv/release become calls into the transport
- * and mk_stage_link holds the transport instead of the seam kind; the stage worker does
- * not change. */
+ * Order. The sender posts the boundary on the transport and then pushes the item; the
+ * receiver takes the item and then receives. On a FIFO transport (one socket or one
+ * communicator per seam) the frames therefore arrive in the queue's order, and a stage
+ * that fails a step it received still consumed that step's frame. The sender waits for
+ * its previous send (mk_seam_send_wait) before it posts the next: a stream end has one
+ * frame buffer and an NCCL end one pending send. That wait ends when the receiver takes
+ * the previous item, which was pushed before: stage i waits on stage i + 1 only, never the
+ * other way, so the chain cannot deadlock, and every wait has the transport's deadline.
+ *
+ * The in-process transports (local, wire) keep one posted boundary per pair of ends, so
+ * each sequence slot has its own pair: an item is in one place at a time, and so is the
+ * boundary posted on its pair. */
+#include <stdlib.h>
+
 #include "mk_error.h"
 #include "sched.h"
 
-mk_status mk_stage_link_init(mk_stage_link *link, mk_sched_seam seam, size_t cap) {
-    if (seam != MK_SCHED_SEAM_LOCAL && seam != MK_SCHED_SEAM_WIRE)
-        return mk_fail(MK_ERR_INVALID_ARGUMENT, "unknown pipeline seam %d", (int)seam);
-    link->seam = seam;
-    link->bytes = 0;
-    return mk_queue_init(&link->q, cap);
+static bool mk_seam_is_fifo(mk_seam_kind kind) {
+    return kind == MK_SEAM_UNIX || kind == MK_SEAM_TCP || kind == MK_SEAM_NCCL;
 }
 
-void mk_stage_link_destroy(mk_stage_link *link) { mk_queue_destroy(&link->q); }
-
-mk_status mk_stage_link_send(mk_stage_link *link, mk_sched_item *item, mk_bundle *out) {
-    item->in = out;
-    if (link->seam == MK_SCHED_SEAM_WIRE) {
-        MK_TRY(mk_bundle_pack_to(out, item->wire, item->wire_cap, &item->wire_len));
-        link->bytes += item->wire_len;
-        item->in = NULL; /* the receiver sees only the bytes */
+mk_status mk_stage_link_init(mk_stage_link *link, mk_seam_kind kind, mk_range *sender, mk_range *receiver,
+                             size_t n_slots) {
+    link->kind = kind;
+    link->fifo = mk_seam_is_fifo(kind);
+    MK_TRY(mk_queue_init(&link->q, n_slots + 1));
+    const size_t n = link->fifo ? 1 : n_slots;
+    link->tx = calloc(n, sizeof *link->tx);
+    link->rx = calloc(n, sizeof *link->rx);
+    if (!link->tx || !link->rx) return mk_fail(MK_ERR_OUT_OF_MEMORY, "pipeline seam: out of memory");
+    const mk_seam_options opt = mk_seam_options_default(kind);
+    for (size_t i = 0; i < n; i++) {
+        MK_TRY(mk_seam_pair(&opt, sender, receiver, &link->tx[i], &link->rx[i]));
+        link->n_pairs = i + 1;
     }
+    return MK_OK;
+}
+
+void mk_stage_link_destroy(mk_stage_link *link) {
+    for (size_t i = 0; i < link->n_pairs; i++) {
+        /* The sender's last frame was taken (or the receiver is gone): nothing waits long. */
+        mk_seam_free(link->tx[i]);
+        mk_seam_free(link->rx[i]);
+    }
+    free(link->tx);
+    free(link->rx);
+    link->tx = link->rx = NULL;
+    link->n_pairs = 0;
+    mk_queue_destroy(&link->q);
+}
+
+static size_t mk_link_pair(const mk_stage_link *link, const mk_sched_item *item) {
+    return link->fifo ? 0 : item->slot;
+}
+
+mk_status mk_stage_link_send(mk_stage_link *link, mk_sched_item *item, const mk_boundary *out) {
+    mk_seam *tx = link->tx[mk_link_pair(link, item)];
+    MK_TRY(mk_seam_send_wait(tx)); /* the previous frame on this end: one in flight */
+    MK_TRY(mk_seam_send(tx, out));
     return mk_queue_push(&link->q, item);
 }
 
 mk_status mk_stage_link_send_control(mk_stage_link *link, mk_sched_item *item) {
-    item->in = NULL;
     return mk_queue_push(&link->q, item);
 }
 
-mk_status mk_stage_link_recv(mk_stage_link *link, mk_sched_item **out) {
-    mk_sched_item *item = mk_queue_pop(&link->q);
-    *out = item;
-    if (item->kind == MK_ITEM_STOP || link->seam != MK_SCHED_SEAM_WIRE) return MK_OK;
-    item->received = NULL;
-    MK_TRY(mk_bundle_unpack(item->wire, item->wire_len, &item->received));
-    item->in = item->received;
-    return MK_OK;
+mk_sched_item *mk_stage_link_take(mk_stage_link *link) { return mk_queue_pop(&link->q); }
+
+mk_status mk_stage_link_recv(mk_stage_link *link, const mk_sched_item *item, const mk_sequence *seq,
+                             mk_boundary *into) {
+    return mk_seam_recv(link->rx[mk_link_pair(link, item)], seq, into);
 }
 
-void mk_stage_link_release(mk_stage_link *link, mk_sched_item *item) {
-    mk_bundle_free(item->received);
-    item->received = NULL;
-    item->in = NULL;
+size_t mk_stage_link_bytes(const mk_stage_link *link) {
+    size_t bytes = 0;
+    for (size_t i = 0; i < link->n_pairs; i++) bytes += mk_seam_bytes(link->rx[i]);
+    return bytes;
 }

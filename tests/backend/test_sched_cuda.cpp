@@ -64,7 +64,7 @@ std::vector<int> placement(size_t stages) {
     return d;
 }
 
-void run_parity(size_t stages, const std::vector<size_t> &in_flight, mk_sched_seam seam) {
+void run_parity(size_t stages, const std::vector<size_t> &in_flight, mk_seam_kind seam) {
     const ModelCase mc = model_cases()[stages == 3 ? 1 : 0];
     ModelPtr model = make_random_model(mc.hp);
     ASSERT_TRUE(model);
@@ -106,14 +106,69 @@ void run_parity(size_t stages, const std::vector<size_t> &in_flight, mk_sched_se
 TEST(SchedCuda, TwoDevicesEverySequenceMatchesWholeForOneToEightInFlight) {
     Devices n(2);
     MK_REQUIRE_DEVICE();
-    run_parity(2, {1, 2, 3, 4, 5, 6, 7, 8}, MK_SCHED_SEAM_LOCAL);
+    run_parity(2, {1, 2, 3, 4, 5, 6, 7, 8}, MK_SEAM_LOCAL);
 }
 
 TEST(SchedCuda, ThreeDevicesEverySequenceMatchesWholeForOneToEightInFlight) {
     Devices n(3);
     MK_REQUIRE_DEVICE();
-    run_parity(3, {1, 2, 3, 4, 5, 6, 7, 8}, MK_SCHED_SEAM_WIRE);
+    run_parity(3, {1, 2, 3, 4, 5, 6, 7, 8}, MK_SEAM_LOCAL);
 }
+
+TEST(SchedCuda, ThreeDevicesOverTheWire) {
+    Devices n(3);
+    MK_REQUIRE_DEVICE();
+    run_parity(3, {1, 3, 8}, MK_SEAM_WIRE);
+}
+
+// NCCL between the stages (one two-rank communicator per seam; NCCL refuses two ranks on
+// one GPU, so this needs a device per stage). The placement rule picks it by itself.
+#if defined(MK_TEST_NCCL)
+void require_devices_for_nccl(size_t stages) {
+    if (device_count() < (int)stages) GTEST_SKIP() << "NCCL needs " << stages << " devices";
+}
+
+TEST(SchedCuda, TwoDevicesOverNcclEverySequenceMatchesWhole) {
+    Devices n(2);
+    MK_REQUIRE_DEVICE();
+    require_devices_for_nccl(2);
+    if (IsSkipped()) return;
+    run_parity(2, {1, 2, 3, 4, 5, 6, 7, 8}, MK_SEAM_NCCL);
+}
+
+TEST(SchedCuda, ThreeDevicesOverNcclEverySequenceMatchesWhole) {
+    Devices n(3);
+    MK_REQUIRE_DEVICE();
+    require_devices_for_nccl(3);
+    if (IsSkipped()) return;
+    run_parity(3, {1, 2, 3, 4, 5, 6, 7, 8}, MK_SEAM_NCCL);
+}
+
+TEST(SchedCuda, PlacementRulePicksNcclBetweenDistinctDevicesAndLocalOnOne) {
+    Devices n(2);
+    MK_REQUIRE_DEVICE();
+    require_devices_for_nccl(2);
+    if (IsSkipped()) return;
+    ModelPtr model = make_random_model(mk_hparams_seed_default());
+    for (int same = 0; same < 2; same++) {
+        const int devices[2] = {0, same ? 0 : 1};
+        mk_sched_options o = mk_sched_options_default();
+        o.range = cuda_options();
+        o.split_auto = true;
+        o.devices = devices;
+        o.n_devices = 2;
+        Collector c;
+        SchedPtr s = make_sched(model.get(), o, &c);
+        ASSERT_TRUE(s);
+        EXPECT_EQ(mk_sched_seam_kind(s.get(), 0), same ? MK_SEAM_LOCAL : MK_SEAM_NCCL);
+        const std::vector<SeqSpec> specs = mixed_specs(model.get(), cuda_options(), 3, 17, 3);
+        const std::vector<uint64_t> ids = submit_all(s.get(), specs);
+        ASSERT_TRUE(wait_all_within(s.get(), 300));
+        expect_all_match_whole(model.get(), cuda_options(), specs, collect(s.get(), &c, ids),
+                               same ? "auto on one device" : "auto on two devices");
+    }
+}
+#endif
 
 // A stage on device 1 dies mid-run: its sequences fail with its status, none hangs.
 TEST(SchedCuda, StageThatDiesOnItsDeviceFailsItsSequences) {
