@@ -725,7 +725,9 @@ typedef void (*mk_sched_token_fn)(void *user, uint64_t seq_id, size_t index, int
 typedef struct mk_sched_options {
     size_t struct_size;        /* sizeof(mk_sched_options): set by mk_sched_options_default */
     mk_range_options range;    /* backend kind, weight dtype, max_context, max_batch_tokens
-                                  (the longest prompt); backend.device comes from devices */
+                                  (the longest prompt); backend.device comes from devices;
+                                  cpu backend.threads is per stage, 0 = the process's cores
+                                  divided among the stages (at least 1 each) */
     const int64_t *cuts;       /* last layer of each range but the last (ascending) ... */
     size_t n_cuts;             /* ... or, with split_auto, ignored */
     bool split_auto;           /* balanced cuts for n_stages ranges (mk_split_auto) */

@@ -389,6 +389,40 @@ TEST(PipelineSched, FreeWithSequencesInFlightReturns) {
     }
 }
 
+// ============================================================== SmolLM2 ==
+
+// The real model with its weights kept native (GGUF blocks) as the CLI runs it, with an
+// F32 and an F16 KV cache: every sequence through 2 stages over a unix seam is
+// bit-identical to its whole-model run with the same options.
+TEST(PipelineSchedSmolLM2, NativeWeightsEverySequenceMatchesWhole) {
+    MK_REQUIRE_MODEL_FILE(mk_test_model_path());
+    mk_model *raw = nullptr;
+    ASSERT_EQ(mk_model_open_gguf(mk_test_model_path().c_str(), &raw), MK_OK)
+        << mk_test_model_path() << " is present but does not open: " << mk_last_error();
+    ModelPtr model(raw);
+    for (mk_dtype kv : {MK_DTYPE_F32, MK_DTYPE_F16}) {
+        mk_range_options ro = cpu_options();
+        ro.max_context = 24;
+        ro.max_batch_tokens = 9;
+        ro.backend.weight_dtype = MK_DTYPE_NATIVE;
+        ro.backend.kv_dtype = kv;
+        ro.backend.threads = 1;
+        const std::vector<SeqSpec> specs = mixed_specs(model.get(), ro, 5, 3, 3);
+        mk_sched_options o = sched_options(3, nullptr, MK_SEAM_UNIX);
+        o.range = ro;
+        o.split_auto = true;
+        o.n_stages = 2;
+        Collector c;
+        SchedPtr s = make_sched(model.get(), o, &c);
+        ASSERT_TRUE(s);
+        const std::vector<uint64_t> ids = submit_all(s.get(), specs);
+        ASSERT_TRUE(wait_all_within(s.get(), 300));
+        expect_all_match_whole(model.get(), ro, specs, collect(s.get(), &c, ids),
+                               std::string("native, kv ") + mk_dtype_name(kv));
+        if (HasFatalFailure()) return;
+    }
+}
+
 // ============================================================== options ==
 
 TEST(PipelineSched, OptionsAreChecked) {

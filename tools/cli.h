@@ -1,4 +1,5 @@
-/* Shared by the command-line program's files (meshkern.c, run_batch.c). */
+/* Shared by the command-line program's files (meshkern.c, run_batch.c, cli_text.c,
+ * cli_backend.c). */
 #ifndef MK_TOOLS_CLI_H
 #define MK_TOOLS_CLI_H
 
@@ -13,5 +14,22 @@ int mk_cli_fail(mk_status s);
 int mk_cli_run_batch(int argc, char **argv);
 /* True when argv names the batch form of run (it has --prompts). */
 bool mk_cli_is_batch_run(int argc, char **argv);
+
+/* The backend options of the range-building run forms (cli_backend.c):
+ *   --backend cpu|cuda  --device I  --dtype native|f32|f16|bf16  --kv f32|f16
+ *   --threads N (cpu threads per range)  --speed (a flag)
+ * Weights default to native for a GGUF model on the cpu backend (F32 with --dtype f32). */
+typedef struct mk_cli_backend {
+    mk_backend_config config;
+    bool dtype_given;
+} mk_cli_backend;
+void mk_cli_backend_init(mk_cli_backend *b);
+/* A flag without a value (--speed): true when `a` was one. */
+bool mk_cli_backend_flag(const char *a, mk_cli_backend *b);
+/* `a` with its value `v`: 1 taken, 0 not a backend option, -1 a bad value (a status
+ * message is printed where there is one; the caller prints the usage). */
+int mk_cli_backend_option(const char *a, const char *v, mk_cli_backend *b);
+/* After every option: the weight-mode default for the model at `model_path`. */
+void mk_cli_backend_finish(mk_cli_backend *b, const char *model_path);
 
 #endif

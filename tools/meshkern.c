@@ -48,8 +48,10 @@ static int usage(void) {
             "  GGUF model); f32 is the parity mode. --threads: cpu threads (default: every core).\n"
             "  --kv f16 halves the cpu backend's KV cache.\n"
             "  meshkern run MODEL --prompts FILE [--split auto|L1,L2,...] [--devices 0,1,...] [--batch M]\n"
-            "               [--n N] [--stop IDS] [--seam auto|local|wire|unix|tcp|nccl] [--backend cpu|cuda] [--dtype ...]\n"
-            "               [--timeline FILE.json]   FILE: one prompt per line, comma-separated token ids\n"
+            "               [--n N] [--stop IDS] [--seam auto|local|wire|unix|tcp|nccl] [--timeline FILE.json]\n"
+            "               [--backend cpu|cuda] [--dtype native|f32|f16|bf16] [--kv f32|f16] [--threads N] [--speed]\n"
+            "               FILE: one prompt per line, comma-separated token ids; --threads: per stage\n"
+            "               (default: the cores divided among the stages)\n"
             "  --random is the seed's random model (vocab 48, hidden 32, 6 layers, 4 heads); keys\n"
             "  vocab, hidden, layers, heads, kv_heads, head_dim, ffn, ctx, seed change its shape.\n");
     return 2;

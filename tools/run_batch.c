@@ -1,14 +1,16 @@
 /* meshkern run MODEL --prompts FILE: many sequences through a placed pipeline.
  *
  *   meshkern run MODEL --prompts FILE [--split auto|L1,L2,...] [--devices 0,1,...] [--batch M]
- *                [--n N] [--stop IDS] [--seam auto|local|wire|unix|tcp|nccl] [--backend cpu|cuda] [--dtype f32|f16|bf16]
- *                [--timeline FILE.json]
+ *                [--n N] [--stop IDS] [--seam auto|local|wire|unix|tcp|nccl] [--timeline FILE.json]
+ *                [--backend cpu|cuda] [--dtype native|f32|f16|bf16] [--kv f32|f16] [--threads N] [--speed]
  *
  * FILE holds one prompt per line as comma-separated token ids (blank lines and lines
  * starting with '#' are skipped). Each range runs on its own device (cuda) or worker
  * thread (cpu); --batch sequences are in flight at once and the rest wait for a slot.
  * Generation stops at --n tokens or at a stop id: the model's end-of-generation id when
- * the GGUF names one, plus --stop. Prints the cuts and each stage's share, every
+ * the GGUF names one, plus --stop. Weights are native (GGUF block format) for a GGUF model
+ * on the cpu backend unless --dtype says otherwise; --threads is per stage (default: the
+ * cores divided among the stages). Prints the cuts and each stage's share, every
  * sequence's tokens (and text), and the aggregate throughput and per-stage busy share. */
 #include <errno.h>
 #include <stdio.h>
@@ -40,7 +42,7 @@ typedef struct batch_args {
     size_t n_stop;
     size_t batch, n_new;
     mk_seam_kind seam; /* 0: the placement rule */
-    mk_backend_config backend;
+    mk_cli_backend backend;
 } batch_args;
 
 bool mk_cli_is_batch_run(int argc, char **argv) {
@@ -84,12 +86,17 @@ static int parse_batch_args(int argc, char **argv, batch_args *a) {
     a->batch = 8;
     a->n_new = 16;
     a->seam = 0;
-    a->backend = mk_backend_config_default(MK_BACKEND_CPU);
+    mk_cli_backend_init(&a->backend);
     long long list[MK_BATCH_MAX_LIST];
     size_t n;
-    for (int i = 1; i < argc; i += 2) {
-        const char *k = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    for (int i = 1; i < argc; i++) {
+        const char *k = argv[i];
+        if (mk_cli_backend_flag(k, &a->backend)) continue;
+        const char *v = i + 1 < argc ? argv[++i] : NULL;
         if (!v) return mk_cli_usage();
+        const int taken = mk_cli_backend_option(k, v, &a->backend);
+        if (taken < 0) return mk_cli_usage();
+        if (taken) continue;
         if (strcmp(k, "--prompts") == 0) a->prompts = v;
         else if (strcmp(k, "--timeline") == 0) a->timeline = v;
         else if (strcmp(k, "--batch") == 0) { if (!parse_count(v, &a->batch)) return mk_cli_usage(); }
@@ -110,15 +117,10 @@ static int parse_batch_args(int argc, char **argv, batch_args *a) {
                 const mk_status s = mk_seam_kind_from_name(v, &a->seam);
                 if (s != MK_OK) return mk_cli_fail(s);
             }
-        } else if (strcmp(k, "--backend") == 0) {
-            const mk_status s = mk_backend_kind_from_name(v, &a->backend.kind);
-            if (s != MK_OK) return mk_cli_fail(s);
-        } else if (strcmp(k, "--dtype") == 0) {
-            a->backend.weight_dtype = strcmp(v, "f16") == 0 ? MK_DTYPE_F16 : strcmp(v, "bf16") == 0 ? MK_DTYPE_BF16 : MK_DTYPE_F32;
-            if (a->backend.weight_dtype == MK_DTYPE_F32 && strcmp(v, "f32") != 0) return mk_cli_usage();
         } else return mk_cli_usage();
     }
     if (!a->prompts) return mk_cli_usage();
+    mk_cli_backend_finish(&a->backend, a->model);
     return 0;
 }
 
@@ -199,7 +201,7 @@ static int run_batch(const batch_args *a, const mk_model *model, const batch_pro
     size_t longest = 0;
     for (size_t i = 0; i < n_prompts; i++) longest = prompts[i].n > longest ? prompts[i].n : longest;
     mk_sched_options o = mk_sched_options_default();
-    o.range.backend = a->backend;
+    o.range.backend = a->backend.config;
     o.range.max_context = longest + a->n_new;
     if (o.range.max_context > hp->max_context) o.range.max_context = hp->max_context;
     o.range.max_batch_tokens = longest < o.range.max_context ? longest : o.range.max_context;
@@ -212,13 +214,15 @@ static int run_batch(const batch_args *a, const mk_model *model, const batch_pro
     o.max_sequences = a->batch;
     o.seam = a->seam;
     o.timeline_capacity = a->timeline ? n_prompts * (a->n_new + 1) : 0;
+    const bool cuda = a->backend.config.kind == MK_BACKEND_CUDA;
     mk_sched *sched = NULL;
     mk_status s = mk_sched_create(model, &o, &sched);
     if (s != MK_OK) return mk_cli_fail(s);
     const size_t n_stages = mk_sched_stage_count(sched);
-    printf("pipeline: %zu stages, %zu sequences in flight, seam %s%s, backend %s\n", n_stages, a->batch,
-           n_stages > 1 ? mk_seam_kind_name(mk_sched_seam_kind(sched, 0)) : "none", a->seam ? "" : " (auto)",
-           a->backend.kind == MK_BACKEND_CUDA ? "cuda" : "cpu");
+    printf("pipeline: %zu stages, %zu sequences in flight, seam %s%s, backend %s, weights %s, kv %s\n", n_stages,
+           a->batch, n_stages > 1 ? mk_seam_kind_name(mk_sched_seam_kind(sched, 0)) : "none", a->seam ? "" : " (auto)",
+           cuda ? "cuda" : "cpu", mk_dtype_name(a->backend.config.weight_dtype),
+           a->backend.config.kv_dtype == MK_DTYPE_F16 ? "f16" : "f32");
     printf("cuts (%s):", o.split_auto ? "auto" : "given");
     for (size_t i = 0; i + 1 < n_stages; i++) printf(" %lld", (long long)mk_range_end(mk_sched_stage_range(sched, i)));
     printf("\n");
@@ -226,8 +230,7 @@ static int run_batch(const batch_args *a, const mk_model *model, const batch_pro
         const mk_range *r = mk_sched_stage_range(sched, i);
         printf("  stage %zu: layers %lld-%lld %-6s on %s %d, %.1f MiB, %.1f%% of the per-step cost\n", i,
                (long long)mk_range_start(r), (long long)mk_range_end(r), mk_role_name(mk_range_role(r)),
-               a->backend.kind == MK_BACKEND_CUDA ? "device" : "worker",
-               a->backend.kind == MK_BACKEND_CUDA ? (o.devices ? o.devices[i] : (int)i) : (int)i,
+               cuda ? "device" : "worker", cuda ? (o.devices ? o.devices[i] : (int)i) : (int)i,
                (double)mk_range_weight_bytes(r) / 1048576.0, 100.0 * mk_sched_stage_share(sched, i));
     }
 

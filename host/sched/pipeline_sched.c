@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cpu_pool.h"
 #include "mk_error.h"
 #include "range.h"
 #include "sched.h"
@@ -110,6 +111,11 @@ static mk_status mk_sched_build(mk_sched *s, const mk_sched_options *o, const in
         st->out_link = i + 1 < s->n_stages ? &s->links[i] : NULL;
         mk_range_options ro = o->range;
         ro.backend.device = o->devices ? o->devices[i] : (int)i;
+        /* Every stage computes at once: the cores are shared out, not each taken whole. */
+        if (ro.backend.kind == MK_BACKEND_CPU && ro.backend.threads == 0) {
+            const size_t share = mk_cpu_core_count() / s->n_stages;
+            ro.backend.threads = share ? share : 1;
+        }
         const int64_t end = i + 1 < s->n_stages ? cuts[i] : (int64_t)n_layers - 1;
         MK_TRY(mk_range_create(s->model, start, end, &ro, &st->range));
         start = end + 1;

@@ -1,0 +1,67 @@
+/* The backend options of the run forms that build ranges from the command line (run
+ * --prompts, run -p, chat): one table of flags, one default rule for the weight mode. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+
+static const struct {
+    const char *name;
+    mk_dtype dtype;
+} mk_cli_weight_modes[] = {
+    {"native", MK_DTYPE_NATIVE}, {"f32", MK_DTYPE_F32}, {"f16", MK_DTYPE_F16}, {"bf16", MK_DTYPE_BF16}};
+
+void mk_cli_backend_init(mk_cli_backend *b) {
+    memset(b, 0, sizeof *b);
+    b->config = mk_backend_config_default(MK_BACKEND_CPU);
+}
+
+bool mk_cli_backend_flag(const char *a, mk_cli_backend *b) {
+    if (strcmp(a, "--speed") != 0) return false;
+    b->config.speed_mode = true;
+    return true;
+}
+
+int mk_cli_backend_option(const char *a, const char *v, mk_cli_backend *b) {
+    if (strcmp(a, "--backend") == 0) {
+        const mk_status s = mk_backend_kind_from_name(v, &b->config.kind);
+        return s == MK_OK ? 1 : (mk_cli_fail(s), -1);
+    }
+    if (strcmp(a, "--device") == 0) {
+        char *end = NULL;
+        const long d = v[0] >= '0' && v[0] <= '9' ? strtol(v, &end, 10) : -1;
+        if (!end || *end || d > 1023) return -1;
+        b->config.device = (int)d;
+        return 1;
+    }
+    if (strcmp(a, "--dtype") == 0) {
+        for (size_t i = 0; i < sizeof mk_cli_weight_modes / sizeof *mk_cli_weight_modes; i++)
+            if (strcmp(v, mk_cli_weight_modes[i].name) == 0) {
+                b->config.weight_dtype = mk_cli_weight_modes[i].dtype;
+                b->dtype_given = true;
+                return 1;
+            }
+        return -1;
+    }
+    if (strcmp(a, "--kv") == 0) {
+        if (strcmp(v, "f16") == 0) b->config.kv_dtype = MK_DTYPE_F16;
+        else if (strcmp(v, "f32") == 0) b->config.kv_dtype = MK_DTYPE_F32;
+        else return -1;
+        return 1;
+    }
+    if (strcmp(a, "--threads") == 0) {
+        char *end = NULL; /* digits only: strtoull would turn "-1" into SIZE_MAX */
+        const unsigned long long t = v[0] >= '1' && v[0] <= '9' ? strtoull(v, &end, 10) : 0;
+        if (!end || *end || t > 1024) return -1;
+        b->config.threads = (size_t)t;
+        return 1;
+    }
+    return 0;
+}
+
+void mk_cli_backend_finish(mk_cli_backend *b, const char *model_path) {
+    /* A GGUF model on the cpu backend runs on its stored weights unless asked otherwise;
+     * the random models have no stored format (F32 is what they are). */
+    if (!b->dtype_given && b->config.kind == MK_BACKEND_CPU && strncmp(model_path, "--random", 8) != 0)
+        b->config.weight_dtype = MK_DTYPE_NATIVE;
+}
