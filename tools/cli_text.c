@@ -2,19 +2,26 @@
  * chat template and generation loop.
  *
  *   meshkern run MODEL -p TEXT [--system S] [--raw] [--split L1,...] [--n N]
- *                [--backend cpu|cuda] [--device I] [--dtype f32|f16|bf16] [--speed]
- *   meshkern chat MODEL [--system S] [--split L1,...] [--n N] [--backend ...] ...
+ *                [--seam wire|local|unix|tcp|nccl] [--devices D0,D1,...]
+ *                [--backend cpu|cuda] [--device I] [--dtype native|f32|f16|bf16] [--kv f32|f16]
+ *                [--threads N] [--speed]
+ *   meshkern chat MODEL [--system S] [--split L1,...] [--n N] [--seam ...] [--devices ...] [--backend ...] ...
  *   meshkern tokenize MODEL TEXT [--ids] [--no-bos] [--no-parse-special]
  *
  * run streams the answer of the model (split as asked) and prints one summary line; with
  * --split it then runs the whole model on the same prompt and reports whether the split
  * gave the same tokens and bit-identical logits. chat reads one user turn per line from
- * stdin and keeps the KV cache from turn to turn. */
+ * stdin and keeps the KV cache from turn to turn. Weights are native (the GGUF's block
+ * formats) on the cpu backend unless --dtype says otherwise; each seam of the split uses
+ * --seam (default wire: packed and unpacked as between peers), each range the device
+ * --devices names (cuda). */
 #include "cli_text.h"
 
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+#include "cli.h"
 
 #define MK_CLI_MAX_CUTS 64
 
@@ -27,63 +34,101 @@ typedef struct mk_cli_opts {
     size_t n_cuts;
     size_t n_new; /* --n */
     mk_range_options range;
+    mk_seam_options seam;              /* --seam (default wire) */
+    int devices[MK_CLI_MAX_CUTS + 1];  /* --devices: range i on devices[i] */
+    size_t n_devices;
 } mk_cli_opts;
 
-static int mk_cli_usage(void) {
+static int mk_text_usage(void) {
     fprintf(stderr,
             "usage:\n"
             "  meshkern run MODEL.gguf -p TEXT [--system S] [--raw] [--split L1,L2,...] [--n N]\n"
-            "               [--backend cpu|cuda] [--device I] [--dtype f32|f16|bf16] [--speed]\n"
-            "  meshkern chat MODEL.gguf [--system S] [--split L1,...] [--n N] [--backend cpu|cuda] ...\n"
+            "               [--seam wire|local|unix|tcp|nccl] [--devices D0,D1,... (one per range; cuda)]\n"
+            "               [--backend cpu|cuda] [--device I] [--dtype native|f32|f16|bf16] [--kv f32|f16]\n"
+            "               [--threads N] [--speed]   (weights: native on the cpu backend unless --dtype)\n"
+            "  meshkern chat MODEL.gguf [--system S] [--split L1,...] [--n N] [--seam ...] [--devices ...]\n"
+            "               [--backend cpu|cuda] ...\n"
             "  meshkern tokenize MODEL.gguf TEXT [--ids] [--no-bos] [--no-parse-special]\n");
     return 2;
 }
 
-static int mk_cli_fail(mk_status s) {
-    fprintf(stderr, "meshkern: %s: %s\n", mk_status_name(s), mk_last_error());
-    return 1;
+/* "a,b,c" of non-negative integers below `limit` into out[cap]; the count, or -1. */
+static long mk_text_parse_list(const char *v, long long limit, long long *out, size_t cap) {
+    size_t n = 0;
+    for (const char *p = v; *p;) {
+        char *end;
+        if (*p < '0' || *p > '9' || n == cap) return -1;
+        out[n] = strtoll(p, &end, 10);
+        if ((*end && *end != ',') || out[n] >= limit) return -1;
+        n++;
+        p = *end ? end + 1 : end;
+    }
+    return (long)n;
 }
 
 /* Options shared by run -p and chat; returns 0 or a usage exit code. */
 static int mk_cli_parse(int argc, char **argv, mk_cli_opts *o, size_t default_n) {
     memset(o, 0, sizeof *o);
     o->range = mk_range_options_default();
+    o->seam = mk_seam_options_default(MK_SEAM_WIRE);
     o->n_new = default_n;
-    if (argc < 1) return mk_cli_usage();
+    if (argc < 1) return mk_text_usage();
     o->model_path = argv[0];
+    mk_cli_backend backend;
+    mk_cli_backend_init(&backend);
+    long long list[MK_CLI_MAX_CUTS + 1];
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(a, "--raw") == 0) { o->raw = true; continue; }
-        if (strcmp(a, "--speed") == 0) { o->range.backend.speed_mode = true; continue; }
-        if (!v) return mk_cli_usage();
+        if (mk_cli_backend_flag(a, &backend)) continue;
+        if (!v) return mk_text_usage();
         i++;
+        const int taken = mk_cli_backend_option(a, v, &backend);
+        if (taken < 0) return mk_text_usage();
+        if (taken) continue;
         if (strcmp(a, "-p") == 0 || strcmp(a, "--prompt") == 0) o->prompt = v;
         else if (strcmp(a, "--system") == 0) o->system = v;
         else if (strcmp(a, "--split") == 0) {
-            for (const char *p = v; *p;) {
-                char *end;
-                if (*p < '0' || *p > '9' || o->n_cuts == MK_CLI_MAX_CUTS) return mk_cli_usage();
-                o->cuts[o->n_cuts++] = strtoll(p, &end, 10);
-                if (*end && *end != ',') return mk_cli_usage();
-                p = *end ? end + 1 : end;
-            }
+            const long n = mk_text_parse_list(v, INT32_MAX, list, MK_CLI_MAX_CUTS);
+            if (n < 0) return mk_text_usage();
+            for (o->n_cuts = 0; o->n_cuts < (size_t)n; o->n_cuts++) o->cuts[o->n_cuts] = list[o->n_cuts];
+        } else if (strcmp(a, "--devices") == 0) {
+            const long n = mk_text_parse_list(v, 1024, list, MK_CLI_MAX_CUTS + 1);
+            if (n <= 0) return mk_text_usage();
+            for (o->n_devices = 0; o->n_devices < (size_t)n; o->n_devices++) o->devices[o->n_devices] = (int)list[o->n_devices];
+        } else if (strcmp(a, "--seam") == 0) {
+            const mk_status s = mk_seam_kind_from_name(v, &o->seam.kind);
+            if (s != MK_OK) return mk_cli_fail(s);
         } else if (strcmp(a, "--n") == 0) {
             char *end = NULL; /* digits only: strtoull would turn "-1" into SIZE_MAX */
             o->n_new = v[0] >= '0' && v[0] <= '9' ? (size_t)strtoull(v, &end, 10) : 0;
-            if (!end || *end || o->n_new == 0 || o->n_new > (1u << 20)) return mk_cli_usage();
-        } else if (strcmp(a, "--device") == 0) o->range.backend.device = atoi(v);
-        else if (strcmp(a, "--backend") == 0) {
-            const mk_status s = mk_backend_kind_from_name(v, &o->range.backend.kind);
-            if (s != MK_OK) return mk_cli_fail(s);
-        } else if (strcmp(a, "--dtype") == 0) {
-            mk_dtype *d = &o->range.backend.weight_dtype;
-            if (strcmp(v, "f32") == 0) *d = MK_DTYPE_F32;
-            else if (strcmp(v, "f16") == 0) *d = MK_DTYPE_F16;
-            else if (strcmp(v, "bf16") == 0) *d = MK_DTYPE_BF16;
-            else return mk_cli_usage();
-        } else return mk_cli_usage();
+            if (!end || *end || o->n_new == 0 || o->n_new > (1u << 20)) return mk_text_usage();
+        } else return mk_text_usage();
     }
+    mk_cli_backend_finish(&backend, o->model_path);
+    o->range.backend = backend.config;
+    /* GPU to GPU needs the cuda backend: said here, before the model is read. */
+    if (o->range.backend.kind != MK_BACKEND_CUDA && (o->seam.kind == MK_SEAM_NCCL || o->n_devices > 0)) {
+        fprintf(stderr, "meshkern: %s needs --backend cuda (the cpu backend has no devices)\n",
+                o->seam.kind == MK_SEAM_NCCL ? "--seam nccl" : "--devices");
+        return 2;
+    }
+    if (o->n_devices > 0 && o->n_devices != o->n_cuts + 1) {
+        fprintf(stderr, "meshkern: --devices names %zu devices for %zu ranges (one per range: --split has %zu cuts)\n",
+                o->n_devices, o->n_cuts + 1, o->n_cuts);
+        return 2;
+    }
+    if (o->n_devices > 0) o->range.backend.device = o->devices[0]; /* the whole model runs on the first */
     return 0;
+}
+
+/* The pipeline of the asked split, each seam over the asked transport, each range on its
+ * device; no cuts is the whole model (on the first device). */
+static mk_status mk_text_pipeline(const mk_model *model, const mk_cli_opts *o, const int64_t *cuts, size_t n_cuts,
+                                  mk_pipeline **p) {
+    const bool placed = n_cuts > 0 && o->n_devices > 0;
+    return mk_pipeline_create_placed(model, cuts, n_cuts, &o->range, &o->seam, placed ? o->devices : NULL,
+                                     placed ? o->n_devices : 0, p);
 }
 
 /* ================================================================ printing == */
@@ -204,7 +249,7 @@ static mk_status mk_cli_generate(const mk_model *model, const mk_tokenizer *tok,
                                  const int64_t *cuts, size_t n_cuts, const int32_t *ids, size_t n_ids, bool print,
                                  mk_cli_gen *g, mk_generate_stats *st) {
     mk_pipeline *p = NULL;
-    mk_status s = mk_pipeline_create(model, cuts, n_cuts, &o->range, true, &p);
+    mk_status s = mk_text_pipeline(model, o, cuts, n_cuts, &p);
     if (s == MK_OK && print) {
         mk_cli_print_ranges(p);
         s = mk_detokenizer_create(tok, 0, &g->stream);
@@ -223,7 +268,7 @@ int mk_cli_run_text(int argc, char **argv) {
     mk_cli_opts o;
     const int bad = mk_cli_parse(argc, argv, &o, 256);
     if (bad) return bad;
-    if (!o.prompt) return mk_cli_usage();
+    if (!o.prompt) return mk_text_usage();
     mk_model *model = NULL;
     mk_tokenizer *tok = NULL;
     int32_t *ids = NULL;
@@ -241,9 +286,11 @@ int mk_cli_run_text(int argc, char **argv) {
     const mk_hparams *hp = mk_model_hparams(model);
     /* the KV cache holds the prompt and the answer; more than the model's context fails */
     o.range.max_context = n_ids + o.n_new < hp->max_context ? n_ids + o.n_new : hp->max_context;
-    printf("model %s: %s, %zu layers, hidden %zu, vocab %zu; backend %s, weights %s\n", o.model_path,
+    printf("model %s: %s, %zu layers, hidden %zu, vocab %zu; backend %s, weights %s", o.model_path,
            mk_model_architecture(model), hp->n_layers, hp->hidden, hp->vocab,
            o.range.backend.kind == MK_BACKEND_CUDA ? "cuda" : "cpu", mk_dtype_name(o.range.backend.weight_dtype));
+    if (o.n_cuts) printf(", seams %s", mk_seam_kind_name(o.seam.kind));
+    printf("\n");
     printf("chat template %s; prompt %zu tokens\n", template_name, n_ids);
     mk_cli_gen split = {0}, whole = {0};
     mk_generate_stats st_split, st_whole;
@@ -366,7 +413,7 @@ int mk_cli_chat(int argc, char **argv) {
     mk_status s = mk_model_open_gguf(o.model_path, &model);
     if (s == MK_OK) s = mk_tokenizer_open(model, &tok);
     if (s == MK_OK) s = mk_chat_template_detect(tok, &kind);
-    if (s == MK_OK) s = mk_pipeline_create(model, o.cuts, o.n_cuts, &o.range, true, &p);
+    if (s == MK_OK) s = mk_text_pipeline(model, &o, o.cuts, o.n_cuts, &p);
     if (s == MK_OK && o.system) s = mk_chat_add(&c, "system", o.system);
     if (s == MK_OK) {
         fprintf(stderr, "chat with %s (template %s); one message per line, end with an empty line or EOF\n",
@@ -398,14 +445,14 @@ int mk_cli_chat(int argc, char **argv) {
 /* ================================================================ tokenize == */
 
 int mk_cli_tokenize(int argc, char **argv) {
-    if (argc < 2) return mk_cli_usage();
+    if (argc < 2) return mk_text_usage();
     unsigned flags = MK_TOKENIZE_ADD_SPECIAL | MK_TOKENIZE_PARSE_SPECIAL;
     bool ids_only = false;
     for (int i = 2; i < argc; i++) {
         if (strcmp(argv[i], "--ids") == 0) ids_only = true;
         else if (strcmp(argv[i], "--no-bos") == 0) flags &= ~MK_TOKENIZE_ADD_SPECIAL;
         else if (strcmp(argv[i], "--no-parse-special") == 0) flags &= ~MK_TOKENIZE_PARSE_SPECIAL;
-        else return mk_cli_usage();
+        else return mk_text_usage();
     }
     mk_tokenizer *tok = NULL;
     int32_t *ids = NULL;
