@@ -369,6 +369,39 @@ TEST_P(PipelineSchedSeam, StageThatDiesFailsItsSequencesWithoutHangingOrLosingFi
     EXPECT_NE(late_results[0].error.find("stage 1 is down"), std::string::npos) << late_results[0].error;
 }
 
+// The receiving stage of seam 0 loses its connection mid-run (its ends close after 5
+// boundaries, as when that stage's process dies): the sender's writes fail on the closed
+// socket, the receiver reports its closed end, every sequence still in flight fails with a
+// status and an error naming the stage, the sequence that finished first keeps its
+// output, a later submission fails too, and nothing waits out a deadline.
+TEST_P(PipelineSchedSeam, ConnectionLostMidRunFailsTheSequencesInFlightWithoutHanging) {
+    ModelPtr model = make_random_model(mk_hparams_seed_default());
+    const std::vector<SeqSpec> specs = {{{5, 6, 7}, 1, {}}, {{9, 1}, 30, {}}, {{2, 2, 4, 8}, 12, {}},
+                                        {{13}, 6, {}},     {{3, 1, 4}, 9, {}}};
+    const std::vector<int64_t> cuts = {2};
+    Collector c;
+    SchedPtr s = make_sched(model.get(), sched_options(3, &cuts, GetParam()), &c);
+    ASSERT_TRUE(s);
+    MK_ASSERT_OK(mk_sched_inject_seam_cut(s.get(), 0, 5));
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::vector<uint64_t> ids = submit_all(s.get(), specs);
+    ASSERT_TRUE(wait_all_within(s.get(), 20));
+    const std::vector<SeqResult> results = collect(s.get(), &c, ids);
+    expect_all_match_whole(model.get(), cpu_options(), {specs[0]}, {results[0]}, "finished before the cut");
+    for (size_t i = 1; i < results.size(); i++) {
+        EXPECT_EQ(results[i].info.state, MK_SEQ_FAILED) << "seq " << i;
+        EXPECT_NE(results[i].info.status, MK_OK) << "seq " << i;
+        EXPECT_NE(results[i].error.find("stage "), std::string::npos) << results[i].error;
+        const Decode ref = whole_reference(model.get(), cpu_options(), specs[i]);
+        ASSERT_LE(results[i].tokens.size(), ref.tokens.size());
+        EXPECT_TRUE(std::equal(results[i].tokens.begin(), results[i].tokens.end(), ref.tokens.begin()));
+    }
+    const std::vector<uint64_t> late = submit_all(s.get(), {{{4, 4}, 3, {}}});
+    ASSERT_TRUE(wait_all_within(s.get(), 20));
+    EXPECT_EQ(collect(s.get(), &c, late)[0].info.state, MK_SEQ_FAILED);
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10)) << "a failure waited out a deadline";
+}
+
 INSTANTIATE_TEST_SUITE_P(Transports, PipelineSchedSeam,
                          ::testing::Values(MK_SEAM_LOCAL, MK_SEAM_WIRE, MK_SEAM_UNIX, MK_SEAM_TCP),
                          [](const ::testing::TestParamInfo<mk_seam_kind> &p) {

@@ -459,3 +459,14 @@ mk_status mk_sched_inject_fault(mk_sched *s, size_t stage, size_t step, bool die
     pthread_mutex_unlock(&s->mu);
     return MK_OK;
 }
+
+mk_status mk_sched_inject_seam_cut(mk_sched *s, size_t seam, size_t after) {
+    if (!s || seam + 1 >= s->n_stages) return mk_fail(MK_ERR_INVALID_ARGUMENT, "inject seam cut: no seam %zu", seam);
+    /* Read by the receiving stage's worker after it takes an item: ordered by the queue. */
+    mk_stage_link *link = &s->links[seam];
+    pthread_mutex_lock(&link->q.mu);
+    link->cut_after = after;
+    link->cut_armed = true;
+    pthread_mutex_unlock(&link->q.mu);
+    return MK_OK;
+}

@@ -78,6 +78,10 @@ typedef struct mk_stage_link {
     bool fifo;
     size_t n_pairs;
     mk_seam **tx, **rx; /* [n_pairs] */
+    /* receiver's thread only: boundaries taken; the injected cut (tests) closes the
+     * receiving ends once cut_after were taken, as when that stage's process dies */
+    size_t taken, cut_after;
+    bool cut_armed, cut;
 } mk_stage_link;
 
 /* Join `sender` (stage i's range) and `receiver` with the transport `kind`, n_slots items. */
@@ -182,6 +186,10 @@ void mk_sched_emit(struct mk_sched *sched, mk_sched_item *item);
  * or mk_sched_reset_stats); with dies, every later step on it fails too. Call before
  * submitting. */
 mk_status mk_sched_inject_fault(mk_sched *sched, size_t stage, size_t step, bool dies);
+/* Test hook: the receiving ends of seam `seam` close after taking `after` boundaries (its
+ * stage lost its connection: the sender's writes fail, later receives report the closed
+ * end). Call before submitting. */
+mk_status mk_sched_inject_seam_cut(mk_sched *sched, size_t seam, size_t after);
 
 /* ============================================================ cut chooser == */
 

@@ -71,11 +71,23 @@ mk_sched_item *mk_stage_link_take(mk_stage_link *link) { return mk_queue_pop(&li
 
 mk_status mk_stage_link_recv(mk_stage_link *link, const mk_sched_item *item, const mk_sequence *seq,
                              mk_boundary *into) {
+    if (link->cut_armed && !link->cut && link->taken == link->cut_after) {
+        /* The injected loss of this end (tests): its sockets close, the sender sees it. */
+        for (size_t i = 0; i < link->n_pairs; i++) {
+            mk_seam_free(link->rx[i]);
+            link->rx[i] = NULL;
+        }
+        link->cut = true;
+    }
+    if (link->cut)
+        return mk_fail(MK_ERR_PEER_CLOSED, "%s seam: the receiving end was closed after %zu boundaries (injected)",
+                       mk_seam_kind_name(link->kind), link->taken);
+    link->taken++;
     return mk_seam_recv(link->rx[mk_link_pair(link, item)], seq, into);
 }
 
 size_t mk_stage_link_bytes(const mk_stage_link *link) {
     size_t bytes = 0;
-    for (size_t i = 0; i < link->n_pairs; i++) bytes += mk_seam_bytes(link->rx[i]);
+    for (size_t i = 0; i < link->n_pairs; i++) bytes += link->rx[i] ? mk_seam_bytes(link->rx[i]) : 0;
     return bytes;
 }
