@@ -6,6 +6,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "boundary.h"
 #include "mk_error.h"
 #include "range.h"
 #include "sched.h"
@@ -51,10 +52,11 @@ static mk_status mk_stage_step(mk_sched_stage *st, mk_sched_item *item) {
     stats->busy_ns += t1 - t0;
     stats->cpu_ns += c1 - c0;
     stats->last_ns = t1;
+    /* The header read directly: the API getter would clear a failed forward's message. */
     if (st->timeline_len < st->timeline_cap)
         st->timeline[st->timeline_len++] = (mk_timeline_record){
             .seq_id = item->req->id, .start_ns = t0, .end_ns = t1,
-            .rows = (uint32_t)(head ? item->n_tokens : mk_boundary_header_of(st->in)->rows)};
+            .rows = (uint32_t)(head ? item->n_tokens : st->in->h.rows)};
     return s;
 }
 
