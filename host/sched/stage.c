@@ -79,10 +79,14 @@ void *mk_stage_main(void *arg) {
         /* A new sequence in this slot: its cache starts empty (stale rows are never read),
          * before its first boundary is checked against it. */
         if (item->kind == MK_ITEM_PREFILL) s = mk_sequence_reset(st->seqs[item->slot]);
-        /* Received even when the step will fail: a FIFO transport stays in step. */
+        /* Received even when the step will fail: a FIFO transport stays in step (the
+         * failure's message is kept across the receive, which clears it). */
         if (!head) {
+            char earlier[256];
+            snprintf(earlier, sizeof earlier, "%s", s == MK_OK ? "" : mk_last_error());
             const mk_status r = mk_stage_link_recv(st->in_link, item, st->seqs[item->slot], st->in);
-            if (s == MK_OK) s = r;
+            if (s != MK_OK) (void)mk_fail(s, "%s", earlier);
+            else s = r;
         }
         if (s == MK_OK) s = mk_stage_step(st, item);
         if (s == MK_OK && !tail) s = mk_stage_link_send(st->out_link, item, item->out[st->index]);
