@@ -84,6 +84,7 @@ const char *mk_status_name(mk_status status) {
         MK_NAME(MK_ERR_INVALID_UTF8)
         MK_NAME(MK_ERR_CHAT_TEMPLATE)
         MK_NAME(MK_ERR_CONNECT)
+        MK_NAME(MK_ERR_PEER_LOST)
 #undef MK_NAME
     }
     return "MK_ERR_UNKNOWN";

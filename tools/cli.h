@@ -14,4 +14,16 @@ int mk_cli_run_batch(int argc, char **argv);
 /* True when argv names the batch form of run (it has --prompts). */
 bool mk_cli_is_batch_run(int argc, char **argv);
 
+/* Prompts as token ids: one prompt per line, comma-separated ids; blank lines and lines
+ * starting with '#' skipped. path "-" reads standard input. */
+typedef struct batch_prompt {
+    int32_t *ids;
+    size_t n;
+} batch_prompt;
+mk_status mk_cli_read_prompts(const char *path, batch_prompt **out, size_t *n_out);
+void mk_cli_free_prompts(batch_prompt *p, size_t n);
+
+/* meshkern stage MODEL ...: one range of a multi-process pipeline (stage_cmd.c). */
+int mk_cli_stage(int argc, char **argv);
+
 #endif

@@ -55,6 +55,13 @@ mk_status mk_seam_stream_end(mk_seam *s, int fd, bool tls_server_side, int64_t d
 mk_status mk_seam_nccl_pair(mk_seam *tx, mk_seam *rx);
 mk_status mk_seam_nccl_publish(const char *id_path);
 mk_status mk_seam_nccl_join(mk_seam *s, const char *id_path);
+/* mk_seam_recv with the contract (and, for the stage runtime, the choice of sequence) in
+ * check(user, header), run before any payload is accepted. */
+mk_status mk_seam_recv_with(mk_seam *s, mk_seam_check check, void *user, mk_boundary *into);
+/* Stream ends: the connected fd (to poll before a receive; -1 for other transports), and
+ * raw bytes written on it (fault injection only: a frame that is not one). */
+int mk_seam_stream_fd(const mk_seam *s);
+mk_status mk_seam_stream_write_raw(mk_seam *s, const void *bytes, size_t n);
 /* Transports own impl; seam.c frees the seam itself. */
 
 #endif
