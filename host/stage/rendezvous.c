@@ -97,7 +97,7 @@ static mk_status mk_rendezvous_root(mk_stage *st, int64_t deadline) {
         const int n = snprintf(body, sizeof body, "%zu %zu %zu %s", st->max_context, st->max_rows, st->max_sequences,
                                k + 1 < st->world ? hello[k + 1].address : "-");
         s = mk_ctl_send(&st->ctl[k], MK_CTL_WELCOME, body, (size_t)n, deadline);
-        if (s != MK_OK) s = mk_fail(s, "rank 0 could not welcome rank %d: %s", k, mk_last_error());
+        if (s != MK_OK) s = mk_stage_wrap(s, "rank 0 could not welcome rank %d", k);
     }
     return s;
 }
@@ -135,7 +135,7 @@ static mk_status mk_listen_seam(mk_stage *st) {
 static mk_status mk_rendezvous_join(mk_stage *st, int64_t deadline) {
     int fd = -1;
     mk_status s = mk_socket_connect(MK_SEAM_TCP, st->o.rendezvous, deadline, &fd);
-    if (s != MK_OK) return mk_fail(s, "rank %d: no rendezvous at %s: %s", st->rank, st->o.rendezvous, mk_last_error());
+    if (s != MK_OK) return mk_stage_wrap(s, "rank %d: no rendezvous at %s", st->rank, st->o.rendezvous);
     st->ctl[0].fd = fd;
     MK_TRY(mk_listen_seam(st));
     char body[MK_CTL_MAX_BODY + 1];

@@ -32,6 +32,8 @@ typedef enum mk_ctl_type {
     MK_CTL_RESULT = 4,  /* last rank -> 0: a TailResult (request id, sampled token) */
     MK_CTL_BYE = 5,     /* 0 -> rank: every request is done */
     MK_CTL_ABORT = 6,   /* either way: "status message": the run stops */
+    MK_CTL_PING = 7,    /* 0 -> rank: rank 0 had no result in time; who is silent? */
+    MK_CTL_PONG = 8,    /* rank -> 0: this rank is alive */
 } mk_ctl_type;
 
 mk_status mk_ctl_send(mk_io *io, mk_ctl_type type, const void *body, size_t len, int64_t deadline);
@@ -42,6 +44,10 @@ mk_status mk_ctl_recv(mk_io *io, mk_ctl_type *type, char *body, size_t *len, int
 void mk_ctl_abort(mk_io *io, mk_status status, const char *message);
 /* Parse an ABORT body into a failure (status recorded with its message). */
 mk_status mk_ctl_abort_status(const char *body);
+
+/* The current failure message prefixed: status with "<fmt...>: <message so far>". The
+ * message is copied first (mk_fail formats into the buffer mk_last_error returns). */
+mk_status mk_stage_wrap(mk_status status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* =============================================================== slots == */
 

@@ -106,12 +106,12 @@ static mk_status mk_stage_build(mk_stage *st) {
     if (st->rank + 1 < st->world) {
         so.address = st->next_address;
         const mk_status s = mk_seam_connect(&so, st->range, &st->to_next);
-        if (s != MK_OK) return mk_fail(s, "rank %d: cannot connect to rank %d at %s: %s", st->rank, st->rank + 1,
-                                       st->next_address, mk_last_error());
+        if (s != MK_OK) return mk_stage_wrap(s, "rank %d: cannot connect to rank %d at %s", st->rank, st->rank + 1,
+                                       st->next_address);
     }
     if (st->rank > 0) {
         const mk_status s = mk_seam_accept(st->listener, st->range, &st->from_prev);
-        if (s != MK_OK) return mk_fail(s, "rank %d: rank %d did not connect: %s", st->rank, st->rank - 1, mk_last_error());
+        if (s != MK_OK) return mk_stage_wrap(s, "rank %d: rank %d did not connect", st->rank, st->rank - 1);
         mk_seam_listener_free(st->listener);
         st->listener = NULL;
     }
@@ -231,8 +231,13 @@ static mk_status mk_poll_in(const int *fds, size_t n, int64_t deadline, int *rea
 static mk_status mk_stage_go_silent(mk_stage *st, uint64_t step) {
     const int64_t deadline = mk_deadline_ms(3 * st->timeout_ms, 3 * MK_STAGE_DEFAULT_TIMEOUT_MS);
     if (st->rank != 0) {
-        int fd = st->ctl[0].fd, ready = -1;
-        (void)mk_poll_in(&fd, 1, deadline, &ready);
+        /* Pings go unanswered; whatever arrives is read and dropped until rank 0 hangs up. */
+        for (;;) {
+            int fd = st->ctl[0].fd, ready = -1;
+            (void)mk_poll_in(&fd, 1, deadline, &ready);
+            char junk[256];
+            if (ready < 0 || read(fd, junk, sizeof junk) <= 0) break;
+        }
     } else {
         while (mk_now_ms() < deadline) usleep(100000);
     }
@@ -254,11 +259,11 @@ static mk_status mk_stage_send(mk_stage *st, const char *id) {
     if (mk_fault_due(&st->fault, step, MK_FAULT_OTHER_DIGEST)) mk_other_digest(st->out->h.recipe_digest);
     const mk_status s = mk_seam_send(st->to_next, st->out);
     if (s == MK_ERR_PEER_CLOSED)
-        return mk_fail(MK_ERR_PEER_LOST, "rank %d lost rank %d (the next stage) sending step %llu of %s: %s", st->rank,
-                       st->rank + 1, (unsigned long long)step, id, mk_last_error());
+        return mk_stage_wrap(MK_ERR_PEER_LOST, "rank %d lost rank %d (the next stage) sending step %llu of %s", st->rank,
+                       st->rank + 1, (unsigned long long)step, id);
     if (s != MK_OK)
-        return mk_fail(s, "rank %d: sending step %llu of %s to rank %d failed: %s", st->rank, (unsigned long long)step,
-                       id, st->rank + 1, mk_last_error());
+        return mk_stage_wrap(s, "rank %d: sending step %llu of %s to rank %d failed", st->rank, (unsigned long long)step,
+                       id, st->rank + 1);
     return MK_OK;
 }
 
@@ -288,7 +293,7 @@ static mk_status mk_head_step(mk_head *h, size_t i, const int32_t *ids, size_t n
     mk_sequence *seq = NULL;
     MK_TRY(mk_slots_get(&st->slots, id, fresh, &seq));
     const mk_status s = mk_range_forward_boundary(st->range, seq, ids, n, NULL, NULL, st->out, NULL);
-    if (s != MK_OK) return mk_fail(s, "rank 0: %s at step %llu: %s", id, (unsigned long long)st->steps, mk_last_error());
+    if (s != MK_OK) return mk_stage_wrap(s, "rank 0: %s at step %llu", id, (unsigned long long)st->steps);
     return mk_stage_send(st, id);
 }
 
@@ -323,7 +328,7 @@ static mk_status mk_head_result(mk_head *h, const char *body, size_t len) {
     const int last = st->world - 1;
     mk_tail_result_info info;
     mk_status s = mk_tail_result_validate((const uint8_t *)body, len, &info);
-    if (s != MK_OK) return mk_fail(s, "rank %d sent an invalid tail result: %s", last, mk_last_error());
+    if (s != MK_OK) return mk_stage_wrap(s, "rank %d sent an invalid tail result", last);
     if (strcmp(info.runtime_recipe_digest, mk_range_recipe_digest(st->range)) != 0)
         return mk_fail(MK_ERR_RECIPE_DIGEST, "rank %d sent a result of recipe %.16s..., this run's is %.16s...: refused",
                        last, info.runtime_recipe_digest, mk_range_recipe_digest(st->range));
@@ -346,6 +351,43 @@ static mk_status mk_head_result(mk_head *h, const char *body, size_t len) {
     return mk_head_step(h, i, &token, 1, false);
 }
 
+/* No result came in time: ask every rank whether it is alive, so the message names the
+ * silent one rather than the last rank rank 0 happened to wait for. */
+static mk_status mk_head_diagnose(mk_head *h) {
+    mk_stage *st = h->st;
+    const int quarter = st->timeout_ms / 4 > 250 ? st->timeout_ms / 4 : 250;
+    const int64_t deadline = mk_deadline_ms(quarter, quarter);
+    bool answered[MK_STAGE_MAX_WORLD] = {false};
+    for (int k = 1; k < st->world; k++) (void)mk_ctl_send(&st->ctl[k], MK_CTL_PING, NULL, 0, deadline);
+    for (;;) {
+        int fds[MK_STAGE_MAX_WORLD], who[MK_STAGE_MAX_WORLD], n = 0, ready = -1;
+        for (int k = 1; k < st->world; k++)
+            if (!answered[k]) {
+                fds[n] = st->ctl[k].fd;
+                who[n++] = k;
+            }
+        if (n == 0) break;
+        MK_TRY(mk_poll_in(fds, (size_t)n, deadline, &ready));
+        if (ready < 0) {
+            return mk_fail(MK_ERR_PEER_TIMEOUT,
+                           "rank %d is silent: no result reached rank 0 within %d ms (step %llu, %zu requests in flight) "
+                           "and rank %d did not answer within %d ms more",
+                           who[0], st->timeout_ms, (unsigned long long)st->steps, h->in_flight, who[0], quarter);
+        }
+        const int k = who[ready];
+        char peer[32], body[MK_CTL_MAX_BODY + 1];
+        snprintf(peer, sizeof peer, "rank %d", k);
+        mk_ctl_type type;
+        size_t len;
+        MK_TRY(mk_ctl_recv(&st->ctl[k], &type, body, &len, deadline, peer));
+        if (type == MK_CTL_ABORT) return mk_ctl_abort_status(body);
+        if (type == MK_CTL_PONG) answered[k] = true; /* a late result is dropped: the run fails anyway */
+    }
+    return mk_fail(MK_ERR_PEER_TIMEOUT,
+                   "no result from rank %d within %d ms (step %llu, %zu requests in flight), though every rank answers",
+                   st->world - 1, st->timeout_ms, (unsigned long long)st->steps, h->in_flight);
+}
+
 /* Wait for the next control message on any rank's connection and act on it. */
 static mk_status mk_head_wait(mk_head *h) {
     mk_stage *st = h->st;
@@ -354,18 +396,14 @@ static mk_status mk_head_wait(mk_head *h) {
     int ready = -1;
     const int64_t deadline = mk_deadline_ms(st->timeout_ms, MK_STAGE_DEFAULT_TIMEOUT_MS);
     MK_TRY(mk_poll_in(fds, (size_t)st->world - 1, deadline, &ready));
-    if (ready < 0)
-        return mk_fail(MK_ERR_PEER_TIMEOUT,
-                       "rank 0: no result from rank %d within %d ms (step %llu, %zu requests in flight): a rank is "
-                       "silent",
-                       st->world - 1, st->timeout_ms, (unsigned long long)st->steps, h->in_flight);
+    if (ready < 0) return mk_head_diagnose(h);
     const int k = ready + 1;
     char peer[32], body[MK_CTL_MAX_BODY + 1];
     snprintf(peer, sizeof peer, "rank %d", k);
     mk_ctl_type type;
     size_t len;
     const mk_status s = mk_ctl_recv(&st->ctl[k], &type, body, &len, deadline, peer);
-    if (s != MK_OK) return mk_fail(s, "rank 0 at step %llu: %s", (unsigned long long)st->steps, mk_last_error());
+    if (s != MK_OK) return mk_stage_wrap(s, "rank 0 at step %llu", (unsigned long long)st->steps);
     if (type == MK_CTL_ABORT) return mk_ctl_abort_status(body);
     if (type == MK_CTL_RESULT && k == st->world - 1) return mk_head_result(h, body, len);
     return mk_fail(MK_ERR_FRAME, "rank %d sent control message type %d mid-run", k, (int)type);
@@ -461,14 +499,14 @@ static mk_status mk_member_step(mk_stage *st) {
     mk_status s = mk_seam_recv_with(st->from_prev, mk_member_check, &route, st->in);
     if (s == MK_ERR_PEER_CLOSED) return s; /* told apart from a clean end by the caller */
     if (s != MK_OK)
-        return mk_fail(s, "rank %d refused the boundary from rank %d (its step %llu here): %s", st->rank, st->rank - 1,
-                       (unsigned long long)st->steps, mk_last_error());
+        return mk_stage_wrap(s, "rank %d refused the boundary from rank %d (its step %llu here)", st->rank, st->rank - 1,
+                       (unsigned long long)st->steps);
     char id[64];
     snprintf(id, sizeof id, "%s", st->in->h.request_id);
     const bool tail = st->rank + 1 == st->world;
     mk_tail_output *out = NULL;
     s = mk_range_forward_boundary(st->range, route.seq, NULL, 0, st->in, NULL, tail ? NULL : st->out, tail ? &out : NULL);
-    if (s != MK_OK) return mk_fail(s, "rank %d: %s at step %llu: %s", st->rank, id, (unsigned long long)st->steps, mk_last_error());
+    if (s != MK_OK) return mk_stage_wrap(s, "rank %d: %s at step %llu", st->rank, id, (unsigned long long)st->steps);
     if (!tail) return mk_stage_send(st, id);
     const int32_t token = out->token_ids[0];
     mk_tail_output_free(out);
@@ -485,6 +523,7 @@ static mk_status mk_member_control(mk_stage *st, int64_t deadline, bool *bye, ch
         *bye = true;
         return MK_OK;
     }
+    if (type == MK_CTL_PING) return mk_ctl_send(&st->ctl[0], MK_CTL_PONG, NULL, 0, deadline);
     if (type == MK_CTL_ABORT) {
         char *nl = strchr(body, '\n');
         if (nl) {
@@ -500,11 +539,14 @@ static mk_status mk_member_serve(mk_stage *st, char *requests, size_t cap) {
     for (;;) {
         const int fds[2] = {st->ctl[0].fd, mk_seam_stream_fd(st->from_prev)};
         int ready = -1;
-        const int64_t deadline = mk_deadline_ms(st->timeout_ms, MK_STAGE_DEFAULT_TIMEOUT_MS);
+        /* Rank 0 watches the results and names a silent rank within 1.25 deadlines; this
+         * rank waits twice the deadline, which only passes when rank 0 itself is silent. */
+        const int64_t deadline = mk_deadline_ms(2 * st->timeout_ms, 2 * MK_STAGE_DEFAULT_TIMEOUT_MS);
         MK_TRY(mk_poll_in(fds, 2, deadline, &ready));
         if (ready < 0)
-            return mk_fail(MK_ERR_PEER_TIMEOUT, "rank %d: nothing from rank %d within %d ms (after step %llu): a rank is silent",
-                           st->rank, st->rank - 1, st->timeout_ms, (unsigned long long)st->steps);
+            return mk_fail(MK_ERR_PEER_TIMEOUT, "rank %d: neither a boundary from rank %d nor a word from rank 0 within "
+                           "%d ms (after step %llu): rank 0 is silent", st->rank, st->rank - 1, 2 * st->timeout_ms,
+                           (unsigned long long)st->steps);
         bool bye = false;
         if (ready == 0) {
             MK_TRY(mk_member_control(st, deadline, &bye, requests, cap));
@@ -540,8 +582,8 @@ static mk_status mk_stage_serve_member(mk_stage *st, mk_stage_report_fn report, 
          * flight and answers with their list. */
         mk_ctl_abort(&st->ctl[0], s, message);
         bool bye = false;
-        const mk_status r = mk_member_control(st, mk_deadline_ms(st->timeout_ms, MK_STAGE_DEFAULT_TIMEOUT_MS), &bye,
-                                              requests, sizeof requests);
+        const mk_status r = mk_member_control(st, mk_deadline_ms(st->timeout_ms / 2, MK_STAGE_DEFAULT_TIMEOUT_MS / 2),
+                                              &bye, requests, sizeof requests);
         (void)r;
     }
     for (const char *p = requests; report && *p;) {
