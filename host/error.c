@@ -75,6 +75,7 @@ const char *mk_status_name(mk_status status) {
         MK_NAME(MK_ERR_CUBLAS)
         MK_NAME(MK_ERR_NCCL)
         MK_NAME(MK_ERR_KERNEL_LAUNCH)
+        MK_NAME(MK_ERR_MPI)
         MK_NAME(MK_ERR_PEER_CLOSED)
         MK_NAME(MK_ERR_PEER_TIMEOUT)
         MK_NAME(MK_ERR_AUTH)

@@ -85,6 +85,7 @@ typedef enum mk_status {
     MK_ERR_CUBLAS = 84,
     MK_ERR_NCCL = 85,
     MK_ERR_KERNEL_LAUNCH = 86,
+    MK_ERR_MPI = 87,                   /* an MPI call failed (launch by mpirun) */
     /* seams and transports (host/seam/) */
     MK_ERR_PEER_CLOSED = 90,           /* the peer closed the connection (mid-frame or before) */
     MK_ERR_PEER_TIMEOUT = 91,          /* connect, read or write passed its deadline */
@@ -869,6 +870,20 @@ typedef void (*mk_stage_report_fn)(void *user, const mk_stage_report *report);
  * then reported failed). */
 MK_API mk_status mk_stage_serve(mk_stage *stage, const mk_stage_request *requests, size_t n_requests,
                                 mk_stage_report_fn report, void *user);
+
+/* Launch by MPI (mpirun, srun): true when an MPI launcher started this process
+ * (OMPI_COMM_WORLD_SIZE, PMI_SIZE or PMIX_RANK in the environment). */
+MK_API bool mk_stage_mpi_launched(void);
+/* Under MPI, before mk_stage_join: MPI_Init (errors returned, not fatal), rank and world
+ * from MPI_Comm_rank/size into options; the stage digests compared with MPI_Allgather (a
+ * mismatch fails every rank with MK_ERR_RECIPE_DIGEST naming the rank, before any
+ * connection); rank 0 picks a free port on its node's address and MPI_Bcast's the
+ * rendezvous "HOST:PORT" into rendezvous[cap] (options->rendezvous points there). Builds
+ * without MPI refuse with MK_ERR_UNSUPPORTED. */
+MK_API mk_status mk_stage_mpi_setup(const mk_model *model, mk_stage_options *options, char *rendezvous, size_t cap);
+/* MPI_Finalize after a run every rank finished (a failed run exits without it: the
+ * launcher ends the rest). */
+MK_API void mk_stage_mpi_finalize(void);
 
 #ifdef __cplusplus
 }

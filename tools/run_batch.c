@@ -107,7 +107,10 @@ static int parse_batch_args(int argc, char **argv, batch_args *a) {
             const mk_status s = mk_backend_kind_from_name(v, &a->backend.kind);
             if (s != MK_OK) return mk_cli_fail(s);
         } else if (strcmp(k, "--dtype") == 0) {
-            a->backend.weight_dtype = strcmp(v, "f16") == 0 ? MK_DTYPE_F16 : strcmp(v, "bf16") == 0 ? MK_DTYPE_BF16 : MK_DTYPE_F32;
+            a->backend.weight_dtype = strcmp(v, "f16") == 0    ? MK_DTYPE_F16
+                                      : strcmp(v, "bf16") == 0   ? MK_DTYPE_BF16
+                                      : strcmp(v, "native") == 0 ? MK_DTYPE_NATIVE
+                                                                 : MK_DTYPE_F32;
             if (a->backend.weight_dtype == MK_DTYPE_F32 && strcmp(v, "f32") != 0) return mk_cli_usage();
         } else return mk_cli_usage();
     }

@@ -3,6 +3,7 @@
  * library's (mk_stage_join / mk_stage_serve).
  *
  *   meshkern stage MODEL --split L1,L2,...|auto --rank R --world N --rendezvous HOST:PORT
+ *   mpirun -np N meshkern stage MODEL --split L1,L2,...|auto [--launcher mpi]
  *                  [--prompts FILE|-] [--max-tokens K] [--batch M] [--timeout S] [--stop IDS]
  *                  [--seam tcp|unix] [--backend cpu|cuda] [--dtype native|f32|f16|bf16] [--threads N]
  *
@@ -29,7 +30,8 @@ typedef struct stage_args {
     int32_t stop[MK_STAGE_MAX_LIST + 1];
     size_t n_stop;
     mk_stage_options o;
-    bool dtype_given;
+    bool dtype_given, mpi;
+    char mpi_rendezvous[300];
 } stage_args;
 
 typedef struct stage_print {
@@ -98,6 +100,10 @@ static int parse_stage_args(int argc, char **argv, stage_args *a) {
         } else if (strcmp(k, "--world") == 0) {
             if (!parse_int(v, 2, MK_STAGE_MAX_LIST, &a->o.world)) return mk_cli_usage();
         } else if (strcmp(k, "--rendezvous") == 0) a->rendezvous = v;
+        else if (strcmp(k, "--launcher") == 0) {
+            if (strcmp(v, "mpi") == 0) a->mpi = true;
+            else if (strcmp(v, "rendezvous") != 0) return mk_cli_usage();
+        }
         else if (strcmp(k, "--prompts") == 0) a->prompts = v;
         else if (strcmp(k, "--max-tokens") == 0) { if (!parse_size(v, &a->o.max_new_tokens)) return mk_cli_usage(); }
         else if (strcmp(k, "--batch") == 0) { if (!parse_size(v, &a->o.max_sequences)) return mk_cli_usage(); }
@@ -127,19 +133,19 @@ static int parse_stage_args(int argc, char **argv, stage_args *a) {
             else return mk_cli_usage();
         } else return mk_cli_usage();
     }
-    if (!split_given || a->o.rank < 0 || a->o.world < 2 || !a->rendezvous || a->o.rank >= a->o.world) {
-        fprintf(stderr, "meshkern stage: --split, --rank, --world and --rendezvous are required (0 <= rank < world)\n");
+    /* Started by mpirun without a rank of its own: MPI says who is who. */
+    if (!a->mpi && a->o.rank < 0 && mk_stage_mpi_launched()) a->mpi = true;
+    if (!split_given || (!a->mpi && (a->o.rank < 0 || a->o.world < 2 || !a->rendezvous || a->o.rank >= a->o.world))) {
+        fprintf(stderr, "meshkern stage: --split is required, and --rank, --world and --rendezvous unless MPI "
+                        "launches the ranks (0 <= rank < world)\n");
         return mk_cli_usage();
-    }
-    if (a->o.rank == 0 && !a->prompts) {
-        fprintf(stderr, "meshkern stage: rank 0 needs --prompts FILE (or - for standard input)\n");
-        return 2;
     }
     /* A GGUF model on the cpu backend runs on its stored weights unless asked otherwise (as run). */
     if (!a->dtype_given && a->o.range.backend.kind == MK_BACKEND_CPU && strncmp(a->model, "--random", 8) != 0)
         a->o.range.backend.weight_dtype = MK_DTYPE_NATIVE;
     a->o.cuts = a->cuts;
     a->o.rendezvous = a->rendezvous;
+    if (a->mpi) a->o.world = 2; /* until MPI says */
     return 0;
 }
 
@@ -227,18 +233,30 @@ int mk_cli_stage(int argc, char **argv) {
     stage_args a;
     const int bad = parse_stage_args(argc, argv, &a);
     if (bad) return bad;
+    mk_model *model = NULL;
+    mk_status s = mk_cli_open_model(a.model, &model);
+    if (s != MK_OK) return mk_cli_fail(s);
+    /* Under MPI the rank, the world and the rendezvous come from MPI; the digests are
+     * compared there, before any connection. */
+    if (a.mpi && (s = mk_stage_mpi_setup(model, &a.o, a.mpi_rendezvous, sizeof a.mpi_rendezvous)) != MK_OK) {
+        fprintf(stderr, "meshkern stage: rank %d: refused at startup: %s: %s\n", a.o.rank, mk_status_name(s),
+                mk_last_error());
+        mk_model_free(model);
+        return 1;
+    }
+    if (a.o.rank == 0 && !a.prompts) {
+        fprintf(stderr, "meshkern stage: rank 0 needs --prompts FILE (or - for standard input)\n");
+        mk_model_free(model);
+        return 2;
+    }
     batch_prompt *prompts = NULL;
     size_t n_prompts = 0;
-    mk_status s = MK_OK;
     if (a.o.rank == 0) s = mk_cli_read_prompts(a.prompts, &prompts, &n_prompts);
-    if (s != MK_OK) {
-        mk_cli_free_prompts(prompts, n_prompts);
-        return mk_cli_fail(s);
-    }
-    mk_model *model = NULL;
-    s = mk_cli_open_model(a.model, &model);
     const int rc = s == MK_OK ? run_stage(&a, model, prompts, n_prompts) : mk_cli_fail(s);
     mk_model_free(model);
     mk_cli_free_prompts(prompts, n_prompts);
+    /* A failed run leaves MPI unfinalized: MPI_Finalize waits for every rank, and the
+     * launcher ends the others once this one exits non-zero. */
+    if (a.mpi && rc == 0) mk_stage_mpi_finalize();
     return rc;
 }

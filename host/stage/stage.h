@@ -121,6 +121,11 @@ struct mk_stage {
     uint64_t steps;               /* boundaries this rank handled */
 };
 
+/* The cuts of o (given, or balanced for o->world ranks) into cuts[world - 1], checked,
+ * and the stage digest every rank must share. */
+mk_status mk_stage_plan(const mk_model *model, const mk_stage_options *o, int64_t *cuts,
+                        char digest[MK_DIGEST_HEX_LEN + 1]);
+
 /* rendezvous.c: meet the other ranks (fills ctl, next_address, max_*); then, once the
  * range and seams are up, the ready barrier. */
 mk_status mk_stage_rendezvous(mk_stage *st);

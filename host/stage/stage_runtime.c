@@ -53,20 +53,33 @@ const mk_range *mk_stage_range(const mk_stage *st) {
 
 /* What every rank must agree on: the model's identity, the weight and KV modes, the cuts
  * and the world. */
-static mk_status mk_stage_digest(mk_stage *st) {
+static mk_status mk_stage_digest_of(const mk_model *model, const mk_stage_options *o, const int64_t *cuts,
+                                    char digest[MK_DIGEST_HEX_LEN + 1]) {
     char text[2048];
     int n = snprintf(text, sizeof text, "meshkern-stage-v1;model=%s;weights=%s;kv=%s;world=%d;cuts=",
-                     mk_model_digest(st->model), mk_dtype_name(st->o.range.backend.weight_dtype),
-                     mk_dtype_name(st->o.range.backend.kv_dtype ? st->o.range.backend.kv_dtype : MK_DTYPE_F32),
-                     st->world);
-    for (int i = 0; i + 1 < st->world && n > 0 && (size_t)n < sizeof text; i++)
-        n += snprintf(text + n, sizeof text - (size_t)n, "%lld,", (long long)st->cuts[i]);
+                     mk_model_digest(model), mk_dtype_name(o->range.backend.weight_dtype),
+                     mk_dtype_name(o->range.backend.kv_dtype ? o->range.backend.kv_dtype : MK_DTYPE_F32), o->world);
+    for (int i = 0; i + 1 < o->world && n > 0 && (size_t)n < sizeof text; i++)
+        n += snprintf(text + n, sizeof text - (size_t)n, "%lld,", (long long)cuts[i]);
     if (n < 0 || (size_t)n >= sizeof text) return mk_fail(MK_ERR_INTERNAL, "stage digest text too long");
     mk_sha256 *ctx = NULL;
     MK_TRY(mk_sha256_begin(&ctx));
     mk_sha256_update(ctx, text, (size_t)n);
-    mk_sha256_finish(ctx, st->digest);
+    mk_sha256_finish(ctx, digest);
     return MK_OK;
+}
+
+/* The cuts (given or balanced) and the digest of a stage. */
+mk_status mk_stage_plan(const mk_model *model, const mk_stage_options *o, int64_t *cuts,
+                        char digest[MK_DIGEST_HEX_LEN + 1]) {
+    const mk_hparams *hp = mk_model_hparams(model);
+    if (o->split_auto) MK_TRY(mk_split_auto(model, (size_t)o->world, cuts, NULL));
+    else memcpy(cuts, o->cuts, ((size_t)o->world - 1) * sizeof *cuts);
+    for (int i = 0; i + 1 < o->world; i++)
+        if (cuts[i] < (i ? cuts[i - 1] + 1 : 0) || cuts[i] + 1 >= (int64_t)hp->n_layers)
+            return mk_fail(MK_ERR_INVALID_RANGE, "cut %d (after layer %lld) leaves an empty range of %zu layers", i,
+                           (long long)cuts[i], hp->n_layers);
+    return mk_stage_digest_of(model, o, cuts, digest);
 }
 
 static mk_status mk_stage_check_options(const mk_model *model, const mk_stage_options *o) {
@@ -143,17 +156,9 @@ mk_status mk_stage_join(const mk_model *model, const mk_stage_options *o, mk_sta
         else memcpy(st->stop, o->stop_ids, o->n_stop * sizeof *st->stop);
     }
     st->o.stop_ids = NULL;
-    st->o.cuts = NULL;
-    if (s == MK_OK) {
-        if (o->split_auto) s = mk_split_auto(model, (size_t)o->world, st->cuts, NULL);
-        else memcpy(st->cuts, o->cuts, ((size_t)o->world - 1) * sizeof *st->cuts);
-    }
-    for (int i = 0; s == MK_OK && i + 1 < st->world; i++)
-        if (st->cuts[i] < (i ? st->cuts[i - 1] + 1 : 0) || st->cuts[i] + 1 >= (int64_t)hp->n_layers)
-            s = mk_fail(MK_ERR_INVALID_RANGE, "cut %d (after layer %lld) leaves an empty range of %zu layers", i,
-                        (long long)st->cuts[i], hp->n_layers);
+    st->o.cuts = NULL; /* the caller's: copied into st->cuts by mk_stage_plan */
+    if (s == MK_OK) s = mk_stage_plan(model, o, st->cuts, st->digest);
     if (s == MK_OK) s = mk_fault_read(st->rank, &st->fault);
-    if (s == MK_OK) s = mk_stage_digest(st);
     if (s == MK_OK) {
         mk_stage_options with_address = st->o;
         with_address.rendezvous = o->rendezvous;
