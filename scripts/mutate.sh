@@ -26,6 +26,7 @@ export OPENBLAS_NUM_THREADS=1
 #   tests: ops:<gtest filter>  the kernel op grid under cudasim, forward and random order
 #          host                the contract, bundle and parity suites
 #          api                 the public-surface check (fallible MK_API functions clear the message)
+#          stage               the stage-process suite (meshkern stage: parity, faults, refusals)
 MUTATIONS=(
   "argmax.tie-inside-thread~kernels/argmax.cu~s/\(bi < 0 \|\| v > bv\)/(bi < 0 || v >= bv)/~ops:*Argmax*"
   "argmax.nan-may-win~kernels/argmax.cu~s/if \(!isnan\(v\) && \(/if ((/~ops:*Argmax*"
@@ -49,6 +50,10 @@ MUTATIONS=(
   "range.normalized-accepted~host/range.c~s/if \(bundle->normalized\)/if (0 \&\& bundle->normalized)/~host"
   "range.token-bound~host/range.c~s/\(size_t\)ids\[i\] >= r->hp.vocab/(size_t)ids[i] > r->hp.vocab/~host"
   "range.message-removed~host/range.c~s/return mk_fail\(MK_ERR_HEAD_OWNS_EMBEDDING,[^;]*;/return MK_ERR_HEAD_OWNS_EMBEDDING;/~host"
+  "stage.digest-ignores-cuts~host/stage/stage_runtime.c~s/\(long long\)cuts\[i\]\);/0LL);/~stage"
+  "stage.slot-evicts-newest~host/stage/slots.c~s/t->slot\[i\].last_use < s->last_use/t->slot[i].last_use > s->last_use/~stage"
+  "stage.result-digest-unchecked~host/stage/stage_runtime.c~s/if \(strcmp\(info.runtime_recipe_digest/if (0 \&\& strcmp(info.runtime_recipe_digest/~stage"
+  "stage.unstarted-not-reported~host/stage/stage_runtime.c~s/if \(h.state\[i\].finished\) continue;/if (h.state[i].finished || !h.state[i].started) continue;/~stage"
   "bundle.clear-error-removed~host/bundle.c~s/(mk_status mk_bundle_unpack\([^{]*\{\n)    mk_clear_error\(\);\n/\$1/~api"
 )
 
@@ -88,7 +93,7 @@ trap 'restore; exit 130' INT TERM
 log "== configure and build the simulated suites in $BUILD"
 cmake -S "$SRC" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMESHKERN_CUDA=OFF -DMESHKERN_TESTS=ON \
   >"$WORK/configure.log" 2>&1 || { tail -20 "$WORK/configure.log"; exit 2; }
-TARGETS=(test_ops_sim test_boundary_contract test_bundle_malformed test_parity)
+TARGETS=(test_ops_sim test_boundary_contract test_bundle_malformed test_parity test_stage meshkern_cli)
 run ninja -C "$BUILD" -j "$JOBS" "${TARGETS[@]}" >"$WORK/build.log" 2>&1 || { tail -30 "$WORK/build.log"; exit 2; }
 
 # The unmutated suites must be green first, or no red means anything.
@@ -106,6 +111,9 @@ run_tests() { # $1 = test spec; returns 0 when every test passed
         run timeout 900 "$BUILD/tests/$t" >>"$WORK/run.log" 2>&1 || return 1
       done
       ;;
+    stage)
+      run timeout 900 "$BUILD/tests/stage/test_stage" >>"$WORK/run.log" 2>&1
+      ;;
     api)
       run python3 "$SRC/tests/api_surface_check.py" clears "$SRC/include/meshkern.h" "$SRC/host" "$SRC/host/cuda" \
         >>"$WORK/run.log" 2>&1
@@ -115,7 +123,7 @@ run_tests() { # $1 = test spec; returns 0 when every test passed
 }
 
 : >"$WORK/run.log"
-for spec in "ops:*" host api; do
+for spec in "ops:*" host stage api; do
   run_tests "$spec" || { log "the unmutated suite ($spec) fails: see $WORK/run.log"; exit 2; }
 done
 
