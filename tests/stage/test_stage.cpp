@@ -67,7 +67,14 @@ class Ranks {
     explicit Ranks(const std::string &tag) : dir_(std::string("/tmp/mk_stage_") + tag + "_" + std::to_string(getpid())) {
         mkdir(dir_.c_str(), 0700);
     }
-    ~Ranks() { kill_all(); }
+    ~Ranks() {
+        kill_all();
+        for (const auto &p : procs_) {
+            unlink(p.out.c_str());
+            unlink(p.err.c_str());
+        }
+        rmdir(dir_.c_str());
+    }
 
     void launch(int rank, const std::vector<std::string> &args, const std::string &fault) {
         Proc p;
@@ -294,12 +301,9 @@ TEST(Stage, SmolLM2TokensEqualTheWholeModel) {
     MK_REQUIRE_MODEL_FILE(path);
     mk_model *model = nullptr;
     ASSERT_EQ(mk_model_open_gguf(path.c_str(), &model), MK_OK) << mk_last_error();
-    const std::vector<std::vector<int32_t>> prompts = {{1, 1780, 314, 216, 35, 30, 33, 36, 47}, {504, 3458, 282}};
-    const std::string file = "/tmp/mk_stage_smol_prompts_" + std::to_string(getpid()) + ".txt";
-    {
-        std::ofstream f(file);
-        f << "1,1780,314,216,35,30,33,36,47\n504,3458,282\n";
-    }
+    const std::string file = std::string(MK_FIXTURE_DIR) + "/prompts_smollm2.txt";
+    const auto prompts = read_prompts(file);
+    ASSERT_EQ(prompts.size(), 2u);
     const auto want = whole_model(model, MK_DTYPE_NATIVE, prompts, 3);
     for (int world : {2, 3}) {
         Ranks ranks("smol" + std::to_string(world));
@@ -307,7 +311,6 @@ TEST(Stage, SmolLM2TokensEqualTheWholeModel) {
                   {"--max-tokens", "3", "--batch", "2", "--timeout", "60"}, "", 110);
         expect_parity(ranks, (size_t)world - 1, want);
     }
-    unlink(file.c_str());
     mk_model_free(model);
 }
 
@@ -369,6 +372,27 @@ INSTANTIATE_TEST_SUITE_P(
         std::string name = std::string(info.param.fault).substr(std::string(info.param.fault).find("kind=") + 5);
         return name + "_at_rank" + std::to_string(info.param.faulty);
     });
+
+// Rank 0 itself dies or falls silent: the other ranks report it (the closed connection at
+// once, silence after twice the deadline) and exit non-zero within the deadline + 5 s.
+TEST(Stage, Rank0FaultIsReportedByEveryOtherRank) {
+    const double deadline_s = 2.0;
+    for (const char *kind : {"exit", "silent"}) {
+        SCOPED_TRACE(kind);
+        Ranks ranks(std::string("rank0") + kind);
+        run_ranks(ranks, kRandom, "1,3", 3, {"--prompts", kPrompts}, {"--max-tokens", "6", "--batch", "3", "--timeout", "2"},
+                  std::string("rank=0,step=4,kind=") + kind, deadline_s + 5.0 + 3.0);
+        const char *status = std::string(kind) == "exit" ? "MK_ERR_PEER_LOST" : "MK_ERR_PEER_TIMEOUT";
+        for (size_t i = 0; i + 1 < ranks.size(); i++) { // ranks 1 and 2
+            const std::string err = slurp(ranks[i].err);
+            EXPECT_NE(exit_code(ranks[i]), 0) << err;
+            EXPECT_LE(ranks[i].exit_s, deadline_s + 5.0) << err;
+            EXPECT_NE(err.find(std::string("rank ") + std::to_string(i + 1) + ": " + status), std::string::npos) << err;
+            EXPECT_NE(err.find("rank 0"), std::string::npos) << err;
+        }
+        EXPECT_NE(exit_code(ranks[ranks.size() - 1]), 0);
+    }
+}
 
 // A rank on another model file (here another random seed) is refused at startup, before
 // any request, by every rank, naming it.
