@@ -110,6 +110,10 @@ static mk_status mk_listen_seam(mk_stage *st) {
     char address[300];
     if (st->o.seam == MK_SEAM_UNIX) {
         snprintf(address, sizeof address, "/tmp/meshkern-stage-%d-rank%d.sock", (int)getpid(), st->rank);
+    } else if (st->o.seam == MK_SEAM_NCCL) {
+        /* The unique id of this seam's communicator, in a file the previous rank reads
+         * (ranks on one node, or a shared /tmp). */
+        snprintf(address, sizeof address, "/tmp/meshkern-stage-%d-rank%d.ncclid", (int)getpid(), st->rank);
     } else {
         struct sockaddr_storage ss;
         socklen_t len = sizeof ss;
@@ -128,7 +132,7 @@ static mk_status mk_listen_seam(mk_stage *st) {
     mk_seam_options so = mk_seam_options_default(st->o.seam);
     so.address = address;
     so.connect_timeout_ms = st->timeout_ms;
-    so.io_timeout_ms = st->timeout_ms;
+    so.io_timeout_ms = 2 * st->timeout_ms; /* a receive waits as long as this rank's idle deadline */
     return mk_seam_listen(&so, &st->listener);
 }
 

@@ -34,6 +34,7 @@ typedef enum mk_ctl_type {
     MK_CTL_ABORT = 6,   /* either way: "status message": the run stops */
     MK_CTL_PING = 7,    /* 0 -> rank: rank 0 had no result in time; who is silent? */
     MK_CTL_PONG = 8,    /* rank -> 0: this rank is alive */
+    MK_CTL_DONE = 9,    /* last rank -> 0: the end-of-run marker came through (nccl seams) */
 } mk_ctl_type;
 
 mk_status mk_ctl_send(mk_io *io, mk_ctl_type type, const void *body, size_t len, int64_t deadline);
@@ -97,6 +98,9 @@ bool mk_fault_due(const mk_fault *f, uint64_t step, mk_fault_kind kind);
 /* =============================================================== stage == */
 
 #define MK_STAGE_MAX_WORLD 64
+/* The request id of the end-of-run marker on nccl seams, which cannot be polled beside the
+ * control connection: rank 0 sends it down the chain once every request is done. */
+#define MK_STAGE_END_ID "meshkern-end-of-run"
 
 struct mk_stage {
     const mk_model *model;

@@ -95,8 +95,10 @@ static mk_status mk_stage_check_options(const mk_model *model, const mk_stage_op
                        o->world, o->world - 1);
     if (!o->split_auto && !o->cuts) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_stage_join: NULL cuts");
     if (!o->rendezvous || !*o->rendezvous) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_stage_join: no rendezvous address");
-    if (o->seam != MK_SEAM_TCP && o->seam != MK_SEAM_UNIX)
-        return mk_fail(MK_ERR_UNSUPPORTED, "stage seams are tcp or unix, not '%s'", mk_seam_kind_name(o->seam));
+    if (o->seam != MK_SEAM_TCP && o->seam != MK_SEAM_UNIX && o->seam != MK_SEAM_NCCL)
+        return mk_fail(MK_ERR_UNSUPPORTED, "stage seams are tcp, unix or nccl, not '%s'", mk_seam_kind_name(o->seam));
+    if (o->seam == MK_SEAM_NCCL && o->range.backend.kind != MK_BACKEND_CUDA)
+        return mk_fail(MK_ERR_UNSUPPORTED, "the nccl seam joins cuda ranges: use the cuda backend");
     if (o->n_stop && !o->stop_ids) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_stage_join: NULL stop ids");
     return MK_OK;
 }
@@ -115,7 +117,7 @@ static mk_status mk_stage_build(mk_stage *st) {
      * connecting first and accepting second cannot deadlock along the chain. */
     mk_seam_options so = mk_seam_options_default(st->o.seam);
     so.connect_timeout_ms = st->timeout_ms;
-    so.io_timeout_ms = st->timeout_ms;
+    so.io_timeout_ms = 2 * st->timeout_ms; /* a receive waits as long as the idle deadline */
     if (st->rank + 1 < st->world) {
         so.address = st->next_address;
         const mk_status s = mk_seam_connect(&so, st->range, &st->to_next);
@@ -262,7 +264,10 @@ static mk_status mk_stage_send(mk_stage *st, const char *id) {
         if (s == MK_OK) return MK_OK; /* and carry on as if nothing happened */
     }
     if (mk_fault_due(&st->fault, step, MK_FAULT_OTHER_DIGEST)) mk_other_digest(st->out->h.recipe_digest);
-    const mk_status s = mk_seam_send(st->to_next, st->out);
+    /* An nccl send is only posted: the previous one must have completed (the next rank
+     * took it) before the boundary buffer is sent again. */
+    mk_status s = st->o.seam == MK_SEAM_NCCL ? mk_seam_send_wait(st->to_next) : MK_OK;
+    if (s == MK_OK) s = mk_seam_send(st->to_next, st->out);
     if (s == MK_ERR_PEER_CLOSED)
         return mk_stage_wrap(MK_ERR_PEER_LOST, "rank %d lost rank %d (the next stage) sending step %llu of %s", st->rank,
                        st->rank + 1, (unsigned long long)step, id);
@@ -420,6 +425,23 @@ static mk_status mk_head_serve(mk_head *h) {
     return MK_OK;
 }
 
+/* nccl seams: the end-of-run marker down the chain, and the last rank's word that it came
+ * through; only then may the communicators go (every rank has read the marker). */
+static mk_status mk_head_end_marker(mk_stage *st) {
+    MK_TRY(mk_stage_send(st, MK_STAGE_END_ID));
+    const int last = st->world - 1;
+    const int64_t deadline = mk_deadline_ms(st->timeout_ms, MK_STAGE_DEFAULT_TIMEOUT_MS);
+    for (;;) {
+        char peer[32], body[MK_CTL_MAX_BODY + 1];
+        snprintf(peer, sizeof peer, "rank %d", last);
+        mk_ctl_type type;
+        size_t len;
+        MK_TRY(mk_ctl_recv(&st->ctl[last], &type, body, &len, deadline, peer));
+        if (type == MK_CTL_DONE) return MK_OK;
+        if (type == MK_CTL_ABORT) return mk_ctl_abort_status(body);
+    }
+}
+
 static mk_status mk_stage_serve_head(mk_stage *st, const mk_stage_request *req, size_t n_req, mk_stage_report_fn report,
                                      void *user) {
     mk_head h = {.st = st, .req = req, .n_req = n_req, .report = report, .user = user};
@@ -434,6 +456,7 @@ static mk_status mk_stage_serve_head(mk_stage *st, const mk_stage_request *req, 
     if (s == MK_OK && st->o.max_new_tokens == 0) s = mk_fail(MK_ERR_INVALID_ARGUMENT, "max_new_tokens is 0");
     if (s == MK_OK) s = mk_head_serve(&h);
     const int64_t deadline = mk_deadline_ms(st->timeout_ms, MK_STAGE_DEFAULT_TIMEOUT_MS);
+    if (s == MK_OK && st->o.seam == MK_SEAM_NCCL && n_req > 0) s = mk_head_end_marker(st);
     if (s == MK_OK) {
         for (int k = 1; k < st->world; k++) (void)mk_ctl_send(&st->ctl[k], MK_CTL_BYE, NULL, 0, deadline);
     } else {
@@ -464,11 +487,16 @@ static mk_status mk_stage_serve_head(mk_stage *st, const mk_stage_request *req, 
 typedef struct mk_member_route {
     mk_stage *st;
     mk_sequence *seq;
+    bool end; /* the end-of-run marker (refused, so no payload is taken) */
 } mk_member_route;
 
 /* The contract on a received header, once the sequence its request id names is found. */
 static mk_status mk_member_check(void *user, const mk_boundary_header *h) {
     mk_member_route *r = user;
+    if (strcmp(h->request_id, MK_STAGE_END_ID) == 0) {
+        r->end = true;
+        return mk_fail(MK_ERR_EMPTY_INPUT, "end of run");
+    }
     const bool fresh = h->step == 0 && h->position == 0;
     MK_TRY(mk_slots_get(&r->st->slots, h->request_id, fresh, &r->seq));
     return mk_range_check_boundary(r->st->range, r->seq, h);
@@ -499,9 +527,13 @@ static mk_status mk_tail_send(mk_stage *st, const char *id, int32_t token) {
 }
 
 /* One boundary from the previous rank: receive, forward, pass on (or sample and return). */
-static mk_status mk_member_step(mk_stage *st) {
-    mk_member_route route = {st, NULL};
+static mk_status mk_member_step(mk_stage *st, bool *end) {
+    mk_member_route route = {st, NULL, false};
     mk_status s = mk_seam_recv_with(st->from_prev, mk_member_check, &route, st->in);
+    if (route.end) {
+        *end = true;
+        return MK_OK;
+    }
     if (s == MK_ERR_PEER_CLOSED) return s; /* told apart from a clean end by the caller */
     if (s != MK_OK)
         return mk_stage_wrap(s, "rank %d refused the boundary from rank %d (its step %llu here)", st->rank, st->rank - 1,
@@ -558,7 +590,8 @@ static mk_status mk_member_serve(mk_stage *st, char *requests, size_t cap) {
             if (bye) return MK_OK;
             continue;
         }
-        const mk_status s = mk_member_step(st);
+        bool end = false;
+        const mk_status s = mk_member_step(st, &end);
         if (s != MK_ERR_PEER_CLOSED) {
             MK_TRY(s);
             continue;
@@ -576,9 +609,42 @@ static mk_status mk_member_serve(mk_stage *st, char *requests, size_t cap) {
     }
 }
 
+/* nccl seams cannot be polled beside the control connection: control is read whenever it
+ * has something before each receive, and a receive waits up to the idle deadline. The run
+ * ends with the marker: passed on (or, at the last rank, reported done), then rank 0's bye. */
+static mk_status mk_member_serve_nccl(mk_stage *st, char *requests, size_t cap) {
+    for (;;) {
+        struct pollfd p = {.fd = st->ctl[0].fd, .events = POLLIN};
+        bool bye = false, end = false;
+        const int64_t deadline = mk_deadline_ms(st->timeout_ms, MK_STAGE_DEFAULT_TIMEOUT_MS);
+        if (poll(&p, 1, 0) > 0) {
+            MK_TRY(mk_member_control(st, deadline, &bye, requests, cap));
+            if (bye) return MK_OK;
+            continue;
+        }
+        const mk_status s = mk_member_step(st, &end);
+        if (s != MK_OK) {
+            /* rank 0 may know better (an abort naming the cause) */
+            char why[512];
+            snprintf(why, sizeof why, "%s", mk_last_error());
+            if (poll(&p, 1, 0) > 0) {
+                const mk_status c = mk_member_control(st, deadline, &bye, requests, cap);
+                if (c != MK_OK) return c;
+            }
+            return mk_fail(s, "%s", why);
+        }
+        if (!end) continue;
+        if (st->rank + 1 < st->world) MK_TRY(mk_stage_send(st, MK_STAGE_END_ID));
+        else MK_TRY(mk_ctl_send(&st->ctl[0], MK_CTL_DONE, NULL, 0, deadline));
+        while (!bye) MK_TRY(mk_member_control(st, deadline, &bye, requests, cap));
+        return MK_OK;
+    }
+}
+
 static mk_status mk_stage_serve_member(mk_stage *st, mk_stage_report_fn report, void *user) {
     char requests[MK_CTL_MAX_BODY + 1] = "";
-    mk_status s = mk_member_serve(st, requests, sizeof requests);
+    mk_status s = st->o.seam == MK_SEAM_NCCL ? mk_member_serve_nccl(st, requests, sizeof requests)
+                                            : mk_member_serve(st, requests, sizeof requests);
     if (s == MK_OK) return MK_OK;
     char message[512];
     snprintf(message, sizeof message, "%s", mk_last_error());
