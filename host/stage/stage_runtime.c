@@ -162,9 +162,7 @@ mk_status mk_stage_join(const mk_model *model, const mk_stage_options *o, mk_sta
     if (s == MK_OK) s = mk_stage_plan(model, o, st->cuts, st->digest);
     if (s == MK_OK) s = mk_fault_read(st->rank, &st->fault);
     if (s == MK_OK) {
-        mk_stage_options with_address = st->o;
-        with_address.rendezvous = o->rendezvous;
-        st->o = with_address;
+        st->o.rendezvous = o->rendezvous;
         s = mk_stage_rendezvous(st);
         st->o.rendezvous = NULL;
     }
