@@ -181,6 +181,19 @@ static mk_status mk_seam_nccl_end(const mk_seam_options *opt, const char *id_pat
     return MK_OK;
 }
 
+mk_status mk_seam_nccl_end_with_id(const mk_seam_options *opt, const unsigned char *id, size_t len, mk_range *range,
+                                   bool sender, mk_seam **out) {
+    mk_seam *s = NULL;
+    MK_TRY(mk_seam_new(opt, range, sender, &s));
+    const mk_status st = mk_seam_nccl_join_id(s, id, len);
+    if (st != MK_OK) {
+        mk_seam_free(s);
+        return st;
+    }
+    *out = s;
+    return MK_OK;
+}
+
 mk_status mk_seam_accept(mk_seam_listener *l, mk_range *receiver, mk_seam **out) {
     mk_clear_error();
     if (!l || !receiver || !out) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_seam_accept: NULL argument");

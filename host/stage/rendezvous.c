@@ -22,6 +22,21 @@ typedef struct mk_hello {
     char address[300];
 } mk_hello;
 
+/* NCCL unique ids travel in the welcome as hex ("-": none). */
+static void mk_hex(const unsigned char *id, char *out) {
+    for (size_t i = 0; i < MK_SEAM_NCCL_ID_BYTES; i++) snprintf(out + 2 * i, 3, "%02x", id[i]);
+}
+
+static bool mk_unhex(const char *hex, unsigned char *id) {
+    if (strlen(hex) != 2 * MK_SEAM_NCCL_ID_BYTES) return false;
+    for (size_t i = 0; i < MK_SEAM_NCCL_ID_BYTES; i++) {
+        unsigned v = 0;
+        if (sscanf(hex + 2 * i, "%2x", &v) != 1) return false;
+        id[i] = (unsigned char)v;
+    }
+    return true;
+}
+
 static void mk_abort_all(mk_stage *st, mk_status status, const char *message) {
     for (int k = 1; k < st->world; k++) mk_ctl_abort(&st->ctl[k], status, message);
 }
@@ -92,10 +107,30 @@ static mk_status mk_rendezvous_root(mk_stage *st, int64_t deadline) {
         return mk_fail(s, "%s", message);
     }
     snprintf(st->next_address, sizeof st->next_address, "%s", hello[1].address);
+    /* nccl seams: rank 0 makes the unique id of every seam's communicator (seam k joins
+     * rank k and k + 1) and hands each rank the two it needs, as nccl-tests broadcast theirs. */
+    static const char none[] = "-";
+    char ids[MK_STAGE_MAX_WORLD][2 * MK_SEAM_NCCL_ID_BYTES + 1];
+    for (int k = 0; k + 1 < st->world; k++) snprintf(ids[k], sizeof ids[k], "%s", none);
+    if (st->o.seam == MK_SEAM_NCCL) {
+        for (int k = 0; s == MK_OK && k + 1 < st->world; k++) {
+            unsigned char id[MK_SEAM_NCCL_ID_BYTES];
+            s = mk_seam_nccl_id_new(id, sizeof id);
+            if (s == MK_OK) mk_hex(id, ids[k]);
+            if (s == MK_OK && k == 0) memcpy(st->nccl_next, id, sizeof id);
+        }
+        if (s != MK_OK) {
+            char message[512];
+            snprintf(message, sizeof message, "rank 0 could not make the NCCL unique ids: %s", mk_last_error());
+            mk_abort_all(st, s, message);
+            return mk_fail(s, "%s", message);
+        }
+    }
     for (int k = 1; s == MK_OK && k < st->world; k++) {
         char body[MK_CTL_MAX_BODY];
-        const int n = snprintf(body, sizeof body, "%zu %zu %zu %s", st->max_context, st->max_rows, st->max_sequences,
-                               k + 1 < st->world ? hello[k + 1].address : "-");
+        const int n = snprintf(body, sizeof body, "%zu %zu %zu %s %s %s", st->max_context, st->max_rows,
+                               st->max_sequences, k + 1 < st->world ? hello[k + 1].address : "-", ids[k - 1],
+                               k + 1 < st->world ? ids[k] : none);
         s = mk_ctl_send(&st->ctl[k], MK_CTL_WELCOME, body, (size_t)n, deadline);
         if (s != MK_OK) s = mk_stage_wrap(s, "rank 0 could not welcome rank %d", k);
     }
@@ -107,13 +142,10 @@ static mk_status mk_rendezvous_root(mk_stage *st, int64_t deadline) {
 /* Where this rank's seam listens: on the interface that reaches rank 0 (TCP), or a
  * socket path of this process (unix). */
 static mk_status mk_listen_seam(mk_stage *st) {
+    if (st->o.seam == MK_SEAM_NCCL) return MK_OK; /* the communicators join by the ids rank 0 hands out */
     char address[300];
     if (st->o.seam == MK_SEAM_UNIX) {
         snprintf(address, sizeof address, "/tmp/meshkern-stage-%d-rank%d.sock", (int)getpid(), st->rank);
-    } else if (st->o.seam == MK_SEAM_NCCL) {
-        /* The unique id of this seam's communicator, in a file the previous rank reads
-         * (ranks on one node, or a shared /tmp). */
-        snprintf(address, sizeof address, "/tmp/meshkern-stage-%d-rank%d.ncclid", (int)getpid(), st->rank);
     } else {
         struct sockaddr_storage ss;
         socklen_t len = sizeof ss;
@@ -144,7 +176,7 @@ static mk_status mk_rendezvous_join(mk_stage *st, int64_t deadline) {
     MK_TRY(mk_listen_seam(st));
     char body[MK_CTL_MAX_BODY + 1];
     int n = snprintf(body, sizeof body, "%d %d %s %s", st->rank, st->world, st->digest,
-                     mk_seam_listener_address(st->listener));
+                     st->listener ? mk_seam_listener_address(st->listener) : "-");
     MK_TRY(mk_ctl_send(&st->ctl[0], MK_CTL_HELLO, body, (size_t)n, deadline));
     /* Rank 0 answers once every rank has joined: up to its own deadline after ours. */
     mk_ctl_type type;
@@ -152,14 +184,18 @@ static mk_status mk_rendezvous_join(mk_stage *st, int64_t deadline) {
     s = mk_ctl_recv(&st->ctl[0], &type, body, &len, deadline + st->timeout_ms, "rank 0");
     if (s != MK_OK) return s;
     if (type == MK_CTL_ABORT) return mk_ctl_abort_status(body);
-    char next[300];
+    char next[300], prev_id[2 * MK_SEAM_NCCL_ID_BYTES + 1], next_id[2 * MK_SEAM_NCCL_ID_BYTES + 1];
     if (type != MK_CTL_WELCOME ||
-        sscanf(body, "%zu %zu %zu %299s", &st->max_context, &st->max_rows, &st->max_sequences, next) != 4 ||
+        sscanf(body, "%zu %zu %zu %299s %256s %256s", &st->max_context, &st->max_rows, &st->max_sequences, next, prev_id,
+               next_id) != 6 ||
         st->max_context == 0 || st->max_rows == 0 || st->max_sequences == 0)
         return mk_fail(MK_ERR_FRAME, "rank 0 sent no usable welcome (type %d)", (int)type);
+    if (st->o.seam == MK_SEAM_NCCL && (!mk_unhex(prev_id, st->nccl_prev) ||
+                                       (st->rank + 1 < st->world && !mk_unhex(next_id, st->nccl_next))))
+        return mk_fail(MK_ERR_FRAME, "rank 0 sent rank %d no usable NCCL unique ids", st->rank);
     n = snprintf(st->next_address, sizeof st->next_address, "%s", strcmp(next, "-") == 0 ? "" : next);
     (void)n;
-    if (st->rank + 1 < st->world && !st->next_address[0])
+    if (st->o.seam != MK_SEAM_NCCL && st->rank + 1 < st->world && !st->next_address[0])
         return mk_fail(MK_ERR_FRAME, "rank 0 gave rank %d no address of rank %d", st->rank, st->rank + 1);
     return MK_OK;
 }

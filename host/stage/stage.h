@@ -27,7 +27,8 @@
 
 typedef enum mk_ctl_type {
     MK_CTL_HELLO = 1,   /* rank -> 0: "rank world digest seam-address" */
-    MK_CTL_WELCOME = 2, /* 0 -> rank: "max_context max_rows max_sequences next-address" */
+    MK_CTL_WELCOME = 2, /* 0 -> rank: "max_context max_rows max_sequences next-address
+                                                   nccl-id-prev nccl-id-next" (hex or "-") */
     MK_CTL_READY = 3,   /* rank -> 0: range built, seams connected */
     MK_CTL_RESULT = 4,  /* last rank -> 0: a TailResult (request id, sampled token) */
     MK_CTL_BYE = 5,     /* 0 -> rank: every request is done */
@@ -117,6 +118,9 @@ struct mk_stage {
     /* seams */
     mk_seam_listener *listener;   /* rank > 0: where the previous rank connects */
     char next_address[300];       /* rank < world - 1: the next rank's listener */
+    /* nccl seams: the unique ids of the communicators with the previous and the next rank,
+     * made by rank 0 and handed out in the welcome */
+    unsigned char nccl_prev[MK_SEAM_NCCL_ID_BYTES], nccl_next[MK_SEAM_NCCL_ID_BYTES];
     mk_seam *from_prev, *to_next;
     mk_range *range;
     mk_boundary *in, *out;

@@ -118,6 +118,21 @@ static mk_status mk_stage_build(mk_stage *st) {
     mk_seam_options so = mk_seam_options_default(st->o.seam);
     so.connect_timeout_ms = st->timeout_ms;
     so.io_timeout_ms = 2 * st->timeout_ms; /* a receive waits as long as the idle deadline */
+    if (st->o.seam == MK_SEAM_NCCL) {
+        /* Each join waits for its peer: rank r joins r + 1 first, then r - 1, so the chain
+         * completes from the last rank back. */
+        if (st->rank + 1 < st->world) {
+            const mk_status s = mk_seam_nccl_end_with_id(&so, st->nccl_next, sizeof st->nccl_next, st->range, true,
+                                                         &st->to_next);
+            if (s != MK_OK) return mk_stage_wrap(s, "rank %d: no NCCL communicator with rank %d", st->rank, st->rank + 1);
+        }
+        if (st->rank > 0) {
+            const mk_status s = mk_seam_nccl_end_with_id(&so, st->nccl_prev, sizeof st->nccl_prev, st->range, false,
+                                                         &st->from_prev);
+            if (s != MK_OK) return mk_stage_wrap(s, "rank %d: no NCCL communicator with rank %d", st->rank, st->rank - 1);
+        }
+        return MK_OK;
+    }
     if (st->rank + 1 < st->world) {
         so.address = st->next_address;
         const mk_status s = mk_seam_connect(&so, st->range, &st->to_next);
