@@ -54,7 +54,8 @@ static int usage(void) {
             "               [--timeline FILE.json]   FILE: one prompt per line, comma-separated token ids\n"
             "  meshkern stage MODEL --split L1,L2,...|auto --rank R --world N --rendezvous HOST:PORT\n"
             "               [--prompts FILE|- (rank 0)] [--max-tokens K] [--batch M] [--timeout S]\n"
-            "               [--seam tcp|unix] [--backend cpu] [--dtype native|f32|f16|bf16] [--threads N]\n"
+            "               [--seam tcp|unix|nccl] [--backend cpu|cuda] [--dtype native|f32|f16|bf16] [--threads N]\n"
+            "               [--stop IDS] [--launcher mpi|rendezvous (mpi: mpirun -np N ..., no --rank/--world)]\n"
             "               one process per range; rank 0 takes the prompts and prints the tokens\n"
             "  --random is the seed's random model (vocab 48, hidden 32, 6 layers, 4 heads); keys\n"
             "  vocab, hidden, layers, heads, kv_heads, head_dim, ffn, ctx, seed change its shape.\n");

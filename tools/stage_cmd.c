@@ -5,7 +5,7 @@
  *   meshkern stage MODEL --split L1,L2,...|auto --rank R --world N --rendezvous HOST:PORT
  *   mpirun -np N meshkern stage MODEL --split L1,L2,...|auto [--launcher mpi]
  *                  [--prompts FILE|-] [--max-tokens K] [--batch M] [--timeout S] [--stop IDS]
- *                  [--seam tcp|unix] [--backend cpu|cuda] [--dtype native|f32|f16|bf16] [--threads N]
+ *                  [--seam tcp|unix|nccl] [--backend cpu|cuda] [--dtype native|f32|f16|bf16] [--threads N]
  *
  * Rank 0 reads the prompts (one per line, comma-separated token ids, as run --prompts),
  * prints every sequence's tokens (or its failure) and the aggregate throughput. Exit
