@@ -815,7 +815,7 @@ MK_API mk_status mk_split_auto(const mk_model *model, size_t n_stages, int64_t *
  * request in flight is reported failed with the status (MK_ERR_PEER_LOST,
  * MK_ERR_PEER_TIMEOUT, the contract's error) and a message naming the rank and the step.
  * The environment variable MESHKERN_FAULT ("rank=R,step=K,kind=exit|silent|corrupt_header|
- * other_digest") makes rank R misbehave at its K-th boundary (0-based): tests only. */
+ * other_digest|other_layer") makes rank R misbehave at its K-th boundary (0-based): tests only. */
 typedef struct mk_stage mk_stage;
 
 /* Versioned by struct_size like mk_backend_config (see there). */

@@ -83,6 +83,7 @@ typedef enum mk_fault_kind {
     MK_FAULT_SILENT,         /* stops sending and reading (as if hung) */
     MK_FAULT_CORRUPT_HEADER, /* sends a frame header that is not one */
     MK_FAULT_OTHER_DIGEST,   /* sends a boundary (or result) of another recipe digest */
+    MK_FAULT_OTHER_LAYER,    /* sends a boundary cut before another layer */
 } mk_fault_kind;
 
 typedef struct mk_fault {

@@ -277,6 +277,7 @@ static mk_status mk_stage_send(mk_stage *st, const char *id) {
         if (s == MK_OK) return MK_OK; /* and carry on as if nothing happened */
     }
     if (mk_fault_due(&st->fault, step, MK_FAULT_OTHER_DIGEST)) mk_other_digest(st->out->h.recipe_digest);
+    if (mk_fault_due(&st->fault, step, MK_FAULT_OTHER_LAYER)) st->out->h.next_layer += 1;
     /* An nccl send is only posted: the previous one must have completed (the next rank
      * took it) before the boundary buffer is sent again. */
     mk_status s = st->o.seam == MK_SEAM_NCCL ? mk_seam_send_wait(st->to_next) : MK_OK;

@@ -364,6 +364,7 @@ INSTANTIATE_TEST_SUITE_P(
                       FaultCase{"rank=1,step=4,kind=silent", 1, "MK_ERR_PEER_TIMEOUT", "rank 1"},
                       FaultCase{"rank=1,step=4,kind=corrupt_header", 1, "MK_ERR_FRAME", "rank 1"},
                       FaultCase{"rank=1,step=4,kind=other_digest", 1, "MK_ERR_RECIPE_DIGEST", "rank 1"},
+                      FaultCase{"rank=0,step=4,kind=other_layer", 0, "MK_ERR_SEAM_MISMATCH", "rank 0"},
                       FaultCase{"rank=2,step=3,kind=exit", 2, "MK_ERR_PEER_LOST", "rank 2"},
                       FaultCase{"rank=2,step=3,kind=silent", 2, "MK_ERR_PEER_TIMEOUT", "rank 2"},
                       FaultCase{"rank=2,step=3,kind=corrupt_header", 2, "MK_ERR_FRAME", "rank 2"},
