@@ -75,6 +75,7 @@ const char *mk_status_name(mk_status status) {
         MK_NAME(MK_ERR_CUBLAS)
         MK_NAME(MK_ERR_NCCL)
         MK_NAME(MK_ERR_KERNEL_LAUNCH)
+        MK_NAME(MK_ERR_MPI)
         MK_NAME(MK_ERR_PEER_CLOSED)
         MK_NAME(MK_ERR_PEER_TIMEOUT)
         MK_NAME(MK_ERR_AUTH)
@@ -84,6 +85,7 @@ const char *mk_status_name(mk_status status) {
         MK_NAME(MK_ERR_INVALID_UTF8)
         MK_NAME(MK_ERR_CHAT_TEMPLATE)
         MK_NAME(MK_ERR_CONNECT)
+        MK_NAME(MK_ERR_PEER_LOST)
 #undef MK_NAME
     }
     return "MK_ERR_UNKNOWN";

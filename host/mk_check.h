@@ -1,4 +1,4 @@
-/* One family of check macros for CUDA, cuBLAS and NCCL calls: on failure they record the
+/* One family of check macros for CUDA, cuBLAS, NCCL and MPI calls: on failure they record the
  * statement, the library's message, file and line, and return a status from the
  * enclosing function. The library returns; only tools exit. */
 #ifndef MK_CHECK_H
@@ -32,6 +32,17 @@
     do {                                                                                                     \
         const ncclResult_t mk_nccl_res_ = (stmt);                                                            \
         MK_CHECK_BASE(MK_ERR_NCCL, mk_nccl_res_ == ncclSuccess, stmt, ncclGetErrorString(mk_nccl_res_));     \
+    } while (0)
+
+/* MPI calls (host/stage/mpi/): the communicator must return errors (MPI_ERRORS_RETURN)
+ * for this to see them rather than MPI aborting the job. */
+#define MK_MPI_CHECK(stmt)                                                                                   \
+    do {                                                                                                     \
+        const int mk_mpi_rc_ = (stmt);                                                                       \
+        char mk_mpi_msg_[MPI_MAX_ERROR_STRING] = "unknown MPI error";                                        \
+        int mk_mpi_len_ = 0;                                                                                 \
+        if (mk_mpi_rc_ != MPI_SUCCESS) MPI_Error_string(mk_mpi_rc_, mk_mpi_msg_, &mk_mpi_len_);             \
+        MK_CHECK_BASE(MK_ERR_MPI, mk_mpi_rc_ == MPI_SUCCESS, stmt, mk_mpi_msg_);                             \
     } while (0)
 
 /* Memory exhaustion and missing devices get their own statuses. */

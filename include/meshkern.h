@@ -85,6 +85,7 @@ typedef enum mk_status {
     MK_ERR_CUBLAS = 84,
     MK_ERR_NCCL = 85,
     MK_ERR_KERNEL_LAUNCH = 86,
+    MK_ERR_MPI = 87,                   /* an MPI call failed (launch by mpirun) */
     /* seams and transports (host/seam/) */
     MK_ERR_PEER_CLOSED = 90,           /* the peer closed the connection (mid-frame or before) */
     MK_ERR_PEER_TIMEOUT = 91,          /* connect, read or write passed its deadline */
@@ -92,6 +93,7 @@ typedef enum mk_status {
     MK_ERR_FRAME = 93,                 /* bad frame magic/version, or a length over the receiver's limit */
     MK_ERR_NONFINITE = 94,             /* a received residual carries NaN or Inf */
     MK_ERR_CONNECT = 95,               /* address unusable or nobody listening */
+    MK_ERR_PEER_LOST = 96,             /* a stage process died or left mid-run (its connection closed) */
     /* text: tokenizer and chat template */
     MK_ERR_TOKENIZER = 100,            /* tokenizer metadata missing, unknown or inconsistent */
     MK_ERR_INVALID_UTF8 = 101,         /* text to encode is not valid UTF-8 */
@@ -811,6 +813,91 @@ MK_API mk_status mk_sched_timeline_json(const mk_sched *sched, char **out, size_
  * n_stages - 1 cuts (last layer of each range but the last) that minimise the largest
  * stage cost; shares [n_stages] (may be NULL) receive each stage's fraction. */
 MK_API mk_status mk_split_auto(const mk_model *model, size_t n_stages, int64_t *cuts, double *shares);
+
+
+/* ============================================================ stage processes == */
+
+/* One process per range (meshkern stage): rank r of `world` owns range r of the cuts.
+ * Ranks meet at a rendezvous address (rank 0 listens, the others connect), exchange rank,
+ * world and the stage digest (model identity, weight mode, cuts) and refuse any mismatch
+ * before the first request; then rank r sends its boundaries to rank r+1 over a stream
+ * seam and the last rank sends each sampled token back to rank 0 as a TailResult over
+ * its rendezvous connection. Rank 0 takes the requests and keeps up to max_sequences in
+ * flight; every rank keeps one sequence (KV cache) per live request, routed by the request
+ * id the boundary carries. Every cross-process wait has the deadline timeout_ms; a peer
+ * that dies, falls silent or sends a boundary the contract refuses stops the run: every
+ * request in flight is reported failed with the status (MK_ERR_PEER_LOST,
+ * MK_ERR_PEER_TIMEOUT, the contract's error) and a message naming the rank and the step.
+ * The environment variable MESHKERN_FAULT ("rank=R,step=K,kind=exit|silent|corrupt_header|
+ * other_digest|other_layer") makes rank R misbehave at its K-th boundary (0-based): tests only. */
+typedef struct mk_stage mk_stage;
+
+/* Versioned by struct_size like mk_backend_config (see there). */
+typedef struct mk_stage_options {
+    size_t struct_size;        /* sizeof(mk_stage_options), set by mk_stage_options_default */
+    mk_range_options range;    /* backend and weight mode (every rank alike); max_context and
+                                  max_batch_tokens: rank 0's hold for all (sent at startup) */
+    const int64_t *cuts;       /* last layer of each range but the last: world - 1 of them ... */
+    size_t n_cuts;
+    bool split_auto;           /* ... or balanced cuts (mk_split_auto) for `world` ranges */
+    int rank, world;           /* 0 <= rank < world, world >= 2 */
+    const char *rendezvous;    /* "HOST:PORT" */
+    mk_seam_kind seam;         /* MK_SEAM_TCP (default) or MK_SEAM_UNIX (one host) */
+    int timeout_ms;            /* deadline of every cross-process wait; 0 = 30000 */
+    size_t max_sequences;      /* rank 0: requests in flight; default 8 */
+    size_t max_new_tokens;     /* rank 0: tokens per request; default 16 */
+    const int32_t *stop_ids;   /* rank 0: a request stops after any of these (copied) */
+    size_t n_stop;
+} mk_stage_options;
+MK_API mk_stage_options mk_stage_options_default(void);
+
+/* Meet the other ranks, compare digests, build this rank's range and connect the seams,
+ * all within the deadline. A mismatch (another model file, weight mode, cuts or world)
+ * fails every rank with MK_ERR_RECIPE_DIGEST naming the rank. The model must outlive the
+ * stage; release with mk_stage_free. */
+MK_API mk_status mk_stage_join(const mk_model *model, const mk_stage_options *options, mk_stage **out);
+MK_API void mk_stage_free(mk_stage *stage);
+MK_API int mk_stage_rank(const mk_stage *stage);
+MK_API const mk_range *mk_stage_range(const mk_stage *stage);
+
+typedef struct mk_stage_request {
+    const int32_t *prompt;     /* [n_prompt] token ids */
+    size_t n_prompt;
+} mk_stage_request;
+
+/* The outcome of one request, reported once: on rank 0 for every request (done or failed),
+ * on the other ranks for each request they held when the run failed. Pointers are valid
+ * during the call only. */
+typedef struct mk_stage_report {
+    size_t request;            /* index into rank 0's requests */
+    mk_status status;          /* MK_OK: done */
+    const char *error;         /* why it failed ("" when done) */
+    const int32_t *tokens;     /* generated tokens (rank 0), [n_tokens] */
+    size_t n_tokens;
+    bool stopped;              /* done on a stop id (false: on the token limit) */
+} mk_stage_report;
+typedef void (*mk_stage_report_fn)(void *user, const mk_stage_report *report);
+
+/* Run until every request is done (rank 0 tells the others) or the run fails. Rank 0
+ * passes the requests (requests[i].prompt at most options->range.max_batch_tokens long);
+ * the other ranks pass none. Returns MK_OK, or the first failure (every request in flight
+ * then reported failed). */
+MK_API mk_status mk_stage_serve(mk_stage *stage, const mk_stage_request *requests, size_t n_requests,
+                                mk_stage_report_fn report, void *user);
+
+/* Launch by MPI (mpirun, srun): true when an MPI launcher started this process
+ * (OMPI_COMM_WORLD_SIZE, PMI_SIZE or PMIX_RANK in the environment). */
+MK_API bool mk_stage_mpi_launched(void);
+/* Under MPI, before mk_stage_join: MPI_Init (errors returned, not fatal), rank and world
+ * from MPI_Comm_rank/size into options; the stage digests compared with MPI_Allgather (a
+ * mismatch fails every rank with MK_ERR_RECIPE_DIGEST naming the rank, before any
+ * connection); rank 0 picks a free port on its node's address and MPI_Bcast's the
+ * rendezvous "HOST:PORT" into rendezvous[cap] (options->rendezvous points there). Builds
+ * without MPI refuse with MK_ERR_UNSUPPORTED. */
+MK_API mk_status mk_stage_mpi_setup(const mk_model *model, mk_stage_options *options, char *rendezvous, size_t cap);
+/* MPI_Finalize after a run every rank finished (a failed run exits without it: the
+ * launcher ends the rest). */
+MK_API void mk_stage_mpi_finalize(void);
 
 #ifdef __cplusplus
 }

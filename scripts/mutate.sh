@@ -27,6 +27,7 @@ export OPENBLAS_NUM_THREADS=1
 #          host                the contract, bundle and parity suites
 #          api                 the public-surface check (fallible MK_API functions clear the message)
 #          sched               the placed pipeline on the cpu backend (every seam transport)
+#          stage               the stage-process suite (meshkern stage: parity, faults, refusals)
 MUTATIONS=(
   "argmax.tie-inside-thread~kernels/argmax.cu~s/\(bi < 0 \|\| v > bv\)/(bi < 0 || v >= bv)/~ops:*Argmax*"
   "argmax.nan-may-win~kernels/argmax.cu~s/if \(!isnan\(v\) && \(/if ((/~ops:*Argmax*"
@@ -52,6 +53,10 @@ MUTATIONS=(
   "range.message-removed~host/range.c~s/return mk_fail\(MK_ERR_HEAD_OWNS_EMBEDDING,[^;]*;/return MK_ERR_HEAD_OWNS_EMBEDDING;/~host"
   "sched.slot-pairs-shared~host/sched/stage_link.c~s/link->fifo \? 0 : item->slot/0/~sched"
   "sched.prefill-keeps-cache~host/sched/stage.c~s/if \(item->kind == MK_ITEM_PREFILL\) s = mk_sequence_reset/if (0) s = mk_sequence_reset/~sched"
+  "stage.digest-ignores-cuts~host/stage/stage_runtime.c~s/\(long long\)cuts\[i\]\);/0LL);/~stage"
+  "stage.slot-evicts-newest~host/stage/slots.c~s/t->slot\[i\].last_use < s->last_use/t->slot[i].last_use > s->last_use/~stage"
+  "stage.result-digest-unchecked~host/stage/stage_runtime.c~s/if \(strcmp\(info.runtime_recipe_digest/if (0 \&\& strcmp(info.runtime_recipe_digest/~stage"
+  "stage.unstarted-not-reported~host/stage/stage_runtime.c~s/if \(h.state\[i\].finished\) continue;/if (h.state[i].finished || !h.state[i].started) continue;/~stage"
   "bundle.clear-error-removed~host/bundle.c~s/(mk_status mk_bundle_unpack\([^{]*\{\n)    mk_clear_error\(\);\n/\$1/~api"
 )
 
@@ -91,7 +96,7 @@ trap 'restore; exit 130' INT TERM
 log "== configure and build the simulated suites in $BUILD"
 cmake -S "$SRC" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMESHKERN_CUDA=OFF -DMESHKERN_TESTS=ON \
   >"$WORK/configure.log" 2>&1 || { tail -20 "$WORK/configure.log"; exit 2; }
-TARGETS=(test_ops_sim test_boundary_contract test_bundle_malformed test_parity test_pipeline_sched)
+TARGETS=(test_ops_sim test_boundary_contract test_bundle_malformed test_parity test_pipeline_sched test_stage meshkern_cli)
 run ninja -C "$BUILD" -j "$JOBS" "${TARGETS[@]}" >"$WORK/build.log" 2>&1 || { tail -30 "$WORK/build.log"; exit 2; }
 
 # The unmutated suites must be green first, or no red means anything.
@@ -112,6 +117,9 @@ run_tests() { # $1 = test spec; returns 0 when every test passed
     sched)
       run timeout 900 "$BUILD/tests/test_pipeline_sched" >>"$WORK/run.log" 2>&1
       ;;
+    stage)
+      run timeout 900 "$BUILD/tests/stage/test_stage" >>"$WORK/run.log" 2>&1
+      ;;
     api)
       run python3 "$SRC/tests/api_surface_check.py" clears "$SRC/include/meshkern.h" "$SRC/host" "$SRC/host/cuda" \
         >>"$WORK/run.log" 2>&1
@@ -121,7 +129,7 @@ run_tests() { # $1 = test spec; returns 0 when every test passed
 }
 
 : >"$WORK/run.log"
-for spec in "ops:*" host sched api; do
+for spec in "ops:*" host sched stage api; do
   run_tests "$spec" || { log "the unmutated suite ($spec) fails: see $WORK/run.log"; exit 2; }
 done
 

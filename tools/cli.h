@@ -31,5 +31,16 @@ bool mk_cli_backend_flag(const char *a, mk_cli_backend *b);
 int mk_cli_backend_option(const char *a, const char *v, mk_cli_backend *b);
 /* After every option: the weight-mode default for the model at `model_path`. */
 void mk_cli_backend_finish(mk_cli_backend *b, const char *model_path);
+/* Prompts as token ids: one prompt per line, comma-separated ids; blank lines and lines
+ * starting with '#' skipped. path "-" reads standard input. */
+typedef struct batch_prompt {
+    int32_t *ids;
+    size_t n;
+} batch_prompt;
+mk_status mk_cli_read_prompts(const char *path, batch_prompt **out, size_t *n_out);
+void mk_cli_free_prompts(batch_prompt *p, size_t n);
+
+/* meshkern stage MODEL ...: one range of a multi-process pipeline (stage_cmd.c). */
+int mk_cli_stage(int argc, char **argv);
 
 #endif

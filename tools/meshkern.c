@@ -10,6 +10,8 @@
  *                (text in, text out: tools/cli_text.c)
  *   meshkern run MODEL --prompts FILE [--split auto|L1,...] [--devices 0,1] [--batch M] ...
  *                (run_batch.c: many sequences through a placed pipeline)
+ *   meshkern stage MODEL --split ... --rank R --world N --rendezvous HOST:PORT ...
+ *                (stage_cmd.c: one range per process)
  *
  * run executes the model as one FULL range and, with --split, as the given ranges in this
  * process, every seam carried by the chosen transport (default wire: packed and unpacked
@@ -52,6 +54,11 @@ static int usage(void) {
             "               [--backend cpu|cuda] [--dtype native|f32|f16|bf16] [--kv f32|f16] [--threads N] [--speed]\n"
             "               FILE: one prompt per line, comma-separated token ids; --threads: per stage\n"
             "               (default: the cores divided among the stages)\n"
+            "  meshkern stage MODEL --split L1,L2,...|auto --rank R --world N --rendezvous HOST:PORT\n"
+            "               [--prompts FILE|- (rank 0)] [--max-tokens K] [--batch M] [--timeout S]\n"
+            "               [--seam tcp|unix|nccl] [--backend cpu|cuda] [--dtype native|f32|f16|bf16] [--threads N]\n"
+            "               [--stop IDS] [--launcher mpi|rendezvous (mpi: mpirun -np N ..., no --rank/--world)]\n"
+            "               one process per range; rank 0 takes the prompts and prints the tokens\n"
             "  --random is the seed's random model (vocab 48, hidden 32, 6 layers, 4 heads); keys\n"
             "  vocab, hidden, layers, heads, kv_heads, head_dim, ffn, ctx, seed change its shape.\n");
     return 2;
@@ -371,6 +378,7 @@ int main(int argc, char **argv) {
                                                        : cmd_run(argc - 2, argv + 2);
     }
     if (strcmp(argv[1], "chat") == 0) return mk_cli_chat(argc - 2, argv + 2);
+    if (strcmp(argv[1], "stage") == 0) return mk_cli_stage(argc - 2, argv + 2);
     if (strcmp(argv[1], "tokenize") == 0) return mk_cli_tokenize(argc - 2, argv + 2);
     return usage();
 }

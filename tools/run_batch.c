@@ -26,11 +26,6 @@
 
 #define MK_BATCH_MAX_LIST 64
 
-typedef struct batch_prompt {
-    int32_t *ids;
-    size_t n;
-} batch_prompt;
-
 typedef struct batch_args {
     const char *model, *prompts, *timeline;
     bool split_auto;
@@ -124,11 +119,12 @@ static int parse_batch_args(int argc, char **argv, batch_args *a) {
     return 0;
 }
 
-/* One prompt per line; *out is an array of *n prompts (free_prompts). */
-static mk_status read_prompts(const char *path, batch_prompt **out, size_t *n_out) {
+/* One prompt per line; *out is an array of *n prompts (mk_cli_free_prompts). */
+mk_status mk_cli_read_prompts(const char *path, batch_prompt **out, size_t *n_out) {
     *out = NULL;
     *n_out = 0;
-    FILE *f = fopen(path, "r");
+    const bool std_in = strcmp(path, "-") == 0;
+    FILE *f = std_in ? stdin : fopen(path, "r");
     if (!f) return mk_fail(MK_ERR_IO, "cannot open prompts file %s: %s", path, strerror(errno));
     batch_prompt *prompts = NULL;
     size_t n = 0, cap = 0, line_no = 0;
@@ -164,14 +160,14 @@ static mk_status read_prompts(const char *path, batch_prompt **out, size_t *n_ou
         free(ids);
     }
     free(line);
-    fclose(f);
+    if (!std_in) fclose(f);
     if (s == MK_OK && n == 0) s = mk_fail(MK_ERR_EMPTY_INPUT, "prompts file %s holds no prompt", path);
     *out = prompts;
     *n_out = n;
     return s;
 }
 
-static void free_prompts(batch_prompt *p, size_t n) {
+void mk_cli_free_prompts(batch_prompt *p, size_t n) {
     for (size_t i = 0; p && i < n; i++) free(p[i].ids);
     free(p);
 }
@@ -290,15 +286,15 @@ int mk_cli_run_batch(int argc, char **argv) {
     if (bad) return bad;
     batch_prompt *prompts = NULL;
     size_t n_prompts = 0;
-    mk_status s = read_prompts(a.prompts, &prompts, &n_prompts);
+    mk_status s = mk_cli_read_prompts(a.prompts, &prompts, &n_prompts);
     if (s != MK_OK) {
-        free_prompts(prompts, n_prompts);
+        mk_cli_free_prompts(prompts, n_prompts);
         return mk_cli_fail(s);
     }
     mk_model *model = NULL;
     s = mk_cli_open_model(a.model, &model);
     int rc = s == MK_OK ? run_batch(&a, model, prompts, n_prompts) : mk_cli_fail(s);
     mk_model_free(model);
-    free_prompts(prompts, n_prompts);
+    mk_cli_free_prompts(prompts, n_prompts);
     return rc;
 }

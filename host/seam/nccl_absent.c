@@ -24,3 +24,16 @@ __attribute__((weak)) mk_status mk_seam_nccl_join(mk_seam *s, const char *id_pat
     (void)id_path;
     return mk_no_nccl();
 }
+
+__attribute__((weak)) mk_status mk_seam_nccl_id_new(unsigned char *id, size_t cap) {
+    (void)id;
+    (void)cap;
+    return mk_no_nccl();
+}
+
+__attribute__((weak)) mk_status mk_seam_nccl_join_id(mk_seam *s, const unsigned char *id, size_t len) {
+    (void)s;
+    (void)id;
+    (void)len;
+    return mk_no_nccl();
+}

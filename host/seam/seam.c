@@ -181,6 +181,19 @@ static mk_status mk_seam_nccl_end(const mk_seam_options *opt, const char *id_pat
     return MK_OK;
 }
 
+mk_status mk_seam_nccl_end_with_id(const mk_seam_options *opt, const unsigned char *id, size_t len, mk_range *range,
+                                   bool sender, mk_seam **out) {
+    mk_seam *s = NULL;
+    MK_TRY(mk_seam_new(opt, range, sender, &s));
+    const mk_status st = mk_seam_nccl_join_id(s, id, len);
+    if (st != MK_OK) {
+        mk_seam_free(s);
+        return st;
+    }
+    *out = s;
+    return MK_OK;
+}
+
 mk_status mk_seam_accept(mk_seam_listener *l, mk_range *receiver, mk_seam **out) {
     mk_clear_error();
     if (!l || !receiver || !out) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_seam_accept: NULL argument");
@@ -261,9 +274,9 @@ static mk_status seam_contract(void *user, const mk_boundary_header *h) {
     return mk_range_check_boundary(a->range, a->seq, h);
 }
 
-mk_status mk_seam_recv(mk_seam *s, const mk_sequence *seq, mk_boundary *into) {
-    mk_clear_error();
-    if (!s || !seq || !into) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_seam_recv: NULL argument");
+/* The receive path: the contract (check) on the header, then the payload. The stage
+ * runtime passes a check that also picks the sequence the header's request id names. */
+mk_status mk_seam_recv_with(mk_seam *s, mk_seam_check check, void *user, mk_boundary *into) {
     if (s->sender) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_seam_recv: this is a sending end");
     if (into->range != s->range) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_seam_recv: the boundary is not this range's");
     const double t0 = mk_seconds();
@@ -272,14 +285,13 @@ mk_status mk_seam_recv(mk_seam *s, const mk_sequence *seq, mk_boundary *into) {
     if (s->ops->recv_checked) {
         /* The transport takes header and payload in one exchange; the contract still runs
          * here, on the header, before the transport posts the payload receive. */
-        seam_contract_args args = {s->range, seq};
-        st = s->ops->recv_checked(s, seam_contract, &args, into);
+        st = s->ops->recv_checked(s, check, user, into);
         if (st != MK_OK) into->h.rows = 0;
     } else {
         mk_boundary_header h;
         st = s->ops->recv_header(s, &h);
         /* The contract, once, on the header: nothing of the payload is accepted before. */
-        if (st == MK_OK) st = mk_range_check_boundary(s->range, seq, &h);
+        if (st == MK_OK) st = check(user, &h);
         if (st == MK_OK) {
             into->h = h;
             st = s->ops->recv_payload(s, into);
@@ -288,6 +300,13 @@ mk_status mk_seam_recv(mk_seam *s, const mk_sequence *seq, mk_boundary *into) {
     }
     s->seconds += mk_seconds() - t0;
     return st;
+}
+
+mk_status mk_seam_recv(mk_seam *s, const mk_sequence *seq, mk_boundary *into) {
+    mk_clear_error();
+    if (!s || !seq || !into) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_seam_recv: NULL argument");
+    seam_contract_args args = {s->range, seq};
+    return mk_seam_recv_with(s, seam_contract, &args, into);
 }
 
 size_t mk_seam_bytes(const mk_seam *s) {

@@ -55,6 +55,22 @@ mk_status mk_seam_stream_end(mk_seam *s, int fd, bool tls_server_side, int64_t d
 mk_status mk_seam_nccl_pair(mk_seam *tx, mk_seam *rx);
 mk_status mk_seam_nccl_publish(const char *id_path);
 mk_status mk_seam_nccl_join(mk_seam *s, const char *id_path);
+/* The same with the unique id handed over by the caller's own bootstrap (the stage
+ * rendezvous, itself set up by MPI_Bcast under mpirun): a fresh id as bytes, and one end
+ * joined with it. */
+#define MK_SEAM_NCCL_ID_BYTES 128
+mk_status mk_seam_nccl_id_new(unsigned char *id, size_t cap);
+mk_status mk_seam_nccl_join_id(mk_seam *s, const unsigned char *id, size_t len);
+/* One NCCL end across processes joined with such an id (seam.c). */
+mk_status mk_seam_nccl_end_with_id(const mk_seam_options *opt, const unsigned char *id, size_t len, mk_range *range,
+                                   bool sender, mk_seam **out);
+/* mk_seam_recv with the contract (and, for the stage runtime, the choice of sequence) in
+ * check(user, header), run before any payload is accepted. */
+mk_status mk_seam_recv_with(mk_seam *s, mk_seam_check check, void *user, mk_boundary *into);
+/* Stream ends: the connected fd (to poll before a receive; -1 for other transports), and
+ * raw bytes written on it (fault injection only: a frame that is not one). */
+int mk_seam_stream_fd(const mk_seam *s);
+mk_status mk_seam_stream_write_raw(mk_seam *s, const void *bytes, size_t n);
 /* Transports own impl; seam.c frees the seam itself. */
 
 #endif

@@ -258,6 +258,19 @@ static mk_status mk_stream_init(mk_seam *s, int fd, bool tls_server) {
     return MK_OK;
 }
 
+int mk_seam_stream_fd(const mk_seam *s) {
+    if (!s || s->ops != &mk_stream_ops || !s->impl) return -1;
+    const mk_stream *st = s->impl;
+    return st->io.fd;
+}
+
+mk_status mk_seam_stream_write_raw(mk_seam *s, const void *bytes, size_t n) {
+    if (!s || s->ops != &mk_stream_ops || !s->impl) return mk_fail(MK_ERR_INVALID_ARGUMENT, "not a stream seam end");
+    MK_TRY(stream_send_wait(s));
+    mk_stream *st = s->impl;
+    return mk_io_write(&st->io, bytes, n, mk_deadline_ms(st->io_timeout_ms, MK_DEFAULT_IO_MS), "raw bytes");
+}
+
 mk_status mk_seam_stream_end(mk_seam *s, int fd, bool tls_server_side, int64_t deadline) {
     MK_TRY(mk_stream_init(s, fd, tls_server_side));
     mk_stream *st = s->impl;

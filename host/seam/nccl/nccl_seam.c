@@ -274,13 +274,23 @@ mk_status mk_seam_nccl_publish(const char *id_path) {
     return mk_nccl_id_write_file(id_path, &id);
 }
 
-mk_status mk_seam_nccl_join(mk_seam *s, const char *id_path) {
+mk_status mk_seam_nccl_id_new(unsigned char *id, size_t cap) {
+    if (cap < sizeof(ncclUniqueId)) return mk_fail(MK_ERR_INTERNAL, "nccl seam: an id needs %zu bytes", sizeof(ncclUniqueId));
+    ncclUniqueId u;
+    MK_TRY(mk_nccl_id_create(&u));
+    memcpy(id, &u, sizeof u);
+    return MK_OK;
+}
+
+mk_status mk_seam_nccl_join_id(mk_seam *s, const unsigned char *id_bytes, size_t len) {
+    if (len != sizeof(ncclUniqueId))
+        return mk_fail(MK_ERR_FRAME, "nccl seam: a unique id is %zu bytes, not %zu", sizeof(ncclUniqueId), len);
     int device = 0;
     cudaStream_t stream = NULL;
     MK_TRY(range_place(s->range, s->sender ? "sending" : "receiving", &device, &stream));
     const int connect_ms = timeout_or(s->options.connect_timeout_ms, 5000);
     ncclUniqueId id;
-    MK_TRY(mk_nccl_id_read_file(id_path, &id, connect_ms));
+    memcpy(&id, id_bytes, sizeof id);
     mk_nccl_link *link = calloc(1, sizeof *link);
     if (!link) return mk_fail(MK_ERR_OUT_OF_MEMORY, "nccl seam: out of memory");
     link->n = 1;
@@ -303,4 +313,10 @@ mk_status mk_seam_nccl_join(mk_seam *s, const char *id_path) {
     s->impl = link;
     s->ops = &mk_nccl_ops;
     return MK_OK;
+}
+
+mk_status mk_seam_nccl_join(mk_seam *s, const char *id_path) {
+    ncclUniqueId id;
+    MK_TRY(mk_nccl_id_read_file(id_path, &id, timeout_or(s->options.connect_timeout_ms, 5000)));
+    return mk_seam_nccl_join_id(s, (const unsigned char *)&id, sizeof id);
 }

@@ -1,0 +1,143 @@
+/* Stage processes (include/meshkern.h, "stage processes"): the internal state shared by the
+ * runtime's files, one job each:
+ *   control.c     framed control messages over a stage's rendezvous connection
+ *   rendezvous.c  how ranks meet: hello, digest comparison, welcome or refusal, ready
+ *   slots.c       request id -> sequence (one KV cache per live request on this rank)
+ *   fault.c       MESHKERN_FAULT: test-only misbehaviour of one rank
+ *   stage_runtime.c  join, the per-rank serve loops, failure reporting */
+#ifndef MK_STAGE_H
+#define MK_STAGE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "boundary.h"
+#include "meshkern.h"
+#include "seam/io.h"
+#include "seam/seam.h"
+
+/* ============================================================= control == */
+
+/* A control message: 12-byte header (magic "MKCT", type, length; little-endian) then
+ * `length` bytes, at most MK_CTL_MAX_BODY (the receiver's limit). */
+#define MK_CTL_MAGIC 0x54434b4du
+#define MK_CTL_HEADER_BYTES 12u
+#define MK_CTL_MAX_BODY 4096u
+
+typedef enum mk_ctl_type {
+    MK_CTL_HELLO = 1,   /* rank -> 0: "rank world digest seam-address" */
+    MK_CTL_WELCOME = 2, /* 0 -> rank: "max_context max_rows max_sequences next-address
+                                                   nccl-id-prev nccl-id-next" (hex or "-") */
+    MK_CTL_READY = 3,   /* rank -> 0: range built, seams connected */
+    MK_CTL_RESULT = 4,  /* last rank -> 0: a TailResult (request id, sampled token) */
+    MK_CTL_BYE = 5,     /* 0 -> rank: every request is done */
+    MK_CTL_ABORT = 6,   /* either way: "status message": the run stops */
+    MK_CTL_PING = 7,    /* 0 -> rank: rank 0 had no result in time; who is silent? */
+    MK_CTL_PONG = 8,    /* rank -> 0: this rank is alive */
+    MK_CTL_DONE = 9,    /* last rank -> 0: the end-of-run marker came through (nccl seams) */
+} mk_ctl_type;
+
+mk_status mk_ctl_send(mk_io *io, mk_ctl_type type, const void *body, size_t len, int64_t deadline);
+/* The next message from `peer` (named in errors, e.g. "rank 2"); body[MK_CTL_MAX_BODY + 1]
+ * gets a NUL after the bytes. A close is MK_ERR_PEER_LOST, bad magic or length MK_ERR_FRAME. */
+mk_status mk_ctl_recv(mk_io *io, mk_ctl_type *type, char *body, size_t *len, int64_t deadline, const char *peer);
+/* ABORT with a status and message, best effort within a short deadline. */
+void mk_ctl_abort(mk_io *io, mk_status status, const char *message);
+/* Parse an ABORT body into a failure (status recorded with its message). */
+mk_status mk_ctl_abort_status(const char *body);
+
+/* The current failure message prefixed: status with "<fmt...>: <message so far>". The
+ * message is copied first (mk_fail formats into the buffer mk_last_error returns). */
+mk_status mk_stage_wrap(mk_status status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* =============================================================== slots == */
+
+typedef struct mk_stage_slot {
+    char request_id[64]; /* "" = free */
+    mk_sequence *seq;    /* opened on first use, reset when reused */
+    uint64_t last_use;
+} mk_stage_slot;
+
+typedef struct mk_slots {
+    mk_range *range;
+    mk_stage_slot *slot;
+    size_t n;
+    uint64_t clock;
+} mk_slots;
+
+mk_status mk_slots_init(mk_slots *t, mk_range *range, size_t n);
+void mk_slots_free(mk_slots *t);
+/* The sequence of request `id`: with `fresh` (a prefill) a free slot, else the least
+ * recently used one, reset (rank 0 admits a request only after another finished, and the
+ * boundaries of every rank keep rank 0's order, so the slot left longest is a finished
+ * request's); without, the slot already holding id, or MK_ERR_POSITIONS_SHAPE. */
+mk_status mk_slots_get(mk_slots *t, const char *id, bool fresh, mk_sequence **seq);
+void mk_slots_release(mk_slots *t, const char *id);
+
+/* =============================================================== fault == */
+
+typedef enum mk_fault_kind {
+    MK_FAULT_NONE = 0,
+    MK_FAULT_EXIT,           /* the process exits before its step-th boundary */
+    MK_FAULT_SILENT,         /* stops sending and reading (as if hung) */
+    MK_FAULT_CORRUPT_HEADER, /* sends a frame header that is not one */
+    MK_FAULT_OTHER_DIGEST,   /* sends a boundary (or result) of another recipe digest */
+    MK_FAULT_OTHER_LAYER,    /* sends a boundary cut before another layer */
+} mk_fault_kind;
+
+typedef struct mk_fault {
+    mk_fault_kind kind;
+    int rank;
+    uint64_t step;
+} mk_fault;
+
+/* MESHKERN_FAULT for this rank (kind NONE if unset or for another rank); a malformed
+ * value is MK_ERR_INVALID_ARGUMENT. */
+mk_status mk_fault_read(int rank, mk_fault *out);
+bool mk_fault_due(const mk_fault *f, uint64_t step, mk_fault_kind kind);
+
+/* =============================================================== stage == */
+
+#define MK_STAGE_MAX_WORLD 64
+/* The request id of the end-of-run marker on nccl seams, which cannot be polled beside the
+ * control connection: rank 0 sends it down the chain once every request is done. */
+#define MK_STAGE_END_ID "meshkern-end-of-run"
+
+struct mk_stage {
+    const mk_model *model;
+    mk_stage_options o;
+    int64_t cuts[MK_STAGE_MAX_WORLD];
+    int32_t *stop;                /* [o.n_stop] */
+    int rank, world;
+    int timeout_ms;
+    char digest[MK_DIGEST_HEX_LEN + 1]; /* model, weights, kv, cuts, world */
+    size_t max_context, max_rows, max_sequences;
+    /* control: rank 0 holds one connection per other rank (ctl[0] unused), the others ctl[0] */
+    mk_io ctl[MK_STAGE_MAX_WORLD];
+    size_t n_ctl;
+    /* seams */
+    mk_seam_listener *listener;   /* rank > 0: where the previous rank connects */
+    char next_address[300];       /* rank < world - 1: the next rank's listener */
+    /* nccl seams: the unique ids of the communicators with the previous and the next rank,
+     * made by rank 0 and handed out in the welcome */
+    unsigned char nccl_prev[MK_SEAM_NCCL_ID_BYTES], nccl_next[MK_SEAM_NCCL_ID_BYTES];
+    mk_seam *from_prev, *to_next;
+    mk_range *range;
+    mk_boundary *in, *out;
+    mk_slots slots;
+    mk_fault fault;
+    uint64_t steps;               /* boundaries this rank handled */
+};
+
+/* The cuts of o (given, or balanced for o->world ranks) into cuts[world - 1], checked,
+ * and the stage digest every rank must share. */
+mk_status mk_stage_plan(const mk_model *model, const mk_stage_options *o, int64_t *cuts,
+                        char digest[MK_DIGEST_HEX_LEN + 1]);
+
+/* rendezvous.c: meet the other ranks (fills ctl, next_address, max_*); then, once the
+ * range and seams are up, the ready barrier. */
+mk_status mk_stage_rendezvous(mk_stage *st);
+mk_status mk_stage_ready(mk_stage *st);
+
+#endif

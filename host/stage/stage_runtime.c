@@ -1,0 +1,694 @@
+/* The stage runtime: one range per process (include/meshkern.h, "stage processes").
+ *
+ * Rank 0 (the head) admits up to max_sequences requests, runs their prefills and decode
+ * steps and sends each boundary to rank 1; the middle ranks receive, forward and send on;
+ * the last rank samples greedily and returns a TailResult to rank 0 over its control
+ * connection, and rank 0 feeds the token back in. Every boundary names its request; every
+ * rank keeps one sequence per live request (slots.c).
+ *
+ * Failure: every wait polls the data it expects and the control connection together,
+ * with the deadline timeout_ms. A closed connection is MK_ERR_PEER_LOST, a silent peer
+ * MK_ERR_PEER_TIMEOUT, a refused boundary the contract's status, each naming the rank and
+ * the step. A rank that fails tells rank 0 (ABORT); rank 0 fails every request in flight,
+ * reports each one, and sends ABORT (status, message, the requests in flight) to every
+ * rank, which report those requests too and stop. A dead rank 0 is seen by all as a
+ * closed control connection. */
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "mk_error.h"
+#include "model.h"
+#include "stage/stage.h"
+
+#define MK_STAGE_DEFAULT_TIMEOUT_MS 30000
+
+mk_stage_options mk_stage_options_default(void) {
+    mk_clear_error();
+    mk_stage_options o;
+    memset(&o, 0, sizeof o);
+    o.struct_size = sizeof o;
+    o.range = mk_range_options_default();
+    o.world = 2;
+    o.seam = MK_SEAM_TCP;
+    o.timeout_ms = MK_STAGE_DEFAULT_TIMEOUT_MS;
+    o.max_sequences = 8;
+    o.max_new_tokens = 16;
+    return o;
+}
+
+int mk_stage_rank(const mk_stage *st) {
+    mk_clear_error();
+    return st ? st->rank : -1;
+}
+
+const mk_range *mk_stage_range(const mk_stage *st) {
+    mk_clear_error();
+    return st ? st->range : NULL;
+}
+
+/* ================================================================= join == */
+
+/* What every rank must agree on: the model's identity, the weight and KV modes, the cuts
+ * and the world. */
+static mk_status mk_stage_digest_of(const mk_model *model, const mk_stage_options *o, const int64_t *cuts,
+                                    char digest[MK_DIGEST_HEX_LEN + 1]) {
+    char text[2048];
+    int n = snprintf(text, sizeof text, "meshkern-stage-v1;model=%s;weights=%s;kv=%s;world=%d;cuts=",
+                     mk_model_digest(model), mk_dtype_name(o->range.backend.weight_dtype),
+                     mk_dtype_name(o->range.backend.kv_dtype ? o->range.backend.kv_dtype : MK_DTYPE_F32), o->world);
+    for (int i = 0; i + 1 < o->world && n > 0 && (size_t)n < sizeof text; i++)
+        n += snprintf(text + n, sizeof text - (size_t)n, "%lld,", (long long)cuts[i]);
+    if (n < 0 || (size_t)n >= sizeof text) return mk_fail(MK_ERR_INTERNAL, "stage digest text too long");
+    mk_sha256 *ctx = NULL;
+    MK_TRY(mk_sha256_begin(&ctx));
+    mk_sha256_update(ctx, text, (size_t)n);
+    mk_sha256_finish(ctx, digest);
+    return MK_OK;
+}
+
+/* The cuts (given or balanced) and the digest of a stage. */
+mk_status mk_stage_plan(const mk_model *model, const mk_stage_options *o, int64_t *cuts,
+                        char digest[MK_DIGEST_HEX_LEN + 1]) {
+    const mk_hparams *hp = mk_model_hparams(model);
+    if (o->split_auto) MK_TRY(mk_split_auto(model, (size_t)o->world, cuts, NULL));
+    else memcpy(cuts, o->cuts, ((size_t)o->world - 1) * sizeof *cuts);
+    for (int i = 0; i + 1 < o->world; i++)
+        if (cuts[i] < (i ? cuts[i - 1] + 1 : 0) || cuts[i] + 1 >= (int64_t)hp->n_layers)
+            return mk_fail(MK_ERR_INVALID_RANGE, "cut %d (after layer %lld) leaves an empty range of %zu layers", i,
+                           (long long)cuts[i], hp->n_layers);
+    return mk_stage_digest_of(model, o, cuts, digest);
+}
+
+static mk_status mk_stage_check_options(const mk_model *model, const mk_stage_options *o) {
+    if (!model || !o) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_stage_join: NULL argument");
+    if (o->struct_size != sizeof *o)
+        return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_stage_options.struct_size %zu is not %zu (use mk_stage_options_default)",
+                       o->struct_size, sizeof *o);
+    if (o->world < 2 || o->world > MK_STAGE_MAX_WORLD || o->rank < 0 || o->rank >= o->world)
+        return mk_fail(MK_ERR_INVALID_ARGUMENT, "stage rank %d of world %d: need 0 <= rank < world, 2 <= world <= %d",
+                       o->rank, o->world, MK_STAGE_MAX_WORLD);
+    if (!o->split_auto && o->n_cuts != (size_t)o->world - 1)
+        return mk_fail(MK_ERR_INVALID_ARGUMENT, "%zu cuts for a world of %d ranks (one range per rank: %d cuts)", o->n_cuts,
+                       o->world, o->world - 1);
+    if (!o->split_auto && !o->cuts) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_stage_join: NULL cuts");
+    if (!o->rendezvous || !*o->rendezvous) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_stage_join: no rendezvous address");
+    if (o->seam != MK_SEAM_TCP && o->seam != MK_SEAM_UNIX && o->seam != MK_SEAM_NCCL)
+        return mk_fail(MK_ERR_UNSUPPORTED, "stage seams are tcp, unix or nccl, not '%s'", mk_seam_kind_name(o->seam));
+    if (o->seam == MK_SEAM_NCCL && o->range.backend.kind != MK_BACKEND_CUDA)
+        return mk_fail(MK_ERR_UNSUPPORTED, "the nccl seam joins cuda ranges: use the cuda backend");
+    if (o->n_stop && !o->stop_ids) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_stage_join: NULL stop ids");
+    return MK_OK;
+}
+
+static mk_status mk_stage_build(mk_stage *st) {
+    const int64_t start = st->rank == 0 ? 0 : st->cuts[st->rank - 1] + 1;
+    const int64_t end = st->rank + 1 == st->world ? (int64_t)mk_model_hparams(st->model)->n_layers - 1 : st->cuts[st->rank];
+    mk_range_options ro = st->o.range;
+    ro.max_context = st->max_context;
+    ro.max_batch_tokens = st->max_rows;
+    MK_TRY(mk_range_create(st->model, start, end, &ro, &st->range));
+    if (st->rank > 0) MK_TRY(mk_boundary_create(st->range, &st->in));
+    if (st->rank + 1 < st->world) MK_TRY(mk_boundary_create(st->range, &st->out));
+    MK_TRY(mk_slots_init(&st->slots, st->range, st->max_sequences));
+    /* The next rank's listener takes the connection in its backlog before it accepts, so
+     * connecting first and accepting second cannot deadlock along the chain. */
+    mk_seam_options so = mk_seam_options_default(st->o.seam);
+    so.connect_timeout_ms = st->timeout_ms;
+    so.io_timeout_ms = 2 * st->timeout_ms; /* a receive waits as long as the idle deadline */
+    if (st->o.seam == MK_SEAM_NCCL) {
+        /* Each join waits for its peer: rank r joins r + 1 first, then r - 1, so the chain
+         * completes from the last rank back. */
+        if (st->rank + 1 < st->world) {
+            const mk_status s = mk_seam_nccl_end_with_id(&so, st->nccl_next, sizeof st->nccl_next, st->range, true,
+                                                         &st->to_next);
+            if (s != MK_OK) return mk_stage_wrap(s, "rank %d: no NCCL communicator with rank %d", st->rank, st->rank + 1);
+        }
+        if (st->rank > 0) {
+            const mk_status s = mk_seam_nccl_end_with_id(&so, st->nccl_prev, sizeof st->nccl_prev, st->range, false,
+                                                         &st->from_prev);
+            if (s != MK_OK) return mk_stage_wrap(s, "rank %d: no NCCL communicator with rank %d", st->rank, st->rank - 1);
+        }
+        return MK_OK;
+    }
+    if (st->rank + 1 < st->world) {
+        so.address = st->next_address;
+        const mk_status s = mk_seam_connect(&so, st->range, &st->to_next);
+        if (s != MK_OK) return mk_stage_wrap(s, "rank %d: cannot connect to rank %d at %s", st->rank, st->rank + 1,
+                                       st->next_address);
+    }
+    if (st->rank > 0) {
+        const mk_status s = mk_seam_accept(st->listener, st->range, &st->from_prev);
+        if (s != MK_OK) return mk_stage_wrap(s, "rank %d: rank %d did not connect", st->rank, st->rank - 1);
+        mk_seam_listener_free(st->listener);
+        st->listener = NULL;
+    }
+    return MK_OK;
+}
+
+mk_status mk_stage_join(const mk_model *model, const mk_stage_options *o, mk_stage **out) {
+    mk_clear_error();
+    if (!out) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_stage_join: NULL out");
+    *out = NULL;
+    MK_TRY(mk_stage_check_options(model, o));
+    mk_stage *st = calloc(1, sizeof *st);
+    if (!st) return mk_fail(MK_ERR_OUT_OF_MEMORY, "stage: out of memory");
+    for (size_t i = 0; i < MK_STAGE_MAX_WORLD; i++) st->ctl[i] = (mk_io){.fd = -1, .ssl = NULL};
+    st->model = model;
+    st->o = *o;
+    st->o.rendezvous = NULL; /* the caller's string: used during the join only */
+    st->rank = o->rank;
+    st->world = o->world;
+    st->timeout_ms = o->timeout_ms > 0 ? o->timeout_ms : MK_STAGE_DEFAULT_TIMEOUT_MS;
+    const mk_hparams *hp = mk_model_hparams(model);
+    st->max_context = o->range.max_context ? o->range.max_context : (hp->max_context < 4096 ? hp->max_context : 4096);
+    st->max_rows = o->range.max_batch_tokens ? o->range.max_batch_tokens : st->max_context;
+    st->max_sequences = o->max_sequences ? o->max_sequences : 8;
+    mk_status s = MK_OK;
+    if (o->n_stop) {
+        st->stop = malloc(o->n_stop * sizeof *st->stop);
+        if (!st->stop) s = mk_fail(MK_ERR_OUT_OF_MEMORY, "stage: out of memory");
+        else memcpy(st->stop, o->stop_ids, o->n_stop * sizeof *st->stop);
+    }
+    st->o.stop_ids = NULL;
+    st->o.cuts = NULL; /* the caller's: copied into st->cuts by mk_stage_plan */
+    if (s == MK_OK) s = mk_stage_plan(model, o, st->cuts, st->digest);
+    if (s == MK_OK) s = mk_fault_read(st->rank, &st->fault);
+    if (s == MK_OK) {
+        st->o.rendezvous = o->rendezvous;
+        s = mk_stage_rendezvous(st);
+        st->o.rendezvous = NULL;
+    }
+    if (s == MK_OK) {
+        s = mk_stage_build(st);
+        if (s != MK_OK && st->rank != 0) {
+            char message[512];
+            snprintf(message, sizeof message, "%s", mk_last_error());
+            mk_ctl_abort(&st->ctl[0], s, message); /* rank 0 is waiting for this rank to be ready */
+            mk_fail(s, "%s", message);
+        }
+    }
+    if (s == MK_OK) s = mk_stage_ready(st);
+    if (s != MK_OK) {
+        char message[512];
+        snprintf(message, sizeof message, "%s", mk_last_error());
+        mk_stage_free(st);
+        return mk_fail(s, "%s", message);
+    }
+    *out = st;
+    return MK_OK;
+}
+
+void mk_stage_free(mk_stage *st) {
+    if (!st) return;
+    mk_seam_free(st->to_next);
+    mk_seam_free(st->from_prev);
+    mk_seam_listener_free(st->listener);
+    mk_slots_free(&st->slots);
+    mk_boundary_free(st->in);
+    mk_boundary_free(st->out);
+    mk_range_free(st->range);
+    for (size_t i = 0; i < MK_STAGE_MAX_WORLD; i++) mk_io_close(&st->ctl[i]);
+    free(st->stop);
+    free(st);
+}
+
+/* ============================================================ helpers == */
+
+static size_t mk_request_index(const char *id) {
+    unsigned long long v = 0;
+    return sscanf(id, "req-%llu", &v) == 1 ? (size_t)v : (size_t)-1;
+}
+
+/* A recipe digest that is not ours: the fault of a lying peer. */
+static void mk_other_digest(char *digest) { digest[0] = digest[0] == '0' ? '1' : '0'; }
+
+/* Poll fds[n] for input until the deadline: *ready is the index of a readable one, or
+ * -1 at the deadline. */
+static mk_status mk_poll_in(const int *fds, size_t n, int64_t deadline, int *ready) {
+    struct pollfd p[MK_STAGE_MAX_WORLD + 1];
+    for (size_t i = 0; i < n; i++) p[i] = (struct pollfd){.fd = fds[i], .events = POLLIN};
+    for (;;) {
+        const int64_t left = deadline - mk_now_ms();
+        if (left <= 0) {
+            *ready = -1;
+            return MK_OK;
+        }
+        const int k = poll(p, (nfds_t)n, (int)(left > 60000 ? 60000 : left));
+        if (k < 0) continue; /* EINTR */
+        for (size_t i = 0; k > 0 && i < n; i++)
+            if (p[i].revents) {
+                *ready = (int)i;
+                return MK_OK;
+            }
+    }
+}
+
+/* A rank that stops answering (fault): it waits for rank 0 to give up (an abort or a
+ * closed connection) or three deadlines, whichever comes first, then leaves. */
+static mk_status mk_stage_go_silent(mk_stage *st, uint64_t step) {
+    const int64_t deadline = mk_deadline_ms(3 * st->timeout_ms, 3 * MK_STAGE_DEFAULT_TIMEOUT_MS);
+    if (st->rank != 0) {
+        /* Pings go unanswered; whatever arrives is read and dropped until rank 0 hangs up. */
+        for (;;) {
+            int fd = st->ctl[0].fd, ready = -1;
+            (void)mk_poll_in(&fd, 1, deadline, &ready);
+            char junk[256];
+            if (ready < 0 || read(fd, junk, sizeof junk) <= 0) break;
+        }
+    } else {
+        while (mk_now_ms() < deadline) usleep(100000);
+    }
+    return mk_fail(MK_ERR_PEER_TIMEOUT, "rank %d: fell silent at step %llu (fault injected)", st->rank,
+                   (unsigned long long)step);
+}
+
+/* Send this rank's boundary (st->out, for request id) to the next rank. */
+static mk_status mk_stage_send(mk_stage *st, const char *id) {
+    const uint64_t step = st->steps++;
+    snprintf(st->out->h.request_id, sizeof st->out->h.request_id, "%s", id);
+    if (mk_fault_due(&st->fault, step, MK_FAULT_EXIT)) _exit(3);
+    if (mk_fault_due(&st->fault, step, MK_FAULT_SILENT)) return mk_stage_go_silent(st, step);
+    if (mk_fault_due(&st->fault, step, MK_FAULT_CORRUPT_HEADER)) {
+        static const char junk[32] = "this is not a frame header......";
+        mk_status s = mk_seam_stream_write_raw(st->to_next, junk, sizeof junk);
+        if (s == MK_OK) return MK_OK; /* and carry on as if nothing happened */
+    }
+    if (mk_fault_due(&st->fault, step, MK_FAULT_OTHER_DIGEST)) mk_other_digest(st->out->h.recipe_digest);
+    if (mk_fault_due(&st->fault, step, MK_FAULT_OTHER_LAYER)) st->out->h.next_layer += 1;
+    /* An nccl send is only posted: the previous one must have completed (the next rank
+     * took it) before the boundary buffer is sent again. */
+    mk_status s = st->o.seam == MK_SEAM_NCCL ? mk_seam_send_wait(st->to_next) : MK_OK;
+    if (s == MK_OK) s = mk_seam_send(st->to_next, st->out);
+    if (s == MK_ERR_PEER_CLOSED)
+        return mk_stage_wrap(MK_ERR_PEER_LOST, "rank %d lost rank %d (the next stage) sending step %llu of %s", st->rank,
+                       st->rank + 1, (unsigned long long)step, id);
+    if (s != MK_OK)
+        return mk_stage_wrap(s, "rank %d: sending step %llu of %s to rank %d failed", st->rank, (unsigned long long)step,
+                       id, st->rank + 1);
+    return MK_OK;
+}
+
+/* ========================================================== rank 0 (head) == */
+
+typedef struct mk_head_request {
+    int32_t *tokens;  /* [max_new_tokens] */
+    size_t n;
+    bool started, finished;
+} mk_head_request;
+
+typedef struct mk_head {
+    mk_stage *st;
+    const mk_stage_request *req;
+    size_t n_req;
+    mk_head_request *state;
+    size_t next, in_flight, finished;
+    mk_stage_report_fn report;
+    void *user;
+} mk_head;
+
+/* A step of request i through this rank's range and on to rank 1. */
+static mk_status mk_head_step(mk_head *h, size_t i, const int32_t *ids, size_t n, bool fresh) {
+    mk_stage *st = h->st;
+    char id[64];
+    snprintf(id, sizeof id, "req-%zu", i);
+    mk_sequence *seq = NULL;
+    MK_TRY(mk_slots_get(&st->slots, id, fresh, &seq));
+    const mk_status s = mk_range_forward_boundary(st->range, seq, ids, n, NULL, NULL, st->out, NULL);
+    if (s != MK_OK) return mk_stage_wrap(s, "rank 0: %s at step %llu", id, (unsigned long long)st->steps);
+    return mk_stage_send(st, id);
+}
+
+static mk_status mk_head_admit(mk_head *h) {
+    while (h->in_flight < h->st->max_sequences && h->next < h->n_req) {
+        const size_t i = h->next++;
+        h->state[i].started = true;
+        h->in_flight++;
+        MK_TRY(mk_head_step(h, i, h->req[i].prompt, h->req[i].n_prompt, true));
+    }
+    return MK_OK;
+}
+
+static void mk_head_finish(mk_head *h, size_t i, mk_status status, const char *error, bool stopped) {
+    mk_head_request *r = &h->state[i];
+    if (r->finished) return;
+    r->finished = true;
+    h->finished++;
+    if (r->started) h->in_flight--;
+    char id[64];
+    snprintf(id, sizeof id, "req-%zu", i);
+    mk_slots_release(&h->st->slots, id);
+    if (h->report) {
+        const mk_stage_report rep = {i, status, error ? error : "", r->tokens, r->n, stopped};
+        h->report(h->user, &rep);
+    }
+}
+
+/* A TailResult from the last rank: the token of one request's step. */
+static mk_status mk_head_result(mk_head *h, const char *body, size_t len) {
+    mk_stage *st = h->st;
+    const int last = st->world - 1;
+    mk_tail_result_info info;
+    mk_status s = mk_tail_result_validate((const uint8_t *)body, len, &info);
+    if (s != MK_OK) return mk_stage_wrap(s, "rank %d sent an invalid tail result", last);
+    if (strcmp(info.runtime_recipe_digest, mk_range_recipe_digest(st->range)) != 0)
+        return mk_fail(MK_ERR_RECIPE_DIGEST, "rank %d sent a result of recipe %.16s..., this run's is %.16s...: refused",
+                       last, info.runtime_recipe_digest, mk_range_recipe_digest(st->range));
+    const size_t i = mk_request_index(info.request_id);
+    if (i >= h->n_req || !h->state[i].started || h->state[i].finished)
+        return mk_fail(MK_ERR_TAIL_RESULT, "rank %d sent a result for '%.64s', which is not in flight", last,
+                       info.request_id);
+    const mk_hparams *hp = mk_model_hparams(st->model);
+    if (info.kind != MK_TAIL_OUTPUT_TOKEN || info.token_id < 0 || (size_t)info.token_id >= hp->vocab)
+        return mk_fail(MK_ERR_TAIL_RESULT, "rank %d sent no token id within the vocabulary for %s", last, info.request_id);
+    mk_head_request *r = &h->state[i];
+    const int32_t token = (int32_t)info.token_id;
+    r->tokens[r->n++] = token;
+    bool stop = false;
+    for (size_t k = 0; k < st->o.n_stop; k++) stop |= st->stop[k] == token;
+    if (stop || r->n == st->o.max_new_tokens) {
+        mk_head_finish(h, i, MK_OK, NULL, stop);
+        return mk_head_admit(h);
+    }
+    return mk_head_step(h, i, &token, 1, false);
+}
+
+/* No result came in time: ask every rank whether it is alive, so the message names the
+ * silent one rather than the last rank rank 0 happened to wait for. */
+static mk_status mk_head_diagnose(mk_head *h) {
+    mk_stage *st = h->st;
+    const int quarter = st->timeout_ms / 4 > 250 ? st->timeout_ms / 4 : 250;
+    const int64_t deadline = mk_deadline_ms(quarter, quarter);
+    bool answered[MK_STAGE_MAX_WORLD] = {false};
+    for (int k = 1; k < st->world; k++) (void)mk_ctl_send(&st->ctl[k], MK_CTL_PING, NULL, 0, deadline);
+    for (;;) {
+        int fds[MK_STAGE_MAX_WORLD], who[MK_STAGE_MAX_WORLD], n = 0, ready = -1;
+        for (int k = 1; k < st->world; k++)
+            if (!answered[k]) {
+                fds[n] = st->ctl[k].fd;
+                who[n++] = k;
+            }
+        if (n == 0) break;
+        MK_TRY(mk_poll_in(fds, (size_t)n, deadline, &ready));
+        if (ready < 0) {
+            return mk_fail(MK_ERR_PEER_TIMEOUT,
+                           "rank %d is silent: no result reached rank 0 within %d ms (step %llu, %zu requests in flight) "
+                           "and rank %d did not answer within %d ms more",
+                           who[0], st->timeout_ms, (unsigned long long)st->steps, h->in_flight, who[0], quarter);
+        }
+        const int k = who[ready];
+        char peer[32], body[MK_CTL_MAX_BODY + 1];
+        snprintf(peer, sizeof peer, "rank %d", k);
+        mk_ctl_type type;
+        size_t len;
+        MK_TRY(mk_ctl_recv(&st->ctl[k], &type, body, &len, deadline, peer));
+        if (type == MK_CTL_ABORT) return mk_ctl_abort_status(body);
+        if (type == MK_CTL_PONG) answered[k] = true; /* a late result is dropped: the run fails anyway */
+    }
+    return mk_fail(MK_ERR_PEER_TIMEOUT,
+                   "no result from rank %d within %d ms (step %llu, %zu requests in flight), though every rank answers",
+                   st->world - 1, st->timeout_ms, (unsigned long long)st->steps, h->in_flight);
+}
+
+/* Wait for the next control message on any rank's connection and act on it. */
+static mk_status mk_head_wait(mk_head *h) {
+    mk_stage *st = h->st;
+    int fds[MK_STAGE_MAX_WORLD];
+    for (int k = 1; k < st->world; k++) fds[k - 1] = st->ctl[k].fd;
+    int ready = -1;
+    const int64_t deadline = mk_deadline_ms(st->timeout_ms, MK_STAGE_DEFAULT_TIMEOUT_MS);
+    MK_TRY(mk_poll_in(fds, (size_t)st->world - 1, deadline, &ready));
+    if (ready < 0) return mk_head_diagnose(h);
+    const int k = ready + 1;
+    char peer[32], body[MK_CTL_MAX_BODY + 1];
+    snprintf(peer, sizeof peer, "rank %d", k);
+    mk_ctl_type type;
+    size_t len;
+    const mk_status s = mk_ctl_recv(&st->ctl[k], &type, body, &len, deadline, peer);
+    if (s != MK_OK) return mk_stage_wrap(s, "rank 0 at step %llu", (unsigned long long)st->steps);
+    if (type == MK_CTL_ABORT) return mk_ctl_abort_status(body);
+    if (type == MK_CTL_RESULT && k == st->world - 1) return mk_head_result(h, body, len);
+    return mk_fail(MK_ERR_FRAME, "rank %d sent control message type %d mid-run", k, (int)type);
+}
+
+static mk_status mk_head_serve(mk_head *h) {
+    MK_TRY(mk_head_admit(h));
+    while (h->finished < h->n_req) MK_TRY(mk_head_wait(h));
+    return MK_OK;
+}
+
+/* nccl seams: the end-of-run marker down the chain, and the last rank's word that it came
+ * through; only then may the communicators go (every rank has read the marker). */
+static mk_status mk_head_end_marker(mk_stage *st) {
+    MK_TRY(mk_stage_send(st, MK_STAGE_END_ID));
+    const int last = st->world - 1;
+    const int64_t deadline = mk_deadline_ms(st->timeout_ms, MK_STAGE_DEFAULT_TIMEOUT_MS);
+    for (;;) {
+        char peer[32], body[MK_CTL_MAX_BODY + 1];
+        snprintf(peer, sizeof peer, "rank %d", last);
+        mk_ctl_type type;
+        size_t len;
+        MK_TRY(mk_ctl_recv(&st->ctl[last], &type, body, &len, deadline, peer));
+        if (type == MK_CTL_DONE) return MK_OK;
+        if (type == MK_CTL_ABORT) return mk_ctl_abort_status(body);
+    }
+}
+
+static mk_status mk_stage_serve_head(mk_stage *st, const mk_stage_request *req, size_t n_req, mk_stage_report_fn report,
+                                     void *user) {
+    mk_head h = {.st = st, .req = req, .n_req = n_req, .report = report, .user = user};
+    h.state = calloc(n_req ? n_req : 1, sizeof *h.state);
+    mk_status s = h.state ? MK_OK : mk_fail(MK_ERR_OUT_OF_MEMORY, "stage: out of memory");
+    for (size_t i = 0; s == MK_OK && i < n_req; i++) {
+        if (!req[i].prompt || req[i].n_prompt == 0)
+            s = mk_fail(MK_ERR_EMPTY_INPUT, "request %zu has no prompt tokens", i);
+        else if (!(h.state[i].tokens = malloc((st->o.max_new_tokens ? st->o.max_new_tokens : 1) * sizeof(int32_t))))
+            s = mk_fail(MK_ERR_OUT_OF_MEMORY, "stage: out of memory");
+    }
+    if (s == MK_OK && st->o.max_new_tokens == 0) s = mk_fail(MK_ERR_INVALID_ARGUMENT, "max_new_tokens is 0");
+    if (s == MK_OK) s = mk_head_serve(&h);
+    const int64_t deadline = mk_deadline_ms(st->timeout_ms, MK_STAGE_DEFAULT_TIMEOUT_MS);
+    if (s == MK_OK && st->o.seam == MK_SEAM_NCCL && n_req > 0) s = mk_head_end_marker(st);
+    if (s == MK_OK) {
+        for (int k = 1; k < st->world; k++) (void)mk_ctl_send(&st->ctl[k], MK_CTL_BYE, NULL, 0, deadline);
+    } else {
+        /* Every request not done fails with this status, and every rank is told which. */
+        char message[512], body[MK_CTL_MAX_BODY];
+        snprintf(message, sizeof message, "%s", mk_last_error());
+        int n = snprintf(body, sizeof body, "%d %s\n", (int)s, message);
+        for (size_t i = 0; h.state && i < n_req && n > 0 && (size_t)n < sizeof body - 32; i++)
+            if (h.state[i].started && !h.state[i].finished) n += snprintf(body + n, sizeof body - (size_t)n, "%zu ", i);
+        for (int k = 1; k < st->world; k++)
+            if (st->ctl[k].fd >= 0)
+                (void)mk_ctl_send(&st->ctl[k], MK_CTL_ABORT, body, strlen(body), mk_deadline_ms(500, 500));
+        for (size_t i = 0; h.state && i < n_req; i++) {
+            if (h.state[i].finished) continue;
+            char why[600];
+            snprintf(why, sizeof why, "%s%s", h.state[i].started ? "" : "never started: ", message);
+            mk_head_finish(&h, i, s, why, false);
+        }
+        mk_fail(s, "%s", message);
+    }
+    for (size_t i = 0; h.state && i < n_req; i++) free(h.state[i].tokens);
+    free(h.state);
+    return s;
+}
+
+/* ========================================================= other ranks == */
+
+typedef struct mk_member_route {
+    mk_stage *st;
+    mk_sequence *seq;
+    bool end; /* the end-of-run marker (refused, so no payload is taken) */
+} mk_member_route;
+
+/* The contract on a received header, once the sequence its request id names is found. */
+static mk_status mk_member_check(void *user, const mk_boundary_header *h) {
+    mk_member_route *r = user;
+    if (strcmp(h->request_id, MK_STAGE_END_ID) == 0) {
+        r->end = true;
+        return mk_fail(MK_ERR_EMPTY_INPUT, "end of run");
+    }
+    const bool fresh = h->step == 0 && h->position == 0;
+    MK_TRY(mk_slots_get(&r->st->slots, h->request_id, fresh, &r->seq));
+    return mk_range_check_boundary(r->st->range, r->seq, h);
+}
+
+/* The last rank: the sampled token back to rank 0 as a TailResult. */
+static mk_status mk_tail_send(mk_stage *st, const char *id, int32_t token) {
+    const uint64_t step = st->steps++;
+    if (mk_fault_due(&st->fault, step, MK_FAULT_EXIT)) _exit(3);
+    if (mk_fault_due(&st->fault, step, MK_FAULT_SILENT)) return mk_stage_go_silent(st, step);
+    const int64_t deadline = mk_deadline_ms(st->timeout_ms, MK_STAGE_DEFAULT_TIMEOUT_MS);
+    if (mk_fault_due(&st->fault, step, MK_FAULT_CORRUPT_HEADER)) {
+        static const char junk[32] = "this is not a control message...";
+        return mk_io_write(&st->ctl[0], junk, sizeof junk, deadline, "raw bytes");
+    }
+    char digest[MK_DIGEST_HEX_LEN + 1];
+    snprintf(digest, sizeof digest, "%s", mk_range_recipe_digest(st->range));
+    if (mk_fault_due(&st->fault, step, MK_FAULT_OTHER_DIGEST)) mk_other_digest(digest);
+    const mk_request_identity identity = {id, digest, "none", "0", "off", MK_PROTOCOL_ARCH_DENSE};
+    const mk_sampling_params greedy = {0.0f, 1.0f, 0, 0};
+    uint8_t *bytes = NULL;
+    size_t len = 0;
+    MK_TRY(mk_tail_result_pack_token(&identity, &greedy, token, &bytes, &len));
+    const mk_status s = mk_ctl_send(&st->ctl[0], MK_CTL_RESULT, bytes, len, deadline);
+    mk_buffer_free(bytes);
+    if (s == MK_ERR_PEER_CLOSED) return mk_fail(MK_ERR_PEER_LOST, "rank %d lost rank 0 sending the result of %s", st->rank, id);
+    return s;
+}
+
+/* One boundary from the previous rank: receive, forward, pass on (or sample and return). */
+static mk_status mk_member_step(mk_stage *st, bool *end) {
+    mk_member_route route = {st, NULL, false};
+    mk_status s = mk_seam_recv_with(st->from_prev, mk_member_check, &route, st->in);
+    if (route.end) {
+        *end = true;
+        return MK_OK;
+    }
+    if (s == MK_ERR_PEER_CLOSED) return s; /* told apart from a clean end by the caller */
+    if (s != MK_OK)
+        return mk_stage_wrap(s, "rank %d refused the boundary from rank %d (its step %llu here)", st->rank, st->rank - 1,
+                       (unsigned long long)st->steps);
+    char id[64];
+    snprintf(id, sizeof id, "%s", st->in->h.request_id);
+    const bool tail = st->rank + 1 == st->world;
+    mk_tail_output *out = NULL;
+    s = mk_range_forward_boundary(st->range, route.seq, NULL, 0, st->in, NULL, tail ? NULL : st->out, tail ? &out : NULL);
+    if (s != MK_OK) return mk_stage_wrap(s, "rank %d: %s at step %llu", st->rank, id, (unsigned long long)st->steps);
+    if (!tail) return mk_stage_send(st, id);
+    const int32_t token = out->token_ids[0];
+    mk_tail_output_free(out);
+    return mk_tail_send(st, id, token);
+}
+
+/* A control message from rank 0 mid-run: bye (done), abort (failed), or nothing usable. */
+static mk_status mk_member_control(mk_stage *st, int64_t deadline, bool *bye, char *requests, size_t cap) {
+    mk_ctl_type type;
+    char body[MK_CTL_MAX_BODY + 1];
+    size_t len;
+    MK_TRY(mk_ctl_recv(&st->ctl[0], &type, body, &len, deadline, "rank 0"));
+    if (type == MK_CTL_BYE) {
+        *bye = true;
+        return MK_OK;
+    }
+    if (type == MK_CTL_PING) return mk_ctl_send(&st->ctl[0], MK_CTL_PONG, NULL, 0, deadline);
+    if (type == MK_CTL_ABORT) {
+        char *nl = strchr(body, '\n');
+        if (nl) {
+            *nl = '\0';
+            snprintf(requests, cap, "%s", nl + 1);
+        }
+        return mk_ctl_abort_status(body);
+    }
+    return mk_fail(MK_ERR_FRAME, "rank 0 sent control message type %d mid-run", (int)type);
+}
+
+static mk_status mk_member_serve(mk_stage *st, char *requests, size_t cap) {
+    for (;;) {
+        const int fds[2] = {st->ctl[0].fd, mk_seam_stream_fd(st->from_prev)};
+        int ready = -1;
+        /* Rank 0 watches the results and names a silent rank within 1.25 deadlines; this
+         * rank waits twice the deadline, which only passes when rank 0 itself is silent. */
+        const int64_t deadline = mk_deadline_ms(2 * st->timeout_ms, 2 * MK_STAGE_DEFAULT_TIMEOUT_MS);
+        MK_TRY(mk_poll_in(fds, 2, deadline, &ready));
+        if (ready < 0)
+            return mk_fail(MK_ERR_PEER_TIMEOUT, "rank %d: neither a boundary from rank %d nor a word from rank 0 within "
+                           "%d ms (after step %llu): rank 0 is silent", st->rank, st->rank - 1, 2 * st->timeout_ms,
+                           (unsigned long long)st->steps);
+        bool bye = false;
+        if (ready == 0) {
+            MK_TRY(mk_member_control(st, deadline, &bye, requests, cap));
+            if (bye) return MK_OK;
+            continue;
+        }
+        bool end = false;
+        const mk_status s = mk_member_step(st, &end);
+        if (s != MK_ERR_PEER_CLOSED) {
+            MK_TRY(s);
+            continue;
+        }
+        /* The previous rank went away: after a bye from rank 0 that is the end of the run;
+         * otherwise rank 0 says why (or has gone too). */
+        char why[512];
+        snprintf(why, sizeof why, "%s", mk_last_error());
+        const mk_status c = mk_member_control(st, mk_deadline_ms(st->timeout_ms, MK_STAGE_DEFAULT_TIMEOUT_MS), &bye,
+                                              requests, cap);
+        if (c == MK_OK && bye) return MK_OK;
+        if (c != MK_OK && c != MK_ERR_PEER_TIMEOUT) return c;
+        return mk_fail(MK_ERR_PEER_LOST, "rank %d lost rank %d (the previous stage) after step %llu: %s", st->rank,
+                       st->rank - 1, (unsigned long long)st->steps, why);
+    }
+}
+
+/* nccl seams cannot be polled beside the control connection: control is read whenever it
+ * has something before each receive, and a receive waits up to the idle deadline. The run
+ * ends with the marker: passed on (or, at the last rank, reported done), then rank 0's bye. */
+static mk_status mk_member_serve_nccl(mk_stage *st, char *requests, size_t cap) {
+    for (;;) {
+        struct pollfd p = {.fd = st->ctl[0].fd, .events = POLLIN};
+        bool bye = false, end = false;
+        const int64_t deadline = mk_deadline_ms(st->timeout_ms, MK_STAGE_DEFAULT_TIMEOUT_MS);
+        if (poll(&p, 1, 0) > 0) {
+            MK_TRY(mk_member_control(st, deadline, &bye, requests, cap));
+            if (bye) return MK_OK;
+            continue;
+        }
+        const mk_status s = mk_member_step(st, &end);
+        if (s != MK_OK) {
+            /* rank 0 may know better (an abort naming the cause) */
+            char why[512];
+            snprintf(why, sizeof why, "%s", mk_last_error());
+            if (poll(&p, 1, 0) > 0) {
+                const mk_status c = mk_member_control(st, deadline, &bye, requests, cap);
+                if (c != MK_OK) return c;
+            }
+            return mk_fail(s, "%s", why);
+        }
+        if (!end) continue;
+        if (st->rank + 1 < st->world) MK_TRY(mk_stage_send(st, MK_STAGE_END_ID));
+        else MK_TRY(mk_ctl_send(&st->ctl[0], MK_CTL_DONE, NULL, 0, deadline));
+        while (!bye) MK_TRY(mk_member_control(st, deadline, &bye, requests, cap));
+        return MK_OK;
+    }
+}
+
+static mk_status mk_stage_serve_member(mk_stage *st, mk_stage_report_fn report, void *user) {
+    char requests[MK_CTL_MAX_BODY + 1] = "";
+    mk_status s = st->o.seam == MK_SEAM_NCCL ? mk_member_serve_nccl(st, requests, sizeof requests)
+                                            : mk_member_serve(st, requests, sizeof requests);
+    if (s == MK_OK) return MK_OK;
+    char message[512];
+    snprintf(message, sizeof message, "%s", mk_last_error());
+    if (!requests[0]) {
+        /* This rank failed first (or lost rank 0): tell rank 0, which fails the requests in
+         * flight and answers with their list. */
+        mk_ctl_abort(&st->ctl[0], s, message);
+        bool bye = false;
+        const mk_status r = mk_member_control(st, mk_deadline_ms(st->timeout_ms / 2, MK_STAGE_DEFAULT_TIMEOUT_MS / 2),
+                                              &bye, requests, sizeof requests);
+        (void)r;
+    }
+    for (const char *p = requests; report && *p;) {
+        char *end = NULL;
+        const unsigned long long i = strtoull(p, &end, 10);
+        if (end == p) break;
+        const mk_stage_report rep = {(size_t)i, s, message, NULL, 0, false};
+        report(user, &rep);
+        p = end;
+        while (*p == ' ') p++;
+    }
+    return mk_fail(s, "%s", message);
+}
+
+mk_status mk_stage_serve(mk_stage *st, const mk_stage_request *requests, size_t n_requests, mk_stage_report_fn report,
+                         void *user) {
+    mk_clear_error();
+    if (!st) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_stage_serve: NULL stage");
+    if (st->rank != 0 && n_requests) return mk_fail(MK_ERR_INVALID_ARGUMENT, "rank %d takes no requests (rank 0 does)", st->rank);
+    if (st->rank == 0 && n_requests && !requests) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_stage_serve: NULL requests");
+    return st->rank == 0 ? mk_stage_serve_head(st, requests, n_requests, report, user)
+                         : mk_stage_serve_member(st, report, user);
+}

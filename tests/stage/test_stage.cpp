@@ -1,0 +1,438 @@
+// meshkern stage: one process per range, joined through a rendezvous address on loopback.
+// Each case launches the command-line program once per rank (fork/exec), waits for all of
+// them with a limit, kills and fails on any process still running, and reads rank 0's
+// output: every sequence's tokens must equal (memcmp) the whole model run in this process;
+// under an injected fault every request must be reported failed with the named status and
+// every process must exit non-zero within the deadline + 5 s.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "meshkern.h"
+#include "mk_test_util.h"
+
+namespace {
+
+double now_s() {
+    timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+// A port nobody listens on right now (the kernel's choice for port 0).
+int free_port() {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = 0;
+    socklen_t len = sizeof a;
+    if (fd < 0 || bind(fd, (sockaddr *)&a, sizeof a) != 0 || getsockname(fd, (sockaddr *)&a, &len) != 0) {
+        if (fd >= 0) close(fd);
+        return -1;
+    }
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+std::string slurp(const std::string &path) {
+    std::ifstream f(path);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return ss.str();
+}
+
+struct Proc {
+    pid_t pid = -1;
+    std::string out, err; // files
+    int status = -1;      // waitpid status
+    double exit_s = -1;   // seconds from launch
+};
+
+// Launches every rank; wait() reaps them all within a limit and kills what is left.
+class Ranks {
+  public:
+    explicit Ranks(const std::string &tag) : dir_(std::string("/tmp/mk_stage_") + tag + "_" + std::to_string(getpid())) {
+        mkdir(dir_.c_str(), 0700);
+    }
+    ~Ranks() {
+        kill_all();
+        for (const auto &p : procs_) {
+            unlink(p.out.c_str());
+            unlink(p.err.c_str());
+        }
+        rmdir(dir_.c_str());
+    }
+
+    void launch(int rank, const std::vector<std::string> &args, const std::string &fault) {
+        Proc p;
+        p.out = dir_ + "/rank" + std::to_string(rank) + ".out";
+        p.err = dir_ + "/rank" + std::to_string(rank) + ".err";
+        if (procs_.empty()) t0_ = now_s();
+        const pid_t pid = fork();
+        ASSERT_GE(pid, 0);
+        if (pid == 0) {
+            const int o = open(p.out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+            const int e = open(p.err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+            dup2(o, 1);
+            dup2(e, 2);
+            if (fault.empty()) unsetenv("MESHKERN_FAULT");
+            else setenv("MESHKERN_FAULT", fault.c_str(), 1);
+            setenv("OPENBLAS_NUM_THREADS", "1", 1);
+            std::vector<char *> argv;
+            argv.push_back(const_cast<char *>(MK_MESHKERN_BIN));
+            for (const auto &a : args) argv.push_back(const_cast<char *>(a.c_str()));
+            argv.push_back(nullptr);
+            execv(MK_MESHKERN_BIN, argv.data());
+            _exit(127);
+        }
+        p.pid = pid;
+        procs_.push_back(p);
+    }
+
+    // Reap every process within limit_s of the first launch; any still running is killed
+    // and the case fails (a hang or a leftover process).
+    void wait(double limit_s) {
+        size_t left = procs_.size();
+        while (left > 0 && now_s() - t0_ < limit_s) {
+            for (auto &p : procs_) {
+                if (p.pid < 0 || p.exit_s >= 0) continue;
+                int st = 0;
+                if (waitpid(p.pid, &st, WNOHANG) == p.pid) {
+                    p.status = st;
+                    p.exit_s = now_s() - t0_;
+                    left--;
+                }
+            }
+            usleep(10000);
+        }
+        for (auto &p : procs_)
+            if (p.exit_s < 0) ADD_FAILURE() << "process " << p.pid << " still running after " << limit_s << " s: killed";
+        kill_all();
+    }
+
+    Proc &operator[](size_t i) { return procs_[i]; }
+    size_t size() const { return procs_.size(); }
+
+  private:
+    void kill_all() {
+        for (auto &p : procs_) {
+            if (p.pid < 0 || p.exit_s >= 0) continue;
+            kill(p.pid, SIGKILL);
+            int st = 0;
+            waitpid(p.pid, &st, 0);
+            p.status = st;
+            p.exit_s = now_s() - t0_;
+        }
+    }
+    std::string dir_;
+    std::vector<Proc> procs_;
+    double t0_ = 0;
+};
+
+int exit_code(const Proc &p) { return WIFEXITED(p.status) ? WEXITSTATUS(p.status) : 128 + WTERMSIG(p.status); }
+
+// Rank 0's "seq N (...): limit, K tokens: a b c" lines, by sequence number (1-based).
+struct SeqLine {
+    bool failed = false;
+    std::string status, line;
+    std::vector<int32_t> tokens;
+};
+
+std::vector<SeqLine> parse_seqs(const std::string &out) {
+    std::vector<SeqLine> seqs;
+    std::istringstream in(out);
+    std::string line;
+    while (std::getline(in, line)) {
+        if (line.rfind("seq ", 0) != 0) continue;
+        SeqLine s;
+        s.line = line;
+        const size_t colon = line.find("): ");
+        if (colon == std::string::npos) continue;
+        std::string rest = line.substr(colon + 3);
+        if (rest.rfind("FAILED ", 0) == 0) {
+            s.failed = true;
+            s.status = rest.substr(7, rest.find(':') - 7);
+        }
+        const size_t tk = rest.rfind("tokens:");
+        if (tk != std::string::npos) {
+            std::istringstream ts(rest.substr(tk + 7));
+            int v;
+            while (ts >> v) s.tokens.push_back(v);
+        }
+        seqs.push_back(s);
+    }
+    return seqs;
+}
+
+std::vector<std::vector<int32_t>> read_prompts(const std::string &path) {
+    std::vector<std::vector<int32_t>> prompts;
+    std::ifstream f(path);
+    std::string line;
+    while (std::getline(f, line)) {
+        if (line.empty() || line[0] == '#') continue;
+        std::vector<int32_t> ids;
+        std::stringstream ss(line);
+        std::string item;
+        while (std::getline(ss, item, ',')) ids.push_back(std::stoi(item));
+        prompts.push_back(ids);
+    }
+    return prompts;
+}
+
+// The whole model as one FULL range in this process: greedy tokens of each prompt.
+std::vector<std::vector<int32_t>> whole_model(const mk_model *model, mk_dtype weights,
+                                              const std::vector<std::vector<int32_t>> &prompts, size_t n_new) {
+    size_t longest = 0;
+    for (const auto &p : prompts) longest = std::max(longest, p.size());
+    mk_range_options o = mk_range_options_default();
+    o.backend.weight_dtype = weights;
+    o.max_context = longest + n_new;
+    o.max_batch_tokens = longest;
+    mk_range *range = nullptr;
+    EXPECT_EQ(mk_range_create(model, 0, (int64_t)mk_model_hparams(model)->n_layers - 1, &o, &range), MK_OK)
+        << mk_last_error();
+    std::vector<std::vector<int32_t>> all;
+    for (const auto &p : prompts) {
+        mk_sequence *seq = nullptr;
+        EXPECT_EQ(mk_sequence_open(range, &seq), MK_OK);
+        std::vector<int32_t> toks;
+        std::vector<int32_t> in = p;
+        for (size_t k = 0; k < n_new; k++) {
+            mk_tail_output *t = nullptr;
+            EXPECT_EQ(mk_range_forward(range, seq, in.data(), in.size(), nullptr, nullptr, nullptr, &t), MK_OK)
+                << mk_last_error();
+            toks.push_back(t->token_ids[0]);
+            in.assign(1, t->token_ids[0]);
+            mk_tail_output_free(t);
+        }
+        mk_sequence_close(seq);
+        all.push_back(toks);
+    }
+    mk_range_free(range);
+    return all;
+}
+
+// The CLI's --random:kv_heads=2 model (seed 20260715).
+mk_model *random_model(uint64_t seed = 20260715) {
+    mk_hparams hp = mk_hparams_seed_default();
+    hp.n_kv_heads = 2;
+    mk_model *m = nullptr;
+    EXPECT_EQ(mk_model_create_random(&hp, seed, nullptr, &m), MK_OK) << mk_last_error();
+    return m;
+}
+
+const char *kRandom = "--random:kv_heads=2";
+const std::string kPrompts = std::string(MK_FIXTURE_DIR) + "/prompts_random.txt";
+
+std::vector<std::string> stage_args(const std::string &model, const std::string &split, int rank, int world, int port,
+                                    const std::vector<std::string> &extra) {
+    std::vector<std::string> a = {"stage", model, "--split", split, "--rank", std::to_string(rank), "--world",
+                                  std::to_string(world), "--rendezvous", "127.0.0.1:" + std::to_string(port)};
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+}
+
+// Launch `world` ranks (rank 0 last, so the others wait at the rendezvous) and reap them.
+void run_ranks(Ranks &ranks, const std::string &model, const std::string &split, int world,
+               const std::vector<std::string> &rank0_extra, const std::vector<std::string> &extra,
+               const std::string &fault, double limit_s, const std::vector<std::string> &models = {}) {
+    const int port = free_port();
+    ASSERT_GT(port, 0);
+    for (int r = 1; r < world; r++)
+        ranks.launch(r, stage_args(models.empty() ? model : models[(size_t)r], split, r, world, port, extra), fault);
+    std::vector<std::string> a0 = extra;
+    a0.insert(a0.end(), rank0_extra.begin(), rank0_extra.end());
+    ranks.launch(0, stage_args(model, split, 0, world, port, a0), fault);
+    ranks.wait(limit_s);
+}
+
+void expect_parity(Ranks &ranks, size_t rank0, const std::vector<std::vector<int32_t>> &want) {
+    const std::string out = slurp(ranks[rank0].out);
+    const auto seqs = parse_seqs(out);
+    ASSERT_EQ(seqs.size(), want.size()) << out << slurp(ranks[rank0].err);
+    for (size_t i = 0; i < want.size(); i++) {
+        EXPECT_FALSE(seqs[i].failed) << seqs[i].line;
+        ASSERT_EQ(seqs[i].tokens.size(), want[i].size()) << seqs[i].line;
+        EXPECT_EQ(memcmp(seqs[i].tokens.data(), want[i].data(), want[i].size() * sizeof(int32_t)), 0)
+            << "sequence " << i + 1 << " differs from the whole model: " << seqs[i].line;
+    }
+    EXPECT_NE(out.find("aggregate: "), std::string::npos) << out;
+    for (size_t i = 0; i < ranks.size(); i++) EXPECT_EQ(exit_code(ranks[i]), 0) << slurp(ranks[i].err);
+}
+
+class StageParity : public ::testing::TestWithParam<std::tuple<int, const char *>> {};
+
+// 2 and 3 processes over TCP (and unix), 5 prompts with 2 in flight: every sequence's
+// tokens equal the whole model's.
+TEST_P(StageParity, RandomModelTokensEqualTheWholeModel) {
+    const int world = std::get<0>(GetParam());
+    const std::string seam = std::get<1>(GetParam());
+    mk_model *model = random_model();
+    const auto prompts = read_prompts(kPrompts);
+    const auto want = whole_model(model, MK_DTYPE_F32, prompts, 6);
+    Ranks ranks("parity" + std::to_string(world) + seam);
+    run_ranks(ranks, kRandom, world == 2 ? "2" : "1,3", world, {"--prompts", kPrompts},
+              {"--max-tokens", "6", "--batch", "2", "--timeout", "20", "--seam", seam}, "", 60);
+    expect_parity(ranks, world - 1, want); // rank 0 was launched last
+    mk_model_free(model);
+}
+
+INSTANTIATE_TEST_SUITE_P(Stage, StageParity,
+                         ::testing::Values(std::make_tuple(2, "tcp"), std::make_tuple(3, "tcp"),
+                                           std::make_tuple(2, "unix")));
+
+// SmolLM2 (native weights, the cpu default for a GGUF) in 2 and 3 processes: two prompts,
+// three tokens each.
+TEST(Stage, SmolLM2TokensEqualTheWholeModel) {
+    const std::string path = mk_test_model_path();
+    MK_REQUIRE_MODEL_FILE(path);
+    mk_model *model = nullptr;
+    ASSERT_EQ(mk_model_open_gguf(path.c_str(), &model), MK_OK) << mk_last_error();
+    const std::string file = std::string(MK_FIXTURE_DIR) + "/prompts_smollm2.txt";
+    const auto prompts = read_prompts(file);
+    ASSERT_EQ(prompts.size(), 2u);
+    const auto want = whole_model(model, MK_DTYPE_NATIVE, prompts, 3);
+    for (int world : {2, 3}) {
+        Ranks ranks("smol" + std::to_string(world));
+        run_ranks(ranks, path, world == 2 ? "14" : "9,19", world, {"--prompts", file},
+                  {"--max-tokens", "3", "--batch", "2", "--timeout", "60"}, "", 110);
+        expect_parity(ranks, (size_t)world - 1, want);
+    }
+    mk_model_free(model);
+}
+
+// ---------------------------------------------------------------- faults --
+
+struct FaultCase {
+    const char *fault;   // MESHKERN_FAULT
+    int faulty;          // its rank
+    const char *status;  // what every request in flight fails with
+    const char *names;   // the rank the message must name
+};
+
+class StageFault : public ::testing::TestWithParam<FaultCase> {};
+
+// 3 processes, 2 s deadline: the fault stops the run; rank 0 reports each of the 5
+// requests failed with the named status (never a token list cut short without a word);
+// the surviving ranks report it too; every process exits non-zero within 2 + 5 s.
+TEST_P(StageFault, EveryRequestFailsWithTheNamedStatus) {
+    const FaultCase c = GetParam();
+    const double deadline_s = 2.0;
+    Ranks ranks(std::string("fault") + std::to_string(c.faulty));
+    const auto t0 = now_s();
+    run_ranks(ranks, kRandom, "1,3", 3, {"--prompts", kPrompts},
+              {"--max-tokens", "6", "--batch", "3", "--timeout", "2"}, c.fault, deadline_s + 5.0 + 3.0);
+    (void)t0;
+    const size_t rank0 = 2; // launched last
+    const std::string out = slurp(ranks[rank0].out), err = slurp(ranks[rank0].err);
+    const auto seqs = parse_seqs(out);
+    ASSERT_EQ(seqs.size(), 5u) << out << err;
+    for (const auto &s : seqs) {
+        EXPECT_TRUE(s.failed) << s.line;
+        EXPECT_EQ(s.status, c.status) << s.line;
+        EXPECT_NE(s.line.find(c.names), std::string::npos) << s.line;
+    }
+    EXPECT_EQ(out.find("aggregate: "), std::string::npos) << out;
+    for (size_t i = 0; i < ranks.size(); i++) {
+        const int rank = i == rank0 ? 0 : (int)i + 1;
+        EXPECT_NE(exit_code(ranks[i]), 0) << "rank " << rank;
+        EXPECT_LE(ranks[i].exit_s, deadline_s + 5.0) << "rank " << rank << " exited late";
+        if (rank != c.faulty) {
+            EXPECT_NE(slurp(ranks[i].err).find(std::string("rank ") + std::to_string(rank) + ": " + c.status),
+                      std::string::npos)
+                << "rank " << rank << ": " << slurp(ranks[i].err);
+        }
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Stage, StageFault,
+    ::testing::Values(FaultCase{"rank=1,step=4,kind=exit", 1, "MK_ERR_PEER_LOST", "rank 1"},
+                      FaultCase{"rank=1,step=4,kind=silent", 1, "MK_ERR_PEER_TIMEOUT", "rank 1"},
+                      FaultCase{"rank=1,step=4,kind=corrupt_header", 1, "MK_ERR_FRAME", "rank 1"},
+                      FaultCase{"rank=1,step=4,kind=other_digest", 1, "MK_ERR_RECIPE_DIGEST", "rank 1"},
+                      FaultCase{"rank=0,step=4,kind=other_layer", 0, "MK_ERR_SEAM_MISMATCH", "rank 0"},
+                      FaultCase{"rank=2,step=3,kind=exit", 2, "MK_ERR_PEER_LOST", "rank 2"},
+                      FaultCase{"rank=2,step=3,kind=silent", 2, "MK_ERR_PEER_TIMEOUT", "rank 2"},
+                      FaultCase{"rank=2,step=3,kind=corrupt_header", 2, "MK_ERR_FRAME", "rank 2"},
+                      FaultCase{"rank=2,step=3,kind=other_digest", 2, "MK_ERR_RECIPE_DIGEST", "rank 2"}),
+    [](const ::testing::TestParamInfo<FaultCase> &info) {
+        std::string name = std::string(info.param.fault).substr(std::string(info.param.fault).find("kind=") + 5);
+        return name + "_at_rank" + std::to_string(info.param.faulty);
+    });
+
+// Rank 0 itself dies or falls silent: the other ranks report it (the closed connection at
+// once, silence after twice the deadline) and exit non-zero within the deadline + 5 s.
+TEST(Stage, Rank0FaultIsReportedByEveryOtherRank) {
+    const double deadline_s = 2.0;
+    for (const char *kind : {"exit", "silent"}) {
+        SCOPED_TRACE(kind);
+        Ranks ranks(std::string("rank0") + kind);
+        run_ranks(ranks, kRandom, "1,3", 3, {"--prompts", kPrompts}, {"--max-tokens", "6", "--batch", "3", "--timeout", "2"},
+                  std::string("rank=0,step=4,kind=") + kind, deadline_s + 5.0 + 3.0);
+        const char *status = std::string(kind) == "exit" ? "MK_ERR_PEER_LOST" : "MK_ERR_PEER_TIMEOUT";
+        for (size_t i = 0; i + 1 < ranks.size(); i++) { // ranks 1 and 2
+            const std::string err = slurp(ranks[i].err);
+            EXPECT_NE(exit_code(ranks[i]), 0) << err;
+            EXPECT_LE(ranks[i].exit_s, deadline_s + 5.0) << err;
+            EXPECT_NE(err.find(std::string("rank ") + std::to_string(i + 1) + ": " + status), std::string::npos) << err;
+            EXPECT_NE(err.find("rank 0"), std::string::npos) << err;
+        }
+        EXPECT_NE(exit_code(ranks[ranks.size() - 1]), 0);
+    }
+}
+
+// A rank on another model file (here another random seed) is refused at startup, before
+// any request, by every rank, naming it.
+TEST(Stage, DigestMismatchIsRefusedAtStartup) {
+    Ranks ranks("digest");
+    run_ranks(ranks, kRandom, "1,3", 3, {"--prompts", kPrompts}, {"--max-tokens", "4", "--timeout", "5"}, "", 15,
+              {kRandom, kRandom, "--random:kv_heads=2,seed=7"});
+    for (size_t i = 0; i < ranks.size(); i++) {
+        const std::string err = slurp(ranks[i].err);
+        EXPECT_EQ(exit_code(ranks[i]), 1) << err;
+        EXPECT_NE(err.find("refused at startup: MK_ERR_RECIPE_DIGEST"), std::string::npos) << err;
+        EXPECT_NE(err.find("rank 2's stage digest"), std::string::npos) << err;
+        EXPECT_EQ(slurp(ranks[i].out).find("seq "), std::string::npos) << "a request ran";
+    }
+}
+
+// Another cut on one rank changes the digest just the same.
+TEST(Stage, CutMismatchIsRefusedAtStartup) {
+    const int port = free_port();
+    Ranks ranks("cuts");
+    ranks.launch(1, stage_args(kRandom, "3", 1, 2, port, {"--timeout", "5"}), "");
+    ranks.launch(0, stage_args(kRandom, "2", 0, 2, port, {"--timeout", "5", "--prompts", kPrompts}), "");
+    ranks.wait(15);
+    for (size_t i = 0; i < ranks.size(); i++) {
+        EXPECT_EQ(exit_code(ranks[i]), 1);
+        EXPECT_NE(slurp(ranks[i].err).find("MK_ERR_RECIPE_DIGEST"), std::string::npos) << slurp(ranks[i].err);
+    }
+}
+
+// A rank whose peers never come gives up at the deadline instead of waiting forever.
+TEST(Stage, MissingRankTimesOutAtStartup) {
+    const int port = free_port();
+    Ranks ranks("missing");
+    ranks.launch(0, stage_args(kRandom, "2", 0, 2, port, {"--timeout", "1", "--prompts", kPrompts}), "");
+    ranks.wait(7);
+    EXPECT_EQ(exit_code(ranks[0]), 1);
+    EXPECT_LE(ranks[0].exit_s, 1.0 + 5.0);
+    EXPECT_NE(slurp(ranks[0].err).find("MK_ERR_PEER_TIMEOUT"), std::string::npos) << slurp(ranks[0].err);
+    EXPECT_NE(slurp(ranks[0].err).find("rank(s) 1 did not join"), std::string::npos) << slurp(ranks[0].err);
+}
+
+} // namespace

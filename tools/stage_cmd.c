@@ -1,0 +1,262 @@
+/* meshkern stage MODEL: one range of a pipeline whose ranges run in separate processes
+ * (on one node or many). Only flag parsing and printing live here; the runtime is the
+ * library's (mk_stage_join / mk_stage_serve).
+ *
+ *   meshkern stage MODEL --split L1,L2,...|auto --rank R --world N --rendezvous HOST:PORT
+ *   mpirun -np N meshkern stage MODEL --split L1,L2,...|auto [--launcher mpi]
+ *                  [--prompts FILE|-] [--max-tokens K] [--batch M] [--timeout S] [--stop IDS]
+ *                  [--seam tcp|unix|nccl] [--backend cpu|cuda] [--dtype native|f32|f16|bf16] [--threads N]
+ *
+ * Rank 0 reads the prompts (one per line, comma-separated token ids, as run --prompts),
+ * prints every sequence's tokens (or its failure) and the aggregate throughput. Exit
+ * status: 0 when every request is done, 1 when the run failed, 2 for a usage error. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli.h"
+#include "cli_text.h"
+#include "gguf.h"
+#include "model.h"
+#include "mk_error.h"
+
+#define MK_STAGE_MAX_LIST 64
+
+typedef struct stage_args {
+    const char *model, *prompts, *rendezvous;
+    int64_t cuts[MK_STAGE_MAX_LIST];
+    int32_t stop[MK_STAGE_MAX_LIST + 1];
+    size_t n_stop;
+    mk_stage_options o;
+    bool dtype_given, mpi;
+    char mpi_rendezvous[300];
+} stage_args;
+
+typedef struct stage_print {
+    const mk_model *model;
+    const batch_prompt *prompts;
+    size_t generated, failed;
+    int rank;
+} stage_print;
+
+static double stage_now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static bool parse_size(const char *v, size_t *out) {
+    char *end = NULL;
+    errno = 0;
+    const unsigned long long x = v[0] >= '0' && v[0] <= '9' ? strtoull(v, &end, 10) : 0;
+    *out = (size_t)x;
+    return end && !*end && !errno && x > 0;
+}
+
+static bool parse_int(const char *v, long lo, long hi, int *out) {
+    char *end = NULL;
+    errno = 0;
+    const long x = strtol(v, &end, 10);
+    *out = (int)x;
+    return end != v && !*end && !errno && x >= lo && x <= hi;
+}
+
+/* "a,b,c" of integers in [0, INT32_MAX] into out[cap]. */
+static bool parse_list(const char *v, long long *out, size_t cap, size_t *n) {
+    *n = 0;
+    for (const char *p = v; *p;) {
+        char *end = NULL;
+        errno = 0;
+        const long long x = strtoll(p, &end, 10);
+        if (end == p || errno || x < 0 || x > INT32_MAX || *n == cap || (*end && *end != ',')) return false;
+        out[(*n)++] = x;
+        p = *end ? end + 1 : end;
+    }
+    return *n > 0;
+}
+
+static int parse_stage_args(int argc, char **argv, stage_args *a) {
+    memset(a, 0, sizeof *a);
+    a->model = argv[0];
+    a->o = mk_stage_options_default();
+    a->o.rank = -1;
+    a->o.world = 0;
+    a->o.range.backend = mk_backend_config_default(MK_BACKEND_CPU);
+    long long list[MK_STAGE_MAX_LIST];
+    size_t n = 0;
+    bool split_given = false;
+    for (int i = 1; i < argc; i += 2) {
+        const char *k = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!v) return mk_cli_usage();
+        if (strcmp(k, "--split") == 0) {
+            split_given = true;
+            if (strcmp(v, "auto") == 0) a->o.split_auto = true;
+            else if (!parse_list(v, list, MK_STAGE_MAX_LIST, &n)) return mk_cli_usage();
+            else for (a->o.n_cuts = 0; a->o.n_cuts < n; a->o.n_cuts++) a->cuts[a->o.n_cuts] = list[a->o.n_cuts];
+        } else if (strcmp(k, "--rank") == 0) {
+            if (!parse_int(v, 0, MK_STAGE_MAX_LIST - 1, &a->o.rank)) return mk_cli_usage();
+        } else if (strcmp(k, "--world") == 0) {
+            if (!parse_int(v, 2, MK_STAGE_MAX_LIST, &a->o.world)) return mk_cli_usage();
+        } else if (strcmp(k, "--rendezvous") == 0) a->rendezvous = v;
+        else if (strcmp(k, "--launcher") == 0) {
+            if (strcmp(v, "mpi") == 0) a->mpi = true;
+            else if (strcmp(v, "rendezvous") != 0) return mk_cli_usage();
+        }
+        else if (strcmp(k, "--prompts") == 0) a->prompts = v;
+        else if (strcmp(k, "--max-tokens") == 0) { if (!parse_size(v, &a->o.max_new_tokens)) return mk_cli_usage(); }
+        else if (strcmp(k, "--batch") == 0) { if (!parse_size(v, &a->o.max_sequences)) return mk_cli_usage(); }
+        else if (strcmp(k, "--timeout") == 0) {
+            char *end = NULL;
+            const double s = strtod(v, &end);
+            if (end == v || *end || !(s > 0.0) || s > 86400.0) return mk_cli_usage();
+            a->o.timeout_ms = (int)(s * 1000.0 + 0.5);
+        } else if (strcmp(k, "--stop") == 0) {
+            if (!parse_list(v, list, MK_STAGE_MAX_LIST, &n)) return mk_cli_usage();
+            for (a->n_stop = 0; a->n_stop < n; a->n_stop++) a->stop[a->n_stop] = (int32_t)list[a->n_stop];
+        } else if (strcmp(k, "--seam") == 0) {
+            const mk_status s = mk_seam_kind_from_name(v, &a->o.seam);
+            if (s != MK_OK) return mk_cli_fail(s);
+        } else if (strcmp(k, "--backend") == 0) {
+            const mk_status s = mk_backend_kind_from_name(v, &a->o.range.backend.kind);
+            if (s != MK_OK) return mk_cli_fail(s);
+        } else if (strcmp(k, "--threads") == 0) {
+            if (!parse_size(v, &a->o.range.backend.threads)) return mk_cli_usage();
+        } else if (strcmp(k, "--dtype") == 0) {
+            mk_backend_config *b = &a->o.range.backend;
+            a->dtype_given = true;
+            if (strcmp(v, "native") == 0) b->weight_dtype = MK_DTYPE_NATIVE;
+            else if (strcmp(v, "f32") == 0) b->weight_dtype = MK_DTYPE_F32;
+            else if (strcmp(v, "f16") == 0) b->weight_dtype = MK_DTYPE_F16;
+            else if (strcmp(v, "bf16") == 0) b->weight_dtype = MK_DTYPE_BF16;
+            else return mk_cli_usage();
+        } else return mk_cli_usage();
+    }
+    /* Started by mpirun without a rank of its own: MPI says who is who. */
+    if (!a->mpi && a->o.rank < 0 && mk_stage_mpi_launched()) a->mpi = true;
+    if (!split_given || (!a->mpi && (a->o.rank < 0 || a->o.world < 2 || !a->rendezvous || a->o.rank >= a->o.world))) {
+        fprintf(stderr, "meshkern stage: --split is required, and --rank, --world and --rendezvous unless MPI "
+                        "launches the ranks (0 <= rank < world)\n");
+        return mk_cli_usage();
+    }
+    /* A GGUF model on the cpu backend runs on its stored weights unless asked otherwise (as run). */
+    if (!a->dtype_given && a->o.range.backend.kind == MK_BACKEND_CPU && strncmp(a->model, "--random", 8) != 0)
+        a->o.range.backend.weight_dtype = MK_DTYPE_NATIVE;
+    a->o.cuts = a->cuts;
+    a->o.rendezvous = a->rendezvous;
+    if (a->mpi) a->o.world = 2; /* until MPI says */
+    return 0;
+}
+
+static void stage_report(void *user, const mk_stage_report *r) {
+    stage_print *p = user;
+    if (p->rank != 0) {
+        printf("rank %d: seq %zu: FAILED %s: %s\n", p->rank, r->request + 1, mk_status_name(r->status), r->error);
+        fflush(stdout);
+        return;
+    }
+    printf("seq %zu (%zu prompt tokens): ", r->request + 1, p->prompts[r->request].n);
+    if (r->status != MK_OK) {
+        p->failed++;
+        printf("FAILED %s: %s; %zu tokens:", mk_status_name(r->status), r->error, r->n_tokens);
+    } else {
+        printf("%s, %zu tokens:", r->stopped ? "stopped" : "limit", r->n_tokens);
+    }
+    p->generated += r->n_tokens;
+    for (size_t k = 0; k < r->n_tokens; k++) printf(" %d", r->tokens[k]);
+    printf("\n");
+    if (r->status == MK_OK) {
+        printf("  text: ");
+        mk_cli_print_text(stdout, p->model, r->tokens, r->n_tokens);
+        printf("\n");
+    }
+    fflush(stdout);
+}
+
+static int run_stage(stage_args *a, const mk_model *model, const batch_prompt *prompts, size_t n_prompts) {
+    const mk_hparams *hp = mk_model_hparams(model);
+    if (a->o.rank == 0) {
+        /* As run --prompts: the model's end-of-generation id, when the file names one, stops too. */
+        uint32_t eos;
+        if (model->gguf && mk_gguf_get_u32(model->gguf, "tokenizer.ggml.eos_token_id", &eos) == MK_OK)
+            a->stop[a->n_stop++] = (int32_t)eos;
+        mk_clear_error();
+        a->o.stop_ids = a->stop;
+        a->o.n_stop = a->n_stop;
+        size_t longest = 0;
+        for (size_t i = 0; i < n_prompts; i++) longest = prompts[i].n > longest ? prompts[i].n : longest;
+        a->o.range.max_context = longest + a->o.max_new_tokens;
+        if (a->o.range.max_context > hp->max_context) a->o.range.max_context = hp->max_context;
+        a->o.range.max_batch_tokens = longest < a->o.range.max_context ? longest : a->o.range.max_context;
+    }
+    mk_stage *stage = NULL;
+    mk_status s = mk_stage_join(model, &a->o, &stage);
+    if (s != MK_OK) {
+        fprintf(stderr, "meshkern stage: rank %d: refused at startup: %s: %s\n", a->o.rank, mk_status_name(s),
+                mk_last_error());
+        return 1;
+    }
+    const mk_range *r = mk_stage_range(stage);
+    printf("stage: rank %d of %d, layers %lld-%lld %s, seam %s, backend %s, weights %s\n", a->o.rank, a->o.world,
+           (long long)mk_range_start(r), (long long)mk_range_end(r), mk_role_name(mk_range_role(r)),
+           mk_seam_kind_name(a->o.seam), a->o.range.backend.kind == MK_BACKEND_CUDA ? "cuda" : "cpu",
+           mk_dtype_name(a->o.range.backend.weight_dtype));
+    fflush(stdout);
+    mk_stage_request *req = calloc(n_prompts ? n_prompts : 1, sizeof *req);
+    if (!req) {
+        mk_stage_free(stage);
+        return mk_cli_fail(mk_fail(MK_ERR_OUT_OF_MEMORY, "out of memory"));
+    }
+    for (size_t i = 0; i < n_prompts; i++) req[i] = (mk_stage_request){prompts[i].ids, prompts[i].n};
+    stage_print p = {model, prompts, 0, 0, a->o.rank};
+    const double t0 = stage_now_s();
+    s = mk_stage_serve(stage, req, n_prompts, stage_report, &p);
+    const double wall = stage_now_s() - t0;
+    int rc = 0;
+    if (s != MK_OK) {
+        fprintf(stderr, "meshkern stage: rank %d: %s: %s\n", a->o.rank, mk_status_name(s), mk_last_error());
+        rc = 1;
+    } else if (a->o.rank == 0) {
+        printf("aggregate: %zu tokens from %zu sequences in %.3f s: %.1f tokens/s over %d processes\n", p.generated,
+               n_prompts, wall, (double)p.generated / wall, a->o.world);
+    } else {
+        printf("rank %d: done\n", a->o.rank);
+    }
+    free(req);
+    mk_stage_free(stage);
+    return rc;
+}
+
+int mk_cli_stage(int argc, char **argv) {
+    if (argc < 1) return mk_cli_usage();
+    stage_args a;
+    const int bad = parse_stage_args(argc, argv, &a);
+    if (bad) return bad;
+    mk_model *model = NULL;
+    mk_status s = mk_cli_open_model(a.model, &model);
+    if (s != MK_OK) return mk_cli_fail(s);
+    /* Under MPI the rank, the world and the rendezvous come from MPI; the digests are
+     * compared there, before any connection. */
+    if (a.mpi && (s = mk_stage_mpi_setup(model, &a.o, a.mpi_rendezvous, sizeof a.mpi_rendezvous)) != MK_OK) {
+        fprintf(stderr, "meshkern stage: rank %d: refused at startup: %s: %s\n", a.o.rank, mk_status_name(s),
+                mk_last_error());
+        mk_model_free(model);
+        return 1;
+    }
+    if (a.o.rank == 0 && !a.prompts) {
+        fprintf(stderr, "meshkern stage: rank 0 needs --prompts FILE (or - for standard input)\n");
+        mk_model_free(model);
+        return 2;
+    }
+    batch_prompt *prompts = NULL;
+    size_t n_prompts = 0;
+    if (a.o.rank == 0) s = mk_cli_read_prompts(a.prompts, &prompts, &n_prompts);
+    const int rc = s == MK_OK ? run_stage(&a, model, prompts, n_prompts) : mk_cli_fail(s);
+    mk_model_free(model);
+    mk_cli_free_prompts(prompts, n_prompts);
+    /* A failed run leaves MPI unfinalized: MPI_Finalize waits for every rank, and the
+     * launcher ends the others once this one exits non-zero. */
+    if (a.mpi && rc == 0) mk_stage_mpi_finalize();
+    return rc;
+}
