@@ -404,7 +404,7 @@ TEST(NativeAttention, FloatAttentionMatchesTheReference) {
     std::mt19937 rng(21);
     std::vector<mk_attention_fast_fn> fns = {mk_cpu_attention_fast_for(mk_cpu_quant_portable())};
     if (mk_cpu_quant_avx2()) fns.push_back(mk_cpu_attention_fast_for(mk_cpu_quant_avx2()));
-    for (size_t head_dim : {8u, 20u, 64u}) {
+    for (size_t head_dim : {8u, 20u, 64u, 128u}) {
         const size_t rows = 3, past = 37, heads = 6, kv_heads = 2, ctx = past + rows;
         const std::vector<float> q = random_floats(rows * heads * head_dim, rng);
         const std::vector<float> k = random_floats(ctx * kv_heads * head_dim, rng);
