@@ -12,13 +12,23 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include "mk_error.h"
 
-/* About 50 microseconds of spinning before a worker sleeps: longer than the gap between
- * two matrix products of a forward, short enough that the idle pool of another range in
- * the same process does not steal a core for long. */
-enum { MK_POOL_SPINS = 2000, MK_POOL_WAIT_SPINS_BEFORE_YIELD = 1 << 14 };
+/* A worker spins this long after a job before it sleeps: longer than the gap between two
+ * jobs of a forward and than the gap between two decode steps (argmax, the logits copy,
+ * the next embedding: ~0.1 ms on SmolLM2), so a steady decode never pays a futex wake;
+ * short enough that the idle pool of another range in the same process does not steal a
+ * core for long. Measured in time, not in pause instructions (a pause takes ~27 ns on
+ * this machine's Zen 1 under KVM, 3 to 140 cycles elsewhere). */
+enum { MK_POOL_SPIN_NS = 150000, MK_POOL_SPINS_PER_CLOCK_READ = 64, MK_POOL_WAIT_SPINS_BEFORE_YIELD = 1 << 14 };
+
+static uint64_t mk_pool_now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
 
 typedef struct mk_pool_worker_arg mk_pool_worker_arg;
 
@@ -92,12 +102,16 @@ static void *mk_pool_worker(void *arg) {
     uint_fast64_t seen = 0;
     for (;;) {
         uint_fast64_t g;
-        int spins = 0;
+        unsigned spins = 0;
+        uint64_t spin_until = 0;
         while ((g = atomic_load_explicit(&p->generation, memory_order_acquire)) == seen) {
-            if (++spins < MK_POOL_SPINS) {
+            if (++spins % MK_POOL_SPINS_PER_CLOCK_READ != 0) {
                 mk_cpu_relax();
                 continue;
             }
+            const uint64_t now = mk_pool_now_ns();
+            if (spin_until == 0) spin_until = now + MK_POOL_SPIN_NS;
+            if (now < spin_until) continue;
             /* Announce the sleep, then re-check under the lock: the publisher bumps the
              * generation before it looks at `sleepers` (both sequentially consistent), so
              * either it sees this sleeper and broadcasts under the lock, or this check
