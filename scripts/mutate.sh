@@ -26,6 +26,7 @@ export OPENBLAS_NUM_THREADS=1
 #   tests: ops:<gtest filter>  the kernel op grid under cudasim, forward and random order
 #          host                the contract, bundle and parity suites
 #          api                 the public-surface check (fallible MK_API functions clear the message)
+#          native:<gtest filter>  the cpu backend's native kernels, pool and attention (test_cpu_native)
 MUTATIONS=(
   "argmax.tie-inside-thread~kernels/argmax.cu~s/\(bi < 0 \|\| v > bv\)/(bi < 0 || v >= bv)/~ops:*Argmax*"
   "argmax.nan-may-win~kernels/argmax.cu~s/if \(!isnan\(v\) && \(/if ((/~ops:*Argmax*"
@@ -49,6 +50,12 @@ MUTATIONS=(
   "range.normalized-accepted~host/range.c~s/if \(bundle->normalized\)/if (0 \&\& bundle->normalized)/~host"
   "range.token-bound~host/range.c~s/\(size_t\)ids\[i\] >= r->hp.vocab/(size_t)ids[i] > r->hp.vocab/~host"
   "range.message-removed~host/range.c~s/return mk_fail\(MK_ERR_HEAD_OWNS_EMBEDDING,[^;]*;/return MK_ERR_HEAD_OWNS_EMBEDDING;/~host"
+  "native.swiglu-up-skipped~host/cpu_native.c~s/        mk_native_part_rows\(j, &j->part\[1\], begin, end\);\n//~native:*SharedAndSwiglu*"
+  "native.shared-part-skips-item~host/cpu_native.c~s/            begin = stop;/            begin = stop + 1;/~native:*SharedAndSwiglu*"
+  "pool.runs-overlap~host/cpu_pool.c~s/\(size_t\)\(next \+ take\) \* p->chunk < p->n \? \(size_t\)\(next \+ take\) \* p->chunk/(size_t)(next + take + 1) * p->chunk < p->n ? (size_t)(next + take + 1) * p->chunk/~native:*CpuPool*"
+  "attention.exp-coefficient~host/cpu_attention_fast.c~s/8\.3334519073e-3f/8.3334519073e-2f/~native:*Attention*"
+  "attention.tail-unmasked~host/cpu_attention_fast.c~s/mk_lanes_below\(rest\);/mk_lanes_below(8);/~native:*Attention*"
+  "q4_1.high-half-activations~host/cpu_quant_avx2.c~s/_mm_maddubs_epi16\(hi, _mm_loadu_si128\(\(const __m128i \*\)\(y \+ 16\)\)\)/_mm_maddubs_epi16(hi, _mm_loadu_si128((const __m128i *)y))/~native:*SimdDots*"
   "bundle.clear-error-removed~host/bundle.c~s/(mk_status mk_bundle_unpack\([^{]*\{\n)    mk_clear_error\(\);\n/\$1/~api"
 )
 
@@ -88,7 +95,7 @@ trap 'restore; exit 130' INT TERM
 log "== configure and build the simulated suites in $BUILD"
 cmake -S "$SRC" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMESHKERN_CUDA=OFF -DMESHKERN_TESTS=ON \
   >"$WORK/configure.log" 2>&1 || { tail -20 "$WORK/configure.log"; exit 2; }
-TARGETS=(test_ops_sim test_boundary_contract test_bundle_malformed test_parity)
+TARGETS=(test_ops_sim test_boundary_contract test_bundle_malformed test_parity test_cpu_native)
 run ninja -C "$BUILD" -j "$JOBS" "${TARGETS[@]}" >"$WORK/build.log" 2>&1 || { tail -30 "$WORK/build.log"; exit 2; }
 
 # The unmutated suites must be green first, or no red means anything.
@@ -106,6 +113,9 @@ run_tests() { # $1 = test spec; returns 0 when every test passed
         run timeout 900 "$BUILD/tests/$t" >>"$WORK/run.log" 2>&1 || return 1
       done
       ;;
+    native:*)
+      run timeout 900 "$BUILD/tests/test_cpu_native" --gtest_filter="${1#native:}" >>"$WORK/run.log" 2>&1
+      ;;
     api)
       run python3 "$SRC/tests/api_surface_check.py" clears "$SRC/include/meshkern.h" "$SRC/host" "$SRC/host/cuda" \
         >>"$WORK/run.log" 2>&1
@@ -115,7 +125,7 @@ run_tests() { # $1 = test spec; returns 0 when every test passed
 }
 
 : >"$WORK/run.log"
-for spec in "ops:*" host api; do
+for spec in "ops:*" host api "native:*"; do
   run_tests "$spec" || { log "the unmutated suite ($spec) fails: see $WORK/run.log"; exit 2; }
 done
 
