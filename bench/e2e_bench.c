@@ -29,6 +29,7 @@
 #include "gguf.h"
 #include "meshkern.h"
 #include "bench_time.h"
+#include "range.h"
 
 #define MAX_RUNS 15
 
@@ -125,14 +126,45 @@ static double read_ceiling_gbps(size_t threads) {
 
 /* ============================================================== meshkern == */
 
+/* Decode steps timed op by op after the timed decode (outside its figure). */
+enum { PROFILE_STEPS = 32 };
+
 typedef struct e2e_result {
     double prefill_tps, decode_tps;
     size_t weight_bytes, seam_bytes;
     int32_t last_token;
+    bool profiled;
+    double step_ms;                /* wall ms per profiled decode step */
+    double op_ms[MK_OPF_COUNT];    /* ms per decode step in each op family, all ranges */
 } e2e_result;
 
+/* PROFILE_STEPS more decode steps with every range's op timing on. */
+static mk_status profile_decode(mk_pipeline *p, int32_t *token, e2e_result *res) {
+    const size_t n = mk_pipeline_range_count(p);
+    for (size_t i = 0; i < n; i++) mk_range_profile(mk_pipeline_range(p, i), true);
+    mk_status s = MK_OK;
+    const double t0 = now_s();
+    for (size_t i = 0; s == MK_OK && i < PROFILE_STEPS; i++) {
+        mk_tail_output *out = NULL;
+        s = mk_pipeline_step(p, token, 1, &out);
+        if (s == MK_OK) *token = out->token_ids[0];
+        mk_tail_output_free(out);
+    }
+    res->step_ms = (now_s() - t0) * 1e3 / PROFILE_STEPS;
+    for (int f = 0; f < MK_OPF_COUNT; f++) res->op_ms[f] = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        mk_range *r = mk_pipeline_range(p, i);
+        const mk_op_profile *prof = mk_range_op_profile(r);
+        for (int f = 0; f < MK_OPF_COUNT; f++) res->op_ms[f] += prof->seconds[f] * 1e3 / PROFILE_STEPS;
+        mk_range_profile(r, false);
+    }
+    res->profiled = s == MK_OK;
+    return s;
+}
+
 static mk_status run(const mk_model *model, const int64_t *cuts, size_t n_cuts, const mk_range_options *opt,
-                     const int32_t *prompt, size_t n_prompt, size_t n_decode, e2e_result *res) {
+                     const int32_t *prompt, size_t n_prompt, size_t n_decode, bool profile, e2e_result *res) {
+    res->profiled = false;
     mk_pipeline *p = NULL;
     mk_status s = mk_pipeline_create(model, cuts, n_cuts, opt, true, &p);
     if (s != MK_OK) return s;
@@ -164,10 +196,11 @@ static mk_status run(const mk_model *model, const int64_t *cuts, size_t n_cuts, 
         mk_tail_output_free(out);
     }
     const double decode = now_s() - t0;
+    res->last_token = token;
+    if (s == MK_OK && profile) s = profile_decode(p, &token, res);
     res->prefill_tps = (double)n_prompt / prefill;
     res->decode_tps = (double)n_decode / decode;
     res->seam_bytes = mk_pipeline_seam_bytes(p);
-    res->last_token = token;
     mk_pipeline_free(p);
     return s;
 }
@@ -276,7 +309,7 @@ int main(int argc, char **argv) {
     }
     opt.backend.threads = threads;
     const size_t n_threads = threads ? threads : mk_cpu_core_count();
-    opt.max_context = n_prompt + n_decode + 2;
+    opt.max_context = n_prompt + n_decode + 2 + PROFILE_STEPS;
     int32_t *prompt = malloc(n_prompt * sizeof(int32_t));
     if (!prompt) return 1;
     for (size_t i = 0; i < n_prompt; i++) prompt[i] = (int32_t)((i * 7919 + 13) % hp->vocab);
@@ -290,8 +323,8 @@ int main(int argc, char **argv) {
     char peer_why[512] = "";
     bool peer_ok = peer != NULL;
     for (size_t r = 0; s == MK_OK && r < runs; r++) {
-        s = run(model, NULL, 0, &opt, prompt, n_prompt, n_decode, &whole[r]);
-        if (s == MK_OK) s = run(model, &cut, 1, &opt, prompt, n_prompt, n_decode, &split[r]);
+        s = run(model, NULL, 0, &opt, prompt, n_prompt, n_decode, r == 0, &whole[r]);
+        if (s == MK_OK) s = run(model, &cut, 1, &opt, prompt, n_prompt, n_decode, false, &split[r]);
         if (s == MK_OK && peer_ok) {
             peer_tps[r] = peer_decode_tps(peer, path, n_threads, n_decode, prompt, n_prompt, peer_why, sizeof peer_why);
             peer_ok = peer_tps[r] > 0.0;
@@ -349,6 +382,18 @@ int main(int argc, char **argv) {
             printf("llama.cpp peer unavailable: %s\n", peer_why);
         }
     }
+    if (whole[0].profiled) {
+        /* Where a decode step's time goes; "other" is the step's wall time outside the ops
+         * (pipeline and output bookkeeping). */
+        double ops = 0.0;
+        printf("decode ms/token by op (whole, %d more steps after round 1, step %.3f ms):", PROFILE_STEPS,
+               whole[0].step_ms);
+        for (int f = 0; f < MK_OPF_COUNT; f++) {
+            ops += whole[0].op_ms[f];
+            printf(" %s %.3f", mk_op_family_name((mk_op_family)f), whole[0].op_ms[f]);
+        }
+        printf(" other %.3f\n", whole[0].step_ms - ops);
+    }
     printf("seam bytes on the wire (split run): %zu; same final token: %s\n", split[0].seam_bytes,
            whole[0].last_token == split[0].last_token ? "yes" : "NO");
     const char *out_dir = getenv("OUT");
@@ -362,10 +407,18 @@ int main(int argc, char **argv) {
                 "\"read_ceiling_gbps\": %.3f, \"memcpy_gbps\": %.3f,\n"
                 " \"whole\": {\"prefill_tps\": %.3f, \"decode_tps\": %.3f, \"read_bytes_per_token\": %zu},\n"
                 " \"split\": {\"prefill_tps\": %.3f, \"decode_tps\": %.3f, \"read_bytes_per_token\": %zu, "
-                "\"seam_bytes\": %zu},\n \"llamacpp_decode_tps\": %.3f, \"ratio_vs_llamacpp\": %.3f}\n",
+                "\"seam_bytes\": %zu},\n \"llamacpp_decode_tps\": %.3f, \"ratio_vs_llamacpp\": %.3f",
                 path, backend, mk_dtype_name(opt.backend.weight_dtype), n_threads, n_prompt, n_decode, runs,
                 load_before, load_after, ceiling, copy, med[0][0], med[0][1], read_whole, med[1][0], med[1][1],
                 read_split, split[0].seam_bytes, peer_med, peer_med > 0 ? med[0][1] / peer_med : 0.0);
+        if (whole[0].profiled) {
+            fprintf(json, ",\n \"decode_step_ms\": %.4f, \"decode_ms_per_op\": {", whole[0].step_ms);
+            for (int f = 0; f < MK_OPF_COUNT; f++)
+                fprintf(json, "%s\"%s\": %.4f", f ? ", " : "", mk_op_family_name((mk_op_family)f),
+                        whole[0].op_ms[f]);
+            fprintf(json, "}");
+        }
+        fprintf(json, "}\n");
         fclose(json);
         printf("results: %s\n", json_path);
     }

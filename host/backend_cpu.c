@@ -144,6 +144,24 @@ static mk_status cpu_matmul(mk_backend *b, float *y, const float *x, const void 
     return MK_OK;
 }
 
+static mk_status cpu_matmul_shared(mk_backend *b, size_t n, float *const *y, const void *const *w,
+                                   const size_t *out_dim, const float *x, size_t rows, size_t in_dim) {
+    if (cpu_native_mode(b))
+        return mk_cpu_native_matmul_shared(&cpu_of(b)->native, n, y, w, out_dim, x, rows, in_dim);
+    for (size_t i = 0; i < n; i++) mk_cpu_matmul(y[i], x, w[i], rows, in_dim, out_dim[i]);
+    return MK_OK;
+}
+
+static mk_status cpu_matmul_swiglu(mk_backend *b, float *gate, float *up, const float *x, const void *w_gate,
+                                   const void *w_up, size_t rows, size_t in_dim, size_t out_dim) {
+    if (cpu_native_mode(b))
+        return mk_cpu_native_matmul_swiglu(&cpu_of(b)->native, gate, up, x, w_gate, w_up, rows, in_dim, out_dim);
+    mk_cpu_matmul(gate, x, w_gate, rows, in_dim, out_dim);
+    mk_cpu_matmul(up, x, w_up, rows, in_dim, out_dim);
+    mk_cpu_swiglu(gate, gate, up, rows * out_dim);
+    return MK_OK;
+}
+
 static mk_status cpu_rope(mk_backend *b, float *x, const int32_t *positions, size_t rows, size_t heads,
                           size_t head_dim, float theta, mk_rope_layout layout) {
     const mk_cpu_backend *cb = cpu_of(b);
@@ -235,6 +253,8 @@ static const mk_backend_ops mk_cpu_ops = {
     .rmsnorm = cpu_rmsnorm,
     .add_rmsnorm = cpu_add_rmsnorm,
     .matmul = cpu_matmul,
+    .matmul_shared = cpu_matmul_shared,
+    .matmul_swiglu = cpu_matmul_swiglu,
     .rope = cpu_rope,
     .attention = cpu_attention,
     .kv_store = cpu_kv_store,

@@ -68,6 +68,20 @@ mk_status mk_cpu_native_store(void *dst, uint32_t type, const void *src, size_t 
 mk_status mk_cpu_native_matmul(const mk_cpu_native *ctx, float *y, const float *x, const void *w, size_t rows,
                                size_t in_dim, size_t out_dim);
 
+/* y[i] = x @ w[i]^T for n weights [out_dim[i], in] sharing x (Q, K and V): for products of
+ * few rows the activations are quantized once and every weight's rows are one job of the
+ * pool; otherwise one mk_cpu_native_matmul each. Either way every output has the bits
+ * mk_cpu_native_matmul gives it. */
+mk_status mk_cpu_native_matmul_shared(const mk_cpu_native *ctx, size_t n, float *const *y, const void *const *w,
+                                      const size_t *out_dim, const float *x, size_t rows, size_t in_dim);
+
+/* gate[rows, out] = silu(x @ w_gate^T) * (x @ w_up^T), up [rows, out] scratch: for products of
+ * few rows one job in which each thread applies mk_cpu_swiglu to the features it computed;
+ * the bits of two mk_cpu_native_matmul and mk_cpu_swiglu either way. */
+mk_status mk_cpu_native_matmul_swiglu(const mk_cpu_native *ctx, float *gate, float *up, const float *x,
+                                      const void *w_gate, const void *w_up, size_t rows, size_t in_dim,
+                                      size_t out_dim);
+
 /* out[i, :] = row ids[i] of the native table w [vocab, hidden], as F32. */
 mk_status mk_cpu_native_embed(float *out, const void *w, const int32_t *ids, size_t n, size_t hidden);
 

@@ -2,12 +2,13 @@
  * (matrix rows) across cores without creating threads per op.
  *
  * mk_cpu_pool_run(pool, n, chunk, fn, arg) calls fn(arg, begin, end, thread) over [0, n) in
- * chunks of `chunk` items (the last one shorter); `thread` (0 = the caller, 1..n_threads-1
- * the workers) lets a task use per-thread scratch. The caller's thread works too and the
- * call returns when every chunk is done. Chunks are handed out in order from a shared counter,
- * so a busy core takes fewer of them, but the chunk boundaries depend only on n and
- * chunk: when fn's result for an item depends only on the item, the output is the same
- * bit for bit for any number of threads.
+ * runs of whole chunks of `chunk` items (begin a multiple of chunk; end one too, or n);
+ * `thread` (0 = the caller, 1..n_threads-1 the workers) lets a task use per-thread scratch.
+ * The caller's thread works too and the call returns when every chunk is done. Runs are
+ * handed out in order from a shared counter, large ones first, so a busy core takes fewer
+ * of them; how many chunks a run holds depends on timing, so fn's result for an item must
+ * depend only on the item (never on begin or end): then the output is the same bit for
+ * bit for any number of threads.
  *
  * Workers spin briefly after a job (the next matrix product follows within microseconds
  * during a forward) and then sleep on a condition variable, so an idle pool costs nothing.

@@ -12,6 +12,7 @@
 #include "boundary.h"
 #include "model.h"
 #include "mk_error.h"
+#include "op_profile.h"
 #include "options.h"
 #include "range.h"
 #include "tensor_schema.h"
@@ -64,6 +65,7 @@ struct mk_range {
     void *act_arena; /* dev */
     mk_activations act;
     int32_t *host_positions; /* [max_rows] host staging of the positions of one forward */
+    mk_op_profile profile;   /* host time per op family, when switched on (benchmarks) */
 };
 
 struct mk_sequence {
@@ -103,6 +105,13 @@ size_t mk_range_weight_bytes(const mk_range *r) { return r->weight_bytes; }
 const char *mk_range_recipe_digest(const mk_range *r) { return r->digest; }
 const mk_backend_counters *mk_range_backend_counters(const mk_range *r) { return &r->backend->counters; }
 mk_backend *mk_range_backend(const mk_range *r) { return r->backend; }
+
+void mk_range_profile(mk_range *r, bool on) {
+    memset(&r->profile, 0, sizeof r->profile);
+    r->profile.on = on;
+}
+
+const mk_op_profile *mk_range_op_profile(const mk_range *r) { return &r->profile; }
 size_t mk_range_max_rows(const mk_range *r) { return r->max_rows; }
 size_t mk_range_hidden(const mk_range *r) { return r->hp.hidden; }
 
@@ -505,6 +514,14 @@ static mk_status mk_check_bundle(const mk_range *r, const mk_sequence *seq, cons
 
 /* =============================================================== forward == */
 
+/* Runs one op (MK_TRY) and charges its host time to family f of the range's profile. */
+#define MK_OP(r, f, call)                                                  \
+    do {                                                                   \
+        const double mk_op_t0_ = mk_op_profile_clock(&(r)->profile);       \
+        MK_TRY(call);                                                      \
+        mk_op_profile_add(&(r)->profile, (f), mk_op_t0_);                  \
+    } while (0)
+
 /* One layer. Residual adds are fused into the norm that follows them: the mlp output of
  * layer l stays in a->proj and is added by layer l+1's attention norm, or by a plain add
  * after the range's last layer (its raw residual is what leaves the range). The fused op
@@ -522,47 +539,56 @@ static mk_status mk_run_layer(mk_range *r, mk_sequence *seq, size_t layer_index,
     uint8_t *v_cache = (uint8_t *)seq->kv_arena + (2 * layer_index + 1) * slab; /* [ctx, kv_dim] KV dtype */
 
     /* attention block */
-    if (layer_index == 0) MK_TRY(ops->rmsnorm(b, a->xn, a->x, w->attn_norm, rows, hp->hidden, hp->rms_eps));
-    else MK_TRY(ops->add_rmsnorm(b, a->x, a->xn, a->proj, w->attn_norm, rows, hp->hidden, hp->rms_eps));
+    if (layer_index == 0)
+        MK_OP(r, MK_OPF_NORM, ops->rmsnorm(b, a->xn, a->x, w->attn_norm, rows, hp->hidden, hp->rms_eps));
+    else
+        MK_OP(r, MK_OPF_NORM, ops->add_rmsnorm(b, a->x, a->xn, a->proj, w->attn_norm, rows, hp->hidden, hp->rms_eps));
     if (ops->matmul_shared) {
         float *const y[3] = {a->q, a->k, a->v};
         const void *const wqkv[3] = {w->wq, w->wk, w->wv};
         const size_t out[3] = {q_dim, kv_dim, kv_dim};
-        MK_TRY(ops->matmul_shared(b, 3, y, wqkv, out, a->xn, rows, hp->hidden));
+        MK_OP(r, MK_OPF_QKV, ops->matmul_shared(b, 3, y, wqkv, out, a->xn, rows, hp->hidden));
     } else {
-        MK_TRY(ops->matmul(b, a->q, a->xn, w->wq, rows, hp->hidden, q_dim));
-        MK_TRY(ops->matmul(b, a->k, a->xn, w->wk, rows, hp->hidden, kv_dim));
-        MK_TRY(ops->matmul(b, a->v, a->xn, w->wv, rows, hp->hidden, kv_dim));
+        MK_OP(r, MK_OPF_QKV, ops->matmul(b, a->q, a->xn, w->wq, rows, hp->hidden, q_dim));
+        MK_OP(r, MK_OPF_QKV, ops->matmul(b, a->k, a->xn, w->wk, rows, hp->hidden, kv_dim));
+        MK_OP(r, MK_OPF_QKV, ops->matmul(b, a->v, a->xn, w->wv, rows, hp->hidden, kv_dim));
     }
     /* The fused RoPE + cache write stores F32 rows only; an F16 cache goes through kv_store. */
     if (ops->rope_kv && mk_backend_kv_dtype(b) == MK_DTYPE_F32) {
-        MK_TRY(ops->rope_kv(b, a->q, a->k, a->v, (float *)k_cache, (float *)v_cache, a->pos, past, rows, hp->n_heads,
-                            hp->n_kv_heads, hp->head_dim, hp->rope_theta, hp->rope_layout));
+        MK_OP(r, MK_OPF_ROPE_KV,
+              ops->rope_kv(b, a->q, a->k, a->v, (float *)k_cache, (float *)v_cache, a->pos, past, rows, hp->n_heads,
+                           hp->n_kv_heads, hp->head_dim, hp->rope_theta, hp->rope_layout));
     } else {
-        MK_TRY(ops->rope(b, a->q, a->pos, rows, hp->n_heads, hp->head_dim, hp->rope_theta, hp->rope_layout));
-        MK_TRY(ops->rope(b, a->k, a->pos, rows, hp->n_kv_heads, hp->head_dim, hp->rope_theta, hp->rope_layout));
+        MK_OP(r, MK_OPF_ROPE_KV,
+              ops->rope(b, a->q, a->pos, rows, hp->n_heads, hp->head_dim, hp->rope_theta, hp->rope_layout));
+        MK_OP(r, MK_OPF_ROPE_KV,
+              ops->rope(b, a->k, a->pos, rows, hp->n_kv_heads, hp->head_dim, hp->rope_theta, hp->rope_layout));
         if (ops->kv_store) {
-            MK_TRY(ops->kv_store(b, k_cache, past, a->k, rows, kv_dim));
-            MK_TRY(ops->kv_store(b, v_cache, past, a->v, rows, kv_dim));
+            MK_OP(r, MK_OPF_ROPE_KV, ops->kv_store(b, k_cache, past, a->k, rows, kv_dim));
+            MK_OP(r, MK_OPF_ROPE_KV, ops->kv_store(b, v_cache, past, a->v, rows, kv_dim));
         } else {
-            MK_TRY(ops->copy(b, k_cache + past * kv_dim * sizeof(float), a->k, rows * kv_dim * sizeof(float)));
-            MK_TRY(ops->copy(b, v_cache + past * kv_dim * sizeof(float), a->v, rows * kv_dim * sizeof(float)));
+            MK_OP(r, MK_OPF_ROPE_KV,
+                  ops->copy(b, k_cache + past * kv_dim * sizeof(float), a->k, rows * kv_dim * sizeof(float)));
+            MK_OP(r, MK_OPF_ROPE_KV,
+                  ops->copy(b, v_cache + past * kv_dim * sizeof(float), a->v, rows * kv_dim * sizeof(float)));
         }
     }
-    MK_TRY(ops->attention(b, a->att, a->q, k_cache, v_cache, rows, past, hp->n_heads, hp->n_kv_heads, hp->head_dim));
-    MK_TRY(ops->matmul(b, a->proj, a->att, w->wo, rows, q_dim, hp->hidden));
+    MK_OP(r, MK_OPF_ATTENTION,
+          ops->attention(b, a->att, a->q, k_cache, v_cache, rows, past, hp->n_heads, hp->n_kv_heads, hp->head_dim));
+    MK_OP(r, MK_OPF_ATTN_OUT, ops->matmul(b, a->proj, a->att, w->wo, rows, q_dim, hp->hidden));
 
     /* mlp block */
-    MK_TRY(ops->add_rmsnorm(b, a->x, a->xn, a->proj, w->ffn_norm, rows, hp->hidden, hp->rms_eps));
+    MK_OP(r, MK_OPF_NORM, ops->add_rmsnorm(b, a->x, a->xn, a->proj, w->ffn_norm, rows, hp->hidden, hp->rms_eps));
     if (ops->matmul_swiglu) {
-        MK_TRY(ops->matmul_swiglu(b, a->gate, a->up, a->xn, w->w_gate, w->w_up, rows, hp->hidden, hp->intermediate));
+        MK_OP(r, MK_OPF_GATE_UP,
+              ops->matmul_swiglu(b, a->gate, a->up, a->xn, w->w_gate, w->w_up, rows, hp->hidden, hp->intermediate));
     } else {
-        MK_TRY(ops->matmul(b, a->gate, a->xn, w->w_gate, rows, hp->hidden, hp->intermediate));
-        MK_TRY(ops->matmul(b, a->up, a->xn, w->w_up, rows, hp->hidden, hp->intermediate));
-        MK_TRY(ops->swiglu(b, a->gate, a->gate, a->up, rows * hp->intermediate));
+        MK_OP(r, MK_OPF_GATE_UP, ops->matmul(b, a->gate, a->xn, w->w_gate, rows, hp->hidden, hp->intermediate));
+        MK_OP(r, MK_OPF_GATE_UP, ops->matmul(b, a->up, a->xn, w->w_up, rows, hp->hidden, hp->intermediate));
+        MK_OP(r, MK_OPF_GATE_UP, ops->swiglu(b, a->gate, a->gate, a->up, rows * hp->intermediate));
     }
-    MK_TRY(ops->matmul(b, a->proj, a->gate, w->w_down, rows, hp->intermediate, hp->hidden));
-    if (last) MK_TRY(ops->add(b, a->x, a->proj, rows * hp->hidden));
+    MK_OP(r, MK_OPF_DOWN, ops->matmul(b, a->proj, a->gate, w->w_down, rows, hp->intermediate, hp->hidden));
+    if (last) MK_OP(r, MK_OPF_ADD, ops->add(b, a->x, a->proj, rows * hp->hidden));
     return MK_OK;
 }
 
@@ -608,9 +634,9 @@ static mk_status mk_tail_compute(mk_range *r, size_t rows) {
     mk_backend *b = r->backend;
     const mk_activations *a = &r->act;
     const float *last = a->x + (rows - 1) * hp->hidden;
-    MK_TRY(b->ops->rmsnorm(b, a->xn, last, r->output_norm, 1, hp->hidden, hp->rms_eps));
-    MK_TRY(b->ops->matmul(b, a->logits, a->xn, r->lm_head, 1, hp->hidden, hp->vocab));
-    MK_TRY(b->ops->argmax(b, a->token, a->logits, 1, hp->vocab));
+    MK_OP(r, MK_OPF_LM_HEAD, b->ops->rmsnorm(b, a->xn, last, r->output_norm, 1, hp->hidden, hp->rms_eps));
+    MK_OP(r, MK_OPF_LM_HEAD, b->ops->matmul(b, a->logits, a->xn, r->lm_head, 1, hp->hidden, hp->vocab));
+    MK_OP(r, MK_OPF_SAMPLE, b->ops->argmax(b, a->token, a->logits, 1, hp->vocab));
     return MK_OK;
 }
 
@@ -627,8 +653,10 @@ static mk_status mk_emit_tail(mk_range *r, size_t rows, const mk_sampling_contra
     t->logits = malloc(hp->vocab * sizeof(float));
     t->token_ids = malloc(sizeof(int32_t));
     mk_status s = t->logits && t->token_ids ? MK_OK : mk_fail(MK_ERR_OUT_OF_MEMORY, "tail output: out of memory");
+    const double t0 = mk_op_profile_clock(&r->profile);
     if (s == MK_OK) s = b->ops->download(b, t->logits, a->logits, hp->vocab * sizeof(float));
     if (s == MK_OK) s = b->ops->download(b, t->token_ids, a->token, sizeof(int32_t));
+    mk_op_profile_add(&r->profile, MK_OPF_SAMPLE, t0);
     if (s != MK_OK) {
         mk_tail_output_free(t);
         return s;
@@ -661,9 +689,10 @@ static mk_status mk_forward_inputs(mk_range *r, mk_sequence *seq, const int32_t 
     MK_TRY(b->ops->upload(b, a->pos, positions, rows * sizeof(int32_t)));
     if (mk_role_owns_embedding(r->role)) {
         MK_TRY(b->ops->upload(b, a->ids, token_ids, rows * sizeof(int32_t)));
-        MK_TRY(b->ops->embed(b, a->x, r->token_embd, a->ids, rows, r->hp.hidden, r->hp.vocab));
+        MK_OP(r, MK_OPF_EMBED, b->ops->embed(b, a->x, r->token_embd, a->ids, rows, r->hp.hidden, r->hp.vocab));
     }
     const size_t n_layers = (size_t)(r->end - r->start + 1);
+    if (r->profile.on) r->profile.forwards++;
     for (size_t l = 0; l < n_layers; l++) MK_TRY(mk_run_layer(r, seq, l, rows, l + 1 == n_layers));
     return MK_OK;
 }
@@ -710,8 +739,8 @@ mk_status mk_range_forward_into(mk_range *r, mk_sequence *seq, const int32_t *to
     MK_TRY(mk_forward_inputs(r, seq, token_ids, rows));
     if (tail) {
         MK_TRY(mk_tail_compute(r, rows));
-        MK_TRY(b->ops->download(b, out_logits, r->act.logits, r->hp.vocab * sizeof(float)));
-        MK_TRY(b->ops->download(b, out_token, r->act.token, sizeof(int32_t)));
+        MK_OP(r, MK_OPF_SAMPLE, b->ops->download(b, out_logits, r->act.logits, r->hp.vocab * sizeof(float)));
+        MK_OP(r, MK_OPF_SAMPLE, b->ops->download(b, out_token, r->act.token, sizeof(int32_t)));
     } else {
         MK_TRY(b->ops->copy(b, out->payload, r->act.x, rows * r->hp.hidden * sizeof(float)));
         mk_emit_header(r, seq, rows, &out->h);

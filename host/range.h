@@ -5,6 +5,7 @@
 
 #include "backend.h"
 #include "meshkern.h"
+#include "op_profile.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -17,6 +18,12 @@ mk_status mk_sequence_rewind(mk_sequence *seq, size_t length);
 /* The structural counters of the range's backend (see mk_backend_counters): internal, for
  * tests and benchmarks. The pointer lives as long as the range. */
 const mk_backend_counters *mk_range_backend_counters(const mk_range *r);
+
+/* Switch the per-op-family timing of the range's forwards on or off; either way the
+ * figures so far are reset. Internal, for benchmarks. */
+void mk_range_profile(mk_range *r, bool on);
+/* The figures since the last mk_range_profile(r, true); lives as long as the range. */
+const mk_op_profile *mk_range_op_profile(const mk_range *r);
 
 /* mk_range_forward_boundary into caller-owned buffers (the scheduler's preallocated
  * activation slots): `in` (a boundary of this range a transport filled) or token ids; a

@@ -28,6 +28,7 @@ export OPENBLAS_NUM_THREADS=1
 #          api                 the public-surface check (fallible MK_API functions clear the message)
 #          sched               the placed pipeline on the cpu backend (every seam transport)
 #          stage               the stage-process suite (meshkern stage: parity, faults, refusals)
+#          native:<gtest filter>  the cpu backend's native kernels, pool and attention (test_cpu_native)
 MUTATIONS=(
   "argmax.tie-inside-thread~kernels/argmax.cu~s/\(bi < 0 \|\| v > bv\)/(bi < 0 || v >= bv)/~ops:*Argmax*"
   "argmax.nan-may-win~kernels/argmax.cu~s/if \(!isnan\(v\) && \(/if ((/~ops:*Argmax*"
@@ -57,6 +58,12 @@ MUTATIONS=(
   "stage.slot-evicts-newest~host/stage/slots.c~s/t->slot\[i\].last_use < s->last_use/t->slot[i].last_use > s->last_use/~stage"
   "stage.result-digest-unchecked~host/stage/stage_runtime.c~s/if \(strcmp\(info.runtime_recipe_digest/if (0 \&\& strcmp(info.runtime_recipe_digest/~stage"
   "stage.unstarted-not-reported~host/stage/stage_runtime.c~s/if \(h.state\[i\].finished\) continue;/if (h.state[i].finished || !h.state[i].started) continue;/~stage"
+  "native.swiglu-up-skipped~host/cpu_native.c~s/        mk_native_part_rows\(j, &j->part\[1\], begin, end\);\n//~native:*SharedAndSwiglu*"
+  "native.shared-part-skips-item~host/cpu_native.c~s/            begin = stop;/            begin = stop + 1;/~native:*SharedAndSwiglu*"
+  "pool.runs-overlap~host/cpu_pool.c~s/\(size_t\)\(next \+ take\) \* p->chunk < p->n \? \(size_t\)\(next \+ take\) \* p->chunk/(size_t)(next + take + 1) * p->chunk < p->n ? (size_t)(next + take + 1) * p->chunk/~native:*CpuPool*"
+  "attention.exp-coefficient~host/cpu_attention_fast.c~s/8\.3334519073e-3f/8.3334519073e-2f/~native:*Attention*"
+  "attention.tail-unmasked~host/cpu_attention_fast.c~s/mk_lanes_below\(rest\);/mk_lanes_below(8);/~native:*Attention*"
+  "q4_1.high-half-activations~host/cpu_quant_avx2.c~s/_mm_maddubs_epi16\(hi, _mm_loadu_si128\(\(const __m128i \*\)\(y \+ 16\)\)\)/_mm_maddubs_epi16(hi, _mm_loadu_si128((const __m128i *)y))/~native:*SimdDots*"
   "bundle.clear-error-removed~host/bundle.c~s/(mk_status mk_bundle_unpack\([^{]*\{\n)    mk_clear_error\(\);\n/\$1/~api"
 )
 
@@ -96,7 +103,7 @@ trap 'restore; exit 130' INT TERM
 log "== configure and build the simulated suites in $BUILD"
 cmake -S "$SRC" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMESHKERN_CUDA=OFF -DMESHKERN_TESTS=ON \
   >"$WORK/configure.log" 2>&1 || { tail -20 "$WORK/configure.log"; exit 2; }
-TARGETS=(test_ops_sim test_boundary_contract test_bundle_malformed test_parity test_pipeline_sched test_stage meshkern_cli)
+TARGETS=(test_ops_sim test_boundary_contract test_bundle_malformed test_parity test_pipeline_sched test_stage meshkern_cli test_cpu_native)
 run ninja -C "$BUILD" -j "$JOBS" "${TARGETS[@]}" >"$WORK/build.log" 2>&1 || { tail -30 "$WORK/build.log"; exit 2; }
 
 # The unmutated suites must be green first, or no red means anything.
@@ -120,6 +127,9 @@ run_tests() { # $1 = test spec; returns 0 when every test passed
     stage)
       run timeout 900 "$BUILD/tests/stage/test_stage" >>"$WORK/run.log" 2>&1
       ;;
+    native:*)
+      run timeout 900 "$BUILD/tests/test_cpu_native" --gtest_filter="${1#native:}" >>"$WORK/run.log" 2>&1
+      ;;
     api)
       run python3 "$SRC/tests/api_surface_check.py" clears "$SRC/include/meshkern.h" "$SRC/host" "$SRC/host/cuda" \
         >>"$WORK/run.log" 2>&1
@@ -129,7 +139,7 @@ run_tests() { # $1 = test spec; returns 0 when every test passed
 }
 
 : >"$WORK/run.log"
-for spec in "ops:*" host sched stage api; do
+for spec in "ops:*" host sched stage api "native:*"; do
   run_tests "$spec" || { log "the unmutated suite ($spec) fails: see $WORK/run.log"; exit 2; }
 done
 

@@ -283,6 +283,52 @@ TEST(NativeMatmul, ThreadCountDoesNotChangeOneBit) {
     }
 }
 
+// Q, K and V in one job (one quantization, one pass of the pool) and gate/up with SwiGLU
+// fused into theirs give the bits of the separate products (and of mk_cpu_swiglu on
+// them), for parts of different formats and odd sizes, one or several rows, any threads;
+// 40 rows take the separate (tiled) products.
+TEST(NativeMatmul, SharedAndSwigluJobsEqualSeparateProducts) {
+    std::mt19937 rng(77);
+    const size_t in = 96;
+    const size_t outs[3] = {37, 16, 5};
+    const uint32_t types[3] = {MK_GGML_TYPE_Q4_1, MK_GGML_TYPE_Q8_0, MK_GGML_TYPE_F16};
+    std::vector<NativeWeight> w;
+    w.reserve(3); // data() points into each weight's own buffer
+    for (int i = 0; i < 3; i++) w.emplace_back(types[i], random_rows(types[i], outs[i], in, rng), outs[i], in);
+    NativeWeight gate_w(MK_GGML_TYPE_Q4_0, random_rows(MK_GGML_TYPE_Q4_0, 45, in, rng), 45, in);
+    NativeWeight up_w(MK_GGML_TYPE_Q4_1, random_rows(MK_GGML_TYPE_Q4_1, 45, in, rng), 45, in);
+    for (size_t rows : {1u, 3u, 40u}) {
+        const std::vector<float> x = random_floats(rows * in, rng);
+        for (size_t threads : {1u, 2u, 3u}) {
+            SCOPED_TRACE(std::to_string(rows) + " rows, " + std::to_string(threads) + " threads");
+            NativeCtx c(threads, mk_cpu_quant_best(), rows * in / 32);
+            std::vector<std::vector<float>> y(3);
+            float *yp[3];
+            const void *wp[3];
+            for (int i = 0; i < 3; i++) {
+                y[i].assign(rows * outs[i] + 8, kSentinel);
+                yp[i] = y[i].data();
+                wp[i] = w[i].data();
+            }
+            MK_ASSERT_OK(mk_cpu_native_matmul_shared(&c.ctx, 3, yp, wp, outs, x.data(), rows, in));
+            for (int i = 0; i < 3; i++) {
+                for (size_t k = rows * outs[i]; k < y[i].size(); k++) ASSERT_EQ(y[i][k], kSentinel) << "part " << i;
+                y[i].resize(rows * outs[i]);
+                EXPECT_TRUE(bit_identical(y[i], native_product(c, w[i], x, rows, in, outs[i]))) << "part " << i;
+            }
+            std::vector<float> gate(rows * 45 + 8, kSentinel), up(rows * 45 + 8, kSentinel);
+            MK_ASSERT_OK(mk_cpu_native_matmul_swiglu(&c.ctx, gate.data(), up.data(), x.data(), gate_w.data(),
+                                                     up_w.data(), rows, in, 45));
+            for (size_t k = rows * 45; k < gate.size(); k++) ASSERT_EQ(gate[k], kSentinel);
+            gate.resize(rows * 45);
+            std::vector<float> g = native_product(c, gate_w, x, rows, in, 45);
+            const std::vector<float> u = native_product(c, up_w, x, rows, in, 45);
+            mk_cpu_swiglu(g.data(), g.data(), u.data(), g.size());
+            EXPECT_TRUE(bit_identical(gate, g));
+        }
+    }
+}
+
 // The pool runs every item exactly once, for chunk sizes that do and do not divide n.
 TEST(CpuPool, EveryItemRunsExactlyOnce) {
     for (size_t threads : {1u, 2u, 3u, 5u}) {
@@ -358,7 +404,7 @@ TEST(NativeAttention, FloatAttentionMatchesTheReference) {
     std::mt19937 rng(21);
     std::vector<mk_attention_fast_fn> fns = {mk_cpu_attention_fast_for(mk_cpu_quant_portable())};
     if (mk_cpu_quant_avx2()) fns.push_back(mk_cpu_attention_fast_for(mk_cpu_quant_avx2()));
-    for (size_t head_dim : {8u, 20u, 64u}) {
+    for (size_t head_dim : {8u, 20u, 64u, 128u}) {
         const size_t rows = 3, past = 37, heads = 6, kv_heads = 2, ctx = past + rows;
         const std::vector<float> q = random_floats(rows * heads * head_dim, rng);
         const std::vector<float> k = random_floats(ctx * kv_heads * head_dim, rng);
