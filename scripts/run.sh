@@ -15,4 +15,4 @@ cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMESHKERN_TESTS=
 ninja -C build meshkern_cli >/dev/null
 BACKEND=cpu
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then BACKEND=cuda; fi
-exec build/tools/meshkern run "$MODEL" -p "What is the capital of France?" --split 14 --n 128 --backend "$BACKEND" "$@"
+exec build/tools/meshkern run "$MODEL" -p "What is the capital of France? Answer in one sentence." --split 14 --n 128 --backend "$BACKEND" "$@"
