@@ -26,6 +26,7 @@ export OPENBLAS_NUM_THREADS=1
 #   tests: ops:<gtest filter>  the kernel op grid under cudasim, forward and random order
 #          host                the contract, bundle and parity suites
 #          api                 the public-surface check (fallible MK_API functions clear the message)
+#          backend:<filter>    the cuda backend under cudasim (random stream interleaving)
 MUTATIONS=(
   "argmax.tie-inside-thread~kernels/argmax.cu~s/\(bi < 0 \|\| v > bv\)/(bi < 0 || v >= bv)/~ops:*Argmax*"
   "argmax.nan-may-win~kernels/argmax.cu~s/if \(!isnan\(v\) && \(/if ((/~ops:*Argmax*"
@@ -49,6 +50,12 @@ MUTATIONS=(
   "range.normalized-accepted~host/range.c~s/if \(bundle->normalized\)/if (0 \&\& bundle->normalized)/~host"
   "range.token-bound~host/range.c~s/\(size_t\)ids\[i\] >= r->hp.vocab/(size_t)ids[i] > r->hp.vocab/~host"
   "range.message-removed~host/range.c~s/return mk_fail\(MK_ERR_HEAD_OWNS_EMBEDDING,[^;]*;/return MK_ERR_HEAD_OWNS_EMBEDDING;/~host"
+  # Stream races: one upload moved to the legacy default stream, which does not order against
+  # the non-blocking stream the kernels run on; cudasim runs unordered streams' work in a
+  # random interleaving, so the kernels read the buffer before (or without) the upload.
+  "race.op-grid-upload-on-legacy~tests/ops/test_ops.cpp~s/cudaMemcpyAsync\(base_, h.data\(\), h.size\(\), cudaMemcpyHostToDevice, stream\)/cudaMemcpyAsync(base_, h.data(), h.size(), cudaMemcpyHostToDevice, 0)/~ops:*RmsNorm*"
+  "race.token-upload-on-legacy~host/cuda/backend_cuda.c~s/cudaMemcpyAsync\(dst, stage, bytes, cudaMemcpyHostToDevice, cb->stream\)/cudaMemcpyAsync(dst, stage, bytes, cudaMemcpyHostToDevice, 0)/~backend:*ParityMode*"
+  "race.peer-copy-unordered~host/cuda/backend_cuda.c~s/MK_CUDA_CHECK\(cudaStreamWaitEvent\(cb->stream, pb->seam_event, 0\)\);//~backend:*HeadOnDeviceZero*"
   "bundle.clear-error-removed~host/bundle.c~s/(mk_status mk_bundle_unpack\([^{]*\{\n)    mk_clear_error\(\);\n/\$1/~api"
 )
 
@@ -88,7 +95,7 @@ trap 'restore; exit 130' INT TERM
 log "== configure and build the simulated suites in $BUILD"
 cmake -S "$SRC" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMESHKERN_CUDA=OFF -DMESHKERN_TESTS=ON \
   >"$WORK/configure.log" 2>&1 || { tail -20 "$WORK/configure.log"; exit 2; }
-TARGETS=(test_ops_sim test_boundary_contract test_bundle_malformed test_parity)
+TARGETS=(test_ops_sim test_boundary_contract test_bundle_malformed test_parity test_cuda_backend_sim)
 run ninja -C "$BUILD" -j "$JOBS" "${TARGETS[@]}" >"$WORK/build.log" 2>&1 || { tail -30 "$WORK/build.log"; exit 2; }
 
 # The unmutated suites must be green first, or no red means anything.
@@ -99,6 +106,11 @@ run_tests() { # $1 = test spec; returns 0 when every test passed
       CUDASIM_ORDER=forward run timeout 900 "$BUILD/tests/ops/test_ops_sim" --gtest_filter="$filter" >>"$WORK/run.log" 2>&1 &&
         CUDASIM_ORDER=random CUDASIM_SEED=7 run timeout 900 "$BUILD/tests/ops/test_ops_sim" --gtest_filter="$filter" \
           >>"$WORK/run.log" 2>&1
+      ;;
+    backend:*)
+      local filter="${1#backend:}"
+      CUDASIM_ORDER=forward run timeout 900 "$BUILD/tests/backend/test_cuda_backend_sim" --gtest_filter="$filter" \
+        >>"$WORK/run.log" 2>&1
       ;;
     host)
       local t
@@ -115,7 +127,7 @@ run_tests() { # $1 = test spec; returns 0 when every test passed
 }
 
 : >"$WORK/run.log"
-for spec in "ops:*" host api; do
+for spec in "ops:*" host api "backend:*ParityMode*"; do
   run_tests "$spec" || { log "the unmutated suite ($spec) fails: see $WORK/run.log"; exit 2; }
 done
 
