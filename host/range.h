@@ -21,7 +21,8 @@ const mk_backend_counters *mk_range_backend_counters(const mk_range *r);
 /* mk_range_forward into caller-owned buffers (the scheduler's preallocated activation
  * slots): a non-tail range fills out_bundle (residual capacity out_capacity_rows rows of
  * the model's hidden width; batch, seq and the boundary metadata are set); a tail range
- * fills out_logits [vocab] and out_token [1] (greedy). Allocates nothing. */
+ * fills out_logits [vocab] (a token_only range may pass NULL: then only the token comes back)
+ * and out_token [1] (greedy). Allocates nothing. */
 mk_status mk_range_forward_into(mk_range *range, mk_sequence *seq, const int32_t *token_ids, size_t n_tokens,
                                 const mk_bundle *bundle, mk_bundle *out_bundle, size_t out_capacity_rows,
                                 float *out_logits, int32_t *out_token);

@@ -170,6 +170,8 @@ INSTANTIATE_TEST_SUITE_P(RandomModels, CudaModels, ::testing::Values(size_t{0}, 
 // launch, gate/up/SwiGLU another, RoPE of Q and K with the KV-cache write a third).
 struct TokenCost {
     uint64_t launches, host_syncs, bytes_downloaded, bytes_uploaded;
+    int32_t token;    // the decode step's sampled token
+    bool had_logits;  // the tail output carried logits
 };
 
 TokenCost decode_token_cost(const mk_model *model, const mk_hparams &hp, const mk_range_options &o,
@@ -188,11 +190,14 @@ TokenCost decode_token_cost(const mk_model *model, const mk_hparams &hp, const m
     const mk_backend_counters before = *mk_range_backend_counters(r);
     EXPECT_EQ(mk_range_forward(r, seq, &next, 1, nullptr, nullptr, nullptr, &t), MK_OK) << mk_last_error();
     const mk_backend_counters after = *mk_range_backend_counters(r);
+    const int32_t token = t ? t->token_ids[0] : -1;
+    const bool had_logits = t && t->logits;
     mk_tail_output_free(t);
     mk_sequence_close(seq);
     mk_range_free(r);
     return {after.launches - before.launches, after.host_syncs - before.host_syncs,
-            after.bytes_downloaded - before.bytes_downloaded, after.bytes_uploaded - before.bytes_uploaded};
+            after.bytes_downloaded - before.bytes_downloaded, after.bytes_uploaded - before.bytes_uploaded, token,
+            had_logits};
 }
 
 TEST(CudaBackend, DecodeTokenStructuralCounts) {
@@ -219,6 +224,54 @@ TEST(CudaBackend, DecodeTokenStructuralCounts) {
         EXPECT_LE(cost.host_syncs, 2u);
         EXPECT_EQ(cost.bytes_downloaded, c.hp.vocab * sizeof(float) + sizeof(int32_t)); // logits + token
         EXPECT_EQ(cost.bytes_uploaded, 2 * sizeof(int32_t)); // position + token id
+        EXPECT_TRUE(cost.had_logits);
+
+        // token_only: the tail samples on the device and the host waits once, for 4 bytes.
+        mk_range_options o = cuda_options(d, d != MK_DTYPE_F32);
+        o.token_only = true;
+        const TokenCost lean = decode_token_cost(model.get(), c.hp, o, c.prompt, c.prompt.size());
+        std::printf("[ counts   ] %s decode token (token_only): %llu host syncs, %llu bytes downloaded\n",
+                    mk_dtype_name(d), (unsigned long long)lean.host_syncs, (unsigned long long)lean.bytes_downloaded);
+        EXPECT_EQ(lean.host_syncs, 1u);
+        EXPECT_EQ(lean.bytes_downloaded, sizeof(int32_t));
+        EXPECT_EQ(lean.bytes_uploaded, 2 * sizeof(int32_t));
+        EXPECT_EQ(lean.launches, cost.launches);
+        EXPECT_FALSE(lean.had_logits);
+        EXPECT_EQ(lean.token, cost.token); // the same sample, only less brought back
+    }
+    // A head range's decode token: the residual row comes back in one host wait.
+    mk_range *head = nullptr;
+    const mk_range_options ho = cuda_options(MK_DTYPE_BF16, true);
+    MK_ASSERT_OK(mk_range_create(model.get(), 0, (int64_t)L / 2 - 1, &ho, &head));
+    RangePtr head_owner(head);
+    mk_sequence *seq = nullptr;
+    MK_ASSERT_OK(mk_sequence_open(head, &seq));
+    mk_bundle *bundle = nullptr;
+    MK_ASSERT_OK(mk_range_forward(head, seq, c.prompt.data(), c.prompt.size(), nullptr, nullptr, &bundle, nullptr));
+    mk_bundle_free(bundle);
+    bundle = nullptr;
+    const mk_backend_counters before = *mk_range_backend_counters(head);
+    MK_ASSERT_OK(mk_range_forward(head, seq, &c.prompt[0], 1, nullptr, nullptr, &bundle, nullptr));
+    const mk_backend_counters after = *mk_range_backend_counters(head);
+    mk_bundle_free(bundle);
+    mk_sequence_close(seq);
+    EXPECT_EQ(after.host_syncs - before.host_syncs, 1u);
+    EXPECT_EQ(after.bytes_downloaded - before.bytes_downloaded, c.hp.hidden * sizeof(float));
+}
+
+// token_only ranges: the same greedy tokens, whole and split, with no logits brought back.
+TEST(CudaBackend, TokenOnlyTailGivesTheSameTokensWithoutLogits) {
+    MK_REQUIRE_DEVICE();
+    const ModelCase c = model_cases()[1];
+    ModelPtr model = make_random_model(c.hp);
+    const int64_t L = (int64_t)c.hp.n_layers;
+    mk_range_options o = cuda_options(MK_DTYPE_BF16, true);
+    const Decode full = decode_greedy(model.get(), {}, o, c.prompt, 9);
+    o.token_only = true;
+    for (const std::vector<int64_t> &cuts : {std::vector<int64_t>{}, std::vector<int64_t>{L / 2}}) {
+        const Decode lean = decode_greedy(model.get(), cuts, o, c.prompt, 9);
+        EXPECT_EQ(lean.tokens, full.tokens) << cuts.size() << " cuts";
+        for (const std::vector<float> &l : lean.logits) EXPECT_TRUE(l.empty());
     }
 }
 
