@@ -50,6 +50,8 @@ MUTATIONS=(
   "range.normalized-accepted~host/range.c~s/if \(bundle->normalized\)/if (0 \&\& bundle->normalized)/~host"
   "range.token-bound~host/range.c~s/\(size_t\)ids\[i\] >= r->hp.vocab/(size_t)ids[i] > r->hp.vocab/~host"
   "range.message-removed~host/range.c~s/return mk_fail\(MK_ERR_HEAD_OWNS_EMBEDDING,[^;]*;/return MK_ERR_HEAD_OWNS_EMBEDDING;/~host"
+  "dequant_q.slice-row~kernels/dequant_q.cu~s/\(int64_t\)\(row0 \+ row\)/(int64_t)row0/~ops:*DequantQ*"
+  "dequant_q.id-bound~kernels/dequant_q.cu~s/\(size_t\)src >= n_src_rows/(size_t)src > n_src_rows/~ops:*DequantQ*"
   # Stream races: one upload moved to the legacy default stream, which does not order against
   # the non-blocking stream the kernels run on; cudasim runs unordered streams' work in a
   # random interleaving, so the kernels read the buffer before (or without) the upload.

@@ -2,7 +2,7 @@
  * chat template and generation loop.
  *
  *   meshkern run MODEL -p TEXT [--system S] [--raw] [--split L1,...] [--n N]
- *                [--backend cpu|cuda] [--device I] [--dtype f32|f16|bf16] [--speed]
+ *                [--backend cpu|cuda] [--device I] [--dtype native|f32|f16|bf16] [--speed]
  *   meshkern chat MODEL [--system S] [--split L1,...] [--n N] [--backend ...] ...
  *   meshkern tokenize MODEL TEXT [--ids] [--no-bos] [--no-parse-special]
  *
@@ -33,7 +33,7 @@ static int mk_cli_usage(void) {
     fprintf(stderr,
             "usage:\n"
             "  meshkern run MODEL.gguf -p TEXT [--system S] [--raw] [--split L1,L2,...] [--n N]\n"
-            "               [--backend cpu|cuda] [--device I] [--dtype f32|f16|bf16] [--speed]\n"
+            "               [--backend cpu|cuda] [--device I] [--dtype native|f32|f16|bf16] [--speed]\n"
             "  meshkern chat MODEL.gguf [--system S] [--split L1,...] [--n N] [--backend cpu|cuda] ...\n"
             "  meshkern tokenize MODEL.gguf TEXT [--ids] [--no-bos] [--no-parse-special]\n");
     return 2;
@@ -77,7 +77,8 @@ static int mk_cli_parse(int argc, char **argv, mk_cli_opts *o, size_t default_n)
             if (s != MK_OK) return mk_cli_fail(s);
         } else if (strcmp(a, "--dtype") == 0) {
             mk_dtype *d = &o->range.backend.weight_dtype;
-            if (strcmp(v, "f32") == 0) *d = MK_DTYPE_F32;
+            if (strcmp(v, "native") == 0) *d = MK_DTYPE_NATIVE;
+            else if (strcmp(v, "f32") == 0) *d = MK_DTYPE_F32;
             else if (strcmp(v, "f16") == 0) *d = MK_DTYPE_F16;
             else if (strcmp(v, "bf16") == 0) *d = MK_DTYPE_BF16;
             else return mk_cli_usage();

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "mk_native_gguf.h"
 #include "mk_test_util.h"
 #include "range.h"
 #include "tokenizer.h"
@@ -272,6 +273,53 @@ TEST(CudaBackend, TokenOnlyTailGivesTheSameTokensWithoutLogits) {
         const Decode lean = decode_greedy(model.get(), cuts, o, c.prompt, 9);
         EXPECT_EQ(lean.tokens, full.tokens) << cuts.size() << " cuts";
         for (const std::vector<float> &l : lean.logits) EXPECT_TRUE(l.empty());
+    }
+}
+
+// Native weight mode on the device: Q8_0 attention, Q4_K or Q4_1 MLP and embedding kept in
+// their blocks (decode: block GEMV; a 12-token prompt: rows expanded to BF16 + cuBLAS; the
+// embedding gathered by the dequantizer), an F16/Q6_K matrix stored as BF16. Whole vs split
+// bit-exact; close to the same file in F32 parity mode (BF16 prefill activations only).
+TEST(CudaBackend, NativeWeightsSplitBitIdenticallyAndStayCloseToF32) {
+    MK_REQUIRE_DEVICE();
+    struct Mix { uint32_t mlp, embd, output; bool tied; };
+    for (const Mix mix : {Mix{MK_GGML_TYPE_Q4_K, MK_GGML_TYPE_Q4_1, MK_GGML_TYPE_F16, false},
+                          Mix{MK_GGML_TYPE_Q4_1, MK_GGML_TYPE_Q6_K, 0, true}}) {
+        SCOPED_TRACE(mix.mlp);
+        mk_native_gguf::TempModel tm([&](const std::string &part) {
+            if (part.rfind("attn", 0) == 0) return (uint32_t)MK_GGML_TYPE_Q8_0;
+            if (part == "token_embd") return mix.embd;
+            if (part == "output") return mix.output;
+            return mix.mlp;
+        }, mix.tied);
+        ASSERT_TRUE(tm.model);
+        mk_range_options o = cuda_options(MK_DTYPE_NATIVE, true);
+        o.max_context = 64;
+        std::vector<int32_t> prompt(12); // more rows than the GEMV takes: the prefill path
+        for (size_t i = 0; i < prompt.size(); i++) prompt[i] = (int32_t)((i * 7 + 3) % 40);
+        const Decode whole = decode_greedy(tm.model.get(), {}, o, prompt, 4);
+        ASSERT_EQ(whole.logits.size(), 4u);
+        for (const std::vector<int64_t> &cuts : std::vector<std::vector<int64_t>>{{0}, {1}}) {
+            const Decode split = decode_greedy(tm.model.get(), cuts, o, prompt, 4);
+            ASSERT_EQ(split.logits.size(), 4u);
+            for (size_t i = 0; i < 4; i++)
+                EXPECT_TRUE(bit_identical(whole.logits[i], split.logits[i])) << "cut " << cuts[0] << " step " << i;
+        }
+        mk_range_options f32 = cuda_options();
+        f32.max_context = 64;
+        const Decode ref = decode_greedy(tm.model.get(), {}, f32, prompt, 4, &whole.tokens);
+        ASSERT_EQ(ref.logits.size(), 4u);
+        for (size_t i = 0; i < 4; i++) {
+            double ref_sq = 0.0, err_sq = 0.0;
+            for (size_t j = 0; j < ref.logits[i].size(); j++) {
+                ref_sq += (double)ref.logits[i][j] * ref.logits[i][j];
+                const double e = (double)ref.logits[i][j] - whole.logits[i][j];
+                err_sq += e * e;
+            }
+            // decode multiplies the stored weights with F32 activations: only the prefill's
+            // BF16 rounding separates the two (a wrong block or row gives ~100%)
+            EXPECT_LE(std::sqrt(err_sq / ref_sq), 0.02) << "step " << i;
+        }
     }
 }
 
