@@ -77,6 +77,9 @@ struct StreamQueue {
   bool forgotten = false;
   int device = 0;
   std::shared_ptr<EventMark> tail; /* mark of the last op queued */
+  /* stream capture (cudaStreamBeginCapture): work is recorded here instead of queued */
+  std::shared_ptr<std::vector<StreamTask>> capture;
+  bool capture_broken = false;
   /* async ops: the worker thread runs `handoff` */
   bool has_worker = false, stop = false;
   Op handoff;
@@ -291,6 +294,15 @@ std::shared_ptr<EventMark> stream_submit(cudaStream_t s, StreamTask task, bool a
   std::shared_ptr<ErrSink> sink = my_sink();
   std::lock_guard<std::mutex> g(a.mu);
   std::shared_ptr<StreamQueue> q = queue_locked(s);
+  if (q->capture) {
+    /* Recorded for the graph; an operation that may block on another party (NCCL) or wait
+     * for an event cannot be replayed here: the capture is invalidated. */
+    if (async || wait_for) q->capture_broken = true;
+    else q->capture->push_back(std::move(task));
+    auto done = std::make_shared<EventMark>();
+    done->done = true;
+    return done;
+  }
   Op op;
   op.fn = std::move(task);
   op.async = async;
@@ -414,6 +426,42 @@ bool take_exec_error(cudaError_t *err, std::string *msg) {
   tls_sink->err = cudaSuccess;
   tls_sink->diag.clear();
   return true;
+}
+
+bool stream_begin_capture(cudaStream_t s) {
+  if (is_default(s)) return false;
+  Sched &a = sched();
+  std::lock_guard<std::mutex> g(a.mu);
+  std::shared_ptr<StreamQueue> q = queue_locked(s);
+  if (q->capture) return false;
+  q->capture = std::make_shared<std::vector<StreamTask>>();
+  q->capture_broken = false;
+  return true;
+}
+
+std::shared_ptr<std::vector<StreamTask>> stream_end_capture(cudaStream_t s, bool *broken) {
+  Sched &a = sched();
+  std::lock_guard<std::mutex> g(a.mu);
+  std::shared_ptr<StreamQueue> q = find_locked(s);
+  *broken = false;
+  if (!q || !q->capture) return nullptr;
+  std::shared_ptr<std::vector<StreamTask>> tasks = std::move(q->capture);
+  q->capture = nullptr;
+  *broken = q->capture_broken;
+  return tasks;
+}
+
+bool stream_capturing(cudaStream_t s) {
+  Sched &a = sched();
+  std::lock_guard<std::mutex> g(a.mu);
+  std::shared_ptr<StreamQueue> q = find_locked(s);
+  return q && q->capture;
+}
+
+void stream_break_capture(cudaStream_t s) {
+  Sched &a = sched();
+  std::lock_guard<std::mutex> g(a.mu);
+  if (std::shared_ptr<StreamQueue> q = find_locked(s); q && q->capture) q->capture_broken = true;
 }
 
 uint64_t stream_seed() { return sched().seed; }

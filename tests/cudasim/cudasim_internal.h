@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace cudasim {
 
@@ -69,6 +70,13 @@ bool route_exec_error(cudaError_t err, const std::string &msg);
 bool take_exec_error(cudaError_t *err, std::string *msg);
 /* Stream creation flags (cudaStreamNonBlocking), 0 for the default streams. */
 unsigned stream_flags(cudaStream_t s);
+/* Stream capture: while capturing, work submitted to s is recorded (in order) instead of
+ * queued; stream_end_capture hands the recorded tasks over (nullptr: s was not capturing;
+ * *broken: something that cannot be replayed was issued, or a synchronisation was tried). */
+bool stream_begin_capture(cudaStream_t s);
+std::shared_ptr<std::vector<StreamTask>> stream_end_capture(cudaStream_t s, bool *broken);
+bool stream_capturing(cudaStream_t s);
+void stream_break_capture(cudaStream_t s);
 /* Milliseconds of the steady clock (event times). */
 double now_ms();
 

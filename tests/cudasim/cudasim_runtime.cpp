@@ -34,6 +34,14 @@ struct CUevent_st {
   std::shared_ptr<cudasim::EventMark> mark;
 };
 
+/* A captured graph: the work recorded on one stream, in order; its executable form shares it. */
+struct CUgraph_st {
+  std::shared_ptr<std::vector<cudasim::StreamTask>> tasks;
+};
+struct CUgraphExec_st {
+  std::shared_ptr<std::vector<cudasim::StreamTask>> tasks;
+};
+
 namespace cudasim {
 namespace {
 
@@ -348,6 +356,7 @@ const char *cudaGetErrorName(cudaError_t e) {
     N(cudaErrorInvalidResourceHandle) N(cudaErrorNotReady) N(cudaErrorLaunchFailure)
     N(cudaErrorNoDevice) N(cudaErrorNotSupported) N(cudaErrorIllegalAddress)
     N(cudaErrorPeerAccessAlreadyEnabled) N(cudaErrorInvalidDevicePointer)
+    N(cudaErrorStreamCaptureUnsupported) N(cudaErrorStreamCaptureInvalidated) N(cudaErrorIllegalState)
 #undef N
     default: return "cudaErrorUnknown";
   }
@@ -643,6 +652,10 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
   if (cudaError_t e = check_stream(s, "cudaStreamSynchronize")) return e;
+  if (stream_capturing(s)) {
+    stream_break_capture(s);
+    return fail(cudaErrorStreamCaptureUnsupported, "cudasim: cudaStreamSynchronize on a capturing stream");
+  }
   stream_sync(s);
   return sync_result();
 }
@@ -728,5 +741,60 @@ cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b) {
   if (!mark_done(ea->mark) || !mark_done(eb->mark)) return cudaErrorNotReady;
   const double ta = mark_time(ea->mark), tb = mark_time(eb->mark);
   *ms = static_cast<float>(tb - ta);
+  return cudaSuccess;
+}
+
+/* ======================================================================================
+ * Stream capture and graphs: one stream's work recorded (kernels with their arguments,
+ * copies, memsets, cuBLAS calls) and replayed as one queued operation per launch. Work that
+ * cannot be replayed here (NCCL, event waits) or a synchronisation of the capturing stream
+ * invalidates the capture (cudaStreamEndCapture: cudaErrorStreamCaptureInvalidated).
+ * ====================================================================================== */
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, enum cudaStreamCaptureMode) {
+  if (cudaError_t e = check_stream(s, "cudaStreamBeginCapture")) return e;
+  if (!stream_begin_capture(s))
+    return fail(cudaErrorIllegalState, "cudasim: cudaStreamBeginCapture: the legacy stream, or already capturing");
+  return cudaSuccess;
+}
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *graph) {
+  if (cudaError_t e = check_stream(s, "cudaStreamEndCapture")) return e;
+  if (!graph) return fail(cudaErrorInvalidValue, "cudasim: cudaStreamEndCapture(NULL graph)");
+  *graph = nullptr;
+  bool broken = false;
+  std::shared_ptr<std::vector<StreamTask>> tasks = stream_end_capture(s, &broken);
+  if (!tasks) return fail(cudaErrorIllegalState, "cudasim: cudaStreamEndCapture: the stream is not capturing");
+  if (broken)
+    return fail(cudaErrorStreamCaptureInvalidated,
+                "cudasim: cudaStreamEndCapture: the capture was invalidated (a synchronisation, an NCCL "
+                "operation or an event wait on the capturing stream)");
+  *graph = new CUgraph_st{std::move(tasks)};
+  return cudaSuccess;
+}
+cudaError_t cudaStreamIsCapturing(cudaStream_t s, enum cudaStreamCaptureStatus *status) {
+  if (cudaError_t e = check_stream(s, "cudaStreamIsCapturing")) return e;
+  if (!status) return fail(cudaErrorInvalidValue, "cudasim: cudaStreamIsCapturing(NULL)");
+  *status = stream_capturing(s) ? cudaStreamCaptureStatusActive : cudaStreamCaptureStatusNone;
+  return cudaSuccess;
+}
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *exec, cudaGraph_t graph, unsigned long long) {
+  if (!exec || !graph) return fail(cudaErrorInvalidValue, "cudasim: cudaGraphInstantiate: NULL argument");
+  *exec = new CUgraphExec_st{graph->tasks};
+  return cudaSuccess;
+}
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s) {
+  if (cudaError_t e = check_stream(s, "cudaGraphLaunch")) return e;
+  if (!exec) return fail(cudaErrorInvalidValue, "cudasim: cudaGraphLaunch(NULL)");
+  std::shared_ptr<std::vector<StreamTask>> tasks = exec->tasks;
+  stream_submit(s, [tasks] {
+    for (const StreamTask &t : *tasks) t();
+  });
+  return cudaSuccess;
+}
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
+  delete exec; /* a launch already queued keeps the tasks */
+  return cudaSuccess;
+}
+cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+  delete graph;
   return cudaSuccess;
 }

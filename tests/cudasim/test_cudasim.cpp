@@ -604,6 +604,50 @@ TEST(CudasimRuntime, UnorderedStreamsInterleaveAtRandomAndOrderingHolds) {
   CK(cudaFree(d));
 }
 
+/* Stream capture: the recorded work (a device copy, a kernel, a memset) replays on every
+ * cudaGraphLaunch with the device memory of that moment, giving what eager execution gives;
+ * a synchronisation inside the capture invalidates it. */
+TEST(CudasimRuntime, CapturedGraphReplaysLikeEagerExecution) {
+  const int n = 250, blocks = 4, total = n * blocks; /* block b sums x[b*n, (b+1)*n) */
+  DevBuf<float> src(total), x(total), out(blocks), eager(blocks);
+  DevBuf<int> flag(4);
+  cudaStream_t s;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  CK(cudaStreamIsCapturing(s, &st));
+  EXPECT_EQ(st, cudaStreamCaptureStatusActive);
+  CK(cudaMemcpyAsync(x.p, src.p, total * sizeof(float), cudaMemcpyDeviceToDevice, s));
+  CK(tk_block_sum(out.p, x.p, n, blocks, s));
+  CK(cudaMemsetAsync(flag.p, 0x11, 4 * sizeof(int), s));
+  cudaGraph_t graph = nullptr;
+  CK(cudaStreamEndCapture(s, &graph));
+  cudaGraphExec_t exec = nullptr;
+  CK(cudaGraphInstantiate(&exec, graph, 0));
+  for (unsigned round = 0; round < 3; ++round) {
+    const std::vector<float> h = random_floats(total, 40 + round);
+    CK(cudaMemcpyAsync(src.p, h.data(), total * sizeof(float), cudaMemcpyHostToDevice, s));
+    CK(cudaMemsetAsync(out.p, 0xff, blocks * sizeof(float), s));
+    CK(cudaMemsetAsync(flag.p, 0, 4 * sizeof(int), s));
+    CK(cudaGraphLaunch(exec, s));
+    CK(tk_block_sum(eager.p, src.p, n, blocks, s));
+    CK(cudaStreamSynchronize(s));
+    const std::vector<float> got = out.get(), want = eager.get();
+    EXPECT_EQ(0, memcmp(got.data(), want.data(), blocks * sizeof(float))) << "round " << round;
+    EXPECT_EQ(flag.get(), std::vector<int>(4, 0x11111111)) << "round " << round;
+  }
+  CK(cudaGraphExecDestroy(exec));
+  CK(cudaGraphDestroy(graph));
+  /* a synchronisation inside a capture invalidates it */
+  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  CK(tk_block_sum(out.p, x.p, n, blocks, s));
+  EXPECT_EQ(cudaStreamSynchronize(s), cudaErrorStreamCaptureUnsupported);
+  EXPECT_EQ(cudaStreamEndCapture(s, &graph), cudaErrorStreamCaptureInvalidated);
+  EXPECT_EQ(graph, nullptr);
+  cudaGetLastError();
+  CK(cudaStreamDestroy(s));
+}
+
 /* libcudart refuses a kernel launch on a stream of another device than the current one,
  * and an event recorded on a stream of another device than the event's: a backend that
  * forgets cudaSetDevice before touching its device-1 stream must fail here too. */
