@@ -495,9 +495,13 @@ cudaError_t cudaDriverGetVersion(int *v) {
  * Memory
  * ====================================================================================== */
 cudaError_t cudaMalloc(void **p, size_t size) { return alloc(p, size, tls_device); }
-/* As libcudart, freeing synchronises: queued work that uses the memory runs first. */
+/* As libcudart, freeing synchronises the allocation's device: its queued work runs first
+ * (not other devices': a rank thread's free must not wait on a peer's pending receive). */
 cudaError_t cudaFree(void *p) {
-  if (p) device_sync(-1);
+  if (p) {
+    const int d = allocation_device(p, 0);
+    if (d >= 0) device_sync(d);
+  }
   return release(p, false);
 }
 cudaError_t cudaMallocAsync(void **p, size_t size, cudaStream_t s) {
