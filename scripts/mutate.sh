@@ -122,6 +122,7 @@ run_tests() { # $1 = test spec; returns 0 when every test passed
       ;;
     api)
       run python3 "$SRC/tests/api_surface_check.py" clears "$SRC/include/meshkern.h" "$SRC/host" "$SRC/host/cuda" \
+        "$SRC/host/seam" "$SRC/host/sched" \
         >>"$WORK/run.log" 2>&1
       ;;
     *) log "unknown test spec $1"; return 2 ;;
