@@ -28,6 +28,7 @@
 #include "cpu_quant.h"
 #include "gguf.h"
 #include "meshkern.h"
+#include "range.h"
 #include "bench_time.h"
 #include "range.h"
 
@@ -136,6 +137,8 @@ typedef struct e2e_result {
     bool profiled;
     double step_ms;                /* wall ms per profiled decode step */
     double op_ms[MK_OPF_COUNT];    /* ms per decode step in each op family, all ranges */
+    /* per decode token, from the backends' structural counters (mk_backend_counters) */
+    double launches, max_range_syncs, downloaded;
 } e2e_result;
 
 /* PROFILE_STEPS more decode steps with every range's op timing on. */
@@ -160,6 +163,19 @@ static mk_status profile_decode(mk_pipeline *p, int32_t *token, e2e_result *res)
     }
     res->profiled = s == MK_OK;
     return s;
+}
+
+/* Sum (or max over ranges, for the host waits) of the pipeline's backend counters. */
+static void counters_of(mk_pipeline *p, mk_backend_counters *sum, uint64_t *syncs_per_range) {
+    memset(sum, 0, sizeof *sum);
+    for (size_t i = 0; i < mk_pipeline_range_count(p) && i < 64; i++) {
+        const mk_backend_counters *c = mk_range_backend_counters(mk_pipeline_range(p, i));
+        sum->launches += c->launches;
+        sum->host_syncs += c->host_syncs;
+        sum->bytes_downloaded += c->bytes_downloaded;
+        sum->bytes_uploaded += c->bytes_uploaded;
+        syncs_per_range[i] = c->host_syncs;
+    }
 }
 
 static mk_status run(const mk_model *model, const int64_t *cuts, size_t n_cuts, const mk_range_options *opt,
@@ -188,6 +204,9 @@ static mk_status run(const mk_model *model, const int64_t *cuts, size_t n_cuts, 
     const double prefill = now_s() - t0;
     int32_t token = s == MK_OK ? out->token_ids[0] : 0;
     mk_tail_output_free(out);
+    mk_backend_counters c0, c1;
+    uint64_t r0[64] = {0}, r1[64] = {0};
+    counters_of(p, &c0, r0);
     t0 = now_s();
     for (size_t i = 0; s == MK_OK && i < n_decode; i++) {
         out = NULL;
@@ -196,6 +215,13 @@ static mk_status run(const mk_model *model, const int64_t *cuts, size_t n_cuts, 
         mk_tail_output_free(out);
     }
     const double decode = now_s() - t0;
+    counters_of(p, &c1, r1);
+    res->launches = (double)(c1.launches - c0.launches) / (double)n_decode;
+    res->downloaded = (double)(c1.bytes_downloaded - c0.bytes_downloaded) / (double)n_decode;
+    res->max_range_syncs = 0;
+    for (size_t i = 0; i < 64; i++)
+        if ((double)(r1[i] - r0[i]) / (double)n_decode > res->max_range_syncs)
+            res->max_range_syncs = (double)(r1[i] - r0[i]) / (double)n_decode;
     res->last_token = token;
     if (s == MK_OK && profile) s = profile_decode(p, &token, res);
     res->prefill_tps = (double)n_prompt / prefill;
@@ -310,6 +336,7 @@ int main(int argc, char **argv) {
     opt.backend.threads = threads;
     const size_t n_threads = threads ? threads : mk_cpu_core_count();
     opt.max_context = n_prompt + n_decode + 2 + PROFILE_STEPS;
+    opt.token_only = true; /* the tail brings back the sampled token alone, as generation needs */
     int32_t *prompt = malloc(n_prompt * sizeof(int32_t));
     if (!prompt) return 1;
     for (size_t i = 0; i < n_prompt; i++) prompt[i] = (int32_t)((i * 7919 + 13) % hp->vocab);
@@ -367,6 +394,11 @@ int main(int argc, char **argv) {
         if (ceiling > 0) printf(" %11.0f%%", 100.0 * gbps / ceiling);
         printf("\n");
     }
+    for (int k = 0; k < 2; k++) {
+        const e2e_result *res = k ? split : whole;
+        printf("%-6s per decode token: %.2f launches, %.2f host waits (most in one range), %.1f bytes downloaded\n",
+               names[k], res[0].launches, res[0].max_range_syncs, res[0].downloaded);
+    }
     printf("decode t/s per round (whole):");
     for (size_t r = 0; r < runs; r++) printf(" %.2f", whole[r].decode_tps);
     printf("\n");
@@ -405,11 +437,14 @@ int main(int argc, char **argv) {
                 "{\"model\": \"%s\", \"backend\": \"%s\", \"weights\": \"%s\", \"threads\": %zu, \"prompt\": %zu, "
                 "\"decode\": %zu, \"rounds\": %zu,\n \"load_before\": \"%s\", \"load_after\": \"%s\", "
                 "\"read_ceiling_gbps\": %.3f, \"memcpy_gbps\": %.3f,\n"
-                " \"whole\": {\"prefill_tps\": %.3f, \"decode_tps\": %.3f, \"read_bytes_per_token\": %zu},\n"
+                " \"whole\": {\"prefill_tps\": %.3f, \"decode_tps\": %.3f, \"read_bytes_per_token\": %zu, "
+                "\"launches_per_token\": %.2f, \"host_waits_per_token_per_range\": %.2f, "
+                "\"bytes_downloaded_per_token\": %.1f},\n"
                 " \"split\": {\"prefill_tps\": %.3f, \"decode_tps\": %.3f, \"read_bytes_per_token\": %zu, "
                 "\"seam_bytes\": %zu},\n \"llamacpp_decode_tps\": %.3f, \"ratio_vs_llamacpp\": %.3f",
                 path, backend, mk_dtype_name(opt.backend.weight_dtype), n_threads, n_prompt, n_decode, runs,
-                load_before, load_after, ceiling, copy, med[0][0], med[0][1], read_whole, med[1][0], med[1][1],
+                load_before, load_after, ceiling, copy, med[0][0], med[0][1], read_whole, whole[0].launches,
+                whole[0].max_range_syncs, whole[0].downloaded, med[1][0], med[1][1],
                 read_split, split[0].seam_bytes, peer_med, peer_med > 0 ? med[0][1] / peer_med : 0.0);
         if (whole[0].profiled) {
             fprintf(json, ",\n \"decode_step_ms\": %.4f, \"decode_ms_per_op\": {", whole[0].step_ms);

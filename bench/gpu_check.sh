@@ -132,6 +132,38 @@ if [ -n "$CLI_BIN" ]; then
   done
 fi
 
+# ---- 5b. decode figures (issue 15): SmolLM2 in bf16 and native (Q4_1 blocks on the device),
+# token_only decode (one host wait and 4 bytes per token), with weight GB/s per token and the
+# structural counts (launches, host waits per range, bytes downloaded per token); then 1B- and
+# 8B-shaped random llamas (per-layer shapes of Llama 3.2 1B / Llama 3 8B, fewer layers so the
+# host-side random weights stay quick) in bf16. Compare decode GB/s with the device copy
+# bandwidth the harness measures below (ceilings: cuda_d2d).
+E2E_BIN="$BUILD/cmake/bench/e2e_bench"
+if [ -x "$E2E_BIN" ]; then
+  SMOL="$ROOT/models/SmolLM2-135M-Instruct.Q4_1.gguf"
+  if [ -f "$SMOL" ]; then
+    for dt in bf16 native; do
+      log "e2e_bench SmolLM2 on cuda ($dt)"
+      OUT="$RESULTS" timeout 180 "$E2E_BIN" "$SMOL" cuda 128 128 --dtype "$dt" --runs 3 2>&1 |
+        tee "$RESULTS/e2e_smollm2_$dt.log" | grep -E "^(whole|split)|per decode token|same final" ||
+        { log "e2e_bench SmolLM2 $dt FAILED"; status=1; }
+      [ -f "$RESULTS/e2e_bench.json" ] && mv "$RESULTS/e2e_bench.json" "$RESULTS/e2e_smollm2_$dt.json"
+    done
+  else
+    log "no $SMOL: SmolLM2 decode figures skipped (scripts/fetch_model.sh)"
+  fi
+fi
+if [ -n "$CLI_BIN" ]; then
+  for shape in "1b:vocab=128256,hidden=2048,layers=4,heads=32,kv_heads=8,ffn=8192,ctx=512" \
+               "8b:vocab=128256,hidden=4096,layers=4,heads=32,kv_heads=8,ffn=14336,ctx=512"; do
+    name=${shape%%:*}
+    log "decode on cuda, random ${name}-shaped llama (bf16 --speed)"
+    timeout 240 "$CLI_BIN" run "--random:${shape#*:}" --tokens "$(seq -s, 1 32)" --split 1 --n 64 --backend cuda \
+      --dtype bf16 --speed >"$RESULTS/decode_${name}.log" 2>&1 || { log "decode ${name} FAILED"; status=1; }
+    grep -E "whole:|split:|parity" "$RESULTS/decode_${name}.log"
+  done
+fi
+
 # ---- 6. placed pipeline: 1 GPU whole vs 2 ranges on the same GPU (2 streams, 2 threads) ----
 # The issue's GPU comparison: 8 sequences in flight on a random 0.5B llama (F32 weights),
 # the whole model on device 0 against 2 balanced ranges both on device 0, each with its

@@ -51,24 +51,29 @@ std::vector<float> rnd(size_t n, uint64_t seed, float scale = 1.0f) {
     return v;
 }
 
-void *dev_upload(const void *h, size_t bytes) {
+// Uploads, poison and downloads go on the stream the kernels run on: the legacy default
+// stream does not order against a non-blocking stream, so on a GPU a poison memset there
+// could land after the kernel's writes (and cudasim interleaves the two at random).
+void *dev_upload(cudaStream_t s, const void *h, size_t bytes) {
     void *d = nullptr;
     CK(cudaMalloc(&d, bytes));
-    CK(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice));
+    CK(cudaMemcpyAsync(d, h, bytes, cudaMemcpyHostToDevice, s));
+    CK(cudaStreamSynchronize(s)); // h may be a temporary of the caller
     return d;
 }
 
-void *dev_alloc(size_t bytes) {
+void *dev_alloc(cudaStream_t s, size_t bytes) {
     void *d = nullptr;
     CK(cudaMalloc(&d, bytes));
-    CK(cudaMemset(d, 0xFF, bytes)); // poison
+    CK(cudaMemsetAsync(d, 0xFF, bytes, s)); // poison
     return d;
 }
 
 template <class T>
-std::vector<T> dev_download(const void *d, size_t n) {
+std::vector<T> dev_download(cudaStream_t s, const void *d, size_t n) {
     std::vector<T> h(n);
-    CK(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
+    CK(cudaMemcpyAsync(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost, s));
+    CK(cudaStreamSynchronize(s));
     return h;
 }
 
@@ -137,7 +142,7 @@ struct Bench {
 
 void bench_copy(Bench &b) {
     const size_t bytes = (size_t)1 << 30;
-    void *a = dev_alloc(bytes), *c = dev_alloc(bytes);
+    void *a = dev_alloc(b.stream, bytes), *c = dev_alloc(b.stream, bytes);
     const double us = b.time_us(1, [&](int) { CK(cudaMemcpyAsync(c, a, bytes, cudaMemcpyDeviceToDevice, b.stream)); });
     b.copy_gbs = 2.0 * bytes / (us * 1e-6) / 1e9;
     b.add("memcpy_d2d", "1 GiB", us, 2.0 * bytes, 0, true);
@@ -152,10 +157,10 @@ void bench_rmsnorm(Bench &b, size_t rows, size_t cols, bool add) {
     std::vector<float> x = rnd(n, 1), w = rnd(cols, 2), d = rnd(n, 3);
     std::vector<void *> dx, dd;
     for (int s = 0; s < sets; s++) {
-        dx.push_back(dev_upload(x.data(), n * 4));
-        dd.push_back(dev_upload(d.data(), n * 4));
+        dx.push_back(dev_upload(b.stream, x.data(), n * 4));
+        dd.push_back(dev_upload(b.stream, d.data(), n * 4));
     }
-    float *dw = (float *)dev_upload(w.data(), cols * 4), *dout = (float *)dev_alloc(n * 4);
+    float *dw = (float *)dev_upload(b.stream, w.data(), cols * 4), *dout = (float *)dev_alloc(b.stream, n * 4);
     auto run = [&](int s) {
         if (add) MK(mk_kernel_add_rmsnorm((float *)dx[s], dout, (float *)dd[s], dw, rows, cols, 1e-5f, b.stream));
         else MK(mk_kernel_rmsnorm(dout, (float *)dx[s], dw, rows, cols, 1e-5f, b.stream));
@@ -165,7 +170,7 @@ void bench_rmsnorm(Bench &b, size_t rows, size_t cols, bool add) {
     std::vector<float> ref(n);
     if (add) mk_cpu_add_rmsnorm(x.data(), ref.data(), d.data(), w.data(), rows, cols, 1e-5f);
     else mk_cpu_rmsnorm(ref.data(), x.data(), w.data(), rows, cols, 1e-5f);
-    const bool ok = close(add ? "add_rmsnorm" : "rmsnorm", dev_download<float>(dout, n), ref, 1e-6 * maxabs(ref), 1e-5);
+    const bool ok = close(add ? "add_rmsnorm" : "rmsnorm", dev_download<float>(b.stream, dout, n), ref, 1e-6 * maxabs(ref), 1e-5);
     const double us = b.time_us(sets, run);
     b.add(add ? "add_rmsnorm" : "rmsnorm", std::to_string(rows) + "x" + std::to_string(cols), us, bytes, 0, ok);
     for (int s = 0; s < sets; s++) {
@@ -186,14 +191,14 @@ void bench_embed(Bench &b, size_t vocab, size_t hidden, size_t n) {
     std::vector<int32_t> ids(n);
     std::mt19937 g(5);
     for (auto &id : ids) id = (int32_t)(g() % vocab);
-    void *dt = dev_upload(th.data(), th.size() * 2), *di = dev_upload(ids.data(), n * 4);
-    float *dout = (float *)dev_alloc(n * hidden * 4);
+    void *dt = dev_upload(b.stream, th.data(), th.size() * 2), *di = dev_upload(b.stream, ids.data(), n * 4);
+    float *dout = (float *)dev_alloc(b.stream, n * hidden * 4);
     auto run = [&](int) { MK(mk_kernel_embed(dout, dt, MK_DTYPE_BF16, (int32_t *)di, n, hidden, vocab, b.stream)); };
     run(0);
     CK(cudaStreamSynchronize(b.stream));
     std::vector<float> ref(n * hidden);
     mk_cpu_embed(ref.data(), t.data(), ids.data(), n, hidden);
-    const bool ok = close("embed", dev_download<float>(dout, n * hidden), ref, 0, 0);
+    const bool ok = close("embed", dev_download<float>(b.stream, dout, n * hidden), ref, 0, 0);
     const double us = b.time_us(1, run); // the gather itself is random: no rotation needed
     b.add("embed_bf16", std::to_string(n) + "x" + std::to_string(hidden), us, n * hidden * 6.0 + n * 4, 0, ok);
     CK(cudaFree(dt));
@@ -208,8 +213,8 @@ void bench_rope(Bench &b, size_t rows, size_t heads, size_t hd) {
     for (size_t r = 0; r < rows; r++) pos[r] = (int32_t)(1000 + r);
     const int sets = b.sets_for(2.0 * n * 4);
     std::vector<void *> dx;
-    for (int s = 0; s < sets; s++) dx.push_back(dev_upload(x.data(), n * 4));
-    void *dp = dev_upload(pos.data(), rows * 4);
+    for (int s = 0; s < sets; s++) dx.push_back(dev_upload(b.stream, x.data(), n * 4));
+    void *dp = dev_upload(b.stream, pos.data(), rows * 4);
     auto run = [&](int s) {
         MK(mk_kernel_rope((float *)dx[s], (int32_t *)dp, rows, heads, hd, 500000.0f, MK_ROPE_ROTATE_HALF, b.stream));
     };
@@ -217,7 +222,7 @@ void bench_rope(Bench &b, size_t rows, size_t heads, size_t hd) {
     CK(cudaStreamSynchronize(b.stream));
     std::vector<float> ref = x;
     mk_cpu_rope(ref.data(), pos.data(), rows, heads, hd, 500000.0f, MK_ROPE_ROTATE_HALF);
-    const bool ok = close("rope", dev_download<float>(dx[0], n), ref, 1e-6 * maxabs(ref), 1e-5);
+    const bool ok = close("rope", dev_download<float>(b.stream, dx[0], n), ref, 1e-6 * maxabs(ref), 1e-5);
     const double us = b.time_us(sets, run); // in place: later runs rotate further, same traffic
     b.add("rope", std::to_string(rows) + "x" + std::to_string(heads) + "x" + std::to_string(hd), us, 2.0 * n * 4, 0,
           ok);
@@ -246,16 +251,16 @@ void bench_swiglu(Bench &b, size_t n, mk_dtype dt) {
     const int sets = b.sets_for(bytes);
     std::vector<void *> dg, du;
     for (int s = 0; s < sets; s++) {
-        dg.push_back(dev_upload(hg, n * es));
-        du.push_back(dev_upload(hu, n * es));
+        dg.push_back(dev_upload(b.stream, hg, n * es));
+        du.push_back(dev_upload(b.stream, hu, n * es));
     }
-    float *dout = (float *)dev_alloc(n * 4);
+    float *dout = (float *)dev_alloc(b.stream, n * 4);
     auto run = [&](int s) { MK(mk_kernel_swiglu(dout, dg[s], du[s], dt, n, b.stream)); };
     run(0);
     CK(cudaStreamSynchronize(b.stream));
     std::vector<float> ref(n);
     mk_cpu_swiglu(ref.data(), g.data(), u.data(), n);
-    const bool ok = close("swiglu", dev_download<float>(dout, n), ref, 1e-7 * maxabs(ref), 1e-5);
+    const bool ok = close("swiglu", dev_download<float>(b.stream, dout, n), ref, 1e-7 * maxabs(ref), 1e-5);
     const double us = b.time_us(sets, run);
     b.add(dt == MK_DTYPE_F32 ? "swiglu_f32" : "swiglu_bf16", std::to_string(n), us, bytes, 0, ok);
     for (int s = 0; s < sets; s++) {
@@ -271,12 +276,12 @@ void bench_argmax(Bench &b, size_t rows, size_t n) {
     const double bytes = rows * n * 4.0;
     const int sets = b.sets_for(bytes);
     std::vector<void *> dx;
-    for (int s = 0; s < sets; s++) dx.push_back(dev_upload(x.data(), rows * n * 4));
-    int32_t *dout = (int32_t *)dev_alloc(rows * 4);
+    for (int s = 0; s < sets; s++) dx.push_back(dev_upload(b.stream, x.data(), rows * n * 4));
+    int32_t *dout = (int32_t *)dev_alloc(b.stream, rows * 4);
     auto run = [&](int s) { MK(mk_kernel_argmax(dout, (float *)dx[s], rows, n, b.stream)); };
     run(0);
     CK(cudaStreamSynchronize(b.stream));
-    std::vector<int32_t> ref(rows), got = dev_download<int32_t>(dout, rows);
+    std::vector<int32_t> ref(rows), got = dev_download<int32_t>(b.stream, dout, rows);
     mk_cpu_argmax(ref.data(), x.data(), rows, n);
     const bool ok = got == ref;
     if (!ok) fprintf(stderr, "kernel_bench: argmax mismatch\n");
@@ -291,12 +296,12 @@ void bench_convert(Bench &b, size_t n) {
     const double bytes = n * 6.0;
     const int sets = b.sets_for(bytes);
     std::vector<void *> dx;
-    for (int s = 0; s < sets; s++) dx.push_back(dev_upload(x.data(), n * 4));
-    void *dout = dev_alloc(n * 2);
+    for (int s = 0; s < sets; s++) dx.push_back(dev_upload(b.stream, x.data(), n * 4));
+    void *dout = dev_alloc(b.stream, n * 2);
     auto run = [&](int s) { MK(mk_kernel_convert(dout, MK_DTYPE_BF16, dx[s], MK_DTYPE_F32, n, b.stream)); };
     run(0);
     CK(cudaStreamSynchronize(b.stream));
-    std::vector<uint16_t> got = dev_download<uint16_t>(dout, n);
+    std::vector<uint16_t> got = dev_download<uint16_t>(b.stream, dout, n);
     bool ok = true;
     for (size_t i = 0; i < n && ok; i++) ok = got[i] == mk_f32_to_bf16(x[i]);
     if (!ok) fprintf(stderr, "kernel_bench: convert mismatch\n");
@@ -309,14 +314,14 @@ void bench_convert(Bench &b, size_t n) {
 void bench_kv_append(Bench &b, size_t rows, size_t kv_dim) {
     const size_t n = rows * kv_dim, ctx = 2 * rows;
     std::vector<float> k = rnd(n, 11), v = rnd(n, 12);
-    void *dk = dev_upload(k.data(), n * 4), *dv = dev_upload(v.data(), n * 4);
-    float *kc = (float *)dev_alloc(ctx * kv_dim * 4), *vc = (float *)dev_alloc(ctx * kv_dim * 4);
+    void *dk = dev_upload(b.stream, k.data(), n * 4), *dv = dev_upload(b.stream, v.data(), n * 4);
+    float *kc = (float *)dev_alloc(b.stream, ctx * kv_dim * 4), *vc = (float *)dev_alloc(b.stream, ctx * kv_dim * 4);
     auto run = [&](int s) {
         MK(mk_kernel_kv_append(kc, vc, (float *)dk, (float *)dv, (size_t)s % 2 * rows, rows, kv_dim, b.stream));
     };
     run(1);
     CK(cudaStreamSynchronize(b.stream));
-    const bool ok = dev_download<float>(kc + rows * kv_dim, n) == k && dev_download<float>(vc + rows * kv_dim, n) == v;
+    const bool ok = dev_download<float>(b.stream, kc + rows * kv_dim, n) == k && dev_download<float>(b.stream, vc + rows * kv_dim, n) == v;
     const double us = b.time_us(2, run);
     b.add("kv_append", std::to_string(rows) + "x" + std::to_string(kv_dim), us, 4.0 * n * 4, 0, ok);
     CK(cudaFree(dk));
@@ -329,14 +334,14 @@ void bench_kv_append(Bench &b, size_t rows, size_t kv_dim) {
 void bench_prefill(Bench &b, size_t rows, size_t past, size_t nh, size_t nkv, size_t hd) {
     const size_t keys = past + rows, qn = rows * nh * hd, kvn = keys * nkv * hd;
     std::vector<float> q = rnd(qn, 13), k = rnd(kvn, 14), v = rnd(kvn, 15);
-    void *dq = dev_upload(q.data(), qn * 4), *dk = dev_upload(k.data(), kvn * 4), *dv = dev_upload(v.data(), kvn * 4);
-    float *dout = (float *)dev_alloc(qn * 4);
+    void *dq = dev_upload(b.stream, q.data(), qn * 4), *dk = dev_upload(b.stream, k.data(), kvn * 4), *dv = dev_upload(b.stream, v.data(), kvn * 4);
+    float *dout = (float *)dev_alloc(b.stream, qn * 4);
     auto run = [&](int) {
         MK(mk_kernel_attention_prefill(dout, (float *)dq, (float *)dk, (float *)dv, rows, past, nh, nkv, hd, b.stream));
     };
     run(0);
     CK(cudaStreamSynchronize(b.stream));
-    std::vector<float> got = dev_download<float>(dout, qn);
+    std::vector<float> got = dev_download<float>(b.stream, dout, qn);
     bool ok = true;
     for (size_t r : {(size_t)0, rows / 2, rows - 1}) {
         std::vector<float> ref(nh * hd);
@@ -364,13 +369,13 @@ void bench_decode(Bench &b, size_t past, size_t nh, size_t nkv, size_t hd) {
     const int sets = b.sets_for(bytes);
     std::vector<void *> dk, dv;
     for (int s = 0; s < sets; s++) {
-        dk.push_back(dev_upload(k.data(), kvn * 4));
-        dv.push_back(dev_upload(v.data(), kvn * 4));
+        dk.push_back(dev_upload(b.stream, k.data(), kvn * 4));
+        dv.push_back(dev_upload(b.stream, v.data(), kvn * 4));
     }
-    void *dq = dev_upload(q.data(), qn * 4);
+    void *dq = dev_upload(b.stream, q.data(), qn * 4);
     const size_t wsb = mk_kernel_attention_decode_workspace_bytes(keys, nh, hd);
-    void *ws = dev_alloc(wsb);
-    float *dout = (float *)dev_alloc(qn * 4);
+    void *ws = dev_alloc(b.stream, wsb);
+    float *dout = (float *)dev_alloc(b.stream, qn * 4);
     auto run = [&](int s) {
         MK(mk_kernel_attention_decode(dout, (float *)dq, (float *)dk[s], (float *)dv[s], past, nh, nkv, hd, ws, wsb,
                                       b.stream));
@@ -379,7 +384,7 @@ void bench_decode(Bench &b, size_t past, size_t nh, size_t nkv, size_t hd) {
     CK(cudaStreamSynchronize(b.stream));
     std::vector<float> ref(qn);
     mk_cpu_attention(ref.data(), q.data(), k.data(), v.data(), 1, past, nh, nkv, hd);
-    const bool ok = close("attention_decode", dev_download<float>(dout, qn), ref, 1e-5 * maxabs(v), 1e-5);
+    const bool ok = close("attention_decode", dev_download<float>(b.stream, dout, qn), ref, 1e-5 * maxabs(v), 1e-5);
     const double us = b.time_us(sets, run);
     b.add("attention_decode", std::to_string(keys) + " keys h" + std::to_string(nh) + "/" + std::to_string(nkv) + " d" +
                                   std::to_string(hd),

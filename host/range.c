@@ -66,6 +66,7 @@ struct mk_range {
     mk_activations act;
     int32_t *host_positions; /* [max_rows] host staging of the positions of one forward */
     mk_op_profile profile;   /* host time per op family, when switched on (benchmarks) */
+    bool token_only;         /* tail: download the sampled token id alone */
 };
 
 struct mk_sequence {
@@ -94,7 +95,7 @@ static void *mk_carve(mk_carver *c, size_t bytes) {
 mk_range_options mk_range_options_default(void) {
     mk_range_options o = {.struct_size = sizeof o, .architecture = NULL,
                           .backend = mk_backend_config_default(MK_BACKEND_CPU), .max_context = 0,
-                          .max_batch_tokens = 0};
+                          .max_batch_tokens = 0, .token_only = false};
     return o;
 }
 
@@ -294,6 +295,7 @@ mk_status mk_range_create(const mk_model *model, int64_t start, int64_t end, con
     r->role = role;
     r->max_context = max_context;
     r->max_rows = max_rows;
+    r->token_only = opt->token_only;
     r->layers = calloc((size_t)(end - start + 1), sizeof *r->layers);
     r->host_positions = calloc(max_rows, sizeof(int32_t));
     mk_status s = r->layers && r->host_positions ? MK_OK : mk_fail(MK_ERR_OUT_OF_MEMORY, "range: out of memory");
@@ -650,11 +652,13 @@ static mk_status mk_emit_tail(mk_range *r, size_t rows, const mk_sampling_contra
     t->batch = 1;
     t->vocab = hp->vocab;
     t->sampling = *sampling;
-    t->logits = malloc(hp->vocab * sizeof(float));
+    /* The token was sampled on the backend (argmax): token_only brings back its 4 bytes alone. */
+    t->logits = r->token_only ? NULL : malloc(hp->vocab * sizeof(float));
     t->token_ids = malloc(sizeof(int32_t));
-    mk_status s = t->logits && t->token_ids ? MK_OK : mk_fail(MK_ERR_OUT_OF_MEMORY, "tail output: out of memory");
+    mk_status s = (t->logits || r->token_only) && t->token_ids ? MK_OK
+                                                                : mk_fail(MK_ERR_OUT_OF_MEMORY, "tail output: out of memory");
     const double t0 = mk_op_profile_clock(&r->profile);
-    if (s == MK_OK) s = b->ops->download(b, t->logits, a->logits, hp->vocab * sizeof(float));
+    if (s == MK_OK && t->logits) s = b->ops->download(b, t->logits, a->logits, hp->vocab * sizeof(float));
     if (s == MK_OK) s = b->ops->download(b, t->token_ids, a->token, sizeof(int32_t));
     mk_op_profile_add(&r->profile, MK_OPF_SAMPLE, t0);
     if (s != MK_OK) {
@@ -725,7 +729,7 @@ mk_status mk_range_forward_into(mk_range *r, mk_sequence *seq, const int32_t *to
     if (!r || !seq) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_range_forward_into: NULL range or sequence");
     if (seq->range != r) return mk_fail(MK_ERR_INVALID_ARGUMENT, "sequence belongs to another range");
     const bool tail = mk_role_owns_final_head(r->role);
-    if (tail ? !out_logits || !out_token : !out)
+    if (tail ? (!out_logits && !r->token_only) || !out_token : !out)
         return mk_fail(MK_ERR_INVALID_ARGUMENT, "%s range needs %s", mk_role_name(r->role),
                        tail ? "logits and token buffers" : "an output boundary");
     if ((in && in->range != r) || (out && out->range != r))
@@ -739,7 +743,8 @@ mk_status mk_range_forward_into(mk_range *r, mk_sequence *seq, const int32_t *to
     MK_TRY(mk_forward_inputs(r, seq, token_ids, rows));
     if (tail) {
         MK_TRY(mk_tail_compute(r, rows));
-        MK_OP(r, MK_OPF_SAMPLE, b->ops->download(b, out_logits, r->act.logits, r->hp.vocab * sizeof(float)));
+        if (out_logits && !r->token_only)
+            MK_OP(r, MK_OPF_SAMPLE, b->ops->download(b, out_logits, r->act.logits, r->hp.vocab * sizeof(float)));
         MK_OP(r, MK_OPF_SAMPLE, b->ops->download(b, out_token, r->act.token, sizeof(int32_t)));
     } else {
         MK_TRY(b->ops->copy(b, out->payload, r->act.x, rows * r->hp.hidden * sizeof(float)));

@@ -28,7 +28,8 @@ const mk_op_profile *mk_range_op_profile(const mk_range *r);
 /* mk_range_forward_boundary into caller-owned buffers (the scheduler's preallocated
  * activation slots): `in` (a boundary of this range a transport filled) or token ids; a
  * non-tail range writes its raw residual and header into `out` (a boundary of this range);
- * a tail range fills out_logits [vocab] and out_token [1] (greedy). Allocates nothing. */
+ * a tail range fills out_logits [vocab] (a token_only range may pass NULL: then only the token
+ * comes back) and out_token [1] (greedy). Allocates nothing. */
 mk_status mk_range_forward_into(mk_range *range, mk_sequence *seq, const int32_t *token_ids, size_t n_tokens,
                                 const mk_boundary *in, mk_boundary *out, float *out_logits, int32_t *out_token);
 /* Largest forward (rows) the range accepts: its max_batch_tokens. */

@@ -488,6 +488,11 @@ typedef struct mk_range_options {
     mk_backend_config backend;
     size_t max_context;          /* KV positions per sequence; 0 = min(model's, 4096) */
     size_t max_batch_tokens;     /* largest forward (rows); 0 = max_context */
+    /* Tail/full range: a step samples on the backend and brings back only the token id (4
+     * bytes, one host wait per step on the cuda backend); mk_tail_output.logits is then
+     * NULL (and a generation callback gets logits == NULL). false (the default): the
+     * logits [vocab] come back too. */
+    bool token_only;
 } mk_range_options;
 
 MK_API mk_range_options mk_range_options_default(void);
@@ -512,7 +517,7 @@ MK_API size_t mk_sequence_length(const mk_sequence *seq); /* positions cached so
 /* Tail output: last row only. */
 typedef struct mk_tail_output {
     size_t batch, vocab;
-    float *logits;       /* [batch, vocab], owned */
+    float *logits;       /* [batch, vocab], owned; NULL when the range is token_only */
     int32_t *token_ids;  /* [batch], owned: sampled through the contract */
     mk_sampling_contract sampling;
 } mk_tail_output;
@@ -593,7 +598,8 @@ typedef struct mk_generate_stats {
 } mk_generate_stats;
 
 /* Receives each generated token and the logits [vocab] it was sampled from (valid during
- * the call). A status other than MK_OK stops generation and is returned. */
+ * the call; NULL when the pipeline's ranges are token_only). A status other than MK_OK
+ * stops generation and is returned. */
 typedef mk_status (*mk_token_callback)(void *user, int32_t token, const float *logits, size_t vocab);
 
 /* Greedy generation through a pipeline, on whatever backend and split it was built with.

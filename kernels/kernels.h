@@ -122,6 +122,14 @@ mk_status mk_kernel_gemv_q(float *y /* [rows, out_dim] */, const float *x /* [ro
                            const void *w /* [out_dim, in_dim / block_elements * block_bytes] */, uint32_t ggml_type,
                            size_t rows, size_t in_dim, size_t out_dim, cudaStream_t stream);
 
+/* Rows of a weight in a GGUF block format (a type mk_kernel_gemv_q supports) expanded to F32
+ * or BF16: out row i = dequant(w)[ids ? ids[i] : row0 + i], [n_rows, cols]; an id outside
+ * [0, n_src_rows) gives a zero row. The values are those mk_kernel_gemv_q multiplies
+ * (reference: mk_gguf_dequantize). n_rows <= 65535. */
+mk_status mk_kernel_dequant_q(void *out, mk_dtype out_dtype, const void *w, uint32_t ggml_type,
+                              const int32_t *ids /* dev [n_rows] or NULL */, size_t row0, size_t n_rows,
+                              size_t n_src_rows, size_t cols, cudaStream_t stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -29,6 +29,7 @@ export OPENBLAS_NUM_THREADS=1
 #          sched               the placed pipeline on the cpu backend (every seam transport)
 #          stage               the stage-process suite (meshkern stage: parity, faults, refusals)
 #          native:<gtest filter>  the cpu backend's native kernels, pool and attention (test_cpu_native)
+#          backend:<filter>    the cuda backend under cudasim (random stream interleaving)
 MUTATIONS=(
   "argmax.tie-inside-thread~kernels/argmax.cu~s/\(bi < 0 \|\| v > bv\)/(bi < 0 || v >= bv)/~ops:*Argmax*"
   "argmax.nan-may-win~kernels/argmax.cu~s/if \(!isnan\(v\) && \(/if ((/~ops:*Argmax*"
@@ -64,6 +65,14 @@ MUTATIONS=(
   "attention.exp-coefficient~host/cpu_attention_fast.c~s/8\.3334519073e-3f/8.3334519073e-2f/~native:*Attention*"
   "attention.tail-unmasked~host/cpu_attention_fast.c~s/mk_lanes_below\(rest\);/mk_lanes_below(8);/~native:*Attention*"
   "q4_1.high-half-activations~host/cpu_quant_avx2.c~s/_mm_maddubs_epi16\(hi, _mm_loadu_si128\(\(const __m128i \*\)\(y \+ 16\)\)\)/_mm_maddubs_epi16(hi, _mm_loadu_si128((const __m128i *)y))/~native:*SimdDots*"
+  "dequant_q.slice-row~kernels/dequant_q.cu~s/\(int64_t\)\(row0 \+ row\)/(int64_t)row0/~ops:*DequantQ*"
+  "dequant_q.id-bound~kernels/dequant_q.cu~s/\(size_t\)src >= n_src_rows/(size_t)src > n_src_rows/~ops:*DequantQ*"
+  # Stream races: one upload moved to the legacy default stream, which does not order against
+  # the non-blocking stream the kernels run on; cudasim runs unordered streams' work in a
+  # random interleaving, so the kernels read the buffer before (or without) the upload.
+  "race.op-grid-upload-on-legacy~tests/ops/test_ops.cpp~s/cudaMemcpyAsync\(base_, h.data\(\), h.size\(\), cudaMemcpyHostToDevice, stream\)/cudaMemcpyAsync(base_, h.data(), h.size(), cudaMemcpyHostToDevice, 0)/~ops:*RmsNorm*"
+  "race.token-upload-on-legacy~host/cuda/backend_cuda.c~s/cudaMemcpyAsync\(dst, stage, bytes, cudaMemcpyHostToDevice, cb->stream\)/cudaMemcpyAsync(dst, stage, bytes, cudaMemcpyHostToDevice, 0)/~backend:*ParityMode*"
+  "race.peer-copy-unordered~host/cuda/backend_cuda.c~s/MK_CUDA_CHECK\(cudaStreamWaitEvent\(cb->stream, pb->seam_event, 0\)\);//~backend:*HeadOnDeviceZero*"
   "bundle.clear-error-removed~host/bundle.c~s/(mk_status mk_bundle_unpack\([^{]*\{\n)    mk_clear_error\(\);\n/\$1/~api"
 )
 
@@ -103,7 +112,7 @@ trap 'restore; exit 130' INT TERM
 log "== configure and build the simulated suites in $BUILD"
 cmake -S "$SRC" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMESHKERN_CUDA=OFF -DMESHKERN_TESTS=ON \
   >"$WORK/configure.log" 2>&1 || { tail -20 "$WORK/configure.log"; exit 2; }
-TARGETS=(test_ops_sim test_boundary_contract test_bundle_malformed test_parity test_pipeline_sched test_stage meshkern_cli test_cpu_native)
+TARGETS=(test_ops_sim test_boundary_contract test_bundle_malformed test_parity test_pipeline_sched test_stage meshkern_cli test_cpu_native test_cuda_backend_sim)
 run ninja -C "$BUILD" -j "$JOBS" "${TARGETS[@]}" >"$WORK/build.log" 2>&1 || { tail -30 "$WORK/build.log"; exit 2; }
 
 # The unmutated suites must be green first, or no red means anything.
@@ -114,6 +123,11 @@ run_tests() { # $1 = test spec; returns 0 when every test passed
       CUDASIM_ORDER=forward run timeout 900 "$BUILD/tests/ops/test_ops_sim" --gtest_filter="$filter" >>"$WORK/run.log" 2>&1 &&
         CUDASIM_ORDER=random CUDASIM_SEED=7 run timeout 900 "$BUILD/tests/ops/test_ops_sim" --gtest_filter="$filter" \
           >>"$WORK/run.log" 2>&1
+      ;;
+    backend:*)
+      local filter="${1#backend:}"
+      CUDASIM_ORDER=forward run timeout 900 "$BUILD/tests/backend/test_cuda_backend_sim" --gtest_filter="$filter" \
+        >>"$WORK/run.log" 2>&1
       ;;
     host)
       local t
@@ -132,6 +146,7 @@ run_tests() { # $1 = test spec; returns 0 when every test passed
       ;;
     api)
       run python3 "$SRC/tests/api_surface_check.py" clears "$SRC/include/meshkern.h" "$SRC/host" "$SRC/host/cuda" \
+        "$SRC/host/seam" "$SRC/host/sched" "$SRC/host/stage" "$SRC/host/stage/mpi" \
         >>"$WORK/run.log" 2>&1
       ;;
     *) log "unknown test spec $1"; return 2 ;;
@@ -139,7 +154,7 @@ run_tests() { # $1 = test spec; returns 0 when every test passed
 }
 
 : >"$WORK/run.log"
-for spec in "ops:*" host sched stage api "native:*"; do
+for spec in "ops:*" host sched stage api "native:*" "backend:*ParityMode*"; do
   run_tests "$spec" || { log "the unmutated suite ($spec) fails: see $WORK/run.log"; exit 2; }
 done
 

@@ -179,7 +179,11 @@ inline BundlePtr through_wire(const mk_bundle *bundle) {
     return BundlePtr(received);
 }
 
-inline std::vector<float> logits_of(const TailPtr &t) { return std::vector<float>(t->logits, t->logits + t->batch * t->vocab); }
+// The tail output's logits; empty for a token_only range (no logits came back).
+inline std::vector<float> logits_of(const TailPtr &t) {
+    if (!t->logits) return {};
+    return std::vector<float>(t->logits, t->logits + t->batch * t->vocab);
+}
 
 inline bool bit_identical(const std::vector<float> &a, const std::vector<float> &b) {
     return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;

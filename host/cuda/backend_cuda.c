@@ -9,6 +9,11 @@
  * with the activations converted to the same dtype and F32 accumulation (cuBLAS, more than
  * MK_GEMV_MAX_ROWS rows) or with F32 activations in the decode GEMV kernel (up to that).
  *
+ * Native weight mode (MK_DTYPE_NATIVE): a matrix whose GGUF source is Q8_0, Q4_1 or Q4_K
+ * stays in its blocks on the device (decode: mk_kernel_gemv_q dequantizes in registers;
+ * prefill: slices of rows expanded to BF16 in a scratch buffer, then cuBLAS); any other
+ * source is stored as BF16. A host-side table (sorted by device address) says which.
+ *
  * Errors: every runtime and cuBLAS call and every kernel launch is checked. A failed
  * runtime call also leaves the runtime's per-thread "last error" set; it is consumed once
  * the failure is recorded, so the next kernel's launch check does not report it again as
@@ -20,6 +25,7 @@
 
 #include "backend.h"
 #include "cpu_ops.h"
+#include "gguf.h"
 #include "kernels.h"
 #include "mk_check.h"
 
@@ -36,7 +42,22 @@ typedef struct mk_cuda_backend {
     size_t pinned_bytes;
     size_t pinned_used;    /* uploads staged since the host last waited for the stream */
     cudaEvent_t seam_event; /* orders a peer copy against this range's stream */
+    /* native mode: what each stored matrix is (sorted by ptr), and the BF16 expansion scratch */
+    struct mk_cuda_native_weight *natives;
+    size_t n_natives, cap_natives;
+    void *deq_scratch; /* dev BF16 [deq_elems] */
+    size_t deq_elems;
 } mk_cuda_backend;
+
+/* A matrix stored in native mode: its GGUF block type, or 0 for BF16. */
+typedef struct mk_cuda_native_weight {
+    const void *ptr;
+    uint32_t type;
+    size_t rows, cols;
+} mk_cuda_native_weight;
+
+/* Elements of the BF16 scratch a prefill product expands weight rows into (16 MiB). */
+#define MK_CUDA_DEQ_ELEMS ((size_t)8 << 20)
 
 static mk_cuda_backend *cuda_of(mk_backend *b) { return (mk_cuda_backend *)b; }
 
@@ -92,7 +113,8 @@ static void cuda_destroy(mk_backend *b) {
     mk_cuda_backend *cb = cuda_of(b);
     /* Only touch the device if something was created on it: a backend that failed on a
      * missing device index must not leave cudaSetDevice's error behind. */
-    const bool created = cb->stream || cb->cublas || cb->act_lowp || cb->decode_ws || cb->pinned || cb->seam_event;
+    const bool created =
+        cb->stream || cb->cublas || cb->act_lowp || cb->decode_ws || cb->pinned || cb->seam_event || cb->deq_scratch;
     MK_DEVICE_SCOPE(scope);
     if (created && mk_device_scope_enter(&scope, cb->device)) {
         if (cb->stream) cudaStreamSynchronize(cb->stream);
@@ -100,10 +122,12 @@ static void cuda_destroy(mk_backend *b) {
         if (cb->act_lowp) cudaFree(cb->act_lowp);
         if (cb->decode_ws) cudaFree(cb->decode_ws);
         if (cb->pinned) cudaFreeHost(cb->pinned);
+        if (cb->deq_scratch) cudaFree(cb->deq_scratch);
         if (cb->cublas) cublasDestroy(cb->cublas);
         if (cb->stream) cudaStreamDestroy(cb->stream);
     }
     (void)cudaGetLastError(); /* teardown reports nothing: leave no stale error */
+    free(cb->natives);
     free(cb);
 }
 
@@ -264,13 +288,15 @@ static mk_status cuda_reserve(mk_backend *b, size_t max_rows, size_t max_context
     cb->pinned_bytes = max_rows * hp->hidden * sizeof(float);
     if (hp->vocab * sizeof(float) > cb->pinned_bytes) cb->pinned_bytes = hp->vocab * sizeof(float);
     MK_CUDA_CHECK(cudaMallocHost(&cb->pinned, cb->pinned_bytes));
+    if (cb->base.config.weight_dtype == MK_DTYPE_NATIVE) {
+        cb->deq_elems = MK_CUDA_DEQ_ELEMS;
+        MK_TRY(cuda_alloc(b, cb->deq_elems * 2, &cb->deq_scratch));
+    }
     return MK_OK;
 }
 
-static mk_status cuda_upload_weight(mk_backend *b, void *dst, const float *src, size_t n) {
-    mk_cuda_backend *cb = cuda_of(b);
+static mk_status mk_cuda_upload_weight_as(mk_cuda_backend *cb, void *dst, const float *src, size_t n, mk_dtype dtype) {
     MK_ON_DEVICE(cb);
-    const mk_dtype dtype = cb->base.config.weight_dtype;
     if (dtype == MK_DTYPE_F32) {
         MK_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyHostToDevice, cb->stream));
         MK_CUDA_CHECK(mk_cuda_wait(cb));
@@ -287,12 +313,91 @@ static mk_status cuda_upload_weight(mk_backend *b, void *dst, const float *src, 
     return MK_OK;
 }
 
+static mk_status cuda_upload_weight(mk_backend *b, void *dst, const float *src, size_t n) {
+    return mk_cuda_upload_weight_as(cuda_of(b), dst, src, n, b->config.weight_dtype);
+}
+
+/* ============================================================ native mode == */
+
+static bool mk_cuda_keeps(uint32_t type, size_t cols) {
+    size_t be = 0, bb = 0;
+    return mk_kernel_gemv_q_supports(type) && mk_ggml_type_layout(type, &be, &bb) && cols % be == 0;
+}
+
+static size_t cuda_native_weight_bytes(mk_backend *b, uint32_t ggml_type, size_t rows, size_t cols) {
+    (void)b;
+    size_t be = 0, bb = 0;
+    if (mk_cuda_keeps(ggml_type, cols) && mk_ggml_type_layout(ggml_type, &be, &bb)) return rows * (cols / be) * bb;
+    return rows * cols * 2; /* BF16 */
+}
+
+/* The stored matrix at ptr (NULL: not a native matrix). */
+static const mk_cuda_native_weight *mk_cuda_native_of(const mk_cuda_backend *cb, const void *ptr) {
+    size_t lo = 0, hi = cb->n_natives;
+    while (lo < hi) {
+        const size_t mid = (lo + hi) / 2;
+        if ((const char *)cb->natives[mid].ptr < (const char *)ptr) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo < cb->n_natives && cb->natives[lo].ptr == ptr ? &cb->natives[lo] : NULL;
+}
+
+static mk_status mk_cuda_native_remember(mk_cuda_backend *cb, const void *ptr, uint32_t type, size_t rows, size_t cols) {
+    if (cb->n_natives == cb->cap_natives) {
+        const size_t cap = cb->cap_natives ? 2 * cb->cap_natives : 64;
+        mk_cuda_native_weight *n = realloc(cb->natives, cap * sizeof *n);
+        if (!n) return mk_fail(MK_ERR_OUT_OF_MEMORY, "cuda backend: out of memory for the native weight table");
+        cb->natives = n;
+        cb->cap_natives = cap;
+    }
+    size_t i = cb->n_natives;
+    while (i > 0 && (const char *)cb->natives[i - 1].ptr > (const char *)ptr) {
+        cb->natives[i] = cb->natives[i - 1];
+        i--;
+    }
+    cb->natives[i] = (mk_cuda_native_weight){ptr, type, rows, cols};
+    cb->n_natives++;
+    return MK_OK;
+}
+
+static mk_status cuda_upload_native_weight(mk_backend *b, void *dst, uint32_t ggml_type, const void *src,
+                                           size_t src_bytes, size_t rows, size_t cols) {
+    mk_cuda_backend *cb = cuda_of(b);
+    if (mk_cuda_keeps(ggml_type, cols)) {
+        MK_ON_DEVICE(cb);
+        if (src_bytes != cuda_native_weight_bytes(b, ggml_type, rows, cols))
+            return mk_fail(MK_ERR_SHAPE, "native weight [%zu, %zu] of ggml type %u: %zu bytes, want %zu", rows, cols,
+                           ggml_type, src_bytes, cuda_native_weight_bytes(b, ggml_type, rows, cols));
+        MK_CUDA_CHECK(cudaMemcpyAsync(dst, src, src_bytes, cudaMemcpyHostToDevice, cb->stream));
+        MK_CUDA_CHECK(mk_cuda_wait(cb));
+        return mk_cuda_native_remember(cb, dst, ggml_type, rows, cols);
+    }
+    /* Any other source: F32 on the host (dequantized once), then BF16 on the device. */
+    const size_t n = rows * cols;
+    float *f = ggml_type == MK_GGML_TYPE_F32 ? NULL : malloc(n * sizeof(float));
+    if (ggml_type != MK_GGML_TYPE_F32 && !f)
+        return mk_fail(MK_ERR_OUT_OF_MEMORY, "cuda backend: out of memory dequantizing %zu weights", n);
+    mk_status s = f ? mk_gguf_dequantize(ggml_type, src, src_bytes, f, n) : MK_OK;
+    if (s == MK_OK) s = mk_cuda_upload_weight_as(cb, dst, f ? f : (const float *)src, n, MK_DTYPE_BF16);
+    free(f);
+    if (s == MK_OK) s = mk_cuda_native_remember(cb, dst, 0, rows, cols);
+    return s;
+}
+
 /* ================================================================ compute == */
 
 static mk_status cuda_embed(mk_backend *b, float *out, const void *table, const int32_t *ids, size_t n, size_t hidden,
                             size_t vocab) {
     mk_cuda_backend *cb = cuda_of(b);
     MK_ON_DEVICE(cb);
+    if (cb->base.config.weight_dtype == MK_DTYPE_NATIVE) {
+        const mk_cuda_native_weight *nw = mk_cuda_native_of(cb, table);
+        if (!nw) return mk_fail(MK_ERR_INTERNAL, "cuda backend: embedding table %p is not a native weight", table);
+        if (nw->type)
+            return mk_cuda_after_launch(cb, mk_kernel_dequant_q(out, MK_DTYPE_F32, table, nw->type, ids, 0, n, vocab,
+                                                                hidden, cb->stream));
+        return mk_cuda_after_launch(cb, mk_kernel_embed(out, table, MK_DTYPE_BF16, ids, n, hidden, vocab, cb->stream));
+    }
     return mk_cuda_after_launch(cb, mk_kernel_embed(out, table, cb->base.config.weight_dtype, ids, n, hidden, vocab, cb->stream));
 }
 
@@ -315,15 +420,10 @@ static cudaDataType mk_cuda_type(mk_dtype dtype) {
 }
 
 /* y[rows, out] = x[rows, in] @ w[out, in]^T, all row-major. In cuBLAS's column-major view
- * w is an (in x out) matrix A = w^T and x is (in x rows), so y^T = A^T x^T. */
-static mk_status cuda_matmul(mk_backend *b, float *y, const float *x, const void *w, size_t rows, size_t in_dim,
-                             size_t out_dim) {
-    mk_cuda_backend *cb = cuda_of(b);
-    MK_ON_DEVICE(cb);
-    if (rows > INT32_MAX || in_dim > INT32_MAX || out_dim > INT32_MAX)
-        return mk_fail(MK_ERR_SHAPE, "matmul [%zu x %zu] x [%zu x %zu]^T exceeds cuBLAS int dimensions", rows, in_dim,
-                       out_dim, in_dim);
-    const mk_dtype dtype = cb->base.config.weight_dtype;
+ * w is an (in x out) matrix A = w^T and x is (in x rows), so y^T = A^T x^T. w in `dtype`
+ * (F32, F16, BF16). */
+static mk_status mk_cuda_matmul_dense(mk_cuda_backend *cb, float *y, const float *x, const void *w, mk_dtype dtype,
+                                      size_t rows, size_t in_dim, size_t out_dim) {
     /* Decode (a few rows) is bound by reading the weights: the GEMV kernel reads each
      * 16-bit weight once, in its stored dtype, with F32 activations (no conversion launch,
      * no cuBLAS). F32 weights keep cuBLAS in pure F32: the parity mode's one code path. */
@@ -347,13 +447,58 @@ static mk_status cuda_matmul(mk_backend *b, float *y, const float *x, const void
     return mk_cuda_after_launch(cb, MK_OK);
 }
 
+/* A native matrix: decode rows through the block GEMV; prefill expands slices of the weight's
+ * rows to BF16 in the scratch and multiplies each slice on cuBLAS into its columns of y
+ * (stream order keeps a slice's GEMM before the next expansion overwrites the scratch). */
+static mk_status mk_cuda_matmul_native(mk_cuda_backend *cb, float *y, const float *x, const mk_cuda_native_weight *nw,
+                                       size_t rows, size_t in_dim, size_t out_dim) {
+    if (nw->rows != out_dim || nw->cols != in_dim)
+        return mk_fail(MK_ERR_SHAPE, "native matmul: weight [%zu, %zu], asked for [%zu, %zu]", nw->rows, nw->cols,
+                       out_dim, in_dim);
+    if (!nw->type) return mk_cuda_matmul_dense(cb, y, x, nw->ptr, MK_DTYPE_BF16, rows, in_dim, out_dim);
+    if (rows <= MK_GEMV_MAX_ROWS)
+        return mk_cuda_after_launch(cb, mk_kernel_gemv_q(y, x, nw->ptr, nw->type, rows, in_dim, out_dim, cb->stream));
+    if (rows * in_dim > cb->act_lowp_elems || in_dim > cb->deq_elems)
+        return mk_fail(MK_ERR_INTERNAL, "native matmul [%zu x %zu] exceeds the reserved scratch", rows, in_dim);
+    MK_TRY(mk_cuda_after_launch(cb, mk_kernel_convert(cb->act_lowp, MK_DTYPE_BF16, x, MK_DTYPE_F32, rows * in_dim,
+                                                      cb->stream)));
+    size_t slice = cb->deq_elems / in_dim;
+    if (slice > 65535) slice = 65535;
+    const float alpha = 1.0f, beta = 0.0f;
+    for (size_t r0 = 0; r0 < out_dim; r0 += slice) {
+        const size_t n = out_dim - r0 < slice ? out_dim - r0 : slice;
+        MK_TRY(mk_cuda_after_launch(cb, mk_kernel_dequant_q(cb->deq_scratch, MK_DTYPE_BF16, nw->ptr, nw->type, NULL, r0,
+                                                            n, out_dim, in_dim, cb->stream)));
+        MK_CUBLAS_CHECK(cublasGemmEx(cb->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)n, (int)rows, (int)in_dim, &alpha,
+                                     cb->deq_scratch, CUDA_R_16BF, (int)in_dim, cb->act_lowp, CUDA_R_16BF, (int)in_dim,
+                                     &beta, y + r0, CUDA_R_32F, (int)out_dim, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        MK_TRY(mk_cuda_after_launch(cb, MK_OK));
+    }
+    return MK_OK;
+}
+
+static mk_status cuda_matmul(mk_backend *b, float *y, const float *x, const void *w, size_t rows, size_t in_dim,
+                             size_t out_dim) {
+    mk_cuda_backend *cb = cuda_of(b);
+    MK_ON_DEVICE(cb);
+    if (rows > INT32_MAX || in_dim > INT32_MAX || out_dim > INT32_MAX)
+        return mk_fail(MK_ERR_SHAPE, "matmul [%zu x %zu] x [%zu x %zu]^T exceeds cuBLAS int dimensions", rows, in_dim,
+                       out_dim, in_dim);
+    if (cb->base.config.weight_dtype == MK_DTYPE_NATIVE) {
+        const mk_cuda_native_weight *nw = mk_cuda_native_of(cb, w);
+        if (!nw) return mk_fail(MK_ERR_INTERNAL, "cuda backend: matrix %p is not a native weight", w);
+        return mk_cuda_matmul_native(cb, y, x, nw, rows, in_dim, out_dim);
+    }
+    return mk_cuda_matmul_dense(cb, y, x, w, cb->base.config.weight_dtype, rows, in_dim, out_dim);
+}
+
 /* Q, K and V (decode, 16-bit weights): one GEMV launch; otherwise one product each. Either
  * way each product has the bits cuda_matmul gives it. */
 static mk_status cuda_matmul_shared(mk_backend *b, size_t n, float *const *y, const void *const *w,
                                     const size_t *out_dim, const float *x, size_t rows, size_t in_dim) {
     mk_cuda_backend *cb = cuda_of(b);
     const mk_dtype dtype = cb->base.config.weight_dtype;
-    if (dtype != MK_DTYPE_F32 && rows <= MK_GEMV_MAX_ROWS) {
+    if ((dtype == MK_DTYPE_F16 || dtype == MK_DTYPE_BF16) && rows <= MK_GEMV_MAX_ROWS) {
         MK_ON_DEVICE(cb);
         return mk_cuda_after_launch(cb, mk_kernel_gemv_multi(n, y, w, out_dim, dtype, x, rows, in_dim, cb->stream));
     }
@@ -369,7 +514,7 @@ static mk_status cuda_matmul_swiglu(mk_backend *b, float *gate, float *up, const
                                     const void *w_up, size_t rows, size_t in_dim, size_t out_dim) {
     mk_cuda_backend *cb = cuda_of(b);
     const mk_dtype dtype = cb->base.config.weight_dtype;
-    if (dtype != MK_DTYPE_F32 && rows <= MK_GEMV_MAX_ROWS) {
+    if ((dtype == MK_DTYPE_F16 || dtype == MK_DTYPE_BF16) && rows <= MK_GEMV_MAX_ROWS) {
         MK_ON_DEVICE(cb);
         return mk_cuda_after_launch(
             cb, mk_kernel_gemv_swiglu(gate, x, w_gate, w_up, dtype, rows, in_dim, out_dim, cb->stream));
@@ -443,6 +588,8 @@ static const mk_backend_ops mk_cuda_ops = {
     .upload_async = cuda_upload_async,
     .copy_from_peer = cuda_copy_from_peer,
     .native_stream = cuda_native_stream,
+    .native_weight_bytes = cuda_native_weight_bytes,
+    .upload_native_weight = cuda_upload_native_weight,
     .embed = cuda_embed,
     .rmsnorm = cuda_rmsnorm,
     .add_rmsnorm = cuda_add_rmsnorm,
@@ -480,8 +627,8 @@ static mk_status mk_cuda_backend_init(mk_cuda_backend *cb) {
 
 mk_status mk_backend_cuda_create(const mk_backend_config *config, mk_backend **out) {
     if (config->weight_dtype != MK_DTYPE_F32 && config->weight_dtype != MK_DTYPE_F16 &&
-        config->weight_dtype != MK_DTYPE_BF16)
-        return mk_fail(MK_ERR_DTYPE, "cuda backend: weight dtype %s is not one of f32, f16, bf16",
+        config->weight_dtype != MK_DTYPE_BF16 && config->weight_dtype != MK_DTYPE_NATIVE)
+        return mk_fail(MK_ERR_DTYPE, "cuda backend: weight dtype %s is not one of f32, f16, bf16, native",
                        mk_dtype_name(config->weight_dtype));
     mk_cuda_backend *cb = calloc(1, sizeof *cb);
     if (!cb) return mk_fail(MK_ERR_OUT_OF_MEMORY, "cuda backend: out of memory");

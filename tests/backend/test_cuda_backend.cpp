@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "mk_native_gguf.h"
 #include "mk_test_util.h"
 #include "range.h"
 #include "tokenizer.h"
@@ -170,6 +171,8 @@ INSTANTIATE_TEST_SUITE_P(RandomModels, CudaModels, ::testing::Values(size_t{0}, 
 // launch, gate/up/SwiGLU another, RoPE of Q and K with the KV-cache write a third).
 struct TokenCost {
     uint64_t launches, host_syncs, bytes_downloaded, bytes_uploaded;
+    int32_t token;    // the decode step's sampled token
+    bool had_logits;  // the tail output carried logits
 };
 
 TokenCost decode_token_cost(const mk_model *model, const mk_hparams &hp, const mk_range_options &o,
@@ -188,11 +191,14 @@ TokenCost decode_token_cost(const mk_model *model, const mk_hparams &hp, const m
     const mk_backend_counters before = *mk_range_backend_counters(r);
     EXPECT_EQ(mk_range_forward(r, seq, &next, 1, nullptr, nullptr, nullptr, &t), MK_OK) << mk_last_error();
     const mk_backend_counters after = *mk_range_backend_counters(r);
+    const int32_t token = t ? t->token_ids[0] : -1;
+    const bool had_logits = t && t->logits;
     mk_tail_output_free(t);
     mk_sequence_close(seq);
     mk_range_free(r);
     return {after.launches - before.launches, after.host_syncs - before.host_syncs,
-            after.bytes_downloaded - before.bytes_downloaded, after.bytes_uploaded - before.bytes_uploaded};
+            after.bytes_downloaded - before.bytes_downloaded, after.bytes_uploaded - before.bytes_uploaded, token,
+            had_logits};
 }
 
 TEST(CudaBackend, DecodeTokenStructuralCounts) {
@@ -219,6 +225,101 @@ TEST(CudaBackend, DecodeTokenStructuralCounts) {
         EXPECT_LE(cost.host_syncs, 2u);
         EXPECT_EQ(cost.bytes_downloaded, c.hp.vocab * sizeof(float) + sizeof(int32_t)); // logits + token
         EXPECT_EQ(cost.bytes_uploaded, 2 * sizeof(int32_t)); // position + token id
+        EXPECT_TRUE(cost.had_logits);
+
+        // token_only: the tail samples on the device and the host waits once, for 4 bytes.
+        mk_range_options o = cuda_options(d, d != MK_DTYPE_F32);
+        o.token_only = true;
+        const TokenCost lean = decode_token_cost(model.get(), c.hp, o, c.prompt, c.prompt.size());
+        std::printf("[ counts   ] %s decode token (token_only): %llu host syncs, %llu bytes downloaded\n",
+                    mk_dtype_name(d), (unsigned long long)lean.host_syncs, (unsigned long long)lean.bytes_downloaded);
+        EXPECT_EQ(lean.host_syncs, 1u);
+        EXPECT_EQ(lean.bytes_downloaded, sizeof(int32_t));
+        EXPECT_EQ(lean.bytes_uploaded, 2 * sizeof(int32_t));
+        EXPECT_EQ(lean.launches, cost.launches);
+        EXPECT_FALSE(lean.had_logits);
+        EXPECT_EQ(lean.token, cost.token); // the same sample, only less brought back
+    }
+    // A head range's decode token: the residual row comes back in one host wait.
+    mk_range *head = nullptr;
+    const mk_range_options ho = cuda_options(MK_DTYPE_BF16, true);
+    MK_ASSERT_OK(mk_range_create(model.get(), 0, (int64_t)L / 2 - 1, &ho, &head));
+    RangePtr head_owner(head);
+    mk_sequence *seq = nullptr;
+    MK_ASSERT_OK(mk_sequence_open(head, &seq));
+    mk_bundle *bundle = nullptr;
+    MK_ASSERT_OK(mk_range_forward(head, seq, c.prompt.data(), c.prompt.size(), nullptr, nullptr, &bundle, nullptr));
+    mk_bundle_free(bundle);
+    bundle = nullptr;
+    const mk_backend_counters before = *mk_range_backend_counters(head);
+    MK_ASSERT_OK(mk_range_forward(head, seq, &c.prompt[0], 1, nullptr, nullptr, &bundle, nullptr));
+    const mk_backend_counters after = *mk_range_backend_counters(head);
+    mk_bundle_free(bundle);
+    mk_sequence_close(seq);
+    EXPECT_EQ(after.host_syncs - before.host_syncs, 1u);
+    EXPECT_EQ(after.bytes_downloaded - before.bytes_downloaded, c.hp.hidden * sizeof(float));
+}
+
+// token_only ranges: the same greedy tokens, whole and split, with no logits brought back.
+TEST(CudaBackend, TokenOnlyTailGivesTheSameTokensWithoutLogits) {
+    MK_REQUIRE_DEVICE();
+    const ModelCase c = model_cases()[1];
+    ModelPtr model = make_random_model(c.hp);
+    const int64_t L = (int64_t)c.hp.n_layers;
+    mk_range_options o = cuda_options(MK_DTYPE_BF16, true);
+    const Decode full = decode_greedy(model.get(), {}, o, c.prompt, 9);
+    o.token_only = true;
+    for (const std::vector<int64_t> &cuts : {std::vector<int64_t>{}, std::vector<int64_t>{L / 2}}) {
+        const Decode lean = decode_greedy(model.get(), cuts, o, c.prompt, 9);
+        EXPECT_EQ(lean.tokens, full.tokens) << cuts.size() << " cuts";
+        for (const std::vector<float> &l : lean.logits) EXPECT_TRUE(l.empty());
+    }
+}
+
+// Native weight mode on the device: Q8_0 attention, Q4_K or Q4_1 MLP and embedding kept in
+// their blocks (decode: block GEMV; a 12-token prompt: rows expanded to BF16 + cuBLAS; the
+// embedding gathered by the dequantizer), an F16/Q6_K matrix stored as BF16. Whole vs split
+// bit-exact; close to the same file in F32 parity mode (BF16 prefill activations only).
+TEST(CudaBackend, NativeWeightsSplitBitIdenticallyAndStayCloseToF32) {
+    MK_REQUIRE_DEVICE();
+    struct Mix { uint32_t mlp, embd, output; bool tied; };
+    for (const Mix mix : {Mix{MK_GGML_TYPE_Q4_K, MK_GGML_TYPE_Q4_1, MK_GGML_TYPE_F16, false},
+                          Mix{MK_GGML_TYPE_Q4_1, MK_GGML_TYPE_Q6_K, 0, true}}) {
+        SCOPED_TRACE(mix.mlp);
+        mk_native_gguf::TempModel tm([&](const std::string &part) {
+            if (part.rfind("attn", 0) == 0) return (uint32_t)MK_GGML_TYPE_Q8_0;
+            if (part == "token_embd") return mix.embd;
+            if (part == "output") return mix.output;
+            return mix.mlp;
+        }, mix.tied);
+        ASSERT_TRUE(tm.model);
+        mk_range_options o = cuda_options(MK_DTYPE_NATIVE, true);
+        o.max_context = 64;
+        std::vector<int32_t> prompt(12); // more rows than the GEMV takes: the prefill path
+        for (size_t i = 0; i < prompt.size(); i++) prompt[i] = (int32_t)((i * 7 + 3) % 40);
+        const Decode whole = decode_greedy(tm.model.get(), {}, o, prompt, 4);
+        ASSERT_EQ(whole.logits.size(), 4u);
+        for (const std::vector<int64_t> &cuts : std::vector<std::vector<int64_t>>{{0}, {1}}) {
+            const Decode split = decode_greedy(tm.model.get(), cuts, o, prompt, 4);
+            ASSERT_EQ(split.logits.size(), 4u);
+            for (size_t i = 0; i < 4; i++)
+                EXPECT_TRUE(bit_identical(whole.logits[i], split.logits[i])) << "cut " << cuts[0] << " step " << i;
+        }
+        mk_range_options f32 = cuda_options();
+        f32.max_context = 64;
+        const Decode ref = decode_greedy(tm.model.get(), {}, f32, prompt, 4, &whole.tokens);
+        ASSERT_EQ(ref.logits.size(), 4u);
+        for (size_t i = 0; i < 4; i++) {
+            double ref_sq = 0.0, err_sq = 0.0;
+            for (size_t j = 0; j < ref.logits[i].size(); j++) {
+                ref_sq += (double)ref.logits[i][j] * ref.logits[i][j];
+                const double e = (double)ref.logits[i][j] - whole.logits[i][j];
+                err_sq += e * e;
+            }
+            // decode multiplies the stored weights with F32 activations: only the prefill's
+            // BF16 rounding separates the two (a wrong block or row gives ~100%)
+            EXPECT_LE(std::sqrt(err_sq / ref_sq), 0.02) << "step " << i;
+        }
     }
 }
 

@@ -31,6 +31,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -75,8 +76,14 @@ void set_device_count(int n);
  * name, block and thread coordinates and source line. Not cleared by cudaGetLastError. */
 const char *last_diagnostic();
 void clear_diagnostic();
-/* Number of kernel launches run so far (all host threads). */
+/* Number of kernel launches issued so far (all host threads). */
 uint64_t launch_count();
+/* Seed of the random interleaving of work on different streams (CUDASIM_STREAM_SEED; by
+ * default a new one per process), and how many times the scheduler chose between two or
+ * more streams that could run. set_stream_seed restarts the sequence. */
+uint64_t stream_seed();
+uint64_t stream_choices();
+void set_stream_seed(uint64_t seed);
 /* Fault injection for error-path tests: the launch `after` launches from now (0: the next
  * one, on any host thread) fails with `err` without running, reported like any failed
  * launch (cudaGetLastError, the next synchronisation, last_diagnostic()). */
@@ -89,8 +96,8 @@ namespace detail {
 /* Type-erased kernel invocation: run(args) calls the kernel with its stored arguments. */
 struct Thunk {
   void (*run)(const void *pack);
-  const void *pack;
-  const void *func; /* the kernel's address (cudaFuncSetAttribute key) */
+  std::shared_ptr<const void> pack; /* the arguments, kept until the queued launch has run */
+  const void *func;                 /* the kernel's address (cudaFuncSetAttribute key) */
   const char *name;
 };
 
@@ -106,12 +113,13 @@ cudaError_t launch_kernel(const char *name, const char *file, int line, void (*k
     void (*k)(P...);
     std::tuple<std::decay_t<P>...> args;
   };
-  Pack pack{kernel, std::tuple<std::decay_t<P>...>(std::forward<A>(args)...)};
+  auto pack = std::make_shared<const Pack>(
+      Pack{kernel, std::tuple<std::decay_t<P>...>(std::forward<A>(args)...)});
   Thunk t{[](const void *p) {
             const Pack *pk = static_cast<const Pack *>(p);
             std::apply(pk->k, pk->args);
           },
-          &pack, reinterpret_cast<const void *>(kernel), name};
+          std::move(pack), reinterpret_cast<const void *>(kernel), name};
   return launch(t, grid, block, shmem, stream, file, line);
 }
 

@@ -2,7 +2,8 @@
  *
  * Link-time stand-ins: the same C functions libcublas exports, declared by the real
  * cublas_api.h, so host code compiled against <cublas_v2.h> links against these instead.
- * Streams are synchronous in cudasim, so a GEMM completes before it returns.
+ * A GEMM is checked when called and queued on the handle's stream like a kernel (it runs
+ * when the simulated device gets to it; cudasim_async.cpp).
  *
  * GEMMs are plain loops: every element of C is one dot product accumulated in float as
  * eight interleaved partial sums over k combined by a fixed tree (deterministic, and
@@ -127,12 +128,15 @@ cublasStatus_t check_operand(const char *fn, const char *name, const void *p, si
   return fail(CUBLAS_STATUS_EXECUTION_FAILED, fn, buf);
 }
 
+void run_gemm(bool ta, bool tb, int m, int n, int k, float al, const void *A, cudaDataType Atype, int a_rows,
+              int a_cols, int lda, const void *B, cudaDataType Btype, int b_rows, int b_cols, int ldb, float be,
+              float *c, int ldc, bool tf32);
+
 cublasStatus_t gemm(const char *fn, cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m,
                     int n, int k, const float *alpha, const void *A, cudaDataType Atype, int lda, const void *B,
                     cudaDataType Btype, int ldb, const float *beta, void *C, cudaDataType Ctype, int ldc,
                     cublasComputeType_t compute) {
   if (!handle_live(handle)) return fail(CUBLAS_STATUS_NOT_INITIALIZED, fn, "handle is not a live cublasCreate handle");
-  cudasim::stream_drain(handle->stream); /* stream order with queued tasks (NCCL) */
   const bool ta = transa != CUBLAS_OP_N, tb = transb != CUBLAS_OP_N;
   if ((transa != CUBLAS_OP_N && transa != CUBLAS_OP_T && transa != CUBLAS_OP_C) ||
       (transb != CUBLAS_OP_N && transb != CUBLAS_OP_T && transb != CUBLAS_OP_C))
@@ -175,15 +179,26 @@ cublasStatus_t gemm(const char *fn, cublasHandle_t handle, cublasOperation_t tra
   }
   if (cublasStatus_t st = check_operand(fn, "C", C, span_bytes(m, n, ldc, 4), device)) return st;
 
-  float *c = static_cast<float *>(C);
+  /* alpha and beta are host values, read now as cuBLAS does in host pointer mode. */
   const float al = *alpha, be = *beta;
+  cudasim::stream_submit(handle->stream, [=] {
+    run_gemm(ta, tb, m, n, k, al, A, Atype, a_rows, a_cols, lda, B, Btype, b_rows, b_cols, ldb, be,
+             static_cast<float *>(C), ldc, tf32);
+  });
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+void run_gemm(bool ta, bool tb, int m, int n, int k, float al, const void *A, cudaDataType Atype, int a_rows,
+              int a_cols, int lda, const void *B, cudaDataType Btype, int b_rows, int b_cols, int ldb, float be,
+              float *c, int ldc, bool tf32) {
+  const bool reads_ab = k > 0 && al != 0.0f;
   if (!reads_ab) {
     for (int j = 0; j < n; ++j)
       for (int i = 0; i < m; ++i) {
         float &out = c[static_cast<size_t>(j) * ldc + i];
         out = be == 0.0f ? 0.0f : be * out;
       }
-    return CUBLAS_STATUS_SUCCESS;
+    return;
   }
   /* op(A) as At[i][p] rows of length k, op(B) as Bt[j][p]: contiguous dot products. */
   const std::vector<float> a = load_matrix(A, Atype, a_rows, a_cols, lda, tf32);
@@ -212,7 +227,6 @@ cublasStatus_t gemm(const char *fn, cublasHandle_t handle, cublasOperation_t tra
       out = be == 0.0f ? al * acc : al * acc + be * out; /* beta == 0: C is not read (may be NaN) */
     }
   }
-  return CUBLAS_STATUS_SUCCESS;
 }
 
 }  // namespace

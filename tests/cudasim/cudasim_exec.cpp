@@ -572,7 +572,7 @@ void schedule_next(Worker &w, Fiber &self) {
 extern "C" void cudasim_fiber_main(cudasim::Fiber *f) {
   using namespace cudasim;
   Worker &w = tls_worker;
-  w.launch->thunk.run(w.launch->thunk.pack);
+  w.launch->thunk.run(w.launch->thunk.pack.get());
   f->st = St::Exited;
   schedule_next(w, *f);
   __builtin_trap(); /* an exited fiber is never resumed */
@@ -971,35 +971,48 @@ cudaError_t launch(const Thunk &t, dim3 grid, dim3 block, size_t shmem, cudaStre
             "is %d",
             t.name, file, line, sd, cur));
   }
-  /* Stream order: queued tasks on the stream (an NCCL receive) finish before the kernel. */
-  stream_drain(stream);
-  Launch L;
-  L.thunk = t;
-  L.grid = grid;
-  L.block = block;
-  L.shmem = shmem;
-  L.nblocks = nblocks;
-  L.nthreads = static_cast<unsigned>(nthreads);
-  L.order = cfg.order.load();
-  L.seed = cfg.seed.load();
-  L.serial = serial;
-  /* Save the caller's built-ins (a launch from a host thread leaves them as they were). */
-  const uint3 saved[4] = {cudasim_tls_threadIdx, cudasim_tls_blockIdx, cudasim_tls_blockDim,
-                          cudasim_tls_gridDim};
-  unsigned char *saved_dyn = tls_dynamic_shared;
-  unsigned workers = cfg.workers.load();
-  if (workers < 1) workers = 1;
-  Pool::get().run(L, workers);
-  cudasim_tls_threadIdx = saved[0];
-  cudasim_tls_blockIdx = saved[1];
-  cudasim_tls_blockDim = saved[2];
-  cudasim_tls_gridDim = saved[3];
-  tls_dynamic_shared = saved_dyn;
-  if (L.err_block != UINT64_MAX) {
-    return report_launch_error(cudaErrorLaunchFailure,
-                               fmt("cudasim: kernel %s (launched at %s:%d): %s", t.name, file,
-                                   line, L.err_msg.c_str()));
-  }
+  /* Queued on the stream: it runs when the simulated device gets to it (stream order, and
+   * at a random point relative to other streams' work). Its errors reach the issuing host
+   * thread at its next synchronisation. */
+  /* The launch's parameters are kept, and each run builds its own Launch: a captured graph
+   * replays the same launch many times. */
+  struct Params {
+    detail::Thunk thunk;
+    dim3 grid, block;
+    size_t shmem;
+    uint64_t nblocks;
+    unsigned nthreads;
+    Order order;
+    uint64_t seed, serial;
+  };
+  auto P = std::make_shared<const Params>(Params{t, grid, block, shmem, nblocks, static_cast<unsigned>(nthreads),
+                                                 cfg.order.load(), cfg.seed.load(), serial});
+  std::string where = fmt("cudasim: kernel %s (launched at %s:%d): ", t.name, file, line);
+  stream_submit(stream, [P, where = std::move(where)] {
+    Launch L;
+    L.thunk = P->thunk;
+    L.grid = P->grid;
+    L.block = P->block;
+    L.shmem = P->shmem;
+    L.nblocks = P->nblocks;
+    L.nthreads = P->nthreads;
+    L.order = P->order;
+    L.seed = P->seed;
+    L.serial = P->serial;
+    /* Save the running thread's built-ins (a launch from a host thread leaves them as they were). */
+    const uint3 saved[4] = {cudasim_tls_threadIdx, cudasim_tls_blockIdx, cudasim_tls_blockDim,
+                            cudasim_tls_gridDim};
+    unsigned char *saved_dyn = tls_dynamic_shared;
+    unsigned workers = sim_config().workers.load();
+    if (workers < 1) workers = 1;
+    Pool::get().run(L, workers);
+    cudasim_tls_threadIdx = saved[0];
+    cudasim_tls_blockIdx = saved[1];
+    cudasim_tls_blockDim = saved[2];
+    cudasim_tls_gridDim = saved[3];
+    tls_dynamic_shared = saved_dyn;
+    if (L.err_block != UINT64_MAX) report_launch_error(cudaErrorLaunchFailure, where + L.err_msg);
+  });
   return cudaSuccess;
 }
 

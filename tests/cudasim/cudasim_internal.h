@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace cudasim {
 
@@ -37,34 +38,45 @@ int current_device();
  * memory, -2 when no single allocation holds it (used by the cuBLAS stand-ins). */
 int allocation_device(const void *p, size_t n);
 
-/* ---- asynchronous stream work (cudasim_async.cpp) -------------------------------------
- * Kernels, copies and cuBLAS run synchronously in the calling thread. Work that must wait
- * for another party (an NCCL send or receive, a wait on an event that is not complete yet)
- * is a task queued on its stream and run, in order, by that stream's worker thread. Any
- * synchronous work issued to a stream afterwards first waits for those tasks
- * (stream_drain), so stream order holds: a kernel after a receive reads the received data. */
+/* ---- stream work (cudasim_async.cpp) ---------------------------------------------------
+ * Every piece of stream work is an operation queued on its stream and run later, in stream
+ * order, interleaved at random (seeded) with the other streams' work unless events, the
+ * legacy default stream or a synchronisation order them. See cudasim_async.cpp. */
 using StreamTask = std::function<void()>;
-/* Queue task on s (a created stream, or the current device's default stream for 0). */
-void stream_enqueue(cudaStream_t s, StreamTask task);
-/* Block until every task queued on s so far has run (no-op for a stream without tasks). */
-void stream_drain(cudaStream_t s);
-/* Drain every stream of a device (cudaDeviceSynchronize). */
-void device_drain(int device);
-/* True while s has queued or running tasks (cudaStreamQuery). */
-bool stream_busy(cudaStream_t s);
-/* The stream is being destroyed: its worker finishes the queued tasks and exits. */
+/* Completion of one queued operation (an event record, or any op). */
+struct EventMark;
+/* Queue task on s (a created stream, or the current device's legacy stream for 0). async:
+ * the task may block on another party (NCCL) and runs on the stream's worker thread.
+ * wait_for: a mark the task must wait for (cudaStreamWaitEvent). Returns the op's mark. */
+std::shared_ptr<EventMark> stream_submit(cudaStream_t s, StreamTask task, bool async = false,
+                                         const std::shared_ptr<EventMark> &wait_for = nullptr);
+/* Run work until everything queued on s so far has run. */
+void stream_sync(cudaStream_t s);
+/* ... on every stream of a device (-1: of every device). */
+void device_sync(int device);
+/* Run what can run without waiting; true when everything queued on s so far has run. */
+bool stream_query(cudaStream_t s);
+/* The stream is being destroyed: its queued work still runs, then the queue goes. */
 void stream_forget(cudaStream_t s);
-
-/* Completion flag of an event recorded behind queued tasks. */
-struct EventMark {
-  bool done = false; /* guarded by the async lock */
-  double t_ms = 0;
-};
-/* Record an event on s: nullptr if s has no pending tasks (the event is complete now),
- * else a mark that completes when the tasks queued before it have run. */
+/* A mark behind the work queued on s so far (cudaEventRecord). */
 std::shared_ptr<EventMark> stream_mark(cudaStream_t s);
-bool mark_done(const std::shared_ptr<EventMark> &m);
-void mark_wait(const std::shared_ptr<EventMark> &m);
+bool mark_query(const std::shared_ptr<EventMark> &m); /* runs what can run, then done? */
+void mark_wait(const std::shared_ptr<EventMark> &m);  /* runs work until the mark is done */
+bool mark_done(const std::shared_ptr<EventMark> &m);  /* done now? (runs nothing) */
+double mark_time(const std::shared_ptr<EventMark> &m);
+/* While running an op: hand an error to the host thread that issued it (true), else false. */
+bool route_exec_error(cudaError_t err, const std::string &msg);
+/* This host thread's pending error from the work it issued, if any (then cleared). */
+bool take_exec_error(cudaError_t *err, std::string *msg);
+/* Stream creation flags (cudaStreamNonBlocking), 0 for the default streams. */
+unsigned stream_flags(cudaStream_t s);
+/* Stream capture: while capturing, work submitted to s is recorded (in order) instead of
+ * queued; stream_end_capture hands the recorded tasks over (nullptr: s was not capturing;
+ * *broken: something that cannot be replayed was issued, or a synchronisation was tried). */
+bool stream_begin_capture(cudaStream_t s);
+std::shared_ptr<std::vector<StreamTask>> stream_end_capture(cudaStream_t s, bool *broken);
+bool stream_capturing(cudaStream_t s);
+void stream_break_capture(cudaStream_t s);
 /* Milliseconds of the steady clock (event times). */
 double now_ms();
 

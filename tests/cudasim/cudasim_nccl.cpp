@@ -664,7 +664,7 @@ void submit(std::vector<Op> ops) {
     int cur = 0;
     cudaGetDevice(&cur);
     if (dev != cur) cudaSetDevice(dev);
-    cudasim::stream_enqueue(s, [mine = std::move(mine)] { run_ops(mine); });
+    cudasim::stream_submit(s, [mine = std::move(mine)] { run_ops(mine); }, true);
     if (dev != cur) cudaSetDevice(cur);
   }
 }

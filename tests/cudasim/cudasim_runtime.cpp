@@ -1,8 +1,9 @@
 /* cudasim_runtime.cpp - the CUDA runtime subset over host memory, with N simulated devices.
  *
  * These are link-time stand-ins: the same C functions libcudart exports, declared by the
- * real cuda_runtime_api.h. Streams execute synchronously (every call completes before it
- * returns), so events record host time and synchronisation only reports pending errors.
+ * real cuda_runtime_api.h. Stream work is queued and run later (cudasim_async.cpp): in
+ * stream order, at random points relative to other streams unless ordered, and the calls
+ * that wait for it (synchronisations, copies into pageable host memory) run it.
  * Device pointers are host pointers; copies check that the device side of a copy lies
  * inside a cudaMalloc'd (or pinned) allocation, so a bad size or swapped argument fails.
  */
@@ -29,9 +30,16 @@ struct CUevent_st {
   int device;
   unsigned flags;
   bool recorded;
-  double t_ms;
-  /* Set when recorded behind queued stream tasks (NCCL): complete once they have run. */
+  /* The queued record: complete (with its time) once the work before it has run. */
   std::shared_ptr<cudasim::EventMark> mark;
+};
+
+/* A captured graph: the work recorded on one stream, in order; its executable form shares it. */
+struct CUgraph_st {
+  std::shared_ptr<std::vector<cudasim::StreamTask>> tasks;
+};
+struct CUgraphExec_st {
+  std::shared_ptr<std::vector<cudasim::StreamTask>> tasks;
 };
 
 namespace cudasim {
@@ -175,11 +183,19 @@ const char *kind_name(cudaMemcpyKind k) {
   return "?";
 }
 
-/* Checks a copy's arguments; copies now, or when `later` is a stream with queued tasks (an
- * NCCL receive), queues the copy behind them and returns (the host thread goes on, as with
- * a GPU), except into pageable host memory, which libcudart also completes before returning. */
+/* How a copy waits. */
+enum class CopyMode {
+  Async, /* cudaMemcpyAsync: queued on the stream */
+  Sync,  /* cudaMemcpy: on the legacy stream, the host waits except for what libcudart lets go */
+};
+
+/* Checks a copy's arguments and queues it on stream s. As libcudart: a pageable host source
+ * is taken at the call (staged), so the caller may reuse it at once; the host waits for a
+ * copy into pageable host memory, and (Sync) for one from pinned memory or host to host;
+ * a copy into device memory from a staged source, or between devices, goes on without the
+ * host. Pinned host memory is read or written when the copy runs. */
 cudaError_t copy(void *dst, const void *src, size_t n, cudaMemcpyKind kind, const char *fn,
-                 const cudaStream_t *later = nullptr) {
+                 cudaStream_t s, CopyMode mode) {
   if (n == 0) return cudaSuccess;
   if (!dst || !src) return fail(cudaErrorInvalidValue, fmt("cudasim: %s with a null pointer", fn));
   const bool dst_dev = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
@@ -194,13 +210,19 @@ cudaError_t copy(void *dst, const void *src, size_t n, cudaMemcpyKind kind, cons
     return fail(cudaErrorInvalidValue,
                 fmt("cudasim: %s(%s): source [%p, +%zu) is not inside one device allocation", fn,
                     kind_name(kind), src, n));
-  if (later && !(kind == cudaMemcpyDeviceToHost && allocation_device(dst, n) == -2) &&
-      stream_busy(*later)) {
-    stream_enqueue(*later, [dst, src, n] { memmove(dst, src, n); });
-    return cudaSuccess;
+  const int dst_where = allocation_device(dst, n), src_where = allocation_device(src, n);
+  const bool dst_pageable = dst_where == -2, src_pageable = src_where == -2;
+  bool wait = dst_pageable;
+  if (mode == CopyMode::Sync && (src_where == -1 || (dst_where < 0 && src_where < 0))) wait = true;
+  std::shared_ptr<EventMark> m;
+  if (src_pageable && !wait) {
+    auto staged = std::make_shared<std::vector<unsigned char>>(
+        static_cast<const unsigned char *>(src), static_cast<const unsigned char *>(src) + n);
+    m = stream_submit(s, [dst, staged, n] { memcpy(dst, staged->data(), n); });
+  } else {
+    m = stream_submit(s, [dst, src, n] { memmove(dst, src, n); });
   }
-  if (later) stream_drain(*later);
-  memmove(dst, src, n);
+  if (wait) mark_wait(m);
   return cudaSuccess;
 }
 
@@ -211,14 +233,19 @@ cudaError_t check_stream(cudaStream_t s, const char *fn) {
   return fail(cudaErrorInvalidResourceHandle, fmt("cudasim: %s: invalid stream %p", fn, (void *)s));
 }
 
-/* A valid stream whose queued tasks (NCCL) have all run: synchronous work may start. */
-cudaError_t ready_stream(cudaStream_t s, const char *fn) {
-  if (cudaError_t e = check_stream(s, fn)) return e;
-  stream_drain(s);
-  return cudaSuccess;
+/* Errors of queued work this thread issued that ran since: they become its pending error. */
+void absorb_exec_errors() {
+  cudaError_t e;
+  std::string msg;
+  if (!take_exec_error(&e, &msg)) return;
+  tls_last = e;
+  tls_pending = e;
+  tls_diag = std::move(msg);
+  tls_diag_code = e;
 }
 
 cudaError_t sync_result() {
+  absorb_exec_errors();
   cudaError_t e = tls_pending;
   tls_pending = cudaSuccess;
   if (e != cudaSuccess) tls_last = e;
@@ -233,12 +260,19 @@ SimConfig &sim_config() {
 }
 
 cudaError_t report_launch_error(cudaError_t err, const std::string &msg) {
+  if (sim_config().verbose) fprintf(stderr, "%s\n", msg.c_str());
+  if (route_exec_error(err, msg)) return err; /* found while running queued work */
   tls_last = err;
   tls_pending = err;
   tls_diag = msg;
   tls_diag_code = err;
-  if (sim_config().verbose) fprintf(stderr, "%s\n", msg.c_str());
   return err;
+}
+
+unsigned stream_flags(cudaStream_t s) {
+  if (s == nullptr || s == cudaStreamLegacy || s == cudaStreamPerThread) return 0;
+  std::lock_guard<std::mutex> g(g_mu);
+  return g_streams.count(s) ? s->flags : 0;
 }
 
 size_t max_dynamic_shared(const void *func) {
@@ -281,7 +315,10 @@ uint64_t seed() { return sim_config().seed; }
 void set_workers(unsigned n) { sim_config().workers = n ? n : 1; }
 void set_device_memory(size_t bytes) { sim_config().mem_bytes = bytes; }
 void set_device_count(int n) { sim_config().devices = std::min(kMaxDevices, std::max(1, n)); }
-const char *last_diagnostic() { return tls_diag.c_str(); }
+const char *last_diagnostic() {
+  absorb_exec_errors();
+  return tls_diag.c_str();
+}
 void clear_diagnostic() {
   tls_diag.clear();
   tls_diag_code = cudaSuccess;
@@ -291,18 +328,23 @@ void clear_diagnostic() {
 
 using namespace cudasim;
 
-extern "C" const char *cudasim_last_diagnostic(void) { return tls_diag.c_str(); }
+extern "C" const char *cudasim_last_diagnostic(void) { return last_diagnostic(); }
 
 /* ======================================================================================
  * Errors
  * ====================================================================================== */
+/* An error of queued work that already ran counts, as a GPU's asynchronous errors do. */
 cudaError_t cudaGetLastError(void) {
+  absorb_exec_errors();
   cudaError_t e = tls_last;
   tls_last = cudaSuccess;
   tls_pending = cudaSuccess;
   return e;
 }
-cudaError_t cudaPeekAtLastError(void) { return tls_last; }
+cudaError_t cudaPeekAtLastError(void) {
+  absorb_exec_errors();
+  return tls_last;
+}
 
 const char *cudaGetErrorName(cudaError_t e) {
   switch (e) {
@@ -314,6 +356,7 @@ const char *cudaGetErrorName(cudaError_t e) {
     N(cudaErrorInvalidResourceHandle) N(cudaErrorNotReady) N(cudaErrorLaunchFailure)
     N(cudaErrorNoDevice) N(cudaErrorNotSupported) N(cudaErrorIllegalAddress)
     N(cudaErrorPeerAccessAlreadyEnabled) N(cudaErrorInvalidDevicePointer)
+    N(cudaErrorStreamCaptureUnsupported) N(cudaErrorStreamCaptureInvalidated) N(cudaErrorIllegalState)
 #undef N
     default: return "cudaErrorUnknown";
   }
@@ -321,6 +364,7 @@ const char *cudaGetErrorName(cudaError_t e) {
 
 const char *cudaGetErrorString(cudaError_t e) {
   /* The most recent failure on this thread carries the simulator's full diagnostic. */
+  absorb_exec_errors();
   if (e != cudaSuccess && e == tls_diag_code && !tls_diag.empty()) return tls_diag.c_str();
   switch (e) {
     case cudaSuccess: return "no error";
@@ -412,7 +456,7 @@ cudaError_t cudaDeviceGetAttribute(int *v, cudaDeviceAttr a, int device) {
   return cudaSuccess;
 }
 cudaError_t cudaDeviceSynchronize(void) {
-  device_drain(tls_device);
+  device_sync(tls_device);
   return sync_result();
 }
 cudaError_t cudaDeviceReset(void) { return cudaSuccess; }
@@ -451,18 +495,33 @@ cudaError_t cudaDriverGetVersion(int *v) {
  * Memory
  * ====================================================================================== */
 cudaError_t cudaMalloc(void **p, size_t size) { return alloc(p, size, tls_device); }
-cudaError_t cudaFree(void *p) { return release(p, false); }
+/* As libcudart, freeing synchronises the allocation's device: its queued work runs first
+ * (not other devices': a rank thread's free must not wait on a peer's pending receive). */
+cudaError_t cudaFree(void *p) {
+  if (p) {
+    const int d = allocation_device(p, 0);
+    if (d >= 0) device_sync(d);
+  }
+  return release(p, false);
+}
 cudaError_t cudaMallocAsync(void **p, size_t size, cudaStream_t s) {
-  if (cudaError_t e = ready_stream(s, "cudaMallocAsync")) return e;
+  if (cudaError_t e = check_stream(s, "cudaMallocAsync")) return e;
   return alloc(p, size, tls_device);
 }
 cudaError_t cudaFreeAsync(void *p, cudaStream_t s) {
-  if (cudaError_t e = ready_stream(s, "cudaFreeAsync")) return e;
-  return release(p, false);
+  if (cudaError_t e = check_stream(s, "cudaFreeAsync")) return e;
+  if (!p) return cudaSuccess;
+  if (allocation_device(p, 0) < 0)
+    return fail(cudaErrorInvalidValue, fmt("cudasim: cudaFreeAsync(%p): not a pointer returned by cudaMalloc", p));
+  stream_submit(s, [p] { release(p, false); });
+  return cudaSuccess;
 }
 cudaError_t cudaMallocHost(void **p, size_t size) { return alloc(p, size, -1); }
 cudaError_t cudaHostAlloc(void **p, size_t size, unsigned int) { return alloc(p, size, -1); }
-cudaError_t cudaFreeHost(void *p) { return release(p, true); }
+cudaError_t cudaFreeHost(void *p) {
+  if (p) device_sync(-1);
+  return release(p, true);
+}
 cudaError_t cudaHostRegister(void *, size_t, unsigned int) { return cudaSuccess; }
 cudaError_t cudaHostUnregister(void *) { return cudaSuccess; }
 
@@ -476,22 +535,20 @@ cudaError_t cudaMemGetInfo(size_t *free_b, size_t *total) {
 }
 
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind kind) {
-  stream_drain(nullptr);
-  if (cudaError_t e = copy(dst, src, n, kind, "cudaMemcpy")) return e;
+  if (cudaError_t e = copy(dst, src, n, kind, "cudaMemcpy", nullptr, CopyMode::Sync)) return e;
   return sync_result();
 }
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind kind,
                             cudaStream_t s) {
   if (cudaError_t e = check_stream(s, "cudaMemcpyAsync")) return e;
-  return copy(dst, src, n, kind, "cudaMemcpyAsync", &s);
+  return copy(dst, src, n, kind, "cudaMemcpyAsync", s, CopyMode::Async);
 }
 cudaError_t cudaMemcpyPeer(void *dst, int, const void *src, int, size_t n) {
-  stream_drain(nullptr);
-  return copy(dst, src, n, cudaMemcpyDeviceToDevice, "cudaMemcpyPeer");
+  return copy(dst, src, n, cudaMemcpyDeviceToDevice, "cudaMemcpyPeer", nullptr, CopyMode::Sync);
 }
 cudaError_t cudaMemcpyPeerAsync(void *dst, int, const void *src, int, size_t n, cudaStream_t s) {
   if (cudaError_t e = check_stream(s, "cudaMemcpyPeerAsync")) return e;
-  return copy(dst, src, n, cudaMemcpyDeviceToDevice, "cudaMemcpyPeerAsync", &s);
+  return copy(dst, src, n, cudaMemcpyDeviceToDevice, "cudaMemcpyPeerAsync", s, CopyMode::Async);
 }
 cudaError_t cudaMemcpy2D(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
                          size_t height, cudaMemcpyKind kind) {
@@ -500,31 +557,42 @@ cudaError_t cudaMemcpy2D(void *dst, size_t dpitch, const void *src, size_t spitc
   for (size_t r = 0; r < height; ++r)
     if (cudaError_t e = copy(static_cast<char *>(dst) + r * dpitch,
                              static_cast<const char *>(src) + r * spitch, width, kind,
-                             "cudaMemcpy2D"))
+                             "cudaMemcpy2D", nullptr, CopyMode::Sync))
       return e;
   return cudaSuccess;
 }
 cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch,
                               size_t width, size_t height, cudaMemcpyKind kind, cudaStream_t s) {
-  if (cudaError_t e = ready_stream(s, "cudaMemcpy2DAsync")) return e;
-  return cudaMemcpy2D(dst, dpitch, src, spitch, width, height, kind);
+  if (cudaError_t e = check_stream(s, "cudaMemcpy2DAsync")) return e;
+  if (width > dpitch || width > spitch)
+    return fail(cudaErrorInvalidValue, "cudasim: cudaMemcpy2DAsync: width exceeds pitch");
+  for (size_t r = 0; r < height; ++r)
+    if (cudaError_t e = copy(static_cast<char *>(dst) + r * dpitch,
+                             static_cast<const char *>(src) + r * spitch, width, kind,
+                             "cudaMemcpy2DAsync", s, CopyMode::Async))
+      return e;
+  return cudaSuccess;
 }
+/* __constant__ / __device__ variables are host memory here: the copy waits for the work
+ * queued before it (a kernel queued earlier must not see the new value). */
 cudaError_t cudaMemcpyToSymbol(const void *symbol, const void *src, size_t count, size_t offset,
                                cudaMemcpyKind) {
+  device_sync(-1);
   memcpy(static_cast<char *>(const_cast<void *>(symbol)) + offset, src, count);
   return cudaSuccess;
 }
 cudaError_t cudaMemcpyFromSymbol(void *dst, const void *symbol, size_t count, size_t offset,
                                  cudaMemcpyKind) {
+  device_sync(-1);
   memcpy(dst, static_cast<const char *>(symbol) + offset, count);
   return cudaSuccess;
 }
+/* cudaMemset of device memory is asynchronous to the host (legacy stream), as in libcudart. */
 cudaError_t cudaMemset(void *p, int value, size_t n) {
-  stream_drain(nullptr);
   if (n && !device_range_ok(p, n))
     return fail(cudaErrorInvalidValue,
                 fmt("cudasim: cudaMemset: [%p, +%zu) is not inside one device allocation", p, n));
-  if (n) memset(p, value, n);
+  if (n) stream_submit(nullptr, [p, value, n] { memset(p, value, n); });
   return cudaSuccess;
 }
 cudaError_t cudaMemsetAsync(void *p, int value, size_t n, cudaStream_t s) {
@@ -532,12 +600,7 @@ cudaError_t cudaMemsetAsync(void *p, int value, size_t n, cudaStream_t s) {
   if (n && !device_range_ok(p, n))
     return fail(cudaErrorInvalidValue,
                 fmt("cudasim: cudaMemsetAsync: [%p, +%zu) is not inside one device allocation", p, n));
-  if (n && stream_busy(s)) {
-    stream_enqueue(s, [p, value, n] { memset(p, value, n); });
-    return cudaSuccess;
-  }
-  stream_drain(s);
-  if (n) memset(p, value, n);
+  if (n) stream_submit(s, [p, value, n] { memset(p, value, n); });
   return cudaSuccess;
 }
 cudaError_t cudaPointerGetAttributes(cudaPointerAttributes *a, const void *p) {
@@ -562,7 +625,7 @@ cudaError_t cudaPointerGetAttributes(cudaPointerAttributes *a, const void *p) {
 }
 
 /* ======================================================================================
- * Streams and events (synchronous)
+ * Streams and events (work queued per stream; cudasim_async.cpp)
  * ====================================================================================== */
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned int flags) {
   if (!s) return fail(cudaErrorInvalidValue, "cudasim: cudaStreamCreate(NULL)");
@@ -592,12 +655,17 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
   return cudaSuccess;
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
-  if (cudaError_t e = ready_stream(s, "cudaStreamSynchronize")) return e;
+  if (cudaError_t e = check_stream(s, "cudaStreamSynchronize")) return e;
+  if (stream_capturing(s)) {
+    stream_break_capture(s);
+    return fail(cudaErrorStreamCaptureUnsupported, "cudasim: cudaStreamSynchronize on a capturing stream");
+  }
+  stream_sync(s);
   return sync_result();
 }
 cudaError_t cudaStreamQuery(cudaStream_t s) {
   if (cudaError_t e = check_stream(s, "cudaStreamQuery")) return e;
-  return stream_busy(s) ? cudaErrorNotReady : cudaSuccess;
+  return stream_query(s) ? cudaSuccess : cudaErrorNotReady;
 }
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t ev, unsigned int) {
   if (cudaError_t e = check_stream(s, "cudaStreamWaitEvent")) return e;
@@ -611,8 +679,8 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t ev, unsigned int) {
     }
     m = ev->mark;
   }
-  /* An event behind queued tasks of another stream: s waits for it as a task of its own. */
-  if (!mark_done(m)) stream_enqueue(s, [m] { mark_wait(m); });
+  /* Later work on s starts only once the recorded point of the event's stream has run. */
+  if (m) stream_submit(s, [] {}, false, m);
   return cudaSuccess;
 }
 
@@ -623,7 +691,7 @@ static CUevent_st *find_event(cudaEvent_t e) {
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned int flags) {
   if (!e) return fail(cudaErrorInvalidValue, "cudasim: cudaEventCreate(NULL)");
-  *e = new CUevent_st{tls_device, flags, false, 0.0, nullptr};
+  *e = new CUevent_st{tls_device, flags, false, nullptr};
   std::lock_guard<std::mutex> g(g_mu);
   g_events.insert(*e);
   return cudaSuccess;
@@ -650,7 +718,6 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
                     ev->device, sd));
   ev->mark = stream_mark(s);
   ev->recorded = true;
-  ev->t_ms = now_ms();
   return cudaSuccess;
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
@@ -663,7 +730,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t e) {
 cudaError_t cudaEventQuery(cudaEvent_t e) {
   CUevent_st *ev = find_event(e);
   if (!ev) return fail(cudaErrorInvalidResourceHandle, "cudasim: cudaEventQuery: invalid event");
-  return mark_done(ev->mark) ? cudaSuccess : cudaErrorNotReady;
+  return mark_query(ev->mark) ? cudaSuccess : cudaErrorNotReady;
 }
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b) {
   CUevent_st *ea = find_event(a), *eb = find_event(b);
@@ -676,7 +743,62 @@ cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b) {
     return fail(cudaErrorInvalidResourceHandle,
                 "cudasim: cudaEventElapsedTime: event not recorded");
   if (!mark_done(ea->mark) || !mark_done(eb->mark)) return cudaErrorNotReady;
-  const double ta = ea->mark ? ea->mark->t_ms : ea->t_ms, tb = eb->mark ? eb->mark->t_ms : eb->t_ms;
+  const double ta = mark_time(ea->mark), tb = mark_time(eb->mark);
   *ms = static_cast<float>(tb - ta);
+  return cudaSuccess;
+}
+
+/* ======================================================================================
+ * Stream capture and graphs: one stream's work recorded (kernels with their arguments,
+ * copies, memsets, cuBLAS calls) and replayed as one queued operation per launch. Work that
+ * cannot be replayed here (NCCL, event waits) or a synchronisation of the capturing stream
+ * invalidates the capture (cudaStreamEndCapture: cudaErrorStreamCaptureInvalidated).
+ * ====================================================================================== */
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, enum cudaStreamCaptureMode) {
+  if (cudaError_t e = check_stream(s, "cudaStreamBeginCapture")) return e;
+  if (!stream_begin_capture(s))
+    return fail(cudaErrorIllegalState, "cudasim: cudaStreamBeginCapture: the legacy stream, or already capturing");
+  return cudaSuccess;
+}
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *graph) {
+  if (cudaError_t e = check_stream(s, "cudaStreamEndCapture")) return e;
+  if (!graph) return fail(cudaErrorInvalidValue, "cudasim: cudaStreamEndCapture(NULL graph)");
+  *graph = nullptr;
+  bool broken = false;
+  std::shared_ptr<std::vector<StreamTask>> tasks = stream_end_capture(s, &broken);
+  if (!tasks) return fail(cudaErrorIllegalState, "cudasim: cudaStreamEndCapture: the stream is not capturing");
+  if (broken)
+    return fail(cudaErrorStreamCaptureInvalidated,
+                "cudasim: cudaStreamEndCapture: the capture was invalidated (a synchronisation, an NCCL "
+                "operation or an event wait on the capturing stream)");
+  *graph = new CUgraph_st{std::move(tasks)};
+  return cudaSuccess;
+}
+cudaError_t cudaStreamIsCapturing(cudaStream_t s, enum cudaStreamCaptureStatus *status) {
+  if (cudaError_t e = check_stream(s, "cudaStreamIsCapturing")) return e;
+  if (!status) return fail(cudaErrorInvalidValue, "cudasim: cudaStreamIsCapturing(NULL)");
+  *status = stream_capturing(s) ? cudaStreamCaptureStatusActive : cudaStreamCaptureStatusNone;
+  return cudaSuccess;
+}
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *exec, cudaGraph_t graph, unsigned long long) {
+  if (!exec || !graph) return fail(cudaErrorInvalidValue, "cudasim: cudaGraphInstantiate: NULL argument");
+  *exec = new CUgraphExec_st{graph->tasks};
+  return cudaSuccess;
+}
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s) {
+  if (cudaError_t e = check_stream(s, "cudaGraphLaunch")) return e;
+  if (!exec) return fail(cudaErrorInvalidValue, "cudasim: cudaGraphLaunch(NULL)");
+  std::shared_ptr<std::vector<StreamTask>> tasks = exec->tasks;
+  stream_submit(s, [tasks] {
+    for (const StreamTask &t : *tasks) t();
+  });
+  return cudaSuccess;
+}
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
+  delete exec; /* a launch already queued keeps the tasks */
+  return cudaSuccess;
+}
+cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+  delete graph;
   return cudaSuccess;
 }

@@ -18,6 +18,14 @@
 #include "test_kernels.h"
 
 #define CK(call) ASSERT_EQ((call), cudaSuccess) << #call << ": " << cudasim::last_diagnostic()
+/* In a lambda returning int: a failed call gives -2. */
+#define CK_RET(call)                                                                   \
+  do {                                                                                 \
+    if ((call) != cudaSuccess) {                                                       \
+      ADD_FAILURE() << #call << ": " << cudasim::last_diagnostic();                    \
+      return -2;                                                                       \
+    }                                                                                  \
+  } while (0)
 
 namespace {
 
@@ -532,6 +540,7 @@ TEST(CudasimRuntime, MemcpyRoundTripAndBoundsChecks) {
   CK(cudaMemcpy(back.data(), pinned, 1000 * sizeof(int), cudaMemcpyDefault));
   EXPECT_EQ(back, h);
   CK(cudaMemsetAsync(d, 0, 1000 * sizeof(int), s));
+  CK(cudaStreamSynchronize(s)); /* s is non-blocking: the legacy-stream copy does not wait for it */
   CK(cudaMemcpy(back.data(), d, 1000 * sizeof(int), cudaMemcpyDeviceToHost));
   EXPECT_EQ(back, std::vector<int>(1000, 0));
   /* out of bounds and wrong direction are refused */
@@ -544,6 +553,99 @@ TEST(CudasimRuntime, MemcpyRoundTripAndBoundsChecks) {
   CK(cudaFreeHost(pinned));
   CK(cudaFree(d));
   CK(cudaFree(d2));
+}
+
+/* Work on different streams runs in a seeded random interleaving unless something orders it:
+ * a memset on a non-blocking stream and a copy on the legacy stream race (both outcomes
+ * occur over seeds, each seed reproduces its own); an event, a blocking stream (the legacy
+ * stream's implicit synchronisation) or a stream synchronisation order them every time. */
+TEST(CudasimRuntime, UnorderedStreamsInterleaveAtRandomAndOrderingHolds) {
+  const uint64_t saved = cudasim::stream_seed();
+  int *d = nullptr;
+  CK(cudaMalloc(reinterpret_cast<void **>(&d), 64 * sizeof(int)));
+  cudaStream_t nb, bl;
+  CK(cudaStreamCreateWithFlags(&nb, cudaStreamNonBlocking));
+  CK(cudaStreamCreate(&bl));
+  cudaEvent_t ev;
+  CK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+  enum How { None, Event, Blocking };
+  /* Returns the first word seen by a legacy-stream download after a memset to 7 on another
+   * stream (0 before the memset) */
+  auto race = [&](uint64_t seed, How how) {
+    CK_RET(cudaMemset(d, 0, 64 * sizeof(int)));
+    CK_RET(cudaDeviceSynchronize());
+    cudasim::set_stream_seed(seed);
+    cudaStream_t s = how == Blocking ? bl : nb;
+    CK_RET(cudaMemsetAsync(d, 7, 64 * sizeof(int), s));
+    if (how == Event) {
+      CK_RET(cudaEventRecord(ev, s));
+      CK_RET(cudaStreamWaitEvent(nullptr, ev, 0));
+    }
+    int v = -1;
+    CK_RET(cudaMemcpy(&v, d, sizeof v, cudaMemcpyDeviceToHost));
+    CK_RET(cudaDeviceSynchronize());
+    return v;
+  };
+  int seen_old = 0, seen_new = 0;
+  for (uint64_t seed = 1; seed <= 16; ++seed) {
+    const int v = race(seed, None);
+    ASSERT_TRUE(v == 0 || v == 0x07070707) << v;
+    (v == 0 ? seen_old : seen_new)++;
+    EXPECT_EQ(race(seed, None), v) << "seed " << seed << " does not reproduce its interleaving";
+    EXPECT_EQ(race(seed, Event), 0x07070707) << "seed " << seed;
+    EXPECT_EQ(race(seed, Blocking), 0x07070707) << "seed " << seed;
+  }
+  EXPECT_GT(seen_old, 0);
+  EXPECT_GT(seen_new, 0);
+  cudasim::set_stream_seed(saved);
+  CK(cudaEventDestroy(ev));
+  CK(cudaStreamDestroy(nb));
+  CK(cudaStreamDestroy(bl));
+  CK(cudaFree(d));
+}
+
+/* Stream capture: the recorded work (a device copy, a kernel, a memset) replays on every
+ * cudaGraphLaunch with the device memory of that moment, giving what eager execution gives;
+ * a synchronisation inside the capture invalidates it. */
+TEST(CudasimRuntime, CapturedGraphReplaysLikeEagerExecution) {
+  const int n = 250, blocks = 4, total = n * blocks; /* block b sums x[b*n, (b+1)*n) */
+  DevBuf<float> src(total), x(total), out(blocks), eager(blocks);
+  DevBuf<int> flag(4);
+  cudaStream_t s;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  CK(cudaStreamIsCapturing(s, &st));
+  EXPECT_EQ(st, cudaStreamCaptureStatusActive);
+  CK(cudaMemcpyAsync(x.p, src.p, total * sizeof(float), cudaMemcpyDeviceToDevice, s));
+  CK(tk_block_sum(out.p, x.p, n, blocks, s));
+  CK(cudaMemsetAsync(flag.p, 0x11, 4 * sizeof(int), s));
+  cudaGraph_t graph = nullptr;
+  CK(cudaStreamEndCapture(s, &graph));
+  cudaGraphExec_t exec = nullptr;
+  CK(cudaGraphInstantiate(&exec, graph, 0));
+  for (unsigned round = 0; round < 3; ++round) {
+    const std::vector<float> h = random_floats(total, 40 + round);
+    CK(cudaMemcpyAsync(src.p, h.data(), total * sizeof(float), cudaMemcpyHostToDevice, s));
+    CK(cudaMemsetAsync(out.p, 0xff, blocks * sizeof(float), s));
+    CK(cudaMemsetAsync(flag.p, 0, 4 * sizeof(int), s));
+    CK(cudaGraphLaunch(exec, s));
+    CK(tk_block_sum(eager.p, src.p, n, blocks, s));
+    CK(cudaStreamSynchronize(s));
+    const std::vector<float> got = out.get(), want = eager.get();
+    EXPECT_EQ(0, memcmp(got.data(), want.data(), blocks * sizeof(float))) << "round " << round;
+    EXPECT_EQ(flag.get(), std::vector<int>(4, 0x11111111)) << "round " << round;
+  }
+  CK(cudaGraphExecDestroy(exec));
+  CK(cudaGraphDestroy(graph));
+  /* a synchronisation inside a capture invalidates it */
+  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  CK(tk_block_sum(out.p, x.p, n, blocks, s));
+  EXPECT_EQ(cudaStreamSynchronize(s), cudaErrorStreamCaptureUnsupported);
+  EXPECT_EQ(cudaStreamEndCapture(s, &graph), cudaErrorStreamCaptureInvalidated);
+  EXPECT_EQ(graph, nullptr);
+  cudaGetLastError();
+  CK(cudaStreamDestroy(s));
 }
 
 /* libcudart refuses a kernel launch on a stream of another device than the current one,
@@ -624,6 +726,7 @@ TEST(CudasimSpeed, RmsNorm4096x4096) {
   w.put(hw);
   const auto t0 = std::chrono::steady_clock::now();
   CK(tk_rmsnorm(y.p, x.p, w.p, rows, cols, 1e-5f, 0));
+  CK(cudaDeviceSynchronize());
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   printf("cudasim: 4096x4096 rmsnorm (%s order) simulated in %.3f s\n", order_name(), s);
   auto hy = y.get();

@@ -38,6 +38,9 @@ float *upload(int d, const std::vector<float> &v) {
   void *p = nullptr;
   EXPECT_EQ(cudaMalloc(&p, v.size() * sizeof(float)), cudaSuccess);
   EXPECT_EQ(cudaMemcpy(p, v.data(), v.size() * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+  /* From pageable memory cudaMemcpy returns before the copy lands (libcudart's documented
+   * behaviour, and cudasim's): the streams the test sends on do not wait for it. */
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   return static_cast<float *>(p);
 }
 

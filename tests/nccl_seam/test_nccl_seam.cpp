@@ -105,6 +105,9 @@ float *device_buffer(int device, const std::vector<float> &v) {
   void *p = nullptr;
   EXPECT_EQ(cudaMalloc(&p, v.size() * sizeof(float)), cudaSuccess);
   EXPECT_EQ(cudaMemcpy(p, v.data(), v.size() * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+  /* From pageable memory cudaMemcpy returns before the copy lands (as libcudart documents):
+   * the seam's non-blocking stream does not wait for the legacy stream. */
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   return static_cast<float *>(p);
 }
 

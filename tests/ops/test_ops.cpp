@@ -821,6 +821,72 @@ std::vector<uint8_t> random_blocks(GemvFormat f, size_t n_values, uint64_t seed)
     return out;
 }
 
+// Native weights expanded on the device (kernels/dequant_q.cu) against mk_gguf_dequantize:
+// F32 rows equal (a GPU may contract d * q + m into one FMA: 1 ulp), BF16 rows are the
+// reference rounded to BF16 (1 BF16 ulp on a GPU); gathered rows by id, an out-of-range id
+// a zero row; a row slice [row0, row0 + n).
+struct DequantCase {
+    GemvFormat fmt;
+    size_t src_rows, cols;
+    std::string name() const {
+        return std::string(gemv_tag(fmt)) + "_r" + std::to_string(src_rows) + "_c" + std::to_string(cols);
+    }
+};
+void PrintTo(const DequantCase &c, std::ostream *os) { *os << c.name(); }
+using DequantQ = OpTestP<DequantCase>;
+
+TEST_P(DequantQ, MatchesTheHostDequantizer) {
+    const DequantCase c = GetParam();
+    const size_t wn = c.src_rows * c.cols;
+    const std::vector<uint8_t> wbytes = random_blocks(c.fmt, wn, 190 + wn);
+    std::vector<float> ref(wn);
+    MK_OK_(mk_gguf_dequantize(gemv_ggml_type(c.fmt), wbytes.data(), wbytes.size(), ref.data(), wn));
+    const std::vector<int32_t> ids = {(int32_t)(c.src_rows - 1), 0, -1, (int32_t)c.src_rows, (int32_t)(c.src_rows / 2)};
+    const size_t row0 = c.src_rows / 3, n = c.src_rows - row0;
+    GuardedBuf dw(wbytes.size()), di(ids.size() * 4), df(ids.size() * c.cols * 4), dh(n * c.cols * 2);
+    ASSERT_TRUE(dw.ok() && di.ok() && df.ok() && dh.ok());
+    CUDA_OK(dw.upload(wbytes.data(), stream_));
+    CUDA_OK(di.upload(ids.data(), stream_));
+    CUDA_OK(df.poison(stream_));
+    CUDA_OK(dh.poison(stream_));
+    const uint32_t type = gemv_ggml_type(c.fmt);
+    MK_OK_(mk_kernel_dequant_q(df.ptr<float>(), MK_DTYPE_F32, dw.ptr<uint8_t>(), type, di.ptr<int32_t>(), 0, ids.size(),
+                               c.src_rows, c.cols, stream_));
+    MK_OK_(mk_kernel_dequant_q(dh.ptr<uint16_t>(), MK_DTYPE_BF16, dw.ptr<uint8_t>(), type, nullptr, row0, n, c.src_rows,
+                               c.cols, stream_));
+    std::vector<float> gf(ids.size() * c.cols);
+    std::vector<uint16_t> gh(n * c.cols);
+    ASSERT_TRUE(df.download(gf.data(), stream_));
+    ASSERT_TRUE(dh.download(gh.data(), stream_));
+    size_t bad = 0;
+    for (size_t i = 0; i < ids.size() && bad < 10; i++)
+        for (size_t k = 0; k < c.cols && bad < 10; k++) {
+            const bool in = ids[i] >= 0 && (size_t)ids[i] < c.src_rows;
+            const float want = in ? ref[(size_t)ids[i] * c.cols + k] : 0.0f, got = gf[i * c.cols + k];
+            if (!(std::fabs(got - want) <= std::ldexp(std::fabs(want), -23))) {
+                ADD_FAILURE() << "f32 id " << ids[i] << " col " << k << ": got " << got << " want " << want;
+                bad++;
+            }
+        }
+    for (size_t i = 0; i < n && bad < 10; i++)
+        for (size_t k = 0; k < c.cols && bad < 10; k++) {
+            const float want = ref[(row0 + i) * c.cols + k];
+            const uint16_t wb = mk_f32_to_bf16(want), gb = gh[i * c.cols + k];
+            if (std::abs((int)gb - (int)wb) > 1) {
+                ADD_FAILURE() << "bf16 row " << row0 + i << " col " << k << ": got " << gb << " want " << wb;
+                bad++;
+            }
+        }
+    EXPECT_ERROR(mk_kernel_dequant_q(df.ptr<float>(), MK_DTYPE_F32, dw.ptr<uint8_t>(), type, nullptr, 1, c.src_rows,
+                                     c.src_rows, c.cols, stream_),
+                 MK_ERR_SHAPE, "outside the weight");
+}
+
+INSTANTIATE_TEST_SUITE_P(Ops, DequantQ,
+                         ::testing::Values(DequantCase{GemvFormat::Q8_0, 7, 96}, DequantCase{GemvFormat::Q4_1, 5, 160},
+                                           DequantCase{GemvFormat::Q4_K, 6, 512}, DequantCase{GemvFormat::Q4_K, 3, 256}),
+                         [](const ::testing::TestParamInfo<DequantCase> &i) { return i.param.name(); });
+
 using Gemv = OpTestP<GemvCase>;
 
 TEST_P(Gemv, MatchesDequantizeThenMultiply) {

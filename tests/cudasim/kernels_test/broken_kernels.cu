@@ -4,6 +4,12 @@
 
 #include "test_kernels.h"
 
+/* A kernel's faults surface when it has run, as on a GPU: wait for it, then take the error. */
+static cudaError_t launched(cudaStream_t s) {
+  cudaStreamSynchronize(s);
+  return cudaGetLastError();
+}
+
 /* Tree reduction with the barrier between the shared-memory store and the first read
  * missing: a thread may read s[t + stride] before its owner wrote it. */
 static __global__ void sum_missing_sync_kernel(float *out, const float *x, int n) {
@@ -22,7 +28,7 @@ static __global__ void sum_missing_sync_kernel(float *out, const float *x, int n
 
 cudaError_t tk_sum_missing_sync(float *out, const float *x, int n, cudaStream_t s) {
   MK_LAUNCH(sum_missing_sync_kernel, 1, 256, 0, s, out, x, n);
-  return cudaGetLastError();
+  return launched(s);
 }
 
 /* The pre-Volta warp-synchronous idiom: a last-warp reduction over volatile shared memory
@@ -45,7 +51,7 @@ static __global__ void warp_lockstep_kernel(float *out, const float *x) {
 
 cudaError_t tk_warp_lockstep(float *out, const float *x, cudaStream_t s) {
   MK_LAUNCH(warp_lockstep_kernel, 1, 32, 0, s, out, x);
-  return cudaGetLastError();
+  return launched(s);
 }
 
 /* Two warps; warp 0 publishes its inputs in shared memory, both warps reduce with
@@ -68,7 +74,7 @@ cudaError_t tk_cross_warp_shfl(float *out, const float *x, int blocks, bool sync
     MK_LAUNCH((cross_warp_shfl_kernel<true>), blocks, 64, 32 * sizeof(float), s, out, x);
   else
     MK_LAUNCH((cross_warp_shfl_kernel<false>), blocks, 64, 32 * sizeof(float), s, out, x);
-  return cudaGetLastError();
+  return launched(s);
 }
 
 /* __syncthreads reached by half the block only. */
@@ -78,7 +84,7 @@ static __global__ void divergent_barrier_kernel() {
 
 cudaError_t tk_divergent_barrier(cudaStream_t s) {
   MK_LAUNCH(divergent_barrier_kernel, dim3(2, 2), 64, 0, s);
-  return cudaGetLastError();
+  return launched(s);
 }
 
 void tk_divergent_barrier_no_check(cudaStream_t s) {
@@ -96,7 +102,7 @@ static __global__ void barrier_after_exit_kernel() {
 
 cudaError_t tk_barrier_after_exit(cudaStream_t s) {
   MK_LAUNCH(barrier_after_exit_kernel, 5, 64, 0, s);
-  return cudaGetLastError();
+  return launched(s);
 }
 
 /* Lanes 16..31 return; the rest shuffle down by 16, reading the exited lanes. */
@@ -109,7 +115,7 @@ static __global__ void shfl_exited_kernel(float *out) {
 
 cudaError_t tk_shfl_exited_lane(float *out, cudaStream_t s) {
   MK_LAUNCH(shfl_exited_kernel, 1, 32, 0, s, out);
-  return cudaGetLastError();
+  return launched(s);
 }
 
 /* Full mask although lanes 16..31 have exited. */
@@ -121,7 +127,7 @@ static __global__ void mask_exited_kernel(float *out) {
 
 cudaError_t tk_mask_exited(float *out, cudaStream_t s) {
   MK_LAUNCH(mask_exited_kernel, 1, 32, 0, s, out);
-  return cudaGetLastError();
+  return launched(s);
 }
 
 /* Lane 0 waits at a full-warp shuffle while the other lanes wait at __syncthreads. */
@@ -134,7 +140,7 @@ static __global__ void warp_vs_barrier_kernel() {
 
 cudaError_t tk_warp_vs_barrier(cudaStream_t s) {
   MK_LAUNCH(warp_vs_barrier_kernel, 1, 32, 0, s);
-  return cudaGetLastError();
+  return launched(s);
 }
 
 /* Lanes disagree about the mask of the same shuffle. */
@@ -146,7 +152,7 @@ static __global__ void mask_mismatch_kernel() {
 
 cudaError_t tk_mask_mismatch(cudaStream_t s) {
   MK_LAUNCH(mask_mismatch_kernel, 1, 32, 0, s);
-  return cudaGetLastError();
+  return launched(s);
 }
 
 /* Unbounded recursion: overflows the fiber stack into its guard page. */
@@ -163,7 +169,7 @@ static __global__ void stack_overflow_kernel(int *out, int limit) {
 
 cudaError_t tk_stack_overflow(int *out, int limit, cudaStream_t s) {
   MK_LAUNCH(stack_overflow_kernel, 1, 32, 0, s, out, limit);
-  return cudaGetLastError();
+  return launched(s);
 }
 
 /* Odd blocks read the static __shared__ arrays before any thread of the block wrote them
@@ -186,5 +192,5 @@ static __global__ void stale_static_shared_kernel(unsigned *out_u, float *out_f)
 
 cudaError_t tk_stale_static_shared(unsigned *out_u, float *out_f, int blocks, cudaStream_t s) {
   MK_LAUNCH(stale_static_shared_kernel<32>, blocks, 32, 0, s, out_u, out_f);
-  return cudaGetLastError();
+  return launched(s);
 }

@@ -1,0 +1,239 @@
+// mk_native_gguf.h - small random llama models written as GGUF files with their matrices
+// quantized in the test (Q8_0, Q4_1, Q4_0, Q4_K, Q6_K, F16, BF16, F32): the native weight
+// mode's fixtures (test_native_model.cpp on the cpu backend, test_cuda_backend.cpp on cuda).
+#ifndef MK_NATIVE_GGUF_H
+#define MK_NATIVE_GGUF_H
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cpu_ops.h"
+#include "gguf.h"
+#include "mk_test_util.h"
+
+namespace mk_native_gguf {
+
+// ---------------------------------------------------------------- quantizers (tests) --
+
+inline void put_f16(std::vector<uint8_t> &o, float v) {
+    const uint16_t h = mk_f32_to_f16(v);
+    o.push_back((uint8_t)(h & 0xff));
+    o.push_back((uint8_t)(h >> 8));
+}
+
+// ggml's formats written from their definition: nearest level, scale from the block range.
+inline void quantize(uint32_t type, const float *x, size_t n, std::vector<uint8_t> &o) {
+    if (type == MK_GGML_TYPE_F32) {
+        o.insert(o.end(), (const uint8_t *)x, (const uint8_t *)(x + n));
+        return;
+    }
+    if (type == MK_GGML_TYPE_F16 || type == MK_GGML_TYPE_BF16) {
+        for (size_t i = 0; i < n; i++) {
+            const uint16_t h = type == MK_GGML_TYPE_F16 ? mk_f32_to_f16(x[i]) : mk_f32_to_bf16(x[i]);
+            o.push_back((uint8_t)(h & 0xff));
+            o.push_back((uint8_t)(h >> 8));
+        }
+        return;
+    }
+    const size_t be = type == MK_GGML_TYPE_Q4_K || type == MK_GGML_TYPE_Q6_K ? 256 : 32;
+    for (size_t b = 0; b < n / be; b++) {
+        const float *v = x + b * be;
+        float amax = 0, lo = v[0], hi = v[0];
+        for (size_t i = 0; i < be; i++) {
+            amax = std::max(amax, std::fabs(v[i]));
+            lo = std::min(lo, v[i]);
+            hi = std::max(hi, v[i]);
+        }
+        switch (type) {
+            case MK_GGML_TYPE_Q8_0: {
+                const float d = amax / 127;
+                put_f16(o, d);
+                const float dd = mk_f16_to_f32(mk_f32_to_f16(d));
+                for (size_t i = 0; i < 32; i++) o.push_back((uint8_t)(int8_t)std::lround(dd ? v[i] / dd : 0));
+                break;
+            }
+            case MK_GGML_TYPE_Q4_0: case MK_GGML_TYPE_Q4_1: {
+                const bool min = type == MK_GGML_TYPE_Q4_1;
+                const float d = min ? (hi - lo) / 15 : amax / 7, m = min ? lo : 0;
+                put_f16(o, d);
+                if (min) put_f16(o, m);
+                const float dd = mk_f16_to_f32(mk_f32_to_f16(d)), mm = mk_f16_to_f32(mk_f32_to_f16(m));
+                auto level = [&](float val) {
+                    const long q = dd ? std::lround((val - mm) / dd) + (min ? 0 : 8) : (min ? 0 : 8);
+                    return (uint8_t)std::min(15L, std::max(0L, q));
+                };
+                for (size_t i = 0; i < 16; i++) o.push_back((uint8_t)(level(v[i]) | (level(v[i + 16]) << 4)));
+                break;
+            }
+            case MK_GGML_TYPE_Q4_K: {
+                // One scale and min per super-block (sub-block scales 1, mins 1): coarse but
+                // a valid Q4_K block that exercises every field.
+                const float d = (hi - lo) / 15, m = -lo;
+                put_f16(o, d);
+                put_f16(o, m);
+                const float dd = mk_f16_to_f32(mk_f32_to_f16(d)), mm = mk_f16_to_f32(mk_f32_to_f16(m));
+                const uint8_t scales[12] = {1, 1, 1, 1, 1, 1, 1, 1, 0x11, 0x11, 0x11, 0x11};
+                o.insert(o.end(), scales, scales + 12);
+                auto level = [&](float val) {
+                    const long q = dd ? std::lround((val + mm) / dd) : 0;
+                    return (uint8_t)std::min(15L, std::max(0L, q));
+                };
+                for (int j = 0; j < 4; j++)
+                    for (int l = 0; l < 32; l++)
+                        o.push_back((uint8_t)(level(v[64 * j + l]) | (level(v[64 * j + 32 + l]) << 4)));
+                break;
+            }
+            case MK_GGML_TYPE_Q6_K: {
+                const float d = amax / 31; // every sub-block scale 1
+                const float dd = mk_f16_to_f32(mk_f32_to_f16(d));
+                uint8_t ql[128] = {}, qh[64] = {};
+                for (int h = 0; h < 2; h++)
+                    for (int k = 0; k < 4; k++)
+                        for (int l = 0; l < 32; l++) {
+                            const float val = v[128 * h + 32 * k + l];
+                            const int q = (int)std::min(63L, std::max(0L, (dd ? std::lround(val / dd) : 0) + 32));
+                            ql[64 * h + l + 32 * (k & 1)] |= (uint8_t)((q & 15) << (4 * (k >> 1)));
+                            qh[32 * h + l] |= (uint8_t)((q >> 4) << (2 * k));
+                        }
+                o.insert(o.end(), ql, ql + 128);
+                o.insert(o.end(), qh, qh + 64);
+                for (int i = 0; i < 16; i++) o.push_back(1);
+                put_f16(o, d);
+                break;
+            }
+        }
+    }
+}
+
+// --------------------------------------------------------------- GGUF writer (tests) --
+
+struct GgufWriter {
+    std::vector<uint8_t> head, data;
+    uint64_t n_kv = 0, n_tensors = 0;
+    std::vector<uint8_t> kv, infos;
+
+    static void put(std::vector<uint8_t> &o, const void *p, size_t n) {
+        o.insert(o.end(), (const uint8_t *)p, (const uint8_t *)p + n);
+    }
+    static void put_str(std::vector<uint8_t> &o, const std::string &s) {
+        const uint64_t n = s.size();
+        put(o, &n, 8);
+        put(o, s.data(), s.size());
+    }
+    void kv_u32(const std::string &k, uint32_t v) {
+        put_str(kv, k);
+        const uint32_t t = MK_GGUF_TYPE_UINT32;
+        put(kv, &t, 4);
+        put(kv, &v, 4);
+        n_kv++;
+    }
+    void kv_f32(const std::string &k, float v) {
+        put_str(kv, k);
+        const uint32_t t = MK_GGUF_TYPE_FLOAT32;
+        put(kv, &t, 4);
+        put(kv, &v, 4);
+        n_kv++;
+    }
+    void kv_str(const std::string &k, const std::string &v) {
+        put_str(kv, k);
+        const uint32_t t = MK_GGUF_TYPE_STRING;
+        put(kv, &t, 4);
+        put_str(kv, v);
+        n_kv++;
+    }
+    // A [rows, cols] tensor (cols fastest) of `type`, quantized from x.
+    void tensor(const std::string &name, uint32_t type, const std::vector<float> &x, size_t rows, size_t cols) {
+        while (data.size() % 32) data.push_back(0);
+        const uint64_t offset = data.size();
+        quantize(type, x.data(), x.size(), data);
+        put_str(infos, name);
+        const uint32_t n_dims = rows == 1 ? 1 : 2;
+        put(infos, &n_dims, 4);
+        const uint64_t d0 = cols, d1 = rows;
+        put(infos, &d0, 8);
+        if (n_dims == 2) put(infos, &d1, 8);
+        put(infos, &type, 4);
+        put(infos, &offset, 8);
+        n_tensors++;
+    }
+    std::vector<uint8_t> bytes() const {
+        std::vector<uint8_t> f;
+        put(f, "GGUF", 4);
+        const uint32_t version = 3;
+        put(f, &version, 4);
+        put(f, &n_tensors, 8);
+        put(f, &n_kv, 8);
+        put(f, kv.data(), kv.size());
+        put(f, infos.data(), infos.size());
+        while (f.size() % 32) f.push_back(0);
+        put(f, data.data(), data.size());
+        return f;
+    }
+};
+
+// A random llama model with hidden 64, 4 heads (2 kv), head_dim 16, ffn 256, 3 layers,
+// vocab 40; every matrix quantized to the type `pick` chooses for it.
+struct TempModel {
+    std::string path;
+    ModelPtr model;
+    template <typename Pick> explicit TempModel(Pick pick, bool tied) {
+        const size_t hidden = 256, ffn = 512, layers = 3, vocab = 40, heads = 4, kv_heads = 2, hd = 64;
+        std::mt19937 rng(77);
+        std::normal_distribution<float> nd(0.0f, 0.08f), norm(1.0f, 0.05f);
+        auto random = [&](size_t n, bool is_norm) {
+            std::vector<float> v(n);
+            for (auto &x : v) x = is_norm ? norm(rng) : nd(rng);
+            return v;
+        };
+        GgufWriter w;
+        w.kv_str("general.architecture", "llama");
+        w.kv_u32("llama.context_length", 64);
+        w.kv_u32("llama.embedding_length", (uint32_t)hidden);
+        w.kv_u32("llama.block_count", (uint32_t)layers);
+        w.kv_u32("llama.feed_forward_length", (uint32_t)ffn);
+        w.kv_u32("llama.attention.head_count", (uint32_t)heads);
+        w.kv_u32("llama.attention.head_count_kv", (uint32_t)kv_heads);
+        w.kv_f32("llama.attention.layer_norm_rms_epsilon", 1e-5f);
+        w.kv_f32("llama.rope.freq_base", 10000.0f);
+        w.tensor("token_embd.weight", pick("token_embd"), random(vocab * hidden, false), vocab, hidden);
+        w.tensor("output_norm.weight", MK_GGML_TYPE_F32, random(hidden, true), 1, hidden);
+        if (!tied) w.tensor("output.weight", pick("output"), random(vocab * hidden, false), vocab, hidden);
+        for (size_t l = 0; l < layers; l++) {
+            const std::string b = "blk." + std::to_string(l) + ".";
+            w.tensor(b + "attn_norm.weight", MK_GGML_TYPE_F32, random(hidden, true), 1, hidden);
+            w.tensor(b + "attn_q.weight", pick("attn_q"), random(heads * hd * hidden, false), heads * hd, hidden);
+            w.tensor(b + "attn_k.weight", pick("attn_k"), random(kv_heads * hd * hidden, false), kv_heads * hd, hidden);
+            w.tensor(b + "attn_v.weight", pick("attn_v"), random(kv_heads * hd * hidden, false), kv_heads * hd, hidden);
+            w.tensor(b + "attn_output.weight", pick("attn_output"), random(hidden * heads * hd, false), hidden, heads * hd);
+            w.tensor(b + "ffn_norm.weight", MK_GGML_TYPE_F32, random(hidden, true), 1, hidden);
+            w.tensor(b + "ffn_gate.weight", pick("ffn_gate"), random(ffn * hidden, false), ffn, hidden);
+            w.tensor(b + "ffn_up.weight", pick("ffn_up"), random(ffn * hidden, false), ffn, hidden);
+            w.tensor(b + "ffn_down.weight", pick("ffn_down"), random(hidden * ffn, false), hidden, ffn);
+        }
+        char tmpl[] = "/tmp/mk_native_XXXXXX";
+        const int fd = mkstemp(tmpl);
+        EXPECT_GE(fd, 0);
+        path = tmpl;
+        const std::vector<uint8_t> bytes = w.bytes();
+        EXPECT_EQ(write(fd, bytes.data(), bytes.size()), (ssize_t)bytes.size());
+        close(fd);
+        mk_model *m = nullptr;
+        EXPECT_EQ(mk_model_open_gguf(path.c_str(), &m), MK_OK) << mk_last_error();
+        model.reset(m);
+    }
+    ~TempModel() {
+        model.reset();
+        std::remove(path.c_str());
+    }
+};
+
+}  // namespace mk_native_gguf
+
+#endif
