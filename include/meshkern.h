@@ -831,6 +831,8 @@ MK_API mk_status mk_split_auto(const mk_model *model, size_t n_stages, int64_t *
  * The environment variable MESHKERN_FAULT ("rank=R,step=K,kind=exit|silent|corrupt_header|
  * other_digest|other_layer") makes rank R misbehave at its K-th boundary (0-based): tests only. */
 typedef struct mk_stage mk_stage;
+/* The size of an NCCL unique id (ncclUniqueId). */
+#define MK_NCCL_ID_BYTES 128
 
 /* Versioned by struct_size like mk_backend_config (see there). */
 typedef struct mk_stage_options {
@@ -848,6 +850,11 @@ typedef struct mk_stage_options {
     size_t max_new_tokens;     /* rank 0: tokens per request; default 16 */
     const int32_t *stop_ids;   /* rank 0: a request stops after any of these (copied) */
     size_t n_stop;
+    /* nccl seams: the unique ids of this rank's communicators with the previous and the next
+       rank, when the launcher handed them out (mk_stage_mpi_setup: rank 0 makes them and
+       MPI_Bcast's them, as nccl-tests do); false: rank 0 hands them out at the rendezvous */
+    bool nccl_ids_given;
+    unsigned char nccl_prev[MK_NCCL_ID_BYTES], nccl_next[MK_NCCL_ID_BYTES];
 } mk_stage_options;
 MK_API mk_stage_options mk_stage_options_default(void);
 
@@ -892,7 +899,9 @@ MK_API bool mk_stage_mpi_launched(void);
  * from MPI_Comm_rank/size into options; the stage digests compared with MPI_Allgather (a
  * mismatch fails every rank with MK_ERR_RECIPE_DIGEST naming the rank, before any
  * connection); rank 0 picks a free port on its node's address and MPI_Bcast's the
- * rendezvous "HOST:PORT" into rendezvous[cap] (options->rendezvous points there). Builds
+ * rendezvous "HOST:PORT" into rendezvous[cap] (options->rendezvous points there); with
+ * options->seam MK_SEAM_NCCL rank 0 also makes the unique id of every seam's communicator
+ * and MPI_Bcast's them (options->nccl_prev/nccl_next, nccl_ids_given). Builds
  * without MPI refuse with MK_ERR_UNSUPPORTED. */
 MK_API mk_status mk_stage_mpi_setup(const mk_model *model, mk_stage_options *options, char *rendezvous, size_t cap);
 /* MPI_Finalize after a run every rank finished (a failed run exits without it: the

@@ -198,9 +198,9 @@ static int run_stage(stage_args *a, const mk_model *model, const batch_prompt *p
         return 1;
     }
     const mk_range *r = mk_stage_range(stage);
-    printf("stage: rank %d of %d, layers %lld-%lld %s, seam %s, backend %s, weights %s\n", a->o.rank, a->o.world,
+    printf("stage: rank %d of %d, layers %lld-%lld %s, seam %s%s, backend %s, weights %s\n", a->o.rank, a->o.world,
            (long long)mk_range_start(r), (long long)mk_range_end(r), mk_role_name(mk_range_role(r)),
-           mk_seam_kind_name(a->o.seam), a->o.range.backend.kind == MK_BACKEND_CUDA ? "cuda" : "cpu",
+           mk_seam_kind_name(a->o.seam), a->o.nccl_ids_given ? " (NCCL ids by MPI_Bcast)" : "", a->o.range.backend.kind == MK_BACKEND_CUDA ? "cuda" : "cpu",
            mk_dtype_name(a->o.range.backend.weight_dtype));
     fflush(stdout);
     mk_stage_request *req = calloc(n_prompts ? n_prompts : 1, sizeof *req);

@@ -120,7 +120,7 @@ struct mk_stage {
     mk_seam_listener *listener;   /* rank > 0: where the previous rank connects */
     char next_address[300];       /* rank < world - 1: the next rank's listener */
     /* nccl seams: the unique ids of the communicators with the previous and the next rank,
-     * made by rank 0 and handed out in the welcome */
+     * made by rank 0 and handed out in the welcome, or by MPI_Bcast (o.nccl_ids_given) */
     unsigned char nccl_prev[MK_SEAM_NCCL_ID_BYTES], nccl_next[MK_SEAM_NCCL_ID_BYTES];
     mk_seam *from_prev, *to_next;
     mk_range *range;
