@@ -5,7 +5,8 @@
  *   meshkern stage MODEL --split L1,L2,...|auto --rank R --world N --rendezvous HOST:PORT
  *   mpirun -np N meshkern stage MODEL --split L1,L2,...|auto [--launcher mpi]
  *                  [--prompts FILE|-] [--max-tokens K] [--batch M] [--timeout S] [--stop IDS]
- *                  [--seam tcp|unix|nccl] [--backend cpu|cuda] [--dtype native|f32|f16|bf16] [--threads N]
+ *                  [--seam tcp|unix|nccl] [--backend cpu|cuda] [--device D] [--dtype native|f32|f16|bf16]
+ *                  [--kv f32|f16] [--threads N] [--speed]   (the backend options: cli_backend.c)
  *
  * Rank 0 reads the prompts (one per line, comma-separated token ids, as run --prompts),
  * prints every sequence's tokens (or its failure) and the aggregate throughput. Exit
@@ -30,7 +31,7 @@ typedef struct stage_args {
     int32_t stop[MK_STAGE_MAX_LIST + 1];
     size_t n_stop;
     mk_stage_options o;
-    bool dtype_given, mpi;
+    bool mpi;
     char mpi_rendezvous[300];
 } stage_args;
 
@@ -83,13 +84,20 @@ static int parse_stage_args(int argc, char **argv, stage_args *a) {
     a->o = mk_stage_options_default();
     a->o.rank = -1;
     a->o.world = 0;
-    a->o.range.backend = mk_backend_config_default(MK_BACKEND_CPU);
+    /* --backend, --device, --dtype, --kv, --threads, --speed: the run forms' shared parser */
+    mk_cli_backend backend;
+    mk_cli_backend_init(&backend);
     long long list[MK_STAGE_MAX_LIST];
     size_t n = 0;
     bool split_given = false;
-    for (int i = 1; i < argc; i += 2) {
-        const char *k = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    for (int i = 1; i < argc; i++) {
+        const char *k = argv[i];
+        if (mk_cli_backend_flag(k, &backend)) continue;
+        const char *v = i + 1 < argc ? argv[++i] : NULL;
         if (!v) return mk_cli_usage();
+        const int taken = mk_cli_backend_option(k, v, &backend);
+        if (taken < 0) return mk_cli_usage();
+        if (taken) continue;
         if (strcmp(k, "--split") == 0) {
             split_given = true;
             if (strcmp(v, "auto") == 0) a->o.split_auto = true;
@@ -118,19 +126,6 @@ static int parse_stage_args(int argc, char **argv, stage_args *a) {
         } else if (strcmp(k, "--seam") == 0) {
             const mk_status s = mk_seam_kind_from_name(v, &a->o.seam);
             if (s != MK_OK) return mk_cli_fail(s);
-        } else if (strcmp(k, "--backend") == 0) {
-            const mk_status s = mk_backend_kind_from_name(v, &a->o.range.backend.kind);
-            if (s != MK_OK) return mk_cli_fail(s);
-        } else if (strcmp(k, "--threads") == 0) {
-            if (!parse_size(v, &a->o.range.backend.threads)) return mk_cli_usage();
-        } else if (strcmp(k, "--dtype") == 0) {
-            mk_backend_config *b = &a->o.range.backend;
-            a->dtype_given = true;
-            if (strcmp(v, "native") == 0) b->weight_dtype = MK_DTYPE_NATIVE;
-            else if (strcmp(v, "f32") == 0) b->weight_dtype = MK_DTYPE_F32;
-            else if (strcmp(v, "f16") == 0) b->weight_dtype = MK_DTYPE_F16;
-            else if (strcmp(v, "bf16") == 0) b->weight_dtype = MK_DTYPE_BF16;
-            else return mk_cli_usage();
         } else return mk_cli_usage();
     }
     /* Started by mpirun without a rank of its own: MPI says who is who. */
@@ -141,8 +136,8 @@ static int parse_stage_args(int argc, char **argv, stage_args *a) {
         return mk_cli_usage();
     }
     /* A GGUF model on the cpu backend runs on its stored weights unless asked otherwise (as run). */
-    if (!a->dtype_given && a->o.range.backend.kind == MK_BACKEND_CPU && strncmp(a->model, "--random", 8) != 0)
-        a->o.range.backend.weight_dtype = MK_DTYPE_NATIVE;
+    mk_cli_backend_finish(&backend, a->model);
+    a->o.range.backend = backend.config;
     a->o.cuts = a->cuts;
     a->o.rendezvous = a->rendezvous;
     if (a->mpi) a->o.world = 2; /* until MPI says */
@@ -200,7 +195,8 @@ static int run_stage(stage_args *a, const mk_model *model, const batch_prompt *p
     const mk_range *r = mk_stage_range(stage);
     printf("stage: rank %d of %d, layers %lld-%lld %s, seam %s%s, backend %s, weights %s\n", a->o.rank, a->o.world,
            (long long)mk_range_start(r), (long long)mk_range_end(r), mk_role_name(mk_range_role(r)),
-           mk_seam_kind_name(a->o.seam), a->o.nccl_ids_given ? " (NCCL ids by MPI_Bcast)" : "", a->o.range.backend.kind == MK_BACKEND_CUDA ? "cuda" : "cpu",
+           mk_seam_kind_name(a->o.seam), a->o.nccl_ids_given ? " (NCCL ids by MPI_Bcast)" : "",
+           a->o.range.backend.kind == MK_BACKEND_CUDA ? "cuda" : "cpu",
            mk_dtype_name(a->o.range.backend.weight_dtype));
     fflush(stdout);
     mk_stage_request *req = calloc(n_prompts ? n_prompts : 1, sizeof *req);

@@ -423,6 +423,32 @@ TEST(Stage, CutMismatchIsRefusedAtStartup) {
     }
 }
 
+// The backend options go through the run forms' shared parser: --kv f16 on one rank is
+// another KV mode (another digest), refused at startup; the same --kv f16 (and --speed,
+// a flag without a value) on both runs and prints its weights.
+TEST(Stage, KvModeFromTheSharedParserIsPartOfTheDigest) {
+    {
+        const int port = free_port();
+        Ranks ranks("kv");
+        ranks.launch(1, stage_args(kRandom, "2", 1, 2, port, {"--timeout", "5", "--kv", "f16"}), "");
+        ranks.launch(0, stage_args(kRandom, "2", 0, 2, port, {"--timeout", "5", "--prompts", kPrompts}), "");
+        ranks.wait(15);
+        for (size_t i = 0; i < ranks.size(); i++) {
+            EXPECT_EQ(exit_code(ranks[i]), 1);
+            EXPECT_NE(slurp(ranks[i].err).find("MK_ERR_RECIPE_DIGEST"), std::string::npos) << slurp(ranks[i].err);
+        }
+    }
+    const int port = free_port();
+    Ranks ranks("kv2");
+    ranks.launch(1, stage_args(kRandom, "2", 1, 2, port, {"--timeout", "5", "--kv", "f16", "--speed"}), "");
+    ranks.launch(0, stage_args(kRandom, "2", 0, 2, port,
+                               {"--timeout", "5", "--speed", "--kv", "f16", "--max-tokens", "2", "--prompts", kPrompts}),
+                 "");
+    ranks.wait(15);
+    for (size_t i = 0; i < ranks.size(); i++) EXPECT_EQ(exit_code(ranks[i]), 0) << slurp(ranks[i].err);
+    EXPECT_NE(slurp(ranks[1].out).find("aggregate: "), std::string::npos) << slurp(ranks[1].out);
+}
+
 // A rank whose peers never come gives up at the deadline instead of waiting forever.
 TEST(Stage, MissingRankTimesOutAtStartup) {
     const int port = free_port();
