@@ -892,6 +892,24 @@ typedef void (*mk_stage_report_fn)(void *user, const mk_stage_report *report);
 MK_API mk_status mk_stage_serve(mk_stage *stage, const mk_stage_request *requests, size_t n_requests,
                                 mk_stage_report_fn report, void *user);
 
+/* The figures of one seam of a finished run: seam k joins rank k to rank k + 1. */
+typedef struct mk_stage_hop {
+    size_t boundaries;         /* boundaries that crossed it (rank k's sends, rank k + 1's receipts) */
+    size_t bytes;              /* bytes the receiving end took (its mk_seam_bytes) */
+    double seam_seconds;       /* time inside the seam's calls: rank k's sends and rank k + 1's
+                                  receives (mk_seam_seconds of both ends; an nccl receive
+                                  waits for the data, so it includes the sender's compute) */
+    double latency_s;          /* mean time from rank k's send of a boundary to rank k + 1's
+                                  receipt, by the wall clocks of both (exact on one node, off by
+                                  the clocks' skew across nodes; with more than one request in
+                                  flight it includes the time the boundary waits while the
+                                  receiver is busy: one request in flight measures the hop) */
+} mk_stage_hop;
+/* Rank 0, after mk_stage_serve returned MK_OK: the figures of seam k (0 <= k < world - 1),
+ * which every other rank sends with its goodbye. MK_ERR_INVALID_ARGUMENT on another rank, for
+ * another seam or before a finished run; MK_ERR_PEER_LOST when a rank sent none. */
+MK_API mk_status mk_stage_hop_stats(const mk_stage *stage, size_t seam, mk_stage_hop *out);
+
 /* Launch by MPI (mpirun, srun): true when an MPI launcher started this process
  * (OMPI_COMM_WORLD_SIZE, PMI_SIZE or PMIX_RANK in the environment). */
 MK_API bool mk_stage_mpi_launched(void);

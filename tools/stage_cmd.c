@@ -169,6 +169,28 @@ static void stage_report(void *user, const mk_stage_report *r) {
     fflush(stdout);
 }
 
+/* Rank 0, after a finished run: each seam's figures, which the ranks sent with their
+ * goodbye, and the mean per-hop latency over all boundaries of all seams. */
+static void print_hops(const mk_stage *stage, const stage_args *a) {
+    double latency = 0.0;
+    size_t boundaries = 0;
+    for (int k = 0; k + 1 < a->o.world; k++) {
+        mk_stage_hop hop;
+        const mk_status s = mk_stage_hop_stats(stage, (size_t)k, &hop);
+        if (s != MK_OK) {
+            printf("hop %d: rank %d -> %d: no figures: %s: %s\n", k, k, k + 1, mk_status_name(s), mk_last_error());
+            continue;
+        }
+        printf("hop %d: rank %d -> %d over %s: %zu boundaries, %zu bytes, %.6f s in the seam, %.1f us per hop\n", k, k,
+               k + 1, mk_seam_kind_name(a->o.seam), hop.boundaries, hop.bytes, hop.seam_seconds, hop.latency_s * 1e6);
+        latency += hop.latency_s * (double)hop.boundaries;
+        boundaries += hop.boundaries;
+    }
+    if (boundaries)
+        printf("per-hop latency: %.1f us mean over %zu boundaries (%s, %zu in flight)\n", latency / (double)boundaries * 1e6,
+               boundaries, mk_seam_kind_name(a->o.seam), a->o.max_sequences);
+}
+
 static int run_stage(stage_args *a, const mk_model *model, const batch_prompt *prompts, size_t n_prompts) {
     const mk_hparams *hp = mk_model_hparams(model);
     if (a->o.rank == 0) {
@@ -216,6 +238,7 @@ static int run_stage(stage_args *a, const mk_model *model, const batch_prompt *p
     } else if (a->o.rank == 0) {
         printf("aggregate: %zu tokens from %zu sequences in %.3f s: %.1f tokens/s over %d processes\n", p.generated,
                n_prompts, wall, (double)p.generated / wall, a->o.world);
+        print_hops(stage, a);
     } else {
         printf("rank %d: done\n", a->o.rank);
     }

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <regex>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -273,6 +274,32 @@ void expect_parity(Ranks &ranks, size_t rank0, const std::vector<std::vector<int
     for (size_t i = 0; i < ranks.size(); i++) EXPECT_EQ(exit_code(ranks[i]), 0) << slurp(ranks[i].err);
 }
 
+// Rank 0's per-hop figures: one line per seam, each seam crossed once per generated token
+// (a prefill, then a decode step per token but the last), with non-zero bytes, seam time
+// and a latency below the deadline; then the mean.
+void expect_hops(const std::string &out, int world, const std::string &seam,
+                 const std::vector<std::vector<int32_t>> &want) {
+    size_t tokens = 0;
+    for (const auto &w : want) tokens += w.size();
+    for (int k = 0; k + 1 < world; k++) {
+        const std::regex line("hop " + std::to_string(k) + ": rank " + std::to_string(k) + " -> " +
+                              std::to_string(k + 1) + " over " + seam +
+                              ": ([0-9]+) boundaries, ([0-9]+) bytes, ([0-9.]+) s in the seam, ([0-9.]+) us per hop");
+        std::smatch m;
+        ASSERT_TRUE(std::regex_search(out, m, line)) << out;
+        EXPECT_EQ(std::stoull(m[1]), tokens) << m[0];
+        EXPECT_GT(std::stoull(m[2]), 0u) << m[0];
+        EXPECT_GT(std::stod(m[3]), 0.0) << m[0];
+        EXPECT_GT(std::stod(m[4]), 0.0) << m[0];
+        EXPECT_LT(std::stod(m[4]), 20e6) << m[0];
+    }
+    const std::regex mean("per-hop latency: ([0-9.]+) us mean over ([0-9]+) boundaries \\(" + seam);
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(out, m, mean)) << out;
+    EXPECT_GT(std::stod(m[1]), 0.0) << m[0];
+    EXPECT_EQ(std::stoull(m[2]), tokens * (size_t)(world - 1)) << m[0];
+}
+
 class StageParity : public ::testing::TestWithParam<std::tuple<int, const char *>> {};
 
 // 2 and 3 processes over TCP (and unix), 5 prompts with 2 in flight: every sequence's
@@ -287,6 +314,7 @@ TEST_P(StageParity, RandomModelTokensEqualTheWholeModel) {
     run_ranks(ranks, kRandom, world == 2 ? "2" : "1,3", world, {"--prompts", kPrompts},
               {"--max-tokens", "6", "--batch", "2", "--timeout", "20", "--seam", seam}, "", 60);
     expect_parity(ranks, world - 1, want); // rank 0 was launched last
+    expect_hops(slurp(ranks[(size_t)world - 1].out), world, seam, want);
     mk_model_free(model);
 }
 
