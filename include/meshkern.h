@@ -819,7 +819,7 @@ MK_API mk_status mk_split_auto(const mk_model *model, size_t n_stages, int64_t *
 
 /* One process per range (meshkern stage): rank r of `world` owns range r of the cuts.
  * Ranks meet at a rendezvous address (rank 0 listens, the others connect), exchange rank,
- * world and the stage digest (model identity, weight mode, cuts) and refuse any mismatch
+ * world and the stage digest (model identity, weight and KV modes, cuts, seam) and refuse any mismatch
  * before the first request; then rank r sends its boundaries to rank r+1 over a stream
  * seam and the last rank sends each sampled token back to rank 0 as a TailResult over
  * its rendezvous connection. Rank 0 takes the requests and keeps up to max_sequences in
@@ -859,7 +859,7 @@ typedef struct mk_stage_options {
 MK_API mk_stage_options mk_stage_options_default(void);
 
 /* Meet the other ranks, compare digests, build this rank's range and connect the seams,
- * all within the deadline. A mismatch (another model file, weight mode, cuts or world)
+ * all within the deadline. A mismatch (another model file, weight or KV mode, cuts, seam or world)
  * fails every rank with MK_ERR_RECIPE_DIGEST naming the rank. The model must outlive the
  * stage; release with mk_stage_free. */
 MK_API mk_status mk_stage_join(const mk_model *model, const mk_stage_options *options, mk_stage **out);

@@ -1,7 +1,7 @@
 /* How stage processes meet without MPI: rank 0 listens at the rendezvous address, every
  * other rank connects and says hello (rank, world, stage digest, where its seam listens).
  * Rank 0 waits for all of them, then compares: a rank with another digest (another model
- * file, weight mode or cuts), another world or a rank taken twice is refused before any
+ * file, weight mode, cuts or seam), another world or a rank taken twice is refused before any
  * request, and every rank gets the refusal (ABORT) naming the rank, so all of them stop.
  * Otherwise each rank gets its welcome: the run's limits and the next rank's seam address.
  * The connection stays open: it carries results, the ready barrier, bye and abort. */
@@ -96,8 +96,8 @@ static mk_status mk_rendezvous_root(mk_stage *st, int64_t deadline) {
                         hello[k].world, st->world);
         else if (strcmp(hello[k].digest, st->digest) != 0)
             s = mk_fail(MK_ERR_RECIPE_DIGEST,
-                        "rank %d's stage digest %.16s... differs from rank 0's %.16s... (another model file, weight mode "
-                        "or cuts): refused at startup, before any request",
+                        "rank %d's stage digest %.16s... differs from rank 0's %.16s... (another model file, weight mode, "
+                        "cuts or seam): refused at startup, before any request",
                         k, hello[k].digest, st->digest);
     }
     if (s != MK_OK) {

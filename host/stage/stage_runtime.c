@@ -60,14 +60,16 @@ static int64_t mk_wall_ns(void) {
 
 /* ================================================================= join == */
 
-/* What every rank must agree on: the model's identity, the weight and KV modes, the cuts
- * and the world. */
+/* What every rank must agree on: the model's identity, the weight and KV modes, the cuts,
+ * the world and the seam transport (under MPI the nccl seam adds a broadcast every rank
+ * must take part in). */
 static mk_status mk_stage_digest_of(const mk_model *model, const mk_stage_options *o, const int64_t *cuts,
                                     char digest[MK_DIGEST_HEX_LEN + 1]) {
     char text[2048];
-    int n = snprintf(text, sizeof text, "meshkern-stage-v1;model=%s;weights=%s;kv=%s;world=%d;cuts=",
+    int n = snprintf(text, sizeof text, "meshkern-stage-v1;model=%s;weights=%s;kv=%s;seam=%s;world=%d;cuts=",
                      mk_model_digest(model), mk_dtype_name(o->range.backend.weight_dtype),
-                     mk_dtype_name(o->range.backend.kv_dtype ? o->range.backend.kv_dtype : MK_DTYPE_F32), o->world);
+                     mk_dtype_name(o->range.backend.kv_dtype ? o->range.backend.kv_dtype : MK_DTYPE_F32),
+                     mk_seam_kind_name(o->seam), o->world);
     for (int i = 0; i + 1 < o->world && n > 0 && (size_t)n < sizeof text; i++)
         n += snprintf(text + n, sizeof text - (size_t)n, "%lld,", (long long)cuts[i]);
     if (n < 0 || (size_t)n >= sizeof text) return mk_fail(MK_ERR_INTERNAL, "stage digest text too long");
@@ -711,14 +713,20 @@ static mk_status mk_member_send_counts(mk_stage *st) {
     const int n = snprintf(body, sizeof body, "%lld %llu %lld %llu %lld %zu %.9g %.9g", (long long)c->base_ns,
                            (unsigned long long)c->sent, (long long)c->sent_ns, (unsigned long long)c->received,
                            (long long)c->received_ns, c->received_bytes, c->send_seconds, c->recv_seconds);
-    return mk_ctl_send(&st->ctl[0], MK_CTL_STATS, body, (size_t)n, mk_deadline_ms(st->timeout_ms, MK_STAGE_DEFAULT_TIMEOUT_MS));
+    return mk_ctl_send(&st->ctl[0], MK_CTL_STATS, body, (size_t)n,
+                       mk_deadline_ms(st->timeout_ms, MK_STAGE_DEFAULT_TIMEOUT_MS));
 }
 
 static mk_status mk_stage_serve_member(mk_stage *st, mk_stage_report_fn report, void *user) {
     char requests[MK_CTL_MAX_BODY + 1] = "";
     mk_status s = st->o.seam == MK_SEAM_NCCL ? mk_member_serve_nccl(st, requests, sizeof requests)
                                             : mk_member_serve(st, requests, sizeof requests);
-    if (s == MK_OK) return mk_member_send_counts(st);
+    if (s == MK_OK) {
+        /* the run is done either way: figures rank 0 does not get are only missing there */
+        (void)mk_member_send_counts(st);
+        mk_clear_error();
+        return MK_OK;
+    }
     char message[512];
     snprintf(message, sizeof message, "%s", mk_last_error());
     if (!requests[0]) {

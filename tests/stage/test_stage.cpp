@@ -451,6 +451,22 @@ TEST(Stage, CutMismatchIsRefusedAtStartup) {
     }
 }
 
+// So does another seam transport on one rank (under MPI an nccl seam adds a broadcast
+// every rank must take part in: a rank without it would leave the others waiting).
+TEST(Stage, SeamMismatchIsRefusedAtStartup) {
+    const int port = free_port();
+    Ranks ranks("seam");
+    ranks.launch(1, stage_args(kRandom, "2", 1, 2, port, {"--timeout", "5", "--seam", "unix"}), "");
+    ranks.launch(0, stage_args(kRandom, "2", 0, 2, port, {"--timeout", "5", "--prompts", kPrompts}), "");
+    ranks.wait(15);
+    for (size_t i = 0; i < ranks.size(); i++) {
+        const std::string err = slurp(ranks[i].err);
+        EXPECT_EQ(exit_code(ranks[i]), 1) << err;
+        EXPECT_NE(err.find("refused at startup: MK_ERR_RECIPE_DIGEST: rank 1's stage digest"), std::string::npos) << err;
+        EXPECT_NE(err.find("cuts or seam"), std::string::npos) << err;
+    }
+}
+
 // The backend options go through the run forms' shared parser: --kv f16 on one rank is
 // another KV mode (another digest), refused at startup; the same --kv f16 (and --speed,
 // a flag without a value) on both runs and prints its weights.

@@ -117,8 +117,8 @@ static mk_status mk_mpi_setup(const mk_model *model, mk_stage_options *o, char *
                                         d[0] ? 0 : k);
         } else if (strcmp(d, all) != 0) {
             s = mk_fail(MK_ERR_RECIPE_DIGEST,
-                        "rank %d's stage digest %.16s... differs from rank 0's %.16s... (another model file, weight mode "
-                        "or cuts): refused at startup, before any request",
+                        "rank %d's stage digest %.16s... differs from rank 0's %.16s... (another model file, weight mode, "
+                        "cuts or seam): refused at startup, before any request",
                         k, d, all);
         }
     }
