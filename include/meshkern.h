@@ -825,7 +825,7 @@ MK_API mk_status mk_split_auto(const mk_model *model, size_t n_stages, int64_t *
 
 /* One process per range (meshkern stage): rank r of `world` owns range r of the cuts.
  * Ranks meet at a rendezvous address (rank 0 listens, the others connect), exchange rank,
- * world and the stage digest (model identity, weight mode, cuts) and refuse any mismatch
+ * world and the stage digest (model identity, weight and KV modes, cuts, seam) and refuse any mismatch
  * before the first request; then rank r sends its boundaries to rank r+1 over a stream
  * seam and the last rank sends each sampled token back to rank 0 as a TailResult over
  * its rendezvous connection. Rank 0 takes the requests and keeps up to max_sequences in
@@ -837,6 +837,8 @@ MK_API mk_status mk_split_auto(const mk_model *model, size_t n_stages, int64_t *
  * The environment variable MESHKERN_FAULT ("rank=R,step=K,kind=exit|silent|corrupt_header|
  * other_digest|other_layer") makes rank R misbehave at its K-th boundary (0-based): tests only. */
 typedef struct mk_stage mk_stage;
+/* The size of an NCCL unique id (ncclUniqueId). */
+#define MK_NCCL_ID_BYTES 128
 
 /* Versioned by struct_size like mk_backend_config (see there). */
 typedef struct mk_stage_options {
@@ -854,11 +856,16 @@ typedef struct mk_stage_options {
     size_t max_new_tokens;     /* rank 0: tokens per request; default 16 */
     const int32_t *stop_ids;   /* rank 0: a request stops after any of these (copied) */
     size_t n_stop;
+    /* nccl seams: the unique ids of this rank's communicators with the previous and the next
+       rank, when the launcher handed them out (mk_stage_mpi_setup: rank 0 makes them and
+       MPI_Bcast's them, as nccl-tests do); false: rank 0 hands them out at the rendezvous */
+    bool nccl_ids_given;
+    unsigned char nccl_prev[MK_NCCL_ID_BYTES], nccl_next[MK_NCCL_ID_BYTES];
 } mk_stage_options;
 MK_API mk_stage_options mk_stage_options_default(void);
 
 /* Meet the other ranks, compare digests, build this rank's range and connect the seams,
- * all within the deadline. A mismatch (another model file, weight mode, cuts or world)
+ * all within the deadline. A mismatch (another model file, weight or KV mode, cuts, seam or world)
  * fails every rank with MK_ERR_RECIPE_DIGEST naming the rank. The model must outlive the
  * stage; release with mk_stage_free. */
 MK_API mk_status mk_stage_join(const mk_model *model, const mk_stage_options *options, mk_stage **out);
@@ -891,6 +898,24 @@ typedef void (*mk_stage_report_fn)(void *user, const mk_stage_report *report);
 MK_API mk_status mk_stage_serve(mk_stage *stage, const mk_stage_request *requests, size_t n_requests,
                                 mk_stage_report_fn report, void *user);
 
+/* The figures of one seam of a finished run: seam k joins rank k to rank k + 1. */
+typedef struct mk_stage_hop {
+    size_t boundaries;         /* boundaries that crossed it (rank k's sends, rank k + 1's receipts) */
+    size_t bytes;              /* bytes the receiving end took (its mk_seam_bytes) */
+    double seam_seconds;       /* time inside the seam's calls: rank k's sends and rank k + 1's
+                                  receives (mk_seam_seconds of both ends; an nccl receive
+                                  waits for the data, so it includes the sender's compute) */
+    double latency_s;          /* mean time from rank k's send of a boundary to rank k + 1's
+                                  receipt, by the wall clocks of both (exact on one node, off by
+                                  the clocks' skew across nodes; with more than one request in
+                                  flight it includes the time the boundary waits while the
+                                  receiver is busy: one request in flight measures the hop) */
+} mk_stage_hop;
+/* Rank 0, after mk_stage_serve returned MK_OK: the figures of seam k (0 <= k < world - 1),
+ * which every other rank sends with its goodbye. MK_ERR_INVALID_ARGUMENT on another rank, for
+ * another seam or before a finished run; MK_ERR_PEER_LOST when a rank sent none. */
+MK_API mk_status mk_stage_hop_stats(const mk_stage *stage, size_t seam, mk_stage_hop *out);
+
 /* Launch by MPI (mpirun, srun): true when an MPI launcher started this process
  * (OMPI_COMM_WORLD_SIZE, PMI_SIZE or PMIX_RANK in the environment). */
 MK_API bool mk_stage_mpi_launched(void);
@@ -898,7 +923,9 @@ MK_API bool mk_stage_mpi_launched(void);
  * from MPI_Comm_rank/size into options; the stage digests compared with MPI_Allgather (a
  * mismatch fails every rank with MK_ERR_RECIPE_DIGEST naming the rank, before any
  * connection); rank 0 picks a free port on its node's address and MPI_Bcast's the
- * rendezvous "HOST:PORT" into rendezvous[cap] (options->rendezvous points there). Builds
+ * rendezvous "HOST:PORT" into rendezvous[cap] (options->rendezvous points there); with
+ * options->seam MK_SEAM_NCCL rank 0 also makes the unique id of every seam's communicator
+ * and MPI_Bcast's them (options->nccl_prev/nccl_next, nccl_ids_given). Builds
  * without MPI refuse with MK_ERR_UNSUPPORTED. */
 MK_API mk_status mk_stage_mpi_setup(const mk_model *model, mk_stage_options *options, char *rendezvous, size_t cap);
 /* MPI_Finalize after a run every rank finished (a failed run exits without it: the

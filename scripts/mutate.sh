@@ -59,6 +59,8 @@ MUTATIONS=(
   "stage.slot-evicts-newest~host/stage/slots.c~s/t->slot\[i\].last_use < s->last_use/t->slot[i].last_use > s->last_use/~stage"
   "stage.result-digest-unchecked~host/stage/stage_runtime.c~s/if \(strcmp\(info.runtime_recipe_digest/if (0 \&\& strcmp(info.runtime_recipe_digest/~stage"
   "stage.unstarted-not-reported~host/stage/stage_runtime.c~s/if \(h.state\[i\].finished\) continue;/if (h.state[i].finished || !h.state[i].started) continue;/~stage"
+  "stage.hop-stats-refused~host/stage/control.c~s/t > MK_CTL_STATS/t > MK_CTL_DONE/~stage"
+  "stage.hop-receipts-miscounted~host/stage/stage_runtime.c~s/st->counts.received\+\+;/st->counts.received += 2;/~stage"
   "native.swiglu-up-skipped~host/cpu_native.c~s/        mk_native_part_rows\(j, &j->part\[1\], begin, end\);\n//~native:*SharedAndSwiglu*"
   "native.shared-part-skips-item~host/cpu_native.c~s/            begin = stop;/            begin = stop + 1;/~native:*SharedAndSwiglu*"
   "pool.runs-overlap~host/cpu_pool.c~s/\(size_t\)\(next \+ take\) \* p->chunk < p->n \? \(size_t\)\(next \+ take\) \* p->chunk/(size_t)(next + take + 1) * p->chunk < p->n ? (size_t)(next + take + 1) * p->chunk/~native:*CpuPool*"

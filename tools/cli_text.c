@@ -196,10 +196,15 @@ static void mk_cli_gen_free(mk_cli_gen *g) {
 /* The prompt's ids: the conversation through the chat template, or the raw text. */
 static mk_status mk_cli_prompt_ids(const mk_tokenizer *tok, const mk_cli_opts *o, int32_t **ids, size_t *n,
                                    const char **template_name) {
-    if (o->raw) {
+    return mk_cli_text_ids(tok, o->system, o->prompt, o->raw, ids, n, template_name);
+}
+
+mk_status mk_cli_text_ids(const mk_tokenizer *tok, const char *system, const char *prompt, bool raw, int32_t **ids,
+                          size_t *n, const char **template_name) {
+    if (raw) {
         *template_name = "none (--raw)";
-        return mk_tokenizer_encode(tok, o->prompt, strlen(o->prompt), MK_TOKENIZE_ADD_SPECIAL | MK_TOKENIZE_PARSE_SPECIAL,
-                                   ids, n);
+        return mk_tokenizer_encode(tok, prompt, strlen(prompt), MK_TOKENIZE_ADD_SPECIAL | MK_TOKENIZE_PARSE_SPECIAL, ids,
+                                   n);
     }
     mk_chat_template_kind kind;
     mk_status s = mk_chat_template_detect(tok, &kind);
@@ -207,8 +212,8 @@ static mk_status mk_cli_prompt_ids(const mk_tokenizer *tok, const mk_cli_opts *o
     *template_name = mk_chat_template_name(kind);
     mk_chat_message msgs[2];
     size_t n_msgs = 0;
-    if (o->system) msgs[n_msgs++] = (mk_chat_message){"system", o->system};
-    msgs[n_msgs++] = (mk_chat_message){"user", o->prompt};
+    if (system) msgs[n_msgs++] = (mk_chat_message){"system", system};
+    msgs[n_msgs++] = (mk_chat_message){"user", prompt};
     char *text = NULL;
     size_t len = 0;
     s = mk_chat_apply(tok, msgs, n_msgs, true, &text, &len);

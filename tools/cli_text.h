@@ -2,6 +2,7 @@
 #ifndef MK_CLI_TEXT_H
 #define MK_CLI_TEXT_H
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -13,6 +14,11 @@ int mk_cli_run_text(int argc, char **argv);
 int mk_cli_chat(int argc, char **argv);
 /* meshkern tokenize MODEL TEXT ...: argv[0] is MODEL. */
 int mk_cli_tokenize(int argc, char **argv);
+/* A user message (after an optional system one) rendered with the model's chat template
+ * and tokenized, as run -p does; raw: the text itself with the model's BOS. ids are
+ * released with mk_buffer_free; template_name is static. */
+mk_status mk_cli_text_ids(const mk_tokenizer *tok, const char *system, const char *prompt, bool raw, int32_t **ids,
+                          size_t *n, const char **template_name);
 /* Print ids as the model's text (as "<id>" when the model has no tokenizer). */
 void mk_cli_print_text(FILE *f, const mk_model *model, const int32_t *ids, size_t n);
 

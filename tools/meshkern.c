@@ -57,7 +57,8 @@ static int usage(void) {
             "               (default: the cores divided among the stages)\n"
             "  meshkern stage MODEL --split L1,L2,...|auto --rank R --world N --rendezvous HOST:PORT\n"
             "               [--prompts FILE|- (rank 0)] [--max-tokens K] [--batch M] [--timeout S]\n"
-            "               [--seam tcp|unix|nccl] [--backend cpu|cuda] [--dtype native|f32|f16|bf16] [--threads N]\n"
+            "               [--seam tcp|unix|nccl] [--backend cpu|cuda] [--dtype native|f32|f16|bf16] [--kv f32|f16]\n"
+            "               [--threads N] [--speed]\n"
             "               [--stop IDS] [--launcher mpi|rendezvous (mpi: mpirun -np N ..., no --rank/--world)]\n"
             "               one process per range; rank 0 takes the prompts and prints the tokens\n"
             "  --random is the seed's random model (vocab 48, hidden 32, 6 layers, 4 heads); keys\n"
@@ -231,14 +232,17 @@ static int cmd_run(int argc, char **argv) {
     size_t n_new = 16;
     mk_range_options opt = mk_range_options_default();
     mk_seam_options seam = mk_seam_options_default(MK_SEAM_WIRE);
-    bool dtype_given = false;
+    /* --backend, --device, --dtype, --kv, --threads, --speed: the run forms' shared parser */
+    mk_cli_backend backend;
+    mk_cli_backend_init(&backend);
     for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (strcmp(a, "--speed") == 0) { /* the one flag without a value */
-            opt.backend.speed_mode = true;
-            continue;
-        }
+        const char *a = argv[i];
+        if (mk_cli_backend_flag(a, &backend)) continue;
+        const char *v = i + 1 < argc ? argv[++i] : NULL;
         if (!v) return usage();
+        const int taken = mk_cli_backend_option(a, v, &backend);
+        if (taken < 0) return usage();
+        if (taken) continue;
         if (strcmp(a, "--tokens") == 0) n_tokens = parse_list(v, tokens_ll, MK_MAX_TOKENS);
         else if (strcmp(a, "--split") == 0) n_cuts = parse_list(v, cuts_ll, MK_MAX_CUTS);
         else if (strcmp(a, "--n") == 0) {
@@ -247,7 +251,6 @@ static int cmd_run(int argc, char **argv) {
             n_new = v[0] >= '0' && v[0] <= '9' ? (size_t)strtoull(v, &end, 10) : 0;
             if (!end || *end || n_new >= MK_MAX_TOKENS) return usage();
         }
-        else if (strcmp(a, "--device") == 0) opt.backend.device = atoi(v);
         else if (strcmp(a, "--devices") == 0) {
             n_devices = parse_list(v, devices_ll, MK_MAX_CUTS + 1);
             if (n_devices <= 0) return usage();
@@ -263,28 +266,10 @@ static int cmd_run(int argc, char **argv) {
         else if (strcmp(a, "--tls-cert") == 0) seam.tls.enabled = true, seam.tls.cert_file = v;
         else if (strcmp(a, "--tls-key") == 0) seam.tls.key_file = v;
         else if (strcmp(a, "--tls-ca") == 0) seam.tls.ca_file = v;
-        else if (strcmp(a, "--backend") == 0) {
-            const mk_status s = mk_backend_kind_from_name(v, &opt.backend.kind);
-            if (s != MK_OK) return fail(s);
-        } else if (strcmp(a, "--dtype") == 0) {
-            if (strcmp(v, "native") == 0) opt.backend.weight_dtype = MK_DTYPE_NATIVE;
-            else if (strcmp(v, "f32") == 0) opt.backend.weight_dtype = MK_DTYPE_F32;
-            else if (strcmp(v, "f16") == 0) opt.backend.weight_dtype = MK_DTYPE_F16;
-            else if (strcmp(v, "bf16") == 0) opt.backend.weight_dtype = MK_DTYPE_BF16;
-            else return usage();
-            dtype_given = true;
-        } else if (strcmp(a, "--kv") == 0) {
-            if (strcmp(v, "f16") == 0) opt.backend.kv_dtype = MK_DTYPE_F16;
-            else if (strcmp(v, "f32") == 0) opt.backend.kv_dtype = MK_DTYPE_F32;
-            else return usage();
-        } else if (strcmp(a, "--threads") == 0) {
-            char *end = NULL;
-            const unsigned long long t = v[0] >= '1' && v[0] <= '9' ? strtoull(v, &end, 10) : 0;
-            if (!end || *end || t > 1024) return usage();
-            opt.backend.threads = (size_t)t;
-        } else return usage();
-        i++;
+        else return usage();
     }
+    mk_cli_backend_finish(&backend, path);
+    opt.backend = backend.config;
     if (n_tokens <= 0 || n_cuts < 0 || n_new == 0 || (size_t)n_tokens + n_new >= MK_MAX_TOKENS) return usage();
     for (long i = 0; i < n_tokens; i++) /* the head checks the vocabulary; int32 must not wrap first */
         if (tokens_ll[i] < 0 || tokens_ll[i] > INT32_MAX) {
@@ -309,9 +294,6 @@ static int cmd_run(int argc, char **argv) {
         devices[i] = (int)devices_ll[i];
     }
     if (n_devices > 0) opt.backend.device = devices[0]; /* the whole model runs on the first */
-    /* A GGUF model on the cpu backend runs on its stored weights unless asked otherwise. */
-    if (!dtype_given && opt.backend.kind == MK_BACKEND_CPU && strncmp(path, "--random", 8) != 0)
-        opt.backend.weight_dtype = MK_DTYPE_NATIVE;
 
     mk_model *model = NULL;
     mk_status s = open_model(path, &model);

@@ -5,10 +5,13 @@
  *   meshkern stage MODEL --split L1,L2,...|auto --rank R --world N --rendezvous HOST:PORT
  *   mpirun -np N meshkern stage MODEL --split L1,L2,...|auto [--launcher mpi]
  *                  [--prompts FILE|-] [--max-tokens K] [--batch M] [--timeout S] [--stop IDS]
- *                  [--seam tcp|unix|nccl] [--backend cpu|cuda] [--dtype native|f32|f16|bf16] [--threads N]
+ *                  [--seam tcp|unix|nccl] [--backend cpu|cuda] [--device D] [--dtype native|f32|f16|bf16]
+ *                  [--kv f32|f16] [--threads N] [--speed]   (the backend options: cli_backend.c) [--text]
  *
- * Rank 0 reads the prompts (one per line, comma-separated token ids, as run --prompts),
- * prints every sequence's tokens (or its failure) and the aggregate throughput. Exit
+ * Rank 0 reads the prompts (one per line, comma-separated token ids, as run --prompts; with
+ * --text one user message per line, through the model's chat template as run -p), prints
+ * every sequence's tokens (or its failure; with --text the answer too), the aggregate
+ * throughput and the per-hop figures. Exit
  * status: 0 when every request is done, 1 when the run failed, 2 for a usage error. */
 #include <errno.h>
 #include <stdio.h>
@@ -27,15 +30,16 @@
 typedef struct stage_args {
     const char *model, *prompts, *rendezvous;
     int64_t cuts[MK_STAGE_MAX_LIST];
-    int32_t stop[MK_STAGE_MAX_LIST + 1];
+    int32_t stop[2 * MK_STAGE_MAX_LIST]; /* --stop, then the model's end-of-generation ids */
     size_t n_stop;
     mk_stage_options o;
-    bool dtype_given, mpi;
+    bool mpi, text;
     char mpi_rendezvous[300];
 } stage_args;
 
 typedef struct stage_print {
     const mk_model *model;
+    const mk_tokenizer *tok; /* --text: answers printed as text */
     const batch_prompt *prompts;
     size_t generated, failed;
     int rank;
@@ -83,13 +87,24 @@ static int parse_stage_args(int argc, char **argv, stage_args *a) {
     a->o = mk_stage_options_default();
     a->o.rank = -1;
     a->o.world = 0;
-    a->o.range.backend = mk_backend_config_default(MK_BACKEND_CPU);
+    /* --backend, --device, --dtype, --kv, --threads, --speed: the run forms' shared parser */
+    mk_cli_backend backend;
+    mk_cli_backend_init(&backend);
     long long list[MK_STAGE_MAX_LIST];
     size_t n = 0;
     bool split_given = false;
-    for (int i = 1; i < argc; i += 2) {
-        const char *k = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    for (int i = 1; i < argc; i++) {
+        const char *k = argv[i];
+        if (mk_cli_backend_flag(k, &backend)) continue;
+        if (strcmp(k, "--text") == 0) {
+            a->text = true;
+            continue;
+        }
+        const char *v = i + 1 < argc ? argv[++i] : NULL;
         if (!v) return mk_cli_usage();
+        const int taken = mk_cli_backend_option(k, v, &backend);
+        if (taken < 0) return mk_cli_usage();
+        if (taken) continue;
         if (strcmp(k, "--split") == 0) {
             split_given = true;
             if (strcmp(v, "auto") == 0) a->o.split_auto = true;
@@ -118,19 +133,6 @@ static int parse_stage_args(int argc, char **argv, stage_args *a) {
         } else if (strcmp(k, "--seam") == 0) {
             const mk_status s = mk_seam_kind_from_name(v, &a->o.seam);
             if (s != MK_OK) return mk_cli_fail(s);
-        } else if (strcmp(k, "--backend") == 0) {
-            const mk_status s = mk_backend_kind_from_name(v, &a->o.range.backend.kind);
-            if (s != MK_OK) return mk_cli_fail(s);
-        } else if (strcmp(k, "--threads") == 0) {
-            if (!parse_size(v, &a->o.range.backend.threads)) return mk_cli_usage();
-        } else if (strcmp(k, "--dtype") == 0) {
-            mk_backend_config *b = &a->o.range.backend;
-            a->dtype_given = true;
-            if (strcmp(v, "native") == 0) b->weight_dtype = MK_DTYPE_NATIVE;
-            else if (strcmp(v, "f32") == 0) b->weight_dtype = MK_DTYPE_F32;
-            else if (strcmp(v, "f16") == 0) b->weight_dtype = MK_DTYPE_F16;
-            else if (strcmp(v, "bf16") == 0) b->weight_dtype = MK_DTYPE_BF16;
-            else return mk_cli_usage();
         } else return mk_cli_usage();
     }
     /* Started by mpirun without a rank of its own: MPI says who is who. */
@@ -141,8 +143,8 @@ static int parse_stage_args(int argc, char **argv, stage_args *a) {
         return mk_cli_usage();
     }
     /* A GGUF model on the cpu backend runs on its stored weights unless asked otherwise (as run). */
-    if (!a->dtype_given && a->o.range.backend.kind == MK_BACKEND_CPU && strncmp(a->model, "--random", 8) != 0)
-        a->o.range.backend.weight_dtype = MK_DTYPE_NATIVE;
+    mk_cli_backend_finish(&backend, a->model);
+    a->o.range.backend = backend.config;
     a->o.cuts = a->cuts;
     a->o.rendezvous = a->rendezvous;
     if (a->mpi) a->o.world = 2; /* until MPI says */
@@ -166,7 +168,18 @@ static void stage_report(void *user, const mk_stage_report *r) {
     p->generated += r->n_tokens;
     for (size_t k = 0; k < r->n_tokens; k++) printf(" %d", r->tokens[k]);
     printf("\n");
-    if (r->status == MK_OK) {
+    if (r->status == MK_OK && p->tok) {
+        /* as run -p prints it: the answer's text without the end-of-turn token */
+        char *text = NULL;
+        size_t len = 0;
+        const size_t n = r->stopped && r->n_tokens ? r->n_tokens - 1 : r->n_tokens;
+        if (mk_tokenizer_decode(p->tok, r->tokens, n, 0, &text, &len) == MK_OK) {
+            printf("answer %zu: ", r->request + 1);
+            fwrite(text, 1, len, stdout);
+            printf("\n");
+        }
+        mk_buffer_free(text);
+    } else if (r->status == MK_OK) {
         printf("  text: ");
         mk_cli_print_text(stdout, p->model, r->tokens, r->n_tokens);
         printf("\n");
@@ -174,13 +187,40 @@ static void stage_report(void *user, const mk_stage_report *r) {
     fflush(stdout);
 }
 
-static int run_stage(stage_args *a, const mk_model *model, const batch_prompt *prompts, size_t n_prompts) {
+/* Rank 0, after a finished run: each seam's figures, which the ranks sent with their
+ * goodbye, and the mean per-hop latency over all boundaries of all seams. */
+static void print_hops(const mk_stage *stage, const stage_args *a) {
+    double latency = 0.0;
+    size_t boundaries = 0;
+    for (int k = 0; k + 1 < a->o.world; k++) {
+        mk_stage_hop hop;
+        const mk_status s = mk_stage_hop_stats(stage, (size_t)k, &hop);
+        if (s != MK_OK) {
+            printf("hop %d: rank %d -> %d: no figures: %s: %s\n", k, k, k + 1, mk_status_name(s), mk_last_error());
+            continue;
+        }
+        printf("hop %d: rank %d -> %d over %s: %zu boundaries, %zu bytes, %.6f s in the seam, %.1f us per hop\n", k, k,
+               k + 1, mk_seam_kind_name(a->o.seam), hop.boundaries, hop.bytes, hop.seam_seconds, hop.latency_s * 1e6);
+        latency += hop.latency_s * (double)hop.boundaries;
+        boundaries += hop.boundaries;
+    }
+    if (boundaries)
+        printf("per-hop latency: %.1f us mean over %zu boundaries (%s, %zu in flight)\n", latency / (double)boundaries * 1e6,
+               boundaries, mk_seam_kind_name(a->o.seam), a->o.max_sequences);
+}
+
+static int run_stage(stage_args *a, const mk_model *model, const mk_tokenizer *tok, const batch_prompt *prompts,
+                     size_t n_prompts) {
     const mk_hparams *hp = mk_model_hparams(model);
     if (a->o.rank == 0) {
-        /* As run --prompts: the model's end-of-generation id, when the file names one, stops too. */
+        /* As run --prompts: the model's end-of-generation id, when the file names one, stops too;
+         * with --text, as run -p: every end-of-generation token of the tokenizer. */
         uint32_t eos;
         if (model->gguf && mk_gguf_get_u32(model->gguf, "tokenizer.ggml.eos_token_id", &eos) == MK_OK)
             a->stop[a->n_stop++] = (int32_t)eos;
+        for (size_t id = 0; tok && id < mk_tokenizer_vocab_size(tok); id++)
+            if (mk_tokenizer_is_eog(tok, (int32_t)id) && a->n_stop < sizeof a->stop / sizeof *a->stop)
+                a->stop[a->n_stop++] = (int32_t)id;
         mk_clear_error();
         a->o.stop_ids = a->stop;
         a->o.n_stop = a->n_stop;
@@ -198,9 +238,10 @@ static int run_stage(stage_args *a, const mk_model *model, const batch_prompt *p
         return 1;
     }
     const mk_range *r = mk_stage_range(stage);
-    printf("stage: rank %d of %d, layers %lld-%lld %s, seam %s, backend %s, weights %s\n", a->o.rank, a->o.world,
+    printf("stage: rank %d of %d, layers %lld-%lld %s, seam %s%s, backend %s, weights %s\n", a->o.rank, a->o.world,
            (long long)mk_range_start(r), (long long)mk_range_end(r), mk_role_name(mk_range_role(r)),
-           mk_seam_kind_name(a->o.seam), a->o.range.backend.kind == MK_BACKEND_CUDA ? "cuda" : "cpu",
+           mk_seam_kind_name(a->o.seam), a->o.nccl_ids_given ? " (NCCL ids by MPI_Bcast)" : "",
+           a->o.range.backend.kind == MK_BACKEND_CUDA ? "cuda" : "cpu",
            mk_dtype_name(a->o.range.backend.weight_dtype));
     fflush(stdout);
     mk_stage_request *req = calloc(n_prompts ? n_prompts : 1, sizeof *req);
@@ -209,7 +250,7 @@ static int run_stage(stage_args *a, const mk_model *model, const batch_prompt *p
         return mk_cli_fail(mk_fail(MK_ERR_OUT_OF_MEMORY, "out of memory"));
     }
     for (size_t i = 0; i < n_prompts; i++) req[i] = (mk_stage_request){prompts[i].ids, prompts[i].n};
-    stage_print p = {model, prompts, 0, 0, a->o.rank};
+    stage_print p = {model, tok, prompts, 0, 0, a->o.rank};
     const double t0 = stage_now_s();
     s = mk_stage_serve(stage, req, n_prompts, stage_report, &p);
     const double wall = stage_now_s() - t0;
@@ -220,12 +261,57 @@ static int run_stage(stage_args *a, const mk_model *model, const batch_prompt *p
     } else if (a->o.rank == 0) {
         printf("aggregate: %zu tokens from %zu sequences in %.3f s: %.1f tokens/s over %d processes\n", p.generated,
                n_prompts, wall, (double)p.generated / wall, a->o.world);
+        print_hops(stage, a);
     } else {
         printf("rank %d: done\n", a->o.rank);
     }
     free(req);
     mk_stage_free(stage);
     return rc;
+}
+
+/* --text: each non-empty line of the file is a user message, rendered with the model's chat
+ * template and tokenized as run -p does; the tokenizer stays open for the answers. */
+static mk_status read_text_prompts(const char *path, const mk_model *model, mk_tokenizer **tok, batch_prompt **out,
+                                   size_t *n_out) {
+    *out = NULL;
+    *n_out = 0;
+    MK_TRY(mk_tokenizer_open(model, tok));
+    FILE *f = strcmp(path, "-") == 0 ? stdin : fopen(path, "r");
+    if (!f) return mk_fail(MK_ERR_IO, "cannot open prompts file %s", path);
+    mk_status s = MK_OK;
+    char *line = NULL;
+    size_t cap = 0, n = 0, have = 0;
+    ssize_t len;
+    while (s == MK_OK && (len = getline(&line, &cap, f)) >= 0) {
+        while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r')) line[--len] = '\0';
+        if (len == 0) continue;
+        if (n == have) {
+            have = have ? 2 * have : 8;
+            batch_prompt *grown = realloc(*out, have * sizeof *grown);
+            if (!grown) {
+                s = mk_fail(MK_ERR_OUT_OF_MEMORY, "out of memory");
+                break;
+            }
+            *out = grown;
+        }
+        int32_t *ids = NULL;
+        size_t n_ids = 0;
+        const char *template_name = NULL;
+        s = mk_cli_text_ids(*tok, NULL, line, false, &ids, &n_ids, &template_name);
+        if (s == MK_OK && !((*out)[n].ids = malloc((n_ids ? n_ids : 1) * sizeof(int32_t))))
+            s = mk_fail(MK_ERR_OUT_OF_MEMORY, "out of memory");
+        if (s == MK_OK) {
+            memcpy((*out)[n].ids, ids, n_ids * sizeof(int32_t));
+            (*out)[n++].n = n_ids;
+        }
+        mk_buffer_free(ids);
+    }
+    free(line);
+    if (f != stdin) fclose(f);
+    *n_out = n;
+    if (s == MK_OK && n == 0) s = mk_fail(MK_ERR_EMPTY_INPUT, "no prompts in %s", path);
+    return s;
 }
 
 int mk_cli_stage(int argc, char **argv) {
@@ -251,8 +337,11 @@ int mk_cli_stage(int argc, char **argv) {
     }
     batch_prompt *prompts = NULL;
     size_t n_prompts = 0;
-    if (a.o.rank == 0) s = mk_cli_read_prompts(a.prompts, &prompts, &n_prompts);
-    const int rc = s == MK_OK ? run_stage(&a, model, prompts, n_prompts) : mk_cli_fail(s);
+    mk_tokenizer *tok = NULL;
+    if (a.o.rank == 0 && a.text) s = read_text_prompts(a.prompts, model, &tok, &prompts, &n_prompts);
+    else if (a.o.rank == 0) s = mk_cli_read_prompts(a.prompts, &prompts, &n_prompts);
+    const int rc = s == MK_OK ? run_stage(&a, model, tok, prompts, n_prompts) : mk_cli_fail(s);
+    mk_tokenizer_free(tok);
     mk_model_free(model);
     mk_cli_free_prompts(prompts, n_prompts);
     /* A failed run leaves MPI unfinalized: MPI_Finalize waits for every rank, and the

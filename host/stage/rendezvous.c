@@ -1,7 +1,7 @@
 /* How stage processes meet without MPI: rank 0 listens at the rendezvous address, every
  * other rank connects and says hello (rank, world, stage digest, where its seam listens).
  * Rank 0 waits for all of them, then compares: a rank with another digest (another model
- * file, weight mode or cuts), another world or a rank taken twice is refused before any
+ * file, weight mode, cuts or seam), another world or a rank taken twice is refused before any
  * request, and every rank gets the refusal (ABORT) naming the rank, so all of them stop.
  * Otherwise each rank gets its welcome: the run's limits and the next rank's seam address.
  * The connection stays open: it carries results, the ready barrier, bye and abort. */
@@ -96,8 +96,8 @@ static mk_status mk_rendezvous_root(mk_stage *st, int64_t deadline) {
                         hello[k].world, st->world);
         else if (strcmp(hello[k].digest, st->digest) != 0)
             s = mk_fail(MK_ERR_RECIPE_DIGEST,
-                        "rank %d's stage digest %.16s... differs from rank 0's %.16s... (another model file, weight mode "
-                        "or cuts): refused at startup, before any request",
+                        "rank %d's stage digest %.16s... differs from rank 0's %.16s... (another model file, weight mode, "
+                        "cuts or seam): refused at startup, before any request",
                         k, hello[k].digest, st->digest);
     }
     if (s != MK_OK) {
@@ -107,12 +107,15 @@ static mk_status mk_rendezvous_root(mk_stage *st, int64_t deadline) {
         return mk_fail(s, "%s", message);
     }
     snprintf(st->next_address, sizeof st->next_address, "%s", hello[1].address);
-    /* nccl seams: rank 0 makes the unique id of every seam's communicator (seam k joins
-     * rank k and k + 1) and hands each rank the two it needs, as nccl-tests broadcast theirs. */
+    /* nccl seams: unless the launcher broadcast them (MPI), rank 0 makes the unique id of
+     * every seam's communicator (seam k joins rank k and k + 1) and hands each rank the two
+     * it needs in the welcome. */
     static const char none[] = "-";
     char ids[MK_STAGE_MAX_WORLD][2 * MK_SEAM_NCCL_ID_BYTES + 1];
     for (int k = 0; k + 1 < st->world; k++) snprintf(ids[k], sizeof ids[k], "%s", none);
-    if (st->o.seam == MK_SEAM_NCCL) {
+    if (st->o.seam == MK_SEAM_NCCL && st->o.nccl_ids_given) {
+        memcpy(st->nccl_next, st->o.nccl_next, sizeof st->nccl_next); /* MPI_Bcast'ed: the welcome has none */
+    } else if (st->o.seam == MK_SEAM_NCCL) {
         for (int k = 0; s == MK_OK && k + 1 < st->world; k++) {
             unsigned char id[MK_SEAM_NCCL_ID_BYTES];
             s = mk_seam_nccl_id_new(id, sizeof id);
@@ -190,7 +193,10 @@ static mk_status mk_rendezvous_join(mk_stage *st, int64_t deadline) {
                next_id) != 6 ||
         st->max_context == 0 || st->max_rows == 0 || st->max_sequences == 0)
         return mk_fail(MK_ERR_FRAME, "rank 0 sent no usable welcome (type %d)", (int)type);
-    if (st->o.seam == MK_SEAM_NCCL && (!mk_unhex(prev_id, st->nccl_prev) ||
+    if (st->o.seam == MK_SEAM_NCCL && st->o.nccl_ids_given) {
+        memcpy(st->nccl_prev, st->o.nccl_prev, sizeof st->nccl_prev);
+        memcpy(st->nccl_next, st->o.nccl_next, sizeof st->nccl_next);
+    } else if (st->o.seam == MK_SEAM_NCCL && (!mk_unhex(prev_id, st->nccl_prev) ||
                                        (st->rank + 1 < st->world && !mk_unhex(next_id, st->nccl_next))))
         return mk_fail(MK_ERR_FRAME, "rank 0 sent rank %d no usable NCCL unique ids", st->rank);
     n = snprintf(st->next_address, sizeof st->next_address, "%s", strcmp(next, "-") == 0 ? "" : next);

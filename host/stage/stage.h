@@ -36,6 +36,7 @@ typedef enum mk_ctl_type {
     MK_CTL_PING = 7,    /* 0 -> rank: rank 0 had no result in time; who is silent? */
     MK_CTL_PONG = 8,    /* rank -> 0: this rank is alive */
     MK_CTL_DONE = 9,    /* last rank -> 0: the end-of-run marker came through (nccl seams) */
+    MK_CTL_STATS = 10,  /* rank -> 0 after bye: its seam figures (mk_stage_counts) */
 } mk_ctl_type;
 
 mk_status mk_ctl_send(mk_io *io, mk_ctl_type type, const void *body, size_t len, int64_t deadline);
@@ -100,6 +101,18 @@ bool mk_fault_due(const mk_fault *f, uint64_t step, mk_fault_kind kind);
 /* =============================================================== stage == */
 
 #define MK_STAGE_MAX_WORLD 64
+
+/* One rank's seam figures, sent to rank 0 after the bye: boundaries sent to the next rank
+ * and received from the previous one, with the sums of their wall-clock times (ns since
+ * this rank's base, so that the sums stay exact in int64), and both seam ends' counters. */
+typedef struct mk_stage_counts {
+    bool known;
+    int64_t base_ns;              /* CLOCK_REALTIME at this rank's join */
+    uint64_t sent, received;
+    int64_t sent_ns, received_ns; /* sums of (time - base_ns) */
+    size_t received_bytes;
+    double send_seconds, recv_seconds;
+} mk_stage_counts;
 /* The request id of the end-of-run marker on nccl seams, which cannot be polled beside the
  * control connection: rank 0 sends it down the chain once every request is done. */
 #define MK_STAGE_END_ID "meshkern-end-of-run"
@@ -120,7 +133,7 @@ struct mk_stage {
     mk_seam_listener *listener;   /* rank > 0: where the previous rank connects */
     char next_address[300];       /* rank < world - 1: the next rank's listener */
     /* nccl seams: the unique ids of the communicators with the previous and the next rank,
-     * made by rank 0 and handed out in the welcome */
+     * made by rank 0 and handed out in the welcome, or by MPI_Bcast (o.nccl_ids_given) */
     unsigned char nccl_prev[MK_SEAM_NCCL_ID_BYTES], nccl_next[MK_SEAM_NCCL_ID_BYTES];
     mk_seam *from_prev, *to_next;
     mk_range *range;
@@ -128,6 +141,8 @@ struct mk_stage {
     mk_slots slots;
     mk_fault fault;
     uint64_t steps;               /* boundaries this rank handled */
+    mk_stage_counts counts;       /* this rank's seam figures */
+    mk_stage_counts *peer_counts; /* rank 0, after a finished run: [world], every rank's */
 };
 
 /* The cuts of o (given, or balanced for o->world ranks) into cuts[world - 1], checked,

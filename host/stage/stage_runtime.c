@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "mk_error.h"
@@ -49,16 +50,26 @@ const mk_range *mk_stage_range(const mk_stage *st) {
     return st ? st->range : NULL;
 }
 
+/* The wall clock, which every rank of a node shares: a boundary's hop time is its receipt
+ * on one rank less its send on another. */
+static int64_t mk_wall_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
 /* ================================================================= join == */
 
-/* What every rank must agree on: the model's identity, the weight and KV modes, the cuts
- * and the world. */
+/* What every rank must agree on: the model's identity, the weight and KV modes, the cuts,
+ * the world and the seam transport (under MPI the nccl seam adds a broadcast every rank
+ * must take part in). */
 static mk_status mk_stage_digest_of(const mk_model *model, const mk_stage_options *o, const int64_t *cuts,
                                     char digest[MK_DIGEST_HEX_LEN + 1]) {
     char text[2048];
-    int n = snprintf(text, sizeof text, "meshkern-stage-v1;model=%s;weights=%s;kv=%s;world=%d;cuts=",
+    int n = snprintf(text, sizeof text, "meshkern-stage-v1;model=%s;weights=%s;kv=%s;seam=%s;world=%d;cuts=",
                      mk_model_digest(model), mk_dtype_name(o->range.backend.weight_dtype),
-                     mk_dtype_name(o->range.backend.kv_dtype ? o->range.backend.kv_dtype : MK_DTYPE_F32), o->world);
+                     mk_dtype_name(o->range.backend.kv_dtype ? o->range.backend.kv_dtype : MK_DTYPE_F32),
+                     mk_seam_kind_name(o->seam), o->world);
     for (int i = 0; i + 1 < o->world && n > 0 && (size_t)n < sizeof text; i++)
         n += snprintf(text + n, sizeof text - (size_t)n, "%lld,", (long long)cuts[i]);
     if (n < 0 || (size_t)n >= sizeof text) return mk_fail(MK_ERR_INTERNAL, "stage digest text too long");
@@ -158,6 +169,7 @@ mk_status mk_stage_join(const mk_model *model, const mk_stage_options *o, mk_sta
     for (size_t i = 0; i < MK_STAGE_MAX_WORLD; i++) st->ctl[i] = (mk_io){.fd = -1, .ssl = NULL};
     st->model = model;
     st->o = *o;
+    st->counts.base_ns = mk_wall_ns();
     st->o.rendezvous = NULL; /* the caller's string: used during the join only */
     st->rank = o->rank;
     st->world = o->world;
@@ -211,6 +223,7 @@ void mk_stage_free(mk_stage *st) {
     mk_boundary_free(st->out);
     mk_range_free(st->range);
     for (size_t i = 0; i < MK_STAGE_MAX_WORLD; i++) mk_io_close(&st->ctl[i]);
+    free(st->peer_counts);
     free(st->stop);
     free(st);
 }
@@ -281,6 +294,10 @@ static mk_status mk_stage_send(mk_stage *st, const char *id) {
     /* An nccl send is only posted: the previous one must have completed (the next rank
      * took it) before the boundary buffer is sent again. */
     mk_status s = st->o.seam == MK_SEAM_NCCL ? mk_seam_send_wait(st->to_next) : MK_OK;
+    if (s == MK_OK && strcmp(id, MK_STAGE_END_ID) != 0) {
+        st->counts.sent++;
+        st->counts.sent_ns += mk_wall_ns() - st->counts.base_ns;
+    }
     if (s == MK_OK) s = mk_seam_send(st->to_next, st->out);
     if (s == MK_ERR_PEER_CLOSED)
         return mk_stage_wrap(MK_ERR_PEER_LOST, "rank %d lost rank %d (the next stage) sending step %llu of %s", st->rank,
@@ -456,6 +473,34 @@ static mk_status mk_head_end_marker(mk_stage *st) {
     }
 }
 
+/* After the bye: every rank's seam figures (a rank that sends none leaves its unknown; the
+ * run itself is done). */
+static void mk_head_gather_counts(mk_stage *st, int64_t deadline) {
+    st->peer_counts = calloc((size_t)st->world, sizeof *st->peer_counts);
+    if (!st->peer_counts) return;
+    mk_stage_counts *own = &st->peer_counts[0];
+    *own = st->counts;
+    own->known = true;
+    own->send_seconds = mk_seam_seconds(st->to_next);
+    for (int k = 1; k < st->world; k++) {
+        char peer[32], body[MK_CTL_MAX_BODY + 1];
+        snprintf(peer, sizeof peer, "rank %d", k);
+        mk_ctl_type type = MK_CTL_PONG;
+        size_t len = 0;
+        while (type == MK_CTL_PONG && mk_ctl_recv(&st->ctl[k], &type, body, &len, deadline, peer) == MK_OK)
+            if (type == MK_CTL_STATS) {
+                mk_stage_counts *c = &st->peer_counts[k];
+                long long base = 0, sent_ns = 0, received_ns = 0;
+                unsigned long long sent = 0, received = 0;
+                c->known = sscanf(body, "%lld %llu %lld %llu %lld %zu %lg %lg", &base, &sent, &sent_ns, &received,
+                                  &received_ns, &c->received_bytes, &c->send_seconds, &c->recv_seconds) == 8;
+                c->base_ns = base, c->sent = sent, c->sent_ns = sent_ns, c->received = received;
+                c->received_ns = received_ns;
+            }
+    }
+    mk_clear_error(); /* a rank without figures fails mk_stage_hop_stats, not the finished run */
+}
+
 static mk_status mk_stage_serve_head(mk_stage *st, const mk_stage_request *req, size_t n_req, mk_stage_report_fn report,
                                      void *user) {
     mk_head h = {.st = st, .req = req, .n_req = n_req, .report = report, .user = user};
@@ -473,6 +518,7 @@ static mk_status mk_stage_serve_head(mk_stage *st, const mk_stage_request *req, 
     if (s == MK_OK && st->o.seam == MK_SEAM_NCCL && n_req > 0) s = mk_head_end_marker(st);
     if (s == MK_OK) {
         for (int k = 1; k < st->world; k++) (void)mk_ctl_send(&st->ctl[k], MK_CTL_BYE, NULL, 0, deadline);
+        mk_head_gather_counts(st, deadline);
     } else {
         /* Every request not done fails with this status, and every rank is told which. */
         char message[512], body[MK_CTL_MAX_BODY];
@@ -552,6 +598,8 @@ static mk_status mk_member_step(mk_stage *st, bool *end) {
     if (s != MK_OK)
         return mk_stage_wrap(s, "rank %d refused the boundary from rank %d (its step %llu here)", st->rank, st->rank - 1,
                        (unsigned long long)st->steps);
+    st->counts.received++;
+    st->counts.received_ns += mk_wall_ns() - st->counts.base_ns;
     char id[64];
     snprintf(id, sizeof id, "%s", st->in->h.request_id);
     const bool tail = st->rank + 1 == st->world;
@@ -655,11 +703,30 @@ static mk_status mk_member_serve_nccl(mk_stage *st, char *requests, size_t cap) 
     }
 }
 
+/* After the bye: this rank's seam figures to rank 0 (mk_stage_hop_stats). */
+static mk_status mk_member_send_counts(mk_stage *st) {
+    mk_stage_counts *c = &st->counts;
+    c->received_bytes = st->from_prev ? mk_seam_bytes(st->from_prev) : 0;
+    c->send_seconds = st->to_next ? mk_seam_seconds(st->to_next) : 0.0;
+    c->recv_seconds = st->from_prev ? mk_seam_seconds(st->from_prev) : 0.0;
+    char body[MK_CTL_MAX_BODY];
+    const int n = snprintf(body, sizeof body, "%lld %llu %lld %llu %lld %zu %.9g %.9g", (long long)c->base_ns,
+                           (unsigned long long)c->sent, (long long)c->sent_ns, (unsigned long long)c->received,
+                           (long long)c->received_ns, c->received_bytes, c->send_seconds, c->recv_seconds);
+    return mk_ctl_send(&st->ctl[0], MK_CTL_STATS, body, (size_t)n,
+                       mk_deadline_ms(st->timeout_ms, MK_STAGE_DEFAULT_TIMEOUT_MS));
+}
+
 static mk_status mk_stage_serve_member(mk_stage *st, mk_stage_report_fn report, void *user) {
     char requests[MK_CTL_MAX_BODY + 1] = "";
     mk_status s = st->o.seam == MK_SEAM_NCCL ? mk_member_serve_nccl(st, requests, sizeof requests)
                                             : mk_member_serve(st, requests, sizeof requests);
-    if (s == MK_OK) return MK_OK;
+    if (s == MK_OK) {
+        /* the run is done either way: figures rank 0 does not get are only missing there */
+        (void)mk_member_send_counts(st);
+        mk_clear_error();
+        return MK_OK;
+    }
     char message[512];
     snprintf(message, sizeof message, "%s", mk_last_error());
     if (!requests[0]) {
@@ -691,4 +758,27 @@ mk_status mk_stage_serve(mk_stage *st, const mk_stage_request *requests, size_t 
     if (st->rank == 0 && n_requests && !requests) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_stage_serve: NULL requests");
     return st->rank == 0 ? mk_stage_serve_head(st, requests, n_requests, report, user)
                          : mk_stage_serve_member(st, report, user);
+}
+
+mk_status mk_stage_hop_stats(const mk_stage *st, size_t seam, mk_stage_hop *out) {
+    mk_clear_error();
+    if (!st || !out) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_stage_hop_stats: NULL argument");
+    if (st->rank != 0 || !st->peer_counts || seam + 1 >= (size_t)st->world)
+        return mk_fail(MK_ERR_INVALID_ARGUMENT, "seam %zu: rank 0 has the figures of seams 0..%d after a finished run "
+                       "(this is rank %d)", seam, st->world - 2, st->rank);
+    const mk_stage_counts *tx = &st->peer_counts[seam], *rx = &st->peer_counts[seam + 1];
+    if (!tx->known || !rx->known)
+        return mk_fail(MK_ERR_PEER_LOST, "rank %zu sent no seam figures with its goodbye", tx->known ? seam + 1 : seam);
+    if (tx->sent != rx->received)
+        return mk_fail(MK_ERR_INTERNAL, "seam %zu: rank %zu sent %llu boundaries, rank %zu received %llu", seam, seam,
+                       (unsigned long long)tx->sent, seam + 1, (unsigned long long)rx->received);
+    *out = (mk_stage_hop){0};
+    out->boundaries = (size_t)rx->received;
+    out->bytes = rx->received_bytes;
+    out->seam_seconds = tx->send_seconds + rx->recv_seconds;
+    /* sum(receipt - send) = sum(receipt - base_rx) - sum(send - base_tx) + n (base_rx - base_tx) */
+    const double n = (double)rx->received;
+    const double total_ns = (double)(rx->received_ns - tx->sent_ns) + n * (double)(rx->base_ns - tx->base_ns);
+    out->latency_s = rx->received ? total_ns / n * 1e-9 : 0.0;
+    return MK_OK;
 }

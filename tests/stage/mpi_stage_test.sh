@@ -19,6 +19,11 @@ if [ "$got" != "$want" ]; then
   echo "MISMATCH with the whole model:"; printf '%s\n' "$want"; exit 1
 fi
 printf '%s\n' "$out" | grep -q "^aggregate: .* over $np processes"
+# nccl seams under MPI: every rank joined with the ids rank 0 broadcast (MPI_Bcast).
+case "${MK_STAGE_EXTRA:-}" in
+  *nccl*) [ "$(printf '%s\n' "$out" | grep -c '^stage: rank .*seam nccl (NCCL ids by MPI_Bcast)')" = "$np" ] ||
+            { echo "not every rank joined with MPI_Bcast'ed NCCL ids"; exit 1; } ;;
+esac
 # The other ranks on another model (another random seed) or, for a GGUF, on another weight
 # mode of the same file: the digests differ.
 other="$model"; other_dtype=f32

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <regex>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -273,6 +274,32 @@ void expect_parity(Ranks &ranks, size_t rank0, const std::vector<std::vector<int
     for (size_t i = 0; i < ranks.size(); i++) EXPECT_EQ(exit_code(ranks[i]), 0) << slurp(ranks[i].err);
 }
 
+// Rank 0's per-hop figures: one line per seam, each seam crossed once per generated token
+// (a prefill, then a decode step per token but the last), with non-zero bytes, seam time
+// and a latency below the deadline; then the mean.
+void expect_hops(const std::string &out, int world, const std::string &seam,
+                 const std::vector<std::vector<int32_t>> &want) {
+    size_t tokens = 0;
+    for (const auto &w : want) tokens += w.size();
+    for (int k = 0; k + 1 < world; k++) {
+        const std::regex line("hop " + std::to_string(k) + ": rank " + std::to_string(k) + " -> " +
+                              std::to_string(k + 1) + " over " + seam +
+                              ": ([0-9]+) boundaries, ([0-9]+) bytes, ([0-9.]+) s in the seam, ([0-9.]+) us per hop");
+        std::smatch m;
+        ASSERT_TRUE(std::regex_search(out, m, line)) << out;
+        EXPECT_EQ(std::stoull(m[1]), tokens) << m[0];
+        EXPECT_GT(std::stoull(m[2]), 0u) << m[0];
+        EXPECT_GT(std::stod(m[3]), 0.0) << m[0];
+        EXPECT_GT(std::stod(m[4]), 0.0) << m[0];
+        EXPECT_LT(std::stod(m[4]), 20e6) << m[0];
+    }
+    const std::regex mean("per-hop latency: ([0-9.]+) us mean over ([0-9]+) boundaries \\(" + seam);
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(out, m, mean)) << out;
+    EXPECT_GT(std::stod(m[1]), 0.0) << m[0];
+    EXPECT_EQ(std::stoull(m[2]), tokens * (size_t)(world - 1)) << m[0];
+}
+
 class StageParity : public ::testing::TestWithParam<std::tuple<int, const char *>> {};
 
 // 2 and 3 processes over TCP (and unix), 5 prompts with 2 in flight: every sequence's
@@ -287,6 +314,7 @@ TEST_P(StageParity, RandomModelTokensEqualTheWholeModel) {
     run_ranks(ranks, kRandom, world == 2 ? "2" : "1,3", world, {"--prompts", kPrompts},
               {"--max-tokens", "6", "--batch", "2", "--timeout", "20", "--seam", seam}, "", 60);
     expect_parity(ranks, world - 1, want); // rank 0 was launched last
+    expect_hops(slurp(ranks[(size_t)world - 1].out), world, seam, want);
     mk_model_free(model);
 }
 
@@ -421,6 +449,48 @@ TEST(Stage, CutMismatchIsRefusedAtStartup) {
         EXPECT_EQ(exit_code(ranks[i]), 1);
         EXPECT_NE(slurp(ranks[i].err).find("MK_ERR_RECIPE_DIGEST"), std::string::npos) << slurp(ranks[i].err);
     }
+}
+
+// So does another seam transport on one rank (under MPI an nccl seam adds a broadcast
+// every rank must take part in: a rank without it would leave the others waiting).
+TEST(Stage, SeamMismatchIsRefusedAtStartup) {
+    const int port = free_port();
+    Ranks ranks("seam");
+    ranks.launch(1, stage_args(kRandom, "2", 1, 2, port, {"--timeout", "5", "--seam", "unix"}), "");
+    ranks.launch(0, stage_args(kRandom, "2", 0, 2, port, {"--timeout", "5", "--prompts", kPrompts}), "");
+    ranks.wait(15);
+    for (size_t i = 0; i < ranks.size(); i++) {
+        const std::string err = slurp(ranks[i].err);
+        EXPECT_EQ(exit_code(ranks[i]), 1) << err;
+        EXPECT_NE(err.find("refused at startup: MK_ERR_RECIPE_DIGEST: rank 1's stage digest"), std::string::npos) << err;
+        EXPECT_NE(err.find("cuts or seam"), std::string::npos) << err;
+    }
+}
+
+// The backend options go through the run forms' shared parser: --kv f16 on one rank is
+// another KV mode (another digest), refused at startup; the same --kv f16 (and --speed,
+// a flag without a value) on both runs and prints its weights.
+TEST(Stage, KvModeFromTheSharedParserIsPartOfTheDigest) {
+    {
+        const int port = free_port();
+        Ranks ranks("kv");
+        ranks.launch(1, stage_args(kRandom, "2", 1, 2, port, {"--timeout", "5", "--kv", "f16"}), "");
+        ranks.launch(0, stage_args(kRandom, "2", 0, 2, port, {"--timeout", "5", "--prompts", kPrompts}), "");
+        ranks.wait(15);
+        for (size_t i = 0; i < ranks.size(); i++) {
+            EXPECT_EQ(exit_code(ranks[i]), 1);
+            EXPECT_NE(slurp(ranks[i].err).find("MK_ERR_RECIPE_DIGEST"), std::string::npos) << slurp(ranks[i].err);
+        }
+    }
+    const int port = free_port();
+    Ranks ranks("kv2");
+    ranks.launch(1, stage_args(kRandom, "2", 1, 2, port, {"--timeout", "5", "--kv", "f16", "--speed"}), "");
+    ranks.launch(0, stage_args(kRandom, "2", 0, 2, port,
+                               {"--timeout", "5", "--speed", "--kv", "f16", "--max-tokens", "2", "--prompts", kPrompts}),
+                 "");
+    ranks.wait(15);
+    for (size_t i = 0; i < ranks.size(); i++) EXPECT_EQ(exit_code(ranks[i]), 0) << slurp(ranks[i].err);
+    EXPECT_NE(slurp(ranks[1].out).find("aggregate: "), std::string::npos) << slurp(ranks[1].out);
 }
 
 // A rank whose peers never come gives up at the deadline instead of waiting forever.

@@ -1,7 +1,7 @@
 /* Stage processes launched by MPI (mpirun, srun): MPI is the bootstrap only. It gives
  * rank and world, compares the stage digests of all ranks (MPI_Allgather) before anything
- * else, and broadcasts rank 0's rendezvous address (MPI_Bcast), the way nccl-tests hand
- * out the NCCL unique id. Boundaries and results then travel over the stage seams as in
+ * else, and broadcasts rank 0's rendezvous address and, for nccl seams, the NCCL unique
+ * ids rank 0 makes (MPI_Bcast, as nccl-tests do). Boundaries and results then travel over the stage seams as in
  * the rendezvous form; MPI carries nothing per request. Compiled where MPI is found
  * (host/CMakeLists.txt); mpi_absent.c refuses otherwise. */
 #include <arpa/inet.h>
@@ -47,6 +47,39 @@ static mk_status mk_root_address(char *out, size_t cap) {
     return MK_OK;
 }
 
+/* nccl seams: rank 0 makes the unique id of every seam's communicator (seam k joins rank
+ * k and k + 1) and broadcasts them all, as nccl-tests do; rank r keeps ids k = r - 1 and r. */
+static mk_status mk_mpi_nccl_ids(mk_stage_options *o, int rank, int world) {
+    _Static_assert(MK_NCCL_ID_BYTES == MK_SEAM_NCCL_ID_BYTES, "one NCCL id size");
+    const size_t n = (size_t)world - 1;
+    unsigned char *ids = calloc(n, MK_SEAM_NCCL_ID_BYTES);
+    if (!ids) return mk_fail(MK_ERR_OUT_OF_MEMORY, "stage: out of memory");
+    mk_status s = MK_OK;
+    char why[512] = "";
+    for (size_t k = 0; rank == 0 && s == MK_OK && k < n; k++)
+        s = mk_seam_nccl_id_new(ids + k * MK_SEAM_NCCL_ID_BYTES, MK_SEAM_NCCL_ID_BYTES);
+    if (s != MK_OK) snprintf(why, sizeof why, "%s", mk_last_error());
+    int ok = s == MK_OK;
+    int rc = MPI_Bcast(&ok, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    if (rc == MPI_SUCCESS && ok)
+        rc = MPI_Bcast(ids, (int)(n * MK_SEAM_NCCL_ID_BYTES), MPI_UNSIGNED_CHAR, 0, MPI_COMM_WORLD);
+    if (rc != MPI_SUCCESS) {
+        char msg[MPI_MAX_ERROR_STRING] = "?";
+        int len = 0;
+        MPI_Error_string(rc, msg, &len);
+        s = mk_fail(MK_ERR_MPI, "MPI_Bcast of the NCCL unique ids failed: %s", msg);
+    } else if (!ok) {
+        s = rank == 0 ? mk_fail(s, "rank 0 could not make the NCCL unique ids: %s", why)
+                      : mk_fail(MK_ERR_UNSUPPORTED, "rank 0 could not make the NCCL unique ids");
+    } else {
+        if (rank > 0) memcpy(o->nccl_prev, ids + (size_t)(rank - 1) * MK_SEAM_NCCL_ID_BYTES, MK_SEAM_NCCL_ID_BYTES);
+        if (rank + 1 < world) memcpy(o->nccl_next, ids + (size_t)rank * MK_SEAM_NCCL_ID_BYTES, MK_SEAM_NCCL_ID_BYTES);
+        o->nccl_ids_given = true;
+    }
+    free(ids);
+    return s;
+}
+
 static mk_status mk_mpi_setup(const mk_model *model, mk_stage_options *o, char *rendezvous, size_t cap) {
     int initialized = 0;
     MK_MPI_CHECK(MPI_Initialized(&initialized));
@@ -84,8 +117,8 @@ static mk_status mk_mpi_setup(const mk_model *model, mk_stage_options *o, char *
                                         d[0] ? 0 : k);
         } else if (strcmp(d, all) != 0) {
             s = mk_fail(MK_ERR_RECIPE_DIGEST,
-                        "rank %d's stage digest %.16s... differs from rank 0's %.16s... (another model file, weight mode "
-                        "or cuts): refused at startup, before any request",
+                        "rank %d's stage digest %.16s... differs from rank 0's %.16s... (another model file, weight mode, "
+                        "cuts or seam): refused at startup, before any request",
                         k, d, all);
         }
     }
@@ -102,7 +135,7 @@ static mk_status mk_mpi_setup(const mk_model *model, mk_stage_options *o, char *
     if (strlen(address) + 1 > cap) return mk_fail(MK_ERR_INVALID_ARGUMENT, "rendezvous buffer of %zu bytes too small", cap);
     memcpy(rendezvous, address, strlen(address) + 1);
     o->rendezvous = rendezvous;
-    return MK_OK;
+    return o->seam == MK_SEAM_NCCL ? mk_mpi_nccl_ids(o, rank, world) : MK_OK;
 }
 
 mk_status mk_stage_mpi_setup(const mk_model *model, mk_stage_options *o, char *rendezvous, size_t cap) {
