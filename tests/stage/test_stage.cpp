@@ -16,8 +16,8 @@
 #include <unistd.h>
 
 #include <fstream>
-#include <regex>
 #include <sstream>
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -282,22 +282,37 @@ void expect_hops(const std::string &out, int world, const std::string &seam,
     size_t tokens = 0;
     for (const auto &w : want) tokens += w.size();
     for (int k = 0; k + 1 < world; k++) {
-        const std::regex line("hop " + std::to_string(k) + ": rank " + std::to_string(k) + " -> " +
-                              std::to_string(k + 1) + " over " + seam +
-                              ": ([0-9]+) boundaries, ([0-9]+) bytes, ([0-9.]+) s in the seam, ([0-9.]+) us per hop");
-        std::smatch m;
-        ASSERT_TRUE(std::regex_search(out, m, line)) << out;
-        EXPECT_EQ(std::stoull(m[1]), tokens) << m[0];
-        EXPECT_GT(std::stoull(m[2]), 0u) << m[0];
-        EXPECT_GT(std::stod(m[3]), 0.0) << m[0];
-        EXPECT_GT(std::stod(m[4]), 0.0) << m[0];
-        EXPECT_LT(std::stod(m[4]), 20e6) << m[0];
+        const std::string prefix = "hop " + std::to_string(k) + ": rank " + std::to_string(k) + " -> " +
+                                   std::to_string(k + 1) + " over " + seam + ": ";
+        const size_t at = out.find(prefix);
+        ASSERT_NE(at, std::string::npos) << out;
+        const std::string line = out.substr(at, out.find('\n', at) - at);
+        unsigned long long boundaries = 0, bytes = 0;
+        double seconds = 0.0, latency_us = 0.0;
+        ASSERT_EQ(std::sscanf(line.c_str() + prefix.size(), "%llu boundaries, %llu bytes, %lf s in the seam, %lf us per hop",
+                              &boundaries, &bytes, &seconds, &latency_us),
+                  4)
+            << line;
+        EXPECT_EQ(boundaries, tokens) << line;
+        EXPECT_GT(bytes, 0u) << line;
+        EXPECT_GT(seconds, 0.0) << line;
+        EXPECT_GT(latency_us, 0.0) << line;
+        EXPECT_LT(latency_us, 20e6) << line;
     }
-    const std::regex mean("per-hop latency: ([0-9.]+) us mean over ([0-9]+) boundaries \\(" + seam);
-    std::smatch m;
-    ASSERT_TRUE(std::regex_search(out, m, mean)) << out;
-    EXPECT_GT(std::stod(m[1]), 0.0) << m[0];
-    EXPECT_EQ(std::stoull(m[2]), tokens * (size_t)(world - 1)) << m[0];
+    const std::string mean_prefix = "per-hop latency: ";
+    const size_t at = out.find(mean_prefix);
+    ASSERT_NE(at, std::string::npos) << out;
+    const std::string line = out.substr(at, out.find('\n', at) - at);
+    double mean_us = 0.0;
+    unsigned long long crossings = 0;
+    char seam_name[32] = {0};
+    ASSERT_EQ(std::sscanf(line.c_str() + mean_prefix.size(), "%lf us mean over %llu boundaries (%31[a-z]", &mean_us,
+                          &crossings, seam_name),
+              3)
+        << line;
+    EXPECT_EQ(seam_name, seam) << line;
+    EXPECT_GT(mean_us, 0.0) << line;
+    EXPECT_EQ(crossings, tokens * (size_t)(world - 1)) << line;
 }
 
 class StageParity : public ::testing::TestWithParam<std::tuple<int, const char *>> {};
