@@ -462,7 +462,13 @@ TEST(CudasimCatches, ReadPastAllocationEndCaughtUnderAsan) {
   x.put(std::vector<float>(n, 1.0f));
   CK(tk_block_sum(out.p, x.p, n, 1, 0)); /* in bounds: fine */
   GTEST_FLAG_SET(death_test_style, "threadsafe");
-  EXPECT_DEATH(tk_block_sum(out.p, x.p, n + 1, 1, 0), "heap-buffer-overflow");
+  /* Launches are asynchronous: the synchronisation runs the kernel inside the death test. */
+  EXPECT_DEATH(
+      {
+        tk_block_sum(out.p, x.p, n + 1, 1, 0);
+        cudaDeviceSynchronize();
+      },
+      "heap-buffer-overflow");
 #endif
 }
 

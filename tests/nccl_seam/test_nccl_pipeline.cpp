@@ -382,6 +382,15 @@ void two_process_case(bool vanish) {
     Receiver rx(model.get(), cut + 1, 1);
     ASSERT_NE(rx.listener, nullptr);
     const std::string id_path = rx.id_path;
+    // Quiesce the simulated devices before fork(): a stream worker still running the
+    // receiver's set-up copies would leave the child a lock held by a thread it lacks.
+    int dev = 0;
+    ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
+    for (int d = 0; d < 2; d++) {
+        ASSERT_EQ(cudaSetDevice(d), cudaSuccess);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    }
+    ASSERT_EQ(cudaSetDevice(dev), cudaSuccess);
     const pid_t pid = fork();
     ASSERT_GE(pid, 0);
     if (pid == 0) {
