@@ -8,6 +8,9 @@
 set -eu
 bin="$1"; mpiexec="$2"; np="$3"; model="$4"; split="$5"; n="$6"; prompts="$7"; dtype="$8"
 shift 8
+# ctest runs several of these at once in the same directory: a log of its own each.
+mismatch=$(mktemp)
+trap 'rm -f "$mismatch"' EXIT
 mpirun_() { "$mpiexec" --allow-run-as-root --oversubscribe "$@"; }
 want=$("$bin" run "$model" --prompts "$prompts" --n "$n" --dtype "$dtype" "$@" | grep '^seq ')
 out=$(mpirun_ -np "$np" "$bin" stage "$model" --split "$split" --launcher mpi --prompts "$prompts" \
@@ -31,9 +34,9 @@ case "$model" in --random*) other="--random:kv_heads=2,seed=7"; other_dtype="$dt
 [ "$dtype" = f32 ] && [ "$other" = "$model" ] && other_dtype=native
 if mpirun_ -np 1 "$bin" stage "$model" --split "$split" --launcher mpi --prompts "$prompts" --dtype "$dtype" "$@" ${MK_STAGE_EXTRA:-} : \
           -np $((np - 1)) "$bin" stage "$other" --split "$split" --launcher mpi --dtype "$other_dtype" "$@" ${MK_STAGE_EXTRA:-} \
-          > mismatch.log 2>&1; then
-  echo "a run with a rank on another model was not refused"; cat mismatch.log; exit 1
+          > "$mismatch" 2>&1; then
+  echo "a run with a rank on another model was not refused"; cat "$mismatch"; exit 1
 fi
-grep -q "refused at startup: MK_ERR_RECIPE_DIGEST: rank 1's stage digest" mismatch.log || { cat mismatch.log; exit 1; }
-if grep -q '^seq ' mismatch.log; then echo "a request ran"; exit 1; fi
+grep -q "refused at startup: MK_ERR_RECIPE_DIGEST: rank 1's stage digest" "$mismatch" || { cat "$mismatch"; exit 1; }
+if grep -q '^seq ' "$mismatch"; then echo "a request ran"; exit 1; fi
 echo "mpi stage: ok ($np processes)"
