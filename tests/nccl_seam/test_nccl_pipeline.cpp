@@ -372,6 +372,12 @@ TEST(NcclSeamFaults, PeerThatAbortsIsReportedClosedWithinTheDeadline) {
 // whole-model run's tokens; the tail in the parent (device 1) decodes. `vanish`: the child
 // exits right after posting its first send (mid-step for the parent).
 void two_process_case(bool vanish) {
+#if defined(__SANITIZE_ADDRESS__)
+    // Under GCC 12's AddressSanitizer this fork of a process running cudasim's stream workers,
+    // progress thread and NCCL stand-in threads hung twice in CI (the child never finished);
+    // the release build runs it, and the sanitizer build covers the NCCL seam in one process.
+    GTEST_SKIP() << "fork() of the multi-threaded simulator hangs intermittently under ASan; runs in the release build";
+#endif
     need_sim_devices(2);
     const ModelCase c = model_cases()[1];
     ModelPtr model = make_random_model(c.hp);
