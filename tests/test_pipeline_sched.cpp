@@ -336,6 +336,21 @@ TEST_P(PipelineSchedSeam, InjectedStepFailureFailsOneSequenceAndTheOthersMatch) 
     expect_all_match_whole(model.get(), cpu_options(), ok_specs, ok_results, "survivors");
 }
 
+// Every sequence after the first failed with a status and an error naming `needle`, and
+// the tokens it did emit are a prefix of the whole model's greedy decode (nothing wrong,
+// nothing lost before the failure).
+static void expect_failed_keeping_prefixes(const mk_model *model, const std::vector<SeqSpec> &specs,
+                                           const std::vector<SeqResult> &results, const char *needle) {
+    for (size_t i = 1; i < results.size(); i++) {
+        EXPECT_EQ(results[i].info.state, MK_SEQ_FAILED) << "seq " << i;
+        EXPECT_NE(results[i].info.status, MK_OK) << "seq " << i;
+        EXPECT_NE(results[i].error.find(needle), std::string::npos) << results[i].error;
+        const Decode ref = whole_reference(model, cpu_options(), specs[i]);
+        ASSERT_LE(results[i].tokens.size(), ref.tokens.size());
+        EXPECT_TRUE(std::equal(results[i].tokens.begin(), results[i].tokens.end(), ref.tokens.begin()));
+    }
+}
+
 // Stage 1 dies mid-run (every step from its 4th on fails, as on a lost device): the
 // sequences it holds fail with a clear status, nothing hangs, finished outputs stay intact,
 // and later submissions fail the same way.
@@ -354,14 +369,8 @@ TEST_P(PipelineSchedSeam, StageThatDiesFailsItsSequencesWithoutHangingOrLosingFi
     ASSERT_TRUE(wait_all_within(s.get(), 60));
     const std::vector<SeqResult> results = collect(s.get(), &c, ids);
     expect_all_match_whole(model.get(), cpu_options(), {specs[0]}, {results[0]}, "finished before the fault");
-    for (size_t i = 1; i < results.size(); i++) {
-        EXPECT_EQ(results[i].info.state, MK_SEQ_FAILED) << "seq " << i;
-        EXPECT_EQ(results[i].info.status, MK_ERR_INTERNAL) << "seq " << i;
-        EXPECT_NE(results[i].error.find("stage 1"), std::string::npos) << results[i].error;
-        const Decode ref = whole_reference(model.get(), cpu_options(), specs[i]);
-        ASSERT_LE(results[i].tokens.size(), ref.tokens.size());
-        EXPECT_TRUE(std::equal(results[i].tokens.begin(), results[i].tokens.end(), ref.tokens.begin()));
-    }
+    expect_failed_keeping_prefixes(model.get(), specs, results, "stage 1");
+    for (size_t i = 1; i < results.size(); i++) EXPECT_EQ(results[i].info.status, MK_ERR_INTERNAL) << "seq " << i;
     const std::vector<uint64_t> late = submit_all(s.get(), {{{4, 4}, 3, {}}});
     ASSERT_TRUE(wait_all_within(s.get(), 60));
     const std::vector<SeqResult> late_results = collect(s.get(), &c, late);
@@ -388,14 +397,7 @@ TEST_P(PipelineSchedSeam, ConnectionLostMidRunFailsTheSequencesInFlightWithoutHa
     ASSERT_TRUE(wait_all_within(s.get(), 20));
     const std::vector<SeqResult> results = collect(s.get(), &c, ids);
     expect_all_match_whole(model.get(), cpu_options(), {specs[0]}, {results[0]}, "finished before the cut");
-    for (size_t i = 1; i < results.size(); i++) {
-        EXPECT_EQ(results[i].info.state, MK_SEQ_FAILED) << "seq " << i;
-        EXPECT_NE(results[i].info.status, MK_OK) << "seq " << i;
-        EXPECT_NE(results[i].error.find("stage "), std::string::npos) << results[i].error;
-        const Decode ref = whole_reference(model.get(), cpu_options(), specs[i]);
-        ASSERT_LE(results[i].tokens.size(), ref.tokens.size());
-        EXPECT_TRUE(std::equal(results[i].tokens.begin(), results[i].tokens.end(), ref.tokens.begin()));
-    }
+    expect_failed_keeping_prefixes(model.get(), specs, results, "stage ");
     const std::vector<uint64_t> late = submit_all(s.get(), {{{4, 4}, 3, {}}});
     ASSERT_TRUE(wait_all_within(s.get(), 20));
     EXPECT_EQ(collect(s.get(), &c, late)[0].info.state, MK_SEQ_FAILED);

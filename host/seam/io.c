@@ -239,17 +239,21 @@ static mk_status mk_unix_address(const char *path, struct sockaddr_un *sun) {
     return MK_OK;
 }
 
+/* The socket address of a Unix path or a TCP HOST:PORT (passive: for a listener). */
+static mk_status mk_socket_address(mk_seam_kind kind, const char *address, bool passive, struct sockaddr_storage *ss,
+                                   socklen_t *len) {
+    if (kind != MK_SEAM_UNIX) return mk_resolve(address, passive, ss, len);
+    struct sockaddr_un sun;
+    MK_TRY(mk_unix_address(address, &sun));
+    memcpy(ss, &sun, sizeof sun);
+    *len = sizeof sun;
+    return MK_OK;
+}
+
 mk_status mk_socket_listen(mk_seam_kind kind, const char *address, int *out_fd, char *bound, size_t bound_cap) {
     struct sockaddr_storage ss;
     socklen_t len = 0;
-    if (kind == MK_SEAM_UNIX) {
-        struct sockaddr_un sun;
-        MK_TRY(mk_unix_address(address, &sun));
-        memcpy(&ss, &sun, sizeof sun);
-        len = sizeof sun;
-    } else {
-        MK_TRY(mk_resolve(address, true, &ss, &len));
-    }
+    MK_TRY(mk_socket_address(kind, address, true, &ss, &len));
     const int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) return mk_fail(MK_ERR_IO, "seam: socket() failed: %s", strerror(errno));
     const int one = 1;
@@ -305,16 +309,9 @@ mk_status mk_socket_accept(int listen_fd, int64_t deadline, int *out_fd) {
 mk_status mk_socket_connect(mk_seam_kind kind, const char *address, int64_t deadline, int *out_fd) {
     struct sockaddr_storage ss;
     socklen_t len = 0;
-    if (kind == MK_SEAM_UNIX) {
-        struct sockaddr_un sun;
-        MK_TRY(mk_unix_address(address, &sun));
-        memcpy(&ss, &sun, sizeof sun);
-        len = sizeof sun;
-    } else {
-        if (!address || !strchr(address, ':'))
-            return mk_fail(MK_ERR_CONNECT, "seam: TCP address '%s' is not HOST:PORT", address ? address : "");
-        MK_TRY(mk_resolve(address, false, &ss, &len));
-    }
+    if (kind != MK_SEAM_UNIX && (!address || !strchr(address, ':')))
+        return mk_fail(MK_ERR_CONNECT, "seam: TCP address '%s' is not HOST:PORT", address ? address : "");
+    MK_TRY(mk_socket_address(kind, address, false, &ss, &len));
     /* A listener may not be up yet: retry refused connects until the deadline. */
     for (;;) {
         const int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
