@@ -7,6 +7,7 @@
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>
+#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -368,63 +369,89 @@ TEST(NcclSeamFaults, PeerThatAbortsIsReportedClosedWithinTheDeadline) {
 
 // ============================================================ two processes ==
 
-// The head in a forked child (sim device 0) sends each step's boundary over NCCL, fed the
-// whole-model run's tokens; the tail in the parent (device 1) decodes. `vanish`: the child
-// exits right after posting its first send (mid-step for the parent).
-void two_process_case(bool vanish) {
-#if defined(__SANITIZE_ADDRESS__)
-    // Under GCC 12's AddressSanitizer this fork of a process running cudasim's stream workers,
-    // progress thread and NCCL stand-in threads hung twice in CI (the child never finished);
-    // the release build runs it, and the sanitizer build covers the NCCL seam in one process.
-    GTEST_SKIP() << "fork() of the multi-threaded simulator hangs intermittently under ASan; runs in the release build";
-#endif
+// The head of the two-process cases runs in a fresh process: this test binary started
+// again (posix_spawn, no fork of the simulator's threads) with MK_NCCL_HEAD_CHILD set to
+// "<id path>|<vanish 0/1>|<token>,<token>,...", running one two-process test, whose body
+// sees the variable, runs the head and reports through the exit status alone: 0 ok, 9-15
+// the step that failed. (Not from a static initializer: the simulator's statics may not
+// be constructed yet.)
+constexpr const char *kHeadChildEnv = "MK_NCCL_HEAD_CHILD";
+constexpr int64_t kTwoProcessCut = 2;
+constexpr size_t kTwoProcessSteps = 5;
+
+int run_head_child(const std::string &spec) {
+    const size_t bar1 = spec.find('|'), bar2 = spec.find('|', bar1 + 1);
+    if (bar1 == std::string::npos || bar2 == std::string::npos) return 9;
+    const std::string id_path = spec.substr(0, bar1);
+    const bool vanish = spec[bar1 + 1] == '1';
+    std::vector<int32_t> fed; // the whole run's tokens: each next step's input
+    for (const char *p = spec.c_str() + bar2 + 1; *p;) {
+        char *end = nullptr;
+        fed.push_back((int32_t)strtol(p, &end, 10));
+        if (end == p) return 9;
+        p = *end == ',' ? end + 1 : end;
+    }
     need_sim_devices(2);
     const ModelCase c = model_cases()[1];
     ModelPtr model = make_random_model(c.hp);
-    const int64_t cut = 2;
-    const size_t n = 5;
+    mk_range_options o = cuda_on(0);
+    mk_range *head = nullptr;
+    mk_sequence *hs = nullptr;
+    mk_boundary *out = nullptr;
+    mk_seam *tx = nullptr;
+    if (mk_range_create(model.get(), 0, kTwoProcessCut, &o, &head) != MK_OK) return 10;
+    if (mk_sequence_open(head, &hs) != MK_OK || mk_boundary_create(head, &out) != MK_OK) return 11;
+    const mk_seam_options opt = nccl_options(id_path.c_str());
+    if (mk_seam_connect(&opt, head, &tx) != MK_OK) return 12;
+    std::vector<int32_t> next = c.prompt;
+    for (size_t i = 0; i < kTwoProcessSteps; i++) {
+        if (mk_range_forward_boundary(head, hs, next.data(), next.size(), nullptr, nullptr, out, nullptr) != MK_OK)
+            return 13;
+        if (mk_seam_send(tx, out) != MK_OK) return 14;
+        if (vanish) _exit(0); // mid-step for the parent: nothing torn down
+        if (mk_seam_send_wait(tx) != MK_OK) return 15;
+        if (i < fed.size()) next = {fed[i]};
+    }
+    mk_seam_free(tx);
+    mk_boundary_free(out);
+    mk_sequence_close(hs);
+    mk_range_free(head);
+    return 0;
+}
+
+// Starts this binary again as the head; -1 when it cannot be started.
+pid_t spawn_head_child(const std::string &id_path, bool vanish, const std::vector<int32_t> &tokens) {
+    std::string spec = id_path + (vanish ? "|1|" : "|0|");
+    for (size_t i = 0; i < tokens.size(); i++) spec += (i ? "," : "") + std::to_string(tokens[i]);
+    const std::string env_entry = std::string(kHeadChildEnv) + "=" + spec;
+    std::vector<char *> envp;
+    for (char **e = environ; *e; e++)
+        if (strncmp(*e, kHeadChildEnv, strlen(kHeadChildEnv)) != 0) envp.push_back(*e);
+    envp.push_back(const_cast<char *>(env_entry.c_str()));
+    envp.push_back(nullptr);
+    char self[] = "/proc/self/exe";
+    char filter[] = "--gtest_filter=NcclTwoProcesses.HeadInAChildTailInTheParentAreBitIdenticalToWhole";
+    char *argv[] = {self, filter, nullptr};
+    pid_t pid = -1;
+    return posix_spawn(&pid, self, nullptr, nullptr, argv, envp.data()) == 0 ? pid : -1;
+}
+
+// The head in another process (sim device 0) sends each step's boundary over NCCL, fed the
+// whole-model run's tokens; the tail in this process (device 1) decodes. `vanish`: the
+// child exits right after posting its first send (mid-step for the parent).
+void two_process_case(bool vanish) {
+    if (const char *spec = getenv(kHeadChildEnv)) _exit(run_head_child(spec));
+    need_sim_devices(2);
+    const ModelCase c = model_cases()[1];
+    ModelPtr model = make_random_model(c.hp);
+    const int64_t cut = kTwoProcessCut;
+    const size_t n = kTwoProcessSteps;
     const Decode whole = decode_placed(model.get(), {}, {0}, mk_seam_options_default(MK_SEAM_LOCAL), c.prompt, n);
     ASSERT_EQ(whole.tokens.size(), n);
     Receiver rx(model.get(), cut + 1, 1);
     ASSERT_NE(rx.listener, nullptr);
-    const std::string id_path = rx.id_path;
-    // Quiesce the simulated devices before fork(): a stream worker still running the
-    // receiver's set-up copies would leave the child a lock held by a thread it lacks.
-    int dev = 0;
-    ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
-    for (int d = 0; d < 2; d++) {
-        ASSERT_EQ(cudaSetDevice(d), cudaSuccess);
-        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    }
-    ASSERT_EQ(cudaSetDevice(dev), cudaSuccess);
-    const pid_t pid = fork();
-    ASSERT_GE(pid, 0);
-    if (pid == 0) {
-        // Child: only _exit (no gtest teardown, no destructors of the parent's objects).
-        mk_range_options o = cuda_on(0);
-        mk_range *head = nullptr;
-        mk_sequence *hs = nullptr;
-        mk_boundary *out = nullptr;
-        mk_seam *tx = nullptr;
-        if (mk_range_create(model.get(), 0, cut, &o, &head) != MK_OK) _exit(10);
-        if (mk_sequence_open(head, &hs) != MK_OK || mk_boundary_create(head, &out) != MK_OK) _exit(11);
-        const mk_seam_options opt = nccl_options(id_path.c_str());
-        if (mk_seam_connect(&opt, head, &tx) != MK_OK) _exit(12);
-        std::vector<int32_t> next = c.prompt;
-        for (size_t i = 0; i < n; i++) {
-            if (mk_range_forward_boundary(head, hs, next.data(), next.size(), nullptr, nullptr, out, nullptr) != MK_OK)
-                _exit(13);
-            if (mk_seam_send(tx, out) != MK_OK) _exit(14);
-            if (vanish) _exit(0);
-            if (mk_seam_send_wait(tx) != MK_OK) _exit(15);
-            next = {whole.tokens[i]};
-        }
-        mk_seam_free(tx);
-        mk_boundary_free(out);
-        mk_sequence_close(hs);
-        mk_range_free(head);
-        _exit(0);
-    }
+    const pid_t pid = spawn_head_child(rx.id_path, vanish, whole.tokens);
+    ASSERT_GT(pid, 0) << "posix_spawn of the head process failed";
     mk_seam *s = nullptr;
     const mk_status as = mk_seam_accept(rx.listener, rx.tail.get(), &s);
     SeamPtr end(s);
