@@ -10,8 +10,11 @@
  *   online softmax  two lanes per query row: causal mask, tile max, running max and sum,
  *                   P = exp(S - max) rounded to BF16 (the sum adds the rounded values so
  *                   the normalisation matches the numerator), the row of O rescaled;
- *   O += P V        wmma, O kept in F32 in shared memory (the accumulator layout is
- *                   unspecified, so the per-row rescale happens there, not in fragments).
+ *   O += P V        wmma into F32 accumulator fragments that stay in registers across
+ *                   tiles (head_dim <= 128). The accumulator layout is unspecified, so a
+ *                   per-row rescale goes through shared memory (store, scale, reload), and
+ *                   only when some row's running max moved in this tile (after the first
+ *                   tiles it rarely does). Wider heads keep O in shared memory.
  * Causal: the block stops at its last row's diagonal; a warp skips tiles that lie entirely
  * above its own diagonal; the diagonal tile is masked element-wise.
  *
@@ -44,7 +47,7 @@ static __device__ __forceinline__ tc_t tc_load_kv(const void *p, int dtype, size
 }
 
 /* NF = head_dim / 16 (EXACT) or its upper bound (generic path, any multiple of 16). */
-template <int NF, bool EXACT, int BK>
+template <int NF, bool EXACT, int BK, bool OREG = (NF <= 8)>
 static __global__ void __launch_bounds__(TC_THREADS)
     attention_prefill_tc_kernel(float *__restrict__ out, const float *__restrict__ q, const void *__restrict__ k_cache,
                                 const void *__restrict__ v_cache, int kv_dtype, size_t rows, size_t past,
@@ -80,6 +83,11 @@ static __global__ void __launch_bounds__(TC_THREADS)
   for (int i = lane; i < 16 * ldo; i += 32) o_w[i] = 0.0f;
   __syncthreads();
   wmma::fragment<wmma::matrix_a, 16, 16, 16, tc_t, wmma::row_major> qf[NF];
+  /* O in accumulator fragments across tiles (head_dim <= 128), or in o_w only (wider heads:
+   * the fragments would not fit in registers beside Q's) */
+  tc_acc oacc[OREG ? NF : 1];
+MK_UNROLL
+  for (int f = 0; f < (OREG ? NF : 1); ++f) wmma::fill_fragment(oacc[f], 0.0f);
 MK_UNROLL
   for (int f = 0; f < NF; ++f)
     if (EXACT || f < nf) wmma::load_matrix_sync(qf[f], q_stage + warp * 16 * ldk + f * 16, ldk);
@@ -146,9 +154,26 @@ MK_UNROLL
       sum += __bfloat162float(p);
     }
     sum += __shfl_xor_sync(MK_FULL_MASK, sum, 1);
+    const float l_prev = l_run;
     l_run = l_run * alpha + sum;
     m_run = m_new;
-    for (int d = half * (hd / 2); d < (half + 1) * (hd / 2); ++d) o_w[my_r * ldo + d] *= alpha;
+    if constexpr (OREG) {
+      /* O lives in fragments: rescale through o_w only when a row's max moved (rows whose
+       * O is still zero need none); once the maxima settle, most tiles skip this */
+      if (__any_sync(MK_FULL_MASK, alpha != 1.0f && l_prev != 0.0f)) {
+MK_UNROLL
+        for (int f = 0; f < NF; ++f)
+          if (EXACT || f < nf) wmma::store_matrix_sync(o_w + f * 16, oacc[f], ldo, wmma::mem_row_major);
+        __syncwarp();
+        for (int d = half * (hd / 2); d < (half + 1) * (hd / 2); ++d) o_w[my_r * ldo + d] *= alpha;
+        __syncwarp();
+MK_UNROLL
+        for (int f = 0; f < NF; ++f)
+          if (EXACT || f < nf) wmma::load_matrix_sync(oacc[f], o_w + f * 16, ldo, wmma::mem_row_major);
+      }
+    } else {
+      for (int d = half * (hd / 2); d < (half + 1) * (hd / 2); ++d) o_w[my_r * ldo + d] *= alpha;
+    }
     __syncwarp();
 
     /* O += P V */
@@ -158,16 +183,21 @@ MK_UNROLL
 MK_UNROLL
     for (int f = 0; f < NF; ++f) {
       if (!EXACT && f >= nf) break;
-      tc_acc oacc;
-      wmma::load_matrix_sync(oacc, o_w + f * 16, ldo, wmma::mem_row_major);
+      tc_acc &o = oacc[OREG ? f : 0];
+      if (!OREG) wmma::load_matrix_sync(o, o_w + f * 16, ldo, wmma::mem_row_major);
 MK_UNROLL
       for (int kk = 0; kk < BK / 16; ++kk) {
         wmma::fragment<wmma::matrix_b, 16, 16, 16, tc_t, wmma::row_major> vf;
         wmma::load_matrix_sync(vf, v_s + kk * 16 * ldk + f * 16, ldk);
-        wmma::mma_sync(oacc, pf[kk], vf, oacc);
+        wmma::mma_sync(o, pf[kk], vf, o);
       }
-      wmma::store_matrix_sync(o_w + f * 16, oacc, ldo, wmma::mem_row_major);
+      if (!OREG) wmma::store_matrix_sync(o_w + f * 16, o, ldo, wmma::mem_row_major);
     }
+  }
+  if constexpr (OREG) {
+MK_UNROLL
+    for (int f = 0; f < NF; ++f)
+      if (EXACT || f < nf) wmma::store_matrix_sync(o_w + f * 16, oacc[f], ldo, wmma::mem_row_major);
   }
 
   if (half == 0) l_w[my_r] = l_run;
