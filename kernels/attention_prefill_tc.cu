@@ -19,9 +19,10 @@
  * above its own diagonal; the diagonal tile is masked element-wise.
  *
  * Fragment pointers must be 32-byte aligned: every region size below is a multiple of 32
- * bytes and the dynamic shared memory base is rounded up (32 bytes of slack requested). The
- * tile loads are plain coalesced loads (the F32 caches of today need a conversion on the
- * way, which cp.async cannot do). */
+ * bytes and the dynamic shared memory base is rounded up (32 bytes of slack requested).
+ * Tile loads: BF16 caches at 16-byte aligned addresses are copied as they are, 16 bytes at a
+ * time, with cp.async on sm_80+ (tc_copy16); F32 and F16 caches (and unaligned ones) need a
+ * conversion on the way, so they take coalesced element loads. */
 #include "mk_cuda_compat.h"
 
 #include "mk_kernels_common.cuh"
@@ -46,11 +47,29 @@ static __device__ __forceinline__ tc_t tc_load_kv(const void *p, int dtype, size
   return __float2bfloat16(mk_dev_bf16_to_f32(bits)); /* exact */
 }
 
+/* 16 bytes from global to shared memory, or 16 zero bytes (!valid; src must still be a
+ * mapped address). sm_80+: cp.async (no register staging; src-size 0 zero-fills), completed
+ * by tc_copy_wait(); elsewhere (and under cudasim) the same copy through registers. */
+static __device__ __forceinline__ void tc_copy16(void *dst, const void *src, bool valid) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 16 : 0));
+#else
+  *static_cast<uint4 *>(dst) = valid ? *static_cast<const uint4 *>(src) : make_uint4(0u, 0u, 0u, 0u);
+#endif
+}
+
+static __device__ __forceinline__ void tc_copy_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+#endif
+}
+
 /* NF = head_dim / 16 (EXACT) or its upper bound (generic path, any multiple of 16). */
 template <int NF, bool EXACT, int BK, bool OREG = (NF <= 8)>
-static __global__ void __launch_bounds__(TC_THREADS)
+static __global__ void __launch_bounds__(TC_THREADS, 2) /* 2 blocks an SM: up to 255 registers, no spills */
     attention_prefill_tc_kernel(float *__restrict__ out, const float *__restrict__ q, const void *__restrict__ k_cache,
-                                const void *__restrict__ v_cache, int kv_dtype, size_t rows, size_t past,
+                                const void *__restrict__ v_cache, int kv_dtype, int direct, size_t rows, size_t past,
                                 int n_heads, int n_kv_heads, int head_dim, float scale) {
   static_assert(TC_BQ <= 2 * BK, "the Q staging area overlays the K and V tiles");
   const int hd = EXACT ? NF * 16 : head_dim;
@@ -104,17 +123,29 @@ MK_UNROLL
 
   for (size_t k0 = 0; k0 < key_end; k0 += BK) {
     __syncthreads(); /* the previous tile (or the Q staging) is consumed */
-    for (int i = tid; i < BK * hd; i += TC_THREADS) {
-      const int kk = i / hd, d = i - kk * hd;
-      const size_t t = k0 + kk;
-      tc_t kv = __float2bfloat16(0.0f), vv = kv;
-      if (t < key_end) {
-        const size_t g = t * kv_stride + static_cast<size_t>(kvh) * hd + d;
-        kv = tc_load_kv(k_cache, kv_dtype, g);
-        vv = tc_load_kv(v_cache, kv_dtype, g);
+    if (direct) { /* BF16 caches, 16-byte aligned: the bytes as they are, 8 elements a copy */
+      const int chunks = hd / 8;
+      for (int i = tid; i < BK * chunks; i += TC_THREADS) {
+        const int kk = i / chunks, d = (i - kk * chunks) * 8;
+        const size_t t = k0 + kk;
+        const size_t g = t < key_end ? t * kv_stride + static_cast<size_t>(kvh) * hd + d : 0;
+        tc_copy16(k_s + kk * ldk + d, static_cast<const tc_t *>(k_cache) + g, t < key_end);
+        tc_copy16(v_s + kk * ldk + d, static_cast<const tc_t *>(v_cache) + g, t < key_end);
       }
-      k_s[kk * ldk + d] = kv;
-      v_s[kk * ldk + d] = vv;
+      tc_copy_wait();
+    } else {
+      for (int i = tid; i < BK * hd; i += TC_THREADS) {
+        const int kk = i / hd, d = i - kk * hd;
+        const size_t t = k0 + kk;
+        tc_t kv = __float2bfloat16(0.0f), vv = kv;
+        if (t < key_end) {
+          const size_t g = t * kv_stride + static_cast<size_t>(kvh) * hd + d;
+          kv = tc_load_kv(k_cache, kv_dtype, g);
+          vv = tc_load_kv(v_cache, kv_dtype, g);
+        }
+        k_s[kk * ldk + d] = kv;
+        v_s[kk * ldk + d] = vv;
+      }
     }
     __syncthreads();
     if (k0 >= w_key_end) continue; /* the whole tile lies above this warp's diagonal */
@@ -227,9 +258,10 @@ static mk_status launch_tc(float *out, const float *q, const void *k, const void
                      cudaGetErrorString(e));
   }
   const float scale = (float)(1.0 / sqrt((double)hd));
+  const bool direct = kv_dtype == MK_DTYPE_BF16 && (uintptr_t)k % 16 == 0 && (uintptr_t)v % 16 == 0;
   const dim3 grid(mk_ceil_div_u(rows, TC_BQ), (unsigned)n_heads);
   MK_LAUNCH((attention_prefill_tc_kernel<NF, EXACT, BK>), grid, dim3(TC_THREADS), smem, stream, out, q, k, v,
-            (int)kv_dtype, rows, past, (int)n_heads, (int)n_kv_heads, (int)hd, scale);
+            (int)kv_dtype, (int)direct, rows, past, (int)n_heads, (int)n_kv_heads, (int)hd, scale);
   return mk_check_launch("mk_kernel_attention_prefill_tc");
 }
 

@@ -48,6 +48,7 @@ MUTATIONS=(
   "prefill_tc.gqa-head-map~kernels/attention_prefill_tc.cu~s/const int kvh = h \/ \(n_heads \/ n_kv_heads\);/const int kvh = h % n_kv_heads;/~ops:*AttentionPrefillTc*"
   "prefill_tc.backend-uses-it~kernels/attention_prefill_tc.cu~s/const int kvh = h \/ \(n_heads \/ n_kv_heads\);/const int kvh = h % n_kv_heads;/~backend:*TensorCorePrefill*"
   "prefill_tc.diagonal-mask~kernels/attention_prefill_tc.cu~s/k0 \+ c <= past \+ my_q/k0 + c < past + my_q/~ops:*AttentionPrefillTc*"
+  "prefill_tc.bf16-copy-chunk~kernels/attention_prefill_tc.cu~s/tc_copy16\(v_s \+ kk \* ldk \+ d, /tc_copy16(v_s + kk * ldk + (d ^ 8), /~ops:*AttentionPrefillTc*"
   "prefill_tc.f16-cache-as-bf16~kernels/attention_prefill_tc.cu~s/if \(dtype == MK_DTYPE_F16\)/if (dtype == MK_DTYPE_BF16)/~ops:*AttentionPrefillTc*"
   "decode.no-scale~kernels/attention_decode.cu~s/p_s\[i\] = s \* scale;/p_s[i] = s;/~ops:*Attention*:*Decode*"
   "add.overwrites~kernels/elementwise.cu~s/y\[i\] \+= x\[i\];/y[i] = x[i];/~ops:*AddAndLastRow*"

@@ -1269,4 +1269,37 @@ TEST_F(OpTest, AttentionPrefillTcRefusesWhatItCannotRun) {
     EXPECT_EQ(mk_kernel_attention_prefill_tc(f, f, f, f, MK_DTYPE_F32, 0, 0, 4, 4, 64, stream_), MK_OK);
 }
 
+// BF16 caches at 16-byte aligned addresses are copied 16 bytes at a time (cp.async on sm_80+);
+// at an address 2 bytes off they take the element loads. The tiles hold the same bits, so the
+// outputs are identical.
+TEST_F(OpTest, AttentionPrefillTcBf16CacheCopyPathsAgree) {
+    const size_t rows = 70, past = 21, nh = 4, nkv = 2, hd = 64, keys = past + rows;
+    const size_t qn = rows * nh * hd, kvn = keys * nkv * hd;
+    const std::vector<float> q = random_f32(qn, 81), k = random_f32(kvn, 82), v = random_f32(kvn, 83);
+    std::vector<uint16_t> kh = to_half_bits(k, MK_DTYPE_BF16), vh = to_half_bits(v, MK_DTYPE_BF16);
+    std::vector<uint16_t> kh_off(kvn + 8), vh_off(kvn + 8); // the same data one element in
+    std::copy(kh.begin(), kh.end(), kh_off.begin() + 1);
+    std::copy(vh.begin(), vh.end(), vh_off.begin() + 1);
+    GuardedBuf dq(qn * 4), dk(kvn * 2), dv(kvn * 2), dk_off((kvn + 8) * 2), dv_off((kvn + 8) * 2), da(qn * 4), db(qn * 4);
+    CUDA_OK(dq.upload(q.data(), stream_));
+    CUDA_OK(dk.upload(kh.data(), stream_));
+    CUDA_OK(dv.upload(vh.data(), stream_));
+    CUDA_OK(dk_off.upload(kh_off.data(), stream_));
+    CUDA_OK(dv_off.upload(vh_off.data(), stream_));
+    CUDA_OK(da.poison(stream_));
+    CUDA_OK(db.poison(stream_));
+    MK_OK_(mk_kernel_attention_prefill_tc(da.ptr<float>(), dq.ptr<float>(), dk.ptr(), dv.ptr(), MK_DTYPE_BF16, rows, past,
+                                          nh, nkv, hd, stream_));
+    MK_OK_(mk_kernel_attention_prefill_tc(db.ptr<float>(), dq.ptr<float>(), dk_off.ptr<uint16_t>() + 1,
+                                          dv_off.ptr<uint16_t>() + 1, MK_DTYPE_BF16, rows, past, nh, nkv, hd, stream_));
+    CUDA_OK(cudaStreamSynchronize(stream_));
+    std::vector<float> a(qn), b(qn), ref(qn);
+    ASSERT_TRUE(da.download(a.data(), stream_));
+    ASSERT_TRUE(db.download(b.data(), stream_));
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), qn * 4), 0);
+    const std::vector<float> kw = from_half_bits(kh, MK_DTYPE_BF16), vw = from_half_bits(vh, MK_DTYPE_BF16);
+    mk_cpu_attention(ref.data(), q.data(), kw.data(), vw.data(), rows, past, nh, nkv, hd);
+    EXPECT_TRUE(all_close(a, ref, kAttnTcTol * max_abs(vw), kAttnTcTol));
+}
+
 } // namespace
