@@ -77,7 +77,7 @@ else
     log "WARNING: register spills (see ptxas_report.txt)"
   fi
   nvcc -O2 -std=c++17 "${INC[@]}" "$ROOT/bench/kernel_bench.cpp" "${objs[@]}" "$SA/error.o" "$SA/cpu_ops.o" \
-    -o "$SA/kernel_bench" >>"$RESULTS/build.log" 2>&1 || { tail -30 "$RESULTS/build.log"; die 3 "kernel_bench build failed"; }
+    -lcublas -o "$SA/kernel_bench" >>"$RESULTS/build.log" 2>&1 || { tail -30 "$RESULTS/build.log"; die 3 "kernel_bench build failed"; }
   BENCH_BIN="$SA/kernel_bench"
   if [ -f /usr/include/gtest/gtest.h ] || [ -f /usr/local/include/gtest/gtest.h ]; then
     nvcc -O2 -std=c++17 "${INC[@]}" "$ROOT/tests/ops/test_ops.cpp" "${objs[@]}" "$SA/error.o" "$SA/cpu_ops.o" \
@@ -162,6 +162,17 @@ if [ -n "$CLI_BIN" ]; then
       --dtype bf16 --speed >"$RESULTS/decode_${name}.log" 2>&1 || { log "decode ${name} FAILED"; status=1; }
     grep -E "whole:|split:|parity" "$RESULTS/decode_${name}.log"
   done
+fi
+
+# ---- 5c. prefill attention on the tensor cores (issue 15, item 5): TFLOP/s of the wmma kernel
+# (F32 and BF16 caches) and of the F32 parity kernel against a cuBLAS BF16 GEMM measured in the
+# same run. Target: the tensor-core kernel at >= 50% of the GEMM rate.
+if [ -n "$BENCH_BIN" ]; then
+  log "prefill attention: tensor cores vs F32 kernel vs cuBLAS BF16 GEMM"
+  mkdir -p "$RESULTS/prefill_tc"
+  MK_KBENCH_ONLY=prefill,prefill_tc,gemm timeout 240 "$BENCH_BIN" "$RESULTS/prefill_tc" \
+    >"$RESULTS/prefill_tc/kernel_bench.log" 2>&1 || { log "prefill attention bench FAILED (see prefill_tc/kernel_bench.log)"; status=1; }
+  grep -E "^(attention_prefill|cublas_gemm_bf16|prefill attention)" "$RESULTS/prefill_tc/kernel_bench.log"
 fi
 
 # ---- 6. placed pipeline: 1 GPU whole vs 2 ranges on the same GPU (2 streams, 2 threads) ----

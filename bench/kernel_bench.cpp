@@ -8,6 +8,13 @@
 // (bytes read + written). Prints a compact table and writes <outdir>/kernel_bench.csv.
 //
 // usage: kernel_bench [outdir]      exit 2: no CUDA device; exit 1: a validation failed
+// env (sizes selectable, so the same binary also runs under tests/cudasim with small shapes):
+//   MK_KBENCH_ONLY=a,b        run only the named case groups (copy, rmsnorm,
+//                             embed, rope, swiglu, argmax, convert, kv_append, decode, prefill,
+//                             prefill_tc, gemm)
+//   MK_KBENCH_PREFILL=r:p:h:kv:d[,...]  prefill shapes (rows, past, heads, kv heads, head_dim)
+//   MK_KBENCH_GEMM_N=n        the square cuBLAS BF16 GEMM the tensor-core prefill is compared with
+//   MK_KBENCH_ITERS=n         timed runs per case (median; default 50)
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -21,6 +28,7 @@
 #include "cpu_ops.h"
 #include "kernels.h"
 
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 namespace {
@@ -108,6 +116,8 @@ struct Bench {
     cudaEvent_t e0{}, e1{};
     size_t l2 = 0;
     double copy_gbs = 0;
+    double gemm_tflops = 0; // cuBLAS BF16 GEMM rate of this run (bench_gemm_bf16)
+    std::string gemm_shape;
     std::vector<Result> results;
     int iters = 50;
 
@@ -398,6 +408,144 @@ void bench_decode(Bench &b, size_t past, size_t nh, size_t nkv, size_t hd) {
     CK(cudaFree(dout));
 }
 
+// The tensor-core prefill (BF16 mma, F32 accumulation) on the same shapes, with the caches in
+// kv (F32 today; F16/BF16 when the backend stores them so). Validated on sampled rows with
+// the BF16 tolerance of the op grid.
+void bench_prefill_tc(Bench &b, size_t rows, size_t past, size_t nh, size_t nkv, size_t hd, mk_dtype kv) {
+    const size_t keys = past + rows, qn = rows * nh * hd, kvn = keys * nkv * hd;
+    std::vector<float> q = rnd(qn, 13), k = rnd(kvn, 14), v = rnd(kvn, 15);
+    void *dq = dev_upload(b.stream, q.data(), qn * 4), *dk = nullptr, *dv = nullptr;
+    const size_t esize = kv == MK_DTYPE_F32 ? 4 : 2;
+    if (kv == MK_DTYPE_F32) {
+        dk = dev_upload(b.stream, k.data(), kvn * 4);
+        dv = dev_upload(b.stream, v.data(), kvn * 4);
+    } else {
+        std::vector<uint16_t> kh(kvn), vh(kvn);
+        for (size_t i = 0; i < kvn; i++) {
+            kh[i] = kv == MK_DTYPE_F16 ? mk_f32_to_f16(k[i]) : mk_f32_to_bf16(k[i]);
+            vh[i] = kv == MK_DTYPE_F16 ? mk_f32_to_f16(v[i]) : mk_f32_to_bf16(v[i]);
+            k[i] = kv == MK_DTYPE_F16 ? mk_f16_to_f32(kh[i]) : mk_bf16_to_f32(kh[i]);
+            v[i] = kv == MK_DTYPE_F16 ? mk_f16_to_f32(vh[i]) : mk_bf16_to_f32(vh[i]);
+        }
+        dk = dev_upload(b.stream, kh.data(), kvn * 2);
+        dv = dev_upload(b.stream, vh.data(), kvn * 2);
+    }
+    float *dout = (float *)dev_alloc(b.stream, qn * 4);
+    auto run = [&](int) {
+        MK(mk_kernel_attention_prefill_tc(dout, (float *)dq, dk, dv, kv, rows, past, nh, nkv, hd, b.stream));
+    };
+    run(0);
+    CK(cudaStreamSynchronize(b.stream));
+    std::vector<float> got = dev_download<float>(b.stream, dout, qn);
+    bool ok = true;
+    for (size_t r : {(size_t)0, rows / 2, rows - 1}) {
+        std::vector<float> ref(nh * hd);
+        mk_cpu_attention(ref.data(), q.data() + r * nh * hd, k.data(), v.data(), 1, past + r, nh, nkv, hd);
+        std::vector<float> g(got.begin() + (ptrdiff_t)(r * nh * hd), got.begin() + (ptrdiff_t)((r + 1) * nh * hd));
+        ok = close("attention_prefill_tc", g, ref, 5e-3 * maxabs(v), 5e-3) && ok;
+    }
+    const double us = b.time_us(1, run);
+    const double pairs = (double)rows * past + (double)rows * (rows + 1) / 2.0;
+    const double flops = 4.0 * hd * nh * pairs;
+    b.add(std::string("attention_prefill_tc"),
+          std::to_string(rows) + "r+" + std::to_string(past) + " h" + std::to_string(nh) + "/" + std::to_string(nkv) +
+              " d" + std::to_string(hd) + " kv " + (kv == MK_DTYPE_F32 ? "f32" : kv == MK_DTYPE_F16 ? "f16" : "bf16"),
+          us, 2.0 * qn * 4 + 2.0 * kvn * esize, flops, ok);
+    CK(cudaFree(dq));
+    CK(cudaFree(dk));
+    CK(cudaFree(dv));
+    CK(cudaFree(dout));
+}
+
+// The yardstick of the tensor-core prefill: a square cuBLAS GEMM, BF16 inputs, F32 output
+// and accumulation (the backend's prefill GEMM), measured in the same run. Validated on
+// sampled elements against a double dot product of the rounded inputs.
+void bench_gemm_bf16(Bench &b, size_t n) {
+    std::vector<float> a = rnd(n * n, 21), c = rnd(n * n, 22);
+    std::vector<uint16_t> ah(n * n), ch(n * n);
+    for (size_t i = 0; i < n * n; i++) {
+        ah[i] = mk_f32_to_bf16(a[i]);
+        ch[i] = mk_f32_to_bf16(c[i]);
+    }
+    void *da = dev_upload(b.stream, ah.data(), n * n * 2), *dc = dev_upload(b.stream, ch.data(), n * n * 2);
+    float *dy = (float *)dev_alloc(b.stream, n * n * 4);
+    cublasHandle_t h = nullptr;
+    if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS || cublasSetStream(h, b.stream) != CUBLAS_STATUS_SUCCESS) {
+        fprintf(stderr, "kernel_bench: cublasCreate failed\n");
+        exit(1);
+    }
+    const float one = 1.0f, zero = 0.0f;
+    const int ni = (int)n;
+    auto run = [&](int) {
+        // column-major y = a^T c (a read transposed: row-major a), as the backend's GemmEx
+        const cublasStatus_t st = cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, ni, ni, ni, &one, da, CUDA_R_16BF, ni, dc,
+                                               CUDA_R_16BF, ni, &zero, dy, CUDA_R_32F, ni, CUBLAS_COMPUTE_32F,
+                                               CUBLAS_GEMM_DEFAULT);
+        if (st != CUBLAS_STATUS_SUCCESS) {
+            fprintf(stderr, "kernel_bench: cublasGemmEx: %d\n", (int)st);
+            exit(1);
+        }
+    };
+    run(0);
+    CK(cudaStreamSynchronize(b.stream));
+    const std::vector<float> y = dev_download<float>(b.stream, dy, n * n);
+    std::vector<float> got, ref;
+    std::mt19937 g(23);
+    for (int s = 0; s < 32; s++) {
+        const size_t i = g() % n, j = g() % n; // y[j * n + i] = sum_k a[i, k] c[j, k]
+        double acc = 0;
+        for (size_t k = 0; k < n; k++) acc += (double)mk_bf16_to_f32(ah[i * n + k]) * mk_bf16_to_f32(ch[j * n + k]);
+        got.push_back(y[j * n + i]);
+        ref.push_back((float)acc);
+    }
+    const bool ok = close("gemm_bf16", got, ref, 1e-4 * std::sqrt((double)n), 1e-3);
+    const double us = b.time_us(1, run);
+    const double flops = 2.0 * (double)n * n * n;
+    b.gemm_tflops = flops / (us * 1e-6) / 1e12;
+    b.gemm_shape = std::to_string(n) + "^3";
+    b.add("cublas_gemm_bf16", b.gemm_shape + " bf16->f32", us, (4.0 + 4.0) * n * n, flops, ok);
+    cublasDestroy(h);
+    CK(cudaFree(da));
+    CK(cudaFree(dc));
+    CK(cudaFree(dy));
+}
+
+// ------------------------------------------------------------------ case selection --
+bool want(const char *group) {
+    const char *only = getenv("MK_KBENCH_ONLY");
+    if (!only || !*only) return true;
+    std::string list = std::string(",") + only + ",";
+    return list.find(std::string(",") + group + ",") != std::string::npos;
+}
+
+struct PrefillShape {
+    size_t rows, past, nh, nkv, hd;
+};
+
+std::vector<PrefillShape> prefill_shapes() {
+    const char *env = getenv("MK_KBENCH_PREFILL");
+    if (!env || !*env) return {{2048, 0, 32, 8, 128}, {512, 4096, 32, 8, 128}, {2048, 0, 32, 8, 64}};
+    std::vector<PrefillShape> v;
+    const char *p = env;
+    while (*p) {
+        PrefillShape s{};
+        int used = 0;
+        if (sscanf(p, "%zu:%zu:%zu:%zu:%zu%n", &s.rows, &s.past, &s.nh, &s.nkv, &s.hd, &used) != 5) {
+            fprintf(stderr, "kernel_bench: MK_KBENCH_PREFILL: want rows:past:heads:kv_heads:head_dim[,...] at '%s'\n", p);
+            exit(1);
+        }
+        v.push_back(s);
+        p += used;
+        if (*p == ',') p++;
+    }
+    return v;
+}
+
+size_t env_size(const char *name, size_t dflt) {
+    const char *e = getenv(name);
+    return e && *e ? (size_t)strtoull(e, nullptr, 10) : dflt;
+}
+
 } // namespace
 
 int main(int argc, char **argv) {
@@ -416,23 +564,39 @@ int main(int argc, char **argv) {
     CK(cudaEventCreate(&b.e1));
     printf("device: %s, %d SMs, L2 %zu MB\n", prop.name, prop.multiProcessorCount, b.l2 >> 20);
 
-    bench_copy(b);
-    bench_rmsnorm(b, 4096, 4096, false);
-    bench_rmsnorm(b, 4096, 4096, true);
-    bench_rmsnorm(b, 1, 8192, false);
-    bench_embed(b, 128256, 4096, 4096);
-    bench_rope(b, 4096, 32, 128);
-    bench_swiglu(b, (size_t)4096 * 14336, MK_DTYPE_F32);
-    bench_swiglu(b, (size_t)4096 * 14336, MK_DTYPE_BF16);
-    bench_argmax(b, 1, 256000);
-    bench_argmax(b, 1, 262144);
-    bench_argmax(b, 32, 128256);
-    bench_convert(b, (size_t)1 << 26);
-    bench_kv_append(b, 4096, 1024);
-    bench_decode(b, 8191, 32, 8, 128);
-    bench_decode(b, 32767, 32, 8, 128);
-    bench_prefill(b, 2048, 0, 32, 8, 128);
-    bench_prefill(b, 512, 4096, 32, 8, 128);
+    b.iters = (int)std::max<size_t>(1, env_size("MK_KBENCH_ITERS", 50));
+    if (want("copy")) bench_copy(b);
+    if (want("rmsnorm")) {
+        bench_rmsnorm(b, 4096, 4096, false);
+        bench_rmsnorm(b, 4096, 4096, true);
+        bench_rmsnorm(b, 1, 8192, false);
+    }
+    if (want("embed")) bench_embed(b, 128256, 4096, 4096);
+    if (want("rope")) bench_rope(b, 4096, 32, 128);
+    if (want("swiglu")) {
+        bench_swiglu(b, (size_t)4096 * 14336, MK_DTYPE_F32);
+        bench_swiglu(b, (size_t)4096 * 14336, MK_DTYPE_BF16);
+    }
+    if (want("argmax")) {
+        bench_argmax(b, 1, 256000);
+        bench_argmax(b, 1, 262144);
+        bench_argmax(b, 32, 128256);
+    }
+    if (want("convert")) bench_convert(b, (size_t)1 << 26);
+    if (want("kv_append")) bench_kv_append(b, 4096, 1024);
+    if (want("decode")) {
+        bench_decode(b, 8191, 32, 8, 128);
+        bench_decode(b, 32767, 32, 8, 128);
+    }
+    const std::vector<PrefillShape> pshapes = prefill_shapes();
+    if (want("prefill"))
+        for (const PrefillShape &p : pshapes) bench_prefill(b, p.rows, p.past, p.nh, p.nkv, p.hd);
+    if (want("prefill_tc"))
+        for (const PrefillShape &p : pshapes) {
+            bench_prefill_tc(b, p.rows, p.past, p.nh, p.nkv, p.hd, MK_DTYPE_F32);
+            bench_prefill_tc(b, p.rows, p.past, p.nh, p.nkv, p.hd, MK_DTYPE_BF16);
+        }
+    if (want("gemm")) bench_gemm_bf16(b, env_size("MK_KBENCH_GEMM_N", 8192));
 
     const std::string csv = outdir + "/kernel_bench.csv";
     FILE *f = fopen(csv.c_str(), "w");
@@ -440,7 +604,7 @@ int main(int argc, char **argv) {
     printf("\n%-20s %-28s %10s %9s %7s %9s %s\n", "kernel", "shape", "time_us", "GB/s", "%copy", "GFLOP/s", "valid");
     bool all_ok = true;
     for (const Result &r : b.results) {
-        const double gbs = r.bytes / (r.us * 1e-6) / 1e9, pct = 100.0 * gbs / b.copy_gbs;
+        const double gbs = r.bytes / (r.us * 1e-6) / 1e9, pct = b.copy_gbs > 0 ? 100.0 * gbs / b.copy_gbs : 0.0;
         const double gf = r.flops > 0 ? r.flops / (r.us * 1e-6) / 1e9 : 0.0;
         printf("%-20s %-28s %10.2f %9.1f %6.1f%% %9.1f %s\n", r.kernel.c_str(), r.shape.c_str(), r.us, gbs, pct, gf,
                r.valid ? "ok" : "FAIL");
@@ -451,5 +615,15 @@ int main(int argc, char **argv) {
     }
     if (f) fclose(f);
     printf("\nceiling: device-to-device copy %.1f GB/s (read + write); results in %s\n", b.copy_gbs, csv.c_str());
+    // Issue 15's prefill target: tensor-core attention >= 50% of the cuBLAS BF16 GEMM rate.
+    if (b.gemm_tflops > 0)
+        for (const Result &r : b.results) {
+            if (r.kernel != "attention_prefill" && r.kernel != "attention_prefill_tc") continue;
+            const double tf = r.flops / (r.us * 1e-6) / 1e12;
+            printf("prefill attention %-20s %-32s %8.2f TFLOP/s = %5.1f%% of cuBLAS BF16 GEMM %s (%.2f TFLOP/s; "
+                   "target for the tc kernel: >= 50%%)\n",
+                   r.kernel.c_str(), r.shape.c_str(), tf, 100.0 * tf / b.gemm_tflops, b.gemm_shape.c_str(),
+                   b.gemm_tflops);
+        }
     return all_ok ? 0 : 1;
 }

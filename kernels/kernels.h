@@ -65,6 +65,18 @@ mk_status mk_kernel_attention_prefill(float *out /* [rows, n_heads, head_dim] */
                                       size_t past, size_t n_heads, size_t n_kv_heads, size_t head_dim,
                                       cudaStream_t stream);
 
+/* The same on the tensor cores (speed mode): BF16 inputs (Q, K, V and the softmax weights
+ * rounded to BF16), F32 accumulation, online softmax. Caches F32, F16 or BF16 (kv_dtype).
+ * head_dim a multiple of 16 up to MK_MAX_HEAD_DIM (mk_kernel_attention_prefill_tc_supports),
+ * else MK_ERR_SHAPE. Reference: mk_cpu_attention on the caches widened to F32. */
+bool mk_kernel_attention_prefill_tc_supports(size_t head_dim);
+mk_status mk_kernel_attention_prefill_tc(float *out /* [rows, n_heads, head_dim] */,
+                                         const float *q /* [rows, n_heads, head_dim] */,
+                                         const void *k_cache /* [>= past + rows, n_kv_heads, head_dim] */,
+                                         const void *v_cache /* [>= past + rows, n_kv_heads, head_dim] */,
+                                         mk_dtype kv_dtype, size_t rows, size_t past, size_t n_heads,
+                                         size_t n_kv_heads, size_t head_dim, cudaStream_t stream);
+
 /* Decode of one query row over past + 1 keys: the keys are split across blocks, each
  * writes a partial (max, sum, acc) to workspace, then a reduction combines them. */
 size_t mk_kernel_attention_decode_workspace_bytes(size_t max_keys, size_t n_heads, size_t head_dim);

@@ -549,6 +549,13 @@ static mk_status cuda_attention(mk_backend *b, float *out, const float *q, const
         return mk_cuda_after_launch(cb, mk_kernel_attention_decode(out, q, k_cache, v_cache, past, n_heads, n_kv_heads,
                                                                    head_dim, cb->decode_ws, cb->decode_ws_bytes,
                                                                    cb->stream));
+    /* Prefill in speed mode: the tensor cores (BF16 inputs, F32 accumulation). Parity mode,
+     * and a head_dim the tensor-core kernel cannot tile, keep the F32 kernel. */
+    if (rows > 1 && (cb->base.config.speed_mode || cb->base.config.weight_dtype != MK_DTYPE_F32) &&
+        mk_kernel_attention_prefill_tc_supports(head_dim))
+        return mk_cuda_after_launch(cb, mk_kernel_attention_prefill_tc(out, q, k_cache, v_cache, mk_backend_kv_dtype(b),
+                                                                       rows, past, n_heads, n_kv_heads, head_dim,
+                                                                       cb->stream));
     return mk_cuda_after_launch(cb, mk_kernel_attention_prefill(out, q, k_cache, v_cache, rows, past, n_heads, n_kv_heads,
                                                                 head_dim, cb->stream));
 }

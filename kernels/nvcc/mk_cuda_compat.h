@@ -26,6 +26,7 @@
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
+#include <mma.h> /* nvcuda::wmma; cudasim supplies tests/cudasim/cudasim_wmma.h */
 
 /* MK_LAUNCH is the only `<<<>>>` in the project. */
 #define MK_LAUNCH(kernel, grid, block, shmem_bytes, stream, ...) \

@@ -162,6 +162,31 @@ TEST_P(CudaModels, SpeedModeIsWithinBf16ToleranceOfCpu) {
 INSTANTIATE_TEST_SUITE_P(RandomModels, CudaModels, ::testing::Values(size_t{0}, size_t{1}),
                          [](const ::testing::TestParamInfo<size_t> &i) { return std::string(model_cases()[i.param].name); });
 
+// Speed mode sends prefill attention (rows > 1, head_dim a multiple of 16) to the tensor-core
+// kernel: whole vs split stays bit-exact, and the logits stay within BF16 tolerance of the cpu
+// (teacher-forced). The model cases above have head_dim 8 and 6 (the F32 kernel).
+TEST(CudaBackend, TensorCorePrefillSplitsBitIdenticallyAndStaysCloseToCpu) {
+    MK_REQUIRE_DEVICE();
+    mk_hparams hp = mk_hparams_seed_default();
+    hp.n_heads = 4;
+    hp.n_kv_heads = 2;
+    hp.head_dim = 16;
+    hp.hidden = 64;
+    hp.intermediate = 96;
+    hp.n_layers = 4;
+    ModelPtr model = make_random_model(hp);
+    const std::vector<int32_t> prompt = {3, 17, 8, 25, 40, 1, 33, 12, 5, 44, 29, 7, 19, 2, 38, 11, 46, 23, 9, 30};
+    const mk_range_options o = cuda_options(MK_DTYPE_BF16, true);
+    const Decode whole = decode_greedy(model.get(), {}, o, prompt, 5);
+    ASSERT_EQ(whole.tokens.size(), 5u);
+    expect_bit_identical(whole, decode_greedy(model.get(), {2}, o, prompt, 5), "2 ranges");
+    expect_bit_identical(whole, decode_greedy(model.get(), {1, 2}, o, prompt, 5), "3 ranges");
+    const Decode cpu = decode_greedy(model.get(), {}, cpu_options(MK_DTYPE_BF16), prompt, 5);
+    const Decode gpu = decode_greedy(model.get(), {}, o, prompt, 5, &cpu.tokens);
+    ASSERT_EQ(gpu.logits.size(), cpu.logits.size());
+    for (size_t i = 0; i < cpu.logits.size(); i++) EXPECT_TRUE(close_rel(gpu.logits[i], cpu.logits[i], 3e-2f)) << "step " << i;
+}
+
 // ================================================== structural counts ==
 // What one decode token costs the device and the host, counted by the backend (no GPU
 // needed): launches per layer, host waits and bytes downloaded per token. Printed for the

@@ -593,6 +593,13 @@ int block_barrier(int kind, int pred, const char *file, int line) {
   return static_cast<int>(f.result);
 }
 
+[[noreturn]] void device_error(const char *msg, const char *file, int line) {
+  Worker &w = tls_worker;
+  Fiber &f = w.fibers[w.cur];
+  fail(w, fmt("%s: %s at %s:%d", where(w, f).c_str(), msg, file, line));
+  abandon(w, f);
+}
+
 uint64_t warp_op(WarpKind kind, unsigned mask, uint64_t value, int arg, int width,
                  const char *file, int line) {
   Worker &w = tls_worker;

@@ -6,6 +6,7 @@
 #define MK_CUDA_COMPAT_H
 
 #include "cudasim.h"
+#include "cudasim_wmma.h" /* nvcuda::wmma: the real <mma.h> under nvcc */
 
 #define MK_LAUNCH(kernel, grid, block, shmem_bytes, stream, ...) \
   CUDASIM_LAUNCH(kernel, grid, block, shmem_bytes, stream, ##__VA_ARGS__)

@@ -747,3 +747,154 @@ TEST(CudasimSpeed, RmsNorm4096x4096) {
   }
   EXPECT_LT(s, 10.0);
 }
+
+/* ======================================================================================
+ * nvcuda::wmma stand-in (cudasim_wmma.h)
+ * ====================================================================================== */
+namespace {
+
+/* Element (i, j) of a 16-column tile stored with leading dimension ld. */
+size_t at(size_t i, size_t j, size_t ld, bool row_major) { return row_major ? i * ld + j : j * ld + i; }
+
+cudaError_t sync_status(cudaError_t launch) { return launch != cudaSuccess ? launch : cudaDeviceSynchronize(); }
+
+/* One case: A (16 x 16k) and B (16k x 16) in the given layouts, C loaded or filled, D stored
+ * in either layout, against fmaf over k in order on the same rounded inputs (bit-exact). */
+template <class T>
+void check_wmma_gemm(bool bf16, int ktiles, bool a_row, bool b_row, bool c_load, bool c_col, bool d_col, int warps) {
+  const unsigned K = 16u * ktiles, lda = a_row ? K + 8 : 24, ldb = b_row ? 24 : K + 8, ldc = 20;
+  auto ra = random_floats(16 * K, 100 + ktiles), rb = random_floats(16 * K, 200 + ktiles), rc = random_floats(256, 300);
+  const size_t a_len = a_row ? 16 * lda : K * lda, b_len = b_row ? K * ldb : 16 * ldb;
+  std::vector<T> ha(a_len, T(0.0f)), hb(b_len, T(0.0f));
+  std::vector<float> fa(16 * K), fb(16 * K), hc(16 * ldc, 0.0f);
+  for (size_t i = 0; i < 16; ++i)
+    for (size_t k = 0; k < K; ++k) {
+      ha[at(i, k, lda, a_row)] = T(ra[i * K + k]);
+      fa[i * K + k] = float(T(ra[i * K + k]));
+    }
+  for (size_t k = 0; k < K; ++k)
+    for (size_t j = 0; j < 16; ++j) {
+      hb[at(k, j, ldb, b_row)] = T(rb[k * 16 + j]);
+      fb[k * 16 + j] = float(T(rb[k * 16 + j]));
+    }
+  for (size_t i = 0; i < 16; ++i)
+    for (size_t j = 0; j < 16; ++j) hc[at(i, j, ldc, !c_col)] = rc[i * 16 + j];
+  DevBuf<T> da(a_len), db(b_len);
+  DevBuf<float> dc(hc.size()), dd(size_t(warps) * 16 * ldc);
+  da.put(ha);
+  db.put(hb);
+  dc.put(hc);
+  CK(cudaMemset(dd.p, 0xff, dd.n * sizeof(float)));
+  const float fill = 0.375f, post = 0.5f;
+  cudaError_t e;
+  if constexpr (std::is_same<T, __nv_bfloat16>::value)
+    e = tk_wmma_gemm_bf16(dd.p, da.p, db.p, c_load ? dc.p : nullptr, fill, ktiles, a_row, b_row, lda, ldb, ldc, c_col,
+                          d_col, post, warps, 0);
+  else
+    e = tk_wmma_gemm_f16(dd.p, da.p, db.p, c_load ? dc.p : nullptr, fill, ktiles, a_row, b_row, lda, ldb, ldc, c_col,
+                         d_col, post, warps, 0);
+  CK(sync_status(e));
+  auto hd = dd.get();
+  for (int w = 0; w < warps; ++w)
+    for (size_t i = 0; i < 16; ++i)
+      for (size_t j = 0; j < 16; ++j) {
+        float acc = c_load ? rc[i * 16 + j] : fill;
+        for (size_t k = 0; k < K; ++k) acc = fmaf(fa[i * K + k], fb[k * 16 + j], acc);
+        const float got = hd[size_t(w) * 16 * ldc + at(i, j, ldc, !d_col)];
+        ASSERT_EQ(got, acc * post) << (bf16 ? "bf16" : "f16") << " k" << K << " a_row " << a_row << " b_row "
+                                   << b_row << " c_load " << c_load << " c_col " << c_col << " d_col " << d_col
+                                   << " warp " << w << " (" << i << "," << j << ")";
+      }
+}
+
+}  // namespace
+
+TEST(CudasimWmma, ProductsInEveryLayoutMatchAPlainLoop) {
+  for (int layout = 0; layout < 4; ++layout) {
+    const bool a_row = layout & 1, b_row = layout & 2;
+    check_wmma_gemm<__nv_bfloat16>(true, 2, a_row, b_row, true, layout == 1, layout == 2, 2);
+    check_wmma_gemm<__half>(false, 3, a_row, b_row, layout != 3, layout == 3, layout == 0, 1);
+  }
+  check_wmma_gemm<__nv_bfloat16>(true, 1, true, false, false, false, true, 3);
+}
+
+/* The fragment inputs are of the 16-bit type: a value that needs more than 8 significant
+ * bits comes in rounded (bf16), and the product accumulates in float. */
+TEST(CudasimWmma, InputsAreBf16AndAccumulationIsFloat) {
+  std::vector<__nv_bfloat16> ha(256, __float2bfloat16(0.0f)), eye(256, __float2bfloat16(0.0f));
+  for (int i = 0; i < 16; ++i) eye[i * 16 + i] = __float2bfloat16(1.0f);
+  ha[0] = __float2bfloat16(1.0f + 1.0f / 512); /* rounds to 1.0 (even) */
+  ha[1] = __float2bfloat16(3.0f);
+  DevBuf<__nv_bfloat16> da(256), de(256);
+  DevBuf<float> dd(256);
+  da.put(ha);
+  de.put(eye);
+  CK(sync_status(tk_wmma_staged_load(dd.p, da.p, de.p, true, 0)));
+  auto hd = dd.get();
+  EXPECT_EQ(hd[0], 1.0f);
+  EXPECT_EQ(hd[1], 3.0f);
+  EXPECT_EQ(hd[2], 0.0f);
+}
+
+TEST(CudasimWmma, LoadOfLanesWritesWithoutSyncwarpIsCaught) {
+  OrderGuard guard;
+  auto ra = random_floats(256, 7);
+  std::vector<__nv_bfloat16> ha(256), eye(256, __float2bfloat16(0.0f));
+  for (int i = 0; i < 256; ++i) ha[i] = __float2bfloat16(ra[i]);
+  for (int i = 0; i < 16; ++i) eye[i * 16 + i] = __float2bfloat16(1.0f);
+  DevBuf<__nv_bfloat16> da(256), de(256);
+  DevBuf<float> dd(256);
+  da.put(ha);
+  de.put(eye);
+  for (int sync = 1; sync >= 0; --sync) {
+    int wrong = 0;
+    for (uint64_t seed = 1; seed <= 4; ++seed) {
+      cudasim::set_order(seed == 1 ? cudasim::Order::Forward : cudasim::Order::Random, seed);
+      CK(sync_status(tk_wmma_staged_load(dd.p, da.p, de.p, sync, 0)));
+      auto hd = dd.get();
+      bool ok = true;
+      for (int i = 0; i < 256; ++i) ok = ok && hd[i] == __bfloat162float(ha[i]);
+      wrong += !ok;
+    }
+    if (sync) EXPECT_EQ(wrong, 0);
+    else EXPECT_GE(wrong, 1) << "a fragment load of other lanes' unsynchronised writes passed";
+  }
+}
+
+TEST(CudasimWmma, ReadOfStoredTileWithoutSyncwarpIsCaught) {
+  OrderGuard guard;
+  DevBuf<float> out(32);
+  for (int sync = 1; sync >= 0; --sync) {
+    int wrong = 0;
+    for (uint64_t seed = 1; seed <= 4; ++seed) {
+      cudasim::set_order(seed == 1 ? cudasim::Order::Forward : cudasim::Order::Random, seed);
+      CK(sync_status(tk_wmma_store_then_read(out.p, sync, 0)));
+      auto h = out.get();
+      bool ok = true;
+      for (float v : h) ok = ok && v == 32.0f;
+      wrong += !ok;
+    }
+    if (sync) EXPECT_EQ(wrong, 0);
+    else EXPECT_GE(wrong, 1) << "a read of a stored accumulator without __syncwarp passed";
+  }
+}
+
+TEST(CudasimWmma, HalfWarpCallIsReported) {
+  DevBuf<float> out(256);
+  EXPECT_EQ(sync_status(tk_wmma_half_warp(out.p, 0)), cudaErrorLaunchFailure);
+  const std::string d = cudasim::last_diagnostic();
+  EXPECT_NE(d.find("which has exited"), std::string::npos) << d;
+  cudaGetLastError();
+}
+
+TEST(CudasimWmma, MisalignedPointerOrLdmIsReported) {
+  DevBuf<__half> a(1024);
+  DevBuf<float> out(32);
+  CK(sync_status(tk_wmma_misaligned(out.p, a.p, 0, 16, 0)));
+  EXPECT_EQ(sync_status(tk_wmma_misaligned(out.p, a.p, 8, 16, 0)), cudaErrorLaunchFailure);
+  std::string d = cudasim::last_diagnostic();
+  EXPECT_NE(d.find("wmma::load_matrix_sync"), std::string::npos) << d;
+  cudaGetLastError();
+  EXPECT_EQ(sync_status(tk_wmma_misaligned(out.p, a.p, 0, 20, 0)), cudaErrorLaunchFailure);
+  cudaGetLastError();
+}

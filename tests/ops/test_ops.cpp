@@ -1184,4 +1184,122 @@ TEST_F(OpTest, ShapeAndArgumentErrors) {
     EXPECT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
 }
 
+// ===================================================== attention prefill, tensor cores ==
+
+struct AttnTcCase {
+    size_t rows, past, n_heads, n_kv_heads, head_dim;
+    mk_dtype kv;
+    std::string name() const {
+        return "r" + std::to_string(rows) + "_past" + std::to_string(past) + "_h" + std::to_string(n_heads) + "_kv" +
+               std::to_string(n_kv_heads) + "_d" + std::to_string(head_dim) + "_" + dtype_tag(kv);
+    }
+};
+void PrintTo(const AttnTcCase &c, std::ostream *os) { *os << c.name(); }
+
+// Q, K, V and the softmax weights enter the tensor cores as BF16 (8 significant bits: a
+// relative error up to 2^-9 each); an output row is a weighted average of V rows, so the
+// error scales with max|V|. A row with one visible key is that V row in BF16.
+constexpr double kAttnTcTol = 5e-3;
+
+using AttentionPrefillTc = OpTestP<AttnTcCase>;
+
+TEST_P(AttentionPrefillTc, MatchesCpu) {
+    const AttnTcCase c = GetParam();
+    const size_t keys = c.past + c.rows;
+    const size_t qn = c.rows * c.n_heads * c.head_dim, kvn = keys * c.n_kv_heads * c.head_dim;
+    std::vector<float> q = random_f32(qn, 71 + qn, 1.0f), k = random_f32(kvn, 72 + kvn, 1.0f),
+                       v = random_f32(kvn, 73 + kvn, 1.0f);
+    const size_t esize = c.kv == MK_DTYPE_F32 ? 4 : 2;
+    GuardedBuf dq(qn * 4), dk(kvn * esize), dv(kvn * esize), dout(qn * 4);
+    ASSERT_TRUE(dq.ok() && dk.ok() && dv.ok() && dout.ok());
+    CUDA_OK(dq.upload(q.data(), stream_));
+    if (c.kv == MK_DTYPE_F32) {
+        CUDA_OK(dk.upload(k.data(), stream_));
+        CUDA_OK(dv.upload(v.data(), stream_));
+    } else { // the caches in 16 bits; the reference reads them widened back
+        const std::vector<uint16_t> kh = to_half_bits(k, c.kv), vh = to_half_bits(v, c.kv);
+        CUDA_OK(dk.upload(kh.data(), stream_));
+        CUDA_OK(dv.upload(vh.data(), stream_));
+        k = from_half_bits(kh, c.kv);
+        v = from_half_bits(vh, c.kv);
+    }
+    CUDA_OK(dout.poison(stream_));
+    MK_OK_(mk_kernel_attention_prefill_tc(dout.ptr<float>(), dq.ptr<float>(), dk.ptr(), dv.ptr(), c.kv, c.rows, c.past,
+                                          c.n_heads, c.n_kv_heads, c.head_dim, stream_));
+    CUDA_OK(cudaStreamSynchronize(stream_));
+    std::vector<float> got(qn), ref(qn);
+    ASSERT_TRUE(dout.download(got.data(), stream_));
+    mk_cpu_attention(ref.data(), q.data(), k.data(), v.data(), c.rows, c.past, c.n_heads, c.n_kv_heads, c.head_dim);
+    const ::testing::AssertionResult r = all_close(got, ref, kAttnTcTol * max_abs(v), kAttnTcTol);
+    EXPECT_TRUE(r);
+    if (r && getenv("MK_TEST_VERBOSE")) printf("%s: %s\n", c.name().c_str(), r.message());
+}
+
+std::vector<AttnTcCase> prefill_tc_cases() {
+    std::vector<AttnTcCase> v;
+    const mk_dtype kvs[] = {MK_DTYPE_F32, MK_DTYPE_F16, MK_DTYPE_BF16};
+    size_t i = 0;
+    for (size_t rows : {1, 17, 64, 100})
+        for (size_t past : {0, 37})
+            for (size_t kv_heads : {2, 8})     // GQA 4:1 and 1:1 over 8 query heads
+                for (size_t hd : {64, 128}) // every cache dtype in turn, each over every shape family
+                    v.push_back({rows, past, 8, kv_heads, hd, kvs[i++ % 3]});
+    v.push_back({130, 300, 4, 1, 64, MK_DTYPE_BF16}); // three row blocks, several key tiles
+    v.push_back({33, 5, 6, 3, 80, MK_DTYPE_F32});     // generic head_dim (a multiple of 16)
+    v.push_back({40, 70, 2, 1, 256, MK_DTYPE_F16});   // the widest head: 32-key tiles
+    return v;
+}
+INSTANTIATE_TEST_SUITE_P(Ops, AttentionPrefillTc, ::testing::ValuesIn(prefill_tc_cases()), case_name<AttnTcCase>);
+
+TEST_F(OpTest, AttentionPrefillTcRefusesWhatItCannotRun) {
+    GuardedBuf b(4096);
+    float *f = b.ptr<float>();
+    EXPECT_FALSE(mk_kernel_attention_prefill_tc_supports(72));
+    EXPECT_FALSE(mk_kernel_attention_prefill_tc_supports(272));
+    EXPECT_TRUE(mk_kernel_attention_prefill_tc_supports(64));
+    EXPECT_TRUE(mk_kernel_attention_prefill_tc_supports(128));
+    EXPECT_ERROR(mk_kernel_attention_prefill_tc(f, f, f, f, MK_DTYPE_F32, 4, 0, 4, 4, 72, stream_), MK_ERR_SHAPE,
+                 "mk_kernel_attention_prefill_tc: head_dim 72 must be a multiple of 16");
+    EXPECT_ERROR(mk_kernel_attention_prefill_tc(f, f, f, f, MK_DTYPE_F32, 4, 0, 6, 4, 64, stream_), MK_ERR_SHAPE,
+                 "n_heads 6 must be a multiple of n_kv_heads 4");
+    EXPECT_ERROR(mk_kernel_attention_prefill_tc(f, f, f, f, MK_DTYPE_I32, 4, 0, 4, 4, 64, stream_), MK_ERR_DTYPE,
+                 "mk_kernel_attention_prefill_tc: KV cache dtype 4");
+    EXPECT_ERROR(mk_kernel_attention_prefill_tc(nullptr, f, f, f, MK_DTYPE_F32, 4, 0, 4, 4, 64, stream_),
+                 MK_ERR_INVALID_ARGUMENT, "mk_kernel_attention_prefill_tc: null pointer");
+    EXPECT_EQ(mk_kernel_attention_prefill_tc(f, f, f, f, MK_DTYPE_F32, 0, 0, 4, 4, 64, stream_), MK_OK);
+}
+
+// BF16 caches at 16-byte aligned addresses are copied 16 bytes at a time (cp.async on sm_80+);
+// at an address 2 bytes off they take the element loads. The tiles hold the same bits, so the
+// outputs are identical.
+TEST_F(OpTest, AttentionPrefillTcBf16CacheCopyPathsAgree) {
+    const size_t rows = 70, past = 21, nh = 4, nkv = 2, hd = 64, keys = past + rows;
+    const size_t qn = rows * nh * hd, kvn = keys * nkv * hd;
+    const std::vector<float> q = random_f32(qn, 81), k = random_f32(kvn, 82), v = random_f32(kvn, 83);
+    std::vector<uint16_t> kh = to_half_bits(k, MK_DTYPE_BF16), vh = to_half_bits(v, MK_DTYPE_BF16);
+    std::vector<uint16_t> kh_off(kvn + 8), vh_off(kvn + 8); // the same data one element in
+    std::copy(kh.begin(), kh.end(), kh_off.begin() + 1);
+    std::copy(vh.begin(), vh.end(), vh_off.begin() + 1);
+    GuardedBuf dq(qn * 4), dk(kvn * 2), dv(kvn * 2), dk_off((kvn + 8) * 2), dv_off((kvn + 8) * 2), da(qn * 4), db(qn * 4);
+    CUDA_OK(dq.upload(q.data(), stream_));
+    CUDA_OK(dk.upload(kh.data(), stream_));
+    CUDA_OK(dv.upload(vh.data(), stream_));
+    CUDA_OK(dk_off.upload(kh_off.data(), stream_));
+    CUDA_OK(dv_off.upload(vh_off.data(), stream_));
+    CUDA_OK(da.poison(stream_));
+    CUDA_OK(db.poison(stream_));
+    MK_OK_(mk_kernel_attention_prefill_tc(da.ptr<float>(), dq.ptr<float>(), dk.ptr(), dv.ptr(), MK_DTYPE_BF16, rows, past,
+                                          nh, nkv, hd, stream_));
+    MK_OK_(mk_kernel_attention_prefill_tc(db.ptr<float>(), dq.ptr<float>(), dk_off.ptr<uint16_t>() + 1,
+                                          dv_off.ptr<uint16_t>() + 1, MK_DTYPE_BF16, rows, past, nh, nkv, hd, stream_));
+    CUDA_OK(cudaStreamSynchronize(stream_));
+    std::vector<float> a(qn), b(qn), ref(qn);
+    ASSERT_TRUE(da.download(a.data(), stream_));
+    ASSERT_TRUE(db.download(b.data(), stream_));
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), qn * 4), 0);
+    const std::vector<float> kw = from_half_bits(kh, MK_DTYPE_BF16), vw = from_half_bits(vh, MK_DTYPE_BF16);
+    mk_cpu_attention(ref.data(), q.data(), kw.data(), vw.data(), rows, past, nh, nkv, hd);
+    EXPECT_TRUE(all_close(a, ref, kAttnTcTol * max_abs(vw), kAttnTcTol));
+}
+
 } // namespace

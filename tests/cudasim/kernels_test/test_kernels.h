@@ -3,6 +3,8 @@
 #define CUDASIM_TEST_KERNELS_H
 
 #include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <cstddef>
 
@@ -36,6 +38,20 @@ cudaError_t tk_mask_mismatch(cudaStream_t s);
 cudaError_t tk_stack_overflow(int *out, int limit, cudaStream_t s);
 /* out_u/out_f[32*blocks]: odd blocks read static shared memory no thread of theirs wrote */
 cudaError_t tk_stale_static_shared(unsigned *out_u, float *out_f, int blocks, cudaStream_t s);
+
+/* ---- nvcuda::wmma stand-in (wmma_kernels.cu) ---- */
+/* each of `warps` warps: d[w * 16 * ldc ...] = post_scale * (A B + C), A 16 x 16k, B 16k x 16 in
+ * the given layouts and leading dimensions; C loaded (c, layout c_col) or filled (c == nullptr). */
+cudaError_t tk_wmma_gemm_bf16(float *d, const __nv_bfloat16 *a, const __nv_bfloat16 *b, const float *c, float c_fill,
+                              int ktiles, bool a_row, bool b_row, unsigned lda, unsigned ldb, unsigned ldc, bool c_col,
+                              bool d_col, float post_scale, int warps, cudaStream_t s);
+cudaError_t tk_wmma_gemm_f16(float *d, const __half *a, const __half *b, const float *c, float c_fill, int ktiles,
+                             bool a_row, bool b_row, unsigned lda, unsigned ldb, unsigned ldc, bool c_col, bool d_col,
+                             float post_scale, int warps, cudaStream_t s);
+cudaError_t tk_wmma_staged_load(float *d, const __nv_bfloat16 *a, const __nv_bfloat16 *eye, bool sync, cudaStream_t s);
+cudaError_t tk_wmma_store_then_read(float *out, bool sync, cudaStream_t s); /* out[32] */
+cudaError_t tk_wmma_half_warp(float *out, cudaStream_t s);
+cudaError_t tk_wmma_misaligned(float *out, const __half *a, unsigned offset, unsigned ldm, cudaStream_t s);
 
 /* ---- rmsnorm (rmsnorm_kernel.cu) ---- */
 cudaError_t tk_rmsnorm(float *y, const float *x, const float *w, int rows, int cols, float eps,
