@@ -304,7 +304,8 @@ TEST(CudaBackend, TokenOnlyTailGivesTheSameTokensWithoutLogits) {
 // Native weight mode on the device: Q8_0 attention, Q4_K or Q4_1 MLP and embedding kept in
 // their blocks (decode: block GEMV; a 12-token prompt: rows expanded to BF16 + cuBLAS; the
 // embedding gathered by the dequantizer), an F16/Q6_K matrix stored as BF16. Whole vs split
-// bit-exact; close to the same file in F32 parity mode (BF16 prefill activations only).
+// bit-exact; close to the same file in F32 parity mode (BF16 prefill activations and
+// tensor-core prefill attention only).
 TEST(CudaBackend, NativeWeightsSplitBitIdenticallyAndStayCloseToF32) {
     MK_REQUIRE_DEVICE();
     struct Mix { uint32_t mlp, embd, output; bool tied; };
@@ -342,8 +343,9 @@ TEST(CudaBackend, NativeWeightsSplitBitIdenticallyAndStayCloseToF32) {
                 err_sq += e * e;
             }
             // decode multiplies the stored weights with F32 activations: only the prefill's
-            // BF16 rounding separates the two (a wrong block or row gives ~100%)
-            EXPECT_LE(std::sqrt(err_sq / ref_sq), 0.02) << "step " << i;
+            // BF16 rounding (GEMM inputs, and Q, K, V and P of the tensor-core attention)
+            // separates the two (measured 2.1%; a wrong block or row gives ~100%)
+            EXPECT_LE(std::sqrt(err_sq / ref_sq), 0.03) << "step " << i;
         }
     }
 }
