@@ -468,6 +468,11 @@ int main(int argc, char **argv) {
                         whole[0].op_ms[f]);
             fprintf(json, "}");
         }
+        if (whole[0].dev_read > 0)
+            fprintf(json,
+                    ",\n \"device_bytes_read_per_token\": %.0f, \"device_weight_bytes_read_per_token\": %.0f, "
+                    "\"device_kv_bytes_read_per_token\": %.0f, \"device_read_gbps\": %.3f",
+                    whole[0].dev_read, whole[0].dev_weight_read, whole[0].dev_kv_read, whole[0].dev_read / 1e9 * med[0][1]);
         fprintf(json, "}\n");
         fclose(json);
         printf("results: %s\n", json_path);

@@ -504,7 +504,8 @@ static mk_status mk_cuda_lowp_input(mk_cuda_backend *cb, const float *x, size_t 
 
 /* A GEMM writes y [n]: the low-precision copy of y, if that is what act_lowp holds, is stale. */
 static void mk_cuda_lowp_wrote(mk_cuda_backend *cb, const float *y, size_t n) {
-    if (cb->lowp_src && y < cb->lowp_src + cb->lowp_elems && cb->lowp_src < y + n) mk_cuda_lowp_forget(cb);
+    const uintptr_t a = (uintptr_t)y, s = (uintptr_t)cb->lowp_src; /* addresses: unrelated buffers compare */
+    if (cb->lowp_src && a < s + cb->lowp_elems * sizeof(float) && s < a + n * sizeof(float)) mk_cuda_lowp_forget(cb);
 }
 
 static cudaDataType mk_cuda_type(mk_dtype dtype) {
@@ -691,7 +692,8 @@ static mk_status cuda_attention(mk_backend *b, float *out, const float *q, const
     mk_cuda_backend *cb = cuda_of(b);
     MK_ON_DEVICE(cb);
     mk_cuda_lowp_forget(cb);
-    mk_cuda_reads(cb, 0, 2 * (past + rows) * n_kv_heads * head_dim * mk_dtype_size(mk_backend_kv_dtype(b)), rows * n_heads * head_dim * sizeof(float));
+    mk_cuda_reads(cb, 0, 2 * (past + rows) * n_kv_heads * head_dim * mk_dtype_size(mk_backend_kv_dtype(b)),
+                  rows * n_heads * head_dim * sizeof(float)); /* the cache rows once; q */
     /* One query row over a long cache: split the keys across blocks (flash-decoding). */
     if (rows == 1 && past + 1 >= 256)
         return mk_cuda_after_launch(cb, mk_kernel_attention_decode(out, q, k_cache, v_cache, past, n_heads, n_kv_heads,

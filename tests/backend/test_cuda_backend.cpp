@@ -419,7 +419,7 @@ TEST(CudaBackend, PrefillNormsWriteTheGemmInputWithoutConversionLaunches) {
 
 // The backend's note "act_lowp holds X in the GEMM dtype": a GEMM reading the norm's output
 // takes the norm's copy (one launch: no conversion), a second GEMM reading it too; an op that
-// writes X in between (copy, add, upload) makes the next GEMM convert X again, with exactly the
+// writes X in between (copy, add, upload, a GEMV into part of it) makes the next GEMM convert X again, with exactly the
 // bits of a GEMM over a fresh copy of X.
 TEST(CudaBackend, LowPrecisionCopyOfTheNormIsReusedUntilItsSourceIsWritten) {
     MK_REQUIRE_DEVICE();
@@ -435,8 +435,9 @@ TEST(CudaBackend, LowPrecisionCopyOfTheNormIsReusedUntilItsSourceIsWritten) {
         const size_t rows = 12, in = hp.hidden, out = 24;
         MK_ASSERT_OK(b->ops->reserve(b, rows, 64, &hp));
         const std::vector<float> x = random_floats(rows * in, 501), other = random_floats(rows * in, 502),
-                                 nw = random_floats(in, 503), w = random_floats(out * in, 504);
-        void *dx, *dxn, *dother, *dz, *dnw, *dw, *dy1, *dy2, *dy3;
+                                 nw = random_floats(in, 503), w = random_floats(out * in, 504),
+                                 w2 = random_floats(in * in, 505);
+        void *dx, *dxn, *dother, *dz, *dnw, *dw, *dw2, *dy1, *dy2, *dy3;
         for (void **p : {&dx, &dxn, &dother, &dz, &dnw, &dy1, &dy2, &dy3})
             MK_ASSERT_OK(b->ops->alloc(b, rows * std::max(in, out) * 4, p));
         if (d == MK_DTYPE_NATIVE) {
@@ -444,9 +445,15 @@ TEST(CudaBackend, LowPrecisionCopyOfTheNormIsReusedUntilItsSourceIsWritten) {
             mk_native_gguf::quantize(MK_GGML_TYPE_Q8_0, w.data(), w.size(), q);
             MK_ASSERT_OK(b->ops->alloc(b, b->ops->native_weight_bytes(b, MK_GGML_TYPE_Q8_0, out, in), &dw));
             MK_ASSERT_OK(b->ops->upload_native_weight(b, dw, MK_GGML_TYPE_Q8_0, q.data(), q.size(), out, in));
+            q.clear();
+            mk_native_gguf::quantize(MK_GGML_TYPE_Q8_0, w2.data(), w2.size(), q);
+            MK_ASSERT_OK(b->ops->alloc(b, b->ops->native_weight_bytes(b, MK_GGML_TYPE_Q8_0, in, in), &dw2));
+            MK_ASSERT_OK(b->ops->upload_native_weight(b, dw2, MK_GGML_TYPE_Q8_0, q.data(), q.size(), in, in));
         } else {
             MK_ASSERT_OK(b->ops->alloc(b, out * in * 2, &dw));
             MK_ASSERT_OK(b->ops->upload_weight(b, dw, w.data(), w.size()));
+            MK_ASSERT_OK(b->ops->alloc(b, in * in * 2, &dw2));
+            MK_ASSERT_OK(b->ops->upload_weight(b, dw2, w2.data(), w2.size()));
         }
         MK_ASSERT_OK(b->ops->upload(b, dx, x.data(), x.size() * 4));
         MK_ASSERT_OK(b->ops->upload(b, dother, other.data(), other.size() * 4));
@@ -478,6 +485,8 @@ TEST(CudaBackend, LowPrecisionCopyOfTheNormIsReusedUntilItsSourceIsWritten) {
             {"copy", [&] { return b->ops->copy(b, xn, dother, rows * in * 4); }},
             {"add", [&] { return b->ops->add(b, xn, (const float *)dother, rows * in); }},
             {"upload", [&] { return b->ops->upload(b, xn, other.data(), rows * in * 4); }},
+            // a decode GEMV writing xn's first rows (its own input needs no conversion)
+            {"gemv", [&] { return b->ops->matmul(b, xn + 2 * in, (const float *)dother, dw2, 4, in, in); }},
         };
         for (const auto &wr : writers) {
             SCOPED_TRACE(wr.first);
@@ -490,7 +499,7 @@ TEST(CudaBackend, LowPrecisionCopyOfTheNormIsReusedUntilItsSourceIsWritten) {
             MK_ASSERT_OK(b->ops->download(b, y3.data(), dy3, y3.size() * 4));
             EXPECT_EQ(std::memcmp(y2.data(), y3.data(), y2.size() * 4), 0) << "the GEMM saw the written input";
         }
-        for (void *p : {dx, dxn, dother, dz, dnw, dw, dy1, dy2, dy3}) b->ops->release(b, p);
+        for (void *p : {dx, dxn, dother, dz, dnw, dw, dw2, dy1, dy2, dy3}) b->ops->release(b, p);
     }
 }
 
