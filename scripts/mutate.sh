@@ -75,6 +75,7 @@ MUTATIONS=(
   "rmsnorm.lowp-truncates~kernels/rmsnorm.cu~s/lowp\[off \+ c\] = mk_dev_f32_to_bf16\(v\);/lowp[off + c] = (uint16_t)(__float_as_uint(v) >> 16);/~ops:*RmsNormLowp*"
   "cuda.lowp-kept-after-copy~host/cuda/backend_cuda.c~s/    cb->base.counters.launches\+\+;\n    mk_cuda_lowp_forget\(cb\);\n/    cb->base.counters.launches++;\n/~backend:*LowPrecisionCopy*"
   "cuda.lowp-kept-after-add~host/cuda/backend_cuda.c~s/mk_cuda_lowp_forget\(cb\);\n(    mk_cuda_reads\(cb, 0, 0, 2 \* n \* sizeof\(float\)\);\n    return mk_cuda_after_launch\(cb, mk_kernel_add\()/\$1/~backend:*LowPrecisionCopy*"
+  "cuda.lowp-kept-after-gemm-write~host/cuda/backend_cuda.c~s/    mk_cuda_lowp_wrote\(cb, y, rows \* out_dim\);\n//~backend:*LowPrecisionCopy*"
   "cuda.kv-read-misses-new-rows~host/cuda/backend_cuda.c~s/2 \* \(past \+ rows\) \* n_kv_heads/2 * past * n_kv_heads/~backend:*ReadsEachWeight*:*NativeDecodeToken*"
   "cuda.native-set-bytes-last-only~host/cuda/backend_cuda.c~s/\*bytes \+= nw->rows \* mk_cuda_native_row_bytes\(nw\);/*bytes = nw->rows * mk_cuda_native_row_bytes(nw);/~backend:*NativeDecodeToken*"
   # Stream races: one upload moved to the legacy default stream, which does not order against
