@@ -139,6 +139,7 @@ typedef struct e2e_result {
     double op_ms[MK_OPF_COUNT];    /* ms per decode step in each op family, all ranges */
     /* per decode token, from the backends' structural counters (mk_backend_counters) */
     double launches, max_range_syncs, downloaded;
+    double dev_read, dev_weight_read, dev_kv_read; /* device bytes read (model of each kernel), cuda */
 } e2e_result;
 
 /* PROFILE_STEPS more decode steps with every range's op timing on. */
@@ -174,6 +175,9 @@ static void counters_of(mk_pipeline *p, mk_backend_counters *sum, uint64_t *sync
         sum->host_syncs += c->host_syncs;
         sum->bytes_downloaded += c->bytes_downloaded;
         sum->bytes_uploaded += c->bytes_uploaded;
+        sum->bytes_read += c->bytes_read;
+        sum->weight_bytes_read += c->weight_bytes_read;
+        sum->kv_bytes_read += c->kv_bytes_read;
         syncs_per_range[i] = c->host_syncs;
     }
 }
@@ -218,6 +222,9 @@ static mk_status run(const mk_model *model, const int64_t *cuts, size_t n_cuts, 
     counters_of(p, &c1, r1);
     res->launches = (double)(c1.launches - c0.launches) / (double)n_decode;
     res->downloaded = (double)(c1.bytes_downloaded - c0.bytes_downloaded) / (double)n_decode;
+    res->dev_read = (double)(c1.bytes_read - c0.bytes_read) / (double)n_decode;
+    res->dev_weight_read = (double)(c1.weight_bytes_read - c0.weight_bytes_read) / (double)n_decode;
+    res->dev_kv_read = (double)(c1.kv_bytes_read - c0.kv_bytes_read) / (double)n_decode;
     res->max_range_syncs = 0;
     for (size_t i = 0; i < 64; i++)
         if ((double)(r1[i] - r0[i]) / (double)n_decode > res->max_range_syncs)
@@ -398,6 +405,14 @@ int main(int argc, char **argv) {
         const e2e_result *res = k ? split : whole;
         printf("%-6s per decode token: %.2f launches, %.2f host waits (most in one range), %.1f bytes downloaded\n",
                names[k], res[0].launches, res[0].max_range_syncs, res[0].downloaded);
+        /* The device's bytes per token from the kernels' model (cuda backend; 0 on cpu): at the
+         * measured decode rate, the bandwidth the step implies. */
+        if (res[0].dev_read > 0)
+            printf("%-6s device bytes read per decode token: %.0f (weights %.0f, KV cache %.0f, other %.0f); "
+                   "implied %.2f GB/s at %.2f t/s\n",
+                   names[k], res[0].dev_read, res[0].dev_weight_read, res[0].dev_kv_read,
+                   res[0].dev_read - res[0].dev_weight_read - res[0].dev_kv_read, res[0].dev_read / 1e9 * med[k][1],
+                   med[k][1]);
     }
     printf("decode t/s per round (whole):");
     for (size_t r = 0; r < runs; r++) printf(" %.2f", whole[r].decode_tps);
@@ -453,6 +468,11 @@ int main(int argc, char **argv) {
                         whole[0].op_ms[f]);
             fprintf(json, "}");
         }
+        if (whole[0].dev_read > 0)
+            fprintf(json,
+                    ",\n \"device_bytes_read_per_token\": %.0f, \"device_weight_bytes_read_per_token\": %.0f, "
+                    "\"device_kv_bytes_read_per_token\": %.0f, \"device_read_gbps\": %.3f",
+                    whole[0].dev_read, whole[0].dev_weight_read, whole[0].dev_kv_read, whole[0].dev_read / 1e9 * med[0][1]);
         fprintf(json, "}\n");
         fclose(json);
         printf("results: %s\n", json_path);

@@ -109,6 +109,12 @@ typedef struct mk_backend_counters {
     uint64_t host_syncs;       /* times the host waited for the stream (debug per-op checks excluded) */
     uint64_t bytes_downloaded; /* device -> host */
     uint64_t bytes_uploaded;   /* host -> device, weights excluded */
+    /* Device bytes the enqueued kernels must read, from a model of each kernel (cuda): weights
+     * at their stored size, KV-cache rows read by attention (2 * keys * kv_dim * element size),
+     * activations, ids, positions and scratch; and the weight and KV parts of it. */
+    uint64_t bytes_read;
+    uint64_t weight_bytes_read;
+    uint64_t kv_bytes_read;
 } mk_backend_counters;
 
 struct mk_backend {

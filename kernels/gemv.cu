@@ -13,67 +13,9 @@
 #include "mk_cuda_compat.h"
 
 #include "mk_kernels_common.cuh"
+#include "gemv_dot.cuh"
 
 #define GEMV_WARPS 4 /* output rows per block */
-
-/* Widen element i of a 16-byte vector of dtype D (F32: 4 elements, F16/BF16: 8). */
-template <int D>
-static __device__ __forceinline__ float gemv_vec_elem(const uint4 &v, int i) {
-  /* i is a compile-time constant after unrolling, so this selects a register. */
-  const int wi = D == MK_DTYPE_F32 ? i : i >> 1;
-  const uint32_t word = wi == 0 ? v.x : wi == 1 ? v.y : wi == 2 ? v.z : v.w;
-  if (D == MK_DTYPE_F32) return __uint_as_float(word);
-  const uint16_t h = (uint16_t)((i & 1) ? (word >> 16) : (word & 0xffffu));
-  return D == MK_DTYPE_F16 ? mk_dev_f16_to_f32(h) : mk_dev_bf16_to_f32(h);
-}
-
-/* The R sums x[r, :] . wrow for one weight row, by one warp; every lane gets the totals.
- * VEC: the weight row and x rows are 16-byte aligned and in_dim is a multiple of the vector
- * width (checked by the launcher); otherwise every element is loaded alone. The order of
- * the additions depends only on (D, VEC, in_dim): every kernel below computes one product
- * with the same bits. */
-template <int D, int R, bool VEC>
-static __device__ __forceinline__ void gemv_dot(float (&acc)[R], const float *__restrict__ x, const char *wrow,
-                                                size_t in_dim, int lane) {
-  MK_UNROLL
-  for (int r = 0; r < R; r++) acc[r] = 0.0f;
-  const size_t esize = D == MK_DTYPE_F32 ? 4 : 2;
-  if (VEC) {
-    const int per = 16 / (int)esize; /* elements per vector */
-    const size_t n_vec = in_dim / (size_t)per;
-    const uint4 *wv = reinterpret_cast<const uint4 *>(wrow);
-    for (size_t v = (size_t)lane; v < n_vec; v += MK_WARP) {
-      const uint4 wq = __ldg(wv + v);
-      const size_t k0 = v * (size_t)per;
-      MK_UNROLL
-      for (int r = 0; r < R; r++) {
-        const float4 *xv = reinterpret_cast<const float4 *>(x + (size_t)r * in_dim + k0);
-        const float4 xa = __ldg(xv);
-        float s = acc[r];
-        s += xa.x * gemv_vec_elem<D>(wq, 0);
-        s += xa.y * gemv_vec_elem<D>(wq, 1);
-        s += xa.z * gemv_vec_elem<D>(wq, 2);
-        s += xa.w * gemv_vec_elem<D>(wq, 3);
-        if (D != MK_DTYPE_F32) {
-          const float4 xb = __ldg(xv + 1);
-          s += xb.x * gemv_vec_elem<D>(wq, 4);
-          s += xb.y * gemv_vec_elem<D>(wq, 5);
-          s += xb.z * gemv_vec_elem<D>(wq, 6);
-          s += xb.w * gemv_vec_elem<D>(wq, 7);
-        }
-        acc[r] = s;
-      }
-    }
-  } else {
-    for (size_t k = (size_t)lane; k < in_dim; k += MK_WARP) {
-      const float wk = mk_load_as_f32<D>(wrow, k);
-      MK_UNROLL
-      for (int r = 0; r < R; r++) acc[r] += __ldg(x + (size_t)r * in_dim + k) * wk;
-    }
-  }
-  MK_UNROLL
-  for (int r = 0; r < R; r++) acc[r] = mk_warp_sum(acc[r]);
-}
 
 /* Up to GEMV_MAX_SET weight matrices sharing one input (Q, K and V): one launch, the
  * output rows of all of them numbered one after the other. */

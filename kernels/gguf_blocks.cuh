@@ -13,7 +13,7 @@
 #include "mk_kernels_common.cuh"
 
 /* ggml's type ids (the values stored in GGUF files, host/gguf.h mk_ggml_type). */
-enum { GGML_Q4_1 = 3, GGML_Q8_0 = 8, GGML_Q4_K = 12 };
+enum { GGML_Q4_1 = 3, GGML_Q8_0 = 8, GGML_Q4_K = 12, GGML_BF16 = 30 };
 
 static __device__ __forceinline__ float gemvq_f16(const uint8_t *p) {
   return mk_dev_f16_to_f32(*reinterpret_cast<const uint16_t *>(p));

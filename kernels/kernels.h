@@ -35,6 +35,16 @@ mk_status mk_kernel_add_rmsnorm(float *residual /* [rows, cols] in/out */, float
                                 const float *delta /* [rows, cols] */, const float *w /* [cols] */, size_t rows,
                                 size_t cols, float eps, cudaStream_t stream);
 
+/* The same, also writing the output in lowp_dtype (F16 or BF16; lowp NULL: no copy) to lowp
+ * [rows, cols]: the bits mk_kernel_convert gives the F32 output, in the same launch. */
+mk_status mk_kernel_rmsnorm_lowp(float *out /* [rows, cols] */, void *lowp /* [rows, cols] or NULL */,
+                                 mk_dtype lowp_dtype, const float *x /* [rows, cols] */, const float *w /* [cols] */,
+                                 size_t rows, size_t cols, float eps, cudaStream_t stream);
+mk_status mk_kernel_add_rmsnorm_lowp(float *residual /* [rows, cols] in/out */, float *out /* [rows, cols] */,
+                                     void *lowp /* [rows, cols] or NULL */, mk_dtype lowp_dtype,
+                                     const float *delta /* [rows, cols] */, const float *w /* [cols] */, size_t rows,
+                                     size_t cols, float eps, cudaStream_t stream);
+
 /* y += x. */
 mk_status mk_kernel_add(float *y /* [n] */, const float *x /* [n] */, size_t n, cudaStream_t stream);
 
@@ -133,6 +143,19 @@ bool mk_kernel_gemv_q_supports(uint32_t ggml_type);
 mk_status mk_kernel_gemv_q(float *y /* [rows, out_dim] */, const float *x /* [rows, in_dim] */,
                            const void *w /* [out_dim, in_dim / block_elements * block_bytes] */, uint32_t ggml_type,
                            size_t rows, size_t in_dim, size_t out_dim, cudaStream_t stream);
+
+/* Native weight sets in one launch: matrix i in ggml type[i], one of Q8_0 (8), Q4_1 (3), Q4_K
+ * (12) or BF16 (30) (a native-mode matrix whose source format has no device GEMV is stored as
+ * BF16), mixed freely. y[i] = x @ dequant(w[i])^T for n (1..3) matrices (Q, K and V), and
+ * out = silu(x @ w_gate^T) * (x @ w_up^T). Each product has the bits of its separate launch
+ * (mk_kernel_gemv_q, or mk_kernel_gemv for BF16), SwiGLU those of mk_kernel_swiglu. */
+bool mk_kernel_gemv_q_set_supports(uint32_t ggml_type);
+mk_status mk_kernel_gemv_q_multi(size_t n, float *const *y, const void *const *w, const uint32_t *ggml_type,
+                                 const size_t *out_dim, const float *x /* [rows, in_dim] */, size_t rows,
+                                 size_t in_dim, cudaStream_t stream);
+mk_status mk_kernel_gemv_q_swiglu(float *out /* [rows, out_dim] */, const float *x /* [rows, in_dim] */,
+                                  const void *w_gate, uint32_t gate_type, const void *w_up, uint32_t up_type,
+                                  size_t rows, size_t in_dim, size_t out_dim, cudaStream_t stream);
 
 /* Rows of a weight in a GGUF block format (a type mk_kernel_gemv_q supports) expanded to F32
  * or BF16: out row i = dequant(w)[ids ? ids[i] : row0 + i], [n_rows, cols]; an id outside

@@ -77,6 +77,15 @@ MUTATIONS=(
   "q4_1.high-half-activations~host/cpu_quant_avx2.c~s/_mm_maddubs_epi16\(hi, _mm_loadu_si128\(\(const __m128i \*\)\(y \+ 16\)\)\)/_mm_maddubs_epi16(hi, _mm_loadu_si128((const __m128i *)y))/~native:*SimdDots*"
   "dequant_q.slice-row~kernels/dequant_q.cu~s/\(int64_t\)\(row0 \+ row\)/(int64_t)row0/~ops:*DequantQ*"
   "dequant_q.id-bound~kernels/dequant_q.cu~s/\(size_t\)src >= n_src_rows/(size_t)src > n_src_rows/~ops:*DequantQ*"
+  "gemv_q_multi.wrong-weight-index~kernels/gemv_q.cu~s/gemvq_set_dot<R>\(acc, set, m, x, o, in_dim, lane\);/gemvq_set_dot<R>(acc, set, m == 2 ? 1 : m, x, o, in_dim, lane);/~ops:*GemvQSet*"
+  "gemv_q_swiglu.up-reads-gate~kernels/gemv_q.cu~s/gemvq_set_dot<R>\(u, set, 1, x, o, in_dim, lane\);/gemvq_set_dot<R>(u, set, 0, x, o, in_dim, lane);/~ops:*GemvQSet*"
+  "gemv_q_set.bf16-vector-choice~kernels/gemv_q.cu~s/if \(type == GGML_BF16\) S.vec\[i\] = in_dim % 8 == 0/if (type == GGML_BF16) S.vec[i] = in_dim % 8 != 0/~ops:*GemvQSet*"
+  "rmsnorm.lowp-truncates~kernels/rmsnorm.cu~s/lowp\[off \+ c\] = mk_dev_f32_to_bf16\(v\);/lowp[off + c] = (uint16_t)(__float_as_uint(v) >> 16);/~ops:*RmsNormLowp*"
+  "cuda.lowp-kept-after-copy~host/cuda/backend_cuda.c~s/    cb->base.counters.launches\+\+;\n    mk_cuda_lowp_forget\(cb\);\n/    cb->base.counters.launches++;\n/~backend:*LowPrecisionCopy*"
+  "cuda.lowp-kept-after-add~host/cuda/backend_cuda.c~s/mk_cuda_lowp_forget\(cb\);\n(    mk_cuda_reads\(cb, 0, 0, 2 \* n \* sizeof\(float\)\);\n    return mk_cuda_after_launch\(cb, mk_kernel_add\()/\$1/~backend:*LowPrecisionCopy*"
+  "cuda.lowp-kept-after-gemm-write~host/cuda/backend_cuda.c~s/    mk_cuda_lowp_wrote\(cb, y, rows \* out_dim\);\n//~backend:*LowPrecisionCopy*"
+  "cuda.kv-read-misses-new-rows~host/cuda/backend_cuda.c~s/2 \* \(past \+ rows\) \* n_kv_heads/2 * past * n_kv_heads/~backend:*ReadsEachWeight*:*NativeDecodeToken*"
+  "cuda.native-set-bytes-last-only~host/cuda/backend_cuda.c~s/\*bytes \+= nw->rows \* mk_cuda_native_row_bytes\(nw\);/*bytes = nw->rows * mk_cuda_native_row_bytes(nw);/~backend:*NativeDecodeToken*"
   # Stream races: one upload moved to the legacy default stream, which does not order against
   # the non-blocking stream the kernels run on; cudasim runs unordered streams' work in a
   # random interleaving, so the kernels read the buffer before (or without) the upload.
@@ -102,7 +111,8 @@ while IFS= read -r -d '' f; do
   [ -f "$f" ] || continue
   if ! cmp -s "$f" "$SRC/$f"; then
     mkdir -p "$SRC/$(dirname "$f")"
-    cp -p "$f" "$SRC/$f"
+    # a fresh mtime: a file edited before the last build of the copy must still rebuild
+    cp "$f" "$SRC/$f"
   fi
 done < <(git ls-files -z -co --exclude-standard)
 ln -sfn "$(readlink -f "$ROOT/models" 2>/dev/null || echo "$ROOT/models")" "$SRC/models"

@@ -47,6 +47,13 @@ typedef struct mk_cuda_backend {
     size_t n_natives, cap_natives;
     void *deq_scratch; /* dev BF16 [deq_elems] */
     size_t deq_elems;
+    /* act_lowp holds lowp_src[0, lowp_elems) converted to lowp_dtype (lowp_src NULL: nothing
+     * known). Set by the norm that wrote both (or by a conversion), used by the GEMMs reading
+     * lowp_src, forgotten by every other op (mk_cuda_lowp_forget): any of them could write
+     * lowp_src. Stream order makes a reuse safe: the copy is written before the GEMM runs. */
+    const float *lowp_src;
+    size_t lowp_elems;
+    mk_dtype lowp_dtype;
 } mk_cuda_backend;
 
 /* A matrix stored in native mode: its GGUF block type, or 0 for BF16. */
@@ -101,6 +108,25 @@ static mk_status mk_cuda_after_launch(mk_cuda_backend *cb, mk_status s) {
     (void)cb;
 #endif
     return s;
+}
+
+/* Device bytes the enqueued work must read (mk_backend_counters.bytes_read), from a model of
+ * each kernel: weights at their stored size, KV-cache rows read by attention, and the rest
+ * (activations, ids, positions, scratch). */
+static void mk_cuda_reads(mk_cuda_backend *cb, size_t weights, size_t kv, size_t other) {
+    cb->base.counters.weight_bytes_read += weights;
+    cb->base.counters.kv_bytes_read += kv;
+    cb->base.counters.bytes_read += weights + kv + other;
+}
+
+/* An op that may write device memory: the low-precision copy of the GEMM input is no longer
+ * known to be current. */
+static void mk_cuda_lowp_forget(mk_cuda_backend *cb) { cb->lowp_src = NULL; }
+
+/* The dtype GEMM inputs take before cuBLAS (F16/BF16 weights, BF16 for native), or F32 (none). */
+static mk_dtype mk_cuda_lowp_dtype(const mk_cuda_backend *cb) {
+    const mk_dtype d = cb->base.config.weight_dtype;
+    return d == MK_DTYPE_NATIVE ? MK_DTYPE_BF16 : d == MK_DTYPE_F16 || d == MK_DTYPE_BF16 ? d : MK_DTYPE_F32;
 }
 
 /* The host waits for the range's stream: counted (mk_backend_counters.host_syncs). */
@@ -160,6 +186,7 @@ static mk_status cuda_upload(mk_backend *b, void *dst, const void *src, size_t b
     mk_cuda_backend *cb = cuda_of(b);
     MK_ON_DEVICE(cb);
     if (!bytes) return MK_OK;
+    mk_cuda_lowp_forget(cb);
     cb->base.counters.bytes_uploaded += bytes;
     /* Through the pinned buffer when it fits: the copy is truly async and the caller's
      * pageable buffer is free as soon as we return. */
@@ -208,6 +235,8 @@ static mk_status cuda_copy(mk_backend *b, void *dst, const void *src, size_t byt
     if (!bytes) return MK_OK;
     MK_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, cb->stream));
     cb->base.counters.launches++;
+    mk_cuda_lowp_forget(cb);
+    mk_cuda_reads(cb, 0, 0, bytes);
     return MK_OK;
 }
 
@@ -236,6 +265,7 @@ static mk_status cuda_download_async(mk_backend *b, void *dst, const void *src, 
 static mk_status cuda_upload_async(mk_backend *b, void *dst, const void *src, size_t bytes) {
     mk_cuda_backend *cb = cuda_of(b);
     MK_ON_DEVICE(cb);
+    mk_cuda_lowp_forget(cb);
     if (bytes) MK_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, cb->stream));
     return MK_OK;
 }
@@ -248,6 +278,7 @@ static mk_status cuda_copy_from_peer(mk_backend *b, void *dst, mk_backend *peer,
     mk_cuda_backend *cb = cuda_of(b), *pb = cuda_of(peer);
     if (peer->ops != b->ops) return mk_fail(MK_ERR_INVALID_ARGUMENT, "cuda backend: peer copy from a %s backend", peer->ops->name);
     if (!bytes) return MK_OK;
+    mk_cuda_lowp_forget(cb);
     /* One scope restores the caller's device on every return; inside it, each call runs
      * on the device that owns its stream or event. */
     MK_ON_DEVICE(pb);
@@ -297,6 +328,7 @@ static mk_status cuda_reserve(mk_backend *b, size_t max_rows, size_t max_context
 
 static mk_status mk_cuda_upload_weight_as(mk_cuda_backend *cb, void *dst, const float *src, size_t n, mk_dtype dtype) {
     MK_ON_DEVICE(cb);
+    mk_cuda_lowp_forget(cb);
     if (dtype == MK_DTYPE_F32) {
         MK_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyHostToDevice, cb->stream));
         MK_CUDA_CHECK(mk_cuda_wait(cb));
@@ -342,6 +374,16 @@ static const mk_cuda_native_weight *mk_cuda_native_of(const mk_cuda_backend *cb,
     return lo < cb->n_natives && cb->natives[lo].ptr == ptr ? &cb->natives[lo] : NULL;
 }
 
+/* Bytes of one stored row of a native matrix. */
+static size_t mk_cuda_native_row_bytes(const mk_cuda_native_weight *nw) {
+    return cuda_native_weight_bytes(NULL, nw->type, 1, nw->cols);
+}
+
+/* The ggml type the fused native kernels read a stored matrix as. */
+static uint32_t mk_cuda_native_type(const mk_cuda_native_weight *nw) {
+    return nw->type ? nw->type : (uint32_t)MK_GGML_TYPE_BF16;
+}
+
 static mk_status mk_cuda_native_remember(mk_cuda_backend *cb, const void *ptr, uint32_t type, size_t rows, size_t cols) {
     if (cb->n_natives == cb->cap_natives) {
         const size_t cap = cb->cap_natives ? 2 * cb->cap_natives : 64;
@@ -363,6 +405,7 @@ static mk_status mk_cuda_native_remember(mk_cuda_backend *cb, const void *ptr, u
 static mk_status cuda_upload_native_weight(mk_backend *b, void *dst, uint32_t ggml_type, const void *src,
                                            size_t src_bytes, size_t rows, size_t cols) {
     mk_cuda_backend *cb = cuda_of(b);
+    mk_cuda_lowp_forget(cb);
     if (mk_cuda_keeps(ggml_type, cols)) {
         MK_ON_DEVICE(cb);
         if (src_bytes != cuda_native_weight_bytes(b, ggml_type, rows, cols))
@@ -390,29 +433,79 @@ static mk_status cuda_embed(mk_backend *b, float *out, const void *table, const 
                             size_t vocab) {
     mk_cuda_backend *cb = cuda_of(b);
     MK_ON_DEVICE(cb);
+    mk_cuda_lowp_forget(cb);
     if (cb->base.config.weight_dtype == MK_DTYPE_NATIVE) {
         const mk_cuda_native_weight *nw = mk_cuda_native_of(cb, table);
         if (!nw) return mk_fail(MK_ERR_INTERNAL, "cuda backend: embedding table %p is not a native weight", table);
+        mk_cuda_reads(cb, n * mk_cuda_native_row_bytes(nw), 0, n * sizeof(int32_t));
         if (nw->type)
             return mk_cuda_after_launch(cb, mk_kernel_dequant_q(out, MK_DTYPE_F32, table, nw->type, ids, 0, n, vocab,
                                                                 hidden, cb->stream));
         return mk_cuda_after_launch(cb, mk_kernel_embed(out, table, MK_DTYPE_BF16, ids, n, hidden, vocab, cb->stream));
     }
+    mk_cuda_reads(cb, n * hidden * mk_dtype_size(cb->base.config.weight_dtype), 0, n * sizeof(int32_t));
     return mk_cuda_after_launch(cb, mk_kernel_embed(out, table, cb->base.config.weight_dtype, ids, n, hidden, vocab, cb->stream));
+}
+
+/* Where a norm writing out [rows, cols] also puts its output in the GEMM dtype: act_lowp when
+ * the GEMMs reading it take cuBLAS (more rows than the GEMV) in a 16-bit or native mode. */
+static void *mk_cuda_norm_lowp(const mk_cuda_backend *cb, size_t rows, size_t cols) {
+    if (mk_cuda_lowp_dtype(cb) == MK_DTYPE_F32 || rows <= MK_GEMV_MAX_ROWS || rows * cols > cb->act_lowp_elems)
+        return NULL;
+    return cb->act_lowp;
+}
+
+/* After a norm's launch: act_lowp now holds out converted (when the norm wrote it). */
+static mk_status mk_cuda_norm_done(mk_cuda_backend *cb, mk_status s, const void *lowp, const float *out, size_t n) {
+    if (s == MK_OK && lowp) {
+        cb->lowp_src = out;
+        cb->lowp_elems = n;
+        cb->lowp_dtype = mk_cuda_lowp_dtype(cb);
+    }
+    return s;
 }
 
 static mk_status cuda_rmsnorm(mk_backend *b, float *out, const float *x, const float *w, size_t rows, size_t cols,
                               float eps) {
     mk_cuda_backend *cb = cuda_of(b);
     MK_ON_DEVICE(cb);
-    return mk_cuda_after_launch(cb, mk_kernel_rmsnorm(out, x, w, rows, cols, eps, cb->stream));
+    mk_cuda_lowp_forget(cb);
+    mk_cuda_reads(cb, cols * sizeof(float), 0, rows * cols * sizeof(float));
+    void *lowp = mk_cuda_norm_lowp(cb, rows, cols);
+    const mk_status s = mk_cuda_after_launch(
+        cb, mk_kernel_rmsnorm_lowp(out, lowp, mk_cuda_lowp_dtype(cb), x, w, rows, cols, eps, cb->stream));
+    return mk_cuda_norm_done(cb, s, lowp, out, rows * cols);
 }
 
 static mk_status cuda_add_rmsnorm(mk_backend *b, float *residual, float *out, const float *delta, const float *w,
                                   size_t rows, size_t cols, float eps) {
     mk_cuda_backend *cb = cuda_of(b);
     MK_ON_DEVICE(cb);
-    return mk_cuda_after_launch(cb, mk_kernel_add_rmsnorm(residual, out, delta, w, rows, cols, eps, cb->stream));
+    mk_cuda_lowp_forget(cb);
+    mk_cuda_reads(cb, cols * sizeof(float), 0, 2 * rows * cols * sizeof(float));
+    void *lowp = mk_cuda_norm_lowp(cb, rows, cols);
+    const mk_status s = mk_cuda_after_launch(cb, mk_kernel_add_rmsnorm_lowp(residual, out, lowp, mk_cuda_lowp_dtype(cb),
+                                                                             delta, w, rows, cols, eps, cb->stream));
+    return mk_cuda_norm_done(cb, s, lowp, out, rows * cols);
+}
+
+/* xin = x [n] in dtype (F16/BF16) in act_lowp: the norm's copy when it is current, else one
+ * conversion launch (remembered, so the next GEMM reading x reuses it). */
+static mk_status mk_cuda_lowp_input(mk_cuda_backend *cb, const float *x, size_t n, mk_dtype dtype) {
+    if (cb->lowp_src == x && cb->lowp_elems == n && cb->lowp_dtype == dtype) return MK_OK;
+    mk_cuda_lowp_forget(cb);
+    mk_cuda_reads(cb, 0, 0, n * sizeof(float));
+    MK_TRY(mk_cuda_after_launch(cb, mk_kernel_convert(cb->act_lowp, dtype, x, MK_DTYPE_F32, n, cb->stream)));
+    cb->lowp_src = x;
+    cb->lowp_elems = n;
+    cb->lowp_dtype = dtype;
+    return MK_OK;
+}
+
+/* A GEMM writes y [n]: the low-precision copy of y, if that is what act_lowp holds, is stale. */
+static void mk_cuda_lowp_wrote(mk_cuda_backend *cb, const float *y, size_t n) {
+    const uintptr_t a = (uintptr_t)y, s = (uintptr_t)cb->lowp_src; /* addresses: unrelated buffers compare */
+    if (cb->lowp_src && a < s + cb->lowp_elems * sizeof(float) && s < a + n * sizeof(float)) mk_cuda_lowp_forget(cb);
 }
 
 static cudaDataType mk_cuda_type(mk_dtype dtype) {
@@ -427,16 +520,20 @@ static mk_status mk_cuda_matmul_dense(mk_cuda_backend *cb, float *y, const float
     /* Decode (a few rows) is bound by reading the weights: the GEMV kernel reads each
      * 16-bit weight once, in its stored dtype, with F32 activations (no conversion launch,
      * no cuBLAS). F32 weights keep cuBLAS in pure F32: the parity mode's one code path. */
-    if (dtype != MK_DTYPE_F32 && rows <= MK_GEMV_MAX_ROWS)
+    const size_t es = mk_dtype_size(dtype);
+    if (dtype != MK_DTYPE_F32 && rows <= MK_GEMV_MAX_ROWS) {
+        mk_cuda_reads(cb, out_dim * in_dim * es, 0, rows * in_dim * sizeof(float));
         return mk_cuda_after_launch(cb, mk_kernel_gemv(y, x, w, dtype, rows, in_dim, out_dim, cb->stream));
+    }
     const void *xin = x;
     if (dtype != MK_DTYPE_F32) {
         if (rows * in_dim > cb->act_lowp_elems)
             return mk_fail(MK_ERR_INTERNAL, "matmul input of %zu elements exceeds the reserved %zu", rows * in_dim,
                            cb->act_lowp_elems);
-        MK_TRY(mk_cuda_after_launch(cb, mk_kernel_convert(cb->act_lowp, dtype, x, MK_DTYPE_F32, rows * in_dim, cb->stream)));
+        MK_TRY(mk_cuda_lowp_input(cb, x, rows * in_dim, dtype));
         xin = cb->act_lowp;
     }
+    mk_cuda_reads(cb, out_dim * in_dim * es, 0, rows * in_dim * es);
     const cublasComputeType_t compute = dtype == MK_DTYPE_F32 && cb->base.config.speed_mode
                                             ? CUBLAS_COMPUTE_32F_FAST_TF32
                                             : CUBLAS_COMPUTE_32F;
@@ -456,17 +553,20 @@ static mk_status mk_cuda_matmul_native(mk_cuda_backend *cb, float *y, const floa
         return mk_fail(MK_ERR_SHAPE, "native matmul: weight [%zu, %zu], asked for [%zu, %zu]", nw->rows, nw->cols,
                        out_dim, in_dim);
     if (!nw->type) return mk_cuda_matmul_dense(cb, y, x, nw->ptr, MK_DTYPE_BF16, rows, in_dim, out_dim);
-    if (rows <= MK_GEMV_MAX_ROWS)
+    mk_cuda_reads(cb, out_dim * mk_cuda_native_row_bytes(nw), 0, 0); /* the blocks, once */
+    if (rows <= MK_GEMV_MAX_ROWS) {
+        mk_cuda_reads(cb, 0, 0, rows * in_dim * sizeof(float));
         return mk_cuda_after_launch(cb, mk_kernel_gemv_q(y, x, nw->ptr, nw->type, rows, in_dim, out_dim, cb->stream));
+    }
     if (rows * in_dim > cb->act_lowp_elems || in_dim > cb->deq_elems)
         return mk_fail(MK_ERR_INTERNAL, "native matmul [%zu x %zu] exceeds the reserved scratch", rows, in_dim);
-    MK_TRY(mk_cuda_after_launch(cb, mk_kernel_convert(cb->act_lowp, MK_DTYPE_BF16, x, MK_DTYPE_F32, rows * in_dim,
-                                                      cb->stream)));
+    MK_TRY(mk_cuda_lowp_input(cb, x, rows * in_dim, MK_DTYPE_BF16));
     size_t slice = cb->deq_elems / in_dim;
     if (slice > 65535) slice = 65535;
     const float alpha = 1.0f, beta = 0.0f;
     for (size_t r0 = 0; r0 < out_dim; r0 += slice) {
         const size_t n = out_dim - r0 < slice ? out_dim - r0 : slice;
+        mk_cuda_reads(cb, 0, 0, (n + rows) * in_dim * 2); /* the GEMM: expanded slice and activations */
         MK_TRY(mk_cuda_after_launch(cb, mk_kernel_dequant_q(cb->deq_scratch, MK_DTYPE_BF16, nw->ptr, nw->type, NULL, r0,
                                                             n, out_dim, in_dim, cb->stream)));
         MK_CUBLAS_CHECK(cublasGemmEx(cb->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)n, (int)rows, (int)in_dim, &alpha,
@@ -484,6 +584,7 @@ static mk_status cuda_matmul(mk_backend *b, float *y, const float *x, const void
     if (rows > INT32_MAX || in_dim > INT32_MAX || out_dim > INT32_MAX)
         return mk_fail(MK_ERR_SHAPE, "matmul [%zu x %zu] x [%zu x %zu]^T exceeds cuBLAS int dimensions", rows, in_dim,
                        out_dim, in_dim);
+    mk_cuda_lowp_wrote(cb, y, rows * out_dim);
     if (cb->base.config.weight_dtype == MK_DTYPE_NATIVE) {
         const mk_cuda_native_weight *nw = mk_cuda_native_of(cb, w);
         if (!nw) return mk_fail(MK_ERR_INTERNAL, "cuda backend: matrix %p is not a native weight", w);
@@ -492,15 +593,44 @@ static mk_status cuda_matmul(mk_backend *b, float *y, const float *x, const void
     return mk_cuda_matmul_dense(cb, y, x, w, cb->base.config.weight_dtype, rows, in_dim, out_dim);
 }
 
-/* Q, K and V (decode, 16-bit weights): one GEMV launch; otherwise one product each. Either
- * way each product has the bits cuda_matmul gives it. */
+/* The stored matrices of a native set (n <= 3) as the fused kernels take them: their types
+ * and stored bytes; false when one is not a native matrix of that shape or a type the fused
+ * kernels do not read (the caller then takes the separate launches, which report it). */
+static bool mk_cuda_native_set(const mk_cuda_backend *cb, size_t n, const void *const *w, const size_t *out_dim,
+                               size_t in_dim, uint32_t *types, size_t *bytes) {
+    *bytes = 0;
+    for (size_t i = 0; i < n; i++) {
+        const mk_cuda_native_weight *nw = mk_cuda_native_of(cb, w[i]);
+        if (!nw || nw->rows != out_dim[i] || nw->cols != in_dim || !mk_kernel_gemv_q_set_supports(mk_cuda_native_type(nw)))
+            return false;
+        types[i] = mk_cuda_native_type(nw);
+        *bytes += nw->rows * mk_cuda_native_row_bytes(nw);
+    }
+    return true;
+}
+
+/* Q, K and V (decode, 16-bit or native weights): one GEMV launch; otherwise one product each.
+ * Either way each product has the bits cuda_matmul gives it. */
 static mk_status cuda_matmul_shared(mk_backend *b, size_t n, float *const *y, const void *const *w,
                                     const size_t *out_dim, const float *x, size_t rows, size_t in_dim) {
     mk_cuda_backend *cb = cuda_of(b);
     const mk_dtype dtype = cb->base.config.weight_dtype;
+    for (size_t i = 0; i < n && i < 3; i++) mk_cuda_lowp_wrote(cb, y[i], rows * out_dim[i]);
     if ((dtype == MK_DTYPE_F16 || dtype == MK_DTYPE_BF16) && rows <= MK_GEMV_MAX_ROWS) {
         MK_ON_DEVICE(cb);
+        size_t total = 0;
+        for (size_t i = 0; i < n && i < 3; i++) total += out_dim[i];
+        mk_cuda_reads(cb, total * in_dim * 2, 0, rows * in_dim * sizeof(float));
         return mk_cuda_after_launch(cb, mk_kernel_gemv_multi(n, y, w, out_dim, dtype, x, rows, in_dim, cb->stream));
+    }
+    uint32_t types[3];
+    size_t wbytes = 0;
+    if (dtype == MK_DTYPE_NATIVE && rows <= MK_GEMV_MAX_ROWS && n <= 3 &&
+        mk_cuda_native_set(cb, n, w, out_dim, in_dim, types, &wbytes)) {
+        MK_ON_DEVICE(cb);
+        mk_cuda_reads(cb, wbytes, 0, rows * in_dim * sizeof(float));
+        return mk_cuda_after_launch(
+            cb, mk_kernel_gemv_q_multi(n, y, w, types, out_dim, x, rows, in_dim, cb->stream));
     }
     for (size_t i = 0; i < n; i++) MK_TRY(cuda_matmul(b, y[i], x, w[i], rows, in_dim, out_dim[i]));
     return MK_OK;
@@ -508,16 +638,29 @@ static mk_status cuda_matmul_shared(mk_backend *b, size_t n, float *const *y, co
 
 static mk_status cuda_swiglu(mk_backend *b, float *out, const float *gate, const float *up, size_t n);
 
-/* gate = silu(x w_gate^T) * (x w_up^T): one launch for decode rows with 16-bit weights (the
- * same bits as the three launches it replaces). */
+/* gate = silu(x w_gate^T) * (x w_up^T): one launch for decode rows with 16-bit or native
+ * weights (the same bits as the three launches it replaces). */
 static mk_status cuda_matmul_swiglu(mk_backend *b, float *gate, float *up, const float *x, const void *w_gate,
                                     const void *w_up, size_t rows, size_t in_dim, size_t out_dim) {
     mk_cuda_backend *cb = cuda_of(b);
     const mk_dtype dtype = cb->base.config.weight_dtype;
+    mk_cuda_lowp_wrote(cb, gate, rows * out_dim);
+    mk_cuda_lowp_wrote(cb, up, rows * out_dim);
     if ((dtype == MK_DTYPE_F16 || dtype == MK_DTYPE_BF16) && rows <= MK_GEMV_MAX_ROWS) {
         MK_ON_DEVICE(cb);
+        mk_cuda_reads(cb, 2 * out_dim * in_dim * 2, 0, rows * in_dim * sizeof(float));
         return mk_cuda_after_launch(
             cb, mk_kernel_gemv_swiglu(gate, x, w_gate, w_up, dtype, rows, in_dim, out_dim, cb->stream));
+    }
+    const void *const wgu[2] = {w_gate, w_up};
+    const size_t outs[2] = {out_dim, out_dim};
+    uint32_t types[2];
+    size_t wbytes = 0;
+    if (dtype == MK_DTYPE_NATIVE && rows <= MK_GEMV_MAX_ROWS && mk_cuda_native_set(cb, 2, wgu, outs, in_dim, types, &wbytes)) {
+        MK_ON_DEVICE(cb);
+        mk_cuda_reads(cb, wbytes, 0, rows * in_dim * sizeof(float));
+        return mk_cuda_after_launch(cb, mk_kernel_gemv_q_swiglu(gate, x, w_gate, types[0], w_up, types[1], rows, in_dim,
+                                                                out_dim, cb->stream));
     }
     MK_TRY(cuda_matmul(b, gate, x, w_gate, rows, in_dim, out_dim));
     MK_TRY(cuda_matmul(b, up, x, w_up, rows, in_dim, out_dim));
@@ -528,6 +671,8 @@ static mk_status cuda_rope(mk_backend *b, float *x, const int32_t *positions, si
                            size_t head_dim, float theta, mk_rope_layout layout) {
     mk_cuda_backend *cb = cuda_of(b);
     MK_ON_DEVICE(cb);
+    mk_cuda_lowp_forget(cb);
+    mk_cuda_reads(cb, 0, 0, rows * heads * head_dim * sizeof(float) + rows * sizeof(int32_t));
     return mk_cuda_after_launch(cb, mk_kernel_rope(x, positions, rows, heads, head_dim, theta, layout, cb->stream));
 }
 
@@ -536,6 +681,8 @@ static mk_status cuda_rope_kv(mk_backend *b, float *q, float *k, const float *v,
                               size_t head_dim, float theta, mk_rope_layout layout) {
     mk_cuda_backend *cb = cuda_of(b);
     MK_ON_DEVICE(cb);
+    mk_cuda_lowp_forget(cb);
+    mk_cuda_reads(cb, 0, 0, rows * (n_heads + 2 * n_kv_heads) * head_dim * sizeof(float) + rows * sizeof(int32_t));
     return mk_cuda_after_launch(cb, mk_kernel_rope_kv(q, k, v, k_cache, v_cache, positions, past, rows, n_heads,
                                                       n_kv_heads, head_dim, theta, layout, cb->stream));
 }
@@ -544,6 +691,9 @@ static mk_status cuda_attention(mk_backend *b, float *out, const float *q, const
                                 size_t rows, size_t past, size_t n_heads, size_t n_kv_heads, size_t head_dim) {
     mk_cuda_backend *cb = cuda_of(b);
     MK_ON_DEVICE(cb);
+    mk_cuda_lowp_forget(cb);
+    mk_cuda_reads(cb, 0, 2 * (past + rows) * n_kv_heads * head_dim * mk_dtype_size(mk_backend_kv_dtype(b)),
+                  rows * n_heads * head_dim * sizeof(float)); /* the cache rows once; q */
     /* One query row over a long cache: split the keys across blocks (flash-decoding). */
     if (rows == 1 && past + 1 >= 256)
         return mk_cuda_after_launch(cb, mk_kernel_attention_decode(out, q, k_cache, v_cache, past, n_heads, n_kv_heads,
@@ -563,18 +713,24 @@ static mk_status cuda_attention(mk_backend *b, float *out, const float *q, const
 static mk_status cuda_swiglu(mk_backend *b, float *out, const float *gate, const float *up, size_t n) {
     mk_cuda_backend *cb = cuda_of(b);
     MK_ON_DEVICE(cb);
+    mk_cuda_lowp_forget(cb);
+    mk_cuda_reads(cb, 0, 0, 2 * n * sizeof(float));
     return mk_cuda_after_launch(cb, mk_kernel_swiglu(out, gate, up, MK_DTYPE_F32, n, cb->stream));
 }
 
 static mk_status cuda_add(mk_backend *b, float *y, const float *x, size_t n) {
     mk_cuda_backend *cb = cuda_of(b);
     MK_ON_DEVICE(cb);
+    mk_cuda_lowp_forget(cb);
+    mk_cuda_reads(cb, 0, 0, 2 * n * sizeof(float));
     return mk_cuda_after_launch(cb, mk_kernel_add(y, x, n, cb->stream));
 }
 
 static mk_status cuda_argmax(mk_backend *b, int32_t *out, const float *x, size_t rows, size_t n) {
     mk_cuda_backend *cb = cuda_of(b);
     MK_ON_DEVICE(cb);
+    mk_cuda_lowp_forget(cb);
+    mk_cuda_reads(cb, 0, 0, rows * n * sizeof(float));
     return mk_cuda_after_launch(cb, mk_kernel_argmax(out, x, rows, n, cb->stream));
 }
 

@@ -16,9 +16,15 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
+#include <random>
+#include <memory>
 #include <string>
 #include <vector>
 
+extern "C" {
+#include "backend.h" // the op interface, for the low-precision note test
+}
 #include "mk_native_gguf.h"
 #include "mk_test_util.h"
 #include "range.h"
@@ -198,6 +204,8 @@ struct TokenCost {
     uint64_t launches, host_syncs, bytes_downloaded, bytes_uploaded;
     int32_t token;    // the decode step's sampled token
     bool had_logits;  // the tail output carried logits
+    uint64_t bytes_read, weight_bytes_read, kv_bytes_read; // the decode token's device reads
+    uint64_t prefill_launches;                             // the prompt's forward
 };
 
 TokenCost decode_token_cost(const mk_model *model, const mk_hparams &hp, const mk_range_options &o,
@@ -208,8 +216,10 @@ TokenCost decode_token_cost(const mk_model *model, const mk_hparams &hp, const m
     mk_sequence *seq = nullptr;
     EXPECT_EQ(mk_sequence_open(r, &seq), MK_OK) << mk_last_error();
     mk_tail_output *t = nullptr;
+    const uint64_t prefill0 = mk_range_backend_counters(r)->launches;
     EXPECT_EQ(mk_range_forward(r, seq, prompt.data(), prompt_rows, nullptr, nullptr, nullptr, &t), MK_OK)
         << mk_last_error();
+    const uint64_t prefill_launches = mk_range_backend_counters(r)->launches - prefill0;
     const int32_t next = t ? t->token_ids[0] : 0;
     mk_tail_output_free(t);
     t = nullptr;
@@ -223,7 +233,8 @@ TokenCost decode_token_cost(const mk_model *model, const mk_hparams &hp, const m
     mk_range_free(r);
     return {after.launches - before.launches, after.host_syncs - before.host_syncs,
             after.bytes_downloaded - before.bytes_downloaded, after.bytes_uploaded - before.bytes_uploaded, token,
-            had_logits};
+            had_logits, after.bytes_read - before.bytes_read, after.weight_bytes_read - before.weight_bytes_read,
+            after.kv_bytes_read - before.kv_bytes_read, prefill_launches};
 }
 
 TEST(CudaBackend, DecodeTokenStructuralCounts) {
@@ -298,6 +309,222 @@ TEST(CudaBackend, TokenOnlyTailGivesTheSameTokensWithoutLogits) {
         const Decode lean = decode_greedy(model.get(), cuts, o, c.prompt, 9);
         EXPECT_EQ(lean.tokens, full.tokens) << cuts.size() << " cuts";
         for (const std::vector<float> &l : lean.logits) EXPECT_TRUE(l.empty());
+    }
+}
+
+// ------------------------------------------------ native decode, device bytes read ==
+// The native weight mode's decode token (a TempModel with mixed formats: Q/K/V as Q8_0, Q4_K
+// and Q6_K stored as BF16, gate/up as Q4_K and Q4_1): Q/K/V one fused launch, gate/up/SwiGLU
+// another, so at most 8 launches per layer as in the 16-bit modes.
+//
+// Device bytes read per token (mk_backend_counters.bytes_read, a model of each kernel): the
+// weight part is each stored matrix once (at its stored size: 4 bytes an element in f32, 2 in
+// bf16, the blocks in native mode), the norms, the embedding row and lm_head; the KV part is
+// the cache rows once (2 * keys * kv_dim * 4 per layer, F32 cache).
+
+// Bytes one stored matrix [rows, cols] of ggml `type` occupies in native mode (the cuda
+// backend keeps Q8_0, Q4_1 and Q4_K blocks; anything else widened to BF16).
+std::vector<float> random_floats(size_t n, uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    std::vector<float> v(n);
+    for (float &x : v) x = u(rng);
+    return v;
+}
+
+uint64_t native_stored_bytes(uint32_t type, size_t rows, size_t cols) {
+    size_t be = 0, bb = 0;
+    const bool kept = (type == MK_GGML_TYPE_Q8_0 || type == MK_GGML_TYPE_Q4_1 || type == MK_GGML_TYPE_Q4_K) &&
+                      mk_ggml_type_layout(type, &be, &bb) && cols % be == 0;
+    return kept ? (uint64_t)rows * (cols / be) * bb : (uint64_t)rows * cols * 2;
+}
+
+// A FULL range's decode-token weight reads: every layer's matrices and norms, the final norm,
+// lm_head, one embedding row. `bytes(part, rows, cols)` gives a matrix's stored size.
+template <typename Bytes>
+uint64_t token_weight_bytes(const mk_hparams &hp, Bytes bytes) {
+    const size_t q = hp.n_heads * hp.head_dim, kv = hp.n_kv_heads * hp.head_dim, h = hp.hidden, f = hp.intermediate;
+    const uint64_t layer = bytes("attn_q", q, h) + bytes("attn_k", kv, h) + bytes("attn_v", kv, h) +
+                           bytes("attn_output", h, q) + bytes("ffn_gate", f, h) + bytes("ffn_up", f, h) +
+                           bytes("ffn_down", h, f) + 2 * h * sizeof(float);
+    const char *out = hp.tied_embeddings ? "token_embd" : "output";
+    return hp.n_layers * layer + h * sizeof(float) + bytes(out, hp.vocab, h) + bytes("token_embd", 1, h);
+}
+
+uint64_t token_kv_bytes(const mk_hparams &hp, size_t keys) {
+    return hp.n_layers * 2 * keys * hp.n_kv_heads * hp.head_dim * sizeof(float);
+}
+
+TEST(CudaBackend, DecodeTokenReadsEachWeightAndCacheRowOnce) {
+    MK_REQUIRE_DEVICE();
+    const ModelCase c = model_cases()[1]; // GQA, tied embeddings
+    ModelPtr model = make_random_model(c.hp);
+    for (const mk_dtype d : {MK_DTYPE_F32, MK_DTYPE_BF16, MK_DTYPE_F16}) {
+        SCOPED_TRACE(mk_dtype_name(d));
+        const size_t es = mk_dtype_size(d);
+        const TokenCost cost = decode_token_cost(model.get(), c.hp, cuda_options(d, d != MK_DTYPE_F32), c.prompt,
+                                                 c.prompt.size());
+        const uint64_t want_w =
+            token_weight_bytes(c.hp, [&](const char *, size_t rows, size_t cols) { return (uint64_t)rows * cols * es; });
+        std::printf("[ counts   ] %s decode token: %llu device bytes read (weights %llu, KV %llu)\n", mk_dtype_name(d),
+                    (unsigned long long)cost.bytes_read, (unsigned long long)cost.weight_bytes_read,
+                    (unsigned long long)cost.kv_bytes_read);
+        EXPECT_EQ(cost.weight_bytes_read, want_w);
+        EXPECT_EQ(cost.kv_bytes_read, token_kv_bytes(c.hp, c.prompt.size() + 1));
+        EXPECT_GT(cost.bytes_read, cost.weight_bytes_read + cost.kv_bytes_read); // activations too
+    }
+}
+
+TEST(CudaBackend, NativeDecodeTokenFusesQkvAndGateUpAndReadsStoredBlocksOnce) {
+    MK_REQUIRE_DEVICE();
+    auto pick = [](const std::string &part) -> uint32_t {
+        if (part == "attn_q" || part == "attn_output" || part == "token_embd") return MK_GGML_TYPE_Q8_0;
+        if (part == "attn_k" || part == "ffn_gate") return MK_GGML_TYPE_Q4_K;
+        if (part == "attn_v" || part == "ffn_down") return MK_GGML_TYPE_Q6_K; // stored as BF16
+        return MK_GGML_TYPE_Q4_1;                                           // ffn_up, output
+    };
+    mk_native_gguf::TempModel tm(pick, false);
+    ASSERT_TRUE(tm.model);
+    const mk_hparams hp = *mk_model_hparams(tm.model.get());
+    std::vector<int32_t> prompt(12); // more rows than the GEMV takes: the prefill expands blocks for cuBLAS
+    for (size_t i = 0; i < prompt.size(); i++) prompt[i] = (int32_t)((i * 7 + 3) % hp.vocab);
+    mk_range_options o = cuda_options(MK_DTYPE_NATIVE, true);
+    o.max_context = 64;
+    const TokenCost cost = decode_token_cost(tm.model.get(), hp, o, prompt, prompt.size());
+    const uint64_t L = hp.n_layers, outside = 5;
+    std::printf("[ counts   ] native decode token, %u layers: %.2f launches/layer, %llu launches, %llu host syncs; "
+                "%llu device bytes read (weights %llu, KV %llu)\n",
+                (unsigned)L, (double)(cost.launches - outside) / (double)L, (unsigned long long)cost.launches,
+                (unsigned long long)cost.host_syncs, (unsigned long long)cost.bytes_read,
+                (unsigned long long)cost.weight_bytes_read, (unsigned long long)cost.kv_bytes_read);
+    EXPECT_LE(cost.launches, 8 * L + outside);
+    EXPECT_GE(cost.launches, L);
+    EXPECT_LE(cost.host_syncs, 2u);
+    EXPECT_EQ(cost.weight_bytes_read, token_weight_bytes(hp, [&](const char *part, size_t rows, size_t cols) {
+                  return native_stored_bytes(pick(part), rows, cols);
+              }));
+    EXPECT_EQ(cost.kv_bytes_read, token_kv_bytes(hp, prompt.size() + 1));
+}
+
+// Prefill (more rows than the GEMV takes) in the 16-bit and native modes: the norms write the
+// GEMM input in the GEMM's dtype, so no conversion launch precedes the Q/K/V and gate/up GEMMs
+// (was one per GEMM: 19 launches per layer in bf16/f16, 26 in native; now 14 and 21: the
+// attention output and the SwiGLU output are still converted before their GEMM).
+TEST(CudaBackend, PrefillNormsWriteTheGemmInputWithoutConversionLaunches) {
+    MK_REQUIRE_DEVICE();
+    const ModelCase c = model_cases()[1];
+    ModelPtr model = make_random_model(c.hp);
+    std::vector<int32_t> prompt(c.prompt);
+    ASSERT_GT(prompt.size(), size_t{8}); // MK_GEMV_MAX_ROWS
+    const uint64_t L = c.hp.n_layers;
+    // outside the layers: embed, the last layer's add, final norm, lm_head, argmax
+    const uint64_t outside = 5;
+    for (const mk_dtype d : {MK_DTYPE_BF16, MK_DTYPE_F16}) {
+        SCOPED_TRACE(mk_dtype_name(d));
+        const TokenCost cost = decode_token_cost(model.get(), c.hp, cuda_options(d, true), prompt, prompt.size());
+        std::printf("[ counts   ] %s prefill of %zu rows: %.2f launches/layer\n", mk_dtype_name(d), prompt.size(),
+                    (double)(cost.prefill_launches - outside) / (double)L);
+        EXPECT_LE(cost.prefill_launches, 14 * L + outside);
+    }
+    auto pick = [](const std::string &part) -> uint32_t {
+        return part.rfind("attn", 0) == 0 ? MK_GGML_TYPE_Q8_0 : MK_GGML_TYPE_Q4_K;
+    };
+    mk_native_gguf::TempModel tm(pick, true);
+    ASSERT_TRUE(tm.model);
+    const mk_hparams hp = *mk_model_hparams(tm.model.get());
+    std::vector<int32_t> p12(12);
+    for (size_t i = 0; i < p12.size(); i++) p12[i] = (int32_t)((i * 7 + 3) % hp.vocab);
+    mk_range_options o = cuda_options(MK_DTYPE_NATIVE, true);
+    o.max_context = 64;
+    const TokenCost cost = decode_token_cost(tm.model.get(), hp, o, p12, p12.size());
+    std::printf("[ counts   ] native prefill of %zu rows: %.2f launches/layer\n", p12.size(),
+                (double)(cost.prefill_launches - outside) / (double)hp.n_layers);
+    EXPECT_LE(cost.prefill_launches, 21 * hp.n_layers + outside);
+}
+
+// The backend's note "act_lowp holds X in the GEMM dtype": a GEMM reading the norm's output
+// takes the norm's copy (one launch: no conversion), a second GEMM reading it too; an op that
+// writes X in between (copy, add, upload, a GEMV into part of it) makes the next GEMM convert X again, with exactly the
+// bits of a GEMM over a fresh copy of X.
+TEST(CudaBackend, LowPrecisionCopyOfTheNormIsReusedUntilItsSourceIsWritten) {
+    MK_REQUIRE_DEVICE();
+    for (const mk_dtype d : {MK_DTYPE_BF16, MK_DTYPE_F16, MK_DTYPE_NATIVE}) {
+        SCOPED_TRACE(mk_dtype_name(d));
+        mk_backend_config cfg = mk_backend_config_default(MK_BACKEND_CUDA);
+        cfg.weight_dtype = d;
+        cfg.speed_mode = true;
+        mk_backend *b = nullptr;
+        MK_ASSERT_OK(mk_backend_create(&cfg, &b));
+        std::unique_ptr<mk_backend, void (*)(mk_backend *)> owner(b, mk_backend_destroy);
+        const mk_hparams hp = mk_hparams_seed_default(); // hidden 32
+        const size_t rows = 12, in = hp.hidden, out = 24;
+        MK_ASSERT_OK(b->ops->reserve(b, rows, 64, &hp));
+        const std::vector<float> x = random_floats(rows * in, 501), other = random_floats(rows * in, 502),
+                                 nw = random_floats(in, 503), w = random_floats(out * in, 504),
+                                 w2 = random_floats(in * in, 505);
+        void *dx, *dxn, *dother, *dz, *dnw, *dw, *dw2, *dy1, *dy2, *dy3;
+        for (void **p : {&dx, &dxn, &dother, &dz, &dnw, &dy1, &dy2, &dy3})
+            MK_ASSERT_OK(b->ops->alloc(b, rows * std::max(in, out) * 4, p));
+        if (d == MK_DTYPE_NATIVE) {
+            std::vector<uint8_t> q;
+            mk_native_gguf::quantize(MK_GGML_TYPE_Q8_0, w.data(), w.size(), q);
+            MK_ASSERT_OK(b->ops->alloc(b, b->ops->native_weight_bytes(b, MK_GGML_TYPE_Q8_0, out, in), &dw));
+            MK_ASSERT_OK(b->ops->upload_native_weight(b, dw, MK_GGML_TYPE_Q8_0, q.data(), q.size(), out, in));
+            q.clear();
+            mk_native_gguf::quantize(MK_GGML_TYPE_Q8_0, w2.data(), w2.size(), q);
+            MK_ASSERT_OK(b->ops->alloc(b, b->ops->native_weight_bytes(b, MK_GGML_TYPE_Q8_0, in, in), &dw2));
+            MK_ASSERT_OK(b->ops->upload_native_weight(b, dw2, MK_GGML_TYPE_Q8_0, q.data(), q.size(), in, in));
+        } else {
+            MK_ASSERT_OK(b->ops->alloc(b, out * in * 2, &dw));
+            MK_ASSERT_OK(b->ops->upload_weight(b, dw, w.data(), w.size()));
+            MK_ASSERT_OK(b->ops->alloc(b, in * in * 2, &dw2));
+            MK_ASSERT_OK(b->ops->upload_weight(b, dw2, w2.data(), w2.size()));
+        }
+        MK_ASSERT_OK(b->ops->upload(b, dx, x.data(), x.size() * 4));
+        MK_ASSERT_OK(b->ops->upload(b, dother, other.data(), other.size() * 4));
+        MK_ASSERT_OK(b->ops->upload(b, dnw, nw.data(), nw.size() * 4));
+        float *xn = (float *)dxn;
+        // the GEMM's launches: 1 (bf16/f16 cuBLAS) or 2 (native: expand the blocks, cuBLAS)
+        const uint64_t gemm = d == MK_DTYPE_NATIVE ? 2 : 1;
+        auto launches_of = [&](const std::function<mk_status()> &op) {
+            const uint64_t before = b->counters.launches;
+            EXPECT_EQ(op(), MK_OK) << mk_last_error();
+            return b->counters.launches - before;
+        };
+        auto matmul = [&](void *y, const void *xin) {
+            return [=] { return b->ops->matmul(b, (float *)y, (const float *)xin, dw, rows, in, out); };
+        };
+        MK_ASSERT_OK(b->ops->rmsnorm(b, xn, (const float *)dx, (const float *)dnw, rows, in, 1e-5f));
+        EXPECT_EQ(launches_of(matmul(dy1, xn)), gemm) << "the norm's copy is used";
+        EXPECT_EQ(launches_of(matmul(dy2, xn)), gemm) << "and reused";
+        std::vector<float> y1(rows * out), y2(rows * out), y3(rows * out);
+        MK_ASSERT_OK(b->ops->download(b, y1.data(), dy1, y1.size() * 4));
+        MK_ASSERT_OK(b->ops->download(b, y2.data(), dy2, y2.size() * 4));
+        EXPECT_EQ(std::memcmp(y1.data(), y2.data(), y1.size() * 4), 0);
+        // the same GEMM over a copy of xn converts (and must give the same bits as the norm's copy)
+        MK_ASSERT_OK(b->ops->copy(b, dz, xn, rows * in * 4));
+        EXPECT_EQ(launches_of(matmul(dy3, dz)), gemm + 1) << "a conversion launch";
+        MK_ASSERT_OK(b->ops->download(b, y3.data(), dy3, y3.size() * 4));
+        EXPECT_EQ(std::memcmp(y1.data(), y3.data(), y1.size() * 4), 0) << "norm's copy vs conversion";
+        const std::vector<std::pair<const char *, std::function<mk_status()>>> writers = {
+            {"copy", [&] { return b->ops->copy(b, xn, dother, rows * in * 4); }},
+            {"add", [&] { return b->ops->add(b, xn, (const float *)dother, rows * in); }},
+            {"upload", [&] { return b->ops->upload(b, xn, other.data(), rows * in * 4); }},
+            // a decode GEMV writing xn's first rows (its own input needs no conversion)
+            {"gemv", [&] { return b->ops->matmul(b, xn + 2 * in, (const float *)dother, dw2, 4, in, in); }},
+        };
+        for (const auto &wr : writers) {
+            SCOPED_TRACE(wr.first);
+            MK_ASSERT_OK(b->ops->rmsnorm(b, xn, (const float *)dx, (const float *)dnw, rows, in, 1e-5f));
+            MK_ASSERT_OK(wr.second());
+            EXPECT_EQ(launches_of(matmul(dy2, xn)), gemm + 1) << "converted again";
+            MK_ASSERT_OK(b->ops->copy(b, dz, xn, rows * in * 4));
+            MK_ASSERT_OK(b->ops->matmul(b, (float *)dy3, (const float *)dz, dw, rows, in, out));
+            MK_ASSERT_OK(b->ops->download(b, y2.data(), dy2, y2.size() * 4));
+            MK_ASSERT_OK(b->ops->download(b, y3.data(), dy3, y3.size() * 4));
+            EXPECT_EQ(std::memcmp(y2.data(), y3.data(), y2.size() * 4), 0) << "the GEMM saw the written input";
+        }
+        for (void *p : {dx, dxn, dother, dz, dnw, dw, dw2, dy1, dy2, dy3}) b->ops->release(b, p);
     }
 }
 

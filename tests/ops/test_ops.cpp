@@ -1302,4 +1302,269 @@ TEST_F(OpTest, AttentionPrefillTcBf16CacheCopyPathsAgree) {
     EXPECT_TRUE(all_close(a, ref, kAttnTcTol * max_abs(vw), kAttnTcTol));
 }
 
+// ============================================================ fused native GEMV ==
+// Native weight sets in one launch (kernels/gemv_q.cu mk_kernel_gemv_q_multi / _swiglu): each
+// matrix in its own format (Q8_0, Q4_1, Q4_K, or BF16 for a matrix stored widened), mixed
+// freely. Against the CPU (mk_gguf_dequantize then mk_cpu_matmul, then mk_cpu_swiglu) within
+// the GEMV error bound, and bit for bit against the separate launches the backend replaces
+// (mk_kernel_gemv_q, mk_kernel_gemv on BF16, mk_kernel_swiglu), for 1..8 rows.
+
+struct NativeMat {
+    GemvFormat fmt;                // Q8_0, Q4_1, Q4_K or BF16
+    std::vector<uint8_t> bytes;    // as stored on the device
+    std::vector<float> wf;         // as the reference sees it
+    uint32_t type() const { return fmt == GemvFormat::BF16 ? (uint32_t)MK_GGML_TYPE_BF16 : gemv_ggml_type(fmt); }
+};
+
+NativeMat native_mat(GemvFormat f, size_t out, size_t in, uint64_t seed) {
+    NativeMat m;
+    m.fmt = f;
+    const size_t n = out * in;
+    if (f == GemvFormat::BF16) {
+        std::vector<uint16_t> h = to_half_bits(random_f32(n, seed, 1.0f), MK_DTYPE_BF16);
+        m.wf = from_half_bits(h, MK_DTYPE_BF16);
+        m.bytes.resize(n * 2);
+        std::memcpy(m.bytes.data(), h.data(), m.bytes.size());
+    } else {
+        m.bytes = random_blocks(f, n, seed);
+        m.wf.resize(n);
+        if (mk_gguf_dequantize(gemv_ggml_type(f), m.bytes.data(), m.bytes.size(), m.wf.data(), n) != MK_OK) m.wf.clear();
+    }
+    return m;
+}
+
+// Error bound of one GEMV output (see the Gemv grid above): per element of y [rows, out].
+std::vector<double> gemv_tolerance(const std::vector<float> &x, const std::vector<float> &wf, size_t rows, size_t in,
+                                   size_t out) {
+    std::vector<double> tol(rows * out);
+    for (size_t r = 0; r < rows; r++)
+        for (size_t o = 0; o < out; o++) {
+            double abs_sum = 0.0, x_sum = 0.0, w_max = 0.0;
+            for (size_t k = 0; k < in; k++) {
+                abs_sum += std::fabs((double)x[r * in + k] * wf[o * in + k]);
+                x_sum += std::fabs(x[r * in + k]);
+                w_max = std::max(w_max, (double)std::fabs(wf[o * in + k]));
+            }
+            // the kernel's tree and the CPU SGEMM's order: twice the one-sided bound
+            tol[r * out + o] = 2.0 * (((double)in / 32.0 + 8.0) * 0x1p-24 * abs_sum + 4.0 * 0x1p-24 * x_sum * w_max);
+        }
+    return tol;
+}
+
+::testing::AssertionResult within(const std::vector<float> &got, const std::vector<float> &ref,
+                                  const std::vector<double> &tol) {
+    for (size_t i = 0; i < got.size(); i++)
+        if (!(std::fabs((double)got[i] - ref[i]) <= tol[i]))
+            return ::testing::AssertionFailure() << "[" << i << "] got " << got[i] << " ref " << ref[i] << " tol " << tol[i];
+    return ::testing::AssertionSuccess();
+}
+
+struct QSetCase {
+    GemvFormat f[3];
+    bool misaligned; // x 4 bytes off 16-byte alignment: the BF16 members take the scalar loads
+    size_t in_dim() const {
+        for (GemvFormat g : f)
+            if (g == GemvFormat::Q4_K) return 256;
+        return misaligned ? 160 : 96; // 3 or 5 blocks of 32
+    }
+    std::string name() const {
+        return std::string(gemv_tag(f[0])) + "_" + gemv_tag(f[1]) + "_" + gemv_tag(f[2]) + (misaligned ? "_misaligned" : "");
+    }
+};
+void PrintTo(const QSetCase &c, std::ostream *os) { *os << c.name(); }
+using GemvQSet = OpTestP<QSetCase>;
+
+TEST_P(GemvQSet, MatchesCpuAndSeparateLaunches) {
+    const QSetCase c = GetParam();
+    const size_t in = c.in_dim(), outs[3] = {13, 5, 7}, sw_out = 5; // SwiGLU: gate w[1], up w[2]'s first 5 rows
+    std::vector<NativeMat> m;
+    std::vector<std::unique_ptr<GuardedBuf>> dw;
+    for (int i = 0; i < 3; i++) {
+        m.push_back(native_mat(c.f[i], outs[i], in, 301 + 17 * i + in));
+        ASSERT_FALSE(m[i].wf.empty());
+        dw.emplace_back(new GuardedBuf(m[i].bytes.size()));
+        ASSERT_TRUE(dw[i]->ok());
+        CUDA_OK(dw[i]->upload(m[i].bytes.data(), stream_));
+    }
+    const void *ws[3] = {dw[0]->ptr(), dw[1]->ptr(), dw[2]->ptr()};
+    const uint32_t types[3] = {m[0].type(), m[1].type(), m[2].type()};
+    const size_t off = c.misaligned ? 4 : 0;
+    for (size_t rows = 1; rows <= MK_GEMV_MAX_ROWS; rows++) {
+        SCOPED_TRACE("rows " + std::to_string(rows));
+        const std::vector<float> x = random_f32(rows * in, 310 + rows, 2.0f);
+        std::vector<uint8_t> xbytes(off + x.size() * 4, 0x77);
+        std::memcpy(xbytes.data() + off, x.data(), x.size() * 4);
+        GuardedBuf dx(xbytes.size());
+        ASSERT_TRUE(dx.ok());
+        CUDA_OK(dx.upload(xbytes.data(), stream_));
+        const float *xp = reinterpret_cast<const float *>(dx.ptr<uint8_t>() + off);
+        std::vector<std::unique_ptr<GuardedBuf>> dy, dsep;
+        for (int i = 0; i < 3; i++) {
+            dy.emplace_back(new GuardedBuf(rows * outs[i] * 4));
+            dsep.emplace_back(new GuardedBuf(rows * outs[i] * 4));
+            CUDA_OK(dy[i]->poison(stream_));
+            CUDA_OK(dsep[i]->poison(stream_));
+        }
+        float *ys[3] = {dy[0]->ptr<float>(), dy[1]->ptr<float>(), dy[2]->ptr<float>()};
+        MK_OK_(mk_kernel_gemv_q_multi(3, ys, ws, types, outs, xp, rows, in, stream_));
+        for (int i = 0; i < 3; i++) {
+            if (c.f[i] == GemvFormat::BF16)
+                MK_OK_(mk_kernel_gemv(dsep[i]->ptr<float>(), xp, ws[i], MK_DTYPE_BF16, rows, in, outs[i], stream_));
+            else
+                MK_OK_(mk_kernel_gemv_q(dsep[i]->ptr<float>(), xp, ws[i], types[i], rows, in, outs[i], stream_));
+        }
+        std::vector<std::vector<float>> ref(3);
+        for (int i = 0; i < 3; i++) {
+            std::vector<float> a(rows * outs[i]), b(rows * outs[i]);
+            ASSERT_TRUE(dy[i]->download(a.data(), stream_));
+            ASSERT_TRUE(dsep[i]->download(b.data(), stream_));
+            EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0) << "matrix " << i << ": fused vs separate";
+            ref[i].resize(rows * outs[i]);
+            mk_cpu_matmul(ref[i].data(), x.data(), m[i].wf.data(), rows, in, outs[i]);
+            EXPECT_TRUE(within(a, ref[i], gemv_tolerance(x, m[i].wf, rows, in, outs[i]))) << "matrix " << i;
+        }
+        // gate/up + SwiGLU in one launch
+        GuardedBuf dout(rows * sw_out * 4), dg(rows * sw_out * 4), du(rows * sw_out * 4), dref(rows * sw_out * 4);
+        CUDA_OK(dout.poison(stream_));
+        CUDA_OK(dg.poison(stream_));
+        CUDA_OK(du.poison(stream_));
+        CUDA_OK(dref.poison(stream_));
+        MK_OK_(mk_kernel_gemv_q_swiglu(dout.ptr<float>(), xp, ws[1], types[1], ws[2], types[2], rows, in, sw_out, stream_));
+        float *sep[2] = {dg.ptr<float>(), du.ptr<float>()};
+        for (int i = 1; i < 3; i++) {
+            if (c.f[i] == GemvFormat::BF16)
+                MK_OK_(mk_kernel_gemv(sep[i - 1], xp, ws[i], MK_DTYPE_BF16, rows, in, sw_out, stream_));
+            else
+                MK_OK_(mk_kernel_gemv_q(sep[i - 1], xp, ws[i], types[i], rows, in, sw_out, stream_));
+        }
+        MK_OK_(mk_kernel_swiglu(dref.ptr<float>(), dg.ptr<float>(), du.ptr<float>(), MK_DTYPE_F32, rows * sw_out, stream_));
+        std::vector<float> a(rows * sw_out), b(rows * sw_out);
+        ASSERT_TRUE(dout.download(a.data(), stream_));
+        ASSERT_TRUE(dref.download(b.data(), stream_));
+        EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0) << "swiglu: fused vs separate";
+        // CPU: the gate and up products (w[2]'s first sw_out rows), then SwiGLU
+        std::vector<float> g(rows * sw_out), u(rows * sw_out), want(rows * sw_out);
+        mk_cpu_matmul(g.data(), x.data(), m[1].wf.data(), rows, in, sw_out);
+        mk_cpu_matmul(u.data(), x.data(), m[2].wf.data(), rows, in, sw_out);
+        mk_cpu_swiglu(want.data(), g.data(), u.data(), want.size());
+        const std::vector<double> tg = gemv_tolerance(x, m[1].wf, rows, in, sw_out);
+        const std::vector<float> w2(m[2].wf.begin(), m[2].wf.begin() + (std::ptrdiff_t)(sw_out * in));
+        const std::vector<double> tu = gemv_tolerance(x, w2, rows, in, sw_out);
+        std::vector<double> tol(want.size());
+        for (size_t i = 0; i < tol.size(); i++) // silu' <= 1.1; silu(g) <= |g|
+            tol[i] = 1.1 * std::fabs(u[i]) * tg[i] + (std::fabs(g[i]) + tg[i]) * tu[i] + 1e-6 * std::fabs(want[i]);
+        EXPECT_TRUE(within(a, want, tol)) << "swiglu vs cpu";
+    }
+}
+
+std::vector<QSetCase> qset_cases() {
+    const GemvFormat q8 = GemvFormat::Q8_0, q41 = GemvFormat::Q4_1, q4k = GemvFormat::Q4_K, b16 = GemvFormat::BF16;
+    return {{{q8, q8, q8}, false},   {{q41, q41, q41}, false}, {{q4k, q4k, q4k}, false}, {{b16, b16, b16}, false},
+            {{q4k, q8, b16}, false}, {{q8, q41, b16}, false},  {{b16, q4k, q41}, false}, {{q41, b16, q8}, true},
+            {{b16, b16, q8}, true}};
+}
+INSTANTIATE_TEST_SUITE_P(Ops, GemvQSet, ::testing::ValuesIn(qset_cases()), case_name<QSetCase>);
+
+TEST_F(OpTest, GemvQSetErrors) {
+    GuardedBuf b(8192);
+    float *f = b.ptr<float>();
+    float *ys[3] = {f, f, f};
+    const void *ws[3] = {f, f, f};
+    const size_t outs[3] = {1, 1, 1};
+    uint32_t types[3] = {MK_GGML_TYPE_Q8_0, MK_GGML_TYPE_Q4_K, MK_GGML_TYPE_BF16};
+    EXPECT_ERROR(mk_kernel_gemv_q_multi(4, ys, ws, types, outs, f, 1, 256, stream_), MK_ERR_INVALID_ARGUMENT,
+                 "mk_kernel_gemv_q_multi: 4 matrices (1..3)");
+    EXPECT_ERROR(mk_kernel_gemv_q_multi(3, ys, ws, types, outs, f, 9, 256, stream_), MK_ERR_SHAPE,
+                 "mk_kernel_gemv_q_multi: 9 rows exceed the decode limit 8");
+    EXPECT_ERROR(mk_kernel_gemv_q_multi(3, ys, ws, types, outs, f, 1, 96, stream_), MK_ERR_SHAPE,
+                 "input width 96 is not a multiple of matrix 1's block size 256");
+    types[2] = MK_GGML_TYPE_Q6_K;
+    EXPECT_ERROR(mk_kernel_gemv_q_multi(3, ys, ws, types, outs, f, 1, 256, stream_), MK_ERR_INVALID_ARGUMENT,
+                 "mk_kernel_gemv_q_multi: matrix 2 has ggml type 14");
+    const void *odd[3] = {f, f, b.ptr<uint8_t>() + 2};
+    types[2] = MK_GGML_TYPE_Q4_1;
+    EXPECT_ERROR(mk_kernel_gemv_q_multi(3, ys, odd, types, outs, f, 1, 256, stream_), MK_ERR_INVALID_ARGUMENT,
+                 "mk_kernel_gemv_q_multi: matrix 2 not 4-byte aligned");
+    EXPECT_ERROR(mk_kernel_gemv_q_swiglu(f, f, nullptr, MK_GGML_TYPE_Q8_0, f, MK_GGML_TYPE_Q8_0, 1, 32, 4, stream_),
+                 MK_ERR_INVALID_ARGUMENT, "mk_kernel_gemv_q_swiglu: null pointer");
+    EXPECT_ERROR(mk_kernel_gemv_q_swiglu(f, f, f, MK_GGML_TYPE_Q8_0, f, MK_GGML_TYPE_F16, 1, 32, 4, stream_),
+                 MK_ERR_INVALID_ARGUMENT, "mk_kernel_gemv_q_swiglu: matrix 1 has ggml type 1");
+    EXPECT_TRUE(mk_kernel_gemv_q_set_supports(MK_GGML_TYPE_BF16) && mk_kernel_gemv_q_set_supports(MK_GGML_TYPE_Q4_K) &&
+                !mk_kernel_gemv_q_set_supports(MK_GGML_TYPE_F16) && !mk_kernel_gemv_q_set_supports(MK_GGML_TYPE_Q6_K));
+    EXPECT_EQ(mk_kernel_gemv_q_swiglu(f, f, f, MK_GGML_TYPE_Q8_0, f, MK_GGML_TYPE_Q8_0, 0, 32, 4, stream_), MK_OK);
+    EXPECT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+}
+
+// ======================================================= rmsnorm low-precision copy ==
+// The norm that also writes its output in the GEMM dtype: the F32 output is the plain norm's,
+// bit for bit, and the copy is exactly what mk_kernel_convert makes of that output (the
+// conversion launch the cuda backend no longer issues before a prefill GEMM).
+TEST_F(OpTest, RmsNormLowpCopyEqualsConvertOfTheOutput) {
+    struct C {
+        size_t rows, cols;
+    };
+    for (const C c : {C{9, 33}, C{13, 576}, C{10, 1}, C{3, 4097}})
+        for (const bool add : {false, true})
+            for (const mk_dtype d : {MK_DTYPE_BF16, MK_DTYPE_F16}) {
+                SCOPED_TRACE(std::string(add ? "add_" : "") + dtype_tag(d) + " r" + std::to_string(c.rows) + " c" +
+                             std::to_string(c.cols));
+                const size_t n = c.rows * c.cols;
+                // values around the F16 range's ends too: subnormal and overflowing halves
+                std::vector<float> x = random_f32(n, 400 + n, 3.0f), w = random_f32(c.cols, 401 + c.cols, 1.5f);
+                for (size_t i = 0; i < c.cols; i += 7) w[i] *= (i % 2) ? 3e4f : 3e-6f;
+                const std::vector<float> delta = random_f32(n, 402 + n, 0.5f);
+                GuardedBuf dx(n * 4), dx2(n * 4), dw(c.cols * 4), dd(n * 4), dout(n * 4), dplain(n * 4), dlow(n * 2),
+                    dconv(n * 2);
+                ASSERT_TRUE(dx.ok() && dx2.ok() && dw.ok() && dd.ok() && dout.ok() && dplain.ok() && dlow.ok() && dconv.ok());
+                CUDA_OK(dx.upload(x.data(), stream_));
+                CUDA_OK(dx2.upload(x.data(), stream_));
+                CUDA_OK(dw.upload(w.data(), stream_));
+                CUDA_OK(dd.upload(delta.data(), stream_));
+                CUDA_OK(dout.poison(stream_));
+                CUDA_OK(dplain.poison(stream_));
+                CUDA_OK(dlow.poison(stream_));
+                CUDA_OK(dconv.poison(stream_));
+                if (add) {
+                    MK_OK_(mk_kernel_add_rmsnorm_lowp(dx.ptr<float>(), dout.ptr<float>(), dlow.ptr(), d, dd.ptr<float>(),
+                                                      dw.ptr<float>(), c.rows, c.cols, 1e-5f, stream_));
+                    MK_OK_(mk_kernel_add_rmsnorm(dx2.ptr<float>(), dplain.ptr<float>(), dd.ptr<float>(), dw.ptr<float>(),
+                                                 c.rows, c.cols, 1e-5f, stream_));
+                } else {
+                    MK_OK_(mk_kernel_rmsnorm_lowp(dout.ptr<float>(), dlow.ptr(), d, dx.ptr<float>(), dw.ptr<float>(),
+                                                  c.rows, c.cols, 1e-5f, stream_));
+                    MK_OK_(mk_kernel_rmsnorm(dplain.ptr<float>(), dx.ptr<float>(), dw.ptr<float>(), c.rows, c.cols, 1e-5f,
+                                             stream_));
+                }
+                MK_OK_(mk_kernel_convert(dconv.ptr(), d, dout.ptr<float>(), MK_DTYPE_F32, n, stream_));
+                std::vector<float> out(n), plain(n), res(n), res2(n);
+                std::vector<uint16_t> low(n), conv(n);
+                ASSERT_TRUE(dout.download(out.data(), stream_));
+                ASSERT_TRUE(dplain.download(plain.data(), stream_));
+                ASSERT_TRUE(dlow.download(low.data(), stream_));
+                ASSERT_TRUE(dconv.download(conv.data(), stream_));
+                ASSERT_TRUE(dx.download(res.data(), stream_));
+                ASSERT_TRUE(dx2.download(res2.data(), stream_));
+                EXPECT_EQ(std::memcmp(out.data(), plain.data(), n * 4), 0) << "F32 output";
+                EXPECT_TRUE(all_equal(low, conv)) << "low-precision copy vs convert";
+                EXPECT_EQ(std::memcmp(res.data(), add ? res2.data() : x.data(), n * 4), 0) << "residual";
+                // the output within the CPU norm's tolerance, and the copy its rounding (mk_f32_to_bf16 / _f16)
+                std::vector<float> ref(n);
+                if (add) {
+                    std::vector<float> r = x;
+                    mk_cpu_add_rmsnorm(r.data(), ref.data(), delta.data(), w.data(), c.rows, c.cols, 1e-5f);
+                } else {
+                    mk_cpu_rmsnorm(ref.data(), x.data(), w.data(), c.rows, c.cols, 1e-5f);
+                }
+                EXPECT_TRUE(all_close(out, ref, 1e-6 * max_abs(ref), 1e-5));
+                EXPECT_TRUE(all_equal(low, to_half_bits(out, d))) << "the host's rounding of the output";
+            }
+    GuardedBuf b(4096);
+    float *f = b.ptr<float>();
+    EXPECT_ERROR(mk_kernel_rmsnorm_lowp(f, f, MK_DTYPE_F32, f, f, 2, 4, 1e-5f, stream_), MK_ERR_INVALID_ARGUMENT,
+                 "mk_kernel_rmsnorm: low-precision dtype 1 is not F16/BF16");
+    EXPECT_ERROR(mk_kernel_add_rmsnorm_lowp(f, f, f, MK_DTYPE_I32, f, f, 2, 4, 1e-5f, stream_), MK_ERR_INVALID_ARGUMENT,
+                 "mk_kernel_add_rmsnorm: low-precision dtype 4 is not F16/BF16");
+    EXPECT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+}
+
 } // namespace
