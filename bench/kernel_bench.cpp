@@ -373,12 +373,14 @@ void bench_decode(Bench &b, size_t past, size_t nh, size_t nkv, size_t hd) {
         dv.push_back(dev_upload(b.stream, v.data(), kvn * 4));
     }
     void *dq = dev_upload(b.stream, q.data(), qn * 4);
+    const int32_t pos = (int32_t)past; /* the key count is read on the device */
+    void *dpos = dev_upload(b.stream, &pos, 4);
     const size_t wsb = mk_kernel_attention_decode_workspace_bytes(keys, nh, hd);
     void *ws = dev_alloc(b.stream, wsb);
     float *dout = (float *)dev_alloc(b.stream, qn * 4);
     auto run = [&](int s) {
-        MK(mk_kernel_attention_decode(dout, (float *)dq, (float *)dk[s], (float *)dv[s], past, nh, nkv, hd, ws, wsb,
-                                      b.stream));
+        MK(mk_kernel_attention_decode(dout, (float *)dq, dk[s], dv[s], MK_DTYPE_F32, (const int32_t *)dpos, keys, nh,
+                                      nkv, hd, ws, wsb, b.stream));
     };
     run(0);
     CK(cudaStreamSynchronize(b.stream));
@@ -394,6 +396,7 @@ void bench_decode(Bench &b, size_t past, size_t nh, size_t nkv, size_t hd) {
         CK(cudaFree(dv[s]));
     }
     CK(cudaFree(dq));
+    CK(cudaFree(dpos));
     CK(cudaFree(ws));
     CK(cudaFree(dout));
 }

@@ -576,7 +576,8 @@ static mk_status mk_run_layer(mk_range *r, mk_sequence *seq, size_t layer_index,
         }
     }
     MK_OP(r, MK_OPF_ATTENTION,
-          ops->attention(b, a->att, a->q, k_cache, v_cache, rows, past, hp->n_heads, hp->n_kv_heads, hp->head_dim));
+          ops->attention(b, a->att, a->q, k_cache, v_cache, a->pos, rows, past, hp->n_heads, hp->n_kv_heads,
+                         hp->head_dim));
     MK_OP(r, MK_OPF_ATTN_OUT, ops->matmul(b, a->proj, a->att, w->wo, rows, q_dim, hp->hidden));
 
     /* mlp block */

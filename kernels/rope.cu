@@ -3,7 +3,8 @@
  * shared memory exactly as the CPU backend does (inv_freq by double pow rounded to float,
  * angle as a float product, cos/sin in double rounded to float), then every head of the
  * row is rotated from it. mk_kernel_rope_kv does the same for Q and K in one launch and
- * writes the rotated K and V into the KV cache. */
+ * writes the rotated K and V into the KV cache at the slot positions[row] names, read on
+ * the device: the launch is the same every decode token (a captured graph replays it). */
 #include "mk_cuda_compat.h"
 
 #include "mk_kernels_common.cuh"
@@ -62,19 +63,23 @@ static __global__ void rope_kernel(float *__restrict__ x /* [rows, heads, head_d
 static __global__ void rope_kv_kernel(float *__restrict__ q /* [rows, n_heads, head_dim] */,
                                       float *__restrict__ k /* [rows, n_kv_heads, head_dim] */,
                                       const float *__restrict__ v /* [rows, n_kv_heads, head_dim] */,
-                                      float *__restrict__ k_dst /* [rows, kv_dim] cache slots */,
-                                      float *__restrict__ v_dst /* [rows, kv_dim] */,
-                                      const int32_t *__restrict__ positions, size_t n_heads, size_t n_kv_heads,
-                                      int head_dim, float theta, int rotate_half) {
+                                      float *__restrict__ k_cache /* [cache_rows, kv_dim] */,
+                                      float *__restrict__ v_cache /* [cache_rows, kv_dim] */,
+                                      const int32_t *__restrict__ positions, size_t cache_rows, size_t n_heads,
+                                      size_t n_kv_heads, int head_dim, float theta, int rotate_half) {
   __shared__ float cos_t[MK_MAX_HEAD_DIM / 2];
   __shared__ float sin_t[MK_MAX_HEAD_DIM / 2];
   const int half = head_dim / 2;
   const size_t row = blockIdx.x;
   const size_t kv_dim = n_kv_heads * (size_t)head_dim;
-  rope_table(cos_t, sin_t, (float)positions[row], head_dim, theta);
+  const int32_t pos = positions[row];
+  rope_table(cos_t, sin_t, (float)pos, head_dim, theta);
+  /* The row's cache slot is its position (the executor guarantees positions[r] == past + r);
+   * one outside the cache is not stored rather than written out of bounds. */
+  const bool store = pos >= 0 && (size_t)pos < cache_rows;
   float *qr = q + row * n_heads * (size_t)head_dim;
   float *kr = k + row * kv_dim;
-  float *kd = k_dst + row * kv_dim;
+  float *kd = store ? k_cache + (size_t)pos * kv_dim : nullptr;
   const size_t items = (n_heads + n_kv_heads) * (size_t)half;
   for (size_t j = threadIdx.x; j < items; j += blockDim.x) {
     const size_t h = j / (size_t)half;
@@ -82,11 +87,12 @@ static __global__ void rope_kv_kernel(float *__restrict__ q /* [rows, n_heads, h
     if (h < n_heads) rope_pair(qr + h * (size_t)head_dim, nullptr, i, head_dim, rotate_half, cos_t[i], sin_t[i]);
     else {
       const size_t hk = (h - n_heads) * (size_t)head_dim;
-      rope_pair(kr + hk, kd + hk, i, head_dim, rotate_half, cos_t[i], sin_t[i]);
+      rope_pair(kr + hk, kd ? kd + hk : nullptr, i, head_dim, rotate_half, cos_t[i], sin_t[i]);
     }
   }
+  if (!store) return;
   const float *vr = v + row * kv_dim;
-  float *vd = v_dst + row * kv_dim;
+  float *vd = v_cache + (size_t)pos * kv_dim;
   for (size_t j = threadIdx.x; j < kv_dim; j += blockDim.x) vd[j] = vr[j];
 }
 
@@ -105,7 +111,7 @@ static mk_status rope_check(const char *what, size_t rows, size_t heads, size_t 
 static unsigned rope_threads(size_t items) { return items <= 32 ? 32u : items <= 128 ? 128u : 256u; }
 
 extern "C" mk_status mk_kernel_rope_kv(float *q, float *k, const float *v, float *k_cache, float *v_cache,
-                                       const int32_t *positions, size_t past, size_t rows, size_t n_heads,
+                                       const int32_t *positions, size_t cache_rows, size_t rows, size_t n_heads,
                                        size_t n_kv_heads, size_t head_dim, float theta, mk_rope_layout layout,
                                        cudaStream_t stream) {
   MK_TRY(rope_check("mk_kernel_rope_kv", rows, n_heads, head_dim, theta, layout));
@@ -113,10 +119,8 @@ extern "C" mk_status mk_kernel_rope_kv(float *q, float *k, const float *v, float
   if (rows == 0) return MK_OK;
   if (!q || !k || !v || !k_cache || !v_cache || !positions)
     return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_kernel_rope_kv: null pointer");
-  const size_t kv_dim = n_kv_heads * head_dim;
   MK_LAUNCH(rope_kv_kernel, dim3((unsigned)rows), dim3(rope_threads((n_heads + n_kv_heads) * (head_dim / 2))), 0,
-            stream, q, k, v, k_cache + past * kv_dim, v_cache + past * kv_dim, positions, n_heads, n_kv_heads,
-            (int)head_dim, theta, layout == MK_ROPE_ROTATE_HALF ? 1 : 0);
+            stream, q, k, v, k_cache, v_cache, positions, cache_rows, n_heads, n_kv_heads, (int)head_dim, theta, layout == MK_ROPE_ROTATE_HALF ? 1 : 0);
   return mk_check_launch("mk_kernel_rope_kv");
 }
 

@@ -38,6 +38,7 @@ typedef struct mk_cuda_backend {
     size_t act_lowp_elems;
     void *decode_ws;       /* dev: flash-decoding partials */
     size_t decode_ws_bytes;
+    size_t max_context;    /* KV cache rows (reserve): decode attention's fixed grid */
     void *pinned;          /* host pinned staging for downloads / uploads */
     size_t pinned_bytes;
     size_t pinned_used;    /* uploads staged since the host last waited for the stream */
@@ -282,6 +283,7 @@ static mk_status cuda_reserve(mk_backend *b, size_t max_rows, size_t max_context
         cb->act_lowp_elems = max_rows * width;
         MK_TRY(cuda_alloc(b, cb->act_lowp_elems * 2, &cb->act_lowp));
     }
+    cb->max_context = max_context;
     cb->decode_ws_bytes = mk_kernel_attention_decode_workspace_bytes(max_context, hp->n_heads, hp->head_dim);
     MK_TRY(cuda_alloc(b, cb->decode_ws_bytes, &cb->decode_ws));
     /* Pinned staging for what crosses a seam (a residual of max_rows) and the logits. */
@@ -536,19 +538,23 @@ static mk_status cuda_rope_kv(mk_backend *b, float *q, float *k, const float *v,
                               size_t head_dim, float theta, mk_rope_layout layout) {
     mk_cuda_backend *cb = cuda_of(b);
     MK_ON_DEVICE(cb);
-    return mk_cuda_after_launch(cb, mk_kernel_rope_kv(q, k, v, k_cache, v_cache, positions, past, rows, n_heads,
-                                                      n_kv_heads, head_dim, theta, layout, cb->stream));
+    (void)past; /* the slots are positions[r], read on the device: the same launch every token */
+    return mk_cuda_after_launch(cb, mk_kernel_rope_kv(q, k, v, k_cache, v_cache, positions, cb->max_context, rows,
+                                                      n_heads, n_kv_heads, head_dim, theta, layout, cb->stream));
 }
 
 static mk_status cuda_attention(mk_backend *b, float *out, const float *q, const void *k_cache, const void *v_cache,
-                                size_t rows, size_t past, size_t n_heads, size_t n_kv_heads, size_t head_dim) {
+                                const int32_t *positions, size_t rows, size_t past, size_t n_heads, size_t n_kv_heads,
+                                size_t head_dim) {
     mk_cuda_backend *cb = cuda_of(b);
     MK_ON_DEVICE(cb);
-    /* One query row over a long cache: split the keys across blocks (flash-decoding). */
-    if (rows == 1 && past + 1 >= 256)
-        return mk_cuda_after_launch(cb, mk_kernel_attention_decode(out, q, k_cache, v_cache, past, n_heads, n_kv_heads,
-                                                                   head_dim, cb->decode_ws, cb->decode_ws_bytes,
-                                                                   cb->stream));
+    /* Every one-row forward (decode) takes the flash-decoding kernel: its key count comes from
+     * positions on the device and its grid from the cache capacity, so the choice and the
+     * launch never depend on `past` (a captured decode step replays unchanged). */
+    if (rows == 1)
+        return mk_cuda_after_launch(cb, mk_kernel_attention_decode(out, q, k_cache, v_cache, MK_DTYPE_F32, positions,
+                                                                   cb->max_context, n_heads, n_kv_heads, head_dim,
+                                                                   cb->decode_ws, cb->decode_ws_bytes, cb->stream));
     return mk_cuda_after_launch(cb, mk_kernel_attention_prefill(out, q, k_cache, v_cache, rows, past, n_heads, n_kv_heads,
                                                                 head_dim, cb->stream));
 }

@@ -421,43 +421,121 @@ std::vector<AttnCase> prefill_cases() {
 }
 INSTANTIATE_TEST_SUITE_P(Ops, AttentionPrefill, ::testing::ValuesIn(prefill_cases()), case_name<AttnCase>);
 
-using AttentionDecode = OpTestP<AttnCase>;
+// Decode reads its key count from positions[0] on the device and launches a grid fixed by
+// max_keys (the cache capacity): the cache rows past the keys hold NaN (never read), the
+// workspace starts poisoned, and the chunks past the keys must be left neutral.
+struct DecodeCase {
+    size_t past, max_keys, n_heads, n_kv_heads, head_dim;
+    std::string name() const {
+        return "past" + std::to_string(past) + "_max" + std::to_string(max_keys) + "_h" + std::to_string(n_heads) +
+               "_kv" + std::to_string(n_kv_heads) + "_d" + std::to_string(head_dim);
+    }
+};
+void PrintTo(const DecodeCase &c, std::ostream *os) { *os << c.name(); }
+
+constexpr size_t kDecChunk = 256; // attention_decode.cu's DEC_CHUNK: keys per partial
+
+// K and V of `max_keys` rows: random for the first `keys`, NaN after (a read of them shows).
+std::vector<float> decode_cache(size_t keys, size_t max_keys, size_t kv_dim, uint64_t seed) {
+    std::vector<float> c = random_f32(keys * kv_dim, seed, 1.0f);
+    c.resize(max_keys * kv_dim, std::numeric_limits<float>::quiet_NaN());
+    return c;
+}
+
+// Checks the partials of the workspace past the keys are the neutral (-inf, 0, 0...).
+::testing::AssertionResult decode_neutral_partials(const std::vector<float> &ws, size_t keys, size_t max_keys,
+                                                   size_t n_heads, size_t hd) {
+    const size_t chunks = (max_keys + kDecChunk - 1) / kDecChunk, used = (keys + kDecChunk - 1) / kDecChunk;
+    for (size_t h = 0; h < n_heads; h++)
+        for (size_t c = used; c < chunks; c++) {
+            const float *p = ws.data() + (h * chunks + c) * (hd + 2);
+            bool ok = std::isinf(p[0]) && p[0] < 0 && p[1] == 0.0f;
+            for (size_t d = 0; d < hd && ok; d++) ok = p[2 + d] == 0.0f;
+            if (!ok) return ::testing::AssertionFailure() << "head " << h << " chunk " << c << " is not neutral";
+        }
+    return ::testing::AssertionSuccess();
+}
+
+using AttentionDecode = OpTestP<DecodeCase>;
 
 TEST_P(AttentionDecode, MatchesCpu) {
-    const AttnCase c = GetParam(); // rows == 1
-    const size_t keys = c.past + 1;
-    const size_t qn = c.n_heads * c.head_dim, kvn = keys * c.n_kv_heads * c.head_dim;
-    std::vector<float> q = random_f32(qn, 51 + qn, 1.0f), k = random_f32(kvn, 52 + kvn, 1.0f),
-                       v = random_f32(kvn, 53 + kvn, 1.0f);
-    const size_t ws_bytes = mk_kernel_attention_decode_workspace_bytes(keys, c.n_heads, c.head_dim);
-    GuardedBuf dq(qn * 4), dk(kvn * 4), dv(kvn * 4), dout(qn * 4), dws(ws_bytes);
-    ASSERT_TRUE(dq.ok() && dk.ok() && dv.ok() && dout.ok() && dws.ok());
+    const DecodeCase c = GetParam();
+    const size_t keys = c.past + 1, kv_dim = c.n_kv_heads * c.head_dim;
+    const size_t qn = c.n_heads * c.head_dim, kvn = c.max_keys * kv_dim;
+    std::vector<float> q = random_f32(qn, 51 + qn, 1.0f), k = decode_cache(keys, c.max_keys, kv_dim, 52 + kvn),
+                       v = decode_cache(keys, c.max_keys, kv_dim, 53 + kvn);
+    const int32_t pos = (int32_t)c.past;
+    const size_t ws_bytes = mk_kernel_attention_decode_workspace_bytes(c.max_keys, c.n_heads, c.head_dim);
+    GuardedBuf dq(qn * 4), dk(kvn * 4), dv(kvn * 4), dout(qn * 4), dws(ws_bytes), dpos(4);
+    ASSERT_TRUE(dq.ok() && dk.ok() && dv.ok() && dout.ok() && dws.ok() && dpos.ok());
     CUDA_OK(dq.upload(q.data(), stream_));
     CUDA_OK(dk.upload(k.data(), stream_));
     CUDA_OK(dv.upload(v.data(), stream_));
+    CUDA_OK(dpos.upload(&pos, stream_));
     CUDA_OK(dout.poison(stream_));
     CUDA_OK(dws.poison(stream_));
-    // too small a workspace is refused
-    EXPECT_ERROR(mk_kernel_attention_decode(dout.ptr<float>(), dq.ptr<float>(), dk.ptr<float>(), dv.ptr<float>(), c.past,
-                                            c.n_heads, c.n_kv_heads, c.head_dim, dws.ptr(), ws_bytes - 4, stream_),
+    // too small a workspace (it is sized from max_keys, not the step's keys) is refused
+    EXPECT_ERROR(mk_kernel_attention_decode(dout.ptr<float>(), dq.ptr<float>(), dk.ptr(), dv.ptr(), MK_DTYPE_F32,
+                                            dpos.ptr<int32_t>(), c.max_keys, c.n_heads, c.n_kv_heads, c.head_dim,
+                                            dws.ptr(), ws_bytes - 4, stream_),
                  MK_ERR_INVALID_ARGUMENT, "mk_kernel_attention_decode: workspace");
-    MK_OK_(mk_kernel_attention_decode(dout.ptr<float>(), dq.ptr<float>(), dk.ptr<float>(), dv.ptr<float>(), c.past,
-                                      c.n_heads, c.n_kv_heads, c.head_dim, dws.ptr(), ws_bytes, stream_));
+    MK_OK_(mk_kernel_attention_decode(dout.ptr<float>(), dq.ptr<float>(), dk.ptr(), dv.ptr(), MK_DTYPE_F32,
+                                      dpos.ptr<int32_t>(), c.max_keys, c.n_heads, c.n_kv_heads, c.head_dim, dws.ptr(),
+                                      ws_bytes, stream_));
     CUDA_OK(cudaStreamSynchronize(stream_));
     std::vector<float> got(qn), ref(qn), ws(ws_bytes / 4);
     ASSERT_TRUE(dout.download(got.data(), stream_));
     ASSERT_TRUE(dws.download(ws.data(), stream_));
     mk_cpu_attention(ref.data(), q.data(), k.data(), v.data(), 1, c.past, c.n_heads, c.n_kv_heads, c.head_dim);
-    EXPECT_TRUE(all_close(got, ref, kAttnAtol * max_abs(v), 1e-5));
+    EXPECT_TRUE(all_close(got, ref, kAttnAtol * max_abs(std::vector<float>(v.begin(), v.begin() + keys * kv_dim)), 1e-5));
+    EXPECT_TRUE(decode_neutral_partials(ws, keys, c.max_keys, c.n_heads, c.head_dim));
 }
 
-std::vector<AttnCase> decode_cases() {
+std::vector<DecodeCase> decode_cases() {
     return {
-        {1, 0, 1, 1, 8},     {1, 5, 6, 2, 6},      {1, 255, 4, 4, 64},   {1, 256, 4, 2, 64},
-        {1, 700, 6, 2, 128}, {1, 1999, 8, 1, 128}, {1, 300, 3, 1, 256},  {1, 511, 32, 8, 64}, {1, 4095, 8, 2, 128},
+        {0, 1, 1, 1, 8},        {0, 600, 2, 1, 8},       {5, 6, 6, 2, 6},       {5, 1000, 6, 2, 6},
+        {255, 256, 4, 4, 64},   {255, 700, 4, 4, 64},    {256, 257, 4, 2, 64},  {256, 1024, 4, 2, 64},
+        {257, 1100, 3, 3, 32},  {700, 701, 6, 2, 128},   {1999, 2048, 8, 1, 128}, {300, 2000, 3, 1, 256},
+        {511, 512, 32, 8, 64},  {4094, 4096, 8, 2, 128}, {4095, 4096, 8, 2, 128},
     };
 }
-INSTANTIATE_TEST_SUITE_P(Ops, AttentionDecode, ::testing::ValuesIn(decode_cases()), case_name<AttnCase>);
+INSTANTIATE_TEST_SUITE_P(Ops, AttentionDecode, ::testing::ValuesIn(decode_cases()), case_name<DecodeCase>);
+
+// One set of arguments, positions rewritten between launches (what a graph replay does): each
+// launch attends to positions[0] + 1 keys, across the chunk edges and up to the capacity.
+TEST_F(OpTest, DecodeSameLaunchFollowsPositions) {
+    const size_t max_keys = 777, n_heads = 4, n_kv = 2, hd = 32, kv_dim = n_kv * hd, qn = n_heads * hd;
+    std::vector<float> q = random_f32(qn, 71), k = random_f32(max_keys * kv_dim, 72), v = random_f32(max_keys * kv_dim, 73);
+    const size_t ws_bytes = mk_kernel_attention_decode_workspace_bytes(max_keys, n_heads, hd);
+    GuardedBuf dq(qn * 4), dk(k.size() * 4), dv(v.size() * 4), dout(qn * 4), dws(ws_bytes), dpos(4);
+    CUDA_OK(dq.upload(q.data(), stream_));
+    CUDA_OK(dk.upload(k.data(), stream_));
+    CUDA_OK(dv.upload(v.data(), stream_));
+    CUDA_OK(dws.poison(stream_));
+    for (const size_t past : {0, 1, 255, 256, 257, 511, 512, 700, 775, 776, 3}) {
+        SCOPED_TRACE("past " + std::to_string(past));
+        const int32_t pos = (int32_t)past;
+        CUDA_OK(dpos.upload(&pos, stream_));
+        CUDA_OK(dout.poison(stream_));
+        MK_OK_(mk_kernel_attention_decode(dout.ptr<float>(), dq.ptr<float>(), dk.ptr(), dv.ptr(), MK_DTYPE_F32,
+                                          dpos.ptr<int32_t>(), max_keys, n_heads, n_kv, hd, dws.ptr(), ws_bytes,
+                                          stream_));
+        std::vector<float> got(qn), ref(qn), ws(ws_bytes / 4);
+        ASSERT_TRUE(dout.download(got.data(), stream_));
+        ASSERT_TRUE(dws.download(ws.data(), stream_));
+        mk_cpu_attention(ref.data(), q.data(), k.data(), v.data(), 1, past, n_heads, n_kv, hd);
+        EXPECT_TRUE(all_close(got, ref, kAttnAtol * max_abs(v), 1e-5));
+        EXPECT_TRUE(decode_neutral_partials(ws, past + 1, max_keys, n_heads, hd));
+    }
+    // only an F32 cache (another dtype is refused, not misread)
+    EXPECT_ERROR(mk_kernel_attention_decode(dout.ptr<float>(), dq.ptr<float>(), dk.ptr(), dv.ptr(), MK_DTYPE_F16,
+                                            dpos.ptr<int32_t>(), max_keys, n_heads, n_kv, hd, dws.ptr(), ws_bytes,
+                                            stream_),
+                 MK_ERR_DTYPE, "mk_kernel_attention_decode: KV cache dtype f16 is not f32");
+    EXPECT_ERROR(mk_kernel_attention_decode(dout.ptr<float>(), dq.ptr<float>(), dk.ptr(), dv.ptr(), MK_DTYPE_F32,
+                                            nullptr, max_keys, n_heads, n_kv, hd, dws.ptr(), ws_bytes, stream_),
+                 MK_ERR_INVALID_ARGUMENT, "mk_kernel_attention_decode: null pointer");
+}
 
 // Decode of the last row == prefill of the same row (two kernels, one semantics).
 TEST_F(OpTest, DecodeAgreesWithPrefill) {
@@ -465,14 +543,16 @@ TEST_F(OpTest, DecodeAgreesWithPrefill) {
     const size_t qn = n_heads * hd, kvn = keys * n_kv * hd;
     std::vector<float> q = random_f32(qn, 61), k = random_f32(kvn, 62), v = random_f32(kvn, 63);
     const size_t ws_bytes = mk_kernel_attention_decode_workspace_bytes(keys, n_heads, hd);
-    GuardedBuf dq(qn * 4), dk(kvn * 4), dv(kvn * 4), da(qn * 4), db(qn * 4), dws(ws_bytes);
+    const int32_t pos = (int32_t)past;
+    GuardedBuf dq(qn * 4), dk(kvn * 4), dv(kvn * 4), da(qn * 4), db(qn * 4), dws(ws_bytes), dpos(4);
     CUDA_OK(dq.upload(q.data(), stream_));
     CUDA_OK(dk.upload(k.data(), stream_));
     CUDA_OK(dv.upload(v.data(), stream_));
+    CUDA_OK(dpos.upload(&pos, stream_));
     CUDA_OK(da.poison(stream_));
     CUDA_OK(db.poison(stream_));
-    MK_OK_(mk_kernel_attention_decode(da.ptr<float>(), dq.ptr<float>(), dk.ptr<float>(), dv.ptr<float>(), past, n_heads,
-                                      n_kv, hd, dws.ptr(), ws_bytes, stream_));
+    MK_OK_(mk_kernel_attention_decode(da.ptr<float>(), dq.ptr<float>(), dk.ptr(), dv.ptr(), MK_DTYPE_F32,
+                                      dpos.ptr<int32_t>(), keys, n_heads, n_kv, hd, dws.ptr(), ws_bytes, stream_));
     MK_OK_(mk_kernel_attention_prefill(db.ptr<float>(), dq.ptr<float>(), dk.ptr<float>(), dv.ptr<float>(), 1, past,
                                        n_heads, n_kv, hd, stream_));
     CUDA_OK(cudaStreamSynchronize(stream_));
@@ -1055,14 +1135,16 @@ TEST_F(OpTest, GemvMultiAndSwigluEqualSeparateLaunches) {
 }
 
 // RoPE of Q and K plus the KV-cache write in one launch: the same bits as mk_kernel_rope on
-// q and k then mk_kernel_kv_append (the cache outside [past, past + rows) untouched).
+// q and k then mk_kernel_kv_append (the cache outside [past, past + rows) untouched). The
+// fused kernel takes each row's slot from positions (== past + r) on the device.
 TEST_F(OpTest, RopeKvEqualsRopeThenKvAppend) {
     struct C {
         mk_rope_layout layout;
         size_t rows, past, n_heads, n_kv_heads, head_dim;
     };
     for (const C c : {C{MK_ROPE_ROTATE_HALF, 1, 5, 4, 2, 8}, C{MK_ROPE_ADJACENT_PAIRS, 3, 0, 6, 3, 6},
-                      C{MK_ROPE_ROTATE_HALF, 8, 17, 9, 3, 64}, C{MK_ROPE_ADJACENT_PAIRS, 1, 40, 3, 1, 128}}) {
+                      C{MK_ROPE_ROTATE_HALF, 8, 17, 9, 3, 64}, C{MK_ROPE_ADJACENT_PAIRS, 1, 40, 3, 1, 128},
+                      C{MK_ROPE_ROTATE_HALF, 1, 0, 4, 2, 8}, C{MK_ROPE_ROTATE_HALF, 1, 256, 2, 1, 16}}) {
         SCOPED_TRACE("rows " + std::to_string(c.rows) + " past " + std::to_string(c.past) + " head_dim " +
                      std::to_string(c.head_dim));
         const size_t ctx = c.past + c.rows + 3, kv_dim = c.n_kv_heads * c.head_dim, qn = c.rows * c.n_heads * c.head_dim;
@@ -1070,7 +1152,7 @@ TEST_F(OpTest, RopeKvEqualsRopeThenKvAppend) {
         std::vector<float> q = random_f32(qn, 111 + qn, 2.0f), k = random_f32(kn, 112 + kn, 2.0f),
                            v = random_f32(kn, 113 + kn, 2.0f);
         std::vector<int32_t> pos(c.rows);
-        for (size_t r = 0; r < c.rows; r++) pos[r] = (int32_t)(c.past + r) * 37 + 3;
+        for (size_t r = 0; r < c.rows; r++) pos[r] = (int32_t)(c.past + r);
         GuardedBuf dpos(c.rows * 4);
         CUDA_OK(dpos.upload(pos.data(), stream_));
         std::vector<float> out[2][4]; // [fused, separate][q, k, k_cache, v_cache]
@@ -1083,7 +1165,7 @@ TEST_F(OpTest, RopeKvEqualsRopeThenKvAppend) {
             CUDA_OK(dvc.poison(stream_));
             if (fused == 0) {
                 MK_OK_(mk_kernel_rope_kv(dq.ptr<float>(), dk.ptr<float>(), dv.ptr<float>(), dkc.ptr<float>(),
-                                         dvc.ptr<float>(), dpos.ptr<int32_t>(), c.past, c.rows, c.n_heads,
+                                         dvc.ptr<float>(), dpos.ptr<int32_t>(), ctx, c.rows, c.n_heads,
                                          c.n_kv_heads, c.head_dim, 10000.0f, c.layout, stream_));
             } else {
                 MK_OK_(mk_kernel_rope(dq.ptr<float>(), dpos.ptr<int32_t>(), c.rows, c.n_heads, c.head_dim, 10000.0f,
@@ -1112,12 +1194,38 @@ TEST_F(OpTest, RopeKvEqualsRopeThenKvAppend) {
     GuardedBuf b(4096);
     float *f = b.ptr<float>();
     int32_t *i = b.ptr<int32_t>();
-    EXPECT_ERROR(mk_kernel_rope_kv(f, f, f, f, f, i, 0, 1, 2, 0, 8, 10000.0f, MK_ROPE_ROTATE_HALF, stream_), MK_ERR_SHAPE,
+    EXPECT_ERROR(mk_kernel_rope_kv(f, f, f, f, f, i, 4, 1, 2, 0, 8, 10000.0f, MK_ROPE_ROTATE_HALF, stream_), MK_ERR_SHAPE,
                  "mk_kernel_rope_kv: zero kv heads");
-    EXPECT_ERROR(mk_kernel_rope_kv(f, f, f, f, f, i, 0, 1, 2, 1, 7, 10000.0f, MK_ROPE_ROTATE_HALF, stream_), MK_ERR_SHAPE,
+    EXPECT_ERROR(mk_kernel_rope_kv(f, f, f, f, f, i, 4, 1, 2, 1, 7, 10000.0f, MK_ROPE_ROTATE_HALF, stream_), MK_ERR_SHAPE,
                  "mk_kernel_rope_kv: head_dim 7 must be even");
-    EXPECT_ERROR(mk_kernel_rope_kv(f, nullptr, f, f, f, i, 0, 1, 2, 1, 8, 10000.0f, MK_ROPE_ROTATE_HALF, stream_),
+    EXPECT_ERROR(mk_kernel_rope_kv(f, nullptr, f, f, f, i, 4, 1, 2, 1, 8, 10000.0f, MK_ROPE_ROTATE_HALF, stream_),
                  MK_ERR_INVALID_ARGUMENT, "mk_kernel_rope_kv: null pointer");
+}
+
+// A position outside the cache (the executor never sends one) stores nothing: no write past
+// the cache, the rows inside it still stored.
+TEST_F(OpTest, RopeKvPositionOutsideTheCacheStoresNothing) {
+    const size_t rows = 3, n_heads = 2, n_kv = 1, hd = 8, ctx = 5, kv_dim = n_kv * hd;
+    std::vector<float> q = random_f32(rows * n_heads * hd, 121), k = random_f32(rows * kv_dim, 122),
+                       v = random_f32(rows * kv_dim, 123);
+    const std::vector<int32_t> pos = {4, 5, -1}; // the last slot, one past the cache, negative
+    GuardedBuf dq(q.size() * 4), dk(k.size() * 4), dv(v.size() * 4), dkc(ctx * kv_dim * 4), dvc(ctx * kv_dim * 4),
+        dpos(rows * 4);
+    CUDA_OK(dq.upload(q.data(), stream_));
+    CUDA_OK(dk.upload(k.data(), stream_));
+    CUDA_OK(dv.upload(v.data(), stream_));
+    CUDA_OK(dpos.upload(pos.data(), stream_));
+    CUDA_OK(dkc.poison(stream_));
+    CUDA_OK(dvc.poison(stream_));
+    MK_OK_(mk_kernel_rope_kv(dq.ptr<float>(), dk.ptr<float>(), dv.ptr<float>(), dkc.ptr<float>(), dvc.ptr<float>(),
+                             dpos.ptr<int32_t>(), ctx, rows, n_heads, n_kv, hd, 10000.0f, MK_ROPE_ROTATE_HALF, stream_));
+    std::vector<float> kr(k.size()), kc(ctx * kv_dim), vc(ctx * kv_dim);
+    ASSERT_TRUE(dk.download(kr.data(), stream_));
+    ASSERT_TRUE(dkc.download(kc.data(), stream_)); // sentinels after the cache intact
+    ASSERT_TRUE(dvc.download(vc.data(), stream_));
+    EXPECT_EQ(std::memcmp(kc.data() + 4 * kv_dim, kr.data(), kv_dim * 4), 0);
+    EXPECT_EQ(std::memcmp(vc.data() + 4 * kv_dim, v.data(), kv_dim * 4), 0);
+    for (size_t i = 0; i < 4 * kv_dim; i++) ASSERT_TRUE(std::isnan(kc[i]) && std::isnan(vc[i])) << i;
 }
 
 TEST_F(OpTest, GemvErrors) {
@@ -1167,7 +1275,7 @@ TEST_F(OpTest, ShapeAndArgumentErrors) {
                  "n_heads 6 must be a multiple of n_kv_heads 4");
     EXPECT_ERROR(mk_kernel_attention_prefill(f, f, f, f, 1, 0, 4, 4, 5, stream_), MK_ERR_SHAPE,
                  "mk_kernel_attention_prefill: head_dim 5 must be even");
-    EXPECT_ERROR(mk_kernel_attention_decode(f, f, f, f, 0, 4, 0, 8, f, 4096, stream_), MK_ERR_SHAPE,
+    EXPECT_ERROR(mk_kernel_attention_decode(f, f, f, f, MK_DTYPE_F32, i, 16, 4, 0, 8, f, 4096, stream_), MK_ERR_SHAPE,
                  "mk_kernel_attention_decode: n_heads 4 must be a multiple of n_kv_heads 0");
     EXPECT_ERROR(mk_kernel_swiglu(f, f, f, MK_DTYPE_I64, 4, stream_), MK_ERR_INVALID_ARGUMENT,
                  "mk_kernel_swiglu: dtype 5 is not F32/F16/BF16");
