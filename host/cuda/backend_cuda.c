@@ -533,14 +533,15 @@ static mk_status cuda_rope(mk_backend *b, float *x, const int32_t *positions, si
     return mk_cuda_after_launch(cb, mk_kernel_rope(x, positions, rows, heads, head_dim, theta, layout, cb->stream));
 }
 
-static mk_status cuda_rope_kv(mk_backend *b, float *q, float *k, const float *v, float *k_cache, float *v_cache,
+static mk_status cuda_rope_kv(mk_backend *b, float *q, float *k, const float *v, void *k_cache, void *v_cache,
                               const int32_t *positions, size_t past, size_t rows, size_t n_heads, size_t n_kv_heads,
                               size_t head_dim, float theta, mk_rope_layout layout) {
     mk_cuda_backend *cb = cuda_of(b);
     MK_ON_DEVICE(cb);
     (void)past; /* the slots are positions[r], read on the device: the same launch every token */
-    return mk_cuda_after_launch(cb, mk_kernel_rope_kv(q, k, v, k_cache, v_cache, positions, cb->max_context, rows,
-                                                      n_heads, n_kv_heads, head_dim, theta, layout, cb->stream));
+    return mk_cuda_after_launch(cb, mk_kernel_rope_kv(q, k, v, k_cache, v_cache, mk_backend_kv_dtype(b), positions,
+                                                      cb->max_context, rows, n_heads, n_kv_heads, head_dim, theta,
+                                                      layout, cb->stream));
 }
 
 static mk_status cuda_attention(mk_backend *b, float *out, const float *q, const void *k_cache, const void *v_cache,
@@ -552,11 +553,12 @@ static mk_status cuda_attention(mk_backend *b, float *out, const float *q, const
      * positions on the device and its grid from the cache capacity, so the choice and the
      * launch never depend on `past` (a captured decode step replays unchanged). */
     if (rows == 1)
-        return mk_cuda_after_launch(cb, mk_kernel_attention_decode(out, q, k_cache, v_cache, MK_DTYPE_F32, positions,
-                                                                   cb->max_context, n_heads, n_kv_heads, head_dim,
-                                                                   cb->decode_ws, cb->decode_ws_bytes, cb->stream));
-    return mk_cuda_after_launch(cb, mk_kernel_attention_prefill(out, q, k_cache, v_cache, rows, past, n_heads, n_kv_heads,
-                                                                head_dim, cb->stream));
+        return mk_cuda_after_launch(cb, mk_kernel_attention_decode(out, q, k_cache, v_cache, mk_backend_kv_dtype(b),
+                                                                   positions, cb->max_context, n_heads, n_kv_heads,
+                                                                   head_dim, cb->decode_ws, cb->decode_ws_bytes,
+                                                                   cb->stream));
+    return mk_cuda_after_launch(cb, mk_kernel_attention_prefill_kv(out, q, k_cache, v_cache, mk_backend_kv_dtype(b), rows,
+                                                                   past, n_heads, n_kv_heads, head_dim, cb->stream));
 }
 
 static mk_status cuda_swiglu(mk_backend *b, float *out, const float *gate, const float *up, size_t n) {
@@ -636,6 +638,11 @@ mk_status mk_backend_cuda_create(const mk_backend_config *config, mk_backend **o
         config->weight_dtype != MK_DTYPE_BF16 && config->weight_dtype != MK_DTYPE_NATIVE)
         return mk_fail(MK_ERR_DTYPE, "cuda backend: weight dtype %s is not one of f32, f16, bf16, native",
                        mk_dtype_name(config->weight_dtype));
+    /* The KV cache: F32 (parity), or F16/BF16 (speed: half the bytes decode attention reads). */
+    if (config->kv_dtype != 0 && config->kv_dtype != MK_DTYPE_F32 && config->kv_dtype != MK_DTYPE_F16 &&
+        config->kv_dtype != MK_DTYPE_BF16)
+        return mk_fail(MK_ERR_DTYPE, "cuda backend: KV cache dtype %s is not f32, f16 or bf16",
+                       mk_dtype_name(config->kv_dtype));
     mk_cuda_backend *cb = calloc(1, sizeof *cb);
     if (!cb) return mk_fail(MK_ERR_OUT_OF_MEMORY, "cuda backend: out of memory");
     cb->base.ops = &mk_cuda_ops;
