@@ -43,7 +43,7 @@ MUTATIONS=(
   "embed.vocab-bound~kernels/embed.cu~s/\(size_t\)id >= vocab/(size_t)id > vocab/~ops:*Embed*"
   "prefill.causal-mask~kernels/attention_prefill.cu~s/t <= past \+ qi;/t <= past + qi + 1;/~ops:*Attention*"
   "decode.no-scale~kernels/attention_decode.cu~s/q\[\(size_t\)h0 \* hd \+ i\] \* scale;/q[(size_t)h0 * hd + i];/~ops:*AttentionDecode*"
-  "decode.gqa-kv-head-off-by-one~kernels/attention_decode.cu~s/const int kvh = \(int\)blockIdx.y \/ head_groups;/const int kvh = ((int)blockIdx.y \/ head_groups + 1) % n_kv_heads;/~ops:*AttentionDecode*"
+  "decode.gqa-kv-head-off-by-one~kernels/attention_decode.cu~s/\*kh = k_cache \+ \(size_t\)kvh \* hd/*kh = k_cache + (size_t)((kvh + 1) % n_kv_heads) * hd/~ops:*AttentionDecode*"
   "decode.split-overlaps-next~kernels/attention_decode.cu~s/k1 = k0 \+ share < n_keys \? k0 \+ share : n_keys;/k1 = k0 + share + 1 < n_keys ? k0 + share + 1 : n_keys;/~ops:*AttentionDecode*"
   "decode.split-skips-a-key~kernels/attention_decode.cu~s/const size_t k0 = \(size_t\)blockIdx.x \* share;/const size_t k0 = (size_t)blockIdx.x * share + (blockIdx.x ? 1 : 0);/~ops:*AttentionDecode*"
   "decode.no-online-rescale~kernels/attention_decode.cu~s/float a = acc\[g\]\[v\]\[e\] \* alpha;/float a = acc[g][v][e];/~ops:*AttentionDecode*"
