@@ -188,8 +188,19 @@ MK_UNROLL
             const int vi = j + v * tpk;
             if (vi < nv) {
               const float *qv = q_s + g * hd + vi * VEC;
+              if constexpr (VEC % 4 == 0) { /* 16-byte shared loads (hd % VEC == 0: aligned) */
 MK_UNROLL
-              for (int e = 0; e < VEC; ++e) d += qv[e] * dec_elem<KV, VEC>(kr[u][v], e);
+                for (int e = 0; e < VEC; e += 4) {
+                  const float4 qq = *reinterpret_cast<const float4 *>(qv + e);
+                  d += qq.x * dec_elem<KV, VEC>(kr[u][v], e);
+                  d += qq.y * dec_elem<KV, VEC>(kr[u][v], e + 1);
+                  d += qq.z * dec_elem<KV, VEC>(kr[u][v], e + 2);
+                  d += qq.w * dec_elem<KV, VEC>(kr[u][v], e + 3);
+                }
+              } else {
+MK_UNROLL
+                for (int e = 0; e < VEC; ++e) d += qv[e] * dec_elem<KV, VEC>(kr[u][v], e);
+              }
             }
           }
           for (int o = tpk >> 1; o > 0; o >>= 1) d += __shfl_xor_sync(MK_FULL_MASK, d, o);
