@@ -285,17 +285,19 @@ static double peer_decode_tps(const char *script, const char *model, size_t thre
 
 static int usage(void) {
     fprintf(stderr, "usage: e2e_bench MODEL|--random [cpu|cuda] [prompt_tokens] [decode_tokens] [cut]\n"
-                    "                 [--dtype native|f32|f16|bf16] [--threads N] [--runs R] [--peer [SCRIPT]]\n");
+                    "                 [--dtype native|f32|f16|bf16] [--kv f32|f16|bf16] [--threads N] [--runs R]\n"
+                    "                 [--peer [SCRIPT]]\n");
     return 2;
 }
 
 int main(int argc, char **argv) {
     const char *positional[5] = {NULL, NULL, NULL, NULL, NULL};
     size_t n_pos = 0, runs = 3, threads = 0;
-    const char *dtype_name = NULL, *peer = NULL;
+    const char *dtype_name = NULL, *peer = NULL, *kv_name = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--dtype") == 0 && i + 1 < argc) dtype_name = argv[++i];
+        else if (strcmp(a, "--kv") == 0 && i + 1 < argc) kv_name = argv[++i];
         else if (strcmp(a, "--threads") == 0 && i + 1 < argc) threads = strtoull(argv[++i], NULL, 10);
         else if (strcmp(a, "--runs") == 0 && i + 1 < argc) runs = strtoull(argv[++i], NULL, 10);
         else if (strcmp(a, "--peer") == 0)
@@ -337,6 +339,14 @@ int main(int argc, char **argv) {
     else if (strcmp(dtype_name, "f16") == 0) opt.backend.weight_dtype = MK_DTYPE_F16;
     else if (strcmp(dtype_name, "bf16") == 0) opt.backend.weight_dtype = MK_DTYPE_BF16;
     else {
+        mk_model_free(model);
+        return usage();
+    }
+    /* The KV cache dtype (default F32, the parity mode; f16/bf16 halve what decode reads). */
+    if (kv_name && strcmp(kv_name, "f32") == 0) opt.backend.kv_dtype = MK_DTYPE_F32;
+    else if (kv_name && strcmp(kv_name, "f16") == 0) opt.backend.kv_dtype = MK_DTYPE_F16;
+    else if (kv_name && strcmp(kv_name, "bf16") == 0) opt.backend.kv_dtype = MK_DTYPE_BF16;
+    else if (kv_name) {
         mk_model_free(model);
         return usage();
     }
@@ -387,9 +397,10 @@ int main(int argc, char **argv) {
     }
     const double peer_med = peer_ok ? median(peer_tps, runs) : 0.0;
 
-    printf("model %s, backend %s, weights %s, threads %zu, prompt %zu, decode %zu, split after layer %lld, "
+    printf("model %s, backend %s, weights %s, kv %s, threads %zu, prompt %zu, decode %zu, split after layer %lld, "
            "median of %zu rounds\n",
-           path, backend, mk_dtype_name(opt.backend.weight_dtype), n_threads, n_prompt, n_decode, (long long)cut, runs);
+           path, backend, mk_dtype_name(opt.backend.weight_dtype),
+           mk_dtype_name(opt.backend.kv_dtype ? opt.backend.kv_dtype : MK_DTYPE_F32), n_threads, n_prompt, n_decode, (long long)cut, runs);
     printf("load average (1 min) before %s, after %s\n", load_before, load_after);
     printf("%-6s %12s %12s %12s %14s %12s\n", "run", "prefill t/s", "decode t/s", "read GB/tok", "decode GB/s",
            ceiling > 0 ? "% ceiling" : "");

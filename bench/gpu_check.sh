@@ -210,4 +210,12 @@ if [ -s "$RESULTS/pipeline_bench.log" ]; then
   log "placed pipeline on one GPU: whole model vs 2 ranges on device 0 (2 streams, 2 host threads), 8 sequences"
   grep -E "$PIPE_SUMMARY_RE" "$RESULTS/pipeline_bench.log" || log "pipeline_bench printed no figures (see pipeline_bench.log)"
 fi
+
+# ---- 9. decode attention: KV bytes read per second (kernel_bench's attention_decode rows) ---
+KCSV=$(find "$RESULTS/bench" -name kernel_bench.csv 2>/dev/null | head -1)
+if [ -n "$KCSV" ]; then
+  log "decode attention KV bandwidth (F32 parity / F16, BF16 speed caches; keys/capacity, heads, splits)"
+  grep '^attention_decode' "$KCSV" | tr -d '"' |
+    awk -F, '{printf "  %-44s %9.2f us %8.1f GB/s %6.1f%% of copy  %s\n", $2, $3, $5, $6, ($8 == 1 ? "ok" : "FAIL")}'
+fi
 exit $status

@@ -372,23 +372,46 @@ void bench_prefill(Bench &b, size_t rows, size_t past, size_t nh, size_t nkv, si
     CK(cudaFree(dout));
 }
 
-void bench_decode(Bench &b, size_t past, size_t nh, size_t nkv, size_t hd) {
-    const size_t keys = past + 1, qn = nh * hd, kvn = keys * nkv * hd;
+// Decode attention over a cache of max_keys rows (a range's capacity: the grid and split count
+// come from it) holding past + 1 keys, in the KV dtype kv. The figure is the KV bytes read per
+// second (K and V of the keys once, plus q and out): the kernel is memory-bound, so this is
+// the number to hold against the copy ceiling.
+void bench_decode(Bench &b, size_t past, size_t max_keys, size_t nh, size_t nkv, size_t hd, mk_dtype kv) {
+    const size_t keys = past + 1, qn = nh * hd, kvn = keys * nkv * hd, capn = max_keys * nkv * hd;
+    const size_t esz = mk_dtype_size(kv);
     std::vector<float> q = rnd(qn, 16), k = rnd(kvn, 17), v = rnd(kvn, 18);
-    const double bytes = (2.0 * kvn + 2.0 * qn) * 4;
+    std::vector<uint8_t> kb(capn * esz, 0), vb(capn * esz, 0);
+    for (size_t i = 0; i < kvn; i++) { // the stored values; the reference reads the same ones
+        if (kv == MK_DTYPE_F32) {
+            std::memcpy(&kb[i * 4], &k[i], 4);
+            std::memcpy(&vb[i * 4], &v[i], 4);
+            continue;
+        }
+        const uint16_t hk = kv == MK_DTYPE_F16 ? mk_f32_to_f16(k[i]) : mk_f32_to_bf16(k[i]);
+        const uint16_t hv = kv == MK_DTYPE_F16 ? mk_f32_to_f16(v[i]) : mk_f32_to_bf16(v[i]);
+        k[i] = kv == MK_DTYPE_F16 ? mk_f16_to_f32(hk) : mk_bf16_to_f32(hk);
+        v[i] = kv == MK_DTYPE_F16 ? mk_f16_to_f32(hv) : mk_bf16_to_f32(hv);
+        std::memcpy(&kb[i * 2], &hk, 2);
+        std::memcpy(&vb[i * 2], &hv, 2);
+    }
+    const double bytes = 2.0 * kvn * esz + 2.0 * qn * 4;
     const int sets = b.sets_for(bytes);
     std::vector<void *> dk, dv;
     for (int s = 0; s < sets; s++) {
-        dk.push_back(dev_upload(b.stream, k.data(), kvn * 4));
-        dv.push_back(dev_upload(b.stream, v.data(), kvn * 4));
+        dk.push_back(dev_upload(b.stream, kb.data(), kb.size()));
+        dv.push_back(dev_upload(b.stream, vb.data(), vb.size()));
     }
     void *dq = dev_upload(b.stream, q.data(), qn * 4);
-    const size_t wsb = mk_kernel_attention_decode_workspace_bytes(keys, nh, hd);
+    const int32_t pos = (int32_t)past; /* the key count is read on the device */
+    void *dpos = dev_upload(b.stream, &pos, 4);
+    const size_t wsb = mk_kernel_attention_decode_workspace_bytes(max_keys, nh, hd);
+    size_t splits = 0;
+    MK(mk_kernel_attention_decode_splits(&splits, max_keys, nh, nkv));
     void *ws = dev_alloc(b.stream, wsb);
     float *dout = (float *)dev_alloc(b.stream, qn * 4);
     auto run = [&](int s) {
-        MK(mk_kernel_attention_decode(dout, (float *)dq, (float *)dk[s], (float *)dv[s], past, nh, nkv, hd, ws, wsb,
-                                      b.stream));
+        MK(mk_kernel_attention_decode(dout, (float *)dq, dk[s], dv[s], kv, (const int32_t *)dpos, max_keys, nh, nkv, hd,
+                                      ws, wsb, b.stream));
     };
     run(0);
     CK(cudaStreamSynchronize(b.stream));
@@ -396,14 +419,16 @@ void bench_decode(Bench &b, size_t past, size_t nh, size_t nkv, size_t hd) {
     mk_cpu_attention(ref.data(), q.data(), k.data(), v.data(), 1, past, nh, nkv, hd);
     const bool ok = close("attention_decode", dev_download<float>(b.stream, dout, qn), ref, 1e-5 * maxabs(v), 1e-5);
     const double us = b.time_us(sets, run);
-    b.add("attention_decode", std::to_string(keys) + " keys h" + std::to_string(nh) + "/" + std::to_string(nkv) + " d" +
-                                  std::to_string(hd),
+    b.add("attention_decode", std::string(mk_dtype_name(kv)) + " " + std::to_string(keys) + "/" +
+                                  std::to_string(max_keys) + " keys h" + std::to_string(nh) + "/" +
+                                  std::to_string(nkv) + " d" + std::to_string(hd) + " s" + std::to_string(splits),
           us, bytes, 4.0 * hd * nh * keys, ok);
     for (int s = 0; s < sets; s++) {
         CK(cudaFree(dk[s]));
         CK(cudaFree(dv[s]));
     }
     CK(cudaFree(dq));
+    CK(cudaFree(dpos));
     CK(cudaFree(ws));
     CK(cudaFree(dout));
 }
@@ -585,8 +610,13 @@ int main(int argc, char **argv) {
     if (want("convert")) bench_convert(b, (size_t)1 << 26);
     if (want("kv_append")) bench_kv_append(b, 4096, 1024);
     if (want("decode")) {
-        bench_decode(b, 8191, 32, 8, 128);
-        bench_decode(b, 32767, 32, 8, 128);
+        // decode attention KV bandwidth: 8B-shaped (32/8 heads, d128) and SmolLM2-shaped (9/3, d64),
+        // F32 (parity) and F16 (speed) caches, a few context lengths in a 32K-row cache
+        for (const mk_dtype kv : {MK_DTYPE_F32, MK_DTYPE_F16}) {
+            for (const size_t past : {1023, 8191, 32767}) bench_decode(b, past, 32768, 32, 8, 128, kv);
+            bench_decode(b, 4095, 8192, 9, 3, 64, kv);
+        }
+        bench_decode(b, 8191, 32768, 32, 8, 128, MK_DTYPE_BF16);
     }
     const std::vector<PrefillShape> pshapes = prefill_shapes();
     if (want("prefill"))

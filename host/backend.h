@@ -75,22 +75,25 @@ typedef struct mk_backend_ops {
      * [rows, out_dim]; up [rows, out_dim] is scratch. */
     mk_status (*matmul_swiglu)(mk_backend *b, float *gate, float *up, const float *x /* [rows, in] */,
                                const void *w_gate, const void *w_up, size_t rows, size_t in_dim, size_t out_dim);
-    /* Optional (NULL: rope q, rope k, then copy k and v into the caches). RoPE of q and k in
-     * place and the KV-cache write of rows [past, past + rows) in one step. */
+    /* Optional (NULL: rope q, rope k, then kv_store or copy k and v into the caches). RoPE of
+     * q and k in place and the KV-cache write of rows [past, past + rows) in the KV dtype in
+     * one step (cuda reads each row's slot from positions on the device and ignores past). */
     mk_status (*rope_kv)(mk_backend *b, float *q /* [rows, n_heads, head_dim] */,
                          float *k /* [rows, n_kv_heads, head_dim] */, const float *v /* [rows, kv_dim] */,
-                         float *k_cache /* [ctx, kv_dim] */, float *v_cache /* [ctx, kv_dim] */,
+                         void *k_cache /* [ctx, kv_dim] KV dtype */, void *v_cache /* [ctx, kv_dim] KV dtype */,
                          const int32_t *positions /* dev [rows] */, size_t past, size_t rows, size_t n_heads,
                          size_t n_kv_heads, size_t head_dim, float theta, mk_rope_layout layout);
     mk_status (*rope)(mk_backend *b, float *x /* [rows, heads, head_dim] */, const int32_t *positions /* dev [rows] */,
                       size_t rows, size_t heads, size_t head_dim, float theta, mk_rope_layout layout);
-    /* The caches hold the KV dtype (config.kv_dtype: F32, or F16 where kv_store exists). */
+    /* The caches hold the KV dtype (config.kv_dtype: F32; F16 on cpu; F16 or BF16 on cuda).
+     * positions (positions[r] == past + r) let a backend read the key count on the device, so
+     * a decode step's work does not depend on `past` (cuda; the cpu backend uses `past`). */
     mk_status (*attention)(mk_backend *b, float *out /* [rows, n_heads, head_dim] */,
                            const float *q /* [rows, n_heads, head_dim] */, const void *k_cache /* [ctx, kv, hd] */,
-                           const void *v_cache /* [ctx, kv, hd] */, size_t rows, size_t past, size_t n_heads,
-                           size_t n_kv_heads, size_t head_dim);
+                           const void *v_cache /* [ctx, kv, hd] */, const int32_t *positions /* dev [rows] */,
+                           size_t rows, size_t past, size_t n_heads, size_t n_kv_heads, size_t head_dim);
     /* cache[pos + r, :] = src[r, :] converted to the KV dtype. NULL: the backend keeps an
-     * F32 cache only, written with copy(). */
+     * F32 cache only, written with copy(), unless rope_kv writes its caches. */
     mk_status (*kv_store)(mk_backend *b, void *cache /* dev [ctx, width] KV dtype */, size_t pos,
                           const float *src /* [rows, width] */, size_t rows, size_t width);
     mk_status (*swiglu)(mk_backend *b, float *out /* [n] */, const float *gate /* [n] */, const float *up /* [n] */,
@@ -125,7 +128,7 @@ struct mk_backend {
 
 /* Bytes one weight element occupies in this backend (its weight dtype). */
 size_t mk_backend_weight_elem_size(const mk_backend *b);
-/* The KV cache dtype (F32 unless config.kv_dtype asks for F16). */
+/* The KV cache dtype (F32 unless config.kv_dtype asks for F16 or BF16). */
 mk_dtype mk_backend_kv_dtype(const mk_backend *b);
 
 mk_status mk_backend_create(const mk_backend_config *config, mk_backend **out);

@@ -193,7 +193,9 @@ static void cpu_attention_part(void *arg, size_t begin, size_t end, size_t threa
 }
 
 static mk_status cpu_attention(mk_backend *b, float *out, const float *q, const void *k_cache, const void *v_cache,
-                               size_t rows, size_t past, size_t n_heads, size_t n_kv_heads, size_t head_dim) {
+                               const int32_t *positions, size_t rows, size_t past, size_t n_heads, size_t n_kv_heads,
+                               size_t head_dim) {
+    (void)positions; /* == past + r: the host knows it */
     /* Every (row, head) pair is computed alone: native mode spreads them over the pool and,
      * over an F32 cache, accumulates in float (the parity mode keeps the double reference). */
     const bool f16 = mk_backend_kv_dtype(b) == MK_DTYPE_F16;

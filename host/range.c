@@ -300,7 +300,8 @@ mk_status mk_range_create(const mk_model *model, int64_t start, int64_t end, con
     r->host_positions = calloc(max_rows, sizeof(int32_t));
     mk_status s = r->layers && r->host_positions ? MK_OK : mk_fail(MK_ERR_OUT_OF_MEMORY, "range: out of memory");
     if (s == MK_OK) s = mk_backend_create(&opt->backend, &r->backend);
-    if (s == MK_OK && mk_backend_kv_dtype(r->backend) != MK_DTYPE_F32 && !r->backend->ops->kv_store)
+    if (s == MK_OK && mk_backend_kv_dtype(r->backend) != MK_DTYPE_F32 && !r->backend->ops->kv_store &&
+        !r->backend->ops->rope_kv)
         s = mk_fail(MK_ERR_DTYPE, "%s backend keeps its KV cache in f32 only (asked for %s)", r->backend->ops->name,
                     mk_dtype_name(opt->backend.kv_dtype));
     if (s == MK_OK) {
@@ -311,9 +312,10 @@ mk_status mk_range_create(const mk_model *model, int64_t start, int64_t end, con
             char text[96];
             /* An F16 KV cache changes the residual too; F32 (the default) adds nothing, so
              * digests of F32-cache ranges are what they always were. */
-            const bool kv16 = opt->backend.kv_dtype == MK_DTYPE_F16;
+            const mk_dtype kv = opt->backend.kv_dtype;
+            const char *kv_tag = kv == MK_DTYPE_F16 ? ";kv=f16" : kv == MK_DTYPE_BF16 ? ";kv=bf16" : "";
             const int n = snprintf(text, sizeof text, "%s;weights=%s%s", model->digest,
-                                   mk_dtype_name(opt->backend.weight_dtype), kv16 ? ";kv=f16" : "");
+                                   mk_dtype_name(opt->backend.weight_dtype), kv_tag);
             mk_sha256_update(ctx, text, (size_t)n);
             mk_sha256_finish(ctx, r->digest);
         }
@@ -555,10 +557,10 @@ static mk_status mk_run_layer(mk_range *r, mk_sequence *seq, size_t layer_index,
         MK_OP(r, MK_OPF_QKV, ops->matmul(b, a->k, a->xn, w->wk, rows, hp->hidden, kv_dim));
         MK_OP(r, MK_OPF_QKV, ops->matmul(b, a->v, a->xn, w->wv, rows, hp->hidden, kv_dim));
     }
-    /* The fused RoPE + cache write stores F32 rows only; an F16 cache goes through kv_store. */
-    if (ops->rope_kv && mk_backend_kv_dtype(b) == MK_DTYPE_F32) {
+    /* The fused RoPE + cache write stores rows in the backend's KV dtype (one launch). */
+    if (ops->rope_kv) {
         MK_OP(r, MK_OPF_ROPE_KV,
-              ops->rope_kv(b, a->q, a->k, a->v, (float *)k_cache, (float *)v_cache, a->pos, past, rows, hp->n_heads,
+              ops->rope_kv(b, a->q, a->k, a->v, k_cache, v_cache, a->pos, past, rows, hp->n_heads,
                            hp->n_kv_heads, hp->head_dim, hp->rope_theta, hp->rope_layout));
     } else {
         MK_OP(r, MK_OPF_ROPE_KV,
@@ -576,7 +578,8 @@ static mk_status mk_run_layer(mk_range *r, mk_sequence *seq, size_t layer_index,
         }
     }
     MK_OP(r, MK_OPF_ATTENTION,
-          ops->attention(b, a->att, a->q, k_cache, v_cache, rows, past, hp->n_heads, hp->n_kv_heads, hp->head_dim));
+          ops->attention(b, a->att, a->q, k_cache, v_cache, a->pos, rows, past, hp->n_heads, hp->n_kv_heads,
+                         hp->head_dim));
     MK_OP(r, MK_OPF_ATTN_OUT, ops->matmul(b, a->proj, a->att, w->wo, rows, q_dim, hp->hidden));
 
     /* mlp block */

@@ -471,7 +471,7 @@ typedef struct mk_backend_config {
     bool speed_mode;       /* cuda: tensor-core GEMMs; false = parity mode (F32, no TF32) */
     size_t threads;        /* cpu: threads for native matrix products; 0 = every core this
                             * process may run on. Results do not depend on it. */
-    mk_dtype kv_dtype;     /* KV cache elements: F32 (default; 0 also means F32) or F16 (cpu) */
+    mk_dtype kv_dtype;     /* KV cache elements: F32 (default; 0 also means F32), F16, or BF16 (cuda) */
 } mk_backend_config;
 
 MK_API mk_backend_config mk_backend_config_default(mk_backend_kind kind);

@@ -1,5 +1,6 @@
 /* attention_prefill.cu - causal grouped-query attention of `rows` new queries against
- * the KV cache, flash-attention style, in F32 on the CUDA cores (parity mode).
+ * the KV cache (F32, F16 or BF16, widened exactly as a tile is staged), flash-attention
+ * style, in F32 on the CUDA cores (parity mode).
  *
  * Block = one query head x a tile of PF_BQ query rows; 4 warps of PF_RPW rows each.
  * Loop over key tiles of PF_BK keys staged in shared memory (only tiles the causal mask
@@ -22,13 +23,20 @@
 #define PF_THREADS (PF_WARPS * 32)
 #define PF_RPW (PF_BQ / PF_WARPS)
 
+/* Element i of a KV cache in dtype kvd, widened exactly to F32 (the branch is uniform). */
+static __device__ __forceinline__ float pf_cache(const void *c, size_t i, int kvd) {
+  if (kvd == MK_DTYPE_F16) return mk_dev_f16_to_f32(static_cast<const uint16_t *>(c)[i]);
+  if (kvd == MK_DTYPE_BF16) return mk_dev_bf16_to_f32(static_cast<const uint16_t *>(c)[i]);
+  return static_cast<const float *>(c)[i];
+}
+
 /* DCH = head dims per lane (head_dim <= 32 * DCH); HD = head_dim when known at compile
  * time (64, 128, 256), 0 for the generic path (any even head_dim <= 32 * DCH). */
 template <int DCH, int HD>
 static __global__ void __launch_bounds__(PF_THREADS)
-    attention_prefill_kernel(float *__restrict__ out, const float *__restrict__ q, const float *__restrict__ k_cache,
-                             const float *__restrict__ v_cache, size_t rows, size_t past, int n_heads, int n_kv_heads,
-                             int head_dim, float scale) {
+    attention_prefill_kernel(float *__restrict__ out, const float *__restrict__ q, const void *__restrict__ k_cache,
+                             const void *__restrict__ v_cache, int kvd, size_t rows, size_t past, int n_heads,
+                             int n_kv_heads, int head_dim, float scale) {
   const int hd = HD > 0 ? HD : head_dim;
   MK_DYNAMIC_SHARED(float, smem);
   float *q_s = smem;                   /* [BQ][hd] */
@@ -70,8 +78,8 @@ MK_UNROLL
       float kv = 0.0f, vv = 0.0f;
       if (t < key_end) {
         const size_t g = t * kv_stride + (size_t)kvh * hd + d;
-        kv = k_cache[g];
-        vv = v_cache[g];
+        kv = pf_cache(k_cache, g, kvd);
+        vv = pf_cache(v_cache, g, kvd);
       }
       k_s[kk * (hd + 1) + d] = kv;
       v_s[i] = vv;
@@ -140,8 +148,8 @@ static size_t prefill_smem_bytes(size_t hd) {
 }
 
 template <int DCH, int HD>
-static mk_status launch_prefill(float *out, const float *q, const float *k, const float *v, size_t rows, size_t past,
-                                size_t n_heads, size_t n_kv_heads, size_t hd, cudaStream_t stream) {
+static mk_status launch_prefill(float *out, const float *q, const void *k, const void *v, mk_dtype kvd, size_t rows,
+                                size_t past, size_t n_heads, size_t n_kv_heads, size_t hd, cudaStream_t stream) {
   const size_t smem = prefill_smem_bytes(hd);
   if (smem > 48 * 1024) {
     const cudaError_t e =
@@ -152,7 +160,7 @@ static mk_status launch_prefill(float *out, const float *q, const float *k, cons
   }
   const float scale = (float)(1.0 / sqrt((double)hd));
   const dim3 grid(mk_ceil_div_u(rows, PF_BQ), (unsigned)n_heads);
-  MK_LAUNCH((attention_prefill_kernel<DCH, HD>), grid, dim3(PF_THREADS), smem, stream, out, q, k, v, rows, past,
+  MK_LAUNCH((attention_prefill_kernel<DCH, HD>), grid, dim3(PF_THREADS), smem, stream, out, q, k, v, (int)kvd, rows, past,
             (int)n_heads, (int)n_kv_heads, (int)hd, scale);
   return mk_check_launch("mk_kernel_attention_prefill");
 }
@@ -167,19 +175,31 @@ extern "C" mk_status mk_attention_check_shape(const char *what, size_t n_heads, 
   return MK_OK;
 }
 
-extern "C" mk_status mk_kernel_attention_prefill(float *out, const float *q, const float *k_cache,
-                                                 const float *v_cache, size_t rows, size_t past, size_t n_heads,
-                                                 size_t n_kv_heads, size_t head_dim, cudaStream_t stream) {
+extern "C" mk_status mk_kernel_attention_prefill_kv(float *out, const float *q, const void *k_cache,
+                                                    const void *v_cache, mk_dtype kv_dtype, size_t rows, size_t past,
+                                                    size_t n_heads, size_t n_kv_heads, size_t head_dim,
+                                                    cudaStream_t stream) {
   MK_TRY(mk_attention_check_shape("mk_kernel_attention_prefill", n_heads, n_kv_heads, head_dim));
+  if (kv_dtype != MK_DTYPE_F32 && kv_dtype != MK_DTYPE_F16 && kv_dtype != MK_DTYPE_BF16)
+    return mk_fail(MK_ERR_DTYPE, "mk_kernel_attention_prefill: KV cache dtype %s is not f32, f16 or bf16",
+                   mk_dtype_name(kv_dtype));
   if (rows == 0) return MK_OK;
   if (rows / PF_BQ >= 2147483647u) return mk_fail(MK_ERR_SHAPE, "mk_kernel_attention_prefill: %zu rows", rows);
   if (!out || !q || !k_cache || !v_cache)
     return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_kernel_attention_prefill: null pointer");
   const size_t hd = head_dim;
-  if (hd == 64) return launch_prefill<2, 64>(out, q, k_cache, v_cache, rows, past, n_heads, n_kv_heads, hd, stream);
-  if (hd == 128) return launch_prefill<4, 128>(out, q, k_cache, v_cache, rows, past, n_heads, n_kv_heads, hd, stream);
-  if (hd <= 32) return launch_prefill<1, 0>(out, q, k_cache, v_cache, rows, past, n_heads, n_kv_heads, hd, stream);
-  if (hd <= 64) return launch_prefill<2, 0>(out, q, k_cache, v_cache, rows, past, n_heads, n_kv_heads, hd, stream);
-  if (hd <= 128) return launch_prefill<4, 0>(out, q, k_cache, v_cache, rows, past, n_heads, n_kv_heads, hd, stream);
-  return launch_prefill<8, 0>(out, q, k_cache, v_cache, rows, past, n_heads, n_kv_heads, hd, stream);
+  const mk_dtype t = kv_dtype;
+  if (hd == 64) return launch_prefill<2, 64>(out, q, k_cache, v_cache, t, rows, past, n_heads, n_kv_heads, hd, stream);
+  if (hd == 128) return launch_prefill<4, 128>(out, q, k_cache, v_cache, t, rows, past, n_heads, n_kv_heads, hd, stream);
+  if (hd <= 32) return launch_prefill<1, 0>(out, q, k_cache, v_cache, t, rows, past, n_heads, n_kv_heads, hd, stream);
+  if (hd <= 64) return launch_prefill<2, 0>(out, q, k_cache, v_cache, t, rows, past, n_heads, n_kv_heads, hd, stream);
+  if (hd <= 128) return launch_prefill<4, 0>(out, q, k_cache, v_cache, t, rows, past, n_heads, n_kv_heads, hd, stream);
+  return launch_prefill<8, 0>(out, q, k_cache, v_cache, t, rows, past, n_heads, n_kv_heads, hd, stream);
+}
+
+extern "C" mk_status mk_kernel_attention_prefill(float *out, const float *q, const float *k_cache,
+                                                 const float *v_cache, size_t rows, size_t past, size_t n_heads,
+                                                 size_t n_kv_heads, size_t head_dim, cudaStream_t stream) {
+  return mk_kernel_attention_prefill_kv(out, q, k_cache, v_cache, MK_DTYPE_F32, rows, past, n_heads, n_kv_heads,
+                                        head_dim, stream);
 }

@@ -53,13 +53,17 @@ mk_status mk_kernel_add(float *y /* [n] */, const float *x /* [n] */, size_t n, 
 mk_status mk_kernel_rope(float *x /* [rows, heads, head_dim] */, const int32_t *positions /* [rows] */, size_t rows,
                          size_t heads, size_t head_dim, float theta, mk_rope_layout layout, cudaStream_t stream);
 
-/* mk_kernel_rope on q (n_heads) and k (n_kv_heads), same bits, then k_cache[past + r] = k[r]
- * (rotated) and v_cache[past + r] = v[r]: the four launches after the Q/K/V product in one. */
+/* mk_kernel_rope on q (n_heads) and k (n_kv_heads), same bits, then k_cache[positions[r]] =
+ * k[r] (rotated) and v_cache[positions[r]] = v[r] converted to kv_dtype (F32, or F16/BF16
+ * rounded to nearest even, the bits of mk_f32_to_f16 / mk_f32_to_bf16): the four launches
+ * after the Q/K/V product in one. The slot is read on the device (the executor's positions
+ * are past + r), so a decode launch is the same every token; a position outside
+ * [0, cache_rows) stores nothing. */
 mk_status mk_kernel_rope_kv(float *q /* [rows, n_heads, head_dim] */, float *k /* [rows, n_kv_heads, head_dim] */,
-                            const float *v /* [rows, n_kv_heads, head_dim] */, float *k_cache /* [ctx, kv_dim] */,
-                            float *v_cache /* [ctx, kv_dim] */, const int32_t *positions /* [rows] */, size_t past,
-                            size_t rows, size_t n_heads, size_t n_kv_heads, size_t head_dim, float theta,
-                            mk_rope_layout layout, cudaStream_t stream);
+                            const float *v /* [rows, n_kv_heads, head_dim] */, void *k_cache /* [cache_rows, kv_dim] */,
+                            void *v_cache /* [cache_rows, kv_dim] */, mk_dtype kv_dtype,
+                            const int32_t *positions /* [rows] */, size_t cache_rows, size_t rows, size_t n_heads,
+                            size_t n_kv_heads, size_t head_dim, float theta, mk_rope_layout layout, cudaStream_t stream);
 
 /* k_cache[past + r] = k[r], v_cache[past + r] = v[r] for r < rows. */
 mk_status mk_kernel_kv_append(float *k_cache /* [ctx, kv_dim] */, float *v_cache /* [ctx, kv_dim] */,
@@ -74,6 +78,13 @@ mk_status mk_kernel_attention_prefill(float *out /* [rows, n_heads, head_dim] */
                                       const float *v_cache /* [>= past + rows, n_kv_heads, head_dim] */, size_t rows,
                                       size_t past, size_t n_heads, size_t n_kv_heads, size_t head_dim,
                                       cudaStream_t stream);
+/* The same over a KV cache in kv_dtype (F32, F16 or BF16; each element widened exactly). */
+mk_status mk_kernel_attention_prefill_kv(float *out /* [rows, n_heads, head_dim] */,
+                                         const float *q /* [rows, n_heads, head_dim] */,
+                                         const void *k_cache /* [>= past + rows, n_kv_heads, head_dim] kv_dtype */,
+                                         const void *v_cache /* [>= past + rows, n_kv_heads, head_dim] kv_dtype */,
+                                         mk_dtype kv_dtype, size_t rows, size_t past, size_t n_heads,
+                                         size_t n_kv_heads, size_t head_dim, cudaStream_t stream);
 
 /* The same on the tensor cores (speed mode): BF16 inputs (Q, K, V and the softmax weights
  * rounded to BF16), F32 accumulation, online softmax. Caches F32, F16 or BF16 (kv_dtype).
@@ -87,12 +98,21 @@ mk_status mk_kernel_attention_prefill_tc(float *out /* [rows, n_heads, head_dim]
                                          mk_dtype kv_dtype, size_t rows, size_t past, size_t n_heads,
                                          size_t n_kv_heads, size_t head_dim, cudaStream_t stream);
 
-/* Decode of one query row over past + 1 keys: the keys are split across blocks, each
- * writes a partial (max, sum, acc) to workspace, then a reduction combines them. */
+/* Decode of one query row over positions[0] + 1 keys (read on the device): the keys are
+ * split across blocks (one block per split and KV head serves every query head of the
+ * group), each writes a partial (max, sum, acc) per head to workspace, then a second launch
+ * combines them in a fixed order (bit-reproducible). The grid depends only on the SM count,
+ * max_keys (the cache capacity) and the shape, so the launch does not change from token to
+ * token; splits without keys this step write a neutral partial. kv_dtype: F32, F16, BF16.
+ * Workspace: mk_kernel_attention_decode_workspace_bytes(max_keys, ...), a pure function of
+ * its arguments (sized for the largest split count). mk_kernel_attention_decode_splits gives
+ * the split count a launch on the current device uses. */
 size_t mk_kernel_attention_decode_workspace_bytes(size_t max_keys, size_t n_heads, size_t head_dim);
+mk_status mk_kernel_attention_decode_splits(size_t *splits, size_t max_keys, size_t n_heads, size_t n_kv_heads);
 mk_status mk_kernel_attention_decode(float *out /* [1, n_heads, head_dim] */, const float *q /* [1, n_heads, head_dim] */,
-                                     const float *k_cache /* [>= past + 1, n_kv_heads, head_dim] */,
-                                     const float *v_cache /* [>= past + 1, n_kv_heads, head_dim] */, size_t past,
+                                     const void *k_cache /* [max_keys, n_kv_heads, head_dim] kv_dtype */,
+                                     const void *v_cache /* [max_keys, n_kv_heads, head_dim] kv_dtype */,
+                                     mk_dtype kv_dtype, const int32_t *positions /* dev [1] */, size_t max_keys,
                                      size_t n_heads, size_t n_kv_heads, size_t head_dim, void *workspace,
                                      size_t workspace_bytes, cudaStream_t stream);
 

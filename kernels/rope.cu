@@ -3,7 +3,9 @@
  * shared memory exactly as the CPU backend does (inv_freq by double pow rounded to float,
  * angle as a float product, cos/sin in double rounded to float), then every head of the
  * row is rotated from it. mk_kernel_rope_kv does the same for Q and K in one launch and
- * writes the rotated K and V into the KV cache. */
+ * writes the rotated K and V into the KV cache (F32, F16 or BF16) at the slot
+ * positions[row] names, read on the device: the launch is the same every decode token (a
+ * captured graph replays it). */
 #include "mk_cuda_compat.h"
 
 #include "mk_kernels_common.cuh"
@@ -21,9 +23,8 @@ static __device__ __forceinline__ void rope_table(float *cos_t, float *sin_t, fl
   __syncthreads();
 }
 
-/* Rotate pair i of one head in place; also store the rotated pair in `copy` when given. */
-static __device__ __forceinline__ void rope_pair(float *head, float *copy, int i, int head_dim, int rotate_half,
-                                                 float c, float s) {
+/* Rotate pair i of one head in place. */
+static __device__ __forceinline__ void rope_pair(float *head, int i, int head_dim, int rotate_half, float c, float s) {
   const int half = head_dim / 2;
   const int a = rotate_half ? i : 2 * i;
   const int b = rotate_half ? i + half : 2 * i + 1;
@@ -33,10 +34,6 @@ static __device__ __forceinline__ void rope_pair(float *head, float *copy, int i
   const float yb = __fadd_rn(__fmul_rn(xb, c), __fmul_rn(xa, s));
   head[a] = ya;
   head[b] = yb;
-  if (copy) {
-    copy[a] = ya;
-    copy[b] = yb;
-  }
 }
 
 static __global__ void rope_kernel(float *__restrict__ x /* [rows, heads, head_dim] */,
@@ -52,42 +49,62 @@ static __global__ void rope_kernel(float *__restrict__ x /* [rows, heads, head_d
   for (size_t j = threadIdx.x; j < items; j += blockDim.x) {
     const size_t h = j / (size_t)half;
     const int i = (int)(j - h * (size_t)half);
-    rope_pair(xr + h * (size_t)head_dim, nullptr, i, head_dim, rotate_half, cos_t[i], sin_t[i]);
+    rope_pair(xr + h * (size_t)head_dim, i, head_dim, rotate_half, cos_t[i], sin_t[i]);
   }
 }
 
+/* One cache element in the cache dtype: F32 as is, F16/BF16 with the CPU backend's rounding. */
+template <int KVD> struct RopeKvElem;
+template <> struct RopeKvElem<MK_DTYPE_F32> {
+  typedef float type;
+  static __device__ __forceinline__ float of(float x) { return x; }
+};
+template <> struct RopeKvElem<MK_DTYPE_F16> {
+  typedef uint16_t type;
+  static __device__ __forceinline__ uint16_t of(float x) { return mk_dev_f32_to_f16(x); }
+};
+template <> struct RopeKvElem<MK_DTYPE_BF16> {
+  typedef uint16_t type;
+  static __device__ __forceinline__ uint16_t of(float x) { return mk_dev_f32_to_bf16(x); }
+};
+
 /* RoPE of Q and K plus the KV-cache write, one launch per forward (decode: after the fused
- * Q/K/V product): q and k rotated in place as rope_kernel does, the rotated k and v stored
- * at the row's cache slot. */
+ * Q/K/V product): q and k rotated in place as rope_kernel does, then the rotated k and v
+ * stored at the row's cache slot in the cache dtype. */
+template <int KVD>
 static __global__ void rope_kv_kernel(float *__restrict__ q /* [rows, n_heads, head_dim] */,
                                       float *__restrict__ k /* [rows, n_kv_heads, head_dim] */,
                                       const float *__restrict__ v /* [rows, n_kv_heads, head_dim] */,
-                                      float *__restrict__ k_dst /* [rows, kv_dim] cache slots */,
-                                      float *__restrict__ v_dst /* [rows, kv_dim] */,
-                                      const int32_t *__restrict__ positions, size_t n_heads, size_t n_kv_heads,
-                                      int head_dim, float theta, int rotate_half) {
+                                      typename RopeKvElem<KVD>::type *__restrict__ k_cache /* [cache_rows, kv_dim] */,
+                                      typename RopeKvElem<KVD>::type *__restrict__ v_cache /* [cache_rows, kv_dim] */,
+                                      const int32_t *__restrict__ positions, size_t cache_rows, size_t n_heads,
+                                      size_t n_kv_heads, int head_dim, float theta, int rotate_half) {
   __shared__ float cos_t[MK_MAX_HEAD_DIM / 2];
   __shared__ float sin_t[MK_MAX_HEAD_DIM / 2];
   const int half = head_dim / 2;
   const size_t row = blockIdx.x;
   const size_t kv_dim = n_kv_heads * (size_t)head_dim;
-  rope_table(cos_t, sin_t, (float)positions[row], head_dim, theta);
+  const int32_t pos = positions[row];
+  rope_table(cos_t, sin_t, (float)pos, head_dim, theta);
   float *qr = q + row * n_heads * (size_t)head_dim;
   float *kr = k + row * kv_dim;
-  float *kd = k_dst + row * kv_dim;
   const size_t items = (n_heads + n_kv_heads) * (size_t)half;
   for (size_t j = threadIdx.x; j < items; j += blockDim.x) {
     const size_t h = j / (size_t)half;
     const int i = (int)(j - h * (size_t)half);
-    if (h < n_heads) rope_pair(qr + h * (size_t)head_dim, nullptr, i, head_dim, rotate_half, cos_t[i], sin_t[i]);
-    else {
-      const size_t hk = (h - n_heads) * (size_t)head_dim;
-      rope_pair(kr + hk, kd + hk, i, head_dim, rotate_half, cos_t[i], sin_t[i]);
-    }
+    float *x = h < n_heads ? qr + h * (size_t)head_dim : kr + (h - n_heads) * (size_t)head_dim;
+    rope_pair(x, i, head_dim, rotate_half, cos_t[i], sin_t[i]);
   }
+  /* The row's cache slot is its position (the executor guarantees positions[r] == past + r);
+   * one outside the cache is not stored rather than written out of bounds. */
+  if (pos < 0 || (size_t)pos >= cache_rows) return; /* uniform over the block */
+  __syncthreads(); /* the rotated k row is complete */
   const float *vr = v + row * kv_dim;
-  float *vd = v_dst + row * kv_dim;
-  for (size_t j = threadIdx.x; j < kv_dim; j += blockDim.x) vd[j] = vr[j];
+  typename RopeKvElem<KVD>::type *kd = k_cache + (size_t)pos * kv_dim, *vd = v_cache + (size_t)pos * kv_dim;
+  for (size_t j = threadIdx.x; j < kv_dim; j += blockDim.x) {
+    kd[j] = RopeKvElem<KVD>::of(kr[j]);
+    vd[j] = RopeKvElem<KVD>::of(vr[j]);
+  }
 }
 
 static mk_status rope_check(const char *what, size_t rows, size_t heads, size_t head_dim, float theta,
@@ -104,19 +121,28 @@ static mk_status rope_check(const char *what, size_t rows, size_t heads, size_t 
 
 static unsigned rope_threads(size_t items) { return items <= 32 ? 32u : items <= 128 ? 128u : 256u; }
 
-extern "C" mk_status mk_kernel_rope_kv(float *q, float *k, const float *v, float *k_cache, float *v_cache,
-                                       const int32_t *positions, size_t past, size_t rows, size_t n_heads,
-                                       size_t n_kv_heads, size_t head_dim, float theta, mk_rope_layout layout,
-                                       cudaStream_t stream) {
+extern "C" mk_status mk_kernel_rope_kv(float *q, float *k, const float *v, void *k_cache, void *v_cache,
+                                       mk_dtype kv_dtype, const int32_t *positions, size_t cache_rows, size_t rows,
+                                       size_t n_heads, size_t n_kv_heads, size_t head_dim, float theta,
+                                       mk_rope_layout layout, cudaStream_t stream) {
   MK_TRY(rope_check("mk_kernel_rope_kv", rows, n_heads, head_dim, theta, layout));
   if (n_kv_heads == 0) return mk_fail(MK_ERR_SHAPE, "mk_kernel_rope_kv: zero kv heads");
+  if (kv_dtype != MK_DTYPE_F32 && kv_dtype != MK_DTYPE_F16 && kv_dtype != MK_DTYPE_BF16)
+    return mk_fail(MK_ERR_DTYPE, "mk_kernel_rope_kv: KV cache dtype %s is not f32, f16 or bf16", mk_dtype_name(kv_dtype));
   if (rows == 0) return MK_OK;
   if (!q || !k || !v || !k_cache || !v_cache || !positions)
     return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_kernel_rope_kv: null pointer");
-  const size_t kv_dim = n_kv_heads * head_dim;
-  MK_LAUNCH(rope_kv_kernel, dim3((unsigned)rows), dim3(rope_threads((n_heads + n_kv_heads) * (head_dim / 2))), 0,
-            stream, q, k, v, k_cache + past * kv_dim, v_cache + past * kv_dim, positions, n_heads, n_kv_heads,
-            (int)head_dim, theta, layout == MK_ROPE_ROTATE_HALF ? 1 : 0);
+  const dim3 grid((unsigned)rows), block(rope_threads((n_heads + n_kv_heads) * (head_dim / 2)));
+  const int rh = layout == MK_ROPE_ROTATE_HALF ? 1 : 0;
+  if (kv_dtype == MK_DTYPE_F32)
+    MK_LAUNCH(rope_kv_kernel<MK_DTYPE_F32>, grid, block, 0, stream, q, k, v, static_cast<float *>(k_cache),
+              static_cast<float *>(v_cache), positions, cache_rows, n_heads, n_kv_heads, (int)head_dim, theta, rh);
+  else if (kv_dtype == MK_DTYPE_F16)
+    MK_LAUNCH(rope_kv_kernel<MK_DTYPE_F16>, grid, block, 0, stream, q, k, v, static_cast<uint16_t *>(k_cache),
+              static_cast<uint16_t *>(v_cache), positions, cache_rows, n_heads, n_kv_heads, (int)head_dim, theta, rh);
+  else
+    MK_LAUNCH(rope_kv_kernel<MK_DTYPE_BF16>, grid, block, 0, stream, q, k, v, static_cast<uint16_t *>(k_cache),
+              static_cast<uint16_t *>(v_cache), positions, cache_rows, n_heads, n_kv_heads, (int)head_dim, theta, rh);
   return mk_check_launch("mk_kernel_rope_kv");
 }
 

@@ -16,7 +16,7 @@ int mk_cli_run_batch(int argc, char **argv);
 bool mk_cli_is_batch_run(int argc, char **argv);
 
 /* The backend options of the range-building run forms (cli_backend.c):
- *   --backend cpu|cuda  --device I  --dtype native|f32|f16|bf16  --kv f32|f16
+ *   --backend cpu|cuda  --device I  --dtype native|f32|f16|bf16  --kv f32|f16|bf16
  *   --threads N (cpu threads per range)  --speed (a flag)
  * Weights default to native for a GGUF model on the cpu backend (F32 with --dtype f32). */
 typedef struct mk_cli_backend {

@@ -45,6 +45,7 @@ int mk_cli_backend_option(const char *a, const char *v, mk_cli_backend *b) {
     }
     if (strcmp(a, "--kv") == 0) {
         if (strcmp(v, "f16") == 0) b->config.kv_dtype = MK_DTYPE_F16;
+        else if (strcmp(v, "bf16") == 0) b->config.kv_dtype = MK_DTYPE_BF16; /* cuda */
         else if (strcmp(v, "f32") == 0) b->config.kv_dtype = MK_DTYPE_F32;
         else return -1;
         return 1;

@@ -3,7 +3,7 @@
  *
  *   meshkern run MODEL -p TEXT [--system S] [--raw] [--split L1,...] [--n N]
  *                [--seam wire|local|unix|tcp|nccl] [--devices D0,D1,...]
- *                [--backend cpu|cuda] [--device I] [--dtype native|f32|f16|bf16] [--kv f32|f16]
+ *                [--backend cpu|cuda] [--device I] [--dtype native|f32|f16|bf16] [--kv f32|f16|bf16]
  *                [--threads N] [--speed]
  *   meshkern chat MODEL [--system S] [--split L1,...] [--n N] [--seam ...] [--devices ...] [--backend ...] ...
  *   meshkern tokenize MODEL TEXT [--ids] [--no-bos] [--no-parse-special]
@@ -44,7 +44,7 @@ static int mk_text_usage(void) {
             "usage:\n"
             "  meshkern run MODEL.gguf -p TEXT [--system S] [--raw] [--split L1,L2,...] [--n N]\n"
             "               [--seam wire|local|unix|tcp|nccl] [--devices D0,D1,... (one per range; cuda)]\n"
-            "               [--backend cpu|cuda] [--device I] [--dtype native|f32|f16|bf16] [--kv f32|f16]\n"
+            "               [--backend cpu|cuda] [--device I] [--dtype native|f32|f16|bf16] [--kv f32|f16|bf16]\n"
             "               [--threads N] [--speed]   (weights: native on the cpu backend unless --dtype)\n"
             "  meshkern chat MODEL.gguf [--system S] [--split L1,...] [--n N] [--seam ...] [--devices ...]\n"
             "               [--backend cpu|cuda] ...\n"

@@ -2,7 +2,7 @@
  *
  *   meshkern inspect MODEL.gguf | --random[:key=value,...]
  *   meshkern run MODEL.gguf | --random[:key=value,...]  --tokens 1,2,3 [--split L1,L2,...] [--n N]
- *                [--backend cpu|cuda] [--device I] [--dtype native|f32|f16|bf16] [--threads N] [--kv f32|f16]
+ *                [--backend cpu|cuda] [--device I] [--dtype native|f32|f16|bf16] [--threads N] [--kv f32|f16|bf16]
  *                [--seam local|wire|unix|tcp|nccl] [--devices D0,D1,...]
  *                [--seam-address A] [--seam-timeout MS]
  *                [--tls-psk HEX [--tls-identity ID] | --tls-cert PEM --tls-key PEM --tls-ca PEM]
@@ -39,7 +39,7 @@ static int usage(void) {
             "  meshkern inspect MODEL.gguf | --random[:key=value,...]\n"
             "  meshkern run MODEL.gguf | --random[:key=value,...] --tokens IDS [--split L1,L2,...] [--n N]\n"
             "               [--backend cpu|cuda] [--device I] [--dtype native|f32|f16|bf16] [--threads N]\n"
-            "               [--kv f32|f16] [--speed]\n"
+            "               [--kv f32|f16|bf16] [--speed]\n"
             "               [--seam local|wire|unix|tcp|nccl] [--devices D0,D1,... (one per range; cuda)]\n"
             "               [--seam-address PATH|HOST:PORT] [--seam-timeout MS]\n"
             "               [--tls-psk HEX [--tls-identity ID] | --tls-cert PEM --tls-key PEM --tls-ca PEM]\n"
@@ -49,15 +49,15 @@ static int usage(void) {
             "  --dtype native keeps weights in their GGUF format (the cpu backend's default for a\n"
             "  GGUF model; on cuda Q8_0/Q4_1/Q4_K stay in their blocks, other formats become bf16);\n"
             "  f32 is the parity mode. --threads: cpu threads (default: every core).\n"
-            "  --kv f16 halves the cpu backend's KV cache.\n"
+            "  --kv f16 halves the KV cache (cpu, cuda); --kv bf16 too (cuda).\n"
             "  meshkern run MODEL --prompts FILE [--split auto|L1,L2,...] [--devices 0,1,...] [--batch M]\n"
             "               [--n N] [--stop IDS] [--seam auto|local|wire|unix|tcp|nccl] [--timeline FILE.json]\n"
-            "               [--backend cpu|cuda] [--dtype native|f32|f16|bf16] [--kv f32|f16] [--threads N] [--speed]\n"
+            "               [--backend cpu|cuda] [--dtype native|f32|f16|bf16] [--kv f32|f16|bf16] [--threads N] [--speed]\n"
             "               FILE: one prompt per line, comma-separated token ids; --threads: per stage\n"
             "               (default: the cores divided among the stages)\n"
             "  meshkern stage MODEL --split L1,L2,...|auto --rank R --world N --rendezvous HOST:PORT\n"
             "               [--prompts FILE|- (rank 0)] [--max-tokens K] [--batch M] [--timeout S]\n"
-            "               [--seam tcp|unix|nccl] [--backend cpu|cuda] [--dtype native|f32|f16|bf16] [--kv f32|f16]\n"
+            "               [--seam tcp|unix|nccl] [--backend cpu|cuda] [--dtype native|f32|f16|bf16] [--kv f32|f16|bf16]\n"
             "               [--threads N] [--speed]\n"
             "               [--stop IDS] [--launcher mpi|rendezvous (mpi: mpirun -np N ..., no --rank/--world)]\n"
             "               one process per range; rank 0 takes the prompts and prints the tokens\n"

@@ -2,7 +2,7 @@
  *
  *   meshkern run MODEL --prompts FILE [--split auto|L1,L2,...] [--devices 0,1,...] [--batch M]
  *                [--n N] [--stop IDS] [--seam auto|local|wire|unix|tcp|nccl] [--timeline FILE.json]
- *                [--backend cpu|cuda] [--dtype native|f32|f16|bf16] [--kv f32|f16] [--threads N] [--speed]
+ *                [--backend cpu|cuda] [--dtype native|f32|f16|bf16] [--kv f32|f16|bf16] [--threads N] [--speed]
  *
  * FILE holds one prompt per line as comma-separated token ids (blank lines and lines
  * starting with '#' are skipped). Each range runs on its own device (cuda) or worker
@@ -218,7 +218,7 @@ static int run_batch(const batch_args *a, const mk_model *model, const batch_pro
     printf("pipeline: %zu stages, %zu sequences in flight, seam %s%s, backend %s, weights %s, kv %s\n", n_stages,
            a->batch, n_stages > 1 ? mk_seam_kind_name(mk_sched_seam_kind(sched, 0)) : "none", a->seam ? "" : " (auto)",
            cuda ? "cuda" : "cpu", mk_dtype_name(a->backend.config.weight_dtype),
-           a->backend.config.kv_dtype == MK_DTYPE_F16 ? "f16" : "f32");
+           a->backend.config.kv_dtype ? mk_dtype_name(a->backend.config.kv_dtype) : "f32");
     printf("cuts (%s):", o.split_auto ? "auto" : "given");
     for (size_t i = 0; i + 1 < n_stages; i++) printf(" %lld", (long long)mk_range_end(mk_sched_stage_range(sched, i)));
     printf("\n");

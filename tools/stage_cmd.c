@@ -6,7 +6,7 @@
  *   mpirun -np N meshkern stage MODEL --split L1,L2,...|auto [--launcher mpi]
  *                  [--prompts FILE|-] [--max-tokens K] [--batch M] [--timeout S] [--stop IDS]
  *                  [--seam tcp|unix|nccl] [--backend cpu|cuda] [--device D] [--dtype native|f32|f16|bf16]
- *                  [--kv f32|f16] [--threads N] [--speed]   (the backend options: cli_backend.c) [--text]
+ *                  [--kv f32|f16|bf16] [--threads N] [--speed]   (the backend options: cli_backend.c) [--text]
  *
  * Rank 0 reads the prompts (one per line, comma-separated token ids, as run --prompts; with
  * --text one user message per line, through the model's chat template as run -p), prints

@@ -38,6 +38,7 @@ typedef struct mk_cuda_backend {
     size_t act_lowp_elems;
     void *decode_ws;       /* dev: flash-decoding partials */
     size_t decode_ws_bytes;
+    size_t max_context;    /* KV cache rows (reserve): decode attention's fixed grid */
     void *pinned;          /* host pinned staging for downloads / uploads */
     size_t pinned_bytes;
     size_t pinned_used;    /* uploads staged since the host last waited for the stream */
@@ -313,6 +314,7 @@ static mk_status cuda_reserve(mk_backend *b, size_t max_rows, size_t max_context
         cb->act_lowp_elems = max_rows * width;
         MK_TRY(cuda_alloc(b, cb->act_lowp_elems * 2, &cb->act_lowp));
     }
+    cb->max_context = max_context;
     cb->decode_ws_bytes = mk_kernel_attention_decode_workspace_bytes(max_context, hp->n_heads, hp->head_dim);
     MK_TRY(cuda_alloc(b, cb->decode_ws_bytes, &cb->decode_ws));
     /* Pinned staging for what crosses a seam (a residual of max_rows) and the logits. */
@@ -676,38 +678,44 @@ static mk_status cuda_rope(mk_backend *b, float *x, const int32_t *positions, si
     return mk_cuda_after_launch(cb, mk_kernel_rope(x, positions, rows, heads, head_dim, theta, layout, cb->stream));
 }
 
-static mk_status cuda_rope_kv(mk_backend *b, float *q, float *k, const float *v, float *k_cache, float *v_cache,
+static mk_status cuda_rope_kv(mk_backend *b, float *q, float *k, const float *v, void *k_cache, void *v_cache,
                               const int32_t *positions, size_t past, size_t rows, size_t n_heads, size_t n_kv_heads,
                               size_t head_dim, float theta, mk_rope_layout layout) {
     mk_cuda_backend *cb = cuda_of(b);
     MK_ON_DEVICE(cb);
     mk_cuda_lowp_forget(cb);
     mk_cuda_reads(cb, 0, 0, rows * (n_heads + 2 * n_kv_heads) * head_dim * sizeof(float) + rows * sizeof(int32_t));
-    return mk_cuda_after_launch(cb, mk_kernel_rope_kv(q, k, v, k_cache, v_cache, positions, past, rows, n_heads,
-                                                      n_kv_heads, head_dim, theta, layout, cb->stream));
+    (void)past; /* the slots are positions[r], read on the device: the same launch every token */
+    return mk_cuda_after_launch(cb, mk_kernel_rope_kv(q, k, v, k_cache, v_cache, mk_backend_kv_dtype(b), positions,
+                                                      cb->max_context, rows, n_heads, n_kv_heads, head_dim, theta,
+                                                      layout, cb->stream));
 }
 
 static mk_status cuda_attention(mk_backend *b, float *out, const float *q, const void *k_cache, const void *v_cache,
-                                size_t rows, size_t past, size_t n_heads, size_t n_kv_heads, size_t head_dim) {
+                                const int32_t *positions, size_t rows, size_t past, size_t n_heads, size_t n_kv_heads,
+                                size_t head_dim) {
     mk_cuda_backend *cb = cuda_of(b);
     MK_ON_DEVICE(cb);
     mk_cuda_lowp_forget(cb);
     mk_cuda_reads(cb, 0, 2 * (past + rows) * n_kv_heads * head_dim * mk_dtype_size(mk_backend_kv_dtype(b)),
                   rows * n_heads * head_dim * sizeof(float)); /* the cache rows once; q */
-    /* One query row over a long cache: split the keys across blocks (flash-decoding). */
-    if (rows == 1 && past + 1 >= 256)
-        return mk_cuda_after_launch(cb, mk_kernel_attention_decode(out, q, k_cache, v_cache, past, n_heads, n_kv_heads,
+    /* Every one-row forward (decode) takes the flash-decoding kernel: its key count comes from
+     * positions on the device and its grid from the cache capacity, so the choice and the
+     * launch never depend on `past` (a captured decode step replays unchanged). */
+    if (rows == 1)
+        return mk_cuda_after_launch(cb, mk_kernel_attention_decode(out, q, k_cache, v_cache, mk_backend_kv_dtype(b),
+                                                                   positions, cb->max_context, n_heads, n_kv_heads,
                                                                    head_dim, cb->decode_ws, cb->decode_ws_bytes,
                                                                    cb->stream));
     /* Prefill in speed mode: the tensor cores (BF16 inputs, F32 accumulation). Parity mode,
      * and a head_dim the tensor-core kernel cannot tile, keep the F32 kernel. */
-    if (rows > 1 && (cb->base.config.speed_mode || cb->base.config.weight_dtype != MK_DTYPE_F32) &&
+    if ((cb->base.config.speed_mode || cb->base.config.weight_dtype != MK_DTYPE_F32) &&
         mk_kernel_attention_prefill_tc_supports(head_dim))
         return mk_cuda_after_launch(cb, mk_kernel_attention_prefill_tc(out, q, k_cache, v_cache, mk_backend_kv_dtype(b),
                                                                        rows, past, n_heads, n_kv_heads, head_dim,
                                                                        cb->stream));
-    return mk_cuda_after_launch(cb, mk_kernel_attention_prefill(out, q, k_cache, v_cache, rows, past, n_heads, n_kv_heads,
-                                                                head_dim, cb->stream));
+    return mk_cuda_after_launch(cb, mk_kernel_attention_prefill_kv(out, q, k_cache, v_cache, mk_backend_kv_dtype(b), rows,
+                                                                   past, n_heads, n_kv_heads, head_dim, cb->stream));
 }
 
 static mk_status cuda_swiglu(mk_backend *b, float *out, const float *gate, const float *up, size_t n) {
@@ -793,6 +801,11 @@ mk_status mk_backend_cuda_create(const mk_backend_config *config, mk_backend **o
         config->weight_dtype != MK_DTYPE_BF16 && config->weight_dtype != MK_DTYPE_NATIVE)
         return mk_fail(MK_ERR_DTYPE, "cuda backend: weight dtype %s is not one of f32, f16, bf16, native",
                        mk_dtype_name(config->weight_dtype));
+    /* The KV cache: F32 (parity), or F16/BF16 (speed: half the bytes decode attention reads). */
+    if (config->kv_dtype != 0 && config->kv_dtype != MK_DTYPE_F32 && config->kv_dtype != MK_DTYPE_F16 &&
+        config->kv_dtype != MK_DTYPE_BF16)
+        return mk_fail(MK_ERR_DTYPE, "cuda backend: KV cache dtype %s is not f32, f16 or bf16",
+                       mk_dtype_name(config->kv_dtype));
     mk_cuda_backend *cb = calloc(1, sizeof *cb);
     if (!cb) return mk_fail(MK_ERR_OUT_OF_MEMORY, "cuda backend: out of memory");
     cb->base.ops = &mk_cuda_ops;

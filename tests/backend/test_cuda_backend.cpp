@@ -275,6 +275,16 @@ TEST(CudaBackend, DecodeTokenStructuralCounts) {
         EXPECT_EQ(lean.launches, cost.launches);
         EXPECT_FALSE(lean.had_logits);
         EXPECT_EQ(lean.token, cost.token); // the same sample, only less brought back
+        // An F16 or BF16 KV cache (speed mode) keeps the launch count: RoPE and the cache write
+        // stay one fused launch, decode attention reads the half cache directly.
+        for (const mk_dtype kv : {MK_DTYPE_F16, MK_DTYPE_BF16}) {
+            mk_range_options ko = o;
+            ko.backend.kv_dtype = kv;
+            const TokenCost half = decode_token_cost(model.get(), c.hp, ko, c.prompt, c.prompt.size());
+            EXPECT_EQ(half.launches, cost.launches) << "kv " << mk_dtype_name(kv);
+            EXPECT_EQ(half.host_syncs, 1u) << "kv " << mk_dtype_name(kv);
+            EXPECT_EQ(half.bytes_downloaded, sizeof(int32_t)) << "kv " << mk_dtype_name(kv);
+        }
     }
     // A head range's decode token: the residual row comes back in one host wait.
     mk_range *head = nullptr;
@@ -593,6 +603,74 @@ TEST(CudaBackend, LongContextDecodeUsesFlashDecodingAndKeepsParity) {
     ASSERT_EQ(cpu.logits.size(), 12u);
     for (size_t i = 0; i < cpu.logits.size(); i++) EXPECT_TRUE(close_rel(whole.logits[i], cpu.logits[i], 1e-4f)) << "step " << i;
     EXPECT_EQ(whole.tokens, cpu.tokens);
+}
+
+// The top-2 logit gap of each step: where it exceeds the tolerance between two backends, their
+// greedy tokens must agree (below it, FMA contraction or a rounded cache may flip a near tie).
+float top2_gap(const std::vector<float> &l) {
+    float a = -INFINITY, b = -INFINITY;
+    for (float x : l) {
+        if (x > a) {
+            b = a;
+            a = x;
+        } else if (x > b) {
+            b = x;
+        }
+    }
+    return a - b;
+}
+
+// An F16 or BF16 KV cache on the cuda backend (speed-mode option): whole vs split bit-exact,
+// decode long enough for the split decode kernel to walk several splits; close to the cpu
+// backend (F16: the cpu's F16 cache holds the same rounded values; BF16: the cpu keeps F32,
+// which it must, asked for BF16, refuse clearly), equal tokens where the gap is clear.
+TEST(CudaBackend, HalfKvCacheSplitsBitIdenticallyAndStaysCloseToCpu) {
+    MK_REQUIRE_DEVICE();
+    mk_hparams hp = gqa_tied_hparams();
+    hp.max_context = 150; // 3 splits of the decode kernel, 2 of them holding keys
+    ModelPtr model = make_random_model(hp);
+    std::vector<int32_t> prompt(100);
+    for (size_t i = 0; i < prompt.size(); i++) prompt[i] = (int32_t)((i * 11 + 5) % hp.vocab);
+    const int64_t L = (int64_t)hp.n_layers;
+    struct Mode {
+        mk_dtype kv, cpu_kv;
+        float rel;
+    };
+    for (const Mode m : {Mode{MK_DTYPE_F16, MK_DTYPE_F16, 1e-3f}, Mode{MK_DTYPE_BF16, MK_DTYPE_F32, 2e-2f}}) {
+        SCOPED_TRACE(mk_dtype_name(m.kv));
+        mk_range_options o = cuda_options(MK_DTYPE_F32, true);
+        o.backend.kv_dtype = m.kv;
+        const Decode whole = decode_greedy(model.get(), {}, o, prompt, 6); // keys 100..106
+        ASSERT_EQ(whole.tokens.size(), 6u);
+        expect_bit_identical(whole, decode_greedy(model.get(), {L / 2}, o, prompt, 6), "2 ranges");
+        mk_range_options co = cpu_options();
+        co.backend.kv_dtype = m.cpu_kv;
+        const Decode cpu = decode_greedy(model.get(), {}, co, prompt, 6);
+        ASSERT_EQ(cpu.tokens.size(), 6u);
+        const Decode forced = decode_greedy(model.get(), {}, o, prompt, 6, &cpu.tokens); // no fork at a near tie
+        ASSERT_EQ(forced.logits.size(), 6u);
+        size_t clear = 0;
+        for (size_t i = 0; i < cpu.logits.size(); i++) {
+            EXPECT_TRUE(close_rel(forced.logits[i], cpu.logits[i], m.rel)) << "step " << i;
+            if (top2_gap(cpu.logits[i]) > 2.0f * m.rel * max_abs(cpu.logits[i])) {
+                clear++;
+                EXPECT_EQ(forced.tokens[i], cpu.tokens[i]) << "step " << i;
+            }
+        }
+        EXPECT_GT(clear, 0u); // the token comparison was not vacuous
+    }
+    // the cpu backend keeps F32 or F16 caches: BF16 is refused with a clear error
+    mk_range_options bad = cpu_options();
+    bad.backend.kv_dtype = MK_DTYPE_BF16;
+    mk_range *r = nullptr;
+    EXPECT_EQ(mk_range_create(model.get(), 0, L - 1, &bad, &r), MK_ERR_DTYPE);
+    EXPECT_NE(std::string(mk_last_error()).find("KV cache dtype bf16"), std::string::npos) << mk_last_error();
+    EXPECT_EQ(r, nullptr);
+    // and the cuda backend refuses a KV dtype it cannot store
+    mk_range_options odd = cuda_options();
+    odd.backend.kv_dtype = MK_DTYPE_I64;
+    EXPECT_EQ(mk_range_create(model.get(), 0, L - 1, &odd, &r), MK_ERR_DTYPE);
+    EXPECT_EQ(r, nullptr);
 }
 
 TEST(CudaBackend, LowPrecisionWeightsTakeHalfTheDeviceMemory) {

@@ -421,43 +421,215 @@ std::vector<AttnCase> prefill_cases() {
 }
 INSTANTIATE_TEST_SUITE_P(Ops, AttentionPrefill, ::testing::ValuesIn(prefill_cases()), case_name<AttnCase>);
 
-using AttentionDecode = OpTestP<AttnCase>;
+// Decode reads its key count from positions[0] on the device and launches a grid fixed by
+// max_keys (the cache capacity) and the SM count: the cache rows past the keys hold NaN (never
+// read), the workspace starts poisoned, the splits holding keys must hold a finite partial and
+// those past the keys the neutral one. The cache is F32, F16 or BF16; the reference reads the
+// same rounded values.
+struct DecodeCase {
+    size_t past, max_keys, n_heads, n_kv_heads, head_dim;
+    mk_dtype kv = MK_DTYPE_F32;
+    std::string name() const {
+        return "past" + std::to_string(past) + "_max" + std::to_string(max_keys) + "_h" + std::to_string(n_heads) +
+               "_kv" + std::to_string(n_kv_heads) + "_d" + std::to_string(head_dim) + "_" + dtype_tag(kv);
+    }
+};
+void PrintTo(const DecodeCase &c, std::ostream *os) { *os << c.name(); }
+
+constexpr size_t kDecSplitKeys = 64; // attention_decode.cu's DEC_SPLIT_KEYS: a split's share granule
+
+// K and V of `max_keys` rows: random for the first `keys`, NaN after (a read of them shows).
+std::vector<float> decode_cache(size_t keys, size_t max_keys, size_t kv_dim, uint64_t seed) {
+    std::vector<float> c = random_f32(keys * kv_dim, seed, 1.0f);
+    c.resize(max_keys * kv_dim, std::numeric_limits<float>::quiet_NaN());
+    return c;
+}
+
+// The cache as stored (bytes in kv) and as the reference reads it (the rounded values).
+struct DecodeCacheBytes {
+    std::vector<uint8_t> bytes;
+    std::vector<float> values;
+};
+DecodeCacheBytes decode_cache_as(const std::vector<float> &c, mk_dtype kv) {
+    DecodeCacheBytes out;
+    if (kv == MK_DTYPE_F32) {
+        out.values = c;
+        out.bytes.resize(c.size() * 4);
+        std::memcpy(out.bytes.data(), c.data(), out.bytes.size());
+        return out;
+    }
+    const std::vector<uint16_t> h = to_half_bits(c, kv);
+    out.values = from_half_bits(h, kv);
+    out.bytes.resize(h.size() * 2);
+    std::memcpy(out.bytes.data(), h.data(), out.bytes.size());
+    return out;
+}
+
+size_t decode_splits(size_t max_keys, size_t n_heads, size_t n_kv_heads) {
+    size_t splits = 0;
+    EXPECT_EQ(mk_kernel_attention_decode_splits(&splits, max_keys, n_heads, n_kv_heads), MK_OK) << mk_last_error();
+    return splits;
+}
+
+// Workspace [n_heads][splits][hd + 2]: split s holds keys iff s * share < keys (share =
+// ceil(keys / splits) rounded up to kDecSplitKeys); those hold a finite max and a positive
+// sum, the others the neutral (-inf, 0, 0...). Also counts the splits that held keys.
+::testing::AssertionResult decode_partials(const std::vector<float> &ws, size_t keys, size_t splits, size_t n_heads,
+                                           size_t hd, size_t *used_out = nullptr) {
+    size_t share = (keys + splits - 1) / splits;
+    share = (share + kDecSplitKeys - 1) / kDecSplitKeys * kDecSplitKeys;
+    const size_t used = (keys + share - 1) / share;
+    if (used_out) *used_out = used;
+    for (size_t h = 0; h < n_heads; h++)
+        for (size_t c = 0; c < splits; c++) {
+            const float *p = ws.data() + (h * splits + c) * (hd + 2);
+            bool ok;
+            if (c < used) {
+                ok = std::isfinite(p[0]) && p[1] > 0.0f;
+                for (size_t d = 0; d < hd && ok; d++) ok = std::isfinite(p[2 + d]);
+            } else {
+                ok = std::isinf(p[0]) && p[0] < 0 && p[1] == 0.0f;
+                for (size_t d = 0; d < hd && ok; d++) ok = p[2 + d] == 0.0f;
+            }
+            if (!ok)
+                return ::testing::AssertionFailure() << "head " << h << " split " << c << (c < used ? " (keys)" : "")
+                                                     << " partial (" << p[0] << ", " << p[1] << ") is wrong";
+        }
+    return ::testing::AssertionSuccess();
+}
+
+using AttentionDecode = OpTestP<DecodeCase>;
 
 TEST_P(AttentionDecode, MatchesCpu) {
-    const AttnCase c = GetParam(); // rows == 1
-    const size_t keys = c.past + 1;
-    const size_t qn = c.n_heads * c.head_dim, kvn = keys * c.n_kv_heads * c.head_dim;
-    std::vector<float> q = random_f32(qn, 51 + qn, 1.0f), k = random_f32(kvn, 52 + kvn, 1.0f),
-                       v = random_f32(kvn, 53 + kvn, 1.0f);
-    const size_t ws_bytes = mk_kernel_attention_decode_workspace_bytes(keys, c.n_heads, c.head_dim);
-    GuardedBuf dq(qn * 4), dk(kvn * 4), dv(kvn * 4), dout(qn * 4), dws(ws_bytes);
-    ASSERT_TRUE(dq.ok() && dk.ok() && dv.ok() && dout.ok() && dws.ok());
+    const DecodeCase c = GetParam();
+    const size_t keys = c.past + 1, kv_dim = c.n_kv_heads * c.head_dim, esz = mk_dtype_size(c.kv);
+    const size_t qn = c.n_heads * c.head_dim, kvn = c.max_keys * kv_dim;
+    std::vector<float> q = random_f32(qn, 51 + qn, 1.0f);
+    const DecodeCacheBytes k = decode_cache_as(decode_cache(keys, c.max_keys, kv_dim, 52 + kvn), c.kv),
+                           v = decode_cache_as(decode_cache(keys, c.max_keys, kv_dim, 53 + kvn), c.kv);
+    const int32_t pos = (int32_t)c.past;
+    const size_t ws_bytes = mk_kernel_attention_decode_workspace_bytes(c.max_keys, c.n_heads, c.head_dim);
+    const size_t splits = decode_splits(c.max_keys, c.n_heads, c.n_kv_heads);
+    ASSERT_GE(splits, 1u);
+    ASSERT_LE(splits * c.n_heads * (c.head_dim + 2) * 4, ws_bytes); // the workspace bounds every split count
+    if (c.max_keys >= 256) {                                         // the keys are really split
+        EXPECT_GT(splits, 1u);
+    }
+    GuardedBuf dq(qn * 4), dk(kvn * esz), dv(kvn * esz), dout(qn * 4), dws(ws_bytes), dpos(4);
+    ASSERT_TRUE(dq.ok() && dk.ok() && dv.ok() && dout.ok() && dws.ok() && dpos.ok());
     CUDA_OK(dq.upload(q.data(), stream_));
-    CUDA_OK(dk.upload(k.data(), stream_));
-    CUDA_OK(dv.upload(v.data(), stream_));
+    CUDA_OK(dk.upload(k.bytes.data(), stream_));
+    CUDA_OK(dv.upload(v.bytes.data(), stream_));
+    CUDA_OK(dpos.upload(&pos, stream_));
     CUDA_OK(dout.poison(stream_));
     CUDA_OK(dws.poison(stream_));
-    // too small a workspace is refused
-    EXPECT_ERROR(mk_kernel_attention_decode(dout.ptr<float>(), dq.ptr<float>(), dk.ptr<float>(), dv.ptr<float>(), c.past,
-                                            c.n_heads, c.n_kv_heads, c.head_dim, dws.ptr(), ws_bytes - 4, stream_),
+    // too small a workspace (it is sized from max_keys, not the step's keys) is refused
+    EXPECT_ERROR(mk_kernel_attention_decode(dout.ptr<float>(), dq.ptr<float>(), dk.ptr(), dv.ptr(), c.kv,
+                                            dpos.ptr<int32_t>(), c.max_keys, c.n_heads, c.n_kv_heads, c.head_dim,
+                                            dws.ptr(), ws_bytes - 4, stream_),
                  MK_ERR_INVALID_ARGUMENT, "mk_kernel_attention_decode: workspace");
-    MK_OK_(mk_kernel_attention_decode(dout.ptr<float>(), dq.ptr<float>(), dk.ptr<float>(), dv.ptr<float>(), c.past,
-                                      c.n_heads, c.n_kv_heads, c.head_dim, dws.ptr(), ws_bytes, stream_));
+    MK_OK_(mk_kernel_attention_decode(dout.ptr<float>(), dq.ptr<float>(), dk.ptr(), dv.ptr(), c.kv,
+                                      dpos.ptr<int32_t>(), c.max_keys, c.n_heads, c.n_kv_heads, c.head_dim, dws.ptr(),
+                                      ws_bytes, stream_));
     CUDA_OK(cudaStreamSynchronize(stream_));
     std::vector<float> got(qn), ref(qn), ws(ws_bytes / 4);
     ASSERT_TRUE(dout.download(got.data(), stream_));
     ASSERT_TRUE(dws.download(ws.data(), stream_));
-    mk_cpu_attention(ref.data(), q.data(), k.data(), v.data(), 1, c.past, c.n_heads, c.n_kv_heads, c.head_dim);
-    EXPECT_TRUE(all_close(got, ref, kAttnAtol * max_abs(v), 1e-5));
+    mk_cpu_attention(ref.data(), q.data(), k.values.data(), v.values.data(), 1, c.past, c.n_heads, c.n_kv_heads,
+                     c.head_dim);
+    const std::vector<float> vk(v.values.begin(), v.values.begin() + keys * kv_dim);
+    EXPECT_TRUE(all_close(got, ref, kAttnAtol * max_abs(vk), 1e-5));
+    size_t used = 0;
+    EXPECT_TRUE(decode_partials(ws, keys, splits, c.n_heads, c.head_dim, &used));
+    if (keys > 2 * kDecSplitKeys && splits > 2) {
+        EXPECT_GT(used, 1u); // several splits walked keys
+    }
+
+    // the same launch again: the same bits (fixed summation order)
+    CUDA_OK(dout.poison(stream_));
+    MK_OK_(mk_kernel_attention_decode(dout.ptr<float>(), dq.ptr<float>(), dk.ptr(), dv.ptr(), c.kv,
+                                      dpos.ptr<int32_t>(), c.max_keys, c.n_heads, c.n_kv_heads, c.head_dim, dws.ptr(),
+                                      ws_bytes, stream_));
+    std::vector<float> again(qn);
+    ASSERT_TRUE(dout.download(again.data(), stream_));
+    EXPECT_EQ(std::memcmp(again.data(), got.data(), qn * 4), 0);
 }
 
-std::vector<AttnCase> decode_cases() {
-    return {
-        {1, 0, 1, 1, 8},     {1, 5, 6, 2, 6},      {1, 255, 4, 4, 64},   {1, 256, 4, 2, 64},
-        {1, 700, 6, 2, 128}, {1, 1999, 8, 1, 128}, {1, 300, 3, 1, 256},  {1, 511, 32, 8, 64}, {1, 4095, 8, 2, 128},
+std::vector<DecodeCase> decode_cases() {
+    // {past, max_keys, n_heads, n_kv_heads, head_dim}: keys 1, 2, 255, 256, 257, 1000 and near
+    // or at max_keys; GQA 1:1, 3:1 (SmolLM2's 9:3), 4:1, 8:1 and 16:1 (two head groups per KV
+    // head); head_dim 64, 128, 256 and odd widths (6 and 34: 2-element loads; 40: F16/BF16
+    // 16-byte loads, F32 4-wide).
+    const DecodeCase shapes[] = {
+        {0, 1, 1, 1, 64},       {1, 600, 9, 3, 64},      {254, 256, 8, 2, 128},   {255, 700, 9, 3, 64},
+        {256, 1024, 4, 4, 128}, {999, 1100, 12, 3, 64},  {2046, 2048, 9, 3, 64},  {4095, 4096, 8, 2, 128},
+        {300, 512, 6, 2, 6},    {77, 300, 6, 3, 34},     {130, 200, 3, 1, 256},   {500, 600, 16, 1, 64},
+        {1999, 2048, 8, 1, 128}, {257, 1100, 3, 3, 40},  {0, 600, 2, 1, 8},
     };
+    std::vector<DecodeCase> out;
+    for (const mk_dtype kv : {MK_DTYPE_F32, MK_DTYPE_F16, MK_DTYPE_BF16})
+        for (DecodeCase c : shapes) {
+            c.kv = kv;
+            out.push_back(c);
+        }
+    return out;
 }
-INSTANTIATE_TEST_SUITE_P(Ops, AttentionDecode, ::testing::ValuesIn(decode_cases()), case_name<AttnCase>);
+INSTANTIATE_TEST_SUITE_P(Ops, AttentionDecode, ::testing::ValuesIn(decode_cases()), case_name<DecodeCase>);
+
+// One set of arguments, positions rewritten between launches (what a graph replay does): each
+// launch attends to positions[0] + 1 keys, across the split edges and up to the capacity.
+TEST_F(OpTest, DecodeSameLaunchFollowsPositions) {
+    const size_t max_keys = 777, n_heads = 4, n_kv = 2, hd = 32, kv_dim = n_kv * hd, qn = n_heads * hd;
+    std::vector<float> q = random_f32(qn, 71);
+    for (const mk_dtype kv : {MK_DTYPE_F32, MK_DTYPE_F16}) {
+        SCOPED_TRACE(dtype_tag(kv));
+        const DecodeCacheBytes k = decode_cache_as(random_f32(max_keys * kv_dim, 72), kv),
+                               v = decode_cache_as(random_f32(max_keys * kv_dim, 73), kv);
+        const size_t ws_bytes = mk_kernel_attention_decode_workspace_bytes(max_keys, n_heads, hd);
+        const size_t splits = decode_splits(max_keys, n_heads, n_kv);
+        GuardedBuf dq(qn * 4), dk(k.bytes.size()), dv(v.bytes.size()), dout(qn * 4), dws(ws_bytes), dpos(4);
+        CUDA_OK(dq.upload(q.data(), stream_));
+        CUDA_OK(dk.upload(k.bytes.data(), stream_));
+        CUDA_OK(dv.upload(v.bytes.data(), stream_));
+        CUDA_OK(dws.poison(stream_));
+        for (const size_t past : {0, 1, 63, 64, 255, 256, 257, 511, 512, 700, 775, 776, 3}) {
+            SCOPED_TRACE("past " + std::to_string(past));
+            const int32_t pos = (int32_t)past;
+            CUDA_OK(dpos.upload(&pos, stream_));
+            CUDA_OK(dout.poison(stream_));
+            MK_OK_(mk_kernel_attention_decode(dout.ptr<float>(), dq.ptr<float>(), dk.ptr(), dv.ptr(), kv,
+                                              dpos.ptr<int32_t>(), max_keys, n_heads, n_kv, hd, dws.ptr(), ws_bytes,
+                                              stream_));
+            std::vector<float> got(qn), ref(qn), ws(ws_bytes / 4);
+            ASSERT_TRUE(dout.download(got.data(), stream_));
+            ASSERT_TRUE(dws.download(ws.data(), stream_));
+            mk_cpu_attention(ref.data(), q.data(), k.values.data(), v.values.data(), 1, past, n_heads, n_kv, hd);
+            EXPECT_TRUE(all_close(got, ref, kAttnAtol * max_abs(v.values), 1e-5));
+            EXPECT_TRUE(decode_partials(ws, past + 1, splits, n_heads, hd));
+        }
+    }
+    GuardedBuf dq(qn * 4), dk(max_keys * kv_dim * 4), dv(max_keys * kv_dim * 4), dout(qn * 4), dws(1 << 20), dpos(4);
+    // an F32, F16 or BF16 cache only (another dtype is refused, not misread)
+    EXPECT_ERROR(mk_kernel_attention_decode(dout.ptr<float>(), dq.ptr<float>(), dk.ptr(), dv.ptr(), MK_DTYPE_I64,
+                                            dpos.ptr<int32_t>(), max_keys, n_heads, n_kv, hd, dws.ptr(), 1 << 20,
+                                            stream_),
+                 MK_ERR_DTYPE, "mk_kernel_attention_decode: KV cache dtype");
+    EXPECT_ERROR(mk_kernel_attention_decode(dout.ptr<float>(), dq.ptr<float>(), dk.ptr(), dv.ptr(), MK_DTYPE_F32,
+                                            nullptr, max_keys, n_heads, n_kv, hd, dws.ptr(), 1 << 20, stream_),
+                 MK_ERR_INVALID_ARGUMENT, "mk_kernel_attention_decode: null pointer");
+    // a cache that is not even element-pair aligned is refused (the loads are at least 2 wide)
+    EXPECT_ERROR(mk_kernel_attention_decode(dout.ptr<float>(), dq.ptr<float>(), dk.ptr<uint8_t>() + 2, dv.ptr(),
+                                            MK_DTYPE_F32, dpos.ptr<int32_t>(), max_keys, n_heads, n_kv, hd, dws.ptr(),
+                                            1 << 20, stream_),
+                 MK_ERR_INVALID_ARGUMENT, "mk_kernel_attention_decode: KV cache not aligned");
+    size_t splits = 7;
+    EXPECT_ERROR(mk_kernel_attention_decode_splits(&splits, max_keys, 6, 4), MK_ERR_SHAPE,
+                 "mk_kernel_attention_decode_splits: n_heads 6");
+    EXPECT_EQ(splits, 0u);
+    // the split count is bounded by the keys (a split walks at least kDecSplitKeys of them)
+    EXPECT_EQ(decode_splits(1, 8, 8), 1u);
+    EXPECT_EQ(decode_splits(2 * kDecSplitKeys, 1, 1), 2u);
+}
 
 // Decode of the last row == prefill of the same row (two kernels, one semantics).
 TEST_F(OpTest, DecodeAgreesWithPrefill) {
@@ -465,14 +637,16 @@ TEST_F(OpTest, DecodeAgreesWithPrefill) {
     const size_t qn = n_heads * hd, kvn = keys * n_kv * hd;
     std::vector<float> q = random_f32(qn, 61), k = random_f32(kvn, 62), v = random_f32(kvn, 63);
     const size_t ws_bytes = mk_kernel_attention_decode_workspace_bytes(keys, n_heads, hd);
-    GuardedBuf dq(qn * 4), dk(kvn * 4), dv(kvn * 4), da(qn * 4), db(qn * 4), dws(ws_bytes);
+    const int32_t pos = (int32_t)past;
+    GuardedBuf dq(qn * 4), dk(kvn * 4), dv(kvn * 4), da(qn * 4), db(qn * 4), dws(ws_bytes), dpos(4);
     CUDA_OK(dq.upload(q.data(), stream_));
     CUDA_OK(dk.upload(k.data(), stream_));
     CUDA_OK(dv.upload(v.data(), stream_));
+    CUDA_OK(dpos.upload(&pos, stream_));
     CUDA_OK(da.poison(stream_));
     CUDA_OK(db.poison(stream_));
-    MK_OK_(mk_kernel_attention_decode(da.ptr<float>(), dq.ptr<float>(), dk.ptr<float>(), dv.ptr<float>(), past, n_heads,
-                                      n_kv, hd, dws.ptr(), ws_bytes, stream_));
+    MK_OK_(mk_kernel_attention_decode(da.ptr<float>(), dq.ptr<float>(), dk.ptr(), dv.ptr(), MK_DTYPE_F32,
+                                      dpos.ptr<int32_t>(), keys, n_heads, n_kv, hd, dws.ptr(), ws_bytes, stream_));
     MK_OK_(mk_kernel_attention_prefill(db.ptr<float>(), dq.ptr<float>(), dk.ptr<float>(), dv.ptr<float>(), 1, past,
                                        n_heads, n_kv, hd, stream_));
     CUDA_OK(cudaStreamSynchronize(stream_));
@@ -1055,14 +1229,16 @@ TEST_F(OpTest, GemvMultiAndSwigluEqualSeparateLaunches) {
 }
 
 // RoPE of Q and K plus the KV-cache write in one launch: the same bits as mk_kernel_rope on
-// q and k then mk_kernel_kv_append (the cache outside [past, past + rows) untouched).
+// q and k then mk_kernel_kv_append (the cache outside [past, past + rows) untouched). The
+// fused kernel takes each row's slot from positions (== past + r) on the device.
 TEST_F(OpTest, RopeKvEqualsRopeThenKvAppend) {
     struct C {
         mk_rope_layout layout;
         size_t rows, past, n_heads, n_kv_heads, head_dim;
     };
     for (const C c : {C{MK_ROPE_ROTATE_HALF, 1, 5, 4, 2, 8}, C{MK_ROPE_ADJACENT_PAIRS, 3, 0, 6, 3, 6},
-                      C{MK_ROPE_ROTATE_HALF, 8, 17, 9, 3, 64}, C{MK_ROPE_ADJACENT_PAIRS, 1, 40, 3, 1, 128}}) {
+                      C{MK_ROPE_ROTATE_HALF, 8, 17, 9, 3, 64}, C{MK_ROPE_ADJACENT_PAIRS, 1, 40, 3, 1, 128},
+                      C{MK_ROPE_ROTATE_HALF, 1, 0, 4, 2, 8}, C{MK_ROPE_ROTATE_HALF, 1, 256, 2, 1, 16}}) {
         SCOPED_TRACE("rows " + std::to_string(c.rows) + " past " + std::to_string(c.past) + " head_dim " +
                      std::to_string(c.head_dim));
         const size_t ctx = c.past + c.rows + 3, kv_dim = c.n_kv_heads * c.head_dim, qn = c.rows * c.n_heads * c.head_dim;
@@ -1070,7 +1246,7 @@ TEST_F(OpTest, RopeKvEqualsRopeThenKvAppend) {
         std::vector<float> q = random_f32(qn, 111 + qn, 2.0f), k = random_f32(kn, 112 + kn, 2.0f),
                            v = random_f32(kn, 113 + kn, 2.0f);
         std::vector<int32_t> pos(c.rows);
-        for (size_t r = 0; r < c.rows; r++) pos[r] = (int32_t)(c.past + r) * 37 + 3;
+        for (size_t r = 0; r < c.rows; r++) pos[r] = (int32_t)(c.past + r);
         GuardedBuf dpos(c.rows * 4);
         CUDA_OK(dpos.upload(pos.data(), stream_));
         std::vector<float> out[2][4]; // [fused, separate][q, k, k_cache, v_cache]
@@ -1083,7 +1259,7 @@ TEST_F(OpTest, RopeKvEqualsRopeThenKvAppend) {
             CUDA_OK(dvc.poison(stream_));
             if (fused == 0) {
                 MK_OK_(mk_kernel_rope_kv(dq.ptr<float>(), dk.ptr<float>(), dv.ptr<float>(), dkc.ptr<float>(),
-                                         dvc.ptr<float>(), dpos.ptr<int32_t>(), c.past, c.rows, c.n_heads,
+                                         dvc.ptr<float>(), MK_DTYPE_F32, dpos.ptr<int32_t>(), ctx, c.rows, c.n_heads,
                                          c.n_kv_heads, c.head_dim, 10000.0f, c.layout, stream_));
             } else {
                 MK_OK_(mk_kernel_rope(dq.ptr<float>(), dpos.ptr<int32_t>(), c.rows, c.n_heads, c.head_dim, 10000.0f,
@@ -1112,12 +1288,126 @@ TEST_F(OpTest, RopeKvEqualsRopeThenKvAppend) {
     GuardedBuf b(4096);
     float *f = b.ptr<float>();
     int32_t *i = b.ptr<int32_t>();
-    EXPECT_ERROR(mk_kernel_rope_kv(f, f, f, f, f, i, 0, 1, 2, 0, 8, 10000.0f, MK_ROPE_ROTATE_HALF, stream_), MK_ERR_SHAPE,
+    EXPECT_ERROR(mk_kernel_rope_kv(f, f, f, f, f, MK_DTYPE_F32, i, 4, 1, 2, 0, 8, 10000.0f, MK_ROPE_ROTATE_HALF, stream_), MK_ERR_SHAPE,
                  "mk_kernel_rope_kv: zero kv heads");
-    EXPECT_ERROR(mk_kernel_rope_kv(f, f, f, f, f, i, 0, 1, 2, 1, 7, 10000.0f, MK_ROPE_ROTATE_HALF, stream_), MK_ERR_SHAPE,
+    EXPECT_ERROR(mk_kernel_rope_kv(f, f, f, f, f, MK_DTYPE_F32, i, 4, 1, 2, 1, 7, 10000.0f, MK_ROPE_ROTATE_HALF, stream_), MK_ERR_SHAPE,
                  "mk_kernel_rope_kv: head_dim 7 must be even");
-    EXPECT_ERROR(mk_kernel_rope_kv(f, nullptr, f, f, f, i, 0, 1, 2, 1, 8, 10000.0f, MK_ROPE_ROTATE_HALF, stream_),
+    EXPECT_ERROR(mk_kernel_rope_kv(f, nullptr, f, f, f, MK_DTYPE_F32, i, 4, 1, 2, 1, 8, 10000.0f, MK_ROPE_ROTATE_HALF, stream_),
                  MK_ERR_INVALID_ARGUMENT, "mk_kernel_rope_kv: null pointer");
+}
+
+// A position outside the cache (the executor never sends one) stores nothing: no write past
+// the cache, the rows inside it still stored.
+TEST_F(OpTest, RopeKvPositionOutsideTheCacheStoresNothing) {
+    const size_t rows = 3, n_heads = 2, n_kv = 1, hd = 8, ctx = 5, kv_dim = n_kv * hd;
+    std::vector<float> q = random_f32(rows * n_heads * hd, 121), k = random_f32(rows * kv_dim, 122),
+                       v = random_f32(rows * kv_dim, 123);
+    const std::vector<int32_t> pos = {4, 5, -1}; // the last slot, one past the cache, negative
+    GuardedBuf dq(q.size() * 4), dk(k.size() * 4), dv(v.size() * 4), dkc(ctx * kv_dim * 4), dvc(ctx * kv_dim * 4),
+        dpos(rows * 4);
+    CUDA_OK(dq.upload(q.data(), stream_));
+    CUDA_OK(dk.upload(k.data(), stream_));
+    CUDA_OK(dv.upload(v.data(), stream_));
+    CUDA_OK(dpos.upload(pos.data(), stream_));
+    CUDA_OK(dkc.poison(stream_));
+    CUDA_OK(dvc.poison(stream_));
+    MK_OK_(mk_kernel_rope_kv(dq.ptr<float>(), dk.ptr<float>(), dv.ptr<float>(), dkc.ptr<float>(), dvc.ptr<float>(),
+                             MK_DTYPE_F32, dpos.ptr<int32_t>(), ctx, rows, n_heads, n_kv, hd, 10000.0f, MK_ROPE_ROTATE_HALF, stream_));
+    std::vector<float> kr(k.size()), kc(ctx * kv_dim), vc(ctx * kv_dim);
+    ASSERT_TRUE(dk.download(kr.data(), stream_));
+    ASSERT_TRUE(dkc.download(kc.data(), stream_)); // sentinels after the cache intact
+    ASSERT_TRUE(dvc.download(vc.data(), stream_));
+    EXPECT_EQ(std::memcmp(kc.data() + 4 * kv_dim, kr.data(), kv_dim * 4), 0);
+    EXPECT_EQ(std::memcmp(vc.data() + 4 * kv_dim, v.data(), kv_dim * 4), 0);
+    for (size_t i = 0; i < 4 * kv_dim; i++) ASSERT_TRUE(std::isnan(kc[i]) && std::isnan(vc[i])) << i;
+}
+
+// The fused RoPE + cache write into an F16 or BF16 cache: q and k rotated exactly as with an
+// F32 cache, the cache rows at positions[r] the F32 run's rows rounded as mk_f32_to_f16 /
+// mk_f32_to_bf16 round them (bit for bit), every other cache element untouched.
+TEST_F(OpTest, RopeKvHalfCacheStoresRoundedRows) {
+    const size_t rows = 3, n_heads = 9, n_kv = 3, hd = 64, ctx = 11, kv_dim = n_kv * hd, past = 6;
+    std::vector<float> q = random_f32(rows * n_heads * hd, 131, 3.0f), k = random_f32(rows * kv_dim, 132, 3.0f),
+                       v = random_f32(rows * kv_dim, 133, 3.0f);
+    v[5] = 65504.0f * 1.5f; // overflows F16 (inf), stays finite in BF16
+    v[7] = 1e-7f;           // an F16 subnormal
+    std::vector<int32_t> pos(rows);
+    for (size_t r = 0; r < rows; r++) pos[r] = (int32_t)(past + r);
+    GuardedBuf dpos(rows * 4);
+    CUDA_OK(dpos.upload(pos.data(), stream_));
+    std::vector<float> want_q(q.size()), want_k(k.size()), f32_kc(ctx * kv_dim), f32_vc(ctx * kv_dim);
+    for (const mk_dtype kv : {MK_DTYPE_F32, MK_DTYPE_F16, MK_DTYPE_BF16}) {
+        SCOPED_TRACE(dtype_tag(kv));
+        const size_t esz = mk_dtype_size(kv);
+        GuardedBuf dq(q.size() * 4), dk(k.size() * 4), dv(v.size() * 4), dkc(ctx * kv_dim * esz),
+            dvc(ctx * kv_dim * esz);
+        CUDA_OK(dq.upload(q.data(), stream_));
+        CUDA_OK(dk.upload(k.data(), stream_));
+        CUDA_OK(dv.upload(v.data(), stream_));
+        CUDA_OK(dkc.poison(stream_));
+        CUDA_OK(dvc.poison(stream_));
+        MK_OK_(mk_kernel_rope_kv(dq.ptr<float>(), dk.ptr<float>(), dv.ptr<float>(), dkc.ptr(), dvc.ptr(), kv,
+                                 dpos.ptr<int32_t>(), ctx, rows, n_heads, n_kv, hd, 10000.0f, MK_ROPE_ROTATE_HALF,
+                                 stream_));
+        std::vector<float> gq(q.size()), gk(k.size());
+        ASSERT_TRUE(dq.download(gq.data(), stream_));
+        ASSERT_TRUE(dk.download(gk.data(), stream_));
+        if (kv == MK_DTYPE_F32) {
+            want_q = gq;
+            want_k = gk;
+            ASSERT_TRUE(dkc.download(f32_kc.data(), stream_));
+            ASSERT_TRUE(dvc.download(f32_vc.data(), stream_));
+            continue;
+        }
+        EXPECT_EQ(std::memcmp(gq.data(), want_q.data(), q.size() * 4), 0);
+        EXPECT_EQ(std::memcmp(gk.data(), want_k.data(), k.size() * 4), 0);
+        std::vector<uint16_t> kc(ctx * kv_dim), vc(ctx * kv_dim);
+        ASSERT_TRUE(dkc.download(kc.data(), stream_));
+        ASSERT_TRUE(dvc.download(vc.data(), stream_));
+        const std::vector<uint16_t> wk = to_half_bits(f32_kc, kv), wv = to_half_bits(f32_vc, kv);
+        for (size_t i = 0; i < ctx * kv_dim; i++) {
+            const bool stored = i / kv_dim >= past && i / kv_dim < past + rows;
+            ASSERT_EQ(kc[i], stored ? wk[i] : 0xFFFFu) << "k element " << i;
+            ASSERT_EQ(vc[i], stored ? wv[i] : 0xFFFFu) << "v element " << i;
+        }
+    }
+    GuardedBuf b(4096);
+    EXPECT_ERROR(mk_kernel_rope_kv(b.ptr<float>(), b.ptr<float>(), b.ptr<float>(), b.ptr(), b.ptr(), MK_DTYPE_I64,
+                                   b.ptr<int32_t>(), 4, 1, 2, 1, 8, 10000.0f, MK_ROPE_ROTATE_HALF, stream_),
+                 MK_ERR_DTYPE, "mk_kernel_rope_kv: KV cache dtype");
+}
+
+// Prefill over an F16 or BF16 cache == the CPU reference on the rounded values.
+TEST_F(OpTest, AttentionPrefillHalfCache) {
+    struct C {
+        size_t rows, past, n_heads, n_kv_heads, head_dim;
+    };
+    for (const mk_dtype kv : {MK_DTYPE_F16, MK_DTYPE_BF16})
+        for (const C c : {C{5, 40, 9, 3, 64}, C{17, 3, 4, 1, 128}, C{3, 10, 6, 2, 34}}) {
+            SCOPED_TRACE(std::string(dtype_tag(kv)) + " rows " + std::to_string(c.rows) + " hd " +
+                         std::to_string(c.head_dim));
+            const size_t keys = c.past + c.rows, qn = c.rows * c.n_heads * c.head_dim,
+                         kvn = keys * c.n_kv_heads * c.head_dim;
+            std::vector<float> q = random_f32(qn, 141 + qn);
+            const DecodeCacheBytes k = decode_cache_as(random_f32(kvn, 142 + kvn), kv),
+                                   v = decode_cache_as(random_f32(kvn, 143 + kvn), kv);
+            GuardedBuf dq(qn * 4), dk(k.bytes.size()), dv(v.bytes.size()), dout(qn * 4);
+            CUDA_OK(dq.upload(q.data(), stream_));
+            CUDA_OK(dk.upload(k.bytes.data(), stream_));
+            CUDA_OK(dv.upload(v.bytes.data(), stream_));
+            CUDA_OK(dout.poison(stream_));
+            MK_OK_(mk_kernel_attention_prefill_kv(dout.ptr<float>(), dq.ptr<float>(), dk.ptr(), dv.ptr(), kv, c.rows,
+                                                  c.past, c.n_heads, c.n_kv_heads, c.head_dim, stream_));
+            std::vector<float> got(qn), ref(qn);
+            ASSERT_TRUE(dout.download(got.data(), stream_));
+            mk_cpu_attention(ref.data(), q.data(), k.values.data(), v.values.data(), c.rows, c.past, c.n_heads,
+                             c.n_kv_heads, c.head_dim);
+            EXPECT_TRUE(all_close(got, ref, kAttnAtol * max_abs(v.values), 1e-5));
+        }
+    GuardedBuf b(4096);
+    EXPECT_ERROR(mk_kernel_attention_prefill_kv(b.ptr<float>(), b.ptr<float>(), b.ptr(), b.ptr(), MK_DTYPE_I64, 1, 0,
+                                                4, 4, 8, stream_),
+                 MK_ERR_DTYPE, "mk_kernel_attention_prefill: KV cache dtype");
 }
 
 TEST_F(OpTest, GemvErrors) {
@@ -1167,7 +1457,7 @@ TEST_F(OpTest, ShapeAndArgumentErrors) {
                  "n_heads 6 must be a multiple of n_kv_heads 4");
     EXPECT_ERROR(mk_kernel_attention_prefill(f, f, f, f, 1, 0, 4, 4, 5, stream_), MK_ERR_SHAPE,
                  "mk_kernel_attention_prefill: head_dim 5 must be even");
-    EXPECT_ERROR(mk_kernel_attention_decode(f, f, f, f, 0, 4, 0, 8, f, 4096, stream_), MK_ERR_SHAPE,
+    EXPECT_ERROR(mk_kernel_attention_decode(f, f, f, f, MK_DTYPE_F32, i, 16, 4, 0, 8, f, 4096, stream_), MK_ERR_SHAPE,
                  "mk_kernel_attention_decode: n_heads 4 must be a multiple of n_kv_heads 0");
     EXPECT_ERROR(mk_kernel_swiglu(f, f, f, MK_DTYPE_I64, 4, stream_), MK_ERR_INVALID_ARGUMENT,
                  "mk_kernel_swiglu: dtype 5 is not F32/F16/BF16");
