@@ -1,6 +1,8 @@
 /* End-to-end benchmark: a model run whole and split in one process (seams through the
  * wire), prefill and decode tokens/s, decode's weight traffic against a measured ceiling,
  * and (with --peer) llama.cpp's decode speed on the same file, prompt and thread count.
+ * On the cuda backend the whole model also decodes op by op (eager_decode), beside the
+ * default replay of one captured graph per range and token: the before/after of graphs.
  *
  * A decode step reads every resident weight once, except an embedding table used only to
  * embed (one row is read), so those bytes x tokens/s is the bandwidth it sustains. On the
@@ -138,7 +140,7 @@ typedef struct e2e_result {
     double step_ms;                /* wall ms per profiled decode step */
     double op_ms[MK_OPF_COUNT];    /* ms per decode step in each op family, all ranges */
     /* per decode token, from the backends' structural counters (mk_backend_counters) */
-    double launches, max_range_syncs, downloaded;
+    double launches, max_range_syncs, downloaded, graph_launches;
     double dev_read, dev_weight_read, dev_kv_read; /* device bytes read (model of each kernel), cuda */
 } e2e_result;
 
@@ -172,6 +174,7 @@ static void counters_of(mk_pipeline *p, mk_backend_counters *sum, uint64_t *sync
     for (size_t i = 0; i < mk_pipeline_range_count(p) && i < 64; i++) {
         const mk_backend_counters *c = mk_range_backend_counters(mk_pipeline_range(p, i));
         sum->launches += c->launches;
+        sum->graph_launches += c->graph_launches;
         sum->host_syncs += c->host_syncs;
         sum->bytes_downloaded += c->bytes_downloaded;
         sum->bytes_uploaded += c->bytes_uploaded;
@@ -221,6 +224,7 @@ static mk_status run(const mk_model *model, const int64_t *cuts, size_t n_cuts, 
     const double decode = now_s() - t0;
     counters_of(p, &c1, r1);
     res->launches = (double)(c1.launches - c0.launches) / (double)n_decode;
+    res->graph_launches = (double)(c1.graph_launches - c0.graph_launches) / (double)n_decode;
     res->downloaded = (double)(c1.bytes_downloaded - c0.bytes_downloaded) / (double)n_decode;
     res->dev_read = (double)(c1.bytes_read - c0.bytes_read) / (double)n_decode;
     res->dev_weight_read = (double)(c1.weight_bytes_read - c0.weight_bytes_read) / (double)n_decode;
@@ -362,13 +366,18 @@ int main(int argc, char **argv) {
     load_average(load_before, sizeof load_before);
     const double ceiling = cpu ? read_ceiling_gbps(n_threads) : 0.0;
     const double copy = cpu ? memcpy_gbps() : 0.0;
-    e2e_result whole[MAX_RUNS], split[MAX_RUNS];
+    e2e_result whole[MAX_RUNS], split[MAX_RUNS], eager[MAX_RUNS];
+    /* cuda: the whole model decoded op by op too (no graphs), the before of the graph step */
+    const bool compare_eager = !cpu;
+    mk_range_options eager_opt = opt;
+    eager_opt.eager_decode = true;
     double peer_tps[MAX_RUNS] = {0};
     char peer_why[512] = "";
     bool peer_ok = peer != NULL;
     for (size_t r = 0; s == MK_OK && r < runs; r++) {
         s = run(model, NULL, 0, &opt, prompt, n_prompt, n_decode, r == 0, &whole[r]);
         if (s == MK_OK) s = run(model, &cut, 1, &opt, prompt, n_prompt, n_decode, false, &split[r]);
+        if (s == MK_OK && compare_eager) s = run(model, NULL, 0, &eager_opt, prompt, n_prompt, n_decode, false, &eager[r]);
         if (s == MK_OK && peer_ok) {
             peer_tps[r] = peer_decode_tps(peer, path, n_threads, n_decode, prompt, n_prompt, peer_why, sizeof peer_why);
             peer_ok = peer_tps[r] > 0.0;
@@ -387,9 +396,9 @@ int main(int argc, char **argv) {
     const size_t read_whole = whole[0].weight_bytes - (hp->tied_embeddings ? 0 : table);
     const size_t read_split = split[0].weight_bytes - table;
     double v[MAX_RUNS];
-    double med[2][2];
-    for (int k = 0; k < 2; k++) {
-        const e2e_result *res = k ? split : whole;
+    double med[3][2] = {{0}};
+    for (int k = 0; k < (compare_eager ? 3 : 2); k++) {
+        const e2e_result *res = k == 2 ? eager : k ? split : whole;
         for (size_t r = 0; r < runs; r++) v[r] = res[r].prefill_tps;
         med[k][0] = median(v, runs);
         for (size_t r = 0; r < runs; r++) v[r] = res[r].decode_tps;
@@ -404,18 +413,20 @@ int main(int argc, char **argv) {
     printf("load average (1 min) before %s, after %s\n", load_before, load_after);
     printf("%-6s %12s %12s %12s %14s %12s\n", "run", "prefill t/s", "decode t/s", "read GB/tok", "decode GB/s",
            ceiling > 0 ? "% ceiling" : "");
-    const size_t reads[2] = {read_whole, read_split};
-    const char *names[2] = {"whole", "split"};
-    for (int k = 0; k < 2; k++) {
+    const size_t reads[3] = {read_whole, read_split, read_whole};
+    const char *names[3] = {"whole", "split", "eager"};
+    const int rows = compare_eager ? 3 : 2;
+    for (int k = 0; k < rows; k++) {
         const double gbps = (double)reads[k] / 1e9 * med[k][1];
         printf("%-6s %12.1f %12.2f %12.4f %14.2f", names[k], med[k][0], med[k][1], (double)reads[k] / 1e9, gbps);
         if (ceiling > 0) printf(" %11.0f%%", 100.0 * gbps / ceiling);
         printf("\n");
     }
-    for (int k = 0; k < 2; k++) {
-        const e2e_result *res = k ? split : whole;
-        printf("%-6s per decode token: %.2f launches, %.2f host waits (most in one range), %.1f bytes downloaded\n",
-               names[k], res[0].launches, res[0].max_range_syncs, res[0].downloaded);
+    for (int k = 0; k < rows; k++) {
+        const e2e_result *res = k == 2 ? eager : k ? split : whole;
+        printf("%-6s per decode token: %.2f launches in %.2f graph launches, %.2f host waits (most in one range), "
+               "%.1f bytes downloaded\n",
+               names[k], res[0].launches, res[0].graph_launches, res[0].max_range_syncs, res[0].downloaded);
         /* The device's bytes per token from the kernels' model (cuda backend; 0 on cpu): at the
          * measured decode rate, the bandwidth the step implies. */
         if (res[0].dev_read > 0)
@@ -425,6 +436,8 @@ int main(int argc, char **argv) {
                    res[0].dev_read - res[0].dev_weight_read - res[0].dev_kv_read, res[0].dev_read / 1e9 * med[k][1],
                    med[k][1]);
     }
+    if (compare_eager)
+        printf("decode with graphs / op by op (whole): %.2fx\n", med[2][1] > 0 ? med[0][1] / med[2][1] : 0.0);
     printf("decode t/s per round (whole):");
     for (size_t r = 0; r < runs; r++) printf(" %.2f", whole[r].decode_tps);
     printf("\n");
@@ -452,8 +465,10 @@ int main(int argc, char **argv) {
         }
         printf(" other %.3f\n", whole[0].step_ms - ops);
     }
-    printf("seam bytes on the wire (split run): %zu; same final token: %s\n", split[0].seam_bytes,
-           whole[0].last_token == split[0].last_token ? "yes" : "NO");
+    const bool same = whole[0].last_token == split[0].last_token &&
+                      (!compare_eager || whole[0].last_token == eager[0].last_token);
+    printf("seam bytes on the wire (split run): %zu; same final token%s: %s\n", split[0].seam_bytes,
+           compare_eager ? " (whole, split, eager)" : "", same ? "yes" : "NO");
     const char *out_dir = getenv("OUT");
     char json_path[4096];
     snprintf(json_path, sizeof json_path, "%s/e2e_bench.json", out_dir && *out_dir ? out_dir : ".");
@@ -464,14 +479,19 @@ int main(int argc, char **argv) {
                 "\"decode\": %zu, \"rounds\": %zu,\n \"load_before\": \"%s\", \"load_after\": \"%s\", "
                 "\"read_ceiling_gbps\": %.3f, \"memcpy_gbps\": %.3f,\n"
                 " \"whole\": {\"prefill_tps\": %.3f, \"decode_tps\": %.3f, \"read_bytes_per_token\": %zu, "
-                "\"launches_per_token\": %.2f, \"host_waits_per_token_per_range\": %.2f, "
-                "\"bytes_downloaded_per_token\": %.1f},\n"
+                "\"launches_per_token\": %.2f, \"graph_launches_per_token\": %.2f, "
+                "\"host_waits_per_token_per_range\": %.2f, \"bytes_downloaded_per_token\": %.1f},\n"
                 " \"split\": {\"prefill_tps\": %.3f, \"decode_tps\": %.3f, \"read_bytes_per_token\": %zu, "
                 "\"seam_bytes\": %zu},\n \"llamacpp_decode_tps\": %.3f, \"ratio_vs_llamacpp\": %.3f",
                 path, backend, mk_dtype_name(opt.backend.weight_dtype), n_threads, n_prompt, n_decode, runs,
                 load_before, load_after, ceiling, copy, med[0][0], med[0][1], read_whole, whole[0].launches,
-                whole[0].max_range_syncs, whole[0].downloaded, med[1][0], med[1][1],
+                whole[0].graph_launches, whole[0].max_range_syncs, whole[0].downloaded, med[1][0], med[1][1],
                 read_split, split[0].seam_bytes, peer_med, peer_med > 0 ? med[0][1] / peer_med : 0.0);
+        if (compare_eager)
+            fprintf(json,
+                    ",\n \"eager\": {\"prefill_tps\": %.3f, \"decode_tps\": %.3f, \"launches_per_token\": %.2f, "
+                    "\"graph_launches_per_token\": %.2f, \"host_waits_per_token_per_range\": %.2f}",
+                    med[2][0], med[2][1], eager[0].launches, eager[0].graph_launches, eager[0].max_range_syncs);
         if (whole[0].profiled) {
             fprintf(json, ",\n \"decode_step_ms\": %.4f, \"decode_ms_per_op\": {", whole[0].step_ms);
             for (int f = 0; f < MK_OPF_COUNT; f++)
@@ -488,7 +508,7 @@ int main(int argc, char **argv) {
         fclose(json);
         printf("results: %s\n", json_path);
     }
-    const int rc = whole[0].last_token == split[0].last_token ? 0 : 3;
+    const int rc = same ? 0 : 3;
     free(prompt);
     mk_model_free(model);
     return rc;

@@ -101,6 +101,19 @@ typedef struct mk_backend_ops {
     mk_status (*add)(mk_backend *b, float *y /* [n] */, const float *x /* [n] */, size_t n);
     mk_status (*argmax)(mk_backend *b, int32_t *out /* dev [rows] */, const float *x /* [rows, n] */, size_t rows,
                         size_t n);
+    /* Optional (NULL: no graphs, cpu). A decode step captured once and replayed per token:
+     * step_begin starts recording the ops issued on the backend's stream (nothing runs);
+     * step_end stops and, when every op could be recorded, instantiates them (*out; NULL
+     * and an error when the capture failed: the stream is usable again either way);
+     * step_launch replays an instantiated step on the stream; step_destroy frees it. The
+     * backend's ops for a 1-row forward read everything that changes per token (positions,
+     * token id, key count) from device memory, so a replay is the step of that token.
+     * `keys`: the keys attention reads in that step (past + 1), for the counters' model of
+     * bytes read. */
+    mk_status (*step_begin)(mk_backend *b, size_t keys);
+    mk_status (*step_end)(mk_backend *b, void **out /* instantiated step */);
+    mk_status (*step_launch)(mk_backend *b, void *step, size_t keys);
+    void (*step_destroy)(mk_backend *b, void *step);
 } mk_backend_ops;
 
 /* Structural counts of the work a backend was asked for (kept by the cuda backend; the cpu
@@ -108,7 +121,9 @@ typedef struct mk_backend_ops {
  * (mk_range_backend_counters) to assert launches per layer, host waits and bytes moved per
  * token without a GPU. */
 typedef struct mk_backend_counters {
-    uint64_t launches;         /* kernels, cuBLAS calls and device-to-device copies issued */
+    uint64_t launches;         /* kernels, cuBLAS calls and device-to-device copies executed (a
+                                * replayed step adds the ones it recorded) */
+    uint64_t graph_launches;   /* replays of a captured step (step_launch) */
     uint64_t host_syncs;       /* times the host waited for the stream (debug per-op checks excluded) */
     uint64_t bytes_downloaded; /* device -> host */
     uint64_t bytes_uploaded;   /* host -> device, weights excluded */

@@ -46,6 +46,14 @@ typedef struct mk_activations {
     int32_t *token; /* [1] tail only */
 } mk_activations;
 
+/* What a captured decode step bakes in besides the range's own buffers: a step recorded
+ * for other addresses is recaptured. */
+typedef struct mk_step_key {
+    const void *kv_arena;    /* the sequence's KV cache */
+    const void *in_payload;  /* the boundary copied into the residual, or NULL */
+    const void *out_payload; /* the boundary the residual is copied to, or NULL */
+} mk_step_key;
+
 struct mk_range {
     const mk_model *model;
     mk_hparams hp;
@@ -67,6 +75,13 @@ struct mk_range {
     int32_t *host_positions; /* [max_rows] host staging of the positions of one forward */
     mk_op_profile profile;   /* host time per op family, when switched on (benchmarks) */
     bool token_only;         /* tail: download the sampled token id alone */
+    /* Decode steps (1-row forwards) as one captured graph, replayed per token: the backend
+     * has step ops and the range was not made with eager_decode. Off for good after a
+     * capture failed (the step then runs op by op). */
+    bool graphs;
+    void *step;              /* the captured step (backend's), NULL until the first decode */
+    mk_step_key step_key;    /* the addresses it bakes in */
+    void *tail_stage;        /* host staging (pinned on cuda): logits [vocab] then the token */
 };
 
 struct mk_sequence {
@@ -95,7 +110,7 @@ static void *mk_carve(mk_carver *c, size_t bytes) {
 mk_range_options mk_range_options_default(void) {
     mk_range_options o = {.struct_size = sizeof o, .architecture = NULL,
                           .backend = mk_backend_config_default(MK_BACKEND_CPU), .max_context = 0,
-                          .max_batch_tokens = 0, .token_only = false};
+                          .max_batch_tokens = 0, .token_only = false, .eager_decode = false};
     return o;
 }
 
@@ -296,6 +311,7 @@ mk_status mk_range_create(const mk_model *model, int64_t start, int64_t end, con
     r->max_context = max_context;
     r->max_rows = max_rows;
     r->token_only = opt->token_only;
+    r->graphs = !opt->eager_decode;
     r->layers = calloc((size_t)(end - start + 1), sizeof *r->layers);
     r->host_positions = calloc(max_rows, sizeof(int32_t));
     mk_status s = r->layers && r->host_positions ? MK_OK : mk_fail(MK_ERR_OUT_OF_MEMORY, "range: out of memory");
@@ -331,6 +347,13 @@ mk_status mk_range_create(const mk_model *model, int64_t start, int64_t end, con
             mk_range_activations(r, &carving);
         }
     }
+    mk_backend *b = r->backend;
+    r->graphs = r->graphs && s == MK_OK && b->ops->step_begin;
+    /* A tail that brings logits back stages them with the token in one host buffer: both
+     * copies queued, then one wait (a host-addressable backend reads its memory directly). */
+    if (s == MK_OK && mk_role_owns_final_head(role) && !r->token_only && !b->ops->host_addressable &&
+        b->ops->host_alloc && b->ops->download_async)
+        s = b->ops->host_alloc(b, r->hp.vocab * sizeof(float) + sizeof(int32_t), &r->tail_stage);
     if (s != MK_OK) {
         mk_range_free(r);
         return s;
@@ -342,6 +365,8 @@ mk_status mk_range_create(const mk_model *model, int64_t start, int64_t end, con
 void mk_range_free(mk_range *r) {
     if (!r) return;
     if (r->backend) {
+        if (r->step) r->backend->ops->step_destroy(r->backend, r->step);
+        if (r->tail_stage) r->backend->ops->host_release(r->backend, r->tail_stage);
         if (r->weight_arena) r->backend->ops->release(r->backend, r->weight_arena);
         if (r->act_arena) r->backend->ops->release(r->backend, r->act_arena);
         mk_backend_destroy(r->backend);
@@ -645,11 +670,33 @@ static mk_status mk_tail_compute(mk_range *r, size_t rows) {
     return MK_OK;
 }
 
-static mk_status mk_emit_tail(mk_range *r, size_t rows, const mk_sampling_contract *sampling, mk_tail_output **out) {
-    const mk_hparams *hp = &r->hp;
+/* The tail's results to the host: the token alone (token_only: 4 bytes, one wait), or the
+ * logits and the token, both copies queued into the staging buffer and one wait. */
+static mk_status mk_tail_download(mk_range *r, float *logits /* [vocab] or NULL */, int32_t *token) {
     mk_backend *b = r->backend;
     const mk_activations *a = &r->act;
-    MK_TRY(mk_tail_compute(r, rows));
+    const size_t logit_bytes = r->hp.vocab * sizeof(float);
+    const double t0 = mk_op_profile_clock(&r->profile);
+    mk_status s = MK_OK;
+    if (logits && r->tail_stage) {
+        uint8_t *stage = r->tail_stage;
+        s = b->ops->download_async(b, stage, a->logits, logit_bytes);
+        if (s == MK_OK) s = b->ops->download_async(b, stage + logit_bytes, a->token, sizeof(int32_t));
+        if (s == MK_OK) s = b->ops->synchronize(b);
+        if (s == MK_OK) {
+            memcpy(logits, stage, logit_bytes);
+            memcpy(token, stage + logit_bytes, sizeof(int32_t));
+        }
+    } else {
+        if (logits) s = b->ops->download(b, logits, a->logits, logit_bytes);
+        if (s == MK_OK) s = b->ops->download(b, token, a->token, sizeof(int32_t));
+    }
+    mk_op_profile_add(&r->profile, MK_OPF_SAMPLE, t0);
+    return s;
+}
+
+static mk_status mk_emit_tail(mk_range *r, const mk_sampling_contract *sampling, mk_tail_output **out) {
+    const mk_hparams *hp = &r->hp;
     mk_tail_output *t = calloc(1, sizeof *t);
     if (!t) return mk_fail(MK_ERR_OUT_OF_MEMORY, "tail output: out of memory");
     t->batch = 1;
@@ -660,10 +707,7 @@ static mk_status mk_emit_tail(mk_range *r, size_t rows, const mk_sampling_contra
     t->token_ids = malloc(sizeof(int32_t));
     mk_status s = (t->logits || r->token_only) && t->token_ids ? MK_OK
                                                                 : mk_fail(MK_ERR_OUT_OF_MEMORY, "tail output: out of memory");
-    const double t0 = mk_op_profile_clock(&r->profile);
-    if (s == MK_OK && t->logits) s = b->ops->download(b, t->logits, a->logits, hp->vocab * sizeof(float));
-    if (s == MK_OK) s = b->ops->download(b, t->token_ids, a->token, sizeof(int32_t));
-    mk_op_profile_add(&r->profile, MK_OPF_SAMPLE, t0);
+    if (s == MK_OK) s = mk_tail_download(r, t->logits, t->token_ids);
     if (s != MK_OK) {
         mk_tail_output_free(t);
         return s;
@@ -686,22 +730,70 @@ static mk_status mk_forward_args(mk_range *r, mk_sequence *seq, bool has_out, mk
     return MK_OK;
 }
 
-/* Positions of the rows (host staging), uploaded; token ids embedded for a head. The
- * residual of a boundary input is already in act.x. */
-static mk_status mk_forward_inputs(mk_range *r, mk_sequence *seq, const int32_t *token_ids, size_t rows) {
+/* The device work of one forward once its inputs are on the device: the input boundary
+ * copied into the residual (in), the embedding (head), the layers, then the tail's norm,
+ * lm_head and sample, or the residual copied to the output boundary (out). Everything it
+ * reads that changes per token (positions, token id) is in device memory, so for one row it
+ * can be recorded once and replayed. */
+static mk_status mk_forward_device(mk_range *r, mk_sequence *seq, size_t rows, const void *in, void *out) {
+    mk_backend *b = r->backend;
+    const mk_activations *a = &r->act;
+    const size_t residual_bytes = rows * r->hp.hidden * sizeof(float);
+    if (in) MK_TRY(b->ops->copy(b, a->x, in, residual_bytes));
+    if (mk_role_owns_embedding(r->role))
+        MK_OP(r, MK_OPF_EMBED, b->ops->embed(b, a->x, r->token_embd, a->ids, rows, r->hp.hidden, r->hp.vocab));
+    const size_t n_layers = (size_t)(r->end - r->start + 1);
+    for (size_t l = 0; l < n_layers; l++) MK_TRY(mk_run_layer(r, seq, l, rows, l + 1 == n_layers));
+    if (mk_role_owns_final_head(r->role)) return mk_tail_compute(r, rows);
+    if (out) MK_TRY(b->ops->copy(b, out, a->x, residual_bytes));
+    return MK_OK;
+}
+
+/* A decode step as the range's captured graph: recorded on first use, and again when the
+ * sequence's KV cache or a boundary lives elsewhere than the recorded one (one step is kept
+ * per range). A step that cannot be recorded runs op by op, with graphs off from then on. */
+static mk_status mk_forward_step(mk_range *r, mk_sequence *seq, const void *in, void *out) {
+    mk_backend *b = r->backend;
+    const mk_step_key key = {seq->kv_arena, in, out};
+    if (r->step && (key.kv_arena != r->step_key.kv_arena || key.in_payload != r->step_key.in_payload ||
+                    key.out_payload != r->step_key.out_payload)) {
+        b->ops->step_destroy(b, r->step);
+        r->step = NULL;
+    }
+    if (!r->step) {
+        void *step = NULL;
+        mk_status s = b->ops->step_begin(b, seq->length + 1);
+        if (s == MK_OK) {
+            s = mk_forward_device(r, seq, 1, in, out);
+            const mk_status e = b->ops->step_end(b, &step); /* ends the recording whatever happened */
+            if (s == MK_OK) s = e;
+        }
+        if (s != MK_OK) {
+            if (step) b->ops->step_destroy(b, step);
+            mk_clear_error(); /* the step runs op by op instead: a real fault is reported there */
+            r->graphs = false;
+            return mk_forward_device(r, seq, 1, in, out);
+        }
+        r->step = step;
+        r->step_key = key;
+    }
+    return b->ops->step_launch(b, r->step, seq->length + 1);
+}
+
+/* One forward: positions (host staging) and token ids uploaded, then the device work, as a
+ * replayed step for one row where the backend has graphs (and the op profile, which times
+ * ops on the host, is off), op by op otherwise. A host bundle's residual is already in act.x. */
+static mk_status mk_forward_run(mk_range *r, mk_sequence *seq, const int32_t *token_ids, size_t rows, const void *in,
+                                void *out) {
     mk_backend *b = r->backend;
     const mk_activations *a = &r->act;
     int32_t *positions = r->host_positions;
     for (size_t i = 0; i < rows; i++) positions[i] = (int32_t)(seq->length + i);
     MK_TRY(b->ops->upload(b, a->pos, positions, rows * sizeof(int32_t)));
-    if (mk_role_owns_embedding(r->role)) {
-        MK_TRY(b->ops->upload(b, a->ids, token_ids, rows * sizeof(int32_t)));
-        MK_OP(r, MK_OPF_EMBED, b->ops->embed(b, a->x, r->token_embd, a->ids, rows, r->hp.hidden, r->hp.vocab));
-    }
-    const size_t n_layers = (size_t)(r->end - r->start + 1);
+    if (mk_role_owns_embedding(r->role)) MK_TRY(b->ops->upload(b, a->ids, token_ids, rows * sizeof(int32_t)));
     if (r->profile.on) r->profile.forwards++;
-    for (size_t l = 0; l < n_layers; l++) MK_TRY(mk_run_layer(r, seq, l, rows, l + 1 == n_layers));
-    return MK_OK;
+    if (rows == 1 && r->graphs && !r->profile.on) return mk_forward_step(r, seq, in, out);
+    return mk_forward_device(r, seq, rows, in, out);
 }
 
 mk_status mk_range_forward(mk_range *r, mk_sequence *seq, const int32_t *token_ids, size_t n_tokens,
@@ -716,8 +808,8 @@ mk_status mk_range_forward(mk_range *r, mk_sequence *seq, const int32_t *token_i
     else MK_TRY(mk_check_rows(r, seq, rows));
     if (bundle)
         MK_TRY(r->backend->ops->upload(r->backend, r->act.x, bundle->residual, rows * r->hp.hidden * sizeof(float)));
-    MK_TRY(mk_forward_inputs(r, seq, token_ids, rows));
-    if (mk_role_owns_final_head(r->role)) MK_TRY(mk_emit_tail(r, rows, &contract, out_tail));
+    MK_TRY(mk_forward_run(r, seq, token_ids, rows, NULL, NULL));
+    if (mk_role_owns_final_head(r->role)) MK_TRY(mk_emit_tail(r, &contract, out_tail));
     else MK_TRY(mk_emit_bundle(r, seq, rows, r->host_positions, out_bundle));
     seq->length += rows;
     seq->steps++;
@@ -741,18 +833,9 @@ mk_status mk_range_forward_into(mk_range *r, mk_sequence *seq, const int32_t *to
     const size_t rows = in ? in->h.rows : n_tokens;
     if (in) MK_TRY(mk_range_check_boundary(r, seq, &in->h));
     else MK_TRY(mk_check_rows(r, seq, rows));
-    mk_backend *b = r->backend;
-    if (in) MK_TRY(b->ops->copy(b, r->act.x, in->payload, rows * r->hp.hidden * sizeof(float)));
-    MK_TRY(mk_forward_inputs(r, seq, token_ids, rows));
-    if (tail) {
-        MK_TRY(mk_tail_compute(r, rows));
-        if (out_logits && !r->token_only)
-            MK_OP(r, MK_OPF_SAMPLE, b->ops->download(b, out_logits, r->act.logits, r->hp.vocab * sizeof(float)));
-        MK_OP(r, MK_OPF_SAMPLE, b->ops->download(b, out_token, r->act.token, sizeof(int32_t)));
-    } else {
-        MK_TRY(b->ops->copy(b, out->payload, r->act.x, rows * r->hp.hidden * sizeof(float)));
-        mk_emit_header(r, seq, rows, &out->h);
-    }
+    MK_TRY(mk_forward_run(r, seq, token_ids, rows, in ? in->payload : NULL, tail ? NULL : out->payload));
+    if (tail) MK_TRY(mk_tail_download(r, r->token_only ? NULL : out_logits, out_token));
+    else mk_emit_header(r, seq, rows, &out->h);
     seq->length += rows;
     seq->steps++;
     return MK_OK;
@@ -820,16 +903,11 @@ mk_status mk_range_forward_boundary(mk_range *r, mk_sequence *seq, const int32_t
     const size_t rows = in ? in->h.rows : n_tokens;
     if (in) MK_TRY(mk_range_check_boundary(r, seq, &in->h));
     else MK_TRY(mk_check_rows(r, seq, rows));
-    mk_backend *b = r->backend;
-    if (in) MK_TRY(b->ops->copy(b, r->act.x, in->payload, rows * r->hp.hidden * sizeof(float)));
-    MK_TRY(mk_forward_inputs(r, seq, token_ids, rows));
-    if (mk_role_owns_final_head(r->role)) {
-        MK_TRY(mk_emit_tail(r, rows, &contract, out_tail));
-    } else {
-        /* The residual stays in backend memory: a copy on the range's stream. */
-        MK_TRY(b->ops->copy(b, out->payload, r->act.x, rows * r->hp.hidden * sizeof(float)));
-        mk_emit_header(r, seq, rows, &out->h);
-    }
+    /* The residual stays in backend memory: copies on the range's stream. */
+    const bool tail = mk_role_owns_final_head(r->role);
+    MK_TRY(mk_forward_run(r, seq, token_ids, rows, in ? in->payload : NULL, tail ? NULL : out->payload));
+    if (tail) MK_TRY(mk_emit_tail(r, &contract, out_tail));
+    else mk_emit_header(r, seq, rows, &out->h);
     seq->length += rows;
     seq->steps++;
     return MK_OK;

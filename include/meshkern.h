@@ -493,6 +493,13 @@ typedef struct mk_range_options {
      * NULL (and a generation callback gets logits == NULL). false (the default): the
      * logits [vocab] come back too. */
     bool token_only;
+    /* A decode step (a forward of one row) on a backend with graphs (cuda) is recorded
+     * once as a CUDA graph and replayed per token: one launch per range and token, no host
+     * work between kernels. It is recorded again when the sequence or a boundary buffer
+     * changes (one graph per range), and a step that cannot be recorded runs op by op.
+     * true: every step runs op by op (eager), for comparisons and debugging. Results are
+     * bit-identical either way. Default false. */
+    bool eager_decode;
 } mk_range_options;
 
 MK_API mk_range_options mk_range_options_default(void);

@@ -101,6 +101,9 @@ MUTATIONS=(
   "race.op-grid-upload-on-legacy~tests/ops/test_ops.cpp~s/cudaMemcpyAsync\(base_, h.data\(\), h.size\(\), cudaMemcpyHostToDevice, stream\)/cudaMemcpyAsync(base_, h.data(), h.size(), cudaMemcpyHostToDevice, 0)/~ops:*RmsNorm*"
   "race.token-upload-on-legacy~host/cuda/backend_cuda.c~s/cudaMemcpyAsync\(dst, stage, bytes, cudaMemcpyHostToDevice, cb->stream\)/cudaMemcpyAsync(dst, stage, bytes, cudaMemcpyHostToDevice, 0)/~backend:*ParityMode*"
   "race.peer-copy-unordered~host/cuda/backend_cuda.c~s/MK_CUDA_CHECK\(cudaStreamWaitEvent\(cb->stream, pb->seam_event, 0\)\);//~backend:*HeadOnDeviceZero*"
+  "graph.rope-kv-slot-from-host-past~host/cuda/backend_cuda.c~s/\(void\)past; \/\*[^\n]*\*\//if (rows == 1) MK_TRY(mk_cuda_after_launch(cb, mk_kernel_kv_append(k_cache, v_cache, k, v, past, rows, n_kv_heads * head_dim, cb->stream)));/~backend:*DecodeGraph*"
+  "graph.decode-keys-from-launch-arg~host/cuda/backend_cuda.c~s/MK_DTYPE_F32, positions,\s+cb->max_context,/MK_DTYPE_F32, positions, past + 1,/~backend:*DecodeGraph*"
+  "graph.key-ignores-kv-arena~host/range.c~s/key.kv_arena != r->step_key.kv_arena \|\| //~backend:*DecodeGraph*"
   "bundle.clear-error-removed~host/bundle.c~s/(mk_status mk_bundle_unpack\([^{]*\{\n)    mk_clear_error\(\);\n/\$1/~api"
 )
 

@@ -17,14 +17,15 @@ bool mk_cli_is_batch_run(int argc, char **argv);
 
 /* The backend options of the range-building run forms (cli_backend.c):
  *   --backend cpu|cuda  --device I  --dtype native|f32|f16|bf16  --kv f32|f16|bf16
- *   --threads N (cpu threads per range)  --speed (a flag)
+ *   --threads N (cpu threads per range)  --speed, --eager-decode (flags)
  * Weights default to native for a GGUF model on the cpu backend (F32 with --dtype f32). */
 typedef struct mk_cli_backend {
     mk_backend_config config;
     bool dtype_given;
+    bool eager_decode; /* --eager-decode: mk_range_options.eager_decode (cuda: no decode graphs) */
 } mk_cli_backend;
 void mk_cli_backend_init(mk_cli_backend *b);
-/* A flag without a value (--speed): true when `a` was one. */
+/* A flag without a value (--speed, --eager-decode): true when `a` was one. */
 bool mk_cli_backend_flag(const char *a, mk_cli_backend *b);
 /* `a` with its value `v`: 1 taken, 0 not a backend option, -1 a bad value (a status
  * message is printed where there is one; the caller prints the usage). */

@@ -17,6 +17,10 @@ void mk_cli_backend_init(mk_cli_backend *b) {
 }
 
 bool mk_cli_backend_flag(const char *a, mk_cli_backend *b) {
+    if (strcmp(a, "--eager-decode") == 0) {
+        b->eager_decode = true; /* decode op by op instead of replaying one graph per range */
+        return true;
+    }
     if (strcmp(a, "--speed") != 0) return false;
     b->config.speed_mode = true;
     return true;

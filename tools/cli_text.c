@@ -107,6 +107,7 @@ static int mk_cli_parse(int argc, char **argv, mk_cli_opts *o, size_t default_n)
     }
     mk_cli_backend_finish(&backend, o->model_path);
     o->range.backend = backend.config;
+    o->range.eager_decode = backend.eager_decode;
     /* GPU to GPU needs the cuda backend: said here, before the model is read. */
     if (o->range.backend.kind != MK_BACKEND_CUDA && (o->seam.kind == MK_SEAM_NCCL || o->n_devices > 0)) {
         fprintf(stderr, "meshkern: %s needs --backend cuda (the cpu backend has no devices)\n",

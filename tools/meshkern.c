@@ -39,7 +39,7 @@ static int usage(void) {
             "  meshkern inspect MODEL.gguf | --random[:key=value,...]\n"
             "  meshkern run MODEL.gguf | --random[:key=value,...] --tokens IDS [--split L1,L2,...] [--n N]\n"
             "               [--backend cpu|cuda] [--device I] [--dtype native|f32|f16|bf16] [--threads N]\n"
-            "               [--kv f32|f16|bf16] [--speed]\n"
+            "               [--kv f32|f16|bf16] [--speed] [--eager-decode (cuda: no decode graphs)]\n"
             "               [--seam local|wire|unix|tcp|nccl] [--devices D0,D1,... (one per range; cuda)]\n"
             "               [--seam-address PATH|HOST:PORT] [--seam-timeout MS]\n"
             "               [--tls-psk HEX [--tls-identity ID] | --tls-cert PEM --tls-key PEM --tls-ca PEM]\n"
@@ -270,6 +270,7 @@ static int cmd_run(int argc, char **argv) {
     }
     mk_cli_backend_finish(&backend, path);
     opt.backend = backend.config;
+    opt.eager_decode = backend.eager_decode;
     if (n_tokens <= 0 || n_cuts < 0 || n_new == 0 || (size_t)n_tokens + n_new >= MK_MAX_TOKENS) return usage();
     for (long i = 0; i < n_tokens; i++) /* the head checks the vocabulary; int32 must not wrap first */
         if (tokens_ll[i] < 0 || tokens_ll[i] > INT32_MAX) {

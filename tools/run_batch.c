@@ -198,6 +198,7 @@ static int run_batch(const batch_args *a, const mk_model *model, const batch_pro
     for (size_t i = 0; i < n_prompts; i++) longest = prompts[i].n > longest ? prompts[i].n : longest;
     mk_sched_options o = mk_sched_options_default();
     o.range.backend = a->backend.config;
+    o.range.eager_decode = a->backend.eager_decode;
     o.range.max_context = longest + a->n_new;
     if (o.range.max_context > hp->max_context) o.range.max_context = hp->max_context;
     o.range.max_batch_tokens = longest < o.range.max_context ? longest : o.range.max_context;

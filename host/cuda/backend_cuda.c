@@ -39,6 +39,11 @@ typedef struct mk_cuda_backend {
     void *decode_ws;       /* dev: flash-decoding partials */
     size_t decode_ws_bytes;
     size_t max_context;    /* KV cache rows (reserve): decode attention's fixed grid */
+    void *cublas_ws;       /* dev: cuBLAS's workspace, fixed at reserve (a captured GEMM allocates nothing) */
+    size_t cublas_ws_bytes;
+    bool capturing;        /* a decode step is being recorded (step_begin .. step_end) */
+    mk_backend_counters capture_start; /* the counters when the capture began */
+    size_t capture_keys;               /* the key count of the recorded step */
     void *pinned;          /* host pinned staging for downloads / uploads */
     size_t pinned_bytes;
     size_t pinned_used;    /* uploads staged since the host last waited for the stream */
@@ -56,6 +61,13 @@ typedef struct mk_cuda_backend {
     size_t lowp_elems;
     mk_dtype lowp_dtype;
 } mk_cuda_backend;
+
+/* A captured decode step: the instantiated graph and the launches it replays. */
+typedef struct mk_cuda_step {
+    cudaGraphExec_t exec;
+    mk_backend_counters recorded; /* what the recorded ops counted (launches, bytes read) */
+    size_t keys;                  /* the key count attention read when it was recorded */
+} mk_cuda_step;
 
 /* A matrix stored in native mode: its GGUF block type, or 0 for BF16. */
 typedef struct mk_cuda_native_weight {
@@ -104,7 +116,8 @@ static bool mk_device_scope_enter(mk_device_scope *scope, int device) {
 static mk_status mk_cuda_after_launch(mk_cuda_backend *cb, mk_status s) {
     if (s == MK_OK) cb->base.counters.launches++;
 #ifndef NDEBUG
-    if (s == MK_OK) MK_CUDA_CHECK(cudaStreamSynchronize(cb->stream));
+    /* not while a step is recorded: nothing ran, and a wait would invalidate the capture */
+    if (s == MK_OK && !cb->capturing) MK_CUDA_CHECK(cudaStreamSynchronize(cb->stream));
 #else
     (void)cb;
 #endif
@@ -140,8 +153,8 @@ static void cuda_destroy(mk_backend *b) {
     mk_cuda_backend *cb = cuda_of(b);
     /* Only touch the device if something was created on it: a backend that failed on a
      * missing device index must not leave cudaSetDevice's error behind. */
-    const bool created =
-        cb->stream || cb->cublas || cb->act_lowp || cb->decode_ws || cb->pinned || cb->seam_event || cb->deq_scratch;
+    const bool created = cb->stream || cb->cublas || cb->act_lowp || cb->decode_ws || cb->pinned || cb->seam_event ||
+                         cb->deq_scratch || cb->cublas_ws;
     MK_DEVICE_SCOPE(scope);
     if (created && mk_device_scope_enter(&scope, cb->device)) {
         if (cb->stream) cudaStreamSynchronize(cb->stream);
@@ -151,6 +164,7 @@ static void cuda_destroy(mk_backend *b) {
         if (cb->pinned) cudaFreeHost(cb->pinned);
         if (cb->deq_scratch) cudaFree(cb->deq_scratch);
         if (cb->cublas) cublasDestroy(cb->cublas);
+        if (cb->cublas_ws) cudaFree(cb->cublas_ws); /* after the handle that used it */
         if (cb->stream) cudaStreamDestroy(cb->stream);
     }
     (void)cudaGetLastError(); /* teardown reports nothing: leave no stale error */
@@ -260,6 +274,7 @@ static mk_status cuda_download_async(mk_backend *b, void *dst, const void *src, 
     mk_cuda_backend *cb = cuda_of(b);
     MK_ON_DEVICE(cb);
     if (bytes) MK_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, cb->stream));
+    cb->base.counters.bytes_downloaded += bytes;
     return MK_OK;
 }
 
@@ -268,6 +283,7 @@ static mk_status cuda_upload_async(mk_backend *b, void *dst, const void *src, si
     MK_ON_DEVICE(cb);
     mk_cuda_lowp_forget(cb);
     if (bytes) MK_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, cb->stream));
+    cb->base.counters.bytes_uploaded += bytes;
     return MK_OK;
 }
 
@@ -314,6 +330,14 @@ static mk_status cuda_reserve(mk_backend *b, size_t max_rows, size_t max_context
         cb->act_lowp_elems = max_rows * width;
         MK_TRY(cuda_alloc(b, cb->act_lowp_elems * 2, &cb->act_lowp));
     }
+    /* cuBLAS's workspace, fixed for the range's life (cuBLAS's recommended size: 32 MiB on
+     * sm_90 and newer, 4 MiB before): a GEMM recorded in a decode step then allocates
+     * nothing, and nothing is allocated per token. */
+    int major = 0;
+    MK_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, cb->device));
+    cb->cublas_ws_bytes = (size_t)(major >= 9 ? 32 : 4) << 20;
+    MK_TRY(cuda_alloc(b, cb->cublas_ws_bytes, &cb->cublas_ws));
+    MK_CUBLAS_CHECK(cublasSetWorkspace(cb->cublas, cb->cublas_ws, cb->cublas_ws_bytes));
     cb->max_context = max_context;
     cb->decode_ws_bytes = mk_kernel_attention_decode_workspace_bytes(max_context, hp->n_heads, hp->head_dim);
     MK_TRY(cuda_alloc(b, cb->decode_ws_bytes, &cb->decode_ws));
@@ -742,6 +766,81 @@ static mk_status cuda_argmax(mk_backend *b, int32_t *out, const float *x, size_t
     return mk_cuda_after_launch(cb, mk_kernel_argmax(out, x, rows, n, cb->stream));
 }
 
+/* =========================================================== decode steps == */
+
+/* Records the ops issued from here to step_end on the range's stream (thread-local mode:
+ * other threads' ranges may allocate meanwhile; this thread may not, nor wait). The
+ * launches counted while recording are given back at step_end: nothing ran. */
+static mk_status cuda_step_begin(mk_backend *b, size_t keys) {
+    mk_cuda_backend *cb = cuda_of(b);
+    MK_ON_DEVICE(cb);
+    if (cb->capturing) return mk_fail(MK_ERR_INTERNAL, "cuda backend: a step is already being recorded");
+    MK_CUDA_CHECK(cudaStreamBeginCapture(cb->stream, cudaStreamCaptureModeThreadLocal));
+    cb->capturing = true;
+    cb->capture_start = cb->base.counters;
+    cb->capture_keys = keys;
+    return MK_OK;
+}
+
+static mk_status cuda_step_end(mk_backend *b, void **out) {
+    mk_cuda_backend *cb = cuda_of(b);
+    *out = NULL;
+    MK_ON_DEVICE(cb);
+    if (!cb->capturing) return mk_fail(MK_ERR_INTERNAL, "cuda backend: no step is being recorded");
+    cb->capturing = false;
+    mk_backend_counters recorded = cb->base.counters; /* the counts of ops that did not run yet */
+    recorded.launches -= cb->capture_start.launches;
+    recorded.bytes_read -= cb->capture_start.bytes_read;
+    recorded.weight_bytes_read -= cb->capture_start.weight_bytes_read;
+    recorded.kv_bytes_read -= cb->capture_start.kv_bytes_read;
+    cb->base.counters.launches = cb->capture_start.launches;
+    cb->base.counters.bytes_read = cb->capture_start.bytes_read;
+    cb->base.counters.weight_bytes_read = cb->capture_start.weight_bytes_read;
+    cb->base.counters.kv_bytes_read = cb->capture_start.kv_bytes_read;
+    cudaGraph_t graph = NULL;
+    MK_CUDA_CHECK(cudaStreamEndCapture(cb->stream, &graph)); /* an invalidated capture ends here */
+    mk_cuda_step *step = calloc(1, sizeof *step);
+    cudaError_t err = step ? cudaGraphInstantiate(&step->exec, graph, 0) : cudaSuccess;
+    cudaGraphDestroy(graph); /* the executable form stands alone */
+    if (!step) return mk_fail(MK_ERR_OUT_OF_MEMORY, "cuda backend: out of memory for a decode step");
+    if (err != cudaSuccess) {
+        free(step);
+        MK_CUDA_CHECK(err);
+    }
+    step->recorded = recorded;
+    step->keys = cb->capture_keys;
+    *out = step;
+    return MK_OK;
+}
+
+static mk_status cuda_step_launch(mk_backend *b, void *step, size_t keys) {
+    mk_cuda_backend *cb = cuda_of(b);
+    const mk_cuda_step *st = step;
+    MK_ON_DEVICE(cb);
+    MK_CUDA_CHECK(cudaGraphLaunch(st->exec, cb->stream));
+    /* The recorded counts; the KV rows attention reads grow with the key count (linearly:
+     * 2 * keys * kv_dim * element size per layer), the rest is the same every token. */
+    const uint64_t kv = st->keys ? st->recorded.kv_bytes_read / st->keys * keys : 0;
+    cb->base.counters.launches += st->recorded.launches;
+    cb->base.counters.weight_bytes_read += st->recorded.weight_bytes_read;
+    cb->base.counters.kv_bytes_read += kv;
+    cb->base.counters.bytes_read += st->recorded.bytes_read - st->recorded.kv_bytes_read + kv;
+    cb->base.counters.graph_launches++;
+#ifndef NDEBUG
+    MK_CUDA_CHECK(cudaStreamSynchronize(cb->stream)); /* a fault reported at its step */
+#endif
+    return MK_OK;
+}
+
+static void cuda_step_destroy(mk_backend *b, void *step) {
+    mk_cuda_step *st = step;
+    if (!st) return;
+    MK_DEVICE_SCOPE(scope);
+    if (mk_device_scope_enter(&scope, cuda_of(b)->device)) cudaGraphExecDestroy(st->exec);
+    (void)cudaGetLastError(); /* teardown reports nothing */
+    free(st);
+}
+
 static const mk_backend_ops mk_cuda_ops = {
     .name = "cuda",
     .destroy = cuda_destroy,
@@ -773,6 +872,10 @@ static const mk_backend_ops mk_cuda_ops = {
     .swiglu = cuda_swiglu,
     .add = cuda_add,
     .argmax = cuda_argmax,
+    .step_begin = cuda_step_begin,
+    .step_end = cuda_step_end,
+    .step_launch = cuda_step_launch,
+    .step_destroy = cuda_step_destroy,
 };
 
 static mk_status mk_cuda_backend_init(mk_cuda_backend *cb) {

@@ -257,8 +257,8 @@ TEST(CudaBackend, DecodeTokenStructuralCounts) {
         EXPECT_LE(cost.launches, (d == MK_DTYPE_F32 ? 12 : 8) * L + outside);
         EXPECT_GE(cost.launches, L); // counted at all
         // The position and token id are staged in separate slices of the pinned buffer
-        // without a wait; the host waits for the logits and for the token.
-        EXPECT_LE(cost.host_syncs, 2u);
+        // without a wait; the logits and the token come back in one wait.
+        EXPECT_EQ(cost.host_syncs, 1u);
         EXPECT_EQ(cost.bytes_downloaded, c.hp.vocab * sizeof(float) + sizeof(int32_t)); // logits + token
         EXPECT_EQ(cost.bytes_uploaded, 2 * sizeof(int32_t)); // position + token id
         EXPECT_TRUE(cost.had_logits);
@@ -898,6 +898,183 @@ TEST(CudaBackend, RangeLargerThanDeviceMemoryIsRefusedCleanly) {
               2u);
 }
 
+
+// ============================================================ decode graphs ==
+// A decode step (one row) on the cuda backend replays one captured CUDA graph per range
+// (mk_range_options.eager_decode = false, the default): the same tokens and bit-identical
+// logits as op-by-op execution, whole and split, in every weight mode, over a context
+// that crosses the decode attention's 256-key chunk while the recorded grid stays fixed.
+
+mk_range_options decode_options(mk_dtype dtype, bool eager, size_t max_context) {
+    mk_range_options o = cuda_options(dtype, dtype != MK_DTYPE_F32);
+    o.max_context = max_context;
+    o.eager_decode = eager;
+    return o;
+}
+
+// Greedy decode through a pipeline cut at `cuts`; each range's graph launches counted.
+Decode decode_counting_graphs(const mk_model *model, const std::vector<int64_t> &cuts, const mk_range_options &o,
+                              const std::vector<int32_t> &prompt, size_t steps, std::vector<uint64_t> *graph_launches) {
+    Pipeline p(model, cuts, o);
+    const Decode d = decode_greedy_on(p, prompt, steps);
+    graph_launches->clear();
+    if (p.status() == MK_OK)
+        for (size_t i = 0; i <= cuts.size(); i++) graph_launches->push_back(mk_range_backend_counters(p.range(i))->graph_launches);
+    return d;
+}
+
+void expect_graphs_match_eager(const mk_model *model, mk_dtype dtype, int64_t n_layers, size_t max_context,
+                               const std::vector<int32_t> &prompt, size_t steps) {
+    SCOPED_TRACE(mk_dtype_name(dtype));
+    std::vector<uint64_t> launches;
+    const Decode eager = decode_counting_graphs(model, {}, decode_options(dtype, true, max_context), prompt, steps, &launches);
+    ASSERT_EQ(eager.tokens.size(), steps);
+    EXPECT_EQ(launches, std::vector<uint64_t>{0}) << "eager_decode replays nothing";
+    for (const std::vector<int64_t> &cuts : {std::vector<int64_t>{}, std::vector<int64_t>{n_layers / 2}}) {
+        const Decode graph = decode_counting_graphs(model, cuts, decode_options(dtype, false, max_context), prompt,
+                                                    steps, &launches);
+        expect_bit_identical(eager, graph, cuts.empty() ? "whole: graph vs eager" : "2 ranges (graph) vs whole (eager)");
+        // the prompt is one forward of many rows (op by op); every later step is one replay per range
+        EXPECT_EQ(launches, std::vector<uint64_t>(cuts.size() + 1, steps - 1)) << cuts.size() + 1 << " ranges";
+    }
+}
+
+// f32 weights (cuBLAS products) across the 256-key chunk edge: steps attend to 253..261 keys.
+TEST(CudaBackend, DecodeGraphMatchesEagerF32AcrossTheChunkEdge) {
+    MK_REQUIRE_DEVICE();
+    mk_hparams hp = gqa_tied_hparams();
+    hp.max_context = 300;
+    ModelPtr model = make_random_model(hp);
+    std::vector<int32_t> prompt(252);
+    for (size_t i = 0; i < prompt.size(); i++) prompt[i] = (int32_t)((i * 7 + 3) % hp.vocab);
+    expect_graphs_match_eager(model.get(), MK_DTYPE_F32, (int64_t)hp.n_layers, 270, prompt, 9);
+}
+
+// bf16 weights (the decode GEMV kernels).
+TEST(CudaBackend, DecodeGraphMatchesEagerBf16) {
+    MK_REQUIRE_DEVICE();
+    const ModelCase c = model_cases()[1];
+    ModelPtr model = make_random_model(c.hp);
+    expect_graphs_match_eager(model.get(), MK_DTYPE_BF16, (int64_t)c.hp.n_layers, 64, c.prompt, 12);
+}
+
+// native: Q8_0 attention, Q4_1 MLP and embedding in their blocks, an F16 lm_head as BF16.
+TEST(CudaBackend, DecodeGraphMatchesEagerNative) {
+    MK_REQUIRE_DEVICE();
+    mk_native_gguf::TempModel tm([](const std::string &part) {
+        if (part.rfind("attn", 0) == 0) return (uint32_t)MK_GGML_TYPE_Q8_0;
+        if (part == "output") return (uint32_t)MK_GGML_TYPE_F16;
+        return (uint32_t)MK_GGML_TYPE_Q4_1;
+    }, false);
+    ASSERT_TRUE(tm.model);
+    std::vector<int32_t> prompt(12); // more rows than the GEMV takes: the prefill path
+    for (size_t i = 0; i < prompt.size(); i++) prompt[i] = (int32_t)((i * 7 + 3) % 40);
+    expect_graphs_match_eager(tm.model.get(), MK_DTYPE_NATIVE, 3, 64, prompt, 6);
+}
+
+// What one decode token costs with the step replayed (mk_range_forward_into, the scheduler's
+// allocation-free path): one graph launch, one host wait, 4 bytes down for token_only or
+// the logits and the token in the same wait, the same work as op by op, nothing allocated.
+TEST(CudaBackend, DecodeGraphStepCountsPerToken) {
+    MK_REQUIRE_DEVICE();
+    const ModelCase c = model_cases()[1];
+    ModelPtr model = make_random_model(c.hp);
+    const int64_t L = (int64_t)c.hp.n_layers;
+    for (const bool token_only : {false, true}) {
+        SCOPED_TRACE(token_only ? "token_only" : "logits");
+        mk_backend_counters per_token[2] = {}; // [eager, graph]: the last decode token's cost
+        std::vector<int32_t> tokens[2];
+        std::vector<std::vector<float>> logits[2];
+        for (const bool eager : {true, false}) {
+            mk_range_options o = decode_options(MK_DTYPE_BF16, eager, 64);
+            o.token_only = token_only;
+            mk_range *r = nullptr;
+            MK_ASSERT_OK(mk_range_create(model.get(), 0, L - 1, &o, &r));
+            RangePtr range(r);
+            mk_sequence *seq = nullptr;
+            MK_ASSERT_OK(mk_sequence_open(r, &seq));
+            std::vector<float> l(c.hp.vocab);
+            int32_t next = 0;
+            MK_ASSERT_OK(mk_range_forward_into(r, seq, c.prompt.data(), c.prompt.size(), nullptr, nullptr, l.data(), &next));
+#if defined(MK_TEST_CUDASIM)
+            const uint64_t allocs = cudasim::allocation_calls();
+#endif
+            for (int step = 0; step < 6; step++) {
+                const mk_backend_counters before = *mk_range_backend_counters(r);
+                const int32_t in = next;
+                MK_ASSERT_OK(mk_range_forward_into(r, seq, &in, 1, nullptr, nullptr, token_only ? nullptr : l.data(), &next));
+                const mk_backend_counters after = *mk_range_backend_counters(r);
+                per_token[eager ? 0 : 1] = {after.launches - before.launches, after.graph_launches - before.graph_launches,
+                                            after.host_syncs - before.host_syncs,
+                                            after.bytes_downloaded - before.bytes_downloaded,
+                                            after.bytes_uploaded - before.bytes_uploaded};
+                const mk_backend_counters &t = per_token[eager ? 0 : 1];
+                EXPECT_EQ(t.graph_launches, eager ? 0u : 1u) << "step " << step;
+                EXPECT_EQ(t.host_syncs, 1u) << "step " << step;
+                EXPECT_EQ(t.bytes_downloaded, token_only ? sizeof(int32_t) : c.hp.vocab * sizeof(float) + sizeof(int32_t))
+                    << "step " << step;
+                EXPECT_EQ(t.bytes_uploaded, 2 * sizeof(int32_t)) << "step " << step; // position + token id
+                tokens[eager ? 0 : 1].push_back(next);
+                if (!token_only) logits[eager ? 0 : 1].push_back(l);
+            }
+#if defined(MK_TEST_CUDASIM)
+            EXPECT_EQ(cudasim::allocation_calls(), allocs) << "device or pinned memory allocated by decode steps";
+#endif
+            mk_sequence_close(seq);
+        }
+        std::printf("[ counts   ] bf16 decode token (%s): graph %llu launches in %llu graph launch, eager %llu launches; "
+                    "%llu host wait, %llu bytes down\n",
+                    token_only ? "token_only" : "logits", (unsigned long long)per_token[1].launches,
+                    (unsigned long long)per_token[1].graph_launches, (unsigned long long)per_token[0].launches,
+                    (unsigned long long)per_token[1].host_syncs, (unsigned long long)per_token[1].bytes_downloaded);
+        EXPECT_EQ(per_token[1].launches, per_token[0].launches) << "a replay does the work op by op does";
+        EXPECT_EQ(tokens[1], tokens[0]);
+        for (size_t i = 0; i < logits[0].size(); i++) EXPECT_TRUE(bit_identical(logits[1][i], logits[0][i])) << i;
+    }
+}
+
+// Two sequences decoding in turn on one range: the step recorded for one sequence's KV
+// cache is recorded again for the other's (one graph per range), and every token is the one
+// op-by-op execution gives; a pipeline of two ranges keeps one replay per range and token.
+TEST(CudaBackend, DecodeGraphIsRecapturedForAnotherSequence) {
+    MK_REQUIRE_DEVICE();
+    const ModelCase c = model_cases()[0];
+    ModelPtr model = make_random_model(c.hp);
+    const int64_t L = (int64_t)c.hp.n_layers;
+    std::vector<int32_t> tokens[2][2];     // [eager, graph][sequence]
+    std::vector<std::vector<float>> logits[2][2];
+    for (const bool eager : {true, false}) {
+        const mk_range_options o = decode_options(MK_DTYPE_F32, eager, 64);
+        mk_range *r = nullptr;
+        MK_ASSERT_OK(mk_range_create(model.get(), 0, L - 1, &o, &r));
+        RangePtr range(r);
+        mk_sequence *seq[2] = {nullptr, nullptr};
+        int32_t next[2] = {0, 0};
+        std::vector<float> l(c.hp.vocab);
+        const std::vector<int32_t> prompts[2] = {c.prompt, {4, 9, 1}};
+        for (int s = 0; s < 2; s++) {
+            MK_ASSERT_OK(mk_sequence_open(r, &seq[s]));
+            MK_ASSERT_OK(mk_range_forward_into(r, seq[s], prompts[s].data(), prompts[s].size(), nullptr, nullptr,
+                                               l.data(), &next[s]));
+        }
+        for (int step = 0; step < 5; step++)
+            for (int s = 0; s < 2; s++) {
+                const int32_t in = next[s];
+                MK_ASSERT_OK(mk_range_forward_into(r, seq[s], &in, 1, nullptr, nullptr, l.data(), &next[s]));
+                tokens[eager ? 0 : 1][s].push_back(next[s]);
+                logits[eager ? 0 : 1][s].push_back(l);
+            }
+        EXPECT_EQ(mk_range_backend_counters(r)->graph_launches, eager ? 0u : 10u);
+        for (mk_sequence *q : seq) mk_sequence_close(q);
+    }
+    for (int s = 0; s < 2; s++) {
+        EXPECT_EQ(tokens[1][s], tokens[0][s]) << "sequence " << s;
+        for (size_t i = 0; i < logits[0][s].size(); i++)
+            EXPECT_TRUE(bit_identical(logits[1][s][i], logits[0][s][i])) << "sequence " << s << " step " << i;
+    }
+    EXPECT_NE(tokens[0][0], tokens[0][1]) << "the two sequences must differ for the test to mean anything";
+}
+
 #if defined(MK_TEST_CUDASIM)
 
 // Restores cudasim's per-device memory when a test that shrinks it ends.
@@ -927,9 +1104,9 @@ TEST(CudaBackendSim, SmallDeviceMemoryRefusesWeightsThenKvCache) {
         EXPECT_EQ(device_bytes_used(0), 0u);
     }
     {
-        // Room for the range (weights ~250 KiB + activations ~360 KiB + scratch), not for a
-        // sequence's KV cache (~390 KiB).
-        DeviceMemoryLimit limit(800 << 10);
+        // Room for the range (weights ~250 KiB + activations ~360 KiB + scratch + cuBLAS's
+        // fixed workspace, 32 MiB on the simulated sm_90), not for a sequence's KV cache (~390 KiB).
+        DeviceMemoryLimit limit((800 << 10) + (size_t(32) << 20));
         mk_range *r = nullptr;
         mk_range_options o = cuda_options();
         MK_ASSERT_OK(mk_range_create(model.get(), 0, 5, &o, &r));
@@ -944,7 +1121,9 @@ TEST(CudaBackendSim, SmallDeviceMemoryRefusesWeightsThenKvCache) {
 }
 
 // A kernel launch that fails mid-forward: a clear status, nothing leaked, and the range
-// recovers (the failed step left the sequence where it was).
+// recovers (the failed step left the sequence where it was). Decode steps run op by op
+// here: the injection counts launches as they are issued, and a replayed graph issues none
+// (a launch failing while a step is recorded: DecodeStepCaptureFailureFallsBackToEager).
 TEST(CudaBackendSim, FailedKernelLaunchIsReportedAndTheRangeRecovers) {
     const ModelCase c = model_cases()[0];
     ModelPtr model = make_random_model(c.hp);
@@ -952,7 +1131,9 @@ TEST(CudaBackendSim, FailedKernelLaunchIsReportedAndTheRangeRecovers) {
     ASSERT_EQ(clean.tokens.size(), 3u);
     const size_t live = cudasim::live_allocations();
     {
-        Pipeline p(model.get(), {2}, cuda_options());
+        mk_range_options eager = cuda_options();
+        eager.eager_decode = true;
+        Pipeline p(model.get(), {2}, eager);
         MK_ASSERT_OK(p.status());
         TailPtr out;
         MK_ASSERT_OK(p.step(c.prompt, &out));
@@ -1109,6 +1290,31 @@ TEST(CudasimCublas, BadArgumentsAreRefusedAsCublasDoes) {
     EXPECT_EQ(cublasDestroy(h), CUBLAS_STATUS_SUCCESS);
     EXPECT_EQ(cublasDestroy(h), CUBLAS_STATUS_NOT_INITIALIZED);
     EXPECT_STRNE(cublasGetStatusString(CUBLAS_STATUS_INVALID_VALUE), "");
+}
+
+// A launch failing while a decode step is recorded: the step runs op by op instead (the
+// recording's error cleared), gives the tokens and logits of eager execution, and the range
+// keeps running op by op.
+TEST(CudaBackendSim, DecodeStepCaptureFailureFallsBackToEager) {
+    const ModelCase c = model_cases()[1];
+    ModelPtr model = make_random_model(c.hp);
+    const Decode eager = decode_greedy(model.get(), {}, decode_options(MK_DTYPE_BF16, true, 64), c.prompt, 5);
+    ASSERT_EQ(eager.tokens.size(), 5u);
+    Pipeline p(model.get(), {}, decode_options(MK_DTYPE_BF16, false, 64));
+    MK_ASSERT_OK(p.status());
+    Decode got;
+    std::vector<int32_t> next = c.prompt;
+    for (int i = 0; i < 5; i++) {
+        if (i == 1) cudasim::inject_launch_failure(3); // inside the first recording
+        TailPtr o;
+        MK_ASSERT_OK(p.step(next, &o));
+        EXPECT_STREQ(mk_last_error(), "") << "step " << i;
+        got.logits.push_back(logits_of(o));
+        got.tokens.push_back(o->token_ids[0]);
+        next = {o->token_ids[0]};
+    }
+    expect_bit_identical(eager, got, "after a failed recording");
+    EXPECT_EQ(mk_range_backend_counters(p.range(0))->graph_launches, 0u);
 }
 
 #endif // MK_TEST_CUDASIM

@@ -90,6 +90,9 @@ void set_stream_seed(uint64_t seed);
 void inject_launch_failure(uint64_t after, cudaError_t err = cudaErrorLaunchFailure);
 /* Live cudaMalloc + cudaMallocHost allocations (every device), for leak checks. */
 size_t live_allocations();
+/* cudaMalloc / cudaMallocAsync / cudaMallocHost / cudaHostAlloc calls so far (all threads):
+ * a difference of zero across a forward shows nothing was allocated in it. */
+uint64_t allocation_calls();
 
 namespace detail {
 

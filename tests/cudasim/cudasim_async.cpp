@@ -80,6 +80,8 @@ struct StreamQueue {
   /* stream capture (cudaStreamBeginCapture): work is recorded here instead of queued */
   std::shared_ptr<std::vector<StreamTask>> capture;
   bool capture_broken = false;
+  int capture_mode = 0;             /* cudaStreamCaptureMode of the capture */
+  std::thread::id capture_thread;   /* the host thread that began it */
   /* async ops: the worker thread runs `handoff` */
   bool has_worker = false, stop = false;
   Op handoff;
@@ -428,7 +430,7 @@ bool take_exec_error(cudaError_t *err, std::string *msg) {
   return true;
 }
 
-bool stream_begin_capture(cudaStream_t s) {
+bool stream_begin_capture(cudaStream_t s, int mode) {
   if (is_default(s)) return false;
   Sched &a = sched();
   std::lock_guard<std::mutex> g(a.mu);
@@ -436,7 +438,28 @@ bool stream_begin_capture(cudaStream_t s) {
   if (q->capture) return false;
   q->capture = std::make_shared<std::vector<StreamTask>>();
   q->capture_broken = false;
+  q->capture_mode = mode;
+  q->capture_thread = std::this_thread::get_id();
   return true;
+}
+
+bool capture_prohibits_unsafe_call() {
+  Sched &a = sched();
+  std::lock_guard<std::mutex> g(a.mu);
+  const std::thread::id me = std::this_thread::get_id();
+  bool prohibited = false;
+  for (auto &kv : a.created) {
+    StreamQueue &q = *kv.second;
+    if (!q.capture) continue;
+    /* this thread's own capture (global or thread-local), or another thread's global one */
+    const bool mine = q.capture_thread == me && q.capture_mode != cudaStreamCaptureModeRelaxed;
+    const bool global = q.capture_thread != me && q.capture_mode == cudaStreamCaptureModeGlobal;
+    if (mine || global) {
+      q.capture_broken = true; /* as libcudart: the refused call invalidates the capture */
+      prohibited = true;
+    }
+  }
+  return prohibited;
 }
 
 std::shared_ptr<std::vector<StreamTask>> stream_end_capture(cudaStream_t s, bool *broken) {

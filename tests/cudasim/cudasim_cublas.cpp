@@ -37,6 +37,8 @@ struct cublasContext {
   int device;          /* current device when the handle was created */
   cudaStream_t stream; /* 0 = legacy default stream */
   cublasMath_t math;
+  void *workspace = nullptr; /* cublasSetWorkspace; cublasSetStream resets it, as cuBLAS does */
+  size_t workspace_bytes = 0;
 };
 
 namespace {
@@ -237,7 +239,7 @@ cublasStatus_t cublasCreate_v2(cublasHandle_t *handle) {
   if (!handle) return fail(CUBLAS_STATUS_INVALID_VALUE, "cublasCreate", "null handle pointer");
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess) return CUBLAS_STATUS_NOT_INITIALIZED;
-  cublasHandle_t h = new cublasContext{device, nullptr, CUBLAS_DEFAULT_MATH};
+  cublasHandle_t h = new cublasContext{device, nullptr, CUBLAS_DEFAULT_MATH, nullptr, 0};
   std::lock_guard<std::mutex> g(g_mu);
   g_handles.insert(h);
   *handle = h;
@@ -255,6 +257,24 @@ cublasStatus_t cublasSetStream_v2(cublasHandle_t handle, cudaStream_t stream) {
   if (!handle_live(handle)) return CUBLAS_STATUS_NOT_INITIALIZED;
   if (!cudasim::stream_is_valid(stream)) return fail(CUBLAS_STATUS_INVALID_VALUE, "cublasSetStream", "invalid stream");
   handle->stream = stream;
+  handle->workspace = nullptr; /* cuBLAS: setting the stream resets the user workspace */
+  handle->workspace_bytes = 0;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+/* The user workspace cuBLAS uses instead of its own pool (what makes a captured GEMM
+ * allocate nothing): device memory of the handle's device, 256-byte aligned. The simulated
+ * GEMM needs no scratch, so this only checks and remembers it. */
+cublasStatus_t cublasSetWorkspace_v2(cublasHandle_t handle, void *workspace, size_t bytes) {
+  if (!handle_live(handle)) return CUBLAS_STATUS_NOT_INITIALIZED;
+  if (bytes && !workspace) return fail(CUBLAS_STATUS_INVALID_VALUE, "cublasSetWorkspace", "null workspace");
+  if (workspace && reinterpret_cast<uintptr_t>(workspace) % 256 != 0)
+    return fail(CUBLAS_STATUS_INVALID_VALUE, "cublasSetWorkspace", "workspace not 256-byte aligned");
+  if (bytes && cudasim::allocation_device(workspace, bytes) != handle->device)
+    return fail(CUBLAS_STATUS_INVALID_VALUE, "cublasSetWorkspace",
+                "workspace is not inside one device allocation of the handle's device");
+  handle->workspace = workspace;
+  handle->workspace_bytes = bytes;
   return CUBLAS_STATUS_SUCCESS;
 }
 

@@ -73,7 +73,11 @@ unsigned stream_flags(cudaStream_t s);
 /* Stream capture: while capturing, work submitted to s is recorded (in order) instead of
  * queued; stream_end_capture hands the recorded tasks over (nullptr: s was not capturing;
  * *broken: something that cannot be replayed was issued, or a synchronisation was tried). */
-bool stream_begin_capture(cudaStream_t s);
+bool stream_begin_capture(cudaStream_t s, int mode /* cudaStreamCaptureMode */);
+/* A "potentially unsafe" call (cudaMalloc, cudaFree, a synchronous cudaMemcpy, a device
+ * synchronisation...) is refused while this thread captures (global or thread-local mode)
+ * or another thread captures in global mode: true, and those captures are invalidated. */
+bool capture_prohibits_unsafe_call();
 std::shared_ptr<std::vector<StreamTask>> stream_end_capture(cudaStream_t s, bool *broken);
 bool stream_capturing(cudaStream_t s);
 void stream_break_capture(cudaStream_t s);

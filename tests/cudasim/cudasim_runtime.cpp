@@ -11,6 +11,7 @@
 #include "cudasim_internal.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdarg>
 #include <cstdio>
@@ -125,8 +126,11 @@ bool device_range_ok(const void *p, size_t n) {
   return find_locked(p, n) != nullptr;
 }
 
+std::atomic<uint64_t> g_alloc_calls{0};
+
 cudaError_t alloc(void **p, size_t size, int device) {
   if (!p) return fail(cudaErrorInvalidValue, "cudasim: allocation with a null result pointer");
+  g_alloc_calls.fetch_add(1);
   *p = nullptr;
   if (size == 0) return cudaSuccess;
   const size_t cap = sim_config().mem_bytes;
@@ -212,6 +216,13 @@ cudaError_t copy(void *dst, const void *src, size_t n, cudaMemcpyKind kind, cons
                     kind_name(kind), src, n));
   const int dst_where = allocation_device(dst, n), src_where = allocation_device(src, n);
   const bool dst_pageable = dst_where == -2, src_pageable = src_where == -2;
+  /* A captured copy is replayed later: pageable host memory cannot take part (libcudart:
+   * "operation not permitted when stream is capturing", the capture invalidated). */
+  if (mode == CopyMode::Async && (dst_pageable || src_pageable) && stream_capturing(s)) {
+    stream_break_capture(s);
+    return fail(cudaErrorStreamCaptureUnsupported,
+                fmt("cudasim: %s(%s) with pageable host memory on a capturing stream", fn, kind_name(kind)));
+  }
   bool wait = dst_pageable;
   if (mode == CopyMode::Sync && (src_where == -1 || (dst_where < 0 && src_where < 0))) wait = true;
   std::shared_ptr<EventMark> m;
@@ -231,6 +242,15 @@ bool device_ok(int d) { return d >= 0 && d < sim_config().devices.load(); }
 cudaError_t check_stream(cudaStream_t s, const char *fn) {
   if (stream_is_valid(s)) return cudaSuccess;
   return fail(cudaErrorInvalidResourceHandle, fmt("cudasim: %s: invalid stream %p", fn, (void *)s));
+}
+
+/* libcudart refuses "potentially unsafe" calls during a stream capture (this thread's, or
+ * another thread's in global mode) and invalidates the capture: code that allocates or
+ * waits inside a captured step fails here as on a GPU. */
+cudaError_t refuse_during_capture(const char *fn) {
+  if (!capture_prohibits_unsafe_call()) return cudaSuccess;
+  return fail(cudaErrorStreamCaptureUnsupported,
+              fmt("cudasim: %s during a stream capture (not permitted when a stream is capturing)", fn));
 }
 
 /* Errors of queued work this thread issued that ran since: they become its pending error. */
@@ -300,6 +320,8 @@ int allocation_device(const void *p, size_t n) {
   const Alloc *a = find_locked(p, n);
   return a ? a->device : -2;
 }
+
+uint64_t allocation_calls() { return g_alloc_calls.load(); }
 
 size_t live_allocations() {
   std::lock_guard<std::mutex> g(g_mu);
@@ -456,6 +478,7 @@ cudaError_t cudaDeviceGetAttribute(int *v, cudaDeviceAttr a, int device) {
   return cudaSuccess;
 }
 cudaError_t cudaDeviceSynchronize(void) {
+  if (cudaError_t e = refuse_during_capture("cudaDeviceSynchronize")) return e;
   device_sync(tls_device);
   return sync_result();
 }
@@ -494,10 +517,14 @@ cudaError_t cudaDriverGetVersion(int *v) {
 /* ======================================================================================
  * Memory
  * ====================================================================================== */
-cudaError_t cudaMalloc(void **p, size_t size) { return alloc(p, size, tls_device); }
+cudaError_t cudaMalloc(void **p, size_t size) {
+  if (cudaError_t e = refuse_during_capture("cudaMalloc")) return e;
+  return alloc(p, size, tls_device);
+}
 /* As libcudart, freeing synchronises the allocation's device: its queued work runs first
  * (not other devices': a rank thread's free must not wait on a peer's pending receive). */
 cudaError_t cudaFree(void *p) {
+  if (cudaError_t e = refuse_during_capture("cudaFree")) return e;
   if (p) {
     const int d = allocation_device(p, 0);
     if (d >= 0) device_sync(d);
@@ -516,9 +543,16 @@ cudaError_t cudaFreeAsync(void *p, cudaStream_t s) {
   stream_submit(s, [p] { release(p, false); });
   return cudaSuccess;
 }
-cudaError_t cudaMallocHost(void **p, size_t size) { return alloc(p, size, -1); }
-cudaError_t cudaHostAlloc(void **p, size_t size, unsigned int) { return alloc(p, size, -1); }
+cudaError_t cudaMallocHost(void **p, size_t size) {
+  if (cudaError_t e = refuse_during_capture("cudaMallocHost")) return e;
+  return alloc(p, size, -1);
+}
+cudaError_t cudaHostAlloc(void **p, size_t size, unsigned int) {
+  if (cudaError_t e = refuse_during_capture("cudaHostAlloc")) return e;
+  return alloc(p, size, -1);
+}
 cudaError_t cudaFreeHost(void *p) {
+  if (cudaError_t e = refuse_during_capture("cudaFreeHost")) return e;
   if (p) device_sync(-1);
   return release(p, true);
 }
@@ -535,6 +569,7 @@ cudaError_t cudaMemGetInfo(size_t *free_b, size_t *total) {
 }
 
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind kind) {
+  if (cudaError_t e = refuse_during_capture("cudaMemcpy")) return e;
   if (cudaError_t e = copy(dst, src, n, kind, "cudaMemcpy", nullptr, CopyMode::Sync)) return e;
   return sync_result();
 }
@@ -544,6 +579,7 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind
   return copy(dst, src, n, kind, "cudaMemcpyAsync", s, CopyMode::Async);
 }
 cudaError_t cudaMemcpyPeer(void *dst, int, const void *src, int, size_t n) {
+  if (cudaError_t e = refuse_during_capture("cudaMemcpyPeer")) return e;
   return copy(dst, src, n, cudaMemcpyDeviceToDevice, "cudaMemcpyPeer", nullptr, CopyMode::Sync);
 }
 cudaError_t cudaMemcpyPeerAsync(void *dst, int, const void *src, int, size_t n, cudaStream_t s) {
@@ -665,6 +701,10 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s) {
 }
 cudaError_t cudaStreamQuery(cudaStream_t s) {
   if (cudaError_t e = check_stream(s, "cudaStreamQuery")) return e;
+  if (stream_capturing(s)) {
+    stream_break_capture(s);
+    return fail(cudaErrorStreamCaptureUnsupported, "cudasim: cudaStreamQuery on a capturing stream");
+  }
   return stream_query(s) ? cudaSuccess : cudaErrorNotReady;
 }
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t ev, unsigned int) {
@@ -751,12 +791,19 @@ cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b) {
 /* ======================================================================================
  * Stream capture and graphs: one stream's work recorded (kernels with their arguments,
  * copies, memsets, cuBLAS calls) and replayed as one queued operation per launch. Work that
- * cannot be replayed here (NCCL, event waits) or a synchronisation of the capturing stream
- * invalidates the capture (cudaStreamEndCapture: cudaErrorStreamCaptureInvalidated).
+ * cannot be replayed here (NCCL, event waits, a copy with pageable host memory), a
+ * synchronisation or query of the capturing stream, or a "potentially unsafe" call during
+ * the capture (cudaMalloc/Free[Host], cudaMemcpy, cudaDeviceSynchronize: refused with
+ * cudaErrorStreamCaptureUnsupported on the capturing thread, and on every thread while a
+ * global-mode capture runs) invalidates the capture (cudaStreamEndCapture:
+ * cudaErrorStreamCaptureInvalidated).
  * ====================================================================================== */
-cudaError_t cudaStreamBeginCapture(cudaStream_t s, enum cudaStreamCaptureMode) {
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, enum cudaStreamCaptureMode mode) {
   if (cudaError_t e = check_stream(s, "cudaStreamBeginCapture")) return e;
-  if (!stream_begin_capture(s))
+  if (mode != cudaStreamCaptureModeGlobal && mode != cudaStreamCaptureModeThreadLocal &&
+      mode != cudaStreamCaptureModeRelaxed)
+    return fail(cudaErrorInvalidValue, fmt("cudasim: cudaStreamBeginCapture: mode %d", int(mode)));
+  if (!stream_begin_capture(s, int(mode)))
     return fail(cudaErrorIllegalState, "cudasim: cudaStreamBeginCapture: the legacy stream, or already capturing");
   return cudaSuccess;
 }

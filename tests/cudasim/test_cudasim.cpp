@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <numeric>
 #include <random>
 #include <string>
@@ -652,6 +653,93 @@ TEST(CudasimRuntime, CapturedGraphReplaysLikeEagerExecution) {
   EXPECT_EQ(graph, nullptr);
   cudaGetLastError();
   CK(cudaStreamDestroy(s));
+}
+
+/* What a captured step may contain, as libcudart has it: a copy from pinned host memory is
+ * replayed with the pinned bytes of the replay moment; a copy with pageable host memory and
+ * the "potentially unsafe" calls (cudaMalloc, cudaFree, cudaMemcpy, cudaDeviceSynchronize,
+ * a query of the capturing stream) are refused with cudaErrorStreamCaptureUnsupported and
+ * invalidate the capture: on the capturing thread in thread-local mode (another thread may
+ * allocate meanwhile), on every thread in global mode. */
+TEST(CudasimRuntime, CaptureReplaysPinnedCopiesAndRefusesUnsafeCalls) {
+  DevBuf<float> x(64), out(1);
+  float *pinned = nullptr;
+  CK(cudaMallocHost(reinterpret_cast<void **>(&pinned), 64 * sizeof(float)));
+  cudaStream_t s;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  CK(cudaMemcpyAsync(x.p, pinned, 64 * sizeof(float), cudaMemcpyHostToDevice, s));
+  CK(tk_block_sum(out.p, x.p, 64, 1, s));
+  cudaGraph_t graph = nullptr;
+  CK(cudaStreamEndCapture(s, &graph));
+  cudaGraphExec_t exec = nullptr;
+  CK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int round = 0; round < 3; ++round) {
+    for (int i = 0; i < 64; ++i) pinned[i] = float(i * (round + 1)); /* after the capture */
+    CK(cudaGraphLaunch(exec, s));
+    CK(cudaStreamSynchronize(s));
+    EXPECT_EQ(out.get()[0], float(2016 * (round + 1))) << "round " << round;
+  }
+  CK(cudaGraphExecDestroy(exec));
+  CK(cudaGraphDestroy(graph));
+
+  /* a pageable host buffer in a captured copy */
+  std::vector<float> pageable(64, 1.0f);
+  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  EXPECT_EQ(cudaMemcpyAsync(x.p, pageable.data(), 64 * sizeof(float), cudaMemcpyHostToDevice, s),
+            cudaErrorStreamCaptureUnsupported);
+  EXPECT_EQ(cudaStreamEndCapture(s, &graph), cudaErrorStreamCaptureInvalidated);
+  cudaGetLastError();
+
+  /* unsafe calls on the capturing thread; another thread may allocate (thread-local mode) */
+  const uint64_t calls = cudasim::allocation_calls();
+  struct Unsafe {
+    const char *name;
+    std::function<cudaError_t()> call;
+  };
+  void *p = nullptr;
+  float h = 0.0f;
+  const std::vector<Unsafe> unsafe = {
+      {"cudaMalloc", [&] { return cudaMalloc(&p, 256); }},
+      {"cudaMallocHost", [&] { return cudaMallocHost(&p, 256); }},
+      {"cudaFree", [&] { return cudaFree(x.p); }},
+      {"cudaMemcpy", [&] { return cudaMemcpy(&h, out.p, sizeof h, cudaMemcpyDeviceToHost); }},
+      {"cudaDeviceSynchronize", [&] { return cudaDeviceSynchronize(); }},
+      {"cudaStreamQuery", [&] { return cudaStreamQuery(s); }},
+  };
+  for (const Unsafe &u : unsafe) {
+    SCOPED_TRACE(u.name);
+    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    CK(tk_block_sum(out.p, x.p, 64, 1, s));
+    cudaError_t other = cudaErrorUnknown;
+    std::thread([&] {
+      void *q = nullptr;
+      other = cudaMalloc(&q, 256);
+      if (other == cudaSuccess) other = cudaFree(q);
+    }).join();
+    EXPECT_EQ(other, cudaSuccess) << "another thread is not bound by a thread-local capture";
+    EXPECT_EQ(u.call(), cudaErrorStreamCaptureUnsupported);
+    EXPECT_EQ(cudaStreamEndCapture(s, &graph), cudaErrorStreamCaptureInvalidated);
+    EXPECT_EQ(graph, nullptr);
+    cudaGetLastError();
+  }
+  EXPECT_EQ(cudasim::allocation_calls(), calls + unsafe.size()) << "only the other thread's allocations ran";
+  EXPECT_EQ(cudaFree(x.p), cudaSuccess) << "the refused cudaFree freed nothing";
+  x.p = nullptr;
+
+  /* global mode: every thread's unsafe call is refused while the capture runs */
+  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  cudaError_t other = cudaSuccess;
+  std::thread([&] {
+    void *q = nullptr;
+    other = cudaMalloc(&q, 256);
+    cudaGetLastError();
+  }).join();
+  EXPECT_EQ(other, cudaErrorStreamCaptureUnsupported);
+  EXPECT_EQ(cudaStreamEndCapture(s, &graph), cudaErrorStreamCaptureInvalidated);
+  cudaGetLastError();
+  CK(cudaStreamDestroy(s));
+  CK(cudaFreeHost(pinned));
 }
 
 /* libcudart refuses a kernel launch on a stream of another device than the current one,
