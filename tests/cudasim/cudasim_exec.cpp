@@ -18,6 +18,9 @@
 #include "cudasim_internal.h"
 
 #include <elf.h>
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#endif
 #include <fcntl.h>
 #include <link.h>
 #include <signal.h>
@@ -800,7 +803,14 @@ bool run_block(Worker &w, const Launch &L, uint64_t b) {
   Fiber &first = w.fibers[w.queue[w.qhead++]];
   set_builtins(w, first);
   cudasim_switch(&w.native_sp, first.sp);
-  if (w.failed) return false;
+  if (w.failed) {
+#if defined(__SANITIZE_ADDRESS__)
+    /* The block was abandoned with its fibers mid-call: their frames' redzones stay
+     * poisoned and would fault the next block's fresh frames at the same addresses. */
+    for (unsigned i = 0; i < L.nthreads; ++i) ASAN_UNPOISON_MEMORY_REGION(w.fibers[i].stack_lo, w.stack_size);
+#endif
+    return false;
+  }
   return true;
 }
 
