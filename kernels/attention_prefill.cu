@@ -23,20 +23,70 @@
 #define PF_THREADS (PF_WARPS * 32)
 #define PF_RPW (PF_BQ / PF_WARPS)
 
-/* Element i of a KV cache in dtype kvd, widened exactly to F32 (the branch is uniform). */
-static __device__ __forceinline__ float pf_cache(const void *c, size_t i, int kvd) {
-  if (kvd == MK_DTYPE_F16) return mk_dev_f16_to_f32(static_cast<const uint16_t *>(c)[i]);
-  if (kvd == MK_DTYPE_BF16) return mk_dev_bf16_to_f32(static_cast<const uint16_t *>(c)[i]);
-  return static_cast<const float *>(c)[i];
+/* Stage key tile [k0, k0 + PF_BK) of K and V (rows past key_end as zeros) into shared memory,
+ * each element widened exactly to F32 (LOAD: one cache dtype). */
+struct PfF32 {
+  static constexpr int pair = 0;
+};
+struct PfF16 { /* two elements per 32-bit word, widened exactly */
+  static constexpr int pair = 1;
+#if defined(__CUDA_ARCH__) /* the hardware widening: exact, and lighter than the bitwise twin */
+  static __device__ __forceinline__ float lo(uint32_t w) { return __half2float(__ushort_as_half((unsigned short)(w & 0xffffu))); }
+  static __device__ __forceinline__ float hi(uint32_t w) { return __half2float(__ushort_as_half((unsigned short)(w >> 16))); }
+#else
+  static __device__ __forceinline__ float lo(uint32_t w) { return mk_dev_f16_to_f32((uint16_t)(w & 0xffffu)); }
+  static __device__ __forceinline__ float hi(uint32_t w) { return mk_dev_f16_to_f32((uint16_t)(w >> 16)); }
+#endif
+};
+struct PfBF16 {
+  static constexpr int pair = 1;
+  static __device__ __forceinline__ float lo(uint32_t w) { return __uint_as_float(w << 16); }
+  static __device__ __forceinline__ float hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
+};
+template <typename LOAD>
+static __device__ __forceinline__ void pf_stage_tile(float *k_s, float *v_s, const void *k_cache, const void *v_cache,
+                                                     size_t k0, size_t key_end, size_t kv_stride, int kvh, int hd) {
+  if constexpr (LOAD::pair) {
+    /* 16-bit caches: element pairs (head_dim is even, so a pair never straddles a row) */
+    const uint32_t *kc = static_cast<const uint32_t *>(k_cache), *vc = static_cast<const uint32_t *>(v_cache);
+    for (int i = 2 * threadIdx.x; i < PF_BK * hd; i += 2 * PF_THREADS) {
+      const int kk = i / hd, d = i - kk * hd;
+      const size_t t = k0 + kk;
+      uint32_t kw = 0u, vw = 0u; /* zero bits: 0.0f in F16 and BF16 */
+      if (t < key_end) {
+        const size_t g = (t * kv_stride + (size_t)kvh * hd + d) >> 1;
+        kw = kc[g];
+        vw = vc[g];
+      }
+      k_s[kk * (hd + 1) + d] = LOAD::lo(kw);
+      k_s[kk * (hd + 1) + d + 1] = LOAD::hi(kw);
+      v_s[i] = LOAD::lo(vw);
+      v_s[i + 1] = LOAD::hi(vw);
+    }
+  } else {
+    const float *kc = static_cast<const float *>(k_cache), *vc = static_cast<const float *>(v_cache);
+    for (int i = threadIdx.x; i < PF_BK * hd; i += PF_THREADS) {
+      const int kk = i / hd, d = i - kk * hd;
+      const size_t t = k0 + kk;
+      float kv = 0.0f, vv = 0.0f;
+      if (t < key_end) {
+        const size_t g = t * kv_stride + (size_t)kvh * hd + d;
+        kv = kc[g];
+        vv = vc[g];
+      }
+      k_s[kk * (hd + 1) + d] = kv;
+      v_s[i] = vv;
+    }
+  }
 }
 
 /* DCH = head dims per lane (head_dim <= 32 * DCH); HD = head_dim when known at compile
  * time (64, 128, 256), 0 for the generic path (any even head_dim <= 32 * DCH). */
-template <int DCH, int HD>
+template <int DCH, int HD, typename LOAD>
 static __global__ void __launch_bounds__(PF_THREADS)
     attention_prefill_kernel(float *__restrict__ out, const float *__restrict__ q, const void *__restrict__ k_cache,
-                             const void *__restrict__ v_cache, int kvd, size_t rows, size_t past, int n_heads,
-                             int n_kv_heads, int head_dim, float scale) {
+                             const void *__restrict__ v_cache, size_t rows, size_t past, int n_heads, int n_kv_heads,
+                             int head_dim, float scale) {
   const int hd = HD > 0 ? HD : head_dim;
   MK_DYNAMIC_SHARED(float, smem);
   float *q_s = smem;                   /* [BQ][hd] */
@@ -72,18 +122,7 @@ MK_UNROLL
 
   for (size_t k0 = 0; k0 < key_end; k0 += PF_BK) {
     __syncthreads(); /* the previous tile is consumed (and q_s is complete) */
-    for (int i = tid; i < PF_BK * hd; i += PF_THREADS) {
-      const int kk = i / hd, d = i - kk * hd;
-      const size_t t = k0 + kk;
-      float kv = 0.0f, vv = 0.0f;
-      if (t < key_end) {
-        const size_t g = t * kv_stride + (size_t)kvh * hd + d;
-        kv = pf_cache(k_cache, g, kvd);
-        vv = pf_cache(v_cache, g, kvd);
-      }
-      k_s[kk * (hd + 1) + d] = kv;
-      v_s[i] = vv;
-    }
+    pf_stage_tile<LOAD>(k_s, v_s, k_cache, v_cache, k0, key_end, kv_stride, kvh, hd);
     __syncthreads();
 
     /* scores of key (k0 + lane) against the warp's rows */
@@ -147,22 +186,33 @@ static size_t prefill_smem_bytes(size_t hd) {
   return sizeof(float) * (PF_BQ * hd + PF_BK * (hd + 1) + PF_BK * hd + PF_BQ * PF_BK);
 }
 
-template <int DCH, int HD>
-static mk_status launch_prefill(float *out, const float *q, const void *k, const void *v, mk_dtype kvd, size_t rows,
-                                size_t past, size_t n_heads, size_t n_kv_heads, size_t hd, cudaStream_t stream) {
+template <int DCH, int HD, typename LOAD>
+static mk_status launch_prefill_as(float *out, const float *q, const void *k, const void *v, size_t rows, size_t past,
+                                   size_t n_heads, size_t n_kv_heads, size_t hd, cudaStream_t stream) {
   const size_t smem = prefill_smem_bytes(hd);
   if (smem > 48 * 1024) {
     const cudaError_t e =
-        cudaFuncSetAttribute(attention_prefill_kernel<DCH, HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        cudaFuncSetAttribute(attention_prefill_kernel<DCH, HD, LOAD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess)
       return mk_fail(MK_ERR_KERNEL_LAUNCH, "mk_kernel_attention_prefill: %zu bytes of shared memory: %s", smem,
                      cudaGetErrorString(e));
   }
   const float scale = (float)(1.0 / sqrt((double)hd));
   const dim3 grid(mk_ceil_div_u(rows, PF_BQ), (unsigned)n_heads);
-  MK_LAUNCH((attention_prefill_kernel<DCH, HD>), grid, dim3(PF_THREADS), smem, stream, out, q, k, v, (int)kvd, rows, past,
+  MK_LAUNCH((attention_prefill_kernel<DCH, HD, LOAD>), grid, dim3(PF_THREADS), smem, stream, out, q, k, v, rows, past,
             (int)n_heads, (int)n_kv_heads, (int)hd, scale);
   return mk_check_launch("mk_kernel_attention_prefill");
+}
+
+/* The cache dtype picks the tile loader (a template argument: the F32 kernel is unchanged). */
+template <int DCH, int HD>
+static mk_status launch_prefill(float *out, const float *q, const void *k, const void *v, mk_dtype kvd, size_t rows,
+                                size_t past, size_t n_heads, size_t n_kv_heads, size_t hd, cudaStream_t stream) {
+  if (kvd == MK_DTYPE_F16)
+    return launch_prefill_as<DCH, HD, PfF16>(out, q, k, v, rows, past, n_heads, n_kv_heads, hd, stream);
+  if (kvd == MK_DTYPE_BF16)
+    return launch_prefill_as<DCH, HD, PfBF16>(out, q, k, v, rows, past, n_heads, n_kv_heads, hd, stream);
+  return launch_prefill_as<DCH, HD, PfF32>(out, q, k, v, rows, past, n_heads, n_kv_heads, hd, stream);
 }
 
 /* Shared by prefill and decode (declared in attention_decode.cu too). */

@@ -58,7 +58,7 @@ MUTATIONS=(
   "decode.slot-combine-drops-last~kernels/attention_decode.cu~s/for \(int t = 0; t < kpb; \+\+t\) \{\n      const float \*c/for (int t = 0; t < kpb - 1; ++t) {\n      const float *c/~ops:*AttentionDecode*"
   "decode.f16-read-as-bf16~kernels/attention_decode.cu~s/return mk_dev_f16_to_f32\(h\);/return mk_dev_bf16_to_f32(h);/~ops:*AttentionDecode*"
   "rope_kv.bf16-store-truncates~kernels/rope.cu~s/return mk_dev_f32_to_bf16\(x\);/return (uint16_t)(__float_as_uint(x) >> 16);/~ops:*RopeKv*"
-  "prefill.f16-cache-read-as-bf16~kernels/attention_prefill.cu~s/return mk_dev_f16_to_f32\(static_cast/return mk_dev_bf16_to_f32(static_cast/~ops:*PrefillHalfCache*"
+  "prefill.f16-cache-read-as-bf16~kernels/attention_prefill.cu~s/return mk_dev_f16_to_f32\(\(uint16_t\)\(w & 0xffffu\)\);/return mk_dev_bf16_to_f32((uint16_t)(w & 0xffffu));/~ops:*PrefillHalfCache*"
   "backend.decode-ignores-kv-dtype~host/cuda/backend_cuda.c~s/mk_kernel_attention_decode\(out, q, k_cache, v_cache, mk_backend_kv_dtype\(b\),/mk_kernel_attention_decode(out, q, k_cache, v_cache, MK_DTYPE_F32,/~backend:*HalfKv*"
   "add.overwrites~kernels/elementwise.cu~s/y\[i\] \+= x\[i\];/y[i] = x[i];/~ops:*AddAndLastRow*"
   "last_row.wrong-row~kernels/elementwise.cu~s/x \+ \(rows - 1\) \* cols/x + (rows > 1 ? rows - 2 : 0) * cols/~ops:*AddAndLastRow*"
