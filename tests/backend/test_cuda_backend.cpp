@@ -1007,7 +1007,10 @@ TEST(CudaBackend, DecodeGraphStepCountsPerToken) {
                 per_token[eager ? 0 : 1] = {after.launches - before.launches, after.graph_launches - before.graph_launches,
                                             after.host_syncs - before.host_syncs,
                                             after.bytes_downloaded - before.bytes_downloaded,
-                                            after.bytes_uploaded - before.bytes_uploaded};
+                                            after.bytes_uploaded - before.bytes_uploaded,
+                                            after.bytes_read - before.bytes_read,
+                                            after.weight_bytes_read - before.weight_bytes_read,
+                                            after.kv_bytes_read - before.kv_bytes_read};
                 const mk_backend_counters &t = per_token[eager ? 0 : 1];
                 EXPECT_EQ(t.graph_launches, eager ? 0u : 1u) << "step " << step;
                 EXPECT_EQ(t.host_syncs, 1u) << "step " << step;
@@ -1028,6 +1031,12 @@ TEST(CudaBackend, DecodeGraphStepCountsPerToken) {
                     (unsigned long long)per_token[1].graph_launches, (unsigned long long)per_token[0].launches,
                     (unsigned long long)per_token[1].host_syncs, (unsigned long long)per_token[1].bytes_downloaded);
         EXPECT_EQ(per_token[1].launches, per_token[0].launches) << "a replay does the work op by op does";
+        // the last step's model of device bytes read: a replay reads what op by op reads, the KV
+        // rows at this step's key count (not the count it was recorded at)
+        EXPECT_EQ(per_token[1].bytes_read, per_token[0].bytes_read);
+        EXPECT_EQ(per_token[1].weight_bytes_read, per_token[0].weight_bytes_read);
+        EXPECT_EQ(per_token[1].kv_bytes_read, per_token[0].kv_bytes_read);
+        EXPECT_GT(per_token[1].kv_bytes_read, 0u);
         EXPECT_EQ(tokens[1], tokens[0]);
         for (size_t i = 0; i < logits[0].size(); i++) EXPECT_TRUE(bit_identical(logits[1][i], logits[0][i])) << i;
     }
