@@ -340,6 +340,28 @@ void bench_kv_append(Bench &b, size_t rows, size_t kv_dim) {
     CK(cudaFree(vc));
 }
 
+// A prefill kernel's output rows 0, rows/2 and rows-1 against the CPU reference (F32
+// caches k, v), within tol of the largest |v| plus tol relative.
+bool prefill_rows_match(const char *name, const std::vector<float> &got, const std::vector<float> &q,
+                        const std::vector<float> &k, const std::vector<float> &v, size_t rows, size_t past, size_t nh,
+                        size_t nkv, size_t hd, double tol) {
+    bool ok = true;
+    for (size_t r : {(size_t)0, rows / 2, rows - 1}) {
+        std::vector<float> ref(nh * hd);
+        mk_cpu_attention(ref.data(), q.data() + r * nh * hd, k.data(), v.data(), 1, past + r, nh, nkv, hd);
+        std::vector<float> g(got.begin() + (ptrdiff_t)(r * nh * hd), got.begin() + (ptrdiff_t)((r + 1) * nh * hd));
+        ok = close(name, g, ref, tol * maxabs(v), tol) && ok;
+    }
+    return ok;
+}
+
+// Causal prefill flops: rows attend to (past + r + 1) keys each; QK and PV are 4 * hd flops
+// per (row, key, head).
+double prefill_flops(size_t rows, size_t past, size_t nh, size_t hd) {
+    const double pairs = (double)rows * past + (double)rows * (rows + 1) / 2.0;
+    return 4.0 * hd * nh * pairs;
+}
+
 // Prefill: validated on sampled rows (a full CPU reference would take minutes).
 void bench_prefill(Bench &b, size_t rows, size_t past, size_t nh, size_t nkv, size_t hd) {
     const size_t keys = past + rows, qn = rows * nh * hd, kvn = keys * nkv * hd;
@@ -352,17 +374,9 @@ void bench_prefill(Bench &b, size_t rows, size_t past, size_t nh, size_t nkv, si
     run(0);
     CK(cudaStreamSynchronize(b.stream));
     std::vector<float> got = dev_download<float>(b.stream, dout, qn);
-    bool ok = true;
-    for (size_t r : {(size_t)0, rows / 2, rows - 1}) {
-        std::vector<float> ref(nh * hd);
-        mk_cpu_attention(ref.data(), q.data() + r * nh * hd, k.data(), v.data(), 1, past + r, nh, nkv, hd);
-        std::vector<float> g(got.begin() + (ptrdiff_t)(r * nh * hd), got.begin() + (ptrdiff_t)((r + 1) * nh * hd));
-        ok = close("attention_prefill", g, ref, 1e-5 * maxabs(v), 1e-5) && ok;
-    }
+    const bool ok = prefill_rows_match("attention_prefill", got, q, k, v, rows, past, nh, nkv, hd, 1e-5);
     const double us = b.time_us(1, run);
-    // causal: sum over rows of (past + r + 1) keys; QK and PV: 4 * hd flops per (row, key, head)
-    const double pairs = (double)rows * past + (double)rows * (rows + 1) / 2.0;
-    const double flops = 4.0 * hd * nh * pairs;
+    const double flops = prefill_flops(rows, past, nh, hd);
     b.add("attention_prefill", std::to_string(rows) + "r+" + std::to_string(past) + " h" + std::to_string(nh) + "/" +
                                    std::to_string(nkv) + " d" + std::to_string(hd),
           us, (2.0 * qn + 2.0 * kvn) * 4, flops, ok);
@@ -462,16 +476,9 @@ void bench_prefill_tc(Bench &b, size_t rows, size_t past, size_t nh, size_t nkv,
     run(0);
     CK(cudaStreamSynchronize(b.stream));
     std::vector<float> got = dev_download<float>(b.stream, dout, qn);
-    bool ok = true;
-    for (size_t r : {(size_t)0, rows / 2, rows - 1}) {
-        std::vector<float> ref(nh * hd);
-        mk_cpu_attention(ref.data(), q.data() + r * nh * hd, k.data(), v.data(), 1, past + r, nh, nkv, hd);
-        std::vector<float> g(got.begin() + (ptrdiff_t)(r * nh * hd), got.begin() + (ptrdiff_t)((r + 1) * nh * hd));
-        ok = close("attention_prefill_tc", g, ref, 5e-3 * maxabs(v), 5e-3) && ok;
-    }
+    const bool ok = prefill_rows_match("attention_prefill_tc", got, q, k, v, rows, past, nh, nkv, hd, 5e-3);
     const double us = b.time_us(1, run);
-    const double pairs = (double)rows * past + (double)rows * (rows + 1) / 2.0;
-    const double flops = 4.0 * hd * nh * pairs;
+    const double flops = prefill_flops(rows, past, nh, hd);
     b.add(std::string("attention_prefill_tc"),
           std::to_string(rows) + "r+" + std::to_string(past) + " h" + std::to_string(nh) + "/" + std::to_string(nkv) +
               " d" + std::to_string(hd) + " kv " + (kv == MK_DTYPE_F32 ? "f32" : kv == MK_DTYPE_F16 ? "f16" : "bf16"),
