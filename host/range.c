@@ -54,16 +54,6 @@ typedef struct mk_step_key {
     const void *out_payload; /* the boundary the residual is copied to, or NULL */
 } mk_step_key;
 
-/* Captured decode steps a range keeps: one per sequence (and boundary slots) it serves in
- * turn, so a placed pipeline's sequences in flight (8 by default) each replay their own. */
-#define MK_RANGE_STEPS 16
-
-typedef struct mk_cached_step {
-    void *step;         /* the backend's instantiated step, NULL: free slot */
-    mk_step_key key;    /* the addresses it bakes in */
-    uint64_t last_use;  /* mk_range.decode_steps when it last ran */
-} mk_cached_step;
-
 struct mk_range {
     const mk_model *model;
     mk_hparams hp;
@@ -89,8 +79,8 @@ struct mk_range {
      * has step ops and the range was not made with eager_decode. Off for good after a
      * capture failed (the step then runs op by op). */
     bool graphs;
-    mk_cached_step steps[MK_RANGE_STEPS]; /* recorded on first use per key, least recently used replaced */
-    uint64_t decode_steps;                /* 1-row forwards run as steps (the cache's clock) */
+    void *step;              /* the captured step (backend's), NULL until the first decode */
+    mk_step_key step_key;    /* the addresses it bakes in */
     void *tail_stage;        /* host staging (pinned on cuda): logits [vocab] then the token */
 };
 
@@ -375,8 +365,7 @@ mk_status mk_range_create(const mk_model *model, int64_t start, int64_t end, con
 void mk_range_free(mk_range *r) {
     if (!r) return;
     if (r->backend) {
-        for (size_t i = 0; i < MK_RANGE_STEPS; i++)
-            if (r->steps[i].step) r->backend->ops->step_destroy(r->backend, r->steps[i].step);
+        if (r->step) r->backend->ops->step_destroy(r->backend, r->step);
         if (r->tail_stage) r->backend->ops->host_release(r->backend, r->tail_stage);
         if (r->weight_arena) r->backend->ops->release(r->backend, r->weight_arena);
         if (r->act_arena) r->backend->ops->release(r->backend, r->act_arena);
@@ -760,35 +749,18 @@ static mk_status mk_forward_device(mk_range *r, mk_sequence *seq, size_t rows, c
     return MK_OK;
 }
 
-static bool mk_step_key_equal(const mk_step_key *a, const mk_step_key *b) {
-    return a->kv_arena == b->kv_arena && a->in_payload == b->in_payload && a->out_payload == b->out_payload;
-}
-
-/* A decode step as one of the range's captured graphs: recorded on first use for its key
- * (the sequence's KV cache and the boundaries it copies), replayed after. A new key takes a
- * free slot or the least recently used one; when even that one ran within the last
- * 2 * MK_RANGE_STEPS steps, more sequences take turns than the cache holds, and the step
- * runs op by op instead of recording a graph per token. A step that cannot be recorded
- * runs op by op, with graphs off from then on. */
+/* A decode step as the range's captured graph: recorded on first use, and again when the
+ * sequence's KV cache or a boundary lives elsewhere than the recorded one (one step is kept
+ * per range). A step that cannot be recorded runs op by op, with graphs off from then on. */
 static mk_status mk_forward_step(mk_range *r, mk_sequence *seq, const void *in, void *out) {
     mk_backend *b = r->backend;
     const mk_step_key key = {seq->kv_arena, in, out};
-    const uint64_t now = ++r->decode_steps;
-    mk_cached_step *slot = NULL;
-    for (size_t i = 0; i < MK_RANGE_STEPS && !slot; i++)
-        if (r->steps[i].step && mk_step_key_equal(&r->steps[i].key, &key)) slot = &r->steps[i];
-    if (!slot) {
-        mk_cached_step *victim = &r->steps[0];
-        for (size_t i = 0; i < MK_RANGE_STEPS; i++) {
-            if (!r->steps[i].step) {
-                victim = &r->steps[i];
-                break;
-            }
-            if (r->steps[i].last_use < victim->last_use) victim = &r->steps[i];
-        }
-        if (victim->step && victim->last_use + 2 * MK_RANGE_STEPS > now) return mk_forward_device(r, seq, 1, in, out);
-        if (victim->step) b->ops->step_destroy(b, victim->step);
-        victim->step = NULL;
+    if (r->step && (key.kv_arena != r->step_key.kv_arena || key.in_payload != r->step_key.in_payload ||
+                    key.out_payload != r->step_key.out_payload)) {
+        b->ops->step_destroy(b, r->step);
+        r->step = NULL;
+    }
+    if (!r->step) {
         void *step = NULL;
         mk_status s = b->ops->step_begin(b, seq->length + 1);
         if (s == MK_OK) {
@@ -802,12 +774,10 @@ static mk_status mk_forward_step(mk_range *r, mk_sequence *seq, const void *in, 
             r->graphs = false;
             return mk_forward_device(r, seq, 1, in, out);
         }
-        victim->step = step;
-        victim->key = key;
-        slot = victim;
+        r->step = step;
+        r->step_key = key;
     }
-    slot->last_use = now;
-    return b->ops->step_launch(b, slot->step, seq->length + 1);
+    return b->ops->step_launch(b, r->step, seq->length + 1);
 }
 
 /* One forward: positions (host staging) and token ids uploaded, then the device work, as a

@@ -1066,9 +1066,6 @@ TEST(CudaBackend, DecodeGraphIsRecapturedForAnotherSequence) {
             MK_ASSERT_OK(mk_range_forward_into(r, seq[s], prompts[s].data(), prompts[s].size(), nullptr, nullptr,
                                                l.data(), &next[s]));
         }
-#if defined(MK_TEST_CUDASIM)
-        const uint64_t recorded = cudasim::graph_instantiations();
-#endif
         for (int step = 0; step < 5; step++)
             for (int s = 0; s < 2; s++) {
                 const int32_t in = next[s];
@@ -1077,10 +1074,6 @@ TEST(CudaBackend, DecodeGraphIsRecapturedForAnotherSequence) {
                 logits[eager ? 0 : 1][s].push_back(l);
             }
         EXPECT_EQ(mk_range_backend_counters(r)->graph_launches, eager ? 0u : 10u);
-#if defined(MK_TEST_CUDASIM)
-        // one recording per sequence, then replays: the range keeps a step for each
-        EXPECT_EQ(cudasim::graph_instantiations() - recorded, eager ? 0u : 2u);
-#endif
         for (mk_sequence *q : seq) mk_sequence_close(q);
     }
     for (int s = 0; s < 2; s++) {
@@ -1090,57 +1083,6 @@ TEST(CudaBackend, DecodeGraphIsRecapturedForAnotherSequence) {
     }
     EXPECT_NE(tokens[0][0], tokens[0][1]) << "the two sequences must differ for the test to mean anything";
 }
-
-#if defined(MK_TEST_CUDASIM)
-// More sequences take turns on one range than it keeps steps for (a placed pipeline with many
-// sequences in flight): each key is recorded at most once, never once per token (the ones
-// beyond the cache run op by op), and every sequence stays bit-identical to op-by-op decoding.
-TEST(CudaBackend, ManySequencesTakingTurnsAreNotRecordedPerToken) {
-    MK_REQUIRE_DEVICE();
-    const ModelCase c = model_cases()[0];
-    ModelPtr model = make_random_model(c.hp);
-    const int64_t L = (int64_t)c.hp.n_layers;
-    constexpr int kSeqs = 20, kSteps = 3;
-    std::vector<int32_t> tokens[2][kSeqs];
-    std::vector<std::vector<float>> logits[2][kSeqs];
-    uint64_t graph_launches = 0, recorded = 0;
-    for (const bool eager : {true, false}) {
-        const mk_range_options o = decode_options(MK_DTYPE_F32, eager, 16);
-        mk_range *r = nullptr;
-        MK_ASSERT_OK(mk_range_create(model.get(), 0, L - 1, &o, &r));
-        RangePtr range(r);
-        std::vector<mk_sequence *> seq(kSeqs, nullptr);
-        std::vector<int32_t> next(kSeqs, 0);
-        std::vector<float> l(c.hp.vocab);
-        for (int s = 0; s < kSeqs; s++) {
-            MK_ASSERT_OK(mk_sequence_open(r, &seq[s]));
-            const int32_t first[2] = {(int32_t)(s % 7 + 1), (int32_t)(s * 3 % 11 + 2)};
-            MK_ASSERT_OK(mk_range_forward_into(r, seq[s], first, 2, nullptr, nullptr, l.data(), &next[s]));
-        }
-        const uint64_t before = cudasim::graph_instantiations();
-        for (int step = 0; step < kSteps; step++)
-            for (int s = 0; s < kSeqs; s++) {
-                const int32_t in = next[s];
-                MK_ASSERT_OK(mk_range_forward_into(r, seq[s], &in, 1, nullptr, nullptr, l.data(), &next[s]));
-                tokens[eager ? 0 : 1][s].push_back(next[s]);
-                logits[eager ? 0 : 1][s].push_back(l);
-            }
-        if (!eager) {
-            graph_launches = mk_range_backend_counters(r)->graph_launches;
-            recorded = cudasim::graph_instantiations() - before;
-        }
-        for (mk_sequence *q : seq) mk_sequence_close(q);
-    }
-    EXPECT_LE(recorded, (uint64_t)kSeqs) << "a step was recorded again for a key it already had";
-    EXPECT_GE(graph_launches, (uint64_t)(kSteps - 1) * recorded) << "the recorded steps are replayed";
-    EXPECT_GT(recorded, 1u);
-    for (int s = 0; s < kSeqs; s++) {
-        EXPECT_EQ(tokens[1][s], tokens[0][s]) << "sequence " << s;
-        for (size_t i = 0; i < logits[0][s].size(); i++)
-            EXPECT_TRUE(bit_identical(logits[1][s][i], logits[0][s][i])) << "sequence " << s << " step " << i;
-    }
-}
-#endif
 
 #if defined(MK_TEST_CUDASIM)
 

@@ -93,8 +93,6 @@ size_t live_allocations();
 /* cudaMalloc / cudaMallocAsync / cudaMallocHost / cudaHostAlloc calls so far (all threads):
  * a difference of zero across a forward shows nothing was allocated in it. */
 uint64_t allocation_calls();
-/* cudaGraphInstantiate calls so far (all threads): how often a graph was (re)recorded. */
-uint64_t graph_instantiations();
 
 namespace detail {
 

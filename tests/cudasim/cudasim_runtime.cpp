@@ -323,9 +323,6 @@ int allocation_device(const void *p, size_t n) {
 
 uint64_t allocation_calls() { return g_alloc_calls.load(); }
 
-std::atomic<uint64_t> g_graph_instantiations{0};
-uint64_t graph_instantiations() { return g_graph_instantiations.load(); }
-
 size_t live_allocations() {
   std::lock_guard<std::mutex> g(g_mu);
   return g_allocs.size();
@@ -833,7 +830,6 @@ cudaError_t cudaStreamIsCapturing(cudaStream_t s, enum cudaStreamCaptureStatus *
 cudaError_t cudaGraphInstantiate(cudaGraphExec_t *exec, cudaGraph_t graph, unsigned long long) {
   if (!exec || !graph) return fail(cudaErrorInvalidValue, "cudasim: cudaGraphInstantiate: NULL argument");
   *exec = new CUgraphExec_st{graph->tasks};
-  cudasim::g_graph_instantiations++;
   return cudaSuccess;
 }
 cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s) {
