@@ -116,6 +116,12 @@ static mk_status mk_sched_build(mk_sched *s, const mk_sched_options *o, const in
             const size_t share = mk_cpu_core_count() / s->n_stages;
             ro.backend.threads = share ? share : 1;
         }
+        /* Decode op by op here: stage threads post work on each other's streams (a peer
+         * copy records an event on the neighbour's stream and makes it wait) while another
+         * stage may be recording its decode step, and a recording must not take in
+         * another stage's work (under cudasim a seed-dependent interleaving gave wrong
+         * tokens). Graphs stay on for ranges one thread drives. */
+        ro.eager_decode = true;
         const int64_t end = i + 1 < s->n_stages ? cuts[i] : (int64_t)n_layers - 1;
         MK_TRY(mk_range_create(s->model, start, end, &ro, &st->range));
         start = end + 1;
