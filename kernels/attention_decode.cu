@@ -13,10 +13,11 @@
  * F16/BF16 x8), dot products are reduced over the slot's lanes by shuffles, and each slot
  * keeps a running (max, sum, acc[head_dim]) per head with an online softmax over its keys
  * (DEC_KI keys per step: independent loads in flight). The slots are combined in slot order
- * into the split's partial (max, sum, acc) per head; a split with no key this step writes
- * the neutral partial (max -inf, sum 0, acc 0).
- * Pass 2 (grid [n_heads]): combines the splits' partials in split order (weights
- * exp(max_s - max), neutral ones weigh 0) and divides.
+ * into the split's partial (max, sum, acc) per head; a split with no key this step returns
+ * at once and writes nothing.
+ * Pass 2 (grid [n_heads]): combines the partials of the splits that held keys (the first
+ * decode_used_splits, computed from the same key count on the device) in split order
+ * (weights exp(max_s - max)) and divides: it walks the live keys' splits, not the cache's.
  *
  * Every sum runs in a fixed order that depends only on (n_keys, splits, shape): results are
  * bit-reproducible from run to run. F32 accumulation for every cache dtype.
@@ -48,6 +49,14 @@ static __device__ __forceinline__ size_t decode_keys(const int32_t *positions, s
 static __host__ __device__ __forceinline__ size_t decode_share(size_t n_keys, size_t splits) {
   const size_t s = (n_keys + splits - 1) / splits;
   return (s + DEC_SPLIT_KEYS - 1) / DEC_SPLIT_KEYS * DEC_SPLIT_KEYS;
+}
+
+/* Splits that hold keys this step: the first ceil(n_keys / share) (at least 1, at most
+ * splits). The rest wrote nothing and are not read. */
+static __host__ __device__ __forceinline__ int decode_used_splits(size_t n_keys, int splits) {
+  const size_t share = decode_share(n_keys, (size_t)splits);
+  const size_t used = (n_keys + share - 1) / share;
+  return used < (size_t)splits ? (int)used : splits;
 }
 
 /* ------------------------------------------------------------ cache elements -- */
@@ -131,13 +140,7 @@ static __global__ void __launch_bounds__(DEC_THREADS)
   const size_t k0 = (size_t)blockIdx.x * share;
   const size_t k1 = k0 + share < n_keys ? k0 + share : n_keys;
 
-  if (k0 >= n_keys) { /* no key for this split this step: the neutral partial */
-    for (int i = tid; i < gc * (hd + 2); i += DEC_THREADS) {
-      const int g = i / (hd + 2), c = i - g * (hd + 2);
-      ws[((size_t)(h0 + g) * splits + blockIdx.x) * (size_t)(hd + 2) + c] = c == 0 ? -INFINITY : 0.0f;
-    }
-    return;
-  }
+  if (k0 >= n_keys) return; /* no key for this split this step: pass 2 never reads its slot */
 
   for (int i = tid; i < gc * hd; i += DEC_THREADS) q_s[i] = q[(size_t)h0 * hd + i] * scale;
   __syncthreads();
@@ -287,21 +290,24 @@ MK_UNROLL
 
 /* ------------------------------------------------------------------- pass 2 -- */
 static __global__ void __launch_bounds__(DEC_THREADS)
-    attention_decode_combine_kernel(float *__restrict__ out, const float *__restrict__ ws, int splits, int hd) {
+    attention_decode_combine_kernel(float *__restrict__ out, const float *__restrict__ ws,
+                                    const int32_t *__restrict__ positions, size_t max_keys, int splits, int hd) {
   __shared__ float w_s[DEC_MAX_SPLITS];
   __shared__ float scratch[32];
   const int h = blockIdx.x, tid = threadIdx.x;
+  /* only the splits that walked keys this step (at 200 keys in a 4096-key cache, 4 of 64) */
+  const int used = decode_used_splits(decode_keys(positions, max_keys), splits);
   const float *parts = ws + (size_t)h * splits * (size_t)(hd + 2);
   float mx = -INFINITY;
-  for (int s = tid; s < splits; s += DEC_THREADS) mx = fmaxf(mx, parts[(size_t)s * (hd + 2)]);
+  for (int s = tid; s < used; s += DEC_THREADS) mx = fmaxf(mx, parts[(size_t)s * (hd + 2)]);
   mx = mk_block_max(mx, scratch); /* split 0 holds key 0: finite */
-  for (int s = tid; s < splits; s += DEC_THREADS) w_s[s] = expf(parts[(size_t)s * (hd + 2)] - mx);
+  for (int s = tid; s < used; s += DEC_THREADS) w_s[s] = expf(parts[(size_t)s * (hd + 2)] - mx);
   __syncthreads();
   float denom = 0.0f; /* every thread sums in split order: the same bits everywhere */
-  for (int s = 0; s < splits; ++s) denom += parts[(size_t)s * (hd + 2) + 1] * w_s[s];
+  for (int s = 0; s < used; ++s) denom += parts[(size_t)s * (hd + 2) + 1] * w_s[s];
   for (int d = tid; d < hd; d += DEC_THREADS) {
     float a = 0.0f;
-    for (int s = 0; s < splits; ++s) a += parts[(size_t)s * (hd + 2) + 2 + d] * w_s[s];
+    for (int s = 0; s < used; ++s) a += parts[(size_t)s * (hd + 2) + 2 + d] * w_s[s];
     out[(size_t)h * hd + d] = a / denom;
   }
 }
@@ -423,6 +429,6 @@ extern "C" mk_status mk_kernel_attention_decode(float *out, const float *q, cons
                                         head_dim, stream);
   MK_TRY(s);
   MK_LAUNCH(attention_decode_combine_kernel, dim3((unsigned)n_heads), dim3(DEC_THREADS), 0, stream, out,
-            (const float *)ws, (int)splits, (int)head_dim);
+            (const float *)ws, positions, max_keys, (int)splits, (int)head_dim);
   return mk_check_launch("mk_kernel_attention_decode (combine)");
 }

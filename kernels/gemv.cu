@@ -20,6 +20,7 @@
 /* Up to GEMV_MAX_SET weight matrices sharing one input (Q, K and V): one launch, the
  * output rows of all of them numbered one after the other. */
 #define GEMV_MAX_SET 3
+static_assert(GEMV_MAX_SET == 3, "gemv_pick3 picks among three");
 struct gemv_set {
   float *y[GEMV_MAX_SET];       /* [R, out[i]] */
   const void *w[GEMV_MAX_SET];  /* [out[i], in_dim] */
@@ -32,15 +33,23 @@ static __global__ void gemv_kernel(gemv_set set, const float *__restrict__ x /* 
   const int lane = threadIdx.x & 31;
   size_t o = (size_t)blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
   if (o >= total_out) return; /* whole warps leave together: no barrier follows */
-  int m = 0;
-  while (m + 1 < GEMV_MAX_SET && o >= set.out[m]) o -= set.out[m++];
+  int m = 0; /* which matrix of the set: unrolled compares, no run-time index into set */
+  if (o >= set.out[0]) {
+    o -= set.out[0];
+    m = 1;
+    if (o >= set.out[1]) {
+      o -= set.out[1];
+      m = 2;
+    }
+  }
   const size_t esize = D == MK_DTYPE_F32 ? 4 : 2;
   float acc[R];
-  gemv_dot<D, R, VEC>(acc, x, static_cast<const char *>(set.w[m]) + o * in_dim * esize, in_dim, lane);
+  gemv_dot<D, R, VEC>(acc, x, static_cast<const char *>(gemv_pick3(set.w, m)) + o * in_dim * esize, in_dim, lane);
   if (lane == 0) {
-    float *y = set.y[m];
+    float *y = gemv_pick3(set.y, m);
+    const size_t out = gemv_pick3(set.out, m);
     MK_UNROLL
-    for (int r = 0; r < R; r++) y[(size_t)r * set.out[m] + o] = acc[r];
+    for (int r = 0; r < R; r++) y[(size_t)r * out + o] = acc[r];
   }
 }
 

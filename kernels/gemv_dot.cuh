@@ -11,6 +11,14 @@
 #include "mk_kernels_common.cuh"
 #include "gguf_blocks.cuh"
 
+/* Field m (0, 1 or 2) of a 3-element array in a kernel's parameter struct, with constant
+ * indices only: a run-time index into a parameter struct makes nvcc copy the struct to the
+ * local stack of every thread (a stack frame and local loads in every decode GEMV). */
+template <class V>
+static __device__ __forceinline__ V gemv_pick3(const V (&a)[3], int m) {
+  return m == 0 ? a[0] : m == 1 ? a[1] : a[2];
+}
+
 /* Widen element i of a 16-byte vector of dtype D (F32: 4 elements, F16/BF16: 8). */
 template <int D>
 static __device__ __forceinline__ float gemv_vec_elem(const uint4 &v, int i) {

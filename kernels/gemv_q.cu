@@ -106,12 +106,8 @@ struct gemvq_set {
   bool vec[GEMVQ_MAX_SET];          /* BF16: 16-byte loads, as mk_kernel_gemv would choose */
 };
 
-/* Field m of the set with constant indices only: a runtime index into the kernel's parameter
- * struct makes nvcc copy the struct to the local stack of every thread. */
-template <class V>
-static __device__ __forceinline__ V gemvq_pick(const V (&a)[GEMVQ_MAX_SET], int m) {
-  return m == 0 ? a[0] : m == 1 ? a[1] : a[2];
-}
+/* Fields of the set are read with gemv_pick3 (gemv_dot.cuh): constant indices only. */
+static_assert(GEMVQ_MAX_SET == 3, "gemv_pick3 picks among three");
 
 template <int T>
 static __device__ __forceinline__ const uint8_t *gemvq_row_ptr(const uint8_t *w, size_t o, size_t in_dim) {
@@ -122,14 +118,14 @@ static __device__ __forceinline__ const uint8_t *gemvq_row_ptr(const uint8_t *w,
 template <int R>
 static __device__ __forceinline__ void gemvq_set_dot(float (&acc)[R], const gemvq_set &set, int m,
                                                      const float *__restrict__ x, size_t o, size_t in_dim, int lane) {
-  const uint8_t *w = gemvq_pick(set.w, m);
-  switch (gemvq_pick(set.type, m)) {
+  const uint8_t *w = gemv_pick3(set.w, m);
+  switch (gemv_pick3(set.type, m)) {
     case GGML_Q8_0: gemvq_dot<GGML_Q8_0, R>(acc, x, gemvq_row_ptr<GGML_Q8_0>(w, o, in_dim), in_dim, lane); break;
     case GGML_Q4_1: gemvq_dot<GGML_Q4_1, R>(acc, x, gemvq_row_ptr<GGML_Q4_1>(w, o, in_dim), in_dim, lane); break;
     case GGML_Q4_K: gemvq_dot<GGML_Q4_K, R>(acc, x, gemvq_row_ptr<GGML_Q4_K>(w, o, in_dim), in_dim, lane); break;
     default: {
       const char *row = reinterpret_cast<const char *>(w) + o * in_dim * 2;
-      if (gemvq_pick(set.vec, m)) gemv_dot<MK_DTYPE_BF16, R, true>(acc, x, row, in_dim, lane);
+      if (gemv_pick3(set.vec, m)) gemv_dot<MK_DTYPE_BF16, R, true>(acc, x, row, in_dim, lane);
       else gemv_dot<MK_DTYPE_BF16, R, false>(acc, x, row, in_dim, lane);
     }
   }
@@ -153,8 +149,8 @@ static __global__ void gemvq_multi_kernel(gemvq_set set, const float *__restrict
   float acc[R];
   gemvq_set_dot<R>(acc, set, m, x, o, in_dim, lane);
   if (lane == 0) {
-    float *y = gemvq_pick(set.y, m);
-    const size_t out = gemvq_pick(set.out, m);
+    float *y = gemv_pick3(set.y, m);
+    const size_t out = gemv_pick3(set.out, m);
     MK_UNROLL
     for (int r = 0; r < R; r++) y[(size_t)r * out + o] = acc[r];
   }

@@ -1,12 +1,18 @@
 # ptxas_check.cmake - collect the -Xptxas -v logs of meshkern_kernels_cuda into one report
-# and fail when any kernel spills registers (spill stores or loads > 0) or uses a stack
-# frame for local arrays in a hot kernel.
+# and fail when any kernel spills registers (spill stores or loads > 0) or has a stack frame
+# (a local array or a parameter struct indexed at run time: local-memory traffic on every
+# call of a decode kernel), apart from the kernels allowed one below, each with its reason.
 #   cmake -DLOG_DIR=<dir with *.ptxas.log> -DREPORT=<file> [-DCXXFILT=<c++filt>] -P ptxas_check.cmake
 file(GLOB logs "${LOG_DIR}/*.ptxas.log")
 list(SORT logs)
 set(report "meshkern kernels: ptxas resource usage (-Xptxas -v)\n")
 set(summary "")
 set(bad "")
+# Kernels allowed a stack frame (mangled-name regex) and why.
+#   rope: the double-precision cos/sin that keep RoPE bit-identical to the CPU backend call
+#   libdevice's Payne-Hanek reduction (__internal_trig_reduction_slowpathd), whose local
+#   array is touched only for angles beyond ~2^20 rad; the hot path stays in registers.
+set(stack_allowed "rope_kernel|rope_kv_kernel")
 foreach(log ${logs})
   get_filename_component(obj "${log}" NAME)
   string(REPLACE ".o.ptxas.log" "" obj "${obj}")
@@ -31,6 +37,9 @@ foreach(log ${logs})
       if(NOT st EQUAL 0 OR NOT ld EQUAL 0)
         string(APPEND bad "  ${obj} ${arch}: ${st} bytes spill stores, ${ld} bytes spill loads in ${pretty}\n")
       endif()
+      if(NOT stack EQUAL 0 AND NOT fn MATCHES "${stack_allowed}")
+        string(APPEND bad "  ${obj} ${arch}: ${stack} bytes stack frame in ${pretty}\n")
+      endif()
     elseif(line MATCHES "Used ([0-9]+) registers")
       string(APPEND summary "    ${line}\n")
     endif()
@@ -38,15 +47,15 @@ foreach(log ${logs})
 endforeach()
 string(APPEND report "${summary}")
 if(bad)
-  string(APPEND report "\nSPILLS:\n${bad}")
+  string(APPEND report "\nSPILLS OR STACK FRAMES:\n${bad}")
 else()
-  string(APPEND report "\nno spill stores or loads in any kernel\n")
+  string(APPEND report "\nno spill stores or loads in any kernel; no stack frame outside (${stack_allowed})\n")
 endif()
 file(WRITE "${REPORT}" "${report}")
 if(NOT logs)
   message(FATAL_ERROR "ptxas_check: no logs in ${LOG_DIR}")
 endif()
 if(bad)
-  message(FATAL_ERROR "ptxas_check: register spills (see ${REPORT}):\n${bad}")
+  message(FATAL_ERROR "ptxas_check: register spills or stack frames (see ${REPORT}):\n${bad}")
 endif()
-message(STATUS "ptxas_check: no spills; report in ${REPORT}")
+message(STATUS "ptxas_check: no spills, no stack frames outside (${stack_allowed}); report in ${REPORT}")
