@@ -30,14 +30,31 @@ inline bool mk_test_env_true(const char *name) {
 
 inline bool mk_test_model_required() { return mk_test_env_true("CI") || mk_test_env_true("MESHKERN_REQUIRE_MODEL"); }
 
+// The folder holding the source tree's data (models/, tests/fixtures/): MESHKERN_SOURCE_DIR
+// if set; else the build's source directory (MK_SOURCE_DIR, empty in a relocatable build:
+// MESHKERN_RELOCATABLE, which scripts/gpu_bundle.sh uses so that no absolute path of this
+// machine is baked into a carried binary); else <executable>/../share/meshkern, where the
+// GPU bundle unpacks the fixtures; else the current directory.
+inline std::string mk_test_source_dir() {
+    if (const char *p = std::getenv("MESHKERN_SOURCE_DIR"); p && *p) return p;
+#if defined(MK_SOURCE_DIR)
+    if (MK_SOURCE_DIR[0] != '\0') return MK_SOURCE_DIR;
+#endif
+    char exe[4096];
+    const ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n > 0) {
+        std::string dir(exe, (size_t)n);
+        dir = dir.substr(0, dir.rfind('/'));
+        const std::string share = dir + "/../share/meshkern";
+        if (access(share.c_str(), F_OK) == 0) return share;
+    }
+    return ".";
+}
+
 // The SmolLM2 model the suites run: MESHKERN_MODEL if set, else the fetched default.
 inline std::string mk_test_model_path() {
     if (const char *p = std::getenv("MESHKERN_MODEL"); p && *p) return p;
-#if defined(MK_SOURCE_DIR)
-    return std::string(MK_SOURCE_DIR) + "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
-#else
-    return "models/SmolLM2-135M-Instruct.Q4_1.gguf";
-#endif
+    return mk_test_source_dir() + "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
 }
 
 inline bool mk_test_file_present(const std::string &path) { return access(path.c_str(), F_OK) == 0; }

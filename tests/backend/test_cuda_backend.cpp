@@ -1378,7 +1378,7 @@ TEST(Generation, StopsAtEndOfTurnOrBudgetOnEveryBackendAndSplit) {
         k++;
     ASSERT_LT(k, 10u) << "the random model repeats itself; pick another seed";
     mk_tokenizer *tok = nullptr;
-    const std::string vocab = std::string(MK_SOURCE_DIR) + "/tests/fixtures/tokenizer/spm_tiny.gguf";
+    const std::string vocab = mk_test_source_dir() + "/tests/fixtures/tokenizer/spm_tiny.gguf";
     ASSERT_EQ(mk_tokenizer_open_file(vocab.c_str(), &tok), MK_OK) << mk_last_error();
     ASSERT_GT(tok->n_vocab, c.hp.vocab);
     for (size_t i = 0; i < tok->n_vocab; i++) tok->eog[i] = false;
