@@ -1,223 +1,272 @@
 #!/usr/bin/env bash
-# gpu_check.sh - on a machine with an NVIDIA GPU: build (Release), run the op grid and the
-# cuda backend tests on the device, an end-to-end run on cuda, then the benchmark harness
-# (bench/run.sh --quick: ceilings incl. device and pinned copies, kernels vs the device copy,
-# e2e, seams, pipeline) whose table is printed, and last the placed pipeline on one GPU
-# (whole model vs 2 ranges on the same GPU with 2 streams, 8 sequences). Machine-readable results (gtest XML,
-# logs, the harness's results.json and plots) go to $OUT if set, else <build>/gpu_check.
-# Aims at < 6 min on one H200.
+# gpu_check.sh - the one command a lent GPU machine runs: turn a few minutes of device time
+# into figures and failures that come back.
 #
-#   bench/gpu_check.sh [build-dir]     env: OUT, MK_GPU_ARCHS (default: 90), JOBS,
-#                                      MK_BENCH_INSTALL=1 (let run.sh apt/pip install gnuplot
-#                                      and llama-cpp-python; off: GPU machines have no network)
+#   bench/gpu_check.sh [build-dir]
+#   env: OUT (where the results go: the device tool's $OUT), MK_GPU_BUNDLE (the bundle; default
+#        ./gpu_bundle.tar.xz when present), MK_GPU_BUDGET_S (default 480: later steps are
+#        skipped, and say so, once it is spent), MK_GPU_ARCHS (source build; default 90), JOBS,
+#        MK_GPU_CHECK_DRY=1 (no GPU: run every step anyway, to try this script)
 #
-# Two build paths: the CMake project (needs protobuf-c, OpenBLAS, OpenSSL, GoogleTest as on
-# the development machines); if its configure fails (a bare GPU image), a standalone nvcc
-# build of just the kernels, the CPU reference ops, the op grid (when GoogleTest headers
-# exist) and the kernel benchmark; the harness then runs what it can (bench/ceilings builds
-# with a bare compiler) and reports the rest as not available. Exit status: 0 all passed;
-# 1 a test/validation failed; 2 no GPU; 3 build failed.
+# Binaries, first found wins: (1) the carried bundle (scripts/gpu_bundle.sh: built on a
+# development machine; the device image has no -dev packages and no network), unpacked and
+# preflighted (every library it needs, by name, found or missing; CUDA's own from the image);
+# (2) a CMake build where the -dev packages exist; (3) a standalone nvcc build of the kernels,
+# the CPU reference and kernel_bench (the last resort; no test suites).
+#
+# Results: everything goes to one scratch folder, packed into $OUT/gpu_check.tgz; the summary
+# ($OUT/summary.txt: failures first, then every figure with its ceiling) is printed last, so it
+# is inside the device tool's last 12,000 characters of output. Steps, most valuable first:
+# preflight (nvidia-smi -q, libraries), device suites (op grid, cuda backend, placed pipeline:
+# gtest XML), compute-sanitizer memcheck + racecheck on decode attention, tensor-core prefill
+# and GEMV (misaligned shapes too), decode on random llamas of SmolLM2's shape (30 layers) and
+# an 8B shape (4 layers) in f32 and bf16, eager vs graphs, prefill attention vs cuBLAS, NCCL,
+# the benchmark harness (ceilings, kernels vs device copy, seams, pipeline), an ncu kernel
+# table of one decode run.
+# Exit: 0 all passed; 1 a check failed; 2 no GPU (after the preflight); 3 no binaries.
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BUILD=${1:-$ROOT/build-gpu-check}
-RESULTS=${OUT:-$BUILD/gpu_check}
+FINAL=${OUT:-$BUILD/gpu_check}
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/meshkern-gpu-check.XXXXXX")
+R="$WORK/results" # every log, XML and JSON; packed at the end
+BUDGET=${MK_GPU_BUDGET_S:-480}
 ARCHS=${MK_GPU_ARCHS:-90}
 JOBS=${JOBS:-$(nproc 2>/dev/null || echo 4)}
-mkdir -p "$BUILD" "$RESULTS"
-log() { printf '[gpu_check %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
-die() { printf '[gpu_check] FAIL: %s\n' "$2" >&2; exit "$1"; }
-
-# ---- 1. a GPU? ------------------------------------------------------------------------
-if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
-  die 2 "no NVIDIA GPU visible (nvidia-smi missing or found no device); this script needs one"
-fi
-nvidia-smi -L | tee "$RESULTS/gpu.txt"
-command -v nvcc >/dev/null 2>&1 || die 3 "nvcc not found (the CUDA toolkit is needed to build the kernels)"
-
-# ---- 2. build ---------------------------------------------------------------------------
-TEST_BIN="" BENCH_BIN="" BACKEND_BIN="" CLI_BIN="" SCHED_BIN="" PIPE_BENCH_BIN=""
-GEN=()
-command -v ninja >/dev/null 2>&1 && GEN=(-G Ninja)
-log "configure (Release, sm_$ARCHS)"
-if cmake -S "$ROOT" -B "$BUILD/cmake" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DMESHKERN_CUDA=ON \
-     -DMK_KERNEL_CUDA_ARCHS="$ARCHS" >"$RESULTS/configure.log" 2>&1; then
-  log "build test_ops_device test_cuda_backend_device test_sched_cuda_device kernel_bench pipeline_bench meshkern ceilings e2e_bench seam_bench"
-  cmake --build "$BUILD/cmake" -j "$JOBS" --target test_ops_device test_cuda_backend_device test_sched_cuda_device \
-    kernel_bench pipeline_bench meshkern_cli ceilings e2e_bench seam_bench \
-    >"$RESULTS/build.log" 2>&1 || { tail -30 "$RESULTS/build.log"; die 3 "build failed (log: $RESULTS/build.log)"; }
-  TEST_BIN="$BUILD/cmake/tests/ops/test_ops_device"
-  BACKEND_BIN="$BUILD/cmake/tests/backend/test_cuda_backend_device"
-  CLI_BIN="$BUILD/cmake/tools/meshkern"
-  BENCH_BIN="$BUILD/cmake/bench/kernel_bench"
-  SCHED_BIN="$BUILD/cmake/tests/backend/test_sched_cuda_device"
-  PIPE_BENCH_BIN="$BUILD/cmake/bench/pipeline_bench"
-  cp "$BUILD/cmake/ptxas_report.txt" "$RESULTS/" 2>/dev/null || true
-else
-  log "CMake configure failed (see configure.log); standalone nvcc build"
-  SA="$BUILD/standalone"
-  mkdir -p "$SA"
-  INC=(-I"$ROOT/include" -I"$ROOT/common" -I"$ROOT/host" -I"$ROOT/kernels" -I"$ROOT/kernels/nvcc" -I"$ROOT/tests")
-  NVFLAGS=(-O3 -std=c++17 -gencode "arch=compute_$ARCHS,code=sm_$ARCHS" -Xptxas -v "${INC[@]}")
-  objs=()
-  {
-    gcc -O2 -std=c11 -c "$ROOT/host/error.c" -I"$ROOT/include" -I"$ROOT/common" -o "$SA/error.o" &&
-    gcc -O2 -std=c11 -c "$ROOT/host/cpu_ops.c" -I"$ROOT/include" -I"$ROOT/bench/standalone" -o "$SA/cpu_ops.o"
-  } >"$RESULTS/build.log" 2>&1 || { tail -30 "$RESULTS/build.log"; die 3 "host build failed"; }
-  pids=()
-  for cu in "$ROOT"/kernels/*.cu; do
-    o="$SA/$(basename "$cu" .cu).o"
-    objs+=("$o")
-    nvcc "${NVFLAGS[@]}" -c "$cu" -o "$o" >"$o.ptxas.log" 2>&1 &
-    pids+=($!)
-  done
-  for p in "${pids[@]}"; do wait "$p" || { cat "$SA"/*.ptxas.log | grep -i error | head; die 3 "nvcc failed"; }; done
-  cat "$SA"/*.ptxas.log >"$RESULTS/ptxas_report.txt"
-  if grep -E "[1-9][0-9]* bytes spill (stores|loads)" "$RESULTS/ptxas_report.txt"; then
-    log "WARNING: register spills (see ptxas_report.txt)"
-  fi
-  nvcc -O2 -std=c++17 "${INC[@]}" "$ROOT/bench/kernel_bench.cpp" "${objs[@]}" "$SA/error.o" "$SA/cpu_ops.o" \
-    -lcublas -o "$SA/kernel_bench" >>"$RESULTS/build.log" 2>&1 || { tail -30 "$RESULTS/build.log"; die 3 "kernel_bench build failed"; }
-  BENCH_BIN="$SA/kernel_bench"
-  if [ -f /usr/include/gtest/gtest.h ] || [ -f /usr/local/include/gtest/gtest.h ]; then
-    nvcc -O2 -std=c++17 "${INC[@]}" "$ROOT/tests/ops/test_ops.cpp" "${objs[@]}" "$SA/error.o" "$SA/cpu_ops.o" \
-      -lgtest -lgtest_main -lpthread -o "$SA/test_ops_device" >>"$RESULTS/build.log" 2>&1 \
-      && TEST_BIN="$SA/test_ops_device" || log "op grid build failed (no usable GoogleTest?); see build.log"
-  else
-    log "no GoogleTest headers here: the op grid is skipped (kernel_bench still validates every kernel)"
-  fi
-fi
-
-# ---- 3. op grid on the device ---------------------------------------------------------------
+START=$SECONDS
+mkdir -p "$R" "$FINAL"
+: >"$R/failures.txt"
+: >"$R/figures.txt"
+: >"$R/steps.txt"
+log() { printf '[gpu_check %4ds] %s\n' "$((SECONDS - START))" "$*"; }
+failure() { printf '%s\n' "$*" >>"$R/failures.txt"; log "FAIL: $*"; }
+figure() { printf '%s\n' "$*" >>"$R/figures.txt"; }
 status=0
-if [ -n "$TEST_BIN" ]; then
-  log "op grid on the device"
-  timeout 240 "$TEST_BIN" --gtest_output="xml:$RESULTS/test_ops_device.xml" >"$RESULTS/test_ops_device.log" 2>&1
-  rc=$?
-  grep -E "^\[  (PASSED|FAILED|SKIPPED) " "$RESULTS/test_ops_device.log" | head -40
-  [ $rc -eq 0 ] || { log "op grid FAILED (rc $rc; log: test_ops_device.log)"; status=1; }
-  if grep -q "no CUDA device" "$RESULTS/test_ops_device.log"; then log "op grid skipped: no CUDA device"; status=1; fi
-fi
 
-# ---- 3b. the cuda backend end to end on the device (parity with the cpu, splits, errors) -----
-if [ -n "$BACKEND_BIN" ]; then
-  log "cuda backend tests on the device"
-  timeout 240 "$BACKEND_BIN" --gtest_output="xml:$RESULTS/test_cuda_backend_device.xml" \
-    >"$RESULTS/test_cuda_backend_device.log" 2>&1
-  rc=$?
-  grep -E "^\[  (PASSED|FAILED|SKIPPED) " "$RESULTS/test_cuda_backend_device.log" | head -40
-  [ $rc -eq 0 ] || { log "cuda backend tests FAILED (rc $rc; log: test_cuda_backend_device.log)"; status=1; }
-fi
+finish() { # pack everything, write and print the summary
+  local rc=$1 pass fail skip
+  pass=$(awk '$2 == "PASS"' "$R/steps.txt" | wc -l); fail=$(awk '$2 == "FAIL"' "$R/steps.txt" | wc -l)
+  skip=$(awk '$2 == "SKIP"' "$R/steps.txt" | wc -l)
+  {
+    echo "==== meshkern gpu_check summary ($(date -u +%Y-%m-%dT%H:%M:%SZ), $((SECONDS - START)) s, exit $rc)"
+    echo "binaries: $BIN_FROM"
+    [ -s "$R/gpu.txt" ] && sed 's/^/gpu: /' "$R/gpu.txt"
+    echo "steps: $pass passed, $fail failed, $skip skipped"
+    if [ -s "$R/failures.txt" ]; then echo "---- failures"; cat "$R/failures.txt"; fi
+    echo "---- steps"; cat "$R/steps.txt"
+    if [ -s "$R/figures.txt" ]; then echo "---- figures (with the ceiling each is judged against)"; cat "$R/figures.txt"; fi
+  } >"$R/summary.txt"
+  cp "$R/summary.txt" "$FINAL/summary.txt"
+  tar -C "$WORK" -czf "$FINAL/gpu_check.tgz" results 2>/dev/null
+  echo
+  cat "$R/summary.txt"
+  echo "(all results: $FINAL/gpu_check.tgz)"
+  rm -rf "$WORK"
+  exit "$rc"
+}
 
-# ---- 3c. the placed pipeline on the device (stages share device 0 on a one-GPU machine) ------
-if [ -n "$SCHED_BIN" ]; then
-  log "placed pipeline tests on the device"
-  timeout 240 "$SCHED_BIN" --gtest_output="xml:$RESULTS/test_sched_cuda_device.xml" \
-    >"$RESULTS/test_sched_cuda_device.log" 2>&1
-  rc=$?
-  grep -E "^\[  (PASSED|FAILED|SKIPPED) " "$RESULTS/test_sched_cuda_device.log" | head -40
-  [ $rc -eq 0 ] || { log "placed pipeline tests FAILED (rc $rc; log: test_sched_cuda_device.log)"; status=1; }
-fi
-
-# ---- 5. end to end: a random 0.5B-parameter llama, whole vs split, tokens/s ---------------
-if [ -n "$CLI_BIN" ]; then
-  MODEL=--random:vocab=32000,hidden=2048,layers=8,heads=32,kv_heads=8,ffn=5632,ctx=1024
-  PROMPT=$(seq -s, 1 128)
-  for mode in "--dtype f32" "--dtype bf16 --speed"; do
-    log "end to end on cuda ($mode)"
-    # shellcheck disable=SC2086
-    timeout 180 "$CLI_BIN" run "$MODEL" --tokens "$PROMPT" --split 3 --n 64 --backend cuda $mode \
-      >"$RESULTS/e2e_${mode// /_}.log" 2>&1 || { log "end to end FAILED ($mode)"; status=1; }
-    grep -E "whole:|split:|parity" "$RESULTS/e2e_${mode// /_}.log"
-  done
-fi
-
-# ---- 5b. decode figures (issue 15): SmolLM2 in bf16 and native (Q4_1 blocks on the device),
-# token_only decode (one host wait and 4 bytes per token), with weight GB/s per token and the
-# structural counts (launches, host waits per range, bytes downloaded per token); then 1B- and
-# 8B-shaped random llamas (per-layer shapes of Llama 3.2 1B / Llama 3 8B, fewer layers so the
-# host-side random weights stay quick) in bf16. Compare decode GB/s with the device copy
-# bandwidth the harness measures below (ceilings: cuda_d2d). e2e_bench decodes the whole model
-# twice on cuda: with one captured graph per range and token (the default) and op by op
-# (eager_decode): the "eager" row and "graphs / op by op" are the before/after of the graphs.
-E2E_BIN="$BUILD/cmake/bench/e2e_bench"
-if [ -x "$E2E_BIN" ]; then
-  SMOL="$ROOT/models/SmolLM2-135M-Instruct.Q4_1.gguf"
-  if [ -f "$SMOL" ]; then
-    for dt in bf16 native; do
-      log "e2e_bench SmolLM2 on cuda ($dt)"
-      OUT="$RESULTS" timeout 240 "$E2E_BIN" "$SMOL" cuda 128 128 --dtype "$dt" --runs 3 2>&1 |
-        tee "$RESULTS/e2e_smollm2_$dt.log" | grep -E "^(whole|split|eager)|per decode token|graphs / op by op|same final" ||
-        { log "e2e_bench SmolLM2 $dt FAILED"; status=1; }
-      [ -f "$RESULTS/e2e_bench.json" ] && mv "$RESULTS/e2e_bench.json" "$RESULTS/e2e_smollm2_$dt.json"
-    done
+# step NAME TIMEOUT CMD... : run one check with its log in $R/NAME.log, unless the budget is spent.
+step() {
+  local name=$1 limit=$2; shift 2
+  local left=$((BUDGET - (SECONDS - START)))
+  if [ "$left" -lt 20 ]; then
+    echo "$name SKIP (budget of ${BUDGET}s spent)" >>"$R/steps.txt"; log "skip $name: budget spent"; return 0
+  fi
+  [ "$limit" -gt "$left" ] && limit=$left
+  log "$name (limit ${limit}s)"
+  local t0=$SECONDS
+  timeout --kill-after=10 "$limit" "$@" >"$R/$name.log" 2>&1
+  local rc=$?
+  if [ $rc -eq 0 ]; then
+    echo "$name PASS $((SECONDS - t0))s" >>"$R/steps.txt"
   else
-    log "no $SMOL: SmolLM2 decode figures skipped (scripts/fetch_model.sh)"
+    [ $rc -eq 124 ] && rc="$rc (timed out at ${limit}s)"
+    echo "$name FAIL rc $rc $((SECONDS - t0))s" >>"$R/steps.txt"
+    failure "$name: exit $rc; last lines of $name.log:"
+    tail -5 "$R/$name.log" | sed 's/^/    /' >>"$R/failures.txt"
+    status=1
+  fi
+  return 0
+}
+
+# ---- 1. binaries -------------------------------------------------------------------------
+BIN_FROM="none"
+declare -A BIN=()
+BUNDLE=${MK_GPU_BUNDLE:-$ROOT/gpu_bundle.tar.xz}
+if [ -f "$BUNDLE" ]; then
+  log "unpack the bundle $BUNDLE"
+  if tar -C "$WORK" -xJf "$BUNDLE"; then
+    B="$WORK/meshkern-gpu"
+    BIN_FROM="bundle $(basename "$BUNDLE") ($(sed -n 2p "$B/MANIFEST.txt"))"
+    cp "$B/MANIFEST.txt" "$R/bundle_manifest.txt"
+    for f in "$B"/bin/*; do BIN[$(basename "$f")]=$f; done
+    export MESHKERN_SOURCE_DIR="$B/share/meshkern"
+  else
+    failure "bundle $BUNDLE does not unpack"
   fi
 fi
-if [ -n "$CLI_BIN" ]; then
-  for shape in "1b:vocab=128256,hidden=2048,layers=4,heads=32,kv_heads=8,ffn=8192,ctx=512" \
-               "8b:vocab=128256,hidden=4096,layers=4,heads=32,kv_heads=8,ffn=14336,ctx=512"; do
-    name=${shape%%:*}
-    log "decode on cuda, random ${name}-shaped llama (bf16 --speed)"
-    timeout 240 "$CLI_BIN" run "--random:${shape#*:}" --tokens "$(seq -s, 1 32)" --split 1 --n 64 --backend cuda \
-      --dtype bf16 --speed >"$RESULTS/decode_${name}.log" 2>&1 || { log "decode ${name} FAILED"; status=1; }
-    grep -E "whole:|split:|parity" "$RESULTS/decode_${name}.log"
+
+# CUDA's libraries come from the image: the toolkit's folders and PyTorch's nvidia-* wheels.
+cuda_dirs=()
+# (Only folders of CUDA's: LD_LIBRARY_PATH is searched before the bundle's RUNPATH.)
+for d in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets/x86_64-linux/lib /usr/local/nvidia/lib64; do
+  [ -d "$d" ] && cuda_dirs+=("$d")
+done
+if command -v python3 >/dev/null; then
+  while IFS= read -r d; do [ -d "$d" ] && cuda_dirs+=("$d"); done < <(python3 - 2>/dev/null <<'EOF'
+import glob, os, site
+for sp in site.getsitepackages() + [site.getusersitepackages()]:
+    for d in sorted(glob.glob(os.path.join(sp, "nvidia", "*", "lib"))):
+        print(d)
+EOF
+)
+fi
+CUDA_LIB_PATH=$(IFS=:; echo "${cuda_dirs[*]}")
+export LD_LIBRARY_PATH="$CUDA_LIB_PATH${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+
+if [ ${#BIN[@]} -eq 0 ] && command -v nvcc >/dev/null && command -v cmake >/dev/null; then
+  GEN=(); command -v ninja >/dev/null && GEN=(-G Ninja)
+  log "no bundle: CMake build (Release, sm_$ARCHS)"
+  if cmake -S "$ROOT" -B "$BUILD/cmake" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DMESHKERN_CUDA=ON \
+       -DMK_KERNEL_CUDA_ARCHS="$ARCHS" >"$R/configure.log" 2>&1 &&
+     cmake --build "$BUILD/cmake" -j "$JOBS" --target test_ops_device test_cuda_backend_device test_sched_cuda_device \
+       kernel_bench pipeline_bench meshkern_cli ceilings e2e_bench seam_bench >"$R/build.log" 2>&1; then
+    BIN_FROM="CMake build $BUILD/cmake"
+    for rel in tests/ops/test_ops_device tests/backend/test_cuda_backend_device tests/backend/test_sched_cuda_device \
+               bench/kernel_bench bench/pipeline_bench bench/e2e_bench bench/seam_bench bench/ceilings tools/meshkern; do
+      BIN[$(basename "$rel")]="$BUILD/cmake/$rel"
+    done
+    cp "$BUILD/cmake/ptxas_report.txt" "$R/" 2>/dev/null
+  else
+    log "CMake build failed (configure.log / build.log): standalone nvcc build"
+    SA="$BUILD/standalone"
+    mkdir -p "$SA"
+    INC=(-I"$ROOT/include" -I"$ROOT/common" -I"$ROOT/host" -I"$ROOT/kernels" -I"$ROOT/kernels/nvcc" -I"$ROOT/tests")
+    objs=("$SA/error.o" "$SA/cpu_ops.o" "$SA/contract.o")
+    ok=1
+    gcc -O2 -std=c11 -c "$ROOT/host/error.c" "${INC[@]}" -o "$SA/error.o" >>"$R/standalone.log" 2>&1 || ok=0
+    gcc -O2 -std=c11 -c "$ROOT/host/contract.c" "${INC[@]}" -o "$SA/contract.o" >>"$R/standalone.log" 2>&1 || ok=0
+    gcc -O2 -std=c11 -c "$ROOT/host/cpu_ops.c" -I"$ROOT/bench/standalone" "${INC[@]}" -o "$SA/cpu_ops.o" \
+      >>"$R/standalone.log" 2>&1 || ok=0
+    for cu in "$ROOT"/kernels/*.cu; do
+      o="$SA/$(basename "$cu" .cu).o"
+      objs+=("$o")
+      nvcc -O3 -std=c++17 -gencode "arch=compute_$ARCHS,code=sm_$ARCHS" -Xptxas -v "${INC[@]}" -c "$cu" -o "$o" \
+        >>"$R/ptxas_report.txt" 2>&1 || ok=0
+    done
+    [ $ok = 1 ] && nvcc -O2 -std=c++17 "${INC[@]}" "$ROOT/bench/kernel_bench.cpp" "${objs[@]}" -lcublas \
+      -o "$SA/kernel_bench" >>"$R/standalone.log" 2>&1 && BIN[kernel_bench]="$SA/kernel_bench" &&
+      BIN_FROM="standalone nvcc build (kernels + kernel_bench only)"
+  fi
+fi
+[ ${#BIN[@]} -gt 0 ] || { failure "no binaries: no bundle, and neither build worked"; finish 3; }
+
+# Preflight: each binary's libraries, each found or named missing.
+missing=""
+for b in "${!BIN[@]}"; do
+  ldd "${BIN[$b]}" >"$R/ldd.$b.txt" 2>&1
+  m=$(awk '/not found/ {print $1} /error while loading/ {print}' "$R/ldd.$b.txt" | sort -u |
+    tr '\n' ' ')
+  [ -n "$m" ] && missing+="$b: $m; "
+done
+for lib in libcudart libcublas libcublasLt libnccl; do
+  where=$(cat "$R"/ldd.*.txt | awk -v l="$lib.so" 'index($1, l) == 1 && $3 != "" {print $3; exit}')
+  figure "library $lib: ${where:-not needed or not found}"
+done
+if [ -n "$missing" ]; then
+  echo "preflight.libraries FAIL" >>"$R/steps.txt"
+  failure "libraries missing (searched the bundle, $CUDA_LIB_PATH): $missing"
+  status=1
+else
+  echo "preflight.libraries PASS" >>"$R/steps.txt"
+fi
+
+# ---- 2. the GPU -------------------------------------------------------------------------
+if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >"$R/gpu.txt" 2>&1; then
+  echo "no NVIDIA GPU visible (nvidia-smi missing or found no device)" >"$R/gpu.txt"
+  echo "preflight.gpu FAIL" >>"$R/steps.txt"
+  failure "no GPU: the device checks did not run"
+  # MK_GPU_CHECK_DRY=1: go on anyway, to exercise every step of this script on a machine
+  # without a GPU (the steps then fail or skip as they would with no device).
+  [ "${MK_GPU_CHECK_DRY:-0}" = 1 ] || finish 2
+fi
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+  nvidia-smi -q >"$R/nvidia-smi-q.txt" 2>&1
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,mig.mode.current,memory.total \
+    --format=csv >>"$R/gpu.txt" 2>&1
+  echo "preflight.gpu PASS" >>"$R/steps.txt"
+fi
+has() { [ -n "${BIN[$1]:-}" ] && [ -x "${BIN[$1]}" ]; }
+
+# ---- 3. the device suites (XML) ----------------------------------------------------------
+for t in test_ops_device test_cuda_backend_device test_sched_cuda_device; do
+  has $t || continue
+  step "suite.$t" 200 "${BIN[$t]}" --gtest_output="xml:$R/$t.xml"
+  # the totals and every failed case (the full list is in the log and the XML)
+  figure "$t: $(grep -E '^\[  PASSED  \] [0-9]+ test' "$R/suite.$t.log" | tail -1), $(grep -c '^\[  SKIPPED \] .*(' "$R/suite.$t.log") skipped"
+  grep -E "^\[  FAILED  \] .*\(" "$R/suite.$t.log" | sed "s/^/$t: /" >>"$R/figures.txt"
+  grep -q "no CUDA device" "$R/suite.$t.log" && { failure "$t: skipped with \"no CUDA device\" on a GPU machine"; status=1; }
+done
+
+# ---- 4. compute-sanitizer on the kernels most likely to race or overrun ------------------
+SAN_FILTER='*AttentionDecode*past255*:*AttentionDecode*past77*:*AttentionPrefillTc*:*GemvQSet*misaligned*:*Gemv.*odd*'
+if has test_ops_device && command -v compute-sanitizer >/dev/null; then
+  for tool in memcheck racecheck; do
+    step "sanitizer.$tool" 120 compute-sanitizer --tool $tool --error-exitcode 9 "${BIN[test_ops_device]}" \
+      --gtest_filter="$SAN_FILTER"
+    figure "compute-sanitizer $tool: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$R/sanitizer.$tool.log" | tail -1)"
+  done
+else
+  echo "sanitizer SKIP (compute-sanitizer or test_ops_device absent)" >>"$R/steps.txt"
+fi
+
+# ---- 5. decode on random llamas: SmolLM2's shape (30 layers), an 8B shape (4 layers) ------
+SMOL_SHAPE="vocab=49152,hidden=576,layers=30,heads=9,kv_heads=3,ffn=1536,ctx=1024"
+B8_SHAPE="vocab=128256,hidden=4096,layers=4,heads=32,kv_heads=8,ffn=14336,ctx=512"
+if has meshkern; then
+  for spec in "smollm2_f32:$SMOL_SHAPE:f32:" "smollm2_bf16:$SMOL_SHAPE:bf16:--speed" \
+              "smollm2_bf16_eager:$SMOL_SHAPE:bf16:--speed --eager-decode" "8b_bf16:$B8_SHAPE:bf16:--speed"; do
+    IFS=: read -r name shape dtype extra <<<"$spec"
+    # shellcheck disable=SC2086
+    step "decode.$name" 90 "${BIN[meshkern]}" run "--random:$shape" --tokens "$(seq -s, 1 64)" --split 1 --n 128 \
+      --backend cuda --dtype "$dtype" $extra
+    grep -E "decode [0-9]+ tokens|parity" "$R/decode.$name.log" | sed "s/^ */decode $name: /" >>"$R/figures.txt"
   done
 fi
 
-# ---- 5c. prefill attention on the tensor cores (issue 15, item 5): TFLOP/s of the wmma kernel
-# (F32 and BF16 caches) and of the F32 parity kernel against a cuBLAS BF16 GEMM measured in the
-# same run. Target: the tensor-core kernel at >= 50% of the GEMM rate.
-if [ -n "$BENCH_BIN" ]; then
-  log "prefill attention: tensor cores vs F32 kernel vs cuBLAS BF16 GEMM"
-  mkdir -p "$RESULTS/prefill_tc"
-  MK_KBENCH_ONLY=prefill,prefill_tc,gemm timeout 240 "$BENCH_BIN" "$RESULTS/prefill_tc" \
-    >"$RESULTS/prefill_tc/kernel_bench.log" 2>&1 || { log "prefill attention bench FAILED (see prefill_tc/kernel_bench.log)"; status=1; }
-  grep -E "^(attention_prefill|cublas_gemm_bf16|prefill attention)" "$RESULTS/prefill_tc/kernel_bench.log"
+# ---- 6. prefill attention on the tensor cores vs a cuBLAS BF16 GEMM, and the GEMVs --------
+if has kernel_bench; then
+  mkdir -p "$R/kbench_prefill"
+  MK_KBENCH_ONLY=prefill,prefill_tc,gemm step "kernels.prefill_vs_gemm" 150 "${BIN[kernel_bench]}" "$R/kbench_prefill"
+  grep -E "^(attention_prefill|cublas_gemm_bf16|prefill attention)" "$R/kernels.prefill_vs_gemm.log" |
+    sed 's/^/kernel_bench: /' >>"$R/figures.txt"
 fi
 
-# ---- 6. placed pipeline: 1 GPU whole vs 2 ranges on the same GPU (2 streams, 2 threads) ----
-# The issue's GPU comparison: 8 sequences in flight on a random 0.5B llama (F32 weights),
-# the whole model on device 0 against 2 balanced ranges both on device 0, each with its
-# own stream and host thread (the seam between them is the placement rule's: a local
-# device-to-device copy on one GPU). pipeline_bench.json holds the figures; the summary
-# is printed again after the harness table (section 8).
-PIPE_SUMMARY_RE='^(pipeline_bench:|auto cut|whole model,|2 stages,|ratio|in flight|[1248] +[0-9])'
-if [ -n "$PIPE_BENCH_BIN" ]; then
-  log "pipeline_bench on cuda (whole vs 2 ranges on device 0, 8 sequences)"
-  OUT="$RESULTS" timeout 240 "$PIPE_BENCH_BIN" --random-llama cuda 8 64 2 0,0 f32 2>&1 | tee "$RESULTS/pipeline_bench.log"
-  [ "${PIPESTATUS[0]}" -eq 0 ] || { log "pipeline_bench FAILED"; status=1; }
+# ---- 7. NCCL: the library, and the NCCL seam between two ranges on one GPU ----------------
+if has meshkern; then
+  grep -h "libnccl" "$R"/ldd.*.txt | head -1 | sed 's/^[[:space:]]*/nccl library: /' >>"$R/figures.txt"
+  # NCCL refuses two ranks on one GPU: the run must end with a named status, never hang.
+  step "nccl.two_ranges_one_gpu" 60 bash -c 'out=$("$0" run --random:vocab=300,hidden=64,layers=4,heads=4,kv_heads=2,ffn=96,ctx=64 \
+      --tokens 1,2,3 --split 2 --n 4 --backend cuda --seam nccl --devices 0,0 2>&1); rc=$?
+    printf "%s\nexit %d\n" "$out" $rc
+    [ $rc -eq 0 ] || printf "%s" "$out" | grep -q "MK_ERR_"' "${BIN[meshkern]}"
+  figure "nccl two ranges on one GPU: $(grep -E 'MK_ERR|parity|exit' "$R/nccl.two_ranges_one_gpu.log" | head -2 | tr '\n' ' ')"
 fi
 
-# ---- 7. the benchmark harness, its table last ------------------------------------------------
-# kernel_bench runs inside it (kernels suite); in the CMake path it builds ceilings, e2e_bench,
-# seam_bench (and pipeline_bench when present) into the same build directory.
-log "benchmarks (bench/run.sh --quick; results in $RESULTS/bench/results.json, other results in $RESULTS)"
-install=(--no-install)
-[ "${MK_BENCH_INSTALL:-0}" = 1 ] && install=()
-if [ -n "$CLI_BIN" ]; then
-  "$ROOT/bench/run.sh" --quick --build "$BUILD/cmake" --out "$RESULTS/bench" "${install[@]}"
-  rc=$?
-  [ $rc -eq 0 ] || { log "benchmark harness: a case FAILED (rc $rc; logs in $RESULTS/bench/raw)"; status=1; }
-else
-  # standalone build: only the kernels and ceilings can run; the harness says so for the rest
-  MK_BENCH_KERNEL_BIN="$BENCH_BIN" "$ROOT/bench/run.sh" --quick --build "$BUILD/standalone-bench" --no-build \
-    --out "$RESULTS/bench" "${install[@]}"
-  grep -qE '^kernels .*FAILED' "$RESULTS/bench/table.txt" 2>/dev/null && { log "kernel_bench FAILED"; status=1; }
+# ---- 8. the benchmark harness: ceilings, kernels vs the device copy, seams, pipeline -------
+if has ceilings; then
+  BDIR=$(dirname "${BIN[ceilings]}")
+  step "harness" 200 "$ROOT/bench/run.sh" --quick --bin-dir "$BDIR" --out "$R/bench" --no-install --no-plots \
+    --suite ceilings --suite kernels --suite seams --suite pipeline
+  # the seams rows (dozens, CPU-side) stay in bench/table.txt; the rest is judged on the device
+  [ -f "$R/bench/table.txt" ] && grep -v '^seams ' "$R/bench/table.txt" | sed 's/^/harness: /' >>"$R/figures.txt"
 fi
 
-# ---- 8. the GPU pipeline comparison again, after the table (the figures for the README) -----
-if [ -s "$RESULTS/pipeline_bench.log" ]; then
-  log "placed pipeline on one GPU: whole model vs 2 ranges on device 0 (2 streams, 2 host threads), 8 sequences"
-  grep -E "$PIPE_SUMMARY_RE" "$RESULTS/pipeline_bench.log" || log "pipeline_bench printed no figures (see pipeline_bench.log)"
+# ---- 9. per-kernel times of one decode run (ncu), when the profiler works here ----------
+if has meshkern && command -v ncu >/dev/null; then
+  step "ncu.decode_kernels" 90 ncu --clock-control none --print-summary per-kernel --launch-skip 200 --launch-count 400 \
+    "${BIN[meshkern]}" run "--random:$SMOL_SHAPE" --tokens 1,2,3,4 --n 16 --backend cuda --dtype bf16 --speed --eager-decode
 fi
 
-# ---- 9. decode attention: KV bytes read per second (kernel_bench's attention_decode rows) ---
-KCSV=$(find "$RESULTS/bench" -name kernel_bench.csv 2>/dev/null | head -1)
-if [ -n "$KCSV" ]; then
-  log "decode attention KV bandwidth (F32 parity / F16, BF16 speed caches; keys/capacity, heads, splits)"
-  grep '^attention_decode' "$KCSV" | tr -d '"' |
-    awk -F, '{printf "  %-44s %9.2f us %8.1f GB/s %6.1f%% of copy  %s\n", $2, $3, $5, $6, ($8 == 1 ? "ok" : "FAIL")}'
-fi
-exit $status
+finish $status

@@ -16,4 +16,6 @@ static inline void cblas_sgemm(enum CBLAS_ORDER o, enum CBLAS_TRANSPOSE ta, enum
     fprintf(stderr, "standalone build: cblas_sgemm is not available\n");
     abort();
 }
+/* cpu_ops.c sizes its thread split by OpenBLAS's pool; the standalone build has none. */
+static inline int openblas_get_num_threads(void) { return 1; }
 #endif
