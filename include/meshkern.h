@@ -513,6 +513,11 @@ MK_API int64_t mk_range_end(const mk_range *range);
 MK_API size_t mk_range_weight_bytes(const mk_range *range);
 /* Recipe digest that bundles emitted/accepted by this range carry. */
 MK_API const char *mk_range_recipe_digest(const mk_range *range);
+/* Why this range stopped recording decode steps as CUDA graphs: NULL while it records them
+ * (or never tried: eager_decode, a backend without graphs), else the status and message of
+ * the recording that failed; that step and every later one ran op by op, with the same
+ * results. Owned by the range. */
+MK_API const char *mk_range_graph_failure(const mk_range *range);
 
 /* Sequences: each has its own KV cache of max_context positions in every range. */
 typedef struct mk_sequence mk_sequence;

@@ -206,6 +206,13 @@ static mk_status run_pipeline(const mk_model *model, const int64_t *cuts, size_t
         input = &res->tokens[step];
         n_input = 1;
     }
+    for (size_t i = 0; i < mk_pipeline_range_count(p); i++) { /* said once per range, with the reason */
+        const mk_range *r = mk_pipeline_range(p, i);
+        const char *why = mk_range_graph_failure(r);
+        if (why)
+            fprintf(stderr, "meshkern: note: range [%lld-%lld] decodes op by op: its decode step could not be recorded "
+                            "as a CUDA graph (%s)\n", (long long)mk_range_start(r), (long long)mk_range_end(r), why);
+    }
     res->seam_bytes = mk_pipeline_seam_bytes(p);
     res->seam_s = mk_pipeline_seam_seconds(p);
     mk_pipeline_free(p);

@@ -1074,6 +1074,7 @@ TEST(CudaBackend, DecodeGraphIsRecapturedForAnotherSequence) {
                 logits[eager ? 0 : 1][s].push_back(l);
             }
         EXPECT_EQ(mk_range_backend_counters(r)->graph_launches, eager ? 0u : 10u);
+        EXPECT_EQ(mk_range_graph_failure(r), nullptr) << "every recording succeeded";
         for (mk_sequence *q : seq) mk_sequence_close(q);
     }
     for (int s = 0; s < 2; s++) {
@@ -1314,7 +1315,10 @@ TEST(CudaBackendSim, DecodeStepCaptureFailureFallsBackToEager) {
     Decode got;
     std::vector<int32_t> next = c.prompt;
     for (int i = 0; i < 5; i++) {
-        if (i == 1) cudasim::inject_launch_failure(3); // inside the first recording
+        if (i == 1) {
+            EXPECT_EQ(mk_range_graph_failure(p.range(0)), nullptr) << "prefill records nothing";
+            cudasim::inject_launch_failure(3); // inside the first recording
+        }
         TailPtr o;
         MK_ASSERT_OK(p.step(next, &o));
         EXPECT_STREQ(mk_last_error(), "") << "step " << i;
@@ -1324,6 +1328,11 @@ TEST(CudaBackendSim, DecodeStepCaptureFailureFallsBackToEager) {
     }
     expect_bit_identical(eager, got, "after a failed recording");
     EXPECT_EQ(mk_range_backend_counters(p.range(0))->graph_launches, 0u);
+    // the range says why it decodes op by op: the failed recording's status and message
+    const char *why = mk_range_graph_failure(p.range(0));
+    ASSERT_NE(why, nullptr);
+    EXPECT_NE(std::string(why).find("MK_ERR_"), std::string::npos) << why;
+    EXPECT_NE(std::string(why).find("inject_launch_failure"), std::string::npos) << why;
 }
 
 #endif // MK_TEST_CUDASIM
