@@ -352,6 +352,40 @@ TEST(NcclSeam, InitTimesOutWhenARankNeverJoins) {
   mk_nccl_ctx_destroy(&ctx); /* harmless after a failed init */
 }
 
+/* NCCL refusing the communicator itself at init (here: two ranks that disagree on the rank
+ * count; on a GPU also two ranks on one device) fails asynchronously on a non-blocking
+ * communicator: MK_ERR_NCCL naming the init and NCCL's reason, not a frame error. */
+TEST(NcclSeam, CommunicatorRefusedAtInitIsAnNcclError) {
+  NEED_DEVICES(2);
+  ncclUniqueId id;
+  ASSERT_EQ(mk_nccl_id_create(&id), MK_OK);
+  mk_nccl_ctx ctx[2];
+  mk_status st[2] = {MK_OK, MK_OK};
+  std::string msg[2];
+  const auto t0 = Clock::now();
+  std::thread t[2];
+  for (int r = 0; r < 2; r++)
+    t[r] = std::thread([&, r] {
+      st[r] = mk_nccl_init_rank(&ctx[r], 2 + r, r, &id, r, nullptr, kDeadlineMs); /* rank 1 says 3 ranks */
+      msg[r] = mk_last_error();
+    });
+  for (std::thread &x : t) x.join();
+  EXPECT_LT(ms_since(t0), kSlackMs);
+  int refused = 0;
+  for (int r = 0; r < 2; r++) {
+    EXPECT_NE(st[r], MK_OK) << "rank " << r;
+    EXPECT_NE(st[r], MK_ERR_FRAME) << "rank " << r << ": " << msg[r];
+    if (st[r] == MK_ERR_NCCL) {
+      refused++;
+      EXPECT_NE(msg[r].find("NCCL refused the communicator at init"), std::string::npos) << msg[r];
+      EXPECT_NE(msg[r].find("nranks"), std::string::npos) << "NCCL's own reason is kept: " << msg[r];
+    }
+    EXPECT_EQ(ctx[r].comm, nullptr);
+    mk_nccl_ctx_destroy(&ctx[r]);
+  }
+  EXPECT_GE(refused, 1) << "the rank whose count disagrees is refused by NCCL";
+}
+
 /* A device that does not exist: a clear status, every other rank's communicator released,
  * nothing left allocated. */
 TEST(NcclSeam, InitAllWithABadDeviceFailsAndLeavesNothing) {
