@@ -94,6 +94,52 @@ float max_abs(const std::vector<float> &v) {
                                          << worst_d << " > " << limit << " = " << rel << " * max|logit|)";
 }
 
+// The top-2 logit gap of each step: where it exceeds the tolerance between two backends, their
+// greedy tokens must agree (below it, FMA contraction or a rounded cache may flip a near tie).
+float top2_gap(const std::vector<float> &l) {
+    float a = -INFINITY, b = -INFINITY;
+    for (float x : l) {
+        if (x > a) {
+            b = a;
+            a = x;
+        } else if (x > b) {
+            b = x;
+        }
+    }
+    return a - b;
+}
+
+// The device against the cpu over a greedy decode of n steps: the device follows the cpu's
+// tokens (teacher forcing: a near tie cannot fork the two sequences), every step's logits lie
+// within rel * max|logit| of the cpu's, and the tokens agree wherever the cpu's top-2 gap
+// exceeds twice that tolerance. Below it the tokens may differ on a GPU, whose compiler
+// contracts to FMA where the cpu backend does not; under cudasim (the host compiler, no
+// contraction here) every token must still agree. Returns how many steps had a clear gap.
+// `done`: a device decode already made of the same prompt; when its tokens are the cpu's,
+// teacher forcing would repeat it exactly, so it is used instead of decoding again.
+size_t expect_close_to_cpu(const mk_model *model, const std::vector<int64_t> &cuts, const mk_range_options &dev,
+                           const Decode &cpu, const std::vector<int32_t> &prompt, float rel,
+                           const Decode *done = nullptr) {
+    const size_t n = cpu.tokens.size();
+    const Decode forced = done && done->tokens == cpu.tokens ? *done : decode_greedy(model, cuts, dev, prompt, n, &cpu.tokens);
+    EXPECT_EQ(forced.logits.size(), n);
+    size_t clear = 0;
+    for (size_t i = 0; i < n && i < forced.logits.size(); i++) {
+        EXPECT_TRUE(close_rel(forced.logits[i], cpu.logits[i], rel)) << "step " << i;
+        const bool gap_clear = top2_gap(cpu.logits[i]) > 2.0f * rel * max_abs(cpu.logits[i]);
+        clear += gap_clear;
+#if defined(MK_TEST_CUDASIM)
+        const bool must_agree = true;
+#else
+        const bool must_agree = gap_clear;
+#endif
+        if (must_agree) {
+            EXPECT_EQ(forced.tokens[i], cpu.tokens[i]) << "step " << i << " (top-2 gap " << top2_gap(cpu.logits[i]) << ")";
+        }
+    }
+    return clear;
+}
+
 void expect_bit_identical(const Decode &a, const Decode &b, const char *what) {
     ASSERT_EQ(a.logits.size(), b.logits.size()) << what;
     for (size_t i = 0; i < a.logits.size(); i++)
@@ -131,11 +177,9 @@ TEST_P(CudaModels, ParityModeMatchesCpuOver32GreedyTokens) {
     const ModelCase c = model_cases()[GetParam()];
     ModelPtr model = make_random_model(c.hp);
     const Decode cpu = decode_greedy(model.get(), {}, cpu_options(), c.prompt, 33);
-    const Decode gpu = decode_greedy(model.get(), {}, cuda_options(), c.prompt, 33);
     ASSERT_EQ(cpu.logits.size(), 33u);
-    ASSERT_EQ(gpu.logits.size(), 33u);
-    for (size_t i = 0; i < cpu.logits.size(); i++) EXPECT_TRUE(close_rel(gpu.logits[i], cpu.logits[i], 1e-4f)) << "step " << i;
-    EXPECT_EQ(gpu.tokens, cpu.tokens);
+    EXPECT_GT(expect_close_to_cpu(model.get(), {}, cuda_options(), cpu, c.prompt, 1e-4f), 16u)
+        << "most steps must have a clear top-2 gap, or the token comparison means little";
 }
 
 // Speed mode: bf16 / f16 weights with activations in the same dtype (tensor cores), and
@@ -601,23 +645,7 @@ TEST(CudaBackend, LongContextDecodeUsesFlashDecodingAndKeepsParity) {
     expect_bit_identical(whole, decode_greedy(model.get(), {2}, cuda_options(), prompt, 12), "2 ranges");
     const Decode cpu = decode_greedy(model.get(), {}, cpu_options(), prompt, 12);
     ASSERT_EQ(cpu.logits.size(), 12u);
-    for (size_t i = 0; i < cpu.logits.size(); i++) EXPECT_TRUE(close_rel(whole.logits[i], cpu.logits[i], 1e-4f)) << "step " << i;
-    EXPECT_EQ(whole.tokens, cpu.tokens);
-}
-
-// The top-2 logit gap of each step: where it exceeds the tolerance between two backends, their
-// greedy tokens must agree (below it, FMA contraction or a rounded cache may flip a near tie).
-float top2_gap(const std::vector<float> &l) {
-    float a = -INFINITY, b = -INFINITY;
-    for (float x : l) {
-        if (x > a) {
-            b = a;
-            a = x;
-        } else if (x > b) {
-            b = x;
-        }
-    }
-    return a - b;
+    EXPECT_GT(expect_close_to_cpu(model.get(), {}, cuda_options(), cpu, prompt, 1e-4f, &whole), 0u);
 }
 
 // An F16 or BF16 KV cache on the cuda backend (speed-mode option): whole vs split bit-exact,
@@ -1368,8 +1396,7 @@ TEST(CudaBackendSmolLM2, WholeAndTwoRangeSplitAreBitIdentical) {
 #endif
     const Decode cpu = decode_greedy(model.get(), {}, cpu_options(), prompt, n_steps);
     ASSERT_EQ(cpu.logits.size(), n_steps);
-    for (size_t i = 0; i < n_steps; i++) EXPECT_TRUE(close_rel(whole.logits[i], cpu.logits[i], 1e-4f)) << "step " << i;
-    EXPECT_EQ(whole.tokens, cpu.tokens);
+    EXPECT_GT(expect_close_to_cpu(model.get(), {}, o, cpu, prompt, 1e-4f, &whole), 0u);
 }
 
 // The generation loop stops at the end-of-generation set or the token budget, whichever
