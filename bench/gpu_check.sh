@@ -235,12 +235,13 @@ if has meshkern; then
   done
 fi
 
-# ---- 6. prefill attention on the tensor cores vs a cuBLAS BF16 GEMM, and the GEMVs --------
+# ---- 6. the decode GEMVs (SmolLM2 and 8B shapes; BF16, Q4_1, Q8_0) as % of the device copy,
+#         and prefill attention on the tensor cores vs a cuBLAS BF16 GEMM ----------------------
 if has kernel_bench; then
-  mkdir -p "$R/kbench_prefill"
-  MK_KBENCH_ONLY=prefill,prefill_tc,gemm step "kernels.prefill_vs_gemm" 150 "${BIN[kernel_bench]}" "$R/kbench_prefill"
-  grep -E "^(attention_prefill|cublas_gemm_bf16|prefill attention)" "$R/kernels.prefill_vs_gemm.log" |
-    sed 's/^/kernel_bench: /' >>"$R/figures.txt"
+  mkdir -p "$R/kbench"
+  MK_KBENCH_ONLY=copy,gemv,prefill,prefill_tc,gemm step "kernels.gemv_prefill_gemm" 150 "${BIN[kernel_bench]}" "$R/kbench"
+  grep -E "^(memcpy_d2d|gemv|attention_prefill|cublas_gemm_bf16|prefill attention|ceiling)" \
+    "$R/kernels.gemv_prefill_gemm.log" | sed 's/^/kernel_bench: /' >>"$R/figures.txt"
 fi
 
 # ---- 7. NCCL: the library, and the NCCL seam between two ranges on one GPU ----------------
