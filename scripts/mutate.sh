@@ -58,7 +58,7 @@ MUTATIONS=(
   "decode.slot-combine-drops-last~kernels/attention_decode.cu~s/for \(int t = 0; t < kpb; \+\+t\) \{\n      const float \*c/for (int t = 0; t < kpb - 1; ++t) {\n      const float *c/~ops:*AttentionDecode*"
   "decode.combine-reads-every-split~kernels/attention_decode.cu~s/const int used = decode_used_splits\(decode_keys\(positions, max_keys\), splits\);/const int used = splits;/~ops:*Decode*"
   "decode.combine-drops-last-used-split~kernels/attention_decode.cu~s/return used < \(size_t\)splits \? \(int\)used : splits;/return used < (size_t)splits ? (int)used - (used > 1) : splits;/~ops:*Decode*"
-  "gemv_set.third-matrix-as-second~kernels/gemv.cu~s/o -= set.out\[1\];\n      m = 2;/o -= set.out[1];\n      m = 1;/~ops:*GemvMulti*"
+  "gemv_set.third-matrix-as-second~kernels/gemv_dot.cuh~s/  o -= out\[1\];\n  return 2;/  o -= out[1];\n  return 1;/~ops:*GemvMulti*:*GemvQSet*"
   "decode.f16-read-as-bf16~kernels/attention_decode.cu~s/return mk_dev_f16_to_f32\(h\);/return mk_dev_bf16_to_f32(h);/~ops:*AttentionDecode*"
   "rope_kv.bf16-store-truncates~kernels/rope.cu~s/return mk_dev_f32_to_bf16\(x\);/return (uint16_t)(__float_as_uint(x) >> 16);/~ops:*RopeKv*"
   "prefill.f16-cache-read-as-bf16~kernels/attention_prefill.cu~s/return mk_dev_f16_to_f32\(\(uint16_t\)\(w & 0xffffu\)\);/return mk_dev_bf16_to_f32((uint16_t)(w & 0xffffu));/~ops:*PrefillHalfCache*"
