@@ -8,7 +8,8 @@ ROOT="$(cd "$1" && pwd)"
 T="$(mktemp -d)"
 trap 'rm -rf "$T"' EXIT
 export PATH="$PATH:/usr/local/cuda/bin"
-MK_STANDALONE_OPS=0 MK_STANDALONE_GENCODE=arch=compute_90,code=compute_90 "$ROOT/bench/standalone/build.sh" "$T" ||
+# one nvcc at a time: ctest runs other tests beside this one, some of them timing-sensitive
+JOBS=1 MK_STANDALONE_OPS=0 MK_STANDALONE_GENCODE=arch=compute_90,code=compute_90 "$ROOT/bench/standalone/build.sh" "$T" ||
   { echo "gpu_standalone_test: FAIL: the standalone build failed"; exit 1; }
 for lib in protobuf-c openblas pcre2 ssl; do
   ldd "$T/kernel_bench" | grep -q "$lib" && { echo "gpu_standalone_test: FAIL: kernel_bench links $lib"; exit 1; }

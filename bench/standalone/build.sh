@@ -4,7 +4,8 @@
 # packages nor a bundle (bench/gpu_check.sh calls it when CMake cannot configure). Also the
 # op grid, where GoogleTest is installed. The CI test (tests/gpu_standalone_test.sh) runs it.
 #
-#   bench/standalone/build.sh OUTDIR [ARCH]    ARCH: e.g. 90 (default); env MK_STANDALONE_GENCODE
+#   bench/standalone/build.sh OUTDIR [ARCH]    ARCH: e.g. 90 (default); env JOBS (nvcc processes
+#                                              at once; default: every core), MK_STANDALONE_GENCODE
 #                                              overrides the -gencode argument, MK_STANDALONE_OPS=0
 #                                              skips the op grid
 # Writes OUTDIR/kernel_bench (and OUTDIR/test_ops_device), OUTDIR/ptxas_report.txt and
@@ -28,15 +29,16 @@ for src in error.c contract.c cpu_ops.c gguf_dequant.c; do
     { echo "standalone: $src failed (see $LOG)" >&2; exit 1; }
   objs+=("$o")
 done
-pids=()
+# at most JOBS nvcc processes at once (the CI test runs one: other tests share the cores)
+JOBS=${JOBS:-$(nproc 2>/dev/null || echo 4)}
+fail=0
 for cu in "$ROOT"/kernels/*.cu; do
   o="$OUT/$(basename "$cu" .cu).o"
   objs+=("$o")
+  while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do wait -n || fail=1; done
   nvcc -O3 -std=c++17 -gencode "$GENCODE" -Xptxas -v "${INC[@]}" -c "$cu" -o "$o" >"$o.log" 2>&1 &
-  pids+=($!)
 done
-fail=0
-for p in "${pids[@]}"; do wait "$p" || fail=1; done
+while [ "$(jobs -rp | wc -l)" -gt 0 ]; do wait -n || fail=1; done
 cat "$OUT"/*.o.log >"$OUT/ptxas_report.txt" 2>/dev/null
 [ $fail = 0 ] || { grep -i error "$OUT/ptxas_report.txt" | head >&2; echo "standalone: nvcc failed" >&2; exit 1; }
 nvcc -O2 -std=c++17 "${INC[@]}" "$ROOT/bench/kernel_bench.cpp" "${objs[@]}" -lcublas -o "$OUT/kernel_bench" >>"$LOG" 2>&1 ||
