@@ -359,3 +359,15 @@ def test_two_threads_two_ranges_parallel(gil_model):
         pytest.skip(f"machine busy (load {load:.1f} on {os.cpu_count()} cores): two threads took {best:.2f}x "
                     "the serial time; test_gil_released_during_forward shows the GIL is released")
     assert best <= 0.65
+
+
+def test_library_location():
+    """Installed: the library bundled in the wheel; MESHKERN_LIB overrides it."""
+    import pathlib
+
+    env = os.environ.get("MESHKERN_LIB")
+    if env:
+        assert mk.LIBRARY_PATH == env
+    else:
+        assert pathlib.Path(mk.LIBRARY_PATH).parent.name == "_lib" or "libmeshkern" in mk.LIBRARY_PATH
+    assert "mk_range_forward" in mk._lib.CDEF    # the cdef comes from the shipped public header
