@@ -29,6 +29,7 @@ __all__ = [
     "Role", "seed_hparams", "Model", "Range", "Sequence", "Bundle", "BoundaryHeader", "TailOutput",
     "Boundary", "Tokenizer", "Detokenizer", "Pipeline", "GenerateStats", "tail_result_pack_token",
     "tail_result_pack_logits", "tail_result_validate", "protocol_bundle_pack", "protocol_bundle_validate",
+    "Scheduler", "SeqInfo",
 ]
 
 
@@ -763,3 +764,87 @@ class Pipeline:
         tail = d.flush()
         if tail:
             yield tail
+
+
+# ---------------------------------------------------------------- scheduler ----
+
+_SEQ_STATES = {1: "queued", 2: "running", 3: "done", 4: "failed"}
+
+
+@dataclass
+class SeqInfo:
+    """mk_seq_info plus the tokens generated so far."""
+
+    state: str
+    status: str
+    n_tokens: int
+    stopped: bool
+    error: str
+    tokens: list
+
+
+class Scheduler:
+    """Many sequences through a model cut into ranges, one worker thread per stage
+    (mk_sched). ``cuts`` (last layer of each range but the last) or ``n_stages`` with
+    balanced cuts (mk_split_auto); ``seam``: None (the placement rule) or "local", "wire",
+    "unix", "tcp", "nccl"; other keywords are range options (backend, threads, ...).
+    The header has no cancel call: a submitted sequence runs to its stop id or limit."""
+
+    def __init__(self, model: Model, cuts: Seq[int] | None = None, *, n_stages: int = 0, max_sequences: int = 8,
+                 seam: str | None = None, devices: Seq[int] | None = None, **options):
+        self.model = model
+        o = ffi.new("mk_sched_options *", lib.mk_sched_options_default())
+        ro, self._keep = _range_options(**options)
+        o.range = ro[0]
+        if cuts is None:
+            o.split_auto = True
+            o.n_stages = n_stages
+        else:
+            self._cuts = ffi.new("int64_t[]", [int(c) for c in cuts] or [0])
+            o.cuts, o.n_cuts = self._cuts, len(cuts)
+        if devices is not None:
+            self._devices = ffi.new("int[]", list(devices))
+            o.devices, o.n_devices = self._devices, len(devices)
+        o.max_sequences = max_sequences
+        if seam is not None:
+            o.seam = _SEAMS[seam]
+        out = ffi.new("mk_sched **")
+        check(lib.mk_sched_create(model._ptr, o, out))
+        self._ptr = _owned(out[0], lib.mk_sched_free, model._ptr)
+
+    def close(self) -> None:
+        self._ptr = None
+
+    @property
+    def n_stages(self) -> int:
+        return int(lib.mk_sched_stage_count(self._ptr))
+
+    def stage_bounds(self) -> list[tuple[int, int]]:
+        return [(int(lib.mk_range_start(lib.mk_sched_stage_range(self._ptr, i))),
+                 int(lib.mk_range_end(lib.mk_sched_stage_range(self._ptr, i)))) for i in range(self.n_stages)]
+
+    def seam_kind(self, seam: int) -> str:
+        return string(lib.mk_seam_kind_name(lib.mk_sched_seam_kind(self._ptr, seam)))
+
+    def submit(self, prompt, max_new_tokens: int = 16, stop_ids=()) -> int:
+        p, n, _k1 = _ids(prompt)
+        s, ns, _k2 = _ids(list(stop_ids))
+        sid = ffi.new("uint64_t *")
+        check(lib.mk_sched_submit(self._ptr, p, n, max_new_tokens, s, ns, sid))
+        return int(sid[0])
+
+    def poll(self, seq_id: int, cap: int = 4096) -> SeqInfo:
+        info = ffi.new("mk_seq_info *")
+        toks = ffi.new("int32_t[]", cap)
+        check(lib.mk_sched_poll(self._ptr, seq_id, info, toks, cap))
+        n = min(int(info.n_tokens), cap)
+        return SeqInfo(_SEQ_STATES.get(int(info.state), "?"), string(lib.mk_status_name(info.status)),
+                       int(info.n_tokens), bool(info.stopped), string(info.error), list(toks[0:n]))
+
+    def wait(self, seq_id: int) -> SeqInfo:
+        """Block (GIL released) until the sequence is done or failed."""
+        check(lib.mk_sched_wait(self._ptr, seq_id))
+        return self.poll(seq_id)
+
+    def wait_all(self) -> None:
+        check(lib.mk_sched_wait_all(self._ptr))

@@ -371,3 +371,20 @@ def test_library_location():
     else:
         assert pathlib.Path(mk.LIBRARY_PATH).parent.name == "_lib" or "libmeshkern" in mk.LIBRARY_PATH
     assert "mk_range_forward" in mk._lib.CDEF    # the cdef comes from the shipped public header
+
+
+def test_scheduler_matches_the_pipeline(model):
+    prompts = [[5, 12, 3], [9, 1, 44, 6], [2, 17]]
+    expect = []
+    for p in prompts:
+        pipe = mk.Pipeline(model, [2], threads=1)
+        expect.append(list(pipe.generate(p, 5)))
+    s = mk.Scheduler(model, [2], max_sequences=2, seam="wire", threads=1)
+    assert s.n_stages == 2 and s.stage_bounds() == [(0, 2), (3, 5)] and s.seam_kind(0) == "wire"
+    ids = [s.submit(p, 5) for p in prompts]
+    s.wait_all()
+    for sid, want in zip(ids, expect):
+        info = s.poll(sid)
+        assert info.state == "done" and info.status == "MK_OK" and info.tokens == want
+    with pytest.raises(errors.InvalidArgumentError):
+        s.submit([], 5)
