@@ -29,7 +29,7 @@ __all__ = [
     "Role", "seed_hparams", "Model", "Range", "Sequence", "Bundle", "BoundaryHeader", "TailOutput",
     "Boundary", "Tokenizer", "Detokenizer", "Pipeline", "GenerateStats", "tail_result_pack_token",
     "tail_result_pack_logits", "tail_result_validate", "protocol_bundle_pack", "protocol_bundle_validate",
-    "Scheduler", "SeqInfo",
+    "Scheduler", "SeqInfo", "Seam", "SeamListener",
 ]
 
 
@@ -253,6 +253,26 @@ class Range:
         if ot[0] != ffi.NULL:
             return TailOutput(ffi.gc(ot[0], lib.mk_tail_output_free))
         return Bundle(ffi.gc(ob[0], lib.mk_bundle_free))
+
+    def forward_boundary(self, seq: "Sequence", token_ids=None, into: "Boundary | None" = None, *,
+                         out: "Boundary | None" = None, sampling: str | None = None) -> "TailOutput | None":
+        """mk_range_forward_boundary: input token ids or a received boundary of this range
+        (``into``); a non-tail range writes its residual into ``out`` (a boundary of this
+        range) and returns None, a tail range returns a :class:`TailOutput`."""
+        ids, n, _keep = _ids(token_ids) if token_ids is not None else (ffi.NULL, 0, None)
+        samp = ffi.NULL
+        if sampling is not None:
+            samp = ffi.new("mk_sampling_contract *")
+            check(lib.mk_sampling_contract_from_name(samp, sampling.encode()))
+        ot = ffi.new("mk_tail_output **")
+        check(lib.mk_range_forward_boundary(self._ptr, seq._ptr, ids, n, into._ptr if into is not None else ffi.NULL,
+                                            samp, out._ptr if out is not None else ffi.NULL, ot))
+        if ot[0] != ffi.NULL:
+            return TailOutput(ffi.gc(ot[0], lib.mk_tail_output_free))
+        return None
+
+    def boundary(self) -> "Boundary":
+        return Boundary(self)
 
     def check_boundary(self, seq: "Sequence", header: "BoundaryHeader") -> None:
         """mk_range_check_boundary: the contract on a header alone (raises on refusal)."""
@@ -848,3 +868,98 @@ class Scheduler:
 
     def wait_all(self) -> None:
         check(lib.mk_sched_wait_all(self._ptr))
+
+
+# -------------------------------------------------------------------- seams ----
+
+def _seam_options(kind: str, address: str | None = None, *, connect_timeout_ms: int = 0, io_timeout_ms: int = 0,
+                  psk_hex: str | None = None, psk_identity: str | None = None, cert_file: str | None = None,
+                  key_file: str | None = None, ca_file: str | None = None):
+    k = ffi.new("mk_seam_kind *")
+    check(lib.mk_seam_kind_from_name(kind.encode(), k))
+    o = ffi.new("mk_seam_options *", lib.mk_seam_options_default(k[0]))
+    keep = []
+
+    def cstr(v):
+        if v is None:
+            return ffi.NULL
+        keep.append(ffi.new("char[]", str(v).encode()))
+        return keep[-1]
+
+    o.address = cstr(address)
+    o.connect_timeout_ms, o.io_timeout_ms = connect_timeout_ms, io_timeout_ms
+    if psk_hex or cert_file:
+        o.tls.enabled = True
+        o.tls.psk_hex, o.tls.psk_identity = cstr(psk_hex), cstr(psk_identity)
+        o.tls.cert_file, o.tls.key_file, o.tls.ca_file = cstr(cert_file), cstr(key_file), cstr(ca_file)
+    return o, keep
+
+
+class Seam:
+    """One end of a seam (mk_seam): ``send`` on the producing range's end, ``recv`` on the
+    consuming range's end (the header is checked by the receiver's contract before the
+    payload is accepted). Waits release the GIL. Kinds: "local", "wire", "unix", "tcp",
+    "nccl"; TLS with psk_hex= (and psk_identity=) or cert_file=/key_file=/ca_file=."""
+
+    def __init__(self, _ptr, rng: Range, *parents):
+        self.range = rng
+        # parents: the options' strings and the listener an end came from, kept until it is freed
+        self._ptr = _owned(_ptr, lib.mk_seam_free, rng._ptr, *parents)
+
+    @classmethod
+    def pair(cls, sender: Range, receiver: Range, kind: str = "unix", address: str | None = None,
+             **options) -> "tuple[Seam, Seam]":
+        o, _keep = _seam_options(kind, address, **options)
+        s, r = ffi.new("mk_seam **"), ffi.new("mk_seam **")
+        check(lib.mk_seam_pair(o, sender._ptr, receiver._ptr, s, r))
+        return cls(s[0], sender, o, _keep), cls(r[0], receiver, o, _keep)
+
+    @classmethod
+    def connect(cls, sender: Range, kind: str, address: str, **options) -> "Seam":
+        o, _keep = _seam_options(kind, address, **options)
+        out = ffi.new("mk_seam **")
+        check(lib.mk_seam_connect(o, sender._ptr, out))
+        return cls(out[0], sender, o, _keep)
+
+    def close(self) -> None:
+        self._ptr = None
+
+    def send(self, boundary: Boundary) -> None:
+        check(lib.mk_seam_send(self._ptr, boundary._ptr))
+
+    def send_wait(self) -> None:
+        check(lib.mk_seam_send_wait(self._ptr))
+
+    def recv(self, seq: Sequence, into: Boundary) -> None:
+        check(lib.mk_seam_recv(self._ptr, seq._ptr, into._ptr))
+
+    @property
+    def bytes(self) -> int:
+        return int(lib.mk_seam_bytes(self._ptr))
+
+    @property
+    def seconds(self) -> float:
+        return float(lib.mk_seam_seconds(self._ptr))
+
+
+class SeamListener:
+    """A listening seam (mk_seam_listen): bound on creation; ``accept`` one sender."""
+
+    def __init__(self, kind: str = "tcp", address: str | None = "127.0.0.1:0", **options):
+        # the listener may read its options' strings (TLS key, address) until it is freed
+        self._options, self._keep = _seam_options(kind, address, **options)
+        out = ffi.new("mk_seam_listener **")
+        check(lib.mk_seam_listen(self._options, out))
+        self._ptr = ffi.gc(out[0], lib.mk_seam_listener_free)
+
+    @property
+    def address(self) -> str:
+        return string(lib.mk_seam_listener_address(self._ptr))
+
+    def accept(self, receiver: Range) -> Seam:
+        out = ffi.new("mk_seam **")
+        check(lib.mk_seam_accept(self._ptr, receiver._ptr, out))
+        return Seam(out[0], receiver, self._ptr, self._options, self._keep)
+
+    def close(self) -> None:
+        self._ptr = None

@@ -388,3 +388,48 @@ def test_scheduler_matches_the_pipeline(model):
         assert info.state == "done" and info.status == "MK_OK" and info.tokens == want
     with pytest.raises(errors.InvalidArgumentError):
         s.submit([], 5)
+
+
+def _seam_run(head, tail, tx, rx, prompt, n):
+    hs, ts = head.sequence(), tail.sequence()
+    bo, bi = head.boundary(), tail.boundary()
+    ids, toks = list(prompt), []
+    for _ in range(n):
+        assert head.forward_boundary(hs, ids, out=bo) is None
+        tx.send(bo)
+        rx.recv(ts, bi)
+        tx.send_wait()
+        out = tail.forward_boundary(ts, into=bi)
+        toks.append(out.token_id)
+        ids = [out.token_id]
+    return toks
+
+
+@pytest.mark.parametrize("kind,tls", [("unix", None), ("tcp", None),
+                                      ("tcp", {"psk_hex": "00112233445566778899aabbccddeeff" * 2})])
+def test_seams_carry_the_boundary(model, kind, tls):
+    want = list(mk.Pipeline(model, [], threads=1).generate([3, 1, 4], 6))
+    head, tail = mk.Range(model, 0, 2, threads=1), mk.Range(model, 3, 5, threads=1)
+    if kind == "unix":
+        tx, rx = mk.Seam.pair(head, tail, "unix")
+    else:
+        lst = mk.SeamListener("tcp", "127.0.0.1:0", **(tls or {}))
+        got = {}
+        t = threading.Thread(target=lambda: got.update(rx=lst.accept(tail)))   # accept waits without the GIL
+        t.start()
+        tx = mk.Seam.connect(head, "tcp", lst.address, **(tls or {}))
+        t.join()
+        rx = got["rx"]
+    assert _seam_run(head, tail, tx, rx, [3, 1, 4], 6) == want
+    assert rx.bytes > 0
+
+
+def test_seam_refuses_a_wrong_receiver(model):
+    head, wrong = mk.Range(model, 0, 2), mk.Range(model, 4, 5)
+    tx, rx = mk.Seam.pair(head, wrong, "unix")
+    bo, bi = head.boundary(), wrong.boundary()
+    head.forward_boundary(head.sequence(), [1, 2], out=bo)
+    tx.send(bo)
+    with pytest.raises(errors.SeamMismatchError):
+        rx.recv(wrong.sequence(), bi)
+    assert bo.read().shape == (2, model.hparams["hidden"])
