@@ -29,7 +29,7 @@ __all__ = [
     "Role", "seed_hparams", "Model", "Range", "Sequence", "Bundle", "BoundaryHeader", "TailOutput",
     "Boundary", "Tokenizer", "Detokenizer", "Pipeline", "GenerateStats", "tail_result_pack_token",
     "tail_result_pack_logits", "tail_result_validate", "protocol_bundle_pack", "protocol_bundle_validate",
-    "Scheduler", "SeqInfo", "Seam", "SeamListener",
+    "Scheduler", "SeqInfo", "Seam", "SeamListener", "Stage",
 ]
 
 
@@ -960,6 +960,77 @@ class SeamListener:
         out = ffi.new("mk_seam **")
         check(lib.mk_seam_accept(self._ptr, receiver._ptr, out))
         return Seam(out[0], receiver, self._ptr, self._options, self._keep)
+
+    def close(self) -> None:
+        self._ptr = None
+
+
+# ------------------------------------------------------------------- stages ----
+
+class Stage:
+    """One rank of the process-per-range runtime (mk_stage): rank r of ``world`` owns
+    range r of the cuts (or of balanced cuts when cuts is None). Rank 0 listens at
+    ``rendezvous`` ("HOST:PORT"), the others connect; :meth:`serve` runs the requests
+    (rank 0 passes the prompts, the others none). Joining and serving release the GIL."""
+
+    def __init__(self, model: Model, rank: int, world: int, rendezvous: str, cuts: Seq[int] | None = None, *,
+                 seam: str = "tcp", timeout_ms: int = 0, max_sequences: int = 8, max_new_tokens: int = 16,
+                 stop_ids: Seq[int] = (), **options):
+        self.model = model
+        o = ffi.new("mk_stage_options *", lib.mk_stage_options_default())
+        ro, keep = _range_options(**options)
+        o.range = ro[0]
+        keep.append(ffi.new("char[]", rendezvous.encode()))
+        o.rendezvous = keep[-1]
+        if cuts is None:
+            o.split_auto = True
+        else:
+            keep.append(ffi.new("int64_t[]", [int(c) for c in cuts] or [0]))
+            o.cuts, o.n_cuts = keep[-1], len(cuts)
+        stop, n_stop, stop_keep = _ids(list(stop_ids))
+        keep.append(stop_keep)
+        o.stop_ids, o.n_stop = stop, n_stop
+        o.rank, o.world = rank, world
+        o.seam = _SEAMS[seam]
+        o.timeout_ms, o.max_sequences, o.max_new_tokens = timeout_ms, max_sequences, max_new_tokens
+        self._keep = (o, ro, keep)
+        out = ffi.new("mk_stage **")
+        check(lib.mk_stage_join(model._ptr, o, out))
+        self._ptr = _owned(out[0], lib.mk_stage_free, model._ptr)
+
+    @property
+    def rank(self) -> int:
+        return int(lib.mk_stage_rank(self._ptr))
+
+    @property
+    def range_bounds(self) -> tuple[int, int]:
+        r = lib.mk_stage_range(self._ptr)
+        return int(lib.mk_range_start(r)), int(lib.mk_range_end(r))
+
+    def serve(self, prompts: Seq[Seq[int]] = ()) -> list[dict]:
+        """Run until every request is done or the run fails; returns the reports
+        ({request, status, error, tokens, stopped}) in the order they came. A failed run
+        raises after its reports were collected (they are on the exception as .reports)."""
+        arrays = [np.ascontiguousarray(np.asarray(p, dtype=np.int32).reshape(-1)) for p in prompts]
+        reqs = ffi.new("mk_stage_request[]", max(1, len(arrays)))
+        for i, a in enumerate(arrays):
+            reqs[i].prompt = ffi.cast("const int32_t *", ffi.from_buffer(a))
+            reqs[i].n_prompt = a.size
+        reports: list[dict] = []
+
+        @ffi.callback("void(void *, const mk_stage_report *)")
+        def on_report(_user, r):
+            reports.append({"request": int(r.request), "status": string(lib.mk_status_name(r.status)),
+                            "error": string(r.error), "tokens": [int(t) for t in r.tokens[0:r.n_tokens]],
+                            "stopped": bool(r.stopped)})
+
+        status = lib.mk_stage_serve(self._ptr, reqs, len(arrays), on_report, ffi.NULL)
+        if status:
+            from .errors import error_for
+            e = error_for(status)
+            e.reports = reports
+            raise e
+        return reports
 
     def close(self) -> None:
         self._ptr = None

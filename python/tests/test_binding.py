@@ -433,3 +433,34 @@ def test_seam_refuses_a_wrong_receiver(model):
     with pytest.raises(errors.SeamMismatchError):
         rx.recv(wrong.sequence(), bi)
     assert bo.read().shape == (2, model.hparams["hidden"])
+
+
+def test_stages_in_two_threads(model):
+    """The process-per-range runtime, its two ranks as two threads of this process."""
+    import socket
+
+    with socket.socket() as sk:
+        sk.bind(("127.0.0.1", 0))
+        port = sk.getsockname()[1]
+    addr = f"127.0.0.1:{port}"
+    prompts = [[5, 12, 3], [9, 1, 44, 6]]
+    want = [list(mk.Pipeline(model, [2], threads=1).generate(p, 4)) for p in prompts]
+    got, errs = {}, []
+
+    def rank(r):
+        try:
+            st = mk.Stage(model, r, 2, addr, [2], timeout_ms=20000, max_new_tokens=4, threads=1)
+            got[r] = (st.range_bounds, st.serve(prompts if r == 0 else []))
+        except Exception as e:  # surfaced below
+            errs.append(e)
+
+    ts = [threading.Thread(target=rank, args=(r,)) for r in (0, 1)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(60)
+    assert not errs, errs
+    assert got[0][0] == (0, 2) and got[1][0] == (3, 5)
+    reports = sorted(got[0][1], key=lambda r: r["request"])
+    assert [r["status"] for r in reports] == ["MK_OK", "MK_OK"]
+    assert [r["tokens"] for r in reports] == want
