@@ -138,6 +138,37 @@ class Model:
         check(lib.mk_model_create_random(hp, int(seed), architecture.encode() if architecture else ffi.NULL, out))
         return cls(ffi.gc(out[0], lib.mk_model_free))
 
+    @classmethod
+    def from_arrays(cls, tensors: dict, *, n_heads: int, n_kv_heads: int | None = None, rms_eps: float = 1e-6,
+                    rope_theta: float = 10000.0, max_context: int = 256, rope_layout: str = "adjacent_pairs",
+                    path: str | None = None) -> "Model":
+        """A model from named numpy arrays (GGUF llama tensor names, weights [out, in]) and
+        hyper-parameters. The C API opens GGUF files only, so the arrays are written to a
+        GGUF file of F32 tensors (``path``, or a temporary file removed with the model) and
+        opened with mk_model_open_gguf. rope_layout="rotate_half" converts the Q/K rows of a
+        Hugging-Face-style model (see :mod:`meshkern.gguf`)."""
+        import os
+        import tempfile
+        import weakref
+
+        from .gguf import write_gguf
+
+        temp = path is None
+        if temp:
+            fd, path = tempfile.mkstemp(suffix=".gguf", prefix="meshkern-")
+            os.close(fd)
+        try:
+            write_gguf(path, tensors, n_heads=n_heads, n_kv_heads=n_kv_heads, rms_eps=rms_eps, rope_theta=rope_theta,
+                       max_context=max_context, rope_layout=rope_layout)
+            model = cls.open(path)
+        except BaseException:
+            if temp:
+                os.unlink(path)
+            raise
+        if temp:
+            weakref.finalize(model._ptr, os.unlink, path)
+        return model
+
     def close(self) -> None:
         """Release the model now (ranges built over it keep it alive until they go)."""
         if self._ptr is not None:

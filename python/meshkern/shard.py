@@ -21,14 +21,29 @@ class Shard:
         if architecture_adapter is not None:
             range_options["architecture"] = architecture_adapter
         self.model = model
-        self.range = core.Range(model, start_layer, end_layer, **range_options)
-        self.sequence = self.range.sequence()
+        self._options = range_options
+        self._range: core.Range | None = None
+        self._sequence: core.Sequence | None = None
         self.stateless = stateless
-        self.start_layer = self.range.start
-        self.end_layer = self.range.end
+        self.start_layer = int(start_layer)
+        self.end_layer = int(end_layer)
         self.total_layers = model.n_layers
         self.architecture_adapter = architecture_adapter or model.architecture
         self.hidden = model.hparams["hidden"]
+
+    @property
+    def range(self) -> core.Range:
+        """The meshkern range, built on first use (so that, as with the reference's shard,
+        an uncertified architecture is refused when an adapter is built over it)."""
+        if self._range is None:
+            self._range = core.Range(self.model, self.start_layer, self.end_layer, **self._options)
+            self._sequence = self._range.sequence()
+        return self._range
+
+    @property
+    def sequence(self) -> core.Sequence:
+        self.range
+        return self._sequence
 
     @property
     def recipe_digest(self) -> str:
