@@ -842,9 +842,21 @@ class Scheduler:
     The header has no cancel call: a submitted sequence runs to its stop id or limit."""
 
     def __init__(self, model: Model, cuts: Seq[int] | None = None, *, n_stages: int = 0, max_sequences: int = 8,
-                 seam: str | None = None, devices: Seq[int] | None = None, **options):
+                 seam: str | None = None, devices: Seq[int] | None = None, on_token=None, **options):
+        """``on_token(seq_id, index, token, logits)``, optional, is called on the tail
+        stage's thread for each generated token in order per sequence (logits [vocab] is a
+        copy, or None for token_only ranges); it must not call back into the scheduler."""
         self.model = model
         o = ffi.new("mk_sched_options *", lib.mk_sched_options_default())
+        self._on_token = None
+        if on_token is not None:
+            @ffi.callback("void(void *, uint64_t, size_t, int32_t, const float *, size_t)")
+            def _cb(_user, seq_id, index, token, logits, vocab):
+                lg = None if logits == ffi.NULL else np.frombuffer(ffi.buffer(logits, vocab * 4), np.float32).copy()
+                on_token(int(seq_id), int(index), int(token), lg)
+
+            self._on_token = _cb
+            o.on_token = _cb
         ro, self._keep = _range_options(**options)
         o.range = ro[0]
         if cuts is None:
@@ -861,7 +873,8 @@ class Scheduler:
             o.seam = _SEAMS[seam]
         out = ffi.new("mk_sched **")
         check(lib.mk_sched_create(model._ptr, o, out))
-        self._ptr = _owned(out[0], lib.mk_sched_free, model._ptr)
+        # the workers may call on_token until mk_sched_free: the callback outlives them
+        self._ptr = _owned(out[0], lib.mk_sched_free, model._ptr, self._on_token)
 
     def close(self) -> None:
         self._ptr = None

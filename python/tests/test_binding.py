@@ -426,13 +426,19 @@ def test_scheduler_matches_the_pipeline(model):
     for p in prompts:
         pipe = mk.Pipeline(model, [2], threads=1)
         expect.append(list(pipe.generate(p, 5)))
-    s = mk.Scheduler(model, [2], max_sequences=2, seam="wire", threads=1)
+    seen: dict = {}
+
+    def on_token(seq_id, index, token, logits):
+        assert index == len(seen.setdefault(seq_id, [])) and int(np.argmax(logits)) == token
+        seen[seq_id].append(token)
+
+    s = mk.Scheduler(model, [2], max_sequences=2, seam="wire", threads=1, on_token=on_token)
     assert s.n_stages == 2 and s.stage_bounds() == [(0, 2), (3, 5)] and s.seam_kind(0) == "wire"
     ids = [s.submit(p, 5) for p in prompts]
     s.wait_all()
     for sid, want in zip(ids, expect):
         info = s.poll(sid)
-        assert info.state == "done" and info.status == "MK_OK" and info.tokens == want
+        assert info.state == "done" and info.status == "MK_OK" and info.tokens == want == seen[sid]
     with pytest.raises(errors.InvalidArgumentError):
         s.submit([], 5)
 
