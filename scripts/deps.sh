@@ -4,7 +4,7 @@
 # the CPU backend and the simulator only.
 set -euo pipefail
 packages=(cmake ninja-build pkg-config g++ libprotobuf-c-dev protobuf-c-compiler libopenblas-dev
-          libgtest-dev libssl-dev libpcre2-dev python3 python3-pip openmpi-bin libopenmpi-dev
+          libgtest-dev libssl-dev libpcre2-dev python3 python3-pip python3-venv openmpi-bin libopenmpi-dev
           patchelf xz-utils)
 missing=()
 for p in "${packages[@]}"; do
