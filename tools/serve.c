@@ -782,10 +782,9 @@ int mk_cli_serve(int argc, char **argv) {
         rc = mk_cli_fail(s);
     } else {
         d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG, 0,
-                             NULL, NULL, mk_handler, &srv, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
+                             NULL, NULL, mk_handler, &srv, MHD_OPTION_EXTERNAL_LOGGER, mk_mhd_log, NULL, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
                              MHD_OPTION_CONNECTION_LIMIT, (unsigned)max_conn, MHD_OPTION_CONNECTION_TIMEOUT,
-                             (unsigned)timeout, MHD_OPTION_NOTIFY_COMPLETED, mk_completed, &srv,
-                             MHD_OPTION_EXTERNAL_LOGGER, mk_mhd_log, NULL, MHD_OPTION_END);
+                             (unsigned)timeout, MHD_OPTION_NOTIFY_COMPLETED, mk_completed, &srv, MHD_OPTION_END);
         if (!d) {
             fprintf(stderr, "meshkern serve: cannot listen on %s:%llu: %s\n", host, port, strerror(errno));
             rc = 1;
