@@ -155,6 +155,7 @@ static void mk_conn_end_job(mk_conn *c, bool cancel) {
         }
     pthread_mutex_unlock(&srv->mu);
     if (cancel) (void)mk_sched_cancel(srv->sched, c->job->seq);
+    (void)mk_sched_release(srv->sched, c->job->seq); /* its record goes when it retires */
     pthread_cond_destroy(&c->job->cv);
     free(c->job->tokens);
     free(c->job);
