@@ -549,11 +549,16 @@ static enum MHD_Result mk_handler(void *cls, struct MHD_Connection *conn, const 
             {"/metrics", "GET", MK_ROUTE_NONE}};
         size_t r = 0;
         while (r < sizeof routes / sizeof routes[0] && strcmp(url, routes[r].path) != 0) r++;
-        if (r == sizeof routes / sizeof routes[0])
-            return mk_refuse_now(conn, srv, 404, "not_found", NULL, NULL, "no such endpoint: %.200s", url);
+        if (r == sizeof routes / sizeof routes[0]) {
+            char shown[128]; /* the client's bytes, printable ASCII only */
+            size_t n = 0;
+            for (const char *p = url; *p && n + 1 < sizeof shown; p++) shown[n++] = *p >= 0x20 && *p < 0x7f ? *p : '?';
+            shown[n] = '\0';
+            return mk_refuse_now(conn, srv, 404, "not_found", NULL, NULL, "no such endpoint: %s", shown);
+        }
         if (strcmp(method, routes[r].method) != 0)
             return mk_refuse_now(conn, srv, 405, "method_not_allowed", MHD_HTTP_HEADER_ALLOW, routes[r].method,
-                                 "%.16s is not allowed on %s (use %s)", method, routes[r].path, routes[r].method);
+                                 "this method is not allowed on %s (use %s)", routes[r].path, routes[r].method);
         if (routes[r].route == MK_ROUTE_NONE) return mk_handle_get(conn, srv, url);
         if (!mk_authorized(conn, srv))
             return mk_refuse_now(conn, srv, 401, "invalid_api_key", "WWW-Authenticate", "Bearer",
@@ -783,9 +788,10 @@ int mk_cli_serve(int argc, char **argv) {
         rc = mk_cli_fail(s);
     } else {
         d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG, 0,
-                             NULL, NULL, mk_handler, &srv, MHD_OPTION_EXTERNAL_LOGGER, mk_mhd_log, NULL, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
-                             MHD_OPTION_CONNECTION_LIMIT, (unsigned)max_conn, MHD_OPTION_CONNECTION_TIMEOUT,
-                             (unsigned)timeout, MHD_OPTION_NOTIFY_COMPLETED, mk_completed, &srv, MHD_OPTION_END);
+                             NULL, NULL, mk_handler, &srv, MHD_OPTION_EXTERNAL_LOGGER, mk_mhd_log, NULL,
+                             MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr, MHD_OPTION_CONNECTION_LIMIT,
+                             (unsigned)max_conn, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)timeout,
+                             MHD_OPTION_NOTIFY_COMPLETED, mk_completed, &srv, MHD_OPTION_END);
         if (!d) {
             fprintf(stderr, "meshkern serve: cannot listen on %s:%llu: %s\n", host, port, strerror(errno));
             rc = 1;
