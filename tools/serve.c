@@ -113,6 +113,7 @@ typedef struct mk_conn {
     size_t consumed;         /* tokens of the job taken */
     size_t completion_tokens;
     size_t sent;             /* bytes of text handed to the client */
+    size_t ruled_out;        /* no stop string starts before this byte of text */
     bool finished;
     const char *finish_reason; /* "stop", "length", or NULL on failure */
     char error[300];         /* the sequence failed */
@@ -225,12 +226,13 @@ static void mk_conn_advance(mk_conn *c) {
             break;
         }
         size_t cut, safe;
-        if (c->req.n_stop && mk_serve_stop_scan(&c->req, c->text, c->text_len, &cut, &safe)) {
+        if (c->req.n_stop && mk_serve_stop_scan(&c->req, c->text, c->text_len, c->ruled_out, &cut, &safe)) {
             mk_conn_finish(c, "stop", index + 1 < c->req.max_tokens);
             c->text_len = cut; /* the stop string and all after it (held bytes included) go */
             c->text[cut] = '\0';
             break;
         }
+        if (c->req.n_stop) c->ruled_out = safe;
         if (index + 1 == c->req.max_tokens) mk_conn_finish(c, "length", false);
     }
 }
@@ -239,9 +241,7 @@ static void mk_conn_advance(mk_conn *c) {
  * can still claim. */
 static size_t mk_conn_sendable(const mk_conn *c) {
     if (c->finished || c->req.n_stop == 0) return c->text_len;
-    size_t cut, safe;
-    mk_serve_stop_scan(&c->req, c->text, c->text_len, &cut, &safe);
-    return safe;
+    return c->ruled_out; /* the scan after the last token said so */
 }
 
 /* ========================================================== JSON bodies == */

@@ -63,8 +63,11 @@ bool mk_serve_refuse(mk_serve_err *err, int http, const char *code, const char *
 
 /* Stop strings over the text generated so far, text[len]: true when one occurs (*cut: where
  * the earliest starts, the answer ends there); false: *safe is how much of the text can
- * be sent, the rest might yet become a stop string. */
-bool mk_serve_stop_scan(const mk_serve_req *req, const char *text, size_t len, size_t *cut, size_t *safe);
+ * be sent, the rest might yet become a stop string. No stop string can start before the
+ * *safe of an earlier scan of the same (grown) text: pass it as `from` to search only after
+ * it (0: the whole text). */
+bool mk_serve_stop_scan(const mk_serve_req *req, const char *text, size_t len, size_t from, size_t *cut,
+                        size_t *safe);
 
 /* Offset of the first byte that breaks UTF-8 in s[len], or len when valid. */
 size_t mk_serve_utf8_check(const char *s, size_t len);

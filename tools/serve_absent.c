@@ -5,7 +5,7 @@
 
 int mk_cli_serve(int argc, char **argv) {
     (void)argc, (void)argv;
-    fprintf(stderr, "meshkern serve: unavailable: this build has no libmicrohttpd and libcjson "
-                    "(scripts/deps.sh installs them; then reconfigure)\n");
+    fprintf(stderr, "meshkern serve: unavailable: this build has no HTTP server (it needs libmicrohttpd and libcjson; "
+                    "scripts/deps.sh installs them, then reconfigure with MESHKERN_WITH_SERVE=ON)\n");
     return 2;
 }

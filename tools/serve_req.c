@@ -364,13 +364,14 @@ void mk_serve_req_free(mk_serve_req *req) {
 
 /* ========================================================== stop strings == */
 
-bool mk_serve_stop_scan(const mk_serve_req *req, const char *text, size_t len, size_t *cut, size_t *safe) {
+bool mk_serve_stop_scan(const mk_serve_req *req, const char *text, size_t len, size_t from, size_t *cut,
+                        size_t *safe) {
     bool hit = false;
     size_t first = len, hold = 0;
     for (size_t k = 0; k < req->n_stop; k++) {
         const char *s = req->stop[k];
         const size_t n = req->stop_len[k];
-        for (size_t at = 0; at + n <= len && at < first; at++)
+        for (size_t at = from; at + n <= len && at < first; at++)
             if (memcmp(text + at, s, n) == 0) {
                 hit = true;
                 first = at;

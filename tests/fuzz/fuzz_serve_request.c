@@ -49,8 +49,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         for (size_t i = 0; i < req.n_ids; i++)
             if (req.ids[i] < 0 || (size_t)req.ids[i] >= vocab) abort();
         size_t cut, safe;
-        const bool hit = mk_serve_stop_scan(&req, body, len, &cut, &safe);
+        const bool hit = mk_serve_stop_scan(&req, body, len, 0, &cut, &safe);
         if (safe > len || (hit && cut > len) || (!hit && cut != len)) abort();
+        /* scanning in two steps (from the first scan's safe point) finds what one scan finds */
+        size_t cut1, safe1, cut2, safe2;
+        if (!mk_serve_stop_scan(&req, body, len / 2, 0, &cut1, &safe1)) {
+            const bool hit2 = mk_serve_stop_scan(&req, body, len, safe1, &cut2, &safe2);
+            if (hit2 != hit || (hit && cut2 != cut) || safe2 != safe) abort();
+        }
         mk_serve_req_free(&req);
     } else {
         if ((err.http != 400 && err.http != 404 && err.http != 500) || !err.message[0] || !err.code) abort();
