@@ -386,6 +386,13 @@ static char *mk_metrics_text(mk_server *srv) {
             (unsigned long long)srv->generated_tokens);
     MK_LINE("# HELP meshkern_sequences_in_flight Sequences submitted and not finished (running or queued).\n"
             "# TYPE meshkern_sequences_in_flight gauge\nmeshkern_sequences_in_flight %zu\n", srv->n_jobs);
+    size_t queued = 0;
+    for (size_t i = 0; i < srv->n_jobs; i++) {
+        mk_seq_info info;
+        if (mk_sched_poll(srv->sched, srv->jobs[i]->seq, &info, NULL, 0) == MK_OK && info.state == MK_SEQ_QUEUED) queued++;
+    }
+    MK_LINE("# HELP meshkern_sequences_queued Sequences waiting for a slot.\n"
+            "# TYPE meshkern_sequences_queued gauge\nmeshkern_sequences_queued %zu\n", queued);
     MK_LINE("# HELP meshkern_sequences_capacity Sequences admitted before 429 (slots + queue).\n"
             "# TYPE meshkern_sequences_capacity gauge\nmeshkern_sequences_capacity %zu\n", srv->max_jobs);
     MK_LINE("# HELP meshkern_draining 1 after SIGTERM.\n# TYPE meshkern_draining gauge\nmeshkern_draining %d\n",

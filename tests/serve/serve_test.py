@@ -9,7 +9,7 @@ Starts the server on a free port (--threads 1) and checks:
   - stop strings cut the answer (streamed text held back until the stop string is ruled out);
   - 8 clients at once (4 sequence slots, the rest queued) each get their own answer;
   - each bad request gets its status and message, and never reaches the model;
-  - a second server with one slot and no queue: 429 with Retry-After; a streamed client that
+  - a second server, split in two stages, with one slot and no queue: 429 with Retry-After; a streamed client that
     disconnects frees its sequence (metrics); SIGTERM drains (the request in flight finishes,
     a new one gets 503) and the process exits 0.
 """
@@ -256,7 +256,7 @@ def main():
         check(rc == 0, f"first server: SIGTERM -> exit {rc}")
 
     # ------------- one slot, no queue: 429, a disconnect cancels, SIGTERM drains
-    small = Server("--max-sequences", "1", "--max-queue", "0", "--ctx", "512")
+    small = Server("--max-sequences", "1", "--max-queue", "0", "--ctx", "512", "--split", "14")  # two stages
     try:
         gen_before = metric(small.url, "meshkern_generated_tokens_total")
         stream = small.client().chat.completions.create(
@@ -265,6 +265,7 @@ def main():
         it = iter(stream)
         next(it), next(it), next(it)  # the role chunk and some text
         check(metric(small.url, "meshkern_sequences_in_flight") == 1, "a long stream holds the one slot")
+        check(metric(small.url, "meshkern_sequences_queued") == 0, "metrics: nothing queued")
         status, head, out = curl(small.url, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]})
         check(status == 429 and re.search(r"Retry-After: \d+", head) is not None, "full: 429 with Retry-After")
         stream.close()  # the client goes away mid-stream
@@ -278,7 +279,8 @@ def main():
               f"disconnect mid-stream: sequence cancelled after {gen} of 400 tokens, slot free")
         r = small.client().chat.completions.create(model=model_id, messages=[{"role": "user", "content": PROMPTS[2]}],
                                                    max_tokens=N)
-        check(r.choices[0].message.content == refs[2][0], "the freed slot serves the next request correctly")
+        check(r.choices[0].message.content == refs[2][0],
+              "the freed slot serves the next request correctly (two stages: equals the whole model's run -p)")
 
         # SIGTERM while a request is in flight: it finishes, a new one gets 503, exit 0
         result = {}
