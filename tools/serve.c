@@ -10,8 +10,10 @@
  * to the request's job and wakes its connection thread, which detokenizes, holds back text
  * that may yet become a stop string, and writes the answer (one SSE chunk per piece of text
  * when streamed). A streamed client that goes away cancels its sequence (mk_sched_cancel:
- * its slot is free within one step). SIGTERM/SIGINT: new requests get 503, those in flight
- * finish, then the process exits 0. */
+ * its slot is free within one step); every sequence's record is released when its request
+ * ends (mk_sched_release), so memory does not grow with the requests served. SIGTERM/SIGINT:
+ * new requests get 503, those in flight finish (cut short after --drain-timeout), then the
+ * process exits 0. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <limits.h>

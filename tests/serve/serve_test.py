@@ -256,7 +256,11 @@ def main():
         check(rc == 0, f"first server: SIGTERM -> exit {rc}")
 
     # ------------- one slot, no queue: 429, a disconnect cancels, SIGTERM drains
-    small = Server("--max-sequences", "1", "--max-queue", "0", "--ctx", "512", "--split", "14")  # two stages
+    key_file = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"meshkern_serve_key_{os.getpid()}")
+    with open(key_file, "w") as f:
+        f.write(KEY + "\n")
+    small = Server("--max-sequences", "1", "--max-queue", "0", "--ctx", "512", "--split", "14",  # two stages
+                   "--api-key-file", key_file)
     try:
         gen_before = metric(small.url, "meshkern_generated_tokens_total")
         stream = small.client().chat.completions.create(
@@ -303,6 +307,7 @@ def main():
         rc = small.proc.wait(30)
         check(rc == 0, f"SIGTERM drain: exit {rc}")
     finally:
+        os.unlink(key_file)
         if small.proc.poll() is None:
             small.proc.kill()
     print(f"serve test: {time.time() - t0:.1f} s, {len(failures)} failure(s)")
