@@ -18,6 +18,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -125,7 +126,15 @@ typedef struct mk_conn {
     char *out;
     size_t out_len, out_pos, out_cap;
     bool stream_started, stream_done;
+    int fd;                  /* the client's socket: watched for a hang-up while waiting */
+    bool gone;               /* the client went away: the sequence was cancelled */
 } mk_conn;
+
+/* The client closed its end (a waiting client never does). */
+static bool mk_client_gone(int fd) {
+    struct pollfd p = {.fd = fd, .events = POLLRDHUP};
+    return fd >= 0 && poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
+}
 
 static bool mk_grow(char **buf, size_t *cap, size_t need) {
     if (need <= *cap) return true;
@@ -197,6 +206,15 @@ static void mk_conn_advance(mk_conn *c) {
     }
     while (c->consumed < c->job->n_tokens && n < 64) batch[n++] = c->job->tokens[c->consumed++];
     pthread_mutex_unlock(&srv->mu);
+    if (mk_client_gone(c->fd)) { /* nobody to answer: free the slot now */
+        mk_conn_end_job(c, true);
+        pthread_mutex_lock(&srv->mu);
+        srv->cancelled++;
+        srv->generated_tokens += c->completion_tokens;
+        pthread_mutex_unlock(&srv->mu);
+        c->gone = c->finished = true;
+        return;
+    }
     if (n == 0) { /* nothing new: has the sequence failed, or been cut short (drain)? */
         mk_seq_info info;
         if (mk_sched_poll(srv->sched, c->job->seq, &info, NULL, 0) != MK_OK || info.state < MK_SEQ_DONE) return;
@@ -419,6 +437,7 @@ static ssize_t mk_stream_reader(void *cls, uint64_t pos, char *buf, size_t max) 
         }
         if (c->stream_done) return MHD_CONTENT_READER_END_OF_STREAM;
         if (!c->finished) mk_conn_advance(c);
+        if (c->gone) return MHD_CONTENT_READER_END_WITH_ERROR;
         const size_t sendable = mk_conn_sendable(c);
         bool ok = true;
         if (sendable > c->sent) {
@@ -501,6 +520,7 @@ static enum MHD_Result mk_start_generation(struct MHD_Connection *conn, mk_conn 
         return ok;
     }
     while (!c->finished) mk_conn_advance(c); /* this connection's own thread */
+    if (c->gone) return MHD_NO;            /* close: nobody reads an answer */
     if (!c->finish_reason) return mk_refuse_now(conn, srv, 500, "generation_failed", NULL, NULL, "%s", c->error);
     return mk_respond(conn, srv, MHD_HTTP_OK, "application/json", mk_final_json(c), NULL, NULL);
 }
@@ -580,6 +600,8 @@ static enum MHD_Result mk_handler(void *cls, struct MHD_Connection *conn, const 
         if (!c) return MHD_NO;
         c->srv = srv;
         c->route = routes[r].route;
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+        c->fd = ci ? ci->connect_fd : -1;
         *con_cls = c;
         return MHD_YES;
     }

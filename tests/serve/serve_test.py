@@ -9,15 +9,17 @@ Starts the server on a free port (--threads 1) and checks:
   - stop strings cut the answer (streamed text held back until the stop string is ruled out);
   - 8 clients at once (4 sequence slots, the rest queued) each get their own answer;
   - each bad request gets its status and message, and never reaches the model;
-  - a second server, split in two stages, with one slot and no queue: 429 with Retry-After; a streamed client that
-    disconnects frees its sequence (metrics); SIGTERM drains (the request in flight finishes,
-    a new one gets 503) and the process exits 0.
+  - a second server, split in two stages, with one slot and no queue (key from --api-key-file):
+    429 with Retry-After; a streamed client that disconnects frees its sequence (metrics), and
+    so does one waiting for a non-streamed answer; SIGTERM drains (the request in flight
+    finishes, a new one gets 503) and the process exits 0.
 """
 import concurrent.futures
 import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -281,6 +283,26 @@ def main():
         check(metric(small.url, "meshkern_requests_cancelled_total") == 1 and
               metric(small.url, "meshkern_sequences_in_flight") == 0 and gen < 100,
               f"disconnect mid-stream: sequence cancelled after {gen} of 400 tokens, slot free")
+        # a client of a non-streamed request that goes away: its sequence is cancelled too
+        host, port = small.url[len("http://"):].split(":")
+        body = json.dumps({"messages": [{"role": "user", "content": "Write a long story about a dragon."}],
+                           "max_tokens": 400}).encode()
+        sock = socket.create_connection((host, int(port)))
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + KEY.encode() +
+                     b"\r\nContent-Type: application/json\r\nContent-Length: " + str(len(body)).encode() +
+                     b"\r\n\r\n" + body)
+        deadline = time.time() + 10
+        while time.time() < deadline and metric(small.url, "meshkern_sequences_in_flight") != 1:
+            time.sleep(0.02)
+        gen_before = metric(small.url, "meshkern_generated_tokens_total")
+        sock.close()
+        deadline = time.time() + 10
+        while time.time() < deadline and (metric(small.url, "meshkern_requests_cancelled_total") != 2 or
+                                          metric(small.url, "meshkern_sequences_in_flight") != 0):
+            time.sleep(0.05)
+        check(metric(small.url, "meshkern_requests_cancelled_total") == 2 and
+              metric(small.url, "meshkern_sequences_in_flight") == 0,
+              "disconnect while waiting for a non-streamed answer: sequence cancelled, slot free")
         r = small.client().chat.completions.create(model=model_id, messages=[{"role": "user", "content": PROMPTS[2]}],
                                                    max_tokens=N)
         check(r.choices[0].message.content == refs[2][0],
