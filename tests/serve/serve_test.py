@@ -319,7 +319,9 @@ def main():
         while time.time() < deadline and metric(small.url, "meshkern_sequences_in_flight") != 1:
             time.sleep(0.01)
         small.proc.send_signal(signal.SIGTERM)
-        time.sleep(0.1)
+        deadline = time.time() + 10  # the server has taken the signal when /health says draining
+        while time.time() < deadline and curl(small.url, "/health", key=None)[0] != 503:
+            time.sleep(0.02)
         status, _, out = curl(small.url, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]})
         check(status == 503 and "shutting down" in out.decode(), f"draining: a new request gets {status}")
         th.join(30)
