@@ -20,6 +20,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
+#include <semaphore.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -664,6 +665,14 @@ static void mk_mhd_log(void *cls, const char *fmt, va_list ap) {
 
 /* ============================================================== command == */
 
+static sem_t mk_stop_sem;                     /* posted by the signal handler */
+static volatile sig_atomic_t mk_stop_signal;  /* which signal */
+
+static void mk_on_stop_signal(int sig) {
+    mk_stop_signal = sig;
+    sem_post(&mk_stop_sem); /* async-signal-safe */
+}
+
 static int mk_serve_usage(void) {
     fprintf(stderr,
             "usage:\n"
@@ -793,12 +802,16 @@ int mk_cli_serve(int argc, char **argv) {
     srv.max_jobs = (size_t)(max_seq + max_queue);
     srv.jobs = calloc(srv.max_jobs, sizeof *srv.jobs);
 
-    /* Signals: every thread started from here on blocks them; the main thread waits. */
-    sigset_t sigs;
-    sigemptyset(&sigs);
-    sigaddset(&sigs, SIGTERM);
-    sigaddset(&sigs, SIGINT);
-    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    /* SIGTERM/SIGINT: a handler posts a semaphore the main thread waits on. (Not sigwait:
+     * threads started before main, such as OpenBLAS's, do not block the signals, and one of
+     * them would take a signal that arrives while the main thread is not yet waiting.) */
+    sem_init(&mk_stop_sem, 0, 0);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = mk_on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
 
     mk_sched_options o = mk_sched_options_default();
@@ -840,9 +853,8 @@ int mk_cli_serve(int argc, char **argv) {
         if (strcmp(host, "127.0.0.1") != 0 && !key)
             printf("meshkern serve: warning: bound to %s without an API key: anyone who can reach it can use it\n", host);
         fflush(stdout);
-        int sig = 0;
-        while (sigwait(&sigs, &sig) != 0) {}
-        printf("meshkern serve: %s: draining (new requests get 503)\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+        while (sem_wait(&mk_stop_sem) != 0) {} /* EINTR: the handler itself */
+        printf("meshkern serve: %s: draining (new requests get 503)\n", mk_stop_signal == SIGINT ? "SIGINT" : "SIGTERM");
         fflush(stdout);
         pthread_mutex_lock(&srv.mu);
         srv.draining = true;
@@ -859,6 +871,7 @@ int mk_cli_serve(int argc, char **argv) {
         fflush(stdout);
     }
     mk_sched_free(srv.sched);
+    sem_destroy(&mk_stop_sem);
     free(srv.jobs);
     free(srv.eog);
     mk_tokenizer_free(srv.tok);
