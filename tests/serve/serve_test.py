@@ -334,6 +334,11 @@ def main():
         os.unlink(key_file)
         if small.proc.poll() is None:
             small.proc.kill()
+    # a signal the moment the server listens (before its main thread waits) still drains
+    quick = Server("--ctx", "64")
+    quick.proc.send_signal(signal.SIGINT)
+    rc = quick.proc.wait(30)
+    check(rc == 0, f"SIGINT right after startup: exit {rc}")
     print(f"serve test: {time.time() - t0:.1f} s, {len(failures)} failure(s)")
     if failures:
         print("".join(srv.lines[-20:]) + "".join(small.lines[-20:]))
