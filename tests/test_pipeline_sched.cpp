@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <thread>
 
 #include "sched/sched.h"
 #include "sched_test_util.h"
@@ -227,6 +228,46 @@ TEST(PipelineSched, SecondWaveOnTheSameSlotsMatches) {
         ASSERT_TRUE(wait_all_within(s.get(), 120));
         expect_all_match_whole(model.get(), cpu_options(), specs, collect(s.get(), &c, ids), "wave");
     }
+}
+
+// mk_sched_cancel: a queued sequence leaves at once, a running one within a step (the
+// queued one behind it then runs and matches its whole-model run); mk_sched_release frees a
+// finished record at once and a running one when it retires.
+TEST(PipelineSched, CancelAndReleaseFreeTheSlotAndTheRecord) {
+    ModelPtr model = make_random_model(gqa_tied_hparams());
+    const std::vector<int64_t> cuts = {2};
+    Collector c;
+    SchedPtr s = make_sched(model.get(), sched_options(1, &cuts, MK_SEAM_LOCAL), &c);
+    ASSERT_TRUE(s);
+    std::vector<SeqSpec> specs = mixed_specs(model.get(), cpu_options(), 4, 7);
+    specs[0].max_new = 50;
+    specs[0].stop.clear();
+    const std::vector<uint64_t> ids = submit_all(s.get(), specs);
+    mk_seq_info info{};
+    ASSERT_EQ(mk_sched_cancel(s.get(), ids[1]), MK_OK); // queued behind the one slot
+    ASSERT_EQ(mk_sched_poll(s.get(), ids[1], &info, nullptr, 0), MK_OK);
+    EXPECT_EQ(info.state, MK_SEQ_DONE);
+    EXPECT_EQ(info.n_tokens, 0u);
+    for (int i = 0; i < 20000; i++) { // the long one has begun
+        ASSERT_EQ(mk_sched_poll(s.get(), ids[0], &info, nullptr, 0), MK_OK);
+        if (info.n_tokens >= 2) break;
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+    ASSERT_EQ(mk_sched_cancel(s.get(), ids[0]), MK_OK);
+    ASSERT_EQ(mk_sched_release(s.get(), ids[3]), MK_OK); // still queued: freed when it ends
+    ASSERT_TRUE(wait_all_within(s.get(), 120));
+    ASSERT_EQ(mk_sched_poll(s.get(), ids[0], &info, nullptr, 0), MK_OK);
+    EXPECT_EQ(info.state, MK_SEQ_DONE);
+    EXPECT_FALSE(info.stopped);
+    EXPECT_LT(info.n_tokens, 50u) << "cancelled within a step";
+    const std::vector<SeqResult> rest = collect(s.get(), &c, {ids[2]});
+    expect_all_match_whole(model.get(), cpu_options(), {specs[2]}, rest, "after cancel");
+    EXPECT_EQ(mk_sched_poll(s.get(), ids[3], &info, nullptr, 0), MK_ERR_INVALID_ARGUMENT) << "released";
+    for (size_t i = 0; i < 3; i++) {
+        EXPECT_EQ(mk_sched_release(s.get(), ids[i]), MK_OK);
+        EXPECT_EQ(mk_sched_poll(s.get(), ids[i], &info, nullptr, 0), MK_ERR_INVALID_ARGUMENT);
+    }
+    EXPECT_EQ(mk_sched_cancel(s.get(), ids[0]), MK_ERR_INVALID_ARGUMENT);
 }
 
 // ============================================================ statuses ==

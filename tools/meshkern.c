@@ -29,6 +29,7 @@
 #include "model.h"
 #include "mk_error.h"
 #include "cli_text.h"
+#include "serve.h"
 
 #define MK_MAX_CUTS 64
 #define MK_MAX_TOKENS 4096
@@ -61,6 +62,9 @@ static int usage(void) {
             "               [--threads N] [--speed]\n"
             "               [--stop IDS] [--launcher mpi|rendezvous (mpi: mpirun -np N ..., no --rank/--world)]\n"
             "               one process per range; rank 0 takes the prompts and prints the tokens\n"
+            "  meshkern serve MODEL.gguf [--host 127.0.0.1] [--port 8080] [--api-key KEY|--api-key-file F]\n"
+            "               [--split L1,...] [--max-sequences N] [--max-queue N] [--ctx N] [--threads N] ...\n"
+            "               OpenAI-compatible HTTP: /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics\n"
             "  --random is the seed's random model (vocab 48, hidden 32, 6 layers, 4 heads); keys\n"
             "  vocab, hidden, layers, heads, kv_heads, head_dim, ffn, ctx, seed change its shape.\n");
     return 2;
@@ -371,5 +375,6 @@ int main(int argc, char **argv) {
     if (strcmp(argv[1], "chat") == 0) return mk_cli_chat(argc - 2, argv + 2);
     if (strcmp(argv[1], "stage") == 0) return mk_cli_stage(argc - 2, argv + 2);
     if (strcmp(argv[1], "tokenize") == 0) return mk_cli_tokenize(argc - 2, argv + 2);
+    if (strcmp(argv[1], "serve") == 0) return mk_cli_serve(argc - 2, argv + 2);
     return usage();
 }
