@@ -1499,8 +1499,16 @@ TEST(SeamSockets, AddressesAreCheckedBeforeAnySocket) {
                  "is not HOST:PORT");
     EXPECT_ERROR(mk_socket_connect(MK_SEAM_TCP, nullptr, mk_deadline_ms(100, 100), &fd), MK_ERR_CONNECT,
                  "TCP address '' is not HOST:PORT");
-    // An address taken is refused, with the reason.
+    // A Unix path fills sun_path with its NUL: 107 bytes fit, 108 do not.
     TempDir dir;
+    const std::string fits = dir.file(std::string(107 - 21, 'f')), over_by_one = dir.file(std::string(108 - 21, 'g'));
+    ASSERT_EQ(fits.size(), 107u) << "TempDir paths are /tmp/mk_seams_XXXXXX/";
+    int ok_fd = -1;
+    MK_ASSERT_OK(mk_socket_listen(MK_SEAM_UNIX, fits.c_str(), &ok_fd, bound, sizeof bound));
+    close(ok_fd);
+    EXPECT_ERROR(mk_socket_listen(MK_SEAM_UNIX, over_by_one.c_str(), &fd, bound, sizeof bound), MK_ERR_CONNECT,
+                 "is empty or too long");
+    // An address taken is refused, with the reason.
     const std::string path = dir.file("taken.sock");
     int first = -1;
     MK_ASSERT_OK(mk_socket_listen(MK_SEAM_UNIX, path.c_str(), &first, bound, sizeof bound));
