@@ -189,6 +189,7 @@ MUTATIONS=(
   "slots.decode-not-a-use~host/stage/slots.c~s/    s->last_use = \+\+t->clock;/    if (fresh) s->last_use = ++t->clock;/~stageunits:StageSlots.*"
   "slots.release-ignored~host/stage/slots.c~s/if \(s\) s->request_id\[0\] = [^;]*;//~stageunits:StageSlots.*"
   "slots.free-slot-ignored~host/stage/slots.c~s/if \(!t->slot\[i\].request_id\[0\]\) s = &t->slot\[i\];/(void)0;/~stageunits:StageSlots.*"
+  "slots.empty-table-accepted~host/stage/slots.c~s/if \(n == 0\) return mk_fail[^;]*;//~stageunits:StageSlots.*"
 )
 
 log() { printf '%s\n' "$*" >&2; }

@@ -223,6 +223,18 @@ struct SlotsOn {
     }
 };
 
+// A table of no slots is refused when it is made: a prefill into it would take slot 0.
+TEST(StageSlots, ATableOfNoSlotsIsRefused) {
+    mk_slots t;
+    EXPECT_ERROR(mk_slots_init(&t, nullptr, 0), MK_ERR_INVALID_ARGUMENT, "needs at least one slot");
+    EXPECT_EQ(t.slot, nullptr);
+    mk_slots_free(&t); // harmless after the refusal
+    SlotsOn one(1);
+    mk_sequence *a = one.get("a", true);
+    EXPECT_EQ(one.get("b", true), a) << "one slot: each prefill takes it over";
+    EXPECT_FALSE(one.has("a"));
+}
+
 TEST(StageSlots, RequestIdsMustFitTheirField) {
     SlotsOn s(2);
     mk_sequence *q = nullptr;
