@@ -646,6 +646,33 @@ TEST(TokenizerLoad, PreTokenizerTable) {
     ASSERT_EQ(s, MK_OK) << mk_last_error();
     EXPECT_EQ(encode(t.get(), "ab", 0), std::vector<int32_t>{2});
     EXPECT_EQ(decode(t.get(), {2}, 0), "ab");
+    // equal ranks merge leftmost first
+    VocabGguf aa;
+    aa.str("tokenizer.ggml.model", "gpt2").strings("tokenizer.ggml.tokens", {"a", "aa"}).strings("tokenizer.ggml.merges", {"a a"});
+    VocabTokPtr ta = tokenizer_of(aa, &s);
+    ASSERT_EQ(s, MK_OK) << mk_last_error();
+    EXPECT_EQ(encode(ta.get(), "aaa", 0), (std::vector<int32_t>{1, 0}));
+    EXPECT_EQ(encode(ta.get(), "aaaa", 0), (std::vector<int32_t>{1, 1}));
+    // "smollm" splits every digit out first (the text between digits stays), then GPT-2's
+    // rule; plain GPT-2 keeps a run of digits one word
+    auto digits = [&](const char *pre) {
+        VocabGguf d;
+        d.str("tokenizer.ggml.model", "gpt2").str("tokenizer.ggml.pre", pre);
+        d.strings("tokenizer.ggml.tokens", {"x", "1", "2", "12", "y"}).strings("tokenizer.ggml.merges", {"1 2"});
+        return tokenizer_of(d, &s);
+    };
+    VocabTokPtr smol = digits("smollm");
+    ASSERT_EQ(s, MK_OK) << mk_last_error();
+    EXPECT_EQ(encode(smol.get(), "x12y", 0), (std::vector<int32_t>{0, 1, 2, 4}));
+    VocabTokPtr gpt2 = digits("gpt2");
+    ASSERT_EQ(s, MK_OK) << mk_last_error();
+    EXPECT_EQ(encode(gpt2.get(), "x12y", 0), (std::vector<int32_t>{0, 3, 4}));
+    // a symbol the vocabulary lacks falls back to its single bytes that are tokens
+    VocabGguf gap;
+    gap.str("tokenizer.ggml.model", "gpt2").strings("tokenizer.ggml.tokens", {"a", "b"}).strings("tokenizer.ggml.merges", {"a b"});
+    VocabTokPtr tg = tokenizer_of(gap, &s);
+    ASSERT_EQ(s, MK_OK) << mk_last_error();
+    EXPECT_EQ(encode(tg.get(), "ab", 0), (std::vector<int32_t>{0, 1}));
 }
 
 // SentencePiece: the space prefix (also after a special token; off by add_space_prefix),
@@ -684,6 +711,13 @@ TEST(TokenizerSpm, PrefixFallbackAndSpecialSplit) {
                                    &s);
     ASSERT_EQ(s, MK_OK) << mk_last_error();
     EXPECT_EQ(encode(unk.get(), "\xc3\xa9" "a", 0), (std::vector<int32_t>{0, 0, 4}));
+    VocabTokPtr bytes = tokenizer_of(spm_vocab(12, {{10, "<0xC3>"}, {11, "<0xA9>"}}, {{10, MK_TOKEN_BYTE}, {11, MK_TOKEN_BYTE}})
+                                         .boolean("tokenizer.ggml.add_space_prefix", false)
+                                         .u32("tokenizer.ggml.unknown_token_id", 0),
+                                     &s);
+    ASSERT_EQ(s, MK_OK) << mk_last_error();
+    EXPECT_EQ(encode(bytes.get(), "\xc3\xa9", 0), (std::vector<int32_t>{10, 11})) << "byte tokens before the unknown one";
+    EXPECT_EQ(decode(bytes.get(), {10, 11}, 0), "\xc3\xa9");
     // add_eos puts EOS last, with add_special only
     VocabTokPtr eos = tokenizer_of(spm_vocab(12, texts, types)
                                        .u32("tokenizer.ggml.eos_token_id", 2)
@@ -692,6 +726,19 @@ TEST(TokenizerSpm, PrefixFallbackAndSpecialSplit) {
     ASSERT_EQ(s, MK_OK) << mk_last_error();
     EXPECT_EQ(encode(eos.get(), "a", MK_TOKENIZE_ADD_SPECIAL), (std::vector<int32_t>{1, 3, 2}));
     EXPECT_EQ(encode(eos.get(), "a", 0), std::vector<int32_t>{3});
+    // merges: the highest score first; equal scores leftmost first
+    auto scored = [&](float s_aa, float s_ab) {
+        VocabGguf g = spm_vocab(8, {{3, "a"}, {4, "b"}, {5, "aa"}, {6, "ab"}});
+        g.floats("tokenizer.ggml.scores", {0, 0, 0, 0, 0, s_aa, s_ab, 0}).boolean("tokenizer.ggml.add_space_prefix", false);
+        return tokenizer_of(g, &s);
+    };
+    VocabTokPtr ab_first = scored(-2.0f, -1.0f);
+    ASSERT_EQ(s, MK_OK) << mk_last_error();
+    EXPECT_EQ(encode(ab_first.get(), "aab", 0), (std::vector<int32_t>{3, 6}));
+    VocabTokPtr aa_first = scored(-1.0f, -2.0f);
+    ASSERT_EQ(s, MK_OK) << mk_last_error();
+    EXPECT_EQ(encode(aa_first.get(), "aab", 0), (std::vector<int32_t>{5, 4}));
+    EXPECT_EQ(encode(aa_first.get(), "aaa", 0), (std::vector<int32_t>{5, 3}));
 }
 
 // What each token type decodes to; ids outside the vocabulary refused with their place.
