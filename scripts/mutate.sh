@@ -30,6 +30,9 @@ export OPENBLAS_NUM_THREADS=1
 #          stage               the stage-process suite (meshkern stage: parity, faults, refusals)
 #          native:<gtest filter>  the cpu backend's native kernels, pool and attention (test_cpu_native)
 #          backend:<filter>    the cuda backend under cudasim (random stream interleaving)
+#          sched:<filter>      test_pipeline_sched with a gtest filter (the cut chooser, refusals)
+#          gen:<filter>        the generation loop (test_generate)
+#          text:<filter>       the tokenizers, detokenizer and chat templates (test_tokenizer)
 MUTATIONS=(
   "argmax.tie-inside-thread~kernels/argmax.cu~s/\(bi < 0 \|\| v > bv\)/(bi < 0 || v >= bv)/~ops:*Argmax*"
   "argmax.nan-may-win~kernels/argmax.cu~s/if \(!isnan\(v\) && \(/if ((/~ops:*Argmax*"
@@ -108,6 +111,58 @@ MUTATIONS=(
   "graph.decode-keys-from-launch-arg~host/cuda/backend_cuda.c~s/mk_backend_kv_dtype\(b\),\s+positions, cb->max_context,/mk_backend_kv_dtype(b), positions, past + 1,/~backend:*DecodeGraph*"
   "graph.key-ignores-kv-arena~host/range.c~s/key.kv_arena != r->step_key.kv_arena \|\| //~backend:*DecodeGraph*"
   "bundle.clear-error-removed~host/bundle.c~s/(mk_status mk_bundle_unpack\([^{]*\{\n)    mk_clear_error\(\);\n/\$1/~api"
+  # Generation (host/generate.c): which tokens end it, the budget, the callback's status.
+  "gen.eos-only-ends~host/generate.c~s/if \(mk_tokenizer_is_eog\(tok, next\)\)/if (tok \&\& next == mk_tokenizer_eos(tok))/~gen:GenerateRules.*"
+  "gen.callback-status-dropped~host/generate.c~s/if \(callback\) s = callback/if (callback) (void)callback/~gen:GenerateRules.*"
+  "gen.budget-one-more~host/generate.c~s/st.n_generated < max_new; step\+\+/st.n_generated <= max_new; step++/~gen:GenerateRules.*"
+  "gen.end-token-passed-on~host/generate.c~s/st.stopped_at_eog = true;/st.stopped_at_eog = true;\n            if (callback) (void)callback(user, next, out->logits, out->vocab);/~gen:GenerateRules.*"
+  "gen.decode-overflow-blamed-on-prompt~host/generate.c~s/if \(step == 0 && s == MK_ERR_CONTEXT_OVERFLOW\)/if (s == MK_ERR_CONTEXT_OVERFLOW)/~gen:GenerateRules.*"
+  # The tokenizer files: UTF-8, the end-of-generation set, loading refusals, the special split.
+  "tok.utf8-last-surrogate~host/tokenizer.c~s/\(cp >= 0xd800 && cp <= 0xdfff\)/(cp >= 0xd800 \&\& cp < 0xdfff)/~text:Utf8.*"
+  "tok.utf8-overlong-3~host/tokenizer.c~s/\(n == 3 && cp < 0x800\)/(n == 3 \&\& cp < 0x7ff)/~text:Utf8.*"
+  "tok.utf8-past-10ffff~host/tokenizer.c~s/cp > 0x10ffff\)/cp > 0x110000)/~text:Utf8.*"
+  "tok.eog-named-ids-skip-eom~host/tokenizer.c~s/for \(size_t k = 0; k < 3; k\+\+\)/for (size_t k = 0; k < 2; k++)/~text:TokenizerLoad.*"
+  "tok.eog-texts-skip-last~host/tokenizer.c~s/k < sizeof mk_eog_texts \/ sizeof mk_eog_texts\[0\]/k + 1 < sizeof mk_eog_texts \/ sizeof mk_eog_texts[0]/~text:TokenizerLoad.*"
+  "tok.id-key-one-past~host/tokenizer.c~s/return v < n_vocab \? \(int32_t\)v : fallback;/return v <= n_vocab ? (int32_t)v : fallback;/~text:TokenizerLoad.*"
+  "tok.eog-user-defined-made-control~host/tokenizer.c~s/ && t->type\[id\] != MK_TOKEN_USER_DEFINED\)/)/~text:TokenizerLoad.*"
+  "tok.token-type-one-short~host/tokenizer.c~s/(\"tokenizer.ggml.token_type\", &data, &count\) != MK_OK \|\| count) < n\)/\$1 + 1 < n)/~text:TokenizerLoad.*"
+  "tok.add-eos-without-eos~host/tokenizer.c~s/if \(t->add_eos && t->eos < 0\)/if (0 \&\& t->add_eos \&\& t->eos < 0)/~text:TokenizerLoad.*"
+  "tok.llama-v3-no-bos~host/tokenizer.c~s/\{\"llama-v3\", MK_PRE_LLAMA3, true, true\}/{\"llama-v3\", MK_PRE_LLAMA3, false, false}/~text:TokenizerLoad.*"
+  "tok.special-shortest-first~host/tokenizer.c~s/if \(la != lb\) return la > lb \? -1 : 1;/if (la != lb) return la > lb ? 1 : -1;/~text:TokenizerSpm.*"
+  "tok.no-prefix-after-special~host/tokenizer.c~s/(s = mk_id_buf_push\(out, fr->token\);\n\s+prev_special =) true;/\$1 false;/~text:TokenizerSpm.*"
+  "bpe.tie-rightmost~host/tokenizer_bpe.c~s/a->rank == b->rank && a->left < b->left/a->rank == b->rank \&\& a->left > b->left/~text:TokenizerLoad.*"
+  "bpe.ignore-merges-dropped~host/tokenizer_bpe.c~s/if \(t->ignore_merges\) \{/if (0) {/~text:TokenizerLoad.*"
+  "bpe.gap-dropped~host/tokenizer_bpe.c~s/            if \(s > gap\) MK_TRY\(mk_spans_push\(out, base \+ gap, s - gap\)\);\n//~text:TokenizerLoad.*"
+  "bpe.symbol-bytes-dropped~host/tokenizer_bpe.c~s/if \(bid >= 0\) MK_TRY\(mk_id_buf_push\(out, bid\)\);/(void)bid;/~text:TokenizerLoad.*"
+  "spm.lowest-score-first~host/tokenizer_spm.c~s/return a->score > b->score \|\|/return a->score < b->score ||/~text:TokenizerSpm.*"
+  "spm.tie-rightmost~host/tokenizer_spm.c~s/a->score == b->score && a->left < b->left/a->score == b->score \&\& a->left > b->left/~text:TokenizerSpm.*"
+  "spm.byte-tokens-skipped~host/tokenizer_spm.c~s/if \(b >= 0\) MK_TRY\(mk_id_buf_push\(out, b\)\);\n(\s+)else if/if (0) MK_TRY(mk_id_buf_push(out, b));\n\$1else if/~text:TokenizerSpm.*"
+  "spm.space-not-escaped~host/tokenizer_spm.c~s/if \(c == ' '\) memcpy/if (0) memcpy/~text:TokenizerSpm.*"
+  "spm.unk-id-zero-ignored~host/tokenizer_spm.c~s/else if \(t->unk >= 0\)/else if (t->unk > 0)/~text:TokenizerSpm.*"
+  "detok.stream-strips-every-piece~host/detokenizer.c~s/(memmove\(raw, raw \+ 1, --m\);\n)\s+d->first = false;[^\n]*\n/\$1/~text:TokenizerStream.*"
+  "detok.flush-keeps-state~host/detokenizer.c~s/    d->n_held = 0;\n    d->first = true;\n/    d->n_held = 0;\n/~text:TokenizerStream.*"
+  "detok.surrogate-held~host/detokenizer.c~s/\(c == 0xed && s\[1\] > 0x9f\) \|\| //~text:TokenizerStream.*"
+  "detok.overlong-4-held~host/detokenizer.c~s/\(c == 0xf0 && s\[1\] < 0x90\)/(c == 0xf0 \&\& s[1] < 0x8f)/~text:TokenizerStream.*"
+  "detok.user-defined-hidden~host/detokenizer.c~s/if \(type != MK_TOKEN_USER_DEFINED && !\(flags & MK_DECODE_SPECIAL\)\) return;/if (!(flags \& MK_DECODE_SPECIAL)) return;/~text:TokenizerDecode.*"
+  "detok.decode-strips-every-piece~host/detokenizer.c~s/            first = false; \/\* only the first non-empty piece carries the prefix \*\/\n//~text:TokenizerSpm.*"
+  "detok.decode-id-one-past~host/detokenizer.c~s/if \(ids\[i\] < 0 \|\| \(size_t\)ids\[i\] >= t->n_vocab\)/if (ids[i] < 0 || (size_t)ids[i] > t->n_vocab)/~text:TokenizerDecode.*"
+  # Decode graphs: what a recorded step bakes in (range.c) and the step ops (backend_cuda.c),
+  # counted by mk_backend_counters.graph_captures and cudasim's live graphs.
+  "graph.key-ignores-in-payload~host/range.c~s/key.in_payload != r->step_key.in_payload \|\|\s*//~backend:*DecodeGraph*:*DecodeStep*"
+  "graph.key-ignores-out-payload~host/range.c~s/ \|\|\n\s+key.out_payload != r->step_key.out_payload//~backend:*DecodeGraph*:*DecodeStep*"
+  "graph.key-not-kept~host/range.c~s/        r->step_key = key;\n//~backend:*DecodeGraph*:*DecodeStep*"
+  "graph.stale-step-leaked~host/range.c~s/b->ops->step_destroy\(b, r->step\);\n(\s+)r->step = NULL;/r->step = NULL;/~backend:*DecodeGraph*:*DecodeStep*"
+  "graph.retried-after-failed-capture~host/range.c~s/r->graphs = false;\n(\s+)return mk_forward_device/return mk_forward_device/~backend:*DecodeGraph*:*DecodeStep*"
+  "cuda.capture-launches-counted~host/cuda/backend_cuda.c~s/    cb->base.counters.launches = cb->capture_start.launches;\n//~backend:*DecodeGraph*:*DecodeStep*"
+  "cuda.step-begin-twice~host/cuda/backend_cuda.c~s/if \(cb->capturing\) return mk_fail/if (0 \&\& cb->capturing) return mk_fail/~backend:*DecodeGraph*:*DecodeStep*"
+  "cuda.step-end-unbegun~host/cuda/backend_cuda.c~s/if \(!cb->capturing\) return mk_fail/if (0 \&\& !cb->capturing) return mk_fail/~backend:*DecodeGraph*:*DecodeStep*"
+  "cuda.step-exec-leaked~host/cuda/backend_cuda.c~s/cudaGraphExecDestroy\(st->exec\);/(void)st;/~backend:*DecodeGraph*:*DecodeStep*"
+  # The split chooser's cost (GQA), the scheduler's stop ids, the cpu GEMM row threshold.
+  "split.gqa-kv-as-wide-as-q~host/sched/split_auto.c~s/kv_dim = \(double\)\(hp->n_kv_heads \* hp->head_dim\)/kv_dim = (double)(hp->n_heads * hp->head_dim)/~sched:SplitAuto.*"
+  "sched.last-stop-id-ignored~host/sched/pipeline_sched.c~s/for \(size_t i = 0; i < r->n_stop; i\+\+\) stop/for (size_t i = 0; i + 1 < r->n_stop; i++) stop/~sched:*StopId*"
+  "sched.last-cut-accepted~host/sched/pipeline_sched.c~s/cuts\[i\] >= \(int64_t\)n_layers - 1/cuts[i] > (int64_t)n_layers - 1/~sched:*Refusals*"
+  "native.gemm-from-one-more-row~host/cpu_native.c~s/    if \(rows >= MK_NATIVE_GEMM_MIN_ROWS && ctx->wtile\) \{/    if (rows > MK_NATIVE_GEMM_MIN_ROWS \&\& ctx->wtile) {/~native:*Threshold*"
+  "native.shared-job-dots-at-threshold~host/cpu_native.c~s/!\(rows >= MK_NATIVE_GEMM_MIN_ROWS && ctx->wtile\);/!(rows > MK_NATIVE_GEMM_MIN_ROWS \&\& ctx->wtile);/~native:*SharedAndSwiglu*"
 )
 
 log() { printf '%s\n' "$*" >&2; }
@@ -147,10 +202,11 @@ trap 'restore; exit 130' INT TERM
 log "== configure and build the simulated suites in $BUILD"
 cmake -S "$SRC" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMESHKERN_CUDA=OFF -DMESHKERN_TESTS=ON \
   >"$WORK/configure.log" 2>&1 || { tail -20 "$WORK/configure.log"; exit 2; }
-TARGETS=(test_ops_sim test_boundary_contract test_bundle_malformed test_parity test_pipeline_sched test_stage meshkern_cli test_cpu_native test_cuda_backend_sim)
+TARGETS=(test_ops_sim test_boundary_contract test_bundle_malformed test_parity test_pipeline_sched test_stage meshkern_cli test_cpu_native test_cuda_backend_sim test_generate test_tokenizer)
 run ninja -C "$BUILD" -j "$JOBS" "${TARGETS[@]}" >"$WORK/build.log" 2>&1 || { tail -30 "$WORK/build.log"; exit 2; }
 
-# The unmutated suites must be green first, or no red means anything.
+# A test spec's suites; red (non-zero) when any test failed. The unmutated suites must be
+# green first, or no red means anything.
 run_tests() { # $1 = test spec; returns 0 when every test passed
   case "$1" in
     ops:*)
@@ -173,6 +229,15 @@ run_tests() { # $1 = test spec; returns 0 when every test passed
     sched)
       run timeout 900 "$BUILD/tests/test_pipeline_sched" >>"$WORK/run.log" 2>&1
       ;;
+    sched:*)
+      run timeout 900 "$BUILD/tests/test_pipeline_sched" --gtest_filter="${1#sched:}" >>"$WORK/run.log" 2>&1
+      ;;
+    gen:*)
+      run timeout 900 "$BUILD/tests/test_generate" --gtest_filter="${1#gen:}" >>"$WORK/run.log" 2>&1
+      ;;
+    text:*)
+      run timeout 900 "$BUILD/tests/test_tokenizer" --gtest_filter="${1#text:}" >>"$WORK/run.log" 2>&1
+      ;;
     stage)
       run timeout 900 "$BUILD/tests/stage/test_stage" >>"$WORK/run.log" 2>&1
       ;;
@@ -188,8 +253,15 @@ run_tests() { # $1 = test spec; returns 0 when every test passed
   esac
 }
 
+# The unmutated tree first: every test spec the selected mutations use must pass.
 : >"$WORK/run.log"
-for spec in "ops:*" host sched stage api "native:*" "backend:*ParityMode*"; do
+specs=()
+for m in "${MUTATIONS[@]}"; do
+  IFS='~' read -r id file subst spec <<<"$m"
+  [[ "$id" =~ $ONLY ]] || continue
+  [[ " ${specs[*]-} " == *" $spec "* ]] || specs+=("$spec")
+done
+for spec in "${specs[@]}"; do
   run_tests "$spec" || { log "the unmutated suite ($spec) fails: see $WORK/run.log"; exit 2; }
 done
 
