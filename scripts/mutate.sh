@@ -153,6 +153,7 @@ MUTATIONS=(
   "graph.key-not-kept~host/range.c~s/        r->step_key = key;\n//~backend:*DecodeGraph*:*DecodeStep*"
   "graph.stale-step-leaked~host/range.c~s/b->ops->step_destroy\(b, r->step\);\n(\s+)r->step = NULL;/r->step = NULL;/~backend:*DecodeGraph*:*DecodeStep*"
   "graph.retried-after-failed-capture~host/range.c~s/r->graphs = false;\n(\s+)return mk_forward_device/return mk_forward_device/~backend:*DecodeGraph*:*DecodeStep*"
+  "graph.recorded-while-profiling~host/range.c~s/if \(rows == 1 && r->graphs && !r->profile.on\)/if (rows == 1 \&\& r->graphs)/~backend:*DecodeGraph*:*DecodeStep*"
   "cuda.capture-launches-counted~host/cuda/backend_cuda.c~s/    cb->base.counters.launches = cb->capture_start.launches;\n//~backend:*DecodeGraph*:*DecodeStep*"
   "cuda.step-begin-twice~host/cuda/backend_cuda.c~s/if \(cb->capturing\) return mk_fail/if (0 \&\& cb->capturing) return mk_fail/~backend:*DecodeGraph*:*DecodeStep*"
   "cuda.step-end-unbegun~host/cuda/backend_cuda.c~s/if \(!cb->capturing\) return mk_fail/if (0 \&\& !cb->capturing) return mk_fail/~backend:*DecodeGraph*:*DecodeStep*"

@@ -1090,8 +1090,8 @@ TEST(CudaBackend, DecodeGraphIsRecapturedForAnotherSequence) {
 // cudasim also its own count of instantiated graphs and of those still alive): once for a
 // sequence's decode, again after each change of what the step bakes in (another sequence's
 // KV cache), not after a reset of the same sequence (the same addresses); never with
-// eager_decode. A replay does the work op by op does, and so does the recording step:
-// the launches of the whole run are the same either way.
+// eager_decode, nor while the op profile is on. A replay does the work op by op does, and
+// so does the recording step: the launches of the whole run are the same either way.
 TEST(CudaBackend, DecodeGraphRecordsOncePerSequenceAndAgainAfterEachKeyChange) {
     MK_REQUIRE_DEVICE();
     const ModelCase c = model_cases()[0];
@@ -1147,6 +1147,14 @@ TEST(CudaBackend, DecodeGraphRecordsOncePerSequenceAndAgainAfterEachKeyChange) {
             step(a, &next_a);
             EXPECT_EQ(k->graph_captures, 3 * one);
             EXPECT_EQ(k->graph_launches, 12 * one);
+            // the op profile times ops on the host: its steps run op by op, then replays resume
+            mk_range_profile(r, true);
+            step(a, &next_a);
+            EXPECT_EQ(k->graph_launches, 12 * one) << "a step replayed while the op profile was on";
+            mk_range_profile(r, false);
+            step(a, &next_a);
+            EXPECT_EQ(k->graph_launches, 13 * one);
+            EXPECT_EQ(k->graph_captures, 3 * one);
 #if defined(MK_TEST_CUDASIM)
             EXPECT_EQ(cudasim::graph_instantiations() - inst0, k->graph_captures) << "the counter is cudasim's count";
             EXPECT_EQ(cudasim::live_graph_execs() - live0, one) << "one step kept per range; the others destroyed";
