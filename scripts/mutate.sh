@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Mutation pass: plant one single-line bug at a time in the kernels (kernels/*.cu) and the
-# contract checks (host/contract.c, host/range.c), rebuild the simulated suites, run the
-# tests that cover the change, and expect red. Prints a table: mutation, caught yes/no.
+# Mutation pass: plant one single-line bug at a time in the kernels (kernels/*.cu), the
+# contract checks (host/contract.c, host/range.c), generation, the tokenizer files, the
+# decode graph bookkeeping and the scheduler, rebuild the simulated suites, run the unit
+# suite that owns the change, and expect red. Prints a table: mutation, caught yes/no.
 # A mutation the suite does not catch is a test gap to close.
 #
 # Run by hand (not part of scripts/test.sh: a rebuild and a test run per mutation, tens of
