@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Mutation pass: plant one single-line bug at a time in the kernels (kernels/*.cu), the
 # contract checks (host/contract.c, host/range.c), the seams (host/seam/: frames, socket
-# I/O, the stream transport, TLS, NCCL) and the stage runtime's parts, rebuild the suite
-# that owns the code, run its tests, and expect red. Prints a table: mutation, file, the
-# suite that ran, caught yes/no. A mutation the suite does not catch is a test gap to close.
+# I/O, the stream transport, TLS, NCCL), the stage runtime's parts, generation, the tokenizer
+# files, the decode graph bookkeeping and the scheduler; rebuild the suite that owns the code,
+# run its tests, and expect red. Prints a table: mutation, file, the suite that ran, caught
+# yes/no. A mutation the suite does not catch is a test gap to close.
 #
 # Run by hand (not part of scripts/test.sh: a rebuild and a test run per mutation, tens of
 # minutes in all on 2 cores):
@@ -38,6 +39,9 @@ export OPENBLAS_NUM_THREADS=1
 #          ncclpipe:<filter>   the NCCL seam transport on the cuda backend under cudasim
 #                              (test_nccl_pipeline_sim)
 #          stageunits:<filter> the stage runtime's control messages and request slots (test_stage_units)
+#          sched:<filter>      test_pipeline_sched with a gtest filter (the cut chooser, refusals)
+#          gen:<filter>        the generation loop (test_generate)
+#          text:<filter>       the tokenizers, detokenizer and chat templates (test_tokenizer)
 MUTATIONS=(
   "argmax.tie-inside-thread~kernels/argmax.cu~s/\(bi < 0 \|\| v > bv\)/(bi < 0 || v >= bv)/~ops:*Argmax*"
   "argmax.nan-may-win~kernels/argmax.cu~s/if \(!isnan\(v\) && \(/if ((/~ops:*Argmax*"
@@ -177,6 +181,8 @@ MUTATIONS=(
   "nccl_seam.encode-fills-field~host/seam/nccl/nccl_seam.c~s/memcpy\(p, s, strnlen\(s, field - 1\)\);/memcpy(p, s, strnlen(s, field));/~nccl:NcclHeader.*"
   "nccl_seam.longer-payload-accepted~host/seam/nccl/nccl_seam.c~s/if \(payload_bytes != want\)/if (payload_bytes < want)/~ncclpipe:NcclSeamFaults.*"
   "nccl_seam.payload-size-unchecked~host/seam/nccl/nccl_seam.c~s/if \(payload_bytes != want\)/if (0)/~ncclpipe:NcclSeamFaults.*"
+  "nccl.init-refusal-as-frame~host/seam/nccl/nccl_comm.c~s/return fail_abort\(ctx, nccl_status\(a, 0\),\n(\s+)\"NCCL refused/return fail_abort(ctx, nccl_status(a, 1),\n\$1\"NCCL refused/~nccl:NcclSeam.CommunicatorRefusedAtInit*"
+  "range.graph-failure-not-kept~host/range.c~s/snprintf\(r->graph_failure, [^;]*;//~backend:*CaptureFailure*"
   # ---- stage runtime parts (host/stage/control.c, slots.c): the unit suite ---------------
   "control.receiver-limit-plus-one~host/stage/control.c~s/if \(n > MK_CTL_MAX_BODY\)\n/if (n > MK_CTL_MAX_BODY + 1)\n/~stageunits:StageControl.*"
   "control.sender-limit-plus-one~host/stage/control.c~s/if \(len > MK_CTL_MAX_BODY\) return/if (len > MK_CTL_MAX_BODY + 1) return/~stageunits:StageControl.*"
@@ -190,6 +196,59 @@ MUTATIONS=(
   "slots.release-ignored~host/stage/slots.c~s/if \(s\) s->request_id\[0\] = [^;]*;//~stageunits:StageSlots.*"
   "slots.free-slot-ignored~host/stage/slots.c~s/if \(!t->slot\[i\].request_id\[0\]\) s = &t->slot\[i\];/(void)0;/~stageunits:StageSlots.*"
   "slots.empty-table-accepted~host/stage/slots.c~s/if \(n == 0\) return mk_fail[^;]*;//~stageunits:StageSlots.*"
+  # Generation (host/generate.c): which tokens end it, the budget, the callback's status.
+  "gen.eos-only-ends~host/generate.c~s/if \(mk_tokenizer_is_eog\(tok, next\)\)/if (tok \&\& next == mk_tokenizer_eos(tok))/~gen:GenerateRules.*"
+  "gen.callback-status-dropped~host/generate.c~s/if \(callback\) s = callback/if (callback) (void)callback/~gen:GenerateRules.*"
+  "gen.budget-one-more~host/generate.c~s/st.n_generated < max_new; step\+\+/st.n_generated <= max_new; step++/~gen:GenerateRules.*"
+  "gen.end-token-passed-on~host/generate.c~s/st.stopped_at_eog = true;/st.stopped_at_eog = true;\n            if (callback) (void)callback(user, next, out->logits, out->vocab);/~gen:GenerateRules.*"
+  "gen.decode-overflow-blamed-on-prompt~host/generate.c~s/if \(step == 0 && s == MK_ERR_CONTEXT_OVERFLOW\)/if (s == MK_ERR_CONTEXT_OVERFLOW)/~gen:GenerateRules.*"
+  # The tokenizer files: UTF-8, the end-of-generation set, loading refusals, the special split.
+  "tok.utf8-last-surrogate~host/tokenizer.c~s/\(cp >= 0xd800 && cp <= 0xdfff\)/(cp >= 0xd800 \&\& cp < 0xdfff)/~text:Utf8.*"
+  "tok.utf8-overlong-3~host/tokenizer.c~s/\(n == 3 && cp < 0x800\)/(n == 3 \&\& cp < 0x7ff)/~text:Utf8.*"
+  "tok.utf8-past-10ffff~host/tokenizer.c~s/cp > 0x10ffff\)/cp > 0x110000)/~text:Utf8.*"
+  "tok.eog-named-ids-skip-eom~host/tokenizer.c~s/for \(size_t k = 0; k < 3; k\+\+\)/for (size_t k = 0; k < 2; k++)/~text:TokenizerLoad.*"
+  "tok.eog-texts-skip-last~host/tokenizer.c~s/k < sizeof mk_eog_texts \/ sizeof mk_eog_texts\[0\]/k + 1 < sizeof mk_eog_texts \/ sizeof mk_eog_texts[0]/~text:TokenizerLoad.*"
+  "tok.id-key-one-past~host/tokenizer.c~s/return v < n_vocab \? \(int32_t\)v : fallback;/return v <= n_vocab ? (int32_t)v : fallback;/~text:TokenizerLoad.*"
+  "tok.eog-user-defined-made-control~host/tokenizer.c~s/ && t->type\[id\] != MK_TOKEN_USER_DEFINED\)/)/~text:TokenizerLoad.*"
+  "tok.token-type-one-short~host/tokenizer.c~s/(\"tokenizer.ggml.token_type\", &data, &count\) != MK_OK \|\| count) < n\)/\$1 + 1 < n)/~text:TokenizerLoad.*"
+  "tok.add-eos-without-eos~host/tokenizer.c~s/if \(t->add_eos && t->eos < 0\)/if (0 \&\& t->add_eos \&\& t->eos < 0)/~text:TokenizerLoad.*"
+  "tok.llama-v3-no-bos~host/tokenizer.c~s/\{\"llama-v3\", MK_PRE_LLAMA3, true, true\}/{\"llama-v3\", MK_PRE_LLAMA3, false, false}/~text:TokenizerLoad.*"
+  "tok.special-shortest-first~host/tokenizer.c~s/if \(la != lb\) return la > lb \? -1 : 1;/if (la != lb) return la > lb ? 1 : -1;/~text:TokenizerSpm.*"
+  "tok.no-prefix-after-special~host/tokenizer.c~s/(s = mk_id_buf_push\(out, fr->token\);\n\s+prev_special =) true;/\$1 false;/~text:TokenizerSpm.*"
+  "bpe.tie-rightmost~host/tokenizer_bpe.c~s/a->rank == b->rank && a->left < b->left/a->rank == b->rank \&\& a->left > b->left/~text:TokenizerLoad.*"
+  "bpe.ignore-merges-dropped~host/tokenizer_bpe.c~s/if \(t->ignore_merges\) \{/if (0) {/~text:TokenizerLoad.*"
+  "bpe.gap-dropped~host/tokenizer_bpe.c~s/            if \(s > gap\) MK_TRY\(mk_spans_push\(out, base \+ gap, s - gap\)\);\n//~text:TokenizerLoad.*"
+  "bpe.symbol-bytes-dropped~host/tokenizer_bpe.c~s/if \(bid >= 0\) MK_TRY\(mk_id_buf_push\(out, bid\)\);/(void)bid;/~text:TokenizerLoad.*"
+  "spm.lowest-score-first~host/tokenizer_spm.c~s/return a->score > b->score \|\|/return a->score < b->score ||/~text:TokenizerSpm.*"
+  "spm.tie-rightmost~host/tokenizer_spm.c~s/a->score == b->score && a->left < b->left/a->score == b->score \&\& a->left > b->left/~text:TokenizerSpm.*"
+  "spm.byte-tokens-skipped~host/tokenizer_spm.c~s/if \(b >= 0\) MK_TRY\(mk_id_buf_push\(out, b\)\);\n(\s+)else if/if (0) MK_TRY(mk_id_buf_push(out, b));\n\$1else if/~text:TokenizerSpm.*"
+  "spm.space-not-escaped~host/tokenizer_spm.c~s/if \(c == ' '\) memcpy/if (0) memcpy/~text:TokenizerSpm.*"
+  "spm.unk-id-zero-ignored~host/tokenizer_spm.c~s/else if \(t->unk >= 0\)/else if (t->unk > 0)/~text:TokenizerSpm.*"
+  "detok.stream-strips-every-piece~host/detokenizer.c~s/(memmove\(raw, raw \+ 1, --m\);\n)\s+d->first = false;[^\n]*\n/\$1/~text:TokenizerStream.*"
+  "detok.flush-keeps-state~host/detokenizer.c~s/    d->n_held = 0;\n    d->first = true;\n/    d->n_held = 0;\n/~text:TokenizerStream.*"
+  "detok.surrogate-held~host/detokenizer.c~s/\(c == 0xed && s\[1\] > 0x9f\) \|\| //~text:TokenizerStream.*"
+  "detok.overlong-4-held~host/detokenizer.c~s/\(c == 0xf0 && s\[1\] < 0x90\)/(c == 0xf0 \&\& s[1] < 0x8f)/~text:TokenizerStream.*"
+  "detok.user-defined-hidden~host/detokenizer.c~s/if \(type != MK_TOKEN_USER_DEFINED && !\(flags & MK_DECODE_SPECIAL\)\) return;/if (!(flags \& MK_DECODE_SPECIAL)) return;/~text:TokenizerDecode.*"
+  "detok.decode-strips-every-piece~host/detokenizer.c~s/            first = false; \/\* only the first non-empty piece carries the prefix \*\/\n//~text:TokenizerSpm.*"
+  "detok.decode-id-one-past~host/detokenizer.c~s/if \(ids\[i\] < 0 \|\| \(size_t\)ids\[i\] >= t->n_vocab\)/if (ids[i] < 0 || (size_t)ids[i] > t->n_vocab)/~text:TokenizerDecode.*"
+  # Decode graphs: what a recorded step bakes in (range.c) and the step ops (backend_cuda.c),
+  # counted by mk_backend_counters.graph_captures and cudasim's live graphs.
+  "graph.key-ignores-in-payload~host/range.c~s/key.in_payload != r->step_key.in_payload \|\|\s*//~backend:*DecodeGraph*:*DecodeStep*"
+  "graph.key-ignores-out-payload~host/range.c~s/ \|\|\n\s+key.out_payload != r->step_key.out_payload//~backend:*DecodeGraph*:*DecodeStep*"
+  "graph.key-not-kept~host/range.c~s/        r->step_key = key;\n//~backend:*DecodeGraph*:*DecodeStep*"
+  "graph.stale-step-leaked~host/range.c~s/b->ops->step_destroy\(b, r->step\);\n(\s+)r->step = NULL;/r->step = NULL;/~backend:*DecodeGraph*:*DecodeStep*"
+  "graph.retried-after-failed-capture~host/range.c~s/r->graphs = false;\n(\s+)return mk_forward_device/return mk_forward_device/~backend:*DecodeGraph*:*DecodeStep*"
+  "graph.recorded-while-profiling~host/range.c~s/if \(rows == 1 && r->graphs && !r->profile.on\)/if (rows == 1 \&\& r->graphs)/~backend:*DecodeGraph*:*DecodeStep*"
+  "cuda.capture-launches-counted~host/cuda/backend_cuda.c~s/    cb->base.counters.launches = cb->capture_start.launches;\n//~backend:*DecodeGraph*:*DecodeStep*"
+  "cuda.step-begin-twice~host/cuda/backend_cuda.c~s/if \(cb->capturing\) return mk_fail/if (0 \&\& cb->capturing) return mk_fail/~backend:*DecodeGraph*:*DecodeStep*"
+  "cuda.step-end-unbegun~host/cuda/backend_cuda.c~s/if \(!cb->capturing\) return mk_fail/if (0 \&\& !cb->capturing) return mk_fail/~backend:*DecodeGraph*:*DecodeStep*"
+  "cuda.step-exec-leaked~host/cuda/backend_cuda.c~s/cudaGraphExecDestroy\(st->exec\);/(void)st;/~backend:*DecodeGraph*:*DecodeStep*"
+  # The split chooser's cost (GQA), the scheduler's stop ids, the cpu GEMM row threshold.
+  "split.gqa-kv-as-wide-as-q~host/sched/split_auto.c~s/kv_dim = \(double\)\(hp->n_kv_heads \* hp->head_dim\)/kv_dim = (double)(hp->n_heads * hp->head_dim)/~sched:SplitAuto.*"
+  "sched.last-stop-id-ignored~host/sched/pipeline_sched.c~s/for \(size_t i = 0; i < r->n_stop; i\+\+\) stop/for (size_t i = 0; i + 1 < r->n_stop; i++) stop/~sched:*StopId*"
+  "sched.last-cut-accepted~host/sched/pipeline_sched.c~s/cuts\[i\] >= \(int64_t\)n_layers - 1/cuts[i] > (int64_t)n_layers - 1/~sched:*Refusals*"
+  "native.gemm-from-one-more-row~host/cpu_native.c~s/    if \(rows >= MK_NATIVE_GEMM_MIN_ROWS && ctx->wtile\) \{/    if (rows > MK_NATIVE_GEMM_MIN_ROWS \&\& ctx->wtile) {/~native:*Threshold*"
+  "native.shared-job-dots-at-threshold~host/cpu_native.c~s/!\(rows >= MK_NATIVE_GEMM_MIN_ROWS && ctx->wtile\);/!(rows > MK_NATIVE_GEMM_MIN_ROWS \&\& ctx->wtile);/~native:*SharedAndSwiglu*"
 )
 
 log() { printf '%s\n' "$*" >&2; }
@@ -246,6 +305,9 @@ spec_targets() { # $1 = test spec: the build targets its suite needs
     nccl:*) echo test_nccl_seam_sim ;;
     ncclpipe:*) echo test_nccl_pipeline_sim ;;
     stageunits:*) echo test_stage_units ;;
+    sched:*) echo test_pipeline_sched ;;
+    gen:*) echo test_generate ;;
+    text:*) echo test_tokenizer ;;
   esac
 }
 TARGETS=()
@@ -287,6 +349,15 @@ run_tests() { # $1 = test spec; returns 0 when every test passed
     sched)
       run timeout 900 "$BUILD/tests/test_pipeline_sched" >>"$WORK/run.log" 2>&1
       ;;
+    sched:*)
+      run timeout 900 "$BUILD/tests/test_pipeline_sched" --gtest_filter="${1#sched:}" >>"$WORK/run.log" 2>&1
+      ;;
+    gen:*)
+      run timeout 900 "$BUILD/tests/test_generate" --gtest_filter="${1#gen:}" >>"$WORK/run.log" 2>&1
+      ;;
+    text:*)
+      run timeout 900 "$BUILD/tests/test_tokenizer" --gtest_filter="${1#text:}" >>"$WORK/run.log" 2>&1
+      ;;
     stage)
       run timeout 900 "$BUILD/tests/stage/test_stage" >>"$WORK/run.log" 2>&1
       ;;
@@ -306,6 +377,7 @@ run_tests() { # $1 = test spec; returns 0 when every test passed
   esac
 }
 
+# The unmutated tree first: every test spec the selected mutations use must pass.
 : >"$WORK/run.log"
 # Baselines: each spec this run uses, once (a suite already red unmutated would read as
 # every mutation caught).
