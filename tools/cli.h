@@ -10,6 +10,16 @@ mk_status mk_cli_open_model(const char *path, mk_model **out);
 int mk_cli_usage(void);
 int mk_cli_fail(mk_status s);
 
+/* The limits of the counts the command line takes (each refused above its limit with a
+ * usage error naming it, before anything is allocated): tokens to generate (--n,
+ * --max-tokens), sequences in flight (--batch), cpu threads (--threads). */
+#define MK_CLI_MAX_NEW_TOKENS ((size_t)1 << 20)
+#define MK_CLI_MAX_BATCH ((size_t)4096)
+#define MK_CLI_MAX_THREADS ((size_t)1024)
+/* A count flag's value: decimal digits only, from lo to hi; otherwise a message naming the
+ * flag, the value and the limits on stderr, and false (the caller prints the usage). */
+bool mk_cli_parse_count(const char *flag, const char *v, size_t lo, size_t hi, size_t *out);
+
 /* meshkern run MODEL --prompts FILE ...: many sequences through a placed pipeline. */
 int mk_cli_run_batch(int argc, char **argv);
 /* True when argv names the batch form of run (it has --prompts). */

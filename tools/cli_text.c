@@ -100,9 +100,7 @@ static int mk_cli_parse(int argc, char **argv, mk_cli_opts *o, size_t default_n)
             const mk_status s = mk_seam_kind_from_name(v, &o->seam.kind);
             if (s != MK_OK) return mk_cli_fail(s);
         } else if (strcmp(a, "--n") == 0) {
-            char *end = NULL; /* digits only: strtoull would turn "-1" into SIZE_MAX */
-            o->n_new = v[0] >= '0' && v[0] <= '9' ? (size_t)strtoull(v, &end, 10) : 0;
-            if (!end || *end || o->n_new == 0 || o->n_new > (1u << 20)) return mk_text_usage();
+            if (!mk_cli_parse_count(a, v, 1, MK_CLI_MAX_NEW_TOKENS, &o->n_new)) return mk_text_usage();
         } else return mk_text_usage();
     }
     mk_cli_backend_finish(&backend, o->model_path);

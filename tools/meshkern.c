@@ -246,10 +246,7 @@ static int cmd_run(int argc, char **argv) {
         if (strcmp(a, "--tokens") == 0) n_tokens = parse_list(v, tokens_ll, MK_MAX_TOKENS);
         else if (strcmp(a, "--split") == 0) n_cuts = parse_list(v, cuts_ll, MK_MAX_CUTS);
         else if (strcmp(a, "--n") == 0) {
-            /* a count: digits only (strtoull would turn "-1" into SIZE_MAX) */
-            char *end = NULL;
-            n_new = v[0] >= '0' && v[0] <= '9' ? (size_t)strtoull(v, &end, 10) : 0;
-            if (!end || *end || n_new >= MK_MAX_TOKENS) return usage();
+            if (!mk_cli_parse_count(a, v, 1, MK_MAX_TOKENS - 2, &n_new)) return usage();
         }
         else if (strcmp(a, "--devices") == 0) {
             n_devices = parse_list(v, devices_ll, MK_MAX_CUTS + 1);
@@ -259,8 +256,9 @@ static int cmd_run(int argc, char **argv) {
             if (s != MK_OK) return fail(s);
         } else if (strcmp(a, "--seam-address") == 0) seam.address = v;
         else if (strcmp(a, "--seam-timeout") == 0) {
-            seam.io_timeout_ms = seam.connect_timeout_ms = atoi(v);
-            if (seam.io_timeout_ms <= 0) return usage();
+            size_t ms = 0;
+            if (!mk_cli_parse_count(a, v, 1, 86400000, &ms)) return usage();
+            seam.io_timeout_ms = seam.connect_timeout_ms = (int)ms;
         } else if (strcmp(a, "--tls-psk") == 0) seam.tls.enabled = true, seam.tls.psk_hex = v;
         else if (strcmp(a, "--tls-identity") == 0) seam.tls.psk_identity = v;
         else if (strcmp(a, "--tls-cert") == 0) seam.tls.enabled = true, seam.tls.cert_file = v;
@@ -271,7 +269,12 @@ static int cmd_run(int argc, char **argv) {
     mk_cli_backend_finish(&backend, path);
     opt.backend = backend.config;
     opt.eager_decode = backend.eager_decode;
-    if (n_tokens <= 0 || n_cuts < 0 || n_new == 0 || (size_t)n_tokens + n_new >= MK_MAX_TOKENS) return usage();
+    if (n_tokens <= 0 || n_cuts < 0 || n_new == 0) return usage();
+    if ((size_t)n_tokens + n_new >= MK_MAX_TOKENS) {
+        fprintf(stderr, "meshkern: %ld prompt tokens and --n %zu exceed the limit of %d positions\n", n_tokens, n_new,
+                MK_MAX_TOKENS - 1);
+        return usage();
+    }
     for (long i = 0; i < n_tokens; i++) /* the head checks the vocabulary; int32 must not wrap first */
         if (tokens_ll[i] < 0 || tokens_ll[i] > INT32_MAX) {
             fprintf(stderr, "meshkern: token id %lld is not a valid token id\n", tokens_ll[i]);

@@ -24,6 +24,7 @@
 #include "gguf.h"
 #include "model.h"
 #include "mk_error.h"
+#include "mk_size.h"
 
 #define MK_STAGE_MAX_LIST 64
 
@@ -49,14 +50,6 @@ static double stage_now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static bool parse_size(const char *v, size_t *out) {
-    char *end = NULL;
-    errno = 0;
-    const unsigned long long x = v[0] >= '0' && v[0] <= '9' ? strtoull(v, &end, 10) : 0;
-    *out = (size_t)x;
-    return end && !*end && !errno && x > 0;
 }
 
 static bool parse_int(const char *v, long lo, long hi, int *out) {
@@ -120,8 +113,11 @@ static int parse_stage_args(int argc, char **argv, stage_args *a) {
             else if (strcmp(v, "rendezvous") != 0) return mk_cli_usage();
         }
         else if (strcmp(k, "--prompts") == 0) a->prompts = v;
-        else if (strcmp(k, "--max-tokens") == 0) { if (!parse_size(v, &a->o.max_new_tokens)) return mk_cli_usage(); }
-        else if (strcmp(k, "--batch") == 0) { if (!parse_size(v, &a->o.max_sequences)) return mk_cli_usage(); }
+        else if (strcmp(k, "--max-tokens") == 0) {
+            if (!mk_cli_parse_count(k, v, 1, MK_CLI_MAX_NEW_TOKENS, &a->o.max_new_tokens)) return mk_cli_usage();
+        } else if (strcmp(k, "--batch") == 0) {
+            if (!mk_cli_parse_count(k, v, 1, MK_CLI_MAX_BATCH, &a->o.max_sequences)) return mk_cli_usage();
+        }
         else if (strcmp(k, "--timeout") == 0) {
             char *end = NULL;
             const double s = strtod(v, &end);
@@ -227,7 +223,7 @@ static int run_stage(stage_args *a, const mk_model *model, const mk_tokenizer *t
         a->o.n_stop = a->n_stop;
         size_t longest = 0;
         for (size_t i = 0; i < n_prompts; i++) longest = prompts[i].n > longest ? prompts[i].n : longest;
-        a->o.range.max_context = longest + a->o.max_new_tokens;
+        (void)mk_size_add(longest, a->o.max_new_tokens, &a->o.range.max_context); /* saturates, then capped */
         if (a->o.range.max_context > hp->max_context) a->o.range.max_context = hp->max_context;
         a->o.range.max_batch_tokens = longest < a->o.range.max_context ? longest : a->o.range.max_context;
     }

@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "mk_error.h"
+#include "mk_size.h"
 #include "model.h"
 #include "stage/stage.h"
 
@@ -180,8 +181,8 @@ mk_status mk_stage_join(const mk_model *model, const mk_stage_options *o, mk_sta
     st->max_sequences = o->max_sequences ? o->max_sequences : 8;
     mk_status s = MK_OK;
     if (o->n_stop) {
-        st->stop = malloc(o->n_stop * sizeof *st->stop);
-        if (!st->stop) s = mk_fail(MK_ERR_OUT_OF_MEMORY, "stage: out of memory");
+        st->stop = mk_alloc_array(o->n_stop, sizeof *st->stop, "stage: stop ids");
+        if (!st->stop) s = MK_ERR_OUT_OF_MEMORY;
         else memcpy(st->stop, o->stop_ids, o->n_stop * sizeof *st->stop);
     }
     st->o.stop_ids = NULL;
@@ -311,8 +312,8 @@ static mk_status mk_stage_send(mk_stage *st, const char *id) {
 /* ========================================================== rank 0 (head) == */
 
 typedef struct mk_head_request {
-    int32_t *tokens;  /* [max_new_tokens] */
-    size_t n;
+    int32_t *tokens;  /* [cap] */
+    size_t n, cap;    /* cap: max_new_tokens, at most max_context (a request cannot outgrow its KV) */
     bool started, finished;
 } mk_head_request;
 
@@ -382,6 +383,8 @@ static mk_status mk_head_result(mk_head *h, const char *body, size_t len) {
         return mk_fail(MK_ERR_TAIL_RESULT, "rank %d sent no token id within the vocabulary for %s", last, info.request_id);
     mk_head_request *r = &h->state[i];
     const int32_t token = (int32_t)info.token_id;
+    if (r->n == r->cap) /* cannot happen: the step before would have overflowed the context */
+        return mk_fail(MK_ERR_CONTEXT_OVERFLOW, "%s: more than %zu tokens", info.request_id, r->cap);
     r->tokens[r->n++] = token;
     bool stop = false;
     for (size_t k = 0; k < st->o.n_stop; k++) stop |= st->stop[k] == token;
@@ -505,14 +508,18 @@ static mk_status mk_stage_serve_head(mk_stage *st, const mk_stage_request *req, 
                                      void *user) {
     mk_head h = {.st = st, .req = req, .n_req = n_req, .report = report, .user = user};
     h.state = calloc(n_req ? n_req : 1, sizeof *h.state);
-    mk_status s = h.state ? MK_OK : mk_fail(MK_ERR_OUT_OF_MEMORY, "stage: out of memory");
+    mk_status s = h.state ? MK_OK : mk_fail(MK_ERR_OUT_OF_MEMORY, "stage: out of memory for %zu requests", n_req);
+    if (s == MK_OK && st->o.max_new_tokens == 0) s = mk_fail(MK_ERR_INVALID_ARGUMENT, "max_new_tokens is 0");
+    /* A request yields at most max_context tokens (each but the last takes a KV position),
+     * whatever max_new_tokens asks: the token buffer is sized by the smaller. */
+    const size_t cap = st->o.max_new_tokens < st->max_context ? st->o.max_new_tokens : st->max_context;
     for (size_t i = 0; s == MK_OK && i < n_req; i++) {
         if (!req[i].prompt || req[i].n_prompt == 0)
             s = mk_fail(MK_ERR_EMPTY_INPUT, "request %zu has no prompt tokens", i);
-        else if (!(h.state[i].tokens = malloc((st->o.max_new_tokens ? st->o.max_new_tokens : 1) * sizeof(int32_t))))
-            s = mk_fail(MK_ERR_OUT_OF_MEMORY, "stage: out of memory");
+        else if (!(h.state[i].tokens = mk_alloc_array(cap, sizeof(int32_t), "stage: a request's tokens")))
+            s = MK_ERR_OUT_OF_MEMORY;
+        else h.state[i].cap = cap;
     }
-    if (s == MK_OK && st->o.max_new_tokens == 0) s = mk_fail(MK_ERR_INVALID_ARGUMENT, "max_new_tokens is 0");
     if (s == MK_OK) s = mk_head_serve(&h);
     const int64_t deadline = mk_deadline_ms(st->timeout_ms, MK_STAGE_DEFAULT_TIMEOUT_MS);
     if (s == MK_OK && st->o.seam == MK_SEAM_NCCL && n_req > 0) s = mk_head_end_marker(st);

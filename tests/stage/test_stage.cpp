@@ -19,6 +19,7 @@
 #include <sstream>
 #include <cstdio>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "meshkern.h"
@@ -511,6 +512,83 @@ TEST(Stage, KvModeFromTheSharedParserIsPartOfTheDigest) {
     ranks.wait(15);
     for (size_t i = 0; i < ranks.size(); i++) EXPECT_EQ(exit_code(ranks[i]), 0) << slurp(ranks[i].err);
     EXPECT_NE(slurp(ranks[1].out).find("aggregate: "), std::string::npos) << slurp(ranks[1].out);
+}
+
+// ------------------------------------------------------------ in process --
+
+// Both ranks of a 2-rank stage in this process through the library alone (rank 1 on a
+// thread), on the random model: rank 0's reports and both ranks' statuses and messages.
+struct LibraryRun {
+    mk_status join[2] = {MK_OK, MK_OK}, serve[2] = {MK_OK, MK_OK};
+    std::string message[2];
+    std::vector<mk_stage_report> reports; // tokens copied below
+    std::vector<std::vector<int32_t>> tokens;
+    std::vector<std::string> errors;
+};
+
+void library_rank(const mk_model *model, mk_stage_options o, const std::vector<mk_stage_request> &req, LibraryRun *run) {
+    const int rank = o.rank;
+    mk_stage *st = nullptr;
+    run->join[rank] = mk_stage_join(model, &o, &st);
+    if (run->join[rank] != MK_OK) {
+        run->message[rank] = mk_last_error();
+        return;
+    }
+    auto report = [](void *user, const mk_stage_report *r) {
+        LibraryRun *lr = static_cast<LibraryRun *>(user);
+        lr->reports.push_back(*r);
+        lr->tokens.emplace_back(r->tokens, r->tokens + r->n_tokens);
+        lr->errors.emplace_back(r->error ? r->error : "");
+    };
+    run->serve[rank] = mk_stage_serve(st, rank == 0 ? req.data() : nullptr, rank == 0 ? req.size() : 0,
+                                      rank == 0 ? +report : nullptr, run);
+    run->message[rank] = mk_last_error();
+    mk_stage_free(st);
+}
+
+LibraryRun run_library(const mk_model *model, mk_stage_options o, const std::vector<mk_stage_request> &req) {
+    LibraryRun run;
+    const std::string address = "127.0.0.1:" + std::to_string(free_port());
+    o.rendezvous = address.c_str();
+    static const int64_t cut = 2;
+    o.cuts = &cut;
+    o.n_cuts = 1;
+    o.world = 2;
+    mk_stage_options o1 = o;
+    o1.rank = 1;
+    std::thread t(library_rank, model, o1, req, &run);
+    o.rank = 0;
+    library_rank(model, o, req, &run);
+    t.join();
+    return run;
+}
+
+// A token limit that wraps when multiplied by 4 bytes (2^62: `meshkern stage --max-tokens
+// 4611686018427387904` printed tokens outside the vocabulary and aborted in free()) is
+// bounded by the context: the one-token prompt yields max_context tokens, then the run
+// fails with the context error, and nothing is written past a buffer (ASan in CI).
+TEST(StageLibrary, HugeTokenLimitIsBoundedByTheContext) {
+    mk_model *model = random_model();
+    const int32_t prompt[] = {11};
+    const std::vector<mk_stage_request> req = {{prompt, 1}};
+    for (size_t limit : {(size_t)1 << 62, SIZE_MAX}) {
+        SCOPED_TRACE(limit);
+        mk_stage_options o = mk_stage_options_default();
+        o.range.max_context = 12;
+        o.range.max_batch_tokens = 4;
+        o.timeout_ms = 5000;
+        o.max_new_tokens = limit;
+        const LibraryRun run = run_library(model, o, req);
+        ASSERT_EQ(run.join[0], MK_OK) << run.message[0];
+        ASSERT_EQ(run.join[1], MK_OK) << run.message[1];
+        EXPECT_EQ(run.serve[0], MK_ERR_CONTEXT_OVERFLOW) << run.message[0];
+        ASSERT_EQ(run.reports.size(), 1u);
+        EXPECT_EQ(run.reports[0].status, MK_ERR_CONTEXT_OVERFLOW) << run.errors[0];
+        EXPECT_EQ(run.tokens[0].size(), 12u);
+        for (int32_t t : run.tokens[0]) EXPECT_LT((size_t)t, mk_model_hparams(model)->vocab);
+        EXPECT_NE(run.serve[1], MK_OK);
+    }
+    mk_model_free(model);
 }
 
 // A rank whose peers never come gives up at the deadline instead of waiting forever.
