@@ -148,6 +148,11 @@ static int parse_stage_args(int argc, char **argv, stage_args *a) {
     return 0;
 }
 
+/* The runtime's notices (a rank joined, a stranger dropped at the rendezvous) on stderr. */
+static void stage_log(void *user, const char *line) {
+    fprintf(stderr, "meshkern stage: rank %d: %s\n", *(const int *)user, line);
+}
+
 static void stage_report(void *user, const mk_stage_report *r) {
     stage_print *p = user;
     if (p->rank != 0) {
@@ -227,6 +232,8 @@ static int run_stage(stage_args *a, const mk_model *model, const mk_tokenizer *t
         if (a->o.range.max_context > hp->max_context) a->o.range.max_context = hp->max_context;
         a->o.range.max_batch_tokens = longest < a->o.range.max_context ? longest : a->o.range.max_context;
     }
+    a->o.log = stage_log;
+    a->o.log_user = &a->o.rank;
     mk_stage *stage = NULL;
     mk_status s = mk_stage_join(model, &a->o, &stage);
     if (s != MK_OK) {

@@ -24,6 +24,9 @@
 
 #include "meshkern.h"
 #include "mk_test_util.h"
+extern "C" {
+#include "stage/stage.h"
+}
 
 namespace {
 
@@ -445,10 +448,12 @@ TEST(Stage, Rank0FaultIsReportedByEveryOtherRank) {
 }
 
 // A rank on another model file (here another random seed) is refused at startup, before
-// any request, by every rank, naming it.
+// any request, by every rank, naming it: itself at once (rank 0 answers its hello), the
+// others when rank 0 gives up waiting for a rank 2 of this run (its deadline, 2 s here: a
+// hello is not authenticated, so a stranger's must not end the wait early).
 TEST(Stage, DigestMismatchIsRefusedAtStartup) {
     Ranks ranks("digest");
-    run_ranks(ranks, kRandom, "1,3", 3, {"--prompts", kPrompts}, {"--max-tokens", "4", "--timeout", "5"}, "", 15,
+    run_ranks(ranks, kRandom, "1,3", 3, {"--prompts", kPrompts}, {"--max-tokens", "4", "--timeout", "2"}, "", 15,
               {kRandom, kRandom, "--random:kv_heads=2,seed=7"});
     for (size_t i = 0; i < ranks.size(); i++) {
         const std::string err = slurp(ranks[i].err);
@@ -463,8 +468,8 @@ TEST(Stage, DigestMismatchIsRefusedAtStartup) {
 TEST(Stage, CutMismatchIsRefusedAtStartup) {
     const int port = free_port();
     Ranks ranks("cuts");
-    ranks.launch(1, stage_args(kRandom, "3", 1, 2, port, {"--timeout", "5"}), "");
-    ranks.launch(0, stage_args(kRandom, "2", 0, 2, port, {"--timeout", "5", "--prompts", kPrompts}), "");
+    ranks.launch(1, stage_args(kRandom, "3", 1, 2, port, {"--timeout", "2"}), "");
+    ranks.launch(0, stage_args(kRandom, "2", 0, 2, port, {"--timeout", "2", "--prompts", kPrompts}), "");
     ranks.wait(15);
     for (size_t i = 0; i < ranks.size(); i++) {
         EXPECT_EQ(exit_code(ranks[i]), 1);
@@ -477,8 +482,8 @@ TEST(Stage, CutMismatchIsRefusedAtStartup) {
 TEST(Stage, SeamMismatchIsRefusedAtStartup) {
     const int port = free_port();
     Ranks ranks("seam");
-    ranks.launch(1, stage_args(kRandom, "2", 1, 2, port, {"--timeout", "5", "--seam", "unix"}), "");
-    ranks.launch(0, stage_args(kRandom, "2", 0, 2, port, {"--timeout", "5", "--prompts", kPrompts}), "");
+    ranks.launch(1, stage_args(kRandom, "2", 1, 2, port, {"--timeout", "2", "--seam", "unix"}), "");
+    ranks.launch(0, stage_args(kRandom, "2", 0, 2, port, {"--timeout", "2", "--prompts", kPrompts}), "");
     ranks.wait(15);
     for (size_t i = 0; i < ranks.size(); i++) {
         const std::string err = slurp(ranks[i].err);
@@ -495,8 +500,8 @@ TEST(Stage, KvModeFromTheSharedParserIsPartOfTheDigest) {
     {
         const int port = free_port();
         Ranks ranks("kv");
-        ranks.launch(1, stage_args(kRandom, "2", 1, 2, port, {"--timeout", "5", "--kv", "f16"}), "");
-        ranks.launch(0, stage_args(kRandom, "2", 0, 2, port, {"--timeout", "5", "--prompts", kPrompts}), "");
+        ranks.launch(1, stage_args(kRandom, "2", 1, 2, port, {"--timeout", "2", "--kv", "f16"}), "");
+        ranks.launch(0, stage_args(kRandom, "2", 0, 2, port, {"--timeout", "2", "--prompts", kPrompts}), "");
         ranks.wait(15);
         for (size_t i = 0; i < ranks.size(); i++) {
             EXPECT_EQ(exit_code(ranks[i]), 1);
@@ -505,9 +510,9 @@ TEST(Stage, KvModeFromTheSharedParserIsPartOfTheDigest) {
     }
     const int port = free_port();
     Ranks ranks("kv2");
-    ranks.launch(1, stage_args(kRandom, "2", 1, 2, port, {"--timeout", "5", "--kv", "f16", "--speed"}), "");
+    ranks.launch(1, stage_args(kRandom, "2", 1, 2, port, {"--timeout", "2", "--kv", "f16", "--speed"}), "");
     ranks.launch(0, stage_args(kRandom, "2", 0, 2, port,
-                               {"--timeout", "5", "--speed", "--kv", "f16", "--max-tokens", "2", "--prompts", kPrompts}),
+                               {"--timeout", "2", "--speed", "--kv", "f16", "--max-tokens", "2", "--prompts", kPrompts}),
                  "");
     ranks.wait(15);
     for (size_t i = 0; i < ranks.size(); i++) EXPECT_EQ(exit_code(ranks[i]), 0) << slurp(ranks[i].err);
@@ -589,6 +594,153 @@ TEST(StageLibrary, HugeTokenLimitIsBoundedByTheContext) {
         EXPECT_NE(run.serve[1], MK_OK);
     }
     mk_model_free(model);
+}
+
+// ------------------------------------------------------------ strangers --
+
+// A TCP connection to 127.0.0.1:port, retried until someone listens (limit_s).
+int connect_to(int port, double limit_s = 5.0) {
+    const double t0 = now_s();
+    for (;;) {
+        const int fd = socket(AF_INET, SOCK_STREAM, 0);
+        sockaddr_in a{};
+        a.sin_family = AF_INET;
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        a.sin_port = htons((uint16_t)port);
+        if (connect(fd, (sockaddr *)&a, sizeof a) == 0) return fd;
+        close(fd);
+        if (now_s() - t0 > limit_s) return -1;
+        usleep(20000);
+    }
+}
+
+// A control message as a rank sends it: "MKCT", type, length (little-endian), then body.
+std::string ctl_message(uint32_t type, const std::string &body, int64_t announced = -1) {
+    const uint32_t head[3] = {MK_CTL_MAGIC, type, announced < 0 ? (uint32_t)body.size() : (uint32_t)announced};
+    std::string m(reinterpret_cast<const char *>(head), sizeof head); // x86: little-endian already
+    return m + body;
+}
+
+void send_all(int fd, const std::string &bytes) { ASSERT_EQ(write(fd, bytes.data(), bytes.size()), (ssize_t)bytes.size()); }
+
+// Until `needle` shows in the file (a rank's stderr) or limit_s passes.
+bool wait_for_text(const std::string &path, const std::string &needle, double limit_s) {
+    const double t0 = now_s();
+    while (now_s() - t0 < limit_s) {
+        if (slurp(path).find(needle) != std::string::npos) return true;
+        usleep(20000);
+    }
+    return false;
+}
+
+// The stage digest the CLI's ranks compute for --random:kv_heads=2 --split 1,3 (world 3, tcp).
+std::string cli_stage_digest(const mk_model *model) {
+    mk_stage_options o = mk_stage_options_default();
+    static const int64_t cuts_in[2] = {1, 3};
+    o.world = 3;
+    o.cuts = cuts_in;
+    o.n_cuts = 2;
+    int64_t cuts[MK_STAGE_MAX_WORLD];
+    char digest[MK_DIGEST_HEX_LEN + 1] = "";
+    EXPECT_EQ(mk_stage_plan(model, &o, cuts, digest), MK_OK) << mk_last_error();
+    return digest;
+}
+
+// What a readiness probe, a port scan, a rank of another run or a half-dead client does to
+// rank 0's rendezvous port while the real ranks join (a connect-and-close used to stop the
+// whole mesh; a silent half-sent hello blocked the one-at-a-time accept until the deadline
+// and the real ranks were blamed): each is dropped and logged with its peer address, the
+// run goes on and its tokens equal the whole model's. A duplicate hello for a rank already
+// joined (with the right digest) is dropped too.
+TEST(StageRendezvous, StrangersAreDroppedWhileTheRealRanksJoin) {
+    mk_model *model = random_model();
+    const auto prompts = read_prompts(kPrompts);
+    const auto want = whole_model(model, MK_DTYPE_F32, prompts, 3);
+    const std::string digest = cli_stage_digest(model);
+    const int port = free_port();
+    Ranks ranks("strangers");
+    const std::vector<std::string> extra = {"--max-tokens", "3", "--batch", "2", "--timeout", "2"};
+    std::vector<std::string> a0 = extra;
+    a0.insert(a0.end(), {"--prompts", kPrompts});
+    ranks.launch(0, stage_args(kRandom, "1,3", 0, 3, port, a0), "");
+    std::vector<int> held; // closed at the end: the half-sent hello stays silent throughout
+    const int probe = connect_to(port);
+    ASSERT_GE(probe, 0) << "rank 0 does not listen";
+    close(probe); // connect-and-close
+    const struct {
+        const char *what;
+        std::string bytes;
+    } strangers[] = {
+        {"garbage", "GET / HTTP/1.0\r\n\r\n"},
+        {"huge length", ctl_message(MK_CTL_HELLO, "", 0xffffffffu)},
+        {"bad rank", ctl_message(MK_CTL_HELLO, "7 3 " + digest + " 127.0.0.1:1")},
+        {"bad digest", ctl_message(MK_CTL_HELLO, "1 3 " + std::string(64, '0') + " 127.0.0.1:1")},
+        {"bad world", ctl_message(MK_CTL_HELLO, "2 4 " + digest + " 127.0.0.1:1")},
+        {"not a hello", ctl_message(MK_CTL_BYE, "")},
+        {"half-sent hello", ctl_message(MK_CTL_HELLO, "1 3 ", 100)},
+    };
+    for (const auto &x : strangers) {
+        const int fd = connect_to(port);
+        ASSERT_GE(fd, 0) << x.what;
+        send_all(fd, x.bytes);
+        held.push_back(fd);
+    }
+    ranks.launch(1, stage_args(kRandom, "1,3", 1, 3, port, extra), "");
+    ASSERT_TRUE(wait_for_text(ranks[0].err, "rank 1 joined from 127.0.0.1:", 10)) << slurp(ranks[0].err);
+    const int dup = connect_to(port);
+    ASSERT_GE(dup, 0);
+    send_all(dup, ctl_message(MK_CTL_HELLO, "1 3 " + digest + " 127.0.0.1:1"));
+    held.push_back(dup);
+    ASSERT_TRUE(wait_for_text(ranks[0].err, "rank 1 joined twice", 10)) << slurp(ranks[0].err);
+    ranks.launch(2, stage_args(kRandom, "1,3", 2, 3, port, extra), "");
+    ranks.wait(20);
+    for (int fd : held) close(fd);
+    expect_parity(ranks, 0, want);
+    const std::string err = slurp(ranks[0].err);
+    EXPECT_NE(err.find("rank 0: rendezvous: dropped 127.0.0.1:"), std::string::npos) << err;
+    for (const char *why : {"closed without a word", "not a meshkern control message (magic 0x20544547)",
+                            "a hello of 4294967295 bytes announced (limit 4096)",
+                            "a rank joined as rank 7 of world 3", "rank 1's stage digest 0000000000000000... differs",
+                            "rank 2 runs with world 4, rank 0 with 3", "a control message of type 5 where a hello belongs",
+                            "rank 1 joined twice (first from 127.0.0.1:"})
+        EXPECT_NE(err.find(why), std::string::npos) << why << "\n" << err;
+    mk_model_free(model);
+}
+
+// A rank that never comes: rank 0 waits until its own deadline (strangers do not end the
+// wait early), then every rank's failure names the rank missing and each connection
+// dropped, with its peer address and why; a stranger that claimed the missing rank with
+// another stage digest gives the status. The silent half-sent hello is dropped at its own
+// hello deadline (the run's timeout, here 1 s) without holding anything up.
+TEST(StageRendezvous, FailureNamesTheMissingRankAndTheDroppedStrangers) {
+    const int port = free_port();
+    Ranks ranks("missing2");
+    ranks.launch(0, stage_args(kRandom, "1,3", 0, 3, port, {"--timeout", "1", "--prompts", kPrompts}), "");
+    const int probe = connect_to(port);
+    ASSERT_GE(probe, 0);
+    close(probe);
+    const int half = connect_to(port);
+    ASSERT_GE(half, 0);
+    send_all(half, ctl_message(MK_CTL_HELLO, "2 3 ", 90));
+    const int claim = connect_to(port);
+    ASSERT_GE(claim, 0);
+    send_all(claim, ctl_message(MK_CTL_HELLO, "2 3 " + std::string(64, 'f') + " 127.0.0.1:1"));
+    ranks.launch(1, stage_args(kRandom, "1,3", 1, 3, port, {"--timeout", "1"}), "");
+    ranks.wait(8);
+    close(half);
+    close(claim);
+    EXPECT_LE(ranks[0].exit_s, 1.0 + 3.0);
+    for (size_t i = 0; i < ranks.size(); i++) {
+        const std::string err = slurp(ranks[i].err);
+        EXPECT_EQ(exit_code(ranks[i]), 1) << err;
+        EXPECT_NE(err.find("refused at startup: MK_ERR_RECIPE_DIGEST: rank 2's stage digest ffffffffffffffff..."),
+                  std::string::npos) << err;
+        EXPECT_NE(err.find("rank(s) 2 did not join within 1000 ms; dropped 3 connection(s): 127.0.0.1:"),
+                  std::string::npos) << err;
+        EXPECT_NE(err.find(" closed without a word, 127.0.0.1:"), std::string::npos) << err;
+        EXPECT_NE(err.find(" claimed rank 2 with another stage digest"), std::string::npos) << err;
+        EXPECT_NE(err.find(" sent 16 bytes of a hello, then nothing within "), std::string::npos) << err;
+    }
 }
 
 // A rank whose peers never come gives up at the deadline instead of waiting forever.
