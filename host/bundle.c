@@ -80,23 +80,18 @@ mk_status mk_bundle_clone(const mk_bundle *src, mk_bundle **out) {
 }
 
 const mk_boundary_header *mk_bundle_header(const mk_bundle *b) {
-    mk_clear_error();
     return b ? &b->h : NULL;
 }
 float *mk_bundle_residual(mk_bundle *b) {
-    mk_clear_error();
     return b ? b->residual : NULL;
 }
 int32_t *mk_bundle_positions(mk_bundle *b) {
-    mk_clear_error();
     return b ? b->positions : NULL;
 }
 const float *mk_bundle_residual_const(const mk_bundle *b) {
-    mk_clear_error();
     return b ? b->residual : NULL;
 }
 const int32_t *mk_bundle_positions_const(const mk_bundle *b) {
-    mk_clear_error();
     return b ? b->positions : NULL;
 }
 

@@ -872,12 +872,10 @@ void mk_boundary_free(mk_boundary *bd) {
 }
 
 const mk_boundary_header *mk_boundary_header_of(const mk_boundary *bd) {
-    mk_clear_error();
     return bd ? &bd->h : NULL;
 }
 
 mk_range *mk_boundary_range(const mk_boundary *bd) {
-    mk_clear_error();
     return bd ? bd->range : NULL;
 }
 

@@ -257,17 +257,14 @@ const mk_range *mk_sched_stage_range(const mk_sched *s, size_t i) {
     return s && i < s->n_stages ? s->stages[i].range : NULL;
 }
 double mk_sched_stage_share(const mk_sched *s, size_t i) {
-    mk_clear_error();
     return s && i < s->n_stages ? s->stages[i].share : 0.0;
 }
 
 mk_seam_kind mk_sched_seam_kind(const mk_sched *s, size_t i) {
-    mk_clear_error();
     return s && i + 1 < s->n_stages ? s->links[i].kind : (mk_seam_kind)0;
 }
 
 size_t mk_sched_seam_bytes(const mk_sched *s, size_t i) {
-    mk_clear_error();
     return s && i + 1 < s->n_stages ? mk_stage_link_bytes(&s->links[i]) : 0;
 }
 

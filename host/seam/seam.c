@@ -28,14 +28,12 @@ mk_status mk_seam_kind_from_name(const char *name, mk_seam_kind *out) {
 }
 
 const char *mk_seam_kind_name(mk_seam_kind kind) {
-    mk_clear_error();
     for (size_t i = 0; i < sizeof mk_seam_kinds / sizeof *mk_seam_kinds; i++)
         if (mk_seam_kinds[i].kind == kind) return mk_seam_kinds[i].name;
     return "unknown";
 }
 
 mk_seam_options mk_seam_options_default(mk_seam_kind kind) {
-    mk_clear_error();
     mk_seam_options o;
     memset(&o, 0, sizeof o);
     o.kind = kind;
@@ -156,7 +154,6 @@ mk_status mk_seam_listen(const mk_seam_options *opt, mk_seam_listener **out) {
 }
 
 const char *mk_seam_listener_address(const mk_seam_listener *l) {
-    mk_clear_error();
     return l ? l->address : "";
 }
 
@@ -310,11 +307,9 @@ mk_status mk_seam_recv(mk_seam *s, const mk_sequence *seq, mk_boundary *into) {
 }
 
 size_t mk_seam_bytes(const mk_seam *s) {
-    mk_clear_error();
     return s ? s->bytes : 0;
 }
 
 double mk_seam_seconds(const mk_seam *s) {
-    mk_clear_error();
     return s ? s->seconds : 0.0;
 }

@@ -28,7 +28,6 @@
 #define MK_STAGE_DEFAULT_TIMEOUT_MS 30000
 
 mk_stage_options mk_stage_options_default(void) {
-    mk_clear_error();
     mk_stage_options o;
     memset(&o, 0, sizeof o);
     o.struct_size = sizeof o;
@@ -42,12 +41,10 @@ mk_stage_options mk_stage_options_default(void) {
 }
 
 int mk_stage_rank(const mk_stage *st) {
-    mk_clear_error();
     return st ? st->rank : -1;
 }
 
 const mk_range *mk_stage_range(const mk_stage *st) {
-    mk_clear_error();
     return st ? st->range : NULL;
 }
 

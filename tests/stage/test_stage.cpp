@@ -743,6 +743,133 @@ TEST(StageRendezvous, FailureNamesTheMissingRankAndTheDroppedStrangers) {
     }
 }
 
+// ------------------------------------------------------------- messages --
+
+// A failed public call leaves a message naming the failure, and the calls that cannot fail
+// (getters, free functions, defaults), which a caller makes while cleaning up or printing
+// its figures, leave it alone: `run --seam tcp` whose listener another process reached first
+// printed "MK_ERR_PEER_CLOSED: " with no text, once mk_pipeline_seam_bytes had cleared it.
+void expect_message_survives_cleanup(mk_status s, const char *case_name, const char *part) {
+    SCOPED_TRACE(case_name);
+    EXPECT_NE(s, MK_OK);
+    const std::string message = mk_last_error();
+    EXPECT_FALSE(message.empty()) << mk_status_name(s) << " with an empty message";
+    EXPECT_NE(message.find(part), std::string::npos) << message;
+    // what a caller does after a failure, before it prints the message
+    (void)mk_seam_bytes(nullptr);
+    (void)mk_seam_seconds(nullptr);
+    (void)mk_seam_kind_name(MK_SEAM_TCP);
+    (void)mk_seam_options_default(MK_SEAM_TCP);
+    (void)mk_seam_listener_address(nullptr);
+    mk_seam_free(nullptr);
+    mk_seam_listener_free(nullptr);
+    (void)mk_pipeline_seam_bytes(nullptr);
+    (void)mk_pipeline_seam_seconds(nullptr);
+    mk_pipeline_free(nullptr);
+    (void)mk_stage_rank(nullptr);
+    (void)mk_stage_range(nullptr);
+    (void)mk_stage_options_default();
+    mk_stage_free(nullptr);
+    mk_boundary_free(nullptr);
+    (void)mk_boundary_range(nullptr);
+    EXPECT_EQ(std::string(mk_last_error()), message) << "a call that cannot fail changed the message";
+}
+
+// The seam path: a listener whose first connection is a stranger's (here one that sends
+// nothing a frame and hangs up), as when another process reaches a `run --seam tcp`
+// listener first; and a connect to nobody.
+TEST(SeamMessages, AStrangersConnectionFailsWithAMessageThatSurvivesCleanup) {
+    mk_model *model = random_model();
+    mk_range_options ro = mk_range_options_default();
+    ro.max_context = 16;
+    mk_range *tail = nullptr;
+    ASSERT_EQ(mk_range_create(model, 3, 5, &ro, &tail), MK_OK) << mk_last_error();
+    mk_sequence *seq = nullptr;
+    ASSERT_EQ(mk_sequence_open(tail, &seq), MK_OK);
+    mk_boundary *into = nullptr;
+    ASSERT_EQ(mk_boundary_create(tail, &into), MK_OK);
+    for (const std::string &junk : {std::string(), std::string("GET / HTTP/1.0\r\n\r\n")}) {
+        mk_seam_options so = mk_seam_options_default(MK_SEAM_TCP);
+        so.address = "127.0.0.1:0";
+        so.connect_timeout_ms = so.io_timeout_ms = 2000;
+        mk_seam_listener *l = nullptr;
+        ASSERT_EQ(mk_seam_listen(&so, &l), MK_OK) << mk_last_error();
+        const std::string bound = mk_seam_listener_address(l);
+        const int fd = connect_to(std::stoi(bound.substr(bound.rfind(':') + 1)));
+        ASSERT_GE(fd, 0);
+        if (!junk.empty()) send_all(fd, junk);
+        close(fd);
+        mk_seam *rx = nullptr;
+        mk_status s = mk_seam_accept(l, tail, &rx);
+        if (s == MK_OK) s = mk_seam_recv(rx, seq, into);
+        expect_message_survives_cleanup(s, junk.empty() ? "stranger closed" : "stranger sent garbage",
+                                        junk.empty() ? "closed" : "frame");
+        EXPECT_EQ(s, junk.empty() ? MK_ERR_PEER_CLOSED : MK_ERR_FRAME) << mk_last_error();
+        mk_seam_free(rx);
+        mk_seam_listener_free(l);
+    }
+    mk_seam_options so = mk_seam_options_default(MK_SEAM_TCP);
+    const std::string nobody = "127.0.0.1:" + std::to_string(free_port());
+    so.address = nobody.c_str();
+    so.connect_timeout_ms = 200;
+    mk_seam *tx = nullptr;
+    expect_message_survives_cleanup(mk_seam_connect(&so, tail, &tx), "connect to nobody", nobody.c_str());
+    mk_boundary_free(into);
+    mk_sequence_close(seq);
+    mk_range_free(tail);
+    mk_model_free(model);
+}
+
+// The stage path: refused options, a rendezvous nobody comes to, a "rank 0" that hangs up
+// on the hello, calls on no stage.
+TEST(StageMessages, EveryFailureHasAMessageThatSurvivesCleanup) {
+    mk_model *model = random_model();
+    static const int64_t cut = 2;
+    mk_stage_options o = mk_stage_options_default();
+    o.cuts = &cut;
+    o.n_cuts = 1;
+    o.timeout_ms = 300;
+    const std::string nobody = "127.0.0.1:" + std::to_string(free_port());
+    o.rendezvous = nobody.c_str();
+    mk_stage *st = nullptr;
+    mk_stage_options bad = o;
+    bad.world = 1;
+    expect_message_survives_cleanup(mk_stage_join(model, &bad, &st), "world 1", "need 0 <= rank < world");
+    bad = o;
+    bad.struct_size = 3;
+    expect_message_survives_cleanup(mk_stage_join(model, &bad, &st), "struct_size", "struct_size");
+    bad = o;
+    bad.rank = 1;
+    expect_message_survives_cleanup(mk_stage_join(model, &bad, &st), "no rank 0", "no rendezvous at");
+    expect_message_survives_cleanup(mk_stage_join(model, &o, &st), "no rank 1", "rank(s) 1 did not join");
+    // a "rank 0" that accepts the hello and hangs up
+    const int lfd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    ASSERT_EQ(bind(lfd, (sockaddr *)&a, sizeof a), 0);
+    ASSERT_EQ(listen(lfd, 4), 0);
+    ASSERT_EQ(getsockname(lfd, (sockaddr *)&a, &len), 0);
+    std::thread hang_up([lfd] {
+        const int fd = accept(lfd, nullptr, nullptr);
+        char buf[256];
+        (void)!read(fd, buf, sizeof buf);
+        close(fd);
+    });
+    const std::string fake = "127.0.0.1:" + std::to_string(ntohs(a.sin_port));
+    bad = o;
+    bad.rank = 1;
+    bad.rendezvous = fake.c_str();
+    expect_message_survives_cleanup(mk_stage_join(model, &bad, &st), "rank 0 hangs up", "rank 0");
+    hang_up.join();
+    close(lfd);
+    expect_message_survives_cleanup(mk_stage_serve(nullptr, nullptr, 0, nullptr, nullptr), "serve NULL", "NULL");
+    mk_stage_hop hop;
+    expect_message_survives_cleanup(mk_stage_hop_stats(nullptr, 0, &hop), "hop stats NULL", "NULL");
+    mk_model_free(model);
+}
+
 // A rank whose peers never come gives up at the deadline instead of waiting forever.
 TEST(Stage, MissingRankTimesOutAtStartup) {
     const int port = free_port();
