@@ -51,6 +51,13 @@ typedef struct batch_prompt {
 mk_status mk_cli_read_prompts(const char *path, batch_prompt **out, size_t *n_out);
 void mk_cli_free_prompts(batch_prompt *p, size_t n);
 
+/* --tls-psk HEX, --tls-identity ID, --tls-cert/--tls-key/--tls-ca PEM (run, stage): true
+ * when `a` is one of them (any of them turns TLS on; the combination is checked after). */
+bool mk_cli_tls_option(const char *a, const char *v, mk_seam_tls *tls);
+/* The TLS options of `seam`, checked by the library's rules before anything runs (the
+ * transport, the combination, the key's length, the files): false with a message. */
+bool mk_cli_tls_usable(const mk_seam_options *seam);
+
 /* meshkern stage MODEL ...: one range of a multi-process pipeline (stage_cmd.c). */
 int mk_cli_stage(int argc, char **argv);
 

@@ -6,6 +6,8 @@
 #include <string.h>
 
 #include "cli.h"
+#include "seam/io.h"
+#include "seam/seam.h"
 
 static const struct {
     const char *name;
@@ -78,4 +80,25 @@ void mk_cli_backend_finish(mk_cli_backend *b, const char *model_path) {
      * the random models have no stored format (F32 is what they are). */
     if (!b->dtype_given && b->config.kind == MK_BACKEND_CPU && strncmp(model_path, "--random", 8) != 0)
         b->config.weight_dtype = MK_DTYPE_NATIVE;
+}
+
+bool mk_cli_tls_option(const char *a, const char *v, mk_seam_tls *tls) {
+    if (strcmp(a, "--tls-psk") == 0) tls->psk_hex = v;
+    else if (strcmp(a, "--tls-identity") == 0) tls->psk_identity = v;
+    else if (strcmp(a, "--tls-cert") == 0) tls->cert_file = v;
+    else if (strcmp(a, "--tls-key") == 0) tls->key_file = v;
+    else if (strcmp(a, "--tls-ca") == 0) tls->ca_file = v;
+    else return false;
+    tls->enabled = true;
+    return true;
+}
+
+bool mk_cli_tls_usable(const mk_seam_options *seam) {
+    SSL_CTX *ctx = NULL;
+    mk_status s = mk_seam_check_tls(seam);
+    if (s == MK_OK) s = mk_tls_context(&seam->tls, true, &ctx); /* the key's length, the files */
+    mk_tls_context_free(ctx);
+    if (s == MK_OK) return true;
+    fprintf(stderr, "meshkern: %s: %s\n", mk_status_name(s), mk_last_error());
+    return false;
 }

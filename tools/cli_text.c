@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "mk_error.h"
 
 #define MK_CLI_MAX_CUTS 64
 
@@ -428,6 +429,10 @@ int mk_cli_chat(int argc, char **argv) {
             if (isatty(STDIN_FILENO)) fputs("> ", stdout), fflush(stdout);
             const ssize_t n = getline(&line, &cap, stdin);
             if (n <= 0) break;
+            if (memchr(line, '\0', (size_t)n)) { /* C strings would end the message there, silently */
+                s = mk_fail(MK_ERR_INVALID_ARGUMENT, "standard input: a NUL byte in message %zu", c.n + 1);
+                break;
+            }
             if (line[n - 1] == '\n') line[n - 1] = '\0';
             if (!line[0]) break;
             s = mk_chat_add(&c, "user", line);

@@ -259,13 +259,12 @@ static int cmd_run(int argc, char **argv) {
             size_t ms = 0;
             if (!mk_cli_parse_count(a, v, 1, 86400000, &ms)) return usage();
             seam.io_timeout_ms = seam.connect_timeout_ms = (int)ms;
-        } else if (strcmp(a, "--tls-psk") == 0) seam.tls.enabled = true, seam.tls.psk_hex = v;
-        else if (strcmp(a, "--tls-identity") == 0) seam.tls.psk_identity = v;
-        else if (strcmp(a, "--tls-cert") == 0) seam.tls.enabled = true, seam.tls.cert_file = v;
-        else if (strcmp(a, "--tls-key") == 0) seam.tls.key_file = v;
-        else if (strcmp(a, "--tls-ca") == 0) seam.tls.ca_file = v;
+        } else if (mk_cli_tls_option(a, v, &seam.tls)) continue;
         else return usage();
     }
+    /* TLS flags are checked before anything runs: the transport (only unix and tcp carry
+     * TLS), the combination and the key's length, the files. */
+    if (seam.tls.enabled && !mk_cli_tls_usable(&seam)) return 2;
     mk_cli_backend_finish(&backend, path);
     opt.backend = backend.config;
     opt.eager_decode = backend.eager_decode;

@@ -129,8 +129,14 @@ mk_status mk_cli_read_prompts(const char *path, batch_prompt **out, size_t *n_ou
     char *line = NULL;
     size_t line_cap = 0;
     mk_status s = MK_OK;
-    while (s == MK_OK && getline(&line, &line_cap, f) >= 0) {
+    ssize_t len;
+    while (s == MK_OK && (len = getline(&line, &line_cap, f)) >= 0) {
         line_no++;
+        if (memchr(line, '\0', (size_t)len)) { /* C strings would end the line there, silently */
+            s = mk_fail(MK_ERR_INVALID_ARGUMENT, "%s:%zu: a NUL byte at column %zu", path, line_no,
+                        (size_t)((const char *)memchr(line, '\0', (size_t)len) - line) + 1);
+            break;
+        }
         const char *p = line;
         while (*p == ' ' || *p == '\t') p++;
         if (*p == '\0' || *p == '\n' || *p == '\r' || *p == '#') continue;

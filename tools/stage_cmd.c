@@ -119,9 +119,13 @@ static int parse_stage_args(int argc, char **argv, stage_args *a) {
             if (!mk_cli_parse_count(k, v, 1, MK_CLI_MAX_BATCH, &a->o.max_sequences)) return mk_cli_usage();
         }
         else if (strcmp(k, "--timeout") == 0) {
+            /* seconds, at the runtime's resolution of 1 ms: less would become 0, the default */
             char *end = NULL;
             const double s = strtod(v, &end);
-            if (end == v || *end || !(s > 0.0) || s > 86400.0) return mk_cli_usage();
+            if (end == v || *end || !(s >= 0.001) || s > 86400.0) {
+                fprintf(stderr, "meshkern: --timeout %s: expected seconds from 0.001 (the resolution) to 86400\n", v);
+                return mk_cli_usage();
+            }
             a->o.timeout_ms = (int)(s * 1000.0 + 0.5);
         } else if (strcmp(k, "--stop") == 0) {
             if (!parse_list(v, list, MK_STAGE_MAX_LIST, &n)) return mk_cli_usage();
@@ -285,9 +289,16 @@ static mk_status read_text_prompts(const char *path, const mk_model *model, mk_t
     if (!f) return mk_fail(MK_ERR_IO, "cannot open prompts file %s", path);
     mk_status s = MK_OK;
     char *line = NULL;
-    size_t cap = 0, n = 0, have = 0;
+    size_t cap = 0, n = 0, have = 0, line_no = 0;
     ssize_t len;
     while (s == MK_OK && (len = getline(&line, &cap, f)) >= 0) {
+        line_no++;
+        const char *nul = memchr(line, '\0', (size_t)len); /* C strings would end the line there, silently */
+        if (nul) {
+            s = mk_fail(MK_ERR_INVALID_ARGUMENT, "%s:%zu: a NUL byte at column %zu", path, line_no,
+                        (size_t)(nul - line) + 1);
+            break;
+        }
         while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r')) line[--len] = '\0';
         if (len == 0) continue;
         if (n == have) {

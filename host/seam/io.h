@@ -39,7 +39,11 @@ mk_status mk_socket_connect(mk_seam_kind kind, const char *address, int64_t dead
 /* A connected Unix socketpair (both ends non-blocking). */
 mk_status mk_socket_pair(int fds[2]);
 
-/* TLS 1.3 (tls.c). A context per end: server (the receiving end) or client (sending). */
+/* TLS 1.3 (tls.c). The options alone: a pre-shared key or certificates (not both), an
+ * identity only with a key, a certificate with its key and a CA. */
+mk_status mk_tls_check(const mk_seam_tls *tls);
+/* A context per end: server (the receiving end) or client (sending); checks the options,
+ * the key's length (32 to 64 bytes) and loads the files. */
 mk_status mk_tls_context(const mk_seam_tls *tls, bool server, SSL_CTX **out);
 void mk_tls_context_free(SSL_CTX *ctx);
 /* Attach TLS to io->fd (io->ssl set); the handshake runs in mk_tls_handshake. */

@@ -50,7 +50,18 @@ static double mk_seconds(void) {
 
 static bool mk_is_stream(mk_seam_kind kind) { return kind == MK_SEAM_UNIX || kind == MK_SEAM_TCP; }
 
+/* TLS runs inside the stream transports only: asked of another, nothing would be encrypted. */
+mk_status mk_seam_check_tls(const mk_seam_options *opt) {
+    if (!opt->tls.enabled) return MK_OK;
+    if (!mk_is_stream(opt->kind))
+        return mk_fail(MK_ERR_INVALID_ARGUMENT, "seam TLS protects the unix and tcp seams only; the %s seam %s",
+                       mk_seam_kind_name(opt->kind),
+                       opt->kind == MK_SEAM_NCCL ? "is not encrypted" : "never leaves the process (nothing to encrypt)");
+    return mk_tls_check(&opt->tls);
+}
+
 static mk_status mk_seam_new(const mk_seam_options *opt, mk_range *range, bool sender, mk_seam **out) {
+    MK_TRY(mk_seam_check_tls(opt));
     mk_seam *s = calloc(1, sizeof *s);
     if (!s) return mk_fail(MK_ERR_OUT_OF_MEMORY, "seam: out of memory");
     s->kind = opt->kind;
@@ -118,7 +129,7 @@ static mk_status mk_check_stream(const mk_seam_options *opt, const char *who) {
                        mk_seam_kind_name(opt->kind));
     if (opt->kind == MK_SEAM_NCCL && (!opt->address || !*opt->address))
         return mk_fail(MK_ERR_INVALID_ARGUMENT, "%s: the nccl seam across processes needs an address (the id file)", who);
-    return MK_OK;
+    return mk_seam_check_tls(opt);
 }
 
 mk_status mk_seam_listen(const mk_seam_options *opt, mk_seam_listener **out) {

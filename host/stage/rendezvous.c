@@ -10,6 +10,7 @@
  * rank gets its welcome: the run's limits and the next rank's seam address. The
  * connection stays open: it carries results, the ready barrier, bye and abort. */
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -17,7 +18,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "mk_error.h"
@@ -398,13 +401,40 @@ static mk_status mk_rendezvous_root(mk_stage *st, int64_t deadline) {
 
 /* ======================================================== other ranks == */
 
+/* Unix seams listen at MK_STAGE_SOCKET_DIR/meshkern-stage-PID-rankR.sock until the
+ * previous rank has connected (the listener then goes, and its file with it). A rank
+ * killed before that cannot remove its file: every unix stage that starts removes the ones
+ * whose process is gone (sockets of this user only). */
+#define MK_STAGE_SOCKET_DIR "/tmp"
+
+static void mk_sweep_stale_sockets(const mk_stage *st) {
+    DIR *d = opendir(MK_STAGE_SOCKET_DIR);
+    if (!d) return;
+    for (struct dirent *e; (e = readdir(d)) != NULL;) {
+        int pid = 0, rank = 0;
+        char name[96];
+        if (sscanf(e->d_name, "meshkern-stage-%d-rank%d.sock", &pid, &rank) != 2 || pid <= 0 || pid == (int)getpid())
+            continue;
+        snprintf(name, sizeof name, "meshkern-stage-%d-rank%d.sock", pid, rank);
+        if (strcmp(name, e->d_name) != 0) continue; /* exactly the name a stage gives its socket */
+        if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue; /* alive (or not ours to ask) */
+        char path[300];
+        struct stat sb;
+        snprintf(path, sizeof path, "%s/%s", MK_STAGE_SOCKET_DIR, e->d_name);
+        if (lstat(path, &sb) != 0 || !S_ISSOCK(sb.st_mode) || sb.st_uid != geteuid()) continue;
+        if (unlink(path) == 0) mk_rdv_log(st, "removed %s, left by a stage process that is gone", path);
+    }
+    closedir(d);
+}
+
 /* Where this rank's seam listens: on the interface that reaches rank 0 (TCP), or a
  * socket path of this process (unix). */
 static mk_status mk_listen_seam(mk_stage *st) {
     if (st->o.seam == MK_SEAM_NCCL) return MK_OK; /* the communicators join by the ids rank 0 hands out */
     char address[300];
     if (st->o.seam == MK_SEAM_UNIX) {
-        snprintf(address, sizeof address, "/tmp/meshkern-stage-%d-rank%d.sock", (int)getpid(), st->rank);
+        snprintf(address, sizeof address, "%s/meshkern-stage-%d-rank%d.sock", MK_STAGE_SOCKET_DIR, (int)getpid(),
+                 st->rank);
     } else {
         struct sockaddr_storage ss;
         socklen_t len = sizeof ss;
@@ -464,6 +494,7 @@ static mk_status mk_rendezvous_join(mk_stage *st, int64_t deadline) {
 
 mk_status mk_stage_rendezvous(mk_stage *st) {
     const int64_t deadline = mk_deadline_ms(st->timeout_ms, 30000);
+    if (st->o.seam == MK_SEAM_UNIX) mk_sweep_stale_sockets(st);
     return st->rank == 0 ? mk_rendezvous_root(st, deadline) : mk_rendezvous_join(st, deadline);
 }
 

@@ -104,6 +104,9 @@ static mk_status mk_stage_check_options(const mk_model *model, const mk_stage_op
                        o->world, o->world - 1);
     if (!o->split_auto && !o->cuts) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_stage_join: NULL cuts");
     if (!o->rendezvous || !*o->rendezvous) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_stage_join: no rendezvous address");
+    if (o->timeout_ms < 0)
+        return mk_fail(MK_ERR_INVALID_ARGUMENT, "stage timeout_ms %d is negative (0: the default, %d)", o->timeout_ms,
+                       MK_STAGE_DEFAULT_TIMEOUT_MS);
     if (o->seam != MK_SEAM_TCP && o->seam != MK_SEAM_UNIX && o->seam != MK_SEAM_NCCL)
         return mk_fail(MK_ERR_UNSUPPORTED, "stage seams are tcp, unix or nccl, not '%s'", mk_seam_kind_name(o->seam));
     if (o->seam == MK_SEAM_NCCL && o->range.backend.kind != MK_BACKEND_CUDA)

@@ -839,6 +839,9 @@ TEST(StageMessages, EveryFailureHasAMessageThatSurvivesCleanup) {
     bad.struct_size = 3;
     expect_message_survives_cleanup(mk_stage_join(model, &bad, &st), "struct_size", "struct_size");
     bad = o;
+    bad.timeout_ms = -1;
+    expect_message_survives_cleanup(mk_stage_join(model, &bad, &st), "negative timeout", "timeout_ms -1 is negative");
+    bad = o;
     bad.rank = 1;
     expect_message_survives_cleanup(mk_stage_join(model, &bad, &st), "no rank 0", "no rendezvous at");
     expect_message_survives_cleanup(mk_stage_join(model, &o, &st), "no rank 1", "rank(s) 1 did not join");
@@ -868,6 +871,91 @@ TEST(StageMessages, EveryFailureHasAMessageThatSurvivesCleanup) {
     mk_stage_hop hop;
     expect_message_survives_cleanup(mk_stage_hop_stats(nullptr, 0, &hop), "hop stats NULL", "NULL");
     mk_model_free(model);
+}
+
+// The library refuses TLS options it cannot honour, whoever calls it: TLS on a seam that
+// never leaves the process (nothing would be encrypted), a key of 16 bytes (the README
+// promises 32 to 64), an identity without a key, a key with certificates.
+TEST(SeamOptions, TlsIsRefusedWhereItCannotProtect) {
+    mk_model *model = random_model();
+    mk_range *head = nullptr, *tail = nullptr;
+    ASSERT_EQ(mk_range_create(model, 0, 2, nullptr, &head), MK_OK) << mk_last_error();
+    ASSERT_EQ(mk_range_create(model, 3, 5, nullptr, &tail), MK_OK) << mk_last_error();
+    const std::string k32 = "8f2a61c0de55aa0193b7e4f6021c9d3b5e7a8c0f1d2e3f405162738495a6b7c8";
+    const std::string k16 = k32.substr(0, 32), k65 = k32 + k32 + "00";
+    const struct {
+        mk_seam_kind kind;
+        const char *psk, *identity, *cert;
+        const char *part;
+    } cases[] = {
+        {MK_SEAM_LOCAL, k32.c_str(), nullptr, nullptr, "the local seam never leaves the process"},
+        {MK_SEAM_WIRE, k32.c_str(), nullptr, nullptr, "the wire seam never leaves the process"},
+        {MK_SEAM_UNIX, k16.c_str(), nullptr, nullptr, "32 to 64 bytes (64 to 128 hex digits), not 32 hex digits"},
+        {MK_SEAM_UNIX, k65.c_str(), nullptr, nullptr, "32 to 64 bytes (64 to 128 hex digits), not 130 hex digits"},
+        {MK_SEAM_UNIX, nullptr, "me", nullptr, "identity without a pre-shared key"},
+        {MK_SEAM_UNIX, k32.c_str(), nullptr, "cert.pem", "a pre-shared key or certificates, not both"},
+    };
+    for (const auto &c : cases) {
+        SCOPED_TRACE(c.part);
+        mk_seam_options o = mk_seam_options_default(c.kind);
+        o.tls.enabled = true;
+        o.tls.psk_hex = c.psk;
+        o.tls.psk_identity = c.identity;
+        o.tls.cert_file = c.cert;
+        mk_seam *tx = nullptr, *rx = nullptr;
+        EXPECT_EQ(mk_seam_pair(&o, head, tail, &tx, &rx), MK_ERR_INVALID_ARGUMENT);
+        EXPECT_NE(std::string(mk_last_error()).find(c.part), std::string::npos) << mk_last_error();
+        EXPECT_EQ(tx, nullptr);
+        mk_seam_free(tx);
+        mk_seam_free(rx);
+    }
+    // the same 32-byte key on a unix pair works
+    mk_seam_options o = mk_seam_options_default(MK_SEAM_UNIX);
+    o.tls.enabled = true;
+    o.tls.psk_hex = k32.c_str();
+    mk_seam *tx = nullptr, *rx = nullptr;
+    EXPECT_EQ(mk_seam_pair(&o, head, tail, &tx, &rx), MK_OK) << mk_last_error();
+    mk_seam_free(tx);
+    mk_seam_free(rx);
+    mk_range_free(head);
+    mk_range_free(tail);
+    mk_model_free(model);
+}
+
+// A unix-seam stage killed during startup (between its hello and the previous rank's
+// connect) cannot remove its socket file; the next unix stage to start removes the files
+// whose process is gone.
+TEST(Stage, UnixSocketOfAStageKilledAtStartupIsRemovedAtTheNextStart) {
+    // a "rank 0" that takes the connection into its backlog and never answers
+    const int lfd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    ASSERT_EQ(bind(lfd, (sockaddr *)&a, sizeof a), 0);
+    ASSERT_EQ(listen(lfd, 4), 0);
+    ASSERT_EQ(getsockname(lfd, (sockaddr *)&a, &len), 0);
+    const int port = ntohs(a.sin_port);
+    Ranks ranks("stale_unix");
+    ranks.launch(1, stage_args(kRandom, "2", 1, 2, port, {"--timeout", "5", "--seam", "unix"}), "");
+    const std::string sock = "/tmp/meshkern-stage-" + std::to_string(ranks[0].pid) + "-rank1.sock";
+    struct stat sb;
+    const double t0 = now_s();
+    while (stat(sock.c_str(), &sb) != 0 && now_s() - t0 < 10) usleep(10000);
+    ASSERT_EQ(stat(sock.c_str(), &sb), 0) << "rank 1 made no socket at " << sock;
+    kill(ranks[0].pid, SIGKILL);
+    ranks.wait(5);
+    EXPECT_EQ(stat(sock.c_str(), &sb), 0) << "the killed rank's socket file is left (nothing could remove it)";
+    close(lfd);
+    // the next unix stage (here one whose rendezvous is gone) removes it before anything else
+    const int dead = free_port();
+    Ranks next("stale_unix_next");
+    next.launch(1, stage_args(kRandom, "2", 1, 2, dead, {"--timeout", "0.3", "--seam", "unix"}), "");
+    next.wait(10);
+    EXPECT_EQ(exit_code(next[0]), 1) << slurp(next[0].err);
+    EXPECT_NE(stat(sock.c_str(), &sb), 0) << sock << " is still there";
+    EXPECT_NE(slurp(next[0].err).find("removed " + sock + ", left by a stage process that is gone"), std::string::npos)
+        << slurp(next[0].err);
 }
 
 // A rank whose peers never come gives up at the deadline instead of waiting forever.
