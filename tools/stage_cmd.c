@@ -42,7 +42,7 @@ typedef struct stage_print {
     const mk_model *model;
     const mk_tokenizer *tok; /* --text: answers printed as text */
     const batch_prompt *prompts;
-    size_t generated, failed;
+    size_t generated, failed, reported;
     int rank;
 } stage_print;
 
@@ -159,6 +159,7 @@ static void stage_log(void *user, const char *line) {
 
 static void stage_report(void *user, const mk_stage_report *r) {
     stage_print *p = user;
+    p->reported++;
     if (p->rank != 0) {
         printf("rank %d: seq %zu: FAILED %s: %s\n", p->rank, r->request + 1, mk_status_name(r->status), r->error);
         fflush(stdout);
@@ -258,12 +259,15 @@ static int run_stage(stage_args *a, const mk_model *model, const mk_tokenizer *t
         return mk_cli_fail(mk_fail(MK_ERR_OUT_OF_MEMORY, "out of memory"));
     }
     for (size_t i = 0; i < n_prompts; i++) req[i] = (mk_stage_request){prompts[i].ids, prompts[i].n};
-    stage_print p = {model, tok, prompts, 0, 0, a->o.rank};
+    stage_print p = {model, tok, prompts, 0, 0, 0, a->o.rank};
     const double t0 = stage_now_s();
     s = mk_stage_serve(stage, req, n_prompts, stage_report, &p);
     const double wall = stage_now_s() - t0;
     int rc = 0;
     if (s != MK_OK) {
+        /* every rank says which requests the failure took, even when none */
+        if (a->o.rank != 0 && p.reported == 0) printf("rank %d: no request in flight when the run failed\n", a->o.rank);
+        fflush(stdout);
         fprintf(stderr, "meshkern stage: rank %d: %s: %s\n", a->o.rank, mk_status_name(s), mk_last_error());
         rc = 1;
     } else if (a->o.rank == 0) {

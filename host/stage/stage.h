@@ -8,6 +8,7 @@
 #ifndef MK_STAGE_H
 #define MK_STAGE_H
 
+#include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -37,7 +38,9 @@ typedef enum mk_ctl_type {
     MK_CTL_PONG = 8,    /* rank -> 0: this rank is alive */
     MK_CTL_DONE = 9,    /* last rank -> 0: the end-of-run marker came through (nccl seams) */
     MK_CTL_STATS = 10,  /* rank -> 0 after bye: its seam figures (mk_stage_counts) */
+    MK_CTL_BUSY = 11,   /* either way, every beat while a rank computes or sends: alive, not silent */
 } mk_ctl_type;
+#define MK_CTL_LAST MK_CTL_BUSY
 
 mk_status mk_ctl_send(mk_io *io, mk_ctl_type type, const void *body, size_t len, int64_t deadline);
 /* The next message from `peer` (named in errors, e.g. "rank 2"); body[MK_CTL_MAX_BODY + 1]
@@ -85,6 +88,7 @@ typedef enum mk_fault_kind {
     MK_FAULT_CORRUPT_HEADER, /* sends a frame header that is not one */
     MK_FAULT_OTHER_DIGEST,   /* sends a boundary (or result) of another recipe digest */
     MK_FAULT_OTHER_LAYER,    /* sends a boundary cut before another layer */
+    MK_FAULT_BUSY,           /* computes 3 deadlines longer at that step (alive, not silent) */
 } mk_fault_kind;
 
 typedef struct mk_fault {
@@ -143,6 +147,18 @@ struct mk_stage {
     uint64_t steps;               /* boundaries this rank handled */
     mk_stage_counts counts;       /* this rank's seam figures */
     mk_stage_counts *peer_counts; /* rank 0, after a finished run: [world], every rank's */
+    /* Busy is not silent: while the main thread computes a step or sends a boundary, a beat
+     * thread sends BUSY on each of this rank's control connections every beat_ms (an eighth
+     * of the deadline), so a peer's deadline bounds silence, not work. The main thread sets
+     * and clears `busy` under beat_mu, and the beat thread writes under it, so a beat never
+     * interleaves with the main thread's own control messages (which it sends only while
+     * not busy). A stopped process (SIGSTOP, a hang outside a step) sends no beat. */
+    pthread_t beat_thread;
+    pthread_mutex_t beat_mu;
+    pthread_cond_t beat_cv;
+    bool beat_started, beat_stop, busy;
+    int beat_ms;
+    uint64_t beats;               /* BUSY messages sent */
 };
 
 /* The cuts of o (given, or balanced for o->world ranks) into cuts[world - 1], checked,

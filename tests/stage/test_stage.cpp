@@ -370,6 +370,15 @@ struct FaultCase {
     const char *names;   // the rank the message must name
 };
 
+// A failed rank other than 0 prints each request the failure took ("rank K: seq N:
+// FAILED ..."), or that it held none: never nothing.
+void expect_request_list(const std::string &out, int rank) {
+    const std::string prefix = "rank " + std::to_string(rank) + ": ";
+    const bool listed = out.find(prefix + "seq ") != std::string::npos;
+    const bool none = out.find(prefix + "no request in flight when the run failed") != std::string::npos;
+    EXPECT_TRUE(listed || none) << "rank " << rank << " printed no request list:\n" << out;
+}
+
 class StageFault : public ::testing::TestWithParam<FaultCase> {};
 
 // 3 processes, 2 s deadline: the fault stops the run; rank 0 reports each of the 5
@@ -406,6 +415,8 @@ TEST_P(StageFault, EveryRequestFailsWithTheNamedStatus) {
             const bool lost_rank0 = rank != 0 && e.find(prefix + "MK_ERR_PEER_LOST: " + prefix.substr(0, prefix.size() - 2) +
                                                          " lost rank 0") != std::string::npos;
             EXPECT_TRUE(named || lost_rank0) << "rank " << rank << ": " << e;
+            // and every rank says which requests the failure took
+            if (rank != 0) expect_request_list(slurp(ranks[i].out), rank);
         }
     }
 }
@@ -426,6 +437,31 @@ INSTANTIATE_TEST_SUITE_P(
         return name + "_at_rank" + std::to_string(info.param.faulty);
     });
 
+// A rank that computes a step longer than any peer waits in silence (fault: 3 deadlines;
+// as a 1000-token prefill on SmolLM2 with --timeout 1, which failed at ~1.25 s with "rank
+// 1 is silent") is busy, not silent: --timeout bounds silence, not work. The run finishes
+// with every token equal to the whole model's, whether the busy rank is a middle one (rank
+// 0 waits for its result, rank 2 for its boundary) or rank 0 itself (the others wait for it).
+TEST(Stage, BusyRankIsNotSilent) {
+    mk_model *model = random_model();
+    const auto prompts = read_prompts(kPrompts);
+    const auto want = whole_model(model, MK_DTYPE_F32, prompts, 3);
+    for (const char *fault : {"rank=1,step=2,kind=busy", "rank=0,step=2,kind=busy"}) {
+        SCOPED_TRACE(fault);
+        const int port = free_port();
+        const std::vector<std::string> extra = {"--max-tokens", "3", "--batch", "2", "--timeout", "0.3"};
+        std::vector<std::string> a0 = extra;
+        a0.insert(a0.end(), {"--prompts", kPrompts});
+        Ranks ranks(std::string("busy") + fault[5]);
+        ranks.launch(0, stage_args(kRandom, "1,3", 0, 3, port, a0), fault); // listening before the others come
+        for (int r = 1; r < 3; r++) ranks.launch(r, stage_args(kRandom, "1,3", r, 3, port, extra), fault);
+        ranks.wait(20);
+        expect_parity(ranks, 0, want);
+        EXPECT_GT(ranks[0].exit_s, 0.9) << "the busy step did not happen";
+    }
+    mk_model_free(model);
+}
+
 // Rank 0 itself dies or falls silent: the other ranks report it (the closed connection at
 // once, silence after twice the deadline) and exit non-zero within the deadline + 5 s.
 TEST(Stage, Rank0FaultIsReportedByEveryOtherRank) {
@@ -442,6 +478,10 @@ TEST(Stage, Rank0FaultIsReportedByEveryOtherRank) {
             EXPECT_LE(ranks[i].exit_s, deadline_s + 5.0) << err;
             EXPECT_NE(err.find(std::string("rank ") + std::to_string(i + 1) + ": " + status), std::string::npos) << err;
             EXPECT_NE(err.find("rank 0"), std::string::npos) << err;
+            // rank 0 sends no list: each rank names the requests it held (it holds some at step 4)
+            const std::string out = slurp(ranks[i].out);
+            EXPECT_NE(out.find("rank " + std::to_string(i + 1) + ": seq "), std::string::npos) << out;
+            EXPECT_NE(out.find("(rank 0 sent no list: a request this rank held)"), std::string::npos) << out;
         }
         EXPECT_NE(exit_code(ranks[ranks.size() - 1]), 0);
     }
