@@ -30,6 +30,10 @@ export OPENBLAS_NUM_THREADS=1
 #          stage               the stage-process suite (meshkern stage: parity, faults, refusals)
 #          native:<gtest filter>  the cpu backend's native kernels, pool and attention (test_cpu_native)
 #          backend:<filter>    the cuda backend under cudasim (random stream interleaving)
+#          stage:<gtest filter>  the stage-process suite, only the matching cases
+#          gtest:<target>:<gtest filter>  any GoogleTest binary of tests/ (built by that name)
+#          ctest:<regex>       the ctest cases matching regex (the CLI's own checks; builds the CLI)
+# Only the targets and the unmutated suites the selected mutations need are built and run.
 MUTATIONS=(
   "argmax.tie-inside-thread~kernels/argmax.cu~s/\(bi < 0 \|\| v > bv\)/(bi < 0 || v >= bv)/~ops:*Argmax*"
   "argmax.nan-may-win~kernels/argmax.cu~s/if \(!isnan\(v\) && \(/if ((/~ops:*Argmax*"
@@ -79,7 +83,7 @@ MUTATIONS=(
   "stage.slot-evicts-newest~host/stage/slots.c~s/t->slot\[i\].last_use < s->last_use/t->slot[i].last_use > s->last_use/~stage"
   "stage.result-digest-unchecked~host/stage/stage_runtime.c~s/if \(strcmp\(info.runtime_recipe_digest/if (0 \&\& strcmp(info.runtime_recipe_digest/~stage"
   "stage.unstarted-not-reported~host/stage/stage_runtime.c~s/if \(h.state\[i\].finished\) continue;/if (h.state[i].finished || !h.state[i].started) continue;/~stage"
-  "stage.hop-stats-refused~host/stage/control.c~s/t > MK_CTL_STATS/t > MK_CTL_DONE/~stage"
+  "stage.hop-stats-refused~host/stage/control.c~s/t > MK_CTL_LAST/t > MK_CTL_DONE/~stage"
   "stage.hop-receipts-miscounted~host/stage/stage_runtime.c~s/st->counts.received\+\+;/st->counts.received += 2;/~stage"
   "native.swiglu-up-skipped~host/cpu_native.c~s/        mk_native_part_rows\(j, &j->part\[1\], begin, end\);\n//~native:*SharedAndSwiglu*"
   "native.shared-part-skips-item~host/cpu_native.c~s/            begin = stop;/            begin = stop + 1;/~native:*SharedAndSwiglu*"
@@ -108,6 +112,27 @@ MUTATIONS=(
   "graph.decode-keys-from-launch-arg~host/cuda/backend_cuda.c~s/mk_backend_kv_dtype\(b\),\s+positions, cb->max_context,/mk_backend_kv_dtype(b), positions, past + 1,/~backend:*DecodeGraph*"
   "graph.key-ignores-kv-arena~host/range.c~s/key.kv_arena != r->step_key.kv_arena \|\| //~backend:*DecodeGraph*"
   "bundle.clear-error-removed~host/bundle.c~s/(mk_status mk_bundle_unpack\([^{]*\{\n)    mk_clear_error\(\);\n/\$1/~api"
+  # Issue 23: counts from outside, the rendezvous, messages through cleanup, busy ranks.
+  "size.mul-unchecked~host/mk_size.h~s/if \(__builtin_mul_overflow\(a, b, out\)\)/if (0 \&\& __builtin_mul_overflow(a, b, out))/~gtest:test_checked_size:*"
+  "size.add-unchecked~host/mk_size.h~s/if \(__builtin_add_overflow\(a, b, out\)\)/if (0 \&\& __builtin_add_overflow(a, b, out))/~gtest:test_checked_size:*"
+  "stage.token-buffer-not-capped~host/stage/stage_runtime.c~s/const size_t cap = st->o.max_new_tokens < st->max_context \? st->o.max_new_tokens : st->max_context;/const size_t cap = st->o.max_new_tokens;/~stage:StageLibrary.*"
+  "sched.token-buffer-not-capped~host/sched/pipeline_sched.c~s/const size_t n_max = max_new < mk_range_max_context\(head\) \? max_new : mk_range_max_context\(head\);/const size_t n_max = max_new;/~gtest:test_pipeline_sched:*HugeToken*"
+  "cli.count-unbounded~tools/cli_backend.c~s/x >= lo && x <= hi\)/x >= lo)/~ctest:CountOverTheLimit"
+  "rdv.close-not-dropped~host/stage/rendezvous.c~s/if \(p->have == 0\) mk_rdv_drop\(r, p, MK_OK, NULL, \"closed without a word\"\);/if (p->have == 0) return;/~stage:StageRendezvous.*"
+  "rdv.digest-unchecked~host/stage/rendezvous.c~s/\} else if \(strcmp\(h.digest, st->digest\) != 0\) \{/} else if (0) {/~stage:StageRendezvous.*"
+  "rdv.duplicate-accepted~host/stage/rendezvous.c~s/\} else if \(st->ctl\[h.rank\].fd >= 0\) \{/} else if (0) {/~stage:StageRendezvous.*"
+  "rdv.hello-deadline-ignored~host/stage/rendezvous.c~s/if \(now >= p->deadline\) \{/if (0) {/~stage:StageRendezvous.*"
+  "rdv.length-unbounded~host/stage/rendezvous.c~s/if \(len > MK_CTL_MAX_BODY\) \{\n            mk_rdv_drop/if (0) {\n            mk_rdv_drop/~stage:StageRendezvous.*"
+  "rdv.rank-range-unchecked~host/stage/rendezvous.c~s/if \(h.rank < 1 \|\| h.rank >= st->world\) \{/if (h.rank < 1) {/~stage:StageRendezvous.*"
+  "rdv.joined-close-ignored~host/stage/rendezvous.c~s/else if \(who\[i\] < 0\) MK_TRY\(mk_rdv_check_joined\(r, -who\[i\]\)\);//~stage:StageRendezvous.*"
+  "rdv.stranger-ends-the-wait~host/stage/rendezvous.c~s/(        mk_rdv_drop\(r, p, claim, brief, \"%s\", why\);\n)/\$1        r->joined = st->world;\n/~stage:Stage.DigestMismatch*:StageRendezvous.*"
+  "messages.getter-clears~host/seam/seam.c~s/(size_t mk_seam_bytes\(const mk_seam \*s\) \{\n)/\$1    mk_clear_error();\n/~stage:*Messages*"
+  "busy.beat-not-counted~host/stage/stage_runtime.c~s/if \(type == MK_CTL_BUSY\) return MK_OK; \/\* rank 0 is computing/if (0) return MK_OK; \/* rank 0 is computing/~stage:Stage.BusyRank*"
+  "busy.beat-not-relayed~host/stage/stage_runtime.c~s/if \(j != k\) \(void\)mk_ctl_send\(&st->ctl\[j\], MK_CTL_BUSY/if (0) (void)mk_ctl_send(\&st->ctl[j], MK_CTL_BUSY/~stage:Stage.BusyRank*"
+  "busy.own-requests-not-listed~host/stage/stage_runtime.c~s/if \(i != \(size_t\)-1 && n \+ 24 < sizeof requests\)/if (0)/~stage:Stage.Rank0Fault*"
+  "gguf.overlap-unchecked~host/gguf.c~s/if \(a->offset \+ a->n_bytes > b->offset\)/if (0)/~gtest:test_gguf_malformed:*"
+  "gguf.adjacent-is-overlap~host/gguf.c~s/if \(a->offset \+ a->n_bytes > b->offset\)/if (a->offset + a->n_bytes >= b->offset)/~gtest:test_gguf_malformed:*"
+  "tls.short-psk-accepted~host/seam/tls.c~s/n \/ 2 < MK_PSK_MIN/n < 32/~stage:SeamOptions.*"
 )
 
 log() { printf '%s\n' "$*" >&2; }
@@ -144,11 +169,36 @@ restore() {
 trap 'restore' EXIT
 trap 'restore; exit 130' INT TERM
 
-log "== configure and build the simulated suites in $BUILD"
+# The specs of the selected mutations, and the targets they need.
+SPECS=()
+for m in "${MUTATIONS[@]}"; do
+  IFS='~' read -r id _ _ spec <<<"$m"
+  [[ "$id" =~ $ONLY ]] || continue
+  [[ " ${SPECS[*]-} " == *" $spec "* ]] || SPECS+=("$spec")
+done
+[ "${#SPECS[@]}" -gt 0 ] || { log "no mutation id matches '$ONLY'"; exit 2; }
+targets_of() { # $1 = test spec
+  case "$1" in
+    ops:*) echo test_ops_sim ;;
+    backend:*) echo test_cuda_backend_sim ;;
+    host) echo test_boundary_contract test_bundle_malformed test_parity ;;
+    sched) echo test_pipeline_sched ;;
+    stage | stage:*) echo test_stage meshkern_cli ;;
+    native:*) echo test_cpu_native ;;
+    gtest:*) local rest="${1#gtest:}"; echo "${rest%%:*}" ;;
+    ctest:*) echo meshkern_cli ;;
+  esac
+}
+TARGETS=()
+for spec in "${SPECS[@]}"; do
+  for t in $(targets_of "$spec"); do [[ " ${TARGETS[*]-} " == *" $t "* ]] || TARGETS+=("$t"); done
+done
+
+log "== configure and build the simulated suites in $BUILD (${TARGETS[*]-none})"
 cmake -S "$SRC" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMESHKERN_CUDA=OFF -DMESHKERN_TESTS=ON \
   >"$WORK/configure.log" 2>&1 || { tail -20 "$WORK/configure.log"; exit 2; }
-TARGETS=(test_ops_sim test_boundary_contract test_bundle_malformed test_parity test_pipeline_sched test_stage meshkern_cli test_cpu_native test_cuda_backend_sim)
-run ninja -C "$BUILD" -j "$JOBS" "${TARGETS[@]}" >"$WORK/build.log" 2>&1 || { tail -30 "$WORK/build.log"; exit 2; }
+build_targets() { [ "${#TARGETS[@]}" -eq 0 ] || run ninja -C "$BUILD" -j "$JOBS" "${TARGETS[@]}"; }
+build_targets >"$WORK/build.log" 2>&1 || { tail -30 "$WORK/build.log"; exit 2; }
 
 # The unmutated suites must be green first, or no red means anything.
 run_tests() { # $1 = test spec; returns 0 when every test passed
@@ -176,6 +226,18 @@ run_tests() { # $1 = test spec; returns 0 when every test passed
     stage)
       run timeout 900 "$BUILD/tests/stage/test_stage" >>"$WORK/run.log" 2>&1
       ;;
+    stage:*)
+      run timeout 900 "$BUILD/tests/stage/test_stage" --gtest_filter="${1#stage:}" >>"$WORK/run.log" 2>&1
+      ;;
+    gtest:*)
+      local rest="${1#gtest:}" bin
+      bin=$(find "$BUILD/tests" -name "${rest%%:*}" -type f -perm -u+x | head -1)
+      [ -n "$bin" ] || { log "no test binary ${rest%%:*} in $BUILD/tests"; return 2; }
+      run timeout 900 "$bin" --gtest_filter="${rest#*:}" >>"$WORK/run.log" 2>&1
+      ;;
+    ctest:*)
+      (cd "$BUILD" && run timeout 900 ctest -R "${1#ctest:}" --output-on-failure) >>"$WORK/run.log" 2>&1
+      ;;
     native:*)
       run timeout 900 "$BUILD/tests/test_cpu_native" --gtest_filter="${1#native:}" >>"$WORK/run.log" 2>&1
       ;;
@@ -189,7 +251,7 @@ run_tests() { # $1 = test spec; returns 0 when every test passed
 }
 
 : >"$WORK/run.log"
-for spec in "ops:*" host sched stage api "native:*" "backend:*ParityMode*"; do
+for spec in "${SPECS[@]}"; do
   run_tests "$spec" || { log "the unmutated suite ($spec) fails: see $WORK/run.log"; exit 2; }
 done
 
@@ -211,7 +273,7 @@ for m in "${MUTATIONS[@]}"; do
   changed=$(diff "$ROOT/$file" "$SRC/$file" | grep -c '^[<>]')
   log "== $id ($file, $changed line(s) differ; tests: $spec)"
   echo "==== $id" >>"$WORK/run.log"
-  if [ "$spec" != api ] && ! run ninja -C "$BUILD" -j "$JOBS" "${TARGETS[@]}" >>"$WORK/build.log" 2>&1; then
+  if [ "$spec" != api ] && ! build_targets >>"$WORK/build.log" 2>&1; then
     verdict="build failed (not counted)"
   elif run_tests "$spec"; then
     verdict="NO  <- test gap"
@@ -223,7 +285,7 @@ for m in "${MUTATIONS[@]}"; do
   restore
 done
 # Leave the build matching the unmutated copy.
-run ninja -C "$BUILD" -j "$JOBS" "${TARGETS[@]}" >>"$WORK/build.log" 2>&1
+build_targets >>"$WORK/build.log" 2>&1
 
 printf '\n%-32s %-30s %s\n' "mutation" "file" "caught"
 printf '%-32s %-30s %s\n' "--------" "----" "------"

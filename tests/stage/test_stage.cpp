@@ -913,6 +913,28 @@ TEST(StageMessages, EveryFailureHasAMessageThatSurvivesCleanup) {
     mk_model_free(model);
 }
 
+// A rank that joined (a hello of this run) and then hangs up before its welcome stops the
+// start at once, named with its address, rather than at the deadline or at the welcome.
+TEST(StageRendezvous, ARankThatJoinsAndLeavesFailsTheStartAtOnce) {
+    mk_model *model = random_model();
+    const std::string digest = cli_stage_digest(model);
+    const int port = free_port();
+    Ranks ranks("joinleave");
+    ranks.launch(0, stage_args(kRandom, "1,3", 0, 3, port, {"--timeout", "5", "--prompts", kPrompts}), "");
+    const int fd = connect_to(port);
+    ASSERT_GE(fd, 0);
+    send_all(fd, ctl_message(MK_CTL_HELLO, "2 3 " + digest + " 127.0.0.1:1"));
+    ASSERT_TRUE(wait_for_text(ranks[0].err, "rank 2 joined from 127.0.0.1:", 10)) << slurp(ranks[0].err);
+    close(fd);
+    ranks.wait(4);
+    const std::string err = slurp(ranks[0].err);
+    EXPECT_EQ(exit_code(ranks[0]), 1) << err;
+    EXPECT_LT(ranks[0].exit_s, 3.0) << "waited for the deadline";
+    EXPECT_NE(err.find("MK_ERR_PEER_LOST: rank 2 (from 127.0.0.1:"), std::string::npos) << err;
+    EXPECT_NE(err.find("joined, then closed its connection before the welcome"), std::string::npos) << err;
+    mk_model_free(model);
+}
+
 // The library refuses TLS options it cannot honour, whoever calls it: TLS on a seam that
 // never leaves the process (nothing would be encrypted), a key of 16 bytes (the README
 // promises 32 to 64), an identity without a key, a key with certificates.
