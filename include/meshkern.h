@@ -874,6 +874,12 @@ typedef struct mk_stage_options {
        thread. */
     void (*log)(void *user, const char *line);
     void *log_user;
+    /* TLS 1.3 on every connection between the ranks: the rendezvous and control connections
+       (rank 0 the server) and the unix/tcp seams, with a pre-shared key or certificates
+       (mk_seam_tls; not with the nccl seam). A connection without the key or a trusted
+       certificate is dropped at the rendezvous like any stranger. Without it, listeners bind
+       loopback unless the rendezvous address says otherwise, and log a notice then. */
+    mk_seam_tls tls;
 } mk_stage_options;
 MK_API mk_stage_options mk_stage_options_default(void);
 

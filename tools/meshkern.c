@@ -60,6 +60,8 @@ static int usage(void) {
             "               [--seam tcp|unix|nccl] [--backend cpu|cuda] [--dtype native|f32|f16|bf16] [--kv f32|f16|bf16]\n"
             "               [--threads N] [--speed]\n"
             "               [--stop IDS] [--launcher mpi|rendezvous (mpi: mpirun -np N ..., no --rank/--world)]\n"
+            "               [--tls-psk HEX [--tls-identity ID] | --tls-cert PEM --tls-key PEM --tls-ca PEM]\n"
+            "               (TLS 1.3 on the rendezvous, control and seam connections; unix/tcp seams)\n"
             "               one process per range; rank 0 takes the prompts and prints the tokens\n"
             "  --random is the seed's random model (vocab 48, hidden 32, 6 layers, 4 heads); keys\n"
             "  vocab, hidden, layers, heads, kv_heads, head_dim, ffn, ctx, seed change its shape.\n");

@@ -7,6 +7,7 @@
  *                  [--prompts FILE|-] [--max-tokens K] [--batch M] [--timeout S] [--stop IDS]
  *                  [--seam tcp|unix|nccl] [--backend cpu|cuda] [--device D] [--dtype native|f32|f16|bf16]
  *                  [--kv f32|f16|bf16] [--threads N] [--speed]   (the backend options: cli_backend.c) [--text]
+ *                  [--tls-psk HEX [--tls-identity ID] | --tls-cert PEM --tls-key PEM --tls-ca PEM]
  *
  * Rank 0 reads the prompts (one per line, comma-separated token ids, as run --prompts; with
  * --text one user message per line, through the model's chat template as run -p), prints
@@ -133,7 +134,13 @@ static int parse_stage_args(int argc, char **argv, stage_args *a) {
         } else if (strcmp(k, "--seam") == 0) {
             const mk_status s = mk_seam_kind_from_name(v, &a->o.seam);
             if (s != MK_OK) return mk_cli_fail(s);
-        } else return mk_cli_usage();
+        } else if (mk_cli_tls_option(k, v, &a->o.tls)) continue;
+        else return mk_cli_usage();
+    }
+    if (a->o.tls.enabled) { /* the key, the files and the seam, checked before anything starts */
+        mk_seam_options so = mk_seam_options_default(a->o.seam);
+        so.tls = a->o.tls;
+        if (!mk_cli_tls_usable(&so)) return 2;
     }
     /* Started by mpirun without a rank of its own: MPI says who is who. */
     if (!a->mpi && a->o.rank < 0 && mk_stage_mpi_launched()) a->mpi = true;
@@ -247,9 +254,10 @@ static int run_stage(stage_args *a, const mk_model *model, const mk_tokenizer *t
         return 1;
     }
     const mk_range *r = mk_stage_range(stage);
-    printf("stage: rank %d of %d, layers %lld-%lld %s, seam %s%s, backend %s, weights %s\n", a->o.rank, a->o.world,
+    printf("stage: rank %d of %d, layers %lld-%lld %s, seam %s%s%s, backend %s, weights %s\n", a->o.rank, a->o.world,
            (long long)mk_range_start(r), (long long)mk_range_end(r), mk_role_name(mk_range_role(r)),
            mk_seam_kind_name(a->o.seam), a->o.nccl_ids_given ? " (NCCL ids by MPI_Bcast)" : "",
+           a->o.tls.enabled ? " (TLS 1.3 on every connection)" : "",
            a->o.range.backend.kind == MK_BACKEND_CUDA ? "cuda" : "cpu",
            mk_dtype_name(a->o.range.backend.weight_dtype));
     fflush(stdout);

@@ -186,6 +186,23 @@ static mk_status mk_tls_step(mk_io *io, bool *done, short *events) {
     return MK_OK;
 }
 
+mk_status mk_tls_handshake_step(mk_io *io, bool *done, short *events) {
+    *done = false;
+    *events = 0;
+    sigset_t pipe_set, old, pending;
+    sigemptyset(&pipe_set);
+    sigaddset(&pipe_set, SIGPIPE);
+    sigpending(&pending);
+    const bool was_pending = sigismember(&pending, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe_set, &old); /* a peer that hangs up must not raise SIGPIPE */
+    const mk_status s = mk_tls_step(io, done, events);
+    sigpending(&pending);
+    const struct timespec zero = {0, 0};
+    if (!was_pending && sigismember(&pending, SIGPIPE)) (void)sigtimedwait(&pipe_set, NULL, &zero);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    return s;
+}
+
 mk_status mk_tls_handshake(mk_io *a, mk_io *b, int64_t deadline) {
     mk_io *ends[2] = {a, b};
     bool done[2] = {false, b == NULL};

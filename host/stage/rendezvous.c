@@ -67,7 +67,9 @@ static void mk_abort_all(mk_stage *st, mk_status status, const char *message) {
 #define MK_RDV_HELLO_MS 2000  /* a connection's hello must be complete this long after its accept */
 
 typedef struct mk_pending {
-    int fd;            /* -1: a free entry */
+    mk_io io;          /* fd -1: a free entry; ssl: under TLS */
+    bool handshaking;  /* TLS: the handshake is not done yet */
+    short events;      /* TLS: what the handshake waits for */
     char peer[80];     /* "HOST:PORT" of the other end */
     int64_t deadline;  /* its hello must be complete by then */
     int64_t since;     /* accepted at (ms) */
@@ -86,6 +88,7 @@ typedef struct mk_rdv {
     mk_status claim_status;     /* the first dropped hello that claimed a rank still missing */
     int claim_rank;
     char claim_message[512];
+    SSL_CTX *tls;               /* server end of every connection, under TLS */
 } mk_rdv;
 
 static uint32_t mk_le32(const uint8_t *p) {
@@ -144,12 +147,10 @@ static void mk_rdv_drop(mk_rdv *r, mk_pending *p, mk_status told, const char *br
         const uint32_t len = n < 0 ? 0u : (uint32_t)n >= MK_CTL_MAX_BODY ? MK_CTL_MAX_BODY - 1 : (uint32_t)n;
         const uint32_t head[3] = {MK_CTL_MAGIC, MK_CTL_ABORT, len};
         for (int i = 0; i < 12; i++) frame[i] = (uint8_t)(head[i / 4] >> (8 * (i % 4)));
-        mk_io io = {.fd = p->fd, .ssl = NULL};
         size_t written = 0;
-        (void)mk_io_write_now(&io, frame, MK_CTL_HEADER_BYTES + len, &written, "abort");
+        (void)mk_io_write_now(&p->io, frame, MK_CTL_HEADER_BYTES + len, &written, "abort");
     }
-    close(p->fd);
-    p->fd = -1;
+    mk_io_close(&p->io);
     mk_clear_error();
 }
 
@@ -200,32 +201,43 @@ static void mk_rdv_hello(mk_rdv *r, mk_pending *p, const char *body) {
         mk_rdv_drop(r, p, claim, brief, "%s", why);
         return;
     }
-    st->ctl[h.rank] = (mk_io){.fd = p->fd, .ssl = NULL};
+    st->ctl[h.rank] = p->io;
     r->hello[h.rank] = h;
     snprintf(r->joined_from[h.rank], sizeof r->joined_from[h.rank], "%s", p->peer);
     r->joined++;
-    mk_rdv_log(st, "rendezvous: rank %d joined from %s (%d of %d)", h.rank, p->peer, r->joined, st->world - 1);
-    p->fd = -1;
+    mk_rdv_log(st, "rendezvous: rank %d joined from %s (%d of %d)%s", h.rank, p->peer, r->joined, st->world - 1,
+               p->io.ssl ? ", TLS" : "");
+    p->io = (mk_io){.fd = -1, .ssl = NULL};
 }
 
-/* Read what p has sent, without waiting; act on a complete header, then a complete hello. */
+/* Read what p has sent, without waiting; act on a complete header, then a complete hello.
+ * Under TLS the handshake comes first, step by step in the same poll loop. */
 static void mk_rdv_read(mk_rdv *r, mk_pending *p) {
+    if (p->handshaking) {
+        bool done = false;
+        if (mk_tls_handshake_step(&p->io, &done, &p->events) != MK_OK) {
+            mk_rdv_drop(r, p, MK_OK, "no TLS with this run's key", "the TLS handshake failed: %s", mk_last_error());
+            return;
+        }
+        if (!done) return;
+        p->handshaking = false;
+    }
     for (;;) {
         const size_t need = MK_CTL_HEADER_BYTES + (p->have < MK_CTL_HEADER_BYTES ? 0 : (size_t)mk_le32(p->buf + 8));
         if (p->have == need) break;
-        const ssize_t got = recv(p->fd, p->buf + p->have, need - p->have, 0);
-        if (got == 0) {
+        size_t got = 0;
+        const mk_status s = mk_io_read_now(&p->io, p->buf + p->have, need - p->have, &got, "hello");
+        p->have += got;
+        if (s == MK_ERR_PEER_CLOSED) {
             if (p->have == 0) mk_rdv_drop(r, p, MK_OK, NULL, "closed without a word");
             else mk_rdv_drop(r, p, MK_OK, NULL, "closed after %zu of the %zu bytes of its hello", p->have, need);
             return;
         }
-        if (got < 0) {
-            if (errno == EINTR) continue;
-            if (errno == EAGAIN || errno == EWOULDBLOCK) return;
-            mk_rdv_drop(r, p, MK_OK, NULL, "reading its hello failed: %s", strerror(errno));
+        if (s != MK_OK) {
+            mk_rdv_drop(r, p, MK_OK, NULL, "reading its hello failed: %s", mk_last_error());
             return;
         }
-        p->have += (size_t)got;
+        if (got == 0) return; /* nothing more for now */
         if (p->have != MK_CTL_HEADER_BYTES) continue;
         const uint32_t magic = mk_le32(p->buf), type = mk_le32(p->buf + 4), len = mk_le32(p->buf + 8);
         if (magic != MK_CTL_MAGIC) {
@@ -258,26 +270,42 @@ static mk_status mk_rdv_accept(mk_rdv *r, int lfd, int64_t deadline) {
         mk_pending *p = NULL, *oldest = NULL;
         for (size_t i = 0; i < MK_RDV_MAX_PENDING && !p; i++) {
             mk_pending *q = &r->pend[i];
-            if (q->fd < 0) p = q;
+            if (q->io.fd < 0) p = q;
             else if (!oldest || q->since < oldest->since) oldest = q;
         }
         if (!p) {
             mk_rdv_drop(r, oldest, MK_OK, NULL, "no hello while %d later connections waited", MK_RDV_MAX_PENDING);
             p = oldest;
         }
-        p->fd = fd;
+        p->io = (mk_io){.fd = fd, .ssl = NULL};
         p->have = 0;
+        p->handshaking = false;
+        p->events = POLLIN;
         p->since = mk_now_ms();
         const int64_t hello_by = p->since + (r->st->timeout_ms < MK_RDV_HELLO_MS ? r->st->timeout_ms : MK_RDV_HELLO_MS);
         p->deadline = hello_by < deadline ? hello_by : deadline;
         mk_peer_name(fd, p->peer, sizeof p->peer);
+        if (r->tls) {
+            if (mk_tls_attach(&p->io, r->tls, true) != MK_OK) {
+                mk_rdv_drop(r, p, MK_OK, NULL, "no TLS session: %s", mk_last_error());
+                continue;
+            }
+            p->handshaking = true;
+            mk_rdv_read(r, p); /* the first step: the client hello may be there already */
+        }
     }
 }
 
 /* A rank that joined, then closed (or spoke out of turn) before its welcome. */
 static mk_status mk_rdv_check_joined(mk_rdv *r, int k) {
     char byte;
-    const ssize_t got = recv(r->st->ctl[k].fd, &byte, 1, MSG_PEEK);
+    ssize_t got = recv(r->st->ctl[k].fd, &byte, 1, MSG_PEEK);
+    if (got > 0 && r->st->ctl[k].ssl) { /* a TLS record: a close_notify, or data */
+        size_t n = 0;
+        got = mk_io_read_now(&r->st->ctl[k], &byte, 1, &n, "message") == MK_ERR_PEER_CLOSED ? 0 : n > 0 ? 1 : -1;
+        mk_clear_error();
+        if (got < 0) errno = EAGAIN;
+    }
     if (got > 0) return mk_fail(MK_ERR_FRAME, "rank %d (from %s) sent a message before its welcome", k, r->joined_from[k]);
     if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return MK_OK;
     return mk_fail(MK_ERR_PEER_LOST, "rank %d (from %s) joined, then closed its connection before the welcome", k,
@@ -297,7 +325,7 @@ static mk_status mk_rdv_gather(mk_rdv *r, int lfd, const char *bound, int64_t de
         who[n++] = 0;
         for (size_t i = 0; i < MK_RDV_MAX_PENDING; i++) {
             mk_pending *p = &r->pend[i];
-            if (p->fd < 0) continue;
+            if (p->io.fd < 0) continue;
             if (now >= p->deadline) {
                 if (p->have) mk_rdv_drop(r, p, MK_OK, NULL, "sent %zu bytes of a hello, then nothing within %lld ms", p->have,
                                          (long long)(p->deadline - p->since));
@@ -305,7 +333,7 @@ static mk_status mk_rdv_gather(mk_rdv *r, int lfd, const char *bound, int64_t de
                 continue;
             }
             if (p->deadline < wake) wake = p->deadline;
-            pfd[n] = (struct pollfd){.fd = p->fd, .events = POLLIN};
+            pfd[n] = (struct pollfd){.fd = p->io.fd, .events = p->handshaking ? p->events : POLLIN};
             who[n++] = (int)i;
         }
         for (int k = 1; k < st->world; k++)
@@ -319,7 +347,7 @@ static mk_status mk_rdv_gather(mk_rdv *r, int lfd, const char *bound, int64_t de
         if (ready < 0 && errno != EINTR) return mk_fail(MK_ERR_IO, "rendezvous: poll failed: %s", strerror(errno));
         for (nfds_t i = 1; ready > 0 && i < n; i++) {
             if (!pfd[i].revents) continue;
-            if (who[i] >= 0 && r->pend[who[i]].fd == pfd[i].fd) mk_rdv_read(r, &r->pend[who[i]]);
+            if (who[i] >= 0 && r->pend[who[i]].io.fd == pfd[i].fd) mk_rdv_read(r, &r->pend[who[i]]);
             else if (who[i] < 0) MK_TRY(mk_rdv_check_joined(r, -who[i]));
         }
         if (ready > 0 && pfd[0].revents) MK_TRY(mk_rdv_accept(r, lfd, deadline));
@@ -338,22 +366,31 @@ static mk_status mk_rdv_gather(mk_rdv *r, int lfd, const char *bound, int64_t de
                    st->timeout_ms, dropped);
 }
 
+/* Bound to loopback: only this host can reach it. */
+static bool mk_is_loopback(const char *address) {
+    return strncmp(address, "127.", 4) == 0 || strncmp(address, "[::1]", 5) == 0 || address[0] == '/';
+}
+
 static mk_status mk_rendezvous_root(mk_stage *st, int64_t deadline) {
     int lfd = -1;
     char bound[300];
     MK_TRY(mk_socket_listen(MK_SEAM_TCP, st->o.rendezvous, &lfd, bound, sizeof bound));
+    if (!st->tls && !mk_is_loopback(bound))
+        mk_rdv_log(st, "rendezvous at %s: not loopback and no TLS: whoever reaches it with the model file can take a "
+                       "rank's place (--tls-psk or --tls-cert/--tls-key/--tls-ca protects it)", bound);
     mk_rdv *r = calloc(1, sizeof *r);
     mk_pending *pend = calloc(MK_RDV_MAX_PENDING, sizeof *pend);
     mk_status s = r && pend ? MK_OK : mk_fail(MK_ERR_OUT_OF_MEMORY, "rendezvous: out of memory");
     if (s == MK_OK) {
         r->st = st;
         r->pend = pend;
-        for (size_t i = 0; i < MK_RDV_MAX_PENDING; i++) pend[i].fd = -1;
+        for (size_t i = 0; i < MK_RDV_MAX_PENDING; i++) pend[i].io = (mk_io){.fd = -1, .ssl = NULL};
+        r->tls = st->tls;
         s = mk_rdv_gather(r, lfd, bound, deadline);
     }
     close(lfd); /* later connections are refused by the kernel */
     for (size_t i = 0; pend && i < MK_RDV_MAX_PENDING; i++)
-        if (pend[i].fd >= 0) close(pend[i].fd);
+        mk_io_close(&pend[i].io);
     free(pend);
     mk_hello hello[MK_STAGE_MAX_WORLD];
     memset(hello, 0, sizeof hello);
@@ -454,7 +491,13 @@ static mk_status mk_listen_seam(mk_stage *st) {
     so.address = address;
     so.connect_timeout_ms = st->timeout_ms;
     so.io_timeout_ms = 2 * st->timeout_ms; /* a receive waits as long as this rank's idle deadline */
-    return mk_seam_listen(&so, &st->listener);
+    so.tls = st->o.tls;
+    MK_TRY(mk_seam_listen(&so, &st->listener));
+    const char *bound = mk_seam_listener_address(st->listener);
+    if (!st->tls && !mk_is_loopback(bound))
+        mk_rdv_log(st, "seam listener at %s: not loopback and no TLS: whoever reaches it can feed this rank "
+                       "(--tls-psk or --tls-cert/--tls-key/--tls-ca protects it)", bound);
+    return MK_OK;
 }
 
 static mk_status mk_rendezvous_join(mk_stage *st, int64_t deadline) {
@@ -462,6 +505,13 @@ static mk_status mk_rendezvous_join(mk_stage *st, int64_t deadline) {
     mk_status s = mk_socket_connect(MK_SEAM_TCP, st->o.rendezvous, deadline, &fd);
     if (s != MK_OK) return mk_stage_wrap(s, "rank %d: no rendezvous at %s", st->rank, st->o.rendezvous);
     st->ctl[0].fd = fd;
+    if (st->tls) {
+        MK_TRY(mk_tls_attach(&st->ctl[0], st->tls, false));
+        s = mk_tls_handshake(&st->ctl[0], NULL, deadline);
+        if (s != MK_OK)
+            return mk_stage_wrap(s, "rank %d: no TLS with rank 0 at %s (another key or CA, or rank 0 without TLS)", st->rank,
+                                 st->o.rendezvous);
+    }
     MK_TRY(mk_listen_seam(st));
     char body[MK_CTL_MAX_BODY + 1];
     int n = snprintf(body, sizeof body, "%d %d %s %s", st->rank, st->world, st->digest,

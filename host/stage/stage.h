@@ -133,6 +133,8 @@ struct mk_stage {
     /* control: rank 0 holds one connection per other rank (ctl[0] unused), the others ctl[0] */
     mk_io ctl[MK_STAGE_MAX_WORLD];
     size_t n_ctl;
+    SSL_CTX *tls;                 /* o.tls enabled: this rank's end of every control connection
+                                     (rank 0 the server, the others clients); the seams make their own */
     /* seams */
     mk_seam_listener *listener;   /* rank > 0: where the previous rank connects */
     char next_address[300];       /* rank < world - 1: the next rank's listener */

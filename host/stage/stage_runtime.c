@@ -166,6 +166,11 @@ static mk_status mk_stage_check_options(const mk_model *model, const mk_stage_op
                        o->world, o->world - 1);
     if (!o->split_auto && !o->cuts) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_stage_join: NULL cuts");
     if (!o->rendezvous || !*o->rendezvous) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_stage_join: no rendezvous address");
+    if (o->tls.enabled) {
+        mk_seam_options so = mk_seam_options_default(o->seam);
+        so.tls = o->tls;
+        MK_TRY(mk_seam_check_tls(&so)); /* unix and tcp seams only, a consistent choice */
+    }
     if (o->timeout_ms < 0)
         return mk_fail(MK_ERR_INVALID_ARGUMENT, "stage timeout_ms %d is negative (0: the default, %d)", o->timeout_ms,
                        MK_STAGE_DEFAULT_TIMEOUT_MS);
@@ -192,6 +197,7 @@ static mk_status mk_stage_build(mk_stage *st) {
     mk_seam_options so = mk_seam_options_default(st->o.seam);
     so.connect_timeout_ms = st->timeout_ms;
     so.io_timeout_ms = 2 * st->timeout_ms; /* a receive waits as long as the idle deadline */
+    so.tls = st->o.tls;
     if (st->o.seam == MK_SEAM_NCCL) {
         /* Each join waits for its peer: rank r joins r + 1 first, then r - 1, so the chain
          * completes from the last rank back. */
@@ -251,6 +257,7 @@ mk_status mk_stage_join(const mk_model *model, const mk_stage_options *o, mk_sta
     st->o.cuts = NULL; /* the caller's: copied into st->cuts by mk_stage_plan */
     if (s == MK_OK) s = mk_stage_plan(model, o, st->cuts, st->digest);
     if (s == MK_OK) s = mk_fault_read(st->rank, &st->fault);
+    if (s == MK_OK && o->tls.enabled) s = mk_tls_context(&o->tls, st->rank == 0, &st->tls); /* the key, the files */
     if (s == MK_OK) {
         st->o.rendezvous = o->rendezvous;
         s = mk_stage_rendezvous(st);
@@ -266,6 +273,8 @@ mk_status mk_stage_join(const mk_model *model, const mk_stage_options *o, mk_sta
         }
     }
     if (s == MK_OK) s = mk_stage_ready(st);
+    /* the caller's strings: used during the join only (the contexts hold the key and files) */
+    st->o.tls.psk_hex = st->o.tls.psk_identity = st->o.tls.cert_file = st->o.tls.key_file = st->o.tls.ca_file = NULL;
     if (s != MK_OK) {
         char message[512];
         snprintf(message, sizeof message, "%s", mk_last_error());
@@ -287,6 +296,7 @@ void mk_stage_free(mk_stage *st) {
     mk_boundary_free(st->out);
     mk_range_free(st->range);
     for (size_t i = 0; i < MK_STAGE_MAX_WORLD; i++) mk_io_close(&st->ctl[i]);
+    mk_tls_context_free(st->tls);
     free(st->peer_counts);
     free(st->stop);
     free(st);

@@ -25,6 +25,7 @@
 #include "meshkern.h"
 #include "mk_test_util.h"
 extern "C" {
+#include "seam/io.h"
 #include "stage/stage.h"
 }
 
@@ -933,6 +934,98 @@ TEST(StageRendezvous, ARankThatJoinsAndLeavesFailsTheStartAtOnce) {
     EXPECT_NE(err.find("MK_ERR_PEER_LOST: rank 2 (from 127.0.0.1:"), std::string::npos) << err;
     EXPECT_NE(err.find("joined, then closed its connection before the welcome"), std::string::npos) << err;
     mk_model_free(model);
+}
+
+// ------------------------------------------------------------------- TLS --
+
+const char kStagePsk[] = "8f2a61c0de55aa0193b7e4f6021c9d3b5e7a8c0f1d2e3f405162738495a6b7c8";
+const char kOtherPsk[] = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
+
+// A TLS client with this key to 127.0.0.1:port: the handshake's status.
+mk_status tls_probe(int port, const char *psk) {
+    mk_seam_tls tls{};
+    tls.enabled = true;
+    tls.psk_hex = psk;
+    SSL_CTX *ctx = nullptr;
+    mk_status s = mk_tls_context(&tls, false, &ctx);
+    mk_io io = {connect_to(port), nullptr};
+    if (s == MK_OK) s = mk_tls_attach(&io, ctx, false);
+    if (s == MK_OK) {
+        (void)fcntl(io.fd, F_SETFL, fcntl(io.fd, F_GETFL) | O_NONBLOCK);
+        s = mk_tls_handshake(&io, nullptr, mk_deadline_ms(3000, 3000));
+    }
+    mk_io_close(&io);
+    mk_tls_context_free(ctx);
+    return s;
+}
+
+// With --tls-psk every connection between the ranks runs inside TLS 1.3 (the rendezvous,
+// control and seams), and one who can compute the stage digest but has no key cannot take a
+// rank's place: a plaintext hello of rank 1 with the right digest, and a TLS client with
+// another key, are dropped at the handshake while the real ranks join; the tokens equal the
+// whole model's. Bound to 0.0.0.0 with TLS, rank 0 has no notice to give.
+TEST(StageTls, PskProtectsEveryConnectionAndAStrangerWithoutTheKeyIsDropped) {
+    mk_model *model = random_model();
+    const auto prompts = read_prompts(kPrompts);
+    const auto want = whole_model(model, MK_DTYPE_F32, prompts, 3);
+    const std::string digest = cli_stage_digest(model);
+    const int port = free_port();
+    const std::vector<std::string> extra = {"--max-tokens", "3", "--batch", "2", "--timeout", "5", "--tls-psk", kStagePsk};
+    std::vector<std::string> a0 = stage_args(kRandom, "1,3", 0, 3, port, extra);
+    for (auto &x : a0)
+        if (x == "127.0.0.1:" + std::to_string(port)) x = "0.0.0.0:" + std::to_string(port);
+    a0.insert(a0.end(), {"--prompts", kPrompts});
+    Ranks ranks("tls");
+    ranks.launch(0, a0, "");
+    const int plain = connect_to(port);
+    ASSERT_GE(plain, 0);
+    send_all(plain, ctl_message(MK_CTL_HELLO, "1 3 " + digest + " 127.0.0.1:1"));
+    EXPECT_EQ(tls_probe(port, kOtherPsk), MK_ERR_AUTH) << mk_last_error();
+    ASSERT_TRUE(wait_for_text(ranks[0].err, "the TLS handshake failed", 10)) << slurp(ranks[0].err);
+    for (int r = 1; r < 3; r++) ranks.launch(r, stage_args(kRandom, "1,3", r, 3, port, extra), "");
+    ranks.wait(20);
+    close(plain);
+    expect_parity(ranks, 0, want);
+    const std::string err = slurp(ranks[0].err), out = slurp(ranks[0].out);
+    size_t drops = 0;
+    for (size_t at = err.find("the TLS handshake failed"); at != std::string::npos;
+         at = err.find("the TLS handshake failed", at + 1))
+        drops++;
+    EXPECT_EQ(drops, 2u) << err;
+    EXPECT_NE(err.find("rank 1 joined from 127.0.0.1:"), std::string::npos) << err;
+    EXPECT_NE(err.find("(2 of 2), TLS"), std::string::npos) << err;
+    EXPECT_EQ(err.find("not loopback"), std::string::npos) << err;
+    EXPECT_NE(out.find("seam tcp (TLS 1.3 on every connection)"), std::string::npos) << out;
+    mk_model_free(model);
+}
+
+// A rank with another key fails its handshake with rank 0 (MK_ERR_AUTH, naming rank 0's
+// address); rank 0 drops it like any stranger and, at its deadline, names rank 2 missing
+// and the failed handshake. Without TLS, a rendezvous bound beyond loopback says so.
+TEST(StageTls, ARankWithAnotherKeyIsRefusedAndPlaintextOffLoopbackIsNoticed) {
+    const int port = free_port();
+    Ranks ranks("tlskey");
+    ranks.launch(0, stage_args(kRandom, "1,3", 0, 3, port, {"--timeout", "1", "--tls-psk", kStagePsk, "--prompts", kPrompts}), "");
+    ranks.launch(1, stage_args(kRandom, "1,3", 1, 3, port, {"--timeout", "1", "--tls-psk", kStagePsk}), "");
+    ranks.launch(2, stage_args(kRandom, "1,3", 2, 3, port, {"--timeout", "1", "--tls-psk", kOtherPsk}), "");
+    ranks.wait(8);
+    const std::string e0 = slurp(ranks[0].err), e2 = slurp(ranks[2].err);
+    EXPECT_EQ(exit_code(ranks[2]), 1) << e2;
+    EXPECT_NE(e2.find("refused at startup: MK_ERR_AUTH: rank 2: no TLS with rank 0 at 127.0.0.1:"), std::string::npos) << e2;
+    EXPECT_EQ(exit_code(ranks[0]), 1) << e0;
+    EXPECT_NE(e0.find("rank(s) 2 did not join within 1000 ms; dropped 1 connection(s): 127.0.0.1:"), std::string::npos) << e0;
+    EXPECT_NE(e0.find("no TLS with this run's key"), std::string::npos) << e0;
+    EXPECT_EQ(exit_code(ranks[1]), 1);
+
+    const int port2 = free_port();
+    Ranks plain("plainwide");
+    std::vector<std::string> a0 = stage_args(kRandom, "2", 0, 2, port2, {"--timeout", "0.3", "--prompts", kPrompts});
+    for (auto &x : a0)
+        if (x == "127.0.0.1:" + std::to_string(port2)) x = "0.0.0.0:" + std::to_string(port2);
+    plain.launch(0, a0, "");
+    plain.wait(6);
+    EXPECT_NE(slurp(plain[0].err).find("rendezvous at 0.0.0.0:" + std::to_string(port2) + ": not loopback and no TLS"),
+              std::string::npos) << slurp(plain[0].err);
 }
 
 // The library refuses TLS options it cannot honour, whoever calls it: TLS on a seam that
