@@ -133,6 +133,8 @@ MUTATIONS=(
   "gguf.overlap-unchecked~host/gguf.c~s/if \(a->offset \+ a->n_bytes > b->offset\)/if (0)/~gtest:test_gguf_malformed:*"
   "gguf.adjacent-is-overlap~host/gguf.c~s/if \(a->offset \+ a->n_bytes > b->offset\)/if (a->offset + a->n_bytes >= b->offset)/~gtest:test_gguf_malformed:*"
   "tls.short-psk-accepted~host/seam/tls.c~s/n \/ 2 < MK_PSK_MIN/n < 32/~stage:SeamOptions.*"
+  "rdv.tls-handshake-skipped~host/stage/rendezvous.c~s/            p->handshaking = true;\n/            p->handshaking = false;\n/~stage:StageTls.*"
+  "rdv.tls-failure-kept~host/stage/rendezvous.c~s/if \(mk_tls_handshake_step\(&p->io, &done, &p->events\) != MK_OK\) \{/if (mk_tls_handshake_step(\&p->io, \&done, \&p->events) != MK_OK \&\& 0) {/~stage:StageTls.*"
 )
 
 log() { printf '%s\n' "$*" >&2; }
