@@ -26,12 +26,6 @@
 #include "mk_error.h"
 #include "stage/stage.h"
 
-typedef struct mk_hello {
-    int rank, world;
-    char digest[MK_DIGEST_HEX_LEN + 1];
-    char address[300];
-} mk_hello;
-
 /* NCCL unique ids travel in the welcome as hex ("-": none). */
 static void mk_hex(const unsigned char *id, char *out) {
     for (size_t i = 0; i < MK_SEAM_NCCL_ID_BYTES; i++) snprintf(out + 2 * i, 3, "%02x", id[i]);
@@ -154,51 +148,88 @@ static void mk_rdv_drop(mk_rdv *r, mk_pending *p, mk_status told, const char *br
     mk_clear_error();
 }
 
-/* A complete hello from p: joined, or dropped with the reason. */
-static void mk_rdv_hello(mk_rdv *r, mk_pending *p, const char *body) {
-    mk_stage *st = r->st;
+/* The verdict on the first n bytes a connection sent: a parser of untrusted input, apart
+ * from the sockets (tests/fuzz/fuzz_control.c drives it with arbitrary bytes). */
+void mk_hello_judge(const mk_stage *st, const uint8_t *bytes, size_t n, mk_hello_judgement *j) {
+    memset(j, 0, sizeof *j);
+    j->verdict = MK_HELLO_MORE;
+    j->need = MK_CTL_HEADER_BYTES;
+    if (n < MK_CTL_HEADER_BYTES) return;
+    const uint32_t magic = mk_le32(bytes), type = mk_le32(bytes + 4), len = mk_le32(bytes + 8);
+    j->verdict = MK_HELLO_DROP;
+    if (magic != MK_CTL_MAGIC) {
+        snprintf(j->why, sizeof j->why, "not a meshkern control message (magic 0x%08x)", magic);
+        return;
+    }
+    if (type != MK_CTL_HELLO) {
+        snprintf(j->why, sizeof j->why, "a control message of type %u where a hello belongs", type);
+        return;
+    }
+    if (len > MK_CTL_MAX_BODY) {
+        snprintf(j->why, sizeof j->why, "a hello of %u bytes announced (limit %u)", len, MK_CTL_MAX_BODY);
+        return;
+    }
+    j->need = MK_CTL_HEADER_BYTES + len;
+    if (n < j->need) {
+        j->verdict = MK_HELLO_MORE;
+        return;
+    }
+    char body[MK_CTL_MAX_BODY + 1];
+    memcpy(body, bytes + MK_CTL_HEADER_BYTES, len);
+    body[len] = '\0';
     mk_hello h;
     memset(&h, 0, sizeof h);
     char extra = 0;
-    if (sscanf(body, "%d %d %64s %299s %c", &h.rank, &h.world, h.digest, h.address, &extra) != 4) {
-        mk_rdv_drop(r, p, MK_OK, NULL, "a hello that does not parse: '%.60s'", body);
+    if (memchr(body, '\0', len) || sscanf(body, "%d %d %64s %299s %c", &h.rank, &h.world, h.digest, h.address, &extra) != 4) {
+        snprintf(j->why, sizeof j->why, "a hello that does not parse: '%.60s'", body);
         return;
     }
+    j->told = MK_ERR_INVALID_ARGUMENT; /* from here on it is a hello: its sender is told why */
     if (h.rank < 1 || h.rank >= st->world) {
-        char brief[64];
-        snprintf(brief, sizeof brief, "claimed rank %d of world %d", h.rank, h.world);
-        mk_rdv_drop(r, p, MK_ERR_INVALID_ARGUMENT, brief,
-                    "a rank joined as rank %d of world %d; this run has ranks 1..%d besides 0", h.rank, h.world,
-                    st->world - 1);
+        snprintf(j->brief, sizeof j->brief, "claimed rank %d of world %d", h.rank, h.world);
+        snprintf(j->why, sizeof j->why, "a rank joined as rank %d of world %d; this run has ranks 1..%d besides 0", h.rank,
+                 h.world, st->world - 1);
         return;
     }
-    mk_status claim = MK_OK;
-    char why[512] = "", brief[96] = "";
+    j->hello = h;
     if (h.world != st->world) {
-        claim = MK_ERR_INVALID_ARGUMENT;
-        snprintf(brief, sizeof brief, "claimed rank %d with world %d", h.rank, h.world);
-        snprintf(why, sizeof why, "rank %d runs with world %d, rank 0 with %d: refused at startup", h.rank, h.world,
+        j->claim = MK_ERR_INVALID_ARGUMENT;
+        snprintf(j->brief, sizeof j->brief, "claimed rank %d with world %d", h.rank, h.world);
+        snprintf(j->why, sizeof j->why, "rank %d runs with world %d, rank 0 with %d: refused at startup", h.rank, h.world,
                  st->world);
     } else if (strcmp(h.digest, st->digest) != 0) {
-        claim = MK_ERR_RECIPE_DIGEST;
-        snprintf(brief, sizeof brief, "claimed rank %d with another stage digest", h.rank);
-        snprintf(why, sizeof why,
+        j->claim = MK_ERR_RECIPE_DIGEST;
+        snprintf(j->brief, sizeof j->brief, "claimed rank %d with another stage digest", h.rank);
+        snprintf(j->why, sizeof j->why,
                  "rank %d's stage digest %.16s... differs from rank 0's %.16s... (another model file, weight mode, "
                  "cuts or seam): refused at startup, before any request",
                  h.rank, h.digest, st->digest);
     } else if (st->ctl[h.rank].fd >= 0) {
-        snprintf(brief, sizeof brief, "claimed rank %d, joined already", h.rank);
-        mk_rdv_drop(r, p, MK_ERR_INVALID_ARGUMENT, brief, "rank %d joined twice (first from %s)", h.rank,
-                    r->joined_from[h.rank]);
+        j->duplicate = true;
+        snprintf(j->brief, sizeof j->brief, "claimed rank %d, joined already", h.rank);
+        snprintf(j->why, sizeof j->why, "rank %d joined twice", h.rank);
+    } else {
+        j->verdict = MK_HELLO_JOIN;
+        j->told = MK_OK;
+    }
+    if (j->claim != MK_OK) j->told = j->claim;
+}
+
+/* p's complete hello: joined, or dropped with the reason. */
+static void mk_rdv_hello(mk_rdv *r, mk_pending *p, const mk_hello_judgement *j) {
+    mk_stage *st = r->st;
+    const mk_hello h = j->hello;
+    if (j->verdict == MK_HELLO_DROP && j->duplicate) {
+        mk_rdv_drop(r, p, j->told, j->brief, "%s (first from %s)", j->why, r->joined_from[h.rank]);
         return;
     }
-    if (claim != MK_OK) {
-        if (r->claim_status == MK_OK) {
-            r->claim_status = claim;
+    if (j->verdict == MK_HELLO_DROP) {
+        if (j->claim != MK_OK && r->claim_status == MK_OK) {
+            r->claim_status = j->claim; /* the likelier story of a missing rank than silence */
             r->claim_rank = h.rank;
-            snprintf(r->claim_message, sizeof r->claim_message, "%s", why);
+            snprintf(r->claim_message, sizeof r->claim_message, "%s", j->why);
         }
-        mk_rdv_drop(r, p, claim, brief, "%s", why);
+        mk_rdv_drop(r, p, j->told, j->brief[0] ? j->brief : NULL, "%s", j->why);
         return;
     }
     st->ctl[h.rank] = p->io;
@@ -210,8 +241,8 @@ static void mk_rdv_hello(mk_rdv *r, mk_pending *p, const char *body) {
     p->io = (mk_io){.fd = -1, .ssl = NULL};
 }
 
-/* Read what p has sent, without waiting; act on a complete header, then a complete hello.
- * Under TLS the handshake comes first, step by step in the same poll loop. */
+/* Read what p has sent, without waiting, and judge it once a header, then the whole hello,
+ * is in. Under TLS the handshake comes first, step by step in the same poll loop. */
 static void mk_rdv_read(mk_rdv *r, mk_pending *p) {
     if (p->handshaking) {
         bool done = false;
@@ -222,15 +253,16 @@ static void mk_rdv_read(mk_rdv *r, mk_pending *p) {
         if (!done) return;
         p->handshaking = false;
     }
+    mk_hello_judgement j;
     for (;;) {
-        const size_t need = MK_CTL_HEADER_BYTES + (p->have < MK_CTL_HEADER_BYTES ? 0 : (size_t)mk_le32(p->buf + 8));
-        if (p->have == need) break;
+        mk_hello_judge(r->st, p->buf, p->have, &j);
+        if (j.verdict != MK_HELLO_MORE) break;
         size_t got = 0;
-        const mk_status s = mk_io_read_now(&p->io, p->buf + p->have, need - p->have, &got, "hello");
+        const mk_status s = mk_io_read_now(&p->io, p->buf + p->have, j.need - p->have, &got, "hello");
         p->have += got;
         if (s == MK_ERR_PEER_CLOSED) {
             if (p->have == 0) mk_rdv_drop(r, p, MK_OK, NULL, "closed without a word");
-            else mk_rdv_drop(r, p, MK_OK, NULL, "closed after %zu of the %zu bytes of its hello", p->have, need);
+            else mk_rdv_drop(r, p, MK_OK, NULL, "closed after %zu of the %zu bytes of its hello", p->have, j.need);
             return;
         }
         if (s != MK_OK) {
@@ -238,23 +270,8 @@ static void mk_rdv_read(mk_rdv *r, mk_pending *p) {
             return;
         }
         if (got == 0) return; /* nothing more for now */
-        if (p->have != MK_CTL_HEADER_BYTES) continue;
-        const uint32_t magic = mk_le32(p->buf), type = mk_le32(p->buf + 4), len = mk_le32(p->buf + 8);
-        if (magic != MK_CTL_MAGIC) {
-            mk_rdv_drop(r, p, MK_OK, NULL, "not a meshkern control message (magic 0x%08x)", magic);
-            return;
-        }
-        if (type != MK_CTL_HELLO) {
-            mk_rdv_drop(r, p, MK_OK, NULL, "a control message of type %u where a hello belongs", type);
-            return;
-        }
-        if (len > MK_CTL_MAX_BODY) {
-            mk_rdv_drop(r, p, MK_OK, NULL, "a hello of %u bytes announced (limit %u)", len, MK_CTL_MAX_BODY);
-            return;
-        }
     }
-    p->buf[p->have] = '\0';
-    mk_rdv_hello(r, p, (const char *)p->buf + MK_CTL_HEADER_BYTES);
+    mk_rdv_hello(r, p, &j);
 }
 
 /* Take every connection waiting at the listener. */

@@ -168,6 +168,28 @@ struct mk_stage {
 mk_status mk_stage_plan(const mk_model *model, const mk_stage_options *o, int64_t *cuts,
                         char digest[MK_DIGEST_HEX_LEN + 1]);
 
+/* rendezvous.c: rank 0's verdict on the first n bytes a connection sent it, before it is
+ * any rank of this run (a control header, then a hello "rank world digest address"):
+ * MORE (need: the bytes the message has, as far as known), JOIN (hello: a rank this run
+ * takes, not joined yet: st->ctl[rank].fd < 0), or DROP with why (and a brief for the
+ * failure message), told: the status its sender is told (MK_OK: not a hello, not told),
+ * claim: set when it said hello as a rank of this run with another world or digest. */
+typedef struct mk_hello {
+    int rank, world;
+    char digest[MK_DIGEST_HEX_LEN + 1];
+    char address[300];
+} mk_hello;
+typedef enum mk_hello_verdict { MK_HELLO_MORE, MK_HELLO_JOIN, MK_HELLO_DROP } mk_hello_verdict;
+typedef struct mk_hello_judgement {
+    mk_hello_verdict verdict;
+    size_t need;
+    mk_hello hello;
+    mk_status told, claim;
+    bool duplicate;  /* DROP: a hello of a rank joined already */
+    char why[512], brief[96];
+} mk_hello_judgement;
+void mk_hello_judge(const mk_stage *st, const uint8_t *bytes, size_t n, mk_hello_judgement *j);
+
 /* rendezvous.c: meet the other ranks (fills ctl, next_address, max_*); then, once the
  * range and seams are up, the ready barrier. */
 mk_status mk_stage_rendezvous(mk_stage *st);
