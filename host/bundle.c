@@ -7,6 +7,7 @@
 
 #include "meshkern.pb-c.h"
 #include "mk_error.h"
+#include "mk_size.h"
 #include "boundary.h"
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -36,8 +37,7 @@ mk_status mk_bundle_create(size_t batch, size_t seq, size_t hidden, mk_bundle **
     if (batch == 0 || seq == 0 || hidden == 0)
         return mk_fail(MK_ERR_SHAPE, "bundle shape [%zu, %zu, %zu] has a zero dimension", batch, seq, hidden);
     size_t rows, elems;
-    if (__builtin_mul_overflow(batch, seq, &rows) || __builtin_mul_overflow(rows, hidden, &elems) ||
-        elems > SIZE_MAX / sizeof(float))
+    if (!mk_size_mul(batch, seq, &rows) || !mk_size_mul(rows, hidden, &elems) || elems > SIZE_MAX / sizeof(float))
         return mk_fail(MK_ERR_SHAPE_OVERFLOW, "bundle shape [%zu, %zu, %zu] overflows", batch, seq, hidden);
     mk_bundle *b = calloc(1, sizeof *b);
     if (!b) return mk_fail(MK_ERR_OUT_OF_MEMORY, "bundle: out of memory");
@@ -80,23 +80,18 @@ mk_status mk_bundle_clone(const mk_bundle *src, mk_bundle **out) {
 }
 
 const mk_boundary_header *mk_bundle_header(const mk_bundle *b) {
-    mk_clear_error();
     return b ? &b->h : NULL;
 }
 float *mk_bundle_residual(mk_bundle *b) {
-    mk_clear_error();
     return b ? b->residual : NULL;
 }
 int32_t *mk_bundle_positions(mk_bundle *b) {
-    mk_clear_error();
     return b ? b->positions : NULL;
 }
 const float *mk_bundle_residual_const(const mk_bundle *b) {
-    mk_clear_error();
     return b ? b->residual : NULL;
 }
 const int32_t *mk_bundle_positions_const(const mk_bundle *b) {
-    mk_clear_error();
     return b ? b->positions : NULL;
 }
 

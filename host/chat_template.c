@@ -20,7 +20,6 @@ static const struct {
 };
 
 const char *mk_chat_template_name(mk_chat_template_kind kind) {
-    mk_clear_error();
     for (size_t i = 0; i < sizeof mk_chat_shapes / sizeof mk_chat_shapes[0]; i++)
         if (mk_chat_shapes[i].kind == kind) return mk_chat_shapes[i].name;
     return "unknown";

@@ -25,6 +25,7 @@
 #include "gguf.h"
 #include "tensor_schema.h"
 #include "mk_error.h"
+#include "mk_size.h"
 
 /* Smallest encodings, used to cap counts by what the remaining bytes could hold. */
 #define GG_MIN_KV_BYTES 14u     /* key len 8 + 1 byte of key + type 4 + 1-byte value */
@@ -336,6 +337,36 @@ static mk_status gg_tensor_info(gg_cursor *c, mk_gguf_tensor_info *t) {
     return MK_OK;
 }
 
+/* Every tensor owns its bytes: two whose data ranges overlap (a header edit re-pointing
+ * one tensor into another's bytes) would read each other's weights and run. Checked on
+ * the tensors sorted by offset, after each range is known to lie inside the data. */
+typedef struct gg_span {
+    size_t offset, index;
+} gg_span;
+
+static int gg_span_cmp(const void *a, const void *b) {
+    const gg_span *x = a, *y = b; /* by offset, then by order in the file (a stable message) */
+    if (x->offset != y->offset) return x->offset < y->offset ? -1 : 1;
+    return x->index < y->index ? -1 : x->index > y->index;
+}
+
+static mk_status gg_check_overlaps(const mk_gguf *g) {
+    if (g->n_tensors < 2) return MK_OK;
+    gg_span *span = mk_alloc_array(g->n_tensors, sizeof *span, "gguf: tensor spans");
+    if (!span) return MK_ERR_OUT_OF_MEMORY;
+    for (size_t i = 0; i < g->n_tensors; i++) span[i] = (gg_span){g->tensors[i].offset, i};
+    qsort(span, g->n_tensors, sizeof *span, gg_span_cmp);
+    mk_status s = MK_OK;
+    for (size_t i = 1; s == MK_OK && i < g->n_tensors; i++) {
+        const mk_gguf_tensor_info *a = &g->tensors[span[i - 1].index], *b = &g->tensors[span[i].index];
+        if (a->offset + a->n_bytes > b->offset) /* both lie inside the data: no wrap */
+            s = mk_fail(MK_ERR_GGUF_DATA_BOUNDS, "gguf: tensor '%s' data [%zu, +%zu) overlaps tensor '%s' data [%zu, +%zu)",
+                        b->name, b->offset, b->n_bytes, a->name, a->offset, a->n_bytes);
+    }
+    free(span);
+    return s;
+}
+
 static mk_status gg_parse(mk_gguf *g) {
     gg_cursor c = {g->base, g->size, 0};
     const uint8_t *p = NULL;
@@ -416,7 +447,7 @@ static mk_status gg_parse(mk_gguf *g) {
                            t->name, t->offset, t->n_bytes, data_size);
         t->data = g->base + g->data_offset + t->offset;
     }
-    return MK_OK;
+    return gg_check_overlaps(g);
 }
 
 /* ============================================================ open / close == */

@@ -118,19 +118,16 @@ void mk_pipeline_free(mk_pipeline *p) {
 size_t mk_pipeline_range_count(const mk_pipeline *p) { return p ? p->n_ranges : 0; }
 mk_range *mk_pipeline_range(mk_pipeline *p, size_t i) { return p && i < p->n_ranges ? p->ranges[i] : NULL; }
 double mk_pipeline_range_seconds(const mk_pipeline *p, size_t i) {
-    mk_clear_error();
     return p && i < p->n_ranges ? p->range_seconds[i] : 0.0;
 }
 
 size_t mk_pipeline_seam_bytes(const mk_pipeline *p) {
-    mk_clear_error();
     size_t bytes = 0;
     for (size_t i = 0; p && i + 1 < p->n_ranges; i++) bytes += mk_seam_bytes(p->rx[i]);
     return bytes;
 }
 
 double mk_pipeline_seam_seconds(const mk_pipeline *p) {
-    mk_clear_error();
     return p ? p->seam_seconds : 0.0;
 }
 

@@ -12,6 +12,7 @@
 #include "boundary.h"
 #include "model.h"
 #include "mk_error.h"
+#include "mk_size.h"
 #include "op_profile.h"
 #include "options.h"
 #include "range.h"
@@ -131,6 +132,7 @@ void mk_range_profile(mk_range *r, bool on) {
 
 const mk_op_profile *mk_range_op_profile(const mk_range *r) { return &r->profile; }
 size_t mk_range_max_rows(const mk_range *r) { return r->max_rows; }
+size_t mk_range_max_context(const mk_range *r) { return r->max_context; }
 size_t mk_range_hidden(const mk_range *r) { return r->hp.hidden; }
 
 /* ================================================================ weights == */
@@ -392,8 +394,7 @@ mk_status mk_sequence_open(mk_range *r, mk_sequence **out) {
     seq->range = r;
     const size_t layers = (size_t)(r->end - r->start + 1);
     size_t bytes;
-    if (__builtin_mul_overflow(layers * 2, mk_kv_slab_elems(r), &bytes) ||
-        __builtin_mul_overflow(bytes, mk_kv_elem_size(r), &bytes)) {
+    if (!mk_size_mul(layers * 2, mk_kv_slab_elems(r), &bytes) || !mk_size_mul(bytes, mk_kv_elem_size(r), &bytes)) {
         free(seq);
         return mk_fail(MK_ERR_OUT_OF_MEMORY, "sequence: KV cache of %zu layers x %zu positions overflows", layers,
                        r->max_context);
@@ -876,12 +877,10 @@ void mk_boundary_free(mk_boundary *bd) {
 }
 
 const mk_boundary_header *mk_boundary_header_of(const mk_boundary *bd) {
-    mk_clear_error();
     return bd ? &bd->h : NULL;
 }
 
 mk_range *mk_boundary_range(const mk_boundary *bd) {
-    mk_clear_error();
     return bd ? bd->range : NULL;
 }
 

@@ -34,6 +34,8 @@ mk_status mk_range_forward_into(mk_range *range, mk_sequence *seq, const int32_t
                                 const mk_boundary *in, mk_boundary *out, float *out_logits, int32_t *out_token);
 /* Largest forward (rows) the range accepts: its max_batch_tokens. */
 size_t mk_range_max_rows(const mk_range *range);
+/* KV positions per sequence: its max_context. */
+size_t mk_range_max_context(const mk_range *range);
 
 #ifdef __cplusplus
 }

@@ -376,23 +376,18 @@ void mk_tokenizer_free(mk_tokenizer *t) {
 }
 
 size_t mk_tokenizer_vocab_size(const mk_tokenizer *t) {
-    mk_clear_error();
     return t ? t->n_vocab : 0;
 }
 int32_t mk_tokenizer_bos(const mk_tokenizer *t) {
-    mk_clear_error();
     return t ? t->bos : -1;
 }
 int32_t mk_tokenizer_eos(const mk_tokenizer *t) {
-    mk_clear_error();
     return t ? t->eos : -1;
 }
 bool mk_tokenizer_is_eog(const mk_tokenizer *t, int32_t id) {
-    mk_clear_error();
     return t && id >= 0 && (size_t)id < t->n_vocab && t->eog[id];
 }
 const char *mk_tokenizer_token_text(const mk_tokenizer *t, int32_t id) {
-    mk_clear_error();
     return t && id >= 0 && (size_t)id < t->n_vocab ? t->text[id] : NULL;
 }
 

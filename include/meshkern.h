@@ -883,6 +883,18 @@ typedef struct mk_stage_options {
        MPI_Bcast's them, as nccl-tests do); false: rank 0 hands them out at the rendezvous */
     bool nccl_ids_given;
     unsigned char nccl_prev[MK_NCCL_ID_BYTES], nccl_next[MK_NCCL_ID_BYTES];
+    /* Where the runtime's notices go, one line each without a newline (rank 0: a rank
+       joined, a connection dropped at the rendezvous with its peer address and why); NULL:
+       nowhere (a failure's message still names what was dropped). Called on the joining
+       thread. */
+    void (*log)(void *user, const char *line);
+    void *log_user;
+    /* TLS 1.3 on every connection between the ranks: the rendezvous and control connections
+       (rank 0 the server) and the unix/tcp seams, with a pre-shared key or certificates
+       (mk_seam_tls; not with the nccl seam). A connection without the key or a trusted
+       certificate is dropped at the rendezvous like any stranger. Without it, listeners bind
+       loopback unless the rendezvous address says otherwise, and log a notice then. */
+    mk_seam_tls tls;
 } mk_stage_options;
 MK_API mk_stage_options mk_stage_options_default(void);
 

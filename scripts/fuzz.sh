@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Fuzz the parsers of untrusted input (wire bundles, seam frames, GGUF files), the
-# tokenizer's encoder (arbitrary bytes in) and meshkern serve's request path (a JSON body ->
-# a checked request; where libcjson is installed) with libFuzzer + ASan + UBSan, SECONDS
-# seconds each (default 60). Seeds: a packed bundle, real frame bodies, the GGUF test fixtures, and
+# Fuzz the parsers of untrusted input (wire bundles, seam frames, GGUF files, what a stranger
+# sends a stage: rendezvous hellos and control messages), the tokenizer's encoder (arbitrary
+# bytes in) and meshkern serve's request path (a JSON body -> a checked request; where
+# libcjson is installed) with libFuzzer + ASan + UBSan, SECONDS seconds each (default 60);
+# FUZZ_TARGETS="control frame" runs only those. Seeds: a packed bundle, real frame bodies, the GGUF test fixtures, and
 # for the encoder the golden strings. MK_FUZZ_SMOLLM2=models/SmolLM2-135M-Instruct.Q4_1.gguf
 # adds SmolLM2's tokenizer. Needs clang and its runtime (Debian: clang, libclang-rt-14-dev).
 set -euo pipefail
@@ -14,7 +15,7 @@ CC=clang cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMES
   -DCMAKE_C_FLAGS="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined" >/dev/null
 ninja -C "$BUILD" meshkern_core >/dev/null
 LIBS=("$BUILD/host/libmeshkern_core.a" "$BUILD/proto/libmeshkern_proto.a" -lprotobuf-c -lpcre2-8 -lopenblas -lssl -lcrypto -lm -lpthread)
-for target in bundle frame gguf tokenizer; do
+for target in ${FUZZ_TARGETS:-bundle frame gguf tokenizer control}; do
   clang -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Iinclude -Icommon -Ihost -I"$BUILD/proto" \
     "tests/fuzz/fuzz_$target.c" "${LIBS[@]}" -o "$BUILD/fuzz_$target"
   corpus="$BUILD/corpus_$target"
@@ -36,6 +37,27 @@ PY
   if [ "$target" = frame ] && [ -z "$(ls -A "$corpus")" ]; then
     clang -Iinclude tests/fuzz/seed_frame.c "${LIBS[@]}" -fsanitize=address,undefined -o "$BUILD/seed_frame"
     "$BUILD/seed_frame" "$corpus"
+  fi
+  # Seeds for the control target: the hellos of a world-3 run (right, another digest, a rank
+  # out of range, half of one), an abort, a ping and garbage, behind the two selector bytes.
+  if [ "$target" = control ] && [ -z "$(ls -A "$corpus")" ]; then
+    python3 - "$corpus" <<'PY'
+import os, struct, sys
+out = sys.argv[1]
+d = "2ac2c9cfd401cb11e0f1a2b3c4d5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f7"
+def msg(t, body): return struct.pack("<III", 0x54434B4D, t, len(body)) + body
+seeds = {"hello": msg(1, f"1 3 {d} 127.0.0.1:4000".encode()),
+         "hello_other": msg(1, b"2 3 " + b"0" * 64 + b" 127.0.0.1:4000"),
+         "hello_rank7": msg(1, f"7 3 {d} 127.0.0.1:1".encode()),
+         "half": msg(1, b"1 3 ")[:20],
+         "abort": msg(6, b"52 rank 2 refused
+0 1 2 ") + msg(7, b""),
+         "garbage": b"GET / HTTP/1.0
+
+"}
+for name, body in seeds.items():
+    open(os.path.join(out, name), "wb").write(bytes([1, 0]) + body)
+PY
   fi
   echo "== fuzz_$target for ${SECONDS_EACH}s"
   "$BUILD/fuzz_$target" -max_total_time="$SECONDS_EACH" -max_len=65536 -rss_limit_mb=2048 "$corpus" 2>&1 | tail -3

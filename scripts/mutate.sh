@@ -42,6 +42,10 @@ export OPENBLAS_NUM_THREADS=1
 #          sched:<filter>      test_pipeline_sched with a gtest filter (the cut chooser, refusals)
 #          gen:<filter>        the generation loop (test_generate)
 #          text:<filter>       the tokenizers, detokenizer and chat templates (test_tokenizer)
+#          stage:<gtest filter>  the stage-process suite, only the matching cases
+#          gtest:<target>:<gtest filter>  any GoogleTest binary of tests/ (built by that name)
+#          ctest:<regex>       the ctest cases matching regex (the CLI's own checks; builds the CLI)
+# Only the targets and the unmutated suites the selected mutations need are built and run.
 MUTATIONS=(
   "argmax.tie-inside-thread~kernels/argmax.cu~s/\(bi < 0 \|\| v > bv\)/(bi < 0 || v >= bv)/~ops:*Argmax*"
   "argmax.nan-may-win~kernels/argmax.cu~s/if \(!isnan\(v\) && \(/if ((/~ops:*Argmax*"
@@ -91,7 +95,7 @@ MUTATIONS=(
   "stage.slot-evicts-newest~host/stage/slots.c~s/t->slot\[i\].last_use < s->last_use/t->slot[i].last_use > s->last_use/~stage"
   "stage.result-digest-unchecked~host/stage/stage_runtime.c~s/if \(strcmp\(info.runtime_recipe_digest/if (0 \&\& strcmp(info.runtime_recipe_digest/~stage"
   "stage.unstarted-not-reported~host/stage/stage_runtime.c~s/if \(h.state\[i\].finished\) continue;/if (h.state[i].finished || !h.state[i].started) continue;/~stage"
-  "stage.hop-stats-refused~host/stage/control.c~s/t > MK_CTL_STATS/t > MK_CTL_DONE/~stage"
+  "stage.hop-stats-refused~host/stage/control.c~s/t > MK_CTL_LAST/t > MK_CTL_DONE/~stage"
   "stage.hop-receipts-miscounted~host/stage/stage_runtime.c~s/st->counts.received\+\+;/st->counts.received += 2;/~stage"
   "native.swiglu-up-skipped~host/cpu_native.c~s/        mk_native_part_rows\(j, &j->part\[1\], begin, end\);\n//~native:*SharedAndSwiglu*"
   "native.shared-part-skips-item~host/cpu_native.c~s/            begin = stop;/            begin = stop + 1;/~native:*SharedAndSwiglu*"
@@ -249,6 +253,29 @@ MUTATIONS=(
   "sched.last-cut-accepted~host/sched/pipeline_sched.c~s/cuts\[i\] >= \(int64_t\)n_layers - 1/cuts[i] > (int64_t)n_layers - 1/~sched:*Refusals*"
   "native.gemm-from-one-more-row~host/cpu_native.c~s/    if \(rows >= MK_NATIVE_GEMM_MIN_ROWS && ctx->wtile\) \{/    if (rows > MK_NATIVE_GEMM_MIN_ROWS \&\& ctx->wtile) {/~native:*Threshold*"
   "native.shared-job-dots-at-threshold~host/cpu_native.c~s/!\(rows >= MK_NATIVE_GEMM_MIN_ROWS && ctx->wtile\);/!(rows > MK_NATIVE_GEMM_MIN_ROWS \&\& ctx->wtile);/~native:*SharedAndSwiglu*"
+  # Issue 23: counts from outside, the rendezvous, messages through cleanup, busy ranks.
+  "size.mul-unchecked~host/mk_size.h~s/if \(__builtin_mul_overflow\(a, b, out\)\)/if (0 \&\& __builtin_mul_overflow(a, b, out))/~gtest:test_checked_size:*"
+  "size.add-unchecked~host/mk_size.h~s/if \(__builtin_add_overflow\(a, b, out\)\)/if (0 \&\& __builtin_add_overflow(a, b, out))/~gtest:test_checked_size:*"
+  "stage.token-buffer-not-capped~host/stage/stage_runtime.c~s/const size_t cap = st->o.max_new_tokens < st->max_context \? st->o.max_new_tokens : st->max_context;/const size_t cap = st->o.max_new_tokens;/~stage:StageLibrary.*"
+  "sched.token-buffer-not-capped~host/sched/pipeline_sched.c~s/const size_t n_max = max_new < mk_range_max_context\(head\) \? max_new : mk_range_max_context\(head\);/const size_t n_max = max_new;/~gtest:test_pipeline_sched:*HugeToken*"
+  "cli.count-unbounded~tools/cli_backend.c~s/x >= lo && x <= hi\)/x >= lo)/~ctest:CountOverTheLimit"
+  "rdv.close-not-dropped~host/stage/rendezvous.c~s/if \(p->have == 0\) mk_rdv_drop\(r, p, MK_OK, NULL, \"closed without a word\"\);/if (p->have == 0) return;/~stage:StageRendezvous.*"
+  "rdv.digest-unchecked~host/stage/rendezvous.c~s/\} else if \(strcmp\(h.digest, st->digest\) != 0\) \{/} else if (0) {/~stage:StageRendezvous.*"
+  "rdv.duplicate-accepted~host/stage/rendezvous.c~s/\} else if \(st->ctl\[h.rank\].fd >= 0\) \{/} else if (0) {/~stage:StageRendezvous.*"
+  "rdv.hello-deadline-ignored~host/stage/rendezvous.c~s/if \(now >= p->deadline\) \{/if (0) {/~stage:StageRendezvous.*"
+  "rdv.length-unbounded~host/stage/rendezvous.c~s/if \(len > MK_CTL_MAX_BODY\) \{/if (0) {/~stage:StageRendezvous.*"
+  "rdv.rank-range-unchecked~host/stage/rendezvous.c~s/if \(h.rank < 1 \|\| h.rank >= st->world\) \{/if (h.rank < 1) {/~stage:StageRendezvous.*"
+  "rdv.joined-close-ignored~host/stage/rendezvous.c~s/else if \(who\[i\] < 0\) MK_TRY\(mk_rdv_check_joined\(r, -who\[i\]\)\);//~stage:StageRendezvous.*"
+  "rdv.stranger-ends-the-wait~host/stage/rendezvous.c~s/(        mk_rdv_drop\(r, p, j->told, j->brief\[0\] \? j->brief : NULL, \"%s\", j->why\);\n)/\$1        if (j->claim != MK_OK) r->joined = st->world;\n/~stage:Stage.DigestMismatch*:StageRendezvous.*"
+  "messages.getter-clears~host/seam/seam.c~s/(size_t mk_seam_bytes\(const mk_seam \*s\) \{\n)/\$1    mk_clear_error();\n/~stage:*Messages*"
+  "busy.beat-not-counted~host/stage/stage_runtime.c~s/if \(type == MK_CTL_BUSY\) return MK_OK; \/\* rank 0 is computing/if (0) return MK_OK; \/* rank 0 is computing/~stage:Stage.BusyRank*"
+  "busy.beat-not-relayed~host/stage/stage_runtime.c~s/if \(j != k\) \(void\)mk_ctl_send\(&st->ctl\[j\], MK_CTL_BUSY/if (0) (void)mk_ctl_send(\&st->ctl[j], MK_CTL_BUSY/~stage:Stage.BusyRank*"
+  "busy.own-requests-not-listed~host/stage/stage_runtime.c~s/if \(i != \(size_t\)-1 && n \+ 24 < sizeof requests\)/if (0)/~stage:Stage.Rank0Fault*"
+  "gguf.overlap-unchecked~host/gguf.c~s/if \(a->offset \+ a->n_bytes > b->offset\)/if (0)/~gtest:test_gguf_malformed:*"
+  "gguf.adjacent-is-overlap~host/gguf.c~s/if \(a->offset \+ a->n_bytes > b->offset\)/if (a->offset + a->n_bytes >= b->offset)/~gtest:test_gguf_malformed:*"
+  "tls.short-psk-accepted~host/seam/tls.c~s/n \/ 2 < MK_PSK_MIN/n < 32/~stage:SeamOptions.*"
+  "rdv.tls-handshake-skipped~host/stage/rendezvous.c~s/            p->handshaking = true;\n/            p->handshaking = false;\n/~stage:StageTls.*"
+  "rdv.tls-failure-kept~host/stage/rendezvous.c~s/if \(mk_tls_handshake_step\(&p->io, &done, &p->events\) != MK_OK\) \{/if (mk_tls_handshake_step(\&p->io, \&done, \&p->events) != MK_OK \&\& 0) {/~stage:StageTls.*"
 )
 
 log() { printf '%s\n' "$*" >&2; }
@@ -299,7 +326,7 @@ spec_targets() { # $1 = test spec: the build targets its suite needs
     backend:*) echo test_cuda_backend_sim ;;
     host) echo test_boundary_contract test_bundle_malformed test_parity ;;
     sched) echo test_pipeline_sched ;;
-    stage) echo test_stage meshkern_cli ;;
+    stage | stage:*) echo test_stage meshkern_cli ;;
     native:*) echo test_cpu_native ;;
     seams:*) echo test_seams ;;
     nccl:*) echo test_nccl_seam_sim ;;
@@ -308,6 +335,8 @@ spec_targets() { # $1 = test spec: the build targets its suite needs
     sched:*) echo test_pipeline_sched ;;
     gen:*) echo test_generate ;;
     text:*) echo test_tokenizer ;;
+    gtest:*) local rest="${1#gtest:}"; echo "${rest%%:*}" ;;
+    ctest:*) echo meshkern_cli ;;
   esac
 }
 TARGETS=()
@@ -360,6 +389,18 @@ run_tests() { # $1 = test spec; returns 0 when every test passed
       ;;
     stage)
       run timeout 900 "$BUILD/tests/stage/test_stage" >>"$WORK/run.log" 2>&1
+      ;;
+    stage:*)
+      run timeout 900 "$BUILD/tests/stage/test_stage" --gtest_filter="${1#stage:}" >>"$WORK/run.log" 2>&1
+      ;;
+    gtest:*)
+      local rest="${1#gtest:}" bin
+      bin=$(find "$BUILD/tests" -name "${rest%%:*}" -type f -perm -u+x | head -1)
+      [ -n "$bin" ] || { log "no test binary ${rest%%:*} in $BUILD/tests"; return 2; }
+      run timeout 900 "$bin" --gtest_filter="${rest#*:}" >>"$WORK/run.log" 2>&1
+      ;;
+    ctest:*)
+      (cd "$BUILD" && run timeout 900 ctest -R "${1#ctest:}" --output-on-failure) >>"$WORK/run.log" 2>&1
       ;;
     native:*)
       run timeout 900 "$BUILD/tests/test_cpu_native" --gtest_filter="${1#native:}" >>"$WORK/run.log" 2>&1

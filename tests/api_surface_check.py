@@ -4,7 +4,10 @@
   api_surface_check.py clears HEADER SOURCE_DIR...
       Every MK_API function that can fail (returns mk_status, or records a failure in its
       body) calls mk_clear_error() as its first statement, so a message left by an earlier
-      call never passes for its own.
+      call never passes for its own; and every one that cannot fail (getters, free
+      functions, defaults) leaves the message alone, so the first error's message survives
+      the cleanup and the figures read after a failure (`run --seam tcp` printed
+      "MK_ERR_PEER_CLOSED: " with no text once mk_pipeline_seam_bytes had cleared it).
   api_surface_check.py symbols HEADER LIBRARY
       The shared library's dynamic symbol table defines exactly the MK_API functions:
       nothing else (protobuf-c, OpenSSL wrappers, internal helpers) leaks, nothing is missing.
@@ -51,6 +54,8 @@ def check_clears(header, source_dirs):
             continue
         fallible = ret == "mk_status" or re.search(r"\bmk_fail\s*\(|\bMK_TRY\s*\(|!=\s*MK_OK", body)
         if not fallible:
+            if re.search(r"\bmk_clear_error\s*\(", re.sub(r"/\*.*?\*/", " ", body, flags=re.S)):
+                bad.append(f"{name}: cannot fail but clears the message (a failure's message would not survive it)")
             continue
         checked += 1
         first = re.sub(r"/\*.*?\*/", " ", body, flags=re.S).strip()

@@ -792,6 +792,27 @@ TEST(gguf_malformed, TensorDataPastTheEnd) {
     expect_status(b.build(), MK_ERR_GGUF_DATA_BOUNDS, "tensor 'big' data", "big tensor");
 }
 
+// Every tensor owns its bytes: a header edit that re-points a tensor into another's data
+// ran and produced other tokens with no error. Refused, naming both tensors and ranges.
+TEST(gguf_malformed, OverlappingTensorData) {
+    const struct {
+        size_t tensor;
+        uint64_t offset;
+        const char *needle;
+    } cases[] = {
+        {1, 0, "tensor 'b' data [0, +16) overlaps tensor 'a' data [0, +32)"},      // same start
+        {2, 32, "tensor 'c' data [32, +68) overlaps tensor 'b' data [32, +16)"},   // onto the next one
+        {2, 0, "tensor 'c' data [0, +68) overlaps tensor 'a' data [0, +32)"},      // over two of them
+        {1, 64, "tensor 'c' data [64, +68) overlaps tensor 'b' data [64, +16)"},   // into a later one
+    };
+    for (const auto &c : cases) {
+        Builder b = valid_builder();
+        b.tensors[c.tensor].offset_set = true;
+        b.tensors[c.tensor].offset = c.offset;
+        expect_status(b.build(), MK_ERR_GGUF_DATA_BOUNDS, c.needle, c.needle);
+    }
+}
+
 TEST(gguf_malformed, MisalignedOffsets) {
     for (uint64_t off : std::initializer_list<uint64_t>{1ull, 16ull, 33ull, 31ull}) {
         Builder b = valid_builder();

@@ -405,6 +405,31 @@ TEST(PipelineSched, ContextOverflowFailsThatSequenceOnly) {
     expect_all_match_whole(model.get(), ro, {specs[1], specs[2]}, {results[1], results[2]}, "others");
 }
 
+// A token limit from outside that wraps when multiplied by 4 bytes (2^62) or is as large as
+// size_t goes is bounded by the context: a one-token prompt yields exactly max_context
+// tokens (the buffer's last element) and then fails with the context error; nothing is
+// written past the buffer (ASan in CI), the other sequence is untouched.
+TEST(PipelineSched, HugeTokenLimitIsBoundedByTheContext) {
+    ModelPtr model = make_random_model(mk_hparams_seed_default());
+    mk_range_options ro = cpu_options();
+    ro.max_context = 12;
+    mk_sched_options o = sched_options(2, nullptr, MK_SEAM_LOCAL);
+    o.range = ro;
+    Collector c;
+    SchedPtr s = make_sched(model.get(), o, &c);
+    ASSERT_TRUE(s);
+    const std::vector<SeqSpec> specs = {{{11}, (size_t)1 << 62, {}}, {{1, 2}, SIZE_MAX, {}}};
+    const std::vector<uint64_t> ids = submit_all(s.get(), specs);
+    ASSERT_TRUE(wait_all_within(s.get(), 60));
+    const std::vector<SeqResult> results = collect(s.get(), &c, ids);
+    for (size_t i = 0; i < results.size(); i++) {
+        EXPECT_EQ(results[i].info.status, MK_ERR_CONTEXT_OVERFLOW) << results[i].error;
+        EXPECT_EQ(results[i].tokens.size(), 12 - specs[i].prompt.size() + 1) << "sequence " << i;
+    }
+    const Decode ref = whole_reference(model.get(), ro, {{11}, 12, {}});
+    EXPECT_EQ(results[0].tokens, ref.tokens);
+}
+
 // ============================================================== faults ==
 
 // One failed step (injected) on stage 1 fails exactly the sequence it belonged to. Over a

@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "mk_error.h"
 
 #define MK_CLI_MAX_CUTS 64
 
@@ -100,9 +101,7 @@ static int mk_cli_parse(int argc, char **argv, mk_cli_opts *o, size_t default_n)
             const mk_status s = mk_seam_kind_from_name(v, &o->seam.kind);
             if (s != MK_OK) return mk_cli_fail(s);
         } else if (strcmp(a, "--n") == 0) {
-            char *end = NULL; /* digits only: strtoull would turn "-1" into SIZE_MAX */
-            o->n_new = v[0] >= '0' && v[0] <= '9' ? (size_t)strtoull(v, &end, 10) : 0;
-            if (!end || *end || o->n_new == 0 || o->n_new > (1u << 20)) return mk_text_usage();
+            if (!mk_cli_parse_count(a, v, 1, MK_CLI_MAX_NEW_TOKENS, &o->n_new)) return mk_text_usage();
         } else return mk_text_usage();
     }
     mk_cli_backend_finish(&backend, o->model_path);
@@ -430,6 +429,10 @@ int mk_cli_chat(int argc, char **argv) {
             if (isatty(STDIN_FILENO)) fputs("> ", stdout), fflush(stdout);
             const ssize_t n = getline(&line, &cap, stdin);
             if (n <= 0) break;
+            if (memchr(line, '\0', (size_t)n)) { /* C strings would end the message there, silently */
+                s = mk_fail(MK_ERR_INVALID_ARGUMENT, "standard input: a NUL byte in message %zu", c.n + 1);
+                break;
+            }
             if (line[n - 1] == '\n') line[n - 1] = '\0';
             if (!line[0]) break;
             s = mk_chat_add(&c, "user", line);

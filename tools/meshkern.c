@@ -61,6 +61,8 @@ static int usage(void) {
             "               [--seam tcp|unix|nccl] [--backend cpu|cuda] [--dtype native|f32|f16|bf16] [--kv f32|f16|bf16]\n"
             "               [--threads N] [--speed]\n"
             "               [--stop IDS] [--launcher mpi|rendezvous (mpi: mpirun -np N ..., no --rank/--world)]\n"
+            "               [--tls-psk HEX [--tls-identity ID] | --tls-cert PEM --tls-key PEM --tls-ca PEM]\n"
+            "               (TLS 1.3 on the rendezvous, control and seam connections; unix/tcp seams)\n"
             "               one process per range; rank 0 takes the prompts and prints the tokens\n"
             "  meshkern serve MODEL.gguf [--host 127.0.0.1] [--port 8080] [--api-key KEY|--api-key-file F]\n"
             "               [--split L1,...] [--max-sequences N] [--max-queue N] [--ctx N] [--threads N] ...\n"
@@ -257,10 +259,7 @@ static int cmd_run(int argc, char **argv) {
         if (strcmp(a, "--tokens") == 0) n_tokens = parse_list(v, tokens_ll, MK_MAX_TOKENS);
         else if (strcmp(a, "--split") == 0) n_cuts = parse_list(v, cuts_ll, MK_MAX_CUTS);
         else if (strcmp(a, "--n") == 0) {
-            /* a count: digits only (strtoull would turn "-1" into SIZE_MAX) */
-            char *end = NULL;
-            n_new = v[0] >= '0' && v[0] <= '9' ? (size_t)strtoull(v, &end, 10) : 0;
-            if (!end || *end || n_new >= MK_MAX_TOKENS) return usage();
+            if (!mk_cli_parse_count(a, v, 1, MK_MAX_TOKENS - 2, &n_new)) return usage();
         }
         else if (strcmp(a, "--devices") == 0) {
             n_devices = parse_list(v, devices_ll, MK_MAX_CUTS + 1);
@@ -270,19 +269,24 @@ static int cmd_run(int argc, char **argv) {
             if (s != MK_OK) return fail(s);
         } else if (strcmp(a, "--seam-address") == 0) seam.address = v;
         else if (strcmp(a, "--seam-timeout") == 0) {
-            seam.io_timeout_ms = seam.connect_timeout_ms = atoi(v);
-            if (seam.io_timeout_ms <= 0) return usage();
-        } else if (strcmp(a, "--tls-psk") == 0) seam.tls.enabled = true, seam.tls.psk_hex = v;
-        else if (strcmp(a, "--tls-identity") == 0) seam.tls.psk_identity = v;
-        else if (strcmp(a, "--tls-cert") == 0) seam.tls.enabled = true, seam.tls.cert_file = v;
-        else if (strcmp(a, "--tls-key") == 0) seam.tls.key_file = v;
-        else if (strcmp(a, "--tls-ca") == 0) seam.tls.ca_file = v;
+            size_t ms = 0;
+            if (!mk_cli_parse_count(a, v, 1, 86400000, &ms)) return usage();
+            seam.io_timeout_ms = seam.connect_timeout_ms = (int)ms;
+        } else if (mk_cli_tls_option(a, v, &seam.tls)) continue;
         else return usage();
     }
+    /* TLS flags are checked before anything runs: the transport (only unix and tcp carry
+     * TLS), the combination and the key's length, the files. */
+    if (seam.tls.enabled && !mk_cli_tls_usable(&seam)) return 2;
     mk_cli_backend_finish(&backend, path);
     opt.backend = backend.config;
     opt.eager_decode = backend.eager_decode;
-    if (n_tokens <= 0 || n_cuts < 0 || n_new == 0 || (size_t)n_tokens + n_new >= MK_MAX_TOKENS) return usage();
+    if (n_tokens <= 0 || n_cuts < 0 || n_new == 0) return usage();
+    if ((size_t)n_tokens + n_new >= MK_MAX_TOKENS) {
+        fprintf(stderr, "meshkern: %ld prompt tokens and --n %zu exceed the limit of %d positions\n", n_tokens, n_new,
+                MK_MAX_TOKENS - 1);
+        return usage();
+    }
     for (long i = 0; i < n_tokens; i++) /* the head checks the vocabulary; int32 must not wrap first */
         if (tokens_ll[i] < 0 || tokens_ll[i] > INT32_MAX) {
             fprintf(stderr, "meshkern: token id %lld is not a valid token id\n", tokens_ll[i]);

@@ -23,6 +23,7 @@
 #include "gguf.h"
 #include "model.h"
 #include "mk_error.h"
+#include "mk_size.h"
 
 #define MK_BATCH_MAX_LIST 64
 
@@ -69,12 +70,6 @@ static bool parse_ints(const char *text, long long lo, long long hi, long long *
     return *n > 0;
 }
 
-static bool parse_count(const char *v, size_t *out) {
-    char *end = NULL;
-    *out = v[0] >= '0' && v[0] <= '9' ? (size_t)strtoull(v, &end, 10) : 0;
-    return end && !*end && *out > 0;
-}
-
 static int parse_batch_args(int argc, char **argv, batch_args *a) {
     memset(a, 0, sizeof *a);
     a->model = argv[0];
@@ -94,8 +89,11 @@ static int parse_batch_args(int argc, char **argv, batch_args *a) {
         if (taken) continue;
         if (strcmp(k, "--prompts") == 0) a->prompts = v;
         else if (strcmp(k, "--timeline") == 0) a->timeline = v;
-        else if (strcmp(k, "--batch") == 0) { if (!parse_count(v, &a->batch)) return mk_cli_usage(); }
-        else if (strcmp(k, "--n") == 0) { if (!parse_count(v, &a->n_new)) return mk_cli_usage(); }
+        else if (strcmp(k, "--batch") == 0) {
+            if (!mk_cli_parse_count(k, v, 1, MK_CLI_MAX_BATCH, &a->batch)) return mk_cli_usage();
+        } else if (strcmp(k, "--n") == 0) {
+            if (!mk_cli_parse_count(k, v, 1, MK_CLI_MAX_NEW_TOKENS, &a->n_new)) return mk_cli_usage();
+        }
         else if (strcmp(k, "--split") == 0) {
             if (strcmp(v, "auto") == 0) a->split_auto = true;
             else if (!parse_ints(v, 0, INT32_MAX, list, MK_BATCH_MAX_LIST, &n)) return mk_cli_usage();
@@ -131,8 +129,14 @@ mk_status mk_cli_read_prompts(const char *path, batch_prompt **out, size_t *n_ou
     char *line = NULL;
     size_t line_cap = 0;
     mk_status s = MK_OK;
-    while (s == MK_OK && getline(&line, &line_cap, f) >= 0) {
+    ssize_t len;
+    while (s == MK_OK && (len = getline(&line, &line_cap, f)) >= 0) {
         line_no++;
+        if (memchr(line, '\0', (size_t)len)) { /* C strings would end the line there, silently */
+            s = mk_fail(MK_ERR_INVALID_ARGUMENT, "%s:%zu: a NUL byte at column %zu", path, line_no,
+                        (size_t)((const char *)memchr(line, '\0', (size_t)len) - line) + 1);
+            break;
+        }
         const char *p = line;
         while (*p == ' ' || *p == '\t') p++;
         if (*p == '\0' || *p == '\n' || *p == '\r' || *p == '#') continue;
@@ -199,7 +203,7 @@ static int run_batch(const batch_args *a, const mk_model *model, const batch_pro
     mk_sched_options o = mk_sched_options_default();
     o.range.backend = a->backend.config;
     o.range.eager_decode = a->backend.eager_decode;
-    o.range.max_context = longest + a->n_new;
+    (void)mk_size_add(longest, a->n_new, &o.range.max_context); /* saturates, then capped */
     if (o.range.max_context > hp->max_context) o.range.max_context = hp->max_context;
     o.range.max_batch_tokens = longest < o.range.max_context ? longest : o.range.max_context;
     o.split_auto = a->split_auto || (a->n_cuts == 0 && a->n_devices > 1);
@@ -210,7 +214,9 @@ static int run_batch(const batch_args *a, const mk_model *model, const batch_pro
     o.n_devices = a->n_devices;
     o.max_sequences = a->batch;
     o.seam = a->seam;
-    o.timeline_capacity = a->timeline ? n_prompts * (a->n_new + 1) : 0;
+    if (a->timeline && !mk_size_mul(n_prompts, a->n_new + 1, &o.timeline_capacity))
+        return mk_cli_fail(mk_fail(MK_ERR_OUT_OF_MEMORY, "a timeline of %zu sequences x %zu steps overflows", n_prompts,
+                                   a->n_new + 1));
     const bool cuda = a->backend.config.kind == MK_BACKEND_CUDA;
     mk_sched *sched = NULL;
     mk_status s = mk_sched_create(model, &o, &sched);
@@ -232,8 +238,8 @@ static int run_batch(const batch_args *a, const mk_model *model, const batch_pro
     }
 
     uint64_t *ids = calloc(n_prompts, sizeof *ids);
-    int32_t *tokens = malloc(a->n_new * sizeof *tokens);
-    if (!ids || !tokens) s = mk_fail(MK_ERR_OUT_OF_MEMORY, "out of memory");
+    int32_t *tokens = mk_alloc_array(a->n_new, sizeof *tokens, "generated tokens");
+    if (!ids || !tokens) s = tokens ? mk_fail(MK_ERR_OUT_OF_MEMORY, "out of memory") : MK_ERR_OUT_OF_MEMORY;
     const double t0 = batch_now_s();
     for (size_t i = 0; s == MK_OK && i < n_prompts; i++)
         s = mk_sched_submit(sched, prompts[i].ids, prompts[i].n, a->n_new, stop, n_stop, &ids[i]);

@@ -7,6 +7,7 @@
  *                  [--prompts FILE|-] [--max-tokens K] [--batch M] [--timeout S] [--stop IDS]
  *                  [--seam tcp|unix|nccl] [--backend cpu|cuda] [--device D] [--dtype native|f32|f16|bf16]
  *                  [--kv f32|f16|bf16] [--threads N] [--speed]   (the backend options: cli_backend.c) [--text]
+ *                  [--tls-psk HEX [--tls-identity ID] | --tls-cert PEM --tls-key PEM --tls-ca PEM]
  *
  * Rank 0 reads the prompts (one per line, comma-separated token ids, as run --prompts; with
  * --text one user message per line, through the model's chat template as run -p), prints
@@ -24,6 +25,7 @@
 #include "gguf.h"
 #include "model.h"
 #include "mk_error.h"
+#include "mk_size.h"
 
 #define MK_STAGE_MAX_LIST 64
 
@@ -41,7 +43,7 @@ typedef struct stage_print {
     const mk_model *model;
     const mk_tokenizer *tok; /* --text: answers printed as text */
     const batch_prompt *prompts;
-    size_t generated, failed;
+    size_t generated, failed, reported;
     int rank;
 } stage_print;
 
@@ -49,14 +51,6 @@ static double stage_now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static bool parse_size(const char *v, size_t *out) {
-    char *end = NULL;
-    errno = 0;
-    const unsigned long long x = v[0] >= '0' && v[0] <= '9' ? strtoull(v, &end, 10) : 0;
-    *out = (size_t)x;
-    return end && !*end && !errno && x > 0;
 }
 
 static bool parse_int(const char *v, long lo, long hi, int *out) {
@@ -120,12 +114,19 @@ static int parse_stage_args(int argc, char **argv, stage_args *a) {
             else if (strcmp(v, "rendezvous") != 0) return mk_cli_usage();
         }
         else if (strcmp(k, "--prompts") == 0) a->prompts = v;
-        else if (strcmp(k, "--max-tokens") == 0) { if (!parse_size(v, &a->o.max_new_tokens)) return mk_cli_usage(); }
-        else if (strcmp(k, "--batch") == 0) { if (!parse_size(v, &a->o.max_sequences)) return mk_cli_usage(); }
+        else if (strcmp(k, "--max-tokens") == 0) {
+            if (!mk_cli_parse_count(k, v, 1, MK_CLI_MAX_NEW_TOKENS, &a->o.max_new_tokens)) return mk_cli_usage();
+        } else if (strcmp(k, "--batch") == 0) {
+            if (!mk_cli_parse_count(k, v, 1, MK_CLI_MAX_BATCH, &a->o.max_sequences)) return mk_cli_usage();
+        }
         else if (strcmp(k, "--timeout") == 0) {
+            /* seconds, at the runtime's resolution of 1 ms: less would become 0, the default */
             char *end = NULL;
             const double s = strtod(v, &end);
-            if (end == v || *end || !(s > 0.0) || s > 86400.0) return mk_cli_usage();
+            if (end == v || *end || !(s >= 0.001) || s > 86400.0) {
+                fprintf(stderr, "meshkern: --timeout %s: expected seconds from 0.001 (the resolution) to 86400\n", v);
+                return mk_cli_usage();
+            }
             a->o.timeout_ms = (int)(s * 1000.0 + 0.5);
         } else if (strcmp(k, "--stop") == 0) {
             if (!parse_list(v, list, MK_STAGE_MAX_LIST, &n)) return mk_cli_usage();
@@ -133,7 +134,13 @@ static int parse_stage_args(int argc, char **argv, stage_args *a) {
         } else if (strcmp(k, "--seam") == 0) {
             const mk_status s = mk_seam_kind_from_name(v, &a->o.seam);
             if (s != MK_OK) return mk_cli_fail(s);
-        } else return mk_cli_usage();
+        } else if (mk_cli_tls_option(k, v, &a->o.tls)) continue;
+        else return mk_cli_usage();
+    }
+    if (a->o.tls.enabled) { /* the key, the files and the seam, checked before anything starts */
+        mk_seam_options so = mk_seam_options_default(a->o.seam);
+        so.tls = a->o.tls;
+        if (!mk_cli_tls_usable(&so)) return 2;
     }
     /* Started by mpirun without a rank of its own: MPI says who is who. */
     if (!a->mpi && a->o.rank < 0 && mk_stage_mpi_launched()) a->mpi = true;
@@ -152,8 +159,14 @@ static int parse_stage_args(int argc, char **argv, stage_args *a) {
     return 0;
 }
 
+/* The runtime's notices (a rank joined, a stranger dropped at the rendezvous) on stderr. */
+static void stage_log(void *user, const char *line) {
+    fprintf(stderr, "meshkern stage: rank %d: %s\n", *(const int *)user, line);
+}
+
 static void stage_report(void *user, const mk_stage_report *r) {
     stage_print *p = user;
+    p->reported++;
     if (p->rank != 0) {
         printf("rank %d: seq %zu: FAILED %s: %s\n", p->rank, r->request + 1, mk_status_name(r->status), r->error);
         fflush(stdout);
@@ -227,10 +240,12 @@ static int run_stage(stage_args *a, const mk_model *model, const mk_tokenizer *t
         a->o.n_stop = a->n_stop;
         size_t longest = 0;
         for (size_t i = 0; i < n_prompts; i++) longest = prompts[i].n > longest ? prompts[i].n : longest;
-        a->o.range.max_context = longest + a->o.max_new_tokens;
+        (void)mk_size_add(longest, a->o.max_new_tokens, &a->o.range.max_context); /* saturates, then capped */
         if (a->o.range.max_context > hp->max_context) a->o.range.max_context = hp->max_context;
         a->o.range.max_batch_tokens = longest < a->o.range.max_context ? longest : a->o.range.max_context;
     }
+    a->o.log = stage_log;
+    a->o.log_user = &a->o.rank;
     mk_stage *stage = NULL;
     mk_status s = mk_stage_join(model, &a->o, &stage);
     if (s != MK_OK) {
@@ -239,9 +254,10 @@ static int run_stage(stage_args *a, const mk_model *model, const mk_tokenizer *t
         return 1;
     }
     const mk_range *r = mk_stage_range(stage);
-    printf("stage: rank %d of %d, layers %lld-%lld %s, seam %s%s, backend %s, weights %s\n", a->o.rank, a->o.world,
+    printf("stage: rank %d of %d, layers %lld-%lld %s, seam %s%s%s, backend %s, weights %s\n", a->o.rank, a->o.world,
            (long long)mk_range_start(r), (long long)mk_range_end(r), mk_role_name(mk_range_role(r)),
            mk_seam_kind_name(a->o.seam), a->o.nccl_ids_given ? " (NCCL ids by MPI_Bcast)" : "",
+           a->o.tls.enabled ? " (TLS 1.3 on every connection)" : "",
            a->o.range.backend.kind == MK_BACKEND_CUDA ? "cuda" : "cpu",
            mk_dtype_name(a->o.range.backend.weight_dtype));
     fflush(stdout);
@@ -251,12 +267,15 @@ static int run_stage(stage_args *a, const mk_model *model, const mk_tokenizer *t
         return mk_cli_fail(mk_fail(MK_ERR_OUT_OF_MEMORY, "out of memory"));
     }
     for (size_t i = 0; i < n_prompts; i++) req[i] = (mk_stage_request){prompts[i].ids, prompts[i].n};
-    stage_print p = {model, tok, prompts, 0, 0, a->o.rank};
+    stage_print p = {model, tok, prompts, 0, 0, 0, a->o.rank};
     const double t0 = stage_now_s();
     s = mk_stage_serve(stage, req, n_prompts, stage_report, &p);
     const double wall = stage_now_s() - t0;
     int rc = 0;
     if (s != MK_OK) {
+        /* every rank says which requests the failure took, even when none */
+        if (a->o.rank != 0 && p.reported == 0) printf("rank %d: no request in flight when the run failed\n", a->o.rank);
+        fflush(stdout);
         fprintf(stderr, "meshkern stage: rank %d: %s: %s\n", a->o.rank, mk_status_name(s), mk_last_error());
         rc = 1;
     } else if (a->o.rank == 0) {
@@ -282,9 +301,16 @@ static mk_status read_text_prompts(const char *path, const mk_model *model, mk_t
     if (!f) return mk_fail(MK_ERR_IO, "cannot open prompts file %s", path);
     mk_status s = MK_OK;
     char *line = NULL;
-    size_t cap = 0, n = 0, have = 0;
+    size_t cap = 0, n = 0, have = 0, line_no = 0;
     ssize_t len;
     while (s == MK_OK && (len = getline(&line, &cap, f)) >= 0) {
+        line_no++;
+        const char *nul = memchr(line, '\0', (size_t)len); /* C strings would end the line there, silently */
+        if (nul) {
+            s = mk_fail(MK_ERR_INVALID_ARGUMENT, "%s:%zu: a NUL byte at column %zu", path, line_no,
+                        (size_t)(nul - line) + 1);
+            break;
+        }
         while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r')) line[--len] = '\0';
         if (len == 0) continue;
         if (n == have) {

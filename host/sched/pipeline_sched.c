@@ -7,6 +7,7 @@
 
 #include "cpu_pool.h"
 #include "mk_error.h"
+#include "mk_size.h"
 #include "range.h"
 #include "sched.h"
 #include "seam/seam.h"
@@ -100,7 +101,10 @@ static mk_status mk_sched_build(mk_sched *s, const mk_sched_options *o, const in
     s->stages = calloc(s->n_stages, sizeof *s->stages);
     s->links = calloc(s->n_stages > 1 ? s->n_stages - 1 : 1, sizeof *s->links);
     if (!s->stages || !s->links) return mk_fail(MK_ERR_OUT_OF_MEMORY, "pipeline: out of memory");
-    MK_TRY(mk_queue_init(&s->inbox0, s->n_slots + 1));
+    size_t inbox_cap;
+    if (!mk_size_add(s->n_slots, 1, &inbox_cap))
+        return mk_fail(MK_ERR_OUT_OF_MEMORY, "pipeline: %zu sequences in flight overflow the inbox", s->n_slots);
+    MK_TRY(mk_queue_init(&s->inbox0, inbox_cap));
     int64_t start = 0;
     for (size_t i = 0; i < s->n_stages; i++) {
         mk_sched_stage *st = &s->stages[i];
@@ -255,17 +259,14 @@ const mk_range *mk_sched_stage_range(const mk_sched *s, size_t i) {
     return s && i < s->n_stages ? s->stages[i].range : NULL;
 }
 double mk_sched_stage_share(const mk_sched *s, size_t i) {
-    mk_clear_error();
     return s && i < s->n_stages ? s->stages[i].share : 0.0;
 }
 
 mk_seam_kind mk_sched_seam_kind(const mk_sched *s, size_t i) {
-    mk_clear_error();
     return s && i + 1 < s->n_stages ? s->links[i].kind : (mk_seam_kind)0;
 }
 
 size_t mk_sched_seam_bytes(const mk_sched *s, size_t i) {
-    mk_clear_error();
     return s && i + 1 < s->n_stages ? mk_stage_link_bytes(&s->links[i]) : 0;
 }
 
@@ -293,15 +294,17 @@ mk_status mk_sched_submit(mk_sched *s, const int32_t *prompt, size_t n_prompt, s
                        n_prompt, mk_range_max_rows(head));
     mk_sched_request *r = calloc(1, sizeof *r);
     if (!r) return mk_fail(MK_ERR_OUT_OF_MEMORY, "pipeline: out of memory");
-    r->prompt = malloc(n_prompt * sizeof *r->prompt);
-    r->stop_ids = malloc((n_stop ? n_stop : 1) * sizeof *r->stop_ids);
-    r->tokens = malloc(max_new * sizeof *r->tokens);
-    if (!r->prompt || !r->stop_ids || !r->tokens) {
+    /* At most max_context tokens come out of a sequence (each but the last takes a KV
+     * position), whatever max_new asks: the buffer is sized by the smaller. */
+    const size_t n_max = max_new < mk_range_max_context(head) ? max_new : mk_range_max_context(head);
+    r->prompt = mk_alloc_array(n_prompt, sizeof *r->prompt, "pipeline: a prompt");
+    r->stop_ids = r->prompt ? mk_alloc_array(n_stop, sizeof *r->stop_ids, "pipeline: stop ids") : NULL;
+    r->tokens = r->stop_ids ? mk_alloc_array(n_max, sizeof *r->tokens, "pipeline: a sequence's tokens") : NULL;
+    if (!r->tokens) {
         free(r->prompt);
         free(r->stop_ids);
-        free(r->tokens);
         free(r);
-        return mk_fail(MK_ERR_OUT_OF_MEMORY, "pipeline: out of memory for a sequence of %zu tokens", max_new);
+        return MK_ERR_OUT_OF_MEMORY;
     }
     memcpy(r->prompt, prompt, n_prompt * sizeof *prompt);
     if (n_stop) memcpy(r->stop_ids, stop_ids, n_stop * sizeof *stop_ids);

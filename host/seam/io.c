@@ -165,6 +165,22 @@ mk_status mk_io_write(mk_io *io, const void *buf, size_t n, int64_t deadline, co
                    : mk_plain_write(io, buf, n, deadline, what, NULL, false);
 }
 
+mk_status mk_io_read_now(mk_io *io, void *buf, size_t n, size_t *got, const char *what) {
+    *got = 0;
+    if (io->ssl) return mk_tls_io(io, buf, n, false, 0, what, got, true);
+    uint8_t *p = buf;
+    while (*got < n) {
+        const ssize_t r = recv(io->fd, p + *got, n - *got, 0);
+        if (r > 0) *got += (size_t)r;
+        else if (r == 0 || (r < 0 && errno == ECONNRESET))
+            return mk_fail(MK_ERR_PEER_CLOSED, "seam: the peer closed the connection after %zu of %zu bytes of the %s",
+                           *got, n, what);
+        else if (errno == EAGAIN || errno == EWOULDBLOCK) return MK_OK;
+        else if (errno != EINTR) return mk_fail(MK_ERR_IO, "seam: reading the %s failed: %s", what, strerror(errno));
+    }
+    return MK_OK;
+}
+
 mk_status mk_io_write_now(mk_io *io, const void *buf, size_t n, size_t *written, const char *what) {
     *written = 0;
     return io->ssl ? mk_tls_io(io, (uint8_t *)(uintptr_t)buf, n, true, 0, what, written, true)

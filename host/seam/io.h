@@ -26,6 +26,9 @@ int64_t mk_deadline_ms(int timeout_ms, int default_ms);
  * after some bytes, the message says how many of n arrived. */
 mk_status mk_io_read(mk_io *io, void *buf, size_t n, int64_t deadline, const char *what);
 mk_status mk_io_write(mk_io *io, const void *buf, size_t n, int64_t deadline, const char *what);
+/* Read what has arrived, without waiting: *got bytes (maybe fewer than n, maybe 0); a
+ * close is MK_ERR_PEER_CLOSED (with *got the bytes before it). */
+mk_status mk_io_read_now(mk_io *io, void *buf, size_t n, size_t *got, const char *what);
 /* Write what the socket takes now, without waiting: *written bytes (maybe fewer than n). */
 mk_status mk_io_write_now(mk_io *io, const void *buf, size_t n, size_t *written, const char *what);
 void mk_io_close(mk_io *io);
@@ -39,7 +42,11 @@ mk_status mk_socket_connect(mk_seam_kind kind, const char *address, int64_t dead
 /* A connected Unix socketpair (both ends non-blocking). */
 mk_status mk_socket_pair(int fds[2]);
 
-/* TLS 1.3 (tls.c). A context per end: server (the receiving end) or client (sending). */
+/* TLS 1.3 (tls.c). The options alone: a pre-shared key or certificates (not both), an
+ * identity only with a key, a certificate with its key and a CA. */
+mk_status mk_tls_check(const mk_seam_tls *tls);
+/* A context per end: server (the receiving end) or client (sending); checks the options,
+ * the key's length (32 to 64 bytes) and loads the files. */
 mk_status mk_tls_context(const mk_seam_tls *tls, bool server, SSL_CTX **out);
 void mk_tls_context_free(SSL_CTX *ctx);
 /* Attach TLS to io->fd (io->ssl set); the handshake runs in mk_tls_handshake. */
@@ -48,5 +55,8 @@ mk_status mk_tls_attach(mk_io *io, SSL_CTX *ctx, bool server);
  * an in-process pair (b may be NULL), until done or the deadline. A peer without the key
  * or certificate, or a plaintext peer, is MK_ERR_AUTH. */
 mk_status mk_tls_handshake(mk_io *a, mk_io *b, int64_t deadline);
+/* One step of a handshake driven by the caller's own poll loop: *done, or the events to
+ * wait for; a refusal is MK_ERR_AUTH. */
+mk_status mk_tls_handshake_step(mk_io *io, bool *done, short *events);
 
 #endif

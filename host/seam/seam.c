@@ -28,14 +28,12 @@ mk_status mk_seam_kind_from_name(const char *name, mk_seam_kind *out) {
 }
 
 const char *mk_seam_kind_name(mk_seam_kind kind) {
-    mk_clear_error();
     for (size_t i = 0; i < sizeof mk_seam_kinds / sizeof *mk_seam_kinds; i++)
         if (mk_seam_kinds[i].kind == kind) return mk_seam_kinds[i].name;
     return "unknown";
 }
 
 mk_seam_options mk_seam_options_default(mk_seam_kind kind) {
-    mk_clear_error();
     mk_seam_options o;
     memset(&o, 0, sizeof o);
     o.kind = kind;
@@ -52,7 +50,18 @@ static double mk_seconds(void) {
 
 static bool mk_is_stream(mk_seam_kind kind) { return kind == MK_SEAM_UNIX || kind == MK_SEAM_TCP; }
 
+/* TLS runs inside the stream transports only: asked of another, nothing would be encrypted. */
+mk_status mk_seam_check_tls(const mk_seam_options *opt) {
+    if (!opt->tls.enabled) return MK_OK;
+    if (!mk_is_stream(opt->kind))
+        return mk_fail(MK_ERR_INVALID_ARGUMENT, "seam TLS protects the unix and tcp seams only; the %s seam %s",
+                       mk_seam_kind_name(opt->kind),
+                       opt->kind == MK_SEAM_NCCL ? "is not encrypted" : "never leaves the process (nothing to encrypt)");
+    return mk_tls_check(&opt->tls);
+}
+
 static mk_status mk_seam_new(const mk_seam_options *opt, mk_range *range, bool sender, mk_seam **out) {
+    MK_TRY(mk_seam_check_tls(opt));
     mk_seam *s = calloc(1, sizeof *s);
     if (!s) return mk_fail(MK_ERR_OUT_OF_MEMORY, "seam: out of memory");
     s->kind = opt->kind;
@@ -120,7 +129,7 @@ static mk_status mk_check_stream(const mk_seam_options *opt, const char *who) {
                        mk_seam_kind_name(opt->kind));
     if (opt->kind == MK_SEAM_NCCL && (!opt->address || !*opt->address))
         return mk_fail(MK_ERR_INVALID_ARGUMENT, "%s: the nccl seam across processes needs an address (the id file)", who);
-    return MK_OK;
+    return mk_seam_check_tls(opt);
 }
 
 mk_status mk_seam_listen(const mk_seam_options *opt, mk_seam_listener **out) {
@@ -156,7 +165,6 @@ mk_status mk_seam_listen(const mk_seam_options *opt, mk_seam_listener **out) {
 }
 
 const char *mk_seam_listener_address(const mk_seam_listener *l) {
-    mk_clear_error();
     return l ? l->address : "";
 }
 
@@ -310,11 +318,9 @@ mk_status mk_seam_recv(mk_seam *s, const mk_sequence *seq, mk_boundary *into) {
 }
 
 size_t mk_seam_bytes(const mk_seam *s) {
-    mk_clear_error();
     return s ? s->bytes : 0;
 }
 
 double mk_seam_seconds(const mk_seam *s) {
-    mk_clear_error();
     return s ? s->seconds : 0.0;
 }

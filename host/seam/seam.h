@@ -44,6 +44,9 @@ size_t mk_range_hidden(const mk_range *range);
 
 /* Transport constructors: both ends in one process (local, wire, stream) or one end of a
  * stream connection (fd connected, TLS context or NULL). */
+/* The TLS options of a seam: only on the unix and tcp transports, and consistent (tls.c
+ * mk_tls_check); the command line checks them before it runs anything. */
+mk_status mk_seam_check_tls(const mk_seam_options *opt);
 mk_status mk_seam_local_pair(mk_seam *tx, mk_seam *rx);
 mk_status mk_seam_wire_pair(mk_seam *tx, mk_seam *rx);
 mk_status mk_seam_stream_pair(mk_seam *tx, mk_seam *rx);

@@ -15,6 +15,7 @@
 #include "io.h"
 #include "mk_error.h"
 
+#define MK_PSK_MIN 32 /* bytes: a 256-bit key at least */
 #define MK_PSK_MAX 64
 
 typedef struct mk_psk {
@@ -81,9 +82,10 @@ static mk_status mk_tls_error(mk_status status, const char *what) {
 
 static mk_status mk_psk_parse(const char *hex, const char *identity, mk_psk *out) {
     const size_t n = hex ? strlen(hex) : 0;
-    if (n < 32 || n % 2 || n / 2 > MK_PSK_MAX)
-        return mk_fail(MK_ERR_INVALID_ARGUMENT, "seam TLS: the pre-shared key must be 32 to %d hex digits (even)",
-                       2 * MK_PSK_MAX);
+    if (n % 2 || n / 2 < MK_PSK_MIN || n / 2 > MK_PSK_MAX)
+        return mk_fail(MK_ERR_INVALID_ARGUMENT,
+                       "seam TLS: the pre-shared key must be %d to %d bytes (%d to %d hex digits), not %zu hex digits",
+                       MK_PSK_MIN, MK_PSK_MAX, 2 * MK_PSK_MIN, 2 * MK_PSK_MAX, n);
     for (size_t i = 0; i < n / 2; i++) {
         unsigned v;
         if (sscanf(hex + 2 * i, "%2x", &v) != 1 || !strchr("0123456789abcdefABCDEF", hex[2 * i]) ||
@@ -106,11 +108,22 @@ void mk_tls_context_free(SSL_CTX *ctx) {
     SSL_CTX_free(ctx);
 }
 
+mk_status mk_tls_check(const mk_seam_tls *tls) {
+    const bool psk = tls->psk_hex != NULL, certs = tls->cert_file || tls->key_file || tls->ca_file;
+    if (psk && certs)
+        return mk_fail(MK_ERR_INVALID_ARGUMENT,
+                       "seam TLS: a pre-shared key or certificates, not both (one of them would be ignored)");
+    if (!psk && tls->psk_identity)
+        return mk_fail(MK_ERR_INVALID_ARGUMENT, "seam TLS: a pre-shared key identity without a pre-shared key");
+    if (!psk && !(tls->cert_file && tls->key_file && tls->ca_file))
+        return mk_fail(MK_ERR_INVALID_ARGUMENT, "seam TLS: give a pre-shared key, or a certificate, its key and a CA");
+    return MK_OK;
+}
+
 mk_status mk_tls_context(const mk_seam_tls *tls, bool server, SSL_CTX **out) {
     *out = NULL;
     const bool use_psk = tls->psk_hex != NULL;
-    if (!use_psk && !(tls->cert_file && tls->key_file && tls->ca_file))
-        return mk_fail(MK_ERR_INVALID_ARGUMENT, "seam TLS: give a pre-shared key, or a certificate, its key and a CA");
+    MK_TRY(mk_tls_check(tls));
     SSL_CTX *ctx = SSL_CTX_new(server ? TLS_server_method() : TLS_client_method());
     if (!ctx) return mk_tls_error(MK_ERR_OUT_OF_MEMORY, "SSL_CTX_new");
     mk_status s = MK_OK;
@@ -171,6 +184,23 @@ static mk_status mk_tls_step(mk_io *io, bool *done, short *events) {
     else if (err == SSL_ERROR_WANT_WRITE) *events = POLLOUT;
     else return mk_tls_error(MK_ERR_AUTH, "handshake refused (wrong key or certificate, or a plaintext peer)");
     return MK_OK;
+}
+
+mk_status mk_tls_handshake_step(mk_io *io, bool *done, short *events) {
+    *done = false;
+    *events = 0;
+    sigset_t pipe_set, old, pending;
+    sigemptyset(&pipe_set);
+    sigaddset(&pipe_set, SIGPIPE);
+    sigpending(&pending);
+    const bool was_pending = sigismember(&pending, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe_set, &old); /* a peer that hangs up must not raise SIGPIPE */
+    const mk_status s = mk_tls_step(io, done, events);
+    sigpending(&pending);
+    const struct timespec zero = {0, 0};
+    if (!was_pending && sigismember(&pending, SIGPIPE)) (void)sigtimedwait(&pipe_set, NULL, &zero);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    return s;
 }
 
 mk_status mk_tls_handshake(mk_io *a, mk_io *b, int64_t deadline) {

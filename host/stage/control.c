@@ -44,7 +44,7 @@ mk_status mk_ctl_recv(mk_io *io, mk_ctl_type *type, char *body, size_t *len, int
     if (s == MK_ERR_PEER_TIMEOUT) return mk_fail(s, "%s sent nothing before the deadline", peer);
     if (s != MK_OK) return s;
     const uint32_t magic = get_u32(head), t = get_u32(head + 4), n = get_u32(head + 8);
-    if (magic != MK_CTL_MAGIC || t < MK_CTL_HELLO || t > MK_CTL_STATS)
+    if (magic != MK_CTL_MAGIC || t < MK_CTL_HELLO || t > MK_CTL_LAST)
         return mk_fail(MK_ERR_FRAME, "%s sent a control message with bad magic 0x%08x or type %u", peer, magic, t);
     if (n > MK_CTL_MAX_BODY)
         return mk_fail(MK_ERR_FRAME, "%s sent a control message of %u bytes (limit %u)", peer, n, MK_CTL_MAX_BODY);

@@ -8,6 +8,7 @@
 #ifndef MK_STAGE_H
 #define MK_STAGE_H
 
+#include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -37,7 +38,9 @@ typedef enum mk_ctl_type {
     MK_CTL_PONG = 8,    /* rank -> 0: this rank is alive */
     MK_CTL_DONE = 9,    /* last rank -> 0: the end-of-run marker came through (nccl seams) */
     MK_CTL_STATS = 10,  /* rank -> 0 after bye: its seam figures (mk_stage_counts) */
+    MK_CTL_BUSY = 11,   /* either way, every beat while a rank computes or sends: alive, not silent */
 } mk_ctl_type;
+#define MK_CTL_LAST MK_CTL_BUSY
 
 mk_status mk_ctl_send(mk_io *io, mk_ctl_type type, const void *body, size_t len, int64_t deadline);
 /* The next message from `peer` (named in errors, e.g. "rank 2"); body[MK_CTL_MAX_BODY + 1]
@@ -85,6 +88,7 @@ typedef enum mk_fault_kind {
     MK_FAULT_CORRUPT_HEADER, /* sends a frame header that is not one */
     MK_FAULT_OTHER_DIGEST,   /* sends a boundary (or result) of another recipe digest */
     MK_FAULT_OTHER_LAYER,    /* sends a boundary cut before another layer */
+    MK_FAULT_BUSY,           /* computes 3 deadlines longer at that step (alive, not silent) */
 } mk_fault_kind;
 
 typedef struct mk_fault {
@@ -129,6 +133,8 @@ struct mk_stage {
     /* control: rank 0 holds one connection per other rank (ctl[0] unused), the others ctl[0] */
     mk_io ctl[MK_STAGE_MAX_WORLD];
     size_t n_ctl;
+    SSL_CTX *tls;                 /* o.tls enabled: this rank's end of every control connection
+                                     (rank 0 the server, the others clients); the seams make their own */
     /* seams */
     mk_seam_listener *listener;   /* rank > 0: where the previous rank connects */
     char next_address[300];       /* rank < world - 1: the next rank's listener */
@@ -143,12 +149,46 @@ struct mk_stage {
     uint64_t steps;               /* boundaries this rank handled */
     mk_stage_counts counts;       /* this rank's seam figures */
     mk_stage_counts *peer_counts; /* rank 0, after a finished run: [world], every rank's */
+    /* Busy is not silent: while the main thread computes a step or sends a boundary, a beat
+     * thread sends BUSY on each of this rank's control connections every beat_ms (an eighth
+     * of the deadline), so a peer's deadline bounds silence, not work. The main thread sets
+     * and clears `busy` under beat_mu, and the beat thread writes under it, so a beat never
+     * interleaves with the main thread's own control messages (which it sends only while
+     * not busy). A stopped process (SIGSTOP, a hang outside a step) sends no beat. */
+    pthread_t beat_thread;
+    pthread_mutex_t beat_mu;
+    pthread_cond_t beat_cv;
+    bool beat_started, beat_stop, busy;
+    int beat_ms;
+    uint64_t beats;               /* BUSY messages sent */
 };
 
 /* The cuts of o (given, or balanced for o->world ranks) into cuts[world - 1], checked,
  * and the stage digest every rank must share. */
 mk_status mk_stage_plan(const mk_model *model, const mk_stage_options *o, int64_t *cuts,
                         char digest[MK_DIGEST_HEX_LEN + 1]);
+
+/* rendezvous.c: rank 0's verdict on the first n bytes a connection sent it, before it is
+ * any rank of this run (a control header, then a hello "rank world digest address"):
+ * MORE (need: the bytes the message has, as far as known), JOIN (hello: a rank this run
+ * takes, not joined yet: st->ctl[rank].fd < 0), or DROP with why (and a brief for the
+ * failure message), told: the status its sender is told (MK_OK: not a hello, not told),
+ * claim: set when it said hello as a rank of this run with another world or digest. */
+typedef struct mk_hello {
+    int rank, world;
+    char digest[MK_DIGEST_HEX_LEN + 1];
+    char address[300];
+} mk_hello;
+typedef enum mk_hello_verdict { MK_HELLO_MORE, MK_HELLO_JOIN, MK_HELLO_DROP } mk_hello_verdict;
+typedef struct mk_hello_judgement {
+    mk_hello_verdict verdict;
+    size_t need;
+    mk_hello hello;
+    mk_status told, claim;
+    bool duplicate;  /* DROP: a hello of a rank joined already */
+    char why[512], brief[96];
+} mk_hello_judgement;
+void mk_hello_judge(const mk_stage *st, const uint8_t *bytes, size_t n, mk_hello_judgement *j);
 
 /* rendezvous.c: meet the other ranks (fills ctl, next_address, max_*); then, once the
  * range and seams are up, the ready barrier. */

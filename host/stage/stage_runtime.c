@@ -21,13 +21,13 @@
 #include <unistd.h>
 
 #include "mk_error.h"
+#include "mk_size.h"
 #include "model.h"
 #include "stage/stage.h"
 
 #define MK_STAGE_DEFAULT_TIMEOUT_MS 30000
 
 mk_stage_options mk_stage_options_default(void) {
-    mk_clear_error();
     mk_stage_options o;
     memset(&o, 0, sizeof o);
     o.struct_size = sizeof o;
@@ -41,12 +41,10 @@ mk_stage_options mk_stage_options_default(void) {
 }
 
 int mk_stage_rank(const mk_stage *st) {
-    mk_clear_error();
     return st ? st->rank : -1;
 }
 
 const mk_range *mk_stage_range(const mk_stage *st) {
-    mk_clear_error();
     return st ? st->range : NULL;
 }
 
@@ -56,6 +54,68 @@ static int64_t mk_wall_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* =============================================================== beats == */
+
+static void *mk_beat_main(void *arg) {
+    mk_stage *st = arg;
+    pthread_mutex_lock(&st->beat_mu);
+    while (!st->beat_stop) {
+        struct timespec until;
+        clock_gettime(CLOCK_MONOTONIC, &until);
+        const long ns = until.tv_nsec + (long)(st->beat_ms % 1000) * 1000000L;
+        until.tv_sec += st->beat_ms / 1000 + ns / 1000000000L;
+        until.tv_nsec = ns % 1000000000L;
+        (void)pthread_cond_timedwait(&st->beat_cv, &st->beat_mu, &until);
+        if (st->beat_stop || !st->busy) continue;
+        const int64_t deadline = mk_deadline_ms(st->beat_ms, st->beat_ms);
+        for (int k = st->rank == 0 ? 1 : 0; k < (st->rank == 0 ? st->world : 1); k++)
+            if (st->ctl[k].fd >= 0 && mk_ctl_send(&st->ctl[k], MK_CTL_BUSY, NULL, 0, deadline) == MK_OK) st->beats++;
+    }
+    pthread_mutex_unlock(&st->beat_mu);
+    return NULL;
+}
+
+/* The beat thread runs while the stage serves. */
+static mk_status mk_beat_start(mk_stage *st) {
+    st->beat_ms = st->timeout_ms / 8 > 0 ? st->timeout_ms / 8 : 1;
+    pthread_condattr_t attr;
+    pthread_condattr_init(&attr);
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    const int cv = pthread_cond_init(&st->beat_cv, &attr);
+    pthread_condattr_destroy(&attr);
+    if (cv != 0 || pthread_mutex_init(&st->beat_mu, NULL) != 0)
+        return mk_fail(MK_ERR_INTERNAL, "stage: cannot make the beat thread's lock");
+    st->beat_stop = st->busy = false;
+    if (pthread_create(&st->beat_thread, NULL, mk_beat_main, st) != 0) {
+        pthread_cond_destroy(&st->beat_cv);
+        pthread_mutex_destroy(&st->beat_mu);
+        return mk_fail(MK_ERR_INTERNAL, "stage: cannot start the beat thread");
+    }
+    st->beat_started = true;
+    return MK_OK;
+}
+
+static void mk_beat_stop(mk_stage *st) {
+    if (!st->beat_started) return;
+    pthread_mutex_lock(&st->beat_mu);
+    st->beat_stop = true;
+    pthread_cond_signal(&st->beat_cv);
+    pthread_mutex_unlock(&st->beat_mu);
+    pthread_join(st->beat_thread, NULL);
+    pthread_cond_destroy(&st->beat_cv);
+    pthread_mutex_destroy(&st->beat_mu);
+    st->beat_started = false;
+}
+
+/* Around a step's compute and a boundary's send: beats go out meanwhile. Clearing waits
+ * for a beat being written, so the caller's next control message cannot interleave. */
+static void mk_stage_busy(mk_stage *st, bool busy) {
+    if (!st->beat_started) return;
+    pthread_mutex_lock(&st->beat_mu);
+    st->busy = busy;
+    pthread_mutex_unlock(&st->beat_mu);
 }
 
 /* ================================================================= join == */
@@ -106,6 +166,14 @@ static mk_status mk_stage_check_options(const mk_model *model, const mk_stage_op
                        o->world, o->world - 1);
     if (!o->split_auto && !o->cuts) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_stage_join: NULL cuts");
     if (!o->rendezvous || !*o->rendezvous) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_stage_join: no rendezvous address");
+    if (o->tls.enabled) {
+        mk_seam_options so = mk_seam_options_default(o->seam);
+        so.tls = o->tls;
+        MK_TRY(mk_seam_check_tls(&so)); /* unix and tcp seams only, a consistent choice */
+    }
+    if (o->timeout_ms < 0)
+        return mk_fail(MK_ERR_INVALID_ARGUMENT, "stage timeout_ms %d is negative (0: the default, %d)", o->timeout_ms,
+                       MK_STAGE_DEFAULT_TIMEOUT_MS);
     if (o->seam != MK_SEAM_TCP && o->seam != MK_SEAM_UNIX && o->seam != MK_SEAM_NCCL)
         return mk_fail(MK_ERR_UNSUPPORTED, "stage seams are tcp, unix or nccl, not '%s'", mk_seam_kind_name(o->seam));
     if (o->seam == MK_SEAM_NCCL && o->range.backend.kind != MK_BACKEND_CUDA)
@@ -129,6 +197,7 @@ static mk_status mk_stage_build(mk_stage *st) {
     mk_seam_options so = mk_seam_options_default(st->o.seam);
     so.connect_timeout_ms = st->timeout_ms;
     so.io_timeout_ms = 2 * st->timeout_ms; /* a receive waits as long as the idle deadline */
+    so.tls = st->o.tls;
     if (st->o.seam == MK_SEAM_NCCL) {
         /* Each join waits for its peer: rank r joins r + 1 first, then r - 1, so the chain
          * completes from the last rank back. */
@@ -180,14 +249,15 @@ mk_status mk_stage_join(const mk_model *model, const mk_stage_options *o, mk_sta
     st->max_sequences = o->max_sequences ? o->max_sequences : 8;
     mk_status s = MK_OK;
     if (o->n_stop) {
-        st->stop = malloc(o->n_stop * sizeof *st->stop);
-        if (!st->stop) s = mk_fail(MK_ERR_OUT_OF_MEMORY, "stage: out of memory");
+        st->stop = mk_alloc_array(o->n_stop, sizeof *st->stop, "stage: stop ids");
+        if (!st->stop) s = MK_ERR_OUT_OF_MEMORY;
         else memcpy(st->stop, o->stop_ids, o->n_stop * sizeof *st->stop);
     }
     st->o.stop_ids = NULL;
     st->o.cuts = NULL; /* the caller's: copied into st->cuts by mk_stage_plan */
     if (s == MK_OK) s = mk_stage_plan(model, o, st->cuts, st->digest);
     if (s == MK_OK) s = mk_fault_read(st->rank, &st->fault);
+    if (s == MK_OK && o->tls.enabled) s = mk_tls_context(&o->tls, st->rank == 0, &st->tls); /* the key, the files */
     if (s == MK_OK) {
         st->o.rendezvous = o->rendezvous;
         s = mk_stage_rendezvous(st);
@@ -203,6 +273,8 @@ mk_status mk_stage_join(const mk_model *model, const mk_stage_options *o, mk_sta
         }
     }
     if (s == MK_OK) s = mk_stage_ready(st);
+    /* the caller's strings: used during the join only (the contexts hold the key and files) */
+    st->o.tls.psk_hex = st->o.tls.psk_identity = st->o.tls.cert_file = st->o.tls.key_file = st->o.tls.ca_file = NULL;
     if (s != MK_OK) {
         char message[512];
         snprintf(message, sizeof message, "%s", mk_last_error());
@@ -215,6 +287,7 @@ mk_status mk_stage_join(const mk_model *model, const mk_stage_options *o, mk_sta
 
 void mk_stage_free(mk_stage *st) {
     if (!st) return;
+    mk_beat_stop(st);
     mk_seam_free(st->to_next);
     mk_seam_free(st->from_prev);
     mk_seam_listener_free(st->listener);
@@ -223,6 +296,7 @@ void mk_stage_free(mk_stage *st) {
     mk_boundary_free(st->out);
     mk_range_free(st->range);
     for (size_t i = 0; i < MK_STAGE_MAX_WORLD; i++) mk_io_close(&st->ctl[i]);
+    mk_tls_context_free(st->tls);
     free(st->peer_counts);
     free(st->stop);
     free(st);
@@ -278,6 +352,12 @@ static mk_status mk_stage_go_silent(mk_stage *st, uint64_t step) {
                    (unsigned long long)step);
 }
 
+/* A step that computes for 3 deadlines (fault): longer than any peer waits in silence
+ * (rank 0 1.25 deadlines, the others 2), but the rank is alive and busy, not silent. */
+static void mk_stage_fault_busy(const mk_stage *st) {
+    if (mk_fault_due(&st->fault, st->steps, MK_FAULT_BUSY)) usleep((useconds_t)st->timeout_ms * 3000u);
+}
+
 /* Send this rank's boundary (st->out, for request id) to the next rank. */
 static mk_status mk_stage_send(mk_stage *st, const char *id) {
     const uint64_t step = st->steps++;
@@ -293,12 +373,14 @@ static mk_status mk_stage_send(mk_stage *st, const char *id) {
     if (mk_fault_due(&st->fault, step, MK_FAULT_OTHER_LAYER)) st->out->h.next_layer += 1;
     /* An nccl send is only posted: the previous one must have completed (the next rank
      * took it) before the boundary buffer is sent again. */
+    mk_stage_busy(st, true); /* the next rank may be busy: a send that waits for it is not silence */
     mk_status s = st->o.seam == MK_SEAM_NCCL ? mk_seam_send_wait(st->to_next) : MK_OK;
     if (s == MK_OK && strcmp(id, MK_STAGE_END_ID) != 0) {
         st->counts.sent++;
         st->counts.sent_ns += mk_wall_ns() - st->counts.base_ns;
     }
     if (s == MK_OK) s = mk_seam_send(st->to_next, st->out);
+    mk_stage_busy(st, false);
     if (s == MK_ERR_PEER_CLOSED)
         return mk_stage_wrap(MK_ERR_PEER_LOST, "rank %d lost rank %d (the next stage) sending step %llu of %s", st->rank,
                        st->rank + 1, (unsigned long long)step, id);
@@ -311,8 +393,8 @@ static mk_status mk_stage_send(mk_stage *st, const char *id) {
 /* ========================================================== rank 0 (head) == */
 
 typedef struct mk_head_request {
-    int32_t *tokens;  /* [max_new_tokens] */
-    size_t n;
+    int32_t *tokens;  /* [cap] */
+    size_t n, cap;    /* cap: max_new_tokens, at most max_context (a request cannot outgrow its KV) */
     bool started, finished;
 } mk_head_request;
 
@@ -333,7 +415,10 @@ static mk_status mk_head_step(mk_head *h, size_t i, const int32_t *ids, size_t n
     snprintf(id, sizeof id, "req-%zu", i);
     mk_sequence *seq = NULL;
     MK_TRY(mk_slots_get(&st->slots, id, fresh, &seq));
+    mk_stage_busy(st, true);
+    mk_stage_fault_busy(st);
     const mk_status s = mk_range_forward_boundary(st->range, seq, ids, n, NULL, NULL, st->out, NULL);
+    mk_stage_busy(st, false);
     if (s != MK_OK) return mk_stage_wrap(s, "rank 0: %s at step %llu", id, (unsigned long long)st->steps);
     return mk_stage_send(st, id);
 }
@@ -382,6 +467,8 @@ static mk_status mk_head_result(mk_head *h, const char *body, size_t len) {
         return mk_fail(MK_ERR_TAIL_RESULT, "rank %d sent no token id within the vocabulary for %s", last, info.request_id);
     mk_head_request *r = &h->state[i];
     const int32_t token = (int32_t)info.token_id;
+    if (r->n == r->cap) /* cannot happen: the step before would have overflowed the context */
+        return mk_fail(MK_ERR_CONTEXT_OVERFLOW, "%s: more than %zu tokens", info.request_id, r->cap);
     r->tokens[r->n++] = token;
     bool stop = false;
     for (size_t k = 0; k < st->o.n_stop; k++) stop |= st->stop[k] == token;
@@ -422,7 +509,8 @@ static mk_status mk_head_diagnose(mk_head *h) {
         size_t len;
         MK_TRY(mk_ctl_recv(&st->ctl[k], &type, body, &len, deadline, peer));
         if (type == MK_CTL_ABORT) return mk_ctl_abort_status(body);
-        if (type == MK_CTL_PONG) answered[k] = true; /* a late result is dropped: the run fails anyway */
+        /* a busy rank's beat answers too; a late result is dropped: the run fails anyway */
+        if (type == MK_CTL_PONG || type == MK_CTL_BUSY) answered[k] = true;
     }
     return mk_fail(MK_ERR_PEER_TIMEOUT,
                    "no result from rank %d within %d ms (step %llu, %zu requests in flight), though every rank answers",
@@ -446,6 +534,14 @@ static mk_status mk_head_wait(mk_head *h) {
     const mk_status s = mk_ctl_recv(&st->ctl[k], &type, body, &len, deadline, peer);
     if (s != MK_OK) return mk_stage_wrap(s, "rank 0 at step %llu", (unsigned long long)st->steps);
     if (type == MK_CTL_ABORT) return mk_ctl_abort_status(body);
+    if (type == MK_CTL_BUSY) {
+        /* rank k is computing: the wait starts again, and the ranks waiting for its output
+         * hear it from rank 0 (their deadline watches rank 0) */
+        for (int j = 1; j < st->world; j++)
+            if (j != k) (void)mk_ctl_send(&st->ctl[j], MK_CTL_BUSY, NULL, 0, deadline);
+        mk_clear_error();
+        return MK_OK;
+    }
     if (type == MK_CTL_RESULT && k == st->world - 1) return mk_head_result(h, body, len);
     return mk_fail(MK_ERR_FRAME, "rank %d sent control message type %d mid-run", k, (int)type);
 }
@@ -487,7 +583,8 @@ static void mk_head_gather_counts(mk_stage *st, int64_t deadline) {
         snprintf(peer, sizeof peer, "rank %d", k);
         mk_ctl_type type = MK_CTL_PONG;
         size_t len = 0;
-        while (type == MK_CTL_PONG && mk_ctl_recv(&st->ctl[k], &type, body, &len, deadline, peer) == MK_OK)
+        while ((type == MK_CTL_PONG || type == MK_CTL_BUSY) &&
+               mk_ctl_recv(&st->ctl[k], &type, body, &len, deadline, peer) == MK_OK)
             if (type == MK_CTL_STATS) {
                 mk_stage_counts *c = &st->peer_counts[k];
                 long long base = 0, sent_ns = 0, received_ns = 0;
@@ -505,14 +602,18 @@ static mk_status mk_stage_serve_head(mk_stage *st, const mk_stage_request *req, 
                                      void *user) {
     mk_head h = {.st = st, .req = req, .n_req = n_req, .report = report, .user = user};
     h.state = calloc(n_req ? n_req : 1, sizeof *h.state);
-    mk_status s = h.state ? MK_OK : mk_fail(MK_ERR_OUT_OF_MEMORY, "stage: out of memory");
+    mk_status s = h.state ? MK_OK : mk_fail(MK_ERR_OUT_OF_MEMORY, "stage: out of memory for %zu requests", n_req);
+    if (s == MK_OK && st->o.max_new_tokens == 0) s = mk_fail(MK_ERR_INVALID_ARGUMENT, "max_new_tokens is 0");
+    /* A request yields at most max_context tokens (each but the last takes a KV position),
+     * whatever max_new_tokens asks: the token buffer is sized by the smaller. */
+    const size_t cap = st->o.max_new_tokens < st->max_context ? st->o.max_new_tokens : st->max_context;
     for (size_t i = 0; s == MK_OK && i < n_req; i++) {
         if (!req[i].prompt || req[i].n_prompt == 0)
             s = mk_fail(MK_ERR_EMPTY_INPUT, "request %zu has no prompt tokens", i);
-        else if (!(h.state[i].tokens = malloc((st->o.max_new_tokens ? st->o.max_new_tokens : 1) * sizeof(int32_t))))
-            s = mk_fail(MK_ERR_OUT_OF_MEMORY, "stage: out of memory");
+        else if (!(h.state[i].tokens = mk_alloc_array(cap, sizeof(int32_t), "stage: a request's tokens")))
+            s = MK_ERR_OUT_OF_MEMORY;
+        else h.state[i].cap = cap;
     }
-    if (s == MK_OK && st->o.max_new_tokens == 0) s = mk_fail(MK_ERR_INVALID_ARGUMENT, "max_new_tokens is 0");
     if (s == MK_OK) s = mk_head_serve(&h);
     const int64_t deadline = mk_deadline_ms(st->timeout_ms, MK_STAGE_DEFAULT_TIMEOUT_MS);
     if (s == MK_OK && st->o.seam == MK_SEAM_NCCL && n_req > 0) s = mk_head_end_marker(st);
@@ -604,7 +705,10 @@ static mk_status mk_member_step(mk_stage *st, bool *end) {
     snprintf(id, sizeof id, "%s", st->in->h.request_id);
     const bool tail = st->rank + 1 == st->world;
     mk_tail_output *out = NULL;
+    mk_stage_busy(st, true);
+    mk_stage_fault_busy(st);
     s = mk_range_forward_boundary(st->range, route.seq, NULL, 0, st->in, NULL, tail ? NULL : st->out, tail ? &out : NULL);
+    mk_stage_busy(st, false);
     if (s != MK_OK) return mk_stage_wrap(s, "rank %d: %s at step %llu", st->rank, id, (unsigned long long)st->steps);
     if (!tail) return mk_stage_send(st, id);
     const int32_t token = out->token_ids[0];
@@ -622,7 +726,13 @@ static mk_status mk_member_control(mk_stage *st, int64_t deadline, bool *bye, ch
         *bye = true;
         return MK_OK;
     }
-    if (type == MK_CTL_PING) return mk_ctl_send(&st->ctl[0], MK_CTL_PONG, NULL, 0, deadline);
+    if (type == MK_CTL_PING) {
+        const mk_status s = mk_ctl_send(&st->ctl[0], MK_CTL_PONG, NULL, 0, deadline);
+        if (s == MK_ERR_PEER_CLOSED)
+            return mk_stage_wrap(MK_ERR_PEER_LOST, "rank %d lost rank 0 answering its ping", st->rank);
+        return s;
+    }
+    if (type == MK_CTL_BUSY) return MK_OK; /* rank 0 is computing: the wait starts again */
     if (type == MK_CTL_ABORT) {
         char *nl = strchr(body, '\n');
         if (nl) {
@@ -731,18 +841,30 @@ static mk_status mk_stage_serve_member(mk_stage *st, mk_stage_report_fn report, 
     snprintf(message, sizeof message, "%s", mk_last_error());
     if (!requests[0]) {
         /* This rank failed first (or lost rank 0): tell rank 0, which fails the requests in
-         * flight and answers with their list. */
+         * flight and answers with their list (beats and pings before it are passed over). */
         mk_ctl_abort(&st->ctl[0], s, message);
+        const int64_t deadline = mk_deadline_ms(st->timeout_ms / 2, MK_STAGE_DEFAULT_TIMEOUT_MS / 2);
         bool bye = false;
-        const mk_status r = mk_member_control(st, mk_deadline_ms(st->timeout_ms / 2, MK_STAGE_DEFAULT_TIMEOUT_MS / 2),
-                                              &bye, requests, sizeof requests);
-        (void)r;
+        while (mk_member_control(st, deadline, &bye, requests, sizeof requests) == MK_OK && !bye && !requests[0]) {
+        }
+    }
+    /* Every rank reports the requests of the failed run: rank 0's list, or, when rank 0 is
+     * gone, the requests this rank holds a sequence of (some may have finished). */
+    char why[640];
+    snprintf(why, sizeof why, "%s", message);
+    if (!requests[0]) {
+        size_t n = 0;
+        for (size_t k = 0; k < st->slots.n; k++) {
+            const size_t i = mk_request_index(st->slots.slot[k].request_id);
+            if (i != (size_t)-1 && n + 24 < sizeof requests) n += (size_t)snprintf(requests + n, sizeof requests - n, "%zu ", i);
+        }
+        snprintf(why, sizeof why, "%s (rank 0 sent no list: a request this rank held)", message);
     }
     for (const char *p = requests; report && *p;) {
         char *end = NULL;
         const unsigned long long i = strtoull(p, &end, 10);
         if (end == p) break;
-        const mk_stage_report rep = {(size_t)i, s, message, NULL, 0, false};
+        const mk_stage_report rep = {(size_t)i, s, why, NULL, 0, false};
         report(user, &rep);
         p = end;
         while (*p == ' ') p++;
@@ -756,8 +878,11 @@ mk_status mk_stage_serve(mk_stage *st, const mk_stage_request *requests, size_t 
     if (!st) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_stage_serve: NULL stage");
     if (st->rank != 0 && n_requests) return mk_fail(MK_ERR_INVALID_ARGUMENT, "rank %d takes no requests (rank 0 does)", st->rank);
     if (st->rank == 0 && n_requests && !requests) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_stage_serve: NULL requests");
-    return st->rank == 0 ? mk_stage_serve_head(st, requests, n_requests, report, user)
-                         : mk_stage_serve_member(st, report, user);
+    MK_TRY(mk_beat_start(st));
+    const mk_status s = st->rank == 0 ? mk_stage_serve_head(st, requests, n_requests, report, user)
+                                      : mk_stage_serve_member(st, report, user);
+    mk_beat_stop(st);
+    return s;
 }
 
 mk_status mk_stage_hop_stats(const mk_stage *st, size_t seam, mk_stage_hop *out) {

@@ -19,10 +19,15 @@
 #include <sstream>
 #include <cstdio>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "meshkern.h"
 #include "mk_test_util.h"
+extern "C" {
+#include "seam/io.h"
+#include "stage/stage.h"
+}
 
 namespace {
 
@@ -366,6 +371,15 @@ struct FaultCase {
     const char *names;   // the rank the message must name
 };
 
+// A failed rank other than 0 prints each request the failure took ("rank K: seq N:
+// FAILED ..."), or that it held none: never nothing.
+void expect_request_list(const std::string &out, int rank) {
+    const std::string prefix = "rank " + std::to_string(rank) + ": ";
+    const bool listed = out.find(prefix + "seq ") != std::string::npos;
+    const bool none = out.find(prefix + "no request in flight when the run failed") != std::string::npos;
+    EXPECT_TRUE(listed || none) << "rank " << rank << " printed no request list:\n" << out;
+}
+
 class StageFault : public ::testing::TestWithParam<FaultCase> {};
 
 // 3 processes, 2 s deadline: the fault stops the run; rank 0 reports each of the 5
@@ -402,6 +416,8 @@ TEST_P(StageFault, EveryRequestFailsWithTheNamedStatus) {
             const bool lost_rank0 = rank != 0 && e.find(prefix + "MK_ERR_PEER_LOST: " + prefix.substr(0, prefix.size() - 2) +
                                                          " lost rank 0") != std::string::npos;
             EXPECT_TRUE(named || lost_rank0) << "rank " << rank << ": " << e;
+            // and every rank says which requests the failure took
+            if (rank != 0) expect_request_list(slurp(ranks[i].out), rank);
         }
     }
 }
@@ -422,6 +438,31 @@ INSTANTIATE_TEST_SUITE_P(
         return name + "_at_rank" + std::to_string(info.param.faulty);
     });
 
+// A rank that computes a step longer than any peer waits in silence (fault: 3 deadlines;
+// as a 1000-token prefill on SmolLM2 with --timeout 1, which failed at ~1.25 s with "rank
+// 1 is silent") is busy, not silent: --timeout bounds silence, not work. The run finishes
+// with every token equal to the whole model's, whether the busy rank is a middle one (rank
+// 0 waits for its result, rank 2 for its boundary) or rank 0 itself (the others wait for it).
+TEST(Stage, BusyRankIsNotSilent) {
+    mk_model *model = random_model();
+    const auto prompts = read_prompts(kPrompts);
+    const auto want = whole_model(model, MK_DTYPE_F32, prompts, 3);
+    for (const char *fault : {"rank=1,step=2,kind=busy", "rank=0,step=2,kind=busy"}) {
+        SCOPED_TRACE(fault);
+        const int port = free_port();
+        const std::vector<std::string> extra = {"--max-tokens", "3", "--batch", "2", "--timeout", "0.3"};
+        std::vector<std::string> a0 = extra;
+        a0.insert(a0.end(), {"--prompts", kPrompts});
+        Ranks ranks(std::string("busy") + fault[5]);
+        ranks.launch(0, stage_args(kRandom, "1,3", 0, 3, port, a0), fault); // listening before the others come
+        for (int r = 1; r < 3; r++) ranks.launch(r, stage_args(kRandom, "1,3", r, 3, port, extra), fault);
+        ranks.wait(20);
+        expect_parity(ranks, 0, want);
+        EXPECT_GT(ranks[0].exit_s, 0.9) << "the busy step did not happen";
+    }
+    mk_model_free(model);
+}
+
 // Rank 0 itself dies or falls silent: the other ranks report it (the closed connection at
 // once, silence after twice the deadline) and exit non-zero within the deadline + 5 s.
 TEST(Stage, Rank0FaultIsReportedByEveryOtherRank) {
@@ -438,16 +479,22 @@ TEST(Stage, Rank0FaultIsReportedByEveryOtherRank) {
             EXPECT_LE(ranks[i].exit_s, deadline_s + 5.0) << err;
             EXPECT_NE(err.find(std::string("rank ") + std::to_string(i + 1) + ": " + status), std::string::npos) << err;
             EXPECT_NE(err.find("rank 0"), std::string::npos) << err;
+            // rank 0 sends no list: each rank names the requests it held (it holds some at step 4)
+            const std::string out = slurp(ranks[i].out);
+            EXPECT_NE(out.find("rank " + std::to_string(i + 1) + ": seq "), std::string::npos) << out;
+            EXPECT_NE(out.find("(rank 0 sent no list: a request this rank held)"), std::string::npos) << out;
         }
         EXPECT_NE(exit_code(ranks[ranks.size() - 1]), 0);
     }
 }
 
 // A rank on another model file (here another random seed) is refused at startup, before
-// any request, by every rank, naming it.
+// any request, by every rank, naming it: itself at once (rank 0 answers its hello), the
+// others when rank 0 gives up waiting for a rank 2 of this run (its deadline, 2 s here: a
+// hello is not authenticated, so a stranger's must not end the wait early).
 TEST(Stage, DigestMismatchIsRefusedAtStartup) {
     Ranks ranks("digest");
-    run_ranks(ranks, kRandom, "1,3", 3, {"--prompts", kPrompts}, {"--max-tokens", "4", "--timeout", "5"}, "", 15,
+    run_ranks(ranks, kRandom, "1,3", 3, {"--prompts", kPrompts}, {"--max-tokens", "4", "--timeout", "2"}, "", 15,
               {kRandom, kRandom, "--random:kv_heads=2,seed=7"});
     for (size_t i = 0; i < ranks.size(); i++) {
         const std::string err = slurp(ranks[i].err);
@@ -462,8 +509,8 @@ TEST(Stage, DigestMismatchIsRefusedAtStartup) {
 TEST(Stage, CutMismatchIsRefusedAtStartup) {
     const int port = free_port();
     Ranks ranks("cuts");
-    ranks.launch(1, stage_args(kRandom, "3", 1, 2, port, {"--timeout", "5"}), "");
-    ranks.launch(0, stage_args(kRandom, "2", 0, 2, port, {"--timeout", "5", "--prompts", kPrompts}), "");
+    ranks.launch(1, stage_args(kRandom, "3", 1, 2, port, {"--timeout", "2"}), "");
+    ranks.launch(0, stage_args(kRandom, "2", 0, 2, port, {"--timeout", "2", "--prompts", kPrompts}), "");
     ranks.wait(15);
     for (size_t i = 0; i < ranks.size(); i++) {
         EXPECT_EQ(exit_code(ranks[i]), 1);
@@ -476,8 +523,8 @@ TEST(Stage, CutMismatchIsRefusedAtStartup) {
 TEST(Stage, SeamMismatchIsRefusedAtStartup) {
     const int port = free_port();
     Ranks ranks("seam");
-    ranks.launch(1, stage_args(kRandom, "2", 1, 2, port, {"--timeout", "5", "--seam", "unix"}), "");
-    ranks.launch(0, stage_args(kRandom, "2", 0, 2, port, {"--timeout", "5", "--prompts", kPrompts}), "");
+    ranks.launch(1, stage_args(kRandom, "2", 1, 2, port, {"--timeout", "2", "--seam", "unix"}), "");
+    ranks.launch(0, stage_args(kRandom, "2", 0, 2, port, {"--timeout", "2", "--prompts", kPrompts}), "");
     ranks.wait(15);
     for (size_t i = 0; i < ranks.size(); i++) {
         const std::string err = slurp(ranks[i].err);
@@ -494,8 +541,8 @@ TEST(Stage, KvModeFromTheSharedParserIsPartOfTheDigest) {
     {
         const int port = free_port();
         Ranks ranks("kv");
-        ranks.launch(1, stage_args(kRandom, "2", 1, 2, port, {"--timeout", "5", "--kv", "f16"}), "");
-        ranks.launch(0, stage_args(kRandom, "2", 0, 2, port, {"--timeout", "5", "--prompts", kPrompts}), "");
+        ranks.launch(1, stage_args(kRandom, "2", 1, 2, port, {"--timeout", "2", "--kv", "f16"}), "");
+        ranks.launch(0, stage_args(kRandom, "2", 0, 2, port, {"--timeout", "2", "--prompts", kPrompts}), "");
         ranks.wait(15);
         for (size_t i = 0; i < ranks.size(); i++) {
             EXPECT_EQ(exit_code(ranks[i]), 1);
@@ -504,13 +551,566 @@ TEST(Stage, KvModeFromTheSharedParserIsPartOfTheDigest) {
     }
     const int port = free_port();
     Ranks ranks("kv2");
-    ranks.launch(1, stage_args(kRandom, "2", 1, 2, port, {"--timeout", "5", "--kv", "f16", "--speed"}), "");
+    ranks.launch(1, stage_args(kRandom, "2", 1, 2, port, {"--timeout", "2", "--kv", "f16", "--speed"}), "");
     ranks.launch(0, stage_args(kRandom, "2", 0, 2, port,
-                               {"--timeout", "5", "--speed", "--kv", "f16", "--max-tokens", "2", "--prompts", kPrompts}),
+                               {"--timeout", "2", "--speed", "--kv", "f16", "--max-tokens", "2", "--prompts", kPrompts}),
                  "");
     ranks.wait(15);
     for (size_t i = 0; i < ranks.size(); i++) EXPECT_EQ(exit_code(ranks[i]), 0) << slurp(ranks[i].err);
     EXPECT_NE(slurp(ranks[1].out).find("aggregate: "), std::string::npos) << slurp(ranks[1].out);
+}
+
+// ------------------------------------------------------------ in process --
+
+// Both ranks of a 2-rank stage in this process through the library alone (rank 1 on a
+// thread), on the random model: rank 0's reports and both ranks' statuses and messages.
+struct LibraryRun {
+    mk_status join[2] = {MK_OK, MK_OK}, serve[2] = {MK_OK, MK_OK};
+    std::string message[2];
+    std::vector<mk_stage_report> reports; // tokens copied below
+    std::vector<std::vector<int32_t>> tokens;
+    std::vector<std::string> errors;
+};
+
+void library_rank(const mk_model *model, mk_stage_options o, const std::vector<mk_stage_request> &req, LibraryRun *run) {
+    const int rank = o.rank;
+    mk_stage *st = nullptr;
+    run->join[rank] = mk_stage_join(model, &o, &st);
+    if (run->join[rank] != MK_OK) {
+        run->message[rank] = mk_last_error();
+        return;
+    }
+    auto report = [](void *user, const mk_stage_report *r) {
+        LibraryRun *lr = static_cast<LibraryRun *>(user);
+        lr->reports.push_back(*r);
+        lr->tokens.emplace_back(r->tokens, r->tokens + r->n_tokens);
+        lr->errors.emplace_back(r->error ? r->error : "");
+    };
+    run->serve[rank] = mk_stage_serve(st, rank == 0 ? req.data() : nullptr, rank == 0 ? req.size() : 0,
+                                      rank == 0 ? +report : nullptr, run);
+    run->message[rank] = mk_last_error();
+    mk_stage_free(st);
+}
+
+LibraryRun run_library(const mk_model *model, mk_stage_options o, const std::vector<mk_stage_request> &req) {
+    LibraryRun run;
+    const std::string address = "127.0.0.1:" + std::to_string(free_port());
+    o.rendezvous = address.c_str();
+    static const int64_t cut = 2;
+    o.cuts = &cut;
+    o.n_cuts = 1;
+    o.world = 2;
+    mk_stage_options o1 = o;
+    o1.rank = 1;
+    std::thread t(library_rank, model, o1, req, &run);
+    o.rank = 0;
+    library_rank(model, o, req, &run);
+    t.join();
+    return run;
+}
+
+// A token limit that wraps when multiplied by 4 bytes (2^62: `meshkern stage --max-tokens
+// 4611686018427387904` printed tokens outside the vocabulary and aborted in free()) is
+// bounded by the context: the one-token prompt yields max_context tokens, then the run
+// fails with the context error, and nothing is written past a buffer (ASan in CI).
+TEST(StageLibrary, HugeTokenLimitIsBoundedByTheContext) {
+    mk_model *model = random_model();
+    const int32_t prompt[] = {11};
+    const std::vector<mk_stage_request> req = {{prompt, 1}};
+    for (size_t limit : {(size_t)1 << 62, SIZE_MAX}) {
+        SCOPED_TRACE(limit);
+        mk_stage_options o = mk_stage_options_default();
+        o.range.max_context = 12;
+        o.range.max_batch_tokens = 4;
+        o.timeout_ms = 5000;
+        o.max_new_tokens = limit;
+        const LibraryRun run = run_library(model, o, req);
+        ASSERT_EQ(run.join[0], MK_OK) << run.message[0];
+        ASSERT_EQ(run.join[1], MK_OK) << run.message[1];
+        EXPECT_EQ(run.serve[0], MK_ERR_CONTEXT_OVERFLOW) << run.message[0];
+        ASSERT_EQ(run.reports.size(), 1u);
+        EXPECT_EQ(run.reports[0].status, MK_ERR_CONTEXT_OVERFLOW) << run.errors[0];
+        EXPECT_EQ(run.tokens[0].size(), 12u);
+        for (int32_t t : run.tokens[0]) EXPECT_LT((size_t)t, mk_model_hparams(model)->vocab);
+        EXPECT_NE(run.serve[1], MK_OK);
+    }
+    mk_model_free(model);
+}
+
+// ------------------------------------------------------------ strangers --
+
+// A TCP connection to 127.0.0.1:port, retried until someone listens (limit_s).
+int connect_to(int port, double limit_s = 5.0) {
+    const double t0 = now_s();
+    for (;;) {
+        const int fd = socket(AF_INET, SOCK_STREAM, 0);
+        sockaddr_in a{};
+        a.sin_family = AF_INET;
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        a.sin_port = htons((uint16_t)port);
+        if (connect(fd, (sockaddr *)&a, sizeof a) == 0) return fd;
+        close(fd);
+        if (now_s() - t0 > limit_s) return -1;
+        usleep(20000);
+    }
+}
+
+// A control message as a rank sends it: "MKCT", type, length (little-endian), then body.
+std::string ctl_message(uint32_t type, const std::string &body, int64_t announced = -1) {
+    const uint32_t head[3] = {MK_CTL_MAGIC, type, announced < 0 ? (uint32_t)body.size() : (uint32_t)announced};
+    std::string m(reinterpret_cast<const char *>(head), sizeof head); // x86: little-endian already
+    return m + body;
+}
+
+void send_all(int fd, const std::string &bytes) { ASSERT_EQ(write(fd, bytes.data(), bytes.size()), (ssize_t)bytes.size()); }
+
+// Until `needle` shows in the file (a rank's stderr) or limit_s passes.
+bool wait_for_text(const std::string &path, const std::string &needle, double limit_s) {
+    const double t0 = now_s();
+    while (now_s() - t0 < limit_s) {
+        if (slurp(path).find(needle) != std::string::npos) return true;
+        usleep(20000);
+    }
+    return false;
+}
+
+// The stage digest the CLI's ranks compute for --random:kv_heads=2 --split 1,3 (world 3, tcp).
+std::string cli_stage_digest(const mk_model *model) {
+    mk_stage_options o = mk_stage_options_default();
+    static const int64_t cuts_in[2] = {1, 3};
+    o.world = 3;
+    o.cuts = cuts_in;
+    o.n_cuts = 2;
+    int64_t cuts[MK_STAGE_MAX_WORLD];
+    char digest[MK_DIGEST_HEX_LEN + 1] = "";
+    EXPECT_EQ(mk_stage_plan(model, &o, cuts, digest), MK_OK) << mk_last_error();
+    return digest;
+}
+
+// What a readiness probe, a port scan, a rank of another run or a half-dead client does to
+// rank 0's rendezvous port while the real ranks join (a connect-and-close used to stop the
+// whole mesh; a silent half-sent hello blocked the one-at-a-time accept until the deadline
+// and the real ranks were blamed): each is dropped and logged with its peer address, the
+// run goes on and its tokens equal the whole model's. A duplicate hello for a rank already
+// joined (with the right digest) is dropped too.
+TEST(StageRendezvous, StrangersAreDroppedWhileTheRealRanksJoin) {
+    mk_model *model = random_model();
+    const auto prompts = read_prompts(kPrompts);
+    const auto want = whole_model(model, MK_DTYPE_F32, prompts, 3);
+    const std::string digest = cli_stage_digest(model);
+    const int port = free_port();
+    Ranks ranks("strangers");
+    const std::vector<std::string> extra = {"--max-tokens", "3", "--batch", "2", "--timeout", "2"};
+    std::vector<std::string> a0 = extra;
+    a0.insert(a0.end(), {"--prompts", kPrompts});
+    ranks.launch(0, stage_args(kRandom, "1,3", 0, 3, port, a0), "");
+    std::vector<int> held; // closed at the end: the half-sent hello stays silent throughout
+    const int probe = connect_to(port);
+    ASSERT_GE(probe, 0) << "rank 0 does not listen";
+    close(probe); // connect-and-close
+    const struct {
+        const char *what;
+        std::string bytes;
+    } strangers[] = {
+        {"garbage", "GET / HTTP/1.0\r\n\r\n"},
+        {"huge length", ctl_message(MK_CTL_HELLO, "", 0xffffffffu)},
+        {"bad rank", ctl_message(MK_CTL_HELLO, "7 3 " + digest + " 127.0.0.1:1")},
+        {"bad digest", ctl_message(MK_CTL_HELLO, "1 3 " + std::string(64, '0') + " 127.0.0.1:1")},
+        {"bad world", ctl_message(MK_CTL_HELLO, "2 4 " + digest + " 127.0.0.1:1")},
+        {"not a hello", ctl_message(MK_CTL_BYE, "")},
+        {"half-sent hello", ctl_message(MK_CTL_HELLO, "1 3 ", 100)},
+    };
+    for (const auto &x : strangers) {
+        const int fd = connect_to(port);
+        ASSERT_GE(fd, 0) << x.what;
+        send_all(fd, x.bytes);
+        held.push_back(fd);
+    }
+    ranks.launch(1, stage_args(kRandom, "1,3", 1, 3, port, extra), "");
+    ASSERT_TRUE(wait_for_text(ranks[0].err, "rank 1 joined from 127.0.0.1:", 10)) << slurp(ranks[0].err);
+    const int dup = connect_to(port);
+    ASSERT_GE(dup, 0);
+    send_all(dup, ctl_message(MK_CTL_HELLO, "1 3 " + digest + " 127.0.0.1:1"));
+    held.push_back(dup);
+    ASSERT_TRUE(wait_for_text(ranks[0].err, "rank 1 joined twice", 10)) << slurp(ranks[0].err);
+    ranks.launch(2, stage_args(kRandom, "1,3", 2, 3, port, extra), "");
+    ranks.wait(20);
+    for (int fd : held) close(fd);
+    expect_parity(ranks, 0, want);
+    const std::string err = slurp(ranks[0].err);
+    EXPECT_NE(err.find("rank 0: rendezvous: dropped 127.0.0.1:"), std::string::npos) << err;
+    for (const char *why : {"closed without a word", "not a meshkern control message (magic 0x20544547)",
+                            "a hello of 4294967295 bytes announced (limit 4096)",
+                            "a rank joined as rank 7 of world 3", "rank 1's stage digest 0000000000000000... differs",
+                            "rank 2 runs with world 4, rank 0 with 3", "a control message of type 5 where a hello belongs",
+                            "rank 1 joined twice (first from 127.0.0.1:"})
+        EXPECT_NE(err.find(why), std::string::npos) << why << "\n" << err;
+    mk_model_free(model);
+}
+
+// A rank that never comes: rank 0 waits until its own deadline (strangers do not end the
+// wait early), then every rank's failure names the rank missing and each connection
+// dropped, with its peer address and why; a stranger that claimed the missing rank with
+// another stage digest gives the status. The silent half-sent hello is dropped at its own
+// hello deadline (the run's timeout, here 1 s) without holding anything up.
+TEST(StageRendezvous, FailureNamesTheMissingRankAndTheDroppedStrangers) {
+    const int port = free_port();
+    Ranks ranks("missing2");
+    ranks.launch(0, stage_args(kRandom, "1,3", 0, 3, port, {"--timeout", "1", "--prompts", kPrompts}), "");
+    const int probe = connect_to(port);
+    ASSERT_GE(probe, 0);
+    close(probe);
+    const int half = connect_to(port);
+    ASSERT_GE(half, 0);
+    send_all(half, ctl_message(MK_CTL_HELLO, "2 3 ", 90));
+    const int claim = connect_to(port);
+    ASSERT_GE(claim, 0);
+    send_all(claim, ctl_message(MK_CTL_HELLO, "2 3 " + std::string(64, 'f') + " 127.0.0.1:1"));
+    ranks.launch(1, stage_args(kRandom, "1,3", 1, 3, port, {"--timeout", "1"}), "");
+    ranks.wait(8);
+    close(half);
+    close(claim);
+    EXPECT_LE(ranks[0].exit_s, 1.0 + 3.0);
+    for (size_t i = 0; i < ranks.size(); i++) {
+        const std::string err = slurp(ranks[i].err);
+        EXPECT_EQ(exit_code(ranks[i]), 1) << err;
+        EXPECT_NE(err.find("refused at startup: MK_ERR_RECIPE_DIGEST: rank 2's stage digest ffffffffffffffff..."),
+                  std::string::npos) << err;
+        EXPECT_NE(err.find("rank(s) 2 did not join within 1000 ms; dropped 3 connection(s): 127.0.0.1:"),
+                  std::string::npos) << err;
+        EXPECT_NE(err.find(" closed without a word, 127.0.0.1:"), std::string::npos) << err;
+        EXPECT_NE(err.find(" claimed rank 2 with another stage digest"), std::string::npos) << err;
+        EXPECT_NE(err.find(" sent 16 bytes of a hello, then nothing within "), std::string::npos) << err;
+    }
+}
+
+// ------------------------------------------------------------- messages --
+
+// A failed public call leaves a message naming the failure, and the calls that cannot fail
+// (getters, free functions, defaults), which a caller makes while cleaning up or printing
+// its figures, leave it alone: `run --seam tcp` whose listener another process reached first
+// printed "MK_ERR_PEER_CLOSED: " with no text, once mk_pipeline_seam_bytes had cleared it.
+void expect_message_survives_cleanup(mk_status s, const char *case_name, const char *part) {
+    SCOPED_TRACE(case_name);
+    EXPECT_NE(s, MK_OK);
+    const std::string message = mk_last_error();
+    EXPECT_FALSE(message.empty()) << mk_status_name(s) << " with an empty message";
+    EXPECT_NE(message.find(part), std::string::npos) << message;
+    // what a caller does after a failure, before it prints the message
+    (void)mk_seam_bytes(nullptr);
+    (void)mk_seam_seconds(nullptr);
+    (void)mk_seam_kind_name(MK_SEAM_TCP);
+    (void)mk_seam_options_default(MK_SEAM_TCP);
+    (void)mk_seam_listener_address(nullptr);
+    mk_seam_free(nullptr);
+    mk_seam_listener_free(nullptr);
+    (void)mk_pipeline_seam_bytes(nullptr);
+    (void)mk_pipeline_seam_seconds(nullptr);
+    mk_pipeline_free(nullptr);
+    (void)mk_stage_rank(nullptr);
+    (void)mk_stage_range(nullptr);
+    (void)mk_stage_options_default();
+    mk_stage_free(nullptr);
+    mk_boundary_free(nullptr);
+    (void)mk_boundary_range(nullptr);
+    EXPECT_EQ(std::string(mk_last_error()), message) << "a call that cannot fail changed the message";
+}
+
+// The seam path: a listener whose first connection is a stranger's (here one that sends
+// nothing a frame and hangs up), as when another process reaches a `run --seam tcp`
+// listener first; and a connect to nobody.
+TEST(SeamMessages, AStrangersConnectionFailsWithAMessageThatSurvivesCleanup) {
+    mk_model *model = random_model();
+    mk_range_options ro = mk_range_options_default();
+    ro.max_context = 16;
+    mk_range *tail = nullptr;
+    ASSERT_EQ(mk_range_create(model, 3, 5, &ro, &tail), MK_OK) << mk_last_error();
+    mk_sequence *seq = nullptr;
+    ASSERT_EQ(mk_sequence_open(tail, &seq), MK_OK);
+    mk_boundary *into = nullptr;
+    ASSERT_EQ(mk_boundary_create(tail, &into), MK_OK);
+    for (const std::string &junk : {std::string(), std::string("GET / HTTP/1.0\r\n\r\n")}) {
+        mk_seam_options so = mk_seam_options_default(MK_SEAM_TCP);
+        so.address = "127.0.0.1:0";
+        so.connect_timeout_ms = so.io_timeout_ms = 2000;
+        mk_seam_listener *l = nullptr;
+        ASSERT_EQ(mk_seam_listen(&so, &l), MK_OK) << mk_last_error();
+        const std::string bound = mk_seam_listener_address(l);
+        const int fd = connect_to(std::stoi(bound.substr(bound.rfind(':') + 1)));
+        ASSERT_GE(fd, 0);
+        if (!junk.empty()) send_all(fd, junk);
+        close(fd);
+        mk_seam *rx = nullptr;
+        mk_status s = mk_seam_accept(l, tail, &rx);
+        if (s == MK_OK) s = mk_seam_recv(rx, seq, into);
+        expect_message_survives_cleanup(s, junk.empty() ? "stranger closed" : "stranger sent garbage",
+                                        junk.empty() ? "closed" : "frame");
+        EXPECT_EQ(s, junk.empty() ? MK_ERR_PEER_CLOSED : MK_ERR_FRAME) << mk_last_error();
+        mk_seam_free(rx);
+        mk_seam_listener_free(l);
+    }
+    mk_seam_options so = mk_seam_options_default(MK_SEAM_TCP);
+    const std::string nobody = "127.0.0.1:" + std::to_string(free_port());
+    so.address = nobody.c_str();
+    so.connect_timeout_ms = 200;
+    mk_seam *tx = nullptr;
+    expect_message_survives_cleanup(mk_seam_connect(&so, tail, &tx), "connect to nobody", nobody.c_str());
+    mk_boundary_free(into);
+    mk_sequence_close(seq);
+    mk_range_free(tail);
+    mk_model_free(model);
+}
+
+// The stage path: refused options, a rendezvous nobody comes to, a "rank 0" that hangs up
+// on the hello, calls on no stage.
+TEST(StageMessages, EveryFailureHasAMessageThatSurvivesCleanup) {
+    mk_model *model = random_model();
+    static const int64_t cut = 2;
+    mk_stage_options o = mk_stage_options_default();
+    o.cuts = &cut;
+    o.n_cuts = 1;
+    o.timeout_ms = 300;
+    const std::string nobody = "127.0.0.1:" + std::to_string(free_port());
+    o.rendezvous = nobody.c_str();
+    mk_stage *st = nullptr;
+    mk_stage_options bad = o;
+    bad.world = 1;
+    expect_message_survives_cleanup(mk_stage_join(model, &bad, &st), "world 1", "need 0 <= rank < world");
+    bad = o;
+    bad.struct_size = 3;
+    expect_message_survives_cleanup(mk_stage_join(model, &bad, &st), "struct_size", "struct_size");
+    bad = o;
+    bad.timeout_ms = -1;
+    expect_message_survives_cleanup(mk_stage_join(model, &bad, &st), "negative timeout", "timeout_ms -1 is negative");
+    bad = o;
+    bad.rank = 1;
+    expect_message_survives_cleanup(mk_stage_join(model, &bad, &st), "no rank 0", "no rendezvous at");
+    expect_message_survives_cleanup(mk_stage_join(model, &o, &st), "no rank 1", "rank(s) 1 did not join");
+    // a "rank 0" that accepts the hello and hangs up
+    const int lfd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    ASSERT_EQ(bind(lfd, (sockaddr *)&a, sizeof a), 0);
+    ASSERT_EQ(listen(lfd, 4), 0);
+    ASSERT_EQ(getsockname(lfd, (sockaddr *)&a, &len), 0);
+    std::thread hang_up([lfd] {
+        const int fd = accept(lfd, nullptr, nullptr);
+        char buf[256];
+        (void)!read(fd, buf, sizeof buf);
+        close(fd);
+    });
+    const std::string fake = "127.0.0.1:" + std::to_string(ntohs(a.sin_port));
+    bad = o;
+    bad.rank = 1;
+    bad.rendezvous = fake.c_str();
+    expect_message_survives_cleanup(mk_stage_join(model, &bad, &st), "rank 0 hangs up", "rank 0");
+    hang_up.join();
+    close(lfd);
+    expect_message_survives_cleanup(mk_stage_serve(nullptr, nullptr, 0, nullptr, nullptr), "serve NULL", "NULL");
+    mk_stage_hop hop;
+    expect_message_survives_cleanup(mk_stage_hop_stats(nullptr, 0, &hop), "hop stats NULL", "NULL");
+    mk_model_free(model);
+}
+
+// A rank that joined (a hello of this run) and then hangs up before its welcome stops the
+// start at once, named with its address, rather than at the deadline or at the welcome.
+TEST(StageRendezvous, ARankThatJoinsAndLeavesFailsTheStartAtOnce) {
+    mk_model *model = random_model();
+    const std::string digest = cli_stage_digest(model);
+    const int port = free_port();
+    Ranks ranks("joinleave");
+    ranks.launch(0, stage_args(kRandom, "1,3", 0, 3, port, {"--timeout", "5", "--prompts", kPrompts}), "");
+    const int fd = connect_to(port);
+    ASSERT_GE(fd, 0);
+    send_all(fd, ctl_message(MK_CTL_HELLO, "2 3 " + digest + " 127.0.0.1:1"));
+    ASSERT_TRUE(wait_for_text(ranks[0].err, "rank 2 joined from 127.0.0.1:", 10)) << slurp(ranks[0].err);
+    close(fd);
+    ranks.wait(4);
+    const std::string err = slurp(ranks[0].err);
+    EXPECT_EQ(exit_code(ranks[0]), 1) << err;
+    EXPECT_LT(ranks[0].exit_s, 3.0) << "waited for the deadline";
+    EXPECT_NE(err.find("MK_ERR_PEER_LOST: rank 2 (from 127.0.0.1:"), std::string::npos) << err;
+    EXPECT_NE(err.find("joined, then closed its connection before the welcome"), std::string::npos) << err;
+    mk_model_free(model);
+}
+
+// ------------------------------------------------------------------- TLS --
+
+const char kStagePsk[] = "8f2a61c0de55aa0193b7e4f6021c9d3b5e7a8c0f1d2e3f405162738495a6b7c8";
+const char kOtherPsk[] = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
+
+// A TLS client with this key to 127.0.0.1:port: the handshake's status.
+mk_status tls_probe(int port, const char *psk) {
+    mk_seam_tls tls{};
+    tls.enabled = true;
+    tls.psk_hex = psk;
+    SSL_CTX *ctx = nullptr;
+    mk_status s = mk_tls_context(&tls, false, &ctx);
+    mk_io io = {connect_to(port), nullptr};
+    if (s == MK_OK) s = mk_tls_attach(&io, ctx, false);
+    if (s == MK_OK) {
+        (void)fcntl(io.fd, F_SETFL, fcntl(io.fd, F_GETFL) | O_NONBLOCK);
+        s = mk_tls_handshake(&io, nullptr, mk_deadline_ms(3000, 3000));
+    }
+    mk_io_close(&io);
+    mk_tls_context_free(ctx);
+    return s;
+}
+
+// With --tls-psk every connection between the ranks runs inside TLS 1.3 (the rendezvous,
+// control and seams), and one who can compute the stage digest but has no key cannot take a
+// rank's place: a plaintext hello of rank 1 with the right digest, and a TLS client with
+// another key, are dropped at the handshake while the real ranks join; the tokens equal the
+// whole model's. Bound to 0.0.0.0 with TLS, rank 0 has no notice to give.
+TEST(StageTls, PskProtectsEveryConnectionAndAStrangerWithoutTheKeyIsDropped) {
+    mk_model *model = random_model();
+    const auto prompts = read_prompts(kPrompts);
+    const auto want = whole_model(model, MK_DTYPE_F32, prompts, 3);
+    const std::string digest = cli_stage_digest(model);
+    const int port = free_port();
+    const std::vector<std::string> extra = {"--max-tokens", "3", "--batch", "2", "--timeout", "5", "--tls-psk", kStagePsk};
+    std::vector<std::string> a0 = stage_args(kRandom, "1,3", 0, 3, port, extra);
+    for (auto &x : a0)
+        if (x == "127.0.0.1:" + std::to_string(port)) x = "0.0.0.0:" + std::to_string(port);
+    a0.insert(a0.end(), {"--prompts", kPrompts});
+    Ranks ranks("tls");
+    ranks.launch(0, a0, "");
+    const int plain = connect_to(port);
+    ASSERT_GE(plain, 0);
+    send_all(plain, ctl_message(MK_CTL_HELLO, "1 3 " + digest + " 127.0.0.1:1"));
+    EXPECT_EQ(tls_probe(port, kOtherPsk), MK_ERR_AUTH) << mk_last_error();
+    ASSERT_TRUE(wait_for_text(ranks[0].err, "the TLS handshake failed", 10)) << slurp(ranks[0].err);
+    for (int r = 1; r < 3; r++) ranks.launch(r, stage_args(kRandom, "1,3", r, 3, port, extra), "");
+    ranks.wait(20);
+    close(plain);
+    expect_parity(ranks, 0, want);
+    const std::string err = slurp(ranks[0].err), out = slurp(ranks[0].out);
+    size_t drops = 0;
+    for (size_t at = err.find("the TLS handshake failed"); at != std::string::npos;
+         at = err.find("the TLS handshake failed", at + 1))
+        drops++;
+    EXPECT_EQ(drops, 2u) << err;
+    EXPECT_NE(err.find("rank 1 joined from 127.0.0.1:"), std::string::npos) << err;
+    EXPECT_NE(err.find("(2 of 2), TLS"), std::string::npos) << err;
+    EXPECT_EQ(err.find("not loopback"), std::string::npos) << err;
+    EXPECT_NE(out.find("seam tcp (TLS 1.3 on every connection)"), std::string::npos) << out;
+    mk_model_free(model);
+}
+
+// A rank with another key fails its handshake with rank 0 (MK_ERR_AUTH, naming rank 0's
+// address); rank 0 drops it like any stranger and, at its deadline, names rank 2 missing
+// and the failed handshake. Without TLS, a rendezvous bound beyond loopback says so.
+TEST(StageTls, ARankWithAnotherKeyIsRefusedAndPlaintextOffLoopbackIsNoticed) {
+    const int port = free_port();
+    Ranks ranks("tlskey");
+    ranks.launch(0, stage_args(kRandom, "1,3", 0, 3, port, {"--timeout", "1", "--tls-psk", kStagePsk, "--prompts", kPrompts}), "");
+    ranks.launch(1, stage_args(kRandom, "1,3", 1, 3, port, {"--timeout", "1", "--tls-psk", kStagePsk}), "");
+    ranks.launch(2, stage_args(kRandom, "1,3", 2, 3, port, {"--timeout", "1", "--tls-psk", kOtherPsk}), "");
+    ranks.wait(8);
+    const std::string e0 = slurp(ranks[0].err), e2 = slurp(ranks[2].err);
+    EXPECT_EQ(exit_code(ranks[2]), 1) << e2;
+    EXPECT_NE(e2.find("refused at startup: MK_ERR_AUTH: rank 2: no TLS with rank 0 at 127.0.0.1:"), std::string::npos) << e2;
+    EXPECT_EQ(exit_code(ranks[0]), 1) << e0;
+    EXPECT_NE(e0.find("rank(s) 2 did not join within 1000 ms; dropped 1 connection(s): 127.0.0.1:"), std::string::npos) << e0;
+    EXPECT_NE(e0.find("no TLS with this run's key"), std::string::npos) << e0;
+    EXPECT_EQ(exit_code(ranks[1]), 1);
+
+    const int port2 = free_port();
+    Ranks plain("plainwide");
+    std::vector<std::string> a0 = stage_args(kRandom, "2", 0, 2, port2, {"--timeout", "0.3", "--prompts", kPrompts});
+    for (auto &x : a0)
+        if (x == "127.0.0.1:" + std::to_string(port2)) x = "0.0.0.0:" + std::to_string(port2);
+    plain.launch(0, a0, "");
+    plain.wait(6);
+    EXPECT_NE(slurp(plain[0].err).find("rendezvous at 0.0.0.0:" + std::to_string(port2) + ": not loopback and no TLS"),
+              std::string::npos) << slurp(plain[0].err);
+}
+
+// The library refuses TLS options it cannot honour, whoever calls it: TLS on a seam that
+// never leaves the process (nothing would be encrypted), a key of 16 bytes (the README
+// promises 32 to 64), an identity without a key, a key with certificates.
+TEST(SeamOptions, TlsIsRefusedWhereItCannotProtect) {
+    mk_model *model = random_model();
+    mk_range *head = nullptr, *tail = nullptr;
+    ASSERT_EQ(mk_range_create(model, 0, 2, nullptr, &head), MK_OK) << mk_last_error();
+    ASSERT_EQ(mk_range_create(model, 3, 5, nullptr, &tail), MK_OK) << mk_last_error();
+    const std::string k32 = "8f2a61c0de55aa0193b7e4f6021c9d3b5e7a8c0f1d2e3f405162738495a6b7c8";
+    const std::string k16 = k32.substr(0, 32), k65 = k32 + k32 + "00";
+    const struct {
+        mk_seam_kind kind;
+        const char *psk, *identity, *cert;
+        const char *part;
+    } cases[] = {
+        {MK_SEAM_LOCAL, k32.c_str(), nullptr, nullptr, "the local seam never leaves the process"},
+        {MK_SEAM_WIRE, k32.c_str(), nullptr, nullptr, "the wire seam never leaves the process"},
+        {MK_SEAM_UNIX, k16.c_str(), nullptr, nullptr, "32 to 64 bytes (64 to 128 hex digits), not 32 hex digits"},
+        {MK_SEAM_UNIX, k65.c_str(), nullptr, nullptr, "32 to 64 bytes (64 to 128 hex digits), not 130 hex digits"},
+        {MK_SEAM_UNIX, nullptr, "me", nullptr, "identity without a pre-shared key"},
+        {MK_SEAM_UNIX, k32.c_str(), nullptr, "cert.pem", "a pre-shared key or certificates, not both"},
+    };
+    for (const auto &c : cases) {
+        SCOPED_TRACE(c.part);
+        mk_seam_options o = mk_seam_options_default(c.kind);
+        o.tls.enabled = true;
+        o.tls.psk_hex = c.psk;
+        o.tls.psk_identity = c.identity;
+        o.tls.cert_file = c.cert;
+        mk_seam *tx = nullptr, *rx = nullptr;
+        EXPECT_EQ(mk_seam_pair(&o, head, tail, &tx, &rx), MK_ERR_INVALID_ARGUMENT);
+        EXPECT_NE(std::string(mk_last_error()).find(c.part), std::string::npos) << mk_last_error();
+        EXPECT_EQ(tx, nullptr);
+        mk_seam_free(tx);
+        mk_seam_free(rx);
+    }
+    // the same 32-byte key on a unix pair works
+    mk_seam_options o = mk_seam_options_default(MK_SEAM_UNIX);
+    o.tls.enabled = true;
+    o.tls.psk_hex = k32.c_str();
+    mk_seam *tx = nullptr, *rx = nullptr;
+    EXPECT_EQ(mk_seam_pair(&o, head, tail, &tx, &rx), MK_OK) << mk_last_error();
+    mk_seam_free(tx);
+    mk_seam_free(rx);
+    mk_range_free(head);
+    mk_range_free(tail);
+    mk_model_free(model);
+}
+
+// A unix-seam stage killed during startup (between its hello and the previous rank's
+// connect) cannot remove its socket file; the next unix stage to start removes the files
+// whose process is gone.
+TEST(Stage, UnixSocketOfAStageKilledAtStartupIsRemovedAtTheNextStart) {
+    // a "rank 0" that takes the connection into its backlog and never answers
+    const int lfd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    ASSERT_EQ(bind(lfd, (sockaddr *)&a, sizeof a), 0);
+    ASSERT_EQ(listen(lfd, 4), 0);
+    ASSERT_EQ(getsockname(lfd, (sockaddr *)&a, &len), 0);
+    const int port = ntohs(a.sin_port);
+    Ranks ranks("stale_unix");
+    ranks.launch(1, stage_args(kRandom, "2", 1, 2, port, {"--timeout", "5", "--seam", "unix"}), "");
+    const std::string sock = "/tmp/meshkern-stage-" + std::to_string(ranks[0].pid) + "-rank1.sock";
+    struct stat sb;
+    const double t0 = now_s();
+    while (stat(sock.c_str(), &sb) != 0 && now_s() - t0 < 10) usleep(10000);
+    ASSERT_EQ(stat(sock.c_str(), &sb), 0) << "rank 1 made no socket at " << sock;
+    kill(ranks[0].pid, SIGKILL);
+    ranks.wait(5);
+    EXPECT_EQ(stat(sock.c_str(), &sb), 0) << "the killed rank's socket file is left (nothing could remove it)";
+    close(lfd);
+    // the next unix stage (here one whose rendezvous is gone) removes it before anything else
+    const int dead = free_port();
+    Ranks next("stale_unix_next");
+    next.launch(1, stage_args(kRandom, "2", 1, 2, dead, {"--timeout", "0.3", "--seam", "unix"}), "");
+    next.wait(10);
+    EXPECT_EQ(exit_code(next[0]), 1) << slurp(next[0].err);
+    EXPECT_NE(stat(sock.c_str(), &sb), 0) << sock << " is still there";
+    EXPECT_NE(slurp(next[0].err).find("removed " + sock + ", left by a stage process that is gone"), std::string::npos)
+        << slurp(next[0].err);
 }
 
 // A rank whose peers never come gives up at the deadline instead of waiting forever.

@@ -1,0 +1,47 @@
+// host/mk_size.h: the one checked multiply/add for counts from outside that meet an
+// allocation. A wrapped product must be refused (and named), never turned into a small
+// buffer.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <string>
+
+#include "mk_size.h"
+
+namespace {
+
+TEST(CheckedSize, MultiplyAndAddRefuseWhatWraps) {
+    size_t out = 0;
+    EXPECT_TRUE(mk_size_mul(3, 5, &out));
+    EXPECT_EQ(out, 15u);
+    EXPECT_TRUE(mk_size_mul(SIZE_MAX, 1, &out));
+    EXPECT_EQ(out, SIZE_MAX);
+    EXPECT_TRUE(mk_size_mul(0, SIZE_MAX, &out));
+    EXPECT_EQ(out, 0u);
+    // 2^62 tokens of 4 bytes: the `stage --max-tokens 4611686018427387904` case (wrapped to 0)
+    EXPECT_FALSE(mk_size_mul((size_t)1 << 62, sizeof(int32_t), &out));
+    EXPECT_EQ(out, SIZE_MAX) << "a refused product saturates";
+    EXPECT_FALSE(mk_size_mul(SIZE_MAX / 2 + 1, 2, &out));
+    EXPECT_TRUE(mk_size_mul(SIZE_MAX / 2, 2, &out));
+    EXPECT_TRUE(mk_size_add(SIZE_MAX - 1, 1, &out));
+    EXPECT_EQ(out, SIZE_MAX);
+    EXPECT_FALSE(mk_size_add(SIZE_MAX, 1, &out));
+    EXPECT_EQ(out, SIZE_MAX) << "a refused sum saturates (a context capped afterwards stays capped)";
+}
+
+TEST(CheckedSize, AllocArrayNamesWhatDidNotFit) {
+    mk_clear_error();
+    EXPECT_EQ(mk_alloc_array((size_t)1 << 62, sizeof(int32_t), "test tokens"), nullptr);
+    const std::string m = mk_last_error();
+    EXPECT_NE(m.find("test tokens: 4611686018427387904 elements of 4 bytes overflow"), std::string::npos) << m;
+    size_t bytes = 0;
+    EXPECT_EQ(mk_size_bytes(SIZE_MAX, 2, "x", &bytes), MK_ERR_OUT_OF_MEMORY);
+    void *p = mk_alloc_array(0, 8, "nothing");
+    EXPECT_NE(p, nullptr) << "zero elements still give a pointer to free";
+    free(p);
+    p = mk_alloc_array(16, 4, "sixteen");
+    ASSERT_NE(p, nullptr);
+    free(p);
+}
+
+} // namespace
