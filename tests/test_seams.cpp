@@ -1880,6 +1880,11 @@ TEST(SeamApi, EveryEntryRefusesWhatIsNotItsToTake) {
     // One send, one receive: a second receive finds nothing.
     EXPECT_ERROR(mk_seam_recv(rx, r.tail_seq.get(), r.in.get()), MK_ERR_INVALID_ARGUMENT, "nothing was sent");
     EXPECT_EQ(mk_boundary_header_of(r.in.get())->rows, 0u) << "a failed receive leaves the boundary empty";
+    // The stream-only entries know a stream end from any other.
+    EXPECT_EQ(mk_seam_stream_fd(tx), -1);
+    EXPECT_EQ(mk_seam_stream_fd(nullptr), -1);
+    EXPECT_ERROR(mk_seam_stream_write_raw(tx, "x", 1), MK_ERR_INVALID_ARGUMENT, "not a stream seam end");
+    EXPECT_ERROR(mk_seam_stream_write_raw(nullptr, "x", 1), MK_ERR_INVALID_ARGUMENT, "not a stream seam end");
 }
 
 TEST(SeamApi, OnlyStreamsAndNcclCrossProcesses) {
@@ -1903,6 +1908,19 @@ TEST(SeamApi, OnlyStreamsAndNcclCrossProcesses) {
     const std::string long_path = "/tmp/" + std::string(300, 'n');
     nccl.address = long_path.c_str();
     EXPECT_ERROR(mk_seam_listen(&nccl, &l), MK_ERR_INVALID_ARGUMENT, "id file path too long");
+    // This binary links no NCCL seam: every NCCL entry says so (nccl_absent.c).
+    TempDir id_dir;
+    const std::string id_path = id_dir.file("id");
+    nccl.address = id_path.c_str();
+    EXPECT_ERROR(mk_seam_listen(&nccl, &l), MK_ERR_UNSUPPORTED, "has no NCCL seam");
+    EXPECT_EQ(l, nullptr);
+    EXPECT_ERROR(mk_seam_connect(&nccl, r.head.get(), &s), MK_ERR_UNSUPPORTED, "has no NCCL seam");
+    EXPECT_EQ(s, nullptr);
+    unsigned char id[MK_SEAM_NCCL_ID_BYTES] = {0};
+    EXPECT_ERROR(mk_seam_nccl_id_new(id, sizeof id), MK_ERR_UNSUPPORTED, "has no NCCL seam");
+    EXPECT_ERROR(mk_seam_nccl_end_with_id(&nccl, id, sizeof id, r.head.get(), true, &s), MK_ERR_UNSUPPORTED,
+                 "has no NCCL seam");
+    EXPECT_EQ(s, nullptr);
     EXPECT_ERROR(mk_seam_accept(nullptr, r.tail.get(), &s), MK_ERR_INVALID_ARGUMENT, "mk_seam_accept: NULL argument");
     EXPECT_ERROR(mk_seam_connect(nullptr, r.head.get(), &s), MK_ERR_INVALID_ARGUMENT, "mk_seam_connect: NULL argument");
     // A Unix listener's socket file goes with the listener.

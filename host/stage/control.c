@@ -68,6 +68,8 @@ void mk_ctl_abort(mk_io *io, mk_status status, const char *message) {
 mk_status mk_ctl_abort_status(const char *body) {
     char *end = NULL;
     const long v = strtol(body, &end, 10);
-    if (end == body || v <= 0 || v > 1000) return mk_fail(MK_ERR_FRAME, "an abort message without a status: '%.80s'", body);
+    /* Only a failure this library names: a peer's number is not trusted to be a status. */
+    if (end == body || v <= 0 || v > 1000 || strcmp(mk_status_name((mk_status)v), "MK_ERR_UNKNOWN") == 0)
+        return mk_fail(MK_ERR_FRAME, "an abort message without a status: '%.80s'", body);
     return mk_fail((mk_status)v, "%s", *end == ' ' ? end + 1 : end);
 }

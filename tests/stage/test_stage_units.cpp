@@ -177,12 +177,15 @@ TEST(StageControl, AbortCarriesItsStatusAndMessage) {
     mk_ctl_abort(&gone, MK_ERR_FRAME, "x");
 }
 
+// Only statuses this library names: the lowest and the highest, not a gap between them.
 TEST(StageControl, AbortBodiesWithoutAStatusAreRefused) {
-    EXPECT_EQ(mk_ctl_abort_status("1 first"), (mk_status)1);
-    EXPECT_EQ(mk_ctl_abort_status("1000 last"), (mk_status)1000);
+    EXPECT_EQ(mk_ctl_abort_status("1 first"), MK_ERR_INVALID_ARGUMENT);
+    EXPECT_STREQ(mk_last_error(), "first");
+    EXPECT_EQ(mk_ctl_abort_status("102 last"), MK_ERR_CHAT_TEMPLATE);
     EXPECT_EQ(mk_ctl_abort_status("93"), MK_ERR_FRAME);
     EXPECT_STREQ(mk_last_error(), "");
-    for (const char *body : {"", "abc", "0 zero", "-5 negative", "1001 too big", " "})
+    for (const char *body : {"", "abc", "0 zero", "-5 negative", "6 a gap", "97 a gap", "103 past the last",
+                             "1000 no status", "1001 too big", " "})
         EXPECT_ERROR(mk_ctl_abort_status(body), MK_ERR_FRAME, "an abort message without a status") << body;
     EXPECT_ERROR(mk_ctl_abort_status("x"), MK_ERR_FRAME, "'x'");
 }
