@@ -69,5 +69,8 @@ mk_status mk_ctl_abort_status(const char *body) {
     char *end = NULL;
     const long v = strtol(body, &end, 10);
     if (end == body || v <= 0 || v > 1000) return mk_fail(MK_ERR_FRAME, "an abort message without a status: '%.80s'", body);
-    return mk_fail((mk_status)v, "%s", *end == ' ' ? end + 1 : end);
+    const char *why = *end == ' ' ? end + 1 : end;
+    if (!*why) /* found by tests/fuzz/fuzz_control.c: a failure must never come without a message */
+        return mk_fail((mk_status)v, "the run was aborted with status %ld and no reason given", v);
+    return mk_fail((mk_status)v, "%s", why);
 }
