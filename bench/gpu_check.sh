@@ -141,23 +141,12 @@ if [ ${#BIN[@]} -eq 0 ] && command -v nvcc >/dev/null && command -v cmake >/dev/
   else
     log "CMake build failed (configure.log / build.log): standalone nvcc build"
     SA="$BUILD/standalone"
-    mkdir -p "$SA"
-    INC=(-I"$ROOT/include" -I"$ROOT/common" -I"$ROOT/host" -I"$ROOT/kernels" -I"$ROOT/kernels/nvcc" -I"$ROOT/tests")
-    objs=("$SA/error.o" "$SA/cpu_ops.o" "$SA/contract.o")
-    ok=1
-    gcc -O2 -std=c11 -c "$ROOT/host/error.c" "${INC[@]}" -o "$SA/error.o" >>"$R/standalone.log" 2>&1 || ok=0
-    gcc -O2 -std=c11 -c "$ROOT/host/contract.c" "${INC[@]}" -o "$SA/contract.o" >>"$R/standalone.log" 2>&1 || ok=0
-    gcc -O2 -std=c11 -c "$ROOT/host/cpu_ops.c" -I"$ROOT/bench/standalone" "${INC[@]}" -o "$SA/cpu_ops.o" \
-      >>"$R/standalone.log" 2>&1 || ok=0
-    for cu in "$ROOT"/kernels/*.cu; do
-      o="$SA/$(basename "$cu" .cu).o"
-      objs+=("$o")
-      nvcc -O3 -std=c++17 -gencode "arch=compute_$ARCHS,code=sm_$ARCHS" -Xptxas -v "${INC[@]}" -c "$cu" -o "$o" \
-        >>"$R/ptxas_report.txt" 2>&1 || ok=0
-    done
-    [ $ok = 1 ] && nvcc -O2 -std=c++17 "${INC[@]}" "$ROOT/bench/kernel_bench.cpp" "${objs[@]}" -lcublas \
-      -o "$SA/kernel_bench" >>"$R/standalone.log" 2>&1 && BIN[kernel_bench]="$SA/kernel_bench" &&
-      BIN_FROM="standalone nvcc build (kernels + kernel_bench only)"
+    if "$ROOT/bench/standalone/build.sh" "$SA" "$ARCHS" >"$R/standalone.log" 2>&1; then
+      BIN[kernel_bench]="$SA/kernel_bench"
+      [ -x "$SA/test_ops_device" ] && BIN[test_ops_device]="$SA/test_ops_device"
+      BIN_FROM="standalone nvcc build (kernels, kernel_bench, the op grid where GoogleTest is)"
+    fi
+    cp "$SA/ptxas_report.txt" "$SA/build.log" "$R/" 2>/dev/null
   fi
 fi
 [ ${#BIN[@]} -gt 0 ] || { failure "no binaries: no bundle, and neither build worked"; finish 3; }
@@ -235,12 +224,13 @@ if has meshkern; then
   done
 fi
 
-# ---- 6. prefill attention on the tensor cores vs a cuBLAS BF16 GEMM, and the GEMVs --------
+# ---- 6. the decode GEMVs (SmolLM2 and 8B shapes; BF16, Q4_1, Q8_0) as % of the device copy,
+#         and prefill attention on the tensor cores vs a cuBLAS BF16 GEMM ----------------------
 if has kernel_bench; then
-  mkdir -p "$R/kbench_prefill"
-  MK_KBENCH_ONLY=prefill,prefill_tc,gemm step "kernels.prefill_vs_gemm" 150 "${BIN[kernel_bench]}" "$R/kbench_prefill"
-  grep -E "^(attention_prefill|cublas_gemm_bf16|prefill attention)" "$R/kernels.prefill_vs_gemm.log" |
-    sed 's/^/kernel_bench: /' >>"$R/figures.txt"
+  mkdir -p "$R/kbench"
+  MK_KBENCH_ONLY=copy,gemv,prefill,prefill_tc,gemm step "kernels.gemv_prefill_gemm" 150 "${BIN[kernel_bench]}" "$R/kbench"
+  grep -E "^(memcpy_d2d|gemv|attention_prefill|cublas_gemm_bf16|prefill attention|ceiling)" \
+    "$R/kernels.gemv_prefill_gemm.log" | sed 's/^/kernel_bench: /' >>"$R/figures.txt"
 fi
 
 # ---- 7. NCCL: the library, and the NCCL seam between two ranges on one GPU ----------------

@@ -10,8 +10,9 @@
 // usage: kernel_bench [outdir]      exit 2: no CUDA device; exit 1: a validation failed
 // env (sizes selectable, so the same binary also runs under tests/cudasim with small shapes):
 //   MK_KBENCH_ONLY=a,b        run only the named case groups (copy, rmsnorm,
-//                             embed, rope, swiglu, argmax, convert, kv_append, decode, prefill,
-//                             prefill_tc, gemm)
+//                             embed, rope, swiglu, argmax, convert, kv_append, gemv, decode,
+//                             prefill, prefill_tc, gemm)
+//   MK_KBENCH_GEMV_SCALE=n    divide the GEMV shapes by n (the cudasim smoke test)
 //   MK_KBENCH_PREFILL=r:p:h:kv:d[,...]  prefill shapes (rows, past, heads, kv heads, head_dim)
 //   MK_KBENCH_GEMM_N=n        the square cuBLAS BF16 GEMM the tensor-core prefill is compared with
 //   MK_KBENCH_ITERS=n         timed runs per case (median; default 50)
@@ -542,6 +543,92 @@ void bench_gemm_bf16(Bench &b, size_t n) {
     CK(cudaFree(dy));
 }
 
+// ------------------------------------------------------------------------ GEMV --
+// The decode matrix products that dominate a token: y[rows, out] = x[rows, in] . w[out, in]^T
+// with w in BF16 (mk_kernel_gemv) or a GGUF block format dequantized in registers
+// (mk_kernel_gemv_q: Q4_1 = 3, Q8_0 = 8). Bytes: the weight once, x and y once. Random
+// weights (block scales small positive F16 values); the reference widens the same weights on
+// the host (the two block layouts written out here, independently of the library's
+// dequantizer) and sums in double.
+constexpr uint32_t kGgmlQ4_1 = 3, kGgmlQ8_0 = 8, kGgmlBf16 = 30;
+
+std::vector<uint8_t> gemv_weight(uint32_t type, size_t out, size_t in, std::vector<float> *wide) {
+    std::mt19937_64 g(77 + out * 3 + in + type);
+    wide->assign(out * in, 0.0f);
+    if (type == kGgmlBf16) {
+        std::vector<uint8_t> w(out * in * 2);
+        const std::vector<float> f = rnd(out * in, 78 + type);
+        for (size_t i = 0; i < f.size(); i++) {
+            const uint16_t h = mk_f32_to_bf16(f[i]);
+            std::memcpy(&w[i * 2], &h, 2);
+            (*wide)[i] = mk_bf16_to_f32(h);
+        }
+        return w;
+    }
+    const size_t bb = type == kGgmlQ8_0 ? 34 : 20, blocks = out * in / 32; /* 32 elements per block */
+    std::vector<uint8_t> w(blocks * bb);
+    for (size_t k = 0; k < blocks; k++) {
+        uint8_t *blk = &w[k * bb];
+        float *y = wide->data() + k * 32;
+        for (size_t j = 0; j < bb; j++) blk[j] = (uint8_t)g();
+        const uint16_t d = mk_f32_to_f16((float)(1 + g() % 64) / 4096.0f);
+        std::memcpy(blk, &d, 2);
+        const float df = mk_f16_to_f32(d);
+        if (type == kGgmlQ8_0) { /* d, then 32 int8 */
+            for (int j = 0; j < 32; j++) y[j] = df * (float)(int8_t)blk[2 + j];
+        } else { /* d, m, then 16 bytes: element j in the low nibble of byte j, j + 16 in the high */
+            const uint16_t m = mk_f32_to_f16(-(float)(g() % 64) / 1024.0f);
+            std::memcpy(blk + 2, &m, 2);
+            const float mf = mk_f16_to_f32(m);
+            for (int j = 0; j < 16; j++) {
+                y[j] = df * (float)(blk[4 + j] & 0xF) + mf;
+                y[j + 16] = df * (float)(blk[4 + j] >> 4) + mf;
+            }
+        }
+    }
+    return w;
+}
+
+void bench_gemv(Bench &b, const char *model, uint32_t type, size_t rows, size_t in, size_t out) {
+    std::vector<float> wide;
+    const std::vector<uint8_t> w = gemv_weight(type, out, in, &wide);
+    const std::vector<float> x = rnd(rows * in, 79);
+    const double bytes = (double)w.size() + 4.0 * rows * (in + out);
+    const int sets = b.sets_for(bytes);
+    std::vector<void *> dw;
+    for (int s = 0; s < sets; s++) dw.push_back(dev_upload(b.stream, w.data(), w.size()));
+    float *dx = (float *)dev_upload(b.stream, x.data(), x.size() * 4), *dy = (float *)dev_alloc(b.stream, rows * out * 4);
+    auto run = [&](int s) {
+        if (type == kGgmlBf16) MK(mk_kernel_gemv(dy, dx, dw[s], MK_DTYPE_BF16, rows, in, out, b.stream));
+        else MK(mk_kernel_gemv_q(dy, dx, dw[s], type, rows, in, out, b.stream));
+    };
+    run(0);
+    CK(cudaStreamSynchronize(b.stream));
+    std::vector<float> ref(rows * out);
+    double scale = 0;
+    for (size_t r = 0; r < rows; r++)
+        for (size_t o = 0; o < out; o++) {
+            double acc = 0, mag = 0;
+            const float *wr = &wide[o * in], *xr = &x[r * in];
+            for (size_t k = 0; k < in; k++) {
+                acc += (double)xr[k] * wr[k];
+                mag += std::fabs((double)xr[k] * wr[k]);
+            }
+            ref[r * out + o] = (float)acc;
+            scale = std::max(scale, mag);
+        }
+    /* F32 accumulation over `in` terms against a double sum: a few ulps of the magnitudes */
+    const bool ok = close("gemv", dev_download<float>(b.stream, dy, rows * out), ref, 1e-6 * scale, 1e-5);
+    const double us = b.time_us(sets, run);
+    const char *tn = type == kGgmlBf16 ? "bf16" : type == kGgmlQ8_0 ? "q8_0" : "q4_1";
+    b.add("gemv", std::string(model) + " " + tn + " " + std::to_string(rows) + "x" + std::to_string(in) + "->" +
+                      std::to_string(out),
+          us, bytes, 2.0 * rows * in * out, ok);
+    for (void *p : dw) CK(cudaFree(p));
+    CK(cudaFree(dx));
+    CK(cudaFree(dy));
+}
+
 // ------------------------------------------------------------------ case selection --
 bool want(const char *group) {
     const char *only = getenv("MK_KBENCH_ONLY");
@@ -616,6 +703,19 @@ int main(int argc, char **argv) {
     }
     if (want("convert")) bench_convert(b, (size_t)1 << 26);
     if (want("kv_append")) bench_kv_append(b, 4096, 1024);
+    if (want("gemv")) {
+        // SmolLM2-135M's products (hidden 576, ffn 1536, vocab 49152) and Llama 3 8B's (4096,
+        // 14336, 128256), one decode row, in BF16, Q4_1 and Q8_0; and 8 rows of the 8B FFN
+        struct GemvShape { const char *model; size_t in, out; };
+        const size_t n = env_size("MK_KBENCH_GEMV_SCALE", 1); /* > 1: shapes divided by it (cudasim) */
+        const GemvShape shapes[] = {{"smollm2", 576, 1536}, {"smollm2", 1536, 576}, {"smollm2", 576, 49152},
+                                    {"8b", 4096, 4096},     {"8b", 4096, 14336},    {"8b", 14336, 4096},
+                                    {"8b", 4096, 128256}};
+        for (const GemvShape &g : shapes)
+            for (const uint32_t t : {kGgmlBf16, kGgmlQ4_1, kGgmlQ8_0})
+                bench_gemv(b, g.model, t, 1, std::max<size_t>(32, g.in / n / 32 * 32), std::max<size_t>(1, g.out / n));
+        bench_gemv(b, "8b", kGgmlQ4_1, 8, std::max<size_t>(32, 4096 / n / 32 * 32), std::max<size_t>(1, 14336 / n));
+    }
     if (want("decode")) {
         // decode attention KV bandwidth: 8B-shaped (32/8 heads, d128) and SmolLM2-shaped (9/3, d64),
         // F32 (parity) and F16 (speed) caches, a few context lengths in a 32K-row cache

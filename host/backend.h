@@ -133,6 +133,12 @@ typedef struct mk_backend_counters {
     uint64_t bytes_read;
     uint64_t weight_bytes_read;
     uint64_t kv_bytes_read;
+    /* Decode steps recorded: step_end calls that instantiated a step (one the range then
+     * discards, because an op failed while it was recorded, counts too; a capture the
+     * runtime invalidated counts nothing). One per range for a sequence's decode, one more
+     * at each change of what a step bakes in (the sequence's KV cache, a boundary buffer);
+     * none when eager. */
+    uint64_t graph_captures;
 } mk_backend_counters;
 
 struct mk_backend {

@@ -81,6 +81,7 @@ struct mk_range {
      * capture failed (the step then runs op by op). */
     bool graphs;
     void *step;              /* the captured step (backend's), NULL until the first decode */
+    char graph_failure[256]; /* why recording stopped (mk_range_graph_failure); "" while on */
     mk_step_key step_key;    /* the addresses it bakes in */
     void *tail_stage;        /* host staging (pinned on cuda): logits [vocab] then the token */
 };
@@ -120,6 +121,7 @@ int64_t mk_range_start(const mk_range *r) { return r->start; }
 int64_t mk_range_end(const mk_range *r) { return r->end; }
 size_t mk_range_weight_bytes(const mk_range *r) { return r->weight_bytes; }
 const char *mk_range_recipe_digest(const mk_range *r) { return r->digest; }
+const char *mk_range_graph_failure(const mk_range *r) { return r && r->graph_failure[0] ? r->graph_failure : NULL; }
 const mk_backend_counters *mk_range_backend_counters(const mk_range *r) { return &r->backend->counters; }
 mk_backend *mk_range_backend(const mk_range *r) { return r->backend; }
 
@@ -771,7 +773,10 @@ static mk_status mk_forward_step(mk_range *r, mk_sequence *seq, const void *in, 
         }
         if (s != MK_OK) {
             if (step) b->ops->step_destroy(b, step);
-            mk_clear_error(); /* the step runs op by op instead: a real fault is reported there */
+            /* kept for mk_range_graph_failure (the CLI says so once); then the step runs op by
+             * op instead, where a real fault is reported */
+            snprintf(r->graph_failure, sizeof r->graph_failure, "%s: %s", mk_status_name(s), mk_last_error());
+            mk_clear_error();
             r->graphs = false;
             return mk_forward_device(r, seq, 1, in, out);
         }

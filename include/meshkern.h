@@ -513,6 +513,11 @@ MK_API int64_t mk_range_end(const mk_range *range);
 MK_API size_t mk_range_weight_bytes(const mk_range *range);
 /* Recipe digest that bundles emitted/accepted by this range carry. */
 MK_API const char *mk_range_recipe_digest(const mk_range *range);
+/* Why this range stopped recording decode steps as CUDA graphs: NULL while it records them
+ * (or never tried: eager_decode, a backend without graphs), else the status and message of
+ * the recording that failed; that step and every later one ran op by op, with the same
+ * results. Owned by the range. */
+MK_API const char *mk_range_graph_failure(const mk_range *range);
 
 /* Sequences: each has its own KV cache of max_context positions in every range. */
 typedef struct mk_sequence mk_sequence;
@@ -804,6 +809,16 @@ MK_API mk_status mk_sched_poll(mk_sched *sched, uint64_t seq_id, mk_seq_info *in
 MK_API mk_status mk_sched_wait(mk_sched *sched, uint64_t seq_id);
 /* Block until every submitted sequence is DONE or FAILED. */
 MK_API mk_status mk_sched_wait_all(mk_sched *sched);
+/* Stop a sequence early (its client went away): a queued one leaves the queue at once; a
+ * running one retires after the step in flight, so its slot and KV cache are free within
+ * one step. It ends DONE (stopped false) with the tokens generated so far. A sequence
+ * already finished is left as it is. */
+MK_API mk_status mk_sched_cancel(mk_sched *sched, uint64_t seq_id);
+/* Forget a sequence: its record (prompt, tokens, error) is freed as soon as it is DONE or
+ * FAILED (at once when it already is); later calls naming it fail. A long-running caller
+ * (meshkern serve) releases every sequence it has read, so memory does not grow with the
+ * number of sequences served (the id table keeps one pointer per id). */
+MK_API mk_status mk_sched_release(mk_sched *sched, uint64_t seq_id);
 
 typedef struct mk_stage_stats {
     size_t steps;          /* forwards run */

@@ -33,15 +33,7 @@ static __global__ void gemv_kernel(gemv_set set, const float *__restrict__ x /* 
   const int lane = threadIdx.x & 31;
   size_t o = (size_t)blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
   if (o >= total_out) return; /* whole warps leave together: no barrier follows */
-  int m = 0; /* which matrix of the set: unrolled compares, no run-time index into set */
-  if (o >= set.out[0]) {
-    o -= set.out[0];
-    m = 1;
-    if (o >= set.out[1]) {
-      o -= set.out[1];
-      m = 2;
-    }
-  }
+  const int m = gemv_set_locate(o, set.out);
   const size_t esize = D == MK_DTYPE_F32 ? 4 : 2;
   float acc[R];
   gemv_dot<D, R, VEC>(acc, x, static_cast<const char *>(gemv_pick3(set.w, m)) + o * in_dim * esize, in_dim, lane);

@@ -19,6 +19,16 @@ static __device__ __forceinline__ V gemv_pick3(const V (&a)[3], int m) {
   return m == 0 ? a[0] : m == 1 ? a[1] : a[2];
 }
 
+/* Which matrix of a set of three output row o (numbered through the set) belongs to, with o
+ * made local to it: unrolled compares, no run-time index into the parameter struct. */
+static __device__ __forceinline__ int gemv_set_locate(size_t &o, const size_t (&out)[3]) {
+  if (o < out[0]) return 0;
+  o -= out[0];
+  if (o < out[1]) return 1;
+  o -= out[1];
+  return 2;
+}
+
 /* Widen element i of a 16-byte vector of dtype D (F32: 4 elements, F16/BF16: 8). */
 template <int D>
 static __device__ __forceinline__ float gemv_vec_elem(const uint4 &v, int i) {

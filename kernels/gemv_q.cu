@@ -137,15 +137,7 @@ static __global__ void gemvq_multi_kernel(gemvq_set set, const float *__restrict
   const int lane = threadIdx.x & 31;
   size_t o = (size_t)blockIdx.x * GEMVQ_WARPS + (threadIdx.x >> 5);
   if (o >= total_out) return; /* whole warps leave together: no barrier follows */
-  int m = 0;
-  if (o >= set.out[0]) {
-    o -= set.out[0];
-    m = 1;
-    if (o >= set.out[1]) {
-      o -= set.out[1];
-      m = 2;
-    }
-  }
+  const int m = gemv_set_locate(o, set.out);
   float acc[R];
   gemvq_set_dot<R>(acc, set, m, x, o, in_dim, lane);
   if (lane == 0) {

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Fuzz the parsers of untrusted input (wire bundles, seam frames, GGUF files, what a stranger
-# sends a stage: rendezvous hellos and control messages) and the tokenizer's encoder
-# (arbitrary bytes in) with libFuzzer + ASan + UBSan, SECONDS seconds each (default 60);
+# sends a stage: rendezvous hellos and control messages), the tokenizer's encoder (arbitrary
+# bytes in) and meshkern serve's request path (a JSON body -> a checked request; where
+# libcjson is installed) with libFuzzer + ASan + UBSan, SECONDS seconds each (default 60);
 # FUZZ_TARGETS="control frame" runs only those. Seeds: a packed bundle, real frame bodies, the GGUF test fixtures, and
 # for the encoder the golden strings. MK_FUZZ_SMOLLM2=models/SmolLM2-135M-Instruct.Q4_1.gguf
 # adds SmolLM2's tokenizer. Needs clang and its runtime (Debian: clang, libclang-rt-14-dev).
@@ -58,3 +59,16 @@ PY
   echo "== fuzz_$target for ${SECONDS_EACH}s"
   "$BUILD/fuzz_$target" -max_total_time="$SECONDS_EACH" -max_len=65536 -rss_limit_mb=2048 "$corpus" 2>&1 | tail -3
 done
+# meshkern serve's request path (JSON body -> checked request), where libcjson is installed.
+if pkg-config --exists libcjson; then
+  clang -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Iinclude -Icommon -Ihost -Itools \
+    tests/fuzz/fuzz_serve_request.c tools/serve_req.c $(pkg-config --cflags --libs libcjson) "${LIBS[@]}" \
+    -o "$BUILD/fuzz_serve_request"
+  corpus="$BUILD/corpus_serve_request"
+  mkdir -p "$corpus"
+  printf '\000{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":4,"stop":["a","bc"]}' >"$corpus/chat"
+  printf '\001{"prompt":"The capital of","stream":true,"stream_options":{"include_usage":true}}' >"$corpus/completion"
+  printf '\000{"messages":[{"role":"system","content":[{"type":"text","text":"x"}]},{"role":"user","content":"y"}],"temperature":0,"n":1,"seed":3}' >"$corpus/parts"
+  echo "== fuzz_serve_request for ${SECONDS_EACH}s"
+  "$BUILD/fuzz_serve_request" -max_total_time="$SECONDS_EACH" -max_len=65536 -rss_limit_mb=2048 "$corpus" 2>&1 | tail -3
+fi

@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# Mutation pass: plant one single-line bug at a time in the kernels (kernels/*.cu) and the
-# contract checks (host/contract.c, host/range.c), rebuild the simulated suites, run the
-# tests that cover the change, and expect red. Prints a table: mutation, caught yes/no.
-# A mutation the suite does not catch is a test gap to close.
+# Mutation pass: plant one single-line bug at a time in the kernels (kernels/*.cu), the
+# contract checks (host/contract.c, host/range.c), the seams (host/seam/: frames, socket
+# I/O, the stream transport, TLS, NCCL), the stage runtime's parts, generation, the tokenizer
+# files, the decode graph bookkeeping and the scheduler; rebuild the suite that owns the code,
+# run its tests, and expect red. Prints a table: mutation, file, the suite that ran, caught
+# yes/no. A mutation the suite does not catch is a test gap to close.
 #
 # Run by hand (not part of scripts/test.sh: a rebuild and a test run per mutation, tens of
 # minutes in all on 2 cores):
 #   scripts/mutate.sh [ID_REGEX]      only the mutations whose id matches ID_REGEX
+# Only the suites those mutations name are built and run (each green unmutated first).
 #
 # The working tree is never edited: the tracked and untracked (not ignored) files are
 # copied to build-mutate/src (only what changed since the last run, so rebuilds stay
@@ -30,6 +33,15 @@ export OPENBLAS_NUM_THREADS=1
 #          stage               the stage-process suite (meshkern stage: parity, faults, refusals)
 #          native:<gtest filter>  the cpu backend's native kernels, pool and attention (test_cpu_native)
 #          backend:<filter>    the cuda backend under cudasim (random stream interleaving)
+#          seams:<filter>      the seam transports and their parts on the cpu backend (test_seams)
+#          nccl:<filter>       the NCCL seam primitives, bootstrap and header coding under cudasim
+#                              (test_nccl_seam_sim)
+#          ncclpipe:<filter>   the NCCL seam transport on the cuda backend under cudasim
+#                              (test_nccl_pipeline_sim)
+#          stageunits:<filter> the stage runtime's control messages and request slots (test_stage_units)
+#          sched:<filter>      test_pipeline_sched with a gtest filter (the cut chooser, refusals)
+#          gen:<filter>        the generation loop (test_generate)
+#          text:<filter>       the tokenizers, detokenizer and chat templates (test_tokenizer)
 #          stage:<gtest filter>  the stage-process suite, only the matching cases
 #          gtest:<target>:<gtest filter>  any GoogleTest binary of tests/ (built by that name)
 #          ctest:<regex>       the ctest cases matching regex (the CLI's own checks; builds the CLI)
@@ -62,7 +74,7 @@ MUTATIONS=(
   "decode.slot-combine-drops-last~kernels/attention_decode.cu~s/for \(int t = 0; t < kpb; \+\+t\) \{\n      const float \*c/for (int t = 0; t < kpb - 1; ++t) {\n      const float *c/~ops:*AttentionDecode*"
   "decode.combine-reads-every-split~kernels/attention_decode.cu~s/const int used = decode_used_splits\(decode_keys\(positions, max_keys\), splits\);/const int used = splits;/~ops:*Decode*"
   "decode.combine-drops-last-used-split~kernels/attention_decode.cu~s/return used < \(size_t\)splits \? \(int\)used : splits;/return used < (size_t)splits ? (int)used - (used > 1) : splits;/~ops:*Decode*"
-  "gemv_set.third-matrix-as-second~kernels/gemv.cu~s/o -= set.out\[1\];\n      m = 2;/o -= set.out[1];\n      m = 1;/~ops:*GemvMulti*"
+  "gemv_set.third-matrix-as-second~kernels/gemv_dot.cuh~s/  o -= out\[1\];\n  return 2;/  o -= out[1];\n  return 1;/~ops:*GemvMulti*:*GemvQSet*"
   "decode.f16-read-as-bf16~kernels/attention_decode.cu~s/return mk_dev_f16_to_f32\(h\);/return mk_dev_bf16_to_f32(h);/~ops:*AttentionDecode*"
   "rope_kv.bf16-store-truncates~kernels/rope.cu~s/return mk_dev_f32_to_bf16\(x\);/return (uint16_t)(__float_as_uint(x) >> 16);/~ops:*RopeKv*"
   "prefill.f16-cache-read-as-bf16~kernels/attention_prefill.cu~s/return mk_dev_f16_to_f32\(\(uint16_t\)\(w & 0xffffu\)\);/return mk_dev_bf16_to_f32((uint16_t)(w & 0xffffu));/~ops:*PrefillHalfCache*"
@@ -112,6 +124,135 @@ MUTATIONS=(
   "graph.decode-keys-from-launch-arg~host/cuda/backend_cuda.c~s/mk_backend_kv_dtype\(b\),\s+positions, cb->max_context,/mk_backend_kv_dtype(b), positions, past + 1,/~backend:*DecodeGraph*"
   "graph.key-ignores-kv-arena~host/range.c~s/key.kv_arena != r->step_key.kv_arena \|\| //~backend:*DecodeGraph*"
   "bundle.clear-error-removed~host/bundle.c~s/(mk_status mk_bundle_unpack\([^{]*\{\n)    mk_clear_error\(\);\n/\$1/~api"
+  # ---- seams (host/seam/), each caught by the unit suite of its file -------------------
+  "frame.align-hint-64-accepted~host/seam/frame.c~s/flags >= MK_FRAME_ALIGN/flags > MK_FRAME_ALIGN/~seams:FrameHeader.*"
+  "frame.length-at-limit-refused~host/seam/frame.c~s/if \(\*length > limit\)/if (*length >= limit)/~seams:FrameHeader.*"
+  "frame.empty-body-accepted~host/seam/frame.c~s/if \(\*length == 0\) return[^;]*;//~seams:FrameHeader.*"
+  "frame.version-low-byte-only~host/seam/frame.c~s/version = mk_get_le\(in \+ 4, 2\)/version = mk_get_le(in + 4, 1)/~seams:FrameHeader.*"
+  "frame.varint-overflow-unchecked~host/seam/frame.c~s/if \(shift == 63 && b > 1\) return[^;]*;//~seams:FrameView.*"
+  "frame.length-one-past-the-end~host/seam/frame.c~s/if \(n > \(uint64_t\)\(c->end - c->p\)\)/if (n > (uint64_t)(c->end - c->p) + 1)/~seams:FrameView.*"
+  "frame.fixed32-three-bytes~host/seam/frame.c~s/c->end - c->p < 4\)/c->end - c->p < 3)/~seams:FrameView.*"
+  "frame.wire-type-any-varint~host/seam/frame.c~s/return wire_type == wanted \? MK_OK/return wire_type == wanted || wanted == 0 ? MK_OK/~seams:FrameView.*"
+  "frame.ninth-dimension-stored~host/seam/frame.c~s/if \(t->n_shape < MK_VIEW_RANK\) shape/if (t->n_shape <= MK_VIEW_RANK) shape/~seams:FrameView.*"
+  "frame.positions-last-row-unchecked~host/seam/frame.c~s/for \(size_t i = 0; i < h->rows; i\+\+\) \{/for (size_t i = 0; i + 1 < h->rows; i++) {/~seams:FrameBody.*"
+  "frame.positions-from-zero~host/seam/frame.c~s/\(int64_t\)p != h->position \+ \(int64_t\)i/(int64_t)p != (int64_t)i/~seams:FrameBody.*"
+  "io.partial-write-restarts~host/seam/io.c~s/put \+= \(size_t\)w;/put = (size_t)w;/~seams:SeamIo.*"
+  "io.partial-read-restarts~host/seam/io.c~s/got \+= \(size_t\)r;/got = (size_t)r;/~seams:SeamIo.*"
+  "io.tls-partial-restarts~host/seam/io.c~s/done \+= moved;/done = moved;/~seams:SeamTlsIo.*"
+  "io.write-now-waits~host/seam/io.c~s/if \(no_wait\) return MK_OK;/if (0 \&\& no_wait) return MK_OK;/~seams:SeamIo.*"
+  "io.reset-is-an-io-error~host/seam/io.c~s/\} else if \(errno == ECONNRESET\) \{/} else if (0) {/~seams:SeamIo.*"
+  "io.epipe-is-an-io-error~host/seam/io.c~s/errno == EPIPE \|\| errno == ECONNRESET/errno == ECONNRESET/~seams:SeamIo.*"
+  "io.unix-path-one-too-long~host/seam/io.c~s/strlen\(path\) >= sizeof sun->sun_path/strlen(path) > sizeof sun->sun_path/~seams:SeamSockets.*"
+  "io.zero-timeout-not-default~host/seam/io.c~s/timeout_ms > 0 \? timeout_ms : default_ms/timeout_ms >= 0 ? timeout_ms : default_ms/~seams:SeamIo.*"
+  "stream.nan-scan-misses-last~host/seam/stream.c~s/mk_floats_nonfinite\(st->residual, n, &bad\)/mk_floats_nonfinite(st->residual, n - 1, \&bad)/~seams:FaultyPeer.*"
+  "stream.nan-scan-first-row-only~host/seam/stream.c~s/mk_floats_nonfinite\(st->residual, n, &bad\)/mk_floats_nonfinite(st->residual, h->hidden, \&bad)/~seams:FaultyPeer.*"
+  "stream.refused-body-breaks-stream~host/seam/stream.c~s/return mk_frame_decode_body\(body, \(size_t\)len, h, &st->residual\);/r = mk_frame_decode_body(body, (size_t)len, h, \&st->residual);\n    return r == MK_OK ? r : mk_stream_break(st, r);/~seams:FaultyPeer.*"
+  "stream.bad-header-keeps-stream~host/seam/stream.c~s/if \(r != MK_OK\) return mk_stream_break\(st, r\);/if (r != MK_OK) return r;/~seams:FaultyPeer.*"
+  "stream.first-failure-forgotten~host/seam/stream.c~s/snprintf\(st->broken_error, sizeof st->broken_error, \"%s\", mk_last_error\(\)\);//~seams:FaultyPeer.*"
+  "stream.rest-of-frame-from-start~host/seam/stream.c~s/st->job = frame \+ written;/st->job = frame;/~seams:SeamStream.*"
+  "seam.empty-boundary-sent~host/seam/seam.c~s/if \(b->h.rows == 0\) return[^;]*;//~seams:SeamApi.*"
+  "seam.refused-payload-rows-kept~host/seam/seam.c~s/st = s->ops->recv_payload\(s, into\);\n            if \(st != MK_OK\) into->h.rows = 0;/st = s->ops->recv_payload(s, into);/~seams:SeamApi.*"
+  "seam.contract-skipped~host/seam/seam.c~s/if \(st == MK_OK\) st = check\(user, &h\);//~seams:FaultyPeer.*"
+  "seam.recv-on-sending-end~host/seam/seam.c~s/if \(s->sender\) return mk_fail\(MK_ERR_INVALID_ARGUMENT, \"mk_seam_recv: this is a sending end\"\);//~seams:SeamApi.*"
+  "seam.default-io-timeout~host/seam/seam.c~s/o.io_timeout_ms = 30000;/o.io_timeout_ms = 3000;/~seams:SeamApi.*"
+  "seam.listener-file-left~host/seam/seam.c~s/\(void\)unlink\(l->address\);//~seams:SeamApi.*"
+  "tls.sender-without-certificate~host/seam/tls.c~s/SSL_VERIFY_PEER \| SSL_VERIFY_FAIL_IF_NO_PEER_CERT/SSL_VERIFY_PEER/~seams:TlsPeer.*"
+  "tls.tls12-allowed~host/seam/tls.c~s/!SSL_CTX_set_min_proto_version\(ctx, TLS1_3_VERSION\) \|\| //~seams:TlsPeer.*"
+  "tls.psk-30-digits-accepted~host/seam/tls.c~s/if \(n < 32 \|\| n % 2/if (n < 30 || n % 2/~seams:SeamTlsContext.*"
+  "tls.psk-65-bytes-accepted~host/seam/tls.c~s/n \/ 2 > MK_PSK_MAX/n \/ 2 > MK_PSK_MAX + 1/~seams:SeamTlsContext.*"
+  "tls.psk-second-digit-unchecked~host/seam/tls.c~s/ \|\|\n            !strchr\(\"0123456789abcdefABCDEF\", hex\[2 \* i \+ 1\]\)//~seams:SeamTlsContext.*"
+  "tls.psk-identity-ignored~host/seam/tls.c~s/identity_len != strlen\(psk->identity\) \|\| memcmp\(identity, psk->identity, identity_len\) != 0/0/~seams:TlsPeer.*"
+  "tls.ca-not-loaded~host/seam/tls.c~s/SSL_CTX_load_verify_locations\(ctx, tls->ca_file, NULL\) != 1/0/~seams:TlsPeer.*"
+  "local.posted-kept~host/seam/local.c~s/    link->posted = NULL;\n//~seams:SeamLocal.*"
+  "local.bytes-uncounted~host/seam/local.c~s/    s->bytes \+= bytes;\n//~seams:SeamLocal.*"
+  "local.copy-one-row-short~host/seam/local.c~s/const size_t bytes = from->h.rows \* /const size_t bytes = (from->h.rows - 1) * /~seams:SeamLocal.*"
+  "wire.nan-scan-misses-last~host/seam/wire.c~s/mk_floats_nonfinite\(link->residual, n, &bad\)/mk_floats_nonfinite(link->residual, n - 1, \&bad)/~seams:SeamApi.*"
+  "wire.sent-kept~host/seam/wire.c~s/    link->sent = false;\n//~seams:SeamApi.*"
+  "wire.bytes-uncounted~host/seam/wire.c~s/    s->bytes \+= link->len;\n//~seams:SeamApi.*"
+  "nccl.contract-refusal-keeps-comm~host/seam/nccl/nccl_comm.c~s/            if \(ctx->comm\) ncclCommAbort\(ctx->comm\);\n            ctx->comm = NULL;\n            ctx->send_pending = 0;\n            return st;/            return st;/~nccl:NcclSeam*"
+  "nccl.refusal-keeps-comm~host/seam/nccl/nccl_comm.c~s/    if \(ctx->comm\) \{\n        ncclCommAbort\(ctx->comm\);\n        ctx->comm = NULL;\n    \}\n    ctx->send_pending = 0;/    ctx->send_pending = 0;/~nccl:NcclSeamRules.*"
+  "nccl.payload-one-byte-over~host/seam/nccl/nccl_comm.c~s/if \(pb > payload_cap\)/if (pb > payload_cap + 1)/~nccl:NcclSeamRules.*"
+  "nccl.header-over-receiver-cap~host/seam/nccl/nccl_comm.c~s/if \(hb > MK_NCCL_HEADER_MAX \|\| hb > header_cap\)/if (hb > MK_NCCL_HEADER_MAX)/~nccl:NcclSeamRules.*"
+  "nccl.envelope-version-unchecked~host/seam/nccl/nccl_comm.c~s/magic != MK_NCCL_MAGIC \|\| version != MK_NCCL_VERSION/magic != MK_NCCL_MAGIC/~nccl:NcclSeamRules.*"
+  "nccl.send-header-max-plus-one~host/seam/nccl/nccl_comm.c~s/header_bytes > MK_NCCL_HEADER_MAX \|\|/header_bytes > MK_NCCL_HEADER_MAX + 1 ||/~nccl:NcclSeamRules.*"
+  "nccl_boot.id-file-world-readable~host/seam/nccl/nccl_bootstrap.c~s/O_WRONLY \| O_CREAT \| O_TRUNC \| O_CLOEXEC, 0600/O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644/~nccl:NcclBootstrap.*"
+  "nccl_boot.magic-unchecked~host/seam/nccl/nccl_bootstrap.c~s/if \(memcmp\(rec, id_magic, sizeof id_magic\) != 0\)/if (0)/~nccl:NcclBootstrap.*"
+  "nccl_boot.short-file-accepted~host/seam/nccl/nccl_bootstrap.c~s/if \(r != \(ssize_t\)sizeof rec\)/if (r < (ssize_t)sizeof id_magic)/~nccl:NcclBootstrap.*"
+  "nccl_boot.cut-record-a-timeout~host/seam/nccl/nccl_bootstrap.c~s/return mk_fail\(MK_ERR_PEER_CLOSED, \"nccl bootstrap: the server closed/return mk_fail(MK_ERR_PEER_TIMEOUT, \"nccl bootstrap: the server closed/~nccl:NcclBootstrap.*"
+  "nccl_seam.header-tag-unchecked~host/seam/nccl/nccl_seam.c~s/if \(v != MK_NCCL_HEADER_TAG\) return[^;]*;//~nccl:NcclHeader.*"
+  "nccl_seam.header-tag-three-bytes~host/seam/nccl/nccl_seam.c~s/if \(v != MK_NCCL_HEADER_TAG\)/if ((v \& 0xffffffu) != (MK_NCCL_HEADER_TAG \& 0xffffffu))/~nccl:NcclHeader.*"
+  "nccl_seam.string-unterminated~host/seam/nccl/nccl_seam.c~s/if \(memchr\(p, 0, field\) == NULL\) \*ok = false;//~nccl:NcclHeader.*"
+  "nccl_seam.encode-fills-field~host/seam/nccl/nccl_seam.c~s/memcpy\(p, s, strnlen\(s, field - 1\)\);/memcpy(p, s, strnlen(s, field));/~nccl:NcclHeader.*"
+  "nccl_seam.longer-payload-accepted~host/seam/nccl/nccl_seam.c~s/if \(payload_bytes != want\)/if (payload_bytes < want)/~ncclpipe:NcclSeamFaults.*"
+  "nccl_seam.payload-size-unchecked~host/seam/nccl/nccl_seam.c~s/if \(payload_bytes != want\)/if (0)/~ncclpipe:NcclSeamFaults.*"
+  "nccl.init-refusal-as-frame~host/seam/nccl/nccl_comm.c~s/return fail_abort\(ctx, nccl_status\(a, 0\),\n(\s+)\"NCCL refused/return fail_abort(ctx, nccl_status(a, 1),\n\$1\"NCCL refused/~nccl:NcclSeam.CommunicatorRefusedAtInit*"
+  "range.graph-failure-not-kept~host/range.c~s/snprintf\(r->graph_failure, [^;]*;//~backend:*CaptureFailure*"
+  # ---- stage runtime parts (host/stage/control.c, slots.c): the unit suite ---------------
+  "control.receiver-limit-plus-one~host/stage/control.c~s/if \(n > MK_CTL_MAX_BODY\)\n/if (n > MK_CTL_MAX_BODY + 1)\n/~stageunits:StageControl.*"
+  "control.sender-limit-plus-one~host/stage/control.c~s/if \(len > MK_CTL_MAX_BODY\) return/if (len > MK_CTL_MAX_BODY + 1) return/~stageunits:StageControl.*"
+  "control.type-past-the-last~host/stage/control.c~s/t > MK_CTL_STATS/t > MK_CTL_STATS + 1/~stageunits:StageControl.*"
+  "control.type-zero-accepted~host/stage/control.c~s/t < MK_CTL_HELLO \|\| //~stageunits:StageControl.*"
+  "control.close-not-peer-lost~host/stage/control.c~s/    if \(s == MK_ERR_PEER_CLOSED\) return mk_stage_wrap\(MK_ERR_PEER_LOST, \"%s closed its connection\", peer\);\n    if \(s == MK_ERR_PEER_TIMEOUT\)/    if (s == MK_ERR_PEER_TIMEOUT)/~stageunits:StageControl.*"
+  "control.abort-status-zero~host/stage/control.c~s/v <= 0 \|\| v > 1000/v < 0 || v > 1000/~stageunits:StageControl.*"
+  "slots.id-one-too-long~host/stage/slots.c~s/strlen\(id\) >= sizeof t->slot\[0\].request_id/strlen(id) > sizeof t->slot[0].request_id/~stageunits:StageSlots.*"
+  "slots.reuse-keeps-cache~host/stage/slots.c~s/if \(s->seq\) MK_TRY\(mk_sequence_reset\(s->seq\)\);\n        else MK_TRY/if (!s->seq) MK_TRY/~stageunits:StageSlots.*"
+  "slots.decode-not-a-use~host/stage/slots.c~s/    s->last_use = \+\+t->clock;/    if (fresh) s->last_use = ++t->clock;/~stageunits:StageSlots.*"
+  "slots.release-ignored~host/stage/slots.c~s/if \(s\) s->request_id\[0\] = [^;]*;//~stageunits:StageSlots.*"
+  "slots.free-slot-ignored~host/stage/slots.c~s/if \(!t->slot\[i\].request_id\[0\]\) s = &t->slot\[i\];/(void)0;/~stageunits:StageSlots.*"
+  "slots.empty-table-accepted~host/stage/slots.c~s/if \(n == 0\) return mk_fail[^;]*;//~stageunits:StageSlots.*"
+  # Generation (host/generate.c): which tokens end it, the budget, the callback's status.
+  "gen.eos-only-ends~host/generate.c~s/if \(mk_tokenizer_is_eog\(tok, next\)\)/if (tok \&\& next == mk_tokenizer_eos(tok))/~gen:GenerateRules.*"
+  "gen.callback-status-dropped~host/generate.c~s/if \(callback\) s = callback/if (callback) (void)callback/~gen:GenerateRules.*"
+  "gen.budget-one-more~host/generate.c~s/st.n_generated < max_new; step\+\+/st.n_generated <= max_new; step++/~gen:GenerateRules.*"
+  "gen.end-token-passed-on~host/generate.c~s/st.stopped_at_eog = true;/st.stopped_at_eog = true;\n            if (callback) (void)callback(user, next, out->logits, out->vocab);/~gen:GenerateRules.*"
+  "gen.decode-overflow-blamed-on-prompt~host/generate.c~s/if \(step == 0 && s == MK_ERR_CONTEXT_OVERFLOW\)/if (s == MK_ERR_CONTEXT_OVERFLOW)/~gen:GenerateRules.*"
+  # The tokenizer files: UTF-8, the end-of-generation set, loading refusals, the special split.
+  "tok.utf8-last-surrogate~host/tokenizer.c~s/\(cp >= 0xd800 && cp <= 0xdfff\)/(cp >= 0xd800 \&\& cp < 0xdfff)/~text:Utf8.*"
+  "tok.utf8-overlong-3~host/tokenizer.c~s/\(n == 3 && cp < 0x800\)/(n == 3 \&\& cp < 0x7ff)/~text:Utf8.*"
+  "tok.utf8-past-10ffff~host/tokenizer.c~s/cp > 0x10ffff\)/cp > 0x110000)/~text:Utf8.*"
+  "tok.eog-named-ids-skip-eom~host/tokenizer.c~s/for \(size_t k = 0; k < 3; k\+\+\)/for (size_t k = 0; k < 2; k++)/~text:TokenizerLoad.*"
+  "tok.eog-texts-skip-last~host/tokenizer.c~s/k < sizeof mk_eog_texts \/ sizeof mk_eog_texts\[0\]/k + 1 < sizeof mk_eog_texts \/ sizeof mk_eog_texts[0]/~text:TokenizerLoad.*"
+  "tok.id-key-one-past~host/tokenizer.c~s/return v < n_vocab \? \(int32_t\)v : fallback;/return v <= n_vocab ? (int32_t)v : fallback;/~text:TokenizerLoad.*"
+  "tok.eog-user-defined-made-control~host/tokenizer.c~s/ && t->type\[id\] != MK_TOKEN_USER_DEFINED\)/)/~text:TokenizerLoad.*"
+  "tok.token-type-one-short~host/tokenizer.c~s/(\"tokenizer.ggml.token_type\", &data, &count\) != MK_OK \|\| count) < n\)/\$1 + 1 < n)/~text:TokenizerLoad.*"
+  "tok.add-eos-without-eos~host/tokenizer.c~s/if \(t->add_eos && t->eos < 0\)/if (0 \&\& t->add_eos \&\& t->eos < 0)/~text:TokenizerLoad.*"
+  "tok.llama-v3-no-bos~host/tokenizer.c~s/\{\"llama-v3\", MK_PRE_LLAMA3, true, true\}/{\"llama-v3\", MK_PRE_LLAMA3, false, false}/~text:TokenizerLoad.*"
+  "tok.special-shortest-first~host/tokenizer.c~s/if \(la != lb\) return la > lb \? -1 : 1;/if (la != lb) return la > lb ? 1 : -1;/~text:TokenizerSpm.*"
+  "tok.no-prefix-after-special~host/tokenizer.c~s/(s = mk_id_buf_push\(out, fr->token\);\n\s+prev_special =) true;/\$1 false;/~text:TokenizerSpm.*"
+  "bpe.tie-rightmost~host/tokenizer_bpe.c~s/a->rank == b->rank && a->left < b->left/a->rank == b->rank \&\& a->left > b->left/~text:TokenizerLoad.*"
+  "bpe.ignore-merges-dropped~host/tokenizer_bpe.c~s/if \(t->ignore_merges\) \{/if (0) {/~text:TokenizerLoad.*"
+  "bpe.gap-dropped~host/tokenizer_bpe.c~s/            if \(s > gap\) MK_TRY\(mk_spans_push\(out, base \+ gap, s - gap\)\);\n//~text:TokenizerLoad.*"
+  "bpe.symbol-bytes-dropped~host/tokenizer_bpe.c~s/if \(bid >= 0\) MK_TRY\(mk_id_buf_push\(out, bid\)\);/(void)bid;/~text:TokenizerLoad.*"
+  "spm.lowest-score-first~host/tokenizer_spm.c~s/return a->score > b->score \|\|/return a->score < b->score ||/~text:TokenizerSpm.*"
+  "spm.tie-rightmost~host/tokenizer_spm.c~s/a->score == b->score && a->left < b->left/a->score == b->score \&\& a->left > b->left/~text:TokenizerSpm.*"
+  "spm.byte-tokens-skipped~host/tokenizer_spm.c~s/if \(b >= 0\) MK_TRY\(mk_id_buf_push\(out, b\)\);\n(\s+)else if/if (0) MK_TRY(mk_id_buf_push(out, b));\n\$1else if/~text:TokenizerSpm.*"
+  "spm.space-not-escaped~host/tokenizer_spm.c~s/if \(c == ' '\) memcpy/if (0) memcpy/~text:TokenizerSpm.*"
+  "spm.unk-id-zero-ignored~host/tokenizer_spm.c~s/else if \(t->unk >= 0\)/else if (t->unk > 0)/~text:TokenizerSpm.*"
+  "detok.stream-strips-every-piece~host/detokenizer.c~s/(memmove\(raw, raw \+ 1, --m\);\n)\s+d->first = false;[^\n]*\n/\$1/~text:TokenizerStream.*"
+  "detok.flush-keeps-state~host/detokenizer.c~s/    d->n_held = 0;\n    d->first = true;\n/    d->n_held = 0;\n/~text:TokenizerStream.*"
+  "detok.surrogate-held~host/detokenizer.c~s/\(c == 0xed && s\[1\] > 0x9f\) \|\| //~text:TokenizerStream.*"
+  "detok.overlong-4-held~host/detokenizer.c~s/\(c == 0xf0 && s\[1\] < 0x90\)/(c == 0xf0 \&\& s[1] < 0x8f)/~text:TokenizerStream.*"
+  "detok.user-defined-hidden~host/detokenizer.c~s/if \(type != MK_TOKEN_USER_DEFINED && !\(flags & MK_DECODE_SPECIAL\)\) return;/if (!(flags \& MK_DECODE_SPECIAL)) return;/~text:TokenizerDecode.*"
+  "detok.decode-strips-every-piece~host/detokenizer.c~s/            first = false; \/\* only the first non-empty piece carries the prefix \*\/\n//~text:TokenizerSpm.*"
+  "detok.decode-id-one-past~host/detokenizer.c~s/if \(ids\[i\] < 0 \|\| \(size_t\)ids\[i\] >= t->n_vocab\)/if (ids[i] < 0 || (size_t)ids[i] > t->n_vocab)/~text:TokenizerDecode.*"
+  # Decode graphs: what a recorded step bakes in (range.c) and the step ops (backend_cuda.c),
+  # counted by mk_backend_counters.graph_captures and cudasim's live graphs.
+  "graph.key-ignores-in-payload~host/range.c~s/key.in_payload != r->step_key.in_payload \|\|\s*//~backend:*DecodeGraph*:*DecodeStep*"
+  "graph.key-ignores-out-payload~host/range.c~s/ \|\|\n\s+key.out_payload != r->step_key.out_payload//~backend:*DecodeGraph*:*DecodeStep*"
+  "graph.key-not-kept~host/range.c~s/        r->step_key = key;\n//~backend:*DecodeGraph*:*DecodeStep*"
+  "graph.stale-step-leaked~host/range.c~s/b->ops->step_destroy\(b, r->step\);\n(\s+)r->step = NULL;/r->step = NULL;/~backend:*DecodeGraph*:*DecodeStep*"
+  "graph.retried-after-failed-capture~host/range.c~s/r->graphs = false;\n(\s+)return mk_forward_device/return mk_forward_device/~backend:*DecodeGraph*:*DecodeStep*"
+  "graph.recorded-while-profiling~host/range.c~s/if \(rows == 1 && r->graphs && !r->profile.on\)/if (rows == 1 \&\& r->graphs)/~backend:*DecodeGraph*:*DecodeStep*"
+  "cuda.capture-launches-counted~host/cuda/backend_cuda.c~s/    cb->base.counters.launches = cb->capture_start.launches;\n//~backend:*DecodeGraph*:*DecodeStep*"
+  "cuda.step-begin-twice~host/cuda/backend_cuda.c~s/if \(cb->capturing\) return mk_fail/if (0 \&\& cb->capturing) return mk_fail/~backend:*DecodeGraph*:*DecodeStep*"
+  "cuda.step-end-unbegun~host/cuda/backend_cuda.c~s/if \(!cb->capturing\) return mk_fail/if (0 \&\& !cb->capturing) return mk_fail/~backend:*DecodeGraph*:*DecodeStep*"
+  "cuda.step-exec-leaked~host/cuda/backend_cuda.c~s/cudaGraphExecDestroy\(st->exec\);/(void)st;/~backend:*DecodeGraph*:*DecodeStep*"
+  # The split chooser's cost (GQA), the scheduler's stop ids, the cpu GEMM row threshold.
+  "split.gqa-kv-as-wide-as-q~host/sched/split_auto.c~s/kv_dim = \(double\)\(hp->n_kv_heads \* hp->head_dim\)/kv_dim = (double)(hp->n_heads * hp->head_dim)/~sched:SplitAuto.*"
+  "sched.last-stop-id-ignored~host/sched/pipeline_sched.c~s/for \(size_t i = 0; i < r->n_stop; i\+\+\) stop/for (size_t i = 0; i + 1 < r->n_stop; i++) stop/~sched:*StopId*"
+  "sched.last-cut-accepted~host/sched/pipeline_sched.c~s/cuts\[i\] >= \(int64_t\)n_layers - 1/cuts[i] > (int64_t)n_layers - 1/~sched:*Refusals*"
+  "native.gemm-from-one-more-row~host/cpu_native.c~s/    if \(rows >= MK_NATIVE_GEMM_MIN_ROWS && ctx->wtile\) \{/    if (rows > MK_NATIVE_GEMM_MIN_ROWS \&\& ctx->wtile) {/~native:*Threshold*"
+  "native.shared-job-dots-at-threshold~host/cpu_native.c~s/!\(rows >= MK_NATIVE_GEMM_MIN_ROWS && ctx->wtile\);/!(rows > MK_NATIVE_GEMM_MIN_ROWS \&\& ctx->wtile);/~native:*SharedAndSwiglu*"
   # Issue 23: counts from outside, the rendezvous, messages through cleanup, busy ranks.
   "size.mul-unchecked~host/mk_size.h~s/if \(__builtin_mul_overflow\(a, b, out\)\)/if (0 \&\& __builtin_mul_overflow(a, b, out))/~gtest:test_checked_size:*"
   "size.add-unchecked~host/mk_size.h~s/if \(__builtin_add_overflow\(a, b, out\)\)/if (0 \&\& __builtin_add_overflow(a, b, out))/~gtest:test_checked_size:*"
@@ -171,15 +312,15 @@ restore() {
 trap 'restore' EXIT
 trap 'restore; exit 130' INT TERM
 
-# The specs of the selected mutations, and the targets they need.
+# The specs of the mutations this run plants (ONLY), and the targets those suites need.
 SPECS=()
 for m in "${MUTATIONS[@]}"; do
   IFS='~' read -r id _ _ spec <<<"$m"
   [[ "$id" =~ $ONLY ]] || continue
-  [[ " ${SPECS[*]-} " == *" $spec "* ]] || SPECS+=("$spec")
+  [[ " ${SPECS[*]} " == *" $spec "* ]] || SPECS+=("$spec")
 done
-[ "${#SPECS[@]}" -gt 0 ] || { log "no mutation id matches '$ONLY'"; exit 2; }
-targets_of() { # $1 = test spec
+[ ${#SPECS[@]} -gt 0 ] || { log "no mutation id matches '$ONLY'"; exit 2; }
+spec_targets() { # $1 = test spec: the build targets its suite needs
   case "$1" in
     ops:*) echo test_ops_sim ;;
     backend:*) echo test_cuda_backend_sim ;;
@@ -187,22 +328,34 @@ targets_of() { # $1 = test spec
     sched) echo test_pipeline_sched ;;
     stage | stage:*) echo test_stage meshkern_cli ;;
     native:*) echo test_cpu_native ;;
+    seams:*) echo test_seams ;;
+    nccl:*) echo test_nccl_seam_sim ;;
+    ncclpipe:*) echo test_nccl_pipeline_sim ;;
+    stageunits:*) echo test_stage_units ;;
+    sched:*) echo test_pipeline_sched ;;
+    gen:*) echo test_generate ;;
+    text:*) echo test_tokenizer ;;
     gtest:*) local rest="${1#gtest:}"; echo "${rest%%:*}" ;;
     ctest:*) echo meshkern_cli ;;
   esac
 }
 TARGETS=()
 for spec in "${SPECS[@]}"; do
-  for t in $(targets_of "$spec"); do [[ " ${TARGETS[*]-} " == *" $t "* ]] || TARGETS+=("$t"); done
+  for t in $(spec_targets "$spec"); do
+    [[ " ${TARGETS[*]} " == *" $t "* ]] || TARGETS+=("$t")
+  done
 done
 
-log "== configure and build the simulated suites in $BUILD (${TARGETS[*]-none})"
+log "== configure and build the simulated suites in $BUILD: ${TARGETS[*]:-(none)}"
 cmake -S "$SRC" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMESHKERN_CUDA=OFF -DMESHKERN_TESTS=ON \
   >"$WORK/configure.log" 2>&1 || { tail -20 "$WORK/configure.log"; exit 2; }
-build_targets() { [ "${#TARGETS[@]}" -eq 0 ] || run ninja -C "$BUILD" -j "$JOBS" "${TARGETS[@]}"; }
-build_targets >"$WORK/build.log" 2>&1 || { tail -30 "$WORK/build.log"; exit 2; }
+build() { [ ${#TARGETS[@]} -eq 0 ] || run ninja -C "$BUILD" -j "$JOBS" "${TARGETS[@]}"; }
+build >"$WORK/build.log" 2>&1 || { tail -30 "$WORK/build.log"; exit 2; }
 
 # The unmutated suites must be green first, or no red means anything.
+gtest() { # $1 = binary under $BUILD/tests, $2 = filter
+  run timeout 900 "$BUILD/tests/$1" --gtest_filter="$2" >>"$WORK/run.log" 2>&1
+}
 run_tests() { # $1 = test spec; returns 0 when every test passed
   case "$1" in
     ops:*)
@@ -225,6 +378,15 @@ run_tests() { # $1 = test spec; returns 0 when every test passed
     sched)
       run timeout 900 "$BUILD/tests/test_pipeline_sched" >>"$WORK/run.log" 2>&1
       ;;
+    sched:*)
+      run timeout 900 "$BUILD/tests/test_pipeline_sched" --gtest_filter="${1#sched:}" >>"$WORK/run.log" 2>&1
+      ;;
+    gen:*)
+      run timeout 900 "$BUILD/tests/test_generate" --gtest_filter="${1#gen:}" >>"$WORK/run.log" 2>&1
+      ;;
+    text:*)
+      run timeout 900 "$BUILD/tests/test_tokenizer" --gtest_filter="${1#text:}" >>"$WORK/run.log" 2>&1
+      ;;
     stage)
       run timeout 900 "$BUILD/tests/stage/test_stage" >>"$WORK/run.log" 2>&1
       ;;
@@ -243,6 +405,10 @@ run_tests() { # $1 = test spec; returns 0 when every test passed
     native:*)
       run timeout 900 "$BUILD/tests/test_cpu_native" --gtest_filter="${1#native:}" >>"$WORK/run.log" 2>&1
       ;;
+    seams:*) gtest test_seams "${1#seams:}" ;;
+    nccl:*) gtest nccl_seam/test_nccl_seam_sim "${1#nccl:}" ;;
+    ncclpipe:*) gtest nccl_seam/test_nccl_pipeline_sim "${1#ncclpipe:}" ;;
+    stageunits:*) gtest stage/test_stage_units "${1#stageunits:}" ;;
     api)
       run python3 "$SRC/tests/api_surface_check.py" clears "$SRC/include/meshkern.h" "$SRC/host" "$SRC/host/cuda" \
         "$SRC/host/seam" "$SRC/host/sched" "$SRC/host/stage" "$SRC/host/stage/mpi" \
@@ -252,7 +418,10 @@ run_tests() { # $1 = test spec; returns 0 when every test passed
   esac
 }
 
+# The unmutated tree first: every test spec the selected mutations use must pass.
 : >"$WORK/run.log"
+# Baselines: each spec this run uses, once (a suite already red unmutated would read as
+# every mutation caught).
 for spec in "${SPECS[@]}"; do
   run_tests "$spec" || { log "the unmutated suite ($spec) fails: see $WORK/run.log"; exit 2; }
 done
@@ -268,14 +437,14 @@ for m in "${MUTATIONS[@]}"; do
   MUTATED="$file"
   perl -0pi -e "$subst" "$SRC/$file"
   if cmp -s "$ROOT/$file" "$SRC/$file"; then
-    results+=("$id|$file|NOT APPLIED (pattern not found)")
+    results+=("$id|$file|$spec|NOT APPLIED (pattern not found)")
     restore
     continue
   fi
   changed=$(diff "$ROOT/$file" "$SRC/$file" | grep -c '^[<>]')
   log "== $id ($file, $changed line(s) differ; tests: $spec)"
   echo "==== $id" >>"$WORK/run.log"
-  if [ "$spec" != api ] && ! build_targets >>"$WORK/build.log" 2>&1; then
+  if [ "$spec" != api ] && ! run ninja -C "$BUILD" -j "$JOBS" $(spec_targets "$spec") >>"$WORK/build.log" 2>&1; then
     verdict="build failed (not counted)"
   elif run_tests "$spec"; then
     verdict="NO  <- test gap"
@@ -283,17 +452,17 @@ for m in "${MUTATIONS[@]}"; do
     verdict="yes"
     caught=$((caught + 1))
   fi
-  results+=("$id|$file|$verdict")
+  results+=("$id|$file|$spec|$verdict")
   restore
 done
 # Leave the build matching the unmutated copy.
-build_targets >>"$WORK/build.log" 2>&1
+build >>"$WORK/build.log" 2>&1
 
-printf '\n%-32s %-30s %s\n' "mutation" "file" "caught"
-printf '%-32s %-30s %s\n' "--------" "----" "------"
+printf '\n%-38s %-32s %-36s %s\n' "mutation" "file" "suite" "caught"
+printf '%-38s %-32s %-36s %s\n' "--------" "----" "-----" "------"
 for r in "${results[@]}"; do
-  IFS='|' read -r id file verdict <<<"$r"
-  printf '%-32s %-30s %s\n' "$id" "$file" "$verdict"
+  IFS='|' read -r id file spec verdict <<<"$r"
+  printf '%-38s %-32s %-36s %s\n' "$id" "$file" "$spec" "$verdict"
 done
 printf '\n%d of %d mutations caught (logs: %s/run.log, build.log)\n' "$caught" "$total" "$WORK"
 [ "$caught" -eq "$total" ]

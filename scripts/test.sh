@@ -4,7 +4,7 @@
 # cudasim; nvcc objects are left out of that build), then the regular build (which also
 # compiles the kernels with nvcc when the toolkit is present). Warnings are errors here
 # (MESHKERN_WERROR=ON), and the library also compiles in Release and Debug. Ends with
-# ctest's summary.
+# ctest's summary, then the Python package's tests.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -38,4 +38,13 @@ done
 echo "== release build"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMESHKERN_TESTS=ON -DMESHKERN_SANITIZE=OFF -DMESHKERN_WERROR=ON >/dev/null
 ninja -C build
-cd build && ctest --output-on-failure -j "$JOBS" --timeout 900
+(cd build && ctest --output-on-failure -j "$JOBS" --timeout 900)
+
+# The Python package (python/): a fresh venv, a fresh `pip install ./python` bundling the
+# library just built (MESHKERN_LIB; without it pip builds libmeshkern with CMake itself),
+# then its pytest suite, the reference boundary suite among it.
+echo "== python package"
+rm -rf build/pyvenv python/build
+python3 -m venv build/pyvenv
+MESHKERN_LIB="$ROOT/build/host/libmeshkern.so" build/pyvenv/bin/python -m pip install -q ./python pytest
+(cd build && pyvenv/bin/python -m pytest "$ROOT/python/tests" -q -rs)

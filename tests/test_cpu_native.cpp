@@ -286,7 +286,7 @@ TEST(NativeMatmul, ThreadCountDoesNotChangeOneBit) {
 // Q, K and V in one job (one quantization, one pass of the pool) and gate/up with SwiGLU
 // fused into theirs give the bits of the separate products (and of mk_cpu_swiglu on
 // them), for parts of different formats and odd sizes, one or several rows, any threads;
-// 40 rows take the separate (tiled) products.
+// from MK_NATIVE_GEMM_MIN_ROWS rows on (exactly at it, and 40) the separate (tiled) products.
 TEST(NativeMatmul, SharedAndSwigluJobsEqualSeparateProducts) {
     std::mt19937 rng(77);
     const size_t in = 96;
@@ -297,7 +297,8 @@ TEST(NativeMatmul, SharedAndSwigluJobsEqualSeparateProducts) {
     for (int i = 0; i < 3; i++) w.emplace_back(types[i], random_rows(types[i], outs[i], in, rng), outs[i], in);
     NativeWeight gate_w(MK_GGML_TYPE_Q4_0, random_rows(MK_GGML_TYPE_Q4_0, 45, in, rng), 45, in);
     NativeWeight up_w(MK_GGML_TYPE_Q4_1, random_rows(MK_GGML_TYPE_Q4_1, 45, in, rng), 45, in);
-    for (size_t rows : {1u, 3u, 40u}) {
+    for (size_t rows : {(size_t)1, (size_t)3, (size_t)MK_NATIVE_GEMM_MIN_ROWS - 1, (size_t)MK_NATIVE_GEMM_MIN_ROWS,
+                        (size_t)40}) {
         const std::vector<float> x = random_floats(rows * in, rng);
         for (size_t threads : {1u, 2u, 3u}) {
             SCOPED_TRACE(std::to_string(rows) + " rows, " + std::to_string(threads) + " threads");
@@ -325,6 +326,47 @@ TEST(NativeMatmul, SharedAndSwigluJobsEqualSeparateProducts) {
             const std::vector<float> u = native_product(c, up_w, x, rows, in, 45);
             mk_cpu_swiglu(g.data(), g.data(), u.data(), g.size());
             EXPECT_TRUE(bit_identical(gate, g));
+        }
+    }
+}
+
+// The path of a product depends on its row count alone: below MK_NATIVE_GEMM_MIN_ROWS every
+// row goes through the dot kernels (the bits of that row computed alone, activations
+// quantized); from exactly MK_NATIVE_GEMM_MIN_ROWS on, the dequantized tiles and SGEMM
+// (the bits of one SGEMM over the dequantized weight); without tile scratch, the dots.
+TEST(NativeMatmul, GemmRowThresholdIsExactlyMinRows) {
+    std::mt19937 rng(31);
+    const size_t in = 64, out = 40;
+    const std::vector<uint8_t> wq = random_rows(MK_GGML_TYPE_Q8_0, out, in, rng);
+    std::vector<float> wf(out * in);
+    MK_ASSERT_OK(mk_gguf_dequantize(MK_GGML_TYPE_Q8_0, wq.data(), wq.size(), wf.data(), wf.size()));
+    NativeWeight w(MK_GGML_TYPE_Q8_0, wq, out, in);
+    for (size_t rows : {(size_t)MK_NATIVE_GEMM_MIN_ROWS - 1, (size_t)MK_NATIVE_GEMM_MIN_ROWS}) {
+        for (const bool tiles : {true, false}) {
+            SCOPED_TRACE(std::to_string(rows) + " rows" + (tiles ? "" : ", no tile scratch"));
+            const std::vector<float> x = random_floats(rows * in, rng);
+            NativeCtx c(2, mk_cpu_quant_best(), rows * in / 32);
+            if (!tiles) {
+                c.ctx.wtile = nullptr;
+                c.ctx.wtile_elems = 0;
+            }
+            const std::vector<float> y = native_product(c, w, x, rows, in, out);
+            std::vector<float> sgemm(rows * out);
+            mk_cpu_sgemm_strided(sgemm.data(), out, x.data(), wf.data(), rows, in, out);
+            size_t rows_as_alone = 0;
+            for (size_t r = 0; r < rows; r++) {
+                const std::vector<float> xr(x.begin() + (long)(r * in), x.begin() + (long)((r + 1) * in));
+                const std::vector<float> alone = native_product(c, w, xr, 1, in, out);
+                rows_as_alone += std::memcmp(alone.data(), &y[r * out], out * sizeof(float)) == 0;
+            }
+            const bool gemm = tiles && rows >= MK_NATIVE_GEMM_MIN_ROWS;
+            if (gemm) {
+                EXPECT_TRUE(bit_identical(y, sgemm)) << "not the tiled SGEMM";
+                EXPECT_LT(rows_as_alone, rows) << "the dot kernels' bits";
+            } else {
+                EXPECT_EQ(rows_as_alone, rows) << "every row must be the dot kernels' row";
+                EXPECT_FALSE(bit_identical(y, sgemm)) << "the SGEMM's bits";
+            }
         }
     }
 }

@@ -4,12 +4,14 @@
 // chat turn that continues the KV cache instead of starting over.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <string>
 #include <vector>
 
 #include "mk_test_util.h"
+#include "mk_vocab_gguf.h"
 
 namespace {
 
@@ -174,6 +176,223 @@ TEST_F(Generate, SecondChatTurnContinuesTheCache) {
     const Generated b = generate(fresh.get(), all, 64);
     ASSERT_EQ(b.status, MK_OK);
     EXPECT_EQ(b.tokens, a2.tokens);
+}
+
+
+// ================================================= the loop's rules, small ==
+// The stops and statuses of mk_pipeline_generate on the seed-shaped random model (fast,
+// no download) with vocabularies built in memory: each rule on the smallest input.
+
+struct GenRun {
+    std::vector<int32_t> tokens;
+    mk_generate_stats stats{};
+    mk_status status = MK_OK;
+    std::string error;
+    size_t calls = 0;
+    size_t fail_at = 0; // the callback fails on this call (1-based); 0: never
+};
+
+mk_status record(void *user, int32_t token, const float *logits, size_t vocab) {
+    auto *r = static_cast<GenRun *>(user);
+    r->calls++;
+    EXPECT_NE(logits, nullptr);
+    EXPECT_EQ(vocab, 48u);
+    if (r->fail_at && r->calls == r->fail_at)
+        return mk_fail(MK_ERR_PEER_CLOSED, "the reader of token %d went away", (int)token);
+    r->tokens.push_back(token);
+    return MK_OK;
+}
+
+class GenerateRules : public ::testing::Test {
+  protected:
+    void SetUp() override {
+        model_ = make_random_model(mk_hparams_seed_default());
+        ASSERT_TRUE(model_);
+        // the reference: greedy tokens with no end-of-generation set at all
+        ref_ = run(nullptr, prompt_, 8);
+        ASSERT_EQ(ref_.status, MK_OK) << ref_.error;
+        ASSERT_EQ(ref_.tokens.size(), 8u);
+        // the first token that did not come before: stopping there is visible
+        for (k_ = 1; k_ < ref_.tokens.size(); k_++)
+            if (std::find(ref_.tokens.begin(), ref_.tokens.begin() + (long)k_, ref_.tokens[k_]) ==
+                ref_.tokens.begin() + (long)k_)
+                break;
+        ASSERT_LT(k_, ref_.tokens.size()) << "the random model repeats one token: pick another prompt";
+    }
+    GenRun run(const mk_tokenizer *tok, const std::vector<int32_t> &prompt, size_t max_new, size_t fail_at = 0,
+            size_t context = 64, mk_pipeline *on = nullptr) {
+        PipePtr own;
+        if (!on) {
+            mk_range_options o = mk_range_options_default();
+            o.max_context = context;
+            mk_pipeline *p = nullptr;
+            EXPECT_EQ(mk_pipeline_create(model_.get(), nullptr, 0, &o, false, &p), MK_OK) << mk_last_error();
+            own.reset(p);
+            on = p;
+        }
+        GenRun r;
+        r.fail_at = fail_at;
+        r.status = mk_pipeline_generate(on, tok, prompt.data(), prompt.size(), max_new, record, &r, &r.stats);
+        r.error = mk_last_error();
+        return r;
+    }
+    ModelPtr model_;
+    const std::vector<int32_t> prompt_ = {5, 17, 3, 40, 22};
+    GenRun ref_;
+    size_t k_ = 0; // ref_.tokens[k_] appears first at k_
+};
+
+// Without a tokenizer (or with one whose end set never comes) only the budget stops.
+TEST_F(GenerateRules, WithoutAnEndTokenTheBudgetStops) {
+    EXPECT_FALSE(ref_.stats.stopped_at_eog);
+    EXPECT_EQ(ref_.stats.eog_token, -1);
+    EXPECT_EQ(ref_.stats.n_generated, 8u);
+    EXPECT_EQ(ref_.stats.n_prompt, prompt_.size());
+    EXPECT_GT(ref_.stats.prefill_s, 0.0);
+    EXPECT_GT(ref_.stats.decode_s, 0.0);
+    // one token: the prompt's forward alone, no decode step
+    const GenRun one = run(nullptr, prompt_, 1);
+    ASSERT_EQ(one.status, MK_OK) << one.error;
+    EXPECT_EQ(one.tokens, std::vector<int32_t>{ref_.tokens[0]});
+    EXPECT_EQ(one.stats.n_generated, 1u);
+    EXPECT_EQ(one.stats.decode_s, 0.0);
+    // no budget: nothing reaches the callback
+    const GenRun none = run(nullptr, prompt_, 0);
+    EXPECT_EQ(none.status, MK_OK);
+    EXPECT_EQ(none.calls, 0u);
+    EXPECT_EQ(none.stats.n_generated, 0u);
+}
+
+// Every member of the tokenizer's end-of-generation set stops generation, not only EOS:
+// EOS, EOT and EOM by their ids, and an end-of-turn token known by its text. The end token
+// is not handed to the callback, and is the one the stats name.
+TEST_F(GenerateRules, EveryEndOfGenerationTokenStopsAndIsNotPassedOn) {
+    const int32_t end = ref_.tokens[k_];
+    struct Case {
+        const char *what;
+        VocabGguf vocab;
+    };
+    std::vector<Case> cases = {
+        {"eos id", spm_vocab(48).u32("tokenizer.ggml.eos_token_id", (uint32_t)end)},
+        {"eot id", spm_vocab(48).u32("tokenizer.ggml.eot_token_id", (uint32_t)end)},
+        {"eom id", spm_vocab(48).u32("tokenizer.ggml.eom_token_id", (uint32_t)end)},
+        {"<|im_end|> by text", spm_vocab(48, {{end, "<|im_end|>"}})},
+    };
+    for (const Case &c : cases) {
+        SCOPED_TRACE(c.what);
+        mk_status s;
+        VocabTokPtr tok = tokenizer_of(c.vocab, &s);
+        ASSERT_EQ(s, MK_OK) << mk_last_error();
+        ASSERT_TRUE(mk_tokenizer_is_eog(tok.get(), end));
+        const GenRun r = run(tok.get(), prompt_, 8);
+        ASSERT_EQ(r.status, MK_OK) << r.error;
+        EXPECT_EQ(r.tokens, std::vector<int32_t>(ref_.tokens.begin(), ref_.tokens.begin() + (long)k_));
+        EXPECT_TRUE(r.stats.stopped_at_eog);
+        EXPECT_EQ(r.stats.eog_token, end);
+        EXPECT_EQ(r.stats.n_generated, k_);
+        EXPECT_EQ(r.calls, k_) << "the end token reached the callback";
+    }
+    // an end set that does not meet the sequence changes nothing
+    const int32_t absent = [&] {
+        for (int32_t id = 3; id < 48; id++)
+            if (std::find(ref_.tokens.begin(), ref_.tokens.end(), id) == ref_.tokens.end()) return id;
+        return -1;
+    }();
+    ASSERT_GE(absent, 0);
+    mk_status s;
+    VocabTokPtr other = tokenizer_of(spm_vocab(48).u32("tokenizer.ggml.eos_token_id", (uint32_t)absent), &s);
+    ASSERT_EQ(s, MK_OK) << mk_last_error();
+    const GenRun r = run(other.get(), prompt_, 8);
+    EXPECT_EQ(r.tokens, ref_.tokens);
+    EXPECT_FALSE(r.stats.stopped_at_eog);
+}
+
+// The budget and the end token at the same step: the end token wins when it is the
+// max_new-th token (nothing handed on), the budget when it comes one step later.
+TEST_F(GenerateRules, EndTokenAtTheBudgetEdge) {
+    const int32_t end = ref_.tokens[k_];
+    mk_status s;
+    VocabTokPtr tok = tokenizer_of(spm_vocab(48).u32("tokenizer.ggml.eot_token_id", (uint32_t)end), &s);
+    ASSERT_EQ(s, MK_OK) << mk_last_error();
+    const GenRun at = run(tok.get(), prompt_, k_ + 1);
+    EXPECT_TRUE(at.stats.stopped_at_eog);
+    EXPECT_EQ(at.stats.n_generated, k_);
+    const GenRun before = run(tok.get(), prompt_, k_);
+    EXPECT_FALSE(before.stats.stopped_at_eog);
+    EXPECT_EQ(before.stats.eog_token, -1);
+    EXPECT_EQ(before.stats.n_generated, k_);
+    EXPECT_EQ(before.tokens, std::vector<int32_t>(ref_.tokens.begin(), ref_.tokens.begin() + (long)k_));
+}
+
+// A callback's failure stops generation at once and is returned with the callback's own
+// message; the tokens before it were handed over.
+TEST_F(GenerateRules, FailingCallbackStatusIsReturned) {
+    const GenRun r = run(nullptr, prompt_, 8, 3);
+    EXPECT_EQ(r.status, MK_ERR_PEER_CLOSED) << r.error;
+    EXPECT_NE(r.error.find("the reader of token " + std::to_string(ref_.tokens[2]) + " went away"), std::string::npos)
+        << r.error;
+    EXPECT_EQ(r.calls, 3u) << "generation went on after the callback failed";
+    EXPECT_EQ(r.tokens, std::vector<int32_t>(ref_.tokens.begin(), ref_.tokens.begin() + 2));
+    EXPECT_EQ(r.stats.n_generated, 3u);
+    EXPECT_FALSE(r.stats.stopped_at_eog);
+    // the first call failing
+    const GenRun first = run(nullptr, prompt_, 8, 1);
+    EXPECT_EQ(first.status, MK_ERR_PEER_CLOSED);
+    EXPECT_EQ(first.calls, 1u);
+}
+
+// The last token sampled is not fed back: a second call whose prompt is that token
+// continues exactly where one longer call would be.
+TEST_F(GenerateRules, TheLastTokenIsNotFedBack) {
+    mk_range_options o = mk_range_options_default();
+    o.max_context = 64;
+    mk_pipeline *p = nullptr;
+    MK_ASSERT_OK(mk_pipeline_create(model_.get(), nullptr, 0, &o, false, &p));
+    PipePtr pipe(p);
+    const GenRun a = run(nullptr, prompt_, 3, 0, 64, p);
+    ASSERT_EQ(a.status, MK_OK) << a.error;
+    const GenRun b = run(nullptr, {a.tokens.back()}, 5, 0, 64, p);
+    ASSERT_EQ(b.status, MK_OK) << b.error;
+    std::vector<int32_t> both = a.tokens;
+    both.insert(both.end(), b.tokens.begin(), b.tokens.end());
+    EXPECT_EQ(std::vector<int32_t>(both.begin(), both.begin() + 8), ref_.tokens);
+}
+
+// Refusals: no pipeline, no prompt; the stats still say the prompt length and no end token.
+TEST_F(GenerateRules, RefusesNoPipelineOrNoPrompt) {
+    mk_generate_stats st;
+    std::memset(&st, 0x5a, sizeof st);
+    EXPECT_ERROR(mk_pipeline_generate(nullptr, nullptr, prompt_.data(), prompt_.size(), 4, nullptr, nullptr, &st),
+                 MK_ERR_INVALID_ARGUMENT, "NULL pipeline or empty prompt");
+    EXPECT_EQ(st.n_prompt, prompt_.size());
+    EXPECT_EQ(st.n_generated, 0u);
+    EXPECT_EQ(st.eog_token, -1);
+    EXPECT_FALSE(st.stopped_at_eog);
+    mk_range_options o = mk_range_options_default();
+    o.max_context = 64;
+    mk_pipeline *p = nullptr;
+    MK_ASSERT_OK(mk_pipeline_create(model_.get(), nullptr, 0, &o, false, &p));
+    PipePtr pipe(p);
+    EXPECT_ERROR(mk_pipeline_generate(p, nullptr, prompt_.data(), 0, 4, nullptr, nullptr, nullptr),
+                 MK_ERR_INVALID_ARGUMENT, "empty prompt");
+    EXPECT_ERROR(mk_pipeline_generate(p, nullptr, nullptr, 3, 4, nullptr, nullptr, nullptr), MK_ERR_INVALID_ARGUMENT,
+                 "empty prompt");
+}
+
+// The context: a prompt one longer than the cache is refused before any decoding, named
+// as the prompt; a prompt that fills it exactly is read, and the overflow of the first
+// decode step is the range's own error (not blamed on the prompt).
+TEST_F(GenerateRules, ContextOverflowOfThePromptAndOfADecodeStep) {
+    const std::vector<int32_t> nine = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+    const GenRun over = run(nullptr, nine, 4, 0, 8);
+    EXPECT_EQ(over.status, MK_ERR_CONTEXT_OVERFLOW);
+    EXPECT_NE(over.error.find("the prompt of 9 tokens does not fit the context"), std::string::npos) << over.error;
+    EXPECT_EQ(over.calls, 0u);
+    const GenRun full = run(nullptr, std::vector<int32_t>(nine.begin(), nine.begin() + 8), 4, 0, 8);
+    EXPECT_EQ(full.status, MK_ERR_CONTEXT_OVERFLOW);
+    EXPECT_EQ(full.error.find("prompt of"), std::string::npos) << full.error;
+    EXPECT_EQ(full.calls, 1u);
+    EXPECT_EQ(full.stats.n_generated, 1u);
 }
 
 } // namespace

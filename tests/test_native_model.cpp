@@ -12,6 +12,7 @@
 #include <unistd.h>
 #include <vector>
 
+#include "cpu_native.h"
 #include "cpu_ops.h"
 #include "gguf.h"
 #include "mk_native_gguf.h"
@@ -127,6 +128,27 @@ TEST(NativeModelDigest, BundleOfAnotherWeightModeIsRefused) {
     EXPECT_EQ(out, nullptr);
     MK_ASSERT_OK(mk_range_forward(native.range(1), ns, nullptr, 0, bundle.get(), nullptr, nullptr, &out));
     mk_tail_output_free(out);
+}
+
+// A prefill's path depends on its rows alone, not on what the range reserved: a prompt of
+// exactly MK_NATIVE_GEMM_MIN_ROWS tokens (the tiled SGEMM) gives the same bits on a range
+// reserved for exactly that many rows as on one reserved for more; one row fewer (the dot
+// kernels) too.
+TEST(NativeModelRows, PrefillBitsDoNotDependOnTheReservedRows) {
+    TempModel tm([](const std::string &) { return (uint32_t)MK_GGML_TYPE_Q8_0; }, true);
+    ASSERT_TRUE(tm.model);
+    for (size_t rows : {(size_t)MK_NATIVE_GEMM_MIN_ROWS - 1, (size_t)MK_NATIVE_GEMM_MIN_ROWS}) {
+        SCOPED_TRACE(std::to_string(rows) + " rows");
+        std::vector<int32_t> prompt(rows);
+        for (size_t i = 0; i < rows; i++) prompt[i] = (int32_t)((i * 11 + 5) % 40);
+        mk_range_options exact = native_options(2), roomy = native_options(2);
+        exact.max_batch_tokens = rows;
+        const Decode a = decode_greedy(tm.model.get(), {}, exact, prompt, 1);
+        const Decode b = decode_greedy(tm.model.get(), {}, roomy, prompt, 1);
+        ASSERT_EQ(a.logits.size(), 1u);
+        ASSERT_EQ(b.logits.size(), 1u);
+        EXPECT_TRUE(bit_identical(a.logits[0], b.logits[0]));
+    }
 }
 
 // Native mode on a source without a stored format (a random model) keeps F32 weights and

@@ -3,7 +3,10 @@
 // failures, the stage timeline, and the balanced cut chooser.
 #include <gtest/gtest.h>
 
+#include <cstddef>
 #include <cstring>
+#include <thread>
+#include <string>
 
 #include "sched/sched.h"
 #include "sched_test_util.h"
@@ -26,6 +29,25 @@ mk_sched_options sched_options(size_t in_flight, const std::vector<int64_t> *cut
         o.n_cuts = cuts->size();
     }
     return o;
+}
+
+// The queue between stages: first in, first out across the ring's wrap; a push into a full
+// ring is refused (never a wait), naming its capacity, and takes nothing.
+TEST(PipelineQueue, FifoAcrossTheWrapAndFullIsRefused) {
+    mk_queue q;
+    MK_ASSERT_OK(mk_queue_init(&q, 3));
+    mk_sched_item items[5];
+    for (int i = 0; i < 3; i++) MK_ASSERT_OK(mk_queue_push(&q, &items[i]));
+    EXPECT_ERROR(mk_queue_push(&q, &items[3]), MK_ERR_INTERNAL, "pipeline queue of 3 items is full");
+    EXPECT_EQ(mk_queue_pop(&q), &items[0]);
+    MK_ASSERT_OK(mk_queue_push(&q, &items[3]));
+    EXPECT_EQ(mk_queue_pop(&q), &items[1]);
+    MK_ASSERT_OK(mk_queue_push(&q, &items[4]));
+    EXPECT_EQ(mk_queue_pop(&q), &items[2]);
+    EXPECT_EQ(mk_queue_pop(&q), &items[3]);
+    EXPECT_EQ(mk_queue_pop(&q), &items[4]);
+    mk_queue_destroy(&q);
+    mk_queue_destroy(&q); // twice is harmless
 }
 
 // ============================================================ cut chooser ==
@@ -105,6 +127,54 @@ TEST(SplitAuto, MoreStagesThanLayersIsRefused) {
     int64_t cuts[4];
     EXPECT_EQ(mk_choose_cuts(cost.data(), 3, 0, 0, 4, cuts), MK_ERR_INVALID_RANGE);
     EXPECT_EQ(mk_choose_cuts(cost.data(), 3, 0, 0, 0, cuts), MK_ERR_INVALID_RANGE);
+}
+
+// The refusals of the cut chooser, each by message; the edges it accepts: one stage (no
+// cut written), as many stages as layers (one layer each).
+TEST(SplitAuto, ChooserEdges) {
+    const std::vector<double> cost = {1, 2, 3};
+    int64_t cuts[3] = {-7, -7, -7};
+    EXPECT_ERROR(mk_choose_cuts(cost.data(), 3, 0, 0, 4, cuts), MK_ERR_INVALID_RANGE,
+                 "4 stages over 3 layers: each stage needs a layer");
+    EXPECT_ERROR(mk_choose_cuts(cost.data(), 3, 0, 0, 0, cuts), MK_ERR_INVALID_RANGE, "0 stages over 3 layers");
+    EXPECT_ERROR(mk_choose_cuts(nullptr, 3, 0, 0, 2, cuts), MK_ERR_INVALID_ARGUMENT, "mk_choose_cuts: NULL argument");
+    EXPECT_ERROR(mk_choose_cuts(cost.data(), 3, 0, 0, 2, nullptr), MK_ERR_INVALID_ARGUMENT, "NULL argument");
+    MK_ASSERT_OK(mk_choose_cuts(cost.data(), 3, 0, 0, 1, nullptr));
+    MK_ASSERT_OK(mk_choose_cuts(cost.data(), 3, 0, 0, 3, cuts));
+    EXPECT_EQ(cuts[0], 0);
+    EXPECT_EQ(cuts[1], 1);
+    EXPECT_EQ(cuts[2], -7) << "wrote past the k - 1 cuts";
+}
+
+// The cost of a layer is the weight elements one decode step reads: Q and O (hidden x
+// n_heads * head_dim each), K and V (hidden x n_kv_heads * head_dim each: narrower under
+// GQA), gate, up and down (hidden x intermediate each) and the two norms; the head adds the
+// one embedding row a token gathers, the tail the final norm and the lm_head.
+TEST(SplitAuto, CostsCountEachMatrixWithTheKeyValueWidthOfGqa) {
+    const mk_hparams hp = gqa_tied_hparams(); // 6 heads, 2 kv heads of 6, hidden 36, ffn 72, vocab 53
+    ModelPtr model = make_random_model(hp);
+    ASSERT_TRUE(model);
+    std::vector<double> cost(hp.n_layers, -1);
+    double head = -1, tail = -1;
+    MK_ASSERT_OK(mk_split_costs(model.get(), cost.data(), &head, &tail));
+    const double q = 6 * 6, kv = 2 * 6, layer = 36 * q * 2 + 36 * kv * 2 + 36 * 72 * 3 + 36 * 2;
+    for (size_t l = 0; l < hp.n_layers; l++) EXPECT_EQ(cost[l], layer) << "layer " << l;
+    EXPECT_EQ(head, 36.0);
+    EXPECT_EQ(tail, 36.0 + 53.0 * 36);
+    // the same shapes with as many KV heads as heads cost more by the wider K and V
+    mk_hparams mha = hp;
+    mha.n_kv_heads = 6;
+    ModelPtr wide = make_random_model(mha);
+    std::vector<double> cost_mha(hp.n_layers);
+    MK_ASSERT_OK(mk_split_costs(wide.get(), cost_mha.data(), &head, &tail));
+    EXPECT_EQ(cost_mha[0] - cost[0], 2.0 * 36 * (q - kv));
+    // the shares of a split are those costs over the total
+    int64_t cut = -1;
+    double shares[2] = {0, 0};
+    MK_ASSERT_OK(mk_split_auto(model.get(), 2, &cut, shares));
+    const double total = 5 * layer + 36 + 36 + 53.0 * 36;
+    EXPECT_DOUBLE_EQ(shares[0], ((double)(cut + 1) * layer + 36) / total);
+    EXPECT_DOUBLE_EQ(shares[1], ((double)(4 - cut) * layer + 36 + 53.0 * 36) / total);
 }
 
 // SmolLM2-135M's shapes: the 49152 x 576 lm_head is ~8 layers, so the tail takes 11 of 30.
@@ -227,6 +297,46 @@ TEST(PipelineSched, SecondWaveOnTheSameSlotsMatches) {
         ASSERT_TRUE(wait_all_within(s.get(), 120));
         expect_all_match_whole(model.get(), cpu_options(), specs, collect(s.get(), &c, ids), "wave");
     }
+}
+
+// mk_sched_cancel: a queued sequence leaves at once, a running one within a step (the
+// queued one behind it then runs and matches its whole-model run); mk_sched_release frees a
+// finished record at once and a running one when it retires.
+TEST(PipelineSched, CancelAndReleaseFreeTheSlotAndTheRecord) {
+    ModelPtr model = make_random_model(gqa_tied_hparams());
+    const std::vector<int64_t> cuts = {2};
+    Collector c;
+    SchedPtr s = make_sched(model.get(), sched_options(1, &cuts, MK_SEAM_LOCAL), &c);
+    ASSERT_TRUE(s);
+    std::vector<SeqSpec> specs = mixed_specs(model.get(), cpu_options(), 4, 7);
+    specs[0].max_new = 50;
+    specs[0].stop.clear();
+    const std::vector<uint64_t> ids = submit_all(s.get(), specs);
+    mk_seq_info info{};
+    ASSERT_EQ(mk_sched_cancel(s.get(), ids[1]), MK_OK); // queued behind the one slot
+    ASSERT_EQ(mk_sched_poll(s.get(), ids[1], &info, nullptr, 0), MK_OK);
+    EXPECT_EQ(info.state, MK_SEQ_DONE);
+    EXPECT_EQ(info.n_tokens, 0u);
+    for (int i = 0; i < 20000; i++) { // the long one has begun
+        ASSERT_EQ(mk_sched_poll(s.get(), ids[0], &info, nullptr, 0), MK_OK);
+        if (info.n_tokens >= 2) break;
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+    ASSERT_EQ(mk_sched_cancel(s.get(), ids[0]), MK_OK);
+    ASSERT_EQ(mk_sched_release(s.get(), ids[3]), MK_OK); // still queued: freed when it ends
+    ASSERT_TRUE(wait_all_within(s.get(), 120));
+    ASSERT_EQ(mk_sched_poll(s.get(), ids[0], &info, nullptr, 0), MK_OK);
+    EXPECT_EQ(info.state, MK_SEQ_DONE);
+    EXPECT_FALSE(info.stopped);
+    EXPECT_LT(info.n_tokens, 50u) << "cancelled within a step";
+    const std::vector<SeqResult> rest = collect(s.get(), &c, {ids[2]});
+    expect_all_match_whole(model.get(), cpu_options(), {specs[2]}, rest, "after cancel");
+    EXPECT_EQ(mk_sched_poll(s.get(), ids[3], &info, nullptr, 0), MK_ERR_INVALID_ARGUMENT) << "released";
+    for (size_t i = 0; i < 3; i++) {
+        EXPECT_EQ(mk_sched_release(s.get(), ids[i]), MK_OK);
+        EXPECT_EQ(mk_sched_poll(s.get(), ids[i], &info, nullptr, 0), MK_ERR_INVALID_ARGUMENT);
+    }
+    EXPECT_EQ(mk_sched_cancel(s.get(), ids[0]), MK_ERR_INVALID_ARGUMENT);
 }
 
 // ============================================================ statuses ==
@@ -557,6 +667,139 @@ TEST(PipelineSched, TimelineHasOneRecordPerStepAndStage) {
     mk_stage_stats st;
     MK_ASSERT_OK(mk_sched_stage_stats(s.get(), 0, &st));
     EXPECT_EQ(st.steps, 0u);
+}
+
+// Every refusal of mk_sched_create and of the calls on a pipeline, each with its own input
+// and message, next to the edge value that is accepted.
+TEST(PipelineSched, RefusalsNameTheirCause) {
+    ModelPtr model = make_random_model(mk_hparams_seed_default()); // 6 layers
+    mk_sched *s = nullptr;
+    mk_sched_options o = mk_sched_options_default();
+    o.struct_size = offsetof(mk_sched_options, seam) - 1;
+    EXPECT_ERROR(mk_sched_create(model.get(), &o, &s), MK_ERR_INVALID_ARGUMENT,
+                 ("struct_size is " + std::to_string(offsetof(mk_sched_options, seam) - 1)).c_str());
+    o.struct_size = offsetof(mk_sched_options, seam); // an older header: the later fields default
+    MK_ASSERT_OK(mk_sched_create(model.get(), &o, &s));
+    mk_sched_free(s);
+    s = nullptr;
+    const int64_t last[1] = {5}, below_last[1] = {4}, negative[1] = {-1}, equal[2] = {2, 2};
+    for (const int64_t *cuts : {last, negative}) {
+        o = mk_sched_options_default();
+        o.cuts = cuts;
+        o.n_cuts = 1;
+        EXPECT_ERROR(mk_sched_create(model.get(), &o, &s), MK_ERR_INVALID_RANGE,
+                     ("split point " + std::to_string(cuts[0]) + " is invalid").c_str());
+    }
+    o.cuts = equal;
+    o.n_cuts = 2;
+    EXPECT_ERROR(mk_sched_create(model.get(), &o, &s), MK_ERR_INVALID_RANGE, "split point 2 is invalid");
+    o.cuts = nullptr;
+    o.n_cuts = 1;
+    EXPECT_ERROR(mk_sched_create(model.get(), &o, &s), MK_ERR_INVALID_ARGUMENT, "n_cuts set but cuts is NULL");
+    o.cuts = below_last;
+    MK_ASSERT_OK(mk_sched_create(model.get(), &o, &s));
+    EXPECT_EQ(mk_sched_stage_count(s), 2u);
+    mk_sched_free(s);
+    s = nullptr;
+    o = mk_sched_options_default();
+    o.split_auto = true;
+    o.n_stages = 7;
+    EXPECT_ERROR(mk_sched_create(model.get(), &o, &s), MK_ERR_INVALID_RANGE, "a pipeline of 7 stages over 6 layers");
+    o.n_stages = 6;
+    MK_ASSERT_OK(mk_sched_create(model.get(), &o, &s));
+    EXPECT_EQ(mk_sched_stage_count(s), 6u);
+    mk_sched_free(s);
+    s = nullptr;
+    const int devices[3] = {0, 1, 2};
+    o.n_stages = 2;
+    o.devices = devices;
+    o.n_devices = 3;
+    EXPECT_ERROR(mk_sched_create(model.get(), &o, &s), MK_ERR_INVALID_ARGUMENT, "3 devices for 2 stages");
+    o.devices = nullptr;
+    o.n_devices = 2;
+    EXPECT_ERROR(mk_sched_create(model.get(), &o, &s), MK_ERR_INVALID_ARGUMENT, "n_devices set but devices is NULL");
+    o = mk_sched_options_default();
+    o.max_sequences = 0;
+    EXPECT_ERROR(mk_sched_create(model.get(), &o, &s), MK_ERR_INVALID_ARGUMENT, "max_sequences must be at least 1");
+    EXPECT_ERROR(mk_sched_create(nullptr, &o, &s), MK_ERR_INVALID_ARGUMENT, "mk_sched_create: NULL argument");
+    EXPECT_EQ(s, nullptr);
+
+    // on a pipeline of 2 stages taking prompts of up to 8 tokens
+    Collector c;
+    mk_sched_options so = sched_options(1, nullptr, MK_SEAM_LOCAL);
+    so.split_auto = true;
+    so.n_stages = 2;
+    so.range.max_batch_tokens = 8;
+    SchedPtr p = make_sched(model.get(), so, &c);
+    ASSERT_TRUE(p);
+    const std::vector<int32_t> prompt(9, 1);
+    uint64_t id = 0;
+    EXPECT_ERROR(mk_sched_submit(p.get(), prompt.data(), 9, 2, nullptr, 0, &id), MK_ERR_INVALID_ARGUMENT,
+                 "prompt of 9 tokens exceeds the pipeline's max_batch_tokens 8");
+    EXPECT_ERROR(mk_sched_submit(p.get(), prompt.data(), 0, 2, nullptr, 0, &id), MK_ERR_EMPTY_INPUT,
+                 "at least one prompt token");
+    EXPECT_ERROR(mk_sched_submit(p.get(), prompt.data(), 3, 0, nullptr, 0, &id), MK_ERR_INVALID_ARGUMENT,
+                 "allowed at least one token");
+    EXPECT_ERROR(mk_sched_submit(p.get(), prompt.data(), 3, 2, nullptr, 1, &id), MK_ERR_INVALID_ARGUMENT,
+                 "mk_sched_submit: NULL argument");
+    MK_ASSERT_OK(mk_sched_submit(p.get(), prompt.data(), 8, 2, nullptr, 0, &id));
+    EXPECT_EQ(id, 1u) << "refused submissions took no id";
+    ASSERT_TRUE(wait_all_within(p.get(), 60));
+    mk_seq_info info;
+    MK_ASSERT_OK(mk_sched_poll(p.get(), 1, &info, nullptr, 0));
+    EXPECT_EQ(info.state, MK_SEQ_DONE);
+    EXPECT_EQ(info.n_tokens, 2u);
+    EXPECT_ERROR(mk_sched_poll(p.get(), 0, &info, nullptr, 0), MK_ERR_INVALID_ARGUMENT, "no sequence 0 in this pipeline");
+    EXPECT_ERROR(mk_sched_poll(p.get(), 2, &info, nullptr, 0), MK_ERR_INVALID_ARGUMENT, "no sequence 2 in this pipeline");
+    EXPECT_ERROR(mk_sched_wait(p.get(), 2), MK_ERR_INVALID_ARGUMENT, "no sequence 2 in this pipeline");
+    MK_ASSERT_OK(mk_sched_wait(p.get(), 1));
+    mk_stage_stats st;
+    MK_ASSERT_OK(mk_sched_stage_stats(p.get(), 1, &st));
+    EXPECT_ERROR(mk_sched_stage_stats(p.get(), 2, &st), MK_ERR_INVALID_ARGUMENT, "no stage 2");
+    EXPECT_ERROR(mk_sched_inject_fault(p.get(), 2, 0, false), MK_ERR_INVALID_ARGUMENT, "inject fault: no stage 2");
+    EXPECT_ERROR(mk_sched_inject_seam_cut(p.get(), 1, 0), MK_ERR_INVALID_ARGUMENT, "inject seam cut: no seam 1");
+    EXPECT_EQ(mk_sched_stage_share(p.get(), 2), 0.0);
+    EXPECT_EQ(mk_sched_stage_range(p.get(), 2), nullptr);
+    EXPECT_EQ(mk_sched_seam_kind(p.get(), 1), (mk_seam_kind)0);
+    EXPECT_EQ(mk_sched_seam_kind(p.get(), 0), MK_SEAM_LOCAL);
+}
+
+// A sequence stops at any of its stop ids, the last of the list included, with that token
+// kept; its limit stops it at exactly max_new tokens otherwise.
+TEST(PipelineSched, EveryStopIdStopsTheSequence) {
+    ModelPtr model = make_random_model(mk_hparams_seed_default());
+    const std::vector<int32_t> prompt = {4, 9, 1, 30};
+    const Decode whole = decode_greedy(model.get(), {}, cpu_options(), prompt, 6);
+    ASSERT_EQ(whole.tokens.size(), 6u);
+    size_t k = 1; // the first token not seen before: stopping there is visible
+    while (k < 6 && std::find(whole.tokens.begin(), whole.tokens.begin() + (long)k, whole.tokens[k]) !=
+                        whole.tokens.begin() + (long)k)
+        k++;
+    ASSERT_LT(k, 6u);
+    const int32_t vocab = (int32_t)mk_model_hparams(model.get())->vocab;
+    const std::vector<SeqSpec> specs = {
+        {prompt, 6, {vocab + 1, vocab + 2, whole.tokens[k]}}, // the last of three
+        {prompt, 6, {whole.tokens[k]}},                       // the only one
+        {prompt, 6, {vocab + 1}},                             // never emitted: the limit
+        {prompt, k, {}},                                      // exactly k tokens
+    };
+    Collector c;
+    mk_sched_options o = sched_options(2, nullptr, MK_SEAM_LOCAL);
+    o.split_auto = true;
+    o.n_stages = 2;
+    SchedPtr s = make_sched(model.get(), o, &c);
+    ASSERT_TRUE(s);
+    const std::vector<uint64_t> ids = submit_all(s.get(), specs);
+    ASSERT_TRUE(wait_all_within(s.get(), 60));
+    const std::vector<SeqResult> r = collect(s.get(), &c, ids);
+    for (size_t i = 0; i < 2; i++) {
+        EXPECT_TRUE(r[i].info.stopped) << i;
+        EXPECT_EQ(r[i].tokens, std::vector<int32_t>(whole.tokens.begin(), whole.tokens.begin() + (long)k + 1)) << i;
+    }
+    EXPECT_FALSE(r[2].info.stopped);
+    EXPECT_EQ(r[2].tokens, whole.tokens);
+    EXPECT_FALSE(r[3].info.stopped);
+    EXPECT_EQ(r[3].tokens.size(), k);
 }
 
 } // namespace

@@ -10,6 +10,7 @@
 #include <openssl/pem.h>
 #include <openssl/x509.h>
 #include <openssl/x509v3.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/time.h>
@@ -27,11 +28,19 @@
 #include <limits>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "boundary.h"
 #include "meshkern.pb-c.h"
+#include "mk_error.h"
 #include "mk_test_util.h"
+extern "C" {
+#include "seam/frame.h"
+#include "seam/io.h"
+#include "seam/seam.h"
+}
+#include <openssl/ssl.h>
 
 namespace {
 
@@ -747,7 +756,11 @@ TEST(SeamSender, ReceiverThatHangsUpIsReportedToTheSender) {
 
 // --------------------------------------------------------------------- TLS ---
 
-class TlsPeer : public FaultyPeer {};
+class TlsPeer : public FaultyPeer {
+  public:
+    TempDir &dir() { return dir_; }
+    mk_range *tail() { return tail_.get(); }
+};
 
 // The sending end connects from another thread (the handshake needs both ends at once).
 mk_status connect_in_thread(const mk_seam_options &o, mk_range *head, const std::string &path, std::thread *t,
@@ -926,6 +939,1025 @@ TEST(SeamOptions, NamesAndDefaults) {
     EXPECT_EQ(mk_seam_listen(&local, &l), MK_ERR_INVALID_ARGUMENT);
     EXPECT_EQ(mk_seam_listen(&nccl, &l), MK_ERR_INVALID_ARGUMENT); // no id file named
     EXPECT_NE(std::string(mk_last_error()).find("id file"), std::string::npos) << mk_last_error();
+}
+
+// ------------------------------------------------------------ frame header ---
+// host/seam/frame.c on its own: the 16-byte header, the wire-format walker, the body
+// checks. Each refusal on the smallest input that shows it, with its own message.
+
+constexpr uint64_t kTailLimit = uint64_t(64) * 32 * 4 + 64 * 4 + 1024; // FaultyPeer's tail: 64 rows x 32
+
+std::vector<uint8_t> header_bytes(uint64_t length, unsigned align) {
+    std::vector<uint8_t> h(MK_FRAME_HEADER_BYTES);
+    mk_frame_header_encode(h.data(), length, align);
+    return h;
+}
+
+TEST(FrameHeader, LayoutAndLimitAreTheDocumentedOnes) {
+    EXPECT_EQ(mk_frame_limit(64, 32), kTailLimit);
+    EXPECT_EQ(mk_frame_limit(1, 1), uint64_t(4 + 4 + 1024));
+    const std::vector<uint8_t> h = header_bytes(0x0102030405060708ull, 63 + 64); // align is taken modulo 64
+    const uint8_t want[16] = {'M', 'K', 'S', 'F', 1, 0, 63, 0, 8, 7, 6, 5, 4, 3, 2, 1};
+    EXPECT_EQ(std::memcmp(h.data(), want, 16), 0);
+    for (size_t off : {0, 1, 63, 64, 65, 127}) EXPECT_EQ((off + mk_frame_shift(off)) % 64, 0u) << off;
+    EXPECT_EQ(mk_frame_shift(0), 0u);
+    EXPECT_EQ(mk_frame_shift(1), 63u);
+    EXPECT_EQ(mk_frame_shift(64), 0u);
+}
+
+TEST(FrameHeader, LengthAndAlignmentAcceptedUpToTheirLimits) {
+    for (uint64_t len : {uint64_t(1), kTailLimit - 1, kTailLimit}) {
+        for (unsigned align : {0u, 1u, 63u}) {
+            uint64_t got = 0;
+            unsigned got_align = 99;
+            MK_ASSERT_OK(mk_frame_header_decode(header_bytes(len, align).data(), kTailLimit, &got, &got_align));
+            EXPECT_EQ(got, len);
+            EXPECT_EQ(got_align, align);
+        }
+    }
+}
+
+TEST(FrameHeader, EachFieldIsRefusedWithItsOwnMessage) {
+    uint64_t len = 0;
+    unsigned align = 0;
+    std::vector<uint8_t> h = header_bytes(100, 0);
+    h[3] = 'G'; // the magic's last byte: every byte of it counts
+    EXPECT_ERROR(mk_frame_header_decode(h.data(), kTailLimit, &len, &align), MK_ERR_FRAME, "bad magic 0x47534b4d");
+    h = header_bytes(100, 0);
+    h[0] = 'm';
+    EXPECT_ERROR(mk_frame_header_decode(h.data(), kTailLimit, &len, &align), MK_ERR_FRAME, "bad magic 0x46534b6d");
+    struct Version {
+        uint8_t lo, hi;
+        const char *text;
+    };
+    for (const Version &ver : {Version{0, 0, "version 0 is not"}, Version{2, 0, "version 2 is not the supported version 1"},
+                               Version{1, 1, "version 257 is not"}}) {
+        h = header_bytes(100, 0);
+        h[4] = ver.lo;
+        h[5] = ver.hi;
+        EXPECT_ERROR(mk_frame_header_decode(h.data(), kTailLimit, &len, &align), MK_ERR_FRAME, ver.text);
+    }
+    h = header_bytes(100, 0);
+    h[6] = 64; // one past the last hint
+    EXPECT_ERROR(mk_frame_header_decode(h.data(), kTailLimit, &len, &align), MK_ERR_FRAME,
+                 "alignment hint 64 is not below 64");
+    h[6] = 0;
+    h[7] = 1;
+    EXPECT_ERROR(mk_frame_header_decode(h.data(), kTailLimit, &len, &align), MK_ERR_FRAME, "alignment hint 256");
+    EXPECT_ERROR(mk_frame_header_decode(header_bytes(0, 0).data(), kTailLimit, &len, &align), MK_ERR_FRAME,
+                 "empty body");
+    EXPECT_ERROR(mk_frame_header_decode(header_bytes(kTailLimit + 1, 0).data(), kTailLimit, &len, &align), MK_ERR_FRAME,
+                 "seam frame of 9473 bytes exceeds this range's limit of 9472 bytes");
+    // The length's top byte is read too: 2^56 + 1 is not 1.
+    EXPECT_ERROR(mk_frame_header_decode(header_bytes((uint64_t(1) << 56) + 1, 0).data(), kTailLimit, &len, &align),
+                 MK_ERR_FRAME, "exceeds this range's limit");
+}
+
+// --------------------------------------------------------- frame wire walker ---
+
+// Protobuf wire bytes written by hand: a malformed message is easiest to say this way.
+struct Pb {
+    std::vector<uint8_t> b;
+    Pb &varint(uint64_t v) {
+        while (v >= 0x80) {
+            b.push_back(uint8_t(v | 0x80));
+            v >>= 7;
+        }
+        b.push_back(uint8_t(v));
+        return *this;
+    }
+    Pb &key(unsigned field, unsigned wire_type) { return varint((uint64_t(field) << 3) | wire_type); }
+    Pb &u(unsigned field, uint64_t v) { return key(field, 0).varint(v); }
+    Pb &bytes(unsigned field, const std::vector<uint8_t> &v) {
+        key(field, 2).varint(v.size());
+        b.insert(b.end(), v.begin(), v.end());
+        return *this;
+    }
+    Pb &str(unsigned field, const std::string &s) { return bytes(field, std::vector<uint8_t>(s.begin(), s.end())); }
+    Pb &raw(std::initializer_list<uint8_t> v) {
+        b.insert(b.end(), v.begin(), v.end());
+        return *this;
+    }
+};
+
+mk_status parse(const Pb &pb, mk_bundle_view *view) { return mk_bundle_view_parse(pb.b.data(), pb.b.size(), view); }
+
+TEST(FrameView, MalformedWireBytesAreRefusedEachByName) {
+    mk_bundle_view v;
+    EXPECT_ERROR(parse(Pb().key(1, 0), &v), MK_ERR_WIRE_DECODE, "truncated varint");
+    EXPECT_ERROR(parse(Pb().key(1, 0).raw({0x80}), &v), MK_ERR_WIRE_DECODE, "truncated varint");
+    // A varint of ten bytes: the last may only carry bit 63.
+    EXPECT_ERROR(parse(Pb().key(12, 0).raw({0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x02}), &v),
+                 MK_ERR_WIRE_DECODE, "varint overflows 64 bits");
+    MK_ASSERT_OK(parse(Pb().key(12, 0).raw({0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01}), &v));
+    EXPECT_EQ(v.msg.step, UINT64_MAX);
+    // A length one past what remains; exactly what remains is fine.
+    EXPECT_ERROR(parse(Pb().key(3, 2).raw({3, 'a', 'b'}), &v), MK_ERR_WIRE_DECODE, "length past the end");
+    MK_ASSERT_OK(parse(Pb().key(3, 2).raw({2, 'a', 'b'}), &v));
+    EXPECT_STREQ(v.msg.adapter, "ab");
+    // Unknown fields of every supported wire type are skipped, truncated ones refused.
+    EXPECT_ERROR(parse(Pb().key(13, 1).raw({1, 2, 3, 4, 5, 6, 7}), &v), MK_ERR_WIRE_DECODE, "truncated fixed64");
+    EXPECT_ERROR(parse(Pb().key(13, 5).raw({1, 2, 3}), &v), MK_ERR_WIRE_DECODE, "truncated fixed32");
+    EXPECT_ERROR(parse(Pb().key(13, 2).raw({4, 1, 2, 3}), &v), MK_ERR_WIRE_DECODE, "length past the end");
+    MK_ASSERT_OK(parse(Pb().key(13, 1).raw({1, 2, 3, 4, 5, 6, 7, 8}).key(14, 5).raw({1, 2, 3, 4}).u(15, 300)
+                           .str(16, "x").u(1, 7),
+                       &v));
+    EXPECT_EQ(v.msg.schema_version, 7u) << "a field after skipped ones is still read";
+    for (unsigned wt : {3u, 4u, 6u, 7u})
+        EXPECT_ERROR(parse(Pb().key(13, wt), &v), MK_ERR_WIRE_DECODE, "unsupported wire type") << wt;
+    EXPECT_ERROR(parse(Pb().key(0, 0).varint(1), &v), MK_ERR_WIRE_DECODE, "field number 0");
+    EXPECT_ERROR(mk_bundle_view_parse(nullptr, 1, &v), MK_ERR_WIRE_DECODE, "no bytes");
+    MK_ASSERT_OK(mk_bundle_view_parse(nullptr, 0, &v));
+    EXPECT_EQ(v.msg.n_tensors, 0u);
+    EXPECT_EQ(v.msg.tensors, nullptr);
+    EXPECT_EQ(v.msg.positions, nullptr);
+}
+
+TEST(FrameView, EveryKnownFieldInsistsOnItsWireType) {
+    mk_bundle_view v;
+    for (unsigned field : {1u, 2u, 5u, 6u, 11u, 12u}) // varints given as length-delimited
+        EXPECT_ERROR(parse(Pb().str(field, "x"), &v), MK_ERR_WIRE_DECODE, "wrong wire type") << field;
+    for (unsigned field : {3u, 4u, 7u, 8u, 9u, 10u}) // length-delimited given as varints
+        EXPECT_ERROR(parse(Pb().u(field, 1), &v), MK_ERR_WIRE_DECODE, "wrong wire type") << field;
+    // Inside a Tensor: name, data length-delimited; dtype, byte order varints; shape either.
+    for (const Pb &t : {Pb().u(1, 1), Pb().str(2, "x"), Pb().str(4, "x"), Pb().u(5, 1), Pb().key(3, 5).raw({0, 0, 0, 0})})
+        for (unsigned field : {7u, 8u})
+            EXPECT_ERROR(parse(Pb().bytes(field, t.b), &v), MK_ERR_WIRE_DECODE, "wrong wire type") << field;
+    EXPECT_ERROR(parse(Pb().bytes(7, Pb().key(2, 0).b), &v), MK_ERR_WIRE_DECODE, "truncated varint");
+}
+
+TEST(FrameView, TensorsShapesAndStringsAsTheCheckerNeedsThem) {
+    mk_bundle_view v;
+    const std::vector<uint8_t> data = {1, 2, 3, 4, 5, 6, 7, 8};
+    Pb body;
+    body.bytes(7, Pb().str(1, "residual_stream").u(2, 1).bytes(3, Pb().varint(1).varint(2).varint(300).b).u(4, 1)
+                      .bytes(5, data).b);
+    // A second tensor is parsed (it must be well-formed) and counted, never kept.
+    body.bytes(7, Pb().str(1, "second").u(3, 9).b);
+    // Unpacked shape entries append.
+    body.bytes(8, Pb().str(1, "positions").u(3, 1).u(3, 2).u(2, 5).b);
+    MK_ASSERT_OK(parse(body, &v));
+    ASSERT_EQ(v.msg.n_tensors, 2u);
+    ASSERT_EQ(v.msg.tensors[0], &v.residual);
+    EXPECT_STREQ(v.residual.name, "residual_stream");
+    EXPECT_EQ(v.residual.dtype, 1);
+    EXPECT_EQ(v.residual.byte_order, 1);
+    ASSERT_EQ(v.residual.n_shape, 3u);
+    EXPECT_EQ(v.residual.shape[0], 1u);
+    EXPECT_EQ(v.residual.shape[2], 300u);
+    ASSERT_EQ(v.residual.data.len, data.size());
+    // Zero copy: the data points into the caller's bytes.
+    EXPECT_GE(v.residual.data.data, body.b.data());
+    EXPECT_LT(v.residual.data.data, body.b.data() + body.b.size());
+    EXPECT_EQ(std::memcmp(v.residual.data.data, data.data(), data.size()), 0);
+    ASSERT_EQ(v.msg.positions, &v.positions);
+    ASSERT_EQ(v.positions.n_shape, 2u);
+    EXPECT_EQ(v.positions.shape[1], 2u);
+    EXPECT_EQ(v.positions.dtype, 5);
+    // A malformed second tensor is refused though it is not kept.
+    body.bytes(7, Pb().str(1, "third").u(5, 1).b);
+    EXPECT_ERROR(parse(body, &v), MK_ERR_WIRE_DECODE, "wrong wire type");
+    // A ninth dimension is counted, not stored: the view's arrays hold eight.
+    Pb deep;
+    deep.bytes(8, Pb().u(3, 77).b);
+    Pb dims;
+    for (int i = 0; i < 9; i++) dims.varint(10 + i);
+    deep.bytes(7, Pb().bytes(3, dims.b).b);
+    MK_ASSERT_OK(parse(deep, &v));
+    EXPECT_EQ(v.residual.n_shape, 9u);
+    EXPECT_EQ(v.residual.shape[7], 17u);
+    EXPECT_EQ(v.positions_shape[0], 77u) << "the ninth dimension was written past the residual's shape";
+    // Strings longer than the view keeps are cut (the checker refuses them anyway).
+    for (size_t n : {size_t(254), size_t(255), size_t(256), size_t(400)}) {
+        MK_ASSERT_OK(parse(Pb().str(3, std::string(n, 'a')).str(10, std::string(n, 'r')), &v));
+        EXPECT_EQ(std::strlen(v.msg.adapter), std::min<size_t>(n, MK_VIEW_STRING - 1)) << n;
+        EXPECT_EQ(std::strlen(v.msg.request_id), std::min<size_t>(n, MK_VIEW_STRING - 1)) << n;
+    }
+    MK_ASSERT_OK(parse(Pb().str(4, "bp").str(9, "dg").u(2, 1).u(5, 9).u(6, 1).u(11, 1), &v));
+    EXPECT_STREQ(v.msg.boundary_point, "bp");
+    EXPECT_STREQ(v.msg.runtime_recipe_digest, "dg");
+    EXPECT_EQ(v.msg.architecture, 1);
+    EXPECT_EQ(v.msg.next_layer, 9);
+    EXPECT_TRUE(v.msg.normalized);
+    EXPECT_TRUE(v.msg.has_next_layer);
+}
+
+// A packed boundary body of rows x hidden at `position` (positions continuing it), for
+// the body checks; `edit` changes the bundle before it is packed.
+std::vector<uint8_t> body_of(size_t rows, size_t hidden, int64_t position,
+                             const std::function<void(mk_bundle *)> &edit = nullptr) {
+    mk_bundle *b = nullptr;
+    EXPECT_EQ(mk_bundle_create(1, rows, hidden, &b), MK_OK);
+    BundlePtr bundle(b);
+    mk_boundary_header h = *mk_bundle_header(b);
+    std::memset(h.recipe_digest, 'c', MK_DIGEST_HEX_LEN);
+    h.recipe_digest[MK_DIGEST_HEX_LEN] = '\0';
+    h.next_layer = 3;
+    h.position = position;
+    h.step = 4;
+    std::snprintf(h.request_id, sizeof h.request_id, "req-7");
+    EXPECT_EQ(mk_bundle_set_header(b, &h), MK_OK) << mk_last_error();
+    for (size_t i = 0; i < rows * hidden; i++) mk_bundle_residual(b)[i] = (float)i + 0.25f;
+    for (size_t i = 0; i < rows; i++) mk_bundle_positions(b)[i] = (int32_t)(position + (int64_t)i);
+    if (edit) edit(b);
+    uint8_t *bytes = nullptr;
+    size_t len = 0;
+    EXPECT_EQ(mk_bundle_pack(b, &bytes, &len), MK_OK) << mk_last_error();
+    std::vector<uint8_t> out(bytes, bytes + len);
+    mk_buffer_free(bytes);
+    return out;
+}
+
+TEST(FrameBody, ValidBodyGivesTheHeaderAndPointsAtTheResidualInPlace) {
+    const std::vector<uint8_t> body = body_of(3, 8, 7);
+    mk_boundary_header h;
+    const uint8_t *residual = nullptr;
+    MK_ASSERT_OK(mk_frame_decode_body(body.data(), body.size(), &h, &residual));
+    EXPECT_EQ(h.rows, 3u);
+    EXPECT_EQ(h.hidden, 8u);
+    EXPECT_EQ(h.batch, 1u);
+    EXPECT_EQ(h.position, 7);
+    EXPECT_EQ(h.next_layer, 3);
+    EXPECT_EQ(h.step, 4u);
+    EXPECT_STREQ(h.request_id, "req-7");
+    ASSERT_GE(residual, body.data());
+    ASSERT_LE(residual + 24 * 4, body.data() + body.size());
+    float last;
+    std::memcpy(&last, residual + 23 * 4, 4);
+    EXPECT_EQ(last, 23.25f);
+}
+
+TEST(FrameBody, PositionsMustContinueRowZerosToTheLastRow) {
+    mk_boundary_header h;
+    const uint8_t *residual = nullptr;
+    // The last row one off (the smallest break), a middle row, and a row repeated.
+    std::vector<uint8_t> body = body_of(3, 8, 7, [](mk_bundle *b) { mk_bundle_positions(b)[2] = 10; });
+    EXPECT_ERROR(mk_frame_decode_body(body.data(), body.size(), &h, &residual), MK_ERR_POSITIONS_SHAPE,
+                 "bundle position 10 at row 2 does not continue row 0's 7");
+    body = body_of(3, 8, 7, [](mk_bundle *b) { mk_bundle_positions(b)[1] = 7; });
+    EXPECT_ERROR(mk_frame_decode_body(body.data(), body.size(), &h, &residual), MK_ERR_POSITIONS_SHAPE,
+                 "bundle position 7 at row 1");
+    // One row: nothing to continue.
+    body = body_of(1, 8, 41);
+    MK_ASSERT_OK(mk_frame_decode_body(body.data(), body.size(), &h, &residual));
+    EXPECT_EQ(h.position, 41);
+    // The message checks run on the view: a body without a digest is refused by them.
+    body = body_of(2, 8, 0);
+    Meshkern__V1__TensorBundle *m = meshkern__v1__tensor_bundle__unpack(nullptr, body.size(), body.data());
+    ASSERT_NE(m, nullptr);
+    char *digest = m->runtime_recipe_digest;
+    m->runtime_recipe_digest = (char *)"";
+    std::vector<uint8_t> no_digest(meshkern__v1__tensor_bundle__get_packed_size(m));
+    meshkern__v1__tensor_bundle__pack(m, no_digest.data());
+    m->runtime_recipe_digest = digest;
+    meshkern__v1__tensor_bundle__free_unpacked(m, nullptr);
+    EXPECT_ERROR(mk_frame_decode_body(no_digest.data(), no_digest.size(), &h, &residual), MK_ERR_MISSING_FIELD,
+                 "runtime_recipe_digest");
+}
+
+// ---------------------------------------------------------- stream in step ---
+
+// The residual a packed bundle carries, as floats.
+std::vector<float> residual_of(const std::vector<uint8_t> &bundle_bytes) {
+    Meshkern__V1__TensorBundle *m = meshkern__v1__tensor_bundle__unpack(nullptr, bundle_bytes.size(), bundle_bytes.data());
+    EXPECT_NE(m, nullptr);
+    if (!m) return {};
+    std::vector<float> r(m->tensors[0]->data.len / sizeof(float));
+    std::memcpy(r.data(), m->tensors[0]->data.data, r.size() * sizeof(float));
+    meshkern__v1__tensor_bundle__free_unpacked(m, nullptr);
+    return r;
+}
+
+// A frame read whole but refused (body undecodable, positions broken, a value not finite,
+// a body exactly at the limit that is not a bundle) leaves the stream in step: the next
+// frame is accepted and carries its own residual.
+TEST_F(FaultyPeer, RefusedBodiesLeaveTheStreamInStep) {
+    connect_raw();
+    std::string msg;
+    size_t bytes = 0;
+    write_raw(framed(std::vector<uint8_t>{0x08}));
+    EXPECT_EQ(receive(&msg), MK_ERR_WIRE_DECODE);
+    EXPECT_NE(msg.find("truncated varint"), std::string::npos) << msg;
+    EXPECT_EQ(mk_seam_bytes(rx_.get()), bytes += 16 + 1);
+    const std::vector<uint8_t> gap = head_bundle(head_.get(), [](mk_bundle *b) { mk_bundle_positions(b)[2] = 9; });
+    write_raw(framed(gap));
+    EXPECT_EQ(receive(&msg), MK_ERR_POSITIONS_SHAPE);
+    EXPECT_NE(msg.find("position 9 at row 2"), std::string::npos) << msg;
+    EXPECT_EQ(mk_seam_bytes(rx_.get()), bytes += 16 + gap.size());
+    write_raw(framed(head_bundle(head_.get(), [](mk_bundle *b) { mk_bundle_residual(b)[95] = NAN; })));
+    EXPECT_EQ(receive(&msg), MK_ERR_NONFINITE);
+    write_raw(framed(std::vector<uint8_t>(kTailLimit, 0))); // exactly the limit: read, then refused as a bundle
+    EXPECT_EQ(receive(&msg), MK_ERR_WIRE_DECODE) << msg;
+    EXPECT_NE(msg.find("field number 0"), std::string::npos) << msg;
+    const std::vector<uint8_t> other = head_bundle(head_.get(), [](mk_bundle *b) { mk_bundle_residual(b)[5] = 42.0f; });
+    write_raw(framed(other));
+    MK_ASSERT_OK(receive());
+    std::vector<float> got(3 * 32);
+    MK_ASSERT_OK(mk_boundary_read(into_.get(), got.data(), got.size()));
+    EXPECT_EQ(got, residual_of(other));
+    EXPECT_EQ(got[5], 42.0f);
+}
+
+// The scan covers every value of every row: the first and the very last.
+TEST_F(FaultyPeer, NonFiniteFirstOrLastValueIsRefused) {
+    connect_raw();
+    for (size_t at : {size_t(0), size_t(3 * 32 - 1)}) {
+        write_raw(framed(head_bundle(head_.get(), [at](mk_bundle *b) { mk_bundle_residual(b)[at] = INFINITY; })));
+        std::string msg;
+        EXPECT_EQ(receive(&msg), MK_ERR_NONFINITE);
+        const std::string want = "value " + std::to_string(at) + " (row " + std::to_string(at / 32) + ")";
+        EXPECT_NE(msg.find(want), std::string::npos) << msg;
+    }
+    write_raw(framed(valid_));
+    MK_ASSERT_OK(receive());
+}
+
+// The alignment hint places the body; nothing trusts it.
+TEST_F(FaultyPeer, AWrongAlignmentHintIsOnlyAHint) {
+    connect_raw();
+    for (unsigned hint : {13u, 63u}) {
+        std::vector<uint8_t> f = header_bytes(valid_.size(), hint);
+        f.insert(f.end(), valid_.begin(), valid_.end());
+        write_raw(f);
+        MK_ASSERT_OK(receive());
+        std::vector<float> got(3 * 32);
+        MK_ASSERT_OK(mk_boundary_read(into_.get(), got.data(), got.size()));
+        EXPECT_EQ(got, residual_of(valid_)) << hint;
+    }
+}
+
+// A frame header that is not one leaves the stream out of step: every later call reports
+// the first failure at once, even with a valid frame waiting.
+TEST_F(FaultyPeer, OutOfStepStreamReportsTheFirstFailureEveryTime) {
+    connect_raw();
+    std::vector<uint8_t> bad = header_bytes(valid_.size(), 0);
+    bad[6] = 64;
+    write_raw(bad);
+    std::string msg;
+    EXPECT_EQ(receive(&msg), MK_ERR_FRAME);
+    EXPECT_NE(msg.find("alignment hint 64"), std::string::npos) << msg;
+    write_raw(framed(valid_));
+    for (int i = 0; i < 2; i++) {
+        EXPECT_EQ(receive(&msg), MK_ERR_FRAME);
+        EXPECT_NE(msg.find("alignment hint 64"), std::string::npos) << msg;
+        EXPECT_NE(msg.find("seam unusable since"), std::string::npos) << msg;
+    }
+}
+
+// A frame the socket does not take at once: the rest goes to the I/O thread while this
+// thread receives it; the receiver gets every byte, and send_wait reports the write.
+TEST(SeamStream, FrameLargerThanTheSocketBufferArrivesWhole) {
+    ModelPtr model = make_random_model(mk_hparams_seed_default());
+    mk_range_options ro = mk_range_options_default();
+    ro.max_context = 256;
+    mk_range *h = nullptr, *t = nullptr;
+    MK_ASSERT_OK(mk_range_create(model.get(), 0, 2, &ro, &h));
+    MK_ASSERT_OK(mk_range_create(model.get(), 3, 5, &ro, &t));
+    RangePtr head(h), tail(t);
+    mk_seam_options o = mk_seam_options_default(MK_SEAM_UNIX);
+    o.io_timeout_ms = 5000;
+    mk_seam *tx = nullptr, *rx = nullptr;
+    MK_ASSERT_OK(mk_seam_pair(&o, h, t, &tx, &rx));
+    SeamPtr send_end(tx), recv_end(rx);
+    const int small = 4096;
+    ASSERT_EQ(setsockopt(mk_seam_stream_fd(tx), SOL_SOCKET, SO_SNDBUF, &small, sizeof small), 0);
+    mk_boundary *out = nullptr, *in = nullptr;
+    MK_ASSERT_OK(mk_boundary_create(h, &out));
+    MK_ASSERT_OK(mk_boundary_create(t, &in));
+    BoundaryPtr o_(out), i_(in);
+    const size_t rows = 256, hidden = 32;
+    mk_boundary_header_defaults(&out->h);
+    std::snprintf(out->h.recipe_digest, sizeof out->h.recipe_digest, "%s", mk_range_recipe_digest(h));
+    out->h.next_layer = 3;
+    out->h.rows = rows;
+    out->h.hidden = hidden;
+    for (size_t i = 0; i < rows * hidden; i++) out->payload[i] = (float)(i % 1021) * 0.5f - 7.0f;
+    mk_sequence *s = nullptr;
+    MK_ASSERT_OK(mk_sequence_open(t, &s));
+    SequencePtr seq(s);
+    for (int round = 0; round < 2; round++) {
+        MK_ASSERT_OK(mk_seam_send(tx, out));
+        MK_ASSERT_OK(mk_seam_recv(rx, s, in));
+        MK_ASSERT_OK(mk_seam_send_wait(tx));
+        ASSERT_EQ(in->h.rows, rows);
+        EXPECT_EQ(std::memcmp(in->payload, out->payload, rows * hidden * sizeof(float)), 0) << "round " << round;
+        out->payload[0] += 1.0f;
+    }
+    EXPECT_EQ(mk_seam_bytes(tx), mk_seam_bytes(rx));
+    EXPECT_GT(mk_seam_bytes(rx), 2 * rows * hidden * sizeof(float));
+}
+
+// -------------------------------------------------------------- socket I/O ---
+
+// Two connected non-blocking ends (a Unix socketpair), closed on destruction.
+struct IoPair {
+    mk_io a{-1, nullptr}, b{-1, nullptr};
+    IoPair() {
+        int fds[2];
+        EXPECT_EQ(mk_socket_pair(fds), MK_OK);
+        a.fd = fds[0];
+        b.fd = fds[1];
+    }
+    ~IoPair() {
+        mk_io_close(&a);
+        mk_io_close(&b);
+    }
+};
+
+std::vector<uint8_t> pattern(size_t n) {
+    std::vector<uint8_t> v(n);
+    for (size_t i = 0; i < n; i++) v[i] = (uint8_t)((i * 2654435761u) >> 13);
+    return v;
+}
+
+void shrink_send_buffer(int fd) {
+    const int small = 4096;
+    ASSERT_EQ(setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &small, sizeof small), 0);
+}
+
+// A write the socket takes in many pieces, read in pieces of another size: every byte in
+// order (the written count advances by each piece, not to it).
+void expect_large_transfer(mk_io *writer, mk_io *reader) {
+    const std::vector<uint8_t> sent = pattern((size_t(1) << 20) + 13);
+    mk_status ws = MK_ERR_INTERNAL;
+    std::thread t([&]() { ws = mk_io_write(writer, sent.data(), sent.size(), mk_deadline_ms(5000, 5000), "blob"); });
+    std::vector<uint8_t> got(sent.size());
+    mk_status rs = MK_OK;
+    for (size_t at = 0; at < got.size() && rs == MK_OK; at += 70001)
+        rs = mk_io_read(reader, got.data() + at, std::min<size_t>(70001, got.size() - at), mk_deadline_ms(5000, 5000),
+                        "blob");
+    t.join();
+    EXPECT_EQ(ws, MK_OK) << mk_last_error();
+    EXPECT_EQ(rs, MK_OK) << mk_last_error();
+    EXPECT_TRUE(got == sent) << "the bytes arrived out of order or repeated";
+}
+
+TEST(SeamIo, WriteLargerThanOneSendArrivesInOrder) {
+    IoPair p;
+    shrink_send_buffer(p.a.fd);
+    expect_large_transfer(&p.a, &p.b);
+}
+
+// write_now takes what the socket takes and says how much; the rest can follow.
+TEST(SeamIo, WriteNowStopsWhereTheSocketIsFullAndCountsWhatItTook) {
+    IoPair p;
+    shrink_send_buffer(p.a.fd);
+    const std::vector<uint8_t> sent = pattern(size_t(1) << 20);
+    size_t written = 12345;
+    MK_ASSERT_OK(mk_io_write_now(&p.a, sent.data(), sent.size(), &written, "blob"));
+    ASSERT_GT(written, 0u);
+    ASSERT_LT(written, sent.size());
+    mk_status ws = MK_ERR_INTERNAL;
+    std::thread t([&]() {
+        ws = mk_io_write(&p.a, sent.data() + written, sent.size() - written, mk_deadline_ms(5000, 5000), "blob");
+    });
+    std::vector<uint8_t> got(sent.size());
+    const mk_status rs = mk_io_read(&p.b, got.data(), got.size(), mk_deadline_ms(5000, 5000), "blob");
+    t.join();
+    MK_ASSERT_OK(rs);
+    MK_ASSERT_OK(ws);
+    EXPECT_TRUE(got == sent);
+}
+
+TEST(SeamIo, EachFailureNamesWhatAndHowFar) {
+    {
+        IoPair p;
+        shrink_send_buffer(p.a.fd);
+        const std::vector<uint8_t> big = pattern(size_t(1) << 20);
+        const auto t0 = std::chrono::steady_clock::now();
+        EXPECT_ERROR(mk_io_write(&p.a, big.data(), big.size(), mk_deadline_ms(100, 100), "blob"), MK_ERR_PEER_TIMEOUT,
+                     "the peer did not accept the blob before the deadline");
+        EXPECT_LT(seconds_since(t0), 1.0);
+    }
+    {
+        IoPair p;
+        uint8_t buf[10];
+        const auto t0 = std::chrono::steady_clock::now();
+        EXPECT_ERROR(mk_io_read(&p.b, buf, sizeof buf, mk_deadline_ms(100, 100), "blob"), MK_ERR_PEER_TIMEOUT,
+                     "the peer did not send the blob before the deadline");
+        EXPECT_GE(seconds_since(t0), 0.09);
+        EXPECT_LT(seconds_since(t0), 1.0);
+        MK_ASSERT_OK(mk_io_write(&p.a, "abc", 3, mk_deadline_ms(100, 100), "x"));
+        mk_io_close(&p.a);
+        EXPECT_EQ(p.a.fd, -1);
+        EXPECT_ERROR(mk_io_read(&p.b, buf, sizeof buf, mk_deadline_ms(100, 100), "blob"), MK_ERR_PEER_CLOSED,
+                     "closed the connection after 3 of 10 bytes of the blob");
+        EXPECT_ERROR(mk_io_write(&p.b, buf, sizeof buf, mk_deadline_ms(100, 100), "blob"), MK_ERR_PEER_CLOSED,
+                     "after 0 of 10 bytes of the blob");
+        size_t written = 99;
+        EXPECT_ERROR(mk_io_write_now(&p.b, buf, sizeof buf, &written, "blob"), MK_ERR_PEER_CLOSED, "after 0 of 10");
+        EXPECT_EQ(written, 0u);
+        mk_io_close(&p.a); // twice: harmless
+    }
+}
+
+// A TCP peer that resets the connection (close with linger 0) is a close, not an I/O error.
+TEST(SeamIo, ResetByTheTcpPeerIsAClose) {
+    int lfd = -1, cfd = -1, afd = -1;
+    char bound[300];
+    MK_ASSERT_OK(mk_socket_listen(MK_SEAM_TCP, "127.0.0.1:0", &lfd, bound, sizeof bound));
+    MK_ASSERT_OK(mk_socket_connect(MK_SEAM_TCP, bound, mk_deadline_ms(2000, 2000), &cfd));
+    MK_ASSERT_OK(mk_socket_accept(lfd, mk_deadline_ms(2000, 2000), &afd));
+    close(lfd);
+    const linger hard{1, 0};
+    ASSERT_EQ(setsockopt(afd, SOL_SOCKET, SO_LINGER, &hard, sizeof hard), 0);
+    close(afd);
+    mk_io io{cfd, nullptr};
+    uint8_t buf[4];
+    const mk_status s = mk_io_read(&io, buf, sizeof buf, mk_deadline_ms(1000, 1000), "blob");
+    EXPECT_EQ(s, MK_ERR_PEER_CLOSED) << mk_last_error();
+    EXPECT_NE(std::string(mk_last_error()).find("reset the connection after 0 of 4 bytes of the blob"), std::string::npos)
+        << mk_last_error();
+    mk_io_close(&io);
+}
+
+TEST(SeamIo, DeadlinesDefaultOnlyWhenNotGiven) {
+    const int64_t now = mk_now_ms();
+    EXPECT_NEAR((double)(mk_deadline_ms(0, 700) - now), 700.0, 50.0);
+    EXPECT_NEAR((double)(mk_deadline_ms(-5, 700) - now), 700.0, 50.0);
+    EXPECT_NEAR((double)(mk_deadline_ms(120, 700) - now), 120.0, 50.0);
+}
+
+// ------------------------------------------------------------------ sockets ---
+
+TEST(SeamSockets, AddressesAreCheckedBeforeAnySocket) {
+    int fd = -1;
+    char bound[300];
+    const std::string long_path(200, 'p'), long_host(256, 'h');
+    EXPECT_ERROR(mk_socket_listen(MK_SEAM_UNIX, long_path.c_str(), &fd, bound, sizeof bound), MK_ERR_CONNECT,
+                 "is empty or too long");
+    EXPECT_ERROR(mk_socket_listen(MK_SEAM_UNIX, "", &fd, bound, sizeof bound), MK_ERR_CONNECT, "is empty or too long");
+    EXPECT_ERROR(mk_socket_listen(MK_SEAM_TCP, "localhost", &fd, bound, sizeof bound), MK_ERR_CONNECT,
+                 "TCP address 'localhost' is not HOST:PORT");
+    EXPECT_ERROR(mk_socket_listen(MK_SEAM_TCP, (long_host + ":1").c_str(), &fd, bound, sizeof bound), MK_ERR_CONNECT,
+                 "is too long");
+    EXPECT_ERROR(mk_socket_listen(MK_SEAM_TCP, "127.0.0.1:1234567890123456", &fd, bound, sizeof bound), MK_ERR_CONNECT,
+                 "is too long");
+    EXPECT_ERROR(mk_socket_listen(MK_SEAM_TCP, "127.0.0.1:no-such-service", &fd, bound, sizeof bound), MK_ERR_CONNECT,
+                 "cannot resolve '127.0.0.1:no-such-service'");
+    EXPECT_ERROR(mk_socket_connect(MK_SEAM_TCP, "localhost", mk_deadline_ms(100, 100), &fd), MK_ERR_CONNECT,
+                 "is not HOST:PORT");
+    EXPECT_ERROR(mk_socket_connect(MK_SEAM_TCP, nullptr, mk_deadline_ms(100, 100), &fd), MK_ERR_CONNECT,
+                 "TCP address '' is not HOST:PORT");
+    // A Unix path fills sun_path with its NUL: 107 bytes fit, 108 do not.
+    TempDir dir;
+    const std::string fits = dir.file(std::string(107 - 21, 'f')), over_by_one = dir.file(std::string(108 - 21, 'g'));
+    ASSERT_EQ(fits.size(), 107u) << "TempDir paths are /tmp/mk_seams_XXXXXX/";
+    int ok_fd = -1;
+    MK_ASSERT_OK(mk_socket_listen(MK_SEAM_UNIX, fits.c_str(), &ok_fd, bound, sizeof bound));
+    close(ok_fd);
+    EXPECT_ERROR(mk_socket_listen(MK_SEAM_UNIX, over_by_one.c_str(), &fd, bound, sizeof bound), MK_ERR_CONNECT,
+                 "is empty or too long");
+    // An address taken is refused, with the reason.
+    const std::string path = dir.file("taken.sock");
+    int first = -1;
+    MK_ASSERT_OK(mk_socket_listen(MK_SEAM_UNIX, path.c_str(), &first, bound, sizeof bound));
+    EXPECT_STREQ(bound, path.c_str());
+    EXPECT_ERROR(mk_socket_listen(MK_SEAM_UNIX, path.c_str(), &fd, bound, sizeof bound), MK_ERR_CONNECT,
+                 "cannot listen on");
+    close(first);
+}
+
+TEST(SeamSockets, TcpBindsLoopbackByDefaultAndSpeaksIpv6InBrackets) {
+    int fd = -1;
+    char bound[300];
+    MK_ASSERT_OK(mk_socket_listen(MK_SEAM_TCP, ":0", &fd, bound, sizeof bound));
+    EXPECT_EQ(std::string(bound).rfind("127.0.0.1:", 0), 0u) << bound;
+    EXPECT_NE(std::string(bound), "127.0.0.1:0") << "the port actually bound is reported";
+    close(fd);
+    if (mk_socket_listen(MK_SEAM_TCP, "[::1]:0", &fd, bound, sizeof bound) != MK_OK) GTEST_SKIP() << "no IPv6 loopback";
+    EXPECT_EQ(std::string(bound).rfind("[::1]:", 0), 0u) << bound;
+    int c = -1, a = -1;
+    MK_ASSERT_OK(mk_socket_connect(MK_SEAM_TCP, bound, mk_deadline_ms(2000, 2000), &c));
+    MK_ASSERT_OK(mk_socket_accept(fd, mk_deadline_ms(2000, 2000), &a));
+    close(c);
+    close(a);
+    close(fd);
+}
+
+// A listener that comes up after the connect started is found (refused connects retried).
+TEST(SeamSockets, ConnectWaitsForALateListener) {
+    TempDir dir;
+    const std::string path = dir.file("late.sock");
+    int lfd = -1;
+    std::thread t([&]() {
+        std::this_thread::sleep_for(std::chrono::milliseconds(150));
+        char bound[300];
+        EXPECT_EQ(mk_socket_listen(MK_SEAM_UNIX, path.c_str(), &lfd, bound, sizeof bound), MK_OK);
+    });
+    int c = -1;
+    const mk_status s = mk_socket_connect(MK_SEAM_UNIX, path.c_str(), mk_deadline_ms(3000, 3000), &c);
+    t.join();
+    EXPECT_EQ(s, MK_OK) << mk_last_error();
+    if (c >= 0) close(c);
+    if (lfd >= 0) close(lfd);
+}
+
+// ---------------------------------------------------------------- TLS rules ---
+
+mk_seam_tls psk_tls(const char *hex) {
+    mk_seam_tls t{};
+    t.enabled = true;
+    t.psk_hex = hex;
+    return t;
+}
+
+TEST(SeamTlsContext, PreSharedKeyMustBe32To128HexDigits) {
+    SSL_CTX *ctx = nullptr;
+    for (bool server : {false, true}) {
+        for (size_t digits : {size_t(32), size_t(34), size_t(128)}) {
+            const std::string key(digits, 'a');
+            const mk_seam_tls t = psk_tls(key.c_str());
+            MK_ASSERT_OK(mk_tls_context(&t, server, &ctx));
+            ASSERT_NE(ctx, nullptr);
+            mk_tls_context_free(ctx);
+        }
+        for (size_t digits : {size_t(0), size_t(30), size_t(33), size_t(130)}) {
+            const std::string key(digits, 'a');
+            const mk_seam_tls t = psk_tls(key.c_str());
+            EXPECT_ERROR(mk_tls_context(&t, server, &ctx), MK_ERR_INVALID_ARGUMENT, "must be 32 to 128 hex digits")
+                << digits;
+            EXPECT_EQ(ctx, nullptr);
+        }
+        // Every digit is checked: the first, the last, and a "0x" prefix sscanf would take.
+        for (const std::string &key : {"g" + std::string(31, 'a'), std::string(31, 'a') + "G",
+                                       "0x" + std::string(30, 'a'), std::string(15, 'a') + " " + std::string(16, 'a')}) {
+            const mk_seam_tls t = psk_tls(key.c_str());
+            EXPECT_ERROR(mk_tls_context(&t, server, &ctx), MK_ERR_INVALID_ARGUMENT, "pre-shared key is not hex") << key;
+        }
+    }
+}
+
+TEST_F(TlsPeer, CertificateModeNeedsCertificateKeyAndCaEachLoadable) {
+    const Pki a = make_pki(dir_, "a"), b = make_pki(dir_, "b");
+    SSL_CTX *ctx = nullptr;
+    const std::string missing = dir_.file("missing.pem");
+    mk_seam_tls all = tls_cert(a, a).tls;
+    MK_ASSERT_OK(mk_tls_context(&all, true, &ctx));
+    mk_tls_context_free(ctx);
+    for (int drop = 0; drop < 3; drop++) {
+        mk_seam_tls t = all;
+        (drop == 0 ? t.cert_file : drop == 1 ? t.key_file : t.ca_file) = nullptr;
+        EXPECT_ERROR(mk_tls_context(&t, true, &ctx), MK_ERR_INVALID_ARGUMENT,
+                     "give a pre-shared key, or a certificate, its key and a CA")
+            << drop;
+    }
+    mk_seam_tls t = tls_cert(a, a).tls;
+    t.cert_file = missing.c_str();
+    EXPECT_ERROR(mk_tls_context(&t, false, &ctx), MK_ERR_AUTH, "cannot load the certificate");
+    t = tls_cert(a, a).tls;
+    t.key_file = missing.c_str();
+    EXPECT_ERROR(mk_tls_context(&t, false, &ctx), MK_ERR_AUTH, "cannot load the private key");
+    t = tls_cert(a, a).tls;
+    t.key_file = b.key.c_str(); // another certificate's key (OpenSSL compares it as it loads it)
+    EXPECT_ERROR(mk_tls_context(&t, false, &ctx), MK_ERR_AUTH, "key values mismatch");
+    t = tls_cert(a, a).tls;
+    t.ca_file = missing.c_str();
+    EXPECT_ERROR(mk_tls_context(&t, true, &ctx), MK_ERR_AUTH, "cannot load the CA");
+    EXPECT_EQ(ctx, nullptr);
+}
+
+// A TLS client of the test's own (plain OpenSSL): trusts `ca`, presents `cert` and `key`
+// when given, speaks at most `max_version`. Waits for the receiver's verdict (an alert or
+// a close) so the receiver decides on everything the client sent.
+void raw_tls_client(const std::string &path, const std::string &ca, const char *cert, const char *key, int max_version) {
+    sigset_t pipe_set;
+    sigemptyset(&pipe_set);
+    sigaddset(&pipe_set, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe_set, nullptr);
+    SSL_CTX *ctx = SSL_CTX_new(TLS_client_method());
+    SSL_CTX_set_max_proto_version(ctx, max_version);
+    SSL_CTX_load_verify_locations(ctx, ca.c_str(), nullptr);
+    SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, nullptr);
+    if (cert) {
+        SSL_CTX_use_certificate_chain_file(ctx, cert);
+        SSL_CTX_use_PrivateKey_file(ctx, key, SSL_FILETYPE_PEM);
+    }
+    const int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    sockaddr_un sun{};
+    sun.sun_family = AF_UNIX;
+    std::snprintf(sun.sun_path, sizeof sun.sun_path, "%s", path.c_str());
+    const timeval two_s{2, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &two_s, sizeof two_s);
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &two_s, sizeof two_s);
+    if (connect(fd, (sockaddr *)&sun, sizeof sun) == 0) {
+        SSL *ssl = SSL_new(ctx);
+        SSL_set_fd(ssl, fd);
+        if (SSL_connect(ssl) == 1) {
+            char c;
+            (void)SSL_read(ssl, &c, 1);
+        }
+        SSL_free(ssl);
+    }
+    close(fd);
+    SSL_CTX_free(ctx);
+}
+
+// The receiving end in certificate mode, a raw client; the receiver's status.
+mk_status accept_raw_client(TlsPeer *t, const Pki &server, const Pki &trust, const char *cert, const char *key,
+                            int max_version, std::string *message) {
+    mk_seam_options so = tls_cert(server, trust);
+    const std::string path = t->dir().file("raw_tls.sock");
+    so.address = path.c_str();
+    mk_seam_listener *l = nullptr;
+    EXPECT_EQ(mk_seam_listen(&so, &l), MK_OK) << mk_last_error();
+    ListenerPtr listener(l);
+    std::thread client(raw_tls_client, path, trust.ca, cert, key, max_version);
+    mk_seam *rx = nullptr;
+    const mk_status s = mk_seam_accept(l, t->tail(), &rx);
+    *message = mk_last_error();
+    mk_seam_free(rx);
+    client.join();
+    return s;
+}
+
+// Mutual authentication: a sender that presents no certificate at all is refused by a
+// receiver in certificate mode (SSL_VERIFY_FAIL_IF_NO_PEER_CERT), with MK_ERR_AUTH.
+TEST_F(TlsPeer, SenderWithoutACertificateIsRefusedWithAuth) {
+    const Pki a = make_pki(dir_, "a");
+    std::string msg;
+    // The same raw client with a certificate is accepted: the refusal is about the certificate.
+    EXPECT_EQ(accept_raw_client(this, a, a, a.cert.c_str(), a.key.c_str(), TLS1_3_VERSION, &msg), MK_OK) << msg;
+    EXPECT_EQ(accept_raw_client(this, a, a, nullptr, nullptr, TLS1_3_VERSION, &msg), MK_ERR_AUTH) << msg;
+    EXPECT_NE(msg.find("handshake refused"), std::string::npos) << msg;
+}
+
+// TLS 1.3 only: a peer that offers at most TLS 1.2 is refused, certificate or not.
+TEST_F(TlsPeer, PeerLimitedToTls12IsRefused) {
+    const Pki a = make_pki(dir_, "a");
+    std::string msg;
+    EXPECT_EQ(accept_raw_client(this, a, a, a.cert.c_str(), a.key.c_str(), TLS1_2_VERSION, &msg), MK_ERR_AUTH) << msg;
+}
+
+// The sender checks the receiver too: a receiver whose certificate the sender's CA did not
+// sign is refused on the sending side.
+TEST_F(TlsPeer, ReceiverCertificateFromAnotherCaIsRefusedBySender) {
+    const Pki a = make_pki(dir_, "a"), rogue = make_pki(dir_, "rogue");
+    const std::string path = dir_.file("rev.sock");
+    mk_seam_options so = tls_cert(rogue, a); // the receiver trusts a, presents rogue's
+    so.address = path.c_str();
+    mk_seam_listener *l = nullptr;
+    MK_ASSERT_OK(mk_seam_listen(&so, &l));
+    ListenerPtr listener(l);
+    std::thread t;
+    mk_status client = MK_OK;
+    connect_in_thread(tls_cert(a, a), head_.get(), path, &t, &client);
+    mk_seam *rx = nullptr;
+    const mk_status server = mk_seam_accept(l, tail_.get(), &rx);
+    mk_seam_free(rx);
+    t.join();
+    EXPECT_EQ(client, MK_ERR_AUTH);
+    EXPECT_EQ(server, MK_ERR_AUTH);
+}
+
+// Two ends of a TLS connection in this process, handshaken.
+struct TlsIoPair {
+    SSL_CTX *client_ctx = nullptr, *server_ctx = nullptr;
+    mk_io a{-1, nullptr}, b{-1, nullptr}; /* a: the sending (client) end, b: the receiving (server) end */
+    mk_status status = MK_ERR_INTERNAL;
+    explicit TlsIoPair(const mk_seam_tls &tls) {
+        int fds[2];
+        status = mk_socket_pair(fds);
+        if (status != MK_OK) return;
+        a.fd = fds[0];
+        b.fd = fds[1];
+        status = mk_tls_context(&tls, false, &client_ctx);
+        if (status == MK_OK) status = mk_tls_context(&tls, true, &server_ctx);
+        if (status == MK_OK) status = mk_tls_attach(&a, client_ctx, false);
+        if (status == MK_OK) status = mk_tls_attach(&b, server_ctx, true);
+        if (status == MK_OK) status = mk_tls_handshake(&a, &b, mk_deadline_ms(3000, 3000));
+    }
+    ~TlsIoPair() {
+        mk_io_close(&a);
+        mk_io_close(&b);
+        mk_tls_context_free(client_ctx);
+        mk_tls_context_free(server_ctx);
+    }
+};
+
+TEST(SeamTlsIo, WriteLargerThanOneRecordArrivesInOrder) {
+    TlsIoPair p(psk_tls(kPsk));
+    ASSERT_EQ(p.status, MK_OK) << mk_last_error();
+    shrink_send_buffer(p.a.fd);
+    expect_large_transfer(&p.a, &p.b);
+    // write_now inside TLS: what the socket takes, counted, the rest after.
+    const std::vector<uint8_t> sent = pattern(size_t(1) << 20);
+    size_t written = 0;
+    MK_ASSERT_OK(mk_io_write_now(&p.a, sent.data(), sent.size(), &written, "blob"));
+    ASSERT_LT(written, sent.size());
+    mk_status ws = MK_ERR_INTERNAL;
+    std::thread t([&]() {
+        ws = mk_io_write(&p.a, sent.data() + written, sent.size() - written, mk_deadline_ms(5000, 5000), "blob");
+    });
+    std::vector<uint8_t> got(sent.size());
+    const mk_status rs = mk_io_read(&p.b, got.data(), got.size(), mk_deadline_ms(5000, 5000), "blob");
+    t.join();
+    MK_ASSERT_OK(rs);
+    MK_ASSERT_OK(ws);
+    EXPECT_TRUE(got == sent);
+}
+
+TEST(SeamTlsIo, PeerThatClosesOrStaysSilentIsNamed) {
+    TlsIoPair p(psk_tls(kPsk));
+    ASSERT_EQ(p.status, MK_OK) << mk_last_error();
+    uint8_t buf[8];
+    EXPECT_ERROR(mk_io_read(&p.b, buf, sizeof buf, mk_deadline_ms(100, 100), "blob"), MK_ERR_PEER_TIMEOUT,
+                 "did not send the blob before the deadline");
+    MK_ASSERT_OK(mk_io_write(&p.a, "xyz", 3, mk_deadline_ms(1000, 1000), "blob"));
+    mk_io_close(&p.a);
+    EXPECT_ERROR(mk_io_read(&p.b, buf, sizeof buf, mk_deadline_ms(1000, 1000), "blob"), MK_ERR_PEER_CLOSED,
+                 "closed the TLS connection after 3 of 8 bytes of the blob");
+}
+
+TEST(SeamTlsIo, HandshakeWithASilentPeerEndsAtTheDeadline) {
+    int fds[2];
+    MK_ASSERT_OK(mk_socket_pair(fds));
+    SSL_CTX *ctx = nullptr;
+    const mk_seam_tls tls = psk_tls(kPsk);
+    MK_ASSERT_OK(mk_tls_context(&tls, true, &ctx));
+    mk_io io{fds[0], nullptr};
+    MK_ASSERT_OK(mk_tls_attach(&io, ctx, true));
+    const auto t0 = std::chrono::steady_clock::now();
+    EXPECT_ERROR(mk_tls_handshake(&io, nullptr, mk_deadline_ms(150, 150)), MK_ERR_PEER_TIMEOUT,
+                 "the handshake did not finish before the deadline");
+    EXPECT_GE(seconds_since(t0), 0.14);
+    EXPECT_LT(seconds_since(t0), 1.0);
+    mk_io_close(&io);
+    close(fds[1]);
+    mk_tls_context_free(ctx);
+}
+
+// ----------------------------------------------------------- the seam API ---
+
+// Two ranges of the seed model (head [0, 2], tail [3, 5]) with a boundary each.
+struct TwoRanges {
+    ModelPtr model = make_random_model(mk_hparams_seed_default());
+    RangePtr head, tail;
+    BoundaryPtr out, in;
+    SequencePtr head_seq, tail_seq;
+    TwoRanges() {
+        mk_range *h = nullptr, *t = nullptr;
+        EXPECT_EQ(mk_range_create(model.get(), 0, 2, nullptr, &h), MK_OK);
+        EXPECT_EQ(mk_range_create(model.get(), 3, 5, nullptr, &t), MK_OK);
+        head.reset(h);
+        tail.reset(t);
+        mk_boundary *b = nullptr;
+        EXPECT_EQ(mk_boundary_create(h, &b), MK_OK);
+        out.reset(b);
+        EXPECT_EQ(mk_boundary_create(t, &b), MK_OK);
+        in.reset(b);
+        mk_sequence *s = nullptr;
+        EXPECT_EQ(mk_sequence_open(h, &s), MK_OK);
+        head_seq.reset(s);
+        EXPECT_EQ(mk_sequence_open(t, &s), MK_OK);
+        tail_seq.reset(s);
+    }
+    mk_status forward(size_t n_tokens) {
+        std::vector<int32_t> ids(n_tokens);
+        for (size_t i = 0; i < n_tokens; i++) ids[i] = (int32_t)(i * 5 % 48);
+        return mk_range_forward_boundary(head.get(), head_seq.get(), ids.data(), ids.size(), nullptr, nullptr, out.get(),
+                                         nullptr);
+    }
+};
+
+TEST(SeamApi, NamesAndDefaultsAreExact) {
+    mk_seam_kind k = MK_SEAM_LOCAL;
+    EXPECT_ERROR(mk_seam_kind_from_name(nullptr, &k), MK_ERR_INVALID_ARGUMENT, "unknown seam '(null)'");
+    EXPECT_ERROR(mk_seam_kind_from_name("tcp", nullptr), MK_ERR_INVALID_ARGUMENT, "unknown seam 'tcp'");
+    EXPECT_ERROR(mk_seam_kind_from_name("TCP", &k), MK_ERR_INVALID_ARGUMENT, "(local, wire, unix, tcp, nccl)");
+    EXPECT_STREQ(mk_seam_kind_name((mk_seam_kind)0), "unknown");
+    EXPECT_STREQ(mk_seam_kind_name((mk_seam_kind)(MK_SEAM_NCCL + 1)), "unknown");
+    const mk_seam_options o = mk_seam_options_default(MK_SEAM_WIRE);
+    EXPECT_EQ(o.kind, MK_SEAM_WIRE);
+    EXPECT_EQ(o.connect_timeout_ms, 5000);
+    EXPECT_EQ(o.io_timeout_ms, 30000);
+    EXPECT_EQ(o.address, nullptr);
+    EXPECT_EQ(o.tls.psk_hex, nullptr);
+    EXPECT_STREQ(mk_seam_listener_address(nullptr), "");
+    EXPECT_EQ(mk_seam_bytes(nullptr), 0u);
+    EXPECT_EQ(mk_seam_seconds(nullptr), 0.0);
+    mk_seam_free(nullptr);
+    mk_seam_listener_free(nullptr);
+}
+
+TEST(SeamApi, EveryEntryRefusesWhatIsNotItsToTake) {
+    TwoRanges r;
+    const mk_seam_options wire = mk_seam_options_default(MK_SEAM_WIRE);
+    mk_seam *tx = nullptr, *rx = nullptr;
+    EXPECT_ERROR(mk_seam_pair(nullptr, r.head.get(), r.tail.get(), &tx, &rx), MK_ERR_INVALID_ARGUMENT,
+                 "mk_seam_pair: NULL argument");
+    EXPECT_ERROR(mk_seam_pair(&wire, r.head.get(), r.tail.get(), &tx, nullptr), MK_ERR_INVALID_ARGUMENT, "NULL argument");
+    mk_seam_options odd = wire;
+    odd.kind = (mk_seam_kind)42;
+    EXPECT_ERROR(mk_seam_pair(&odd, r.head.get(), r.tail.get(), &tx, &rx), MK_ERR_INVALID_ARGUMENT,
+                 "unknown seam kind 42");
+    EXPECT_EQ(tx, nullptr);
+    EXPECT_EQ(rx, nullptr);
+    MK_ASSERT_OK(mk_seam_pair(&wire, r.head.get(), r.tail.get(), &tx, &rx));
+    SeamPtr send_end(tx), recv_end(rx);
+    // Send: a sending end, this range's boundary, something in it.
+    EXPECT_ERROR(mk_seam_send(nullptr, r.out.get()), MK_ERR_INVALID_ARGUMENT, "mk_seam_send: NULL argument");
+    EXPECT_ERROR(mk_seam_send(tx, r.out.get()), MK_ERR_EMPTY_INPUT, "the boundary is empty");
+    MK_ASSERT_OK(r.forward(3));
+    EXPECT_ERROR(mk_seam_send(rx, r.out.get()), MK_ERR_INVALID_ARGUMENT, "this is a receiving end");
+    EXPECT_ERROR(mk_seam_send(tx, r.in.get()), MK_ERR_INVALID_ARGUMENT, "the boundary is not this range's");
+    EXPECT_ERROR(mk_seam_send_wait(rx), MK_ERR_INVALID_ARGUMENT, "not a sending end");
+    EXPECT_ERROR(mk_seam_send_wait(nullptr), MK_ERR_INVALID_ARGUMENT, "not a sending end");
+    // Receive: a receiving end, this range's boundary.
+    EXPECT_ERROR(mk_seam_recv(rx, nullptr, r.in.get()), MK_ERR_INVALID_ARGUMENT, "mk_seam_recv: NULL argument");
+    EXPECT_ERROR(mk_seam_recv(tx, r.head_seq.get(), r.out.get()), MK_ERR_INVALID_ARGUMENT, "this is a sending end");
+    EXPECT_ERROR(mk_seam_recv(rx, r.tail_seq.get(), r.out.get()), MK_ERR_INVALID_ARGUMENT,
+                 "the boundary is not this range's");
+    EXPECT_ERROR(mk_seam_recv(rx, r.tail_seq.get(), r.in.get()), MK_ERR_INVALID_ARGUMENT, "wire seam: nothing was sent");
+    // And the pair still works after all of that.
+    MK_ASSERT_OK(mk_seam_send(tx, r.out.get()));
+    MK_ASSERT_OK(mk_seam_send_wait(tx));
+    MK_ASSERT_OK(mk_seam_recv(rx, r.tail_seq.get(), r.in.get()));
+    EXPECT_EQ(mk_boundary_header_of(r.in.get())->rows, 3u);
+    EXPECT_EQ(mk_seam_bytes(tx), 0u) << "the wire's bytes are counted where they are read";
+    EXPECT_GT(mk_seam_bytes(rx), 3u * 32 * 4);
+    EXPECT_GT(mk_seam_seconds(rx), 0.0);
+    // One send, one receive: a second receive finds nothing.
+    EXPECT_ERROR(mk_seam_recv(rx, r.tail_seq.get(), r.in.get()), MK_ERR_INVALID_ARGUMENT, "nothing was sent");
+    EXPECT_EQ(mk_boundary_header_of(r.in.get())->rows, 0u) << "a failed receive leaves the boundary empty";
+}
+
+TEST(SeamApi, OnlyStreamsAndNcclCrossProcesses) {
+    TwoRanges r;
+    mk_seam_listener *l = nullptr;
+    mk_seam *s = nullptr;
+    EXPECT_ERROR(mk_seam_listen(nullptr, &l), MK_ERR_INVALID_ARGUMENT, "mk_seam_listen: NULL argument");
+    for (mk_seam_kind kind : {MK_SEAM_LOCAL, MK_SEAM_WIRE}) {
+        mk_seam_options o = mk_seam_options_default(kind);
+        o.address = "/tmp/unused";
+        const std::string want = std::string("not '") + mk_seam_kind_name(kind) + "'";
+        EXPECT_ERROR(mk_seam_listen(&o, &l), MK_ERR_INVALID_ARGUMENT, want.c_str());
+        EXPECT_ERROR(mk_seam_connect(&o, r.head.get(), &s), MK_ERR_INVALID_ARGUMENT, want.c_str());
+        EXPECT_EQ(l, nullptr);
+        EXPECT_EQ(s, nullptr);
+    }
+    mk_seam_options nccl = mk_seam_options_default(MK_SEAM_NCCL);
+    nccl.address = "";
+    EXPECT_ERROR(mk_seam_listen(&nccl, &l), MK_ERR_INVALID_ARGUMENT, "needs an address (the id file)");
+    EXPECT_ERROR(mk_seam_connect(&nccl, r.head.get(), &s), MK_ERR_INVALID_ARGUMENT, "needs an address (the id file)");
+    const std::string long_path = "/tmp/" + std::string(300, 'n');
+    nccl.address = long_path.c_str();
+    EXPECT_ERROR(mk_seam_listen(&nccl, &l), MK_ERR_INVALID_ARGUMENT, "id file path too long");
+    EXPECT_ERROR(mk_seam_accept(nullptr, r.tail.get(), &s), MK_ERR_INVALID_ARGUMENT, "mk_seam_accept: NULL argument");
+    EXPECT_ERROR(mk_seam_connect(nullptr, r.head.get(), &s), MK_ERR_INVALID_ARGUMENT, "mk_seam_connect: NULL argument");
+    // A Unix listener's socket file goes with the listener.
+    TempDir dir;
+    const std::string path = dir.file("gone.sock");
+    mk_seam_options unix_o = mk_seam_options_default(MK_SEAM_UNIX);
+    unix_o.address = path.c_str();
+    MK_ASSERT_OK(mk_seam_listen(&unix_o, &l));
+    EXPECT_STREQ(mk_seam_listener_address(l), path.c_str());
+    EXPECT_EQ(access(path.c_str(), F_OK), 0);
+    mk_seam_listener_free(l);
+    EXPECT_NE(access(path.c_str(), F_OK), 0) << "the socket file outlived its listener";
+}
+
+// A receive refused after its header (the payload not finite) leaves the boundary empty;
+// the next receive is accepted: over the wire (in process) and the stream.
+TEST(SeamApi, RefusedPayloadLeavesTheBoundaryEmptyAndThePairUsable) {
+    for (mk_seam_kind kind : {MK_SEAM_WIRE, MK_SEAM_UNIX}) {
+        TwoRanges r;
+        const mk_seam_options o = mk_seam_options_default(kind);
+        mk_seam *tx = nullptr, *rx = nullptr;
+        MK_ASSERT_OK(mk_seam_pair(&o, r.head.get(), r.tail.get(), &tx, &rx));
+        SeamPtr send_end(tx), recv_end(rx);
+        MK_ASSERT_OK(r.forward(3));
+        const size_t last = 3 * 32 - 1;
+        const float keep = r.out->payload[last];
+        r.out->payload[last] = NAN; // the very last value of the last row
+        MK_ASSERT_OK(mk_seam_send(tx, r.out.get()));
+        MK_ASSERT_OK(mk_seam_send_wait(tx));
+        EXPECT_ERROR(mk_seam_recv(rx, r.tail_seq.get(), r.in.get()), MK_ERR_NONFINITE, "value 95 (row 2)")
+            << mk_seam_kind_name(kind);
+        EXPECT_EQ(mk_boundary_header_of(r.in.get())->rows, 0u);
+        r.out->payload[last] = keep;
+        MK_ASSERT_OK(mk_seam_send(tx, r.out.get()));
+        MK_ASSERT_OK(mk_seam_send_wait(tx));
+        MK_ASSERT_OK(mk_seam_recv(rx, r.tail_seq.get(), r.in.get()));
+        EXPECT_EQ(mk_boundary_header_of(r.in.get())->rows, 3u);
+        EXPECT_EQ(std::memcmp(r.in->payload, r.out->payload, 3 * 32 * sizeof(float)), 0);
+    }
+}
+
+TEST(SeamLocal, NothingSentIsRefusedAndEachSendIsReceivedOnce) {
+    TwoRanges r;
+    const mk_seam_options o = mk_seam_options_default(MK_SEAM_LOCAL);
+    mk_seam *tx = nullptr, *rx = nullptr;
+    MK_ASSERT_OK(mk_seam_pair(&o, r.head.get(), r.tail.get(), &tx, &rx));
+    SeamPtr send_end(tx), recv_end(rx);
+    EXPECT_ERROR(mk_seam_recv(rx, r.tail_seq.get(), r.in.get()), MK_ERR_INVALID_ARGUMENT, "local seam: nothing was sent");
+    MK_ASSERT_OK(r.forward(2));
+    MK_ASSERT_OK(mk_seam_send(tx, r.out.get()));
+    MK_ASSERT_OK(mk_seam_send_wait(tx));
+    MK_ASSERT_OK(mk_seam_recv(rx, r.tail_seq.get(), r.in.get()));
+    EXPECT_EQ(mk_seam_bytes(rx), 2u * 32 * sizeof(float));
+    EXPECT_EQ(std::memcmp(r.in->payload, r.out->payload, 2 * 32 * sizeof(float)), 0);
+    EXPECT_ERROR(mk_seam_recv(rx, r.tail_seq.get(), r.in.get()), MK_ERR_INVALID_ARGUMENT, "nothing was sent");
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 // Fixtures: scripts/make_tokenizer_goldens.py -> tests/fixtures/tokenizer/.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "mk_test_util.h"
+#include "mk_vocab_gguf.h"
 #include "tokenizer.h"
 
 namespace {
@@ -378,6 +380,607 @@ TEST(Tokenizer, LongRunsOfOneCharacterRoundTrip) {
         EXPECT_FALSE(ids.empty());
         EXPECT_EQ(decode(t.get(), ids, 0), text);
     }
+}
+
+
+// ============================================================ rules, small ==
+// Each rule of the tokenizer files on the smallest input that shows it: UTF-8 at every
+// boundary, the end-of-generation set, refusals of bad metadata by name, the pre-tokenizer
+// table, SentencePiece's space prefix, byte fallback and special split, each token type's
+// piece, and the streaming decoder's holding rules. Vocabularies: tests/mk_vocab_gguf.h.
+
+const std::string kEuro = "\xe2\x82\xac"; // U+20AC
+
+TEST(Utf8, ValidLengthAtEveryBoundary) {
+    struct Case {
+        std::string bytes;
+        size_t want;
+        const char *what;
+    } cases[] = {
+        {"\x7f", 1, "last ASCII"},
+        {"\x80", 0, "continuation byte first"},
+        {"\xc1\xbf", 0, "overlong 2-byte (C1)"},
+        {"\xc2\x80", 2, "first 2-byte (U+0080)"},
+        {"\xdf\xbf", 2, "last 2-byte (U+07FF)"},
+        {"\xc2", 0, "2-byte cut short"},
+        {"\xc2\x7f", 0, "2-byte, second byte not a continuation"},
+        {"\xc2\xc0", 0, "2-byte, second byte a lead byte"},
+        {"\xe0\x9f\xbf", 0, "overlong 3-byte (U+07FF)"},
+        {"\xe0\xa0\x80", 3, "first 3-byte (U+0800)"},
+        {"\xed\x9f\xbf", 3, "last before the surrogates (U+D7FF)"},
+        {"\xed\xa0\x80", 0, "first surrogate (U+D800)"},
+        {"\xed\xbf\xbf", 0, "last surrogate (U+DFFF)"},
+        {"\xee\x80\x80", 3, "first after the surrogates (U+E000)"},
+        {"\xef\xbf\xbf", 3, "last 3-byte (U+FFFF)"},
+        {"\xe2\x82", 0, "3-byte cut short"},
+        {"\xe2\x82\x2c", 0, "3-byte, third byte not a continuation"},
+        {"\xf0\x8f\xbf\xbf", 0, "overlong 4-byte (U+FFFF)"},
+        {"\xf0\x90\x80\x80", 4, "first 4-byte (U+10000)"},
+        {"\xf4\x8f\xbf\xbf", 4, "last code point (U+10FFFF)"},
+        {"\xf4\x90\x80\x80", 0, "past U+10FFFF"},
+        {"\xf5\x80\x80\x80", 0, "lead byte F5"},
+        {"\xf0\x90\x80", 0, "4-byte cut short"},
+        {"\xf0\x90\x80\x7f", 0, "4-byte, fourth byte not a continuation"},
+    };
+    for (const Case &c : cases) {
+        EXPECT_EQ(mk_utf8_valid_len((const unsigned char *)c.bytes.data(), c.bytes.size()), c.want) << c.what;
+        // followed by more text: the length of the first character only
+        const std::string more = c.bytes + "z";
+        if (c.want) {
+            EXPECT_EQ(mk_utf8_valid_len((const unsigned char *)more.data(), more.size()), c.want) << c.what;
+        }
+    }
+    // the length given is the end: a whole character past it does not count
+    EXPECT_EQ(mk_utf8_valid_len((const unsigned char *)"\xc3\xa9", 1), 0u);
+    EXPECT_EQ(mk_utf8_valid_len((const unsigned char *)"\xf0\x90\x80\x80", 3), 0u);
+    EXPECT_EQ(mk_utf8_valid_len((const unsigned char *)"a", 0), 0u);
+
+    // encode: valid text is tokenized, invalid refused naming its first bad byte and offset
+    mk_status s;
+    TokPtr spm = open_tok(path_of("spm"), &s);
+    ASSERT_EQ(s, MK_OK) << mk_last_error();
+    for (const Case &c : cases) {
+        const std::string text = "ab" + c.bytes + "cd";
+        int32_t *ids = nullptr;
+        size_t n = 0;
+        if (c.want) {
+            EXPECT_EQ(mk_tokenizer_encode(spm.get(), text.data(), text.size(), 0, &ids, &n), MK_OK) << c.what;
+            EXPECT_EQ(decode(spm.get(), std::vector<int32_t>(ids, ids + n), 0), text) << c.what;
+            mk_buffer_free(ids);
+        } else {
+            char needle[64];
+            std::snprintf(needle, sizeof needle, "byte 0x%02x at offset 2", (unsigned char)c.bytes[0]);
+            EXPECT_ERROR(mk_tokenizer_encode(spm.get(), text.data(), text.size(), 0, &ids, &n), MK_ERR_INVALID_UTF8,
+                         needle)
+                << c.what;
+            EXPECT_EQ(ids, nullptr);
+            EXPECT_EQ(n, 0u);
+        }
+    }
+}
+
+// The end-of-generation set: the EOS, EOT and EOM ids, and every end-of-turn text llama.cpp
+// knows (the first and the last of its list included), made control tokens when the file
+// says normal; a user-defined one stays user-defined. Ids past the vocabulary are no id.
+TEST(TokenizerLoad, EndOfGenerationSet) {
+    const std::vector<std::string> texts = {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
+                                            "<|eom_id|>", "<EOT>", "<|end_of_text|>", "<end_of_utterance>"};
+    std::vector<std::pair<int32_t, std::string>> named;
+    for (size_t i = 0; i < texts.size(); i++) named.push_back({(int32_t)(3 + i), texts[i]});
+    VocabGguf g = spm_vocab(20, named);
+    g.u32("tokenizer.ggml.eos_token_id", 2).u32("tokenizer.ggml.eot_token_id", 13).u32("tokenizer.ggml.eom_token_id", 14);
+    mk_status s;
+    VocabTokPtr t = tokenizer_of(g, &s);
+    ASSERT_EQ(s, MK_OK) << mk_last_error();
+    for (size_t i = 0; i < texts.size(); i++) {
+        const int32_t id = (int32_t)(3 + i);
+        SCOPED_TRACE(texts[i]);
+        EXPECT_TRUE(mk_tokenizer_is_eog(t.get(), id));
+        EXPECT_EQ(t->type[id], MK_TOKEN_CONTROL);
+        EXPECT_EQ(decode(t.get(), {id}, 0), "");
+        EXPECT_EQ(decode(t.get(), {id}, MK_DECODE_SPECIAL), texts[i]);
+        EXPECT_EQ(encode(t.get(), texts[i], MK_TOKENIZE_PARSE_SPECIAL), std::vector<int32_t>{id});
+    }
+    for (int32_t id : {2, 13, 14}) EXPECT_TRUE(mk_tokenizer_is_eog(t.get(), id)) << id;
+    for (int32_t id : {0, 1, 12, 15, 19}) EXPECT_FALSE(mk_tokenizer_is_eog(t.get(), id)) << id;
+    EXPECT_FALSE(mk_tokenizer_is_eog(t.get(), 20));
+    EXPECT_EQ(mk_tokenizer_eos(t.get()), 2);
+
+    // a user-defined end-of-turn token keeps its type (decoded without asking)
+    VocabTokPtr u = tokenizer_of(spm_vocab(8, {{5, "<|eot_id|>"}}, {{5, MK_TOKEN_USER_DEFINED}}), &s);
+    ASSERT_EQ(s, MK_OK) << mk_last_error();
+    EXPECT_TRUE(mk_tokenizer_is_eog(u.get(), 5));
+    EXPECT_EQ(decode(u.get(), {5}, 0), "<|eot_id|>");
+
+    // ids: the last one is an id, one past it is none
+    VocabTokPtr last = tokenizer_of(spm_vocab(8).u32("tokenizer.ggml.eos_token_id", 7), &s);
+    ASSERT_EQ(s, MK_OK) << mk_last_error();
+    EXPECT_EQ(mk_tokenizer_eos(last.get()), 7);
+    EXPECT_TRUE(mk_tokenizer_is_eog(last.get(), 7));
+    VocabTokPtr past = tokenizer_of(spm_vocab(8).u32("tokenizer.ggml.eos_token_id", 8), &s);
+    ASSERT_EQ(s, MK_OK) << mk_last_error();
+    EXPECT_EQ(mk_tokenizer_eos(past.get()), -1);
+    for (int32_t id = 0; id < 8; id++) EXPECT_FALSE(mk_tokenizer_is_eog(past.get(), id)) << id;
+}
+
+// Every refusal of the loader, each with its own metadata and message.
+TEST(TokenizerLoad, RefusesBadMetadataByName) {
+    const std::vector<std::string> three = {"<unk>", "<s>", "</s>"};
+    const std::string name31(31, 'm'), name32(32, 'm');
+    struct Case {
+        const char *what;
+        VocabGguf g;
+        std::string needle;
+    };
+    std::vector<Case> cases;
+    {
+        VocabGguf g;
+        g.u32("tokenizer.ggml.model", 1).strings("tokenizer.ggml.tokens", three);
+        cases.push_back({"model not a string", g, "tokenizer.ggml.model is not a short string"});
+    }
+    {
+        VocabGguf g;
+        g.str("tokenizer.ggml.model", name32).strings("tokenizer.ggml.tokens", three);
+        cases.push_back({"model name of 32 bytes", g, "tokenizer.ggml.model is not a short string"});
+    }
+    {
+        VocabGguf g;
+        g.str("tokenizer.ggml.model", name31).strings("tokenizer.ggml.tokens", three);
+        cases.push_back({"model name of 31 bytes", g, "unknown tokenizer.ggml.model = '" + name31 + "'"});
+    }
+    {
+        VocabGguf g;
+        g.str("tokenizer.ggml.model", "llama").strings("tokenizer.ggml.tokens", {});
+        cases.push_back({"no tokens", g, "tokenizer.ggml.tokens must be a non-empty array of strings"});
+    }
+    {
+        VocabGguf g;
+        g.str("tokenizer.ggml.model", "llama").int32s("tokenizer.ggml.tokens", {1, 2});
+        cases.push_back({"tokens not strings", g, "tokenizer.ggml.tokens must be a non-empty array of strings"});
+    }
+    {
+        VocabGguf g;
+        g.str("tokenizer.ggml.model", "gpt2").strings("tokenizer.ggml.tokens", {"a", "b"});
+        cases.push_back({"gpt2 without merges", g, "a gpt2 (BPE) tokenizer needs tokenizer.ggml.merges"});
+    }
+    {
+        VocabGguf g;
+        g.str("tokenizer.ggml.model", "gpt2").strings("tokenizer.ggml.tokens", {"a", "b"}).int32s("tokenizer.ggml.merges", {0});
+        cases.push_back({"merges not strings", g, "tokenizer.ggml.merges must be an array of strings"});
+    }
+    {
+        VocabGguf g;
+        g.str("tokenizer.ggml.model", "gpt2").u32("tokenizer.ggml.pre", 3).strings("tokenizer.ggml.tokens", {"a"});
+        g.strings("tokenizer.ggml.merges", {});
+        cases.push_back({"pre not a string", g, "tokenizer.ggml.pre is not a short string"});
+    }
+    {
+        VocabGguf g;
+        g.str("tokenizer.ggml.model", "llama").strings("tokenizer.ggml.tokens", three).int32s("tokenizer.ggml.token_type", {2, 3});
+        cases.push_back({"one token type short", g, "tokenizer.ggml.token_type must be int32[3]"});
+    }
+    {
+        VocabGguf g;
+        g.str("tokenizer.ggml.model", "llama").strings("tokenizer.ggml.tokens", three).floats("tokenizer.ggml.token_type", {2, 3, 3});
+        cases.push_back({"token types not int32", g, "tokenizer.ggml.token_type must be int32[3]"});
+    }
+    {
+        VocabGguf g;
+        g.str("tokenizer.ggml.model", "llama").strings("tokenizer.ggml.tokens", three).floats("tokenizer.ggml.scores", {0, 0});
+        cases.push_back({"one score short", g, "tokenizer.ggml.scores must be float32[3]"});
+    }
+    {
+        VocabGguf g;
+        g.str("tokenizer.ggml.model", "llama").strings("tokenizer.ggml.tokens", three).int32s("tokenizer.ggml.scores", {0, 0, 0});
+        cases.push_back({"scores not float32", g, "tokenizer.ggml.scores must be float32[3]"});
+    }
+    {
+        VocabGguf g; // SentencePiece adds BOS by default
+        g.str("tokenizer.ggml.model", "llama").strings("tokenizer.ggml.tokens", three);
+        cases.push_back({"SentencePiece without BOS", g, "add_bos_token is set but there is no BOS id"});
+    }
+    {
+        VocabGguf g;
+        g.str("tokenizer.ggml.model", "llama").strings("tokenizer.ggml.tokens", three).u32("tokenizer.ggml.bos_token_id", 3);
+        cases.push_back({"BOS one past the vocabulary", g, "add_bos_token is set but there is no BOS id"});
+    }
+    cases.push_back({"add_eos without EOS", spm_vocab(4).boolean("tokenizer.ggml.add_eos_token", true),
+                     "add_eos_token is set but there is no EOS id"});
+    cases.push_back({"template not a string", spm_vocab(4).u32("tokenizer.chat_template", 1),
+                     "tokenizer.chat_template is not a string"});
+    for (const Case &c : cases) {
+        mk_status s;
+        VocabTokPtr t = tokenizer_of(c.g, &s);
+        EXPECT_EQ(s, MK_ERR_TOKENIZER) << c.what << ": " << mk_last_error();
+        EXPECT_NE(std::string(mk_last_error()).find(c.needle), std::string::npos) << c.what << ": " << mk_last_error();
+        EXPECT_EQ(t, nullptr) << c.what;
+    }
+    // the same with the counts exactly right, the name at 31 bytes and BOS the last id load
+    mk_status s;
+    VocabGguf ok;
+    ok.str("tokenizer.ggml.model", "llama").strings("tokenizer.ggml.tokens", three).int32s("tokenizer.ggml.token_type", {2, 3, 3});
+    ok.floats("tokenizer.ggml.scores", {0, 0, 0}).u32("tokenizer.ggml.bos_token_id", 2);
+    EXPECT_TRUE(tokenizer_of(ok, &s)) << mk_last_error();
+    // an unknown token type reads as undefined (decoded as nothing)
+    VocabTokPtr odd = tokenizer_of(spm_vocab(5, {}, {{4, 7}}), &s);
+    ASSERT_EQ(s, MK_OK) << mk_last_error();
+    EXPECT_EQ(odd->type[4], MK_TOKEN_UNDEFINED);
+    EXPECT_EQ(decode(odd.get(), {4}, MK_DECODE_SPECIAL), "");
+}
+
+// The byte-level BPE pre-tokenizer names: Llama-3's three names add BOS (refused without
+// one) and take a word that is a token whole (merges ignored); the GPT-2 family merges.
+TEST(TokenizerLoad, PreTokenizerTable) {
+    auto bpe = [](const char *pre, bool with_bos) {
+        VocabGguf g;
+        g.str("tokenizer.ggml.model", "gpt2");
+        if (pre) g.str("tokenizer.ggml.pre", pre);
+        g.strings("tokenizer.ggml.tokens", {"a", "b", "ab", "<bos>"}).int32s("tokenizer.ggml.token_type", {1, 1, 1, 3});
+        g.strings("tokenizer.ggml.merges", {}); // no merges: only a whole-word lookup makes "ab" one token
+        if (with_bos) g.u32("tokenizer.ggml.bos_token_id", 3);
+        return g;
+    };
+    for (const char *pre : {"llama-bpe", "llama3", "llama-v3"}) {
+        SCOPED_TRACE(pre);
+        mk_status s;
+        EXPECT_FALSE(tokenizer_of(bpe(pre, false), &s));
+        EXPECT_EQ(s, MK_ERR_TOKENIZER);
+        EXPECT_NE(std::string(mk_last_error()).find("no BOS id"), std::string::npos) << mk_last_error();
+        VocabTokPtr t = tokenizer_of(bpe(pre, true), &s);
+        ASSERT_EQ(s, MK_OK) << mk_last_error();
+        EXPECT_EQ(encode(t.get(), "ab", MK_TOKENIZE_ADD_SPECIAL), (std::vector<int32_t>{3, 2}));
+    }
+    for (const char *pre : {(const char *)nullptr, "", "default", "gpt2", "smollm"}) {
+        SCOPED_TRACE(pre ? pre : "(no key)");
+        mk_status s;
+        VocabTokPtr t = tokenizer_of(bpe(pre, false), &s);
+        ASSERT_EQ(s, MK_OK) << mk_last_error();
+        EXPECT_EQ(encode(t.get(), "ab", MK_TOKENIZE_ADD_SPECIAL), (std::vector<int32_t>{0, 1}));
+    }
+    // one merge joins the pair; add_space_prefix means nothing to byte-level BPE
+    VocabGguf g;
+    g.str("tokenizer.ggml.model", "gpt2").strings("tokenizer.ggml.tokens", {"a", "b", "ab"});
+    g.strings("tokenizer.ggml.merges", {"a b"}).boolean("tokenizer.ggml.add_space_prefix", true);
+    mk_status s;
+    VocabTokPtr t = tokenizer_of(g, &s);
+    ASSERT_EQ(s, MK_OK) << mk_last_error();
+    EXPECT_EQ(encode(t.get(), "ab", 0), std::vector<int32_t>{2});
+    EXPECT_EQ(decode(t.get(), {2}, 0), "ab");
+    // equal ranks merge leftmost first
+    VocabGguf aa;
+    aa.str("tokenizer.ggml.model", "gpt2").strings("tokenizer.ggml.tokens", {"a", "aa"}).strings("tokenizer.ggml.merges", {"a a"});
+    VocabTokPtr ta = tokenizer_of(aa, &s);
+    ASSERT_EQ(s, MK_OK) << mk_last_error();
+    EXPECT_EQ(encode(ta.get(), "aaa", 0), (std::vector<int32_t>{1, 0}));
+    EXPECT_EQ(encode(ta.get(), "aaaa", 0), (std::vector<int32_t>{1, 1}));
+    // "smollm" splits every digit out first (the text between digits stays), then GPT-2's
+    // rule; plain GPT-2 keeps a run of digits one word
+    auto digits = [&](const char *pre) {
+        VocabGguf d;
+        d.str("tokenizer.ggml.model", "gpt2").str("tokenizer.ggml.pre", pre);
+        d.strings("tokenizer.ggml.tokens", {"x", "1", "2", "12", "y"}).strings("tokenizer.ggml.merges", {"1 2"});
+        return tokenizer_of(d, &s);
+    };
+    VocabTokPtr smol = digits("smollm");
+    ASSERT_EQ(s, MK_OK) << mk_last_error();
+    EXPECT_EQ(encode(smol.get(), "x12y", 0), (std::vector<int32_t>{0, 1, 2, 4}));
+    VocabTokPtr gpt2 = digits("gpt2");
+    ASSERT_EQ(s, MK_OK) << mk_last_error();
+    EXPECT_EQ(encode(gpt2.get(), "x12y", 0), (std::vector<int32_t>{0, 3, 4}));
+    // a symbol the vocabulary lacks falls back to its single bytes that are tokens
+    VocabGguf gap;
+    gap.str("tokenizer.ggml.model", "gpt2").strings("tokenizer.ggml.tokens", {"a", "b"}).strings("tokenizer.ggml.merges", {"a b"});
+    VocabTokPtr tg = tokenizer_of(gap, &s);
+    ASSERT_EQ(s, MK_OK) << mk_last_error();
+    EXPECT_EQ(encode(tg.get(), "ab", 0), (std::vector<int32_t>{0, 1}));
+}
+
+// SentencePiece: the space prefix (also after a special token; off by add_space_prefix),
+// spaces as U+2581, byte fallback to <0xXX> or the unknown token, else a refusal naming the
+// byte; special tokens split longest first; user-defined ones even without parse_special.
+TEST(TokenizerSpm, PrefixFallbackAndSpecialSplit) {
+    const std::vector<std::pair<int32_t, std::string>> texts = {
+        {3, "\xe2\x96\x81" "a"}, {4, "a"}, {5, "b"}, {6, "\xe2\x96\x81" "b"}, {7, "<x>"}, {8, "<x>y"}, {9, "<u>"}};
+    const std::vector<std::pair<int32_t, int32_t>> types = {{7, MK_TOKEN_CONTROL}, {8, MK_TOKEN_CONTROL},
+                                                            {9, MK_TOKEN_USER_DEFINED}};
+    mk_status s;
+    VocabTokPtr t = tokenizer_of(spm_vocab(12, texts, types).u32("tokenizer.ggml.eos_token_id", 2), &s);
+    ASSERT_EQ(s, MK_OK) << mk_last_error();
+    EXPECT_EQ(encode(t.get(), "a", 0), std::vector<int32_t>{3});
+    EXPECT_EQ(encode(t.get(), "a b", 0), (std::vector<int32_t>{3, 6}));
+    EXPECT_EQ(encode(t.get(), "a", MK_TOKENIZE_ADD_SPECIAL), (std::vector<int32_t>{1, 3}));
+    EXPECT_EQ(encode(t.get(), "a<x>a", MK_TOKENIZE_PARSE_SPECIAL), (std::vector<int32_t>{3, 7, 3}));
+    EXPECT_EQ(encode(t.get(), "<x>y<x>", MK_TOKENIZE_PARSE_SPECIAL), (std::vector<int32_t>{8, 7}));
+    EXPECT_EQ(encode(t.get(), "a<u>", 0), (std::vector<int32_t>{3, 9})) << "user-defined tokens split always";
+    EXPECT_EQ(decode(t.get(), {3, 6}, 0), "a b");
+    EXPECT_EQ(decode(t.get(), {1, 3, 6}, 0), "a b") << "the first non-empty piece loses the prefix space";
+    EXPECT_EQ(decode(t.get(), {4, 6}, 0), "a b");
+    // a byte without a token: refused by name, or the unknown token per byte
+    int32_t *ids = nullptr;
+    size_t n = 0;
+    EXPECT_ERROR(mk_tokenizer_encode(t.get(), "\xc3\xa9", 2, 0, &ids, &n), MK_ERR_TOKENIZER,
+                 "byte 0xe2 has no token (no <0xE2>, no unknown token)");
+    VocabTokPtr plain = tokenizer_of(spm_vocab(12, texts, types).boolean("tokenizer.ggml.add_space_prefix", false), &s);
+    ASSERT_EQ(s, MK_OK) << mk_last_error();
+    EXPECT_EQ(encode(plain.get(), "a", 0), std::vector<int32_t>{4});
+    EXPECT_EQ(decode(plain.get(), {3}, 0), " a") << "no prefix was added, none is taken away";
+    EXPECT_ERROR(mk_tokenizer_encode(plain.get(), "\xc3\xa9", 2, 0, &ids, &n), MK_ERR_TOKENIZER, "byte 0xc3 has no token");
+    VocabTokPtr unk = tokenizer_of(spm_vocab(12, texts, types)
+                                       .boolean("tokenizer.ggml.add_space_prefix", false)
+                                       .u32("tokenizer.ggml.unknown_token_id", 0),
+                                   &s);
+    ASSERT_EQ(s, MK_OK) << mk_last_error();
+    EXPECT_EQ(encode(unk.get(), "\xc3\xa9" "a", 0), (std::vector<int32_t>{0, 0, 4}));
+    VocabTokPtr bytes = tokenizer_of(spm_vocab(12, {{10, "<0xC3>"}, {11, "<0xA9>"}}, {{10, MK_TOKEN_BYTE}, {11, MK_TOKEN_BYTE}})
+                                         .boolean("tokenizer.ggml.add_space_prefix", false)
+                                         .u32("tokenizer.ggml.unknown_token_id", 0),
+                                     &s);
+    ASSERT_EQ(s, MK_OK) << mk_last_error();
+    EXPECT_EQ(encode(bytes.get(), "\xc3\xa9", 0), (std::vector<int32_t>{10, 11})) << "byte tokens before the unknown one";
+    EXPECT_EQ(decode(bytes.get(), {10, 11}, 0), "\xc3\xa9");
+    // add_eos puts EOS last, with add_special only
+    VocabTokPtr eos = tokenizer_of(spm_vocab(12, texts, types)
+                                       .u32("tokenizer.ggml.eos_token_id", 2)
+                                       .boolean("tokenizer.ggml.add_eos_token", true),
+                                   &s);
+    ASSERT_EQ(s, MK_OK) << mk_last_error();
+    EXPECT_EQ(encode(eos.get(), "a", MK_TOKENIZE_ADD_SPECIAL), (std::vector<int32_t>{1, 3, 2}));
+    EXPECT_EQ(encode(eos.get(), "a", 0), std::vector<int32_t>{3});
+    // merges: the highest score first; equal scores leftmost first
+    auto scored = [&](float s_aa, float s_ab) {
+        VocabGguf g = spm_vocab(8, {{3, "a"}, {4, "b"}, {5, "aa"}, {6, "ab"}});
+        g.floats("tokenizer.ggml.scores", {0, 0, 0, 0, 0, s_aa, s_ab, 0}).boolean("tokenizer.ggml.add_space_prefix", false);
+        return tokenizer_of(g, &s);
+    };
+    VocabTokPtr ab_first = scored(-2.0f, -1.0f);
+    ASSERT_EQ(s, MK_OK) << mk_last_error();
+    EXPECT_EQ(encode(ab_first.get(), "aab", 0), (std::vector<int32_t>{3, 6}));
+    VocabTokPtr aa_first = scored(-1.0f, -2.0f);
+    ASSERT_EQ(s, MK_OK) << mk_last_error();
+    EXPECT_EQ(encode(aa_first.get(), "aab", 0), (std::vector<int32_t>{5, 4}));
+    EXPECT_EQ(encode(aa_first.get(), "aaa", 0), (std::vector<int32_t>{5, 3}));
+}
+
+// What each token type decodes to; ids outside the vocabulary refused with their place.
+TEST(TokenizerDecode, PieceOfEachTokenType) {
+    const std::vector<std::pair<int32_t, std::string>> texts = {
+        {3, "\xe2\x96\x81" "a"}, {4, "<0x41>"}, {5, "<c>"}, {6, "<u>"}, {7, "t7"}, {8, "t8"}, {9, "<0xZZ>"}, {10, "<0x4>"}};
+    const std::vector<std::pair<int32_t, int32_t>> types = {{4, MK_TOKEN_BYTE}, {5, MK_TOKEN_CONTROL},
+                                                            {6, MK_TOKEN_USER_DEFINED}, {7, MK_TOKEN_UNUSED},
+                                                            {8, MK_TOKEN_UNDEFINED}, {9, MK_TOKEN_BYTE}, {10, MK_TOKEN_BYTE}};
+    mk_status s;
+    VocabTokPtr t = tokenizer_of(spm_vocab(12, texts, types), &s);
+    ASSERT_EQ(s, MK_OK) << mk_last_error();
+    EXPECT_EQ(decode(t.get(), {4, 3}, 0), "A a");
+    EXPECT_EQ(decode(t.get(), {5}, 0), "");
+    EXPECT_EQ(decode(t.get(), {5}, MK_DECODE_SPECIAL), "<c>");
+    EXPECT_EQ(decode(t.get(), {0}, 0), "");
+    EXPECT_EQ(decode(t.get(), {0}, MK_DECODE_SPECIAL), "<unk>");
+    EXPECT_EQ(decode(t.get(), {6}, 0), "<u>");
+    EXPECT_EQ(decode(t.get(), {7, 8, 9, 10}, MK_DECODE_SPECIAL), "");
+    EXPECT_EQ(decode(t.get(), {5, 3}, 0), "a");
+    EXPECT_EQ(decode(t.get(), {5, 3}, MK_DECODE_SPECIAL), "<c> a");
+    char *out = nullptr;
+    size_t len = 0;
+    const int32_t low[] = {3, -1}, high[] = {3, 11, 12};
+    EXPECT_ERROR(mk_tokenizer_decode(t.get(), low, 2, 0, &out, &len), MK_ERR_TOKEN_OUT_OF_RANGE,
+                 "token id -1 at 1 is outside the vocabulary of 12");
+    EXPECT_ERROR(mk_tokenizer_decode(t.get(), high, 3, 0, &out, &len), MK_ERR_TOKEN_OUT_OF_RANGE, "token id 12 at 2");
+    EXPECT_EQ(out, nullptr);
+    EXPECT_EQ(decode(t.get(), {11}, 0), "t11");
+}
+
+// ------------------------------------------------------- streaming, small --
+
+// Pushes ids one at a time; the chunks joined, each checked whole UTF-8.
+std::string stream(mk_detokenizer *d, const std::vector<int32_t> &ids, std::vector<size_t> *lens = nullptr,
+                   bool flush = true) {
+    std::string joined;
+    for (int32_t id : ids) {
+        const char *chunk = nullptr;
+        size_t len = 0;
+        EXPECT_EQ(mk_detokenizer_push(d, id, &chunk, &len), MK_OK) << mk_last_error();
+        for (size_t i = 0; i < len;) {
+            const size_t n = mk_utf8_valid_len((const unsigned char *)chunk + i, len - i);
+            if (n == 0) {
+                ADD_FAILURE() << "chunk of token " << id << " is not whole UTF-8";
+                break;
+            }
+            i += n;
+        }
+        if (lens) lens->push_back(len);
+        joined.append(chunk, len);
+    }
+    if (flush) {
+        const char *tail = nullptr;
+        size_t len = 0;
+        EXPECT_EQ(mk_detokenizer_flush(d, &tail, &len), MK_OK);
+        joined.append(tail, len);
+    }
+    return joined;
+}
+
+struct DetokDeleter { void operator()(mk_detokenizer *d) const { mk_detokenizer_free(d); } };
+using DetokPtr = std::unique_ptr<mk_detokenizer, DetokDeleter>;
+
+DetokPtr detokenizer(const mk_tokenizer *t, unsigned flags = 0) {
+    mk_detokenizer *d = nullptr;
+    EXPECT_EQ(mk_detokenizer_create(t, flags, &d), MK_OK) << mk_last_error();
+    return DetokPtr(d);
+}
+
+// Every golden string of every model, streamed token by token through one decoder (flushed
+// between strings), is its text: SentencePiece's prefix space taken off the first piece of
+// each stream only, byte tokens of a character held until it is whole.
+TEST(TokenizerStream, EveryGoldenStringStreamsToItsText) {
+    std::map<std::string, TokPtr> toks;
+    std::map<std::string, DetokPtr> detoks;
+    std::map<std::string, size_t> streamed;
+    size_t mismatches = 0;
+    for (const auto &r : read_tsv("goldens.tsv")) {
+        ASSERT_EQ(r.size(), 5u);
+        if (r[1] != "0" || r[2] != "0") continue;
+        if (r[0] == "smollm2" && !have_smollm2()) continue;
+        if (!toks.count(r[0])) {
+            mk_status s;
+            toks[r[0]] = open_tok(path_of(r[0]), &s);
+            ASSERT_EQ(s, MK_OK) << mk_last_error();
+            detoks[r[0]] = detokenizer(toks[r[0]].get());
+        }
+        const std::string text = unhex(r[3]);
+        const std::string got = stream(detoks[r[0]].get(), parse_ids(r[4]));
+        if (got != text && ++mismatches <= 10) ADD_FAILURE() << r[0] << ": streamed '" << got << "' for '" << text << "'";
+        streamed[r[0]]++;
+    }
+    EXPECT_EQ(mismatches, 0u);
+    EXPECT_GE(streamed["spm"], 300u);
+    EXPECT_GE(streamed["llama3"], 300u);
+}
+
+// The holding rules on SentencePiece byte tokens: a character's bytes are held until it is
+// whole; a second byte that no valid character can have (overlong, surrogate, past
+// U+10FFFF) gives U+FFFD at once for both bytes; so does a byte that cannot start one.
+TEST(TokenizerStream, HoldsOnlyWhatCanStillBecomeACharacter) {
+    mk_status s;
+    TokPtr t = open_tok(path_of("spm"), &s);
+    ASSERT_EQ(s, MK_OK) << mk_last_error();
+    auto bytes = [&](std::initializer_list<int> bs) {
+        std::vector<int32_t> ids;
+        for (int b : bs) ids.push_back(t->byte_token[b]);
+        return ids;
+    };
+    const std::string fffd = "\xef\xbf\xbd";
+    DetokPtr d = detokenizer(t.get());
+    std::vector<size_t> lens;
+    EXPECT_EQ(stream(d.get(), bytes({0xe6, 0x97, 0xa5}), &lens), "\xe6\x97\xa5");
+    EXPECT_EQ(lens, (std::vector<size_t>{0, 0, 3}));
+    lens.clear();
+    EXPECT_EQ(stream(d.get(), bytes({0xf0, 0x9f, 0x98, 0x80}), &lens), "\xf0\x9f\x98\x80");
+    EXPECT_EQ(lens, (std::vector<size_t>{0, 0, 0, 4}));
+    struct Pair {
+        int lead, second;
+        bool held;
+    } pairs[] = {
+        {0xe0, 0x80, false}, {0xe0, 0x9f, false}, {0xe0, 0xa0, true},  // overlong below U+0800
+        {0xed, 0x9f, true},  {0xed, 0xa0, false},                      // surrogates from U+D800
+        {0xf0, 0x8f, false}, {0xf0, 0x90, true},                       // overlong below U+10000
+        {0xf4, 0x8f, true},  {0xf4, 0x90, false},                      // past U+10FFFF
+        {0xe2, 0x41, false}, {0xc3, 0x41, false},                      // not a continuation
+    };
+    for (const Pair &p : pairs) {
+        SCOPED_TRACE(::testing::Message() << std::hex << p.lead << " " << p.second);
+        lens.clear();
+        const std::string got = stream(d.get(), bytes({p.lead, p.second}), &lens);
+        ASSERT_EQ(lens.size(), 2u);
+        EXPECT_EQ(lens[0], 0u);
+        if (p.held) {
+            EXPECT_EQ(lens[1], 0u);
+            EXPECT_EQ(got, fffd) << "the flush ends a held sequence with one U+FFFD";
+        } else {
+            EXPECT_EQ(got, p.second == 0x41 ? fffd + "A" : fffd + fffd);
+            EXPECT_EQ(lens[1], got.size()) << "emitted at the second byte";
+        }
+    }
+    for (int lone : {0x80, 0xbf, 0xc0, 0xc1, 0xf5, 0xff}) {
+        lens.clear();
+        EXPECT_EQ(stream(d.get(), bytes({lone}), &lens), fffd) << lone;
+        EXPECT_EQ(lens, std::vector<size_t>{3}) << lone;
+    }
+    // a flush forgets what it held and starts afresh: the next piece loses its prefix space
+    const std::vector<int32_t> hello = encode(t.get(), "Hello world", 0);
+    const char *tail = nullptr;
+    size_t len = 0;
+    ASSERT_EQ(mk_detokenizer_push(d.get(), t->byte_token[0xe2], &tail, &len), MK_OK);
+    EXPECT_EQ(len, 0u);
+    lens.clear();
+    EXPECT_EQ(stream(d.get(), hello, &lens, false), fffd + " Hello world") << "a held byte is not completed by text";
+    ASSERT_EQ(mk_detokenizer_flush(d.get(), &tail, &len), MK_OK);
+    EXPECT_EQ(len, 0u);
+    lens.clear();
+    EXPECT_EQ(stream(d.get(), hello, &lens), "Hello world");
+    EXPECT_EQ(stream(d.get(), hello, &lens), "Hello world") << "each stream after a flush loses its prefix space";
+    EXPECT_EQ(stream(d.get(), {1, hello[0]}, &lens).rfind("Hello", 0), 0u) << "an empty control piece is not the first";
+    // control tokens as the decoder was made; refusals
+    DetokPtr special = detokenizer(t.get(), MK_DECODE_SPECIAL);
+    EXPECT_EQ(stream(special.get(), {1, hello[0]}), "<s> Hello");
+    EXPECT_EQ(stream(d.get(), {1, 2}), "");
+    EXPECT_ERROR(mk_detokenizer_push(d.get(), -1, &tail, &len), MK_ERR_TOKEN_OUT_OF_RANGE,
+                 "token id -1 is outside the vocabulary of 900");
+    EXPECT_ERROR(mk_detokenizer_push(d.get(), 900, &tail, &len), MK_ERR_TOKEN_OUT_OF_RANGE, "token id 900 is outside");
+    EXPECT_EQ(stream(d.get(), {899}).empty(), false);
+    EXPECT_ERROR(mk_detokenizer_push(nullptr, 3, &tail, &len), MK_ERR_INVALID_ARGUMENT, "mk_detokenizer_push");
+    EXPECT_ERROR(mk_detokenizer_flush(d.get(), nullptr, &len), MK_ERR_INVALID_ARGUMENT, "mk_detokenizer_flush");
+    mk_detokenizer *none = nullptr;
+    EXPECT_ERROR(mk_detokenizer_create(nullptr, 0, &none), MK_ERR_INVALID_ARGUMENT, "mk_detokenizer_create");
+}
+
+// ------------------------------------------------------ chat templates, small --
+
+TEST(ChatTemplate, RulesOfEachShape) {
+    mk_status s;
+    auto with_template = [&](const std::string &tmpl) {
+        return tokenizer_of(spm_vocab(6).u32("tokenizer.ggml.eos_token_id", 2).str("tokenizer.chat_template", tmpl), &s);
+    };
+    auto apply = [](const mk_tokenizer *t, const std::vector<mk_chat_message> &m, bool gen, mk_status *st) {
+        char *text = nullptr;
+        size_t len = 0;
+        *st = mk_chat_apply(t, m.data(), m.size(), gen, &text, &len);
+        std::string out(text ? text : "", len);
+        mk_buffer_free(text);
+        return out;
+    };
+    // ChatML with SmolLM2's default system turn ("\n" written as a Jinja escape), used only
+    // when the conversation does not open with its own system turn
+    const std::string chatml =
+        "{% if messages[0]['role'] != 'system' %}{{ '<|im_start|>system\\nBe brief.<|im_end|>\\n' }}{% endif %}"
+        "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content']}}{% endfor %}";
+    VocabTokPtr t = with_template(chatml);
+    ASSERT_EQ(s, MK_OK) << mk_last_error();
+    mk_status st;
+    EXPECT_EQ(apply(t.get(), {{"user", "hi"}}, true, &st),
+              "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+    EXPECT_EQ(apply(t.get(), {{"system", "S"}, {"user", "hi"}}, false, &st),
+              "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n");
+    VocabTokPtr plain = with_template("{% for m in messages %}<|im_start|>{{ m.role }}{% endfor %}");
+    EXPECT_EQ(apply(plain.get(), {{"user", "hi"}}, false, &st), "<|im_start|>user\nhi<|im_end|>\n");
+    // the first shape whose marker the template holds
+    VocabTokPtr both = with_template("<|im_start|> [INST] <|start_header_id|>");
+    mk_chat_template_kind kind;
+    ASSERT_EQ(mk_chat_template_detect(both.get(), &kind), MK_OK);
+    EXPECT_EQ(kind, MK_CHAT_TEMPLATE_CHATML);
+    EXPECT_STREQ(mk_chat_template_name(MK_CHAT_TEMPLATE_CHATML), "chatml");
+    EXPECT_STREQ(mk_chat_template_name(MK_CHAT_TEMPLATE_LLAMA3), "llama3");
+    EXPECT_STREQ(mk_chat_template_name(MK_CHAT_TEMPLATE_LLAMA2), "llama2");
+    EXPECT_STREQ(mk_chat_template_name((mk_chat_template_kind)0), "unknown");
+    // Llama-3: BOS before the first turn only, content trimmed
+    VocabTokPtr l3 = with_template("<|start_header_id|>");
+    EXPECT_EQ(apply(l3.get(), {{"user", " a \n"}, {"assistant", "b"}}, false, &st),
+              "<s><|start_header_id|>user<|end_header_id|>\n\na<|eot_id|><|start_header_id|>assistant<|end_header_id|>"
+              "\n\nb<|eot_id|>");
+    // Llama-2: roles alternate user/assistant after an optional system turn
+    VocabTokPtr l2 = with_template("[INST]");
+    EXPECT_EQ(apply(l2.get(), {{"system", "S"}, {"user", "u"}, {"assistant", " a "}}, true, &st),
+              "<s>[INST] <<SYS>>\nS\n<</SYS>>\n\nu [/INST] a </s>");
+    apply(l2.get(), {{"assistant", "a"}}, false, &st);
+    EXPECT_EQ(st, MK_ERR_CHAT_TEMPLATE);
+    EXPECT_NE(std::string(mk_last_error()).find("message 0 has role 'assistant'"), std::string::npos) << mk_last_error();
+    apply(l2.get(), {{"user", "u"}, {"tool", "x"}}, false, &st);
+    EXPECT_EQ(st, MK_ERR_CHAT_TEMPLATE);
+    EXPECT_NE(std::string(mk_last_error()).find("message 1 has role 'tool'"), std::string::npos) << mk_last_error();
+    EXPECT_EQ(apply(l2.get(), {{"system", "S"}}, false, &st), "");
+    EXPECT_EQ(st, MK_OK);
+    // messages without a role or content: the first such is named
+    const mk_chat_message bad[] = {{"user", "a"}, {"", "b"}};
+    char *out = nullptr;
+    size_t len = 0;
+    EXPECT_ERROR(mk_chat_apply(l2.get(), bad, 2, false, &out, &len), MK_ERR_INVALID_ARGUMENT,
+                 "message 1 lacks a role or content");
+    const mk_chat_message no_content[] = {{"user", nullptr}};
+    EXPECT_ERROR(mk_chat_apply(l2.get(), no_content, 1, false, &out, &len), MK_ERR_INVALID_ARGUMENT,
+                 "message 0 lacks a role or content");
+    const mk_chat_message late_bad[] = {{"user", "ok"}, {"assistant", "fine \xff"}};
+    EXPECT_ERROR(mk_chat_apply(l2.get(), late_bad, 2, false, &out, &len), MK_ERR_INVALID_UTF8,
+                 "chat message 1 (assistant) is not valid UTF-8 (byte 0xff at offset 5)");
 }
 
 } // namespace

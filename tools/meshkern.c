@@ -29,6 +29,7 @@
 #include "model.h"
 #include "mk_error.h"
 #include "cli_text.h"
+#include "serve.h"
 
 #define MK_MAX_CUTS 64
 #define MK_MAX_TOKENS 4096
@@ -63,6 +64,9 @@ static int usage(void) {
             "               [--tls-psk HEX [--tls-identity ID] | --tls-cert PEM --tls-key PEM --tls-ca PEM]\n"
             "               (TLS 1.3 on the rendezvous, control and seam connections; unix/tcp seams)\n"
             "               one process per range; rank 0 takes the prompts and prints the tokens\n"
+            "  meshkern serve MODEL.gguf [--host 127.0.0.1] [--port 8080] [--api-key KEY|--api-key-file F]\n"
+            "               [--split L1,...] [--max-sequences N] [--max-queue N] [--ctx N] [--threads N] ...\n"
+            "               OpenAI-compatible HTTP: /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics\n"
             "  --random is the seed's random model (vocab 48, hidden 32, 6 layers, 4 heads); keys\n"
             "  vocab, hidden, layers, heads, kv_heads, head_dim, ffn, ctx, seed change its shape.\n");
     return 2;
@@ -207,6 +211,13 @@ static mk_status run_pipeline(const mk_model *model, const int64_t *cuts, size_t
         mk_tail_output_free(out);
         input = &res->tokens[step];
         n_input = 1;
+    }
+    for (size_t i = 0; i < mk_pipeline_range_count(p); i++) { /* said once per range, with the reason */
+        const mk_range *r = mk_pipeline_range(p, i);
+        const char *why = mk_range_graph_failure(r);
+        if (why)
+            fprintf(stderr, "meshkern: note: range [%lld-%lld] decodes op by op: its decode step could not be recorded "
+                            "as a CUDA graph (%s)\n", (long long)mk_range_start(r), (long long)mk_range_end(r), why);
     }
     res->seam_bytes = mk_pipeline_seam_bytes(p);
     res->seam_s = mk_pipeline_seam_seconds(p);
@@ -368,5 +379,6 @@ int main(int argc, char **argv) {
     if (strcmp(argv[1], "chat") == 0) return mk_cli_chat(argc - 2, argv + 2);
     if (strcmp(argv[1], "stage") == 0) return mk_cli_stage(argc - 2, argv + 2);
     if (strcmp(argv[1], "tokenize") == 0) return mk_cli_tokenize(argc - 2, argv + 2);
+    if (strcmp(argv[1], "serve") == 0) return mk_cli_serve(argc - 2, argv + 2);
     return usage();
 }

@@ -809,6 +809,7 @@ static mk_status cuda_step_end(mk_backend *b, void **out) {
     }
     step->recorded = recorded;
     step->keys = cb->capture_keys;
+    cb->base.counters.graph_captures++;
     *out = step;
     return MK_OK;
 }

@@ -204,6 +204,14 @@ mk_status mk_sched_create(const mk_model *model, const mk_sched_options *options
 
 /* ================================================================== free == */
 
+static void mk_sched_request_free(mk_sched_request *r) {
+    if (!r) return;
+    free(r->prompt);
+    free(r->stop_ids);
+    free(r->tokens);
+    free(r);
+}
+
 void mk_sched_free(mk_sched *s) {
     if (!s) return;
     /* Every worker receives the stop item; producers never wait, so all exit. */
@@ -235,13 +243,7 @@ void mk_sched_free(mk_sched *s) {
         }
     }
     mk_queue_destroy(&s->inbox0);
-    for (size_t i = 0; i < s->n_requests; i++) {
-        mk_sched_request *r = s->requests[i];
-        free(r->prompt);
-        free(r->stop_ids);
-        free(r->tokens);
-        free(r);
-    }
+    for (size_t i = 0; i < s->n_requests; i++) mk_sched_request_free(s->requests[i]);
     free(s->requests);
     free(s->items);
     free(s->free_slots);
@@ -354,6 +356,10 @@ void mk_sched_retire(mk_sched *s, mk_sched_item *item, mk_seq_state state, mk_st
     r->status = status;
     r->state = state;
     s->n_unfinished--;
+    if (r->released) { /* nobody will read it: no item points at it after this */
+        s->requests[r->id - 1] = NULL;
+        mk_sched_request_free(r);
+    }
     mk_sched_request *next = s->pending_head;
     if (next) {
         s->pending_head = next->next_pending;
@@ -376,7 +382,7 @@ void mk_sched_emit(mk_sched *s, mk_sched_item *item) {
     pthread_mutex_lock(&s->mu);
     const size_t index = r->n_tokens;
     r->tokens[r->n_tokens++] = token;
-    const bool limit = r->n_tokens == r->max_new;
+    const bool limit = r->n_tokens == r->max_new || r->cancelled;
     r->stopped = stop;
     pthread_mutex_unlock(&s->mu);
     /* Before the sequence can be seen finished: a waiter has every callback behind it. */
@@ -421,6 +427,48 @@ mk_status mk_sched_wait(mk_sched *s, uint64_t id) {
     pthread_mutex_lock(&s->mu);
     mk_sched_request *r = mk_sched_find(s, id);
     while (r && r->state != MK_SEQ_DONE && r->state != MK_SEQ_FAILED) pthread_cond_wait(&s->done_cv, &s->mu);
+    pthread_mutex_unlock(&s->mu);
+    return r ? MK_OK : mk_fail(MK_ERR_INVALID_ARGUMENT, "no sequence %llu in this pipeline", (unsigned long long)id);
+}
+
+mk_status mk_sched_cancel(mk_sched *s, uint64_t id) {
+    mk_clear_error();
+    if (!s) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_sched_cancel: NULL pipeline");
+    pthread_mutex_lock(&s->mu);
+    mk_sched_request *r = mk_sched_find(s, id);
+    if (r && r->state == MK_SEQ_QUEUED) { /* still waiting for a slot: unlink it */
+        mk_sched_request **link = &s->pending_head, *prev = NULL;
+        while (*link && *link != r) prev = *link, link = &(*link)->next_pending;
+        if (*link) {
+            *link = r->next_pending;
+            if (s->pending_tail == r) s->pending_tail = prev;
+        }
+        r->cancelled = true;
+        r->state = MK_SEQ_DONE;
+        s->n_unfinished--;
+        if (r->released) {
+            s->requests[id - 1] = NULL;
+            mk_sched_request_free(r);
+        }
+        pthread_cond_broadcast(&s->done_cv);
+    } else if (r && r->state == MK_SEQ_RUNNING) {
+        r->cancelled = true; /* the tail retires it with its next token */
+    }
+    pthread_mutex_unlock(&s->mu);
+    return r ? MK_OK : mk_fail(MK_ERR_INVALID_ARGUMENT, "no sequence %llu in this pipeline", (unsigned long long)id);
+}
+
+mk_status mk_sched_release(mk_sched *s, uint64_t id) {
+    mk_clear_error();
+    if (!s) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_sched_release: NULL pipeline");
+    pthread_mutex_lock(&s->mu);
+    mk_sched_request *r = mk_sched_find(s, id);
+    if (r && (r->state == MK_SEQ_DONE || r->state == MK_SEQ_FAILED)) {
+        s->requests[id - 1] = NULL;
+        mk_sched_request_free(r);
+    } else if (r) {
+        r->released = true; /* freed when it retires */
+    }
     pthread_mutex_unlock(&s->mu);
     return r ? MK_OK : mk_fail(MK_ERR_INVALID_ARGUMENT, "no sequence %llu in this pipeline", (unsigned long long)id);
 }

@@ -145,6 +145,8 @@ struct mk_sched_request {
     mk_seq_state state;
     mk_status status;
     bool stopped;
+    bool cancelled;     /* mk_sched_cancel: retire at the next token */
+    bool released;      /* mk_sched_release: freed when it retires */
     int32_t *prompt;    /* [n_prompt] */
     size_t n_prompt;
     int32_t *stop_ids;  /* [n_stop] */

@@ -8,6 +8,8 @@
 
 mk_status mk_slots_init(mk_slots *t, mk_range *range, size_t n) {
     memset(t, 0, sizeof *t);
+    /* A prefill with no slot free takes slot[0]: a table of none has no slot 0. */
+    if (n == 0) return mk_fail(MK_ERR_INVALID_ARGUMENT, "stage: a request table needs at least one slot");
     t->slot = calloc(n, sizeof *t->slot);
     if (!t->slot) return mk_fail(MK_ERR_OUT_OF_MEMORY, "stage: out of memory for %zu sequence slots", n);
     t->range = range;

@@ -93,6 +93,10 @@ size_t live_allocations();
 /* cudaMalloc / cudaMallocAsync / cudaMallocHost / cudaHostAlloc calls so far (all threads):
  * a difference of zero across a forward shows nothing was allocated in it. */
 uint64_t allocation_calls();
+/* cudaGraphInstantiate calls that made an executable graph, and the executable graphs not
+ * yet destroyed (all threads): how many times work was recorded, and leak checks. */
+uint64_t graph_instantiations();
+size_t live_graph_execs();
 
 namespace detail {
 

@@ -127,6 +127,8 @@ bool device_range_ok(const void *p, size_t n) {
 }
 
 std::atomic<uint64_t> g_alloc_calls{0};
+std::atomic<uint64_t> g_graph_instantiations{0};
+std::atomic<int64_t> g_live_graph_execs{0};
 
 cudaError_t alloc(void **p, size_t size, int device) {
   if (!p) return fail(cudaErrorInvalidValue, "cudasim: allocation with a null result pointer");
@@ -322,6 +324,8 @@ int allocation_device(const void *p, size_t n) {
 }
 
 uint64_t allocation_calls() { return g_alloc_calls.load(); }
+uint64_t graph_instantiations() { return g_graph_instantiations.load(); }
+size_t live_graph_execs() { return (size_t)g_live_graph_execs.load(); }
 
 size_t live_allocations() {
   std::lock_guard<std::mutex> g(g_mu);
@@ -830,6 +834,8 @@ cudaError_t cudaStreamIsCapturing(cudaStream_t s, enum cudaStreamCaptureStatus *
 cudaError_t cudaGraphInstantiate(cudaGraphExec_t *exec, cudaGraph_t graph, unsigned long long) {
   if (!exec || !graph) return fail(cudaErrorInvalidValue, "cudasim: cudaGraphInstantiate: NULL argument");
   *exec = new CUgraphExec_st{graph->tasks};
+  cudasim::g_graph_instantiations.fetch_add(1);
+  cudasim::g_live_graph_execs.fetch_add(1);
   return cudaSuccess;
 }
 cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s) {
@@ -842,6 +848,7 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s) {
   return cudaSuccess;
 }
 cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
+  if (exec) cudasim::g_live_graph_execs.fetch_sub(1);
   delete exec; /* a launch already queued keeps the tasks */
   return cudaSuccess;
 }

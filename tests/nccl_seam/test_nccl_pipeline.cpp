@@ -308,10 +308,11 @@ struct HeadOutput {
     }
 };
 
-enum class Lie { kShortPayload, kAbort };
+enum class Lie { kShortPayload, kLongPayload, kAbort };
 
 // A raw sender (the primitives, rank 0 on device 0) on its own thread: joins through the
-// id file, then either declares a payload one row short of its header, or aborts.
+// id file, then declares a payload one row short of its header or one float longer, or
+// aborts.
 void raw_peer(const std::string &id_path, const mk_boundary *b, Lie lie, mk_status *result) {
     ncclUniqueId id;
     *result = mk_nccl_id_read_file(id_path.c_str(), &id, 5000);
@@ -327,7 +328,8 @@ void raw_peer(const std::string &id_path, const mk_boundary *b, Lie lie, mk_stat
         } else {
             unsigned char header[MK_NCCL_BOUNDARY_HEADER_BYTES];
             mk_nccl_header_encode(&b->h, header);
-            const size_t bytes = (b->h.rows - 1) * b->h.hidden * sizeof(float);
+            const size_t floats = b->h.rows * b->h.hidden;
+            const size_t bytes = (lie == Lie::kShortPayload ? floats - b->h.hidden : floats + 1) * sizeof(float);
             *result = mk_nccl_send_post(&ctx, 1, header, sizeof header, b->payload, bytes);
             if (*result == MK_OK) (void)mk_nccl_send_wait(&ctx); // released by the receiver's abort
         }
@@ -355,12 +357,19 @@ void lying_peer_case(Lie lie, mk_status want, const char *needle) {
     EXPECT_ERROR(mk_seam_recv(end.get(), rx.ts.get(), rx.in.get()), want, needle);
     EXPECT_LT(ms_since(t0), kSlackMs);
     EXPECT_EQ(mk_boundary_header_of(rx.in.get())->rows, 0u);
+    // The refusal took the communicator with it: the seam stays dead, clearly.
+    EXPECT_ERROR(mk_seam_recv(end.get(), rx.ts.get(), rx.in.get()), MK_ERR_PEER_CLOSED, "aborted after an earlier failure");
     t.join();
     EXPECT_EQ(peer, MK_OK) << "the raw peer itself failed to set up";
 }
 
 TEST(NcclSeamFaults, HeaderAndPayloadSizesThatDisagreeAreRefused) {
-    lying_peer_case(Lie::kShortPayload, MK_ERR_FRAME, "sizes disagree");
+    lying_peer_case(Lie::kShortPayload, MK_ERR_FRAME, "(720 bytes), the payload is 576 bytes");
+}
+
+// One float more than the header describes (within the receiver's buffer): refused too.
+TEST(NcclSeamFaults, PayloadOneFloatLongerThanTheHeaderIsRefused) {
+    lying_peer_case(Lie::kLongPayload, MK_ERR_FRAME, "1 x 5 x 36 floats (720 bytes), the payload is 724 bytes");
 }
 
 TEST(NcclSeamFaults, PeerThatAbortsIsReportedClosedWithinTheDeadline) {

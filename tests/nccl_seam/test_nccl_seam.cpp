@@ -3,6 +3,8 @@
  * end in a clear status within the deadline: sizes that disagree, a header the contract
  * refuses, a lying peer, a peer that aborts, goes silent or exits. */
 #include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -16,7 +18,12 @@
 
 #include "meshkern.h"
 #include "mk_error.h"
+#include "mk_test_util.h"
 #include "nccl_comm.h"
+#include "nccl_seam.h"
+extern "C" {
+#include "seam/seam.h"
+}
 
 #ifdef MK_TEST_CUDASIM
 #include "cudasim.h"
@@ -120,6 +127,7 @@ std::vector<float> read_back(int device, const float *p, size_t n) {
 
 struct Clique {
   std::vector<mk_nccl_ctx> ctx;
+  std::vector<void *> raw; /* device buffers of raw sends, freed with the clique */
   explicit Clique(int n) : ctx(static_cast<size_t>(n)) {
     std::vector<int> devices(static_cast<size_t>(n));
     for (int i = 0; i < n; ++i) devices[static_cast<size_t>(i)] = i;
@@ -127,6 +135,7 @@ struct Clique {
   }
   ~Clique() {
     for (mk_nccl_ctx &c : ctx) mk_nccl_ctx_destroy(&c);
+    for (void *p : raw) cudaFree(p);
   }
   mk_status status;
 };
@@ -352,6 +361,40 @@ TEST(NcclSeam, InitTimesOutWhenARankNeverJoins) {
   mk_nccl_ctx_destroy(&ctx); /* harmless after a failed init */
 }
 
+/* NCCL refusing the communicator itself at init (here: two ranks that disagree on the rank
+ * count; on a GPU also two ranks on one device) fails asynchronously on a non-blocking
+ * communicator: MK_ERR_NCCL naming the init and NCCL's reason, not a frame error. */
+TEST(NcclSeam, CommunicatorRefusedAtInitIsAnNcclError) {
+  NEED_DEVICES(2);
+  ncclUniqueId id;
+  ASSERT_EQ(mk_nccl_id_create(&id), MK_OK);
+  mk_nccl_ctx ctx[2];
+  mk_status st[2] = {MK_OK, MK_OK};
+  std::string msg[2];
+  const auto t0 = Clock::now();
+  std::thread t[2];
+  for (int r = 0; r < 2; r++)
+    t[r] = std::thread([&, r] {
+      st[r] = mk_nccl_init_rank(&ctx[r], 2 + r, r, &id, r, nullptr, kDeadlineMs); /* rank 1 says 3 ranks */
+      msg[r] = mk_last_error();
+    });
+  for (std::thread &x : t) x.join();
+  EXPECT_LT(ms_since(t0), kSlackMs);
+  int refused = 0;
+  for (int r = 0; r < 2; r++) {
+    EXPECT_NE(st[r], MK_OK) << "rank " << r;
+    EXPECT_NE(st[r], MK_ERR_FRAME) << "rank " << r << ": " << msg[r];
+    if (st[r] == MK_ERR_NCCL) {
+      refused++;
+      EXPECT_NE(msg[r].find("NCCL refused the communicator at init"), std::string::npos) << msg[r];
+      EXPECT_NE(msg[r].find("nranks"), std::string::npos) << "NCCL's own reason is kept: " << msg[r];
+    }
+    EXPECT_EQ(ctx[r].comm, nullptr);
+    mk_nccl_ctx_destroy(&ctx[r]);
+  }
+  EXPECT_GE(refused, 1) << "the rank whose count disagrees is refused by NCCL";
+}
+
 /* A device that does not exist: a clear status, every other rank's communicator released,
  * nothing left allocated. */
 TEST(NcclSeam, InitAllWithABadDeviceFailsAndLeavesNothing) {
@@ -419,6 +462,404 @@ TEST(NcclSeam, BootstrapHandOverFailsClearly) {
   unlink(good.c_str());
   unlink(junk.c_str());
   rmdir(dir);
+}
+
+// ==================================================================== rules ==
+// Each rule of the exchange on the smallest input that shows it: the receiver's limits at
+// their boundary (exactly at: accepted; one past: refused), each refusal with its own
+// message, and after every refusal the endpoint aborted (later calls say so at once).
+
+/* A header block as a peer might write it: envelope fields as given, zero padded. */
+std::vector<unsigned char> envelope(uint64_t magic, uint64_t version, uint64_t header_bytes, uint64_t payload_bytes) {
+  std::vector<unsigned char> b(MK_NCCL_HEADER_BLOCK, 0);
+  for (int i = 0; i < 4; ++i) b[size_t(i)] = (unsigned char)(magic >> (8 * i));
+  for (int i = 0; i < 4; ++i) b[size_t(4 + i)] = (unsigned char)(version >> (8 * i));
+  for (int i = 0; i < 8; ++i) b[size_t(8 + i)] = (unsigned char)(header_bytes >> (8 * i));
+  for (int i = 0; i < 8; ++i) b[size_t(16 + i)] = (unsigned char)(payload_bytes >> (8 * i));
+  return b;
+}
+constexpr uint64_t kEnvelopeMagic = 0x484e4b4du; /* "MKNH" */
+
+/* Rank 0 sends a raw block to rank 1 (no payload follows). */
+void send_raw_block(Clique &q, const std::vector<unsigned char> &block) {
+  cudaSetDevice(0);
+  void *dev = nullptr;
+  ASSERT_EQ(cudaMalloc(&dev, block.size()), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(dev, block.data(), block.size(), cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  ASSERT_EQ(ncclSend(dev, block.size(), ncclUint8, 1, q.ctx[0].comm, q.ctx[0].stream), ncclSuccess);
+  q.raw.push_back(dev);
+}
+
+/* The receiving endpoint was aborted: its communicator gone, every later call refused. */
+void expect_aborted(mk_nccl_ctx *ctx) {
+  EXPECT_EQ(ctx->comm, nullptr) << "the communicator must be aborted after a refusal";
+  Header got{};
+  size_t hb = 0, pb = 0;
+  EXPECT_ERROR(mk_nccl_recv(ctx, 0, nullptr, nullptr, &got, sizeof got, &hb, nullptr, 0, &pb), MK_ERR_PEER_CLOSED,
+               "the endpoint was aborted after an earlier failure");
+  const Header h{1, 1, 1, 0};
+  EXPECT_ERROR(mk_nccl_send(ctx, 0, &h, sizeof h, nullptr, 0), MK_ERR_PEER_CLOSED, "aborted after an earlier failure");
+}
+
+TEST(NcclSeamRules, EnvelopeMagicAndVersionAreEachChecked) {
+  NEED_DEVICES(2);
+  struct Case {
+    uint64_t magic, version;
+    const char *text;
+  };
+  for (const Case &c : {Case{kEnvelopeMagic ^ 0x01000000u, 1, "magic 494e4b4d version 1"},
+                        Case{kEnvelopeMagic, 2, "magic 484e4b4d version 2, want 484e4b4d version 1"},
+                        Case{kEnvelopeMagic, 0, "version 0, want"}}) {
+    Clique q(2);
+    ASSERT_EQ(q.status, MK_OK) << mk_last_error();
+    send_raw_block(q, envelope(c.magic, c.version, sizeof(Header), 0));
+    Expect e{1, 4, nullptr, 0};
+    Header got{};
+    size_t hb = 0, pb = 0;
+    EXPECT_ERROR(mk_nccl_recv(&q.ctx[1], 0, contract_check, &e, &got, sizeof got, &hb, nullptr, 0, &pb), MK_ERR_FRAME,
+                 c.text);
+    EXPECT_EQ(e.calls, 0) << "a block that is not a seam block never reaches the contract";
+    expect_aborted(&q.ctx[1]);
+  }
+}
+
+TEST(NcclSeamRules, HeaderLengthUpToTheReceiversCapacity) {
+  NEED_DEVICES(2);
+  const uint32_t hidden = 4;
+  float *dst = device_buffer(1, std::vector<float>(hidden, kSentinel));
+  /* Exactly the receiver's capacity: accepted (the other tests). One byte more: refused
+   * before the contract. Past the largest header any block holds: refused too. */
+  struct Case {
+    size_t sent, cap;
+    const char *text;
+  };
+  for (const Case &c : {Case{sizeof(Header) + 1, sizeof(Header), "declares 17 bytes; the receiver takes at most 16"},
+                        Case{MK_NCCL_HEADER_MAX + 1, 1000, "declares 489 bytes; the receiver takes at most 488"}}) {
+    Clique q(2);
+    ASSERT_EQ(q.status, MK_OK) << mk_last_error();
+    send_raw_block(q, envelope(kEnvelopeMagic, 1, c.sent, 0));
+    Expect e{1, hidden, dst, hidden * sizeof(float)};
+    std::vector<unsigned char> got(c.cap);
+    size_t hb = 7, pb = 7;
+    EXPECT_ERROR(mk_nccl_recv(&q.ctx[1], 0, contract_check, &e, got.data(), got.size(), &hb, dst,
+                              hidden * sizeof(float), &pb),
+                 MK_ERR_FRAME, c.text);
+    EXPECT_EQ(e.calls, 0);
+    EXPECT_EQ(hb, 0u);
+    EXPECT_EQ(pb, 0u);
+    expect_aborted(&q.ctx[1]);
+  }
+  cudaFree(dst);
+}
+
+TEST(NcclSeamRules, PayloadUpToTheReceiversBufferAndNotOneByteMore) {
+  NEED_DEVICES(2);
+  const uint32_t hidden = 8, rows = 2;
+  const size_t cap = size_t(rows) * hidden * sizeof(float);
+  const std::vector<float> payload = random_floats(size_t(rows) * hidden + 1, 5);
+  for (size_t bytes : {cap, cap + 1}) {
+    Clique q(2);
+    ASSERT_EQ(q.status, MK_OK) << mk_last_error();
+    float *src = device_buffer(0, payload);
+    float *dst = device_buffer(1, std::vector<float>(size_t(rows) * hidden, kSentinel));
+    const Header h{3, rows, hidden, 0};
+    ASSERT_EQ(mk_nccl_send_post(&q.ctx[0], 1, &h, sizeof h, src, bytes), MK_OK) << mk_last_error();
+    /* A check that accepts any size: the limit here is the receiver's buffer alone. */
+    Header got{};
+    size_t hb = 0, pb = 0;
+    const mk_status st = mk_nccl_recv(&q.ctx[1], 0, nullptr, nullptr, &got, sizeof got, &hb, dst, cap, &pb);
+    const std::string msg = mk_last_error();
+    const mk_status ss = mk_nccl_send_wait(&q.ctx[0]);
+    if (bytes == cap) {
+      ASSERT_EQ(st, MK_OK) << mk_last_error();
+      EXPECT_EQ(ss, MK_OK);
+      EXPECT_EQ(pb, cap);
+      EXPECT_EQ(hb, sizeof(Header));
+      EXPECT_EQ(got.next_layer, 3u);
+      const std::vector<float> back = read_back(1, dst, size_t(rows) * hidden);
+      EXPECT_EQ(memcmp(back.data(), payload.data(), cap), 0);
+      EXPECT_EQ(q.ctx[1].received, 1u);
+    } else {
+      EXPECT_EQ(st, MK_ERR_FRAME);
+      EXPECT_NE(msg.find("declares a payload of 65 bytes; the receiver's buffer holds 64"), std::string::npos) << msg;
+      EXPECT_TRUE(ss == MK_ERR_PEER_CLOSED || ss == MK_ERR_PEER_TIMEOUT) << mk_status_name(ss);
+      for (float x : read_back(1, dst, size_t(rows) * hidden)) ASSERT_EQ(x, kSentinel);
+      expect_aborted(&q.ctx[1]);
+    }
+    cudaFree(src);
+    cudaFree(dst);
+  }
+}
+
+/* The contract's refusal is the status reported, and the endpoint goes with it. */
+TEST(NcclSeamRules, ContractRefusalAbortsTheEndpoint) {
+  NEED_DEVICES(2);
+  Clique q(2);
+  ASSERT_EQ(q.status, MK_OK) << mk_last_error();
+  const uint32_t hidden = 4;
+  float *src = device_buffer(0, random_floats(hidden, 6));
+  float *dst = device_buffer(1, std::vector<float>(hidden, kSentinel));
+  Expect e{2, hidden, dst, hidden * sizeof(float)};
+  const Header h{9, 1, hidden, 0};
+  ASSERT_EQ(mk_nccl_send_post(&q.ctx[0], 1, &h, sizeof h, src, hidden * sizeof(float)), MK_OK) << mk_last_error();
+  Header got{};
+  size_t hb = 0, pb = 7;
+  EXPECT_ERROR(mk_nccl_recv(&q.ctx[1], 0, contract_check, &e, &got, sizeof got, &hb, dst, hidden * sizeof(float), &pb),
+               MK_ERR_SEAM_MISMATCH, "boundary for layer 9, this range starts at layer 2");
+  EXPECT_EQ(pb, 0u);
+  EXPECT_EQ(e.calls, 1);
+  const mk_status ss = mk_nccl_send_wait(&q.ctx[0]);
+  EXPECT_TRUE(ss == MK_ERR_PEER_CLOSED || ss == MK_ERR_PEER_TIMEOUT) << mk_status_name(ss);
+  expect_aborted(&q.ctx[1]);
+  cudaFree(src);
+  cudaFree(dst);
+}
+
+TEST(NcclSeamRules, ArgumentsAreCheckedBeforeAnythingIsPosted) {
+  NEED_DEVICES(2);
+  Clique q(2);
+  ASSERT_EQ(q.status, MK_OK) << mk_last_error();
+  std::vector<unsigned char> header(MK_NCCL_HEADER_MAX + 1, 1);
+  EXPECT_ERROR(mk_nccl_send_post(&q.ctx[0], 1, header.data(), header.size(), nullptr, 0), MK_ERR_INVALID_ARGUMENT,
+               "header 489 bytes (max 488)");
+  EXPECT_ERROR(mk_nccl_send_post(&q.ctx[0], 2, header.data(), 4, nullptr, 0), MK_ERR_INVALID_ARGUMENT,
+               "send to rank 2 of 2");
+  EXPECT_ERROR(mk_nccl_send_post(&q.ctx[0], -1, header.data(), 4, nullptr, 0), MK_ERR_INVALID_ARGUMENT,
+               "send to rank -1 of 2");
+  EXPECT_ERROR(mk_nccl_send_post(&q.ctx[0], 1, nullptr, 4, nullptr, 0), MK_ERR_INVALID_ARGUMENT, "header 4 bytes");
+  EXPECT_ERROR(mk_nccl_send_post(&q.ctx[0], 1, header.data(), 4, nullptr, 8), MK_ERR_INVALID_ARGUMENT,
+               "payload 8 bytes");
+  EXPECT_ERROR(mk_nccl_send_wait(&q.ctx[0]), MK_ERR_INVALID_ARGUMENT, "no send pending");
+  Header got{};
+  size_t hb = 0, pb = 0;
+  EXPECT_ERROR(mk_nccl_recv(&q.ctx[1], 2, nullptr, nullptr, &got, sizeof got, &hb, nullptr, 0, &pb),
+               MK_ERR_INVALID_ARGUMENT, "receive from rank 2 of 2: bad arguments");
+  EXPECT_ERROR(mk_nccl_recv(&q.ctx[1], 0, nullptr, nullptr, &got, sizeof got, nullptr, nullptr, 0, &pb),
+               MK_ERR_INVALID_ARGUMENT, "bad arguments");
+  EXPECT_ERROR(mk_nccl_recv(&q.ctx[1], 0, nullptr, nullptr, &got, sizeof got, &hb, nullptr, 4, &pb),
+               MK_ERR_INVALID_ARGUMENT, "bad arguments");
+  EXPECT_ERROR(mk_nccl_warmup(&q.ctx[0], 2, -1), MK_ERR_INVALID_ARGUMENT, "warm-up peers 2/-1 of 2 ranks");
+  EXPECT_ERROR(mk_nccl_warmup(&q.ctx[0], -1, 2), MK_ERR_INVALID_ARGUMENT, "warm-up peers -1/2 of 2 ranks");
+  EXPECT_ERROR(mk_nccl_warmup(nullptr, -1, 1), MK_ERR_INVALID_ARGUMENT, "NULL endpoint");
+  /* One send pending per endpoint: the largest header, then a second post refused. */
+  ASSERT_EQ(mk_nccl_send_post(&q.ctx[0], 1, header.data(), MK_NCCL_HEADER_MAX, nullptr, 0), MK_OK) << mk_last_error();
+  EXPECT_ERROR(mk_nccl_send_post(&q.ctx[0], 1, header.data(), 4, nullptr, 0), MK_ERR_INVALID_ARGUMENT,
+               "a send is already pending");
+  std::vector<unsigned char> big(MK_NCCL_HEADER_MAX);
+  ASSERT_EQ(mk_nccl_recv(&q.ctx[1], 0, nullptr, nullptr, big.data(), big.size(), &hb, nullptr, 0, &pb), MK_OK)
+      << mk_last_error();
+  EXPECT_EQ(hb, size_t(MK_NCCL_HEADER_MAX));
+  EXPECT_EQ(big[MK_NCCL_HEADER_MAX - 1], 1) << "the header's last byte";
+  EXPECT_EQ(mk_nccl_send_wait(&q.ctx[0]), MK_OK) << mk_last_error();
+  EXPECT_EQ(q.ctx[0].send_pending, 0);
+  /* The endpoints are still alive after refused arguments and the exchange. */
+  EXPECT_NE(q.ctx[0].comm, nullptr);
+  EXPECT_NE(q.ctx[1].comm, nullptr);
+}
+
+TEST(NcclSeamRules, InitArgumentsAreChecked) {
+  ncclUniqueId id{};
+  mk_nccl_ctx ctx;
+  EXPECT_ERROR(mk_nccl_init_rank(&ctx, 2, 2, &id, 0, nullptr, 100), MK_ERR_INVALID_ARGUMENT, "init of rank 2 of 2");
+  EXPECT_ERROR(mk_nccl_init_rank(&ctx, 2, -1, &id, 0, nullptr, 100), MK_ERR_INVALID_ARGUMENT, "init of rank -1 of 2");
+  EXPECT_ERROR(mk_nccl_init_rank(&ctx, 0, 0, &id, 0, nullptr, 100), MK_ERR_INVALID_ARGUMENT, "rank 0 of 0");
+  EXPECT_ERROR(mk_nccl_init_rank(&ctx, 2, 0, &id, 0, nullptr, 0), MK_ERR_INVALID_ARGUMENT, "(deadline 0 ms)");
+  EXPECT_ERROR(mk_nccl_init_rank(&ctx, 2, 0, nullptr, 0, nullptr, 100), MK_ERR_INVALID_ARGUMENT, "init of rank 0 of 2");
+  std::vector<mk_nccl_ctx> ctxs(2);
+  const int devices[2] = {0, 1};
+  EXPECT_ERROR(mk_nccl_init_all(ctxs.data(), 0, devices, nullptr, 100), MK_ERR_INVALID_ARGUMENT, "init of 0 devices");
+  EXPECT_ERROR(mk_nccl_init_all(ctxs.data(), 2, devices, nullptr, 0), MK_ERR_INVALID_ARGUMENT, "(deadline 0 ms)");
+  EXPECT_ERROR(mk_nccl_init_all(ctxs.data(), 2, nullptr, nullptr, 100), MK_ERR_INVALID_ARGUMENT, "init of 2 devices");
+}
+
+// ================================================================ bootstrap ==
+
+TEST(NcclBootstrap, IdFilesAreWholeRecordsOrRefused) {
+  char dir[] = "/tmp/mk_nccl_boot_XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string path = std::string(dir) + "/id", short_file = std::string(dir) + "/short",
+                    missing_dir = std::string(dir) + "/no/such/dir/id", under_file = path + "/id";
+  ncclUniqueId id, back;
+  ASSERT_EQ(mk_nccl_id_create(&id), MK_OK);
+  ASSERT_EQ(mk_nccl_id_write_file(path.c_str(), &id), MK_OK) << mk_last_error();
+  struct stat st {};
+  ASSERT_EQ(stat(path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u) << "whoever reads the id can join: owner only";
+  EXPECT_EQ(st.st_size, off_t(8 + sizeof(ncclUniqueId)));
+  FILE *f = fopen(short_file.c_str(), "wb");
+  ASSERT_NE(f, nullptr);
+  fwrite("mkncclid", 1, 8, f); /* the magic, then nothing */
+  fclose(f);
+  const std::string want = "holds 8 bytes, a unique id record is " + std::to_string(8 + sizeof(ncclUniqueId));
+  EXPECT_ERROR(mk_nccl_id_read_file(short_file.c_str(), &back, 100), MK_ERR_FRAME, want.c_str());
+  EXPECT_ERROR(mk_nccl_id_read_file(dir, &back, 100), MK_ERR_FRAME, "holds -1 bytes");
+  EXPECT_ERROR(mk_nccl_id_read_file(under_file.c_str(), &back, 100), MK_ERR_IO, "cannot open");
+  EXPECT_ERROR(mk_nccl_id_read_file(path.c_str(), &back, 0), MK_ERR_INVALID_ARGUMENT, "bad arguments");
+  EXPECT_ERROR(mk_nccl_id_write_file(missing_dir.c_str(), &id), MK_ERR_IO, "cannot create");
+  EXPECT_ERROR(mk_nccl_id_write_file(nullptr, &id), MK_ERR_INVALID_ARGUMENT, "NULL path or id");
+  EXPECT_ERROR(mk_nccl_id_create(nullptr), MK_ERR_INVALID_ARGUMENT, "NULL id");
+  /* A file that appears while the reader waits is read. */
+  unlink(path.c_str());
+  std::thread writer([&]() {
+    std::this_thread::sleep_for(std::chrono::milliseconds(60));
+    EXPECT_EQ(mk_nccl_id_write_file(path.c_str(), &id), MK_OK);
+  });
+  EXPECT_EQ(mk_nccl_id_read_file(path.c_str(), &back, 2000), MK_OK) << mk_last_error();
+  writer.join();
+  EXPECT_EQ(memcmp(&id, &back, sizeof id), 0);
+  unlink(path.c_str());
+  unlink(short_file.c_str());
+  rmdir(dir);
+}
+
+/* A one-shot TCP server on loopback that writes `bytes` to its first client and closes. */
+struct OneShotServer {
+  int fd = -1;
+  uint16_t port = 0;
+  std::thread t;
+  explicit OneShotServer(std::vector<unsigned char> bytes) {
+    EXPECT_EQ(mk_nccl_id_listen(nullptr, &port, &fd), MK_OK);
+    t = std::thread([this, bytes]() {
+      const int c = accept(fd, nullptr, nullptr);
+      if (c >= 0) {
+        if (!bytes.empty()) (void)!write(c, bytes.data(), bytes.size());
+        close(c);
+      }
+    });
+  }
+  ~OneShotServer() {
+    t.join();
+    close(fd);
+  }
+};
+
+TEST(NcclBootstrap, FetchRefusesAStrangerAndAShortRecord) {
+  ncclUniqueId back;
+  {
+    OneShotServer junk(std::vector<unsigned char>(8 + sizeof(ncclUniqueId), 'j'));
+    EXPECT_ERROR(mk_nccl_id_fetch(nullptr, junk.port, &back, 2000), MK_ERR_FRAME,
+                 "the bootstrap connection does not hold a meshkern NCCL unique id");
+  }
+  {
+    OneShotServer cut(std::vector<unsigned char>{'m', 'k', 'n'});
+    const std::string want = "the server closed after 3 of " + std::to_string(8 + sizeof(ncclUniqueId)) + " bytes";
+    EXPECT_ERROR(mk_nccl_id_fetch(nullptr, cut.port, &back, 2000), MK_ERR_PEER_CLOSED, want.c_str());
+  }
+  uint16_t port = 0;
+  int fd = -1;
+  EXPECT_ERROR(mk_nccl_id_listen("not-an-address", &port, &fd), MK_ERR_INVALID_ARGUMENT,
+               "'not-an-address' is not an IPv4 address");
+  EXPECT_EQ(fd, -1);
+  EXPECT_ERROR(mk_nccl_id_fetch("256.1.1.1", 5, &back, 100), MK_ERR_INVALID_ARGUMENT, "is not an IPv4 address");
+  EXPECT_ERROR(mk_nccl_id_fetch(nullptr, 0, &back, 100), MK_ERR_INVALID_ARGUMENT, "bad arguments");
+  EXPECT_ERROR(mk_nccl_id_listen(nullptr, nullptr, &fd), MK_ERR_INVALID_ARGUMENT, "NULL port or fd");
+  ncclUniqueId id{};
+  EXPECT_ERROR(mk_nccl_id_serve(-1, 1, &id, 100), MK_ERR_INVALID_ARGUMENT, "bad arguments to serve");
+  ASSERT_EQ(mk_nccl_id_listen("127.0.0.1", &port, &fd), MK_OK);
+  EXPECT_ERROR(mk_nccl_id_serve(fd, 1, &id, 0), MK_ERR_INVALID_ARGUMENT, "bad arguments to serve"); /* closes fd */
+  ASSERT_EQ(mk_nccl_id_listen("127.0.0.1", &port, &fd), MK_OK);
+  const auto t0 = Clock::now();
+  EXPECT_ERROR(mk_nccl_id_serve(fd, 2, &id, 100), MK_ERR_PEER_TIMEOUT, "0 of 2 joiners fetched the unique id within 100 ms");
+  EXPECT_LT(ms_since(t0), kSlackMs);
+}
+
+// ============================================== the boundary header encoding ==
+// nccl_seam.c's fixed layout of mk_boundary_header inside the header block.
+
+mk_boundary_header full_header() {
+  mk_boundary_header h;
+  memset(&h, 0, sizeof h);
+  h.schema_version = 3;
+  h.architecture = (mk_protocol_arch)2;
+  snprintf(h.adapter, sizeof h.adapter, "dense-llama");
+  memset(h.tensor_name, 't', sizeof h.tensor_name - 1); /* the longest a field holds */
+  snprintf(h.boundary_point, sizeof h.boundary_point, "bp");
+  h.next_layer = (int64_t(1) << 40) + 5;
+  h.normalized = true;
+  memset(h.recipe_digest, 'd', sizeof h.recipe_digest - 1);
+  memset(h.request_id, 'r', sizeof h.request_id - 1);
+  h.batch = 2;
+  h.rows = 7;
+  h.hidden = 4097;
+  h.dtype = MK_DTYPE_F16;
+  h.step = uint64_t(1) << 50;
+  h.position = -3;
+  return h;
+}
+
+TEST(NcclHeader, EveryFieldRoundTripsAtItsWidestValue) {
+  const mk_boundary_header h = full_header();
+  unsigned char block[MK_NCCL_BOUNDARY_HEADER_BYTES];
+  mk_nccl_header_encode(&h, block);
+  EXPECT_EQ(block[0], 'M');
+  EXPECT_EQ(block[3], '1');
+  mk_boundary_header back;
+  ASSERT_EQ(mk_nccl_header_decode(block, sizeof block, &back), MK_OK) << mk_last_error();
+  EXPECT_EQ(back.schema_version, h.schema_version);
+  EXPECT_EQ(back.architecture, h.architecture);
+  EXPECT_STREQ(back.adapter, h.adapter);
+  EXPECT_STREQ(back.tensor_name, h.tensor_name);
+  EXPECT_STREQ(back.boundary_point, h.boundary_point);
+  EXPECT_EQ(back.next_layer, h.next_layer);
+  EXPECT_EQ(back.normalized, true);
+  EXPECT_STREQ(back.recipe_digest, h.recipe_digest);
+  EXPECT_STREQ(back.request_id, h.request_id);
+  EXPECT_EQ(back.batch, h.batch);
+  EXPECT_EQ(back.rows, h.rows);
+  EXPECT_EQ(back.hidden, h.hidden);
+  EXPECT_EQ(back.dtype, h.dtype);
+  EXPECT_EQ(back.step, h.step);
+  EXPECT_EQ(back.position, -3);
+  /* A string that fills its whole field (no NUL) is cut to the field less one. */
+  mk_boundary_header over = h;
+  memset(over.adapter, 'a', sizeof over.adapter);
+  mk_nccl_header_encode(&over, block);
+  ASSERT_EQ(mk_nccl_header_decode(block, sizeof block, &back), MK_OK) << mk_last_error();
+  EXPECT_EQ(strlen(back.adapter), sizeof back.adapter - 1);
+  EXPECT_STREQ(back.tensor_name, h.tensor_name) << "the next field is intact";
+}
+
+TEST(NcclHeader, LengthTagAndEveryStringAreChecked) {
+  const mk_boundary_header h = full_header();
+  unsigned char block[MK_NCCL_BOUNDARY_HEADER_BYTES + 1];
+  mk_nccl_header_encode(&h, block);
+  mk_boundary_header back;
+  EXPECT_ERROR(mk_nccl_header_decode(block, MK_NCCL_BOUNDARY_HEADER_BYTES - 1, &back), MK_ERR_FRAME,
+               "a boundary header is 290 bytes, the peer sent 289");
+  EXPECT_ERROR(mk_nccl_header_decode(block, MK_NCCL_BOUNDARY_HEADER_BYTES + 1, &back), MK_ERR_FRAME,
+               "the peer sent 291");
+  for (int at : {0, 3}) { /* every byte of the tag */
+    unsigned char bad[MK_NCCL_BOUNDARY_HEADER_BYTES];
+    memcpy(bad, block, sizeof bad);
+    bad[at] ^= 0x40;
+    EXPECT_ERROR(mk_nccl_header_decode(bad, sizeof bad, &back), MK_ERR_FRAME, "holds no boundary header") << at;
+  }
+  /* Offsets of the string fields: adapter, tensor_name, boundary_point, recipe_digest, request_id. */
+  struct Field {
+    size_t offset, width;
+  };
+  for (const Field &f : {Field{12, 32}, Field{44, 32}, Field{76, 32}, Field{117, 65}, Field{182, 64}}) {
+    unsigned char bad[MK_NCCL_BOUNDARY_HEADER_BYTES];
+    memcpy(bad, block, sizeof bad);
+    memset(bad + f.offset, 'x', f.width);
+    EXPECT_ERROR(mk_nccl_header_decode(bad, sizeof bad, &back), MK_ERR_FRAME,
+                 "a string of the boundary header is not terminated")
+        << f.offset;
+    bad[f.offset + f.width - 1] = 0; /* terminated in its last byte: accepted */
+    EXPECT_EQ(mk_nccl_header_decode(bad, sizeof bad, &back), MK_OK) << f.offset << ": " << mk_last_error();
+  }
+}
+
+TEST(NcclHeader, UniqueIdsHaveTheirSize) {
+  unsigned char id[MK_SEAM_NCCL_ID_BYTES];
+  EXPECT_ERROR(mk_seam_nccl_id_new(id, sizeof(ncclUniqueId) - 1), MK_ERR_INTERNAL, "an id needs 128 bytes");
+  ASSERT_EQ(mk_seam_nccl_id_new(id, sizeof id), MK_OK) << mk_last_error();
+  mk_seam s;
+  memset(&s, 0, sizeof s);
+  EXPECT_ERROR(mk_seam_nccl_join_id(&s, id, sizeof(ncclUniqueId) - 1), MK_ERR_FRAME, "a unique id is 128 bytes, not 127");
+  EXPECT_ERROR(mk_seam_nccl_join_id(&s, id, sizeof(ncclUniqueId) + 1), MK_ERR_FRAME, "not 129");
+  EXPECT_EQ(s.impl, nullptr);
 }
 
 #ifdef MK_TEST_CUDASIM

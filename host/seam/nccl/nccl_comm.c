@@ -22,9 +22,22 @@ static int64_t now_ns(void) {
 
 static int64_t deadline_after(int ms) { return now_ns() + (int64_t)ms * 1000000; }
 
-/* Between polls: short enough for a decode-sized exchange, long enough not to spin. */
-static void nap(void) {
-    const struct timespec ts = {0, 50000};
+/* Between the polls of one wait: spin for the first MK_NCCL_SPIN_NS (a decode-sized hop
+ * completes in microseconds; a fixed 50 us nap quantised every hop to ~100 us), then sleep
+ * 1, 2, 4 ... MK_NCCL_NAP_MAX_NS so that a long wait yields the core. */
+#define MK_NCCL_SPIN_NS 20000
+#define MK_NCCL_NAP_MAX_NS 64000
+typedef struct {
+    int64_t start;
+    long nap_ns; /* the next sleep once past the spin; 0 before the first */
+} mk_nccl_poll;
+
+static mk_nccl_poll poll_begin(void) { return (mk_nccl_poll){now_ns(), 0}; }
+
+static void poll_pause(mk_nccl_poll *p) {
+    if (now_ns() - p->start < MK_NCCL_SPIN_NS) return;
+    p->nap_ns = p->nap_ns == 0 ? 1000 : p->nap_ns * 2 > MK_NCCL_NAP_MAX_NS ? MK_NCCL_NAP_MAX_NS : p->nap_ns * 2;
+    const struct timespec ts = {0, p->nap_ns};
     nanosleep(&ts, NULL);
 }
 
@@ -95,11 +108,12 @@ static mk_status check_alive(mk_nccl_ctx *ctx) {
  * operations are still being enqueued; poll until they are, within the deadline. */
 static mk_status settle(mk_nccl_ctx *ctx, ncclResult_t r, int64_t deadline, const char *what) {
     char why[256];
+    mk_nccl_poll poll = poll_begin();
     while (r == ncclInProgress) {
         if (now_ns() > deadline)
             return fail_abort(ctx, MK_ERR_PEER_TIMEOUT, "%s was not enqueued within %d ms; communicator aborted", what,
                               ctx->deadline_ms);
-        nap();
+        poll_pause(&poll);
         if (ncclCommGetAsyncError(ctx->comm, &r) != ncclSuccess) r = ncclInternalError;
     }
     if (r == ncclSuccess) return MK_OK;
@@ -111,6 +125,7 @@ static mk_status settle(mk_nccl_ctx *ctx, ncclResult_t r, int64_t deadline, cons
  * until the operation completed, failed, or the deadline passed (then abort). */
 static mk_status wait_event(mk_nccl_ctx *ctx, cudaEvent_t ev, int64_t deadline, const char *what) {
     char why[256];
+    mk_nccl_poll poll = poll_begin();
     for (;;) {
         const cudaError_t e = cudaEventQuery(ev);
         ncclResult_t a = ncclSuccess;
@@ -128,28 +143,34 @@ static mk_status wait_event(mk_nccl_ctx *ctx, cudaEvent_t ev, int64_t deadline, 
         if (now_ns() > deadline)
             return fail_abort(ctx, MK_ERR_PEER_TIMEOUT, "%s did not complete within %d ms; communicator aborted",
                               what, ctx->deadline_ms);
-        nap();
+        poll_pause(&poll);
     }
 }
 
 /* Wait until a non-blocking communicator finished initializing. */
+/* An asynchronous failure here is NCCL refusing the communicator itself (e.g. two ranks of
+ * one communicator on one GPU, or ranks that disagree on the rank count): MK_ERR_NCCL with
+ * NCCL's own text, not a frame error (no peer sent anything yet). */
 static mk_status wait_ready(mk_nccl_ctx *ctx, int64_t deadline) {
     char why[256];
+    mk_nccl_poll poll = poll_begin();
     for (;;) {
         ncclResult_t a = ncclSuccess;
         if (ncclCommGetAsyncError(ctx->comm, &a) != ncclSuccess) a = ncclInternalError;
         if (a == ncclSuccess) return MK_OK;
         if (a != ncclInProgress) {
             comm_message(ctx, why, sizeof why);
-            return fail_abort(ctx, nccl_status(a, 1), "communicator init (rank %d of %d) failed: %s (%s)", ctx->rank,
-                              ctx->nranks, ncclGetErrorString(a), why);
+            return fail_abort(ctx, nccl_status(a, 0),
+                              "NCCL refused the communicator at init (rank %d of %d): %s (%s); NCCL refuses, "
+                              "among others, two ranks of one communicator on one GPU",
+                              ctx->rank, ctx->nranks, ncclGetErrorString(a), why);
         }
         if (now_ns() > deadline)
             return fail_abort(ctx, MK_ERR_PEER_TIMEOUT,
                               "communicator init (rank %d of %d) not complete within %d ms (every rank must join); "
                               "aborted",
                               ctx->rank, ctx->nranks, ctx->deadline_ms);
-        nap();
+        poll_pause(&poll);
     }
 }
 
@@ -185,8 +206,9 @@ void mk_nccl_ctx_destroy(mk_nccl_ctx *ctx) {
         if (!ctx->send_pending) {
             ncclResult_t r = ncclCommFinalize(ctx->comm);
             const int64_t deadline = deadline_after(ctx->deadline_ms > 0 ? ctx->deadline_ms : 1000);
+            mk_nccl_poll poll = poll_begin();
             while (r == ncclInProgress && now_ns() < deadline) {
-                nap();
+                poll_pause(&poll);
                 if (ncclCommGetAsyncError(ctx->comm, &r) != ncclSuccess) r = ncclInternalError;
             }
             clean = r == ncclSuccess;

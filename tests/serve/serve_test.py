@@ -1,0 +1,358 @@
+#!/usr/bin/env python3
+"""meshkern serve against real clients: the `openai` package and curl.
+
+  serve_test.py MESHKERN MODEL.gguf
+
+Starts the server on a free port (--threads 1) and checks:
+  - chat, streamed and not, and /v1/completions answer exactly what `meshkern run -p` prints
+    for the same prompt and token limit (greedy), with its token count and finish reason;
+  - stop strings cut the answer (streamed text held back until the stop string is ruled out);
+  - 8 clients at once (4 sequence slots, the rest queued) each get their own answer;
+  - each bad request gets its status and message, and never reaches the model;
+  - a second server, split in two stages, with one slot and no queue (key from --api-key-file):
+    429 with Retry-After; a streamed client that disconnects frees its sequence (metrics), and
+    so does one waiting for a non-streamed answer; SIGTERM drains (the request in flight
+    finishes, a new one gets 503) and the process exits 0.
+"""
+import concurrent.futures
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+try:
+    import openai
+except ImportError:
+    sys.exit("serve_test: the `openai` Python package is missing (scripts/deps.sh installs it)")
+
+BIN, MODEL = sys.argv[1], sys.argv[2]
+KEY = "sk-meshkern-test-key"
+N = 8  # max tokens of the answers compared
+PROMPTS = ["What is the capital of France?", "Name a primary colour.", "What is 2 + 2?", "Say hello.",
+           "What is the largest planet?", "Which animal barks?", "What colour is the sky?", "Count to three."]
+failures = []
+
+
+def check(cond, what):
+    print(("ok   " if cond else "FAIL ") + what, flush=True)
+    if not cond:
+        failures.append(what)
+
+
+def reference(prompt, raw=False):
+    """`meshkern run MODEL -p PROMPT --n N`: (text, generated tokens, finish reason)."""
+    args = [BIN, "run", MODEL, "-p", prompt, "--n", str(N), "--threads", "1"] + (["--raw"] if raw else [])
+    out = subprocess.run(args, capture_output=True, text=True, check=True).stdout
+    m = re.search(r"^ranges:[^\n]*\n(.*)\n\[(end of turn|token limit)\] prompt (\d+) tokens.*generated (\d+) tokens",
+                  out, re.S | re.M)
+    assert m, out
+    return m.group(1), int(m.group(4)), "stop" if m.group(2) == "end of turn" else "length", int(m.group(3))
+
+
+class Server:
+    def __init__(self, *extra):
+        self.proc = subprocess.Popen([BIN, "serve", MODEL, "--port", "0", "--threads", "1", *extra],
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.lines = []
+        while True:
+            line = self.proc.stdout.readline()
+            if not line:
+                sys.exit("serve_test: the server ended before listening:\n" + "".join(self.lines))
+            self.lines.append(line)
+            m = re.search(r"listening on (http://127\.0\.0\.1:\d+)", line)
+            if m:
+                self.url = m.group(1)
+                break
+        threading.Thread(target=lambda: self.lines.extend(self.proc.stdout), daemon=True).start()
+
+    def client(self, key=KEY):
+        return openai.OpenAI(base_url=self.url + "/v1", api_key=key, max_retries=0, timeout=60)
+
+
+def curl(url, path, body=None, method=None, headers=(), key=KEY, stream=False):
+    """(status, headers text, body bytes) from curl."""
+    args = ["curl", "-s", "-D", "-", "-o", "-", "--max-time", "60"]
+    if stream:
+        args.append("-N")
+    if method:
+        args += ["-X", method]
+    if key:
+        args += ["-H", "Authorization: Bearer " + key]
+    for h in headers:
+        args += ["-H", h]
+    if body is not None:
+        args += ["-H", "Content-Type: application/json", "--data-binary", "@-"]
+        body = body if isinstance(body, bytes) else json.dumps(body).encode()
+    out = subprocess.run(args + [url + path], input=body, capture_output=True, check=True).stdout
+    head, _, rest = out.partition(b"\r\n\r\n")
+    while head.startswith(b"HTTP/1.1 100"):  # Expect: 100-continue
+        head, _, rest = rest.partition(b"\r\n\r\n")
+    status = int(head.split()[1])
+    return status, head.decode(), rest
+
+
+def metric(url, name):
+    _, _, body = curl(url, "/metrics")
+    m = re.search(r"^" + re.escape(name) + r" (\d+)$", body.decode(), re.M)
+    return int(m.group(1)) if m else None
+
+
+def sse_text(body):
+    """The text, finish reason and usage of an SSE body (chat chunks)."""
+    text, finish, usage, done = "", None, None, False
+    for line in body.decode().split("\n"):
+        if not line.startswith("data: "):
+            continue
+        if line == "data: [DONE]":
+            done = True
+            continue
+        chunk = json.loads(line[6:])
+        for ch in chunk.get("choices", []):
+            text += ch.get("delta", {}).get("content") or ch.get("text") or ""
+            finish = ch.get("finish_reason") or finish
+        usage = chunk.get("usage") or usage
+    return text, finish, usage, done
+
+
+def main():
+    t0 = time.time()
+    # references: `meshkern run -p`, a few at a time
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        refs = list(pool.map(reference, PROMPTS))
+        raw_ref = pool.submit(reference, "The capital of France is", True).result()
+    print(f"references: {time.time() - t0:.1f} s", flush=True)
+
+    srv = Server("--api-key", KEY, "--max-sequences", "4", "--max-queue", "8", "--ctx", "256", "--max-body", "65536")
+    model_id = os.path.basename(MODEL)[:-len(".gguf")]
+    try:
+        client = srv.client()
+        # ------------------------------------------------ openai client: same answers
+        models = client.models.list()
+        check([m.id for m in models.data] == [model_id], "GET /v1/models lists the model")
+        text, n_gen, finish, n_prompt = refs[0]
+        r = client.chat.completions.create(model=model_id, messages=[{"role": "user", "content": PROMPTS[0]}],
+                                           max_tokens=N, temperature=0, seed=7)
+        check(r.choices[0].message.content == text, f"openai chat: answer equals run -p ({text!r})")
+        check(r.choices[0].finish_reason == finish, f"openai chat: finish_reason {finish}")
+        check(r.usage.completion_tokens == n_gen and r.usage.prompt_tokens == n_prompt and
+              r.usage.total_tokens == n_gen + n_prompt, "openai chat: usage counts equal run -p's")
+        pieces, fin, usage = [], None, None
+        for chunk in client.chat.completions.create(model=model_id, messages=[{"role": "user", "content": PROMPTS[0]}],
+                                                    max_completion_tokens=N, stream=True,
+                                                    stream_options={"include_usage": True}):
+            for ch in chunk.choices:
+                pieces.append(ch.delta.content or "")
+                fin = ch.finish_reason or fin
+            usage = chunk.usage or usage
+        check("".join(pieces) == text and fin == finish, "openai chat stream: deltas join to run -p's answer")
+        check(usage is not None and usage.completion_tokens == n_gen, "openai chat stream: usage chunk")
+        rtext, rgen, rfinish, _ = raw_ref
+        c = client.completions.create(model=model_id, prompt="The capital of France is", max_tokens=N)
+        check(c.choices[0].text == rtext and c.choices[0].finish_reason == rfinish and c.usage.completion_tokens == rgen,
+              f"openai completions: equals run -p --raw ({rtext!r})")
+        # stop strings: cut before the first occurrence; streamed text held back
+        word = text.split()[1] if len(text.split()) > 1 else text[:2]
+        cut = text[:text.index(word)]
+        r = client.chat.completions.create(model=model_id, messages=[{"role": "user", "content": PROMPTS[0]}],
+                                           max_tokens=N, stop=["zzzz", word])
+        check(r.choices[0].message.content == cut and r.choices[0].finish_reason == "stop",
+              f"stop string {word!r}: answer cut to {cut!r}, finish_reason stop")
+        streamed = "".join(ch.choices[0].delta.content or "" for ch in client.chat.completions.create(
+            model=model_id, messages=[{"role": "user", "content": PROMPTS[0]}], max_tokens=N, stop=word, stream=True)
+            if ch.choices)
+        check(streamed == cut, f"stop string streamed: {streamed!r}")
+
+        # ------------------------------------------------------- curl: same answers
+        status, _, body = curl(srv.url, "/v1/chat/completions",
+                               {"model": model_id, "messages": [{"role": "user", "content": PROMPTS[1]}], "max_tokens": N})
+        got = json.loads(body)
+        check(status == 200 and got["choices"][0]["message"]["content"] == refs[1][0] and
+              got["usage"]["completion_tokens"] == refs[1][1], "curl chat: answer equals run -p")
+        status, head, body = curl(srv.url, "/v1/chat/completions",
+                                  {"messages": [{"role": "user", "content": PROMPTS[1]}], "max_tokens": N, "stream": True},
+                                  stream=True)
+        t, f, _, done = sse_text(body)
+        check(status == 200 and "text/event-stream" in head and t == refs[1][0] and f == refs[1][2] and done,
+              "curl chat stream: SSE chunks join to run -p's answer, then data: [DONE]")
+
+        # ------------------------------------------------- 8 clients at once
+        # (MK_SERVE_TEST_CLIENTS=32: more clients, client i asking prompt i mod 8; beyond 4
+        # slots + 8 queued the server says 429 and the client comes back)
+        clients = int(os.environ.get("MK_SERVE_TEST_CLIENTS", len(PROMPTS)))
+
+        def ask(i):
+            c = srv.client()
+            while True:  # a full server says 429: come back later, as a client should
+                try:
+                    r = c.chat.completions.create(model=model_id, max_tokens=N,
+                                                  messages=[{"role": "user", "content": PROMPTS[i % 8]}])
+                    return r.choices[0].message.content, r.usage.completion_tokens
+                except openai.RateLimitError:
+                    time.sleep(0.5)
+        t1 = time.time()
+        with concurrent.futures.ThreadPoolExecutor(clients) as pool:
+            answers = list(pool.map(ask, range(clients)))
+        wrong = [i for i, (a, n) in enumerate(answers) if (a, n) != (refs[i % 8][0], refs[i % 8][1])]
+        check(not wrong, f"{clients} concurrent clients each got their own answer "
+                         f"({time.time() - t1:.1f} s; wrong: {wrong})")
+
+        # --------------------------------------------------------- bad input
+        base = {"model": model_id, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+        long_text = "word " * 400
+        cases = [
+            ("malformed JSON", b'{"messages": [', 400, "not valid JSON"),
+            ("trailing bytes", b'{"messages": []} x', 400, "not valid JSON"),
+            ("body not an object", b'[1, 2]', 400, "must be a JSON object"),
+            ("messages wrong type", {**base, "messages": "hi"}, 400, "messages must be an array"),
+            ("max_tokens wrong type", {**base, "max_tokens": "8"}, 400, "max_tokens must be a positive integer"),
+            ("stream wrong type", {**base, "stream": "yes"}, 400, "stream must be a boolean"),
+            ("missing messages", {"model": model_id}, 400, "messages is required"),
+            ("empty messages", {**base, "messages": []}, 400, "messages must not be empty"),
+            ("empty content", {**base, "messages": [{"role": "user", "content": ""}]}, 400, "messages[0].content is empty"),
+            ("unknown role", {**base, "messages": [{"role": "wizard", "content": "x"}]}, 400, "role 'wizard'"),
+            ("invalid UTF-8", b'{"messages": [{"role": "user", "content": "caf\xe9"}]}', 400, "not valid UTF-8 (byte 46)"),
+            ("lone surrogate escape", b'{"messages": [{"role": "user", "content": "\\ud800"}]}', 400, "not valid JSON"),
+            ("prompt over the context", {**base, "messages": [{"role": "user", "content": long_text}]}, 400,
+             "this server's context holds 256"),
+            ("max_tokens over the context", {**base, "max_tokens": 1000}, 400, "over this server's context of 256"),
+            ("temperature > 0", {**base, "temperature": 0.7}, 400, "temperature 0.7 is not supported"),
+            ("n > 1", {**base, "n": 2}, 400, "n = 2 is not supported"),
+            ("tools", {**base, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools (function calling)"),
+            ("logprobs", {**base, "logprobs": True}, 400, "logprobs are not supported"),
+            ("stop wrong type", {**base, "stop": 5}, 400, "stop must be a string"),
+            ("unknown model", {**base, "model": "gpt-4"}, 404, "the model 'gpt-4' does not exist"),
+        ]
+        for name, body, want, msg in cases:
+            status, _, out = curl(srv.url, "/v1/chat/completions", body)
+            try:
+                err = json.loads(out)["error"]
+                ok = status == want and msg in err["message"] and err["type"] and err["code"]
+            except (ValueError, KeyError, TypeError):
+                ok, err = False, out[:200]
+            check(ok, f"{name}: {status} {err.get('message') if isinstance(err, dict) else err!r}")
+        r = client.chat.completions.create  # the client's own error types
+        try:
+            client.chat.completions.create(model=model_id, messages=[{"role": "user", "content": "x"}], temperature=1.0)
+            check(False, "openai client: temperature 1 refused")
+        except openai.BadRequestError as e:
+            check(e.status_code == 400 and "temperature" in str(e), "openai client: temperature 1 -> BadRequestError")
+        for name, key, want in [("missing API key", None, 401), ("wrong API key", "sk-wrong", 401)]:
+            status, head, out = curl(srv.url, "/v1/chat/completions", base, key=key)
+            check(status == want and "API key" in json.loads(out)["error"]["message"], f"{name}: {status}")
+        try:
+            srv.client("sk-wrong").models.list()
+            check(False, "openai client: wrong key refused")
+        except openai.AuthenticationError:
+            check(True, "openai client: wrong key -> AuthenticationError")
+        status, _, out = curl(srv.url, "/v1/nothing", base)
+        check(status == 404 and "no such endpoint" in json.loads(out)["error"]["message"], "unknown path: 404")
+        status, head, out = curl(srv.url, "/v1/chat/completions", method="GET")
+        check(status == 405 and "Allow: POST" in head, "GET on /v1/chat/completions: 405 with Allow: POST")
+        status, _, out = curl(srv.url, "/v1/chat/completions", b'{"messages": "' + b"x" * 70000 + b'"}')
+        check(status == 413 and "over this server's limit of 65536" in json.loads(out)["error"]["message"],
+              "body over --max-body: 413")
+        status, _, out = curl(srv.url, "/health", key=None)
+        check(status == 200 and json.loads(out)["status"] == "ok", "GET /health without a key: ok")
+        m = curl(srv.url, "/metrics")[2].decode()
+        check('meshkern_requests_total{code="400"}' in m and "meshkern_generated_tokens_total" in m and
+              metric(srv.url, "meshkern_sequences_in_flight") == 0, "GET /metrics: Prometheus text, nothing in flight")
+    finally:
+        srv.proc.send_signal(signal.SIGTERM)
+        rc = srv.proc.wait(30)
+        check(rc == 0, f"first server: SIGTERM -> exit {rc}")
+
+    # ------------- one slot, no queue: 429, a disconnect cancels, SIGTERM drains
+    key_file = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"meshkern_serve_key_{os.getpid()}")
+    with open(key_file, "w") as f:
+        f.write(KEY + "\n")
+    small = Server("--max-sequences", "1", "--max-queue", "0", "--ctx", "512", "--split", "14",  # two stages
+                   "--api-key-file", key_file)
+    try:
+        gen_before = metric(small.url, "meshkern_generated_tokens_total")
+        stream = small.client().chat.completions.create(
+            model=model_id, messages=[{"role": "user", "content": "Write a long story about a dragon."}],
+            max_tokens=400, stream=True)
+        it = iter(stream)
+        next(it), next(it), next(it)  # the role chunk and some text
+        check(metric(small.url, "meshkern_sequences_in_flight") == 1, "a long stream holds the one slot")
+        check(metric(small.url, "meshkern_sequences_queued") == 0, "metrics: nothing queued")
+        status, head, out = curl(small.url, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]})
+        check(status == 429 and re.search(r"Retry-After: \d+", head) is not None, "full: 429 with Retry-After")
+        stream.close()  # the client goes away mid-stream
+        deadline = time.time() + 10
+        while time.time() < deadline and (metric(small.url, "meshkern_requests_cancelled_total") != 1 or
+                                          metric(small.url, "meshkern_sequences_in_flight") != 0):
+            time.sleep(0.05)
+        gen = metric(small.url, "meshkern_generated_tokens_total") - gen_before
+        check(metric(small.url, "meshkern_requests_cancelled_total") == 1 and
+              metric(small.url, "meshkern_sequences_in_flight") == 0 and gen < 100,
+              f"disconnect mid-stream: sequence cancelled after {gen} of 400 tokens, slot free")
+        # a client of a non-streamed request that goes away: its sequence is cancelled too
+        host, port = small.url[len("http://"):].split(":")
+        body = json.dumps({"messages": [{"role": "user", "content": "Write a long story about a dragon."}],
+                           "max_tokens": 400}).encode()
+        sock = socket.create_connection((host, int(port)))
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + KEY.encode() +
+                     b"\r\nContent-Type: application/json\r\nContent-Length: " + str(len(body)).encode() +
+                     b"\r\n\r\n" + body)
+        deadline = time.time() + 10
+        while time.time() < deadline and metric(small.url, "meshkern_sequences_in_flight") != 1:
+            time.sleep(0.02)
+        gen_before = metric(small.url, "meshkern_generated_tokens_total")
+        sock.close()
+        deadline = time.time() + 10
+        while time.time() < deadline and (metric(small.url, "meshkern_requests_cancelled_total") != 2 or
+                                          metric(small.url, "meshkern_sequences_in_flight") != 0):
+            time.sleep(0.05)
+        check(metric(small.url, "meshkern_requests_cancelled_total") == 2 and
+              metric(small.url, "meshkern_sequences_in_flight") == 0,
+              "disconnect while waiting for a non-streamed answer: sequence cancelled, slot free")
+        r = small.client().chat.completions.create(model=model_id, messages=[{"role": "user", "content": PROMPTS[2]}],
+                                                   max_tokens=N)
+        check(r.choices[0].message.content == refs[2][0],
+              "the freed slot serves the next request correctly (two stages: equals the whole model's run -p)")
+
+        # SIGTERM while a request is in flight: it finishes, a new one gets 503, exit 0
+        result = {}
+        def inflight():
+            result["r"] = curl(small.url, "/v1/chat/completions",
+                               {"messages": [{"role": "user", "content": PROMPTS[3]}], "max_tokens": N})
+        th = threading.Thread(target=inflight)
+        th.start()
+        deadline = time.time() + 10
+        while time.time() < deadline and metric(small.url, "meshkern_sequences_in_flight") != 1:
+            time.sleep(0.01)
+        small.proc.send_signal(signal.SIGTERM)
+        deadline = time.time() + 10  # the server has taken the signal when /health says draining
+        while time.time() < deadline and curl(small.url, "/health", key=None)[0] != 503:
+            time.sleep(0.02)
+        status, _, out = curl(small.url, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]})
+        check(status == 503 and "shutting down" in out.decode(), f"draining: a new request gets {status}")
+        th.join(30)
+        status, _, out = result.get("r", (0, "", b"{}"))
+        check(status == 200 and json.loads(out)["choices"][0]["message"]["content"] == refs[3][0],
+              "draining: the request in flight finishes with its full answer")
+        rc = small.proc.wait(30)
+        check(rc == 0, f"SIGTERM drain: exit {rc}")
+    finally:
+        os.unlink(key_file)
+        if small.proc.poll() is None:
+            small.proc.kill()
+    # a signal the moment the server listens (before its main thread waits) still drains
+    quick = Server("--ctx", "64")
+    quick.proc.send_signal(signal.SIGINT)
+    rc = quick.proc.wait(30)
+    check(rc == 0, f"SIGINT right after startup: exit {rc}")
+    print(f"serve test: {time.time() - t0:.1f} s, {len(failures)} failure(s)")
+    if failures:
+        print("".join(srv.lines[-20:]) + "".join(small.lines[-20:]))
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,881 @@
+/* meshkern serve MODEL: an OpenAI-compatible HTTP endpoint over the library's scheduler.
+ *
+ *   POST /v1/chat/completions   messages through the model's chat template; stream or not
+ *   POST /v1/completions        a raw prompt (the model's BOS added)
+ *   GET  /v1/models, /health, /metrics (Prometheus text)
+ *
+ * HTTP is libmicrohttpd's, one thread per connection (capped; idle connections time out);
+ * JSON is cJSON's (serve_req.c turns a body into a checked request). Each accepted request
+ * becomes one sequence of an mk_sched: the tail stage's token callback appends the token
+ * to the request's job and wakes its connection thread, which detokenizes, holds back text
+ * that may yet become a stop string, and writes the answer (one SSE chunk per piece of text
+ * when streamed). A streamed client that goes away cancels its sequence (mk_sched_cancel:
+ * its slot is free within one step); every sequence's record is released when its request
+ * ends (mk_sched_release), so memory does not grow with the requests served. SIGTERM/SIGINT:
+ * new requests get 503, those in flight finish (cut short after --drain-timeout), then the
+ * process exits 0. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <limits.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <semaphore.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#include <cjson/cJSON.h>
+#include <microhttpd.h>
+
+#include "cli.h"
+#include "serve.h"
+
+/* ================================================================ server == */
+
+/* Counted responses, by status. */
+static const int mk_codes[] = {200, 400, 401, 404, 405, 413, 429, 500, 503};
+#define MK_N_CODES (sizeof mk_codes / sizeof mk_codes[0])
+
+/* One accepted request's sequence: tokens appended by the tail's callback. Guarded by
+ * srv->mu; `cv` wakes the connection thread. */
+typedef struct mk_job {
+    uint64_t seq;
+    int32_t *tokens; /* [cap] */
+    size_t n_tokens, cap;
+    pthread_cond_t cv;
+} mk_job;
+
+typedef struct mk_server {
+    mk_model *model;
+    mk_tokenizer *tok;
+    mk_sched *sched;
+    mk_serve_limits lim;
+    char model_id[256];
+    const char *api_key;
+    size_t max_body;
+    int32_t *eog;        /* [n_eog] end-of-generation ids: every sequence stops on them */
+    size_t n_eog;
+    time_t started;
+
+    pthread_mutex_t mu;
+    mk_job **jobs;       /* [max_jobs]: accepted, not yet finished */
+    size_t max_jobs, n_jobs;
+    size_t n_active;     /* completion requests between acceptance and their connection's end */
+    bool draining;
+    pthread_cond_t idle_cv; /* n_active reached 0 */
+    uint64_t next_id;
+    /* metrics */
+    uint64_t by_code[MK_N_CODES];
+    uint64_t cancelled, failed, prompt_tokens, generated_tokens;
+} mk_server;
+
+/* The tail's token callback: the token goes to its job, if the job is still there. */
+static void mk_serve_on_token(void *user, uint64_t seq_id, size_t index, int32_t token, const float *logits,
+                              size_t vocab) {
+    (void)logits, (void)vocab, (void)index;
+    mk_server *srv = user;
+    pthread_mutex_lock(&srv->mu);
+    for (size_t i = 0; i < srv->n_jobs; i++) {
+        mk_job *j = srv->jobs[i];
+        if (j->seq != seq_id) continue;
+        if (j->n_tokens < j->cap) j->tokens[j->n_tokens++] = token;
+        pthread_cond_signal(&j->cv);
+        break;
+    }
+    pthread_mutex_unlock(&srv->mu);
+}
+
+static bool mk_serve_is_eog(const mk_server *srv, int32_t token) {
+    for (size_t i = 0; i < srv->n_eog; i++)
+        if (srv->eog[i] == token) return true;
+    return false;
+}
+
+/* ============================================================ a request == */
+
+typedef enum mk_route { MK_ROUTE_NONE = 0, MK_ROUTE_CHAT, MK_ROUTE_COMPLETION } mk_route;
+
+/* Per connection request (MHD's con_cls). */
+typedef struct mk_conn {
+    mk_server *srv;
+    mk_route route;
+    char *body;
+    size_t body_len, body_cap;
+    bool too_large;
+    bool active;             /* counted in srv->n_active */
+    /* the generation */
+    mk_serve_req req;
+    mk_job *job;             /* NULL once finished (or never submitted) */
+    mk_detokenizer *detok;
+    char *text;              /* the answer so far (detokenized) */
+    size_t text_len, text_cap;
+    size_t consumed;         /* tokens of the job taken */
+    size_t completion_tokens;
+    size_t sent;             /* bytes of text handed to the client */
+    size_t ruled_out;        /* no stop string starts before this byte of text */
+    bool finished;
+    const char *finish_reason; /* "stop", "length", or NULL on failure */
+    char error[300];         /* the sequence failed */
+    char id[64];
+    time_t created;
+    /* streaming: SSE bytes waiting for the socket */
+    char *out;
+    size_t out_len, out_pos, out_cap;
+    bool stream_started, stream_done;
+    int fd;                  /* the client's socket: watched for a hang-up while waiting */
+    bool gone;               /* the client went away: the sequence was cancelled */
+} mk_conn;
+
+/* The client closed its end (a waiting client never does). */
+static bool mk_client_gone(int fd) {
+    struct pollfd p = {.fd = fd, .events = POLLRDHUP};
+    return fd >= 0 && poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
+}
+
+static bool mk_grow(char **buf, size_t *cap, size_t need) {
+    if (need <= *cap) return true;
+    size_t cap2 = *cap ? *cap : 256;
+    while (cap2 < need) cap2 *= 2;
+    char *p = realloc(*buf, cap2);
+    if (!p) return false;
+    *buf = p;
+    *cap = cap2;
+    return true;
+}
+
+static bool mk_append(char **buf, size_t *len, size_t *cap, const char *data, size_t n) {
+    if (!mk_grow(buf, cap, *len + n + 1)) return false;
+    memcpy(*buf + *len, data, n);
+    *len += n;
+    (*buf)[*len] = '\0';
+    return true;
+}
+
+/* Leave the job table; the sequence is cancelled unless it already ended. */
+static void mk_conn_end_job(mk_conn *c, bool cancel) {
+    mk_server *srv = c->srv;
+    if (!c->job) return;
+    pthread_mutex_lock(&srv->mu);
+    for (size_t i = 0; i < srv->n_jobs; i++)
+        if (srv->jobs[i] == c->job) {
+            srv->jobs[i] = srv->jobs[--srv->n_jobs];
+            break;
+        }
+    pthread_mutex_unlock(&srv->mu);
+    if (cancel) (void)mk_sched_cancel(srv->sched, c->job->seq);
+    (void)mk_sched_release(srv->sched, c->job->seq); /* its record goes when it retires */
+    pthread_cond_destroy(&c->job->cv);
+    free(c->job->tokens);
+    free(c->job);
+    c->job = NULL;
+}
+
+static void mk_conn_finish(mk_conn *c, const char *reason, bool cancel) {
+    if (c->detok && reason) { /* bytes of an unfinished character come out as U+FFFD */
+        const char *t;
+        size_t n;
+        if (mk_detokenizer_flush(c->detok, &t, &n) == MK_OK && n) mk_append(&c->text, &c->text_len, &c->text_cap, t, n);
+    }
+    c->finish_reason = reason;
+    c->finished = true;
+    mk_conn_end_job(c, cancel);
+    pthread_mutex_lock(&c->srv->mu);
+    c->srv->generated_tokens += c->completion_tokens;
+    if (!reason) c->srv->failed++;
+    pthread_mutex_unlock(&c->srv->mu);
+}
+
+/* Take the tokens that arrived, waiting up to ~250 ms for one; returns after any progress
+ * or when the sequence ended. The answer's end: an end-of-generation token ("stop"), a stop
+ * string ("stop", the text cut before it), max_tokens ("length"), or the sequence failed. */
+static void mk_conn_advance(mk_conn *c) {
+    mk_server *srv = c->srv;
+    int32_t batch[64];
+    size_t n = 0, base = c->consumed;
+    pthread_mutex_lock(&srv->mu);
+    if (c->job->n_tokens == c->consumed) {
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_nsec += 250 * 1000000L;
+        if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
+        (void)pthread_cond_timedwait(&c->job->cv, &srv->mu, &until);
+    }
+    while (c->consumed < c->job->n_tokens && n < 64) batch[n++] = c->job->tokens[c->consumed++];
+    pthread_mutex_unlock(&srv->mu);
+    if (mk_client_gone(c->fd)) { /* nobody to answer: free the slot now */
+        mk_conn_end_job(c, true);
+        pthread_mutex_lock(&srv->mu);
+        srv->cancelled++;
+        srv->generated_tokens += c->completion_tokens;
+        pthread_mutex_unlock(&srv->mu);
+        c->gone = c->finished = true;
+        return;
+    }
+    if (n == 0) { /* nothing new: has the sequence failed, or been cut short (drain)? */
+        mk_seq_info info;
+        if (mk_sched_poll(srv->sched, c->job->seq, &info, NULL, 0) != MK_OK || info.state < MK_SEQ_DONE) return;
+        pthread_mutex_lock(&srv->mu); /* its tokens all arrive before it is seen ended */
+        const bool all = c->job->n_tokens == c->consumed;
+        pthread_mutex_unlock(&srv->mu);
+        if (!all) return;
+        if (info.state == MK_SEQ_FAILED) {
+            snprintf(c->error, sizeof c->error, "generation failed: %s: %s", mk_status_name(info.status), info.error);
+            mk_conn_finish(c, NULL, false);
+        } else {
+            mk_conn_finish(c, "length", false);
+        }
+        return;
+    }
+    for (size_t i = 0; i < n && !c->finished; i++) {
+        const size_t index = base + i;
+        if (mk_serve_is_eog(srv, batch[i])) {
+            mk_conn_finish(c, "stop", false);
+            break;
+        }
+        c->completion_tokens++;
+        const char *t;
+        size_t len;
+        if (mk_detokenizer_push(c->detok, batch[i], &t, &len) != MK_OK ||
+            !mk_append(&c->text, &c->text_len, &c->text_cap, t, len)) {
+            snprintf(c->error, sizeof c->error, "detokenizing failed: %s", mk_last_error());
+            mk_conn_finish(c, NULL, index + 1 < c->req.max_tokens);
+            break;
+        }
+        size_t cut, safe;
+        if (c->req.n_stop && mk_serve_stop_scan(&c->req, c->text, c->text_len, c->ruled_out, &cut, &safe)) {
+            mk_conn_finish(c, "stop", index + 1 < c->req.max_tokens);
+            c->text_len = cut; /* the stop string and all after it (held bytes included) go */
+            c->text[cut] = '\0';
+            break;
+        }
+        if (c->req.n_stop) c->ruled_out = safe;
+        if (index + 1 == c->req.max_tokens) mk_conn_finish(c, "length", false);
+    }
+}
+
+/* How much of the text may go out now: all of it once finished, else what no stop string
+ * can still claim. */
+static size_t mk_conn_sendable(const mk_conn *c) {
+    if (c->finished || c->req.n_stop == 0) return c->text_len;
+    return c->ruled_out; /* the scan after the last token said so */
+}
+
+/* ========================================================== JSON bodies == */
+
+static void mk_add_usage(cJSON *root, const mk_conn *c) {
+    cJSON *u = cJSON_AddObjectToObject(root, "usage");
+    cJSON_AddNumberToObject(u, "prompt_tokens", (double)c->req.n_ids);
+    cJSON_AddNumberToObject(u, "completion_tokens", (double)c->completion_tokens);
+    cJSON_AddNumberToObject(u, "total_tokens", (double)(c->req.n_ids + c->completion_tokens));
+}
+
+static cJSON *mk_body_head(const mk_conn *c, const char *object) {
+    cJSON *root = cJSON_CreateObject();
+    cJSON_AddStringToObject(root, "id", c->id);
+    cJSON_AddStringToObject(root, "object", object);
+    cJSON_AddNumberToObject(root, "created", (double)c->created);
+    cJSON_AddStringToObject(root, "model", c->srv->model_id);
+    return root;
+}
+
+/* The whole answer (not streamed). */
+static char *mk_final_json(const mk_conn *c) {
+    const bool chat = c->route == MK_ROUTE_CHAT;
+    cJSON *root = mk_body_head(c, chat ? "chat.completion" : "text_completion");
+    cJSON *choice = cJSON_CreateObject();
+    cJSON_AddNumberToObject(choice, "index", 0);
+    if (chat) {
+        cJSON *m = cJSON_AddObjectToObject(choice, "message");
+        cJSON_AddStringToObject(m, "role", "assistant");
+        cJSON_AddStringToObject(m, "content", c->text ? c->text : "");
+    } else {
+        cJSON_AddStringToObject(choice, "text", c->text ? c->text : "");
+    }
+    cJSON_AddNullToObject(choice, "logprobs");
+    cJSON_AddStringToObject(choice, "finish_reason", c->finish_reason);
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(root, "choices"), choice);
+    mk_add_usage(root, c);
+    char *out = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    return out;
+}
+
+/* One SSE chunk: text[n] as the delta (role with the first chat chunk), finish_reason when
+ * given; usage_only: the final usage chunk (no choices). */
+static bool mk_sse_chunk(mk_conn *c, const char *text, size_t n, const char *finish, bool usage_only) {
+    const bool chat = c->route == MK_ROUTE_CHAT;
+    cJSON *root = mk_body_head(c, chat ? "chat.completion.chunk" : "text_completion");
+    cJSON *choices = cJSON_AddArrayToObject(root, "choices");
+    if (!usage_only) {
+        cJSON *choice = cJSON_CreateObject();
+        cJSON_AddNumberToObject(choice, "index", 0);
+        char *piece = malloc(n + 1);
+        if (piece) memcpy(piece, text, n), piece[n] = '\0';
+        if (chat) {
+            cJSON *d = cJSON_AddObjectToObject(choice, "delta");
+            if (!c->stream_started) cJSON_AddStringToObject(d, "role", "assistant");
+            if (n || !finish) cJSON_AddStringToObject(d, "content", piece ? piece : "");
+        } else {
+            cJSON_AddStringToObject(choice, "text", piece ? piece : "");
+        }
+        free(piece);
+        cJSON_AddNullToObject(choice, "logprobs");
+        if (finish) cJSON_AddStringToObject(choice, "finish_reason", finish);
+        else cJSON_AddNullToObject(choice, "finish_reason");
+        cJSON_AddItemToArray(choices, choice);
+        if (c->req.include_usage) cJSON_AddNullToObject(root, "usage");
+    } else {
+        mk_add_usage(root, c);
+    }
+    c->stream_started = true;
+    char *json = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    const bool ok = json && mk_append(&c->out, &c->out_len, &c->out_cap, "data: ", 6) &&
+                    mk_append(&c->out, &c->out_len, &c->out_cap, json, strlen(json)) &&
+                    mk_append(&c->out, &c->out_len, &c->out_cap, "\n\n", 2);
+    free(json);
+    return ok;
+}
+
+/* ============================================================ responses == */
+
+static void mk_count(mk_server *srv, int code) {
+    pthread_mutex_lock(&srv->mu);
+    for (size_t i = 0; i < MK_N_CODES; i++)
+        if (mk_codes[i] == code) srv->by_code[i]++;
+    pthread_mutex_unlock(&srv->mu);
+}
+
+static enum MHD_Result mk_respond(struct MHD_Connection *conn, mk_server *srv, unsigned code, const char *type,
+                                  char *body /* malloc'd, taken */, const char *extra_header, const char *extra_value) {
+    struct MHD_Response *r = MHD_create_response_from_buffer(body ? strlen(body) : 0, body ? body : (char *)"",
+                                                             body ? MHD_RESPMEM_MUST_FREE : MHD_RESPMEM_PERSISTENT);
+    if (!r) {
+        free(body);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, type);
+    if (extra_header) MHD_add_response_header(r, extra_header, extra_value);
+    const enum MHD_Result ok = MHD_queue_response(conn, code, r);
+    MHD_destroy_response(r);
+    mk_count(srv, (int)code);
+    return ok;
+}
+
+static enum MHD_Result mk_respond_error(struct MHD_Connection *conn, mk_server *srv, const mk_serve_err *err,
+                                        const char *extra_header, const char *extra_value) {
+    return mk_respond(conn, srv, (unsigned)err->http, "application/json", mk_serve_error_json(err), extra_header,
+                      extra_value);
+}
+
+static enum MHD_Result mk_refuse_now(struct MHD_Connection *conn, mk_server *srv, int http, const char *code,
+                                     const char *extra_header, const char *extra_value, const char *fmt, ...) {
+    mk_serve_err err;
+    mk_serve_refuse(&err, http, code, NULL, "%s", "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err.message, sizeof err.message, fmt, ap);
+    va_end(ap);
+    return mk_respond_error(conn, srv, &err, extra_header, extra_value);
+}
+
+static char *mk_metrics_text(mk_server *srv) {
+    char *buf = NULL;
+    size_t len = 0, cap = 0;
+    char line[256];
+    pthread_mutex_lock(&srv->mu);
+#define MK_LINE(...) (snprintf(line, sizeof line, __VA_ARGS__), mk_append(&buf, &len, &cap, line, strlen(line)))
+    MK_LINE("# HELP meshkern_requests_total HTTP responses by status code.\n# TYPE meshkern_requests_total counter\n");
+    for (size_t i = 0; i < MK_N_CODES; i++)
+        MK_LINE("meshkern_requests_total{code=\"%d\"} %llu\n", mk_codes[i], (unsigned long long)srv->by_code[i]);
+    MK_LINE("# HELP meshkern_requests_cancelled_total Streamed requests whose client went away (sequence cancelled).\n"
+            "# TYPE meshkern_requests_cancelled_total counter\nmeshkern_requests_cancelled_total %llu\n",
+            (unsigned long long)srv->cancelled);
+    MK_LINE("# HELP meshkern_requests_failed_total Requests whose sequence failed.\n"
+            "# TYPE meshkern_requests_failed_total counter\nmeshkern_requests_failed_total %llu\n",
+            (unsigned long long)srv->failed);
+    MK_LINE("# HELP meshkern_prompt_tokens_total Prompt tokens of accepted requests.\n"
+            "# TYPE meshkern_prompt_tokens_total counter\nmeshkern_prompt_tokens_total %llu\n",
+            (unsigned long long)srv->prompt_tokens);
+    MK_LINE("# HELP meshkern_generated_tokens_total Tokens generated into answers.\n"
+            "# TYPE meshkern_generated_tokens_total counter\nmeshkern_generated_tokens_total %llu\n",
+            (unsigned long long)srv->generated_tokens);
+    MK_LINE("# HELP meshkern_sequences_in_flight Sequences submitted and not finished (running or queued).\n"
+            "# TYPE meshkern_sequences_in_flight gauge\nmeshkern_sequences_in_flight %zu\n", srv->n_jobs);
+    size_t queued = 0;
+    for (size_t i = 0; i < srv->n_jobs; i++) {
+        mk_seq_info info;
+        if (mk_sched_poll(srv->sched, srv->jobs[i]->seq, &info, NULL, 0) == MK_OK && info.state == MK_SEQ_QUEUED) queued++;
+    }
+    MK_LINE("# HELP meshkern_sequences_queued Sequences waiting for a slot.\n"
+            "# TYPE meshkern_sequences_queued gauge\nmeshkern_sequences_queued %zu\n", queued);
+    MK_LINE("# HELP meshkern_sequences_capacity Sequences admitted before 429 (slots + queue).\n"
+            "# TYPE meshkern_sequences_capacity gauge\nmeshkern_sequences_capacity %zu\n", srv->max_jobs);
+    MK_LINE("# HELP meshkern_draining 1 after SIGTERM.\n# TYPE meshkern_draining gauge\nmeshkern_draining %d\n",
+            srv->draining ? 1 : 0);
+#undef MK_LINE
+    pthread_mutex_unlock(&srv->mu);
+    return buf;
+}
+
+/* SSE: MHD asks for the next bytes; block until there are some (or the end). */
+static ssize_t mk_stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
+    (void)pos;
+    mk_conn *c = cls;
+    for (;;) {
+        if (c->out_pos < c->out_len) {
+            size_t n = c->out_len - c->out_pos;
+            if (n > max) n = max;
+            memcpy(buf, c->out + c->out_pos, n);
+            c->out_pos += n;
+            if (c->out_pos == c->out_len) c->out_pos = c->out_len = 0;
+            return (ssize_t)n;
+        }
+        if (c->stream_done) return MHD_CONTENT_READER_END_OF_STREAM;
+        if (!c->finished) mk_conn_advance(c);
+        if (c->gone) return MHD_CONTENT_READER_END_WITH_ERROR;
+        const size_t sendable = mk_conn_sendable(c);
+        bool ok = true;
+        if (sendable > c->sent) {
+            ok = mk_sse_chunk(c, c->text + c->sent, sendable - c->sent, NULL, false);
+            c->sent = sendable;
+        } else if (!c->stream_started) {
+            ok = mk_sse_chunk(c, "", 0, NULL, false); /* the role, at once */
+        }
+        if (ok && c->finished) {
+            if (c->finish_reason) {
+                ok = mk_sse_chunk(c, "", 0, c->finish_reason, false);
+                if (ok && c->req.include_usage) ok = mk_sse_chunk(c, NULL, 0, NULL, true);
+            } else {
+                mk_serve_err err;
+                mk_serve_refuse(&err, 500, "generation_failed", NULL, "%s", c->error);
+                char *json = mk_serve_error_json(&err);
+                ok = json && mk_append(&c->out, &c->out_len, &c->out_cap, "data: ", 6) &&
+                     mk_append(&c->out, &c->out_len, &c->out_cap, json, strlen(json)) &&
+                     mk_append(&c->out, &c->out_len, &c->out_cap, "\n\n", 2);
+                free(json);
+            }
+            ok = ok && mk_append(&c->out, &c->out_len, &c->out_cap, "data: [DONE]\n\n", 14);
+            c->stream_done = true;
+        }
+        if (!ok) return MHD_CONTENT_READER_END_WITH_ERROR;
+    }
+}
+
+/* An accepted request: a sequence of the scheduler, or 429 when slots and queue are full. */
+static enum MHD_Result mk_start_generation(struct MHD_Connection *conn, mk_conn *c) {
+    mk_server *srv = c->srv;
+    mk_job *job = calloc(1, sizeof *job);
+    if (job) job->tokens = malloc(c->req.max_tokens * sizeof *job->tokens);
+    if (!job || !job->tokens) {
+        if (job) free(job);
+        return mk_refuse_now(conn, srv, 500, "out_of_memory", NULL, NULL, "out of memory");
+    }
+    job->cap = c->req.max_tokens;
+    pthread_cond_init(&job->cv, NULL);
+    pthread_mutex_lock(&srv->mu);
+    const bool full = srv->n_jobs == srv->max_jobs, draining = srv->draining;
+    mk_status s = MK_OK;
+    if (!full && !draining) {
+        /* submitted under the lock: the first token cannot arrive before the job is listed */
+        s = mk_sched_submit(srv->sched, c->req.ids, c->req.n_ids, c->req.max_tokens, srv->eog, srv->n_eog, &job->seq);
+        if (s == MK_OK) {
+            srv->jobs[srv->n_jobs++] = job;
+            srv->prompt_tokens += c->req.n_ids;
+            c->id[0] = '\0';
+            snprintf(c->id, sizeof c->id, "%s-%llx%llx", c->route == MK_ROUTE_CHAT ? "chatcmpl" : "cmpl",
+                     (unsigned long long)srv->started, (unsigned long long)++srv->next_id);
+        }
+    }
+    pthread_mutex_unlock(&srv->mu);
+    if (full || draining || s != MK_OK) {
+        pthread_cond_destroy(&job->cv);
+        free(job->tokens);
+        free(job);
+        if (draining)
+            return mk_refuse_now(conn, srv, 503, "shutting_down", "Retry-After", "5", "the server is shutting down");
+        if (full)
+            return mk_refuse_now(conn, srv, 429, "rate_limit_exceeded", "Retry-After", "1",
+                                 "the server is busy: %zu requests in flight (slots and queue); retry later", srv->max_jobs);
+        return mk_refuse_now(conn, srv, 500, "submit_failed", NULL, NULL, "%s: %s", mk_status_name(s), mk_last_error());
+    }
+    c->job = job;
+    c->created = time(NULL);
+    if (mk_detokenizer_create(srv->tok, 0, &c->detok) != MK_OK) {
+        mk_conn_end_job(c, true);
+        return mk_refuse_now(conn, srv, 500, "internal_error", NULL, NULL, "%s", mk_last_error());
+    }
+    if (c->req.stream) {
+        struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, mk_stream_reader, c, NULL);
+        if (!r) return MHD_NO;
+        MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
+        MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+        const enum MHD_Result ok = MHD_queue_response(conn, MHD_HTTP_OK, r);
+        MHD_destroy_response(r);
+        mk_count(srv, 200);
+        return ok;
+    }
+    while (!c->finished) mk_conn_advance(c); /* this connection's own thread */
+    if (c->gone) return MHD_NO;            /* close: nobody reads an answer */
+    if (!c->finish_reason) return mk_refuse_now(conn, srv, 500, "generation_failed", NULL, NULL, "%s", c->error);
+    return mk_respond(conn, srv, MHD_HTTP_OK, "application/json", mk_final_json(c), NULL, NULL);
+}
+
+/* ============================================================== routing == */
+
+/* The key from "Authorization: Bearer KEY", compared in time independent of where it differs. */
+static bool mk_authorized(struct MHD_Connection *conn, const mk_server *srv) {
+    if (!srv->api_key) return true;
+    const char *h = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+    if (!h || strncmp(h, "Bearer ", 7) != 0) return false;
+    const char *given = h + 7, *key = srv->api_key;
+    const size_t lg = strlen(given), lk = strlen(key);
+    volatile unsigned char diff = lg != lk;
+    for (size_t i = 0; i < lk; i++) diff |= (unsigned char)(key[i] ^ (i < lg ? given[i] : 0));
+    return diff == 0;
+}
+
+static enum MHD_Result mk_handle_get(struct MHD_Connection *conn, mk_server *srv, const char *url) {
+    if (strcmp(url, "/health") == 0) {
+        pthread_mutex_lock(&srv->mu);
+        const bool draining = srv->draining;
+        pthread_mutex_unlock(&srv->mu);
+        return mk_respond(conn, srv, draining ? 503 : 200, "application/json",
+                          strdup(draining ? "{\"status\":\"draining\"}" : "{\"status\":\"ok\"}"), NULL, NULL);
+    }
+    if (!mk_authorized(conn, srv))
+        return mk_refuse_now(conn, srv, 401, "invalid_api_key", "WWW-Authenticate", "Bearer",
+                             "missing or incorrect API key (Authorization: Bearer KEY)");
+    if (strcmp(url, "/metrics") == 0)
+        return mk_respond(conn, srv, 200, "text/plain; version=0.0.4", mk_metrics_text(srv), NULL, NULL);
+    /* /v1/models */
+    cJSON *root = cJSON_CreateObject(), *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(root, "object", "list");
+    cJSON_AddStringToObject(m, "id", srv->model_id);
+    cJSON_AddStringToObject(m, "object", "model");
+    cJSON_AddNumberToObject(m, "created", (double)srv->started);
+    cJSON_AddStringToObject(m, "owned_by", "meshkern");
+    cJSON_AddNumberToObject(m, "context_length", (double)srv->lim.context);
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(root, "data"), m);
+    char *body = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    return mk_respond(conn, srv, 200, "application/json", body, NULL, NULL);
+}
+
+static enum MHD_Result mk_handler(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
+                                  const char *version, const char *upload, size_t *upload_size, void **con_cls) {
+    (void)version;
+    mk_server *srv = cls;
+    mk_conn *c = *con_cls;
+    if (!c) { /* the first call: headers only */
+        static const struct { const char *path, *method; mk_route route; } routes[] = {
+            {"/v1/chat/completions", "POST", MK_ROUTE_CHAT}, {"/v1/completions", "POST", MK_ROUTE_COMPLETION},
+            {"/v1/models", "GET", MK_ROUTE_NONE},             {"/health", "GET", MK_ROUTE_NONE},
+            {"/metrics", "GET", MK_ROUTE_NONE}};
+        size_t r = 0;
+        while (r < sizeof routes / sizeof routes[0] && strcmp(url, routes[r].path) != 0) r++;
+        if (r == sizeof routes / sizeof routes[0]) {
+            char shown[128]; /* the client's bytes, printable ASCII only */
+            size_t n = 0;
+            for (const char *p = url; *p && n + 1 < sizeof shown; p++) shown[n++] = *p >= 0x20 && *p < 0x7f ? *p : '?';
+            shown[n] = '\0';
+            return mk_refuse_now(conn, srv, 404, "not_found", NULL, NULL, "no such endpoint: %s", shown);
+        }
+        if (strcmp(method, routes[r].method) != 0)
+            return mk_refuse_now(conn, srv, 405, "method_not_allowed", MHD_HTTP_HEADER_ALLOW, routes[r].method,
+                                 "this method is not allowed on %s (use %s)", routes[r].path, routes[r].method);
+        if (routes[r].route == MK_ROUTE_NONE) return mk_handle_get(conn, srv, url);
+        if (!mk_authorized(conn, srv))
+            return mk_refuse_now(conn, srv, 401, "invalid_api_key", "WWW-Authenticate", "Bearer",
+                                 "missing or incorrect API key (Authorization: Bearer KEY)");
+        const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+        if (cl && strtoull(cl, NULL, 10) > srv->max_body)
+            return mk_refuse_now(conn, srv, 413, "request_too_large", NULL, NULL,
+                                 "the request body of %.24s bytes is over this server's limit of %zu", cl, srv->max_body);
+        c = calloc(1, sizeof *c);
+        if (!c) return MHD_NO;
+        c->srv = srv;
+        c->route = routes[r].route;
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+        c->fd = ci ? ci->connect_fd : -1;
+        *con_cls = c;
+        return MHD_YES;
+    }
+    if (*upload_size) { /* a piece of the body */
+        if (!c->too_large && c->body_len + *upload_size <= srv->max_body) {
+            if (!mk_grow(&c->body, &c->body_cap, c->body_len + *upload_size + 1)) return MHD_NO;
+            memcpy(c->body + c->body_len, upload, *upload_size);
+            c->body_len += *upload_size;
+        } else {
+            c->too_large = true;
+        }
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    if (c->too_large)
+        return mk_refuse_now(conn, srv, 413, "request_too_large", NULL, NULL,
+                             "the request body is over this server's limit of %zu bytes", srv->max_body);
+    pthread_mutex_lock(&srv->mu);
+    const bool draining = srv->draining;
+    if (!draining) srv->n_active++, c->active = true;
+    pthread_mutex_unlock(&srv->mu);
+    if (draining) return mk_refuse_now(conn, srv, 503, "shutting_down", "Retry-After", "5", "the server is shutting down");
+    mk_serve_err err;
+    if (!mk_serve_parse(&srv->lim, c->route == MK_ROUTE_CHAT ? MK_SERVE_CHAT : MK_SERVE_COMPLETION, c->body ? c->body : "",
+                        c->body_len, &c->req, &err))
+        return mk_respond_error(conn, srv, &err, NULL, NULL);
+    return mk_start_generation(conn, c);
+}
+
+/* The connection's request is over (answered, or the client went away). */
+static void mk_completed(void *cls, struct MHD_Connection *conn, void **con_cls, enum MHD_RequestTerminationCode toe) {
+    (void)conn, (void)toe;
+    mk_server *srv = cls;
+    mk_conn *c = *con_cls;
+    if (!c) return;
+    if (c->job) { /* the client left before the answer ended: free its slot */
+        mk_conn_end_job(c, true);
+        pthread_mutex_lock(&srv->mu);
+        srv->cancelled++;
+        srv->generated_tokens += c->completion_tokens;
+        pthread_mutex_unlock(&srv->mu);
+    }
+    mk_detokenizer_free(c->detok);
+    mk_serve_req_free(&c->req);
+    free(c->body);
+    free(c->text);
+    free(c->out);
+    pthread_mutex_lock(&srv->mu);
+    if (c->active && --srv->n_active == 0) pthread_cond_broadcast(&srv->idle_cv);
+    pthread_mutex_unlock(&srv->mu);
+    free(c);
+    *con_cls = NULL;
+}
+
+static void mk_mhd_log(void *cls, const char *fmt, va_list ap) {
+    (void)cls;
+    fprintf(stderr, "meshkern serve: http: ");
+    vfprintf(stderr, fmt, ap);
+}
+
+/* ============================================================== command == */
+
+static sem_t mk_stop_sem;                     /* posted by the signal handler */
+static volatile sig_atomic_t mk_stop_signal;  /* which signal */
+
+static void mk_on_stop_signal(int sig) {
+    mk_stop_signal = sig;
+    sem_post(&mk_stop_sem); /* async-signal-safe */
+}
+
+static int mk_serve_usage(void) {
+    fprintf(stderr,
+            "usage:\n"
+            "  meshkern serve MODEL.gguf [--host 127.0.0.1] [--port 8080 (0: any free port)]\n"
+            "               [--api-key KEY | --api-key-file FILE] [--model-name NAME]\n"
+            "               [--split L1,L2,...] [--max-sequences N (default 8)] [--max-queue N (default 64)]\n"
+            "               [--ctx N (KV positions per sequence, default min(model, 2048))]\n"
+            "               [--max-body BYTES (default 1048576)] [--max-connections N (default 128)]\n"
+            "               [--timeout S (idle connection, default 60)] [--drain-timeout S (default 60)]\n"
+            "               [--backend cpu|cuda] [--device I] [--dtype native|f32|f16|bf16] [--kv f32|f16|bf16]\n"
+            "               [--threads N (per stage)] [--speed]\n"
+            "  OpenAI-compatible: POST /v1/chat/completions, /v1/completions; GET /v1/models, /health, /metrics\n");
+    return 2;
+}
+
+/* A count in [lo, hi]: digits only. */
+static bool mk_serve_count(const char *v, unsigned long long lo, unsigned long long hi, unsigned long long *out) {
+    if (!v || v[0] < '0' || v[0] > '9') return false;
+    char *end;
+    errno = 0;
+    const unsigned long long n = strtoull(v, &end, 10);
+    if (*end || errno || n < lo || n > hi) return false;
+    *out = n;
+    return true;
+}
+
+static char *mk_read_key_file(const char *path) {
+    FILE *f = fopen(path, "r");
+    if (!f) return NULL;
+    char buf[1024];
+    const size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    size_t len = strcspn(buf, "\r\n");
+    buf[len] = '\0';
+    return len ? strdup(buf) : NULL;
+}
+
+int mk_cli_serve(int argc, char **argv) {
+    if (argc < 1) return mk_serve_usage();
+    const char *path = argv[0], *host = "127.0.0.1", *key = NULL, *key_file = NULL, *name = NULL;
+    unsigned long long port = 8080, max_seq = 8, max_queue = 64, ctx = 0, max_body = 1 << 20, max_conn = 128,
+                       timeout = 60, drain = 60;
+    int64_t cuts[64];
+    size_t n_cuts = 0;
+    mk_cli_backend backend;
+    mk_cli_backend_init(&backend);
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (mk_cli_backend_flag(a, &backend)) continue;
+        const char *v = i + 1 < argc ? argv[++i] : NULL;
+        if (!v) return mk_serve_usage();
+        const int taken = mk_cli_backend_option(a, v, &backend);
+        if (taken < 0) return mk_serve_usage();
+        if (taken) continue;
+        bool ok = true;
+        if (strcmp(a, "--host") == 0) host = v;
+        else if (strcmp(a, "--port") == 0) ok = mk_serve_count(v, 0, 65535, &port);
+        else if (strcmp(a, "--api-key") == 0) key = v;
+        else if (strcmp(a, "--api-key-file") == 0) key_file = v;
+        else if (strcmp(a, "--model-name") == 0) name = v;
+        else if (strcmp(a, "--max-sequences") == 0) ok = mk_serve_count(v, 1, 1024, &max_seq);
+        else if (strcmp(a, "--max-queue") == 0) ok = mk_serve_count(v, 0, 65536, &max_queue);
+        else if (strcmp(a, "--ctx") == 0) ok = mk_serve_count(v, 2, 1 << 20, &ctx);
+        else if (strcmp(a, "--max-body") == 0) ok = mk_serve_count(v, 64, 1ull << 30, &max_body);
+        else if (strcmp(a, "--max-connections") == 0) ok = mk_serve_count(v, 1, 65536, &max_conn);
+        else if (strcmp(a, "--timeout") == 0) ok = mk_serve_count(v, 1, 86400, &timeout);
+        else if (strcmp(a, "--drain-timeout") == 0) ok = mk_serve_count(v, 0, 86400, &drain);
+        else if (strcmp(a, "--split") == 0) {
+            for (const char *p = v; *p && ok;) {
+                unsigned long long cut;
+                char num[32];
+                const size_t len = strcspn(p, ",");
+                ok = len > 0 && len < sizeof num && n_cuts < 64;
+                if (ok) {
+                    memcpy(num, p, len), num[len] = '\0';
+                    ok = mk_serve_count(num, 0, INT32_MAX, &cut);
+                    cuts[n_cuts++] = (int64_t)cut;
+                }
+                p += len + (p[len] == ',');
+            }
+        } else ok = false;
+        if (!ok) return mk_serve_usage();
+    }
+    if (key && key_file) return mk_serve_usage();
+    char *file_key = NULL;
+    if (key_file && !(key = file_key = mk_read_key_file(key_file))) {
+        fprintf(stderr, "meshkern serve: cannot read an API key from %s\n", key_file);
+        return 2;
+    }
+    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    if (inet_pton(AF_INET, host, &addr.sin_addr) != 1) {
+        fprintf(stderr, "meshkern serve: --host %s is not an IPv4 address\n", host);
+        free(file_key);
+        return 2;
+    }
+    mk_cli_backend_finish(&backend, path);
+
+    static mk_server srv; /* the one server of this process (its threads point at it) */
+    memset(&srv, 0, sizeof srv);
+    pthread_mutex_init(&srv.mu, NULL);
+    pthread_cond_init(&srv.idle_cv, NULL);
+    srv.api_key = key;
+    srv.max_body = (size_t)max_body;
+    srv.started = time(NULL);
+    mk_status s = mk_cli_open_model(path, &srv.model);
+    if (s == MK_OK) s = mk_tokenizer_open(srv.model, &srv.tok);
+    if (s != MK_OK) {
+        const int rc = mk_cli_fail(s);
+        mk_model_free(srv.model);
+        free(file_key);
+        return rc;
+    }
+    const mk_hparams *hp = mk_model_hparams(srv.model);
+    if (!ctx) ctx = hp->max_context < 2048 ? hp->max_context : 2048;
+    if (ctx > hp->max_context) ctx = hp->max_context;
+    /* the model's end-of-generation ids stop every sequence */
+    const size_t vocab = mk_tokenizer_vocab_size(srv.tok);
+    srv.eog = malloc(64 * sizeof *srv.eog);
+    for (size_t t = 0; srv.eog && t < vocab && srv.n_eog < 64; t++)
+        if (mk_tokenizer_is_eog(srv.tok, (int32_t)t)) srv.eog[srv.n_eog++] = (int32_t)t;
+    const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
+    snprintf(srv.model_id, sizeof srv.model_id, "%s", name ? name : base);
+    const size_t id_len = strlen(srv.model_id);
+    if (!name && id_len > 5 && strcmp(srv.model_id + id_len - 5, ".gguf") == 0) srv.model_id[id_len - 5] = '\0';
+    srv.lim = (mk_serve_limits){.tok = srv.tok, .model_id = srv.model_id, .context = (size_t)ctx};
+    srv.max_jobs = (size_t)(max_seq + max_queue);
+    srv.jobs = calloc(srv.max_jobs, sizeof *srv.jobs);
+
+    /* SIGTERM/SIGINT: a handler posts a semaphore the main thread waits on. (Not sigwait:
+     * threads started before main, such as OpenBLAS's, do not block the signals, and one of
+     * them would take a signal that arrives while the main thread is not yet waiting.) */
+    sem_init(&mk_stop_sem, 0, 0);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = mk_on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    mk_sched_options o = mk_sched_options_default();
+    o.range.backend = backend.config;
+    o.range.eager_decode = backend.eager_decode;
+    o.range.max_context = (size_t)ctx;
+    o.range.max_batch_tokens = (size_t)ctx;
+    o.range.token_only = true;
+    o.cuts = cuts;
+    o.n_cuts = n_cuts;
+    o.max_sequences = (size_t)max_seq;
+    o.on_token = mk_serve_on_token;
+    o.user = &srv;
+    s = srv.eog && srv.jobs ? mk_sched_create(srv.model, &o, &srv.sched) : MK_ERR_OUT_OF_MEMORY;
+    int rc = 0;
+    struct MHD_Daemon *d = NULL;
+    if (s != MK_OK) {
+        rc = mk_cli_fail(s);
+    } else {
+        d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG, 0,
+                             NULL, NULL, mk_handler, &srv, MHD_OPTION_EXTERNAL_LOGGER, mk_mhd_log, NULL,
+                             MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr, MHD_OPTION_CONNECTION_LIMIT,
+                             (unsigned)max_conn, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)timeout,
+                             MHD_OPTION_NOTIFY_COMPLETED, mk_completed, &srv, MHD_OPTION_END);
+        if (!d) {
+            fprintf(stderr, "meshkern serve: cannot listen on %s:%llu: %s\n", host, port, strerror(errno));
+            rc = 1;
+        }
+    }
+    if (d) {
+        const union MHD_DaemonInfo *info = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
+        const unsigned bound = info ? info->port : (unsigned)port;
+        printf("meshkern serve: model %s (%zu layers, context %llu), %zu stage%s, %llu sequences + %llu queued, "
+               "backend %s, weights %s\n",
+               srv.model_id, hp->n_layers, ctx, mk_sched_stage_count(srv.sched),
+               mk_sched_stage_count(srv.sched) > 1 ? "s" : "", max_seq, max_queue,
+               backend.config.kind == MK_BACKEND_CUDA ? "cuda" : "cpu", mk_dtype_name(backend.config.weight_dtype));
+        printf("meshkern serve: listening on http://%s:%u%s\n", host, bound, key ? " (API key required)" : "");
+        if (strcmp(host, "127.0.0.1") != 0 && !key)
+            printf("meshkern serve: warning: bound to %s without an API key: anyone who can reach it can use it\n", host);
+        fflush(stdout);
+        while (sem_wait(&mk_stop_sem) != 0) {} /* EINTR: the handler itself */
+        printf("meshkern serve: %s: draining (new requests get 503)\n", mk_stop_signal == SIGINT ? "SIGINT" : "SIGTERM");
+        fflush(stdout);
+        pthread_mutex_lock(&srv.mu);
+        srv.draining = true;
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_sec += (time_t)drain;
+        while (srv.n_active && pthread_cond_timedwait(&srv.idle_cv, &srv.mu, &until) == 0) {}
+        const size_t left = srv.n_active;
+        for (size_t i = 0; i < srv.n_jobs; i++) (void)mk_sched_cancel(srv.sched, srv.jobs[i]->seq);
+        pthread_mutex_unlock(&srv.mu);
+        if (left) printf("meshkern serve: %zu requests still open after %llu s: their sequences cancelled\n", left, drain);
+        MHD_stop_daemon(d);
+        printf("meshkern serve: stopped\n");
+        fflush(stdout);
+    }
+    mk_sched_free(srv.sched);
+    sem_destroy(&mk_stop_sem);
+    free(srv.jobs);
+    free(srv.eog);
+    mk_tokenizer_free(srv.tok);
+    mk_model_free(srv.model);
+    free(file_key);
+    return rc;
+}
