@@ -50,11 +50,8 @@ seeds = {"hello": msg(1, f"1 3 {d} 127.0.0.1:4000".encode()),
          "hello_other": msg(1, b"2 3 " + b"0" * 64 + b" 127.0.0.1:4000"),
          "hello_rank7": msg(1, f"7 3 {d} 127.0.0.1:1".encode()),
          "half": msg(1, b"1 3 ")[:20],
-         "abort": msg(6, b"52 rank 2 refused
-0 1 2 ") + msg(7, b""),
-         "garbage": b"GET / HTTP/1.0
-
-"}
+         "abort": msg(6, b"52 rank 2 refused\n0 1 2 ") + msg(7, b""),
+         "garbage": b"GET / HTTP/1.0\r\n\r\n"}
 for name, body in seeds.items():
     open(os.path.join(out, name), "wb").write(bytes([1, 0]) + body)
 PY

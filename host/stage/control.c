@@ -71,5 +71,8 @@ mk_status mk_ctl_abort_status(const char *body) {
     /* Only a failure this library names: a peer's number is not trusted to be a status. */
     if (end == body || v <= 0 || v > 1000 || strcmp(mk_status_name((mk_status)v), "MK_ERR_UNKNOWN") == 0)
         return mk_fail(MK_ERR_FRAME, "an abort message without a status: '%.80s'", body);
-    return mk_fail((mk_status)v, "%s", *end == ' ' ? end + 1 : end);
+    const char *why = *end == ' ' ? end + 1 : end;
+    if (!*why) /* found by tests/fuzz/fuzz_control.c: a failure must never come without a message */
+        return mk_fail((mk_status)v, "the run was aborted with %s and no reason given", mk_status_name((mk_status)v));
+    return mk_fail((mk_status)v, "%s", why);
 }

@@ -7,6 +7,7 @@
  * announced bytes are in (one byte less is still "more"); a drop always says why; "more"
  * never asks past the 4096-byte limit; a control message is within the limit, of a known
  * type, NUL-terminated; every refusal has a message. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
