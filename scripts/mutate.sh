@@ -193,7 +193,7 @@ MUTATIONS=(
   # ---- stage runtime parts (host/stage/control.c, slots.c): the unit suite ---------------
   "control.receiver-limit-plus-one~host/stage/control.c~s/if \(n > MK_CTL_MAX_BODY\)\n/if (n > MK_CTL_MAX_BODY + 1)\n/~stageunits:StageControl.*"
   "control.sender-limit-plus-one~host/stage/control.c~s/if \(len > MK_CTL_MAX_BODY\) return/if (len > MK_CTL_MAX_BODY + 1) return/~stageunits:StageControl.*"
-  "control.type-past-the-last~host/stage/control.c~s/t > MK_CTL_STATS/t > MK_CTL_STATS + 1/~stageunits:StageControl.*"
+  "control.type-past-the-last~host/stage/control.c~s/t > MK_CTL_LAST/t > MK_CTL_LAST + 1/~stageunits:StageControl.*"
   "control.type-zero-accepted~host/stage/control.c~s/t < MK_CTL_HELLO \|\| //~stageunits:StageControl.*"
   "control.close-not-peer-lost~host/stage/control.c~s/    if \(s == MK_ERR_PEER_CLOSED\) return mk_stage_wrap\(MK_ERR_PEER_LOST, \"%s closed its connection\", peer\);\n    if \(s == MK_ERR_PEER_TIMEOUT\)/    if (s == MK_ERR_PEER_TIMEOUT)/~stageunits:StageControl.*"
   "control.abort-status-unknown-accepted~host/stage/control.c~s/ \|\| strcmp\(mk_status_name\(\(mk_status\)v\), \"MK_ERR_UNKNOWN\"\) == 0//~stageunits:StageControl.*"
