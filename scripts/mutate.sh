@@ -158,7 +158,7 @@ MUTATIONS=(
   "seam.listener-file-left~host/seam/seam.c~s/\(void\)unlink\(l->address\);//~seams:SeamApi.*"
   "tls.sender-without-certificate~host/seam/tls.c~s/SSL_VERIFY_PEER \| SSL_VERIFY_FAIL_IF_NO_PEER_CERT/SSL_VERIFY_PEER/~seams:TlsPeer.*"
   "tls.tls12-allowed~host/seam/tls.c~s/!SSL_CTX_set_min_proto_version\(ctx, TLS1_3_VERSION\) \|\| //~seams:TlsPeer.*"
-  "tls.psk-30-digits-accepted~host/seam/tls.c~s/if \(n < 32 \|\| n % 2/if (n < 30 || n % 2/~seams:SeamTlsContext.*"
+  "tls.psk-31-bytes-accepted~host/seam/tls.c~s/n \/ 2 < MK_PSK_MIN/n \/ 2 < MK_PSK_MIN - 1/~seams:SeamTlsContext.*"
   "tls.psk-65-bytes-accepted~host/seam/tls.c~s/n \/ 2 > MK_PSK_MAX/n \/ 2 > MK_PSK_MAX + 1/~seams:SeamTlsContext.*"
   "tls.psk-second-digit-unchecked~host/seam/tls.c~s/ \|\|\n            !strchr\(\"0123456789abcdefABCDEF\", hex\[2 \* i \+ 1\]\)//~seams:SeamTlsContext.*"
   "tls.psk-identity-ignored~host/seam/tls.c~s/identity_len != strlen\(psk->identity\) \|\| memcmp\(identity, psk->identity, identity_len\) != 0/0/~seams:TlsPeer.*"

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <future>
 #include <map>
 #include <mutex>
@@ -36,13 +37,37 @@ struct Collector {
     std::mutex mu;
     std::map<uint64_t, SeqResult> seqs;
     bool out_of_order = false;
+    // hold_at > 0: the first sequence to deliver its hold_at-th token waits in the callback
+    // (the scheduler's worker with it) until release(), so a test can act on a sequence that
+    // is known to be running and not yet finished, whatever the machine's load.
+    size_t hold_at = 0;
+    bool held = false, released = false;
+    uint64_t held_id = 0;
+    std::condition_variable cv;
     static void on_token(void *user, uint64_t id, size_t index, int32_t token, const float *logits, size_t vocab) {
         auto *c = static_cast<Collector *>(user);
-        std::lock_guard<std::mutex> g(c->mu);
+        std::unique_lock<std::mutex> g(c->mu);
         SeqResult &r = c->seqs[id];
         if (index != r.callback_tokens.size()) c->out_of_order = true;
         r.callback_tokens.push_back(token);
         r.logits.emplace_back(logits, logits + vocab);
+        if (c->hold_at > 0 && !c->held && index + 1 == c->hold_at) {
+            c->held = true;
+            c->held_id = id;
+            c->cv.notify_all();
+            c->cv.wait_for(g, std::chrono::seconds(30), [c] { return c->released; });
+        }
+    }
+    // Waits (up to 30 s) until a sequence is held; returns its id, 0 if none was.
+    uint64_t wait_held() {
+        std::unique_lock<std::mutex> g(mu);
+        cv.wait_for(g, std::chrono::seconds(30), [this] { return held; });
+        return held ? held_id : 0;
+    }
+    void release() {
+        std::lock_guard<std::mutex> g(mu);
+        released = true;
+        cv.notify_all();
     }
 };
 

@@ -306,6 +306,7 @@ TEST(PipelineSched, CancelAndReleaseFreeTheSlotAndTheRecord) {
     ModelPtr model = make_random_model(gqa_tied_hparams());
     const std::vector<int64_t> cuts = {2};
     Collector c;
+    c.hold_at = 2; // the long one (the only slot's) waits at its 2nd token: running, not done
     SchedPtr s = make_sched(model.get(), sched_options(1, &cuts, MK_SEAM_LOCAL), &c);
     ASSERT_TRUE(s);
     std::vector<SeqSpec> specs = mixed_specs(model.get(), cpu_options(), 4, 7);
@@ -317,12 +318,10 @@ TEST(PipelineSched, CancelAndReleaseFreeTheSlotAndTheRecord) {
     ASSERT_EQ(mk_sched_poll(s.get(), ids[1], &info, nullptr, 0), MK_OK);
     EXPECT_EQ(info.state, MK_SEQ_DONE);
     EXPECT_EQ(info.n_tokens, 0u);
-    for (int i = 0; i < 20000; i++) { // the long one has begun
-        ASSERT_EQ(mk_sched_poll(s.get(), ids[0], &info, nullptr, 0), MK_OK);
-        if (info.n_tokens >= 2) break;
-        std::this_thread::sleep_for(std::chrono::microseconds(100));
-    }
-    ASSERT_EQ(mk_sched_cancel(s.get(), ids[0]), MK_OK);
+    ASSERT_EQ(c.wait_held(), ids[0]) << "the long one has begun";
+    const mk_status cancelled = mk_sched_cancel(s.get(), ids[0]);
+    c.release();
+    ASSERT_EQ(cancelled, MK_OK);
     ASSERT_EQ(mk_sched_release(s.get(), ids[3]), MK_OK); // still queued: freed when it ends
     ASSERT_TRUE(wait_all_within(s.get(), 120));
     ASSERT_EQ(mk_sched_poll(s.get(), ids[0], &info, nullptr, 0), MK_OK);
