@@ -7,7 +7,8 @@
 #   scripts/coverage.sh [TEST[:GTEST_FILTER] ...]
 #
 # TEST is a test target (test_seams, test_nccl_seam_sim, test_stage_units, test_stage,
-# test_generate, ...); without arguments the seam and stage suites run. Targets this tree
+# test_generate, ...); without arguments the seam and stage suites run (the NCCL transport's
+# fault cases of test_nccl_pipeline_sim among them). Targets this tree
 # does not define are skipped (so an older checkout can be measured the same way).
 # Environment: BUILD (default build-cov), JOBS (default 2).
 #
@@ -26,7 +27,8 @@ FILES=(host/seam/*.c host/seam/nccl/*.c host/stage/*.c host/generate.c host/toke
 if [ $# -gt 0 ]; then
   SPECS=("$@")
 else
-  SPECS=(test_seams test_nccl_seam_sim test_stage_units test_stage)
+  SPECS=(test_seams test_nccl_seam_sim test_stage_units test_stage
+         "test_nccl_pipeline_sim:NcclSeamFaults.*:NcclPipeline.RangesOnOneDeviceOrOnTheCpuAreRefusedClearly")
 fi
 
 log() { printf '%s\n' "$*" >&2; }

@@ -3,7 +3,11 @@
 // across two processes, and every faulty peer ending in its own status within the
 // deadline: closes mid-frame, never sends, frame over the limit, truncated frame header,
 // another recipe digest / next_layer / hidden width, non-finite values, wrong key or
-// certificate, plaintext peer when TLS is required.
+// certificate, plaintext peer when TLS is required. Then the parts one by one, each rule on
+// the smallest input that shows it: the frame header, wire walker and body checks
+// (frame.c), the stream in step after a refused body and out of step after a bad header
+// (stream.c), socket I/O and addresses (io.c), TLS key and certificate rules (tls.c), the
+// seam API's refusals (seam.c, local.c, wire.c, nccl_absent.c).
 #include <gtest/gtest.h>
 
 #include <openssl/evp.h>

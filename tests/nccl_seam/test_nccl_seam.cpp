@@ -1,7 +1,9 @@
 /* The NCCL seam primitives (host/seam/nccl/): header + payload exchange within one process
  * (2 and 3 devices) and across two processes, bootstrap hand-over, and the faults that must
  * end in a clear status within the deadline: sizes that disagree, a header the contract
- * refuses, a lying peer, a peer that aborts, goes silent or exits. */
+ * refuses, a lying peer, a peer that aborts, goes silent or exits. Then each rule at its
+ * boundary (envelope, header and payload limits; every refusal aborts the endpoint), the
+ * id bootstrap's refusals, and the boundary header's encoding (nccl_seam.c). */
 #include <gtest/gtest.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
