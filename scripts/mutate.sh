@@ -158,7 +158,7 @@ MUTATIONS=(
   "seam.listener-file-left~host/seam/seam.c~s/\(void\)unlink\(l->address\);//~seams:SeamApi.*"
   "tls.sender-without-certificate~host/seam/tls.c~s/SSL_VERIFY_PEER \| SSL_VERIFY_FAIL_IF_NO_PEER_CERT/SSL_VERIFY_PEER/~seams:TlsPeer.*"
   "tls.tls12-allowed~host/seam/tls.c~s/!SSL_CTX_set_min_proto_version\(ctx, TLS1_3_VERSION\) \|\| //~seams:TlsPeer.*"
-  "tls.psk-30-digits-accepted~host/seam/tls.c~s/if \(n < 32 \|\| n % 2/if (n < 30 || n % 2/~seams:SeamTlsContext.*"
+  "tls.psk-31-bytes-accepted~host/seam/tls.c~s/n \/ 2 < MK_PSK_MIN/n \/ 2 < MK_PSK_MIN - 1/~seams:SeamTlsContext.*"
   "tls.psk-65-bytes-accepted~host/seam/tls.c~s/n \/ 2 > MK_PSK_MAX/n \/ 2 > MK_PSK_MAX + 1/~seams:SeamTlsContext.*"
   "tls.psk-second-digit-unchecked~host/seam/tls.c~s/ \|\|\n            !strchr\(\"0123456789abcdefABCDEF\", hex\[2 \* i \+ 1\]\)//~seams:SeamTlsContext.*"
   "tls.psk-identity-ignored~host/seam/tls.c~s/identity_len != strlen\(psk->identity\) \|\| memcmp\(identity, psk->identity, identity_len\) != 0/0/~seams:TlsPeer.*"
@@ -190,7 +190,7 @@ MUTATIONS=(
   # ---- stage runtime parts (host/stage/control.c, slots.c): the unit suite ---------------
   "control.receiver-limit-plus-one~host/stage/control.c~s/if \(n > MK_CTL_MAX_BODY\)\n/if (n > MK_CTL_MAX_BODY + 1)\n/~stageunits:StageControl.*"
   "control.sender-limit-plus-one~host/stage/control.c~s/if \(len > MK_CTL_MAX_BODY\) return/if (len > MK_CTL_MAX_BODY + 1) return/~stageunits:StageControl.*"
-  "control.type-past-the-last~host/stage/control.c~s/t > MK_CTL_STATS/t > MK_CTL_STATS + 1/~stageunits:StageControl.*"
+  "control.type-past-the-last~host/stage/control.c~s/t > MK_CTL_LAST/t > MK_CTL_LAST + 1/~stageunits:StageControl.*"
   "control.type-zero-accepted~host/stage/control.c~s/t < MK_CTL_HELLO \|\| //~stageunits:StageControl.*"
   "control.close-not-peer-lost~host/stage/control.c~s/    if \(s == MK_ERR_PEER_CLOSED\) return mk_stage_wrap\(MK_ERR_PEER_LOST, \"%s closed its connection\", peer\);\n    if \(s == MK_ERR_PEER_TIMEOUT\)/    if (s == MK_ERR_PEER_TIMEOUT)/~stageunits:StageControl.*"
   "control.abort-status-zero~host/stage/control.c~s/v <= 0 \|\| v > 1000/v < 0 || v > 1000/~stageunits:StageControl.*"
