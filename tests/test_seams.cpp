@@ -1577,7 +1577,7 @@ TEST(SeamTlsContext, PreSharedKeyMustBe64To128HexDigits) {
             ASSERT_NE(ctx, nullptr);
             mk_tls_context_free(ctx);
         }
-        for (size_t digits : {size_t(0), size_t(32), size_t(62), size_t(65), size_t(130)}) {
+        for (size_t digits : {size_t(0), size_t(32), size_t(62), size_t(63), size_t(65), size_t(130)}) {
             const std::string key(digits, 'a');
             const mk_seam_tls t = psk_tls(key.c_str());
             EXPECT_ERROR(mk_tls_context(&t, server, &ctx), MK_ERR_INVALID_ARGUMENT, "must be 32 to 64 bytes (64 to 128 hex digits)")
