@@ -831,6 +831,11 @@ TEST_F(TlsPeer, WrongPreSharedKeyIsRefusedAtTheHandshake) {
     mk_seam_options other_identity = tls_psk(kPsk);
     other_identity.tls.psk_identity = "intruder";
     EXPECT_EQ(tls_accept(tls_psk(kPsk), other_identity, head_.get(), tail_.get(), dir_, &msg), MK_ERR_AUTH) << msg;
+    // An empty identity is the default one ("meshkern"), on either end.
+    mk_seam_options empty_identity = tls_psk(kPsk), named_default = tls_psk(kPsk);
+    empty_identity.tls.psk_identity = "";
+    named_default.tls.psk_identity = "meshkern";
+    EXPECT_EQ(tls_accept(named_default, empty_identity, head_.get(), tail_.get(), dir_, &msg), MK_OK) << msg;
 }
 
 TEST_F(TlsPeer, CertificateFromAnotherCaIsRefusedAtTheHandshake) {
@@ -1095,7 +1100,7 @@ TEST(FrameView, TensorsShapesAndStringsAsTheCheckerNeedsThem) {
     const std::vector<uint8_t> data = {1, 2, 3, 4, 5, 6, 7, 8};
     Pb body;
     body.bytes(7, Pb().str(1, "residual_stream").u(2, 1).bytes(3, Pb().varint(1).varint(2).varint(300).b).u(4, 1)
-                      .bytes(5, data).b);
+                      .u(6, 99).bytes(5, data).key(7, 5).raw({1, 2, 3, 4}).b); // unknown Tensor fields are skipped
     // A second tensor is parsed (it must be well-formed) and counted, never kept.
     body.bytes(7, Pb().str(1, "second").u(3, 9).b);
     // Unpacked shape entries append.
@@ -1453,6 +1458,15 @@ TEST(SeamIo, EachFailureNamesWhatAndHowFar) {
         EXPECT_EQ(written, 0u);
         mk_io_close(&p.a); // twice: harmless
     }
+    {
+        // Anything else the socket says is an I/O failure, named (here: no socket at all).
+        mk_io none{-1, nullptr};
+        uint8_t buf[4] = {0};
+        EXPECT_ERROR(mk_io_read(&none, buf, sizeof buf, mk_deadline_ms(100, 100), "blob"), MK_ERR_IO,
+                     "reading the blob failed: Bad file descriptor");
+        EXPECT_ERROR(mk_io_write(&none, buf, sizeof buf, mk_deadline_ms(100, 100), "blob"), MK_ERR_IO,
+                     "writing the blob failed: Bad file descriptor");
+    }
 }
 
 // A TCP peer that resets the connection (close with linger 0) is a close, not an I/O error.
@@ -1537,6 +1551,17 @@ TEST(SeamSockets, TcpBindsLoopbackByDefaultAndSpeaksIpv6InBrackets) {
     close(c);
     close(a);
     close(fd);
+}
+
+TEST(SeamSockets, AcceptAndConnectFailuresOtherThanWaitingAreNamed) {
+    IoPair p;
+    int fd = -1;
+    EXPECT_ERROR(mk_socket_accept(p.a.fd, mk_deadline_ms(100, 100), &fd), MK_ERR_IO, "seam: accept failed");
+    // A path under a regular file: not "nobody listens yet", so no retrying until the deadline.
+    const auto t0 = std::chrono::steady_clock::now();
+    EXPECT_ERROR(mk_socket_connect(MK_SEAM_UNIX, "/dev/null/peer.sock", mk_deadline_ms(2000, 2000), &fd), MK_ERR_CONNECT,
+                 "cannot connect to '/dev/null/peer.sock'");
+    EXPECT_LT(seconds_since(t0), 1.0);
 }
 
 // A listener that comes up after the connect started is found (refused connects retried).
@@ -1772,6 +1797,17 @@ TEST(SeamTlsIo, PeerThatClosesOrStaysSilentIsNamed) {
     mk_io_close(&p.a);
     EXPECT_ERROR(mk_io_read(&p.b, buf, sizeof buf, mk_deadline_ms(1000, 1000), "blob"), MK_ERR_PEER_CLOSED,
                  "closed the TLS connection after 3 of 8 bytes of the blob");
+}
+
+// Bytes that are no TLS record (written beside the TLS layer): a failure, not a close.
+TEST(SeamTlsIo, BytesOutsideTheRecordLayerAreAnIoFailure) {
+    TlsIoPair p(psk_tls(kPsk));
+    ASSERT_EQ(p.status, MK_OK) << mk_last_error();
+    const std::vector<uint8_t> junk(64, 0x17);
+    ASSERT_EQ(send(p.a.fd, junk.data(), junk.size(), MSG_NOSIGNAL), (ssize_t)junk.size());
+    uint8_t buf[8];
+    EXPECT_ERROR(mk_io_read(&p.b, buf, sizeof buf, mk_deadline_ms(1000, 1000), "blob"), MK_ERR_IO,
+                 "seam: TLS read of the blob failed");
 }
 
 TEST(SeamTlsIo, HandshakeWithASilentPeerEndsAtTheDeadline) {

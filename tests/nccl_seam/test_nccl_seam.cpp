@@ -660,6 +660,16 @@ TEST(NcclSeamRules, ArgumentsAreCheckedBeforeAnythingIsPosted) {
   EXPECT_NE(q.ctx[1].comm, nullptr);
 }
 
+/* A warm-up that receives a block not of the seam protocol refuses it and aborts. */
+TEST(NcclSeamRules, WarmupBlockFromAStrangerIsRefused) {
+  NEED_DEVICES(2);
+  Clique q(2);
+  ASSERT_EQ(q.status, MK_OK) << mk_last_error();
+  send_raw_block(q, std::vector<unsigned char>(MK_NCCL_HEADER_BLOCK, 0x5a));
+  EXPECT_ERROR(mk_nccl_warmup(&q.ctx[1], 0, -1), MK_ERR_FRAME, "warm-up block from rank 0 is not a meshkern seam block");
+  expect_aborted(&q.ctx[1]);
+}
+
 TEST(NcclSeamRules, InitArgumentsAreChecked) {
   ncclUniqueId id{};
   mk_nccl_ctx ctx;
@@ -700,6 +710,8 @@ TEST(NcclBootstrap, IdFilesAreWholeRecordsOrRefused) {
   EXPECT_ERROR(mk_nccl_id_read_file(path.c_str(), &back, 0), MK_ERR_INVALID_ARGUMENT, "bad arguments");
   EXPECT_ERROR(mk_nccl_id_write_file(missing_dir.c_str(), &id), MK_ERR_IO, "cannot create");
   EXPECT_ERROR(mk_nccl_id_write_file(nullptr, &id), MK_ERR_INVALID_ARGUMENT, "NULL path or id");
+  const std::string long_path = std::string(dir) + "/" + std::string(4096, 'p');
+  EXPECT_ERROR(mk_nccl_id_write_file(long_path.c_str(), &id), MK_ERR_INVALID_ARGUMENT, "path too long");
   EXPECT_ERROR(mk_nccl_id_create(nullptr), MK_ERR_INVALID_ARGUMENT, "NULL id");
   /* A file that appears while the reader waits is read. */
   unlink(path.c_str());
@@ -756,6 +768,9 @@ TEST(NcclBootstrap, FetchRefusesAStrangerAndAShortRecord) {
   EXPECT_ERROR(mk_nccl_id_fetch("256.1.1.1", 5, &back, 100), MK_ERR_INVALID_ARGUMENT, "is not an IPv4 address");
   EXPECT_ERROR(mk_nccl_id_fetch(nullptr, 0, &back, 100), MK_ERR_INVALID_ARGUMENT, "bad arguments");
   EXPECT_ERROR(mk_nccl_id_listen(nullptr, nullptr, &fd), MK_ERR_INVALID_ARGUMENT, "NULL port or fd");
+  port = 0;
+  EXPECT_ERROR(mk_nccl_id_listen("192.0.2.1", &port, &fd), MK_ERR_IO, "cannot listen on 192.0.2.1:0"); /* not ours */
+  EXPECT_EQ(fd, -1);
   ncclUniqueId id{};
   EXPECT_ERROR(mk_nccl_id_serve(-1, 1, &id, 100), MK_ERR_INVALID_ARGUMENT, "bad arguments to serve");
   ASSERT_EQ(mk_nccl_id_listen("127.0.0.1", &port, &fd), MK_OK);
