@@ -3,7 +3,8 @@
 # sends a stage: rendezvous hellos and control messages), the tokenizer's encoder (arbitrary
 # bytes in) and meshkern serve's request path (a JSON body -> a checked request; where
 # libcjson is installed) with libFuzzer + ASan + UBSan, SECONDS seconds each (default 60);
-# FUZZ_TARGETS="control frame" runs only those. Seeds: a packed bundle, real frame bodies, the GGUF test fixtures, and
+# FUZZ_TARGETS="control frame" runs only those (names: bundle frame gguf tokenizer control
+# serve_request). Seeds: a packed bundle, real frame bodies, the GGUF test fixtures, and
 # for the encoder the golden strings. MK_FUZZ_SMOLLM2=models/SmolLM2-135M-Instruct.Q4_1.gguf
 # adds SmolLM2's tokenizer. Needs clang and its runtime (Debian: clang, libclang-rt-14-dev).
 set -euo pipefail
@@ -59,8 +60,9 @@ PY
   echo "== fuzz_$target for ${SECONDS_EACH}s"
   "$BUILD/fuzz_$target" -max_total_time="$SECONDS_EACH" -max_len=65536 -rss_limit_mb=2048 "$corpus" 2>&1 | tail -3
 done
-# meshkern serve's request path (JSON body -> checked request), where libcjson is installed.
-if pkg-config --exists libcjson; then
+# meshkern serve's request path (JSON body -> checked request), where libcjson is installed
+# (target name serve_request for FUZZ_TARGETS).
+if [[ -z "${FUZZ_TARGETS:-}" || " $FUZZ_TARGETS " == *" serve_request "* ]] && pkg-config --exists libcjson; then
   clang -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Iinclude -Icommon -Ihost -Itools \
     tests/fuzz/fuzz_serve_request.c tools/serve_req.c $(pkg-config --cflags --libs libcjson) "${LIBS[@]}" \
     -o "$BUILD/fuzz_serve_request"

@@ -201,6 +201,8 @@ MUTATIONS=(
   "control.close-not-peer-lost~host/stage/control.c~s/    if \(s == MK_ERR_PEER_CLOSED\) return mk_stage_wrap\(MK_ERR_PEER_LOST, \"%s closed its connection\", peer\);\n    if \(s == MK_ERR_PEER_TIMEOUT\)/    if (s == MK_ERR_PEER_TIMEOUT)/~stageunits:StageControl.*"
   "control.abort-status-unknown-accepted~host/stage/control.c~s/ \|\| strcmp\(mk_status_name\(\(mk_status\)v\), \"MK_ERR_UNKNOWN\"\) == 0//~stageunits:StageControl.*"
   "control.abort-status-zero~host/stage/control.c~s/v <= 0 \|\| v > 1000/v < 0 || v > 1000/~stageunits:StageControl.*"
+  "control.unknown-abort-status-passed~host/stage/control.c~s/if \(strcmp\(mk_status_name\(\(mk_status\)v\), \"MK_ERR_UNKNOWN\"\) == 0\)/if (0)/~stageunits:StageControl.*"
+  "control.abort-without-reason-empty~host/stage/control.c~s/if \(!\*why\)/if (0)/~stage:StageMessages.*"
   "slots.id-one-too-long~host/stage/slots.c~s/strlen\(id\) >= sizeof t->slot\[0\].request_id/strlen(id) > sizeof t->slot[0].request_id/~stageunits:StageSlots.*"
   "slots.reuse-keeps-cache~host/stage/slots.c~s/if \(s->seq\) MK_TRY\(mk_sequence_reset\(s->seq\)\);\n        else MK_TRY/if (!s->seq) MK_TRY/~stageunits:StageSlots.*"
   "slots.decode-not-a-use~host/stage/slots.c~s/    s->last_use = \+\+t->clock;/    if (fresh) s->last_use = ++t->clock;/~stageunits:StageSlots.*"

@@ -68,10 +68,14 @@ void mk_ctl_abort(mk_io *io, mk_status status, const char *message) {
 mk_status mk_ctl_abort_status(const char *body) {
     char *end = NULL;
     const long v = strtol(body, &end, 10);
-    /* Only a failure this library names: a peer's number is not trusted to be a status. */
-    if (end == body || v <= 0 || v > 1000 || strcmp(mk_status_name((mk_status)v), "MK_ERR_UNKNOWN") == 0)
+    if (end == body || v <= 0 || v > 1000)
         return mk_fail(MK_ERR_FRAME, "an abort message without a status: '%.80s'", body);
     const char *why = *end == ' ' ? end + 1 : end;
+    /* A status this build does not know (a peer's number, out of the enum's range for C++
+     * callers too) is not passed on as a status: the abort itself is the refusal. */
+    if (strcmp(mk_status_name((mk_status)v), "MK_ERR_UNKNOWN") == 0)
+        return mk_fail(MK_ERR_FRAME, "an abort with status %ld, which this build does not know: %.200s", v,
+                       *why ? why : "no reason given");
     if (!*why) /* found by tests/fuzz/fuzz_control.c: a failure must never come without a message */
         return mk_fail((mk_status)v, "the run was aborted with %s and no reason given", mk_status_name((mk_status)v));
     return mk_fail((mk_status)v, "%s", why);

@@ -2,7 +2,7 @@
  * run rank 0 has (world 2..9) and the second which ranks have joined; the rest is what one
  * connection sends rank 0's rendezvous, judged as its hello (mk_hello_judge), and also the
  * byte stream of a control connection, read message by message (mk_ctl_recv) with every
- * ABORT body parsed (mk_ctl_abort_status). Invariants: a hello is joined only when it names
+ * ABORT body parsed (mk_ctl_abort_status: a known status, with a message). Invariants: a hello is joined only when it names
  * a rank of this run, not joined yet, with this world and digest, and only once all its
  * announced bytes are in (one byte less is still "more"); a drop always says why; "more"
  * never asks past the 4096-byte limit; a control message is within the limit, of a known
@@ -70,7 +70,10 @@ static void read_control(const uint8_t *data, size_t size) {
             break;
         }
         if (len > MK_CTL_MAX_BODY || body[len] != '\0' || type < MK_CTL_HELLO || type > MK_CTL_LAST) abort();
-        if (type == MK_CTL_ABORT && (mk_ctl_abort_status(body) == MK_OK || !mk_last_error()[0])) abort();
+        if (type == MK_CTL_ABORT) {
+            const mk_status a = mk_ctl_abort_status(body);
+            if (a == MK_OK || !mk_last_error()[0] || strcmp(mk_status_name(a), "MK_ERR_UNKNOWN") == 0) abort();
+        }
     }
     mk_io_close(&io);
 }

@@ -910,7 +910,9 @@ TEST(StageMessages, EveryFailureHasAMessageThatSurvivesCleanup) {
     close(lfd);
     expect_message_survives_cleanup(mk_stage_serve(nullptr, nullptr, 0, nullptr, nullptr), "serve NULL", "NULL");
     // an abort from a peer with a status and no reason (found by tests/fuzz/fuzz_control.c)
-    expect_message_survives_cleanup(mk_ctl_abort_status("95"), "abort without a reason", "no reason given");
+    expect_message_survives_cleanup(mk_ctl_abort_status("240"), "abort of an unknown status", "does not know: no reason");
+    EXPECT_EQ(mk_ctl_abort_status("240"), MK_ERR_FRAME);
+    expect_message_survives_cleanup(mk_ctl_abort_status("95"), "abort of a known status without a reason", "no reason given");
     expect_message_survives_cleanup(mk_ctl_abort_status("52 "), "abort with an empty reason", "no reason given");
     expect_message_survives_cleanup(mk_ctl_abort_status("x"), "abort without a status", "without a status");
     mk_stage_hop hop;
