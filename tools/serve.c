@@ -743,14 +743,14 @@ int mk_cli_serve(int argc, char **argv) {
         else if (strcmp(a, "--drain-timeout") == 0) ok = mk_serve_count(v, 0, 86400, &drain);
         else if (strcmp(a, "--split") == 0) {
             for (const char *p = v; *p && ok;) {
-                unsigned long long cut;
+                unsigned long long cut = 0;
                 char num[32];
                 const size_t len = strcspn(p, ",");
                 ok = len > 0 && len < sizeof num && n_cuts < 64;
                 if (ok) {
                     memcpy(num, p, len), num[len] = '\0';
                     ok = mk_serve_count(num, 0, INT32_MAX, &cut);
-                    cuts[n_cuts++] = (int64_t)cut;
+                    if (ok) cuts[n_cuts++] = (int64_t)cut;
                 }
                 p += len + (p[len] == ',');
             }
