@@ -212,6 +212,12 @@ static void mk_sched_request_free(mk_sched_request *r) {
     free(r);
 }
 
+/* A released request nobody reads any more: its record freed and its id forgotten. Under s->mu. */
+static void mk_sched_forget(mk_sched *s, mk_sched_request *r) {
+    s->requests[r->id - 1] = NULL;
+    mk_sched_request_free(r);
+}
+
 void mk_sched_free(mk_sched *s) {
     if (!s) return;
     /* Every worker receives the stop item; producers never wait, so all exit. */
@@ -356,10 +362,7 @@ void mk_sched_retire(mk_sched *s, mk_sched_item *item, mk_seq_state state, mk_st
     r->status = status;
     r->state = state;
     s->n_unfinished--;
-    if (r->released) { /* nobody will read it: no item points at it after this */
-        s->requests[r->id - 1] = NULL;
-        mk_sched_request_free(r);
-    }
+    if (r->released) mk_sched_forget(s, r); /* nobody will read it: no item points at it after this */
     mk_sched_request *next = s->pending_head;
     if (next) {
         s->pending_head = next->next_pending;
@@ -400,6 +403,11 @@ void mk_sched_emit(mk_sched *s, mk_sched_item *item) {
 
 /* ============================================================== collect == */
 
+/* The refusal of an id that names no live sequence (never submitted, or released). */
+static mk_status mk_sched_unknown(uint64_t id) {
+    return mk_fail(MK_ERR_INVALID_ARGUMENT, "no sequence %llu in this pipeline", (unsigned long long)id);
+}
+
 static mk_sched_request *mk_sched_find(mk_sched *s, uint64_t id) {
     return id >= 1 && id <= s->n_requests ? s->requests[id - 1] : NULL;
 }
@@ -418,7 +426,7 @@ mk_status mk_sched_poll(mk_sched *s, uint64_t id, mk_seq_info *info, int32_t *to
         if (tokens) memcpy(tokens, r->tokens, (cap < r->n_tokens ? cap : r->n_tokens) * sizeof *tokens);
     }
     pthread_mutex_unlock(&s->mu);
-    return r ? MK_OK : mk_fail(MK_ERR_INVALID_ARGUMENT, "no sequence %llu in this pipeline", (unsigned long long)id);
+    return r ? MK_OK : mk_sched_unknown(id);
 }
 
 mk_status mk_sched_wait(mk_sched *s, uint64_t id) {
@@ -428,7 +436,7 @@ mk_status mk_sched_wait(mk_sched *s, uint64_t id) {
     mk_sched_request *r = mk_sched_find(s, id);
     while (r && r->state != MK_SEQ_DONE && r->state != MK_SEQ_FAILED) pthread_cond_wait(&s->done_cv, &s->mu);
     pthread_mutex_unlock(&s->mu);
-    return r ? MK_OK : mk_fail(MK_ERR_INVALID_ARGUMENT, "no sequence %llu in this pipeline", (unsigned long long)id);
+    return r ? MK_OK : mk_sched_unknown(id);
 }
 
 mk_status mk_sched_cancel(mk_sched *s, uint64_t id) {
@@ -446,16 +454,13 @@ mk_status mk_sched_cancel(mk_sched *s, uint64_t id) {
         r->cancelled = true;
         r->state = MK_SEQ_DONE;
         s->n_unfinished--;
-        if (r->released) {
-            s->requests[id - 1] = NULL;
-            mk_sched_request_free(r);
-        }
+        if (r->released) mk_sched_forget(s, r);
         pthread_cond_broadcast(&s->done_cv);
     } else if (r && r->state == MK_SEQ_RUNNING) {
         r->cancelled = true; /* the tail retires it with its next token */
     }
     pthread_mutex_unlock(&s->mu);
-    return r ? MK_OK : mk_fail(MK_ERR_INVALID_ARGUMENT, "no sequence %llu in this pipeline", (unsigned long long)id);
+    return r ? MK_OK : mk_sched_unknown(id);
 }
 
 mk_status mk_sched_release(mk_sched *s, uint64_t id) {
@@ -464,13 +469,12 @@ mk_status mk_sched_release(mk_sched *s, uint64_t id) {
     pthread_mutex_lock(&s->mu);
     mk_sched_request *r = mk_sched_find(s, id);
     if (r && (r->state == MK_SEQ_DONE || r->state == MK_SEQ_FAILED)) {
-        s->requests[id - 1] = NULL;
-        mk_sched_request_free(r);
+        mk_sched_forget(s, r);
     } else if (r) {
         r->released = true; /* freed when it retires */
     }
     pthread_mutex_unlock(&s->mu);
-    return r ? MK_OK : mk_fail(MK_ERR_INVALID_ARGUMENT, "no sequence %llu in this pipeline", (unsigned long long)id);
+    return r ? MK_OK : mk_sched_unknown(id);
 }
 
 mk_status mk_sched_wait_all(mk_sched *s) {

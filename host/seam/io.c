@@ -46,16 +46,20 @@ static mk_status mk_wait_fd(int fd, short events, int64_t deadline, const char *
 
 /* ============================================================== plaintext == */
 
-static mk_status mk_plain_read(mk_io *io, uint8_t *p, size_t n, int64_t deadline, const char *what) {
+/* Read n bytes; with no_wait, stop where the socket has nothing more (*got_out says how far). */
+static mk_status mk_plain_read(mk_io *io, uint8_t *p, size_t n, int64_t deadline, const char *what, size_t *got_out,
+                               bool no_wait) {
     size_t got = 0;
     while (got < n) {
         const ssize_t r = recv(io->fd, p + got, n - got, 0);
         if (r > 0) {
             got += (size_t)r;
+            if (got_out) *got_out = got;
         } else if (r == 0) {
             return mk_fail(MK_ERR_PEER_CLOSED, "seam: the peer closed the connection after %zu of %zu bytes of the %s",
                            got, n, what);
         } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+            if (no_wait) return MK_OK;
             MK_TRY(mk_wait_fd(io->fd, POLLIN, deadline, what));
         } else if (errno == ECONNRESET) {
             return mk_fail(MK_ERR_PEER_CLOSED, "seam: the peer reset the connection after %zu of %zu bytes of the %s",
@@ -157,7 +161,8 @@ static mk_status mk_tls_io(mk_io *io, uint8_t *p, size_t n, bool writing, int64_
 /* ================================================================ streams == */
 
 mk_status mk_io_read(mk_io *io, void *buf, size_t n, int64_t deadline, const char *what) {
-    return io->ssl ? mk_tls_io(io, buf, n, false, deadline, what, NULL, false) : mk_plain_read(io, buf, n, deadline, what);
+    return io->ssl ? mk_tls_io(io, buf, n, false, deadline, what, NULL, false)
+                   : mk_plain_read(io, buf, n, deadline, what, NULL, false);
 }
 
 mk_status mk_io_write(mk_io *io, const void *buf, size_t n, int64_t deadline, const char *what) {
@@ -167,18 +172,7 @@ mk_status mk_io_write(mk_io *io, const void *buf, size_t n, int64_t deadline, co
 
 mk_status mk_io_read_now(mk_io *io, void *buf, size_t n, size_t *got, const char *what) {
     *got = 0;
-    if (io->ssl) return mk_tls_io(io, buf, n, false, 0, what, got, true);
-    uint8_t *p = buf;
-    while (*got < n) {
-        const ssize_t r = recv(io->fd, p + *got, n - *got, 0);
-        if (r > 0) *got += (size_t)r;
-        else if (r == 0 || (r < 0 && errno == ECONNRESET))
-            return mk_fail(MK_ERR_PEER_CLOSED, "seam: the peer closed the connection after %zu of %zu bytes of the %s",
-                           *got, n, what);
-        else if (errno == EAGAIN || errno == EWOULDBLOCK) return MK_OK;
-        else if (errno != EINTR) return mk_fail(MK_ERR_IO, "seam: reading the %s failed: %s", what, strerror(errno));
-    }
-    return MK_OK;
+    return io->ssl ? mk_tls_io(io, buf, n, false, 0, what, got, true) : mk_plain_read(io, buf, n, 0, what, got, true);
 }
 
 mk_status mk_io_write_now(mk_io *io, const void *buf, size_t n, size_t *written, const char *what) {
