@@ -54,9 +54,10 @@ if [ -z "$REUSE" ]; then
   command -v nvcc >/dev/null || die "nvcc not found: the bundle carries the CUDA kernels"
   "$ROOT/scripts/deps.sh"
   log "configure $BUILD (Release, sm_90 + PTX, relocatable, no MPI)"
+  mkdir -p "$BUILD"
   cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMESHKERN_CUDA=ON -DMESHKERN_TESTS=ON \
-    -DMESHKERN_MPI=OFF -DMESHKERN_RELOCATABLE=ON -DMK_KERNEL_CUDA_ARCHS=90 >"$BUILD.configure.log" 2>&1 ||
-    { tail -20 "$BUILD.configure.log"; die "configure failed"; }
+    -DMESHKERN_MPI=OFF -DMESHKERN_RELOCATABLE=ON -DMK_KERNEL_CUDA_ARCHS=90 >"$BUILD/configure.log" 2>&1 ||
+    { tail -20 "$BUILD/configure.log"; die "configure failed"; }
   log "build ${TARGETS[*]} nccl_seam_bench"
   ninja -C "$BUILD" "${TARGETS[@]}" >&2 || die "build failed"
   ninja -C "$BUILD" nccl_seam_bench >/dev/null 2>&1 || log "no nccl_seam_bench target (NCCL not linked): left out"
