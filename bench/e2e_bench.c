@@ -26,13 +26,13 @@
 #include <string.h>
 #include <time.h>
 
-#include "cpu_pool.h"
-#include "cpu_quant.h"
-#include "gguf.h"
+#include "backend/cpu/cpu_pool.h"
+#include "backend/cpu/cpu_quant.h"
+#include "model/gguf.h"
 #include "meshkern.h"
-#include "range.h"
+#include "range/range.h"
 #include "bench_time.h"
-#include "range.h"
+#include "core/cores.h"
 
 #define MAX_RUNS 15
 
@@ -355,7 +355,7 @@ int main(int argc, char **argv) {
         return usage();
     }
     opt.backend.threads = threads;
-    const size_t n_threads = threads ? threads : mk_cpu_core_count();
+    const size_t n_threads = threads ? threads : mk_core_count();
     opt.max_context = n_prompt + n_decode + 2 + PROFILE_STEPS;
     opt.token_only = true; /* the tail brings back the sampled token alone, as generation needs */
     int32_t *prompt = malloc(n_prompt * sizeof(int32_t));

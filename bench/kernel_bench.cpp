@@ -1,7 +1,7 @@
 // kernel_bench: bandwidth of the meshkern CUDA kernels on a real GPU.
 //
 // For each kernel and shape: inputs are random and non-zero; the kernel is run once and
-// validated against the CPU backend's op (host/cpu_ops.h) before anything is timed; then
+// validated against the CPU backend's op (host/backend/cpu/cpu_ops.h) before anything is timed; then
 // it is timed with CUDA events (warm-up, median of N), rotating among several input sets
 // when one set would fit in L2. Bytes are the fewest a kernel must move (each input read
 // once, each output written once); the ceiling is a measured device-to-device cudaMemcpy
@@ -26,7 +26,7 @@
 #include <string>
 #include <vector>
 
-#include "cpu_ops.h"
+#include "backend/cpu/cpu_ops.h"
 #include "kernels.h"
 
 #include <cublas_v2.h>

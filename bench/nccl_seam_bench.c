@@ -20,7 +20,7 @@
 
 #include "meshkern.h"
 #include "bench_time.h"
-#include "nccl_comm.h"
+#include "seam/nccl/nccl_comm.h"
 
 #ifdef MK_BENCH_CUDASIM
 #define FLAVOUR "SIMULATED (cudasim: CPU threads and loopback sockets, not a GPU)"

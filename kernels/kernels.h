@@ -5,7 +5,7 @@
  * Every pointer is device memory. Shapes are in the comment beside each pointer; rows are
  * contiguous. The same sources compile with nvcc (real GPU) and with the host compiler
  * under tests/cudasim (CPU execution with CUDA semantics). The CPU reference of each op
- * is the function of the same name in host/cpu_ops.h. */
+ * is the function of the same name in host/backend/cpu/cpu_ops.h. */
 #ifndef MK_KERNELS_H
 #define MK_KERNELS_H
 

@@ -19,6 +19,10 @@ export MESHKERN_REQUIRE_MODEL=1
 scripts/deps.sh
 scripts/fetch_model.sh >/dev/null
 
+# The floors of host/ (host/LAYERS): no #include points up; cheap, so it runs first.
+echo "== layer check"
+python3 scripts/layer_check.py
+
 echo "== sanitizer build (ASan + UBSan)"
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMESHKERN_SANITIZE=ON -DMESHKERN_CUDA=OFF -DMESHKERN_TESTS=ON \
   -DMESHKERN_WERROR=ON >/dev/null

@@ -43,7 +43,7 @@ def function_body(text, name):
 def check_clears(header, source_dirs):
     sources = {}
     for d in source_dirs:
-        for f in sorted(pathlib.Path(d).glob("*.c")):
+        for f in sorted(pathlib.Path(d).rglob("*.c")):
             sources[f] = f.read_text()
     bad = []
     checked = 0

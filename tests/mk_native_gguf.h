@@ -14,8 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "cpu_ops.h"
-#include "gguf.h"
+#include "backend/cpu/cpu_ops.h"
+#include "model/gguf.h"
 #include "mk_test_util.h"
 
 namespace mk_native_gguf {

@@ -8,10 +8,10 @@
 #include <string>
 #include <vector>
 
-#include "gguf.h"
+#include "model/gguf.h"
 #include "mk_error.h"
 #include "mk_test_util.h"
-#include "tokenizer.h"
+#include "text/tokenizer.h"
 
 struct VocabGguf {
     std::vector<uint8_t> kv;

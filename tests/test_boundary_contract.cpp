@@ -6,9 +6,9 @@
 #include <string>
 #include <vector>
 
-#include "cpu_ops.h"
+#include "backend/cpu/cpu_ops.h"
 #include "mk_test_util.h"
-#include "model.h"
+#include "model/model.h"
 
 namespace {
 

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <string>
 
-#include "mk_size.h"
+#include "core/mk_size.h"
 
 namespace {
 

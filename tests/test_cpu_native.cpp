@@ -11,12 +11,12 @@
 
 #include <unistd.h>
 
-#include "cpu_attention_fast.h"
-#include "cpu_native.h"
-#include "cpu_ops.h"
-#include "cpu_pool.h"
-#include "cpu_quant.h"
-#include "gguf.h"
+#include "backend/cpu/cpu_attention_fast.h"
+#include "backend/cpu/cpu_native.h"
+#include "backend/cpu/cpu_ops.h"
+#include "backend/cpu/cpu_pool.h"
+#include "backend/cpu/cpu_quant.h"
+#include "model/gguf.h"
 #include "mk_test_util.h"
 
 namespace {

@@ -7,7 +7,7 @@
 #include <random>
 #include <vector>
 
-#include "cpu_ops.h"
+#include "backend/cpu/cpu_ops.h"
 
 namespace {
 

@@ -8,7 +8,7 @@
 //
 // Comparison is bit-exact: every format is defined as float32 products of a f16 scale
 // (and min) with small integers, and both implementations evaluate the same expression
-// in the same order in float32 (see host/gguf_dequant.c).
+// in the same order in float32 (see host/model/gguf_dequant.c).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -23,7 +23,7 @@
 #include <algorithm>
 #include <unistd.h>
 
-#include "gguf.h"
+#include "model/gguf.h"
 #include "meshkern.h"
 #include "mk_test_util.h"
 

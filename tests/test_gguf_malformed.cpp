@@ -17,7 +17,7 @@
 #include <unistd.h>
 #include <vector>
 
-#include "gguf.h"
+#include "model/gguf.h"
 #include "meshkern.h"
 
 #include <cstring>

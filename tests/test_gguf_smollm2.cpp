@@ -14,7 +14,7 @@
 #include <unistd.h>
 #include <vector>
 
-#include "gguf.h"
+#include "model/gguf.h"
 #include "meshkern.h"
 #include "mk_test_util.h"
 

@@ -12,9 +12,9 @@
 #include <unistd.h>
 #include <vector>
 
-#include "cpu_native.h"
-#include "cpu_ops.h"
-#include "gguf.h"
+#include "backend/cpu/cpu_native.h"
+#include "backend/cpu/cpu_ops.h"
+#include "model/gguf.h"
 #include "mk_native_gguf.h"
 #include "mk_test_util.h"
 

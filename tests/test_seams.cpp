@@ -35,13 +35,14 @@
 #include <tuple>
 #include <vector>
 
-#include "boundary.h"
+#include "protocol/boundary.h"
 #include "meshkern.pb-c.h"
 #include "mk_error.h"
 #include "mk_test_util.h"
 extern "C" {
+#include "protocol/bundle_codec.h"
 #include "seam/frame.h"
-#include "seam/io.h"
+#include "net/io.h"
 #include "seam/seam.h"
 }
 #include <openssl/ssl.h>
@@ -1051,6 +1052,24 @@ struct Pb {
 
 mk_status parse(const Pb &pb, mk_bundle_view *view) { return mk_bundle_view_parse(pb.b.data(), pb.b.size(), view); }
 
+// The codec is the one place that writes field numbers; the .proto is where they are
+// defined. protobuf-c's descriptors are generated from the .proto, so they are the judge:
+// every field of both messages, by name, with the codec's number, and nothing unknown.
+TEST(BundleCodec, FieldNumbersAreTheProtosEveryOne) {
+    const ProtobufCMessageDescriptor *bundle = &meshkern__v1__tensor_bundle__descriptor;
+    const ProtobufCMessageDescriptor *tensor = &meshkern__v1__tensor__descriptor;
+    ASSERT_EQ(bundle->n_fields, 12u);
+    ASSERT_EQ(tensor->n_fields, 5u);
+    for (unsigned i = 0; i < bundle->n_fields; i++)
+        EXPECT_EQ(mk_bundle_field_number(bundle->fields[i].name), bundle->fields[i].id) << bundle->fields[i].name;
+    for (unsigned i = 0; i < tensor->n_fields; i++) {
+        const std::string name = std::string("Tensor.") + tensor->fields[i].name;
+        EXPECT_EQ(mk_bundle_field_number(name.c_str()), tensor->fields[i].id) << name;
+    }
+    EXPECT_EQ(mk_bundle_field_number("no_such_field"), 0u);
+    EXPECT_EQ(mk_bundle_field_number(nullptr), 0u);
+}
+
 TEST(FrameView, MalformedWireBytesAreRefusedEachByName) {
     mk_bundle_view v;
     EXPECT_ERROR(parse(Pb().key(1, 0), &v), MK_ERR_WIRE_DECODE, "truncated varint");
@@ -1181,7 +1200,7 @@ TEST(FrameBody, ValidBodyGivesTheHeaderAndPointsAtTheResidualInPlace) {
     const std::vector<uint8_t> body = body_of(3, 8, 7);
     mk_boundary_header h;
     const uint8_t *residual = nullptr;
-    MK_ASSERT_OK(mk_frame_decode_body(body.data(), body.size(), &h, &residual));
+    MK_ASSERT_OK(mk_bundle_decode_body(body.data(), body.size(), &h, &residual));
     EXPECT_EQ(h.rows, 3u);
     EXPECT_EQ(h.hidden, 8u);
     EXPECT_EQ(h.batch, 1u);
@@ -1201,14 +1220,14 @@ TEST(FrameBody, PositionsMustContinueRowZerosToTheLastRow) {
     const uint8_t *residual = nullptr;
     // The last row one off (the smallest break), a middle row, and a row repeated.
     std::vector<uint8_t> body = body_of(3, 8, 7, [](mk_bundle *b) { mk_bundle_positions(b)[2] = 10; });
-    EXPECT_ERROR(mk_frame_decode_body(body.data(), body.size(), &h, &residual), MK_ERR_POSITIONS_SHAPE,
+    EXPECT_ERROR(mk_bundle_decode_body(body.data(), body.size(), &h, &residual), MK_ERR_POSITIONS_SHAPE,
                  "bundle position 10 at row 2 does not continue row 0's 7");
     body = body_of(3, 8, 7, [](mk_bundle *b) { mk_bundle_positions(b)[1] = 7; });
-    EXPECT_ERROR(mk_frame_decode_body(body.data(), body.size(), &h, &residual), MK_ERR_POSITIONS_SHAPE,
+    EXPECT_ERROR(mk_bundle_decode_body(body.data(), body.size(), &h, &residual), MK_ERR_POSITIONS_SHAPE,
                  "bundle position 7 at row 1");
     // One row: nothing to continue.
     body = body_of(1, 8, 41);
-    MK_ASSERT_OK(mk_frame_decode_body(body.data(), body.size(), &h, &residual));
+    MK_ASSERT_OK(mk_bundle_decode_body(body.data(), body.size(), &h, &residual));
     EXPECT_EQ(h.position, 41);
     // The message checks run on the view: a body without a digest is refused by them.
     body = body_of(2, 8, 0);
@@ -1220,7 +1239,7 @@ TEST(FrameBody, PositionsMustContinueRowZerosToTheLastRow) {
     meshkern__v1__tensor_bundle__pack(m, no_digest.data());
     m->runtime_recipe_digest = digest;
     meshkern__v1__tensor_bundle__free_unpacked(m, nullptr);
-    EXPECT_ERROR(mk_frame_decode_body(no_digest.data(), no_digest.size(), &h, &residual), MK_ERR_MISSING_FIELD,
+    EXPECT_ERROR(mk_bundle_decode_body(no_digest.data(), no_digest.size(), &h, &residual), MK_ERR_MISSING_FIELD,
                  "runtime_recipe_digest");
 }
 

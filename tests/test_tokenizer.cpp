@@ -16,7 +16,7 @@
 
 #include "mk_test_util.h"
 #include "mk_vocab_gguf.h"
-#include "tokenizer.h"
+#include "text/tokenizer.h"
 
 namespace {
 

@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "cli.h"
-#include "seam/io.h"
+#include "net/io.h"
 #include "seam/seam.h"
 
 static const struct {

@@ -24,9 +24,9 @@
 #include <time.h>
 
 #include "cli.h"
-#include "gguf.h"
+#include "model/gguf.h"
 #include "meshkern.h"
-#include "model.h"
+#include "model/model.h"
 #include "mk_error.h"
 #include "cli_text.h"
 #include "serve.h"

@@ -22,10 +22,10 @@
 
 #include "cli.h"
 #include "cli_text.h"
-#include "gguf.h"
-#include "model.h"
+#include "model/gguf.h"
+#include "model/model.h"
 #include "mk_error.h"
-#include "mk_size.h"
+#include "core/mk_size.h"
 
 #define MK_STAGE_MAX_LIST 64
 

@@ -19,12 +19,12 @@ mkdir -p "$OUT"
 LOG="$OUT/build.log"
 : >"$LOG"
 INC=(-I"$ROOT/include" -I"$ROOT/common" -I"$ROOT/host" -I"$ROOT/kernels" -I"$ROOT/kernels/nvcc" -I"$ROOT/tests")
-# host objects kernel_bench and the op grid need: errors, the contract's dtype table, the CPU
-# reference ops, GGUF block dequantization
+# host objects kernel_bench and the op grid need: errors, half conversions, the contract's dtype
+# table, the CPU reference ops, GGUF block dequantization
 # (against a stand-in cblas.h: no OpenBLAS here)
 objs=()
-for src in error.c contract.c cpu_ops.c gguf_dequant.c; do
-  o="$OUT/${src%.c}.o"
+for src in core/error.c core/half.c protocol/contract.c backend/cpu/cpu_ops.c model/gguf_dequant.c; do
+  o="$OUT/$(basename "${src%.c}").o"
   gcc -O2 -std=c11 -c "$ROOT/host/$src" -I"$ROOT/bench/standalone" "${INC[@]}" -o "$o" >>"$LOG" 2>&1 ||
     { echo "standalone: $src failed (see $LOG)" >&2; exit 1; }
   objs+=("$o")

@@ -1,5 +1,5 @@
 /* Stand-in for <cblas.h> in the GPU check's standalone build (bench/standalone/build.sh, a
- * GPU machine without OpenBLAS): host/cpu_ops.c compiles against it. cblas_sgemm is a plain
+ * GPU machine without OpenBLAS): host/backend/cpu/cpu_ops.c compiles against it. cblas_sgemm is a plain
  * triple loop with double accumulation (row-major, either operand transposed): slow, but
  * right, so the op grid's CPU references (mk_cpu_matmul) hold there too. */
 #ifndef MK_STANDALONE_CBLAS_H

@@ -1,15 +1,15 @@
 /* The placed pipeline's public face: build the stages (ranges on their devices, KV and
  * activation slots), admit sequences into free slots (continuous admission: a finished
  * sequence's slot goes to the next queued one), collect tokens and statuses. The worker
- * loop is stage.c, the seam hand-off stage_link.c, the cut chooser split_auto.c. */
+ * loop is worker.c, the seam hand-off link.c, the cut chooser split_auto.c. */
 #include <stdlib.h>
 #include <string.h>
 
-#include "cpu_pool.h"
+#include "core/cores.h"
 #include "mk_error.h"
-#include "mk_size.h"
-#include "range.h"
-#include "sched.h"
+#include "core/mk_size.h"
+#include "range/range.h"
+#include "sched/sched.h"
 #include "seam/seam.h"
 
 #define MK_SCHED_DEFAULT_SEQUENCES 8
@@ -51,10 +51,10 @@ static mk_status mk_sched_shares(mk_sched *s, const int64_t *cuts) {
             const size_t end = i + 1 < s->n_stages ? (size_t)cuts[i] : n_layers - 1;
             double c = (i == 0 ? head : 0) + (i + 1 == s->n_stages ? tail : 0);
             for (; layer <= end; layer++) c += cost[layer];
-            s->stages[i].share = c;
+            s->workers[i].share = c;
             total += c;
         }
-        for (size_t i = 0; i < s->n_stages; i++) s->stages[i].share /= total;
+        for (size_t i = 0; i < s->n_stages; i++) s->workers[i].share /= total;
     }
     free(cost);
     return st;
@@ -74,7 +74,7 @@ static mk_status mk_sched_items(mk_sched *s) {
         it->logits = malloc(s->vocab * sizeof(float));
         it->out = calloc(s->n_stages, sizeof *it->out);
         if (!it->logits || !it->out) return mk_fail(MK_ERR_OUT_OF_MEMORY, "pipeline: out of memory for a slot");
-        for (size_t k = 0; k + 1 < s->n_stages; k++) MK_TRY(mk_boundary_create(s->stages[k].range, &it->out[k]));
+        for (size_t k = 0; k + 1 < s->n_stages; k++) MK_TRY(mk_boundary_create(s->workers[k].range, &it->out[k]));
     }
     s->stop_items[0].kind = MK_ITEM_STOP;
     return MK_OK;
@@ -83,31 +83,31 @@ static mk_status mk_sched_items(mk_sched *s) {
 /* The placement rule for the seam between ranges a and b: NCCL between cuda ranges on
  * distinct devices where the build has it, else a local device-to-device copy (a memcpy
  * on the cpu backend). An explicit choice is taken as given. */
-static mk_status mk_sched_link(mk_sched *s, size_t i, mk_seam_kind asked) {
-    mk_range *a = s->stages[i].range, *b = s->stages[i + 1].range;
-    mk_stage_link *link = &s->links[i];
-    if (asked) return mk_stage_link_init(link, asked, a, b, s->n_slots);
+static mk_status mk_sched_place_link(mk_sched *s, size_t i, mk_seam_kind asked) {
+    mk_range *a = s->workers[i].range, *b = s->workers[i + 1].range;
+    mk_sched_link *link = &s->links[i];
+    if (asked) return mk_sched_link_init(link, asked, a, b, s->n_slots);
     const mk_backend_config *ca = &mk_range_backend(a)->config, *cb = &mk_range_backend(b)->config;
     if (ca->kind == MK_BACKEND_CUDA && cb->kind == MK_BACKEND_CUDA && ca->device != cb->device) {
-        const mk_status st = mk_stage_link_init(link, MK_SEAM_NCCL, a, b, s->n_slots);
+        const mk_status st = mk_sched_link_init(link, MK_SEAM_NCCL, a, b, s->n_slots);
         if (st != MK_ERR_UNSUPPORTED) return st; /* joined, or a real failure */
-        mk_stage_link_destroy(link);
+        mk_sched_link_destroy(link);
     }
-    return mk_stage_link_init(link, MK_SEAM_LOCAL, a, b, s->n_slots);
+    return mk_sched_link_init(link, MK_SEAM_LOCAL, a, b, s->n_slots);
 }
 
 static mk_status mk_sched_build(mk_sched *s, const mk_sched_options *o, const int64_t *cuts) {
     const size_t n_layers = mk_model_hparams(s->model)->n_layers;
-    s->stages = calloc(s->n_stages, sizeof *s->stages);
+    s->workers = calloc(s->n_stages, sizeof *s->workers);
     s->links = calloc(s->n_stages > 1 ? s->n_stages - 1 : 1, sizeof *s->links);
-    if (!s->stages || !s->links) return mk_fail(MK_ERR_OUT_OF_MEMORY, "pipeline: out of memory");
+    if (!s->workers || !s->links) return mk_fail(MK_ERR_OUT_OF_MEMORY, "pipeline: out of memory");
     size_t inbox_cap;
     if (!mk_size_add(s->n_slots, 1, &inbox_cap))
         return mk_fail(MK_ERR_OUT_OF_MEMORY, "pipeline: %zu sequences in flight overflow the inbox", s->n_slots);
     MK_TRY(mk_queue_init(&s->inbox0, inbox_cap));
     int64_t start = 0;
     for (size_t i = 0; i < s->n_stages; i++) {
-        mk_sched_stage *st = &s->stages[i];
+        mk_sched_worker *st = &s->workers[i];
         st->sched = s;
         st->index = i;
         st->inbox = i == 0 ? &s->inbox0 : &s->links[i - 1].q;
@@ -117,7 +117,7 @@ static mk_status mk_sched_build(mk_sched *s, const mk_sched_options *o, const in
         ro.backend.device = o->devices ? o->devices[i] : (int)i;
         /* Every stage computes at once: the cores are shared out, not each taken whole. */
         if (ro.backend.kind == MK_BACKEND_CPU && ro.backend.threads == 0) {
-            const size_t share = mk_cpu_core_count() / s->n_stages;
+            const size_t share = mk_core_count() / s->n_stages;
             ro.backend.threads = share ? share : 1;
         }
         /* Decode op by op here: stage threads post work on each other's streams (a peer
@@ -139,13 +139,13 @@ static mk_status mk_sched_build(mk_sched *s, const mk_sched_options *o, const in
             st->timeline_cap = o->timeline_capacity;
         }
     }
-    for (size_t i = 0; i + 1 < s->n_stages; i++) MK_TRY(mk_sched_link(s, i, o->seam));
+    for (size_t i = 0; i + 1 < s->n_stages; i++) MK_TRY(mk_sched_place_link(s, i, o->seam));
     MK_TRY(mk_sched_shares(s, cuts));
     MK_TRY(mk_sched_items(s));
     for (size_t i = 0; i < s->n_stages; i++) {
-        if (pthread_create(&s->stages[i].thread, NULL, mk_stage_main, &s->stages[i]) != 0)
+        if (pthread_create(&s->workers[i].thread, NULL, mk_worker_main, &s->workers[i]) != 0)
             return mk_fail(MK_ERR_INTERNAL, "pipeline: cannot start the worker of stage %zu", i);
-        s->stages[i].started = true;
+        s->workers[i].started = true;
     }
     return MK_OK;
 }
@@ -221,16 +221,16 @@ static void mk_sched_forget(mk_sched *s, mk_sched_request *r) {
 void mk_sched_free(mk_sched *s) {
     if (!s) return;
     /* Every worker receives the stop item; producers never wait, so all exit. */
-    if (s->stages) {
+    if (s->workers) {
         for (size_t i = 0; i < s->n_stages; i++) {
-            if (!s->stages[i].started) continue;
+            if (!s->workers[i].started) continue;
             if (i == 0) (void)mk_queue_push(&s->inbox0, s->stop_items);
-            else (void)mk_stage_link_send_control(&s->links[i - 1], s->stop_items);
+            else (void)mk_sched_link_send_control(&s->links[i - 1], s->stop_items);
         }
         for (size_t i = 0; i < s->n_stages; i++)
-            if (s->stages[i].started) pthread_join(s->stages[i].thread, NULL);
+            if (s->workers[i].started) pthread_join(s->workers[i].thread, NULL);
         /* The seams and boundaries use their ranges' backends: they go first. */
-        for (size_t i = 0; s->links && i + 1 < s->n_stages; i++) mk_stage_link_destroy(&s->links[i]);
+        for (size_t i = 0; s->links && i + 1 < s->n_stages; i++) mk_sched_link_destroy(&s->links[i]);
         if (s->items)
             for (size_t i = 0; i < s->n_slots; i++) {
                 mk_sched_item *it = &s->items[i];
@@ -239,7 +239,7 @@ void mk_sched_free(mk_sched *s) {
                 free(it->logits);
             }
         for (size_t i = 0; i < s->n_stages; i++) {
-            mk_sched_stage *st = &s->stages[i];
+            mk_sched_worker *st = &s->workers[i];
             mk_boundary_free(st->in);
             if (st->seqs)
                 for (size_t k = 0; k < s->n_slots; k++) mk_sequence_close(st->seqs[k]);
@@ -254,7 +254,7 @@ void mk_sched_free(mk_sched *s) {
     free(s->items);
     free(s->free_slots);
     free(s->links);
-    free(s->stages);
+    free(s->workers);
     pthread_cond_destroy(&s->done_cv);
     pthread_mutex_destroy(&s->mu);
     free(s);
@@ -262,10 +262,10 @@ void mk_sched_free(mk_sched *s) {
 
 size_t mk_sched_stage_count(const mk_sched *s) { return s ? s->n_stages : 0; }
 const mk_range *mk_sched_stage_range(const mk_sched *s, size_t i) {
-    return s && i < s->n_stages ? s->stages[i].range : NULL;
+    return s && i < s->n_stages ? s->workers[i].range : NULL;
 }
 double mk_sched_stage_share(const mk_sched *s, size_t i) {
-    return s && i < s->n_stages ? s->stages[i].share : 0.0;
+    return s && i < s->n_stages ? s->workers[i].share : 0.0;
 }
 
 mk_seam_kind mk_sched_seam_kind(const mk_sched *s, size_t i) {
@@ -273,7 +273,7 @@ mk_seam_kind mk_sched_seam_kind(const mk_sched *s, size_t i) {
 }
 
 size_t mk_sched_seam_bytes(const mk_sched *s, size_t i) {
-    return s && i + 1 < s->n_stages ? mk_stage_link_bytes(&s->links[i]) : 0;
+    return s && i + 1 < s->n_stages ? mk_sched_link_bytes(&s->links[i]) : 0;
 }
 
 /* ============================================================= admission == */
@@ -294,7 +294,7 @@ mk_status mk_sched_submit(mk_sched *s, const int32_t *prompt, size_t n_prompt, s
         return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_sched_submit: NULL argument");
     if (n_prompt == 0) return mk_fail(MK_ERR_EMPTY_INPUT, "a sequence needs at least one prompt token");
     if (max_new == 0) return mk_fail(MK_ERR_INVALID_ARGUMENT, "a sequence must be allowed at least one token");
-    const mk_range *head = s->stages[0].range;
+    const mk_range *head = s->workers[0].range;
     if (n_prompt > mk_range_max_rows(head))
         return mk_fail(MK_ERR_INVALID_ARGUMENT, "prompt of %zu tokens exceeds the pipeline's max_batch_tokens %zu",
                        n_prompt, mk_range_max_rows(head));
@@ -492,7 +492,7 @@ mk_status mk_sched_stage_stats(const mk_sched *s, size_t stage, mk_stage_stats *
     mk_clear_error();
     if (!s || !out || stage >= s->n_stages)
         return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_sched_stage_stats: no stage %zu", stage);
-    *out = s->stages[stage].stats;
+    *out = s->workers[stage].stats;
     return MK_OK;
 }
 
@@ -504,9 +504,9 @@ mk_status mk_sched_reset_stats(mk_sched *s) {
     pthread_mutex_unlock(&s->mu);
     if (!idle) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_sched_reset_stats: sequences are still in flight");
     for (size_t i = 0; i < s->n_stages; i++) {
-        memset(&s->stages[i].stats, 0, sizeof s->stages[i].stats);
-        s->stages[i].timeline_len = 0;
-        s->stages[i].attempts = 0;
+        memset(&s->workers[i].stats, 0, sizeof s->workers[i].stats);
+        s->workers[i].timeline_len = 0;
+        s->workers[i].attempts = 0;
     }
     return MK_OK;
 }
@@ -514,9 +514,9 @@ mk_status mk_sched_reset_stats(mk_sched *s) {
 mk_status mk_sched_inject_fault(mk_sched *s, size_t stage, size_t step, bool dies) {
     if (!s || stage >= s->n_stages) return mk_fail(MK_ERR_INVALID_ARGUMENT, "inject fault: no stage %zu", stage);
     pthread_mutex_lock(&s->mu); /* the worker reads these after taking an item: ordered by the queue */
-    s->stages[stage].fault_armed = true;
-    s->stages[stage].fault_step = step;
-    s->stages[stage].fault_dies = dies;
+    s->workers[stage].fault_armed = true;
+    s->workers[stage].fault_step = step;
+    s->workers[stage].fault_dies = dies;
     pthread_mutex_unlock(&s->mu);
     return MK_OK;
 }
@@ -524,7 +524,7 @@ mk_status mk_sched_inject_fault(mk_sched *s, size_t stage, size_t step, bool die
 mk_status mk_sched_inject_seam_cut(mk_sched *s, size_t seam, size_t after) {
     if (!s || seam + 1 >= s->n_stages) return mk_fail(MK_ERR_INVALID_ARGUMENT, "inject seam cut: no seam %zu", seam);
     /* Read by the receiving stage's worker after it takes an item: ordered by the queue. */
-    mk_stage_link *link = &s->links[seam];
+    mk_sched_link *link = &s->links[seam];
     pthread_mutex_lock(&link->q.mu);
     link->cut_after = after;
     link->cut_armed = true;

@@ -3,7 +3,7 @@
 #include <stdlib.h>
 
 #include "mk_error.h"
-#include "sched.h"
+#include "sched/sched.h"
 
 mk_status mk_queue_init(mk_queue *q, size_t cap) {
     q->ring = calloc(cap, sizeof *q->ring);

@@ -1,5 +1,5 @@
 /* Internal to the placed pipeline (host/sched/): the bounded queue between stages, the
- * seam hand-off (stage_link), the micro-batch item, the stage worker and the cut chooser.
+ * seam hand-off (link.c), the micro-batch item, the stage worker and the cut chooser.
  *
  * Threads: one worker per stage. A stage's range, its KV caches and its statistics are
  * touched only by its worker (and by create/free while no worker runs); an item is owned
@@ -72,7 +72,7 @@ typedef struct mk_sched_item {
  * in-process ones (local, wire) hold one posted boundary per pair, so there is a pair per
  * sequence slot. Sender ends are used by stage i's thread only, receiver ends by stage
  * i + 1's. */
-typedef struct mk_stage_link {
+typedef struct mk_sched_link {
     mk_queue q;
     mk_seam_kind kind;
     bool fifo;
@@ -82,27 +82,27 @@ typedef struct mk_stage_link {
      * receiving ends once cut_after were taken, as when that stage's process dies */
     size_t taken, cut_after;
     bool cut_armed, cut;
-} mk_stage_link;
+} mk_sched_link;
 
 /* Join `sender` (stage i's range) and `receiver` with the transport `kind`, n_slots items. */
-mk_status mk_stage_link_init(mk_stage_link *link, mk_seam_kind kind, mk_range *sender, mk_range *receiver,
+mk_status mk_sched_link_init(mk_sched_link *link, mk_seam_kind kind, mk_range *sender, mk_range *receiver,
                              size_t n_slots);
 /* The ends and the queue; call after the workers stopped, before the ranges are freed. */
-void mk_stage_link_destroy(mk_stage_link *link);
+void mk_sched_link_destroy(mk_sched_link *link);
 /* Hand item (whose boundary `out`, of the sending range, is filled) to the next stage. On
  * failure nothing reached the queue: the caller fails the item. */
-mk_status mk_stage_link_send(mk_stage_link *link, mk_sched_item *item, const mk_boundary *out);
+mk_status mk_sched_link_send(mk_sched_link *link, mk_sched_item *item, const mk_boundary *out);
 /* Control items (stop) pass without a boundary. */
-mk_status mk_stage_link_send_control(mk_stage_link *link, mk_sched_item *item);
+mk_status mk_sched_link_send_control(mk_sched_link *link, mk_sched_item *item);
 /* The next item (waits while there is none). */
-mk_sched_item *mk_stage_link_take(mk_stage_link *link);
+mk_sched_item *mk_sched_link_take(mk_sched_link *link);
 /* The boundary of a step item just taken, received into `into` (a boundary of the
  * receiving range) for the slot's sequence `seq`. Called once for every step item taken,
  * even one that will fail, so a FIFO transport stays in step. */
-mk_status mk_stage_link_recv(mk_stage_link *link, const mk_sched_item *item, const mk_sequence *seq,
+mk_status mk_sched_link_recv(mk_sched_link *link, const mk_sched_item *item, const mk_sequence *seq,
                              mk_boundary *into);
 /* Bytes the receiving ends took so far. */
-size_t mk_stage_link_bytes(const mk_stage_link *link);
+size_t mk_sched_link_bytes(const mk_sched_link *link);
 
 /* ================================================================== stage == */
 
@@ -112,14 +112,14 @@ typedef struct mk_timeline_record {
     uint32_t rows;
 } mk_timeline_record;
 
-typedef struct mk_sched_stage {
+typedef struct mk_sched_worker {
     struct mk_sched *sched;
     size_t index;
     mk_range *range;
     mk_sequence **seqs;     /* [n_slots] KV cache per sequence slot */
     mk_queue *inbox;        /* stage 0: admissions and feedback; others: in_link's queue */
-    mk_stage_link *in_link; /* NULL for stage 0 */
-    mk_stage_link *out_link; /* NULL for the tail */
+    mk_sched_link *in_link; /* NULL for stage 0 */
+    mk_sched_link *out_link; /* NULL for the tail */
     mk_boundary *in;        /* the received boundary (stages after the head) */
     pthread_t thread;
     bool started;
@@ -134,9 +134,9 @@ typedef struct mk_sched_stage {
     mk_stage_stats stats;
     mk_timeline_record *timeline; /* [timeline_cap] */
     size_t timeline_cap, timeline_len;
-} mk_sched_stage;
+} mk_sched_worker;
 
-void *mk_stage_main(void *arg);
+void *mk_worker_main(void *arg);
 
 /* ============================================================== scheduler == */
 
@@ -160,8 +160,8 @@ struct mk_sched_request {
 struct mk_sched {
     const mk_model *model;
     size_t n_stages, n_slots, vocab;
-    mk_sched_stage *stages; /* [n_stages] */
-    mk_stage_link *links;   /* [n_stages - 1] */
+    mk_sched_worker *workers; /* [n_stages] */
+    mk_sched_link *links;   /* [n_stages - 1] */
     mk_queue inbox0;
     mk_sched_item *items;   /* [n_slots] */
     mk_sched_item stop_items[1]; /* the one stop item every inbox receives at shutdown */

@@ -8,7 +8,7 @@
 #include <stdlib.h>
 
 #include "mk_error.h"
-#include "sched.h"
+#include "sched/sched.h"
 
 mk_status mk_split_costs(const mk_model *model, double *layer_cost, double *head_extra, double *tail_extra) {
     const mk_hparams *hp = mk_model_hparams(model);

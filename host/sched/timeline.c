@@ -4,7 +4,7 @@
 #include <stdlib.h>
 
 #include "mk_error.h"
-#include "sched.h"
+#include "sched/sched.h"
 
 mk_status mk_sched_timeline_json(const mk_sched *s, char **out, size_t *out_len) {
     mk_clear_error();
@@ -13,8 +13,8 @@ mk_status mk_sched_timeline_json(const mk_sched *s, char **out, size_t *out_len)
     *out_len = 0;
     uint64_t base = UINT64_MAX;
     for (size_t i = 0; i < s->n_stages; i++)
-        for (size_t k = 0; k < s->stages[i].timeline_len; k++)
-            if (s->stages[i].timeline[k].start_ns < base) base = s->stages[i].timeline[k].start_ns;
+        for (size_t k = 0; k < s->workers[i].timeline_len; k++)
+            if (s->workers[i].timeline[k].start_ns < base) base = s->workers[i].timeline[k].start_ns;
     char *text = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&text, &len);
@@ -22,8 +22,8 @@ mk_status mk_sched_timeline_json(const mk_sched *s, char **out, size_t *out_len)
     fprintf(f, "{\"stages\":%zu,\"steps\":[", s->n_stages);
     bool first = true;
     for (size_t i = 0; i < s->n_stages; i++)
-        for (size_t k = 0; k < s->stages[i].timeline_len; k++) {
-            const mk_timeline_record *r = &s->stages[i].timeline[k];
+        for (size_t k = 0; k < s->workers[i].timeline_len; k++) {
+            const mk_timeline_record *r = &s->workers[i].timeline[k];
             fprintf(f, "%s\n{\"stage\":%zu,\"seq\":%llu,\"rows\":%u,\"start_us\":%.3f,\"end_us\":%.3f}",
                     first ? "" : ",", i, (unsigned long long)r->seq_id, r->rows, (double)(r->start_ns - base) / 1e3,
                     (double)(r->end_ns - base) / 1e3);

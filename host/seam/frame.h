@@ -1,4 +1,4 @@
-/* The stream transport's framing and its zero-copy TensorBundle reader.
+/* The stream transport's framing (the body is a TensorBundle: protocol/bundle_codec.h).
  *
  * A frame: a 16-byte header (magic "MKSF", version, align, length, all little-endian)
  * then `length` bytes of one protobuf TensorBundle. The receiver checks the magic, the
@@ -12,7 +12,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "boundary.h"
+#include "meshkern.h"
+
 
 #define MK_FRAME_MAGIC 0x46534b4du /* "MKSF" read as little-endian */
 #define MK_FRAME_VERSION 1u
@@ -29,27 +30,5 @@ mk_status mk_frame_header_decode(const uint8_t in[MK_FRAME_HEADER_BYTES], uint64
 static inline size_t mk_frame_shift(size_t offset) { return (MK_FRAME_ALIGN - offset % MK_FRAME_ALIGN) % MK_FRAME_ALIGN; }
 /* The largest body a receiver of max_rows x hidden accepts. */
 uint64_t mk_frame_limit(size_t max_rows, size_t hidden);
-
-/* A TensorBundle decoded in place: the message struct protobuf-c would give, but every
- * bytes field points into the caller's buffer (no payload copy) and strings are copied
- * into the view's own small buffers. Valid while the buffer is. */
-#define MK_VIEW_RANK 8
-#define MK_VIEW_STRING 256
-typedef struct mk_bundle_view {
-    Meshkern__V1__TensorBundle msg;
-    Meshkern__V1__Tensor residual, positions;
-    Meshkern__V1__Tensor *tensors[1];
-    uint64_t residual_shape[MK_VIEW_RANK], positions_shape[MK_VIEW_RANK];
-    char adapter[MK_VIEW_STRING], boundary_point[MK_VIEW_STRING], digest[MK_VIEW_STRING],
-        request_id[MK_VIEW_STRING], residual_name[MK_VIEW_STRING], positions_name[MK_VIEW_STRING];
-} mk_bundle_view;
-
-/* Parse protobuf wire bytes into *view (MK_ERR_WIRE_DECODE on malformed wire format).
- * No field is validated beyond the wire format: mk_bundle_message_check does that. */
-mk_status mk_bundle_view_parse(const uint8_t *bytes, size_t len, mk_bundle_view *view);
-
-/* A whole received body: parse, check the message, and check that the positions are the
- * header's position + row. *residual points into `bytes` (may be unaligned). */
-mk_status mk_frame_decode_body(const uint8_t *bytes, size_t len, mk_boundary_header *h, const uint8_t **residual);
 
 #endif

@@ -4,7 +4,7 @@
 #include <stdlib.h>
 
 #include "mk_error.h"
-#include "seam.h"
+#include "seam/seam.h"
 
 typedef struct mk_local_link {
     int refs;                  /* both ends share the link */

@@ -1,7 +1,7 @@
 /* Binaries linked without the NCCL seam (host/seam/nccl/) still link: choosing it reports
  * clearly that this build has none. Weak, so nccl_seam.c's definitions win where linked. */
 #include "mk_error.h"
-#include "seam.h"
+#include "seam/seam.h"
 
 static mk_status mk_no_nccl(void) {
     return mk_fail(MK_ERR_UNSUPPORTED, "this meshkern build has no NCCL seam (built without nccl.h / libnccl); "

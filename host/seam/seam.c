@@ -6,9 +6,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "io.h"
+#include "net/io.h"
 #include "mk_error.h"
-#include "seam.h"
+#include "seam/seam.h"
 
 /* One table: kind <-> name. */
 static const struct {

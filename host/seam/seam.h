@@ -7,8 +7,9 @@
 #ifndef MK_SEAM_H
 #define MK_SEAM_H
 
-#include "backend.h"
-#include "boundary.h"
+#include "backend/backend.h"
+#include "protocol/boundary.h"
+#include "range/range.h"
 
 /* The contract as seam.c applies it to a received header (before any payload). */
 typedef mk_status (*mk_seam_check)(void *user, const mk_boundary_header *h);
@@ -36,11 +37,6 @@ struct mk_seam {
     double seconds;   /* spent in send + recv */
     void *impl;       /* the transport's state */
 };
-
-/* The backend of a range (range.c). */
-mk_backend *mk_range_backend(const mk_range *range);
-size_t mk_range_max_rows(const mk_range *range);
-size_t mk_range_hidden(const mk_range *range);
 
 /* Transport constructors: both ends in one process (local, wire, stream) or one end of a
  * stream connection (fd connected, TLS context or NULL). */

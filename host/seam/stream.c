@@ -19,10 +19,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "frame.h"
-#include "io.h"
+#include "protocol/bundle_codec.h"
+#include "seam/frame.h"
+#include "net/io.h"
 #include "mk_error.h"
-#include "seam.h"
+#include "seam/seam.h"
 
 #define MK_DEFAULT_IO_MS 30000
 
@@ -173,7 +174,7 @@ static mk_status stream_recv_header(mk_seam *s, mk_boundary_header *h) {
     if (r != MK_OK) return mk_stream_break(st, r);
     s->bytes += MK_FRAME_HEADER_BYTES + (size_t)len;
     /* The frame was read whole: a refused boundary leaves the stream in step. */
-    return mk_frame_decode_body(body, (size_t)len, h, &st->residual);
+    return mk_bundle_decode_body(body, (size_t)len, h, &st->residual);
 }
 
 static mk_status stream_recv_payload(mk_seam *s, mk_boundary *into) {

@@ -5,9 +5,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "frame.h"
+#include "protocol/bundle_codec.h"
+#include "seam/frame.h"
 #include "mk_error.h"
-#include "seam.h"
+#include "seam/seam.h"
 
 typedef struct mk_wire_link {
     int refs;
@@ -57,7 +58,7 @@ static mk_status wire_recv_header(mk_seam *s, mk_boundary_header *h) {
     if (!link->sent) return mk_fail(MK_ERR_INVALID_ARGUMENT, "wire seam: nothing was sent");
     link->sent = false;
     s->bytes += link->len;
-    return mk_frame_decode_body(link->message, link->len, h, &link->residual);
+    return mk_bundle_decode_body(link->message, link->len, h, &link->residual);
 }
 
 static mk_status wire_recv_payload(mk_seam *s, mk_boundary *into) {

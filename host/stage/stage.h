@@ -13,9 +13,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "boundary.h"
+#include "protocol/boundary.h"
 #include "meshkern.h"
-#include "seam/io.h"
+#include "net/io.h"
 #include "seam/seam.h"
 
 /* ============================================================= control == */

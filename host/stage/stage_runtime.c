@@ -21,8 +21,8 @@
 #include <unistd.h>
 
 #include "mk_error.h"
-#include "mk_size.h"
-#include "model.h"
+#include "core/mk_size.h"
+#include "model/model.h"
 #include "stage/stage.h"
 
 #define MK_STAGE_DEFAULT_TIMEOUT_MS 30000

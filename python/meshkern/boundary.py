@@ -206,7 +206,7 @@ def _duck_recipe_digest(shard, canonical: str) -> str:
 def _check_boundary_header(role: ShardRole, start: int, digest: str, h: core.BoundaryHeader,
                            hidden: int | None) -> None:
     """mk_range_check_boundary's checks, for a duck-typed shard (the C function needs an
-    mk_range). Same order, statuses and messages as host/range.c."""
+    mk_range). Same order, statuses and messages as host/range/range.c."""
     if h.normalized:
         raise_status("MK_ERR_NORMALIZED_BUNDLE",
                      "boundary bundle is marked normalized: the seam carries the UNNORMALIZED residual stream")
@@ -239,7 +239,7 @@ def _check_boundary_header(role: ShardRole, start: int, digest: str, h: core.Bou
 
 
 def _check_input_kind(role: ShardRole, has_ids: bool, n_ids: int, has_boundary: bool) -> None:
-    """host/range.c mk_check_input_kind, for a duck-typed shard."""
+    """host/range/range.c mk_check_input_kind, for a duck-typed shard."""
     name = role.label
     if role.owns_embedding:
         if has_boundary:

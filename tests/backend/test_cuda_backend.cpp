@@ -23,12 +23,12 @@
 #include <vector>
 
 extern "C" {
-#include "backend.h" // the op interface, for the low-precision note test
+#include "backend/backend.h" // the op interface, for the low-precision note test
 }
 #include "mk_native_gguf.h"
 #include "mk_test_util.h"
-#include "range.h"
-#include "tokenizer.h"
+#include "range/range.h"
+#include "text/tokenizer.h"
 
 #if defined(MK_TEST_CUDASIM)
 #include "cudasim.h"

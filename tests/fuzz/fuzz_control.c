@@ -13,7 +13,7 @@
 #include <unistd.h>
 
 #include "mk_error.h"
-#include "seam/io.h"
+#include "net/io.h"
 #include "stage/stage.h"
 
 static const char kDigest[] = "2ac2c9cfd401cb11e0f1a2b3c4d5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f7";

@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "meshkern.h"
-#include "seam/frame.h"
+#include "protocol/bundle_codec.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size >= MK_FRAME_HEADER_BYTES) {
@@ -20,7 +20,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     mk_boundary_header h;
     const uint8_t *residual = NULL;
-    if (mk_frame_decode_body(data, size, &h, &residual) != MK_OK) {
+    if (mk_bundle_decode_body(data, size, &h, &residual) != MK_OK) {
         if (mk_last_error()[0] == '\0') abort(); /* a refusal always says why */
         return 0;
     }

@@ -18,11 +18,11 @@
 #include <thread>
 #include <vector>
 
-#include "boundary.h"
+#include "protocol/boundary.h"
 #include "cudasim.h"
 #include "mk_test_util.h"
-#include "nccl_comm.h"
-#include "nccl_seam.h"
+#include "seam/nccl/nccl_comm.h"
+#include "seam/nccl/nccl_seam.h"
 
 namespace {
 

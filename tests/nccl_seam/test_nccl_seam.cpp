@@ -21,8 +21,8 @@
 #include "meshkern.h"
 #include "mk_error.h"
 #include "mk_test_util.h"
-#include "nccl_comm.h"
-#include "nccl_seam.h"
+#include "seam/nccl/nccl_comm.h"
+#include "seam/nccl/nccl_seam.h"
 extern "C" {
 #include "seam/seam.h"
 }

@@ -1,5 +1,5 @@
 // Op grid for the CUDA kernels (kernels/*.cu), in the spirit of llama.cpp's test-backend-ops:
-// every kernel against the CPU backend's op (host/cpu_ops.h) on seeded random non-zero inputs
+// every kernel against the CPU backend's op (host/backend/cpu/cpu_ops.h) on seeded random non-zero inputs
 // over odd and edge shapes. Outputs are poisoned (all bits set: NaN / -1) before the run and
 // guarded by sentinel regions before and after, checked afterwards.
 //
@@ -20,8 +20,8 @@
 #include <string>
 #include <vector>
 
-#include "cpu_ops.h"
-#include "gguf.h"
+#include "backend/cpu/cpu_ops.h"
+#include "model/gguf.h"
 #include "kernels.h"
 #include "mk_test_util.h"
 

@@ -25,7 +25,7 @@
 #include "meshkern.h"
 #include "mk_test_util.h"
 extern "C" {
-#include "seam/io.h"
+#include "net/io.h"
 #include "stage/stage.h"
 }
 

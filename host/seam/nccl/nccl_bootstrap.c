@@ -18,8 +18,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "mk_check.h"
-#include "nccl_comm.h"
+#include "core/mk_check.h"
+#include "seam/nccl/nccl_comm.h"
 
 static const unsigned char id_magic[8] = {'m', 'k', 'n', 'c', 'c', 'l', 'i', 'd'};
 #define ID_RECORD (sizeof id_magic + sizeof(ncclUniqueId))

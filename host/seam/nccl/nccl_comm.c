@@ -1,13 +1,13 @@
 /* NCCL seam endpoints: bootstrap, warm-up, and the deadline-watched header + payload
  * exchange (nccl_comm.h explains the protocol). */
-#include "nccl_comm.h"
+#include "seam/nccl/nccl_comm.h"
 
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
 
-#include "mk_check.h"
+#include "core/mk_check.h"
 
 #define MK_NCCL_MAGIC 0x484e4b4du /* "MKNH", little-endian on the wire */
 #define MK_NCCL_VERSION 1u

@@ -10,15 +10,15 @@
  * receive completes them, mk_seam_send_wait then finds the send done. Across processes
  * each end is rank 0 (sender) or 1 (receiver) of its own communicator, joined through the
  * unique id in a file. */
-#include "nccl_seam.h"
+#include "seam/nccl/nccl_seam.h"
 
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "mk_error.h"
-#include "nccl_comm.h"
-#include "seam.h"
+#include "seam/nccl/nccl_comm.h"
+#include "seam/seam.h"
 
 #define MK_NCCL_HEADER_TAG 0x31484b4du /* "MKH1" */
 

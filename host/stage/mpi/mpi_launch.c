@@ -14,7 +14,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "mk_check.h"
+#include "core/mk_check.h"
 #include "mk_error.h"
 #include "stage/stage.h"
 

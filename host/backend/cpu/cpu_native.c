@@ -1,0 +1,264 @@
+/* Native-format weights on the cpu backend (see cpu_native.h). */
+#include "backend/cpu/cpu_native.h"
+
+#include <stdbool.h>
+#include <string.h>
+
+#include "backend/cpu/cpu_ops.h"
+#include "model/gguf.h"
+#include "mk_error.h"
+
+/* Output features per chunk handed to a thread: enough work to amortize the hand-out,
+ * small enough that two threads finish a 192-row product together. */
+enum { MK_NATIVE_ROWS_PER_CHUNK = 16 };
+
+static uint32_t mk_native_stored_type(uint32_t type) { return mk_cpu_quant_keeps(type) ? type : MK_GGML_TYPE_F32; }
+
+static size_t mk_native_row_bytes(uint32_t stored, size_t cols) {
+    size_t be, bb;
+    if (!mk_ggml_type_layout(stored, &be, &bb) || cols % be != 0) return 0;
+    return cols / be * bb;
+}
+
+size_t mk_cpu_native_weight_bytes(uint32_t type, size_t rows, size_t cols) {
+    if (!mk_ggml_type_layout(type, NULL, NULL) || !mk_ggml_type_can_dequantize(type)) return 0;
+    const size_t row_bytes = mk_native_row_bytes(mk_native_stored_type(type), cols);
+    if (!row_bytes || rows > (SIZE_MAX - sizeof(mk_cpu_weight)) / row_bytes) return 0;
+    return sizeof(mk_cpu_weight) + rows * row_bytes;
+}
+
+mk_status mk_cpu_native_store(void *dst, uint32_t type, const void *src, size_t src_bytes, size_t rows,
+                              size_t cols) {
+    if (!mk_cpu_native_weight_bytes(type, rows, cols))
+        return mk_fail(MK_ERR_DTYPE, "native weight [%zu, %zu] of ggml type %s cannot be stored", rows, cols,
+                       mk_ggml_type_name(type) ? mk_ggml_type_name(type) : "unknown");
+    const uint32_t stored = mk_native_stored_type(type);
+    mk_cpu_weight *h = dst;
+    memset(h, 0, sizeof *h);
+    h->type = stored;
+    h->rows = rows;
+    h->cols = cols;
+    h->row_bytes = mk_native_row_bytes(stored, cols);
+    uint8_t *data = (uint8_t *)(h + 1);
+    if (stored == type) {
+        if (src_bytes != rows * h->row_bytes)
+            return mk_fail(MK_ERR_DATA_LENGTH, "native weight [%zu, %zu] %s: %zu bytes given, %zu expected", rows, cols,
+                           mk_ggml_type_name(type), src_bytes, (size_t)(rows * h->row_bytes));
+        memcpy(data, src, src_bytes);
+        return MK_OK;
+    }
+    /* A format without a native kernel: dequantized once, kept as F32. */
+    return mk_gguf_dequantize(type, src, src_bytes, (float *)data, rows * cols);
+}
+
+/* ================================================================ matmul == */
+
+/* One weight of a decode product: its rows, the kernel and where its outputs go. */
+typedef struct mk_native_part {
+    const mk_cpu_weight *w;
+    const uint8_t *data;
+    mk_qdot_fn qdot; /* quantized formats */
+    mk_hdot_fn hdot; /* F16 / BF16 */
+    float *y;        /* [rows, w->rows] */
+} mk_native_part;
+
+/* A decode product of up to MK_NATIVE_MAX_PARTS weights sharing one input: the output
+ * features of all parts, one after the other, form the job's items. */
+enum { MK_NATIVE_MAX_PARTS = 3 };
+
+typedef struct mk_native_job {
+    const mk_cpu_native *ctx;
+    size_t n_parts;
+    mk_native_part part[MK_NATIVE_MAX_PARTS];
+    const float *x; /* [rows, in] */
+    size_t rows, in;
+    bool swiglu;    /* parts gate and up: gate = silu(gate) * up, per item */
+} mk_native_job;
+
+/* Quantize activation rows [begin, end). */
+static void mk_native_quantize(void *arg, size_t begin, size_t end, size_t thread) {
+    const mk_native_job *j = arg;
+    const size_t per_row = j->in / MK_Q8_BLOCK;
+    for (size_t r = begin; r < end; r++) j->ctx->kernels->quantize_row(j->ctx->xq + r * per_row, j->x + r * j->in, j->in);
+}
+
+/* Output features [begin, end) of one part for every activation row: each weight row is
+ * read once and stays in L1 while it meets every activation row. */
+static void mk_native_part_rows(const mk_native_job *j, const mk_native_part *p, size_t begin, size_t end) {
+    const size_t in = j->in, out = p->w->rows, per_row = in / MK_Q8_BLOCK;
+    for (size_t o = begin; o < end; o++) {
+        const uint8_t *wr = p->data + o * p->w->row_bytes;
+        if (p->qdot) {
+            for (size_t r = 0; r < j->rows; r++) p->y[r * out + o] = p->qdot(wr, j->ctx->xq + r * per_row, in);
+        } else {
+            for (size_t r = 0; r < j->rows; r++) p->y[r * out + o] = p->hdot((const uint16_t *)wr, j->x + r * in, in);
+        }
+    }
+}
+
+/* Items [begin, end) of the job: the part(s) they fall in; SwiGLU on the same items. */
+static void mk_native_rows(void *arg, size_t begin, size_t end, size_t thread) {
+    const mk_native_job *j = arg;
+    if (j->swiglu) {
+        const size_t out = j->part[0].w->rows;
+        mk_native_part_rows(j, &j->part[0], begin, end);
+        mk_native_part_rows(j, &j->part[1], begin, end);
+        for (size_t r = 0; r < j->rows; r++)
+            mk_cpu_swiglu(j->part[0].y + r * out + begin, j->part[0].y + r * out + begin,
+                          j->part[1].y + r * out + begin, end - begin);
+        return;
+    }
+    size_t first = 0;
+    for (size_t i = 0; i < j->n_parts && begin < end; i++) {
+        const size_t n = j->part[i].w->rows;
+        if (begin < first + n) {
+            const size_t stop = end < first + n ? end : first + n;
+            mk_native_part_rows(j, &j->part[i], begin - first, stop - first);
+            begin = stop;
+        }
+        first += n;
+    }
+}
+
+/* The part for weight w [out_dim, in_dim] writing y; MK_ERR_INTERNAL without a kernel. */
+static mk_status mk_native_part_of(const mk_cpu_native *ctx, const void *w, float *y, size_t in_dim, size_t out_dim,
+                                   mk_native_part *p) {
+    const mk_cpu_weight *h = w;
+    if (h->rows != out_dim || h->cols != in_dim)
+        return mk_fail(MK_ERR_SHAPE, "native matmul: weight is [%llu, %llu], product wants [%zu, %zu]",
+                       (unsigned long long)h->rows, (unsigned long long)h->cols, out_dim, in_dim);
+    *p = (mk_native_part){.w = h, .data = (const uint8_t *)(h + 1), .y = y};
+    if (h->type == MK_GGML_TYPE_F16) p->hdot = ctx->kernels->dot_f16;
+    else if (h->type == MK_GGML_TYPE_BF16) p->hdot = ctx->kernels->dot_bf16;
+    else p->qdot = mk_cpu_quant_dot_for(ctx->kernels, h->type);
+    if (!p->qdot && !p->hdot)
+        return mk_fail(MK_ERR_INTERNAL, "native matmul: no kernel for %s", mk_ggml_type_name(h->type));
+    return MK_OK;
+}
+
+/* The job's activations quantized once (when a part needs them), then every item in one
+ * pass of the pool. */
+static mk_status mk_native_run(mk_native_job *j) {
+    bool quantized = false;
+    size_t items = 0;
+    for (size_t i = 0; i < j->n_parts; i++) {
+        quantized = quantized || j->part[i].qdot;
+        items += j->part[i].w->rows;
+    }
+    if (j->swiglu) items = j->part[0].w->rows;
+    if (quantized) {
+        const size_t blocks = j->rows * (j->in / MK_Q8_BLOCK);
+        if (j->in % MK_Q8_BLOCK != 0 || blocks > j->ctx->xq_blocks)
+            return mk_fail(MK_ERR_INTERNAL, "native matmul: %zu x %zu activations exceed the reserved scratch",
+                           j->rows, j->in);
+        mk_cpu_pool_run(j->ctx->pool, j->rows, 1, mk_native_quantize, j);
+    }
+    mk_cpu_pool_run(j->ctx->pool, items, MK_NATIVE_ROWS_PER_CHUNK, mk_native_rows, j);
+    return MK_OK;
+}
+
+/* True when a product of `rows` rows over weight w goes through the dot kernels (the
+ * choice depends on the rows and the stored type alone, never on the threads). */
+static bool mk_native_uses_dots(const mk_cpu_native *ctx, const void *w, size_t rows) {
+    const mk_cpu_weight *h = w;
+    return h->type != MK_GGML_TYPE_F32 && !(rows >= MK_NATIVE_GEMM_MIN_ROWS && ctx->wtile);
+}
+
+/* Products of many rows: tiles of MK_NATIVE_GEMM_TILE output features, each dequantized
+ * by one thread into its own scratch and multiplied by one SGEMM call from that thread. */
+typedef struct mk_tile_job {
+    const mk_cpu_native *ctx;
+    const mk_cpu_weight *w;
+    const uint8_t *data;
+    float *y;       /* [rows, out] */
+    const float *x; /* [rows, in] */
+    size_t rows;
+    bool failed;
+} mk_tile_job;
+
+static void mk_native_tiles(void *arg, size_t begin, size_t end, size_t thread) {
+    mk_tile_job *j = arg;
+    const size_t in = j->w->cols, out = j->w->rows;
+    float *tile = j->ctx->wtile + thread * (size_t)MK_NATIVE_GEMM_TILE * in; /* [tile rows, in] */
+    for (size_t t = begin; t < end; t++) {
+        const size_t first = t * MK_NATIVE_GEMM_TILE;
+        const size_t n = out - first < MK_NATIVE_GEMM_TILE ? out - first : MK_NATIVE_GEMM_TILE;
+        for (size_t r = 0; r < n; r++)
+            if (mk_gguf_dequantize(j->w->type, j->data + (first + r) * j->w->row_bytes, j->w->row_bytes,
+                                   tile + r * in, in) != MK_OK)
+                j->failed = true; /* cannot happen: the layout was checked at load */
+        mk_cpu_sgemm_strided(j->y + first, out, j->x, tile, j->rows, in, n);
+    }
+}
+
+mk_status mk_cpu_native_matmul(const mk_cpu_native *ctx, float *y, const float *x, const void *w, size_t rows,
+                               size_t in_dim, size_t out_dim) {
+    const mk_cpu_weight *h = w;
+    if (h->rows != out_dim || h->cols != in_dim)
+        return mk_fail(MK_ERR_SHAPE, "native matmul: weight is [%llu, %llu], product wants [%zu, %zu]",
+                       (unsigned long long)h->rows, (unsigned long long)h->cols, out_dim, in_dim);
+    const uint8_t *data = (const uint8_t *)(h + 1);
+    if (h->type == MK_GGML_TYPE_F32) {
+        mk_cpu_matmul(y, x, (const float *)data, rows, in_dim, out_dim);
+        return MK_OK;
+    }
+    /* The path depends on the row count alone (never on the threads), so results do too. */
+    if (rows >= MK_NATIVE_GEMM_MIN_ROWS && ctx->wtile) {
+        if (in_dim * MK_NATIVE_GEMM_TILE * mk_cpu_pool_threads(ctx->pool) > ctx->wtile_elems)
+            return mk_fail(MK_ERR_INTERNAL, "native matmul: weight tiles of width %zu exceed the reserved scratch",
+                           in_dim);
+        mk_tile_job tiles = {.ctx = ctx, .w = h, .data = data, .y = y, .x = x, .rows = rows, .failed = false};
+        const size_t n_tiles = (out_dim + MK_NATIVE_GEMM_TILE - 1) / MK_NATIVE_GEMM_TILE;
+        /* A multi-threaded OpenBLAS gets the tiles one after the other (its threads split
+         * each one); tiles from several of our threads at once would oversubscribe. */
+        if (mk_cpu_blas_threads() > 1) mk_native_tiles(&tiles, 0, n_tiles, 0);
+        else mk_cpu_pool_run(ctx->pool, n_tiles, 1, mk_native_tiles, &tiles);
+        if (tiles.failed) return mk_fail(MK_ERR_INTERNAL, "native matmul: a weight tile did not dequantize");
+        return MK_OK;
+    }
+    mk_native_job job = {.ctx = ctx, .n_parts = 1, .x = x, .rows = rows, .in = in_dim};
+    MK_TRY(mk_native_part_of(ctx, w, y, in_dim, out_dim, &job.part[0]));
+    return mk_native_run(&job);
+}
+
+mk_status mk_cpu_native_matmul_shared(const mk_cpu_native *ctx, size_t n, float *const *y, const void *const *w,
+                                      const size_t *out_dim, const float *x, size_t rows, size_t in_dim) {
+    bool dots = n <= MK_NATIVE_MAX_PARTS;
+    for (size_t i = 0; i < n; i++) dots = dots && mk_native_uses_dots(ctx, w[i], rows);
+    if (!dots) {
+        for (size_t i = 0; i < n; i++) MK_TRY(mk_cpu_native_matmul(ctx, y[i], x, w[i], rows, in_dim, out_dim[i]));
+        return MK_OK;
+    }
+    mk_native_job job = {.ctx = ctx, .n_parts = n, .x = x, .rows = rows, .in = in_dim};
+    for (size_t i = 0; i < n; i++) MK_TRY(mk_native_part_of(ctx, w[i], y[i], in_dim, out_dim[i], &job.part[i]));
+    return mk_native_run(&job);
+}
+
+mk_status mk_cpu_native_matmul_swiglu(const mk_cpu_native *ctx, float *gate, float *up, const float *x,
+                                      const void *w_gate, const void *w_up, size_t rows, size_t in_dim,
+                                      size_t out_dim) {
+    if (!mk_native_uses_dots(ctx, w_gate, rows) || !mk_native_uses_dots(ctx, w_up, rows)) {
+        MK_TRY(mk_cpu_native_matmul(ctx, gate, x, w_gate, rows, in_dim, out_dim));
+        MK_TRY(mk_cpu_native_matmul(ctx, up, x, w_up, rows, in_dim, out_dim));
+        mk_cpu_swiglu(gate, gate, up, rows * out_dim);
+        return MK_OK;
+    }
+    mk_native_job job = {.ctx = ctx, .n_parts = 2, .x = x, .rows = rows, .in = in_dim, .swiglu = true};
+    MK_TRY(mk_native_part_of(ctx, w_gate, gate, in_dim, out_dim, &job.part[0]));
+    MK_TRY(mk_native_part_of(ctx, w_up, up, in_dim, out_dim, &job.part[1]));
+    return mk_native_run(&job);
+}
+
+/* ================================================================= embed == */
+
+mk_status mk_cpu_native_embed(float *out, const void *w, const int32_t *ids, size_t n, size_t hidden) {
+    const mk_cpu_weight *h = w;
+    if (h->cols != hidden)
+        return mk_fail(MK_ERR_SHAPE, "native embed: table rows are %llu wide, hidden is %zu",
+                       (unsigned long long)h->cols, hidden);
+    const uint8_t *data = (const uint8_t *)(h + 1);
+    for (size_t i = 0; i < n; i++)
+        MK_TRY(mk_gguf_dequantize(h->type, data + (size_t)ids[i] * h->row_bytes, h->row_bytes, out + i * hidden,
+                                  hidden));
+    return MK_OK;
+}

@@ -1,0 +1,91 @@
+/* Weights in their stored GGUF format on the cpu backend ("native" weight mode): the
+ * in-memory layout of such a weight, and the matrix product and embedding over it.
+ *
+ * A native weight is one allocation: a 64-byte header (format and shape) followed by the
+ * rows exactly as the GGUF file stores them (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K, F16, BF16), or
+ * as F32 for a source in any other format (dequantized once at load). The header keeps the
+ * backend's op interface unchanged: a weight is still one opaque pointer.
+ *
+ * Matrix products of few rows (decode): the activation rows are quantized to 8-bit blocks
+ * (cpu_quant.h), then output features are split across the pool's threads in chunks;
+ * every output element is one dot product of one weight row with one activation row,
+ * computed by one thread, so results are identical for any thread count.
+ * Products of many rows (prefill, >= MK_NATIVE_GEMM_MIN_ROWS): the weight is cut into
+ * tiles of MK_NATIVE_GEMM_TILE output features; the pool's threads take whole tiles, each
+ * dequantized exactly into that thread's F32 scratch and multiplied by one OpenBLAS SGEMM
+ * call. The tiling depends only on the shape and a tile's result not on the thread that
+ * computes it, so this too is independent of the pool's thread count (OpenBLAS's own
+ * thread count, OPENBLAS_NUM_THREADS, is the same for every range of a process).
+ * F32 weights go to OpenBLAS SGEMM, the same call as the F32 weight mode. */
+#ifndef MK_CPU_NATIVE_H
+#define MK_CPU_NATIVE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend/cpu/cpu_pool.h"
+#include "backend/cpu/cpu_quant.h"
+#include "meshkern.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct mk_cpu_weight {
+    uint32_t type;      /* mk_ggml_type of the rows that follow */
+    uint32_t reserved;
+    uint64_t rows;      /* output features */
+    uint64_t cols;      /* input features (row length) */
+    uint64_t row_bytes; /* bytes of one stored row */
+    uint8_t pad[32];    /* the rows start 64 bytes in, aligned like the allocation */
+} mk_cpu_weight;
+
+enum { MK_NATIVE_GEMM_MIN_ROWS = 32, MK_NATIVE_GEMM_TILE = 256 };
+
+/* What a native matrix product needs: the threads, the kernels, scratch for the quantized
+ * activations (xq_blocks blocks of 32) and one dequantized weight tile per thread
+ * (wtile_elems floats in all, at least threads x MK_NATIVE_GEMM_TILE x the widest input;
+ * NULL = products of many rows use the dot kernels too). Owned by the backend. */
+typedef struct mk_cpu_native {
+    mk_cpu_pool *pool;
+    const mk_cpu_quant *kernels;
+    mk_q8_block *xq;
+    size_t xq_blocks;
+    float *wtile;
+    size_t wtile_elems;
+} mk_cpu_native;
+
+/* Bytes of a native weight [rows, cols] whose source is in ggml `type` (header included):
+ * the stored bytes for a kept format, F32 otherwise. 0 for an unknown type or a row
+ * length that is not whole blocks. */
+size_t mk_cpu_native_weight_bytes(uint32_t type, size_t rows, size_t cols);
+
+/* Write the weight at dst (mk_cpu_native_weight_bytes(type, rows, cols) bytes) from src
+ * in ggml `type` (src_bytes must be exactly the tensor's size). */
+mk_status mk_cpu_native_store(void *dst, uint32_t type, const void *src, size_t src_bytes, size_t rows, size_t cols);
+
+/* y[rows, out] = x[rows, in] @ w^T for a native weight w [out, in]. */
+mk_status mk_cpu_native_matmul(const mk_cpu_native *ctx, float *y, const float *x, const void *w, size_t rows,
+                               size_t in_dim, size_t out_dim);
+
+/* y[i] = x @ w[i]^T for n weights [out_dim[i], in] sharing x (Q, K and V): for products of
+ * few rows the activations are quantized once and every weight's rows are one job of the
+ * pool; otherwise one mk_cpu_native_matmul each. Either way every output has the bits
+ * mk_cpu_native_matmul gives it. */
+mk_status mk_cpu_native_matmul_shared(const mk_cpu_native *ctx, size_t n, float *const *y, const void *const *w,
+                                      const size_t *out_dim, const float *x, size_t rows, size_t in_dim);
+
+/* gate[rows, out] = silu(x @ w_gate^T) * (x @ w_up^T), up [rows, out] scratch: for products of
+ * few rows one job in which each thread applies mk_cpu_swiglu to the features it computed;
+ * the bits of two mk_cpu_native_matmul and mk_cpu_swiglu either way. */
+mk_status mk_cpu_native_matmul_swiglu(const mk_cpu_native *ctx, float *gate, float *up, const float *x,
+                                      const void *w_gate, const void *w_up, size_t rows, size_t in_dim,
+                                      size_t out_dim);
+
+/* out[i, :] = row ids[i] of the native table w [vocab, hidden], as F32. */
+mk_status mk_cpu_native_embed(float *out, const void *w, const int32_t *ids, size_t n, size_t hidden);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

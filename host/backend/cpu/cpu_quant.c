@@ -1,0 +1,190 @@
+/* Native-format dot products, portable C (see cpu_quant.h): the reference the SIMD
+ * kernels are tested against, and what runs on a CPU without AVX2. Block layouts are
+ * ggml's (described in gguf_dequant.c). */
+#include "backend/cpu/cpu_quant.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cpu/cpu_ops.h"
+#include "model/gguf.h"
+
+static float cq_f16_at(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, sizeof h);
+    return mk_f16_to_f32(h);
+}
+
+/* ============================================================ activations == */
+
+/* Shared with the SIMD files through the same arithmetic: d = amax / 127, id = 1 / d,
+ * q = round-to-nearest-even(x * id). */
+static void cq_quantize_row(mk_q8_block *out, const float *x, size_t n) {
+    for (size_t b = 0; b < n / MK_Q8_BLOCK; b++) {
+        const float *xb = x + b * MK_Q8_BLOCK;
+        float amax = 0.0f;
+        for (int i = 0; i < MK_Q8_BLOCK; i++) amax = fmaxf(amax, fabsf(xb[i]));
+        const float d = amax / 127.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        int sum = 0;
+        for (int i = 0; i < MK_Q8_BLOCK; i++) {
+            const int q = (int)nearbyintf(xb[i] * id);
+            out[b].q[i] = (int8_t)q;
+            sum += q;
+        }
+        out[b].d = d;
+        out[b].s = d * (float)sum;
+    }
+}
+
+/* ========================================================= 32-wide blocks == */
+
+static float cq_dot_q4_0(const uint8_t *w, const mk_q8_block *x, size_t n) {
+    float sum = 0.0f;
+    for (size_t b = 0; b < n / 32; b++, w += 18) {
+        const uint8_t *qs = w + 2;
+        int isum = 0;
+        for (int j = 0; j < 16; j++)
+            isum += ((qs[j] & 0x0f) - 8) * x[b].q[j] + ((qs[j] >> 4) - 8) * x[b].q[j + 16];
+        sum += cq_f16_at(w) * x[b].d * (float)isum;
+    }
+    return sum;
+}
+
+static float cq_dot_q4_1(const uint8_t *w, const mk_q8_block *x, size_t n) {
+    float sum = 0.0f;
+    for (size_t b = 0; b < n / 32; b++, w += 20) {
+        const uint8_t *qs = w + 4;
+        int isum = 0;
+        for (int j = 0; j < 16; j++) isum += (qs[j] & 0x0f) * x[b].q[j] + (qs[j] >> 4) * x[b].q[j + 16];
+        sum += cq_f16_at(w) * x[b].d * (float)isum + cq_f16_at(w + 2) * x[b].s;
+    }
+    return sum;
+}
+
+static float cq_dot_q8_0(const uint8_t *w, const mk_q8_block *x, size_t n) {
+    float sum = 0.0f;
+    for (size_t b = 0; b < n / 32; b++, w += 34) {
+        const int8_t *qs = (const int8_t *)(w + 2);
+        int isum = 0;
+        for (int j = 0; j < 32; j++) isum += qs[j] * x[b].q[j];
+        sum += cq_f16_at(w) * x[b].d * (float)isum;
+    }
+    return sum;
+}
+
+/* ============================================================= K-quants == */
+
+/* 6-bit scale and min of sub-block j (0..7) of a Q4_K super-block. */
+static void cq_scale_min_k4(int j, const uint8_t *q, int *sc, int *mn) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *mn = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4);
+        *mn = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+/* Q4_K: 256 values as 8 sub-blocks of 32, value = d*sc*q - dmin*m; sub-block 2j holds the
+ * low nibbles of qs[32j..32j+31], 2j+1 the high ones. */
+static float cq_dot_q4_k(const uint8_t *w, const mk_q8_block *x, size_t n) {
+    float sum = 0.0f;
+    for (size_t sb = 0; sb < n / 256; sb++, w += 144, x += 8) {
+        const float d = cq_f16_at(w), dmin = cq_f16_at(w + 2);
+        const uint8_t *qs = w + 16;
+        for (int j = 0; j < 8; j++) {
+            int sc, mn;
+            cq_scale_min_k4(j, w + 4, &sc, &mn);
+            const uint8_t *q = qs + 32 * (j / 2);
+            const int shift = (j % 2) * 4;
+            int isum = 0;
+            for (int l = 0; l < 32; l++) isum += ((q[l] >> shift) & 0x0f) * x[j].q[l];
+            sum += d * (float)sc * x[j].d * (float)isum - dmin * (float)mn * x[j].s;
+        }
+    }
+    return sum;
+}
+
+/* Q6_K: 256 values in two halves of 128; group k (32 values) of half h takes its low four
+ * bits from ql and its high two from qh, and has one int8 scale per 16 values. */
+static float cq_dot_q6_k(const uint8_t *w, const mk_q8_block *x, size_t n) {
+    float sum = 0.0f;
+    for (size_t sb = 0; sb < n / 256; sb++, w += 210, x += 8) {
+        const float d = cq_f16_at(w + 208);
+        for (int h = 0; h < 2; h++) {
+            const uint8_t *ql = w + 64 * h, *qh = w + 128 + 32 * h;
+            const int8_t *sc = (const int8_t *)(w + 192 + 8 * h);
+            for (int k = 0; k < 4; k++) {
+                const mk_q8_block *xb = &x[4 * h + k];
+                int isum[2] = {0, 0};
+                for (int l = 0; l < 32; l++) {
+                    const int lo = (ql[l + 32 * (k & 1)] >> (4 * (k >> 1))) & 0x0f;
+                    const int hi = (qh[l] >> (2 * k)) & 3;
+                    isum[l / 16] += ((lo | (hi << 4)) - 32) * xb->q[l];
+                }
+                sum += d * xb->d * (float)(sc[2 * k] * isum[0] + sc[2 * k + 1] * isum[1]);
+            }
+        }
+    }
+    return sum;
+}
+
+/* ============================================================ 16-bit floats == */
+
+static float cq_dot_f16(const uint16_t *w, const float *x, size_t n) {
+    float sum = 0.0f;
+    for (size_t i = 0; i < n; i++) sum += mk_f16_to_f32(w[i]) * x[i];
+    return sum;
+}
+
+static float cq_dot_bf16(const uint16_t *w, const float *x, size_t n) {
+    float sum = 0.0f;
+    for (size_t i = 0; i < n; i++) sum += mk_bf16_to_f32(w[i]) * x[i];
+    return sum;
+}
+
+/* =============================================================== dispatch == */
+
+static const mk_cpu_quant cq_portable = {
+    .name = "portable",
+    .quantize_row = cq_quantize_row,
+    .dot_q4_0 = cq_dot_q4_0,
+    .dot_q4_1 = cq_dot_q4_1,
+    .dot_q8_0 = cq_dot_q8_0,
+    .dot_q4_k = cq_dot_q4_k,
+    .dot_q6_k = cq_dot_q6_k,
+    .dot_f16 = cq_dot_f16,
+    .dot_bf16 = cq_dot_bf16,
+};
+
+const mk_cpu_quant *mk_cpu_quant_portable(void) { return &cq_portable; }
+
+const mk_cpu_quant *mk_cpu_quant_best(void) {
+    const char *cap = getenv("MESHKERN_CPU_KERNELS");
+    if (cap && strcmp(cap, "portable") == 0) return &cq_portable;
+    const mk_cpu_quant *avx2 = mk_cpu_quant_avx2();
+    return avx2 ? avx2 : &cq_portable;
+}
+
+mk_qdot_fn mk_cpu_quant_dot_for(const mk_cpu_quant *q, uint32_t ggml_type) {
+    switch (ggml_type) {
+        case MK_GGML_TYPE_Q4_0: return q->dot_q4_0;
+        case MK_GGML_TYPE_Q4_1: return q->dot_q4_1;
+        case MK_GGML_TYPE_Q8_0: return q->dot_q8_0;
+        case MK_GGML_TYPE_Q4_K: return q->dot_q4_k;
+        case MK_GGML_TYPE_Q6_K: return q->dot_q6_k;
+        default: return NULL;
+    }
+}
+
+bool mk_cpu_quant_keeps(uint32_t ggml_type) {
+    switch (ggml_type) {
+        case MK_GGML_TYPE_Q4_0: case MK_GGML_TYPE_Q4_1: case MK_GGML_TYPE_Q8_0: case MK_GGML_TYPE_Q4_K:
+        case MK_GGML_TYPE_Q6_K: case MK_GGML_TYPE_F16: case MK_GGML_TYPE_BF16:
+            return true;
+        default:
+            return false;
+    }
+}

@@ -1,0 +1,303 @@
+/* Native-format dot products with AVX2 + FMA + F16C (see cpu_quant.h). Each kernel is
+ * compiled for those instructions through a function-level target attribute and only
+ * reached after a run-time check, so the library stays portable.
+ *
+ * The integer part of every block is computed the way the format allows: unsigned 4/6-bit
+ * weights times signed 8-bit activations with maddubs (u8 x s8 -> pairs of i16, no
+ * saturation at these ranges), signed 8-bit weights through the sign trick
+ * (|w| x sign(w)*x), then pairs summed to i32 with madd. Each block's i32 lanes are
+ * converted to float and accumulated with its scale in eight float lanes; the lanes are
+ * added once at the end of the row. */
+#include "backend/cpu/cpu_quant.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+
+#include <cpuid.h>
+#include <immintrin.h>
+#include <math.h>
+#include <stddef.h>
+#include <string.h>
+
+/* cx_q4_1_scales loads (d, s) of an activation block as one 64-bit pair. */
+_Static_assert(offsetof(mk_q8_block, s) == offsetof(mk_q8_block, d) + sizeof(float), "mk_q8_block: d, s adjacent");
+
+#define MK_AVX2 __attribute__((target("avx2,fma,f16c")))
+
+MK_AVX2 static inline float cx_f16(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, sizeof h);
+    return _cvtsh_ss(h);
+}
+
+MK_AVX2 static inline float cx_hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+MK_AVX2 static inline __m256i cx_loadu(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
+
+/* 16 bytes of packed nibbles -> 32 bytes: low nibbles (values 0..15) then high (16..31). */
+MK_AVX2 static inline __m256i cx_nibbles(const uint8_t *qs) {
+    const __m128i raw = _mm_loadu_si128((const __m128i *)qs);
+    const __m256i both = _mm256_inserti128_si256(_mm256_castsi128_si256(raw), _mm_srli_epi16(raw, 4), 1);
+    return _mm256_and_si256(both, _mm256_set1_epi8(0x0f));
+}
+
+/* Unsigned bytes u times signed bytes s, summed in groups of four into eight i32 lanes. */
+MK_AVX2 static inline __m256i cx_dot_us(__m256i u, __m256i s) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+}
+
+/* Signed bytes a times signed bytes b, b in [-127, 127] (the activation range): |a| as
+ * unsigned times sign(a)*b, so even a = -128 stays exact. */
+MK_AVX2 static inline __m256i cx_dot_ss(__m256i a, __m256i b) {
+    return cx_dot_us(_mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a));
+}
+
+/* ============================================================ activations == */
+
+MK_AVX2 static void cx_quantize_row(mk_q8_block *out, const float *x, size_t n) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (size_t b = 0; b < n / MK_Q8_BLOCK; b++) {
+        const float *xb = x + b * MK_Q8_BLOCK;
+        __m256 v[4];
+        for (int i = 0; i < 4; i++) v[i] = _mm256_loadu_ps(xb + 8 * i);
+        __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
+                                 _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
+        __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        h = _mm_max_ss(h, _mm_movehdup_ps(h));
+        const float amax = _mm_cvtss_f32(h);
+        /* The same scalar arithmetic as the portable kernel. */
+        const float d = amax / 127.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        const __m256 mul = _mm256_set1_ps(id);
+        __m256i q[4];
+        for (int i = 0; i < 4; i++)
+            q[i] = _mm256_cvtps_epi32(
+                _mm256_round_ps(_mm256_mul_ps(v[i], mul), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        const __m256i s32 = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+        __m128i s = _mm_add_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1));
+        s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
+        s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
+        /* Pack 32 i32 to 32 i8; the in-lane packs interleave 128-bit halves, undone by the
+         * final permute. */
+        const __m256i p16a = _mm256_packs_epi32(q[0], q[1]), p16b = _mm256_packs_epi32(q[2], q[3]);
+        const __m256i p8 = _mm256_packs_epi16(p16a, p16b);
+        const __m256i ordered = _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256((__m256i *)out[b].q, ordered);
+        out[b].d = d;
+        out[b].s = d * (float)_mm_cvtsi128_si32(s);
+    }
+}
+
+/* ========================================================= 32-wide blocks == */
+
+MK_AVX2 static float cx_dot_q4_0(const uint8_t *w, const mk_q8_block *x, size_t n) {
+    __m256 acc = _mm256_setzero_ps();
+    const __m256i eight = _mm256_set1_epi8(8);
+    for (size_t b = 0; b < n / 32; b++, w += 18) {
+        const __m256i q = _mm256_sub_epi8(cx_nibbles(w + 2), eight);
+        const __m256i p = cx_dot_ss(q, cx_loadu(x[b].q));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(cx_f16(w) * x[b].d), _mm256_cvtepi32_ps(p), acc);
+    }
+    return cx_hsum(acc);
+}
+
+/* Scales of a Q4_1 block times its activation block's: [d * x.d, m * x.s, 0, 0] from one
+ * F16C conversion of the packed (d, m) pair and one multiply with the adjacent (d, s). */
+MK_AVX2 static inline __m128 cx_q4_1_scales(const uint8_t *w, const mk_q8_block *x) {
+    uint32_t dm;
+    memcpy(&dm, w, sizeof dm);
+    const __m128 xds = _mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)&x->d));
+    return _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128((int)dm)), xds);
+}
+
+/* The integer part of a Q4_1 block in 128-bit halves: low nibbles (elements 0-15) and high
+ * nibbles (16-31) each times their 16 activations as pair sums (<= 2 x 15 x 127), the two
+ * added as i16 (<= 7620, no overflow), then one madd to four i32. Half the multiplier
+ * work of widening the nibbles to 256 bits on cores that split 256-bit ops (Zen 1), about
+ * the same elsewhere. */
+MK_AVX2 static inline __m128 cx_q4_1_isum(const uint8_t *qs, const int8_t *y) {
+    const __m128i m4 = _mm_set1_epi8(0x0f);
+    const __m128i raw = _mm_loadu_si128((const __m128i *)qs);
+    const __m128i lo = _mm_and_si128(raw, m4), hi = _mm_and_si128(_mm_srli_epi16(raw, 4), m4);
+    const __m128i p = _mm_add_epi16(_mm_maddubs_epi16(lo, _mm_loadu_si128((const __m128i *)y)),
+                                    _mm_maddubs_epi16(hi, _mm_loadu_si128((const __m128i *)(y + 16))));
+    return _mm_cvtepi32_ps(_mm_madd_epi16(p, _mm_set1_epi16(1)));
+}
+
+MK_AVX2 static float cx_dot_q4_1(const uint8_t *w, const mk_q8_block *x, size_t n) {
+    __m128 acc0 = _mm_setzero_ps(), acc1 = _mm_setzero_ps();
+    __m128 mins = _mm_setzero_ps(); /* lane 1 sums m * x.s */
+    const size_t nb = n / 32;
+    size_t b = 0;
+    /* Two blocks per iteration: two independent FMA chains. */
+    for (; b + 1 < nb; b += 2, w += 40) {
+        const __m128 s0 = cx_q4_1_scales(w, &x[b]), s1 = cx_q4_1_scales(w + 20, &x[b + 1]);
+        acc0 = _mm_fmadd_ps(_mm_broadcastss_ps(s0), cx_q4_1_isum(w + 4, x[b].q), acc0);
+        acc1 = _mm_fmadd_ps(_mm_broadcastss_ps(s1), cx_q4_1_isum(w + 24, x[b + 1].q), acc1);
+        mins = _mm_add_ps(mins, _mm_add_ps(s0, s1));
+    }
+    for (; b < nb; b++, w += 20) {
+        const __m128 s = cx_q4_1_scales(w, &x[b]);
+        acc0 = _mm_fmadd_ps(_mm_broadcastss_ps(s), cx_q4_1_isum(w + 4, x[b].q), acc0);
+        mins = _mm_add_ps(mins, s);
+    }
+    __m128 a = _mm_add_ps(acc0, acc1);
+    a = _mm_add_ps(a, _mm_movehl_ps(a, a));
+    a = _mm_add_ss(a, _mm_movehdup_ps(a));
+    return _mm_cvtss_f32(a) + _mm_cvtss_f32(_mm_movehdup_ps(mins));
+}
+
+MK_AVX2 static float cx_dot_q8_0(const uint8_t *w, const mk_q8_block *x, size_t n) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    const size_t nb = n / 32;
+    size_t b = 0;
+    for (; b + 1 < nb; b += 2, w += 68) {
+        const __m256i p0 = cx_dot_ss(cx_loadu(w + 2), cx_loadu(x[b].q));
+        const __m256i p1 = cx_dot_ss(cx_loadu(w + 36), cx_loadu(x[b + 1].q));
+        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(cx_f16(w) * x[b].d), _mm256_cvtepi32_ps(p0), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_set1_ps(cx_f16(w + 34) * x[b + 1].d), _mm256_cvtepi32_ps(p1), acc1);
+    }
+    for (; b < nb; b++, w += 34) {
+        const __m256i p = cx_dot_ss(cx_loadu(w + 2), cx_loadu(x[b].q));
+        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(cx_f16(w) * x[b].d), _mm256_cvtepi32_ps(p), acc0);
+    }
+    return cx_hsum(_mm256_add_ps(acc0, acc1));
+}
+
+/* ============================================================= K-quants == */
+
+MK_AVX2 static float cx_dot_q4_k(const uint8_t *w, const mk_q8_block *x, size_t n) {
+    __m256 acc = _mm256_setzero_ps();
+    float mins = 0.0f;
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    for (size_t sb = 0; sb < n / 256; sb++, w += 144, x += 8) {
+        const float d = cx_f16(w), dmin = cx_f16(w + 2);
+        const uint8_t *s = w + 4;
+        int sc[8], mn[8];
+        for (int j = 0; j < 4; j++) {
+            sc[j] = s[j] & 63;
+            mn[j] = s[j + 4] & 63;
+            sc[j + 4] = (s[j + 8] & 0x0f) | ((s[j] >> 6) << 4);
+            mn[j + 4] = (s[j + 8] >> 4) | ((s[j + 4] >> 6) << 4);
+        }
+        for (int j = 0; j < 4; j++) {
+            const __m256i q = cx_loadu(w + 16 + 32 * j);
+            const __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+            const __m256i p0 = cx_dot_us(lo, cx_loadu(x[2 * j].q));
+            const __m256i p1 = cx_dot_us(hi, cx_loadu(x[2 * j + 1].q));
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(d * (float)sc[2 * j] * x[2 * j].d), _mm256_cvtepi32_ps(p0), acc);
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(d * (float)sc[2 * j + 1] * x[2 * j + 1].d), _mm256_cvtepi32_ps(p1),
+                                  acc);
+            mins += dmin * (float)mn[2 * j] * x[2 * j].s + dmin * (float)mn[2 * j + 1] * x[2 * j + 1].s;
+        }
+    }
+    return cx_hsum(acc) - mins;
+}
+
+MK_AVX2 static float cx_dot_q6_k(const uint8_t *w, const mk_q8_block *x, size_t n) {
+    __m256 acc = _mm256_setzero_ps();
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(3), k32 = _mm256_set1_epi8(32);
+    for (size_t sb = 0; sb < n / 256; sb++, w += 210, x += 8) {
+        const float d = cx_f16(w + 208);
+        for (int h = 0; h < 2; h++) {
+            const __m256i ql0 = cx_loadu(w + 64 * h), ql1 = cx_loadu(w + 64 * h + 32);
+            const __m256i qh = cx_loadu(w + 128 + 32 * h);
+            const int8_t *sc = (const int8_t *)(w + 192 + 8 * h);
+            __m256i q[4];
+            /* The two high bits sit in bits 0-1 of each byte after the mask; a 16-bit
+             * shift by 4 moves them to bits 4-5 of the same byte. */
+            q[0] = _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4));
+            q[1] = _mm256_or_si256(_mm256_and_si256(ql1, m4),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 4));
+            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4));
+            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4));
+            for (int k = 0; k < 4; k++) {
+                const __m256i y = cx_loadu(x[4 * h + k].q);
+                /* sum((q - 32) * y) per pair, then each half of 16 values times its scale. */
+                const __m256i p16 = _mm256_sub_epi16(_mm256_maddubs_epi16(q[k], y), _mm256_maddubs_epi16(k32, y));
+                const __m256i scales = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16(sc[2 * k])),
+                                                               _mm_set1_epi16(sc[2 * k + 1]), 1);
+                const __m256i p = _mm256_madd_epi16(p16, scales);
+                acc = _mm256_fmadd_ps(_mm256_set1_ps(d * x[4 * h + k].d), _mm256_cvtepi32_ps(p), acc);
+            }
+        }
+    }
+    return cx_hsum(acc);
+}
+
+/* ============================================================ 16-bit floats == */
+
+MK_AVX2 static inline __m256 cx_load_f16(const uint16_t *p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+}
+
+MK_AVX2 static inline __m256 cx_load_bf16(const uint16_t *p) {
+    const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
+
+#define CX_HDOT(fn, load, scalar)                                                                       \
+    MK_AVX2 static float fn(const uint16_t *w, const float *x, size_t n) {                              \
+        __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()}; \
+        size_t i = 0;                                                                                   \
+        for (; i + 32 <= n; i += 32)                                                                    \
+            for (int k = 0; k < 4; k++)                                                                 \
+                acc[k] = _mm256_fmadd_ps(load(w + i + 8 * k), _mm256_loadu_ps(x + i + 8 * k), acc[k]);  \
+        for (; i + 8 <= n; i += 8) acc[0] = _mm256_fmadd_ps(load(w + i), _mm256_loadu_ps(x + i), acc[0]); \
+        float sum = cx_hsum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]))); \
+        for (; i < n; i++) sum += scalar(w[i]) * x[i];                                                  \
+        return sum;                                                                                     \
+    }
+
+MK_AVX2 static inline float cx_f16_scalar(uint16_t h) { return _cvtsh_ss(h); }
+static inline float cx_bf16_scalar(uint16_t b) {
+    const uint32_t bits = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+CX_HDOT(cx_dot_f16, cx_load_f16, cx_f16_scalar)
+CX_HDOT(cx_dot_bf16, cx_load_bf16, cx_bf16_scalar)
+
+/* =============================================================== dispatch == */
+
+static const mk_cpu_quant cx_avx2 = {
+    .name = "avx2",
+    .quantize_row = cx_quantize_row,
+    .dot_q4_0 = cx_dot_q4_0,
+    .dot_q4_1 = cx_dot_q4_1,
+    .dot_q8_0 = cx_dot_q8_0,
+    .dot_q4_k = cx_dot_q4_k,
+    .dot_q6_k = cx_dot_q6_k,
+    .dot_f16 = cx_dot_f16,
+    .dot_bf16 = cx_dot_bf16,
+};
+
+/* AVX2, FMA and F16C from cpuid, and the OS saving the YMM state (OSXSAVE + XCR0). */
+static bool cx_cpu_has_avx2(void) {
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return false;
+    const bool fma = c & (1u << 12), osxsave = c & (1u << 27), avx = c & (1u << 28), f16c = c & (1u << 29);
+    if (!(fma && osxsave && avx && f16c)) return false;
+    unsigned xcr0_lo, xcr0_hi;
+    __asm__("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+    if ((xcr0_lo & 6u) != 6u) return false;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+    return b & (1u << 5); /* AVX2 */
+}
+
+const mk_cpu_quant *mk_cpu_quant_avx2(void) { return cx_cpu_has_avx2() ? &cx_avx2 : NULL; }
+
+#else
+
+const mk_cpu_quant *mk_cpu_quant_avx2(void) { return NULL; }
+
+#endif

@@ -1,0 +1,179 @@
+/* The single-process pipeline driver: ranges in a chain, the residual carried across
+ * each seam by a transport (local device-to-device copy, wire pack/unpack, or a stream
+ * socket), as boundaries that stay in each range's backend memory. */
+#include <stdlib.h>
+#include <time.h>
+
+#include "mk_error.h"
+#include "core/options.h"
+#include "range/range.h"
+
+struct mk_pipeline {
+    size_t n_ranges;
+    mk_range **ranges;       /* [n_ranges] */
+    mk_sequence **sequences; /* [n_ranges] */
+    mk_boundary **outs;      /* [n_ranges - 1]: range i's output, in range i's memory */
+    mk_boundary **ins;       /* [n_ranges - 1]: range i+1's input, in range i+1's memory */
+    mk_seam **tx, **rx;      /* [n_ranges - 1]: the two ends of seam i */
+    double seam_seconds;
+    double *range_seconds;   /* [n_ranges] wall time per range (its forward, and the seam into it), all steps */
+};
+
+static double mk_pipeline_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+mk_status mk_pipeline_create_placed(const mk_model *model, const int64_t *cuts, size_t n_cuts,
+                                    const mk_range_options *options, const mk_seam_options *seam, const int *devices,
+                                    size_t n_devices, mk_pipeline **out) {
+    mk_clear_error();
+    if (!model || !out || !seam || (n_cuts && !cuts))
+        return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_pipeline_create: NULL argument");
+    *out = NULL;
+    if (devices && n_devices != n_cuts + 1)
+        return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_pipeline_create_placed: %zu devices for %zu ranges (one per range)",
+                       n_devices, n_cuts + 1);
+    /* The caller's options (its struct_size) taken once; each range gets its device. */
+    mk_range_options placed = mk_range_options_default();
+    if (options) MK_TRY(mk_options_take(&placed, sizeof placed, MK_RANGE_OPTIONS_V1_SIZE, options, "mk_range_options"));
+    const int64_t n_layers = (int64_t)mk_model_hparams(model)->n_layers;
+    for (size_t i = 0; i < n_cuts; i++)
+        if (cuts[i] < 0 || cuts[i] >= n_layers - 1 || (i > 0 && cuts[i] <= cuts[i - 1]))
+            return mk_fail(MK_ERR_INVALID_RANGE,
+                           "split point %lld is invalid: cuts must ascend within [0, %lld) (the last layer of each "
+                           "non-final range)",
+                           (long long)cuts[i], (long long)(n_layers - 1));
+    mk_pipeline *p = calloc(1, sizeof *p);
+    if (!p) return mk_fail(MK_ERR_OUT_OF_MEMORY, "pipeline: out of memory");
+    p->n_ranges = n_cuts + 1;
+    p->ranges = calloc(p->n_ranges, sizeof *p->ranges);
+    p->sequences = calloc(p->n_ranges, sizeof *p->sequences);
+    p->range_seconds = calloc(p->n_ranges, sizeof *p->range_seconds);
+    p->outs = calloc(p->n_ranges, sizeof *p->outs);
+    p->ins = calloc(p->n_ranges, sizeof *p->ins);
+    p->tx = calloc(p->n_ranges, sizeof *p->tx);
+    p->rx = calloc(p->n_ranges, sizeof *p->rx);
+    mk_status s = p->ranges && p->sequences && p->outs && p->ins && p->tx && p->rx && p->range_seconds
+                      ? MK_OK
+                      : mk_fail(MK_ERR_OUT_OF_MEMORY, "pipeline: out of memory");
+    int64_t start = 0;
+    for (size_t i = 0; s == MK_OK && i < p->n_ranges; i++) {
+        const int64_t end = i < n_cuts ? cuts[i] : n_layers - 1;
+        if (devices) placed.backend.device = devices[i];
+        s = mk_range_create(model, start, end, &placed, &p->ranges[i]);
+        if (s == MK_OK) s = mk_sequence_open(p->ranges[i], &p->sequences[i]);
+        start = end + 1;
+    }
+    for (size_t i = 0; s == MK_OK && i + 1 < p->n_ranges; i++) {
+        s = mk_boundary_create(p->ranges[i], &p->outs[i]);
+        if (s == MK_OK) s = mk_boundary_create(p->ranges[i + 1], &p->ins[i]);
+        if (s == MK_OK) s = mk_seam_pair(seam, p->ranges[i], p->ranges[i + 1], &p->tx[i], &p->rx[i]);
+    }
+    if (s != MK_OK) {
+        mk_pipeline_free(p);
+        return s;
+    }
+    *out = p;
+    return MK_OK;
+}
+
+mk_status mk_pipeline_create_seamed(const mk_model *model, const int64_t *cuts, size_t n_cuts,
+                                    const mk_range_options *options, const mk_seam_options *seam, mk_pipeline **out) {
+    mk_clear_error();
+    return mk_pipeline_create_placed(model, cuts, n_cuts, options, seam, NULL, 0, out);
+}
+
+mk_status mk_pipeline_create(const mk_model *model, const int64_t *cuts, size_t n_cuts, const mk_range_options *options,
+                             bool through_wire, mk_pipeline **out) {
+    mk_clear_error();
+    const mk_seam_options seam = mk_seam_options_default(through_wire ? MK_SEAM_WIRE : MK_SEAM_LOCAL);
+    return mk_pipeline_create_seamed(model, cuts, n_cuts, options, &seam, out);
+}
+
+void mk_pipeline_free(mk_pipeline *p) {
+    if (!p) return;
+    for (size_t i = 0; i < p->n_ranges; i++) {
+        /* seams and boundaries before their ranges */
+        if (p->tx) mk_seam_free(p->tx[i]);
+        if (p->rx) mk_seam_free(p->rx[i]);
+        if (p->outs) mk_boundary_free(p->outs[i]);
+        if (p->ins) mk_boundary_free(p->ins[i]);
+    }
+    for (size_t i = 0; i < p->n_ranges; i++) {
+        if (p->sequences) mk_sequence_close(p->sequences[i]);
+        if (p->ranges) mk_range_free(p->ranges[i]);
+    }
+    free(p->tx);
+    free(p->rx);
+    free(p->outs);
+    free(p->ins);
+    free(p->sequences);
+    free(p->ranges);
+    free(p->range_seconds);
+    free(p);
+}
+
+size_t mk_pipeline_range_count(const mk_pipeline *p) { return p ? p->n_ranges : 0; }
+mk_range *mk_pipeline_range(mk_pipeline *p, size_t i) { return p && i < p->n_ranges ? p->ranges[i] : NULL; }
+double mk_pipeline_range_seconds(const mk_pipeline *p, size_t i) {
+    return p && i < p->n_ranges ? p->range_seconds[i] : 0.0;
+}
+
+size_t mk_pipeline_seam_bytes(const mk_pipeline *p) {
+    size_t bytes = 0;
+    for (size_t i = 0; p && i + 1 < p->n_ranges; i++) bytes += mk_seam_bytes(p->rx[i]);
+    return bytes;
+}
+
+double mk_pipeline_seam_seconds(const mk_pipeline *p) {
+    return p ? p->seam_seconds : 0.0;
+}
+
+/* Carry range i's output across seam i into range i+1's input. */
+static mk_status mk_pipeline_cross(mk_pipeline *p, size_t i) {
+    const double t0 = mk_pipeline_now();
+    mk_status s = mk_seam_send(p->tx[i], p->outs[i]);
+    if (s == MK_OK) s = mk_seam_recv(p->rx[i], p->sequences[i + 1], p->ins[i]);
+    /* Collect the write's status either way: a stream sender finishes in its own thread. */
+    if (s == MK_OK) s = mk_seam_send_wait(p->tx[i]);
+    else (void)mk_seam_send_wait(p->tx[i]);
+    p->seam_seconds += mk_pipeline_now() - t0;
+    return s;
+}
+
+mk_status mk_pipeline_step(mk_pipeline *p, const int32_t *tokens, size_t n_tokens, mk_tail_output **out) {
+    mk_clear_error();
+    if (!p || !out) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_pipeline_step: NULL argument");
+    *out = NULL;
+    /* A step is all or nothing: if a later range fails, the earlier ranges' sequences
+     * are rewound, so the same step can be retried and the ranges stay in step. */
+    size_t *lengths = malloc(p->n_ranges * sizeof *lengths); /* [n_ranges] */
+    if (!lengths) return mk_fail(MK_ERR_OUT_OF_MEMORY, "pipeline: out of memory");
+    for (size_t i = 0; i < p->n_ranges; i++) lengths[i] = mk_sequence_length(p->sequences[i]);
+    mk_status s = MK_OK;
+    for (size_t i = 0; s == MK_OK && i < p->n_ranges; i++) {
+        const bool first = i == 0, last = i + 1 == p->n_ranges;
+        const double t0 = mk_pipeline_now();
+        s = mk_range_forward_boundary(p->ranges[i], p->sequences[i], first ? tokens : NULL, first ? n_tokens : 0,
+                                      first ? NULL : p->ins[i - 1], NULL, last ? NULL : p->outs[i], last ? out : NULL);
+        p->range_seconds[i] += mk_pipeline_now() - t0;
+        if (s == MK_OK && !last) {
+            const double t1 = mk_pipeline_now();
+            s = mk_pipeline_cross(p, i);
+            p->range_seconds[i + 1] += mk_pipeline_now() - t1;
+        }
+    }
+    if (s != MK_OK)
+        for (size_t i = 0; i < p->n_ranges; i++) (void)mk_sequence_rewind(p->sequences[i], lengths[i]);
+    free(lengths);
+    return s;
+}
+
+mk_status mk_pipeline_reset(mk_pipeline *p) {
+    mk_clear_error();
+    if (!p) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_pipeline_reset: NULL pipeline");
+    for (size_t i = 0; i < p->n_ranges; i++) MK_TRY(mk_sequence_reset(p->sequences[i]));
+    return MK_OK;
+}

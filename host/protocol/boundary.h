@@ -1,0 +1,38 @@
+/* Internal layout of the two boundary carriers: mk_bundle (host arrays, the protobuf
+ * form's in-memory twin) and mk_boundary (payload in a range's backend memory). The
+ * header is the same struct in both, so the contract reads one thing. */
+#ifndef MK_BOUNDARY_H
+#define MK_BOUNDARY_H
+
+#include "meshkern.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct mk_bundle {
+    mk_boundary_header h;
+    float *residual;    /* [batch, rows, hidden] */
+    int32_t *positions; /* [batch, rows] */
+    void *storage;      /* the decoded message the arrays live in (mk_bundle_unpack), or NULL */
+    size_t cap_floats, cap_rows; /* what residual and positions can hold */
+};
+
+struct mk_boundary {
+    mk_range *range;
+    mk_boundary_header h;
+    float *payload;        /* dev [capacity_rows, hidden] in the range's backend */
+    size_t capacity_rows;
+};
+
+/* Dense-llama defaults: schema version, architecture, adapter, tensor name, boundary
+ * point, F32, batch 1; everything else zero. */
+void mk_boundary_header_defaults(mk_boundary_header *h);
+
+/* NaN or Inf anywhere in n floats (read bytewise: the pointer may be unaligned). */
+bool mk_floats_nonfinite(const void *data, size_t n, size_t *first_bad);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

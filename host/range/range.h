@@ -1,0 +1,48 @@
+/* Internal to the executor (range.c), the pipeline driver (pipeline.c) and the placed
+ * pipeline (sched/). */
+#ifndef MK_RANGE_H
+#define MK_RANGE_H
+
+#include "backend/backend.h"
+#include "meshkern.h"
+#include "range/op_profile.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Shorten a sequence to `length` (<= its length) positions: a pipeline step that failed
+ * after some ranges had advanced puts every sequence back where the step began. */
+mk_status mk_sequence_rewind(mk_sequence *seq, size_t length);
+
+/* The structural counters of the range's backend (see mk_backend_counters): internal, for
+ * tests and benchmarks. The pointer lives as long as the range. */
+const mk_backend_counters *mk_range_backend_counters(const mk_range *r);
+
+/* Switch the per-op-family timing of the range's forwards on or off; either way the
+ * figures so far are reset. Internal, for benchmarks. */
+void mk_range_profile(mk_range *r, bool on);
+/* The figures since the last mk_range_profile(r, true); lives as long as the range. */
+const mk_op_profile *mk_range_op_profile(const mk_range *r);
+
+/* mk_range_forward_boundary into caller-owned buffers (the scheduler's preallocated
+ * activation slots): `in` (a boundary of this range a transport filled) or token ids; a
+ * non-tail range writes its raw residual and header into `out` (a boundary of this range);
+ * a tail range fills out_logits [vocab] (a token_only range may pass NULL: then only the token
+ * comes back) and out_token [1] (greedy). Allocates nothing. */
+mk_status mk_range_forward_into(mk_range *range, mk_sequence *seq, const int32_t *token_ids, size_t n_tokens,
+                                const mk_boundary *in, mk_boundary *out, float *out_logits, int32_t *out_token);
+/* The backend a range runs on (the seams stage payloads through it). */
+mk_backend *mk_range_backend(const mk_range *range);
+/* Largest forward (rows) the range accepts: its max_batch_tokens. */
+size_t mk_range_max_rows(const mk_range *range);
+/* Width of the residual stream (the model's hidden size). */
+size_t mk_range_hidden(const mk_range *range);
+/* KV positions per sequence: its max_context. */
+size_t mk_range_max_context(const mk_range *range);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

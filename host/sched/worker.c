@@ -1,0 +1,97 @@
+/* One stage of a placed pipeline: a worker thread that owns one range. It takes the next
+ * micro-batch from its inbox, runs the range's forward for that sequence's slot into the
+ * item's preallocated buffers, and hands the boundary to the next stage (or, as the tail,
+ * reports the token). It waits only on its own inbox: no barrier across stages. */
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "protocol/boundary.h"
+#include "mk_error.h"
+#include "range/range.h"
+#include "sched/sched.h"
+
+static uint64_t mk_now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static uint64_t mk_thread_cpu_ns(void) {
+    struct timespec ts;
+    if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0) return 0;
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static bool mk_worker_is_head(const mk_sched_worker *st) { return st->index == 0; }
+static bool mk_worker_is_tail(const mk_sched_worker *st) { return st->index + 1 == st->sched->n_stages; }
+
+/* The injected fault (tests): this step fails, and with `dies` every later one. */
+static mk_status mk_worker_fault(mk_sched_worker *st) {
+    if (st->dead) return mk_fail(MK_ERR_INTERNAL, "%s", st->dead_reason);
+    const size_t step = st->attempts++;
+    if (!st->fault_armed || step != st->fault_step) return MK_OK;
+    snprintf(st->dead_reason, sizeof st->dead_reason, "stage %zu is down: injected failure at its step %zu",
+             st->index, step);
+    if (st->fault_dies) st->dead = true;
+    return mk_fail(MK_ERR_INTERNAL, "stage %zu: injected failure at its step %zu", st->index, step);
+}
+
+static mk_status mk_worker_step(mk_sched_worker *st, mk_sched_item *item) {
+    MK_TRY(mk_worker_fault(st));
+    mk_sequence *seq = st->seqs[item->slot];
+    const bool head = mk_worker_is_head(st), tail = mk_worker_is_tail(st);
+    mk_boundary *out = tail ? NULL : item->out[st->index];
+    const uint64_t t0 = mk_now_ns(), c0 = mk_thread_cpu_ns();
+    const mk_status s = mk_range_forward_into(st->range, seq, head ? item->tokens : NULL, head ? item->n_tokens : 0,
+                                              head ? NULL : st->in, out, item->logits, &item->token);
+    const uint64_t t1 = mk_now_ns(), c1 = mk_thread_cpu_ns();
+    mk_stage_stats *stats = &st->stats;
+    if (stats->steps == 0) stats->first_ns = t0;
+    stats->steps++;
+    stats->busy_ns += t1 - t0;
+    stats->cpu_ns += c1 - c0;
+    stats->last_ns = t1;
+    /* The header read directly: the API getter would clear a failed forward's message. */
+    if (st->timeline_len < st->timeline_cap)
+        st->timeline[st->timeline_len++] = (mk_timeline_record){
+            .seq_id = item->req->id, .start_ns = t0, .end_ns = t1,
+            .rows = (uint32_t)(head ? item->n_tokens : st->in->h.rows)};
+    return s;
+}
+
+/* A failed step fails the sequence it belongs to, with the stage and its range named. */
+static void mk_worker_fail_item(mk_sched_worker *st, mk_sched_item *item, mk_status status) {
+    char error[256];
+    snprintf(error, sizeof error, "stage %zu (layers %lld-%lld): %s", st->index,
+             (long long)mk_range_start(st->range), (long long)mk_range_end(st->range), mk_last_error());
+    mk_sched_retire(st->sched, item, MK_SEQ_FAILED, status, error);
+}
+
+void *mk_worker_main(void *arg) {
+    mk_sched_worker *st = arg;
+    mk_sched *sched = st->sched;
+    const bool head = mk_worker_is_head(st), tail = mk_worker_is_tail(st);
+    for (;;) {
+        mk_sched_item *item = head ? mk_queue_pop(st->inbox) : mk_sched_link_take(st->in_link);
+        if (item->kind == MK_ITEM_STOP) break;
+        mk_status s = MK_OK;
+        /* A new sequence in this slot: its cache starts empty (stale rows are never read),
+         * before its first boundary is checked against it. */
+        if (item->kind == MK_ITEM_PREFILL) s = mk_sequence_reset(st->seqs[item->slot]);
+        /* Received even when the step will fail: a FIFO transport stays in step (the
+         * failure's message is kept across the receive, which clears it). */
+        if (!head) {
+            char earlier[256];
+            snprintf(earlier, sizeof earlier, "%s", s == MK_OK ? "" : mk_last_error());
+            const mk_status r = mk_sched_link_recv(st->in_link, item, st->seqs[item->slot], st->in);
+            if (s != MK_OK) (void)mk_fail(s, "%s", earlier);
+            else s = r;
+        }
+        if (s == MK_OK) s = mk_worker_step(st, item);
+        if (s == MK_OK && !tail) s = mk_sched_link_send(st->out_link, item, item->out[st->index]);
+        if (s != MK_OK) mk_worker_fail_item(st, item, s);
+        else if (tail) mk_sched_emit(sched, item);
+    }
+    return NULL;
+}
