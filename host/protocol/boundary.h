@@ -23,6 +23,10 @@ struct mk_boundary {
     mk_boundary_header h;
     float *payload;        /* dev [capacity_rows, hidden] in the range's backend */
     size_t capacity_rows;
+    /* The contract passed h for this sequence at this length (a seam's receive sets it; the
+     * forward that consumes the boundary then does not check it again). NULL: not checked. */
+    const mk_sequence *checked_seq;
+    size_t checked_length;
 };
 
 /* Dense-llama defaults: schema version, architecture, adapter, tensor name, boundary

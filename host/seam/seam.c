@@ -277,34 +277,55 @@ typedef struct seam_contract_args {
     const mk_sequence *seq;
 } seam_contract_args;
 
-static mk_status seam_contract(void *user, const mk_boundary_header *h) {
+static mk_status seam_contract(void *user, const mk_boundary_header *h, const mk_sequence **checked_for) {
     const seam_contract_args *a = user;
-    return mk_range_check_boundary(a->range, a->seq, h);
+    MK_TRY(mk_range_check_boundary(a->range, a->seq, h));
+    *checked_for = a->seq;
+    return MK_OK;
 }
 
-/* The receive path: the contract (check) on the header, then the payload. The stage
- * runtime passes a check that also picks the sequence the header's request id names. */
-mk_status mk_seam_recv_with(mk_seam *s, mk_seam_check check, void *user, mk_boundary *into) {
+/* The receiver's contract as the transports call it (header only), noting the sequence. */
+typedef struct seam_noted {
+    mk_seam_contract contract;
+    void *user;
+    const mk_sequence *seq;
+} seam_noted;
+
+static mk_status seam_noted_check(void *user, const mk_boundary_header *h) {
+    seam_noted *n = user;
+    n->seq = NULL;
+    return n->contract(n->user, h, &n->seq);
+}
+
+/* The receive path: the contract on the header, then the payload. The stage runtime passes
+ * a contract that also picks the sequence the header's request id names. */
+mk_status mk_seam_recv_with(mk_seam *s, mk_seam_contract contract, void *user, mk_boundary *into) {
     if (s->sender) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_seam_recv: this is a sending end");
     if (into->range != s->range) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_seam_recv: the boundary is not this range's");
     const double t0 = mk_seconds();
     into->h.rows = 0;
+    into->checked_seq = NULL;
+    seam_noted noted = {contract, user, NULL};
     mk_status st;
     if (s->ops->recv_checked) {
         /* The transport takes header and payload in one exchange; the contract still runs
          * here, on the header, before the transport posts the payload receive. */
-        st = s->ops->recv_checked(s, check, user, into);
+        st = s->ops->recv_checked(s, seam_noted_check, &noted, into);
         if (st != MK_OK) into->h.rows = 0;
     } else {
         mk_boundary_header h;
         st = s->ops->recv_header(s, &h);
         /* The contract, once, on the header: nothing of the payload is accepted before. */
-        if (st == MK_OK) st = check(user, &h);
+        if (st == MK_OK) st = seam_noted_check(&noted, &h);
         if (st == MK_OK) {
             into->h = h;
             st = s->ops->recv_payload(s, into);
             if (st != MK_OK) into->h.rows = 0;
         }
+    }
+    if (st == MK_OK && noted.seq) {
+        into->checked_seq = noted.seq;
+        into->checked_length = mk_sequence_length(noted.seq);
     }
     s->seconds += mk_seconds() - t0;
     return st;

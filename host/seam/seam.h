@@ -63,9 +63,14 @@ mk_status mk_seam_nccl_join_id(mk_seam *s, const unsigned char *id, size_t len);
 /* One NCCL end across processes joined with such an id (seam.c). */
 mk_status mk_seam_nccl_end_with_id(const mk_seam_options *opt, const unsigned char *id, size_t len, mk_range *range,
                                    bool sender, mk_seam **out);
+/* The contract as a receiver states it: check the header and name the sequence it was
+ * checked for (*checked_for), so the forward that consumes the boundary need not check it
+ * again. */
+typedef mk_status (*mk_seam_contract)(void *user, const mk_boundary_header *h, const mk_sequence **checked_for);
 /* mk_seam_recv with the contract (and, for the stage runtime, the choice of sequence) in
- * check(user, header), run before any payload is accepted. */
-mk_status mk_seam_recv_with(mk_seam *s, mk_seam_check check, void *user, mk_boundary *into);
+ * contract(user, header, &seq), run before any payload is accepted. A boundary received
+ * whole carries the stamp (seq, its length). */
+mk_status mk_seam_recv_with(mk_seam *s, mk_seam_contract contract, void *user, mk_boundary *into);
 /* Stream ends: the connected fd (to poll before a receive; -1 for other transports), and
  * raw bytes written on it (fault injection only: a frame that is not one). */
 int mk_seam_stream_fd(const mk_seam *s);

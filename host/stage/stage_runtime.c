@@ -188,6 +188,9 @@ static mk_status mk_stage_build(mk_stage *st) {
     mk_range_options ro = st->o.range;
     ro.max_context = st->max_context;
     ro.max_batch_tokens = st->max_rows;
+    /* The last rank (after rank 0) sends back the sampled token alone: it never needs the
+     * logits on the host, so its forward brings back 4 bytes and allocates nothing. */
+    if (st->rank > 0 && st->rank + 1 == st->world) ro.token_only = true;
     MK_TRY(mk_range_create(st->model, start, end, &ro, &st->range));
     if (st->rank > 0) MK_TRY(mk_boundary_create(st->range, &st->in));
     if (st->rank + 1 < st->world) MK_TRY(mk_boundary_create(st->range, &st->out));
@@ -652,7 +655,7 @@ typedef struct mk_member_route {
 } mk_member_route;
 
 /* The contract on a received header, once the sequence its request id names is found. */
-static mk_status mk_member_check(void *user, const mk_boundary_header *h) {
+static mk_status mk_member_check(void *user, const mk_boundary_header *h, const mk_sequence **checked_for) {
     mk_member_route *r = user;
     if (strcmp(h->request_id, MK_STAGE_END_ID) == 0) {
         r->end = true;
@@ -660,7 +663,9 @@ static mk_status mk_member_check(void *user, const mk_boundary_header *h) {
     }
     const bool fresh = h->step == 0 && h->position == 0;
     MK_TRY(mk_slots_get(&r->st->slots, h->request_id, fresh, &r->seq));
-    return mk_range_check_boundary(r->st->range, r->seq, h);
+    MK_TRY(mk_range_check_boundary(r->st->range, r->seq, h));
+    *checked_for = r->seq;
+    return MK_OK;
 }
 
 /* The last rank: the sampled token back to rank 0 as a TailResult. */
@@ -704,15 +709,13 @@ static mk_status mk_member_step(mk_stage *st, bool *end) {
     char id[64];
     snprintf(id, sizeof id, "%s", st->in->h.request_id);
     const bool tail = st->rank + 1 == st->world;
-    mk_tail_output *out = NULL;
+    int32_t token = -1;
     mk_stage_busy(st, true);
     mk_stage_fault_busy(st);
-    s = mk_range_forward_boundary(st->range, route.seq, NULL, 0, st->in, NULL, tail ? NULL : st->out, tail ? &out : NULL);
+    s = mk_range_forward_into(st->range, route.seq, NULL, 0, st->in, tail ? NULL : st->out, NULL, tail ? &token : NULL);
     mk_stage_busy(st, false);
     if (s != MK_OK) return mk_stage_wrap(s, "rank %d: %s at step %llu", st->rank, id, (unsigned long long)st->steps);
     if (!tail) return mk_stage_send(st, id);
-    const int32_t token = out->token_ids[0];
-    mk_tail_output_free(out);
     return mk_tail_send(st, id, token);
 }
 

@@ -1,0 +1,127 @@
+/* Private to host/range/: the range and sequence structs and what the range's files share.
+ * range.c builds and frees a range, weights.c carves and loads its weights, sequence.c
+ * owns the per-sequence KV caches, check.c the contract, forward.c the forward pass and
+ * decode graphs, boundary.c the boundary object. */
+#ifndef MK_RANGE_IMPL_H
+#define MK_RANGE_IMPL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend/backend.h"
+#include "meshkern.h"
+#include "model/model.h"
+#include "range/op_profile.h"
+#include "range/range.h"
+
+typedef struct mk_layer_weights {
+    float *attn_norm; /* [hidden] f32 */
+    void *wq;         /* [n_heads * head_dim, hidden] */
+    void *wk;         /* [n_kv_heads * head_dim, hidden] */
+    void *wv;         /* [n_kv_heads * head_dim, hidden] */
+    void *wo;         /* [hidden, n_heads * head_dim] */
+    float *ffn_norm;  /* [hidden] f32 */
+    void *w_gate;     /* [intermediate, hidden] */
+    void *w_up;       /* [intermediate, hidden] */
+    void *w_down;     /* [hidden, intermediate] */
+} mk_layer_weights;
+
+typedef struct mk_activations {
+    float *x;       /* [rows, hidden] residual stream */
+    float *xn;      /* [rows, hidden] normed */
+    float *q;       /* [rows, n_heads * head_dim] */
+    float *k;       /* [rows, n_kv_heads * head_dim] */
+    float *v;       /* [rows, n_kv_heads * head_dim] */
+    float *att;     /* [rows, n_heads * head_dim] */
+    float *proj;    /* [rows, hidden] attention / mlp output */
+    float *gate;    /* [rows, intermediate] */
+    float *up;      /* [rows, intermediate] */
+    float *logits;  /* [1, vocab] tail only */
+    int32_t *ids;   /* [rows] */
+    int32_t *pos;   /* [rows] */
+    int32_t *token; /* [1] tail only */
+} mk_activations;
+
+/* What a captured decode step bakes in besides the range's own buffers: a step recorded
+ * for other addresses is recaptured. */
+typedef struct mk_step_key {
+    const void *kv_arena;    /* the sequence's KV cache */
+    const void *in_payload;  /* the boundary copied into the residual, or NULL */
+    const void *out_payload; /* the boundary the residual is copied to, or NULL */
+} mk_step_key;
+
+struct mk_range {
+    const mk_model *model;
+    mk_hparams hp;
+    int64_t start, end;
+    mk_role role;
+    size_t max_context, max_rows;
+    mk_backend *backend;
+    char digest[MK_DIGEST_HEX_LEN + 1];
+
+    void *weight_arena; /* dev: every weight of the range, carved below */
+    size_t weight_bytes;
+    void *token_embd;   /* [vocab, hidden] head, or tail with tied embeddings */
+    float *output_norm; /* [hidden] tail */
+    const void *lm_head; /* [vocab, hidden] tail: output.weight or token_embd */
+    mk_layer_weights *layers; /* [end - start + 1] */
+
+    void *act_arena; /* dev */
+    mk_activations act;
+    int32_t *host_positions; /* [max_rows] host staging of the positions of one forward */
+    mk_op_profile profile;   /* host time per op family, when switched on (benchmarks) */
+    bool token_only;         /* tail: download the sampled token id alone */
+    /* Decode steps (1-row forwards) as one captured graph, replayed per token: the backend
+     * has step ops and the range was not made with eager_decode. Off for good after a
+     * capture failed (the step then runs op by op). */
+    bool graphs;
+    void *step;              /* the captured step (backend's), NULL until the first decode */
+    char graph_failure[256]; /* why recording stopped (mk_range_graph_failure); "" while on */
+    mk_step_key step_key;    /* the addresses it bakes in */
+    void *tail_stage;        /* host staging (pinned on cuda): logits [vocab] then the token */
+};
+
+struct mk_sequence {
+    mk_range *range;
+    void *kv_arena;  /* dev: [n_layers][2][max_context, kv_dim] in the backend's KV dtype */
+    size_t length;   /* positions cached */
+    uint64_t steps;  /* forwards so far: the step number a boundary carries */
+};
+
+/* ------------------------------------------------------------- arena carving -- */
+
+static inline size_t mk_align_up(size_t n) { return (n + 255) & ~(size_t)255; }
+
+/* A size table: reserve() adds aligned slices, then one allocation is carved. */
+typedef struct mk_carver {
+    size_t offset;
+    uint8_t *base;
+} mk_carver;
+
+static inline void *mk_carve(mk_carver *c, size_t bytes) {
+    void *p = c->base ? c->base + c->offset : NULL;
+    c->offset += mk_align_up(bytes);
+    return p;
+}
+
+/* ------------------------------------------------------------- KV cache shape -- */
+
+/* Elements of one layer's K (or V) cache: max_context rows of kv_dim. */
+static inline size_t mk_kv_slab_elems(const mk_range *r) { return r->max_context * r->hp.n_kv_heads * r->hp.head_dim; }
+static inline size_t mk_kv_elem_size(const mk_range *r) { return mk_dtype_size(mk_backend_kv_dtype(r->backend)); }
+
+/* weights.c: size the range's weight arena, allocate it and load every weight. */
+mk_status mk_range_load(mk_range *r);
+
+/* check.c: the contract's parts, for forward.c. */
+/* Which kind of input the range's role takes (token ids or a boundary). */
+mk_status mk_check_input_kind(const mk_range *r, const int32_t *ids, size_t n_tokens, bool has_boundary);
+/* The rows of one forward fit the activation arena and the sequence's KV cache. */
+mk_status mk_check_rows(const mk_range *r, const mk_sequence *seq, size_t rows);
+/* mk_range_check_boundary without touching the thread's message on success. */
+mk_status mk_check_header(const mk_range *r, const mk_sequence *seq, const mk_boundary_header *h);
+/* A host bundle: the header check, then its arrays (positions row by row, finite values). */
+mk_status mk_check_bundle(const mk_range *r, const mk_sequence *seq, const mk_bundle *bundle);
+
+#endif
