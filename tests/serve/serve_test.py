@@ -71,7 +71,7 @@ class Server:
         threading.Thread(target=lambda: self.lines.extend(self.proc.stdout), daemon=True).start()
 
     def client(self, key=KEY):
-        return openai.OpenAI(base_url=self.url + "/v1", api_key=key, max_retries=0, timeout=60)
+        return openai.OpenAI(base_url=self.url + "/v1", api_key=key, max_retries=0, timeout=180)
 
 
 def curl(url, path, body=None, method=None, headers=(), key=KEY, stream=False):
