@@ -83,20 +83,23 @@ std::vector<float> random_floats(size_t n, std::mt19937 &rng) {
     return v;
 }
 
-// A native weight as the backend stores it (header + rows).
+// A native weight as the backend stores it (its rows, and the mk_weight describing them).
 struct NativeWeight {
     std::vector<uint8_t> bytes;
+    mk_weight w{};
     NativeWeight(uint32_t type, const std::vector<uint8_t> &rows_data, size_t rows, size_t cols) {
         const size_t n = mk_cpu_native_weight_bytes(type, rows, cols);
         EXPECT_GT(n, 0u);
         bytes.resize(n + 64);
-        MK_ASSERT_OK_VOID(mk_cpu_native_store(data(), type, rows_data.data(), rows_data.size(), rows, cols));
+        w = {data(), 0, rows, cols};
+        MK_ASSERT_OK_VOID(mk_cpu_native_store(&w, type, rows_data.data(), rows_data.size()));
     }
     // 64-byte aligned view inside the vector.
     void *data() {
         const uintptr_t p = (uintptr_t)bytes.data();
         return (void *)((p + 63) & ~(uintptr_t)63);
     }
+    const mk_weight *weight() const { return &w; }
     static void MK_ASSERT_OK_VOID(mk_status s) { ASSERT_EQ(s, MK_OK) << mk_last_error(); }
 };
 
@@ -124,7 +127,9 @@ const float kSentinel = -12345.5f;
 std::vector<float> native_product(NativeCtx &c, NativeWeight &w, const std::vector<float> &x, size_t rows,
                                   size_t in, size_t out) {
     std::vector<float> y(rows * out + 8, kSentinel);
-    const mk_status s = mk_cpu_native_matmul(&c.ctx, y.data(), x.data(), w.data(), rows, in, out);
+    EXPECT_EQ(w.weight()->rows, out);
+    EXPECT_EQ(w.weight()->cols, in);
+    const mk_status s = mk_cpu_native_matmul(&c.ctx, y.data(), x.data(), w.weight(), rows);
     EXPECT_EQ(s, MK_OK) << mk_last_error();
     for (size_t i = rows * out; i < y.size(); i++) EXPECT_EQ(y[i], kSentinel) << "wrote past the output";
     y.resize(rows * out);
@@ -305,21 +310,21 @@ TEST(NativeMatmul, SharedAndSwigluJobsEqualSeparateProducts) {
             NativeCtx c(threads, mk_cpu_quant_best(), rows * in / 32);
             std::vector<std::vector<float>> y(3);
             float *yp[3];
-            const void *wp[3];
+            const mk_weight *wp[3];
             for (int i = 0; i < 3; i++) {
                 y[i].assign(rows * outs[i] + 8, kSentinel);
                 yp[i] = y[i].data();
-                wp[i] = w[i].data();
+                wp[i] = w[i].weight();
             }
-            MK_ASSERT_OK(mk_cpu_native_matmul_shared(&c.ctx, 3, yp, wp, outs, x.data(), rows, in));
+            MK_ASSERT_OK(mk_cpu_native_matmul_shared(&c.ctx, 3, yp, wp, x.data(), rows));
             for (int i = 0; i < 3; i++) {
                 for (size_t k = rows * outs[i]; k < y[i].size(); k++) ASSERT_EQ(y[i][k], kSentinel) << "part " << i;
                 y[i].resize(rows * outs[i]);
                 EXPECT_TRUE(bit_identical(y[i], native_product(c, w[i], x, rows, in, outs[i]))) << "part " << i;
             }
             std::vector<float> gate(rows * 45 + 8, kSentinel), up(rows * 45 + 8, kSentinel);
-            MK_ASSERT_OK(mk_cpu_native_matmul_swiglu(&c.ctx, gate.data(), up.data(), x.data(), gate_w.data(),
-                                                     up_w.data(), rows, in, 45));
+            MK_ASSERT_OK(mk_cpu_native_matmul_swiglu(&c.ctx, gate.data(), up.data(), x.data(), gate_w.weight(),
+                                                     up_w.weight(), rows));
             for (size_t k = rows * 45; k < gate.size(); k++) ASSERT_EQ(gate[k], kSentinel);
             gate.resize(rows * 45);
             std::vector<float> g = native_product(c, gate_w, x, rows, in, 45);
@@ -415,14 +420,13 @@ TEST(NativeWeightStore, OtherFormatsBecomeF32AndEmbeddingDequantizesRows) {
     for (auto &b : q5) b = (uint8_t)rng();
     for (size_t blk = 0; blk < rows * cols / 32; blk++) put_f16(&q5[blk * 22], 0.01f);
     NativeWeight w(MK_GGML_TYPE_Q5_0, q5, rows, cols);
-    const mk_cpu_weight *h = static_cast<const mk_cpu_weight *>(w.data());
-    EXPECT_EQ(h->type, (uint32_t)MK_GGML_TYPE_F32);
-    EXPECT_EQ(mk_cpu_native_weight_bytes(MK_GGML_TYPE_Q5_0, rows, cols), sizeof(mk_cpu_weight) + rows * cols * 4);
+    EXPECT_EQ(w.weight()->format, (uint32_t)MK_GGML_TYPE_F32);
+    EXPECT_EQ(mk_cpu_native_weight_bytes(MK_GGML_TYPE_Q5_0, rows, cols), rows * cols * 4);
     std::vector<float> ref(rows * cols);
     MK_ASSERT_OK(mk_gguf_dequantize(MK_GGML_TYPE_Q5_0, q5.data(), q5.size(), ref.data(), ref.size()));
     const int32_t ids[] = {4, 0, 4};
     std::vector<float> out(3 * cols);
-    MK_ASSERT_OK(mk_cpu_native_embed(out.data(), w.data(), ids, 3, cols));
+    MK_ASSERT_OK(mk_cpu_native_embed(out.data(), w.weight(), ids, 3));
     for (size_t i = 0; i < 3; i++)
         EXPECT_EQ(std::memcmp(&out[i * cols], &ref[ids[i] * cols], cols * sizeof(float)), 0) << i;
 
@@ -430,13 +434,14 @@ TEST(NativeWeightStore, OtherFormatsBecomeF32AndEmbeddingDequantizesRows) {
     NativeWeight w8(MK_GGML_TYPE_Q8_0, q8, rows, cols);
     std::vector<float> ref8(rows * cols);
     MK_ASSERT_OK(mk_gguf_dequantize(MK_GGML_TYPE_Q8_0, q8.data(), q8.size(), ref8.data(), ref8.size()));
-    MK_ASSERT_OK(mk_cpu_native_embed(out.data(), w8.data(), ids, 3, cols));
+    EXPECT_EQ(w8.weight()->format, (uint32_t)MK_GGML_TYPE_Q8_0);
+    MK_ASSERT_OK(mk_cpu_native_embed(out.data(), w8.weight(), ids, 3));
     for (size_t i = 0; i < 3; i++)
         EXPECT_EQ(std::memcmp(&out[i * cols], &ref8[ids[i] * cols], cols * sizeof(float)), 0) << i;
     // A stored tensor of the wrong size is refused.
     std::vector<uint8_t> buf(mk_cpu_native_weight_bytes(MK_GGML_TYPE_Q8_0, rows, cols) + 64);
-    EXPECT_EQ(mk_cpu_native_store(buf.data(), MK_GGML_TYPE_Q8_0, q8.data(), q8.size() - 1, rows, cols),
-              MK_ERR_DATA_LENGTH);
+    mk_weight short_w = {buf.data(), 0, rows, cols};
+    EXPECT_EQ(mk_cpu_native_store(&short_w, MK_GGML_TYPE_Q8_0, q8.data(), q8.size() - 1), MK_ERR_DATA_LENGTH);
     EXPECT_EQ(mk_cpu_native_weight_bytes(MK_GGML_TYPE_Q8_0, rows, 33), 0u); // not whole blocks
 }
 

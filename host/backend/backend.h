@@ -16,6 +16,29 @@
 
 typedef struct mk_backend mk_backend;
 
+/* A weight matrix as its backend stores it: [rows, cols] = [output features, input
+ * features], at `data` (dev) in `format`, the ggml type of its stored elements or blocks
+ * (F32, F16, BF16 in the dense weight modes; in native mode whatever the source stores and
+ * the backend keeps: Q8_0, Q4_1, Q4_K ... or F32 / BF16 for a source it converts). The
+ * backend fills it when it uploads the weight and reads it on every product: it keeps no
+ * table of its own. */
+typedef struct mk_weight {
+    const void *data;
+    uint32_t format;
+    size_t rows, cols;
+} mk_weight;
+
+/* A matrix product's activations: x [rows, in] in F32 and, where the backend multiplies in
+ * a 16-bit dtype (gemm_input(rows) is not F32), `lowp`, a buffer of the same shape in that
+ * dtype: `ready` when it already holds x converted (the norm that wrote x wrote it too),
+ * else the backend converts x into it first. The forward pass chooses; a reader sees the
+ * fusion there. */
+typedef struct mk_gemm_input {
+    const float *x;
+    void *lowp;
+    bool ready;
+} mk_gemm_input;
+
 typedef struct mk_backend_ops {
     const char *name;
     /* dev memory is ordinary host memory (cpu): seams read it in place, no staging copy */
@@ -31,9 +54,9 @@ typedef struct mk_backend_ops {
     /* Size per-backend scratch once, at range creation: the largest forward (rows), the
      * longest KV cache, and the model's widths. Nothing is allocated in the forward path. */
     mk_status (*reserve)(mk_backend *b, size_t max_rows, size_t max_context, const mk_hparams *hp);
-    /* Convert host F32 weights into the backend's weight dtype at dst (dev). */
-    mk_status (*upload_weight)(mk_backend *b, void *dst /* dev, [n] in weight dtype */, const float *src /* host */,
-                               size_t n);
+    /* Convert host F32 weights [w->rows, w->cols] into the backend's weight dtype at w->data
+     * (dev; the caller placed it) and set w->format. */
+    mk_status (*upload_weight)(mk_backend *b, mk_weight *w, const float *src /* host */);
     /* seams: host staging (pinned on cuda) and copies enqueued on the backend's stream,
      * complete at the next synchronize(). The host buffer of an async copy must stay
      * untouched until then. */
@@ -51,30 +74,36 @@ typedef struct mk_backend_ops {
     void *(*native_stream)(mk_backend *b);
     /* Native weight mode (weight_dtype MK_DTYPE_NATIVE); NULL on a backend without it.
      * Bytes a weight matrix [rows, cols] whose source stores ggml `type` occupies (0: it
-     * cannot be kept), and storing it from the source's bytes (F32 for a source without a
-     * stored format). The stored pointer is what matmul and embed receive as `w`/`table`. */
+     * cannot be kept), and storing it at w->data from the source's bytes (F32 for a source
+     * without a stored format), setting w->format to what it keeps. */
     size_t (*native_weight_bytes)(mk_backend *b, uint32_t ggml_type, size_t rows, size_t cols);
-    mk_status (*upload_native_weight)(mk_backend *b, void *dst /* dev */, uint32_t ggml_type,
-                                      const void *src /* host */, size_t src_bytes, size_t rows, size_t cols);
+    mk_status (*upload_native_weight)(mk_backend *b, mk_weight *w, uint32_t ggml_type, const void *src /* host */,
+                                      size_t src_bytes);
     /* compute */
-    mk_status (*embed)(mk_backend *b, float *out /* [n, hidden] */, const void *table /* [vocab, hidden] weight dtype */,
-                       const int32_t *ids /* dev [n] */, size_t n, size_t hidden, size_t vocab);
-    mk_status (*rmsnorm)(mk_backend *b, float *out /* [rows, cols] */, const float *x /* [rows, cols] */,
+    /* out[i] = row ids[i] of table [vocab, hidden] (table->rows, table->cols), as F32. */
+    mk_status (*embed)(mk_backend *b, float *out /* [n, hidden] */, const mk_weight *table,
+                       const int32_t *ids /* dev [n] */, size_t n);
+    /* The dtype a product of `rows` rows takes its activations in: F32 (x itself), or F16 /
+     * BF16 (a converted copy in mk_gemm_input.lowp). NULL: always F32. */
+    mk_dtype (*gemm_input)(mk_backend *b, size_t rows);
+    /* out = rmsnorm(x) and, when out_lowp is not NULL, the same values in gemm_input(rows)
+     * into out_lowp (the next product's input, converted in the same pass). */
+    mk_status (*rmsnorm)(mk_backend *b, float *out /* [rows, cols] */, void *out_lowp, const float *x /* [rows, cols] */,
                          const float *w /* [cols] f32 */, size_t rows, size_t cols, float eps);
     /* residual += delta; out = rmsnorm(residual): the residual add fused into the next norm. */
     mk_status (*add_rmsnorm)(mk_backend *b, float *residual /* [rows, cols] in/out */, float *out /* [rows, cols] */,
-                             const float *delta /* [rows, cols] */, const float *w /* [cols] f32 */, size_t rows,
-                             size_t cols, float eps);
-    mk_status (*matmul)(mk_backend *b, float *y /* [rows, out] */, const float *x /* [rows, in] */,
-                        const void *w /* [out, in] weight dtype */, size_t rows, size_t in_dim, size_t out_dim);
+                             void *out_lowp, const float *delta /* [rows, cols] */, const float *w /* [cols] f32 */,
+                             size_t rows, size_t cols, float eps);
+    /* y [rows, w->rows] = x [rows, w->cols] @ w^T. */
+    mk_status (*matmul)(mk_backend *b, float *y, const mk_gemm_input *x, const mk_weight *w, size_t rows);
     /* Optional (NULL: the executor calls matmul once per weight). y[i] = x @ w[i]^T for n
-     * (1..3) weights sharing x, [rows, out_dim[i]] each: Q, K and V in one launch. */
-    mk_status (*matmul_shared)(mk_backend *b, size_t n, float *const *y, const void *const *w /* weight dtype */,
-                               const size_t *out_dim, const float *x /* [rows, in] */, size_t rows, size_t in_dim);
+     * (1..3) weights sharing x: Q, K and V in one launch. */
+    mk_status (*matmul_shared)(mk_backend *b, size_t n, float *const *y, const mk_weight *const *w,
+                               const mk_gemm_input *x, size_t rows);
     /* Optional (NULL: matmul gate, matmul up, swiglu). gate = silu(x @ w_gate^T) * (x @ w_up^T),
-     * [rows, out_dim]; up [rows, out_dim] is scratch. */
-    mk_status (*matmul_swiglu)(mk_backend *b, float *gate, float *up, const float *x /* [rows, in] */,
-                               const void *w_gate, const void *w_up, size_t rows, size_t in_dim, size_t out_dim);
+     * [rows, w_gate->rows]; up of that shape is scratch. */
+    mk_status (*matmul_swiglu)(mk_backend *b, float *gate, float *up, const mk_gemm_input *x, const mk_weight *w_gate,
+                               const mk_weight *w_up, size_t rows);
     /* Optional (NULL: rope q, rope k, then kv_store or copy k and v into the caches). RoPE of
      * q and k in place and the KV-cache write of rows [past, past + rows) in the KV dtype in
      * one step (cuda reads each row's slot from positions on the device and ignores past). */

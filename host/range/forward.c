@@ -35,6 +35,14 @@ typedef struct mk_forward_io {
         mk_op_profile_add(&(r)->profile, (f), mk_op_t0_);                  \
     } while (0)
 
+/* The 16-bit buffer a product of `rows` rows reads its input from, or NULL where the
+ * backend multiplies those rows in F32 (always on cpu; decode rows on cuda). */
+static void *mk_gemm_lowp(const mk_range *r, size_t rows) {
+    const mk_backend_ops *ops = r->backend->ops;
+    if (!ops->gemm_input || ops->gemm_input(r->backend, rows) == MK_DTYPE_F32) return NULL;
+    return r->act.lowp;
+}
+
 /* One layer. Residual adds are fused into the norm that follows them: the mlp output of
  * layer l stays in a->proj and is added by layer l+1's attention norm, or by a plain add
  * after the range's last layer (its raw residual is what leaves the range). The fused op
@@ -45,26 +53,33 @@ static mk_status mk_run_layer(mk_range *r, mk_sequence *seq, size_t layer_index,
     const mk_backend_ops *ops = b->ops;
     const mk_layer_weights *w = &r->layers[layer_index];
     const mk_activations *a = &r->act;
-    const size_t q_dim = hp->n_heads * hp->head_dim, kv_dim = hp->n_kv_heads * hp->head_dim;
+    const size_t kv_dim = hp->n_kv_heads * hp->head_dim;
     const size_t past = seq->length;
     const size_t slab = mk_kv_slab_elems(r) * mk_kv_elem_size(r);
     uint8_t *k_cache = (uint8_t *)seq->kv_arena + (2 * layer_index) * slab;     /* [ctx, kv_dim] KV dtype */
     uint8_t *v_cache = (uint8_t *)seq->kv_arena + (2 * layer_index + 1) * slab; /* [ctx, kv_dim] KV dtype */
+    /* Where the backend multiplies these rows in 16 bits, each norm also writes its output in
+     * that dtype (the products that read it find it ready); the other products' inputs
+     * (attention's output, the SwiGLU) are converted into the same buffer on the way. */
+    void *lowp = mk_gemm_lowp(r, rows);
+    const mk_gemm_input xn = {a->xn, lowp, true};
+    const mk_gemm_input att = {a->att, lowp, false};
+    const mk_gemm_input gated = {a->gate, lowp, false};
 
     /* attention block */
     if (layer_index == 0)
-        MK_OP(r, MK_OPF_NORM, ops->rmsnorm(b, a->xn, a->x, w->attn_norm, rows, hp->hidden, hp->rms_eps));
+        MK_OP(r, MK_OPF_NORM, ops->rmsnorm(b, a->xn, lowp, a->x, w->attn_norm, rows, hp->hidden, hp->rms_eps));
     else
-        MK_OP(r, MK_OPF_NORM, ops->add_rmsnorm(b, a->x, a->xn, a->proj, w->attn_norm, rows, hp->hidden, hp->rms_eps));
+        MK_OP(r, MK_OPF_NORM,
+              ops->add_rmsnorm(b, a->x, a->xn, lowp, a->proj, w->attn_norm, rows, hp->hidden, hp->rms_eps));
     if (ops->matmul_shared) {
         float *const y[3] = {a->q, a->k, a->v};
-        const void *const wqkv[3] = {w->wq, w->wk, w->wv};
-        const size_t out[3] = {q_dim, kv_dim, kv_dim};
-        MK_OP(r, MK_OPF_QKV, ops->matmul_shared(b, 3, y, wqkv, out, a->xn, rows, hp->hidden));
+        const mk_weight *const wqkv[3] = {&w->wq, &w->wk, &w->wv};
+        MK_OP(r, MK_OPF_QKV, ops->matmul_shared(b, 3, y, wqkv, &xn, rows));
     } else {
-        MK_OP(r, MK_OPF_QKV, ops->matmul(b, a->q, a->xn, w->wq, rows, hp->hidden, q_dim));
-        MK_OP(r, MK_OPF_QKV, ops->matmul(b, a->k, a->xn, w->wk, rows, hp->hidden, kv_dim));
-        MK_OP(r, MK_OPF_QKV, ops->matmul(b, a->v, a->xn, w->wv, rows, hp->hidden, kv_dim));
+        MK_OP(r, MK_OPF_QKV, ops->matmul(b, a->q, &xn, &w->wq, rows));
+        MK_OP(r, MK_OPF_QKV, ops->matmul(b, a->k, &xn, &w->wk, rows));
+        MK_OP(r, MK_OPF_QKV, ops->matmul(b, a->v, &xn, &w->wv, rows));
     }
     /* The fused RoPE + cache write stores rows in the backend's KV dtype (one launch). */
     if (ops->rope_kv) {
@@ -89,19 +104,19 @@ static mk_status mk_run_layer(mk_range *r, mk_sequence *seq, size_t layer_index,
     MK_OP(r, MK_OPF_ATTENTION,
           ops->attention(b, a->att, a->q, k_cache, v_cache, a->pos, rows, past, hp->n_heads, hp->n_kv_heads,
                          hp->head_dim));
-    MK_OP(r, MK_OPF_ATTN_OUT, ops->matmul(b, a->proj, a->att, w->wo, rows, q_dim, hp->hidden));
+    MK_OP(r, MK_OPF_ATTN_OUT, ops->matmul(b, a->proj, &att, &w->wo, rows));
 
     /* mlp block */
-    MK_OP(r, MK_OPF_NORM, ops->add_rmsnorm(b, a->x, a->xn, a->proj, w->ffn_norm, rows, hp->hidden, hp->rms_eps));
+    MK_OP(r, MK_OPF_NORM,
+          ops->add_rmsnorm(b, a->x, a->xn, lowp, a->proj, w->ffn_norm, rows, hp->hidden, hp->rms_eps));
     if (ops->matmul_swiglu) {
-        MK_OP(r, MK_OPF_GATE_UP,
-              ops->matmul_swiglu(b, a->gate, a->up, a->xn, w->w_gate, w->w_up, rows, hp->hidden, hp->intermediate));
+        MK_OP(r, MK_OPF_GATE_UP, ops->matmul_swiglu(b, a->gate, a->up, &xn, &w->w_gate, &w->w_up, rows));
     } else {
-        MK_OP(r, MK_OPF_GATE_UP, ops->matmul(b, a->gate, a->xn, w->w_gate, rows, hp->hidden, hp->intermediate));
-        MK_OP(r, MK_OPF_GATE_UP, ops->matmul(b, a->up, a->xn, w->w_up, rows, hp->hidden, hp->intermediate));
+        MK_OP(r, MK_OPF_GATE_UP, ops->matmul(b, a->gate, &xn, &w->w_gate, rows));
+        MK_OP(r, MK_OPF_GATE_UP, ops->matmul(b, a->up, &xn, &w->w_up, rows));
         MK_OP(r, MK_OPF_GATE_UP, ops->swiglu(b, a->gate, a->gate, a->up, rows * hp->intermediate));
     }
-    MK_OP(r, MK_OPF_DOWN, ops->matmul(b, a->proj, a->gate, w->w_down, rows, hp->intermediate, hp->hidden));
+    MK_OP(r, MK_OPF_DOWN, ops->matmul(b, a->proj, &gated, &w->w_down, rows));
     if (last) MK_OP(r, MK_OPF_ADD, ops->add(b, a->x, a->proj, rows * hp->hidden));
     return MK_OK;
 }
@@ -135,8 +150,10 @@ static mk_status mk_tail_compute(mk_range *r, size_t rows) {
     mk_backend *b = r->backend;
     const mk_activations *a = &r->act;
     const float *last = a->x + (rows - 1) * hp->hidden;
-    MK_OP(r, MK_OPF_LM_HEAD, b->ops->rmsnorm(b, a->xn, last, r->output_norm, 1, hp->hidden, hp->rms_eps));
-    MK_OP(r, MK_OPF_LM_HEAD, b->ops->matmul(b, a->logits, a->xn, r->lm_head, 1, hp->hidden, hp->vocab));
+    void *lowp = mk_gemm_lowp(r, 1);
+    const mk_gemm_input xn = {a->xn, lowp, true};
+    MK_OP(r, MK_OPF_LM_HEAD, b->ops->rmsnorm(b, a->xn, lowp, last, r->output_norm, 1, hp->hidden, hp->rms_eps));
+    MK_OP(r, MK_OPF_LM_HEAD, b->ops->matmul(b, a->logits, &xn, &r->lm_head, 1));
     MK_OP(r, MK_OPF_SAMPLE, b->ops->argmax(b, a->token, a->logits, 1, hp->vocab));
     return MK_OK;
 }
@@ -210,7 +227,7 @@ static mk_status mk_forward_device(mk_range *r, mk_sequence *seq, size_t rows, c
     const size_t residual_bytes = rows * r->hp.hidden * sizeof(float);
     if (in) MK_TRY(b->ops->copy(b, a->x, in, residual_bytes));
     if (mk_role_owns_embedding(r->role))
-        MK_OP(r, MK_OPF_EMBED, b->ops->embed(b, a->x, r->token_embd, a->ids, rows, r->hp.hidden, r->hp.vocab));
+        MK_OP(r, MK_OPF_EMBED, b->ops->embed(b, a->x, &r->token_embd, a->ids, rows));
     const size_t n_layers = (size_t)(r->end - r->start + 1);
     for (size_t l = 0; l < n_layers; l++) MK_TRY(mk_run_layer(r, seq, l, rows, l + 1 == n_layers));
     if (mk_role_owns_final_head(r->role)) return mk_tail_compute(r, rows);

@@ -52,6 +52,12 @@ static void mk_range_activations(mk_range *r, mk_carver *c) {
     a->proj = mk_carve(c, rows * hp->hidden * sizeof(float));
     a->gate = mk_carve(c, rows * hp->intermediate * sizeof(float));
     a->up = mk_carve(c, rows * hp->intermediate * sizeof(float));
+    /* The 16-bit copy of a product's input, where the backend multiplies in one (cuda's
+     * cuBLAS path with 16-bit or native weights): the widest input is one of these three. */
+    const mk_dtype lowp = r->backend->ops->gemm_input ? r->backend->ops->gemm_input(r->backend, rows) : MK_DTYPE_F32;
+    size_t width = hp->hidden > q_dim ? hp->hidden : q_dim;
+    if (hp->intermediate > width) width = hp->intermediate;
+    a->lowp = lowp == MK_DTYPE_F32 ? NULL : mk_carve(c, rows * width * mk_dtype_size(lowp));
     a->logits = mk_carve(c, mk_role_owns_final_head(r->role) ? hp->vocab * sizeof(float) : 0);
     a->ids = mk_carve(c, rows * sizeof(int32_t));
     a->pos = mk_carve(c, rows * sizeof(int32_t));

@@ -17,14 +17,14 @@
 
 typedef struct mk_layer_weights {
     float *attn_norm; /* [hidden] f32 */
-    void *wq;         /* [n_heads * head_dim, hidden] */
-    void *wk;         /* [n_kv_heads * head_dim, hidden] */
-    void *wv;         /* [n_kv_heads * head_dim, hidden] */
-    void *wo;         /* [hidden, n_heads * head_dim] */
+    mk_weight wq;     /* [n_heads * head_dim, hidden] */
+    mk_weight wk;     /* [n_kv_heads * head_dim, hidden] */
+    mk_weight wv;     /* [n_kv_heads * head_dim, hidden] */
+    mk_weight wo;     /* [hidden, n_heads * head_dim] */
     float *ffn_norm;  /* [hidden] f32 */
-    void *w_gate;     /* [intermediate, hidden] */
-    void *w_up;       /* [intermediate, hidden] */
-    void *w_down;     /* [hidden, intermediate] */
+    mk_weight w_gate; /* [intermediate, hidden] */
+    mk_weight w_up;   /* [intermediate, hidden] */
+    mk_weight w_down; /* [hidden, intermediate] */
 } mk_layer_weights;
 
 typedef struct mk_activations {
@@ -37,6 +37,8 @@ typedef struct mk_activations {
     float *proj;    /* [rows, hidden] attention / mlp output */
     float *gate;    /* [rows, intermediate] */
     float *up;      /* [rows, intermediate] */
+    void *lowp;     /* [rows, widest product input] in the backend's 16-bit GEMM dtype, where it
+                     * has one for max_rows (mk_backend_ops.gemm_input); else NULL */
     float *logits;  /* [1, vocab] tail only */
     int32_t *ids;   /* [rows] */
     int32_t *pos;   /* [rows] */
@@ -62,9 +64,9 @@ struct mk_range {
 
     void *weight_arena; /* dev: every weight of the range, carved below */
     size_t weight_bytes;
-    void *token_embd;   /* [vocab, hidden] head, or tail with tied embeddings */
-    float *output_norm; /* [hidden] tail */
-    const void *lm_head; /* [vocab, hidden] tail: output.weight or token_embd */
+    mk_weight token_embd; /* [vocab, hidden] head, or tail with tied embeddings */
+    float *output_norm;   /* [hidden] tail */
+    mk_weight lm_head;    /* [vocab, hidden] tail: output.weight or token_embd */
     mk_layer_weights *layers; /* [end - start + 1] */
 
     void *act_arena; /* dev */

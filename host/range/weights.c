@@ -10,11 +10,11 @@
 
 /* Native weight mode: a matrix kept in the format its source stores (or F32 for a source
  * without one), as the backend lays it out. */
-static mk_status mk_range_native_matrix(mk_range *r, mk_carver *c, void **dst, const char *name, size_t rows,
-                                        size_t cols, float *staging) {
+static mk_status mk_range_native_matrix(mk_range *r, mk_carver *c, mk_weight *dst, const char *name, float *staging) {
     mk_backend *b = r->backend;
     if (!b->ops->native_weight_bytes)
         return mk_fail(MK_ERR_DTYPE, "%s backend has no native weight mode", b->ops->name);
+    const size_t rows = dst->rows, cols = dst->cols;
     uint32_t type = 0; /* F32 */
     const void *src = NULL;
     size_t src_bytes = 0;
@@ -24,14 +24,14 @@ static mk_status mk_range_native_matrix(mk_range *r, mk_carver *c, void **dst, c
     if (!bytes)
         return mk_fail(MK_ERR_DTYPE, "%s backend cannot keep tensor '%s' [%zu, %zu] in its stored format",
                        b->ops->name, name, rows, cols);
-    *dst = mk_carve(c, bytes);
+    dst->data = mk_carve(c, bytes);
     if (!c->base) return MK_OK;
     if (!stored) {
         MK_TRY(mk_model_load_tensor(r->model, name, staging, rows * cols));
         src = staging;
         src_bytes = rows * cols * sizeof(float);
     }
-    return b->ops->upload_native_weight(b, *dst, type, src, src_bytes, rows, cols);
+    return b->ops->upload_native_weight(b, dst, type, src, src_bytes);
 }
 
 /* Carve (or, on the second pass, load) every weight the range owns. */
@@ -42,14 +42,16 @@ static mk_status mk_range_weights(mk_range *r, mk_carver *c, float *staging) {
     const bool loading = c->base != NULL;
     const bool native = b->config.weight_dtype == MK_DTYPE_NATIVE;
 
-#define MK_MATRIX(dst, name, rows, cols)                                              \
+#define MK_MATRIX(dst, name, n_rows, n_cols)                                           \
     do {                                                                              \
-        if (native) MK_TRY(mk_range_native_matrix(r, c, &(dst), (name), (rows), (cols), staging)); \
+        (dst).rows = (n_rows);                                                        \
+        (dst).cols = (n_cols);                                                        \
+        if (native) MK_TRY(mk_range_native_matrix(r, c, &(dst), (name), staging));    \
         else {                                                                        \
-            (dst) = mk_carve(c, (rows) * (cols) * welem);                             \
+            (dst).data = mk_carve(c, (dst).rows * (dst).cols * welem);                \
             if (loading) {                                                            \
-                MK_TRY(mk_model_load_tensor(r->model, (name), staging, (rows) * (cols))); \
-                MK_TRY(b->ops->upload_weight(b, (dst), staging, (rows) * (cols)));    \
+                MK_TRY(mk_model_load_tensor(r->model, (name), staging, (dst).rows * (dst).cols)); \
+                MK_TRY(b->ops->upload_weight(b, &(dst), staging));                    \
             }                                                                         \
         }                                                                             \
     } while (0)
@@ -94,13 +96,8 @@ static mk_status mk_range_weights(mk_range *r, mk_carver *c, float *staging) {
     }
     if (mk_role_owns_final_head(r->role)) {
         MK_TENSOR_VECTOR(r->output_norm, MK_TENSOR_OUTPUT_NORM, 0);
-        if (tied) {
-            r->lm_head = r->token_embd;
-        } else {
-            void *head;
-            MK_TENSOR(head, MK_TENSOR_OUTPUT, 0);
-            r->lm_head = head;
-        }
+        if (tied) r->lm_head = r->token_embd; /* loaded above: data and format */
+        else MK_TENSOR(r->lm_head, MK_TENSOR_OUTPUT, 0);
     }
 #undef MK_TENSOR
 #undef MK_TENSOR_VECTOR

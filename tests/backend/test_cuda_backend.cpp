@@ -23,7 +23,8 @@
 #include <vector>
 
 extern "C" {
-#include "backend/backend.h" // the op interface, for the low-precision note test
+#include "backend/backend.h" // the op interface, for the low-precision input test
+#include "kernels.h"         // MK_GEMV_MAX_ROWS
 }
 #include "mk_native_gguf.h"
 #include "mk_test_util.h"
@@ -496,11 +497,14 @@ TEST(CudaBackend, PrefillNormsWriteTheGemmInputWithoutConversionLaunches) {
     EXPECT_LE(cost.prefill_launches, 21 * hp.n_layers + outside);
 }
 
-// The backend's note "act_lowp holds X in the GEMM dtype": a GEMM reading the norm's output
-// takes the norm's copy (one launch: no conversion), a second GEMM reading it too; an op that
-// writes X in between (copy, add, upload, a GEMV into part of it) makes the next GEMM convert X again, with exactly the
-// bits of a GEMM over a fresh copy of X.
-TEST(CudaBackend, LowPrecisionCopyOfTheNormIsReusedUntilItsSourceIsWritten) {
+// The 16-bit input of a cuBLAS product is explicit (mk_gemm_input): gemm_input says which
+// dtype a product of so many rows takes; a norm given out_lowp writes its output in it too, and
+// a product given that buffer as ready takes it with no conversion (one launch), again for a
+// second product; given not ready, the backend converts x first (one launch more) with exactly
+// the bits of the norm's copy; a 16-bit product of cuBLAS rows without a buffer is refused.
+// After an op writes x (copy, add, upload, a GEMV into part of it), the caller passes not
+// ready and the product sees the written input.
+TEST(CudaBackend, LowPrecisionInputIsTheNormsCopyOrAConversionAsTheCallerSays) {
     MK_REQUIRE_DEVICE();
     for (const mk_dtype d : {MK_DTYPE_BF16, MK_DTYPE_F16, MK_DTYPE_NATIVE}) {
         SCOPED_TRACE(mk_dtype_name(d));
@@ -512,27 +516,39 @@ TEST(CudaBackend, LowPrecisionCopyOfTheNormIsReusedUntilItsSourceIsWritten) {
         std::unique_ptr<mk_backend, void (*)(mk_backend *)> owner(b, mk_backend_destroy);
         const mk_hparams hp = mk_hparams_seed_default(); // hidden 32
         const size_t rows = 12, in = hp.hidden, out = 24;
+        const mk_dtype lowp_dtype = d == MK_DTYPE_NATIVE ? MK_DTYPE_BF16 : d;
+        ASSERT_NE(b->ops->gemm_input, nullptr);
+        EXPECT_EQ(b->ops->gemm_input(b, rows), lowp_dtype);
+        EXPECT_EQ(b->ops->gemm_input(b, MK_GEMV_MAX_ROWS), MK_DTYPE_F32) << "GEMV rows read F32";
         MK_ASSERT_OK(b->ops->reserve(b, rows, 64, &hp));
         const std::vector<float> x = random_floats(rows * in, 501), other = random_floats(rows * in, 502),
                                  nw = random_floats(in, 503), w = random_floats(out * in, 504),
                                  w2 = random_floats(in * in, 505);
-        void *dx, *dxn, *dother, *dz, *dnw, *dw, *dw2, *dy1, *dy2, *dy3;
-        for (void **p : {&dx, &dxn, &dother, &dz, &dnw, &dy1, &dy2, &dy3})
+        void *dx, *dxn, *dother, *dz, *dnw, *dy1, *dy2, *dy3, *dlowp, *dlowp2;
+        for (void **p : {&dx, &dxn, &dother, &dz, &dnw, &dy1, &dy2, &dy3, &dlowp, &dlowp2})
             MK_ASSERT_OK(b->ops->alloc(b, rows * std::max(in, out) * 4, p));
+        mk_weight mw = {nullptr, 0, out, in}, mw2 = {nullptr, 0, in, in};
+        void *dw = nullptr, *dw2 = nullptr;
         if (d == MK_DTYPE_NATIVE) {
             std::vector<uint8_t> q;
             mk_native_gguf::quantize(MK_GGML_TYPE_Q8_0, w.data(), w.size(), q);
             MK_ASSERT_OK(b->ops->alloc(b, b->ops->native_weight_bytes(b, MK_GGML_TYPE_Q8_0, out, in), &dw));
-            MK_ASSERT_OK(b->ops->upload_native_weight(b, dw, MK_GGML_TYPE_Q8_0, q.data(), q.size(), out, in));
+            mw.data = dw;
+            MK_ASSERT_OK(b->ops->upload_native_weight(b, &mw, MK_GGML_TYPE_Q8_0, q.data(), q.size()));
+            EXPECT_EQ(mw.format, (uint32_t)MK_GGML_TYPE_Q8_0);
             q.clear();
             mk_native_gguf::quantize(MK_GGML_TYPE_Q8_0, w2.data(), w2.size(), q);
             MK_ASSERT_OK(b->ops->alloc(b, b->ops->native_weight_bytes(b, MK_GGML_TYPE_Q8_0, in, in), &dw2));
-            MK_ASSERT_OK(b->ops->upload_native_weight(b, dw2, MK_GGML_TYPE_Q8_0, q.data(), q.size(), in, in));
+            mw2.data = dw2;
+            MK_ASSERT_OK(b->ops->upload_native_weight(b, &mw2, MK_GGML_TYPE_Q8_0, q.data(), q.size()));
         } else {
             MK_ASSERT_OK(b->ops->alloc(b, out * in * 2, &dw));
-            MK_ASSERT_OK(b->ops->upload_weight(b, dw, w.data(), w.size()));
+            mw.data = dw;
+            MK_ASSERT_OK(b->ops->upload_weight(b, &mw, w.data()));
+            EXPECT_EQ(mw.format, (uint32_t)(d == MK_DTYPE_F16 ? MK_GGML_TYPE_F16 : MK_GGML_TYPE_BF16));
             MK_ASSERT_OK(b->ops->alloc(b, in * in * 2, &dw2));
-            MK_ASSERT_OK(b->ops->upload_weight(b, dw2, w2.data(), w2.size()));
+            mw2.data = dw2;
+            MK_ASSERT_OK(b->ops->upload_weight(b, &mw2, w2.data()));
         }
         MK_ASSERT_OK(b->ops->upload(b, dx, x.data(), x.size() * 4));
         MK_ASSERT_OK(b->ops->upload(b, dother, other.data(), other.size() * 4));
@@ -545,40 +561,51 @@ TEST(CudaBackend, LowPrecisionCopyOfTheNormIsReusedUntilItsSourceIsWritten) {
             EXPECT_EQ(op(), MK_OK) << mk_last_error();
             return b->counters.launches - before;
         };
-        auto matmul = [&](void *y, const void *xin) {
-            return [=] { return b->ops->matmul(b, (float *)y, (const float *)xin, dw, rows, in, out); };
+        auto matmul = [&](void *y, const void *xin, void *lowp, bool ready) {
+            return [=] {
+                const mk_gemm_input gi = {(const float *)xin, lowp, ready};
+                return b->ops->matmul(b, (float *)y, &gi, &mw, rows);
+            };
         };
-        MK_ASSERT_OK(b->ops->rmsnorm(b, xn, (const float *)dx, (const float *)dnw, rows, in, 1e-5f));
-        EXPECT_EQ(launches_of(matmul(dy1, xn)), gemm) << "the norm's copy is used";
-        EXPECT_EQ(launches_of(matmul(dy2, xn)), gemm) << "and reused";
+        MK_ASSERT_OK(b->ops->rmsnorm(b, xn, dlowp, (const float *)dx, (const float *)dnw, rows, in, 1e-5f));
+        EXPECT_EQ(launches_of(matmul(dy1, xn, dlowp, true)), gemm) << "the norm's copy is used";
+        EXPECT_EQ(launches_of(matmul(dy2, xn, dlowp, true)), gemm) << "and reused";
         std::vector<float> y1(rows * out), y2(rows * out), y3(rows * out);
         MK_ASSERT_OK(b->ops->download(b, y1.data(), dy1, y1.size() * 4));
         MK_ASSERT_OK(b->ops->download(b, y2.data(), dy2, y2.size() * 4));
         EXPECT_EQ(std::memcmp(y1.data(), y2.data(), y1.size() * 4), 0);
-        // the same GEMM over a copy of xn converts (and must give the same bits as the norm's copy)
+        // the same GEMM over a copy of xn, not ready: converted (the same bits as the norm's copy)
         MK_ASSERT_OK(b->ops->copy(b, dz, xn, rows * in * 4));
-        EXPECT_EQ(launches_of(matmul(dy3, dz)), gemm + 1) << "a conversion launch";
+        EXPECT_EQ(launches_of(matmul(dy3, dz, dlowp2, false)), gemm + 1) << "a conversion launch";
         MK_ASSERT_OK(b->ops->download(b, y3.data(), dy3, y3.size() * 4));
         EXPECT_EQ(std::memcmp(y1.data(), y3.data(), y1.size() * 4), 0) << "norm's copy vs conversion";
+        // a cuBLAS product of 16-bit weights with nowhere to put its 16-bit input
+        {
+            const mk_gemm_input none = {xn, nullptr, false};
+            EXPECT_ERROR(b->ops->matmul(b, (float *)dy3, &none, &mw, rows), MK_ERR_INTERNAL, "no 16-bit activation buffer");
+        }
         const std::vector<std::pair<const char *, std::function<mk_status()>>> writers = {
             {"copy", [&] { return b->ops->copy(b, xn, dother, rows * in * 4); }},
             {"add", [&] { return b->ops->add(b, xn, (const float *)dother, rows * in); }},
             {"upload", [&] { return b->ops->upload(b, xn, other.data(), rows * in * 4); }},
             // a decode GEMV writing xn's first rows (its own input needs no conversion)
-            {"gemv", [&] { return b->ops->matmul(b, xn + 2 * in, (const float *)dother, dw2, 4, in, in); }},
+            {"gemv", [&] {
+                 const mk_gemm_input gi = {(const float *)dother, nullptr, false};
+                 return b->ops->matmul(b, xn + 2 * in, &gi, &mw2, 4);
+             }},
         };
         for (const auto &wr : writers) {
             SCOPED_TRACE(wr.first);
-            MK_ASSERT_OK(b->ops->rmsnorm(b, xn, (const float *)dx, (const float *)dnw, rows, in, 1e-5f));
+            MK_ASSERT_OK(b->ops->rmsnorm(b, xn, dlowp, (const float *)dx, (const float *)dnw, rows, in, 1e-5f));
             MK_ASSERT_OK(wr.second());
-            EXPECT_EQ(launches_of(matmul(dy2, xn)), gemm + 1) << "converted again";
+            EXPECT_EQ(launches_of(matmul(dy2, xn, dlowp, false)), gemm + 1) << "converted again";
             MK_ASSERT_OK(b->ops->copy(b, dz, xn, rows * in * 4));
-            MK_ASSERT_OK(b->ops->matmul(b, (float *)dy3, (const float *)dz, dw, rows, in, out));
+            MK_ASSERT_OK(matmul(dy3, dz, dlowp2, false)());
             MK_ASSERT_OK(b->ops->download(b, y2.data(), dy2, y2.size() * 4));
             MK_ASSERT_OK(b->ops->download(b, y3.data(), dy3, y3.size() * 4));
             EXPECT_EQ(std::memcmp(y2.data(), y3.data(), y2.size() * 4), 0) << "the GEMM saw the written input";
         }
-        for (void *p : {dx, dxn, dother, dz, dnw, dw, dw2, dy1, dy2, dy3}) b->ops->release(b, p);
+        for (void *p : {dx, dxn, dother, dz, dnw, dw, dw2, dy1, dy2, dy3, dlowp, dlowp2}) b->ops->release(b, p);
     }
 }
 

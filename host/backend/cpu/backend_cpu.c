@@ -5,6 +5,7 @@
  * exactly what that dtype can represent. NATIVE: every matrix stays in the format its
  * GGUF file stores (cpu_native.h) and is multiplied by the SIMD kernels of cpu_quant.h on
  * the backend's thread pool. */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -13,6 +14,7 @@
 #include "backend/cpu/cpu_native.h"
 #include "backend/cpu/cpu_ops.h"
 #include "mk_error.h"
+#include "model/gguf.h"
 #include "core/cores.h"
 #include "core/options.h"
 
@@ -95,8 +97,11 @@ static mk_status cpu_reserve(mk_backend *b, size_t max_rows, size_t max_context,
     return MK_OK;
 }
 
-static mk_status cpu_upload_weight(mk_backend *b, void *dst, const float *src, size_t n) {
-    float *out = dst;
+static mk_status cpu_upload_weight(mk_backend *b, mk_weight *w, const float *src) {
+    /* Every dense mode keeps F32 storage here (F16 / BF16 values rounded, then widened). */
+    float *out = (float *)(uintptr_t)w->data; /* the weight's memory, handed over to be filled */
+    const size_t n = w->rows * w->cols;
+    w->format = MK_GGML_TYPE_F32;
     switch (b->config.weight_dtype) {
         case MK_DTYPE_F32: memcpy(out, src, n * sizeof(float)); break;
         case MK_DTYPE_F16:
@@ -114,52 +119,50 @@ static size_t cpu_native_weight_bytes(mk_backend *b, uint32_t ggml_type, size_t 
     return mk_cpu_native_weight_bytes(ggml_type, rows, cols);
 }
 
-static mk_status cpu_upload_native_weight(mk_backend *b, void *dst, uint32_t ggml_type, const void *src,
-                                          size_t src_bytes, size_t rows, size_t cols) {
-    return mk_cpu_native_store(dst, ggml_type, src, src_bytes, rows, cols);
+static mk_status cpu_upload_native_weight(mk_backend *b, mk_weight *w, uint32_t ggml_type, const void *src,
+                                          size_t src_bytes) {
+    return mk_cpu_native_store(w, ggml_type, src, src_bytes);
 }
 
-static mk_status cpu_embed(mk_backend *b, float *out, const void *table, const int32_t *ids, size_t n, size_t hidden,
-                           size_t vocab) {
-    if (cpu_native_mode(b)) return mk_cpu_native_embed(out, table, ids, n, hidden);
-    mk_cpu_embed(out, table, ids, n, hidden);
+static mk_status cpu_embed(mk_backend *b, float *out, const mk_weight *table, const int32_t *ids, size_t n) {
+    if (cpu_native_mode(b)) return mk_cpu_native_embed(out, table, ids, n);
+    mk_cpu_embed(out, table->data, ids, n, table->cols);
     return MK_OK;
 }
 
-static mk_status cpu_rmsnorm(mk_backend *b, float *out, const float *x, const float *w, size_t rows, size_t cols,
-                             float eps) {
+/* Products take F32 activations: the norms never write a 16-bit copy (gemm_input is NULL). */
+static mk_status cpu_rmsnorm(mk_backend *b, float *out, void *out_lowp, const float *x, const float *w, size_t rows,
+                             size_t cols, float eps) {
     mk_cpu_rmsnorm(out, x, w, rows, cols, eps);
     return MK_OK;
 }
 
-static mk_status cpu_add_rmsnorm(mk_backend *b, float *residual, float *out, const float *delta, const float *w,
-                                 size_t rows, size_t cols, float eps) {
+static mk_status cpu_add_rmsnorm(mk_backend *b, float *residual, float *out, void *out_lowp, const float *delta,
+                                 const float *w, size_t rows, size_t cols, float eps) {
     mk_cpu_add_rmsnorm(residual, out, delta, w, rows, cols, eps);
     return MK_OK;
 }
 
-static mk_status cpu_matmul(mk_backend *b, float *y, const float *x, const void *w, size_t rows, size_t in_dim,
-                            size_t out_dim) {
-    if (cpu_native_mode(b)) return mk_cpu_native_matmul(&cpu_of(b)->native, y, x, w, rows, in_dim, out_dim);
-    mk_cpu_matmul(y, x, w, rows, in_dim, out_dim);
+static mk_status cpu_matmul(mk_backend *b, float *y, const mk_gemm_input *x, const mk_weight *w, size_t rows) {
+    if (cpu_native_mode(b)) return mk_cpu_native_matmul(&cpu_of(b)->native, y, x->x, w, rows);
+    mk_cpu_matmul(y, x->x, w->data, rows, w->cols, w->rows);
     return MK_OK;
 }
 
-static mk_status cpu_matmul_shared(mk_backend *b, size_t n, float *const *y, const void *const *w,
-                                   const size_t *out_dim, const float *x, size_t rows, size_t in_dim) {
-    if (cpu_native_mode(b))
-        return mk_cpu_native_matmul_shared(&cpu_of(b)->native, n, y, w, out_dim, x, rows, in_dim);
-    for (size_t i = 0; i < n; i++) mk_cpu_matmul(y[i], x, w[i], rows, in_dim, out_dim[i]);
+static mk_status cpu_matmul_shared(mk_backend *b, size_t n, float *const *y, const mk_weight *const *w,
+                                   const mk_gemm_input *x, size_t rows) {
+    if (cpu_native_mode(b)) return mk_cpu_native_matmul_shared(&cpu_of(b)->native, n, y, w, x->x, rows);
+    for (size_t i = 0; i < n; i++) mk_cpu_matmul(y[i], x->x, w[i]->data, rows, w[i]->cols, w[i]->rows);
     return MK_OK;
 }
 
-static mk_status cpu_matmul_swiglu(mk_backend *b, float *gate, float *up, const float *x, const void *w_gate,
-                                   const void *w_up, size_t rows, size_t in_dim, size_t out_dim) {
+static mk_status cpu_matmul_swiglu(mk_backend *b, float *gate, float *up, const mk_gemm_input *x,
+                                   const mk_weight *w_gate, const mk_weight *w_up, size_t rows) {
     if (cpu_native_mode(b))
-        return mk_cpu_native_matmul_swiglu(&cpu_of(b)->native, gate, up, x, w_gate, w_up, rows, in_dim, out_dim);
-    mk_cpu_matmul(gate, x, w_gate, rows, in_dim, out_dim);
-    mk_cpu_matmul(up, x, w_up, rows, in_dim, out_dim);
-    mk_cpu_swiglu(gate, gate, up, rows * out_dim);
+        return mk_cpu_native_matmul_swiglu(&cpu_of(b)->native, gate, up, x->x, w_gate, w_up, rows);
+    mk_cpu_matmul(gate, x->x, w_gate->data, rows, w_gate->cols, w_gate->rows);
+    mk_cpu_matmul(up, x->x, w_up->data, rows, w_up->cols, w_up->rows);
+    mk_cpu_swiglu(gate, gate, up, rows * w_gate->rows);
     return MK_OK;
 }
 

@@ -2,6 +2,7 @@
 #include "backend/cpu/cpu_native.h"
 
 #include <stdbool.h>
+#include <stdint.h>
 #include <string.h>
 
 #include "backend/cpu/cpu_ops.h"
@@ -23,27 +24,23 @@ static size_t mk_native_row_bytes(uint32_t stored, size_t cols) {
 size_t mk_cpu_native_weight_bytes(uint32_t type, size_t rows, size_t cols) {
     if (!mk_ggml_type_layout(type, NULL, NULL) || !mk_ggml_type_can_dequantize(type)) return 0;
     const size_t row_bytes = mk_native_row_bytes(mk_native_stored_type(type), cols);
-    if (!row_bytes || rows > (SIZE_MAX - sizeof(mk_cpu_weight)) / row_bytes) return 0;
-    return sizeof(mk_cpu_weight) + rows * row_bytes;
+    if (!row_bytes || rows > SIZE_MAX / row_bytes) return 0;
+    return rows * row_bytes;
 }
 
-mk_status mk_cpu_native_store(void *dst, uint32_t type, const void *src, size_t src_bytes, size_t rows,
-                              size_t cols) {
+mk_status mk_cpu_native_store(mk_weight *w, uint32_t type, const void *src, size_t src_bytes) {
+    const size_t rows = w->rows, cols = w->cols;
     if (!mk_cpu_native_weight_bytes(type, rows, cols))
         return mk_fail(MK_ERR_DTYPE, "native weight [%zu, %zu] of ggml type %s cannot be stored", rows, cols,
                        mk_ggml_type_name(type) ? mk_ggml_type_name(type) : "unknown");
     const uint32_t stored = mk_native_stored_type(type);
-    mk_cpu_weight *h = dst;
-    memset(h, 0, sizeof *h);
-    h->type = stored;
-    h->rows = rows;
-    h->cols = cols;
-    h->row_bytes = mk_native_row_bytes(stored, cols);
-    uint8_t *data = (uint8_t *)(h + 1);
+    const size_t row_bytes = mk_native_row_bytes(stored, cols);
+    uint8_t *data = (uint8_t *)(uintptr_t)w->data; /* the caller's memory, handed over to be filled */
+    w->format = stored;
     if (stored == type) {
-        if (src_bytes != rows * h->row_bytes)
+        if (src_bytes != rows * row_bytes)
             return mk_fail(MK_ERR_DATA_LENGTH, "native weight [%zu, %zu] %s: %zu bytes given, %zu expected", rows, cols,
-                           mk_ggml_type_name(type), src_bytes, (size_t)(rows * h->row_bytes));
+                           mk_ggml_type_name(type), src_bytes, rows * row_bytes);
         memcpy(data, src, src_bytes);
         return MK_OK;
     }
@@ -55,8 +52,9 @@ mk_status mk_cpu_native_store(void *dst, uint32_t type, const void *src, size_t 
 
 /* One weight of a decode product: its rows, the kernel and where its outputs go. */
 typedef struct mk_native_part {
-    const mk_cpu_weight *w;
+    const mk_weight *w;
     const uint8_t *data;
+    size_t row_bytes;
     mk_qdot_fn qdot; /* quantized formats */
     mk_hdot_fn hdot; /* F16 / BF16 */
     float *y;        /* [rows, w->rows] */
@@ -87,7 +85,7 @@ static void mk_native_quantize(void *arg, size_t begin, size_t end, size_t threa
 static void mk_native_part_rows(const mk_native_job *j, const mk_native_part *p, size_t begin, size_t end) {
     const size_t in = j->in, out = p->w->rows, per_row = in / MK_Q8_BLOCK;
     for (size_t o = begin; o < end; o++) {
-        const uint8_t *wr = p->data + o * p->w->row_bytes;
+        const uint8_t *wr = p->data + o * p->row_bytes;
         if (p->qdot) {
             for (size_t r = 0; r < j->rows; r++) p->y[r * out + o] = p->qdot(wr, j->ctx->xq + r * per_row, in);
         } else {
@@ -120,19 +118,14 @@ static void mk_native_rows(void *arg, size_t begin, size_t end, size_t thread) {
     }
 }
 
-/* The part for weight w [out_dim, in_dim] writing y; MK_ERR_INTERNAL without a kernel. */
-static mk_status mk_native_part_of(const mk_cpu_native *ctx, const void *w, float *y, size_t in_dim, size_t out_dim,
-                                   mk_native_part *p) {
-    const mk_cpu_weight *h = w;
-    if (h->rows != out_dim || h->cols != in_dim)
-        return mk_fail(MK_ERR_SHAPE, "native matmul: weight is [%llu, %llu], product wants [%zu, %zu]",
-                       (unsigned long long)h->rows, (unsigned long long)h->cols, out_dim, in_dim);
-    *p = (mk_native_part){.w = h, .data = (const uint8_t *)(h + 1), .y = y};
-    if (h->type == MK_GGML_TYPE_F16) p->hdot = ctx->kernels->dot_f16;
-    else if (h->type == MK_GGML_TYPE_BF16) p->hdot = ctx->kernels->dot_bf16;
-    else p->qdot = mk_cpu_quant_dot_for(ctx->kernels, h->type);
+/* The part for weight w writing y; MK_ERR_INTERNAL without a kernel. */
+static mk_status mk_native_part_of(const mk_cpu_native *ctx, const mk_weight *w, float *y, mk_native_part *p) {
+    *p = (mk_native_part){.w = w, .data = w->data, .row_bytes = mk_native_row_bytes(w->format, w->cols), .y = y};
+    if (w->format == MK_GGML_TYPE_F16) p->hdot = ctx->kernels->dot_f16;
+    else if (w->format == MK_GGML_TYPE_BF16) p->hdot = ctx->kernels->dot_bf16;
+    else p->qdot = mk_cpu_quant_dot_for(ctx->kernels, w->format);
     if (!p->qdot && !p->hdot)
-        return mk_fail(MK_ERR_INTERNAL, "native matmul: no kernel for %s", mk_ggml_type_name(h->type));
+        return mk_fail(MK_ERR_INTERNAL, "native matmul: no kernel for %s", mk_ggml_type_name(w->format));
     return MK_OK;
 }
 
@@ -159,17 +152,17 @@ static mk_status mk_native_run(mk_native_job *j) {
 
 /* True when a product of `rows` rows over weight w goes through the dot kernels (the
  * choice depends on the rows and the stored type alone, never on the threads). */
-static bool mk_native_uses_dots(const mk_cpu_native *ctx, const void *w, size_t rows) {
-    const mk_cpu_weight *h = w;
-    return h->type != MK_GGML_TYPE_F32 && !(rows >= MK_NATIVE_GEMM_MIN_ROWS && ctx->wtile);
+static bool mk_native_uses_dots(const mk_cpu_native *ctx, const mk_weight *w, size_t rows) {
+    return w->format != MK_GGML_TYPE_F32 && !(rows >= MK_NATIVE_GEMM_MIN_ROWS && ctx->wtile);
 }
 
 /* Products of many rows: tiles of MK_NATIVE_GEMM_TILE output features, each dequantized
  * by one thread into its own scratch and multiplied by one SGEMM call from that thread. */
 typedef struct mk_tile_job {
     const mk_cpu_native *ctx;
-    const mk_cpu_weight *w;
+    const mk_weight *w;
     const uint8_t *data;
+    size_t row_bytes;
     float *y;       /* [rows, out] */
     const float *x; /* [rows, in] */
     size_t rows;
@@ -184,21 +177,17 @@ static void mk_native_tiles(void *arg, size_t begin, size_t end, size_t thread) 
         const size_t first = t * MK_NATIVE_GEMM_TILE;
         const size_t n = out - first < MK_NATIVE_GEMM_TILE ? out - first : MK_NATIVE_GEMM_TILE;
         for (size_t r = 0; r < n; r++)
-            if (mk_gguf_dequantize(j->w->type, j->data + (first + r) * j->w->row_bytes, j->w->row_bytes,
-                                   tile + r * in, in) != MK_OK)
+            if (mk_gguf_dequantize(j->w->format, j->data + (first + r) * j->row_bytes, j->row_bytes, tile + r * in,
+                                   in) != MK_OK)
                 j->failed = true; /* cannot happen: the layout was checked at load */
         mk_cpu_sgemm_strided(j->y + first, out, j->x, tile, j->rows, in, n);
     }
 }
 
-mk_status mk_cpu_native_matmul(const mk_cpu_native *ctx, float *y, const float *x, const void *w, size_t rows,
-                               size_t in_dim, size_t out_dim) {
-    const mk_cpu_weight *h = w;
-    if (h->rows != out_dim || h->cols != in_dim)
-        return mk_fail(MK_ERR_SHAPE, "native matmul: weight is [%llu, %llu], product wants [%zu, %zu]",
-                       (unsigned long long)h->rows, (unsigned long long)h->cols, out_dim, in_dim);
-    const uint8_t *data = (const uint8_t *)(h + 1);
-    if (h->type == MK_GGML_TYPE_F32) {
+mk_status mk_cpu_native_matmul(const mk_cpu_native *ctx, float *y, const float *x, const mk_weight *w, size_t rows) {
+    const size_t in_dim = w->cols, out_dim = w->rows;
+    const uint8_t *data = w->data;
+    if (w->format == MK_GGML_TYPE_F32) {
         mk_cpu_matmul(y, x, (const float *)data, rows, in_dim, out_dim);
         return MK_OK;
     }
@@ -207,7 +196,8 @@ mk_status mk_cpu_native_matmul(const mk_cpu_native *ctx, float *y, const float *
         if (in_dim * MK_NATIVE_GEMM_TILE * mk_cpu_pool_threads(ctx->pool) > ctx->wtile_elems)
             return mk_fail(MK_ERR_INTERNAL, "native matmul: weight tiles of width %zu exceed the reserved scratch",
                            in_dim);
-        mk_tile_job tiles = {.ctx = ctx, .w = h, .data = data, .y = y, .x = x, .rows = rows, .failed = false};
+        mk_tile_job tiles = {.ctx = ctx, .w = w, .data = data, .row_bytes = mk_native_row_bytes(w->format, in_dim),
+                             .y = y, .x = x, .rows = rows, .failed = false};
         const size_t n_tiles = (out_dim + MK_NATIVE_GEMM_TILE - 1) / MK_NATIVE_GEMM_TILE;
         /* A multi-threaded OpenBLAS gets the tiles one after the other (its threads split
          * each one); tiles from several of our threads at once would oversubscribe. */
@@ -217,48 +207,51 @@ mk_status mk_cpu_native_matmul(const mk_cpu_native *ctx, float *y, const float *
         return MK_OK;
     }
     mk_native_job job = {.ctx = ctx, .n_parts = 1, .x = x, .rows = rows, .in = in_dim};
-    MK_TRY(mk_native_part_of(ctx, w, y, in_dim, out_dim, &job.part[0]));
+    MK_TRY(mk_native_part_of(ctx, w, y, &job.part[0]));
     return mk_native_run(&job);
 }
 
-mk_status mk_cpu_native_matmul_shared(const mk_cpu_native *ctx, size_t n, float *const *y, const void *const *w,
-                                      const size_t *out_dim, const float *x, size_t rows, size_t in_dim) {
+mk_status mk_cpu_native_matmul_shared(const mk_cpu_native *ctx, size_t n, float *const *y, const mk_weight *const *w,
+                                      const float *x, size_t rows) {
     bool dots = n <= MK_NATIVE_MAX_PARTS;
-    for (size_t i = 0; i < n; i++) dots = dots && mk_native_uses_dots(ctx, w[i], rows);
+    for (size_t i = 0; i < n; i++) {
+        if (w[i]->cols != w[0]->cols)
+            return mk_fail(MK_ERR_SHAPE, "native matmul: weights sharing an input are %zu and %zu wide", w[0]->cols,
+                           w[i]->cols);
+        dots = dots && mk_native_uses_dots(ctx, w[i], rows);
+    }
     if (!dots) {
-        for (size_t i = 0; i < n; i++) MK_TRY(mk_cpu_native_matmul(ctx, y[i], x, w[i], rows, in_dim, out_dim[i]));
+        for (size_t i = 0; i < n; i++) MK_TRY(mk_cpu_native_matmul(ctx, y[i], x, w[i], rows));
         return MK_OK;
     }
-    mk_native_job job = {.ctx = ctx, .n_parts = n, .x = x, .rows = rows, .in = in_dim};
-    for (size_t i = 0; i < n; i++) MK_TRY(mk_native_part_of(ctx, w[i], y[i], in_dim, out_dim[i], &job.part[i]));
+    mk_native_job job = {.ctx = ctx, .n_parts = n, .x = x, .rows = rows, .in = w[0]->cols};
+    for (size_t i = 0; i < n; i++) MK_TRY(mk_native_part_of(ctx, w[i], y[i], &job.part[i]));
     return mk_native_run(&job);
 }
 
 mk_status mk_cpu_native_matmul_swiglu(const mk_cpu_native *ctx, float *gate, float *up, const float *x,
-                                      const void *w_gate, const void *w_up, size_t rows, size_t in_dim,
-                                      size_t out_dim) {
+                                      const mk_weight *w_gate, const mk_weight *w_up, size_t rows) {
+    if (w_gate->rows != w_up->rows || w_gate->cols != w_up->cols)
+        return mk_fail(MK_ERR_SHAPE, "native swiglu: gate [%zu, %zu] and up [%zu, %zu] differ", w_gate->rows,
+                       w_gate->cols, w_up->rows, w_up->cols);
     if (!mk_native_uses_dots(ctx, w_gate, rows) || !mk_native_uses_dots(ctx, w_up, rows)) {
-        MK_TRY(mk_cpu_native_matmul(ctx, gate, x, w_gate, rows, in_dim, out_dim));
-        MK_TRY(mk_cpu_native_matmul(ctx, up, x, w_up, rows, in_dim, out_dim));
-        mk_cpu_swiglu(gate, gate, up, rows * out_dim);
+        MK_TRY(mk_cpu_native_matmul(ctx, gate, x, w_gate, rows));
+        MK_TRY(mk_cpu_native_matmul(ctx, up, x, w_up, rows));
+        mk_cpu_swiglu(gate, gate, up, rows * w_gate->rows);
         return MK_OK;
     }
-    mk_native_job job = {.ctx = ctx, .n_parts = 2, .x = x, .rows = rows, .in = in_dim, .swiglu = true};
-    MK_TRY(mk_native_part_of(ctx, w_gate, gate, in_dim, out_dim, &job.part[0]));
-    MK_TRY(mk_native_part_of(ctx, w_up, up, in_dim, out_dim, &job.part[1]));
+    mk_native_job job = {.ctx = ctx, .n_parts = 2, .x = x, .rows = rows, .in = w_gate->cols, .swiglu = true};
+    MK_TRY(mk_native_part_of(ctx, w_gate, gate, &job.part[0]));
+    MK_TRY(mk_native_part_of(ctx, w_up, up, &job.part[1]));
     return mk_native_run(&job);
 }
 
 /* ================================================================= embed == */
 
-mk_status mk_cpu_native_embed(float *out, const void *w, const int32_t *ids, size_t n, size_t hidden) {
-    const mk_cpu_weight *h = w;
-    if (h->cols != hidden)
-        return mk_fail(MK_ERR_SHAPE, "native embed: table rows are %llu wide, hidden is %zu",
-                       (unsigned long long)h->cols, hidden);
-    const uint8_t *data = (const uint8_t *)(h + 1);
+mk_status mk_cpu_native_embed(float *out, const mk_weight *w, const int32_t *ids, size_t n) {
+    const size_t hidden = w->cols, row_bytes = mk_native_row_bytes(w->format, hidden);
+    const uint8_t *data = w->data;
     for (size_t i = 0; i < n; i++)
-        MK_TRY(mk_gguf_dequantize(h->type, data + (size_t)ids[i] * h->row_bytes, h->row_bytes, out + i * hidden,
-                                  hidden));
+        MK_TRY(mk_gguf_dequantize(w->format, data + (size_t)ids[i] * row_bytes, row_bytes, out + i * hidden, hidden));
     return MK_OK;
 }

@@ -1,10 +1,9 @@
 /* Weights in their stored GGUF format on the cpu backend ("native" weight mode): the
  * in-memory layout of such a weight, and the matrix product and embedding over it.
  *
- * A native weight is one allocation: a 64-byte header (format and shape) followed by the
- * rows exactly as the GGUF file stores them (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K, F16, BF16), or
- * as F32 for a source in any other format (dequantized once at load). The header keeps the
- * backend's op interface unchanged: a weight is still one opaque pointer.
+ * A native weight (an mk_weight: data, format, shape) holds the rows exactly as the GGUF
+ * file stores them (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K, F16, BF16), or as F32 for a source in any
+ * other format (dequantized once at load); its format says which.
  *
  * Matrix products of few rows (decode): the activation rows are quantized to 8-bit blocks
  * (cpu_quant.h), then output features are split across the pool's threads in chunks;
@@ -23,6 +22,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "backend/backend.h"
 #include "backend/cpu/cpu_pool.h"
 #include "backend/cpu/cpu_quant.h"
 #include "meshkern.h"
@@ -30,15 +30,6 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-typedef struct mk_cpu_weight {
-    uint32_t type;      /* mk_ggml_type of the rows that follow */
-    uint32_t reserved;
-    uint64_t rows;      /* output features */
-    uint64_t cols;      /* input features (row length) */
-    uint64_t row_bytes; /* bytes of one stored row */
-    uint8_t pad[32];    /* the rows start 64 bytes in, aligned like the allocation */
-} mk_cpu_weight;
 
 enum { MK_NATIVE_GEMM_MIN_ROWS = 32, MK_NATIVE_GEMM_TILE = 256 };
 
@@ -55,35 +46,33 @@ typedef struct mk_cpu_native {
     size_t wtile_elems;
 } mk_cpu_native;
 
-/* Bytes of a native weight [rows, cols] whose source is in ggml `type` (header included):
+/* Bytes of a native weight [rows, cols] whose source is in ggml `type`:
  * the stored bytes for a kept format, F32 otherwise. 0 for an unknown type or a row
  * length that is not whole blocks. */
 size_t mk_cpu_native_weight_bytes(uint32_t type, size_t rows, size_t cols);
 
-/* Write the weight at dst (mk_cpu_native_weight_bytes(type, rows, cols) bytes) from src
- * in ggml `type` (src_bytes must be exactly the tensor's size). */
-mk_status mk_cpu_native_store(void *dst, uint32_t type, const void *src, size_t src_bytes, size_t rows, size_t cols);
+/* Write weight w (its data: mk_cpu_native_weight_bytes(type, w->rows, w->cols) bytes) from
+ * src in ggml `type` (src_bytes must be exactly the tensor's size); sets w->format. */
+mk_status mk_cpu_native_store(mk_weight *w, uint32_t type, const void *src, size_t src_bytes);
 
-/* y[rows, out] = x[rows, in] @ w^T for a native weight w [out, in]. */
-mk_status mk_cpu_native_matmul(const mk_cpu_native *ctx, float *y, const float *x, const void *w, size_t rows,
-                               size_t in_dim, size_t out_dim);
+/* y[rows, w->rows] = x[rows, w->cols] @ w^T for a native weight w. */
+mk_status mk_cpu_native_matmul(const mk_cpu_native *ctx, float *y, const float *x, const mk_weight *w, size_t rows);
 
 /* y[i] = x @ w[i]^T for n weights [out_dim[i], in] sharing x (Q, K and V): for products of
  * few rows the activations are quantized once and every weight's rows are one job of the
  * pool; otherwise one mk_cpu_native_matmul each. Either way every output has the bits
  * mk_cpu_native_matmul gives it. */
-mk_status mk_cpu_native_matmul_shared(const mk_cpu_native *ctx, size_t n, float *const *y, const void *const *w,
-                                      const size_t *out_dim, const float *x, size_t rows, size_t in_dim);
+mk_status mk_cpu_native_matmul_shared(const mk_cpu_native *ctx, size_t n, float *const *y, const mk_weight *const *w,
+                                      const float *x, size_t rows);
 
 /* gate[rows, out] = silu(x @ w_gate^T) * (x @ w_up^T), up [rows, out] scratch: for products of
  * few rows one job in which each thread applies mk_cpu_swiglu to the features it computed;
  * the bits of two mk_cpu_native_matmul and mk_cpu_swiglu either way. */
 mk_status mk_cpu_native_matmul_swiglu(const mk_cpu_native *ctx, float *gate, float *up, const float *x,
-                                      const void *w_gate, const void *w_up, size_t rows, size_t in_dim,
-                                      size_t out_dim);
+                                      const mk_weight *w_gate, const mk_weight *w_up, size_t rows);
 
 /* out[i, :] = row ids[i] of the native table w [vocab, hidden], as F32. */
-mk_status mk_cpu_native_embed(float *out, const void *w, const int32_t *ids, size_t n, size_t hidden);
+mk_status mk_cpu_native_embed(float *out, const mk_weight *w, const int32_t *ids, size_t n);
 
 #ifdef __cplusplus
 }

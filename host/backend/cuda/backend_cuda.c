@@ -12,7 +12,11 @@
  * Native weight mode (MK_DTYPE_NATIVE): a matrix whose GGUF source is Q8_0, Q4_1 or Q4_K
  * stays in its blocks on the device (decode: mk_kernel_gemv_q dequantizes in registers;
  * prefill: slices of rows expanded to BF16 in a scratch buffer, then cuBLAS); any other
- * source is stored as BF16. A host-side table (sorted by device address) says which.
+ * source is stored as BF16. Each weight's mk_weight says which (its format).
+ *
+ * 16-bit products on cuBLAS (more than MK_GEMV_MAX_ROWS rows) take their activations in the
+ * weight dtype (BF16 in native mode): the range passes a buffer for that copy, filled by the
+ * norm that wrote the activations or converted here first (mk_gemm_input).
  *
  * Errors: every runtime and cuBLAS call and every kernel launch is checked. A failed
  * runtime call also leaves the runtime's per-thread "last error" set; it is consumed once
@@ -34,8 +38,6 @@ typedef struct mk_cuda_backend {
     int device;
     cudaStream_t stream;
     cublasHandle_t cublas;
-    void *act_lowp;        /* dev [max_rows, max_width] activations in the weight dtype */
-    size_t act_lowp_elems;
     void *decode_ws;       /* dev: flash-decoding partials */
     size_t decode_ws_bytes;
     size_t max_context;    /* KV cache rows (reserve): decode attention's fixed grid */
@@ -48,18 +50,9 @@ typedef struct mk_cuda_backend {
     size_t pinned_bytes;
     size_t pinned_used;    /* uploads staged since the host last waited for the stream */
     cudaEvent_t seam_event; /* orders a peer copy against this range's stream */
-    /* native mode: what each stored matrix is (sorted by ptr), and the BF16 expansion scratch */
-    struct mk_cuda_native_weight *natives;
-    size_t n_natives, cap_natives;
+    /* native mode: the BF16 scratch a prefill product expands weight rows into */
     void *deq_scratch; /* dev BF16 [deq_elems] */
     size_t deq_elems;
-    /* act_lowp holds lowp_src[0, lowp_elems) converted to lowp_dtype (lowp_src NULL: nothing
-     * known). Set by the norm that wrote both (or by a conversion), used by the GEMMs reading
-     * lowp_src, forgotten by every other op (mk_cuda_lowp_forget): any of them could write
-     * lowp_src. Stream order makes a reuse safe: the copy is written before the GEMM runs. */
-    const float *lowp_src;
-    size_t lowp_elems;
-    mk_dtype lowp_dtype;
 } mk_cuda_backend;
 
 /* A captured decode step: the instantiated graph and the launches it replays. */
@@ -68,13 +61,6 @@ typedef struct mk_cuda_step {
     mk_backend_counters recorded; /* what the recorded ops counted (launches, bytes read) */
     size_t keys;                  /* the key count attention read when it was recorded */
 } mk_cuda_step;
-
-/* A matrix stored in native mode: its GGUF block type, or 0 for BF16. */
-typedef struct mk_cuda_native_weight {
-    const void *ptr;
-    uint32_t type;
-    size_t rows, cols;
-} mk_cuda_native_weight;
 
 /* Elements of the BF16 scratch a prefill product expands weight rows into (16 MiB). */
 #define MK_CUDA_DEQ_ELEMS ((size_t)8 << 20)
@@ -133,13 +119,12 @@ static void mk_cuda_reads(mk_cuda_backend *cb, size_t weights, size_t kv, size_t
     cb->base.counters.bytes_read += weights + kv + other;
 }
 
-/* An op that may write device memory: the low-precision copy of the GEMM input is no longer
- * known to be current. */
-static void mk_cuda_lowp_forget(mk_cuda_backend *cb) { cb->lowp_src = NULL; }
-
-/* The dtype GEMM inputs take before cuBLAS (F16/BF16 weights, BF16 for native), or F32 (none). */
-static mk_dtype mk_cuda_lowp_dtype(const mk_cuda_backend *cb) {
-    const mk_dtype d = cb->base.config.weight_dtype;
+/* The dtype a product of `rows` rows takes its activations in: the weight dtype (BF16 in
+ * native mode) where cuBLAS multiplies 16-bit weights (more rows than the GEMV kernel
+ * takes); F32 for F32 weights and for the GEMV kernels, which read F32 activations. */
+static mk_dtype cuda_gemm_input(mk_backend *b, size_t rows) {
+    const mk_dtype d = b->config.weight_dtype;
+    if (rows <= MK_GEMV_MAX_ROWS) return MK_DTYPE_F32;
     return d == MK_DTYPE_NATIVE ? MK_DTYPE_BF16 : d == MK_DTYPE_F16 || d == MK_DTYPE_BF16 ? d : MK_DTYPE_F32;
 }
 
@@ -153,13 +138,12 @@ static void cuda_destroy(mk_backend *b) {
     mk_cuda_backend *cb = cuda_of(b);
     /* Only touch the device if something was created on it: a backend that failed on a
      * missing device index must not leave cudaSetDevice's error behind. */
-    const bool created = cb->stream || cb->cublas || cb->act_lowp || cb->decode_ws || cb->pinned || cb->seam_event ||
+    const bool created = cb->stream || cb->cublas || cb->decode_ws || cb->pinned || cb->seam_event ||
                          cb->deq_scratch || cb->cublas_ws;
     MK_DEVICE_SCOPE(scope);
     if (created && mk_device_scope_enter(&scope, cb->device)) {
         if (cb->stream) cudaStreamSynchronize(cb->stream);
         if (cb->seam_event) cudaEventDestroy(cb->seam_event);
-        if (cb->act_lowp) cudaFree(cb->act_lowp);
         if (cb->decode_ws) cudaFree(cb->decode_ws);
         if (cb->pinned) cudaFreeHost(cb->pinned);
         if (cb->deq_scratch) cudaFree(cb->deq_scratch);
@@ -168,7 +152,6 @@ static void cuda_destroy(mk_backend *b) {
         if (cb->stream) cudaStreamDestroy(cb->stream);
     }
     (void)cudaGetLastError(); /* teardown reports nothing: leave no stale error */
-    free(cb->natives);
     free(cb);
 }
 
@@ -201,7 +184,6 @@ static mk_status cuda_upload(mk_backend *b, void *dst, const void *src, size_t b
     mk_cuda_backend *cb = cuda_of(b);
     MK_ON_DEVICE(cb);
     if (!bytes) return MK_OK;
-    mk_cuda_lowp_forget(cb);
     cb->base.counters.bytes_uploaded += bytes;
     /* Through the pinned buffer when it fits: the copy is truly async and the caller's
      * pageable buffer is free as soon as we return. */
@@ -250,7 +232,6 @@ static mk_status cuda_copy(mk_backend *b, void *dst, const void *src, size_t byt
     if (!bytes) return MK_OK;
     MK_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, cb->stream));
     cb->base.counters.launches++;
-    mk_cuda_lowp_forget(cb);
     mk_cuda_reads(cb, 0, 0, bytes);
     return MK_OK;
 }
@@ -281,7 +262,6 @@ static mk_status cuda_download_async(mk_backend *b, void *dst, const void *src, 
 static mk_status cuda_upload_async(mk_backend *b, void *dst, const void *src, size_t bytes) {
     mk_cuda_backend *cb = cuda_of(b);
     MK_ON_DEVICE(cb);
-    mk_cuda_lowp_forget(cb);
     if (bytes) MK_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, cb->stream));
     cb->base.counters.bytes_uploaded += bytes;
     return MK_OK;
@@ -295,7 +275,6 @@ static mk_status cuda_copy_from_peer(mk_backend *b, void *dst, mk_backend *peer,
     mk_cuda_backend *cb = cuda_of(b), *pb = cuda_of(peer);
     if (peer->ops != b->ops) return mk_fail(MK_ERR_INVALID_ARGUMENT, "cuda backend: peer copy from a %s backend", peer->ops->name);
     if (!bytes) return MK_OK;
-    mk_cuda_lowp_forget(cb);
     /* One scope restores the caller's device on every return; inside it, each call runs
      * on the device that owns its stream or event. */
     MK_ON_DEVICE(pb);
@@ -323,13 +302,6 @@ static mk_status cuda_synchronize(mk_backend *b) {
 static mk_status cuda_reserve(mk_backend *b, size_t max_rows, size_t max_context, const mk_hparams *hp) {
     mk_cuda_backend *cb = cuda_of(b);
     MK_ON_DEVICE(cb);
-    size_t width = hp->hidden;
-    if (hp->intermediate > width) width = hp->intermediate;
-    if (hp->n_heads * hp->head_dim > width) width = hp->n_heads * hp->head_dim;
-    if (cb->base.config.weight_dtype != MK_DTYPE_F32) {
-        cb->act_lowp_elems = max_rows * width;
-        MK_TRY(cuda_alloc(b, cb->act_lowp_elems * 2, &cb->act_lowp));
-    }
     /* cuBLAS's workspace, fixed for the range's life (cuBLAS's recommended size: 32 MiB on
      * sm_90 and newer, 4 MiB before): a GEMM recorded in a decode step then allocates
      * nothing, and nothing is allocated per token. */
@@ -354,7 +326,6 @@ static mk_status cuda_reserve(mk_backend *b, size_t max_rows, size_t max_context
 
 static mk_status mk_cuda_upload_weight_as(mk_cuda_backend *cb, void *dst, const float *src, size_t n, mk_dtype dtype) {
     MK_ON_DEVICE(cb);
-    mk_cuda_lowp_forget(cb);
     if (dtype == MK_DTYPE_F32) {
         MK_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyHostToDevice, cb->stream));
         MK_CUDA_CHECK(mk_cuda_wait(cb));
@@ -371,8 +342,23 @@ static mk_status mk_cuda_upload_weight_as(mk_cuda_backend *cb, void *dst, const 
     return MK_OK;
 }
 
-static mk_status cuda_upload_weight(mk_backend *b, void *dst, const float *src, size_t n) {
-    return mk_cuda_upload_weight_as(cuda_of(b), dst, src, n, b->config.weight_dtype);
+/* The ggml format a dense weight dtype stores (F32, F16, BF16). */
+static uint32_t mk_cuda_format_of(mk_dtype dtype) {
+    return dtype == MK_DTYPE_F16 ? MK_GGML_TYPE_F16 : dtype == MK_DTYPE_BF16 ? MK_GGML_TYPE_BF16 : MK_GGML_TYPE_F32;
+}
+
+/* The dense dtype of a stored format, or 0 for a block format (Q8_0, Q4_1, Q4_K ...). */
+static mk_dtype mk_cuda_dense_dtype(uint32_t format) {
+    return format == MK_GGML_TYPE_F32    ? MK_DTYPE_F32
+           : format == MK_GGML_TYPE_F16  ? MK_DTYPE_F16
+           : format == MK_GGML_TYPE_BF16 ? MK_DTYPE_BF16
+                                         : (mk_dtype)0;
+}
+
+static mk_status cuda_upload_weight(mk_backend *b, mk_weight *w, const float *src) {
+    const mk_dtype dtype = b->config.weight_dtype;
+    w->format = mk_cuda_format_of(dtype);
+    return mk_cuda_upload_weight_as(cuda_of(b), (void *)(uintptr_t)w->data, src, w->rows * w->cols, dtype);
 }
 
 /* ============================================================ native mode == */
@@ -389,49 +375,18 @@ static size_t cuda_native_weight_bytes(mk_backend *b, uint32_t ggml_type, size_t
     return rows * cols * 2; /* BF16 */
 }
 
-/* The stored matrix at ptr (NULL: not a native matrix). */
-static const mk_cuda_native_weight *mk_cuda_native_of(const mk_cuda_backend *cb, const void *ptr) {
-    size_t lo = 0, hi = cb->n_natives;
-    while (lo < hi) {
-        const size_t mid = (lo + hi) / 2;
-        if ((const char *)cb->natives[mid].ptr < (const char *)ptr) lo = mid + 1;
-        else hi = mid;
-    }
-    return lo < cb->n_natives && cb->natives[lo].ptr == ptr ? &cb->natives[lo] : NULL;
+/* Bytes of one stored row of a weight. */
+static size_t mk_cuda_row_bytes(const mk_weight *w) {
+    size_t be = 1, bb = 4;
+    (void)mk_ggml_type_layout(w->format, &be, &bb);
+    return w->cols / be * bb;
 }
 
-/* Bytes of one stored row of a native matrix. */
-static size_t mk_cuda_native_row_bytes(const mk_cuda_native_weight *nw) {
-    return cuda_native_weight_bytes(NULL, nw->type, 1, nw->cols);
-}
-
-/* The ggml type the fused native kernels read a stored matrix as. */
-static uint32_t mk_cuda_native_type(const mk_cuda_native_weight *nw) {
-    return nw->type ? nw->type : (uint32_t)MK_GGML_TYPE_BF16;
-}
-
-static mk_status mk_cuda_native_remember(mk_cuda_backend *cb, const void *ptr, uint32_t type, size_t rows, size_t cols) {
-    if (cb->n_natives == cb->cap_natives) {
-        const size_t cap = cb->cap_natives ? 2 * cb->cap_natives : 64;
-        mk_cuda_native_weight *n = realloc(cb->natives, cap * sizeof *n);
-        if (!n) return mk_fail(MK_ERR_OUT_OF_MEMORY, "cuda backend: out of memory for the native weight table");
-        cb->natives = n;
-        cb->cap_natives = cap;
-    }
-    size_t i = cb->n_natives;
-    while (i > 0 && (const char *)cb->natives[i - 1].ptr > (const char *)ptr) {
-        cb->natives[i] = cb->natives[i - 1];
-        i--;
-    }
-    cb->natives[i] = (mk_cuda_native_weight){ptr, type, rows, cols};
-    cb->n_natives++;
-    return MK_OK;
-}
-
-static mk_status cuda_upload_native_weight(mk_backend *b, void *dst, uint32_t ggml_type, const void *src,
-                                           size_t src_bytes, size_t rows, size_t cols) {
+static mk_status cuda_upload_native_weight(mk_backend *b, mk_weight *w, uint32_t ggml_type, const void *src,
+                                           size_t src_bytes) {
     mk_cuda_backend *cb = cuda_of(b);
-    mk_cuda_lowp_forget(cb);
+    const size_t rows = w->rows, cols = w->cols;
+    void *dst = (void *)(uintptr_t)w->data; /* the weight's memory, handed over to be filled */
     if (mk_cuda_keeps(ggml_type, cols)) {
         MK_ON_DEVICE(cb);
         if (src_bytes != cuda_native_weight_bytes(b, ggml_type, rows, cols))
@@ -439,7 +394,8 @@ static mk_status cuda_upload_native_weight(mk_backend *b, void *dst, uint32_t gg
                            ggml_type, src_bytes, cuda_native_weight_bytes(b, ggml_type, rows, cols));
         MK_CUDA_CHECK(cudaMemcpyAsync(dst, src, src_bytes, cudaMemcpyHostToDevice, cb->stream));
         MK_CUDA_CHECK(mk_cuda_wait(cb));
-        return mk_cuda_native_remember(cb, dst, ggml_type, rows, cols);
+        w->format = ggml_type;
+        return MK_OK;
     }
     /* Any other source: F32 on the host (dequantized once), then BF16 on the device. */
     const size_t n = rows * cols;
@@ -449,89 +405,57 @@ static mk_status cuda_upload_native_weight(mk_backend *b, void *dst, uint32_t gg
     mk_status s = f ? mk_gguf_dequantize(ggml_type, src, src_bytes, f, n) : MK_OK;
     if (s == MK_OK) s = mk_cuda_upload_weight_as(cb, dst, f ? f : (const float *)src, n, MK_DTYPE_BF16);
     free(f);
-    if (s == MK_OK) s = mk_cuda_native_remember(cb, dst, 0, rows, cols);
+    if (s == MK_OK) w->format = MK_GGML_TYPE_BF16;
     return s;
 }
 
 /* ================================================================ compute == */
 
-static mk_status cuda_embed(mk_backend *b, float *out, const void *table, const int32_t *ids, size_t n, size_t hidden,
-                            size_t vocab) {
+static mk_status cuda_embed(mk_backend *b, float *out, const mk_weight *table, const int32_t *ids, size_t n) {
     mk_cuda_backend *cb = cuda_of(b);
     MK_ON_DEVICE(cb);
-    mk_cuda_lowp_forget(cb);
-    if (cb->base.config.weight_dtype == MK_DTYPE_NATIVE) {
-        const mk_cuda_native_weight *nw = mk_cuda_native_of(cb, table);
-        if (!nw) return mk_fail(MK_ERR_INTERNAL, "cuda backend: embedding table %p is not a native weight", table);
-        mk_cuda_reads(cb, n * mk_cuda_native_row_bytes(nw), 0, n * sizeof(int32_t));
-        if (nw->type)
-            return mk_cuda_after_launch(cb, mk_kernel_dequant_q(out, MK_DTYPE_F32, table, nw->type, ids, 0, n, vocab,
-                                                                hidden, cb->stream));
-        return mk_cuda_after_launch(cb, mk_kernel_embed(out, table, MK_DTYPE_BF16, ids, n, hidden, vocab, cb->stream));
-    }
-    mk_cuda_reads(cb, n * hidden * mk_dtype_size(cb->base.config.weight_dtype), 0, n * sizeof(int32_t));
-    return mk_cuda_after_launch(cb, mk_kernel_embed(out, table, cb->base.config.weight_dtype, ids, n, hidden, vocab, cb->stream));
+    const size_t hidden = table->cols, vocab = table->rows;
+    const mk_dtype dense = mk_cuda_dense_dtype(table->format);
+    mk_cuda_reads(cb, n * mk_cuda_row_bytes(table), 0, n * sizeof(int32_t));
+    if (!dense)
+        return mk_cuda_after_launch(cb, mk_kernel_dequant_q(out, MK_DTYPE_F32, table->data, table->format, ids, 0, n,
+                                                            vocab, hidden, cb->stream));
+    return mk_cuda_after_launch(cb, mk_kernel_embed(out, table->data, dense, ids, n, hidden, vocab, cb->stream));
 }
 
-/* Where a norm writing out [rows, cols] also puts its output in the GEMM dtype: act_lowp when
- * the GEMMs reading it take cuBLAS (more rows than the GEMV) in a 16-bit or native mode. */
-static void *mk_cuda_norm_lowp(const mk_cuda_backend *cb, size_t rows, size_t cols) {
-    if (mk_cuda_lowp_dtype(cb) == MK_DTYPE_F32 || rows <= MK_GEMV_MAX_ROWS || rows * cols > cb->act_lowp_elems)
-        return NULL;
-    return cb->act_lowp;
-}
-
-/* After a norm's launch: act_lowp now holds out converted (when the norm wrote it). */
-static mk_status mk_cuda_norm_done(mk_cuda_backend *cb, mk_status s, const void *lowp, const float *out, size_t n) {
-    if (s == MK_OK && lowp) {
-        cb->lowp_src = out;
-        cb->lowp_elems = n;
-        cb->lowp_dtype = mk_cuda_lowp_dtype(cb);
-    }
-    return s;
-}
-
-static mk_status cuda_rmsnorm(mk_backend *b, float *out, const float *x, const float *w, size_t rows, size_t cols,
-                              float eps) {
+/* A norm writes its output in F32 and, when the range passes out_lowp (the products that
+ * read it take 16-bit activations), in that dtype too, in the same pass. */
+static mk_status cuda_rmsnorm(mk_backend *b, float *out, void *out_lowp, const float *x, const float *w, size_t rows,
+                              size_t cols, float eps) {
     mk_cuda_backend *cb = cuda_of(b);
     MK_ON_DEVICE(cb);
-    mk_cuda_lowp_forget(cb);
     mk_cuda_reads(cb, cols * sizeof(float), 0, rows * cols * sizeof(float));
-    void *lowp = mk_cuda_norm_lowp(cb, rows, cols);
-    const mk_status s = mk_cuda_after_launch(
-        cb, mk_kernel_rmsnorm_lowp(out, lowp, mk_cuda_lowp_dtype(cb), x, w, rows, cols, eps, cb->stream));
-    return mk_cuda_norm_done(cb, s, lowp, out, rows * cols);
+    return mk_cuda_after_launch(
+        cb, mk_kernel_rmsnorm_lowp(out, out_lowp, cuda_gemm_input(b, rows), x, w, rows, cols, eps, cb->stream));
 }
 
-static mk_status cuda_add_rmsnorm(mk_backend *b, float *residual, float *out, const float *delta, const float *w,
-                                  size_t rows, size_t cols, float eps) {
+static mk_status cuda_add_rmsnorm(mk_backend *b, float *residual, float *out, void *out_lowp, const float *delta,
+                                  const float *w, size_t rows, size_t cols, float eps) {
     mk_cuda_backend *cb = cuda_of(b);
     MK_ON_DEVICE(cb);
-    mk_cuda_lowp_forget(cb);
     mk_cuda_reads(cb, cols * sizeof(float), 0, 2 * rows * cols * sizeof(float));
-    void *lowp = mk_cuda_norm_lowp(cb, rows, cols);
-    const mk_status s = mk_cuda_after_launch(cb, mk_kernel_add_rmsnorm_lowp(residual, out, lowp, mk_cuda_lowp_dtype(cb),
-                                                                             delta, w, rows, cols, eps, cb->stream));
-    return mk_cuda_norm_done(cb, s, lowp, out, rows * cols);
+    return mk_cuda_after_launch(cb, mk_kernel_add_rmsnorm_lowp(residual, out, out_lowp, cuda_gemm_input(b, rows), delta,
+                                                               w, rows, cols, eps, cb->stream));
 }
 
-/* xin = x [n] in dtype (F16/BF16) in act_lowp: the norm's copy when it is current, else one
- * conversion launch (remembered, so the next GEMM reading x reuses it). */
-static mk_status mk_cuda_lowp_input(mk_cuda_backend *cb, const float *x, size_t n, mk_dtype dtype) {
-    if (cb->lowp_src == x && cb->lowp_elems == n && cb->lowp_dtype == dtype) return MK_OK;
-    mk_cuda_lowp_forget(cb);
-    mk_cuda_reads(cb, 0, 0, n * sizeof(float));
-    MK_TRY(mk_cuda_after_launch(cb, mk_kernel_convert(cb->act_lowp, dtype, x, MK_DTYPE_F32, n, cb->stream)));
-    cb->lowp_src = x;
-    cb->lowp_elems = n;
-    cb->lowp_dtype = dtype;
+/* A product's activations in `dtype` (F16/BF16) for cuBLAS: the range's buffer, as the norm
+ * left it (ready) or converted into it here (one launch). */
+static mk_status mk_cuda_lowp_input(mk_cuda_backend *cb, const mk_gemm_input *x, size_t n, mk_dtype dtype,
+                                    const void **xin) {
+    if (!x->lowp)
+        return mk_fail(MK_ERR_INTERNAL, "cuda backend: a %s product of %zu inputs has no 16-bit activation buffer",
+                       mk_dtype_name(dtype), n);
+    if (!x->ready) {
+        mk_cuda_reads(cb, 0, 0, n * sizeof(float));
+        MK_TRY(mk_cuda_after_launch(cb, mk_kernel_convert(x->lowp, dtype, x->x, MK_DTYPE_F32, n, cb->stream)));
+    }
+    *xin = x->lowp;
     return MK_OK;
-}
-
-/* A GEMM writes y [n]: the low-precision copy of y, if that is what act_lowp holds, is stale. */
-static void mk_cuda_lowp_wrote(mk_cuda_backend *cb, const float *y, size_t n) {
-    const uintptr_t a = (uintptr_t)y, s = (uintptr_t)cb->lowp_src; /* addresses: unrelated buffers compare */
-    if (cb->lowp_src && a < s + cb->lowp_elems * sizeof(float) && s < a + n * sizeof(float)) mk_cuda_lowp_forget(cb);
 }
 
 static cudaDataType mk_cuda_type(mk_dtype dtype) {
@@ -539,126 +463,122 @@ static cudaDataType mk_cuda_type(mk_dtype dtype) {
 }
 
 /* y[rows, out] = x[rows, in] @ w[out, in]^T, all row-major. In cuBLAS's column-major view
- * w is an (in x out) matrix A = w^T and x is (in x rows), so y^T = A^T x^T. w in `dtype`
- * (F32, F16, BF16). */
-static mk_status mk_cuda_matmul_dense(mk_cuda_backend *cb, float *y, const float *x, const void *w, mk_dtype dtype,
-                                      size_t rows, size_t in_dim, size_t out_dim) {
+ * w is an (in x out) matrix A = w^T and x is (in x rows), so y^T = A^T x^T. w dense in
+ * `dtype` (F32, F16, BF16). */
+static mk_status mk_cuda_matmul_dense(mk_cuda_backend *cb, float *y, const mk_gemm_input *x, const mk_weight *w,
+                                      mk_dtype dtype, size_t rows) {
+    const size_t in_dim = w->cols, out_dim = w->rows;
     /* Decode (a few rows) is bound by reading the weights: the GEMV kernel reads each
      * 16-bit weight once, in its stored dtype, with F32 activations (no conversion launch,
      * no cuBLAS). F32 weights keep cuBLAS in pure F32: the parity mode's one code path. */
     const size_t es = mk_dtype_size(dtype);
     if (dtype != MK_DTYPE_F32 && rows <= MK_GEMV_MAX_ROWS) {
         mk_cuda_reads(cb, out_dim * in_dim * es, 0, rows * in_dim * sizeof(float));
-        return mk_cuda_after_launch(cb, mk_kernel_gemv(y, x, w, dtype, rows, in_dim, out_dim, cb->stream));
+        return mk_cuda_after_launch(cb, mk_kernel_gemv(y, x->x, w->data, dtype, rows, in_dim, out_dim, cb->stream));
     }
-    const void *xin = x;
-    if (dtype != MK_DTYPE_F32) {
-        if (rows * in_dim > cb->act_lowp_elems)
-            return mk_fail(MK_ERR_INTERNAL, "matmul input of %zu elements exceeds the reserved %zu", rows * in_dim,
-                           cb->act_lowp_elems);
-        MK_TRY(mk_cuda_lowp_input(cb, x, rows * in_dim, dtype));
-        xin = cb->act_lowp;
-    }
+    const void *xin = x->x;
+    if (dtype != MK_DTYPE_F32) MK_TRY(mk_cuda_lowp_input(cb, x, rows * in_dim, dtype, &xin));
     mk_cuda_reads(cb, out_dim * in_dim * es, 0, rows * in_dim * es);
     const cublasComputeType_t compute = dtype == MK_DTYPE_F32 && cb->base.config.speed_mode
                                             ? CUBLAS_COMPUTE_32F_FAST_TF32
                                             : CUBLAS_COMPUTE_32F;
     const float alpha = 1.0f, beta = 0.0f;
-    MK_CUBLAS_CHECK(cublasGemmEx(cb->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)out_dim, (int)rows, (int)in_dim, &alpha, w,
-                                 mk_cuda_type(dtype), (int)in_dim, xin, mk_cuda_type(dtype), (int)in_dim, &beta, y,
-                                 CUDA_R_32F, (int)out_dim, compute, CUBLAS_GEMM_DEFAULT));
+    MK_CUBLAS_CHECK(cublasGemmEx(cb->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)out_dim, (int)rows, (int)in_dim, &alpha,
+                                 w->data, mk_cuda_type(dtype), (int)in_dim, xin, mk_cuda_type(dtype), (int)in_dim, &beta,
+                                 y, CUDA_R_32F, (int)out_dim, compute, CUBLAS_GEMM_DEFAULT));
     return mk_cuda_after_launch(cb, MK_OK);
 }
 
-/* A native matrix: decode rows through the block GEMV; prefill expands slices of the weight's
- * rows to BF16 in the scratch and multiplies each slice on cuBLAS into its columns of y
- * (stream order keeps a slice's GEMM before the next expansion overwrites the scratch). */
-static mk_status mk_cuda_matmul_native(mk_cuda_backend *cb, float *y, const float *x, const mk_cuda_native_weight *nw,
-                                       size_t rows, size_t in_dim, size_t out_dim) {
-    if (nw->rows != out_dim || nw->cols != in_dim)
-        return mk_fail(MK_ERR_SHAPE, "native matmul: weight [%zu, %zu], asked for [%zu, %zu]", nw->rows, nw->cols,
-                       out_dim, in_dim);
-    if (!nw->type) return mk_cuda_matmul_dense(cb, y, x, nw->ptr, MK_DTYPE_BF16, rows, in_dim, out_dim);
-    mk_cuda_reads(cb, out_dim * mk_cuda_native_row_bytes(nw), 0, 0); /* the blocks, once */
+/* A matrix in a block format: decode rows through the block GEMV; prefill expands slices of
+ * the weight's rows to BF16 in the scratch and multiplies each slice on cuBLAS into its
+ * columns of y (stream order keeps a slice's GEMM before the next expansion overwrites the
+ * scratch). */
+static mk_status mk_cuda_matmul_blocks(mk_cuda_backend *cb, float *y, const mk_gemm_input *x, const mk_weight *w,
+                                       size_t rows) {
+    const size_t in_dim = w->cols, out_dim = w->rows;
+    mk_cuda_reads(cb, out_dim * mk_cuda_row_bytes(w), 0, 0); /* the blocks, once */
     if (rows <= MK_GEMV_MAX_ROWS) {
         mk_cuda_reads(cb, 0, 0, rows * in_dim * sizeof(float));
-        return mk_cuda_after_launch(cb, mk_kernel_gemv_q(y, x, nw->ptr, nw->type, rows, in_dim, out_dim, cb->stream));
+        return mk_cuda_after_launch(cb, mk_kernel_gemv_q(y, x->x, w->data, w->format, rows, in_dim, out_dim, cb->stream));
     }
-    if (rows * in_dim > cb->act_lowp_elems || in_dim > cb->deq_elems)
+    if (in_dim > cb->deq_elems)
         return mk_fail(MK_ERR_INTERNAL, "native matmul [%zu x %zu] exceeds the reserved scratch", rows, in_dim);
-    MK_TRY(mk_cuda_lowp_input(cb, x, rows * in_dim, MK_DTYPE_BF16));
+    const void *xin = NULL;
+    MK_TRY(mk_cuda_lowp_input(cb, x, rows * in_dim, MK_DTYPE_BF16, &xin));
     size_t slice = cb->deq_elems / in_dim;
     if (slice > 65535) slice = 65535;
     const float alpha = 1.0f, beta = 0.0f;
     for (size_t r0 = 0; r0 < out_dim; r0 += slice) {
         const size_t n = out_dim - r0 < slice ? out_dim - r0 : slice;
         mk_cuda_reads(cb, 0, 0, (n + rows) * in_dim * 2); /* the GEMM: expanded slice and activations */
-        MK_TRY(mk_cuda_after_launch(cb, mk_kernel_dequant_q(cb->deq_scratch, MK_DTYPE_BF16, nw->ptr, nw->type, NULL, r0,
+        MK_TRY(mk_cuda_after_launch(cb, mk_kernel_dequant_q(cb->deq_scratch, MK_DTYPE_BF16, w->data, w->format, NULL, r0,
                                                             n, out_dim, in_dim, cb->stream)));
         MK_CUBLAS_CHECK(cublasGemmEx(cb->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)n, (int)rows, (int)in_dim, &alpha,
-                                     cb->deq_scratch, CUDA_R_16BF, (int)in_dim, cb->act_lowp, CUDA_R_16BF, (int)in_dim,
-                                     &beta, y + r0, CUDA_R_32F, (int)out_dim, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+                                     cb->deq_scratch, CUDA_R_16BF, (int)in_dim, xin, CUDA_R_16BF, (int)in_dim, &beta,
+                                     y + r0, CUDA_R_32F, (int)out_dim, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
         MK_TRY(mk_cuda_after_launch(cb, MK_OK));
     }
     return MK_OK;
 }
 
-static mk_status cuda_matmul(mk_backend *b, float *y, const float *x, const void *w, size_t rows, size_t in_dim,
-                             size_t out_dim) {
+static mk_status cuda_matmul(mk_backend *b, float *y, const mk_gemm_input *x, const mk_weight *w, size_t rows) {
     mk_cuda_backend *cb = cuda_of(b);
     MK_ON_DEVICE(cb);
-    if (rows > INT32_MAX || in_dim > INT32_MAX || out_dim > INT32_MAX)
-        return mk_fail(MK_ERR_SHAPE, "matmul [%zu x %zu] x [%zu x %zu]^T exceeds cuBLAS int dimensions", rows, in_dim,
-                       out_dim, in_dim);
-    mk_cuda_lowp_wrote(cb, y, rows * out_dim);
-    if (cb->base.config.weight_dtype == MK_DTYPE_NATIVE) {
-        const mk_cuda_native_weight *nw = mk_cuda_native_of(cb, w);
-        if (!nw) return mk_fail(MK_ERR_INTERNAL, "cuda backend: matrix %p is not a native weight", w);
-        return mk_cuda_matmul_native(cb, y, x, nw, rows, in_dim, out_dim);
-    }
-    return mk_cuda_matmul_dense(cb, y, x, w, cb->base.config.weight_dtype, rows, in_dim, out_dim);
+    if (rows > INT32_MAX || w->cols > INT32_MAX || w->rows > INT32_MAX)
+        return mk_fail(MK_ERR_SHAPE, "matmul [%zu x %zu] x [%zu x %zu]^T exceeds cuBLAS int dimensions", rows, w->cols,
+                       w->rows, w->cols);
+    const mk_dtype dense = mk_cuda_dense_dtype(w->format);
+    if (!dense) return mk_cuda_matmul_blocks(cb, y, x, w, rows);
+    return mk_cuda_matmul_dense(cb, y, x, w, dense, rows);
 }
 
-/* The stored matrices of a native set (n <= 3) as the fused kernels take them: their types
- * and stored bytes; false when one is not a native matrix of that shape or a type the fused
- * kernels do not read (the caller then takes the separate launches, which report it). */
-static bool mk_cuda_native_set(const mk_cuda_backend *cb, size_t n, const void *const *w, const size_t *out_dim,
-                               size_t in_dim, uint32_t *types, size_t *bytes) {
+/* The weights of a fused GEMV set (n <= 3): the format each is read in (BF16 for a matrix
+ * stored that way) and their stored bytes; false when one has a format the fused kernels do
+ * not read or another input width (the caller then takes the separate launches). */
+static bool mk_cuda_gemv_set(size_t n, const mk_weight *const *w, uint32_t *types, size_t *bytes) {
     *bytes = 0;
     for (size_t i = 0; i < n; i++) {
-        const mk_cuda_native_weight *nw = mk_cuda_native_of(cb, w[i]);
-        if (!nw || nw->rows != out_dim[i] || nw->cols != in_dim || !mk_kernel_gemv_q_set_supports(mk_cuda_native_type(nw)))
-            return false;
-        types[i] = mk_cuda_native_type(nw);
-        *bytes += nw->rows * mk_cuda_native_row_bytes(nw);
+        if (w[i]->cols != w[0]->cols || !mk_kernel_gemv_q_set_supports(w[i]->format)) return false;
+        types[i] = w[i]->format;
+        *bytes += w[i]->rows * mk_cuda_row_bytes(w[i]);
     }
     return true;
 }
 
 /* Q, K and V (decode, 16-bit or native weights): one GEMV launch; otherwise one product each.
  * Either way each product has the bits cuda_matmul gives it. */
-static mk_status cuda_matmul_shared(mk_backend *b, size_t n, float *const *y, const void *const *w,
-                                    const size_t *out_dim, const float *x, size_t rows, size_t in_dim) {
+static mk_status cuda_matmul_shared(mk_backend *b, size_t n, float *const *y, const mk_weight *const *w,
+                                    const mk_gemm_input *x, size_t rows) {
     mk_cuda_backend *cb = cuda_of(b);
     const mk_dtype dtype = cb->base.config.weight_dtype;
-    for (size_t i = 0; i < n && i < 3; i++) mk_cuda_lowp_wrote(cb, y[i], rows * out_dim[i]);
-    if ((dtype == MK_DTYPE_F16 || dtype == MK_DTYPE_BF16) && rows <= MK_GEMV_MAX_ROWS) {
+    const size_t in_dim = w[0]->cols;
+    if ((dtype == MK_DTYPE_F16 || dtype == MK_DTYPE_BF16) && rows <= MK_GEMV_MAX_ROWS && n <= 3) {
         MK_ON_DEVICE(cb);
-        size_t total = 0;
-        for (size_t i = 0; i < n && i < 3; i++) total += out_dim[i];
+        const void *data[3];
+        size_t out_dim[3], total = 0;
+        for (size_t i = 0; i < n; i++) {
+            data[i] = w[i]->data;
+            out_dim[i] = w[i]->rows;
+            total += out_dim[i];
+        }
         mk_cuda_reads(cb, total * in_dim * 2, 0, rows * in_dim * sizeof(float));
-        return mk_cuda_after_launch(cb, mk_kernel_gemv_multi(n, y, w, out_dim, dtype, x, rows, in_dim, cb->stream));
+        return mk_cuda_after_launch(cb, mk_kernel_gemv_multi(n, y, data, out_dim, dtype, x->x, rows, in_dim, cb->stream));
     }
     uint32_t types[3];
     size_t wbytes = 0;
-    if (dtype == MK_DTYPE_NATIVE && rows <= MK_GEMV_MAX_ROWS && n <= 3 &&
-        mk_cuda_native_set(cb, n, w, out_dim, in_dim, types, &wbytes)) {
+    if (dtype == MK_DTYPE_NATIVE && rows <= MK_GEMV_MAX_ROWS && n <= 3 && mk_cuda_gemv_set(n, w, types, &wbytes)) {
         MK_ON_DEVICE(cb);
+        const void *data[3];
+        size_t out_dim[3];
+        for (size_t i = 0; i < n; i++) {
+            data[i] = w[i]->data;
+            out_dim[i] = w[i]->rows;
+        }
         mk_cuda_reads(cb, wbytes, 0, rows * in_dim * sizeof(float));
         return mk_cuda_after_launch(
-            cb, mk_kernel_gemv_q_multi(n, y, w, types, out_dim, x, rows, in_dim, cb->stream));
+            cb, mk_kernel_gemv_q_multi(n, y, data, types, out_dim, x->x, rows, in_dim, cb->stream));
     }
-    for (size_t i = 0; i < n; i++) MK_TRY(cuda_matmul(b, y[i], x, w[i], rows, in_dim, out_dim[i]));
+    for (size_t i = 0; i < n; i++) MK_TRY(cuda_matmul(b, y[i], x, w[i], rows));
     return MK_OK;
 }
 
@@ -666,30 +586,31 @@ static mk_status cuda_swiglu(mk_backend *b, float *out, const float *gate, const
 
 /* gate = silu(x w_gate^T) * (x w_up^T): one launch for decode rows with 16-bit or native
  * weights (the same bits as the three launches it replaces). */
-static mk_status cuda_matmul_swiglu(mk_backend *b, float *gate, float *up, const float *x, const void *w_gate,
-                                    const void *w_up, size_t rows, size_t in_dim, size_t out_dim) {
+static mk_status cuda_matmul_swiglu(mk_backend *b, float *gate, float *up, const mk_gemm_input *x,
+                                    const mk_weight *w_gate, const mk_weight *w_up, size_t rows) {
     mk_cuda_backend *cb = cuda_of(b);
     const mk_dtype dtype = cb->base.config.weight_dtype;
-    mk_cuda_lowp_wrote(cb, gate, rows * out_dim);
-    mk_cuda_lowp_wrote(cb, up, rows * out_dim);
+    const size_t in_dim = w_gate->cols, out_dim = w_gate->rows;
+    if (w_up->rows != out_dim || w_up->cols != in_dim)
+        return mk_fail(MK_ERR_SHAPE, "swiglu: gate [%zu, %zu] and up [%zu, %zu] differ", out_dim, in_dim, w_up->rows,
+                       w_up->cols);
     if ((dtype == MK_DTYPE_F16 || dtype == MK_DTYPE_BF16) && rows <= MK_GEMV_MAX_ROWS) {
         MK_ON_DEVICE(cb);
         mk_cuda_reads(cb, 2 * out_dim * in_dim * 2, 0, rows * in_dim * sizeof(float));
         return mk_cuda_after_launch(
-            cb, mk_kernel_gemv_swiglu(gate, x, w_gate, w_up, dtype, rows, in_dim, out_dim, cb->stream));
+            cb, mk_kernel_gemv_swiglu(gate, x->x, w_gate->data, w_up->data, dtype, rows, in_dim, out_dim, cb->stream));
     }
-    const void *const wgu[2] = {w_gate, w_up};
-    const size_t outs[2] = {out_dim, out_dim};
+    const mk_weight *const wgu[2] = {w_gate, w_up};
     uint32_t types[2];
     size_t wbytes = 0;
-    if (dtype == MK_DTYPE_NATIVE && rows <= MK_GEMV_MAX_ROWS && mk_cuda_native_set(cb, 2, wgu, outs, in_dim, types, &wbytes)) {
+    if (dtype == MK_DTYPE_NATIVE && rows <= MK_GEMV_MAX_ROWS && mk_cuda_gemv_set(2, wgu, types, &wbytes)) {
         MK_ON_DEVICE(cb);
         mk_cuda_reads(cb, wbytes, 0, rows * in_dim * sizeof(float));
-        return mk_cuda_after_launch(cb, mk_kernel_gemv_q_swiglu(gate, x, w_gate, types[0], w_up, types[1], rows, in_dim,
-                                                                out_dim, cb->stream));
+        return mk_cuda_after_launch(cb, mk_kernel_gemv_q_swiglu(gate, x->x, w_gate->data, types[0], w_up->data, types[1],
+                                                                rows, in_dim, out_dim, cb->stream));
     }
-    MK_TRY(cuda_matmul(b, gate, x, w_gate, rows, in_dim, out_dim));
-    MK_TRY(cuda_matmul(b, up, x, w_up, rows, in_dim, out_dim));
+    MK_TRY(cuda_matmul(b, gate, x, w_gate, rows));
+    MK_TRY(cuda_matmul(b, up, x, w_up, rows));
     return cuda_swiglu(b, gate, gate, up, rows * out_dim);
 }
 
@@ -697,7 +618,6 @@ static mk_status cuda_rope(mk_backend *b, float *x, const int32_t *positions, si
                            size_t head_dim, float theta, mk_rope_layout layout) {
     mk_cuda_backend *cb = cuda_of(b);
     MK_ON_DEVICE(cb);
-    mk_cuda_lowp_forget(cb);
     mk_cuda_reads(cb, 0, 0, rows * heads * head_dim * sizeof(float) + rows * sizeof(int32_t));
     return mk_cuda_after_launch(cb, mk_kernel_rope(x, positions, rows, heads, head_dim, theta, layout, cb->stream));
 }
@@ -707,7 +627,6 @@ static mk_status cuda_rope_kv(mk_backend *b, float *q, float *k, const float *v,
                               size_t head_dim, float theta, mk_rope_layout layout) {
     mk_cuda_backend *cb = cuda_of(b);
     MK_ON_DEVICE(cb);
-    mk_cuda_lowp_forget(cb);
     mk_cuda_reads(cb, 0, 0, rows * (n_heads + 2 * n_kv_heads) * head_dim * sizeof(float) + rows * sizeof(int32_t));
     (void)past; /* the slots are positions[r], read on the device: the same launch every token */
     return mk_cuda_after_launch(cb, mk_kernel_rope_kv(q, k, v, k_cache, v_cache, mk_backend_kv_dtype(b), positions,
@@ -720,7 +639,6 @@ static mk_status cuda_attention(mk_backend *b, float *out, const float *q, const
                                 size_t head_dim) {
     mk_cuda_backend *cb = cuda_of(b);
     MK_ON_DEVICE(cb);
-    mk_cuda_lowp_forget(cb);
     mk_cuda_reads(cb, 0, 2 * (past + rows) * n_kv_heads * head_dim * mk_dtype_size(mk_backend_kv_dtype(b)),
                   rows * n_heads * head_dim * sizeof(float)); /* the cache rows once; q */
     /* Every one-row forward (decode) takes the flash-decoding kernel: its key count comes from
@@ -745,7 +663,6 @@ static mk_status cuda_attention(mk_backend *b, float *out, const float *q, const
 static mk_status cuda_swiglu(mk_backend *b, float *out, const float *gate, const float *up, size_t n) {
     mk_cuda_backend *cb = cuda_of(b);
     MK_ON_DEVICE(cb);
-    mk_cuda_lowp_forget(cb);
     mk_cuda_reads(cb, 0, 0, 2 * n * sizeof(float));
     return mk_cuda_after_launch(cb, mk_kernel_swiglu(out, gate, up, MK_DTYPE_F32, n, cb->stream));
 }
@@ -753,7 +670,6 @@ static mk_status cuda_swiglu(mk_backend *b, float *out, const float *gate, const
 static mk_status cuda_add(mk_backend *b, float *y, const float *x, size_t n) {
     mk_cuda_backend *cb = cuda_of(b);
     MK_ON_DEVICE(cb);
-    mk_cuda_lowp_forget(cb);
     mk_cuda_reads(cb, 0, 0, 2 * n * sizeof(float));
     return mk_cuda_after_launch(cb, mk_kernel_add(y, x, n, cb->stream));
 }
@@ -761,7 +677,6 @@ static mk_status cuda_add(mk_backend *b, float *y, const float *x, size_t n) {
 static mk_status cuda_argmax(mk_backend *b, int32_t *out, const float *x, size_t rows, size_t n) {
     mk_cuda_backend *cb = cuda_of(b);
     MK_ON_DEVICE(cb);
-    mk_cuda_lowp_forget(cb);
     mk_cuda_reads(cb, 0, 0, rows * n * sizeof(float));
     return mk_cuda_after_launch(cb, mk_kernel_argmax(out, x, rows, n, cb->stream));
 }
@@ -862,6 +777,7 @@ static const mk_backend_ops mk_cuda_ops = {
     .native_weight_bytes = cuda_native_weight_bytes,
     .upload_native_weight = cuda_upload_native_weight,
     .embed = cuda_embed,
+    .gemm_input = cuda_gemm_input,
     .rmsnorm = cuda_rmsnorm,
     .add_rmsnorm = cuda_add_rmsnorm,
     .matmul = cuda_matmul,
