@@ -465,7 +465,7 @@ for m in "${MUTATIONS[@]}"; do
     verdict="yes"
     caught=$((caught + 1))
   fi
-  results+=("$id|$file|$spec|$verdict")
+  results+=("$id"$'\x1f'"$file"$'\x1f'"$spec"$'\x1f'"$verdict") # a spec's regex may hold '|'
   restore
 done
 # Leave the build matching the unmutated copy.
@@ -474,7 +474,7 @@ build >>"$WORK/build.log" 2>&1
 printf '\n%-38s %-32s %-36s %s\n' "mutation" "file" "suite" "caught"
 printf '%-38s %-32s %-36s %s\n' "--------" "----" "-----" "------"
 for r in "${results[@]}"; do
-  IFS='|' read -r id file spec verdict <<<"$r"
+  IFS=$'\x1f' read -r id file spec verdict <<<"$r"
   printf '%-38s %-32s %-36s %s\n' "$id" "$file" "$spec" "$verdict"
 done
 printf '\n%d of %d mutations caught (logs: %s/run.log, build.log)\n' "$caught" "$total" "$WORK"
