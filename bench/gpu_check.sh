@@ -218,7 +218,7 @@ if has meshkern; then
               "smollm2_bf16_eager:$SMOL_SHAPE:bf16:--speed --eager-decode" "8b_bf16:$B8_SHAPE:bf16:--speed"; do
     IFS=: read -r name shape dtype extra <<<"$spec"
     # shellcheck disable=SC2086
-    step "decode.$name" 90 "${BIN[meshkern]}" run "--random:$shape" --tokens "$(seq -s, 1 64)" --split 1 --n 128 \
+    step "decode.$name" 90 "${BIN[meshkern]}" run "--random:$shape" --tokens "$(seq -s, 1 64)" --split 1 --max-tokens 128 \
       --backend cuda --dtype "$dtype" $extra
     grep -E "decode [0-9]+ tokens|parity" "$R/decode.$name.log" | sed "s/^ */decode $name: /" >>"$R/figures.txt"
   done
@@ -238,7 +238,7 @@ if has meshkern; then
   grep -h "libnccl" "$R"/ldd.*.txt | head -1 | sed 's/^[[:space:]]*/nccl library: /' >>"$R/figures.txt"
   # NCCL refuses two ranks on one GPU: the run must end with a named status, never hang.
   step "nccl.two_ranges_one_gpu" 60 bash -c 'out=$("$0" run --random:vocab=300,hidden=64,layers=4,heads=4,kv_heads=2,ffn=96,ctx=64 \
-      --tokens 1,2,3 --split 2 --n 4 --backend cuda --seam nccl --devices 0,0 2>&1); rc=$?
+      --tokens 1,2,3 --split 2 --max-tokens 4 --backend cuda --seam nccl --devices 0,0 2>&1); rc=$?
     printf "%s\nexit %d\n" "$out" $rc
     [ $rc -eq 0 ] || printf "%s" "$out" | grep -q "MK_ERR_"' "${BIN[meshkern]}"
   figure "nccl two ranges on one GPU: $(grep -E 'MK_ERR|parity|exit' "$R/nccl.two_ranges_one_gpu.log" | head -2 | tr '\n' ' ')"
@@ -256,7 +256,7 @@ fi
 # ---- 9. per-kernel times of one decode run (ncu), when the profiler works here ----------
 if has meshkern && command -v ncu >/dev/null; then
   step "ncu.decode_kernels" 90 ncu --clock-control none --print-summary per-kernel --launch-skip 200 --launch-count 400 \
-    "${BIN[meshkern]}" run "--random:$SMOL_SHAPE" --tokens 1,2,3,4 --n 16 --backend cuda --dtype bf16 --speed --eager-decode
+    "${BIN[meshkern]}" run "--random:$SMOL_SHAPE" --tokens 1,2,3,4 --max-tokens 16 --backend cuda --dtype bf16 --speed --eager-decode
 fi
 
 finish $status

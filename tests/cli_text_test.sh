@@ -1,28 +1,28 @@
 #!/bin/sh
 # The text commands as a person uses them: `run -p` through a 2-range split (the answer,
-# the stop at <|im_end|>, parity with the whole model), `run --raw` stopping at --n, and a two-question `chat` through a
+# the stop at <|im_end|>, parity with the whole model), `run --raw` stopping at --max-tokens, and a two-question `chat` through a
 # pipe (the second turn keeps the KV cache). The answers are checked in the F32 parity mode
 # (--dtype f32); the default on the cpu backend is native weights, run once through a unix
 # seam: the weights line, the seam and exact parity. usage: cli_text_test.sh MESHKERN MODEL
 set -eu
 bin="$1"
 model="$2"
-out=$("$bin" run "$model" -p "What is the capital of France?" --split 14 --n 64 --dtype f32)
+out=$("$bin" run "$model" -p "What is the capital of France?" --split 14 --max-tokens 64 --dtype f32)
 printf '%s\n' "$out"
 printf '%s\n' "$out" | grep -qx "The capital of France is Paris."
 printf '%s\n' "$out" | grep -q "^\[end of turn\] prompt 37 tokens.*generated 7 tokens.*stopped at <|im_end|>$"
 printf '%s\n' "$out" | grep -q "^parity: exact"
-raw=$("$bin" run "$model" -p "The capital of France is" --raw --n 4 --dtype f32)
+raw=$("$bin" run "$model" -p "The capital of France is" --raw --max-tokens 4 --dtype f32)
 printf '%s\n' "$raw"
 printf '%s\n' "$raw" | grep -q "^chat template none (--raw); prompt 5 tokens$"
 printf '%s\n' "$raw" | grep -qx " Paris."
 printf '%s\n' "$raw" | grep -q "^\[token limit\] prompt 5 tokens.*generated 4 tokens"
-chat=$(printf 'What is the capital of France?\nAnd of Italy?\n' | "$bin" chat "$model" --split 14 --n 64 --dtype f32 2>&1)
+chat=$(printf 'What is the capital of France?\nAnd of Italy?\n' | "$bin" chat "$model" --split 14 --max-tokens 64 --dtype f32 2>&1)
 printf '%s\n' "$chat"
 printf '%s\n' "$chat" | grep -qx "The capital of France is Paris."
 printf '%s\n' "$chat" | grep -qx "The capital of Italy is Rome."
 printf '%s\n' "$chat" | grep -q "(cache kept), 7 generated, end of turn"
-native=$("$bin" run "$model" -p "What is the capital of France?" --split 14 --n 12 --seam unix)
+native=$("$bin" run "$model" -p "What is the capital of France?" --split 14 --max-tokens 12 --seam unix)
 printf '%s\n' "$native"
 printf '%s\n' "$native" | grep -q "; backend cpu, weights native, seams unix$"
 printf '%s\n' "$native" | grep -q "^parity: exact"

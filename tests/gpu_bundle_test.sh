@@ -61,7 +61,7 @@ for t in test_ops_device test_cuda_backend_device test_sched_cuda_device; do
 done
 "$B/bin/kernel_bench" "$OUTD/kb" >"$OUTD/kernel_bench.log" 2>&1; echo $? >"$OUTD/kernel_bench.rc"
 "$B/bin/meshkern" run --random:vocab=301,hidden=64,layers=3,heads=4,kv_heads=2,ffn=96,ctx=64 --tokens 5,17,2,9 \
-  --split 1 --n 6 --backend cpu >"$OUTD/cli_run.log" 2>&1; echo $? >"$OUTD/cli_run.rc"
+  --split 1 --max-tokens 6 --backend cpu >"$OUTD/cli_run.log" 2>&1; echo $? >"$OUTD/cli_run.rc"
 "$B/bin/meshkern" tokenize "$B/share/meshkern/tests/fixtures/tokenizer/llama3_tiny.gguf" "Hello, world 123" --ids \
   >"$OUTD/cli_tok.log" 2>&1; echo $? >"$OUTD/cli_tok.rc"
 EOF

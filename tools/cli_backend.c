@@ -1,11 +1,10 @@
-/* The backend options of the run forms that build ranges from the command line (run
- * --prompts, run -p, chat): one table of flags, one default rule for the weight mode. */
-#include <errno.h>
+/* The backend options of the commands that build ranges (run, chat, stage, serve): one
+ * table of options, one default rule for the weight mode; and the TLS options (run, stage). */
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
+#include "mk_error.h"
 #include "net/io.h"
 #include "seam/seam.h"
 
@@ -15,90 +14,98 @@ static const struct {
 } mk_cli_weight_modes[] = {
     {"native", MK_DTYPE_NATIVE}, {"f32", MK_DTYPE_F32}, {"f16", MK_DTYPE_F16}, {"bf16", MK_DTYPE_BF16}};
 
-bool mk_cli_parse_count(const char *flag, const char *v, size_t lo, size_t hi, size_t *out) {
-    char *end = NULL;
-    errno = 0;
-    /* digits only: strtoull would turn "-1" into SIZE_MAX and skip leading blanks */
-    const unsigned long long x = v[0] >= '0' && v[0] <= '9' ? strtoull(v, &end, 10) : 0;
-    if (end && !*end && !errno && x >= lo && x <= hi) {
-        *out = (size_t)x;
-        return true;
-    }
-    fprintf(stderr, "meshkern: %s %s: expected a count from %zu to %zu (the limit)\n", flag, v, lo, hi);
-    return false;
-}
+static const struct {
+    const char *name;
+    mk_dtype dtype;
+} mk_cli_kv_modes[] = {{"f32", MK_DTYPE_F32}, {"f16", MK_DTYPE_F16}, {"bf16", MK_DTYPE_BF16 /* cuda */}};
 
 void mk_cli_backend_init(mk_cli_backend *b) {
     memset(b, 0, sizeof *b);
     b->config = mk_backend_config_default(MK_BACKEND_CPU);
 }
 
-bool mk_cli_backend_flag(const char *a, mk_cli_backend *b) {
-    if (strcmp(a, "--eager-decode") == 0) {
-        b->eager_decode = true; /* decode op by op instead of replaying one graph per range */
-        return true;
-    }
-    if (strcmp(a, "--speed") != 0) return false;
-    b->config.speed_mode = true;
-    return true;
+static bool mk_cli_parse_backend(const char *v, void *dest, char *why, size_t why_len) {
+    const mk_status s = mk_backend_kind_from_name(v, dest);
+    if (s != MK_OK) snprintf(why, why_len, "%s", mk_last_error());
+    return s == MK_OK;
 }
 
-int mk_cli_backend_option(const char *a, const char *v, mk_cli_backend *b) {
-    if (strcmp(a, "--backend") == 0) {
-        const mk_status s = mk_backend_kind_from_name(v, &b->config.kind);
-        return s == MK_OK ? 1 : (mk_cli_fail(s), -1);
-    }
-    if (strcmp(a, "--device") == 0) {
-        size_t d = 0;
-        if (!mk_cli_parse_count("--device", v, 0, 1023, &d)) return -1;
-        b->config.device = (int)d;
-        return 1;
-    }
-    if (strcmp(a, "--dtype") == 0) {
-        for (size_t i = 0; i < sizeof mk_cli_weight_modes / sizeof *mk_cli_weight_modes; i++)
-            if (strcmp(v, mk_cli_weight_modes[i].name) == 0) {
-                b->config.weight_dtype = mk_cli_weight_modes[i].dtype;
-                b->dtype_given = true;
-                return 1;
-            }
-        return -1;
-    }
-    if (strcmp(a, "--kv") == 0) {
-        if (strcmp(v, "f16") == 0) b->config.kv_dtype = MK_DTYPE_F16;
-        else if (strcmp(v, "bf16") == 0) b->config.kv_dtype = MK_DTYPE_BF16; /* cuda */
-        else if (strcmp(v, "f32") == 0) b->config.kv_dtype = MK_DTYPE_F32;
-        else return -1;
-        return 1;
-    }
-    if (strcmp(a, "--threads") == 0)
-        return mk_cli_parse_count("--threads", v, 1, MK_CLI_MAX_THREADS, &b->config.threads) ? 1 : -1;
-    return 0;
+static bool mk_cli_parse_dtype(const char *v, void *dest, char *why, size_t why_len) {
+    mk_cli_backend *b = dest;
+    for (size_t i = 0; i < sizeof mk_cli_weight_modes / sizeof *mk_cli_weight_modes; i++)
+        if (strcmp(v, mk_cli_weight_modes[i].name) == 0) {
+            b->config.weight_dtype = mk_cli_weight_modes[i].dtype;
+            b->dtype_given = true;
+            return true;
+        }
+    snprintf(why, why_len, "expected native, f32, f16 or bf16");
+    return false;
+}
+
+static bool mk_cli_parse_kv(const char *v, void *dest, char *why, size_t why_len) {
+    for (size_t i = 0; i < sizeof mk_cli_kv_modes / sizeof *mk_cli_kv_modes; i++)
+        if (strcmp(v, mk_cli_kv_modes[i].name) == 0) {
+            *(mk_dtype *)dest = mk_cli_kv_modes[i].dtype;
+            return true;
+        }
+    snprintf(why, why_len, "expected f32, f16 or bf16");
+    return false;
+}
+
+size_t mk_cli_backend_options(mk_cli_backend *b, mk_cli_option out[MK_CLI_BACKEND_OPTIONS], const char *threads_help) {
+    const mk_cli_option opts[MK_CLI_BACKEND_OPTIONS] = {
+        {"--backend", NULL, "cpu|cuda", "where the ranges run", "cpu", MK_CLI_CALL, &b->config.kind, 0, 0,
+         mk_cli_parse_backend},
+        {"--device", NULL, "I", "the cuda device (every range's, without --devices)", "0",
+         MK_CLI_COUNT, &b->device, 0, MK_CLI_MAX_DEVICE, NULL},
+        {"--dtype", NULL, "native|f32|f16|bf16",
+         "weights: native keeps the GGUF's blocks (cuda: Q8_0/Q4_1/Q4_K, others bf16); f32: the parity mode",
+         "native for a GGUF on cpu, else f32", MK_CLI_CALL, b, 0, 0, mk_cli_parse_dtype},
+        {"--kv", NULL, "f32|f16|bf16", "KV cache elements (f16: cpu and cuda; bf16: cuda)", "f32", MK_CLI_CALL,
+         &b->config.kv_dtype, 0, 0, mk_cli_parse_kv},
+        {"--threads", NULL, "N", threads_help, NULL, MK_CLI_COUNT, &b->config.threads, 1, MK_CLI_MAX_THREADS, NULL},
+        {"--speed", NULL, NULL, "cuda: tensor-core GEMMs (not the parity mode)", NULL, MK_CLI_FLAG, &b->config.speed_mode,
+         0, 0, NULL},
+        {"--eager-decode", NULL, NULL, "cuda: decode op by op (no decode graphs)", NULL, MK_CLI_FLAG, &b->eager_decode, 0,
+         0, NULL},
+    };
+    memcpy(out, opts, sizeof opts);
+    return MK_CLI_BACKEND_OPTIONS;
 }
 
 void mk_cli_backend_finish(mk_cli_backend *b, const char *model_path) {
+    b->config.device = (int)b->device;
     /* A GGUF model on the cpu backend runs on its stored weights unless asked otherwise;
      * the random models have no stored format (F32 is what they are). */
     if (!b->dtype_given && b->config.kind == MK_BACKEND_CPU && strncmp(model_path, "--random", 8) != 0)
         b->config.weight_dtype = MK_DTYPE_NATIVE;
 }
 
-bool mk_cli_tls_option(const char *a, const char *v, mk_seam_tls *tls) {
-    if (strcmp(a, "--tls-psk") == 0) tls->psk_hex = v;
-    else if (strcmp(a, "--tls-identity") == 0) tls->psk_identity = v;
-    else if (strcmp(a, "--tls-cert") == 0) tls->cert_file = v;
-    else if (strcmp(a, "--tls-key") == 0) tls->key_file = v;
-    else if (strcmp(a, "--tls-ca") == 0) tls->ca_file = v;
-    else return false;
-    tls->enabled = true;
-    return true;
+size_t mk_cli_tls_options(mk_seam_tls *tls, mk_cli_option out[MK_CLI_TLS_OPTIONS]) {
+    const mk_cli_option opts[MK_CLI_TLS_OPTIONS] = {
+        {"--tls-psk", NULL, "HEX", "TLS 1.3 with this pre-shared key (32 to 64 bytes)", NULL, MK_CLI_TEXT,
+         (void *)&tls->psk_hex, 0, 0, NULL},
+        {"--tls-identity", NULL, "ID", "the pre-shared key's identity", NULL, MK_CLI_TEXT, (void *)&tls->psk_identity, 0,
+         0, NULL},
+        {"--tls-cert", NULL, "PEM", "TLS 1.3 with this certificate (with --tls-key and --tls-ca)", NULL, MK_CLI_TEXT,
+         (void *)&tls->cert_file, 0, 0, NULL},
+        {"--tls-key", NULL, "PEM", "the certificate's private key", NULL, MK_CLI_TEXT, (void *)&tls->key_file, 0, 0,
+         NULL},
+        {"--tls-ca", NULL, "PEM", "the CA the peers' certificates are checked against", NULL, MK_CLI_TEXT,
+         (void *)&tls->ca_file, 0, 0, NULL},
+    };
+    memcpy(out, opts, sizeof opts);
+    return MK_CLI_TLS_OPTIONS;
 }
 
-bool mk_cli_tls_usable(const mk_seam_options *seam) {
+void mk_cli_tls_finish(mk_seam_tls *tls) {
+    tls->enabled = tls->psk_hex || tls->psk_identity || tls->cert_file || tls->key_file || tls->ca_file;
+}
+
+int mk_cli_tls_check(const char *command, const mk_seam_options *seam) {
     SSL_CTX *ctx = NULL;
     mk_status s = mk_seam_check_tls(seam);
     if (s == MK_OK) s = mk_tls_context(&seam->tls, true, &ctx); /* the key's length, the files */
     mk_tls_context_free(ctx);
-    if (s == MK_OK) return true;
-    fprintf(stderr, "meshkern: %s: %s\n", mk_status_name(s), mk_last_error());
-    return false;
+    return s == MK_OK ? -1 : mk_cli_usage_status(command, s);
 }

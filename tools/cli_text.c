@@ -1,11 +1,9 @@
 /* meshkern run -p / chat / tokenize: text in, text out, through the library's tokenizer,
  * chat template and generation loop.
  *
- *   meshkern run MODEL -p TEXT [--system S] [--raw] [--split L1,...] [--n N]
- *                [--seam wire|local|unix|tcp|nccl] [--devices D0,D1,...]
- *                [--backend cpu|cuda] [--device I] [--dtype native|f32|f16|bf16] [--kv f32|f16|bf16]
- *                [--threads N] [--speed]
- *   meshkern chat MODEL [--system S] [--split L1,...] [--n N] [--seam ...] [--devices ...] [--backend ...] ...
+ *   meshkern run MODEL -p TEXT [--system S] [--raw] [--split L1,...] [--max-tokens N]
+ *                [--seam wire|local|unix|tcp|nccl] [--devices D0,D1,...] [backend options]
+ *   meshkern chat MODEL [--system S] [--split L1,...] [--max-tokens N] [--seam ...] [--devices ...] ...
  *   meshkern tokenize MODEL TEXT [--ids] [--no-bos] [--no-parse-special]
  *
  * run streams the answer of the model (split as asked) and prints one summary line; with
@@ -33,93 +31,69 @@ typedef struct mk_cli_opts {
     bool raw;           /* --raw: no chat template */
     int64_t cuts[MK_CLI_MAX_CUTS];
     size_t n_cuts;
-    size_t n_new; /* --n */
+    size_t n_new; /* --max-tokens */
     mk_range_options range;
     mk_seam_options seam;              /* --seam (default wire) */
     int devices[MK_CLI_MAX_CUTS + 1];  /* --devices: range i on devices[i] */
     size_t n_devices;
 } mk_cli_opts;
 
-static int mk_text_usage(void) {
-    fprintf(stderr,
-            "usage:\n"
-            "  meshkern run MODEL.gguf -p TEXT [--system S] [--raw] [--split L1,L2,...] [--n N]\n"
-            "               [--seam wire|local|unix|tcp|nccl] [--devices D0,D1,... (one per range; cuda)]\n"
-            "               [--backend cpu|cuda] [--device I] [--dtype native|f32|f16|bf16] [--kv f32|f16|bf16]\n"
-            "               [--threads N] [--speed]   (weights: native on the cpu backend unless --dtype)\n"
-            "  meshkern chat MODEL.gguf [--system S] [--split L1,...] [--n N] [--seam ...] [--devices ...]\n"
-            "               [--backend cpu|cuda] ...\n"
-            "  meshkern tokenize MODEL.gguf TEXT [--ids] [--no-bos] [--no-parse-special]\n");
-    return 2;
-}
-
-/* "a,b,c" of non-negative integers below `limit` into out[cap]; the count, or -1. */
-static long mk_text_parse_list(const char *v, long long limit, long long *out, size_t cap) {
-    size_t n = 0;
-    for (const char *p = v; *p;) {
-        char *end;
-        if (*p < '0' || *p > '9' || n == cap) return -1;
-        out[n] = strtoll(p, &end, 10);
-        if ((*end && *end != ',') || out[n] >= limit) return -1;
-        n++;
-        p = *end ? end + 1 : end;
-    }
-    return (long)n;
-}
-
-/* Options shared by run -p and chat; returns 0 or a usage exit code. */
-static int mk_cli_parse(int argc, char **argv, mk_cli_opts *o, size_t default_n) {
+/* The options of run -p (chat: false) and chat; -1 when parsed, else the exit status
+ * (0 after --help, 2 after a usage error). */
+static int mk_text_options(int argc, char **argv, mk_cli_opts *o, bool chat) {
     memset(o, 0, sizeof *o);
     o->range = mk_range_options_default();
     o->seam = mk_seam_options_default(MK_SEAM_WIRE);
-    o->n_new = default_n;
-    if (argc < 1) return mk_text_usage();
-    o->model_path = argv[0];
+    o->n_new = chat ? 512 : 256;
+    const char *name = chat ? "chat" : "run";
     mk_cli_backend backend;
     mk_cli_backend_init(&backend);
-    long long list[MK_CLI_MAX_CUTS + 1];
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (strcmp(a, "--raw") == 0) { o->raw = true; continue; }
-        if (mk_cli_backend_flag(a, &backend)) continue;
-        if (!v) return mk_text_usage();
-        i++;
-        const int taken = mk_cli_backend_option(a, v, &backend);
-        if (taken < 0) return mk_text_usage();
-        if (taken) continue;
-        if (strcmp(a, "-p") == 0 || strcmp(a, "--prompt") == 0) o->prompt = v;
-        else if (strcmp(a, "--system") == 0) o->system = v;
-        else if (strcmp(a, "--split") == 0) {
-            const long n = mk_text_parse_list(v, INT32_MAX, list, MK_CLI_MAX_CUTS);
-            if (n < 0) return mk_text_usage();
-            for (o->n_cuts = 0; o->n_cuts < (size_t)n; o->n_cuts++) o->cuts[o->n_cuts] = list[o->n_cuts];
-        } else if (strcmp(a, "--devices") == 0) {
-            const long n = mk_text_parse_list(v, 1024, list, MK_CLI_MAX_CUTS + 1);
-            if (n <= 0) return mk_text_usage();
-            for (o->n_devices = 0; o->n_devices < (size_t)n; o->n_devices++) o->devices[o->n_devices] = (int)list[o->n_devices];
-        } else if (strcmp(a, "--seam") == 0) {
-            const mk_status s = mk_seam_kind_from_name(v, &o->seam.kind);
-            if (s != MK_OK) return mk_cli_fail(s);
-        } else if (strcmp(a, "--n") == 0) {
-            if (!mk_cli_parse_count(a, v, 1, MK_CLI_MAX_NEW_TOKENS, &o->n_new)) return mk_text_usage();
-        } else return mk_text_usage();
-    }
+    int64_t devices[MK_CLI_MAX_CUTS + 1];
+    mk_cli_list cuts_l = MK_CLI_LIST(o->cuts, 0, INT32_MAX, "layer", false);
+    mk_cli_list devices_l = MK_CLI_LIST(devices, 0, MK_CLI_MAX_DEVICE, "device", false);
+    const mk_cli_option prompt_opts[] = {
+        {"--prompt", "-p", "TEXT", "the user message (required)", NULL, MK_CLI_TEXT, (void *)&o->prompt, 0, 0, NULL},
+        {"--raw", NULL, NULL, "the text itself with the model's BOS, no chat template", NULL, MK_CLI_FLAG, &o->raw, 0, 0,
+         NULL},
+    };
+    const mk_cli_option text_opts[] = {
+        {"--system", NULL, "TEXT", "a system message first", NULL, MK_CLI_TEXT, (void *)&o->system, 0, 0, NULL},
+        mk_cli_opt_max_tokens(&o->n_new, MK_CLI_MAX_NEW_TOKENS, chat ? "512 per turn" : "256"),
+        mk_cli_opt_split(&cuts_l),
+        mk_cli_opt_devices(&devices_l),
+        mk_cli_opt_seam(&o->seam.kind, false, "wire"),
+    };
+    mk_cli_option backend_opts[MK_CLI_BACKEND_OPTIONS];
+    const mk_cli_group groups[] = {
+        {"options", prompt_opts, chat ? 0 : sizeof prompt_opts / sizeof *prompt_opts},
+        {chat ? "options" : "more options", text_opts, sizeof text_opts / sizeof *text_opts},
+        {"backend options", backend_opts, mk_cli_backend_options(&backend, backend_opts, "cpu threads (default: every core)")},
+    };
+    const mk_cli_command cmd = {
+        name, chat ? "MODEL.gguf [options]" : "MODEL.gguf -p TEXT [options]",
+        chat ? "  A conversation: one user turn per line on standard input (an empty line ends it); the KV\n"
+               "  cache is kept from turn to turn.\n"
+             : "  Streams the model's answer (split as asked) and one summary line; with --split, then the\n"
+               "  whole model on the same prompt, and whether the split gave the same tokens and logits.\n",
+        {"MODEL"}, groups, sizeof groups / sizeof *groups};
+    const int bad = mk_cli_parse(&cmd, argc, argv, &o->model_path);
+    if (bad >= 0) return bad;
+    if (!chat && !o->prompt) return mk_cli_usage_error(name, "-p TEXT is required");
+    o->n_cuts = cuts_l.n;
+    o->n_devices = devices_l.n;
+    for (size_t i = 0; i < o->n_devices; i++) o->devices[i] = (int)devices[i];
     mk_cli_backend_finish(&backend, o->model_path);
     o->range.backend = backend.config;
     o->range.eager_decode = backend.eager_decode;
     /* GPU to GPU needs the cuda backend: said here, before the model is read. */
-    if (o->range.backend.kind != MK_BACKEND_CUDA && (o->seam.kind == MK_SEAM_NCCL || o->n_devices > 0)) {
-        fprintf(stderr, "meshkern: %s needs --backend cuda (the cpu backend has no devices)\n",
-                o->seam.kind == MK_SEAM_NCCL ? "--seam nccl" : "--devices");
-        return 2;
-    }
-    if (o->n_devices > 0 && o->n_devices != o->n_cuts + 1) {
-        fprintf(stderr, "meshkern: --devices names %zu devices for %zu ranges (one per range: --split has %zu cuts)\n",
-                o->n_devices, o->n_cuts + 1, o->n_cuts);
-        return 2;
-    }
+    if (o->range.backend.kind != MK_BACKEND_CUDA && (o->seam.kind == MK_SEAM_NCCL || o->n_devices > 0))
+        return mk_cli_usage_error(name, "%s needs --backend cuda (the cpu backend has no devices)",
+                                  o->seam.kind == MK_SEAM_NCCL ? "--seam nccl" : "--devices");
+    if (o->n_devices > 0 && o->n_devices != o->n_cuts + 1)
+        return mk_cli_usage_error(name, "--devices names %zu devices for %zu ranges (one per range: --split has %zu cuts)",
+                                  o->n_devices, o->n_cuts + 1, o->n_cuts);
     if (o->n_devices > 0) o->range.backend.device = o->devices[0]; /* the whole model runs on the first */
-    return 0;
+    return -1;
 }
 
 /* The pipeline of the asked split, each seam over the asked transport, each range on its
@@ -133,17 +107,16 @@ static mk_status mk_text_pipeline(const mk_model *model, const mk_cli_opts *o, c
 
 /* ================================================================ printing == */
 
-void mk_cli_print_text(FILE *f, const mk_model *model, const int32_t *ids, size_t n) {
-    mk_tokenizer *tok = NULL;
+void mk_cli_print_text(FILE *f, const mk_tokenizer *tok, const int32_t *ids, size_t n) {
     char *text = NULL;
     size_t len = 0;
-    if (mk_tokenizer_open(model, &tok) == MK_OK && mk_tokenizer_decode(tok, ids, n, MK_DECODE_SPECIAL, &text, &len) == MK_OK) {
+    if (tok && mk_tokenizer_decode(tok, ids, n, MK_DECODE_SPECIAL, &text, &len) == MK_OK) {
         fwrite(text, 1, len, f);
     } else {
+        mk_clear_error();
         for (size_t i = 0; i < n; i++) fprintf(f, "<%d>", ids[i]);
     }
     mk_buffer_free(text);
-    mk_tokenizer_free(tok);
 }
 
 /* What one generation produced, for the split-vs-whole comparison. */
@@ -271,9 +244,8 @@ static mk_status mk_cli_generate(const mk_model *model, const mk_tokenizer *tok,
 
 int mk_cli_run_text(int argc, char **argv) {
     mk_cli_opts o;
-    const int bad = mk_cli_parse(argc, argv, &o, 256);
-    if (bad) return bad;
-    if (!o.prompt) return mk_text_usage();
+    const int bad = mk_text_options(argc, argv, &o, false);
+    if (bad >= 0) return bad;
     mk_model *model = NULL;
     mk_tokenizer *tok = NULL;
     int32_t *ids = NULL;
@@ -408,8 +380,8 @@ static mk_status mk_chat_turn(mk_pipeline *p, const mk_tokenizer *tok, const mk_
 
 int mk_cli_chat(int argc, char **argv) {
     mk_cli_opts o;
-    const int bad = mk_cli_parse(argc, argv, &o, 512);
-    if (bad) return bad;
+    const int bad = mk_text_options(argc, argv, &o, true);
+    if (bad >= 0) return bad;
     mk_model *model = NULL;
     mk_tokenizer *tok = NULL;
     mk_pipeline *p = NULL;
@@ -454,20 +426,28 @@ int mk_cli_chat(int argc, char **argv) {
 /* ================================================================ tokenize == */
 
 int mk_cli_tokenize(int argc, char **argv) {
-    if (argc < 2) return mk_text_usage();
+    bool ids_only = false, no_bos = false, no_parse_special = false;
+    const mk_cli_option opts[] = {
+        {"--ids", NULL, NULL, "only the ids, as a list", NULL, MK_CLI_FLAG, &ids_only, 0, 0, NULL},
+        {"--no-bos", NULL, NULL, "without the BOS / EOS the model adds", NULL, MK_CLI_FLAG, &no_bos, 0, 0, NULL},
+        {"--no-parse-special", NULL, NULL, "control-token text stays text", NULL, MK_CLI_FLAG, &no_parse_special, 0, 0,
+         NULL},
+    };
+    const mk_cli_group groups[] = {{"options", opts, sizeof opts / sizeof *opts}};
+    const mk_cli_command cmd = {"tokenize", "MODEL.gguf TEXT [options]",
+                                "  Each token of TEXT with its bytes (only the tokenizer of the file is read).\n",
+                                {"MODEL", "TEXT"}, groups, 1};
+    const char *pos[2] = {NULL, NULL};
+    const int bad = mk_cli_parse(&cmd, argc, argv, pos);
+    if (bad >= 0) return bad;
     unsigned flags = MK_TOKENIZE_ADD_SPECIAL | MK_TOKENIZE_PARSE_SPECIAL;
-    bool ids_only = false;
-    for (int i = 2; i < argc; i++) {
-        if (strcmp(argv[i], "--ids") == 0) ids_only = true;
-        else if (strcmp(argv[i], "--no-bos") == 0) flags &= ~MK_TOKENIZE_ADD_SPECIAL;
-        else if (strcmp(argv[i], "--no-parse-special") == 0) flags &= ~MK_TOKENIZE_PARSE_SPECIAL;
-        else return mk_text_usage();
-    }
+    if (no_bos) flags &= ~MK_TOKENIZE_ADD_SPECIAL;
+    if (no_parse_special) flags &= ~MK_TOKENIZE_PARSE_SPECIAL;
     mk_tokenizer *tok = NULL;
     int32_t *ids = NULL;
     size_t n = 0;
-    mk_status s = mk_tokenizer_open_file(argv[0], &tok);
-    if (s == MK_OK) s = mk_tokenizer_encode(tok, argv[1], strlen(argv[1]), flags, &ids, &n);
+    mk_status s = mk_tokenizer_open_file(pos[0], &tok);
+    if (s == MK_OK) s = mk_tokenizer_encode(tok, pos[1], strlen(pos[1]), flags, &ids, &n);
     if (s != MK_OK) {
         const int rc = mk_cli_fail(s);
         mk_tokenizer_free(tok);

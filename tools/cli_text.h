@@ -19,7 +19,7 @@ int mk_cli_tokenize(int argc, char **argv);
  * released with mk_buffer_free; template_name is static. */
 mk_status mk_cli_text_ids(const mk_tokenizer *tok, const char *system, const char *prompt, bool raw, int32_t **ids,
                           size_t *n, const char **template_name);
-/* Print ids as the model's text (as "<id>" when the model has no tokenizer). */
-void mk_cli_print_text(FILE *f, const mk_model *model, const int32_t *ids, size_t n);
+/* Print ids as text through `tok` (as "<id>" when tok is NULL: a model without one). */
+void mk_cli_print_text(FILE *f, const mk_tokenizer *tok, const int32_t *ids, size_t n);
 
 #endif

@@ -1,22 +1,22 @@
 /* meshkern: inspect a model, or run it whole and split into ranges and compare.
  *
+ *   meshkern --help                    the commands
+ *   meshkern COMMAND --help            that command's options (from its table: cli_options.h)
  *   meshkern inspect MODEL.gguf | --random[:key=value,...]
- *   meshkern run MODEL.gguf | --random[:key=value,...]  --tokens 1,2,3 [--split L1,L2,...] [--n N]
- *                [--backend cpu|cuda] [--device I] [--dtype native|f32|f16|bf16] [--threads N] [--kv f32|f16|bf16]
- *                [--seam local|wire|unix|tcp|nccl] [--devices D0,D1,...]
- *                [--seam-address A] [--seam-timeout MS]
- *                [--tls-psk HEX [--tls-identity ID] | --tls-cert PEM --tls-key PEM --tls-ca PEM]
- *   meshkern run MODEL.gguf -p TEXT ... | chat MODEL.gguf | tokenize MODEL.gguf TEXT
- *                (text in, text out: tools/cli_text.c)
- *   meshkern run MODEL --prompts FILE [--split auto|L1,...] [--devices 0,1] [--batch M] ...
- *                (run_batch.c: many sequences through a placed pipeline)
- *   meshkern stage MODEL --split ... --rank R --world N --rendezvous HOST:PORT ...
- *                (stage_cmd.c: one range per process)
+ *   meshkern run MODEL --tokens 1,2,3 [--split L1,L2,...] [--max-tokens N] [--seam ...] ...
+ *   meshkern run MODEL -p TEXT ... | chat MODEL | tokenize MODEL TEXT   (cli_text.c)
+ *   meshkern run MODEL --prompts FILE ...   (run_batch.c: many sequences, a placed pipeline)
+ *   meshkern stage MODEL --split ... --rank R --world N --rendezvous HOST:PORT ...   (stage_cmd.c)
+ *   meshkern serve MODEL ...   (serve.c: OpenAI-compatible HTTP)
  *
  * run executes the model as one FULL range and, with --split, as the given ranges in this
  * process, every seam carried by the chosen transport (default wire: packed and unpacked
  * as protobuf); it prints the greedy tokens, the throughput, the bytes and time spent in
- * seams, and whether the split output equals the whole-model output bit for bit. */
+ * seams, and whether the split output equals the whole-model output bit for bit.
+ *
+ * Exit status: 0 done, 1 a runtime failure, 2 a usage error (one line on stderr naming
+ * it), 3 a split whose output differs from the whole model's (run), 4 some sequences
+ * failed (run --prompts). */
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,53 +24,14 @@
 #include <time.h>
 
 #include "cli.h"
-#include "model/gguf.h"
-#include "meshkern.h"
-#include "model/model.h"
-#include "mk_error.h"
 #include "cli_text.h"
+#include "meshkern.h"
+#include "mk_error.h"
+#include "model/model.h"
 #include "serve.h"
 
 #define MK_MAX_CUTS 64
 #define MK_MAX_TOKENS 4096
-
-static int usage(void) {
-    fprintf(stderr,
-            "usage:\n"
-            "  meshkern inspect MODEL.gguf | --random[:key=value,...]\n"
-            "  meshkern run MODEL.gguf | --random[:key=value,...] --tokens IDS [--split L1,L2,...] [--n N]\n"
-            "               [--backend cpu|cuda] [--device I] [--dtype native|f32|f16|bf16] [--threads N]\n"
-            "               [--kv f32|f16|bf16] [--speed] [--eager-decode (cuda: no decode graphs)]\n"
-            "               [--seam local|wire|unix|tcp|nccl] [--devices D0,D1,... (one per range; cuda)]\n"
-            "               [--seam-address PATH|HOST:PORT] [--seam-timeout MS]\n"
-            "               [--tls-psk HEX [--tls-identity ID] | --tls-cert PEM --tls-key PEM --tls-ca PEM]\n"
-            "  meshkern run MODEL.gguf -p TEXT [--system S] [--raw] [--split L1,L2,...] [--n N] [--backend ...]\n"
-            "  meshkern chat MODEL.gguf [--system S] [--split L1,...] [--n N] [--backend ...]\n"
-            "  meshkern tokenize MODEL.gguf TEXT [--ids] [--no-bos] [--no-parse-special]\n"
-            "  --dtype native keeps weights in their GGUF format (the cpu backend's default for a\n"
-            "  GGUF model; on cuda Q8_0/Q4_1/Q4_K stay in their blocks, other formats become bf16);\n"
-            "  f32 is the parity mode. --threads: cpu threads (default: every core).\n"
-            "  --kv f16 halves the KV cache (cpu, cuda); --kv bf16 too (cuda).\n"
-            "  meshkern run MODEL --prompts FILE [--split auto|L1,L2,...] [--devices 0,1,...] [--batch M]\n"
-            "               [--n N] [--stop IDS] [--seam auto|local|wire|unix|tcp|nccl] [--timeline FILE.json]\n"
-            "               [--backend cpu|cuda] [--dtype native|f32|f16|bf16] [--kv f32|f16|bf16] [--threads N] [--speed]\n"
-            "               FILE: one prompt per line, comma-separated token ids; --threads: per stage\n"
-            "               (default: the cores divided among the stages)\n"
-            "  meshkern stage MODEL --split L1,L2,...|auto --rank R --world N --rendezvous HOST:PORT\n"
-            "               [--prompts FILE|- (rank 0)] [--max-tokens K] [--batch M] [--timeout S]\n"
-            "               [--seam tcp|unix|nccl] [--backend cpu|cuda] [--dtype native|f32|f16|bf16] [--kv f32|f16|bf16]\n"
-            "               [--threads N] [--speed]\n"
-            "               [--stop IDS] [--launcher mpi|rendezvous (mpi: mpirun -np N ..., no --rank/--world)]\n"
-            "               [--tls-psk HEX [--tls-identity ID] | --tls-cert PEM --tls-key PEM --tls-ca PEM]\n"
-            "               (TLS 1.3 on the rendezvous, control and seam connections; unix/tcp seams)\n"
-            "               one process per range; rank 0 takes the prompts and prints the tokens\n"
-            "  meshkern serve MODEL.gguf [--host 127.0.0.1] [--port 8080] [--api-key KEY|--api-key-file F]\n"
-            "               [--split L1,...] [--max-sequences N] [--max-queue N] [--ctx N] [--threads N] ...\n"
-            "               OpenAI-compatible HTTP: /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics\n"
-            "  --random is the seed's random model (vocab 48, hidden 32, 6 layers, 4 heads); keys\n"
-            "  vocab, hidden, layers, heads, kv_heads, head_dim, ffn, ctx, seed change its shape.\n");
-    return 2;
-}
 
 static int fail(mk_status s) {
     fprintf(stderr, "meshkern: %s: %s\n", mk_status_name(s), mk_last_error());
@@ -81,21 +42,6 @@ static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-/* Parse "a,b,c" into out[cap]; returns the count or -1. */
-static long parse_list(const char *text, long long *out, size_t cap) {
-    size_t n = 0;
-    const char *p = text;
-    while (*p) {
-        char *end;
-        const long long v = strtoll(p, &end, 10);
-        if (end == p || n == cap) return -1;
-        out[n++] = v;
-        p = *end == ',' ? end + 1 : end;
-        if (*end && *end != ',') return -1;
-    }
-    return (long)n;
 }
 
 /* "--random[:key=value,...]": the seeded random model, optionally reshaped. */
@@ -136,7 +82,12 @@ static mk_status open_model(const char *path, mk_model **out) {
 
 /* ================================================================= inspect == */
 
-static int cmd_inspect(const char *path) {
+static int cmd_inspect(int argc, char **argv) {
+    const mk_cli_command cmd = {"inspect", "MODEL", "  The model's architecture, digest, shapes and (a GGUF file) its tensors.\n" MK_CLI_MODEL_ABOUT,
+                                {"MODEL"}, NULL, 0};
+    const char *path = NULL;
+    const int bad = mk_cli_parse(&cmd, argc, argv, &path);
+    if (bad >= 0) return bad;
     mk_model *model = NULL;
     const mk_status s = open_model(path, &model);
     if (s != MK_OK) return fail(s);
@@ -152,19 +103,20 @@ static int cmd_inspect(const char *path) {
     printf("rms_eps %g  rope_theta %g  rope %s  tied_embeddings %s  max_context %zu\n", (double)hp->rms_eps,
            (double)hp->rope_theta, hp->rope_layout == MK_ROPE_ADJACENT_PAIRS ? "adjacent-pairs" : "rotate-half",
            hp->tied_embeddings ? "yes" : "no", hp->max_context);
-    if (model->gguf) {
+    const size_t n_tensors = mk_model_stored_tensor_count(model); /* 0: a random model */
+    if (n_tensors) {
         size_t total = 0;
         printf("%-32s %-6s %-24s %12s\n", "tensor", "type", "dims", "bytes");
-        for (size_t i = 0; i < mk_gguf_tensor_count(model->gguf); i++) {
-            const mk_gguf_tensor_info *t = mk_gguf_tensor_at(model->gguf, i);
+        mk_model_stored_info t;
+        for (size_t i = 0; mk_model_stored_tensor_at(model, i, &t); i++) {
             char dims[64];
             int n = 0;
-            for (uint32_t d = 0; d < t->n_dims; d++)
-                n += snprintf(dims + n, sizeof dims - (size_t)n, d ? "x%llu" : "%llu", (unsigned long long)t->dims[d]);
-            printf("%-32s %-6s %-24s %12zu\n", t->name, mk_ggml_type_name(t->type), dims, t->n_bytes);
-            total += t->n_bytes;
+            for (uint32_t d = 0; d < t.n_dims; d++)
+                n += snprintf(dims + n, sizeof dims - (size_t)n, d ? "x%llu" : "%llu", (unsigned long long)t.dims[d]);
+            printf("%-32s %-6s %-24s %12zu\n", t.name, t.type_name, dims, t.bytes);
+            total += t.bytes;
         }
-        printf("%zu tensors, %.1f MiB of tensor data\n", mk_gguf_tensor_count(model->gguf), (double)total / 1048576.0);
+        printf("%zu tensors, %.1f MiB of tensor data\n", n_tensors, (double)total / 1048576.0);
     }
     mk_model_free(model);
     return 0;
@@ -238,77 +190,70 @@ static void print_run(const char *label, const run_result *r, size_t n_prompt, s
 }
 
 static int cmd_run(int argc, char **argv) {
-    if (argc < 1) return usage();
-    const char *path = argv[0];
-    long long tokens_ll[MK_MAX_TOKENS], cuts_ll[MK_MAX_CUTS], devices_ll[MK_MAX_CUTS + 1];
-    long n_tokens = -1, n_cuts = 0, n_devices = 0;
-    size_t n_new = 16;
+    int64_t tokens_v[MK_MAX_TOKENS], cuts_v[MK_MAX_CUTS], devices_v[MK_MAX_CUTS + 1];
+    mk_cli_list tokens_l = MK_CLI_LIST(tokens_v, 0, INT32_MAX, "token id", false);
+    mk_cli_list cuts_l = MK_CLI_LIST(cuts_v, 0, INT32_MAX, "layer", false);
+    mk_cli_list devices_l = MK_CLI_LIST(devices_v, 0, MK_CLI_MAX_DEVICE, "device", false);
+    size_t n_new = 16, seam_timeout_ms = 0;
     mk_range_options opt = mk_range_options_default();
     mk_seam_options seam = mk_seam_options_default(MK_SEAM_WIRE);
-    /* --backend, --device, --dtype, --kv, --threads, --speed: the run forms' shared parser */
     mk_cli_backend backend;
     mk_cli_backend_init(&backend);
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (mk_cli_backend_flag(a, &backend)) continue;
-        const char *v = i + 1 < argc ? argv[++i] : NULL;
-        if (!v) return usage();
-        const int taken = mk_cli_backend_option(a, v, &backend);
-        if (taken < 0) return usage();
-        if (taken) continue;
-        if (strcmp(a, "--tokens") == 0) n_tokens = parse_list(v, tokens_ll, MK_MAX_TOKENS);
-        else if (strcmp(a, "--split") == 0) n_cuts = parse_list(v, cuts_ll, MK_MAX_CUTS);
-        else if (strcmp(a, "--n") == 0) {
-            if (!mk_cli_parse_count(a, v, 1, MK_MAX_TOKENS - 2, &n_new)) return usage();
-        }
-        else if (strcmp(a, "--devices") == 0) {
-            n_devices = parse_list(v, devices_ll, MK_MAX_CUTS + 1);
-            if (n_devices <= 0) return usage();
-        } else if (strcmp(a, "--seam") == 0) {
-            const mk_status s = mk_seam_kind_from_name(v, &seam.kind);
-            if (s != MK_OK) return fail(s);
-        } else if (strcmp(a, "--seam-address") == 0) seam.address = v;
-        else if (strcmp(a, "--seam-timeout") == 0) {
-            size_t ms = 0;
-            if (!mk_cli_parse_count(a, v, 1, 86400000, &ms)) return usage();
-            seam.io_timeout_ms = seam.connect_timeout_ms = (int)ms;
-        } else if (mk_cli_tls_option(a, v, &seam.tls)) continue;
-        else return usage();
-    }
+    const mk_cli_option run_opts[] = {
+        {"--tokens", NULL, "IDS", "the prompt's token ids, comma-separated (required)", NULL, MK_CLI_CALL, &tokens_l, 0, 0,
+         mk_cli_parse_list},
+        mk_cli_opt_max_tokens(&n_new, MK_MAX_TOKENS - 2, "16"),
+        mk_cli_opt_split(&cuts_l),
+        mk_cli_opt_devices(&devices_l),
+        mk_cli_opt_seam(&seam.kind, false, "wire"),
+        {"--seam-address", NULL, "PATH|HOST:PORT", "where the unix or tcp seams meet", NULL, MK_CLI_TEXT, &seam.address,
+         0, 0, NULL},
+        {"--seam-timeout", NULL, "MS", "the seams' connect and per-frame deadline in milliseconds", "5000 / 30000",
+         MK_CLI_COUNT, &seam_timeout_ms, 1, 86400000, NULL},
+    };
+    mk_cli_option backend_opts[MK_CLI_BACKEND_OPTIONS], tls_opts[MK_CLI_TLS_OPTIONS];
+    const mk_cli_group groups[] = {
+        {"options", run_opts, sizeof run_opts / sizeof *run_opts},
+        {"backend options", backend_opts,
+         mk_cli_backend_options(&backend, backend_opts, "cpu threads (default: every core)")},
+        {"TLS options (unix and tcp seams)", tls_opts, mk_cli_tls_options(&seam.tls, tls_opts)},
+    };
+    const mk_cli_command cmd = {
+        "run", "MODEL --tokens IDS [options]",
+        "  Runs the model whole and, with --split, as ranges joined by seams; prints the greedy tokens,\n"
+        "  the throughput, the seams' bytes and time, and whether the split equals the whole bit for bit.\n"
+        MK_CLI_MODEL_ABOUT,
+        {"MODEL"}, groups, sizeof groups / sizeof *groups};
+    const char *path = NULL;
+    const int bad = mk_cli_parse(&cmd, argc, argv, &path);
+    if (bad >= 0) return bad;
+    if (seam_timeout_ms) seam.io_timeout_ms = seam.connect_timeout_ms = (int)seam_timeout_ms;
+    mk_cli_tls_finish(&seam.tls);
     /* TLS flags are checked before anything runs: the transport (only unix and tcp carry
      * TLS), the combination and the key's length, the files. */
-    if (seam.tls.enabled && !mk_cli_tls_usable(&seam)) return 2;
+    if (seam.tls.enabled) {
+        const int rc = mk_cli_tls_check("run", &seam);
+        if (rc >= 0) return rc;
+    }
     mk_cli_backend_finish(&backend, path);
     opt.backend = backend.config;
     opt.eager_decode = backend.eager_decode;
-    if (n_tokens <= 0 || n_cuts < 0 || n_new == 0) return usage();
-    if ((size_t)n_tokens + n_new >= MK_MAX_TOKENS) {
-        fprintf(stderr, "meshkern: %ld prompt tokens and --n %zu exceed the limit of %d positions\n", n_tokens, n_new,
-                MK_MAX_TOKENS - 1);
-        return usage();
-    }
-    for (long i = 0; i < n_tokens; i++) /* the head checks the vocabulary; int32 must not wrap first */
-        if (tokens_ll[i] < 0 || tokens_ll[i] > INT32_MAX) {
-            fprintf(stderr, "meshkern: token id %lld is not a valid token id\n", tokens_ll[i]);
-            return usage();
-        }
+    const long n_tokens = (long)tokens_l.n, n_cuts = (long)cuts_l.n, n_devices = (long)devices_l.n;
+    if (n_tokens == 0) return mk_cli_usage_error("run", "--tokens IDS is required (or -p TEXT, or --prompts FILE)");
+    if ((size_t)n_tokens + n_new >= MK_MAX_TOKENS)
+        return mk_cli_usage_error("run", "%ld prompt tokens and --max-tokens %zu exceed the limit of %d positions",
+                                  n_tokens, n_new, MK_MAX_TOKENS - 1);
 
     /* GPU to GPU needs the cuda backend: said here, before the model is read. */
-    if (opt.backend.kind != MK_BACKEND_CUDA && (seam.kind == MK_SEAM_NCCL || n_devices > 0)) {
-        fprintf(stderr, "meshkern: %s needs --backend cuda (the %s backend has no devices)\n",
-                seam.kind == MK_SEAM_NCCL ? "--seam nccl" : "--devices", opt.backend.kind == MK_BACKEND_CPU ? "cpu" : "chosen");
-        return 2;
-    }
-    if (n_devices > 0 && n_devices != n_cuts + 1) {
-        fprintf(stderr, "meshkern: --devices names %ld devices for %ld ranges (one per range: --split has %ld cuts)\n",
-                n_devices, n_cuts + 1, n_cuts);
-        return 2;
-    }
+    if (opt.backend.kind != MK_BACKEND_CUDA && (seam.kind == MK_SEAM_NCCL || n_devices > 0))
+        return mk_cli_usage_error("run", "%s needs --backend cuda (the %s backend has no devices)",
+                                  seam.kind == MK_SEAM_NCCL ? "--seam nccl" : "--devices",
+                                  opt.backend.kind == MK_BACKEND_CPU ? "cpu" : "chosen");
+    if (n_devices > 0 && n_devices != n_cuts + 1)
+        return mk_cli_usage_error("run", "--devices names %ld devices for %ld ranges (one per range: --split has %ld cuts)",
+                                  n_devices, n_cuts + 1, n_cuts);
     int devices[MK_MAX_CUTS + 1];
-    for (long i = 0; i < n_devices; i++) {
-        if (devices_ll[i] < 0 || devices_ll[i] > INT32_MAX) return usage();
-        devices[i] = (int)devices_ll[i];
-    }
+    for (long i = 0; i < n_devices; i++) devices[i] = (int)devices_v[i];
     if (n_devices > 0) opt.backend.device = devices[0]; /* the whole model runs on the first */
 
     mk_model *model = NULL;
@@ -316,9 +261,8 @@ static int cmd_run(int argc, char **argv) {
     if (s != MK_OK) return fail(s);
     const mk_hparams *hp = mk_model_hparams(model);
     int32_t prompt[MK_MAX_TOKENS];
-    for (long i = 0; i < n_tokens; i++) prompt[i] = (int32_t)tokens_ll[i];
-    int64_t cuts[MK_MAX_CUTS];
-    for (long i = 0; i < n_cuts; i++) cuts[i] = cuts_ll[i];
+    for (long i = 0; i < n_tokens; i++) prompt[i] = (int32_t)tokens_v[i];
+    const int64_t *cuts = cuts_v;
     opt.max_context = (size_t)n_tokens + n_new;
     if (opt.max_context > hp->max_context) opt.max_context = hp->max_context;
 
@@ -341,9 +285,11 @@ static int cmd_run(int argc, char **argv) {
     if (s != MK_OK) {
         rc = fail(s);
     } else {
+        mk_tokenizer *tok = mk_cli_tokenizer_or_null(model);
         printf("text: ");
-        mk_cli_print_text(stdout, model, whole.tokens, n_new);
+        mk_cli_print_text(stdout, tok, whole.tokens, n_new);
         printf("\n");
+        mk_tokenizer_free(tok);
         if (n_cuts > 0) {
             const bool same_logits = memcmp(whole.logits, split.logits, n_new * hp->vocab * sizeof(float)) == 0;
             const bool same_tokens = memcmp(whole.tokens, split.tokens, n_new * sizeof(int32_t)) == 0;
@@ -364,21 +310,61 @@ static int cmd_run(int argc, char **argv) {
 
 /* For the other files of the program (cli.h). */
 mk_status mk_cli_open_model(const char *path, mk_model **out) { return open_model(path, out); }
-int mk_cli_usage(void) { return usage(); }
 int mk_cli_fail(mk_status s) { return fail(s); }
 
+mk_tokenizer *mk_cli_tokenizer_or_null(const mk_model *model) {
+    mk_tokenizer *tok = NULL;
+    if (mk_tokenizer_open(model, &tok) != MK_OK) mk_clear_error(); /* "<id>" is printed instead */
+    return tok;
+}
+
+/* run's three forms: a text prompt (-p), prompts from a file (--prompts), token ids. */
+static int cmd_run_any(int argc, char **argv) {
+    for (int i = 0; i < argc; i++)
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            char *help[] = {argv[i], NULL};
+            (void)cmd_run(1, help);
+            printf("\n");
+            (void)mk_cli_run_text(1, help);
+            printf("\n");
+            return mk_cli_run_batch(1, help);
+        }
+    for (int i = 1; i < argc; i++) /* a text prompt: the text path */
+        if (strcmp(argv[i], "-p") == 0 || strcmp(argv[i], "--prompt") == 0) return mk_cli_run_text(argc, argv);
+    return mk_cli_is_batch_run(argc, argv) ? mk_cli_run_batch(argc, argv) : cmd_run(argc, argv);
+}
+
+/* The commands: one table, read by the dispatch and by `meshkern --help`. */
+static const struct {
+    const char *name;
+    int (*run)(int argc, char **argv); /* argv[0]: the first argument after the command */
+    const char *about;
+} mk_commands[] = {
+    {"inspect", cmd_inspect, "a model's architecture, shapes and tensors"},
+    {"run", cmd_run_any, "run a model whole and split into ranges (--tokens IDS, -p TEXT or --prompts FILE)"},
+    {"chat", mk_cli_chat, "a conversation on standard input, one user turn per line"},
+    {"tokenize", mk_cli_tokenize, "a text's token ids under a model's tokenizer"},
+    {"stage", mk_cli_stage, "one range of a pipeline whose ranges run in separate processes"},
+    {"serve", mk_cli_serve, "an OpenAI-compatible HTTP server"},
+};
+
+static void mk_main_help(FILE *f) {
+    fprintf(f, "usage: meshkern COMMAND MODEL [options]\n"
+               "       meshkern COMMAND --help    the command's options\n"
+               "commands:\n");
+    for (size_t i = 0; i < sizeof mk_commands / sizeof *mk_commands; i++)
+        fprintf(f, "  %-9s %s\n", mk_commands[i].name, mk_commands[i].about);
+    fprintf(f, "exit status: 0 done, 1 a runtime failure, 2 a usage error, 3 split output differs from the whole\n"
+               "model's (run), 4 some sequences failed (run --prompts)\n");
+}
+
 int main(int argc, char **argv) {
-    if (argc < 3) return usage();
-    if (strcmp(argv[1], "inspect") == 0) return cmd_inspect(argv[2]);
-    if (strcmp(argv[1], "run") == 0) {
-        for (int i = 3; i < argc; i++) /* a text prompt: the text path */
-            if (strcmp(argv[i], "-p") == 0 || strcmp(argv[i], "--prompt") == 0) return mk_cli_run_text(argc - 2, argv + 2);
-        return mk_cli_is_batch_run(argc - 2, argv + 2) ? mk_cli_run_batch(argc - 2, argv + 2)
-                                                       : cmd_run(argc - 2, argv + 2);
+    if (argc < 2) return mk_cli_usage_error(NULL, "missing COMMAND");
+    if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "help") == 0) {
+        mk_main_help(stdout);
+        return 0;
     }
-    if (strcmp(argv[1], "chat") == 0) return mk_cli_chat(argc - 2, argv + 2);
-    if (strcmp(argv[1], "stage") == 0) return mk_cli_stage(argc - 2, argv + 2);
-    if (strcmp(argv[1], "tokenize") == 0) return mk_cli_tokenize(argc - 2, argv + 2);
-    if (strcmp(argv[1], "serve") == 0) return mk_cli_serve(argc - 2, argv + 2);
-    return usage();
+    for (size_t i = 0; i < sizeof mk_commands / sizeof *mk_commands; i++)
+        if (strcmp(argv[1], mk_commands[i].name) == 0) return mk_commands[i].run(argc - 2, argv + 2);
+    return mk_cli_usage_error(NULL, "unknown command '%s'", argv[1]);
 }

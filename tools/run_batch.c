@@ -1,14 +1,14 @@
 /* meshkern run MODEL --prompts FILE: many sequences through a placed pipeline.
  *
- *   meshkern run MODEL --prompts FILE [--split auto|L1,L2,...] [--devices 0,1,...] [--batch M]
- *                [--n N] [--stop IDS] [--seam auto|local|wire|unix|tcp|nccl] [--timeline FILE.json]
- *                [--backend cpu|cuda] [--dtype native|f32|f16|bf16] [--kv f32|f16|bf16] [--threads N] [--speed]
+ *   meshkern run MODEL --prompts FILE [--split auto|L1,L2,...] [--devices 0,1,...] [--max-sequences M]
+ *                [--max-tokens N] [--stop IDS] [--seam auto|local|wire|unix|tcp|nccl] [--timeline FILE.json]
+ *                [backend options]
  *
  * FILE holds one prompt per line as comma-separated token ids (blank lines and lines
  * starting with '#' are skipped). Each range runs on its own device (cuda) or worker
- * thread (cpu); --batch sequences are in flight at once and the rest wait for a slot.
- * Generation stops at --n tokens or at a stop id: the model's end-of-generation id when
- * the GGUF names one, plus --stop. Weights are native (GGUF block format) for a GGUF model
+ * thread (cpu); --max-sequences are in flight at once and the rest wait for a slot.
+ * Generation stops at --max-tokens tokens or at a stop id: the model's EOS (its
+ * tokenizer's), plus --stop. Weights are native (GGUF block format) for a GGUF model
  * on the cpu backend unless --dtype says otherwise; --threads is per stage (default: the
  * cores divided among the stages). Prints the cuts and each stage's share, every
  * sequence's tokens (and text), and the aggregate throughput and per-stage busy share. */
@@ -20,12 +20,10 @@
 
 #include "cli.h"
 #include "cli_text.h"
-#include "model/gguf.h"
-#include "model/model.h"
-#include "mk_error.h"
 #include "core/mk_size.h"
+#include "mk_error.h"
 
-#define MK_BATCH_MAX_LIST 64
+#define MK_BATCH_MAX_LIST MK_CLI_MAX_LIST
 
 typedef struct batch_args {
     const char *model, *prompts, *timeline;
@@ -34,7 +32,7 @@ typedef struct batch_args {
     size_t n_cuts;
     int devices[MK_BATCH_MAX_LIST];
     size_t n_devices;
-    int32_t stop[MK_BATCH_MAX_LIST];
+    int32_t stop[MK_BATCH_MAX_LIST + 1]; /* --stop, then the model's EOS */
     size_t n_stop;
     size_t batch, n_new;
     mk_seam_kind seam; /* 0: the placement rule */
@@ -53,7 +51,7 @@ static double batch_now_s(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-/* "a,b,c" of integers in [lo, hi] into out[cap]; false on anything else. */
+/* "a,b,c" of token ids (a prompt line) into out[cap]; false on anything else. */
 static bool parse_ints(const char *text, long long lo, long long hi, long long *out, size_t cap, size_t *n) {
     *n = 0;
     const char *p = text;
@@ -70,51 +68,48 @@ static bool parse_ints(const char *text, long long lo, long long hi, long long *
     return *n > 0;
 }
 
+/* -1 when parsed; else the exit status (0 after --help, 2 after a usage error). */
 static int parse_batch_args(int argc, char **argv, batch_args *a) {
     memset(a, 0, sizeof *a);
-    a->model = argv[0];
     a->batch = 8;
     a->n_new = 16;
     a->seam = 0;
     mk_cli_backend_init(&a->backend);
-    long long list[MK_BATCH_MAX_LIST];
-    size_t n;
-    for (int i = 1; i < argc; i++) {
-        const char *k = argv[i];
-        if (mk_cli_backend_flag(k, &a->backend)) continue;
-        const char *v = i + 1 < argc ? argv[++i] : NULL;
-        if (!v) return mk_cli_usage();
-        const int taken = mk_cli_backend_option(k, v, &a->backend);
-        if (taken < 0) return mk_cli_usage();
-        if (taken) continue;
-        if (strcmp(k, "--prompts") == 0) a->prompts = v;
-        else if (strcmp(k, "--timeline") == 0) a->timeline = v;
-        else if (strcmp(k, "--batch") == 0) {
-            if (!mk_cli_parse_count(k, v, 1, MK_CLI_MAX_BATCH, &a->batch)) return mk_cli_usage();
-        } else if (strcmp(k, "--n") == 0) {
-            if (!mk_cli_parse_count(k, v, 1, MK_CLI_MAX_NEW_TOKENS, &a->n_new)) return mk_cli_usage();
-        }
-        else if (strcmp(k, "--split") == 0) {
-            if (strcmp(v, "auto") == 0) a->split_auto = true;
-            else if (!parse_ints(v, 0, INT32_MAX, list, MK_BATCH_MAX_LIST, &n)) return mk_cli_usage();
-            else for (a->n_cuts = 0; a->n_cuts < n; a->n_cuts++) a->cuts[a->n_cuts] = list[a->n_cuts];
-        } else if (strcmp(k, "--devices") == 0) {
-            if (!parse_ints(v, 0, 1023, list, MK_BATCH_MAX_LIST, &n)) return mk_cli_usage();
-            for (a->n_devices = 0; a->n_devices < n; a->n_devices++) a->devices[a->n_devices] = (int)list[a->n_devices];
-        } else if (strcmp(k, "--stop") == 0) {
-            if (!parse_ints(v, 0, INT32_MAX, list, MK_BATCH_MAX_LIST, &n)) return mk_cli_usage();
-            for (a->n_stop = 0; a->n_stop < n; a->n_stop++) a->stop[a->n_stop] = (int32_t)list[a->n_stop];
-        } else if (strcmp(k, "--seam") == 0) {
-            if (strcmp(v, "auto") == 0) a->seam = 0;
-            else {
-                const mk_status s = mk_seam_kind_from_name(v, &a->seam);
-                if (s != MK_OK) return mk_cli_fail(s);
-            }
-        } else return mk_cli_usage();
-    }
-    if (!a->prompts) return mk_cli_usage();
+    int64_t devices[MK_BATCH_MAX_LIST], stop[MK_BATCH_MAX_LIST];
+    mk_cli_list cuts_l = MK_CLI_LIST(a->cuts, 0, INT32_MAX, "layer", true);
+    mk_cli_list devices_l = MK_CLI_LIST(devices, 0, MK_CLI_MAX_DEVICE, "device", false);
+    mk_cli_list stop_l = MK_CLI_LIST(stop, 0, INT32_MAX, "token id", false);
+    const mk_cli_option opts[] = {
+        mk_cli_opt_prompts(&a->prompts, "one prompt per line, comma-separated token ids; - is standard input (required)"),
+        mk_cli_opt_max_tokens(&a->n_new, MK_CLI_MAX_NEW_TOKENS, "16"),
+        mk_cli_opt_max_sequences(&a->batch, "8"),
+        mk_cli_opt_stop(&stop_l),
+        mk_cli_opt_split(&cuts_l),
+        mk_cli_opt_devices(&devices_l),
+        mk_cli_opt_seam(&a->seam, true, "auto: by the placement rule"),
+        {"--timeline", NULL, "FILE.json", "every stage's steps as a Chrome trace", NULL, MK_CLI_TEXT, (void *)&a->timeline,
+         0, 0, NULL},
+    };
+    mk_cli_option backend_opts[MK_CLI_BACKEND_OPTIONS];
+    const mk_cli_group groups[] = {
+        {"options", opts, sizeof opts / sizeof *opts},
+        {"backend options", backend_opts,
+         mk_cli_backend_options(&a->backend, backend_opts, "cpu threads per stage (default: the cores divided among the stages)")},
+    };
+    const mk_cli_command cmd = {
+        "run", "MODEL --prompts FILE [options]",
+        "  Many sequences through a placed pipeline: one range per device (cuda) or worker thread (cpu).\n"
+        "  A sequence stops at --max-tokens, at the model's EOS or at a --stop id.\n",
+        {"MODEL"}, groups, sizeof groups / sizeof *groups};
+    const int bad = mk_cli_parse(&cmd, argc, argv, &a->model);
+    if (bad >= 0) return bad;
+    if (!a->prompts) return mk_cli_usage_error("run", "--prompts FILE is required");
+    a->split_auto = cuts_l.is_auto;
+    a->n_cuts = cuts_l.n;
+    for (a->n_devices = 0; a->n_devices < devices_l.n; a->n_devices++) a->devices[a->n_devices] = (int)devices[a->n_devices];
+    for (a->n_stop = 0; a->n_stop < stop_l.n; a->n_stop++) a->stop[a->n_stop] = (int32_t)stop[a->n_stop];
     mk_cli_backend_finish(&a->backend, a->model);
-    return 0;
+    return -1;
 }
 
 /* One prompt per line; *out is an array of *n prompts (mk_cli_free_prompts). */
@@ -187,16 +182,14 @@ static mk_status write_timeline(const mk_sched *sched, const char *path) {
     return ok ? MK_OK : mk_fail(MK_ERR_IO, "cannot write %s: %s", path, strerror(errno));
 }
 
-static int run_batch(const batch_args *a, const mk_model *model, const batch_prompt *prompts, size_t n_prompts) {
+static int run_batch(const batch_args *a, const mk_model *model, const mk_tokenizer *tok, const batch_prompt *prompts,
+                     size_t n_prompts) {
     const mk_hparams *hp = mk_model_hparams(model);
-    /* The model's end-of-generation id, when the file names one, stops a sequence too. */
+    /* The model's EOS, when its tokenizer names one, stops a sequence too. */
     int32_t stop[MK_BATCH_MAX_LIST + 1];
     size_t n_stop = a->n_stop;
     memcpy(stop, a->stop, n_stop * sizeof *stop);
-    uint32_t eos;
-    if (model->gguf && mk_gguf_get_u32(model->gguf, "tokenizer.ggml.eos_token_id", &eos) == MK_OK)
-        stop[n_stop++] = (int32_t)eos;
-    mk_clear_error();
+    if (mk_tokenizer_eos(tok) >= 0) stop[n_stop++] = mk_tokenizer_eos(tok);
 
     size_t longest = 0;
     for (size_t i = 0; i < n_prompts; i++) longest = prompts[i].n > longest ? prompts[i].n : longest;
@@ -261,7 +254,7 @@ static int run_batch(const batch_args *a, const mk_model *model, const batch_pro
         printf(" %zu tokens:", info.n_tokens);
         for (size_t k = 0; k < info.n_tokens; k++) printf(" %d", tokens[k]);
         printf("\n  text: ");
-        mk_cli_print_text(stdout, model, tokens, info.n_tokens); /* "<id>" without a tokenizer */
+        mk_cli_print_text(stdout, tok, tokens, info.n_tokens); /* "<id>" without a tokenizer */
         printf("\n");
     }
     if (rc == 0) {
@@ -287,10 +280,9 @@ static int run_batch(const batch_args *a, const mk_model *model, const batch_pro
 }
 
 int mk_cli_run_batch(int argc, char **argv) {
-    if (argc < 1) return mk_cli_usage();
     batch_args a;
     const int bad = parse_batch_args(argc, argv, &a);
-    if (bad) return bad;
+    if (bad >= 0) return bad;
     batch_prompt *prompts = NULL;
     size_t n_prompts = 0;
     mk_status s = mk_cli_read_prompts(a.prompts, &prompts, &n_prompts);
@@ -300,7 +292,9 @@ int mk_cli_run_batch(int argc, char **argv) {
     }
     mk_model *model = NULL;
     s = mk_cli_open_model(a.model, &model);
-    int rc = s == MK_OK ? run_batch(&a, model, prompts, n_prompts) : mk_cli_fail(s);
+    mk_tokenizer *tok = s == MK_OK ? mk_cli_tokenizer_or_null(model) : NULL;
+    int rc = s == MK_OK ? run_batch(&a, model, tok, prompts, n_prompts) : mk_cli_fail(s);
+    mk_tokenizer_free(tok);
     mk_model_free(model);
     mk_cli_free_prompts(prompts, n_prompts);
     return rc;

@@ -673,32 +673,6 @@ static void mk_on_stop_signal(int sig) {
     sem_post(&mk_stop_sem); /* async-signal-safe */
 }
 
-static int mk_serve_usage(void) {
-    fprintf(stderr,
-            "usage:\n"
-            "  meshkern serve MODEL.gguf [--host 127.0.0.1] [--port 8080 (0: any free port)]\n"
-            "               [--api-key KEY | --api-key-file FILE] [--model-name NAME]\n"
-            "               [--split L1,L2,...] [--max-sequences N (default 8)] [--max-queue N (default 64)]\n"
-            "               [--ctx N (KV positions per sequence, default min(model, 2048))]\n"
-            "               [--max-body BYTES (default 1048576)] [--max-connections N (default 128)]\n"
-            "               [--timeout S (idle connection, default 60)] [--drain-timeout S (default 60)]\n"
-            "               [--backend cpu|cuda] [--device I] [--dtype native|f32|f16|bf16] [--kv f32|f16|bf16]\n"
-            "               [--threads N (per stage)] [--speed]\n"
-            "  OpenAI-compatible: POST /v1/chat/completions, /v1/completions; GET /v1/models, /health, /metrics\n");
-    return 2;
-}
-
-/* A count in [lo, hi]: digits only. */
-static bool mk_serve_count(const char *v, unsigned long long lo, unsigned long long hi, unsigned long long *out) {
-    if (!v || v[0] < '0' || v[0] > '9') return false;
-    char *end;
-    errno = 0;
-    const unsigned long long n = strtoull(v, &end, 10);
-    if (*end || errno || n < lo || n > hi) return false;
-    *out = n;
-    return true;
-}
-
 static char *mk_read_key_file(const char *path) {
     FILE *f = fopen(path, "r");
     if (!f) return NULL;
@@ -712,62 +686,55 @@ static char *mk_read_key_file(const char *path) {
 }
 
 int mk_cli_serve(int argc, char **argv) {
-    if (argc < 1) return mk_serve_usage();
-    const char *path = argv[0], *host = "127.0.0.1", *key = NULL, *key_file = NULL, *name = NULL;
-    unsigned long long port = 8080, max_seq = 8, max_queue = 64, ctx = 0, max_body = 1 << 20, max_conn = 128,
-                       timeout = 60, drain = 60;
-    int64_t cuts[64];
-    size_t n_cuts = 0;
+    const char *path = NULL, *host = "127.0.0.1", *key = NULL, *key_file = NULL, *name = NULL;
+    size_t port = 8080, max_seq = 8, max_queue = 64, ctx = 0, max_body = 1 << 20, max_conn = 128, timeout = 60,
+           drain = 60;
+    int64_t cuts[MK_CLI_MAX_LIST];
+    mk_cli_list cuts_l = MK_CLI_LIST(cuts, 0, INT32_MAX, "layer", false);
     mk_cli_backend backend;
     mk_cli_backend_init(&backend);
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (mk_cli_backend_flag(a, &backend)) continue;
-        const char *v = i + 1 < argc ? argv[++i] : NULL;
-        if (!v) return mk_serve_usage();
-        const int taken = mk_cli_backend_option(a, v, &backend);
-        if (taken < 0) return mk_serve_usage();
-        if (taken) continue;
-        bool ok = true;
-        if (strcmp(a, "--host") == 0) host = v;
-        else if (strcmp(a, "--port") == 0) ok = mk_serve_count(v, 0, 65535, &port);
-        else if (strcmp(a, "--api-key") == 0) key = v;
-        else if (strcmp(a, "--api-key-file") == 0) key_file = v;
-        else if (strcmp(a, "--model-name") == 0) name = v;
-        else if (strcmp(a, "--max-sequences") == 0) ok = mk_serve_count(v, 1, 1024, &max_seq);
-        else if (strcmp(a, "--max-queue") == 0) ok = mk_serve_count(v, 0, 65536, &max_queue);
-        else if (strcmp(a, "--ctx") == 0) ok = mk_serve_count(v, 2, 1 << 20, &ctx);
-        else if (strcmp(a, "--max-body") == 0) ok = mk_serve_count(v, 64, 1ull << 30, &max_body);
-        else if (strcmp(a, "--max-connections") == 0) ok = mk_serve_count(v, 1, 65536, &max_conn);
-        else if (strcmp(a, "--timeout") == 0) ok = mk_serve_count(v, 1, 86400, &timeout);
-        else if (strcmp(a, "--drain-timeout") == 0) ok = mk_serve_count(v, 0, 86400, &drain);
-        else if (strcmp(a, "--split") == 0) {
-            for (const char *p = v; *p && ok;) {
-                unsigned long long cut = 0;
-                char num[32];
-                const size_t len = strcspn(p, ",");
-                ok = len > 0 && len < sizeof num && n_cuts < 64;
-                if (ok) {
-                    memcpy(num, p, len), num[len] = '\0';
-                    ok = mk_serve_count(num, 0, INT32_MAX, &cut);
-                    if (ok) cuts[n_cuts++] = (int64_t)cut;
-                }
-                p += len + (p[len] == ',');
-            }
-        } else ok = false;
-        if (!ok) return mk_serve_usage();
-    }
-    if (key && key_file) return mk_serve_usage();
+    const mk_cli_option opts[] = {
+        {"--host", NULL, "IPV4", "the address to listen on", "127.0.0.1", MK_CLI_TEXT, (void *)&host, 0, 0, NULL},
+        {"--port", NULL, "PORT", "the port (0: any free port)", "8080", MK_CLI_COUNT, &port, 0, 65535, NULL},
+        {"--api-key", NULL, "KEY", "requests must carry it (Authorization: Bearer KEY)", NULL, MK_CLI_TEXT, (void *)&key,
+         0, 0, NULL},
+        {"--api-key-file", NULL, "FILE", "the API key from the file's first line", NULL, MK_CLI_TEXT, (void *)&key_file, 0,
+         0, NULL},
+        {"--model-name", NULL, "NAME", "the model's id in the API", "the file's name", MK_CLI_TEXT, (void *)&name, 0, 0,
+         NULL},
+        mk_cli_opt_split(&cuts_l),
+        mk_cli_opt_max_sequences(&max_seq, "8"),
+        {"--max-queue", NULL, "N", "requests waiting for a slot before 429", "64", MK_CLI_COUNT, &max_queue, 0, 65536,
+         NULL},
+        {"--ctx", NULL, "N", "KV positions per sequence", "min(model, 2048)", MK_CLI_COUNT, &ctx, 2, 1 << 20, NULL},
+        {"--max-body", NULL, "BYTES", "the largest request body", "1048576", MK_CLI_COUNT, &max_body, 64, (size_t)1 << 30,
+         NULL},
+        {"--max-connections", NULL, "N", "connections at once", "128", MK_CLI_COUNT, &max_conn, 1, 65536, NULL},
+        {"--timeout", NULL, "S", "the deadline of an idle connection, in seconds", "60", MK_CLI_COUNT, &timeout, 1, 86400,
+         NULL},
+        {"--drain-timeout", NULL, "S", "on SIGTERM/SIGINT, how long requests in flight may finish", "60", MK_CLI_COUNT,
+         &drain, 0, 86400, NULL},
+    };
+    mk_cli_option backend_opts[MK_CLI_BACKEND_OPTIONS];
+    const mk_cli_group groups[] = {
+        {"options", opts, sizeof opts / sizeof *opts},
+        {"backend options", backend_opts, mk_cli_backend_options(&backend, backend_opts, "cpu threads per stage")},
+    };
+    const mk_cli_command cmd = {
+        "serve", "MODEL.gguf [options]",
+        "  OpenAI-compatible HTTP: POST /v1/chat/completions, /v1/completions; GET /v1/models, /health, /metrics\n",
+        {"MODEL"}, groups, sizeof groups / sizeof *groups};
+    const int bad = mk_cli_parse(&cmd, argc, argv, &path);
+    if (bad >= 0) return bad;
+    const size_t n_cuts = cuts_l.n;
+    if (key && key_file) return mk_cli_usage_error("serve", "--api-key and --api-key-file: one or the other");
     char *file_key = NULL;
-    if (key_file && !(key = file_key = mk_read_key_file(key_file))) {
-        fprintf(stderr, "meshkern serve: cannot read an API key from %s\n", key_file);
-        return 2;
-    }
+    if (key_file && !(key = file_key = mk_read_key_file(key_file)))
+        return mk_cli_usage_error("serve", "cannot read an API key from %s", key_file);
     struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
     if (inet_pton(AF_INET, host, &addr.sin_addr) != 1) {
-        fprintf(stderr, "meshkern serve: --host %s is not an IPv4 address\n", host);
         free(file_key);
-        return 2;
+        return mk_cli_usage_error("serve", "--host %s is not an IPv4 address", host);
     }
     mk_cli_backend_finish(&backend, path);
 
@@ -837,14 +804,14 @@ int mk_cli_serve(int argc, char **argv) {
                              (unsigned)max_conn, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)timeout,
                              MHD_OPTION_NOTIFY_COMPLETED, mk_completed, &srv, MHD_OPTION_END);
         if (!d) {
-            fprintf(stderr, "meshkern serve: cannot listen on %s:%llu: %s\n", host, port, strerror(errno));
+            fprintf(stderr, "meshkern serve: cannot listen on %s:%zu: %s\n", host, port, strerror(errno));
             rc = 1;
         }
     }
     if (d) {
         const union MHD_DaemonInfo *info = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
         const unsigned bound = info ? info->port : (unsigned)port;
-        printf("meshkern serve: model %s (%zu layers, context %llu), %zu stage%s, %llu sequences + %llu queued, "
+        printf("meshkern serve: model %s (%zu layers, context %zu), %zu stage%s, %zu sequences + %zu queued, "
                "backend %s, weights %s\n",
                srv.model_id, hp->n_layers, ctx, mk_sched_stage_count(srv.sched),
                mk_sched_stage_count(srv.sched) > 1 ? "s" : "", max_seq, max_queue,
@@ -865,7 +832,7 @@ int mk_cli_serve(int argc, char **argv) {
         const size_t left = srv.n_active;
         for (size_t i = 0; i < srv.n_jobs; i++) (void)mk_sched_cancel(srv.sched, srv.jobs[i]->seq);
         pthread_mutex_unlock(&srv.mu);
-        if (left) printf("meshkern serve: %zu requests still open after %llu s: their sequences cancelled\n", left, drain);
+        if (left) printf("meshkern serve: %zu requests still open after %zu s: their sequences cancelled\n", left, drain);
         MHD_stop_daemon(d);
         printf("meshkern serve: stopped\n");
         fflush(stdout);

@@ -4,7 +4,7 @@
  *
  *   meshkern stage MODEL --split L1,L2,...|auto --rank R --world N --rendezvous HOST:PORT
  *   mpirun -np N meshkern stage MODEL --split L1,L2,...|auto [--launcher mpi]
- *                  [--prompts FILE|-] [--max-tokens K] [--batch M] [--timeout S] [--stop IDS]
+ *                  [--prompts FILE|-] [--max-tokens K] [--max-sequences M] [--timeout S] [--stop IDS]
  *                  [--seam tcp|unix|nccl] [--backend cpu|cuda] [--device D] [--dtype native|f32|f16|bf16]
  *                  [--kv f32|f16|bf16] [--threads N] [--speed]   (the backend options: cli_backend.c) [--text]
  *                  [--tls-psk HEX [--tls-identity ID] | --tls-cert PEM --tls-key PEM --tls-ca PEM]
@@ -22,12 +22,10 @@
 
 #include "cli.h"
 #include "cli_text.h"
-#include "model/gguf.h"
-#include "model/model.h"
-#include "mk_error.h"
 #include "core/mk_size.h"
+#include "mk_error.h"
 
-#define MK_STAGE_MAX_LIST 64
+#define MK_STAGE_MAX_LIST MK_CLI_MAX_LIST
 
 typedef struct stage_args {
     const char *model, *prompts, *rendezvous;
@@ -40,8 +38,8 @@ typedef struct stage_args {
 } stage_args;
 
 typedef struct stage_print {
-    const mk_model *model;
-    const mk_tokenizer *tok; /* --text: answers printed as text */
+    const mk_tokenizer *tok; /* the model's, or NULL: tokens printed as "<id>" */
+    bool text;               /* --text: answers printed as text */
     const batch_prompt *prompts;
     size_t generated, failed, reported;
     int rank;
@@ -53,102 +51,94 @@ static double stage_now_s(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static bool parse_int(const char *v, long lo, long hi, int *out) {
+static bool parse_timeout(const char *v, void *dest, char *why, size_t why_len) {
+    /* seconds, at the runtime's resolution of 1 ms: less would become 0, the default */
     char *end = NULL;
-    errno = 0;
-    const long x = strtol(v, &end, 10);
-    *out = (int)x;
-    return end != v && !*end && !errno && x >= lo && x <= hi;
-}
-
-/* "a,b,c" of integers in [0, INT32_MAX] into out[cap]. */
-static bool parse_list(const char *v, long long *out, size_t cap, size_t *n) {
-    *n = 0;
-    for (const char *p = v; *p;) {
-        char *end = NULL;
-        errno = 0;
-        const long long x = strtoll(p, &end, 10);
-        if (end == p || errno || x < 0 || x > INT32_MAX || *n == cap || (*end && *end != ',')) return false;
-        out[(*n)++] = x;
-        p = *end ? end + 1 : end;
+    const double s = strtod(v, &end);
+    if (end == v || *end || !(s >= 0.001) || s > 86400.0) {
+        snprintf(why, why_len, "expected seconds from 0.001 (the resolution) to 86400");
+        return false;
     }
-    return *n > 0;
+    *(int *)dest = (int)(s * 1000.0 + 0.5);
+    return true;
 }
 
+static bool parse_launcher(const char *v, void *dest, char *why, size_t why_len) {
+    if (strcmp(v, "mpi") != 0 && strcmp(v, "rendezvous") != 0) {
+        snprintf(why, why_len, "expected mpi or rendezvous");
+        return false;
+    }
+    *(bool *)dest = strcmp(v, "mpi") == 0;
+    return true;
+}
+
+/* -1 when parsed; else the exit status (0 after --help, 2 after a usage error). */
 static int parse_stage_args(int argc, char **argv, stage_args *a) {
     memset(a, 0, sizeof *a);
-    a->model = argv[0];
     a->o = mk_stage_options_default();
-    a->o.rank = -1;
-    a->o.world = 0;
-    /* --backend, --device, --dtype, --kv, --threads, --speed: the run forms' shared parser */
     mk_cli_backend backend;
     mk_cli_backend_init(&backend);
-    long long list[MK_STAGE_MAX_LIST];
-    size_t n = 0;
-    bool split_given = false;
-    for (int i = 1; i < argc; i++) {
-        const char *k = argv[i];
-        if (mk_cli_backend_flag(k, &backend)) continue;
-        if (strcmp(k, "--text") == 0) {
-            a->text = true;
-            continue;
-        }
-        const char *v = i + 1 < argc ? argv[++i] : NULL;
-        if (!v) return mk_cli_usage();
-        const int taken = mk_cli_backend_option(k, v, &backend);
-        if (taken < 0) return mk_cli_usage();
-        if (taken) continue;
-        if (strcmp(k, "--split") == 0) {
-            split_given = true;
-            if (strcmp(v, "auto") == 0) a->o.split_auto = true;
-            else if (!parse_list(v, list, MK_STAGE_MAX_LIST, &n)) return mk_cli_usage();
-            else for (a->o.n_cuts = 0; a->o.n_cuts < n; a->o.n_cuts++) a->cuts[a->o.n_cuts] = list[a->o.n_cuts];
-        } else if (strcmp(k, "--rank") == 0) {
-            if (!parse_int(v, 0, MK_STAGE_MAX_LIST - 1, &a->o.rank)) return mk_cli_usage();
-        } else if (strcmp(k, "--world") == 0) {
-            if (!parse_int(v, 2, MK_STAGE_MAX_LIST, &a->o.world)) return mk_cli_usage();
-        } else if (strcmp(k, "--rendezvous") == 0) a->rendezvous = v;
-        else if (strcmp(k, "--launcher") == 0) {
-            if (strcmp(v, "mpi") == 0) a->mpi = true;
-            else if (strcmp(v, "rendezvous") != 0) return mk_cli_usage();
-        }
-        else if (strcmp(k, "--prompts") == 0) a->prompts = v;
-        else if (strcmp(k, "--max-tokens") == 0) {
-            if (!mk_cli_parse_count(k, v, 1, MK_CLI_MAX_NEW_TOKENS, &a->o.max_new_tokens)) return mk_cli_usage();
-        } else if (strcmp(k, "--batch") == 0) {
-            if (!mk_cli_parse_count(k, v, 1, MK_CLI_MAX_BATCH, &a->o.max_sequences)) return mk_cli_usage();
-        }
-        else if (strcmp(k, "--timeout") == 0) {
-            /* seconds, at the runtime's resolution of 1 ms: less would become 0, the default */
-            char *end = NULL;
-            const double s = strtod(v, &end);
-            if (end == v || *end || !(s >= 0.001) || s > 86400.0) {
-                fprintf(stderr, "meshkern: --timeout %s: expected seconds from 0.001 (the resolution) to 86400\n", v);
-                return mk_cli_usage();
-            }
-            a->o.timeout_ms = (int)(s * 1000.0 + 0.5);
-        } else if (strcmp(k, "--stop") == 0) {
-            if (!parse_list(v, list, MK_STAGE_MAX_LIST, &n)) return mk_cli_usage();
-            for (a->n_stop = 0; a->n_stop < n; a->n_stop++) a->stop[a->n_stop] = (int32_t)list[a->n_stop];
-        } else if (strcmp(k, "--seam") == 0) {
-            const mk_status s = mk_seam_kind_from_name(v, &a->o.seam);
-            if (s != MK_OK) return mk_cli_fail(s);
-        } else if (mk_cli_tls_option(k, v, &a->o.tls)) continue;
-        else return mk_cli_usage();
-    }
+    size_t rank = SIZE_MAX, world = 0;
+    int64_t stop[MK_STAGE_MAX_LIST];
+    mk_cli_list cuts_l = MK_CLI_LIST(a->cuts, 0, INT32_MAX, "layer", true);
+    mk_cli_list stop_l = MK_CLI_LIST(stop, 0, INT32_MAX, "token id", false);
+    char tokens_default[32], sequences_default[32];
+    snprintf(tokens_default, sizeof tokens_default, "%zu", a->o.max_new_tokens);
+    snprintf(sequences_default, sizeof sequences_default, "%zu", a->o.max_sequences);
+    const mk_cli_option opts[] = {
+        mk_cli_opt_split(&cuts_l),
+        {"--rank", NULL, "R", "this process's rank, 0 the head (not under MPI)", NULL, MK_CLI_COUNT, &rank, 0,
+         MK_STAGE_MAX_LIST - 1, NULL},
+        {"--world", NULL, "N", "the number of processes (not under MPI)", NULL, MK_CLI_COUNT, &world, 2, MK_STAGE_MAX_LIST,
+         NULL},
+        {"--rendezvous", NULL, "HOST:PORT", "where rank 0 listens and the others join (not under MPI)", NULL,
+         MK_CLI_TEXT, (void *)&a->rendezvous, 0, 0, NULL},
+        {"--launcher", NULL, "mpi|rendezvous", "mpi: started by mpirun -np N, MPI says who is who", "rendezvous",
+         MK_CLI_CALL, &a->mpi, 0, 0, parse_launcher},
+        mk_cli_opt_prompts(&a->prompts, "rank 0: one prompt per line, comma-separated token ids (with --text: one user "
+                                        "message per line); - is standard input"),
+        {"--text", NULL, NULL, "the prompts are text through the chat template, the answers printed as text", NULL,
+         MK_CLI_FLAG, &a->text, 0, 0, NULL},
+        mk_cli_opt_max_tokens(&a->o.max_new_tokens, MK_CLI_MAX_NEW_TOKENS, tokens_default),
+        mk_cli_opt_max_sequences(&a->o.max_sequences, sequences_default),
+        mk_cli_opt_stop(&stop_l),
+        {"--timeout", NULL, "S", "the deadline of every wait for another process, in seconds", "30", MK_CLI_CALL,
+         &a->o.timeout_ms, 0, 0, parse_timeout},
+        mk_cli_opt_seam(&a->o.seam, false, "tcp"),
+    };
+    mk_cli_option backend_opts[MK_CLI_BACKEND_OPTIONS], tls_opts[MK_CLI_TLS_OPTIONS];
+    const mk_cli_group groups[] = {
+        {"options", opts, sizeof opts / sizeof *opts},
+        {"backend options", backend_opts, mk_cli_backend_options(&backend, backend_opts, "cpu threads (default: every core)")},
+        {"TLS options (the rendezvous, control and seam connections; unix and tcp seams)", tls_opts,
+         mk_cli_tls_options(&a->o.tls, tls_opts)},
+    };
+    const mk_cli_command cmd = {
+        "stage", "MODEL --split L1,L2,...|auto --rank R --world N --rendezvous HOST:PORT [options]",
+        "       mpirun -np N meshkern stage MODEL --split L1,L2,...|auto [options]\n"
+        "  One range of a pipeline whose ranges run in separate processes; rank 0 takes the prompts and\n"
+        "  prints every sequence's tokens, the throughput and the per-hop figures.\n",
+        {"MODEL"}, groups, sizeof groups / sizeof *groups};
+    const int bad = mk_cli_parse(&cmd, argc, argv, &a->model);
+    if (bad >= 0) return bad;
+    a->o.rank = rank == SIZE_MAX ? -1 : (int)rank;
+    a->o.world = (int)world;
+    a->o.split_auto = cuts_l.is_auto;
+    a->o.n_cuts = cuts_l.n;
+    for (a->n_stop = 0; a->n_stop < stop_l.n; a->n_stop++) a->stop[a->n_stop] = (int32_t)stop[a->n_stop];
+    mk_cli_tls_finish(&a->o.tls);
     if (a->o.tls.enabled) { /* the key, the files and the seam, checked before anything starts */
         mk_seam_options so = mk_seam_options_default(a->o.seam);
         so.tls = a->o.tls;
-        if (!mk_cli_tls_usable(&so)) return 2;
+        const int rc = mk_cli_tls_check("stage", &so);
+        if (rc >= 0) return rc;
     }
     /* Started by mpirun without a rank of its own: MPI says who is who. */
     if (!a->mpi && a->o.rank < 0 && mk_stage_mpi_launched()) a->mpi = true;
-    if (!split_given || (!a->mpi && (a->o.rank < 0 || a->o.world < 2 || !a->rendezvous || a->o.rank >= a->o.world))) {
-        fprintf(stderr, "meshkern stage: --split is required, and --rank, --world and --rendezvous unless MPI "
-                        "launches the ranks (0 <= rank < world)\n");
-        return mk_cli_usage();
-    }
+    if ((!cuts_l.n && !cuts_l.is_auto) ||
+        (!a->mpi && (a->o.rank < 0 || a->o.world < 2 || !a->rendezvous || a->o.rank >= a->o.world)))
+        return mk_cli_usage_error("stage", "--split is required, and --rank, --world and --rendezvous unless MPI "
+                                           "launches the ranks (0 <= rank < world)");
     /* A GGUF model on the cpu backend runs on its stored weights unless asked otherwise (as run). */
     mk_cli_backend_finish(&backend, a->model);
     a->o.range.backend = backend.config;
@@ -156,7 +146,7 @@ static int parse_stage_args(int argc, char **argv, stage_args *a) {
     a->o.cuts = a->cuts;
     a->o.rendezvous = a->rendezvous;
     if (a->mpi) a->o.world = 2; /* until MPI says */
-    return 0;
+    return -1;
 }
 
 /* The runtime's notices (a rank joined, a stranger dropped at the rendezvous) on stderr. */
@@ -182,7 +172,7 @@ static void stage_report(void *user, const mk_stage_report *r) {
     p->generated += r->n_tokens;
     for (size_t k = 0; k < r->n_tokens; k++) printf(" %d", r->tokens[k]);
     printf("\n");
-    if (r->status == MK_OK && p->tok) {
+    if (r->status == MK_OK && p->text && p->tok) {
         /* as run -p prints it: the answer's text without the end-of-turn token */
         char *text = NULL;
         size_t len = 0;
@@ -195,7 +185,7 @@ static void stage_report(void *user, const mk_stage_report *r) {
         mk_buffer_free(text);
     } else if (r->status == MK_OK) {
         printf("  text: ");
-        mk_cli_print_text(stdout, p->model, r->tokens, r->n_tokens);
+        mk_cli_print_text(stdout, p->tok, r->tokens, r->n_tokens);
         printf("\n");
     }
     fflush(stdout);
@@ -227,15 +217,12 @@ static int run_stage(stage_args *a, const mk_model *model, const mk_tokenizer *t
                      size_t n_prompts) {
     const mk_hparams *hp = mk_model_hparams(model);
     if (a->o.rank == 0) {
-        /* As run --prompts: the model's end-of-generation id, when the file names one, stops too;
-         * with --text, as run -p: every end-of-generation token of the tokenizer. */
-        uint32_t eos;
-        if (model->gguf && mk_gguf_get_u32(model->gguf, "tokenizer.ggml.eos_token_id", &eos) == MK_OK)
-            a->stop[a->n_stop++] = (int32_t)eos;
-        for (size_t id = 0; tok && id < mk_tokenizer_vocab_size(tok); id++)
+        /* As run --prompts: the model's EOS (its tokenizer's) stops too; with --text, as
+         * run -p: every end-of-generation token of the tokenizer. */
+        if (mk_tokenizer_eos(tok) >= 0) a->stop[a->n_stop++] = mk_tokenizer_eos(tok);
+        for (size_t id = 0; a->text && tok && id < mk_tokenizer_vocab_size(tok); id++)
             if (mk_tokenizer_is_eog(tok, (int32_t)id) && a->n_stop < sizeof a->stop / sizeof *a->stop)
                 a->stop[a->n_stop++] = (int32_t)id;
-        mk_clear_error();
         a->o.stop_ids = a->stop;
         a->o.n_stop = a->n_stop;
         size_t longest = 0;
@@ -267,7 +254,7 @@ static int run_stage(stage_args *a, const mk_model *model, const mk_tokenizer *t
         return mk_cli_fail(mk_fail(MK_ERR_OUT_OF_MEMORY, "out of memory"));
     }
     for (size_t i = 0; i < n_prompts; i++) req[i] = (mk_stage_request){prompts[i].ids, prompts[i].n};
-    stage_print p = {model, tok, prompts, 0, 0, 0, a->o.rank};
+    stage_print p = {tok, a->text, prompts, 0, 0, 0, a->o.rank};
     const double t0 = stage_now_s();
     s = mk_stage_serve(stage, req, n_prompts, stage_report, &p);
     const double wall = stage_now_s() - t0;
@@ -342,10 +329,9 @@ static mk_status read_text_prompts(const char *path, const mk_model *model, mk_t
 }
 
 int mk_cli_stage(int argc, char **argv) {
-    if (argc < 1) return mk_cli_usage();
     stage_args a;
     const int bad = parse_stage_args(argc, argv, &a);
-    if (bad) return bad;
+    if (bad >= 0) return bad;
     mk_model *model = NULL;
     mk_status s = mk_cli_open_model(a.model, &model);
     if (s != MK_OK) return mk_cli_fail(s);
@@ -358,15 +344,15 @@ int mk_cli_stage(int argc, char **argv) {
         return 1;
     }
     if (a.o.rank == 0 && !a.prompts) {
-        fprintf(stderr, "meshkern stage: rank 0 needs --prompts FILE (or - for standard input)\n");
         mk_model_free(model);
-        return 2;
+        return mk_cli_usage_error("stage", "rank 0 needs --prompts FILE (or - for standard input)");
     }
     batch_prompt *prompts = NULL;
     size_t n_prompts = 0;
     mk_tokenizer *tok = NULL;
     if (a.o.rank == 0 && a.text) s = read_text_prompts(a.prompts, model, &tok, &prompts, &n_prompts);
     else if (a.o.rank == 0) s = mk_cli_read_prompts(a.prompts, &prompts, &n_prompts);
+    if (s == MK_OK && a.o.rank == 0 && !tok) tok = mk_cli_tokenizer_or_null(model); /* the EOS, the text */
     const int rc = s == MK_OK ? run_stage(&a, model, tok, prompts, n_prompts) : mk_cli_fail(s);
     mk_tokenizer_free(tok);
     mk_model_free(model);

@@ -30,6 +30,19 @@ mk_status mk_model_load_tensor(const mk_model *m, const char *name, float *out, 
 bool mk_model_tensor_stored(const mk_model *m, const char *name, size_t n, uint32_t *ggml_type, const void **data,
                             size_t *bytes);
 
+/* The tensors as the source stores them, in file order (what `meshkern inspect` lists). A
+ * source without a stored format (random) has none: the count is 0. */
+typedef struct mk_model_stored_info {
+    const char *name;      /* owned by the model */
+    const char *type_name; /* the ggml type ("Q4_1", "F32", ...) */
+    uint32_t n_dims;       /* 1..4 */
+    uint64_t dims[4];      /* fastest first; unused = 1 */
+    size_t bytes;          /* bytes of data as stored */
+} mk_model_stored_info;
+size_t mk_model_stored_tensor_count(const mk_model *m);
+/* Tensor `index` (< the count): false past the end. */
+bool mk_model_stored_tensor_at(const mk_model *m, size_t index, mk_model_stored_info *out);
+
 /* sha256 of `len` bytes as lowercase hex (65 bytes with the terminator). */
 typedef struct mk_sha256 mk_sha256;
 mk_status mk_sha256_begin(mk_sha256 **ctx);

@@ -76,3 +76,18 @@ bool mk_model_gguf_tensor_stored(const mk_model *m, const char *name, size_t n, 
     *bytes = t->n_bytes;
     return true;
 }
+
+size_t mk_model_stored_tensor_count(const mk_model *m) { return m && m->gguf ? mk_gguf_tensor_count(m->gguf) : 0; }
+
+bool mk_model_stored_tensor_at(const mk_model *m, size_t index, mk_model_stored_info *out) {
+    const mk_gguf_tensor_info *t = m && m->gguf ? mk_gguf_tensor_at(m->gguf, index) : NULL;
+    if (!t) return false;
+    memset(out, 0, sizeof *out);
+    out->name = t->name;
+    out->type_name = mk_ggml_type_name(t->type);
+    out->n_dims = t->n_dims;
+    _Static_assert(sizeof out->dims / sizeof *out->dims == MK_GGUF_MAX_DIMS, "one dims array");
+    memcpy(out->dims, t->dims, sizeof out->dims);
+    out->bytes = t->n_bytes;
+    return true;
+}

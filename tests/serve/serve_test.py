@@ -46,7 +46,7 @@ def check(cond, what):
 
 def reference(prompt, raw=False):
     """`meshkern run MODEL -p PROMPT --n N`: (text, generated tokens, finish reason)."""
-    args = [BIN, "run", MODEL, "-p", prompt, "--n", str(N), "--threads", "1"] + (["--raw"] if raw else [])
+    args = [BIN, "run", MODEL, "-p", prompt, "--max-tokens", str(N), "--threads", "1"] + (["--raw"] if raw else [])
     out = subprocess.run(args, capture_output=True, text=True, check=True).stdout
     m = re.search(r"^ranges:[^\n]*\n(.*)\n\[(end of turn|token limit)\] prompt (\d+) tokens.*generated (\d+) tokens",
                   out, re.S | re.M)

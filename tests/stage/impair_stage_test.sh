@@ -55,7 +55,7 @@ MODEL="--random:kv_heads=2"
 SPLIT="1,3"
 NEW=8
 # The whole model in one process: each sequence's tokens.
-"$BIN" run "$MODEL" --prompts "$PROMPTS" --n "$NEW" --batch 1 >"$WORK/whole.out" 2>&1 || fail "the whole-model run failed"
+"$BIN" run "$MODEL" --prompts "$PROMPTS" --max-tokens "$NEW" --max-sequences 1 >"$WORK/whole.out" 2>&1 || fail "the whole-model run failed"
 tokens_of() { sed -n 's/^seq \([0-9]*\) .*tokens: *\(.*\)$/\1: \2/p' "$1"; }
 tokens_of "$WORK/whole.out" >"$WORK/whole.tok"
 [ -s "$WORK/whole.tok" ] || fail "no tokens from the whole model"
@@ -64,7 +64,7 @@ now() { date +%s.%N; }
 # launch RANK NS TIMEOUT MAX_TOKENS: one rank in its namespace, output in $WORK/rRANK.{out,err}
 launch() {
   local rank=$1 ns=$2 timeout=$3 max=$4 extra=()
-  [ "$rank" = 0 ] && extra=(--prompts "$PROMPTS" --max-tokens "$max" --batch 2)
+  [ "$rank" = 0 ] && extra=(--prompts "$PROMPTS" --max-tokens "$max" --max-sequences 2)
   ip netns exec "$ns" "$BIN" stage "$MODEL" --split "$SPLIT" --rank "$rank" --world 3 --rendezvous "10.23.0.1:$PORT" \
     --timeout "$timeout" "${extra[@]}" >"$WORK/r$rank.out" 2>"$WORK/r$rank.err" &
   PIDS[$rank]=$!

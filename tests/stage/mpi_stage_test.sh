@@ -12,9 +12,9 @@ shift 8
 mismatch=$(mktemp)
 trap 'rm -f "$mismatch"' EXIT
 mpirun_() { "$mpiexec" --allow-run-as-root --oversubscribe "$@"; }
-want=$("$bin" run "$model" --prompts "$prompts" --n "$n" --dtype "$dtype" "$@" | grep '^seq ')
+want=$("$bin" run "$model" --prompts "$prompts" --max-tokens "$n" --dtype "$dtype" "$@" | grep '^seq ')
 out=$(mpirun_ -np "$np" "$bin" stage "$model" --split "$split" --launcher mpi --prompts "$prompts" \
-      --max-tokens "$n" --batch 2 --timeout 60 --dtype "$dtype" "$@" ${MK_STAGE_EXTRA:-})
+      --max-tokens "$n" --max-sequences 2 --timeout 60 --dtype "$dtype" "$@" ${MK_STAGE_EXTRA:-})
 printf '%s\n' "$out"
 got=$(printf '%s\n' "$out" | grep '^seq ')
 [ -n "$want" ] || { echo "no reference output"; exit 1; }

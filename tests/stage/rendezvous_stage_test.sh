@@ -6,7 +6,7 @@
 set -eu
 bin="$1"; np="$2"; model="$3"; split="$4"; n="$5"; prompts="$6"; dtype="$7"; seam="$8"
 shift 8
-want=$("$bin" run "$model" --prompts "$prompts" --n "$n" --dtype "$dtype" "$@" | grep '^seq ')
+want=$("$bin" run "$model" --prompts "$prompts" --max-tokens "$n" --dtype "$dtype" "$@" | grep '^seq ')
 [ -n "$want" ] || { echo "no reference output"; exit 1; }
 port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 dir=$(mktemp -d)
@@ -21,7 +21,7 @@ while [ "$r" -lt "$np" ]; do
 done
 rc=0
 timeout 120 "$bin" stage "$model" --split "$split" --rank 0 --world "$np" --rendezvous "127.0.0.1:$port" \
-  --prompts "$prompts" --max-tokens "$n" --batch 2 --timeout 60 --dtype "$dtype" --seam "$seam" "$@" \
+  --prompts "$prompts" --max-tokens "$n" --max-sequences 2 --timeout 60 --dtype "$dtype" --seam "$seam" "$@" \
   > "$dir/rank0.log" 2>&1 || rc=$?
 for p in $pids; do wait "$p" || rc=$?; done
 cat "$dir"/rank*.log

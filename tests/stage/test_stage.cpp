@@ -332,7 +332,7 @@ TEST_P(StageParity, RandomModelTokensEqualTheWholeModel) {
     const auto want = whole_model(model, MK_DTYPE_F32, prompts, 6);
     Ranks ranks("parity" + std::to_string(world) + seam);
     run_ranks(ranks, kRandom, world == 2 ? "2" : "1,3", world, {"--prompts", kPrompts},
-              {"--max-tokens", "6", "--batch", "2", "--timeout", "20", "--seam", seam}, "", 60);
+              {"--max-tokens", "6", "--max-sequences", "2", "--timeout", "20", "--seam", seam}, "", 60);
     expect_parity(ranks, world - 1, want); // rank 0 was launched last
     expect_hops(slurp(ranks[(size_t)world - 1].out), world, seam, want);
     mk_model_free(model);
@@ -356,7 +356,7 @@ TEST(Stage, SmolLM2TokensEqualTheWholeModel) {
     for (int world : {2, 3}) {
         Ranks ranks("smol" + std::to_string(world));
         run_ranks(ranks, path, world == 2 ? "14" : "9,19", world, {"--prompts", file},
-                  {"--max-tokens", "3", "--batch", "2", "--timeout", "60"}, "", 110);
+                  {"--max-tokens", "3", "--max-sequences", "2", "--timeout", "60"}, "", 110);
         expect_parity(ranks, (size_t)world - 1, want);
     }
     mk_model_free(model);
@@ -391,7 +391,7 @@ TEST_P(StageFault, EveryRequestFailsWithTheNamedStatus) {
     Ranks ranks(std::string("fault") + std::to_string(c.faulty));
     const auto t0 = now_s();
     run_ranks(ranks, kRandom, "1,3", 3, {"--prompts", kPrompts},
-              {"--max-tokens", "6", "--batch", "3", "--timeout", "2"}, c.fault, deadline_s + 5.0 + 3.0);
+              {"--max-tokens", "6", "--max-sequences", "3", "--timeout", "2"}, c.fault, deadline_s + 5.0 + 3.0);
     (void)t0;
     const size_t rank0 = 2; // launched last
     const std::string out = slurp(ranks[rank0].out), err = slurp(ranks[rank0].err);
@@ -450,7 +450,7 @@ TEST(Stage, BusyRankIsNotSilent) {
     for (const char *fault : {"rank=1,step=2,kind=busy", "rank=0,step=2,kind=busy"}) {
         SCOPED_TRACE(fault);
         const int port = free_port();
-        const std::vector<std::string> extra = {"--max-tokens", "3", "--batch", "2", "--timeout", "0.3"};
+        const std::vector<std::string> extra = {"--max-tokens", "3", "--max-sequences", "2", "--timeout", "0.3"};
         std::vector<std::string> a0 = extra;
         a0.insert(a0.end(), {"--prompts", kPrompts});
         Ranks ranks(std::string("busy") + fault[5]);
@@ -470,7 +470,7 @@ TEST(Stage, Rank0FaultIsReportedByEveryOtherRank) {
     for (const char *kind : {"exit", "silent"}) {
         SCOPED_TRACE(kind);
         Ranks ranks(std::string("rank0") + kind);
-        run_ranks(ranks, kRandom, "1,3", 3, {"--prompts", kPrompts}, {"--max-tokens", "6", "--batch", "3", "--timeout", "2"},
+        run_ranks(ranks, kRandom, "1,3", 3, {"--prompts", kPrompts}, {"--max-tokens", "6", "--max-sequences", "3", "--timeout", "2"},
                   std::string("rank=0,step=4,kind=") + kind, deadline_s + 5.0 + 3.0);
         const char *status = std::string(kind) == "exit" ? "MK_ERR_PEER_LOST" : "MK_ERR_PEER_TIMEOUT";
         for (size_t i = 0; i + 1 < ranks.size(); i++) { // ranks 1 and 2
@@ -700,7 +700,7 @@ TEST(StageRendezvous, StrangersAreDroppedWhileTheRealRanksJoin) {
     const std::string digest = cli_stage_digest(model);
     const int port = free_port();
     Ranks ranks("strangers");
-    const std::vector<std::string> extra = {"--max-tokens", "3", "--batch", "2", "--timeout", "2"};
+    const std::vector<std::string> extra = {"--max-tokens", "3", "--max-sequences", "2", "--timeout", "2"};
     std::vector<std::string> a0 = extra;
     a0.insert(a0.end(), {"--prompts", kPrompts});
     ranks.launch(0, stage_args(kRandom, "1,3", 0, 3, port, a0), "");
@@ -976,7 +976,7 @@ TEST(StageTls, PskProtectsEveryConnectionAndAStrangerWithoutTheKeyIsDropped) {
     const auto want = whole_model(model, MK_DTYPE_F32, prompts, 3);
     const std::string digest = cli_stage_digest(model);
     const int port = free_port();
-    const std::vector<std::string> extra = {"--max-tokens", "3", "--batch", "2", "--timeout", "5", "--tls-psk", kStagePsk};
+    const std::vector<std::string> extra = {"--max-tokens", "3", "--max-sequences", "2", "--timeout", "5", "--tls-psk", kStagePsk};
     std::vector<std::string> a0 = stage_args(kRandom, "1,3", 0, 3, port, extra);
     for (auto &x : a0)
         if (x == "127.0.0.1:" + std::to_string(port)) x = "0.0.0.0:" + std::to_string(port);

@@ -15,7 +15,7 @@ timeout 120 "$bin" stage "$model" --split "$split" --rank 1 --world 2 --rendezvo
 pid=$!
 rc=0
 timeout 120 "$bin" stage "$model" --split "$split" --rank 0 --world 2 --rendezvous "127.0.0.1:$port" --timeout 60 \
-  --text --prompts "$dir/questions.txt" --max-tokens 48 --batch 2 "$@" > "$dir/rank0.log" 2>&1 || rc=$?
+  --text --prompts "$dir/questions.txt" --max-tokens 48 --max-sequences 2 "$@" > "$dir/rank0.log" 2>&1 || rc=$?
 wait "$pid" || rc=$?
 cat "$dir/rank0.log" "$dir/rank1.log"
 [ "$rc" = 0 ] || { echo "a rank failed (exit $rc)"; exit 1; }
@@ -24,7 +24,7 @@ while IFS= read -r q; do
   [ -n "$q" ] || continue
   i=$((i + 1))
   # run -p prints the answer between the ranges line and the [end of turn] / [token limit] line
-  want=$("$bin" run "$model" -p "$q" --n 48 "$@" | awk '/^\[(end of turn|token limit)\]/ { on = 0 } on { print } /^ranges:/ { on = 1 }')
+  want=$("$bin" run "$model" -p "$q" --max-tokens 48 "$@" | awk '/^\[(end of turn|token limit)\]/ { on = 0 } on { print } /^ranges:/ { on = 1 }')
   # the stage's answer: from its "answer i: " line up to the next line rank 0 starts itself
   got=$(awk -v head="answer $i: " '/^(seq [0-9]+ |answer [0-9]+: |aggregate: )/ { on = 0 }
         index($0, head) == 1 { on = 1; print substr($0, length(head) + 1); next } on { print }' "$dir/rank0.log")
