@@ -339,6 +339,38 @@ TEST(NativeMatmul, SharedAndSwigluJobsEqualSeparateProducts) {
 // row goes through the dot kernels (the bits of that row computed alone, activations
 // quantized); from exactly MK_NATIVE_GEMM_MIN_ROWS on, the dequantized tiles and SGEMM
 // (the bits of one SGEMM over the dequantized weight); without tile scratch, the dots.
+// A weight stored as F32 (its source format has no native kernel: Q5_0 here) beside quantized
+// ones in a shared product and in SwiGLU: it takes the F32 product, the others their dot
+// kernels, and every output equals its separate product.
+TEST(NativeMatmul, F32StoredWeightInASharedJobTakesTheF32Product) {
+    std::mt19937 rng(23);
+    const size_t in = 64, out = 40;
+    std::vector<uint8_t> q5(out * row_bytes(MK_GGML_TYPE_Q5_0, in));
+    for (auto &b : q5) b = (uint8_t)rng();
+    for (size_t blk = 0; blk < out * in / 32; blk++) put_f16(&q5[blk * 22], 0.01f);
+    NativeWeight f32w(MK_GGML_TYPE_Q5_0, q5, out, in);
+    ASSERT_EQ(f32w.weight()->format, (uint32_t)MK_GGML_TYPE_F32);
+    NativeWeight q8w(MK_GGML_TYPE_Q8_0, random_rows(MK_GGML_TYPE_Q8_0, out, in, rng), out, in);
+    for (size_t rows : {(size_t)1, (size_t)5}) {
+        SCOPED_TRACE(rows);
+        const std::vector<float> x = random_floats(rows * in, rng);
+        NativeCtx c(2, mk_cpu_quant_best(), rows * in / 32);
+        std::vector<float> y0(rows * out), y1(rows * out);
+        float *yp[2] = {y0.data(), y1.data()};
+        const mk_weight *wp[2] = {q8w.weight(), f32w.weight()};
+        MK_ASSERT_OK(mk_cpu_native_matmul_shared(&c.ctx, 2, yp, wp, x.data(), rows));
+        EXPECT_TRUE(bit_identical(y0, native_product(c, q8w, x, rows, in, out)));
+        EXPECT_TRUE(bit_identical(y1, native_product(c, f32w, x, rows, in, out)));
+        std::vector<float> gate(rows * out), up(rows * out);
+        MK_ASSERT_OK(mk_cpu_native_matmul_swiglu(&c.ctx, gate.data(), up.data(), x.data(), f32w.weight(), q8w.weight(),
+                                                 rows));
+        std::vector<float> g = native_product(c, f32w, x, rows, in, out);
+        const std::vector<float> u = native_product(c, q8w, x, rows, in, out);
+        mk_cpu_swiglu(g.data(), g.data(), u.data(), g.size());
+        EXPECT_TRUE(bit_identical(gate, g));
+    }
+}
+
 TEST(NativeMatmul, GemmRowThresholdIsExactlyMinRows) {
     std::mt19937 rng(31);
     const size_t in = 64, out = 40;
