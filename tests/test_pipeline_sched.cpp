@@ -218,12 +218,12 @@ TEST(PipelineSched, EverySequenceMatchesItsWholeModelRunForOneToEightInFlight) {
                                                    variant == 0 ? MK_SEAM_WIRE : MK_SEAM_LOCAL);
                 if (variant == 1) {
                     o.split_auto = true;
-                    o.n_stages = 3;
+                    o.n_workers = 3;
                 }
                 Collector c;
                 SchedPtr s = make_sched(model.get(), o, &c);
                 ASSERT_TRUE(s);
-                ASSERT_EQ(mk_sched_stage_count(s.get()), variant == 0 ? 2u : 3u);
+                ASSERT_EQ(mk_sched_worker_count(s.get()), variant == 0 ? 2u : 3u);
                 const std::vector<uint64_t> ids = submit_all(s.get(), specs);
                 ASSERT_TRUE(wait_all_within(s.get(), 120));
                 const std::string what = std::string(mc.name) + (variant == 0 ? " 2 stages wire" : " 3 stages auto") +
@@ -249,7 +249,7 @@ TEST(PipelineSched, EverySeamTransportMatchesWholeForOneToEightInFlight) {
             for (size_t k = 0; k <= m; k++) specs.push_back(pool[(m + k) % pool.size()]);
             mk_sched_options o = sched_options(m, nullptr, kind);
             o.split_auto = true;
-            o.n_stages = 3;
+            o.n_workers = 3;
             Collector c;
             SchedPtr s = make_sched(model.get(), o, &c);
             ASSERT_TRUE(s);
@@ -275,7 +275,7 @@ TEST(PipelineSched, NcclSeamOnTheCpuBackendIsRefused) {
     ModelPtr model = make_random_model(mk_hparams_seed_default());
     mk_sched_options o = sched_options(2, nullptr, MK_SEAM_NCCL);
     o.split_auto = true;
-    o.n_stages = 2;
+    o.n_workers = 2;
     mk_sched *s = nullptr;
     const mk_status st = mk_sched_create(model.get(), &o, &s);
     EXPECT_EQ(st, MK_ERR_UNSUPPORTED);
@@ -388,7 +388,7 @@ TEST(PipelineSched, ContextOverflowFailsThatSequenceOnly) {
     mk_sched_options o = sched_options(2, nullptr, MK_SEAM_LOCAL);
     o.range = ro;
     o.split_auto = true;
-    o.n_stages = 2;
+    o.n_workers = 2;
     Collector c;
     SchedPtr s = make_sched(model.get(), o, &c);
     ASSERT_TRUE(s);
@@ -580,7 +580,7 @@ TEST(PipelineSchedSmolLM2, NativeWeightsEverySequenceMatchesWhole) {
         mk_sched_options o = sched_options(3, nullptr, MK_SEAM_UNIX);
         o.range = ro;
         o.split_auto = true;
-        o.n_stages = 2;
+        o.n_workers = 2;
         Collector c;
         SchedPtr s = make_sched(model.get(), o, &c);
         ASSERT_TRUE(s);
@@ -605,7 +605,7 @@ TEST(PipelineSched, OptionsAreChecked) {
     o = mk_sched_options_default();
     const int devices[3] = {0, 1, 2};
     o.split_auto = true;
-    o.n_stages = 2;
+    o.n_workers = 2;
     o.devices = devices;
     o.n_devices = 3;
     EXPECT_EQ(mk_sched_create(model.get(), &o, &s), MK_ERR_INVALID_ARGUMENT);
@@ -616,7 +616,7 @@ TEST(PipelineSched, OptionsAreChecked) {
     EXPECT_EQ(mk_sched_create(model.get(), &o, &s), MK_ERR_INVALID_RANGE);
     o = mk_sched_options_default();
     o.split_auto = true;
-    o.n_stages = 7; // 6 layers
+    o.n_workers = 7; // 6 layers
     EXPECT_EQ(mk_sched_create(model.get(), &o, &s), MK_ERR_INVALID_RANGE);
     o = mk_sched_options_default();
     o.max_sequences = 0;
@@ -632,7 +632,7 @@ TEST(PipelineSched, TimelineHasOneRecordPerStepAndStage) {
     ModelPtr model = make_random_model(mk_hparams_seed_default());
     mk_sched_options o = sched_options(4, nullptr, MK_SEAM_LOCAL);
     o.split_auto = true;
-    o.n_stages = 2;
+    o.n_workers = 2;
     o.timeline_capacity = 256;
     Collector c;
     SchedPtr s = make_sched(model.get(), o, &c);
@@ -644,13 +644,13 @@ TEST(PipelineSched, TimelineHasOneRecordPerStepAndStage) {
     for (const SeqResult &r : collect(s.get(), &c, ids)) steps += r.tokens.size();
     double share_sum = 0;
     for (size_t i = 0; i < 2; i++) {
-        mk_stage_stats st;
-        MK_ASSERT_OK(mk_sched_stage_stats(s.get(), i, &st));
+        mk_worker_stats st;
+        MK_ASSERT_OK(mk_sched_worker_stats(s.get(), i, &st));
         EXPECT_EQ(st.steps, steps) << "stage " << i;
         EXPECT_GT(st.busy_ns, 0u);
         EXPECT_GT(st.cpu_ns, 0u);
         EXPECT_LE(st.busy_ns, st.last_ns - st.first_ns);
-        share_sum += mk_sched_stage_share(s.get(), i);
+        share_sum += mk_sched_worker_share(s.get(), i);
     }
     EXPECT_NEAR(share_sum, 1.0, 1e-12);
     char *json = nullptr;
@@ -659,12 +659,12 @@ TEST(PipelineSched, TimelineHasOneRecordPerStepAndStage) {
     const std::string text(json, len);
     mk_buffer_free(json);
     size_t records = 0;
-    for (size_t p = text.find("{\"stage\":"); p != std::string::npos; p = text.find("{\"stage\":", p + 1)) records++;
+    for (size_t p = text.find("{\"worker\":"); p != std::string::npos; p = text.find("{\"worker\":", p + 1)) records++;
     EXPECT_EQ(records, 2 * steps);
-    EXPECT_NE(text.find("\"stage\":1,\"seq\":6,"), std::string::npos);
+    EXPECT_NE(text.find("\"worker\":1,\"seq\":6,"), std::string::npos);
     MK_ASSERT_OK(mk_sched_reset_stats(s.get()));
-    mk_stage_stats st;
-    MK_ASSERT_OK(mk_sched_stage_stats(s.get(), 0, &st));
+    mk_worker_stats st;
+    MK_ASSERT_OK(mk_sched_worker_stats(s.get(), 0, &st));
     EXPECT_EQ(st.steps, 0u);
 }
 
@@ -697,20 +697,20 @@ TEST(PipelineSched, RefusalsNameTheirCause) {
     EXPECT_ERROR(mk_sched_create(model.get(), &o, &s), MK_ERR_INVALID_ARGUMENT, "n_cuts set but cuts is NULL");
     o.cuts = below_last;
     MK_ASSERT_OK(mk_sched_create(model.get(), &o, &s));
-    EXPECT_EQ(mk_sched_stage_count(s), 2u);
+    EXPECT_EQ(mk_sched_worker_count(s), 2u);
     mk_sched_free(s);
     s = nullptr;
     o = mk_sched_options_default();
     o.split_auto = true;
-    o.n_stages = 7;
+    o.n_workers = 7;
     EXPECT_ERROR(mk_sched_create(model.get(), &o, &s), MK_ERR_INVALID_RANGE, "a pipeline of 7 stages over 6 layers");
-    o.n_stages = 6;
+    o.n_workers = 6;
     MK_ASSERT_OK(mk_sched_create(model.get(), &o, &s));
-    EXPECT_EQ(mk_sched_stage_count(s), 6u);
+    EXPECT_EQ(mk_sched_worker_count(s), 6u);
     mk_sched_free(s);
     s = nullptr;
     const int devices[3] = {0, 1, 2};
-    o.n_stages = 2;
+    o.n_workers = 2;
     o.devices = devices;
     o.n_devices = 3;
     EXPECT_ERROR(mk_sched_create(model.get(), &o, &s), MK_ERR_INVALID_ARGUMENT, "3 devices for 2 stages");
@@ -727,7 +727,7 @@ TEST(PipelineSched, RefusalsNameTheirCause) {
     Collector c;
     mk_sched_options so = sched_options(1, nullptr, MK_SEAM_LOCAL);
     so.split_auto = true;
-    so.n_stages = 2;
+    so.n_workers = 2;
     so.range.max_batch_tokens = 8;
     SchedPtr p = make_sched(model.get(), so, &c);
     ASSERT_TRUE(p);
@@ -752,13 +752,13 @@ TEST(PipelineSched, RefusalsNameTheirCause) {
     EXPECT_ERROR(mk_sched_poll(p.get(), 2, &info, nullptr, 0), MK_ERR_INVALID_ARGUMENT, "no sequence 2 in this pipeline");
     EXPECT_ERROR(mk_sched_wait(p.get(), 2), MK_ERR_INVALID_ARGUMENT, "no sequence 2 in this pipeline");
     MK_ASSERT_OK(mk_sched_wait(p.get(), 1));
-    mk_stage_stats st;
-    MK_ASSERT_OK(mk_sched_stage_stats(p.get(), 1, &st));
-    EXPECT_ERROR(mk_sched_stage_stats(p.get(), 2, &st), MK_ERR_INVALID_ARGUMENT, "no stage 2");
+    mk_worker_stats st;
+    MK_ASSERT_OK(mk_sched_worker_stats(p.get(), 1, &st));
+    EXPECT_ERROR(mk_sched_worker_stats(p.get(), 2, &st), MK_ERR_INVALID_ARGUMENT, "no stage 2");
     EXPECT_ERROR(mk_sched_inject_fault(p.get(), 2, 0, false), MK_ERR_INVALID_ARGUMENT, "inject fault: no stage 2");
     EXPECT_ERROR(mk_sched_inject_seam_cut(p.get(), 1, 0), MK_ERR_INVALID_ARGUMENT, "inject seam cut: no seam 1");
-    EXPECT_EQ(mk_sched_stage_share(p.get(), 2), 0.0);
-    EXPECT_EQ(mk_sched_stage_range(p.get(), 2), nullptr);
+    EXPECT_EQ(mk_sched_worker_share(p.get(), 2), 0.0);
+    EXPECT_EQ(mk_sched_worker_range(p.get(), 2), nullptr);
     EXPECT_EQ(mk_sched_seam_kind(p.get(), 1), (mk_seam_kind)0);
     EXPECT_EQ(mk_sched_seam_kind(p.get(), 0), MK_SEAM_LOCAL);
 }
@@ -785,7 +785,7 @@ TEST(PipelineSched, EveryStopIdStopsTheSequence) {
     Collector c;
     mk_sched_options o = sched_options(2, nullptr, MK_SEAM_LOCAL);
     o.split_auto = true;
-    o.n_stages = 2;
+    o.n_workers = 2;
     SchedPtr s = make_sched(model.get(), o, &c);
     ASSERT_TRUE(s);
     const std::vector<uint64_t> ids = submit_all(s.get(), specs);

@@ -24,7 +24,7 @@ static uint64_t mk_thread_cpu_ns(void) {
 }
 
 static bool mk_worker_is_head(const mk_sched_worker *st) { return st->index == 0; }
-static bool mk_worker_is_tail(const mk_sched_worker *st) { return st->index + 1 == st->sched->n_stages; }
+static bool mk_worker_is_tail(const mk_sched_worker *st) { return st->index + 1 == st->sched->n_workers; }
 
 /* The injected fault (tests): this step fails, and with `dies` every later one. */
 static mk_status mk_worker_fault(mk_sched_worker *st) {
@@ -46,7 +46,7 @@ static mk_status mk_worker_step(mk_sched_worker *st, mk_sched_item *item) {
     const mk_status s = mk_range_forward_into(st->range, seq, head ? item->tokens : NULL, head ? item->n_tokens : 0,
                                               head ? NULL : st->in, out, item->logits, &item->token);
     const uint64_t t1 = mk_now_ns(), c1 = mk_thread_cpu_ns();
-    mk_stage_stats *stats = &st->stats;
+    mk_worker_stats *stats = &st->stats;
     if (stats->steps == 0) stats->first_ns = t0;
     stats->steps++;
     stats->busy_ns += t1 - t0;

@@ -87,11 +87,11 @@ void run_parity(size_t stages, const std::vector<size_t> &in_flight, mk_seam_kin
         Collector c;
         SchedPtr s = make_sched(model.get(), o, &c);
         ASSERT_TRUE(s);
-        ASSERT_EQ(mk_sched_stage_count(s.get()), stages);
+        ASSERT_EQ(mk_sched_worker_count(s.get()), stages);
         if (device_count() >= (int)stages) {
             for (size_t i = 0; i < stages; i++) {
                 EXPECT_GE(device_bytes_used(devices[i]),
-                          used_before[i] + mk_range_weight_bytes(mk_sched_stage_range(s.get(), i)))
+                          used_before[i] + mk_range_weight_bytes(mk_sched_worker_range(s.get(), i)))
                     << "stage " << i << "'s weights are not on device " << devices[i];
             }
         }
