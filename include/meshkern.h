@@ -104,11 +104,12 @@ typedef enum mk_status {
 MK_API const char *mk_status_name(mk_status status);
 /* Message of the last failure on this thread ("" if none). Valid until the next call
  * into meshkern on this thread.
- * Every call that can fail (each one returning an mk_status, and mk_bundle_packed_size)
- * clears the message on entry, so after a failure the message is that failure's own, never
- * one left by an earlier call. Calls that cannot fail (names, getters, *_default, the free
- * functions) leave it alone: cleaning up, or naming the status, before reading the message
- * keeps it. */
+ * Every call that can fail (each one returning an mk_status, and mk_bundle_packed_size and
+ * mk_bundle_payload_offset, which return 0 on failure) clears the message on entry, so after
+ * a failure the message is that failure's own, never one left by an earlier call. Calls
+ * that cannot fail (names, getters, *_default, the free functions) leave it alone:
+ * cleaning up, or naming the status, or reading a figure before reading the message keeps
+ * it. tests/api_surface_check.py reads the list above. */
 MK_API const char *mk_last_error(void);
 
 /* ====================================================== architecture registry == */

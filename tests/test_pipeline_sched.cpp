@@ -676,7 +676,8 @@ TEST(PipelineSched, RefusalsNameTheirCause) {
     mk_sched_options o = mk_sched_options_default();
     o.struct_size = offsetof(mk_sched_options, seam) - 1;
     EXPECT_ERROR(mk_sched_create(model.get(), &o, &s), MK_ERR_INVALID_ARGUMENT,
-                 ("struct_size is " + std::to_string(offsetof(mk_sched_options, seam) - 1)).c_str());
+                 ("mk_sched_options.struct_size " + std::to_string(offsetof(mk_sched_options, seam) - 1) +
+                  " is not a version this meshkern knows").c_str());
     o.struct_size = offsetof(mk_sched_options, seam); // an older header: the later fields default
     MK_ASSERT_OK(mk_sched_create(model.get(), &o, &s));
     mk_sched_free(s);
@@ -687,11 +688,11 @@ TEST(PipelineSched, RefusalsNameTheirCause) {
         o.cuts = cuts;
         o.n_cuts = 1;
         EXPECT_ERROR(mk_sched_create(model.get(), &o, &s), MK_ERR_INVALID_RANGE,
-                     ("split point " + std::to_string(cuts[0]) + " is invalid").c_str());
+                     ("cut 0 is layer " + std::to_string(cuts[0]) + ", out of range").c_str());
     }
     o.cuts = equal;
     o.n_cuts = 2;
-    EXPECT_ERROR(mk_sched_create(model.get(), &o, &s), MK_ERR_INVALID_RANGE, "split point 2 is invalid");
+    EXPECT_ERROR(mk_sched_create(model.get(), &o, &s), MK_ERR_INVALID_RANGE, "cut 1 repeats layer 2: range 1 would be empty");
     o.cuts = nullptr;
     o.n_cuts = 1;
     EXPECT_ERROR(mk_sched_create(model.get(), &o, &s), MK_ERR_INVALID_ARGUMENT, "n_cuts set but cuts is NULL");
