@@ -12,11 +12,13 @@
 #include <string>
 #include <vector>
 
-#include "core/options.h"
 #include "meshkern.h"
 #include "mk_test_util.h"
 #include "range/range.h"
+extern "C" {
+#include "core/options.h"
 #include "stage/stage.h"
+}
 
 namespace {
 
