@@ -101,6 +101,8 @@ MUTATIONS=(
   "options.seam-size-not-taken~host/seam/seam.c~s/return mk_options_take\(o, sizeof \*o, MK_SEAM_OPTIONS_V1_SIZE, given, \"mk_seam_options\"\);/*o = *given;\n    return MK_OK;/~gtest:test_api_rules:StructSize.*"
   "api.getter-clears~host/seam/seam.c~s/double mk_seam_seconds\(const mk_seam \*s\) \{/double mk_seam_seconds(const mk_seam *s) {\n    mk_clear_error();/~api"
   "api.getter-clears-at-run~host/seam/seam.c~s/double mk_seam_seconds\(const mk_seam \*s\) \{/double mk_seam_seconds(const mk_seam *s) {\n    mk_clear_error();/~gtest:test_api_rules:LastError.*"
+  "api.getter-clears-through-a-call~host/pipeline/pipeline.c~s/bytes \+= mk_seam_bytes\(p->rx\[i\]\);/bytes += mk_seam_bytes(p->rx[i]) + mk_bundle_packed_size(NULL);/~api"
+  "api.getter-clears-through-a-call-at-run~host/pipeline/pipeline.c~s/bytes \+= mk_seam_bytes\(p->rx\[i\]\);/bytes += mk_seam_bytes(p->rx[i]) + mk_bundle_packed_size(NULL);/~gtest:test_api_rules:LastError.*"
   "stage.digest-ignores-cuts~host/stage/stage_runtime.c~s/\(long long\)cuts\[i\]\);/0LL);/~stage"
   "stage.slot-evicts-newest~host/stage/slots.c~s/t->slot\[i\].last_use < s->last_use/t->slot[i].last_use > s->last_use/~stage"
   "stage.result-digest-unchecked~host/stage/stage_runtime.c~s/if \(strcmp\(info.runtime_recipe_digest/if (0 \&\& strcmp(info.runtime_recipe_digest/~stage"
