@@ -135,8 +135,8 @@ TEST(SplitAuto, ChooserEdges) {
     const std::vector<double> cost = {1, 2, 3};
     int64_t cuts[3] = {-7, -7, -7};
     EXPECT_ERROR(mk_choose_cuts(cost.data(), 3, 0, 0, 4, cuts), MK_ERR_INVALID_RANGE,
-                 "4 stages over 3 layers: each stage needs a layer");
-    EXPECT_ERROR(mk_choose_cuts(cost.data(), 3, 0, 0, 0, cuts), MK_ERR_INVALID_RANGE, "0 stages over 3 layers");
+                 "4 ranges over 3 layers: each range needs a layer");
+    EXPECT_ERROR(mk_choose_cuts(cost.data(), 3, 0, 0, 0, cuts), MK_ERR_INVALID_RANGE, "0 ranges over 3 layers");
     EXPECT_ERROR(mk_choose_cuts(nullptr, 3, 0, 0, 2, cuts), MK_ERR_INVALID_ARGUMENT, "mk_choose_cuts: NULL argument");
     EXPECT_ERROR(mk_choose_cuts(cost.data(), 3, 0, 0, 2, nullptr), MK_ERR_INVALID_ARGUMENT, "NULL argument");
     MK_ASSERT_OK(mk_choose_cuts(cost.data(), 3, 0, 0, 1, nullptr));
@@ -354,7 +354,7 @@ TEST(PipelineSched, ABadSequenceFailsAloneAndTheOthersMatch) {
     std::vector<SeqResult> results = collect(s.get(), &c, ids);
     EXPECT_EQ(results[2].info.state, MK_SEQ_FAILED);
     EXPECT_EQ(results[2].info.status, MK_ERR_TOKEN_OUT_OF_RANGE);
-    EXPECT_NE(results[2].error.find("stage 0"), std::string::npos) << results[2].error;
+    EXPECT_NE(results[2].error.find("worker 0"), std::string::npos) << results[2].error;
     EXPECT_NE(results[2].error.find("4000"), std::string::npos) << results[2].error;
     EXPECT_TRUE(results[2].tokens.empty());
     specs.erase(specs.begin() + 2);
@@ -454,7 +454,7 @@ TEST_P(PipelineSchedSeam, InjectedStepFailureFailsOneSequenceAndTheOthersMatch) 
         if (results[i].info.state == MK_SEQ_FAILED) {
             failed++;
             EXPECT_EQ(results[i].info.status, MK_ERR_INTERNAL);
-            EXPECT_NE(results[i].error.find("stage 1 (layers 2-3): stage 1: injected failure at its step 6"),
+            EXPECT_NE(results[i].error.find("worker 1 (layers 2-3): worker 1: injected failure at its step 6"),
                       std::string::npos)
                 << results[i].error;
             const Decode ref = whole_reference(model.get(), cpu_options(), specs[i]);
@@ -503,13 +503,13 @@ TEST_P(PipelineSchedSeam, StageThatDiesFailsItsSequencesWithoutHangingOrLosingFi
     ASSERT_TRUE(wait_all_within(s.get(), 60));
     const std::vector<SeqResult> results = collect(s.get(), &c, ids);
     expect_all_match_whole(model.get(), cpu_options(), {specs[0]}, {results[0]}, "finished before the fault");
-    expect_failed_keeping_prefixes(model.get(), specs, results, "stage 1");
+    expect_failed_keeping_prefixes(model.get(), specs, results, "worker 1");
     for (size_t i = 1; i < results.size(); i++) EXPECT_EQ(results[i].info.status, MK_ERR_INTERNAL) << "seq " << i;
     const std::vector<uint64_t> late = submit_all(s.get(), {{{4, 4}, 3, {}}});
     ASSERT_TRUE(wait_all_within(s.get(), 60));
     const std::vector<SeqResult> late_results = collect(s.get(), &c, late);
     EXPECT_EQ(late_results[0].info.state, MK_SEQ_FAILED);
-    EXPECT_NE(late_results[0].error.find("stage 1 is down"), std::string::npos) << late_results[0].error;
+    EXPECT_NE(late_results[0].error.find("worker 1 is down"), std::string::npos) << late_results[0].error;
 }
 
 // The receiving stage of seam 0 loses its connection mid-run (its ends close after 5
@@ -531,7 +531,7 @@ TEST_P(PipelineSchedSeam, ConnectionLostMidRunFailsTheSequencesInFlightWithoutHa
     ASSERT_TRUE(wait_all_within(s.get(), 20));
     const std::vector<SeqResult> results = collect(s.get(), &c, ids);
     expect_all_match_whole(model.get(), cpu_options(), {specs[0]}, {results[0]}, "finished before the cut");
-    expect_failed_keeping_prefixes(model.get(), specs, results, "stage ");
+    expect_failed_keeping_prefixes(model.get(), specs, results, "worker ");
     const std::vector<uint64_t> late = submit_all(s.get(), {{{4, 4}, 3, {}}});
     ASSERT_TRUE(wait_all_within(s.get(), 20));
     EXPECT_EQ(collect(s.get(), &c, late)[0].info.state, MK_SEQ_FAILED);
@@ -704,7 +704,7 @@ TEST(PipelineSched, RefusalsNameTheirCause) {
     o = mk_sched_options_default();
     o.split_auto = true;
     o.n_workers = 7;
-    EXPECT_ERROR(mk_sched_create(model.get(), &o, &s), MK_ERR_INVALID_RANGE, "a pipeline of 7 stages over 6 layers");
+    EXPECT_ERROR(mk_sched_create(model.get(), &o, &s), MK_ERR_INVALID_RANGE, "a pipeline of 7 workers over 6 layers");
     o.n_workers = 6;
     MK_ASSERT_OK(mk_sched_create(model.get(), &o, &s));
     EXPECT_EQ(mk_sched_worker_count(s), 6u);
@@ -714,7 +714,7 @@ TEST(PipelineSched, RefusalsNameTheirCause) {
     o.n_workers = 2;
     o.devices = devices;
     o.n_devices = 3;
-    EXPECT_ERROR(mk_sched_create(model.get(), &o, &s), MK_ERR_INVALID_ARGUMENT, "3 devices for 2 stages");
+    EXPECT_ERROR(mk_sched_create(model.get(), &o, &s), MK_ERR_INVALID_ARGUMENT, "3 devices for 2 workers");
     o.devices = nullptr;
     o.n_devices = 2;
     EXPECT_ERROR(mk_sched_create(model.get(), &o, &s), MK_ERR_INVALID_ARGUMENT, "n_devices set but devices is NULL");
@@ -755,8 +755,8 @@ TEST(PipelineSched, RefusalsNameTheirCause) {
     MK_ASSERT_OK(mk_sched_wait(p.get(), 1));
     mk_worker_stats st;
     MK_ASSERT_OK(mk_sched_worker_stats(p.get(), 1, &st));
-    EXPECT_ERROR(mk_sched_worker_stats(p.get(), 2, &st), MK_ERR_INVALID_ARGUMENT, "no stage 2");
-    EXPECT_ERROR(mk_sched_inject_fault(p.get(), 2, 0, false), MK_ERR_INVALID_ARGUMENT, "inject fault: no stage 2");
+    EXPECT_ERROR(mk_sched_worker_stats(p.get(), 2, &st), MK_ERR_INVALID_ARGUMENT, "no worker 2");
+    EXPECT_ERROR(mk_sched_inject_fault(p.get(), 2, 0, false), MK_ERR_INVALID_ARGUMENT, "inject fault: no worker 2");
     EXPECT_ERROR(mk_sched_inject_seam_cut(p.get(), 1, 0), MK_ERR_INVALID_ARGUMENT, "inject seam cut: no seam 1");
     EXPECT_EQ(mk_sched_worker_share(p.get(), 2), 0.0);
     EXPECT_EQ(mk_sched_worker_range(p.get(), 2), nullptr);

@@ -135,7 +135,7 @@ static mk_status mk_sched_build(mk_sched *s, const mk_sched_options *o, const mk
     MK_TRY(mk_sched_items(s));
     for (size_t i = 0; i < s->n_workers; i++) {
         if (pthread_create(&s->workers[i].thread, NULL, mk_worker_main, &s->workers[i]) != 0)
-            return mk_fail(MK_ERR_INTERNAL, "pipeline: cannot start the worker of stage %zu", i);
+            return mk_fail(MK_ERR_INTERNAL, "pipeline: cannot start worker %zu", i);
         s->workers[i].started = true;
     }
     return MK_OK;
@@ -150,10 +150,10 @@ mk_status mk_sched_create(const mk_model *model, const mk_sched_options *options
     const size_t n_layers = mk_model_hparams(model)->n_layers;
     size_t n_workers = o.split_auto ? (o.n_workers ? o.n_workers : o.n_devices ? o.n_devices : 1) : o.n_cuts + 1;
     if (n_workers == 0 || n_workers > n_layers)
-        return mk_fail(MK_ERR_INVALID_RANGE, "a pipeline of %zu stages over %zu layers: each stage needs a layer",
+        return mk_fail(MK_ERR_INVALID_RANGE, "a pipeline of %zu workers over %zu layers: each worker's range needs a layer",
                        n_workers, n_layers);
     if (o.n_devices && o.n_devices != n_workers)
-        return mk_fail(MK_ERR_INVALID_ARGUMENT, "%zu devices for %zu stages: give one device per stage", o.n_devices,
+        return mk_fail(MK_ERR_INVALID_ARGUMENT, "%zu devices for %zu workers: give one device per worker", o.n_devices,
                        n_workers);
     if (o.n_devices && !o.devices) return mk_fail(MK_ERR_INVALID_ARGUMENT, "n_devices set but devices is NULL");
     if (o.max_sequences == 0) return mk_fail(MK_ERR_INVALID_ARGUMENT, "max_sequences must be at least 1");
@@ -475,11 +475,11 @@ mk_status mk_sched_wait_all(mk_sched *s) {
 
 /* ============================================================ statistics == */
 
-mk_status mk_sched_worker_stats(const mk_sched *s, size_t stage, mk_worker_stats *out) {
+mk_status mk_sched_worker_stats(const mk_sched *s, size_t worker, mk_worker_stats *out) {
     mk_clear_error();
-    if (!s || !out || stage >= s->n_workers)
-        return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_sched_worker_stats: no stage %zu", stage);
-    *out = s->workers[stage].stats;
+    if (!s || !out || worker >= s->n_workers)
+        return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_sched_worker_stats: no worker %zu", worker);
+    *out = s->workers[worker].stats;
     return MK_OK;
 }
 
@@ -498,12 +498,12 @@ mk_status mk_sched_reset_stats(mk_sched *s) {
     return MK_OK;
 }
 
-mk_status mk_sched_inject_fault(mk_sched *s, size_t stage, size_t step, bool dies) {
-    if (!s || stage >= s->n_workers) return mk_fail(MK_ERR_INVALID_ARGUMENT, "inject fault: no stage %zu", stage);
+mk_status mk_sched_inject_fault(mk_sched *s, size_t worker, size_t step, bool dies) {
+    if (!s || worker >= s->n_workers) return mk_fail(MK_ERR_INVALID_ARGUMENT, "inject fault: no worker %zu", worker);
     pthread_mutex_lock(&s->mu); /* the worker reads these after taking an item: ordered by the queue */
-    s->workers[stage].fault_armed = true;
-    s->workers[stage].fault_step = step;
-    s->workers[stage].fault_dies = dies;
+    s->workers[worker].fault_armed = true;
+    s->workers[worker].fault_step = step;
+    s->workers[worker].fault_dies = dies;
     pthread_mutex_unlock(&s->mu);
     return MK_OK;
 }

@@ -187,7 +187,7 @@ void mk_sched_emit(struct mk_sched *sched, mk_sched_item *item);
 /* Test hook: stage `stage` fails its step number `step` (counted from 0 since creation
  * or mk_sched_reset_stats); with dies, every later step on it fails too. Call before
  * submitting. */
-mk_status mk_sched_inject_fault(mk_sched *sched, size_t stage, size_t step, bool dies);
+mk_status mk_sched_inject_fault(mk_sched *sched, size_t worker, size_t step, bool dies);
 /* Test hook: the receiving ends of seam `seam` close after taking `after` boundaries (its
  * stage lost its connection: the sender's writes fail, later receives report the closed
  * end). Call before submitting. */

@@ -28,7 +28,7 @@ mk_status mk_choose_cuts(const double *cost, size_t n, double head_extra, double
                          int64_t *cuts) {
     if (!cost || (k > 1 && !cuts)) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_choose_cuts: NULL argument");
     if (k == 0 || k > n)
-        return mk_fail(MK_ERR_INVALID_RANGE, "%zu stages over %zu layers: each stage needs a layer", k, n);
+        return mk_fail(MK_ERR_INVALID_RANGE, "%zu ranges over %zu layers: each range needs a layer", k, n);
     double *prefix = malloc((n + 1) * sizeof *prefix);
     double *best = malloc((k + 1) * (n + 1) * sizeof *best); /* [k + 1][n + 1] */
     size_t *from = malloc((k + 1) * (n + 1) * sizeof *from);  /* where stage k's layers begin */

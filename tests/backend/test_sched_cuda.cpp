@@ -193,7 +193,7 @@ TEST(SchedCuda, StageThatDiesOnItsDeviceFailsItsSequences) {
     expect_all_match_whole(model.get(), cuda_options(), {specs[0]}, {results[0]}, "finished before the fault");
     for (size_t i = 1; i < results.size(); i++) {
         EXPECT_EQ(results[i].info.state, MK_SEQ_FAILED) << "seq " << i;
-        EXPECT_NE(results[i].error.find("stage 1"), std::string::npos) << results[i].error;
+        EXPECT_NE(results[i].error.find("worker 1"), std::string::npos) << results[i].error;
     }
 }
 
