@@ -184,7 +184,7 @@ void mk_sched_retire(struct mk_sched *sched, mk_sched_item *item, mk_seq_state s
 /* The tail's token: recorded, reported, and the sequence continues or retires. */
 void mk_sched_emit(struct mk_sched *sched, mk_sched_item *item);
 
-/* Test hook: stage `stage` fails its step number `step` (counted from 0 since creation
+/* Test hook: worker `worker` fails its step number `step` (counted from 0 since creation
  * or mk_sched_reset_stats); with dies, every later step on it fails too. Call before
  * submitting. */
 mk_status mk_sched_inject_fault(mk_sched *sched, size_t worker, size_t step, bool dies);
