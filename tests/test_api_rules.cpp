@@ -195,6 +195,15 @@ TEST(StructSize, PipelineOptionsAndWhatTheyPointToAreEachReadByTheirOwnSize) {
     EXPECT_GT(mk_pipeline_seam_bytes(p), 0u) << "the wire seam was taken";
     mk_tail_output_free(out);
     mk_pipeline_free(p);
+    // placement: one device per range, given where its count says
+    const int one_device[1] = {0};
+    po = pipeline_options(&cut, 1, nullptr, nullptr, one_device, 1);
+    EXPECT_ERROR(mk_pipeline_create(model.get(), &po, &p), MK_ERR_INVALID_ARGUMENT,
+                 "mk_pipeline_create: 1 devices for 2 ranges (one per range)");
+    po = pipeline_options(&cut, 1, nullptr, nullptr, nullptr, 2);
+    EXPECT_ERROR(mk_pipeline_create(model.get(), &po, &p), MK_ERR_INVALID_ARGUMENT,
+                 "mk_pipeline_create: n_devices set but devices is NULL");
+    EXPECT_EQ(p, nullptr);
     // NULL options: every default (one FULL range, LOCAL seams)
     MK_ASSERT_OK(mk_pipeline_create(model.get(), nullptr, &p));
     EXPECT_EQ(mk_pipeline_range_count(p), 1u);

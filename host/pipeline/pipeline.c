@@ -45,7 +45,8 @@ mk_status mk_pipeline_create(const mk_model *model, const mk_pipeline_options *o
     if (o.range) MK_TRY(mk_options_take(&placed, sizeof placed, MK_RANGE_OPTIONS_V1_SIZE, o.range, "mk_range_options"));
     mk_seam_options seam = mk_seam_options_default(MK_SEAM_LOCAL);
     if (o.seam) MK_TRY(mk_options_take(&seam, sizeof seam, MK_SEAM_OPTIONS_V1_SIZE, o.seam, "mk_seam_options"));
-    if (o.n_devices && !o.devices) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_pipeline_create: n_devices set but devices is NULL");
+    if (o.n_devices && !o.devices)
+        return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_pipeline_create: n_devices set but devices is NULL");
     if (o.devices && o.n_devices != o.n_cuts + 1)
         return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_pipeline_create: %zu devices for %zu ranges (one per range)",
                        o.n_devices, o.n_cuts + 1);

@@ -150,7 +150,8 @@ mk_status mk_sched_create(const mk_model *model, const mk_sched_options *options
     const size_t n_layers = mk_model_hparams(model)->n_layers;
     size_t n_workers = o.split_auto ? (o.n_workers ? o.n_workers : o.n_devices ? o.n_devices : 1) : o.n_cuts + 1;
     if (n_workers == 0 || n_workers > n_layers)
-        return mk_fail(MK_ERR_INVALID_RANGE, "a pipeline of %zu workers over %zu layers: each worker's range needs a layer",
+        return mk_fail(MK_ERR_INVALID_RANGE,
+                       "a pipeline of %zu workers over %zu layers: each worker's range needs a layer",
                        n_workers, n_layers);
     if (o.n_devices && o.n_devices != n_workers)
         return mk_fail(MK_ERR_INVALID_ARGUMENT, "%zu devices for %zu workers: give one device per worker", o.n_devices,
