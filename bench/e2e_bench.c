@@ -189,7 +189,13 @@ static mk_status run(const mk_model *model, const int64_t *cuts, size_t n_cuts, 
                      const int32_t *prompt, size_t n_prompt, size_t n_decode, bool profile, e2e_result *res) {
     res->profiled = false;
     mk_pipeline *p = NULL;
-    mk_status s = mk_pipeline_create(model, cuts, n_cuts, opt, true, &p);
+    const mk_seam_options wire = mk_seam_options_default(MK_SEAM_WIRE);
+    mk_pipeline_options po = mk_pipeline_options_default();
+    po.range = opt;
+    po.cuts = cuts;
+    po.n_cuts = n_cuts;
+    po.seam = &wire;
+    mk_status s = mk_pipeline_create(model, &po, &p);
     if (s != MK_OK) return s;
     res->weight_bytes = 0;
     for (size_t i = 0; i < mk_pipeline_range_count(p); i++)

@@ -64,7 +64,7 @@ typedef struct interval { double a, b; } interval;
 static size_t parse_steps(const char *json, size_t stage, interval *out, size_t cap) {
     size_t n = 0;
     char key[32];
-    snprintf(key, sizeof key, "{\"stage\":%zu,", stage);
+    snprintf(key, sizeof key, "{\"worker\":%zu,", stage);
     for (const char *p = strstr(json, key); p && n < cap; p = strstr(p + 1, key)) {
         const char *s = strstr(p, "\"start_us\":"), *e = strstr(p, "\"end_us\":");
         if (!s || !e) break;
@@ -96,7 +96,7 @@ static mk_status run_once(const bench_config *c, size_t stages, size_t in_flight
     o.range.max_context = c->max_prompt + c->n_decode;
     o.range.max_batch_tokens = c->max_prompt;
     o.split_auto = true;
-    o.n_stages = stages;
+    o.n_workers = stages;
     o.devices = c->devices;
     o.n_devices = stages;
     o.max_sequences = in_flight;
@@ -130,9 +130,9 @@ static mk_status run_once(const bench_config *c, size_t stages, size_t in_flight
     }
     f->tokens_per_s = (double)f->tokens / wall;
     uint64_t first = UINT64_MAX, last = 0;
-    mk_stage_stats ss[2];
+    mk_worker_stats ss[2];
     for (size_t i = 0; st == MK_OK && i < stages; i++) {
-        st = mk_sched_stage_stats(s, i, &ss[i]);
+        st = mk_sched_worker_stats(s, i, &ss[i]);
         if (ss[i].first_ns < first) first = ss[i].first_ns;
         if (ss[i].last_ns > last) last = ss[i].last_ns;
     }

@@ -164,7 +164,7 @@ static int bench_codec(FILE *json, int *first) {
             float *res = mk_bundle_residual(b);
             for (size_t i = 0; i < n; i++) res[i] = (float)(rand_r(&seed) % 20001 - 10000) * 1e-3f;
             for (size_t i = 0; i < seq; i++) mk_bundle_positions(b)[i] = (int32_t)i;
-            mk_boundary_header hd = *mk_bundle_header(b);
+            mk_boundary_header hd = *mk_bundle_header_of(b);
             memset(hd.recipe_digest, 'a', MK_DIGEST_HEX_LEN);
             mk_bundle_set_header(b, &hd);
             /* The wire buffer placed so the payload inside the message is 64-byte aligned and

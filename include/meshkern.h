@@ -104,11 +104,12 @@ typedef enum mk_status {
 MK_API const char *mk_status_name(mk_status status);
 /* Message of the last failure on this thread ("" if none). Valid until the next call
  * into meshkern on this thread.
- * Every call that can fail (each one returning an mk_status, and mk_bundle_packed_size)
- * clears the message on entry, so after a failure the message is that failure's own, never
- * one left by an earlier call. Calls that cannot fail (names, getters, *_default, the free
- * functions) leave it alone: cleaning up, or naming the status, before reading the message
- * keeps it. */
+ * Every call that can fail (each one returning an mk_status, and mk_bundle_packed_size and
+ * mk_bundle_payload_offset, which return 0 on failure) clears the message on entry, so after
+ * a failure the message is that failure's own, never one left by an earlier call. Calls
+ * that cannot fail (names, getters, *_default, the free functions) leave it alone:
+ * cleaning up, or naming the status, or reading a figure before reading the message keeps
+ * it. tests/api_surface_check.py reads the list above. */
 MK_API const char *mk_last_error(void);
 
 /* ====================================================== architecture registry == */
@@ -220,7 +221,7 @@ MK_API mk_status mk_bundle_create(size_t batch, size_t seq, size_t hidden, mk_bu
 MK_API void mk_bundle_free(mk_bundle *bundle);
 MK_API mk_status mk_bundle_clone(const mk_bundle *src, mk_bundle **out);
 /* Accessors. The header and arrays belong to the bundle (valid until mk_bundle_free). */
-MK_API const mk_boundary_header *mk_bundle_header(const mk_bundle *bundle);
+MK_API const mk_boundary_header *mk_bundle_header_of(const mk_bundle *bundle);
 MK_API float *mk_bundle_residual(mk_bundle *bundle);     /* [batch, rows, hidden] */
 MK_API int32_t *mk_bundle_positions(mk_bundle *bundle);  /* [batch, rows] */
 MK_API const float *mk_bundle_residual_const(const mk_bundle *bundle);
@@ -260,19 +261,6 @@ typedef struct mk_tensor_fields {
     const char *byte_order; /* "little" or "big" */
 } mk_tensor_fields;
 MK_API mk_status mk_bundle_tensor_fields(const mk_bundle *bundle, mk_tensor_fields *out);
-
-/* Protocol-level bundle for any architecture kind (dense/moe/mla): packs named F32
- * payloads and validates them; used to exercise architectures meshkern cannot run. */
-typedef struct mk_named_payload {
-    const char *name;
-    const float *data; /* [count] */
-    size_t count;
-} mk_named_payload;
-MK_API mk_status mk_protocol_bundle_pack(mk_protocol_arch arch, const mk_named_payload *payloads,
-                                         size_t n_payloads, uint8_t **out, size_t *out_len);
-/* Validate protocol bytes of any kind; fills *arch. Refuses missing required tensors. */
-MK_API mk_status mk_protocol_bundle_validate(const uint8_t *bytes, size_t len,
-                                             mk_protocol_arch *arch);
 
 /* ================================================================= tail result == */
 
@@ -455,7 +443,8 @@ MK_API mk_status mk_chat_apply(const mk_tokenizer *tok, const mk_chat_message *m
 
 typedef enum mk_backend_kind { MK_BACKEND_CPU = 1, MK_BACKEND_CUDA = 2 } mk_backend_kind;
 
-/* Option structs (mk_backend_config, mk_range_options) are versioned by their first field,
+/* Option structs (mk_backend_config, mk_range_options, mk_seam_options, mk_pipeline_options,
+ * mk_sched_options, mk_stage_options) are versioned by their first field,
  * struct_size, which their *_default() function sets to the size of the struct the caller
  * was compiled with. Always start from *_default() and then change fields: later versions
  * of meshkern only append fields, read just the struct_size bytes a caller has, and give
@@ -553,7 +542,9 @@ MK_API mk_status mk_range_forward(mk_range *range, mk_sequence *seq, const int32
 typedef struct mk_boundary mk_boundary;
 MK_API mk_status mk_boundary_create(mk_range *range, mk_boundary **out);
 MK_API void mk_boundary_free(mk_boundary *boundary);
-/* The header of the boundary's current contents (rows == 0 while empty). */
+/* The header of the boundary's current contents (rows == 0 while empty); owned by the
+ * boundary. mk_bundle_header_of is the same for a bundle in host memory (both end in _of:
+ * mk_boundary_header is the type's name). */
 MK_API const mk_boundary_header *mk_boundary_header_of(const mk_boundary *boundary);
 MK_API mk_range *mk_boundary_range(const mk_boundary *boundary);
 /* Copy the payload to host memory: residual [rows, hidden] (waits for the range's stream). */
@@ -573,58 +564,6 @@ MK_API mk_status mk_range_forward_boundary(mk_range *range, mk_sequence *seq, co
                                            size_t n_tokens, const mk_boundary *in,
                                            const mk_sampling_contract *sampling, mk_boundary *out,
                                            mk_tail_output **out_tail);
-
-/* ================================================================== pipelines == */
-
-/* A model run as a chain of ranges in one process, one sequence in each range: the
- * single-node pipeline driver. cuts[i] is the last layer of range i (ascending); no cuts
- * is the whole model as one FULL range. With through_wire, every seam's bundle is packed
- * to protobuf bytes and unpacked by the next range, as between mesh peers. */
-typedef struct mk_pipeline mk_pipeline;
-MK_API mk_status mk_pipeline_create(const mk_model *model, const int64_t *cuts, size_t n_cuts,
-                                    const mk_range_options *options, bool through_wire,
-                                    mk_pipeline **out);
-MK_API void mk_pipeline_free(mk_pipeline *pipeline);
-MK_API size_t mk_pipeline_range_count(const mk_pipeline *pipeline);
-MK_API mk_range *mk_pipeline_range(mk_pipeline *pipeline, size_t index);
-/* Feed tokens to the head and carry the residual to the tail; *out is the tail output
- * (mk_tail_output_free). Prefill is many tokens, decode one. */
-MK_API mk_status mk_pipeline_step(mk_pipeline *pipeline, const int32_t *tokens, size_t n_tokens,
-                                  mk_tail_output **out);
-MK_API mk_status mk_pipeline_reset(mk_pipeline *pipeline);
-/* Bytes that crossed seams on the wire so far. */
-MK_API size_t mk_pipeline_seam_bytes(const mk_pipeline *pipeline);
-/* Wall-clock seconds spent in range `index` (its forward passes, and for a range after a
- * seam, receiving the bundle) over all steps so far; 0 for an index past the end. */
-MK_API double mk_pipeline_range_seconds(const mk_pipeline *pipeline, size_t index);
-
-/* ================================================================= generation == */
-
-typedef struct mk_generate_stats {
-    size_t n_prompt;      /* prompt tokens fed */
-    size_t n_generated;   /* tokens handed to the callback (the end-of-generation one excluded) */
-    bool stopped_at_eog;  /* true: an end-of-generation token came; false: max_new reached */
-    int32_t eog_token;    /* that token, or -1 */
-    double prefill_s;     /* the prompt's forward pass */
-    double decode_s;      /* every later forward pass */
-} mk_generate_stats;
-
-/* Receives each generated token and the logits [vocab] it was sampled from (valid during
- * the call; NULL when the pipeline's ranges are token_only). A status other than MK_OK
- * stops generation and is returned. */
-typedef mk_status (*mk_token_callback)(void *user, int32_t token, const float *logits, size_t vocab);
-
-/* Greedy generation through a pipeline, on whatever backend and split it was built with.
- * The prompt continues the pipeline's sequence (so a chat keeps its KV cache from turn to
- * turn). Sampling stops at the first token of the tokenizer's end-of-generation set (not
- * passed to the callback; tok may be NULL for none) or after max_new tokens, whichever
- * comes first. The last token sampled (the end-of-generation one, or the max_new-th) is
- * not fed back: the sequence then holds the prompt and all generated tokens but the last.
- * A prompt longer than the context fails with MK_ERR_CONTEXT_OVERFLOW before any
- * decoding. stats may be NULL. */
-MK_API mk_status mk_pipeline_generate(mk_pipeline *pipeline, const mk_tokenizer *tok, const int32_t *prompt,
-                                      size_t n_prompt, size_t max_new, mk_token_callback callback, void *user,
-                                      mk_generate_stats *stats);
 
 /* ====================================================================== seams == */
 
@@ -653,7 +592,9 @@ typedef struct mk_seam_tls {
     const char *cert_file, *key_file, *ca_file;
 } mk_seam_tls;
 
+/* Versioned by struct_size like mk_backend_config (see there). */
 typedef struct mk_seam_options {
+    size_t struct_size;         /* sizeof(mk_seam_options), set by mk_seam_options_default */
     mk_seam_kind kind;
     /* UNIX: a socket path (NULL in mk_seam_pair: an unnamed socketpair). TCP: "HOST:PORT";
      * a listener binds 127.0.0.1 unless HOST says otherwise (port 0: any free port). */
@@ -697,25 +638,82 @@ MK_API mk_status mk_seam_recv(mk_seam *seam, const mk_sequence *seq, mk_boundary
 MK_API size_t mk_seam_bytes(const mk_seam *seam);
 MK_API double mk_seam_seconds(const mk_seam *seam);
 
-/* A pipeline whose seams use the given transport (mk_pipeline_create's through_wire is
- * WIRE when true, LOCAL when false). Seam time and bytes: mk_pipeline_seam_seconds. */
-MK_API mk_status mk_pipeline_create_seamed(const mk_model *model, const int64_t *cuts, size_t n_cuts,
-                                           const mk_range_options *options, const mk_seam_options *seam,
-                                           mk_pipeline **out);
-MK_API double mk_pipeline_seam_seconds(const mk_pipeline *pipeline);
-/* mk_pipeline_create_seamed with each range placed on a device: devices[i] is range i's
- * options->backend.device (n_devices must equal n_cuts + 1); NULL devices: every range on
- * options->backend.device. */
-MK_API mk_status mk_pipeline_create_placed(const mk_model *model, const int64_t *cuts, size_t n_cuts,
-                                           const mk_range_options *options, const mk_seam_options *seam,
-                                           const int *devices, size_t n_devices, mk_pipeline **out);
+/* ================================================================== pipelines == */
 
+/* A model run as a chain of ranges in one process, one sequence in each range: the
+ * single-node pipeline driver. Every seam carries the boundary over one transport of the
+ * seams API (mk_seam_kind: LOCAL, a device-to-device copy, by default; WIRE packs every
+ * boundary to protobuf bytes and unpacks it in the next range, as between mesh peers).
+ * Seam time and bytes: mk_pipeline_seam_seconds, mk_pipeline_seam_bytes. */
+typedef struct mk_pipeline mk_pipeline;
+
+/* Versioned by struct_size like mk_backend_config (see there). The range and seam options
+ * are pointed to, not embedded, so each keeps its own struct_size and may grow. */
+typedef struct mk_pipeline_options {
+    size_t struct_size;             /* sizeof(mk_pipeline_options), set by mk_pipeline_options_default */
+    const mk_range_options *range;  /* every range's options; NULL = mk_range_options_default() */
+    const int64_t *cuts;            /* last layer of each range but the last (ascending) [n_cuts];
+                                       no cuts: the whole model as one FULL range */
+    size_t n_cuts;
+    const mk_seam_options *seam;    /* every seam's transport; NULL = mk_seam_options_default(MK_SEAM_LOCAL) */
+    const int *devices;             /* device of each range [n_devices] (n_devices == n_cuts + 1), which
+                                       replaces range->backend.device; NULL: every range on that device */
+    size_t n_devices;
+} mk_pipeline_options;
+MK_API mk_pipeline_options mk_pipeline_options_default(void);
+
+/* Build the ranges, a sequence in each and the seams between them. The model must outlive
+ * the pipeline; release with mk_pipeline_free. */
+MK_API mk_status mk_pipeline_create(const mk_model *model, const mk_pipeline_options *options, mk_pipeline **out);
+MK_API void mk_pipeline_free(mk_pipeline *pipeline);
+MK_API size_t mk_pipeline_range_count(const mk_pipeline *pipeline);
+MK_API mk_range *mk_pipeline_range(mk_pipeline *pipeline, size_t index);
+/* Feed tokens to the head and carry the residual to the tail; *out is the tail output
+ * (mk_tail_output_free). Prefill is many tokens, decode one. */
+MK_API mk_status mk_pipeline_step(mk_pipeline *pipeline, const int32_t *tokens, size_t n_tokens,
+                                  mk_tail_output **out);
+MK_API mk_status mk_pipeline_reset(mk_pipeline *pipeline);
+/* Bytes that crossed seams on the wire so far. */
+MK_API size_t mk_pipeline_seam_bytes(const mk_pipeline *pipeline);
+/* Seconds spent carrying boundaries across the seams (send + receive) so far. */
+MK_API double mk_pipeline_seam_seconds(const mk_pipeline *pipeline);
+/* Wall-clock seconds spent in range `index` (its forward passes, and for a range after a
+ * seam, receiving the bundle) over all steps so far; 0 for an index past the end. */
+MK_API double mk_pipeline_range_seconds(const mk_pipeline *pipeline, size_t index);
+
+/* ================================================================= generation == */
+
+typedef struct mk_generate_stats {
+    size_t n_prompt;      /* prompt tokens fed */
+    size_t n_generated;   /* tokens handed to the callback (the end-of-generation one excluded) */
+    bool stopped_at_eog;  /* true: an end-of-generation token came; false: max_new reached */
+    int32_t eog_token;    /* that token, or -1 */
+    double prefill_s;     /* the prompt's forward pass */
+    double decode_s;      /* every later forward pass */
+} mk_generate_stats;
+
+/* Receives each generated token and the logits [vocab] it was sampled from (valid during
+ * the call; NULL when the pipeline's ranges are token_only). A status other than MK_OK
+ * stops generation and is returned. */
+typedef mk_status (*mk_token_callback)(void *user, int32_t token, const float *logits, size_t vocab);
+
+/* Greedy generation through a pipeline, on whatever backend and split it was built with.
+ * The prompt continues the pipeline's sequence (so a chat keeps its KV cache from turn to
+ * turn). Sampling stops at the first token of the tokenizer's end-of-generation set (not
+ * passed to the callback; tok may be NULL for none) or after max_new tokens, whichever
+ * comes first. The last token sampled (the end-of-generation one, or the max_new-th) is
+ * not fed back: the sequence then holds the prompt and all generated tokens but the last.
+ * A prompt longer than the context fails with MK_ERR_CONTEXT_OVERFLOW before any
+ * decoding. stats may be NULL. */
+MK_API mk_status mk_pipeline_generate(mk_pipeline *pipeline, const mk_tokenizer *tok, const int32_t *prompt,
+                                      size_t n_prompt, size_t max_new, mk_token_callback callback, void *user,
+                                      mk_generate_stats *stats);
 
 /* ========================================================= placed pipelines == */
 
 /* The multi-device single-node pipeline: a model cut into ranges, each range on its own
- * device (cuda) or worker thread (cpu), many sequences in flight. Every stage has its own
- * host thread and its range's own stream; neighbouring stages are joined by a bounded
+ * device (cuda) or core share (cpu), many sequences in flight. Every range has its own
+ * worker (a host thread) and its own stream; neighbouring workers are joined by a bounded
  * queue that says which micro-batch (one step of one sequence) comes next and by a seam
  * transport that carries its boundary, so while range i computes a step of sequence m,
  * range i+1 computes a step of another. Each range keeps a KV cache per sequence slot and
@@ -724,20 +722,20 @@ MK_API mk_status mk_pipeline_create_placed(const mk_model *model, const int64_t 
 
 typedef struct mk_sched mk_sched;
 
-/* How the boundary crosses each seam between neighbouring stages: mk_sched_options.seam
+/* How the boundary crosses each seam between neighbouring workers: mk_sched_options.seam
  * is a transport of the seams API (mk_seam_kind) or 0 for the placement rule:
- *   0      NCCL between stages on distinct cuda devices where this build has NCCL, else
+ *   0      NCCL between workers on distinct cuda devices where this build has NCCL, else
  *          LOCAL (a device-to-device copy; a memcpy on the cpu backend)
- *   LOCAL  device-to-device copy on the stages' streams
+ *   LOCAL  device-to-device copy on the workers' streams
  *   WIRE   the TensorBundle packed to protobuf bytes and unpacked (a host-staged run)
  *   UNIX, TCP  a stream connection per seam inside this process (a socketpair or a
- *          loopback TCP connection between the two stage threads): pinned staging,
+ *          loopback TCP connection between the two worker threads): pinned staging,
  *          TensorBundle frames
  *   NCCL   a two-rank communicator per seam (cuda backend, distinct devices)
- * A transport that cannot join two stages (NCCL on the cpu backend or on one device, or in
+ * A transport that cannot join two workers (NCCL on the cpu backend or on one device, or in
  * a build without NCCL) fails mk_sched_create with its status. */
 
-/* Called on the tail stage's thread for each generated token, in order per sequence;
+/* Called on the tail worker's thread for each generated token, in order per sequence;
  * `logits` [vocab] is valid only during the call. Must not call back into the mk_sched. */
 typedef void (*mk_sched_token_fn)(void *user, uint64_t seq_id, size_t index, int32_t token, const float *logits,
                                   size_t vocab);
@@ -746,36 +744,37 @@ typedef struct mk_sched_options {
     size_t struct_size;        /* sizeof(mk_sched_options): set by mk_sched_options_default */
     mk_range_options range;    /* backend kind, weight dtype, max_context, max_batch_tokens
                                   (the longest prompt); backend.device comes from devices;
-                                  cpu backend.threads is per stage, 0 = the process's cores
-                                  divided among the stages (at least 1 each) */
+                                  cpu backend.threads is per worker, 0 = the process's cores
+                                  divided among the workers (at least 1 each) */
     const int64_t *cuts;       /* last layer of each range but the last (ascending) ... */
     size_t n_cuts;             /* ... or, with split_auto, ignored */
-    bool split_auto;           /* balanced cuts for n_stages ranges (mk_split_auto) */
-    size_t n_stages;           /* split_auto: ranges; 0 = n_devices (or 1) */
+    bool split_auto;           /* balanced cuts for n_workers ranges (mk_split_auto) */
+    size_t n_workers;          /* split_auto: ranges (one worker each); 0 = n_devices (or 1) */
     const int *devices;        /* device of each range [n_devices]; NULL = range i on device i */
     size_t n_devices;
     size_t max_sequences;      /* sequences in flight (KV and activation slots); default 8 */
     mk_seam_kind seam;         /* 0 (default): the placement rule above */
     mk_sched_token_fn on_token; /* optional */
     void *user;
-    size_t timeline_capacity;  /* step records kept per stage for the timeline (later steps
+    size_t timeline_capacity;  /* step records kept per worker for the timeline (later steps
                                   are not recorded); 0 = none */
 } mk_sched_options;
 
 MK_API mk_sched_options mk_sched_options_default(void);
 
-/* Build the ranges on their devices and start one worker thread per stage. The model
+/* Build the ranges on their devices and start one worker thread per range. The model
  * must outlive the mk_sched. Release with mk_sched_free. */
 MK_API mk_status mk_sched_create(const mk_model *model, const mk_sched_options *options, mk_sched **out);
 /* Stop the workers (sequences still in flight are abandoned) and free every range. */
 MK_API void mk_sched_free(mk_sched *sched);
 
-MK_API size_t mk_sched_stage_count(const mk_sched *sched);
-/* The range of stage i (owned by the mk_sched; do not forward through it while running). */
-MK_API const mk_range *mk_sched_stage_range(const mk_sched *sched, size_t stage);
-/* Stage i's share of the per-step cost the cuts were balanced on (sums to 1). */
-MK_API double mk_sched_stage_share(const mk_sched *sched, size_t stage);
-/* The transport of seam i (between stage i and i + 1) as built (the placement rule
+MK_API size_t mk_sched_worker_count(const mk_sched *sched);
+/* The number of workers (ranges), and worker i's range (owned by the mk_sched; do not
+ * forward through it while running). */
+MK_API const mk_range *mk_sched_worker_range(const mk_sched *sched, size_t worker);
+/* Worker i's share of the per-step cost the cuts were balanced on (sums to 1). */
+MK_API double mk_sched_worker_share(const mk_sched *sched, size_t worker);
+/* The transport of seam i (between worker i and i + 1) as built (the placement rule
  * resolved); 0 for an index past the last seam. */
 MK_API mk_seam_kind mk_sched_seam_kind(const mk_sched *sched, size_t seam);
 /* Bytes seam i's receiving ends took so far (0 past the last seam). */
@@ -799,7 +798,7 @@ typedef struct mk_seq_info {
     mk_status status;   /* MK_OK unless FAILED */
     size_t n_tokens;    /* generated so far */
     bool stopped;       /* DONE on a stop id (false: on the token limit) */
-    const char *error;  /* when FAILED: the stage, its layers and the cause; valid until
+    const char *error;  /* when FAILED: the worker, its layers and the cause; valid until
                            mk_sched_free ("" otherwise) */
 } mk_seq_info;
 
@@ -820,27 +819,27 @@ MK_API mk_status mk_sched_cancel(mk_sched *sched, uint64_t seq_id);
  * number of sequences served (the id table keeps one pointer per id). */
 MK_API mk_status mk_sched_release(mk_sched *sched, uint64_t seq_id);
 
-typedef struct mk_stage_stats {
+typedef struct mk_worker_stats {
     size_t steps;          /* forwards run */
     uint64_t busy_ns;      /* time inside them */
-    uint64_t cpu_ns;       /* CPU time the stage's thread spent inside them (less than
+    uint64_t cpu_ns;       /* CPU time the worker's thread spent inside them (less than
                               busy_ns when other processes share the cores) */
     uint64_t first_ns;     /* start of the first, end of the last (CLOCK_MONOTONIC) */
     uint64_t last_ns;
-} mk_stage_stats;
-MK_API mk_status mk_sched_stage_stats(const mk_sched *sched, size_t stage, mk_stage_stats *out);
+} mk_worker_stats;
+MK_API mk_status mk_sched_worker_stats(const mk_sched *sched, size_t worker, mk_worker_stats *out);
 /* Clear the statistics and the timeline; call while no sequence is in flight. */
 MK_API mk_status mk_sched_reset_stats(mk_sched *sched);
-/* The stage timeline as JSON: {"stages":N,"steps":[{"stage":i,"seq":id,"rows":r,
+/* The worker timeline as JSON: {"workers":N,"steps":[{"worker":i,"seq":id,"rows":r,
  * "start_us":t0,"end_us":t1},...]} with times from the earliest start. *out is malloc'd
  * (mk_buffer_free). */
 MK_API mk_status mk_sched_timeline_json(const mk_sched *sched, char **out, size_t *out_len);
 
 /* Balanced cuts: per-layer cost is the weight elements a decode step reads; the head
  * adds one embedding row per token, the tail the final norm and the lm_head. Picks the
- * n_stages - 1 cuts (last layer of each range but the last) that minimise the largest
- * stage cost; shares [n_stages] (may be NULL) receive each stage's fraction. */
-MK_API mk_status mk_split_auto(const mk_model *model, size_t n_stages, int64_t *cuts, double *shares);
+ * n_ranges - 1 cuts (last layer of each range but the last) that minimise the largest
+ * range cost; shares [n_ranges] (may be NULL) receive each range's fraction. */
+MK_API mk_status mk_split_auto(const mk_model *model, size_t n_ranges, int64_t *cuts, double *shares);
 
 
 /* ============================================================ stage processes == */
@@ -859,8 +858,10 @@ MK_API mk_status mk_split_auto(const mk_model *model, size_t n_stages, int64_t *
  * The environment variable MESHKERN_FAULT ("rank=R,step=K,kind=exit|silent|corrupt_header|
  * other_digest|other_layer") makes rank R misbehave at its K-th boundary (0-based): tests only. */
 typedef struct mk_stage mk_stage;
-/* The size of an NCCL unique id (ncclUniqueId). */
-#define MK_NCCL_ID_BYTES 128
+/* The unique ids of one rank's NCCL communicators with its neighbours, as a launcher handed
+ * them out (mk_stage_mpi_setup). Opaque; release with mk_stage_nccl_ids_free. */
+typedef struct mk_stage_nccl_ids mk_stage_nccl_ids;
+MK_API void mk_stage_nccl_ids_free(mk_stage_nccl_ids *ids);
 
 /* Versioned by struct_size like mk_backend_config (see there). */
 typedef struct mk_stage_options {
@@ -880,9 +881,9 @@ typedef struct mk_stage_options {
     size_t n_stop;
     /* nccl seams: the unique ids of this rank's communicators with the previous and the next
        rank, when the launcher handed them out (mk_stage_mpi_setup: rank 0 makes them and
-       MPI_Bcast's them, as nccl-tests do); false: rank 0 hands them out at the rendezvous */
-    bool nccl_ids_given;
-    unsigned char nccl_prev[MK_NCCL_ID_BYTES], nccl_next[MK_NCCL_ID_BYTES];
+       MPI_Bcast's them, as nccl-tests do); read during mk_stage_join only. NULL: rank 0
+       hands them out at the rendezvous */
+    const mk_stage_nccl_ids *nccl_ids;
     /* Where the runtime's notices go, one line each without a newline (rank 0: a rank
        joined, a connection dropped at the rendezvous with its peer address and why); NULL:
        nowhere (a failure's message still names what was dropped). Called on the joining
@@ -959,9 +960,11 @@ MK_API bool mk_stage_mpi_launched(void);
  * connection); rank 0 picks a free port on its node's address and MPI_Bcast's the
  * rendezvous "HOST:PORT" into rendezvous[cap] (options->rendezvous points there); with
  * options->seam MK_SEAM_NCCL rank 0 also makes the unique id of every seam's communicator
- * and MPI_Bcast's them (options->nccl_prev/nccl_next, nccl_ids_given). Builds
- * without MPI refuse with MK_ERR_UNSUPPORTED. */
-MK_API mk_status mk_stage_mpi_setup(const mk_model *model, mk_stage_options *options, char *rendezvous, size_t cap);
+ * and MPI_Bcast's them: *nccl_ids receives this rank's two (options->nccl_ids points there;
+ * release them with mk_stage_nccl_ids_free after mk_stage_join), NULL for another seam.
+ * Builds without MPI refuse with MK_ERR_UNSUPPORTED. */
+MK_API mk_status mk_stage_mpi_setup(const mk_model *model, mk_stage_options *options, char *rendezvous, size_t cap,
+                                    mk_stage_nccl_ids **nccl_ids);
 /* MPI_Finalize after a run every rank finished (a failed run exits without it: the
  * launcher ends the rest). */
 MK_API void mk_stage_mpi_finalize(void);

@@ -28,7 +28,8 @@ export OPENBLAS_NUM_THREADS=1
 # id ~ file ~ perl substitution (applied with -0: may span lines; must change the file) ~ tests
 #   tests: ops:<gtest filter>  the kernel op grid under cudasim, forward and random order
 #          host                the contract, bundle and parity suites
-#          api                 the public-surface check (fallible MK_API functions clear the message)
+#          api                 the public-surface check (fallible MK_API functions clear the message,
+#                              the others leave it alone)
 #          sched               the placed pipeline on the cpu backend (every seam transport)
 #          stage               the stage-process suite (meshkern stage: parity, faults, refusals)
 #          native:<gtest filter>  the cpu backend's native kernels, pool and attention (test_cpu_native)
@@ -91,6 +92,17 @@ MUTATIONS=(
   "range.message-removed~host/range/check.c~s/return mk_fail\(MK_ERR_HEAD_OWNS_EMBEDDING,[^;]*;/return MK_ERR_HEAD_OWNS_EMBEDDING;/~host"
   "sched.slot-pairs-shared~host/sched/link.c~s/link->fifo \? 0 : item->slot/0/~sched"
   "sched.prefill-keeps-cache~host/sched/worker.c~s/if \(item->kind == MK_ITEM_PREFILL\) s = mk_sequence_reset/if (0) s = mk_sequence_reset/~sched"
+  "cuts.repeat-accepted~host/range/cuts.c~s/if \(i > 0 && c == cuts\[i - 1\]\)/if (0)/~gtest:test_api_rules:Cuts.*"
+  "cuts.last-layer-accepted~host/range/cuts.c~s/c < 0 \|\| c >= last\)/c < 0 || c > last)/~gtest:test_api_rules:Cuts.*"
+  "cuts.too-many-unbounded~host/range/cuts.c~s/n_cuts >= max_ranges \|\| //~gtest:test_api_rules:Cuts.*"
+  "cuts.span-start-not-advanced~host/range/cuts.c~s/start = c \+ 1;/start = c;/~gtest:test_api_rules:Cuts.*"
+  "options.larger-size-accepted~host/core/options.c~s/ \|\| size > current_size//~gtest:test_api_rules:StructSize.*"
+  "options.older-struct-read-whole~host/core/options.c~s/memcpy\(dst, src, size\);/memcpy(dst, src, current_size);/~gtest:test_api_rules:StructSize.*"
+  "options.seam-size-not-taken~host/seam/seam.c~s/return mk_options_take\(o, sizeof \*o, MK_SEAM_OPTIONS_V1_SIZE, given, \"mk_seam_options\"\);/*o = *given;\n    return MK_OK;/~gtest:test_api_rules:StructSize.*"
+  "api.getter-clears~host/seam/seam.c~s/double mk_seam_seconds\(const mk_seam \*s\) \{/double mk_seam_seconds(const mk_seam *s) {\n    mk_clear_error();/~api"
+  "api.getter-clears-at-run~host/seam/seam.c~s/double mk_seam_seconds\(const mk_seam \*s\) \{/double mk_seam_seconds(const mk_seam *s) {\n    mk_clear_error();/~gtest:test_api_rules:LastError.*"
+  "api.getter-clears-through-a-call~host/pipeline/pipeline.c~s/bytes \+= mk_seam_bytes\(p->rx\[i\]\);/bytes += mk_seam_bytes(p->rx[i]) + mk_bundle_packed_size(NULL);/~api"
+  "api.getter-clears-through-a-call-at-run~host/pipeline/pipeline.c~s/bytes \+= mk_seam_bytes\(p->rx\[i\]\);/bytes += mk_seam_bytes(p->rx[i]) + mk_bundle_packed_size(NULL);/~gtest:test_api_rules:LastError.*"
   "stage.digest-ignores-cuts~host/stage/stage_runtime.c~s/\(long long\)cuts\[i\]\);/0LL);/~stage"
   "stage.slot-evicts-newest~host/stage/slots.c~s/t->slot\[i\].last_use < s->last_use/t->slot[i].last_use > s->last_use/~stage"
   "stage.result-digest-unchecked~host/stage/stage_runtime.c~s/if \(strcmp\(info.runtime_recipe_digest/if (0 \&\& strcmp(info.runtime_recipe_digest/~stage"

@@ -19,7 +19,12 @@ static int failures = 0;
 
 static int run(const mk_model *model, const int64_t *cuts, size_t n_cuts, float *logits /* [vocab] */) {
     mk_pipeline *p = NULL;
-    if (mk_pipeline_create(model, cuts, n_cuts, NULL, true, &p) != MK_OK) return -1;
+    const mk_seam_options wire = mk_seam_options_default(MK_SEAM_WIRE);
+    mk_pipeline_options po = mk_pipeline_options_default();
+    po.cuts = cuts;
+    po.n_cuts = n_cuts;
+    po.seam = &wire;
+    if (mk_pipeline_create(model, &po, &p) != MK_OK) return -1;
     const int32_t prompt[] = {3, 14, 15, 9, 26};
     mk_tail_output *out = NULL;
     int token = -1;

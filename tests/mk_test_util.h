@@ -151,21 +151,35 @@ inline mk_hparams gqa_tied_hparams() {
     return hp;
 }
 
+// The options of the one pipeline constructor, spelled out (seam NULL: LOCAL; no devices:
+// every range on range->backend.device).
+inline mk_pipeline_options pipeline_options(const int64_t *cuts, size_t n_cuts, const mk_range_options *range,
+                                            const mk_seam_options *seam = nullptr, const int *devices = nullptr,
+                                            size_t n_devices = 0) {
+    mk_pipeline_options o = mk_pipeline_options_default();
+    o.range = range;
+    o.cuts = cuts;
+    o.n_cuts = n_cuts;
+    o.seam = seam;
+    o.devices = devices;
+    o.n_devices = n_devices;
+    return o;
+}
+
 // The library's pipeline driver with ownership (every seam through the wire unless
 // through_wire is false).
 class Pipeline {
   public:
+    // Every seam packed to bytes and unpacked (WIRE), or a local copy (LOCAL).
     Pipeline(const mk_model *model, const std::vector<int64_t> &cuts, mk_range_options options = mk_range_options_default(),
-             bool through_wire = true) {
-        mk_pipeline *p = nullptr;
-        status_ = mk_pipeline_create(model, cuts.data(), cuts.size(), &options, through_wire, &p);
-        pipeline_.reset(p);
-    }
+             bool through_wire = true)
+        : Pipeline(model, cuts, options, mk_seam_options_default(through_wire ? MK_SEAM_WIRE : MK_SEAM_LOCAL)) {}
     // Every seam over the given transport.
     Pipeline(const mk_model *model, const std::vector<int64_t> &cuts, mk_range_options options,
              const mk_seam_options &seam) {
         mk_pipeline *p = nullptr;
-        status_ = mk_pipeline_create_seamed(model, cuts.data(), cuts.size(), &options, &seam, &p);
+        const mk_pipeline_options po = pipeline_options(cuts.data(), cuts.size(), &options, &seam);
+        status_ = mk_pipeline_create(model, &po, &p);
         pipeline_.reset(p);
     }
     mk_pipeline *get() { return pipeline_.get(); }

@@ -177,7 +177,7 @@ TEST(InputSide, BoundarySeamLayerMismatchIsRejected) {
     RangePtr head = make_range(model.get(), 0, 2);
     BundlePtr bundle = head_forward(head.get(), {1, 2, 3});
     ASSERT_TRUE(bundle);
-    EXPECT_EQ(mk_bundle_header(bundle.get())->next_layer, 3);
+    EXPECT_EQ(mk_bundle_header_of(bundle.get())->next_layer, 3);
     RangePtr wrong = make_range(model.get(), 4, 5);
     std::string msg;
     EXPECT_EQ(forward_bundle(wrong.get(), bundle.get(), &msg), MK_ERR_SEAM_MISMATCH);
@@ -197,7 +197,7 @@ TEST(InputSide, NormalizedBundleIsRejected) {
     mk_bundle *copy = nullptr;
     MK_ASSERT_OK(mk_bundle_clone(bundle.get(), &copy));
     BundlePtr normalized(copy);
-    mk_boundary_header marked = *mk_bundle_header(normalized.get());
+    mk_boundary_header marked = *mk_bundle_header_of(normalized.get());
     marked.normalized = true;
     MK_ASSERT_OK(mk_bundle_set_header(normalized.get(), &marked));
     RangePtr tail = make_range(model.get(), 3, 5);
@@ -207,7 +207,7 @@ TEST(InputSide, NormalizedBundleIsRejected) {
     // The flag survives the wire, and the receiver still refuses it.
     BundlePtr received = through_wire(normalized.get());
     ASSERT_TRUE(received);
-    EXPECT_TRUE(mk_bundle_header(received.get())->normalized);
+    EXPECT_TRUE(mk_bundle_header_of(received.get())->normalized);
     EXPECT_EQ(forward_bundle(tail.get(), received.get(), &msg), MK_ERR_NORMALIZED_BUNDLE);
     EXPECT_NE(msg.find("UNNORMALIZED"), std::string::npos) << msg;
 }
@@ -258,7 +258,7 @@ TEST(OutputSide, NonTailEmitsUnnormalizedFullRowBoundary) {
     RangePtr head = make_range(model.get(), 0, 2);
     BundlePtr bundle = head_forward(head.get(), tokens);
     ASSERT_TRUE(bundle);
-    const mk_boundary_header *h = mk_bundle_header(bundle.get());
+    const mk_boundary_header *h = mk_bundle_header_of(bundle.get());
     EXPECT_FALSE(h->normalized);
     EXPECT_STREQ(h->tensor_name, "residual_stream");
     EXPECT_EQ(h->schema_version, MK_BOUNDARY_SCHEMA_VERSION);
@@ -364,7 +364,7 @@ TEST(Wire, BoundaryBundleRoundTripIsExact) {
     ASSERT_TRUE(bundle);
     BundlePtr restored = through_wire(bundle.get());
     ASSERT_TRUE(restored);
-    const mk_boundary_header *sent = mk_bundle_header(bundle.get()), *got = mk_bundle_header(restored.get());
+    const mk_boundary_header *sent = mk_bundle_header_of(bundle.get()), *got = mk_bundle_header_of(restored.get());
     const size_t n = sent->batch * sent->rows * sent->hidden;
     EXPECT_EQ(std::memcmp(mk_bundle_residual(restored.get()), mk_bundle_residual(bundle.get()), n * sizeof(float)), 0);
     EXPECT_EQ(std::memcmp(mk_bundle_positions(restored.get()), mk_bundle_positions(bundle.get()), sent->rows * sizeof(int32_t)), 0);

@@ -12,6 +12,7 @@
 
 #include "meshkern.pb-c.h"
 #include "mk_test_util.h"
+#include "protocol/boundary.h" // mk_protocol_bundle_*: internal test helpers
 
 namespace {
 

@@ -69,7 +69,9 @@ class Generate : public ::testing::Test {
         mk_range_options o = mk_range_options_default();
         o.max_context = context;
         mk_pipeline *p = nullptr;
-        EXPECT_EQ(mk_pipeline_create(model_.get(), cuts.data(), cuts.size(), &o, true, &p), MK_OK) << mk_last_error();
+        const mk_seam_options wire = mk_seam_options_default(MK_SEAM_WIRE);
+        const mk_pipeline_options po = pipeline_options(cuts.data(), cuts.size(), &o, &wire);
+        EXPECT_EQ(mk_pipeline_create(model_.get(), &po, &p), MK_OK) << mk_last_error();
         return PipePtr(p);
     }
     static Generated generate(mk_pipeline *p, const std::vector<int32_t> &prompt, size_t max_new) {
@@ -226,7 +228,8 @@ class GenerateRules : public ::testing::Test {
             mk_range_options o = mk_range_options_default();
             o.max_context = context;
             mk_pipeline *p = nullptr;
-            EXPECT_EQ(mk_pipeline_create(model_.get(), nullptr, 0, &o, false, &p), MK_OK) << mk_last_error();
+            const mk_pipeline_options po = pipeline_options(nullptr, 0, &o);
+            EXPECT_EQ(mk_pipeline_create(model_.get(), &po, &p), MK_OK) << mk_last_error();
             own.reset(p);
             on = p;
         }
@@ -347,7 +350,8 @@ TEST_F(GenerateRules, TheLastTokenIsNotFedBack) {
     mk_range_options o = mk_range_options_default();
     o.max_context = 64;
     mk_pipeline *p = nullptr;
-    MK_ASSERT_OK(mk_pipeline_create(model_.get(), nullptr, 0, &o, false, &p));
+    const mk_pipeline_options po = pipeline_options(nullptr, 0, &o);
+    MK_ASSERT_OK(mk_pipeline_create(model_.get(), &po, &p));
     PipePtr pipe(p);
     const GenRun a = run(nullptr, prompt_, 3, 0, 64, p);
     ASSERT_EQ(a.status, MK_OK) << a.error;
@@ -371,7 +375,8 @@ TEST_F(GenerateRules, RefusesNoPipelineOrNoPrompt) {
     mk_range_options o = mk_range_options_default();
     o.max_context = 64;
     mk_pipeline *p = nullptr;
-    MK_ASSERT_OK(mk_pipeline_create(model_.get(), nullptr, 0, &o, false, &p));
+    const mk_pipeline_options po = pipeline_options(nullptr, 0, &o);
+    MK_ASSERT_OK(mk_pipeline_create(model_.get(), &po, &p));
     PipePtr pipe(p);
     EXPECT_ERROR(mk_pipeline_generate(p, nullptr, prompt_.data(), 0, 4, nullptr, nullptr, nullptr),
                  MK_ERR_INVALID_ARGUMENT, "empty prompt");

@@ -135,8 +135,8 @@ TEST(SplitAuto, ChooserEdges) {
     const std::vector<double> cost = {1, 2, 3};
     int64_t cuts[3] = {-7, -7, -7};
     EXPECT_ERROR(mk_choose_cuts(cost.data(), 3, 0, 0, 4, cuts), MK_ERR_INVALID_RANGE,
-                 "4 stages over 3 layers: each stage needs a layer");
-    EXPECT_ERROR(mk_choose_cuts(cost.data(), 3, 0, 0, 0, cuts), MK_ERR_INVALID_RANGE, "0 stages over 3 layers");
+                 "4 ranges over 3 layers: each range needs a layer");
+    EXPECT_ERROR(mk_choose_cuts(cost.data(), 3, 0, 0, 0, cuts), MK_ERR_INVALID_RANGE, "0 ranges over 3 layers");
     EXPECT_ERROR(mk_choose_cuts(nullptr, 3, 0, 0, 2, cuts), MK_ERR_INVALID_ARGUMENT, "mk_choose_cuts: NULL argument");
     EXPECT_ERROR(mk_choose_cuts(cost.data(), 3, 0, 0, 2, nullptr), MK_ERR_INVALID_ARGUMENT, "NULL argument");
     MK_ASSERT_OK(mk_choose_cuts(cost.data(), 3, 0, 0, 1, nullptr));
@@ -218,12 +218,12 @@ TEST(PipelineSched, EverySequenceMatchesItsWholeModelRunForOneToEightInFlight) {
                                                    variant == 0 ? MK_SEAM_WIRE : MK_SEAM_LOCAL);
                 if (variant == 1) {
                     o.split_auto = true;
-                    o.n_stages = 3;
+                    o.n_workers = 3;
                 }
                 Collector c;
                 SchedPtr s = make_sched(model.get(), o, &c);
                 ASSERT_TRUE(s);
-                ASSERT_EQ(mk_sched_stage_count(s.get()), variant == 0 ? 2u : 3u);
+                ASSERT_EQ(mk_sched_worker_count(s.get()), variant == 0 ? 2u : 3u);
                 const std::vector<uint64_t> ids = submit_all(s.get(), specs);
                 ASSERT_TRUE(wait_all_within(s.get(), 120));
                 const std::string what = std::string(mc.name) + (variant == 0 ? " 2 stages wire" : " 3 stages auto") +
@@ -249,7 +249,7 @@ TEST(PipelineSched, EverySeamTransportMatchesWholeForOneToEightInFlight) {
             for (size_t k = 0; k <= m; k++) specs.push_back(pool[(m + k) % pool.size()]);
             mk_sched_options o = sched_options(m, nullptr, kind);
             o.split_auto = true;
-            o.n_stages = 3;
+            o.n_workers = 3;
             Collector c;
             SchedPtr s = make_sched(model.get(), o, &c);
             ASSERT_TRUE(s);
@@ -275,7 +275,7 @@ TEST(PipelineSched, NcclSeamOnTheCpuBackendIsRefused) {
     ModelPtr model = make_random_model(mk_hparams_seed_default());
     mk_sched_options o = sched_options(2, nullptr, MK_SEAM_NCCL);
     o.split_auto = true;
-    o.n_stages = 2;
+    o.n_workers = 2;
     mk_sched *s = nullptr;
     const mk_status st = mk_sched_create(model.get(), &o, &s);
     EXPECT_EQ(st, MK_ERR_UNSUPPORTED);
@@ -354,7 +354,7 @@ TEST(PipelineSched, ABadSequenceFailsAloneAndTheOthersMatch) {
     std::vector<SeqResult> results = collect(s.get(), &c, ids);
     EXPECT_EQ(results[2].info.state, MK_SEQ_FAILED);
     EXPECT_EQ(results[2].info.status, MK_ERR_TOKEN_OUT_OF_RANGE);
-    EXPECT_NE(results[2].error.find("stage 0"), std::string::npos) << results[2].error;
+    EXPECT_NE(results[2].error.find("worker 0"), std::string::npos) << results[2].error;
     EXPECT_NE(results[2].error.find("4000"), std::string::npos) << results[2].error;
     EXPECT_TRUE(results[2].tokens.empty());
     specs.erase(specs.begin() + 2);
@@ -388,7 +388,7 @@ TEST(PipelineSched, ContextOverflowFailsThatSequenceOnly) {
     mk_sched_options o = sched_options(2, nullptr, MK_SEAM_LOCAL);
     o.range = ro;
     o.split_auto = true;
-    o.n_stages = 2;
+    o.n_workers = 2;
     Collector c;
     SchedPtr s = make_sched(model.get(), o, &c);
     ASSERT_TRUE(s);
@@ -454,7 +454,7 @@ TEST_P(PipelineSchedSeam, InjectedStepFailureFailsOneSequenceAndTheOthersMatch) 
         if (results[i].info.state == MK_SEQ_FAILED) {
             failed++;
             EXPECT_EQ(results[i].info.status, MK_ERR_INTERNAL);
-            EXPECT_NE(results[i].error.find("stage 1 (layers 2-3): stage 1: injected failure at its step 6"),
+            EXPECT_NE(results[i].error.find("worker 1 (layers 2-3): worker 1: injected failure at its step 6"),
                       std::string::npos)
                 << results[i].error;
             const Decode ref = whole_reference(model.get(), cpu_options(), specs[i]);
@@ -503,13 +503,13 @@ TEST_P(PipelineSchedSeam, StageThatDiesFailsItsSequencesWithoutHangingOrLosingFi
     ASSERT_TRUE(wait_all_within(s.get(), 60));
     const std::vector<SeqResult> results = collect(s.get(), &c, ids);
     expect_all_match_whole(model.get(), cpu_options(), {specs[0]}, {results[0]}, "finished before the fault");
-    expect_failed_keeping_prefixes(model.get(), specs, results, "stage 1");
+    expect_failed_keeping_prefixes(model.get(), specs, results, "worker 1");
     for (size_t i = 1; i < results.size(); i++) EXPECT_EQ(results[i].info.status, MK_ERR_INTERNAL) << "seq " << i;
     const std::vector<uint64_t> late = submit_all(s.get(), {{{4, 4}, 3, {}}});
     ASSERT_TRUE(wait_all_within(s.get(), 60));
     const std::vector<SeqResult> late_results = collect(s.get(), &c, late);
     EXPECT_EQ(late_results[0].info.state, MK_SEQ_FAILED);
-    EXPECT_NE(late_results[0].error.find("stage 1 is down"), std::string::npos) << late_results[0].error;
+    EXPECT_NE(late_results[0].error.find("worker 1 is down"), std::string::npos) << late_results[0].error;
 }
 
 // The receiving stage of seam 0 loses its connection mid-run (its ends close after 5
@@ -531,7 +531,7 @@ TEST_P(PipelineSchedSeam, ConnectionLostMidRunFailsTheSequencesInFlightWithoutHa
     ASSERT_TRUE(wait_all_within(s.get(), 20));
     const std::vector<SeqResult> results = collect(s.get(), &c, ids);
     expect_all_match_whole(model.get(), cpu_options(), {specs[0]}, {results[0]}, "finished before the cut");
-    expect_failed_keeping_prefixes(model.get(), specs, results, "stage ");
+    expect_failed_keeping_prefixes(model.get(), specs, results, "worker ");
     const std::vector<uint64_t> late = submit_all(s.get(), {{{4, 4}, 3, {}}});
     ASSERT_TRUE(wait_all_within(s.get(), 20));
     EXPECT_EQ(collect(s.get(), &c, late)[0].info.state, MK_SEQ_FAILED);
@@ -580,7 +580,7 @@ TEST(PipelineSchedSmolLM2, NativeWeightsEverySequenceMatchesWhole) {
         mk_sched_options o = sched_options(3, nullptr, MK_SEAM_UNIX);
         o.range = ro;
         o.split_auto = true;
-        o.n_stages = 2;
+        o.n_workers = 2;
         Collector c;
         SchedPtr s = make_sched(model.get(), o, &c);
         ASSERT_TRUE(s);
@@ -605,7 +605,7 @@ TEST(PipelineSched, OptionsAreChecked) {
     o = mk_sched_options_default();
     const int devices[3] = {0, 1, 2};
     o.split_auto = true;
-    o.n_stages = 2;
+    o.n_workers = 2;
     o.devices = devices;
     o.n_devices = 3;
     EXPECT_EQ(mk_sched_create(model.get(), &o, &s), MK_ERR_INVALID_ARGUMENT);
@@ -616,7 +616,7 @@ TEST(PipelineSched, OptionsAreChecked) {
     EXPECT_EQ(mk_sched_create(model.get(), &o, &s), MK_ERR_INVALID_RANGE);
     o = mk_sched_options_default();
     o.split_auto = true;
-    o.n_stages = 7; // 6 layers
+    o.n_workers = 7; // 6 layers
     EXPECT_EQ(mk_sched_create(model.get(), &o, &s), MK_ERR_INVALID_RANGE);
     o = mk_sched_options_default();
     o.max_sequences = 0;
@@ -632,7 +632,7 @@ TEST(PipelineSched, TimelineHasOneRecordPerStepAndStage) {
     ModelPtr model = make_random_model(mk_hparams_seed_default());
     mk_sched_options o = sched_options(4, nullptr, MK_SEAM_LOCAL);
     o.split_auto = true;
-    o.n_stages = 2;
+    o.n_workers = 2;
     o.timeline_capacity = 256;
     Collector c;
     SchedPtr s = make_sched(model.get(), o, &c);
@@ -644,13 +644,13 @@ TEST(PipelineSched, TimelineHasOneRecordPerStepAndStage) {
     for (const SeqResult &r : collect(s.get(), &c, ids)) steps += r.tokens.size();
     double share_sum = 0;
     for (size_t i = 0; i < 2; i++) {
-        mk_stage_stats st;
-        MK_ASSERT_OK(mk_sched_stage_stats(s.get(), i, &st));
+        mk_worker_stats st;
+        MK_ASSERT_OK(mk_sched_worker_stats(s.get(), i, &st));
         EXPECT_EQ(st.steps, steps) << "stage " << i;
         EXPECT_GT(st.busy_ns, 0u);
         EXPECT_GT(st.cpu_ns, 0u);
         EXPECT_LE(st.busy_ns, st.last_ns - st.first_ns);
-        share_sum += mk_sched_stage_share(s.get(), i);
+        share_sum += mk_sched_worker_share(s.get(), i);
     }
     EXPECT_NEAR(share_sum, 1.0, 1e-12);
     char *json = nullptr;
@@ -659,12 +659,12 @@ TEST(PipelineSched, TimelineHasOneRecordPerStepAndStage) {
     const std::string text(json, len);
     mk_buffer_free(json);
     size_t records = 0;
-    for (size_t p = text.find("{\"stage\":"); p != std::string::npos; p = text.find("{\"stage\":", p + 1)) records++;
+    for (size_t p = text.find("{\"worker\":"); p != std::string::npos; p = text.find("{\"worker\":", p + 1)) records++;
     EXPECT_EQ(records, 2 * steps);
-    EXPECT_NE(text.find("\"stage\":1,\"seq\":6,"), std::string::npos);
+    EXPECT_NE(text.find("\"worker\":1,\"seq\":6,"), std::string::npos);
     MK_ASSERT_OK(mk_sched_reset_stats(s.get()));
-    mk_stage_stats st;
-    MK_ASSERT_OK(mk_sched_stage_stats(s.get(), 0, &st));
+    mk_worker_stats st;
+    MK_ASSERT_OK(mk_sched_worker_stats(s.get(), 0, &st));
     EXPECT_EQ(st.steps, 0u);
 }
 
@@ -676,7 +676,8 @@ TEST(PipelineSched, RefusalsNameTheirCause) {
     mk_sched_options o = mk_sched_options_default();
     o.struct_size = offsetof(mk_sched_options, seam) - 1;
     EXPECT_ERROR(mk_sched_create(model.get(), &o, &s), MK_ERR_INVALID_ARGUMENT,
-                 ("struct_size is " + std::to_string(offsetof(mk_sched_options, seam) - 1)).c_str());
+                 ("mk_sched_options.struct_size " + std::to_string(offsetof(mk_sched_options, seam) - 1) +
+                  " is not a version this meshkern knows").c_str());
     o.struct_size = offsetof(mk_sched_options, seam); // an older header: the later fields default
     MK_ASSERT_OK(mk_sched_create(model.get(), &o, &s));
     mk_sched_free(s);
@@ -687,33 +688,33 @@ TEST(PipelineSched, RefusalsNameTheirCause) {
         o.cuts = cuts;
         o.n_cuts = 1;
         EXPECT_ERROR(mk_sched_create(model.get(), &o, &s), MK_ERR_INVALID_RANGE,
-                     ("split point " + std::to_string(cuts[0]) + " is invalid").c_str());
+                     ("cut 0 is layer " + std::to_string(cuts[0]) + ", out of range").c_str());
     }
     o.cuts = equal;
     o.n_cuts = 2;
-    EXPECT_ERROR(mk_sched_create(model.get(), &o, &s), MK_ERR_INVALID_RANGE, "split point 2 is invalid");
+    EXPECT_ERROR(mk_sched_create(model.get(), &o, &s), MK_ERR_INVALID_RANGE, "cut 1 repeats layer 2: range 1 would be empty");
     o.cuts = nullptr;
     o.n_cuts = 1;
     EXPECT_ERROR(mk_sched_create(model.get(), &o, &s), MK_ERR_INVALID_ARGUMENT, "n_cuts set but cuts is NULL");
     o.cuts = below_last;
     MK_ASSERT_OK(mk_sched_create(model.get(), &o, &s));
-    EXPECT_EQ(mk_sched_stage_count(s), 2u);
+    EXPECT_EQ(mk_sched_worker_count(s), 2u);
     mk_sched_free(s);
     s = nullptr;
     o = mk_sched_options_default();
     o.split_auto = true;
-    o.n_stages = 7;
-    EXPECT_ERROR(mk_sched_create(model.get(), &o, &s), MK_ERR_INVALID_RANGE, "a pipeline of 7 stages over 6 layers");
-    o.n_stages = 6;
+    o.n_workers = 7;
+    EXPECT_ERROR(mk_sched_create(model.get(), &o, &s), MK_ERR_INVALID_RANGE, "a pipeline of 7 workers over 6 layers");
+    o.n_workers = 6;
     MK_ASSERT_OK(mk_sched_create(model.get(), &o, &s));
-    EXPECT_EQ(mk_sched_stage_count(s), 6u);
+    EXPECT_EQ(mk_sched_worker_count(s), 6u);
     mk_sched_free(s);
     s = nullptr;
     const int devices[3] = {0, 1, 2};
-    o.n_stages = 2;
+    o.n_workers = 2;
     o.devices = devices;
     o.n_devices = 3;
-    EXPECT_ERROR(mk_sched_create(model.get(), &o, &s), MK_ERR_INVALID_ARGUMENT, "3 devices for 2 stages");
+    EXPECT_ERROR(mk_sched_create(model.get(), &o, &s), MK_ERR_INVALID_ARGUMENT, "3 devices for 2 workers");
     o.devices = nullptr;
     o.n_devices = 2;
     EXPECT_ERROR(mk_sched_create(model.get(), &o, &s), MK_ERR_INVALID_ARGUMENT, "n_devices set but devices is NULL");
@@ -727,7 +728,7 @@ TEST(PipelineSched, RefusalsNameTheirCause) {
     Collector c;
     mk_sched_options so = sched_options(1, nullptr, MK_SEAM_LOCAL);
     so.split_auto = true;
-    so.n_stages = 2;
+    so.n_workers = 2;
     so.range.max_batch_tokens = 8;
     SchedPtr p = make_sched(model.get(), so, &c);
     ASSERT_TRUE(p);
@@ -752,13 +753,13 @@ TEST(PipelineSched, RefusalsNameTheirCause) {
     EXPECT_ERROR(mk_sched_poll(p.get(), 2, &info, nullptr, 0), MK_ERR_INVALID_ARGUMENT, "no sequence 2 in this pipeline");
     EXPECT_ERROR(mk_sched_wait(p.get(), 2), MK_ERR_INVALID_ARGUMENT, "no sequence 2 in this pipeline");
     MK_ASSERT_OK(mk_sched_wait(p.get(), 1));
-    mk_stage_stats st;
-    MK_ASSERT_OK(mk_sched_stage_stats(p.get(), 1, &st));
-    EXPECT_ERROR(mk_sched_stage_stats(p.get(), 2, &st), MK_ERR_INVALID_ARGUMENT, "no stage 2");
-    EXPECT_ERROR(mk_sched_inject_fault(p.get(), 2, 0, false), MK_ERR_INVALID_ARGUMENT, "inject fault: no stage 2");
+    mk_worker_stats st;
+    MK_ASSERT_OK(mk_sched_worker_stats(p.get(), 1, &st));
+    EXPECT_ERROR(mk_sched_worker_stats(p.get(), 2, &st), MK_ERR_INVALID_ARGUMENT, "no worker 2");
+    EXPECT_ERROR(mk_sched_inject_fault(p.get(), 2, 0, false), MK_ERR_INVALID_ARGUMENT, "inject fault: no worker 2");
     EXPECT_ERROR(mk_sched_inject_seam_cut(p.get(), 1, 0), MK_ERR_INVALID_ARGUMENT, "inject seam cut: no seam 1");
-    EXPECT_EQ(mk_sched_stage_share(p.get(), 2), 0.0);
-    EXPECT_EQ(mk_sched_stage_range(p.get(), 2), nullptr);
+    EXPECT_EQ(mk_sched_worker_share(p.get(), 2), 0.0);
+    EXPECT_EQ(mk_sched_worker_range(p.get(), 2), nullptr);
     EXPECT_EQ(mk_sched_seam_kind(p.get(), 1), (mk_seam_kind)0);
     EXPECT_EQ(mk_sched_seam_kind(p.get(), 0), MK_SEAM_LOCAL);
 }
@@ -785,7 +786,7 @@ TEST(PipelineSched, EveryStopIdStopsTheSequence) {
     Collector c;
     mk_sched_options o = sched_options(2, nullptr, MK_SEAM_LOCAL);
     o.split_auto = true;
-    o.n_stages = 2;
+    o.n_workers = 2;
     SchedPtr s = make_sched(model.get(), o, &c);
     ASSERT_TRUE(s);
     const std::vector<uint64_t> ids = submit_all(s.get(), specs);

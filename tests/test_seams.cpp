@@ -636,7 +636,7 @@ TEST(SeamHostBundle, PayloadOffsetIsWhereTheResidualIsPacked) {
             BundlePtr bundle(b);
             float *r = mk_bundle_residual(b);
             for (size_t i = 0; i < rows * hidden; i++) r[i] = (float)i * 0.5f + 1.0f;
-            mk_boundary_header h = *mk_bundle_header(b);
+            mk_boundary_header h = *mk_bundle_header_of(b);
             std::memset(h.recipe_digest, 'c', MK_DIGEST_HEX_LEN);
             std::snprintf(h.request_id, sizeof h.request_id, "request-%zu", rows);
             h.step = rows * 1000;
@@ -1177,7 +1177,7 @@ std::vector<uint8_t> body_of(size_t rows, size_t hidden, int64_t position,
     mk_bundle *b = nullptr;
     EXPECT_EQ(mk_bundle_create(1, rows, hidden, &b), MK_OK);
     BundlePtr bundle(b);
-    mk_boundary_header h = *mk_bundle_header(b);
+    mk_boundary_header h = *mk_bundle_header_of(b);
     std::memset(h.recipe_digest, 'c', MK_DIGEST_HEX_LEN);
     h.recipe_digest[MK_DIGEST_HEX_LEN] = '\0';
     h.next_layer = 3;

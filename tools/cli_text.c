@@ -101,8 +101,14 @@ static int mk_text_options(int argc, char **argv, mk_cli_opts *o, bool chat) {
 static mk_status mk_text_pipeline(const mk_model *model, const mk_cli_opts *o, const int64_t *cuts, size_t n_cuts,
                                   mk_pipeline **p) {
     const bool placed = n_cuts > 0 && o->n_devices > 0;
-    return mk_pipeline_create_placed(model, cuts, n_cuts, &o->range, &o->seam, placed ? o->devices : NULL,
-                                     placed ? o->n_devices : 0, p);
+    mk_pipeline_options po = mk_pipeline_options_default();
+    po.range = &o->range;
+    po.cuts = cuts;
+    po.n_cuts = n_cuts;
+    po.seam = &o->seam;
+    po.devices = placed ? o->devices : NULL;
+    po.n_devices = placed ? o->n_devices : 0;
+    return mk_pipeline_create(model, &po, p);
 }
 
 /* ================================================================ printing == */

@@ -137,7 +137,14 @@ static mk_status run_pipeline(const mk_model *model, const int64_t *cuts, size_t
                               size_t n_prompt, size_t n_new, run_result *res) {
     const size_t vocab = mk_model_hparams(model)->vocab;
     mk_pipeline *p = NULL;
-    mk_status s = mk_pipeline_create_placed(model, cuts, n_cuts, opt, seam, devices, n_devices, &p);
+    mk_pipeline_options po = mk_pipeline_options_default();
+    po.range = opt;
+    po.cuts = cuts;
+    po.n_cuts = n_cuts;
+    po.seam = seam;
+    po.devices = devices;
+    po.n_devices = n_devices;
+    mk_status s = mk_pipeline_create(model, &po, &p);
     if (s != MK_OK) return s;
     printf("  ranges:");
     for (size_t i = 0; i < mk_pipeline_range_count(p); i++) {

@@ -200,7 +200,7 @@ static int run_batch(const batch_args *a, const mk_model *model, const mk_tokeni
     if (o.range.max_context > hp->max_context) o.range.max_context = hp->max_context;
     o.range.max_batch_tokens = longest < o.range.max_context ? longest : o.range.max_context;
     o.split_auto = a->split_auto || (a->n_cuts == 0 && a->n_devices > 1);
-    o.n_stages = a->n_devices ? a->n_devices : o.split_auto ? 2 : 1;
+    o.n_workers = a->n_devices ? a->n_devices : o.split_auto ? 2 : 1;
     o.cuts = a->cuts;
     o.n_cuts = a->n_cuts;
     o.devices = a->n_devices ? a->devices : NULL;
@@ -214,20 +214,20 @@ static int run_batch(const batch_args *a, const mk_model *model, const mk_tokeni
     mk_sched *sched = NULL;
     mk_status s = mk_sched_create(model, &o, &sched);
     if (s != MK_OK) return mk_cli_fail(s);
-    const size_t n_stages = mk_sched_stage_count(sched);
-    printf("pipeline: %zu stages, %zu sequences in flight, seam %s%s, backend %s, weights %s, kv %s\n", n_stages,
-           a->batch, n_stages > 1 ? mk_seam_kind_name(mk_sched_seam_kind(sched, 0)) : "none", a->seam ? "" : " (auto)",
+    const size_t n_workers = mk_sched_worker_count(sched);
+    printf("pipeline: %zu stages, %zu sequences in flight, seam %s%s, backend %s, weights %s, kv %s\n", n_workers,
+           a->batch, n_workers > 1 ? mk_seam_kind_name(mk_sched_seam_kind(sched, 0)) : "none", a->seam ? "" : " (auto)",
            cuda ? "cuda" : "cpu", mk_dtype_name(a->backend.config.weight_dtype),
            a->backend.config.kv_dtype ? mk_dtype_name(a->backend.config.kv_dtype) : "f32");
     printf("cuts (%s):", o.split_auto ? "auto" : "given");
-    for (size_t i = 0; i + 1 < n_stages; i++) printf(" %lld", (long long)mk_range_end(mk_sched_stage_range(sched, i)));
+    for (size_t i = 0; i + 1 < n_workers; i++) printf(" %lld", (long long)mk_range_end(mk_sched_worker_range(sched, i)));
     printf("\n");
-    for (size_t i = 0; i < n_stages; i++) {
-        const mk_range *r = mk_sched_stage_range(sched, i);
+    for (size_t i = 0; i < n_workers; i++) {
+        const mk_range *r = mk_sched_worker_range(sched, i);
         printf("  stage %zu: layers %lld-%lld %-6s on %s %d, %.1f MiB, %.1f%% of the per-step cost\n", i,
                (long long)mk_range_start(r), (long long)mk_range_end(r), mk_role_name(mk_range_role(r)),
                cuda ? "device" : "worker", cuda ? (o.devices ? o.devices[i] : (int)i) : (int)i,
-               (double)mk_range_weight_bytes(r) / 1048576.0, 100.0 * mk_sched_stage_share(sched, i));
+               (double)mk_range_weight_bytes(r) / 1048576.0, 100.0 * mk_sched_worker_share(sched, i));
     }
 
     uint64_t *ids = calloc(n_prompts, sizeof *ids);
@@ -260,9 +260,9 @@ static int run_batch(const batch_args *a, const mk_model *model, const mk_tokeni
     if (rc == 0) {
         printf("aggregate: %zu tokens from %zu sequences in %.3f s: %.1f tokens/s%s\n", generated, n_prompts, wall,
                (double)generated / wall, failed ? " (some sequences failed)" : "");
-        for (size_t i = 0; i < n_stages; i++) {
-            mk_stage_stats st;
-            if (mk_sched_stage_stats(sched, i, &st) == MK_OK)
+        for (size_t i = 0; i < n_workers; i++) {
+            mk_worker_stats st;
+            if (mk_sched_worker_stats(sched, i, &st) == MK_OK)
                 printf("  stage %zu: %zu steps, busy %.1f%% of the run\n", i, st.steps,
                        100.0 * (double)st.busy_ns / (wall * 1e9));
         }

@@ -813,8 +813,8 @@ int mk_cli_serve(int argc, char **argv) {
         const unsigned bound = info ? info->port : (unsigned)port;
         printf("meshkern serve: model %s (%zu layers, context %zu), %zu stage%s, %zu sequences + %zu queued, "
                "backend %s, weights %s\n",
-               srv.model_id, hp->n_layers, ctx, mk_sched_stage_count(srv.sched),
-               mk_sched_stage_count(srv.sched) > 1 ? "s" : "", max_seq, max_queue,
+               srv.model_id, hp->n_layers, ctx, mk_sched_worker_count(srv.sched),
+               mk_sched_worker_count(srv.sched) > 1 ? "s" : "", max_seq, max_queue,
                backend.config.kind == MK_BACKEND_CUDA ? "cuda" : "cpu", mk_dtype_name(backend.config.weight_dtype));
         printf("meshkern serve: listening on http://%s:%u%s\n", host, bound, key ? " (API key required)" : "");
         if (strcmp(host, "127.0.0.1") != 0 && !key)

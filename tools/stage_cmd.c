@@ -243,7 +243,7 @@ static int run_stage(stage_args *a, const mk_model *model, const mk_tokenizer *t
     const mk_range *r = mk_stage_range(stage);
     printf("stage: rank %d of %d, layers %lld-%lld %s, seam %s%s%s, backend %s, weights %s\n", a->o.rank, a->o.world,
            (long long)mk_range_start(r), (long long)mk_range_end(r), mk_role_name(mk_range_role(r)),
-           mk_seam_kind_name(a->o.seam), a->o.nccl_ids_given ? " (NCCL ids by MPI_Bcast)" : "",
+           mk_seam_kind_name(a->o.seam), a->o.nccl_ids ? " (NCCL ids by MPI_Bcast)" : "",
            a->o.tls.enabled ? " (TLS 1.3 on every connection)" : "",
            a->o.range.backend.kind == MK_BACKEND_CUDA ? "cuda" : "cpu",
            mk_dtype_name(a->o.range.backend.weight_dtype));
@@ -337,13 +337,15 @@ int mk_cli_stage(int argc, char **argv) {
     if (s != MK_OK) return mk_cli_fail(s);
     /* Under MPI the rank, the world and the rendezvous come from MPI; the digests are
      * compared there, before any connection. */
-    if (a.mpi && (s = mk_stage_mpi_setup(model, &a.o, a.mpi_rendezvous, sizeof a.mpi_rendezvous)) != MK_OK) {
+    mk_stage_nccl_ids *nccl_ids = NULL; /* nccl seams under MPI: this rank's ids, MPI_Bcast'ed */
+    if (a.mpi && (s = mk_stage_mpi_setup(model, &a.o, a.mpi_rendezvous, sizeof a.mpi_rendezvous, &nccl_ids)) != MK_OK) {
         fprintf(stderr, "meshkern stage: rank %d: refused at startup: %s: %s\n", a.o.rank, mk_status_name(s),
                 mk_last_error());
         mk_model_free(model);
         return 1;
     }
     if (a.o.rank == 0 && !a.prompts) {
+        mk_stage_nccl_ids_free(nccl_ids);
         mk_model_free(model);
         return mk_cli_usage_error("stage", "rank 0 needs --prompts FILE (or - for standard input)");
     }
@@ -354,6 +356,7 @@ int mk_cli_stage(int argc, char **argv) {
     else if (a.o.rank == 0) s = mk_cli_read_prompts(a.prompts, &prompts, &n_prompts);
     if (s == MK_OK && a.o.rank == 0 && !tok) tok = mk_cli_tokenizer_or_null(model); /* the EOS, the text */
     const int rc = s == MK_OK ? run_stage(&a, model, tok, prompts, n_prompts) : mk_cli_fail(s);
+    mk_stage_nccl_ids_free(nccl_ids);
     mk_tokenizer_free(tok);
     mk_model_free(model);
     mk_cli_free_prompts(prompts, n_prompts);

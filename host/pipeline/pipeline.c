@@ -2,6 +2,7 @@
  * each seam by a transport (local device-to-device copy, wire pack/unpack, or a stream
  * socket), as boundaries that stay in each range's backend memory. */
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "mk_error.h"
@@ -25,29 +26,44 @@ static double mk_pipeline_now(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-mk_status mk_pipeline_create_placed(const mk_model *model, const int64_t *cuts, size_t n_cuts,
-                                    const mk_range_options *options, const mk_seam_options *seam, const int *devices,
-                                    size_t n_devices, mk_pipeline **out) {
+mk_pipeline_options mk_pipeline_options_default(void) {
+    mk_pipeline_options o;
+    memset(&o, 0, sizeof o);
+    o.struct_size = sizeof o;
+    return o;
+}
+
+mk_status mk_pipeline_create(const mk_model *model, const mk_pipeline_options *options, mk_pipeline **out) {
     mk_clear_error();
-    if (!model || !out || !seam || (n_cuts && !cuts))
-        return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_pipeline_create: NULL argument");
+    if (!model || !out) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_pipeline_create: NULL argument");
     *out = NULL;
-    if (devices && n_devices != n_cuts + 1)
-        return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_pipeline_create_placed: %zu devices for %zu ranges (one per range)",
-                       n_devices, n_cuts + 1);
-    /* The caller's options (its struct_size) taken once; each range gets its device. */
+    /* The caller's structs, each by its own struct_size; what is not given has its default. */
+    mk_pipeline_options o = mk_pipeline_options_default();
+    if (options)
+        MK_TRY(mk_options_take(&o, sizeof o, MK_PIPELINE_OPTIONS_V1_SIZE, options, "mk_pipeline_options"));
     mk_range_options placed = mk_range_options_default();
-    if (options) MK_TRY(mk_options_take(&placed, sizeof placed, MK_RANGE_OPTIONS_V1_SIZE, options, "mk_range_options"));
-    const int64_t n_layers = (int64_t)mk_model_hparams(model)->n_layers;
-    for (size_t i = 0; i < n_cuts; i++)
-        if (cuts[i] < 0 || cuts[i] >= n_layers - 1 || (i > 0 && cuts[i] <= cuts[i - 1]))
-            return mk_fail(MK_ERR_INVALID_RANGE,
-                           "split point %lld is invalid: cuts must ascend within [0, %lld) (the last layer of each "
-                           "non-final range)",
-                           (long long)cuts[i], (long long)(n_layers - 1));
+    if (o.range) MK_TRY(mk_options_take(&placed, sizeof placed, MK_RANGE_OPTIONS_V1_SIZE, o.range, "mk_range_options"));
+    mk_seam_options seam = mk_seam_options_default(MK_SEAM_LOCAL);
+    if (o.seam) MK_TRY(mk_options_take(&seam, sizeof seam, MK_SEAM_OPTIONS_V1_SIZE, o.seam, "mk_seam_options"));
+    if (o.n_devices && !o.devices)
+        return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_pipeline_create: n_devices set but devices is NULL");
+    if (o.devices && o.n_devices != o.n_cuts + 1)
+        return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_pipeline_create: %zu devices for %zu ranges (one per range)",
+                       o.n_devices, o.n_cuts + 1);
+    const size_t n_layers = mk_model_hparams(model)->n_layers;
+    mk_layer_span *spans = malloc((o.n_cuts + 1) * sizeof *spans); /* [n_cuts + 1] */
+    if (!spans) return mk_fail(MK_ERR_OUT_OF_MEMORY, "pipeline: out of memory");
+    const mk_status cut = mk_cuts_to_spans(o.cuts, o.n_cuts, n_layers, n_layers, spans);
+    if (cut != MK_OK) {
+        free(spans);
+        return cut;
+    }
     mk_pipeline *p = calloc(1, sizeof *p);
-    if (!p) return mk_fail(MK_ERR_OUT_OF_MEMORY, "pipeline: out of memory");
-    p->n_ranges = n_cuts + 1;
+    if (!p) {
+        free(spans);
+        return mk_fail(MK_ERR_OUT_OF_MEMORY, "pipeline: out of memory");
+    }
+    p->n_ranges = o.n_cuts + 1;
     p->ranges = calloc(p->n_ranges, sizeof *p->ranges);
     p->sequences = calloc(p->n_ranges, sizeof *p->sequences);
     p->range_seconds = calloc(p->n_ranges, sizeof *p->range_seconds);
@@ -58,18 +74,16 @@ mk_status mk_pipeline_create_placed(const mk_model *model, const int64_t *cuts, 
     mk_status s = p->ranges && p->sequences && p->outs && p->ins && p->tx && p->rx && p->range_seconds
                       ? MK_OK
                       : mk_fail(MK_ERR_OUT_OF_MEMORY, "pipeline: out of memory");
-    int64_t start = 0;
     for (size_t i = 0; s == MK_OK && i < p->n_ranges; i++) {
-        const int64_t end = i < n_cuts ? cuts[i] : n_layers - 1;
-        if (devices) placed.backend.device = devices[i];
-        s = mk_range_create(model, start, end, &placed, &p->ranges[i]);
+        if (o.devices) placed.backend.device = o.devices[i];
+        s = mk_range_create(model, spans[i].start, spans[i].end, &placed, &p->ranges[i]);
         if (s == MK_OK) s = mk_sequence_open(p->ranges[i], &p->sequences[i]);
-        start = end + 1;
     }
+    free(spans);
     for (size_t i = 0; s == MK_OK && i + 1 < p->n_ranges; i++) {
         s = mk_boundary_create(p->ranges[i], &p->outs[i]);
         if (s == MK_OK) s = mk_boundary_create(p->ranges[i + 1], &p->ins[i]);
-        if (s == MK_OK) s = mk_seam_pair(seam, p->ranges[i], p->ranges[i + 1], &p->tx[i], &p->rx[i]);
+        if (s == MK_OK) s = mk_seam_pair(&seam, p->ranges[i], p->ranges[i + 1], &p->tx[i], &p->rx[i]);
     }
     if (s != MK_OK) {
         mk_pipeline_free(p);
@@ -77,19 +91,6 @@ mk_status mk_pipeline_create_placed(const mk_model *model, const int64_t *cuts, 
     }
     *out = p;
     return MK_OK;
-}
-
-mk_status mk_pipeline_create_seamed(const mk_model *model, const int64_t *cuts, size_t n_cuts,
-                                    const mk_range_options *options, const mk_seam_options *seam, mk_pipeline **out) {
-    mk_clear_error();
-    return mk_pipeline_create_placed(model, cuts, n_cuts, options, seam, NULL, 0, out);
-}
-
-mk_status mk_pipeline_create(const mk_model *model, const int64_t *cuts, size_t n_cuts, const mk_range_options *options,
-                             bool through_wire, mk_pipeline **out) {
-    mk_clear_error();
-    const mk_seam_options seam = mk_seam_options_default(through_wire ? MK_SEAM_WIRE : MK_SEAM_LOCAL);
-    return mk_pipeline_create_seamed(model, cuts, n_cuts, options, &seam, out);
 }
 
 void mk_pipeline_free(mk_pipeline *p) {

@@ -29,6 +29,19 @@ struct mk_boundary {
     size_t checked_length;
 };
 
+/* Protocol-level bundle for any architecture kind (dense/moe/mla): packs named F32
+ * payloads and validates them; exercises architectures meshkern cannot run (tests and the
+ * bundle fuzzer; not exported). */
+typedef struct mk_named_payload {
+    const char *name;
+    const float *data; /* [count] */
+    size_t count;
+} mk_named_payload;
+mk_status mk_protocol_bundle_pack(mk_protocol_arch arch, const mk_named_payload *payloads, size_t n_payloads,
+                                  uint8_t **out, size_t *out_len);
+/* Validate protocol bytes of any kind; fills *arch. Refuses missing required tensors. */
+mk_status mk_protocol_bundle_validate(const uint8_t *bytes, size_t len, mk_protocol_arch *arch);
+
 /* Dense-llama defaults: schema version, architecture, adapter, tensor name, boundary
  * point, F32, batch 1; everything else zero. */
 void mk_boundary_header_defaults(mk_boundary_header *h);

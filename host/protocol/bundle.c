@@ -79,7 +79,7 @@ mk_status mk_bundle_clone(const mk_bundle *src, mk_bundle **out) {
     return MK_OK;
 }
 
-const mk_boundary_header *mk_bundle_header(const mk_bundle *b) {
+const mk_boundary_header *mk_bundle_header_of(const mk_bundle *b) {
     return b ? &b->h : NULL;
 }
 float *mk_bundle_residual(mk_bundle *b) {

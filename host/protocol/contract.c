@@ -3,7 +3,6 @@
 #include <string.h>
 
 #include "mk_error.h"
-#include "core/options.h"
 
 /* ============================================================= architectures == */
 
@@ -162,19 +161,6 @@ mk_backend_config mk_backend_config_default(mk_backend_kind kind) {
     mk_backend_config c = {.struct_size = sizeof c, .kind = kind, .device = 0, .weight_dtype = MK_DTYPE_F32, .speed_mode = false, .threads = 0,
                             .kv_dtype = MK_DTYPE_F32};
     return c;
-}
-
-mk_status mk_options_take(void *dst, size_t current_size, size_t v1_size, const void *src, const char *what) {
-    size_t size;
-    memcpy(&size, src, sizeof size); /* struct_size is the first field of every option struct */
-    if (size < v1_size || size > current_size)
-        return mk_fail(MK_ERR_INVALID_ARGUMENT,
-                       "%s.struct_size %zu is not a version this meshkern knows (%zu to %zu bytes): start from "
-                       "%s_default()",
-                       what, size, v1_size, current_size, what);
-    memcpy(dst, src, size);
-    memcpy(dst, &current_size, sizeof current_size);
-    return MK_OK;
 }
 
 mk_status mk_backend_kind_from_name(const char *name, mk_backend_kind *out) {

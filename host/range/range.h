@@ -1,5 +1,5 @@
-/* Internal to the executor (range.c), the pipeline driver (pipeline.c) and the placed
- * pipeline (sched/). */
+/* Internal to the executor (range.c, cuts.c) and the drivers above it (pipeline/, sched/,
+ * stage/). */
 #ifndef MK_RANGE_H
 #define MK_RANGE_H
 
@@ -10,6 +10,20 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* The layers [start, end] (inclusive) of one range of a split. */
+typedef struct mk_layer_span {
+    int64_t start, end;
+} mk_layer_span;
+
+/* The one check of a split (cuts.c): cuts [n_cuts] are the last layer of each range but
+ * the last, strictly ascending, each in [0, n_layers - 1). Fills spans [n_cuts + 1] (may
+ * be NULL: check only). Refusals, each with its own message: a NULL list with n_cuts > 0
+ * and too many cuts (n_cuts + 1 ranges past max_ranges, or past n_layers) are
+ * MK_ERR_INVALID_ARGUMENT; a cut out of range, a repeated cut (an empty range) and a cut
+ * below its predecessor (unsorted) are MK_ERR_INVALID_RANGE. */
+mk_status mk_cuts_to_spans(const int64_t *cuts, size_t n_cuts, size_t n_layers, size_t max_ranges,
+                           mk_layer_span *spans);
 
 /* Shorten a sequence to `length` (<= its length) positions: a pipeline step that failed
  * after some ranges had advanced puts every sequence back where the step began. */

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "core/cores.h"
+#include "core/options.h"
 #include "mk_error.h"
 #include "core/mk_size.h"
 #include "range/range.h"
@@ -28,18 +29,12 @@ mk_sched_options mk_sched_options_default(void) {
 static mk_status mk_sched_read_options(const mk_sched_options *given, mk_sched_options *o) {
     *o = mk_sched_options_default();
     if (!given) return MK_OK;
-    if (given->struct_size < offsetof(mk_sched_options, seam))
-        return mk_fail(MK_ERR_INVALID_ARGUMENT,
-                       "mk_sched_options.struct_size is %zu: initialise the options with mk_sched_options_default()",
-                       given->struct_size);
-    memcpy(o, given, given->struct_size < sizeof *o ? given->struct_size : sizeof *o);
-    o->struct_size = sizeof *o;
-    return MK_OK;
+    return mk_options_take(o, sizeof *o, MK_SCHED_OPTIONS_V1_SIZE, given, "mk_sched_options");
 }
 
 /* ============================================================ per-range cost == */
 
-static mk_status mk_sched_shares(mk_sched *s, const int64_t *cuts) {
+static mk_status mk_sched_shares(mk_sched *s, const mk_layer_span *spans) {
     const size_t n_layers = mk_model_hparams(s->model)->n_layers;
     double *cost = malloc(n_layers * sizeof *cost);
     if (!cost) return mk_fail(MK_ERR_OUT_OF_MEMORY, "pipeline: out of memory");
@@ -47,14 +42,14 @@ static mk_status mk_sched_shares(mk_sched *s, const int64_t *cuts) {
     const mk_status st = mk_split_costs(s->model, cost, &head, &tail);
     if (st == MK_OK) {
         size_t layer = 0;
-        for (size_t i = 0; i < s->n_stages; i++) {
-            const size_t end = i + 1 < s->n_stages ? (size_t)cuts[i] : n_layers - 1;
-            double c = (i == 0 ? head : 0) + (i + 1 == s->n_stages ? tail : 0);
+        for (size_t i = 0; i < s->n_workers; i++) {
+            const size_t end = (size_t)spans[i].end;
+            double c = (i == 0 ? head : 0) + (i + 1 == s->n_workers ? tail : 0);
             for (; layer <= end; layer++) c += cost[layer];
             s->workers[i].share = c;
             total += c;
         }
-        for (size_t i = 0; i < s->n_stages; i++) s->workers[i].share /= total;
+        for (size_t i = 0; i < s->n_workers; i++) s->workers[i].share /= total;
     }
     free(cost);
     return st;
@@ -72,9 +67,9 @@ static mk_status mk_sched_items(mk_sched *s) {
         it->slot = i;
         s->free_slots[s->n_free++] = s->n_slots - 1 - i; /* slot 0 is taken first */
         it->logits = malloc(s->vocab * sizeof(float));
-        it->out = calloc(s->n_stages, sizeof *it->out);
+        it->out = calloc(s->n_workers, sizeof *it->out);
         if (!it->logits || !it->out) return mk_fail(MK_ERR_OUT_OF_MEMORY, "pipeline: out of memory for a slot");
-        for (size_t k = 0; k + 1 < s->n_stages; k++) MK_TRY(mk_boundary_create(s->workers[k].range, &it->out[k]));
+        for (size_t k = 0; k + 1 < s->n_workers; k++) MK_TRY(mk_boundary_create(s->workers[k].range, &it->out[k]));
     }
     s->stop_items[0].kind = MK_ITEM_STOP;
     return MK_OK;
@@ -96,28 +91,26 @@ static mk_status mk_sched_place_link(mk_sched *s, size_t i, mk_seam_kind asked) 
     return mk_sched_link_init(link, MK_SEAM_LOCAL, a, b, s->n_slots);
 }
 
-static mk_status mk_sched_build(mk_sched *s, const mk_sched_options *o, const int64_t *cuts) {
-    const size_t n_layers = mk_model_hparams(s->model)->n_layers;
-    s->workers = calloc(s->n_stages, sizeof *s->workers);
-    s->links = calloc(s->n_stages > 1 ? s->n_stages - 1 : 1, sizeof *s->links);
+static mk_status mk_sched_build(mk_sched *s, const mk_sched_options *o, const mk_layer_span *spans) {
+    s->workers = calloc(s->n_workers, sizeof *s->workers);
+    s->links = calloc(s->n_workers > 1 ? s->n_workers - 1 : 1, sizeof *s->links);
     if (!s->workers || !s->links) return mk_fail(MK_ERR_OUT_OF_MEMORY, "pipeline: out of memory");
     size_t inbox_cap;
     if (!mk_size_add(s->n_slots, 1, &inbox_cap))
         return mk_fail(MK_ERR_OUT_OF_MEMORY, "pipeline: %zu sequences in flight overflow the inbox", s->n_slots);
     MK_TRY(mk_queue_init(&s->inbox0, inbox_cap));
-    int64_t start = 0;
-    for (size_t i = 0; i < s->n_stages; i++) {
+    for (size_t i = 0; i < s->n_workers; i++) {
         mk_sched_worker *st = &s->workers[i];
         st->sched = s;
         st->index = i;
         st->inbox = i == 0 ? &s->inbox0 : &s->links[i - 1].q;
         st->in_link = i == 0 ? NULL : &s->links[i - 1];
-        st->out_link = i + 1 < s->n_stages ? &s->links[i] : NULL;
+        st->out_link = i + 1 < s->n_workers ? &s->links[i] : NULL;
         mk_range_options ro = o->range;
         ro.backend.device = o->devices ? o->devices[i] : (int)i;
         /* Every stage computes at once: the cores are shared out, not each taken whole. */
         if (ro.backend.kind == MK_BACKEND_CPU && ro.backend.threads == 0) {
-            const size_t share = mk_core_count() / s->n_stages;
+            const size_t share = mk_core_count() / s->n_workers;
             ro.backend.threads = share ? share : 1;
         }
         /* Decode op by op here: stage threads post work on each other's streams (a peer
@@ -126,9 +119,7 @@ static mk_status mk_sched_build(mk_sched *s, const mk_sched_options *o, const in
          * another stage's work (under cudasim a seed-dependent interleaving gave wrong
          * tokens). Graphs stay on for ranges one thread drives. */
         ro.eager_decode = true;
-        const int64_t end = i + 1 < s->n_stages ? cuts[i] : (int64_t)n_layers - 1;
-        MK_TRY(mk_range_create(s->model, start, end, &ro, &st->range));
-        start = end + 1;
+        MK_TRY(mk_range_create(s->model, spans[i].start, spans[i].end, &ro, &st->range));
         st->seqs = calloc(s->n_slots, sizeof *st->seqs);
         if (!st->seqs) return mk_fail(MK_ERR_OUT_OF_MEMORY, "pipeline: out of memory");
         for (size_t k = 0; k < s->n_slots; k++) MK_TRY(mk_sequence_open(st->range, &st->seqs[k]));
@@ -139,12 +130,12 @@ static mk_status mk_sched_build(mk_sched *s, const mk_sched_options *o, const in
             st->timeline_cap = o->timeline_capacity;
         }
     }
-    for (size_t i = 0; i + 1 < s->n_stages; i++) MK_TRY(mk_sched_place_link(s, i, o->seam));
-    MK_TRY(mk_sched_shares(s, cuts));
+    for (size_t i = 0; i + 1 < s->n_workers; i++) MK_TRY(mk_sched_place_link(s, i, o->seam));
+    MK_TRY(mk_sched_shares(s, spans));
     MK_TRY(mk_sched_items(s));
-    for (size_t i = 0; i < s->n_stages; i++) {
+    for (size_t i = 0; i < s->n_workers; i++) {
         if (pthread_create(&s->workers[i].thread, NULL, mk_worker_main, &s->workers[i]) != 0)
-            return mk_fail(MK_ERR_INTERNAL, "pipeline: cannot start the worker of stage %zu", i);
+            return mk_fail(MK_ERR_INTERNAL, "pipeline: cannot start worker %zu", i);
         s->workers[i].started = true;
     }
     return MK_OK;
@@ -157,46 +148,43 @@ mk_status mk_sched_create(const mk_model *model, const mk_sched_options *options
     mk_sched_options o;
     MK_TRY(mk_sched_read_options(options, &o));
     const size_t n_layers = mk_model_hparams(model)->n_layers;
-    size_t n_stages = o.split_auto ? (o.n_stages ? o.n_stages : o.n_devices ? o.n_devices : 1) : o.n_cuts + 1;
-    if (n_stages == 0 || n_stages > n_layers)
-        return mk_fail(MK_ERR_INVALID_RANGE, "a pipeline of %zu stages over %zu layers: each stage needs a layer",
-                       n_stages, n_layers);
-    if (o.n_devices && o.n_devices != n_stages)
-        return mk_fail(MK_ERR_INVALID_ARGUMENT, "%zu devices for %zu stages: give one device per stage", o.n_devices,
-                       n_stages);
+    size_t n_workers = o.split_auto ? (o.n_workers ? o.n_workers : o.n_devices ? o.n_devices : 1) : o.n_cuts + 1;
+    if (n_workers == 0 || n_workers > n_layers)
+        return mk_fail(MK_ERR_INVALID_RANGE,
+                       "a pipeline of %zu workers over %zu layers: each worker's range needs a layer",
+                       n_workers, n_layers);
+    if (o.n_devices && o.n_devices != n_workers)
+        return mk_fail(MK_ERR_INVALID_ARGUMENT, "%zu devices for %zu workers: give one device per worker", o.n_devices,
+                       n_workers);
     if (o.n_devices && !o.devices) return mk_fail(MK_ERR_INVALID_ARGUMENT, "n_devices set but devices is NULL");
     if (o.max_sequences == 0) return mk_fail(MK_ERR_INVALID_ARGUMENT, "max_sequences must be at least 1");
     if (!o.split_auto && o.n_cuts && !o.cuts) return mk_fail(MK_ERR_INVALID_ARGUMENT, "n_cuts set but cuts is NULL");
-    int64_t *cuts = calloc(n_stages, sizeof *cuts);
+    int64_t *cuts = calloc(n_workers, sizeof *cuts);
     if (!cuts) return mk_fail(MK_ERR_OUT_OF_MEMORY, "pipeline: out of memory");
-    mk_status st = MK_OK;
-    if (o.split_auto) {
-        st = mk_split_auto(model, n_stages, cuts, NULL);
-    } else {
-        for (size_t i = 0; i < o.n_cuts; i++) {
-            cuts[i] = o.cuts[i];
-            if (cuts[i] < 0 || cuts[i] >= (int64_t)n_layers - 1 || (i > 0 && cuts[i] <= cuts[i - 1]))
-                st = mk_fail(MK_ERR_INVALID_RANGE,
-                             "split point %lld is invalid: cuts must ascend within [0, %lld) (the last layer of each "
-                             "non-final range)",
-                             (long long)cuts[i], (long long)n_layers - 1);
-        }
+    mk_layer_span *spans = calloc(n_workers, sizeof *spans); /* [n_workers] */
+    if (!spans) {
+        free(cuts);
+        return mk_fail(MK_ERR_OUT_OF_MEMORY, "pipeline: out of memory");
     }
+    mk_status st = o.split_auto ? mk_split_auto(model, n_workers, cuts, NULL) : MK_OK;
+    if (!o.split_auto && o.n_cuts) memcpy(cuts, o.cuts, o.n_cuts * sizeof *cuts);
+    if (st == MK_OK) st = mk_cuts_to_spans(cuts, n_workers - 1, n_layers, n_layers, spans);
+    free(cuts);
     mk_sched *s = st == MK_OK ? calloc(1, sizeof *s) : NULL;
     if (st == MK_OK && !s) st = mk_fail(MK_ERR_OUT_OF_MEMORY, "pipeline: out of memory");
     if (st == MK_OK) {
         s->model = model;
-        s->n_stages = n_stages;
+        s->n_workers = n_workers;
         s->n_slots = o.max_sequences;
         s->vocab = mk_model_hparams(model)->vocab;
         s->on_token = o.on_token;
         s->user = o.user;
         pthread_mutex_init(&s->mu, NULL);
         pthread_cond_init(&s->done_cv, NULL);
-        st = mk_sched_build(s, &o, cuts);
+        st = mk_sched_build(s, &o, spans);
         if (st != MK_OK) mk_sched_free(s);
     }
-    free(cuts);
+    free(spans);
     if (st != MK_OK) return st;
     *out = s;
     return MK_OK;
@@ -222,23 +210,23 @@ void mk_sched_free(mk_sched *s) {
     if (!s) return;
     /* Every worker receives the stop item; producers never wait, so all exit. */
     if (s->workers) {
-        for (size_t i = 0; i < s->n_stages; i++) {
+        for (size_t i = 0; i < s->n_workers; i++) {
             if (!s->workers[i].started) continue;
             if (i == 0) (void)mk_queue_push(&s->inbox0, s->stop_items);
             else (void)mk_sched_link_send_control(&s->links[i - 1], s->stop_items);
         }
-        for (size_t i = 0; i < s->n_stages; i++)
+        for (size_t i = 0; i < s->n_workers; i++)
             if (s->workers[i].started) pthread_join(s->workers[i].thread, NULL);
         /* The seams and boundaries use their ranges' backends: they go first. */
-        for (size_t i = 0; s->links && i + 1 < s->n_stages; i++) mk_sched_link_destroy(&s->links[i]);
+        for (size_t i = 0; s->links && i + 1 < s->n_workers; i++) mk_sched_link_destroy(&s->links[i]);
         if (s->items)
             for (size_t i = 0; i < s->n_slots; i++) {
                 mk_sched_item *it = &s->items[i];
-                for (size_t k = 0; it->out && k + 1 < s->n_stages; k++) mk_boundary_free(it->out[k]);
+                for (size_t k = 0; it->out && k + 1 < s->n_workers; k++) mk_boundary_free(it->out[k]);
                 free(it->out);
                 free(it->logits);
             }
-        for (size_t i = 0; i < s->n_stages; i++) {
+        for (size_t i = 0; i < s->n_workers; i++) {
             mk_sched_worker *st = &s->workers[i];
             mk_boundary_free(st->in);
             if (st->seqs)
@@ -260,20 +248,20 @@ void mk_sched_free(mk_sched *s) {
     free(s);
 }
 
-size_t mk_sched_stage_count(const mk_sched *s) { return s ? s->n_stages : 0; }
-const mk_range *mk_sched_stage_range(const mk_sched *s, size_t i) {
-    return s && i < s->n_stages ? s->workers[i].range : NULL;
+size_t mk_sched_worker_count(const mk_sched *s) { return s ? s->n_workers : 0; }
+const mk_range *mk_sched_worker_range(const mk_sched *s, size_t i) {
+    return s && i < s->n_workers ? s->workers[i].range : NULL;
 }
-double mk_sched_stage_share(const mk_sched *s, size_t i) {
-    return s && i < s->n_stages ? s->workers[i].share : 0.0;
+double mk_sched_worker_share(const mk_sched *s, size_t i) {
+    return s && i < s->n_workers ? s->workers[i].share : 0.0;
 }
 
 mk_seam_kind mk_sched_seam_kind(const mk_sched *s, size_t i) {
-    return s && i + 1 < s->n_stages ? s->links[i].kind : (mk_seam_kind)0;
+    return s && i + 1 < s->n_workers ? s->links[i].kind : (mk_seam_kind)0;
 }
 
 size_t mk_sched_seam_bytes(const mk_sched *s, size_t i) {
-    return s && i + 1 < s->n_stages ? mk_sched_link_bytes(&s->links[i]) : 0;
+    return s && i + 1 < s->n_workers ? mk_sched_link_bytes(&s->links[i]) : 0;
 }
 
 /* ============================================================= admission == */
@@ -488,11 +476,11 @@ mk_status mk_sched_wait_all(mk_sched *s) {
 
 /* ============================================================ statistics == */
 
-mk_status mk_sched_stage_stats(const mk_sched *s, size_t stage, mk_stage_stats *out) {
+mk_status mk_sched_worker_stats(const mk_sched *s, size_t worker, mk_worker_stats *out) {
     mk_clear_error();
-    if (!s || !out || stage >= s->n_stages)
-        return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_sched_stage_stats: no stage %zu", stage);
-    *out = s->workers[stage].stats;
+    if (!s || !out || worker >= s->n_workers)
+        return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_sched_worker_stats: no worker %zu", worker);
+    *out = s->workers[worker].stats;
     return MK_OK;
 }
 
@@ -503,7 +491,7 @@ mk_status mk_sched_reset_stats(mk_sched *s) {
     const bool idle = s->n_unfinished == 0;
     pthread_mutex_unlock(&s->mu);
     if (!idle) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_sched_reset_stats: sequences are still in flight");
-    for (size_t i = 0; i < s->n_stages; i++) {
+    for (size_t i = 0; i < s->n_workers; i++) {
         memset(&s->workers[i].stats, 0, sizeof s->workers[i].stats);
         s->workers[i].timeline_len = 0;
         s->workers[i].attempts = 0;
@@ -511,18 +499,18 @@ mk_status mk_sched_reset_stats(mk_sched *s) {
     return MK_OK;
 }
 
-mk_status mk_sched_inject_fault(mk_sched *s, size_t stage, size_t step, bool dies) {
-    if (!s || stage >= s->n_stages) return mk_fail(MK_ERR_INVALID_ARGUMENT, "inject fault: no stage %zu", stage);
+mk_status mk_sched_inject_fault(mk_sched *s, size_t worker, size_t step, bool dies) {
+    if (!s || worker >= s->n_workers) return mk_fail(MK_ERR_INVALID_ARGUMENT, "inject fault: no worker %zu", worker);
     pthread_mutex_lock(&s->mu); /* the worker reads these after taking an item: ordered by the queue */
-    s->workers[stage].fault_armed = true;
-    s->workers[stage].fault_step = step;
-    s->workers[stage].fault_dies = dies;
+    s->workers[worker].fault_armed = true;
+    s->workers[worker].fault_step = step;
+    s->workers[worker].fault_dies = dies;
     pthread_mutex_unlock(&s->mu);
     return MK_OK;
 }
 
 mk_status mk_sched_inject_seam_cut(mk_sched *s, size_t seam, size_t after) {
-    if (!s || seam + 1 >= s->n_stages) return mk_fail(MK_ERR_INVALID_ARGUMENT, "inject seam cut: no seam %zu", seam);
+    if (!s || seam + 1 >= s->n_workers) return mk_fail(MK_ERR_INVALID_ARGUMENT, "inject seam cut: no seam %zu", seam);
     /* Read by the receiving stage's worker after it takes an item: ordered by the queue. */
     mk_sched_link *link = &s->links[seam];
     pthread_mutex_lock(&link->q.mu);

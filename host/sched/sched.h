@@ -57,7 +57,7 @@ typedef struct mk_sched_item {
     const int32_t *tokens; /* [n_tokens]: the prompt, or &next_token */
     size_t n_tokens;
     int32_t next_token;
-    mk_boundary **out;       /* [n_stages - 1] */
+    mk_boundary **out;       /* [n_workers - 1] */
     float *logits;           /* [vocab] tail output */
     int32_t token;
 } mk_sched_item;
@@ -131,7 +131,7 @@ typedef struct mk_sched_worker {
     size_t attempts;        /* steps begun since creation or reset (the fault's clock) */
     char dead_reason[160];
     /* statistics (worker only) */
-    mk_stage_stats stats;
+    mk_worker_stats stats;
     mk_timeline_record *timeline; /* [timeline_cap] */
     size_t timeline_cap, timeline_len;
 } mk_sched_worker;
@@ -159,9 +159,9 @@ struct mk_sched_request {
 
 struct mk_sched {
     const mk_model *model;
-    size_t n_stages, n_slots, vocab;
-    mk_sched_worker *workers; /* [n_stages] */
-    mk_sched_link *links;   /* [n_stages - 1] */
+    size_t n_workers, n_slots, vocab;
+    mk_sched_worker *workers; /* [n_workers] */
+    mk_sched_link *links;   /* [n_workers - 1] */
     mk_queue inbox0;
     mk_sched_item *items;   /* [n_slots] */
     mk_sched_item stop_items[1]; /* the one stop item every inbox receives at shutdown */
@@ -184,10 +184,10 @@ void mk_sched_retire(struct mk_sched *sched, mk_sched_item *item, mk_seq_state s
 /* The tail's token: recorded, reported, and the sequence continues or retires. */
 void mk_sched_emit(struct mk_sched *sched, mk_sched_item *item);
 
-/* Test hook: stage `stage` fails its step number `step` (counted from 0 since creation
+/* Test hook: worker `worker` fails its step number `step` (counted from 0 since creation
  * or mk_sched_reset_stats); with dies, every later step on it fails too. Call before
  * submitting. */
-mk_status mk_sched_inject_fault(mk_sched *sched, size_t stage, size_t step, bool dies);
+mk_status mk_sched_inject_fault(mk_sched *sched, size_t worker, size_t step, bool dies);
 /* Test hook: the receiving ends of seam `seam` close after taking `after` boundaries (its
  * stage lost its connection: the sender's writes fail, later receives report the closed
  * end). Call before submitting. */
@@ -195,11 +195,11 @@ mk_status mk_sched_inject_seam_cut(mk_sched *sched, size_t seam, size_t after);
 
 /* ============================================================ cut chooser == */
 
-/* Contiguous ranges of n_layers layers (cost layer_cost[l]) into n_stages stages, the head
- * stage adding head_extra and the tail tail_extra, minimising the largest stage cost (ties:
- * the earliest cuts). cuts [n_stages - 1] receive the last layer of each stage but the last. */
+/* Contiguous ranges of n_layers layers (cost layer_cost[l]) into n_ranges ranges, the head
+ * stage adding head_extra and the tail tail_extra, minimising the largest range cost (ties:
+ * the earliest cuts). cuts [n_ranges - 1] receive the last layer of each range but the last. */
 mk_status mk_choose_cuts(const double *layer_cost, size_t n_layers, double head_extra, double tail_extra,
-                         size_t n_stages, int64_t *cuts);
+                         size_t n_ranges, int64_t *cuts);
 
 /* The per-layer cost [n_layers] and the head's and tail's extra (split_auto.c). */
 mk_status mk_split_costs(const mk_model *model, double *layer_cost, double *head_extra, double *tail_extra);

@@ -28,7 +28,7 @@ mk_status mk_choose_cuts(const double *cost, size_t n, double head_extra, double
                          int64_t *cuts) {
     if (!cost || (k > 1 && !cuts)) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_choose_cuts: NULL argument");
     if (k == 0 || k > n)
-        return mk_fail(MK_ERR_INVALID_RANGE, "%zu stages over %zu layers: each stage needs a layer", k, n);
+        return mk_fail(MK_ERR_INVALID_RANGE, "%zu ranges over %zu layers: each range needs a layer", k, n);
     double *prefix = malloc((n + 1) * sizeof *prefix);
     double *best = malloc((k + 1) * (n + 1) * sizeof *best); /* [k + 1][n + 1] */
     size_t *from = malloc((k + 1) * (n + 1) * sizeof *from);  /* where stage k's layers begin */
@@ -68,22 +68,22 @@ mk_status mk_choose_cuts(const double *cost, size_t n, double head_extra, double
     return MK_OK;
 }
 
-mk_status mk_split_auto(const mk_model *model, size_t n_stages, int64_t *cuts, double *shares) {
+mk_status mk_split_auto(const mk_model *model, size_t n_ranges, int64_t *cuts, double *shares) {
     mk_clear_error();
-    if (!model || (n_stages > 1 && !cuts)) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_split_auto: NULL argument");
+    if (!model || (n_ranges > 1 && !cuts)) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_split_auto: NULL argument");
     const size_t n = mk_model_hparams(model)->n_layers;
     double *cost = malloc((n ? n : 1) * sizeof *cost);
     if (!cost) return mk_fail(MK_ERR_OUT_OF_MEMORY, "split: out of memory");
     double head = 0, tail = 0;
     mk_status s = mk_split_costs(model, cost, &head, &tail);
-    if (s == MK_OK) s = mk_choose_cuts(cost, n, head, tail, n_stages, cuts);
+    if (s == MK_OK) s = mk_choose_cuts(cost, n, head, tail, n_ranges, cuts);
     if (s == MK_OK && shares) {
         double total = head + tail;
         for (size_t l = 0; l < n; l++) total += cost[l];
         size_t layer = 0;
-        for (size_t i = 0; i < n_stages; i++) {
-            const size_t end = i + 1 < n_stages ? (size_t)cuts[i] : n - 1;
-            double c = (i == 0 ? head : 0) + (i + 1 == n_stages ? tail : 0);
+        for (size_t i = 0; i < n_ranges; i++) {
+            const size_t end = i + 1 < n_ranges ? (size_t)cuts[i] : n - 1;
+            double c = (i == 0 ? head : 0) + (i + 1 == n_ranges ? tail : 0);
             for (; layer <= end; layer++) c += cost[layer];
             shares[i] = c / total;
         }

@@ -1,4 +1,4 @@
-/* The stage timeline as JSON: one record per step (stage, sequence, rows, start, end),
+/* The worker timeline as JSON: one record per step (worker, sequence, rows, start, end),
  * microseconds from the earliest start, for the benchmark harness to plot. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,19 +12,19 @@ mk_status mk_sched_timeline_json(const mk_sched *s, char **out, size_t *out_len)
     *out = NULL;
     *out_len = 0;
     uint64_t base = UINT64_MAX;
-    for (size_t i = 0; i < s->n_stages; i++)
+    for (size_t i = 0; i < s->n_workers; i++)
         for (size_t k = 0; k < s->workers[i].timeline_len; k++)
             if (s->workers[i].timeline[k].start_ns < base) base = s->workers[i].timeline[k].start_ns;
     char *text = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&text, &len);
     if (!f) return mk_fail(MK_ERR_OUT_OF_MEMORY, "timeline: out of memory");
-    fprintf(f, "{\"stages\":%zu,\"steps\":[", s->n_stages);
+    fprintf(f, "{\"workers\":%zu,\"steps\":[", s->n_workers);
     bool first = true;
-    for (size_t i = 0; i < s->n_stages; i++)
+    for (size_t i = 0; i < s->n_workers; i++)
         for (size_t k = 0; k < s->workers[i].timeline_len; k++) {
             const mk_timeline_record *r = &s->workers[i].timeline[k];
-            fprintf(f, "%s\n{\"stage\":%zu,\"seq\":%llu,\"rows\":%u,\"start_us\":%.3f,\"end_us\":%.3f}",
+            fprintf(f, "%s\n{\"worker\":%zu,\"seq\":%llu,\"rows\":%u,\"start_us\":%.3f,\"end_us\":%.3f}",
                     first ? "" : ",", i, (unsigned long long)r->seq_id, r->rows, (double)(r->start_ns - base) / 1e3,
                     (double)(r->end_ns - base) / 1e3);
             first = false;

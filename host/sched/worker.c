@@ -24,17 +24,17 @@ static uint64_t mk_thread_cpu_ns(void) {
 }
 
 static bool mk_worker_is_head(const mk_sched_worker *st) { return st->index == 0; }
-static bool mk_worker_is_tail(const mk_sched_worker *st) { return st->index + 1 == st->sched->n_stages; }
+static bool mk_worker_is_tail(const mk_sched_worker *st) { return st->index + 1 == st->sched->n_workers; }
 
 /* The injected fault (tests): this step fails, and with `dies` every later one. */
 static mk_status mk_worker_fault(mk_sched_worker *st) {
     if (st->dead) return mk_fail(MK_ERR_INTERNAL, "%s", st->dead_reason);
     const size_t step = st->attempts++;
     if (!st->fault_armed || step != st->fault_step) return MK_OK;
-    snprintf(st->dead_reason, sizeof st->dead_reason, "stage %zu is down: injected failure at its step %zu",
+    snprintf(st->dead_reason, sizeof st->dead_reason, "worker %zu is down: injected failure at its step %zu",
              st->index, step);
     if (st->fault_dies) st->dead = true;
-    return mk_fail(MK_ERR_INTERNAL, "stage %zu: injected failure at its step %zu", st->index, step);
+    return mk_fail(MK_ERR_INTERNAL, "worker %zu: injected failure at its step %zu", st->index, step);
 }
 
 static mk_status mk_worker_step(mk_sched_worker *st, mk_sched_item *item) {
@@ -46,7 +46,7 @@ static mk_status mk_worker_step(mk_sched_worker *st, mk_sched_item *item) {
     const mk_status s = mk_range_forward_into(st->range, seq, head ? item->tokens : NULL, head ? item->n_tokens : 0,
                                               head ? NULL : st->in, out, item->logits, &item->token);
     const uint64_t t1 = mk_now_ns(), c1 = mk_thread_cpu_ns();
-    mk_stage_stats *stats = &st->stats;
+    mk_worker_stats *stats = &st->stats;
     if (stats->steps == 0) stats->first_ns = t0;
     stats->steps++;
     stats->busy_ns += t1 - t0;
@@ -63,7 +63,7 @@ static mk_status mk_worker_step(mk_sched_worker *st, mk_sched_item *item) {
 /* A failed step fails the sequence it belongs to, with the stage and its range named. */
 static void mk_worker_fail_item(mk_sched_worker *st, mk_sched_item *item, mk_status status) {
     char error[256];
-    snprintf(error, sizeof error, "stage %zu (layers %lld-%lld): %s", st->index,
+    snprintf(error, sizeof error, "worker %zu (layers %lld-%lld): %s", st->index,
              (long long)mk_range_start(st->range), (long long)mk_range_end(st->range), mk_last_error());
     mk_sched_retire(st->sched, item, MK_SEQ_FAILED, status, error);
 }

@@ -6,6 +6,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/options.h"
 #include "net/io.h"
 #include "mk_error.h"
 #include "seam/seam.h"
@@ -36,6 +37,7 @@ const char *mk_seam_kind_name(mk_seam_kind kind) {
 mk_seam_options mk_seam_options_default(mk_seam_kind kind) {
     mk_seam_options o;
     memset(&o, 0, sizeof o);
+    o.struct_size = sizeof o;
     o.kind = kind;
     o.connect_timeout_ms = 5000;
     o.io_timeout_ms = 30000;
@@ -81,12 +83,21 @@ void mk_seam_free(mk_seam *s) {
 
 /* ================================================================ in process == */
 
-mk_status mk_seam_pair(const mk_seam_options *opt, mk_range *sender, mk_range *receiver, mk_seam **send_end,
+/* The caller's options by their struct_size (fields an older caller lacks keep their defaults). */
+static mk_status mk_seam_take_options(const mk_seam_options *given, mk_seam_options *o) {
+    *o = mk_seam_options_default(0);
+    return mk_options_take(o, sizeof *o, MK_SEAM_OPTIONS_V1_SIZE, given, "mk_seam_options");
+}
+
+mk_status mk_seam_pair(const mk_seam_options *given, mk_range *sender, mk_range *receiver, mk_seam **send_end,
                        mk_seam **recv_end) {
     mk_clear_error();
-    if (!opt || !sender || !receiver || !send_end || !recv_end)
+    if (!given || !sender || !receiver || !send_end || !recv_end)
         return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_seam_pair: NULL argument");
     *send_end = *recv_end = NULL;
+    mk_seam_options taken;
+    MK_TRY(mk_seam_take_options(given, &taken));
+    const mk_seam_options *opt = &taken;
     mk_seam *tx = NULL, *rx = NULL;
     MK_TRY(mk_seam_new(opt, sender, true, &tx));
     mk_status s = mk_seam_new(opt, receiver, false, &rx);
@@ -132,10 +143,13 @@ static mk_status mk_check_stream(const mk_seam_options *opt, const char *who) {
     return mk_seam_check_tls(opt);
 }
 
-mk_status mk_seam_listen(const mk_seam_options *opt, mk_seam_listener **out) {
+mk_status mk_seam_listen(const mk_seam_options *given, mk_seam_listener **out) {
     mk_clear_error();
-    if (!opt || !out) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_seam_listen: NULL argument");
+    if (!given || !out) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_seam_listen: NULL argument");
     *out = NULL;
+    mk_seam_options taken;
+    MK_TRY(mk_seam_take_options(given, &taken));
+    const mk_seam_options *opt = &taken;
     MK_TRY(mk_check_stream(opt, "mk_seam_listen"));
     mk_seam_listener *l = calloc(1, sizeof *l);
     if (!l) return mk_fail(MK_ERR_OUT_OF_MEMORY, "seam: out of memory");
@@ -225,10 +239,13 @@ mk_status mk_seam_accept(mk_seam_listener *l, mk_range *receiver, mk_seam **out)
     return MK_OK;
 }
 
-mk_status mk_seam_connect(const mk_seam_options *opt, mk_range *sender, mk_seam **out) {
+mk_status mk_seam_connect(const mk_seam_options *given, mk_range *sender, mk_seam **out) {
     mk_clear_error();
-    if (!opt || !sender || !out) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_seam_connect: NULL argument");
+    if (!given || !sender || !out) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_seam_connect: NULL argument");
     *out = NULL;
+    mk_seam_options taken;
+    MK_TRY(mk_seam_take_options(given, &taken));
+    const mk_seam_options *opt = &taken;
     MK_TRY(mk_check_stream(opt, "mk_seam_connect"));
     if (opt->kind == MK_SEAM_NCCL) return mk_seam_nccl_end(opt, opt->address, sender, true, out);
     const int64_t deadline = mk_deadline_ms(opt->connect_timeout_ms, 5000);

@@ -426,8 +426,8 @@ static mk_status mk_rendezvous_root(mk_stage *st, int64_t deadline) {
     static const char none[] = "-";
     char ids[MK_STAGE_MAX_WORLD][2 * MK_SEAM_NCCL_ID_BYTES + 1];
     for (int k = 0; k + 1 < st->world; k++) snprintf(ids[k], sizeof ids[k], "%s", none);
-    if (st->o.seam == MK_SEAM_NCCL && st->o.nccl_ids_given) {
-        memcpy(st->nccl_next, st->o.nccl_next, sizeof st->nccl_next); /* MPI_Bcast'ed: the welcome has none */
+    if (st->o.seam == MK_SEAM_NCCL && st->o.nccl_ids) {
+        memcpy(st->nccl_next, st->o.nccl_ids->next, sizeof st->nccl_next); /* MPI_Bcast'ed: the welcome has none */
     } else if (st->o.seam == MK_SEAM_NCCL) {
         for (int k = 0; s == MK_OK && k + 1 < st->world; k++) {
             unsigned char id[MK_SEAM_NCCL_ID_BYTES];
@@ -546,9 +546,9 @@ static mk_status mk_rendezvous_join(mk_stage *st, int64_t deadline) {
                next_id) != 6 ||
         st->max_context == 0 || st->max_rows == 0 || st->max_sequences == 0)
         return mk_fail(MK_ERR_FRAME, "rank 0 sent no usable welcome (type %d)", (int)type);
-    if (st->o.seam == MK_SEAM_NCCL && st->o.nccl_ids_given) {
-        memcpy(st->nccl_prev, st->o.nccl_prev, sizeof st->nccl_prev);
-        memcpy(st->nccl_next, st->o.nccl_next, sizeof st->nccl_next);
+    if (st->o.seam == MK_SEAM_NCCL && st->o.nccl_ids) {
+        memcpy(st->nccl_prev, st->o.nccl_ids->prev, sizeof st->nccl_prev);
+        memcpy(st->nccl_next, st->o.nccl_ids->next, sizeof st->nccl_next);
     } else if (st->o.seam == MK_SEAM_NCCL && (!mk_unhex(prev_id, st->nccl_prev) ||
                                        (st->rank + 1 < st->world && !mk_unhex(next_id, st->nccl_next))))
         return mk_fail(MK_ERR_FRAME, "rank 0 sent rank %d no usable NCCL unique ids", st->rank);

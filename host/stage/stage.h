@@ -121,6 +121,12 @@ typedef struct mk_stage_counts {
  * control connection: rank 0 sends it down the chain once every request is done. */
 #define MK_STAGE_END_ID "meshkern-end-of-run"
 
+/* The opaque mk_stage_nccl_ids of the public header: one rank's two ids, as the launcher
+ * (mk_stage_mpi_setup) handed them out; the size is the seam's (one definition). */
+struct mk_stage_nccl_ids {
+    unsigned char prev[MK_SEAM_NCCL_ID_BYTES], next[MK_SEAM_NCCL_ID_BYTES];
+};
+
 struct mk_stage {
     const mk_model *model;
     mk_stage_options o;
@@ -139,7 +145,7 @@ struct mk_stage {
     mk_seam_listener *listener;   /* rank > 0: where the previous rank connects */
     char next_address[300];       /* rank < world - 1: the next rank's listener */
     /* nccl seams: the unique ids of the communicators with the previous and the next rank,
-     * made by rank 0 and handed out in the welcome, or by MPI_Bcast (o.nccl_ids_given) */
+     * made by rank 0 and handed out in the welcome, or by MPI_Bcast (o.nccl_ids) */
     unsigned char nccl_prev[MK_SEAM_NCCL_ID_BYTES], nccl_next[MK_SEAM_NCCL_ID_BYTES];
     mk_seam *from_prev, *to_next;
     mk_range *range;

@@ -22,6 +22,7 @@
 
 #include "mk_error.h"
 #include "core/mk_size.h"
+#include "core/options.h"
 #include "model/model.h"
 #include "stage/stage.h"
 
@@ -39,6 +40,8 @@ mk_stage_options mk_stage_options_default(void) {
     o.max_new_tokens = 16;
     return o;
 }
+
+void mk_stage_nccl_ids_free(mk_stage_nccl_ids *ids) { free(ids); }
 
 int mk_stage_rank(const mk_stage *st) {
     return st ? st->rank : -1;
@@ -143,21 +146,13 @@ static mk_status mk_stage_digest_of(const mk_model *model, const mk_stage_option
 /* The cuts (given or balanced) and the digest of a stage. */
 mk_status mk_stage_plan(const mk_model *model, const mk_stage_options *o, int64_t *cuts,
                         char digest[MK_DIGEST_HEX_LEN + 1]) {
-    const mk_hparams *hp = mk_model_hparams(model);
     if (o->split_auto) MK_TRY(mk_split_auto(model, (size_t)o->world, cuts, NULL));
     else memcpy(cuts, o->cuts, ((size_t)o->world - 1) * sizeof *cuts);
-    for (int i = 0; i + 1 < o->world; i++)
-        if (cuts[i] < (i ? cuts[i - 1] + 1 : 0) || cuts[i] + 1 >= (int64_t)hp->n_layers)
-            return mk_fail(MK_ERR_INVALID_RANGE, "cut %d (after layer %lld) leaves an empty range of %zu layers", i,
-                           (long long)cuts[i], hp->n_layers);
+    MK_TRY(mk_cuts_to_spans(cuts, (size_t)o->world - 1, mk_model_hparams(model)->n_layers, MK_STAGE_MAX_WORLD, NULL));
     return mk_stage_digest_of(model, o, cuts, digest);
 }
 
 static mk_status mk_stage_check_options(const mk_model *model, const mk_stage_options *o) {
-    if (!model || !o) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_stage_join: NULL argument");
-    if (o->struct_size != sizeof *o)
-        return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_stage_options.struct_size %zu is not %zu (use mk_stage_options_default)",
-                       o->struct_size, sizeof *o);
     if (o->world < 2 || o->world > MK_STAGE_MAX_WORLD || o->rank < 0 || o->rank >= o->world)
         return mk_fail(MK_ERR_INVALID_ARGUMENT, "stage rank %d of world %d: need 0 <= rank < world, 2 <= world <= %d",
                        o->rank, o->world, MK_STAGE_MAX_WORLD);
@@ -183,8 +178,10 @@ static mk_status mk_stage_check_options(const mk_model *model, const mk_stage_op
 }
 
 static mk_status mk_stage_build(mk_stage *st) {
-    const int64_t start = st->rank == 0 ? 0 : st->cuts[st->rank - 1] + 1;
-    const int64_t end = st->rank + 1 == st->world ? (int64_t)mk_model_hparams(st->model)->n_layers - 1 : st->cuts[st->rank];
+    mk_layer_span spans[MK_STAGE_MAX_WORLD];
+    MK_TRY(mk_cuts_to_spans(st->cuts, (size_t)st->world - 1, mk_model_hparams(st->model)->n_layers, MK_STAGE_MAX_WORLD,
+                            spans));
+    const int64_t start = spans[st->rank].start, end = spans[st->rank].end;
     mk_range_options ro = st->o.range;
     ro.max_context = st->max_context;
     ro.max_batch_tokens = st->max_rows;
@@ -231,10 +228,15 @@ static mk_status mk_stage_build(mk_stage *st) {
     return MK_OK;
 }
 
-mk_status mk_stage_join(const mk_model *model, const mk_stage_options *o, mk_stage **out) {
+mk_status mk_stage_join(const mk_model *model, const mk_stage_options *given, mk_stage **out) {
     mk_clear_error();
     if (!out) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_stage_join: NULL out");
     *out = NULL;
+    if (!model || !given) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_stage_join: NULL argument");
+    /* The caller's struct by its struct_size: fields an older caller lacks keep their defaults. */
+    mk_stage_options taken = mk_stage_options_default();
+    MK_TRY(mk_options_take(&taken, sizeof taken, MK_STAGE_OPTIONS_V1_SIZE, given, "mk_stage_options"));
+    const mk_stage_options *o = &taken;
     MK_TRY(mk_stage_check_options(model, o));
     mk_stage *st = calloc(1, sizeof *st);
     if (!st) return mk_fail(MK_ERR_OUT_OF_MEMORY, "stage: out of memory");
@@ -257,14 +259,17 @@ mk_status mk_stage_join(const mk_model *model, const mk_stage_options *o, mk_sta
         else memcpy(st->stop, o->stop_ids, o->n_stop * sizeof *st->stop);
     }
     st->o.stop_ids = NULL;
+    st->o.nccl_ids = NULL; /* the caller's: read by the rendezvous during the join only */
     st->o.cuts = NULL; /* the caller's: copied into st->cuts by mk_stage_plan */
     if (s == MK_OK) s = mk_stage_plan(model, o, st->cuts, st->digest);
     if (s == MK_OK) s = mk_fault_read(st->rank, &st->fault);
     if (s == MK_OK && o->tls.enabled) s = mk_tls_context(&o->tls, st->rank == 0, &st->tls); /* the key, the files */
     if (s == MK_OK) {
         st->o.rendezvous = o->rendezvous;
+        st->o.nccl_ids = o->nccl_ids;
         s = mk_stage_rendezvous(st);
         st->o.rendezvous = NULL;
+        st->o.nccl_ids = NULL;
     }
     if (s == MK_OK) {
         s = mk_stage_build(st);

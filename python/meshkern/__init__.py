@@ -14,9 +14,9 @@ from ._lib import LIBRARY_PATH, ffi, lib
 from .errors import (ArchitectureError, BoundaryContractError, DeviceError, GeneralError, MeshkernError,
                      ModelFileError, SeamError, TextError, WireError)
 from .core import (Boundary, BoundaryHeader, Bundle, Detokenizer, GenerateStats, Model, Pipeline, Range, Role, Scheduler,
-                   Seam, SeamListener, SeqInfo, Sequence, Stage, TailOutput, Tokenizer, protocol_bundle_pack, protocol_bundle_validate, seed_hparams,
+                   Seam, SeamListener, SeqInfo, Sequence, Stage, TailOutput, Tokenizer, seed_hparams,
                    tail_result_pack_logits, tail_result_pack_token, tail_result_validate)
 from .shard import Shard
 from . import errors
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

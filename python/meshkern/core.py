@@ -28,7 +28,7 @@ from .errors import check
 __all__ = [
     "Role", "seed_hparams", "Model", "Range", "Sequence", "Bundle", "BoundaryHeader", "TailOutput",
     "Boundary", "Tokenizer", "Detokenizer", "Pipeline", "GenerateStats", "tail_result_pack_token",
-    "tail_result_pack_logits", "tail_result_validate", "protocol_bundle_pack", "protocol_bundle_validate",
+    "tail_result_pack_logits", "tail_result_validate",
     "Scheduler", "SeqInfo", "Seam", "SeamListener", "Stage",
 ]
 
@@ -432,7 +432,7 @@ class Bundle:
 
     @property
     def header(self) -> BoundaryHeader:
-        return BoundaryHeader._from_c(lib.mk_bundle_header(self._ptr)[0])
+        return BoundaryHeader._from_c(lib.mk_bundle_header_of(self._ptr)[0])
 
     @header.setter
     def header(self, h: BoundaryHeader) -> None:
@@ -449,13 +449,13 @@ class Bundle:
 
     @property
     def residual(self) -> np.ndarray:
-        h = lib.mk_bundle_header(self._ptr)
+        h = lib.mk_bundle_header_of(self._ptr)
         shape = (int(h.batch), int(h.rows), int(h.hidden))
         return _view(lib.mk_bundle_residual(self._ptr), shape[0] * shape[1] * shape[2], np.float32, shape, self._ptr)
 
     @property
     def positions(self) -> np.ndarray:
-        h = lib.mk_bundle_header(self._ptr)
+        h = lib.mk_bundle_header_of(self._ptr)
         shape = (int(h.batch), int(h.rows))
         return _view(lib.mk_bundle_positions(self._ptr), shape[0] * shape[1], np.int32, shape, self._ptr)
 
@@ -557,28 +557,6 @@ def tail_result_validate(data: bytes) -> dict:
             "batch": int(info.batch), "vocab": int(info.vocab), "greedy": bool(info.greedy),
             "architecture": _ARCH_NAMES.get(int(info.architecture), "?"), "request_id": string(info.request_id),
             "runtime_recipe_digest": string(info.runtime_recipe_digest)}
-
-
-def protocol_bundle_pack(architecture: str, payloads: dict) -> bytes:
-    """mk_protocol_bundle_pack: named f32 payloads for any architecture kind."""
-    arrays = {k: np.ascontiguousarray(v, dtype=np.float32).reshape(-1) for k, v in payloads.items()}
-    items = ffi.new("mk_named_payload[]", max(1, len(arrays)))
-    keep = []
-    for i, (k, a) in enumerate(arrays.items()):
-        keep.append(ffi.new("char[]", k.encode()))
-        items[i].name = keep[-1]
-        items[i].data = ffi.cast("float *", ffi.from_buffer(a))
-        items[i].count = a.size
-    pp, n = ffi.new("uint8_t **"), ffi.new("size_t *")
-    check(lib.mk_protocol_bundle_pack(_ARCH_CODES[architecture], items, len(arrays), pp, n))
-    return _take_buffer(pp, n[0])
-
-
-def protocol_bundle_validate(data: bytes) -> str:
-    """mk_protocol_bundle_validate: the architecture kind of valid protocol bytes."""
-    arch = ffi.new("mk_protocol_arch *")
-    check(lib.mk_protocol_bundle_validate(ffi.from_buffer(data), len(data), arch))
-    return _ARCH_NAMES[int(arch[0])]
 
 
 # ---------------------------------------------------------------- tokenizer ----
@@ -704,20 +682,23 @@ _SEAMS = {"local": 1, "wire": 2, "unix": 3, "tcp": 4, "nccl": 5}
 
 class Pipeline:
     """A model as a chain of ranges in this process (mk_pipeline). cuts[i] is the last layer
-    of range i; no cuts = one FULL range. ``seam``: None (LOCAL, or WIRE with
-    through_wire=True), or "local", "wire", "unix", "tcp", "nccl"."""
+    of range i; no cuts = one FULL range. ``seam``: the transport of every seam, "local"
+    (the default), "wire" (packed to bytes and unpacked), "unix", "tcp", "nccl";
+    ``devices``: one device per range (the cuda backend)."""
 
-    def __init__(self, model: Model, cuts: Seq[int] = (), *, through_wire: bool = False, seam: str | None = None,
+    def __init__(self, model: Model, cuts: Seq[int] = (), *, seam: str = "local", devices: Seq[int] | None = None,
                  **options):
         self.model = model
-        o, keep = _range_options(**options)
+        ro, keep = _range_options(**options)
+        so = ffi.new("mk_seam_options *", lib.mk_seam_options_default(_SEAMS[seam]))
+        po = ffi.new("mk_pipeline_options *", lib.mk_pipeline_options_default())
         c = ffi.new("int64_t[]", [int(x) for x in cuts] or [0])
+        po.range, po.seam, po.cuts, po.n_cuts = ro, so, c, len(cuts)
+        if devices is not None:
+            d = ffi.new("int[]", [int(x) for x in devices] or [0])
+            po.devices, po.n_devices = d, len(devices)
         out = ffi.new("mk_pipeline **")
-        if seam is None:
-            check(lib.mk_pipeline_create(model._ptr, c, len(cuts), o, through_wire, out))
-        else:
-            so = ffi.new("mk_seam_options *", lib.mk_seam_options_default(_SEAMS[seam]))
-            check(lib.mk_pipeline_create_seamed(model._ptr, c, len(cuts), o, so, out))
+        check(lib.mk_pipeline_create(model._ptr, po, out))
         self._ptr = _owned(out[0], lib.mk_pipeline_free, model._ptr)
         self._lock = threading.Lock()
 
@@ -835,16 +816,16 @@ class SeqInfo:
 
 
 class Scheduler:
-    """Many sequences through a model cut into ranges, one worker thread per stage
-    (mk_sched). ``cuts`` (last layer of each range but the last) or ``n_stages`` with
+    """Many sequences through a model cut into ranges, one worker thread per range
+    (mk_sched). ``cuts`` (last layer of each range but the last) or ``n_workers`` with
     balanced cuts (mk_split_auto); ``seam``: None (the placement rule) or "local", "wire",
     "unix", "tcp", "nccl"; other keywords are range options (backend, threads, ...).
     The header has no cancel call: a submitted sequence runs to its stop id or limit."""
 
-    def __init__(self, model: Model, cuts: Seq[int] | None = None, *, n_stages: int = 0, max_sequences: int = 8,
+    def __init__(self, model: Model, cuts: Seq[int] | None = None, *, n_workers: int = 0, max_sequences: int = 8,
                  seam: str | None = None, devices: Seq[int] | None = None, on_token=None, **options):
         """``on_token(seq_id, index, token, logits)``, optional, is called on the tail
-        stage's thread for each generated token in order per sequence (logits [vocab] is a
+        worker's thread for each generated token in order per sequence (logits [vocab] is a
         copy, or None for token_only ranges); it must not call back into the scheduler."""
         self.model = model
         o = ffi.new("mk_sched_options *", lib.mk_sched_options_default())
@@ -861,7 +842,7 @@ class Scheduler:
         o.range = ro[0]
         if cuts is None:
             o.split_auto = True
-            o.n_stages = n_stages
+            o.n_workers = n_workers
         else:
             self._cuts = ffi.new("int64_t[]", [int(c) for c in cuts] or [0])
             o.cuts, o.n_cuts = self._cuts, len(cuts)
@@ -880,12 +861,12 @@ class Scheduler:
         self._ptr = None
 
     @property
-    def n_stages(self) -> int:
-        return int(lib.mk_sched_stage_count(self._ptr))
+    def n_workers(self) -> int:
+        return int(lib.mk_sched_worker_count(self._ptr))
 
-    def stage_bounds(self) -> list[tuple[int, int]]:
-        return [(int(lib.mk_range_start(lib.mk_sched_stage_range(self._ptr, i))),
-                 int(lib.mk_range_end(lib.mk_sched_stage_range(self._ptr, i)))) for i in range(self.n_stages)]
+    def worker_bounds(self) -> list[tuple[int, int]]:
+        return [(int(lib.mk_range_start(lib.mk_sched_worker_range(self._ptr, i))),
+                 int(lib.mk_range_end(lib.mk_sched_worker_range(self._ptr, i)))) for i in range(self.n_workers)]
 
     def seam_kind(self, seam: int) -> str:
         return string(lib.mk_seam_kind_name(lib.mk_sched_seam_kind(self._ptr, seam)))

@@ -45,7 +45,7 @@ def test_chat_template_and_detokenizer(tok):
 
 def test_generation_iterator_and_split_parity(smollm2, tok):
     whole = mk.Pipeline(smollm2, [], threads=1)
-    split = mk.Pipeline(smollm2, [14], through_wire=True, threads=1)
+    split = mk.Pipeline(smollm2, [14], seam="wire", threads=1)
     prompt = tok.encode_chat([{"role": "user", "content": "What is the capital of France?"}])
     st = mk.GenerateStats()
     pieces = list(whole.generate_text(tok, "What is the capital of France?", 8, stats=st))

@@ -1657,7 +1657,9 @@ TEST(Generation, StopsAtEndOfTurnOrBudgetOnEveryBackendAndSplit) {
                                                  std::vector<int64_t>{0, (int64_t)L - 2}}) {
             for (const size_t budget : {size_t{20}, k - 1}) {
                 mk_pipeline *p = nullptr;
-                ASSERT_EQ(mk_pipeline_create(model.get(), cuts.data(), cuts.size(), &o, true, &p), MK_OK) << mk_last_error();
+                const mk_seam_options wire = mk_seam_options_default(MK_SEAM_WIRE);
+                const mk_pipeline_options po = pipeline_options(cuts.data(), cuts.size(), &o, &wire);
+                ASSERT_EQ(mk_pipeline_create(model.get(), &po, &p), MK_OK) << mk_last_error();
                 Run run;
                 mk_generate_stats st;
                 ASSERT_EQ(mk_pipeline_generate(p, tok, c.prompt.data(), c.prompt.size(), budget, Run::on, &run, &st), MK_OK)

@@ -87,11 +87,11 @@ void run_parity(size_t stages, const std::vector<size_t> &in_flight, mk_seam_kin
         Collector c;
         SchedPtr s = make_sched(model.get(), o, &c);
         ASSERT_TRUE(s);
-        ASSERT_EQ(mk_sched_stage_count(s.get()), stages);
+        ASSERT_EQ(mk_sched_worker_count(s.get()), stages);
         if (device_count() >= (int)stages) {
             for (size_t i = 0; i < stages; i++) {
                 EXPECT_GE(device_bytes_used(devices[i]),
-                          used_before[i] + mk_range_weight_bytes(mk_sched_stage_range(s.get(), i)))
+                          used_before[i] + mk_range_weight_bytes(mk_sched_worker_range(s.get(), i)))
                     << "stage " << i << "'s weights are not on device " << devices[i];
             }
         }
@@ -193,7 +193,7 @@ TEST(SchedCuda, StageThatDiesOnItsDeviceFailsItsSequences) {
     expect_all_match_whole(model.get(), cuda_options(), {specs[0]}, {results[0]}, "finished before the fault");
     for (size_t i = 1; i < results.size(); i++) {
         EXPECT_EQ(results[i].info.state, MK_SEQ_FAILED) << "seq " << i;
-        EXPECT_NE(results[i].error.find("stage 1"), std::string::npos) << results[i].error;
+        EXPECT_NE(results[i].error.find("worker 1"), std::string::npos) << results[i].error;
     }
 }
 

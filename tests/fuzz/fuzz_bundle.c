@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "meshkern.h"
+#include "protocol/boundary.h" /* mk_protocol_bundle_validate: internal, linked from meshkern_core */
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     mk_bundle *b = NULL;
@@ -15,7 +16,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (mk_bundle_pack(b, &bytes, &len) != MK_OK) abort();
         mk_bundle *again = NULL;
         if (mk_bundle_unpack(bytes, len, &again) != MK_OK) abort();
-        const mk_boundary_header *h = mk_bundle_header(b);
+        const mk_boundary_header *h = mk_bundle_header_of(b);
         const size_t n = h->batch * h->rows * h->hidden;
         if (memcmp(mk_bundle_residual_const(again), mk_bundle_residual_const(b), n * sizeof(float)) != 0) abort();
         mk_bundle_free(again);

@@ -28,7 +28,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (residual < data || residual + n * sizeof(float) > data + size) abort(); /* points inside the input */
     mk_bundle *b = NULL;
     if (mk_bundle_unpack(data, size, &b) != MK_OK) abort();
-    const mk_boundary_header *g = mk_bundle_header(b);
+    const mk_boundary_header *g = mk_bundle_header_of(b);
     if (g->rows != h.rows || g->hidden != h.hidden || g->batch != h.batch || g->next_layer != h.next_layer ||
         g->normalized != h.normalized || g->step != h.step || g->position != h.position ||
         strcmp(g->recipe_digest, h.recipe_digest) != 0 || strcmp(g->request_id, h.request_id) != 0 ||

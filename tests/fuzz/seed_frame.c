@@ -14,7 +14,7 @@ int main(int argc, char **argv) {
         float *r = mk_bundle_residual(b);
         for (size_t i = 0; i < shapes[k][0] * shapes[k][1]; i++) r[i] = (float)i * 0.25f - 3.0f;
         for (size_t i = 0; i < shapes[k][0]; i++) mk_bundle_positions(b)[i] = (int32_t)(k + i);
-        mk_boundary_header h = *mk_bundle_header(b);
+        mk_boundary_header h = *mk_bundle_header_of(b);
         memset(h.recipe_digest, 'a' + (int)k, MK_DIGEST_HEX_LEN);
         h.next_layer = (int64_t)k + 1;
         h.step = k;

@@ -70,8 +70,8 @@ Decode decode_placed(const mk_model *model, const std::vector<int64_t> &cuts, co
     mk_range_options o = cuda_on(devices[0]);
     o.max_context = max_context;
     mk_pipeline *p = nullptr;
-    const mk_status s =
-        mk_pipeline_create_placed(model, cuts.data(), cuts.size(), &o, &seam, devices.data(), devices.size(), &p);
+    const mk_pipeline_options po = pipeline_options(cuts.data(), cuts.size(), &o, &seam, devices.data(), devices.size());
+    const mk_status s = mk_pipeline_create(model, &po, &p);
     EXPECT_EQ(s, MK_OK) << mk_status_name(s) << ": " << mk_last_error();
     if (s != MK_OK) return d;
     PipelinePtr pipe(p);
@@ -158,14 +158,17 @@ TEST(NcclPipeline, RangesOnOneDeviceOrOnTheCpuAreRefusedClearly) {
     const int64_t cut = 1;
     mk_pipeline *p = nullptr;
     const int same[] = {1, 1};
-    EXPECT_ERROR(mk_pipeline_create_placed(model.get(), &cut, 1, &o, &seam, same, 2, &p), MK_ERR_UNSUPPORTED,
+    const mk_pipeline_options on_same = pipeline_options(&cut, 1, &o, &seam, same, 2);
+    EXPECT_ERROR(mk_pipeline_create(model.get(), &on_same, &p), MK_ERR_UNSUPPORTED,
                  "distinct devices");
     EXPECT_EQ(p, nullptr);
     const int one[] = {0};
-    EXPECT_ERROR(mk_pipeline_create_placed(model.get(), &cut, 1, &o, &seam, one, 1, &p), MK_ERR_INVALID_ARGUMENT,
+    const mk_pipeline_options on_one = pipeline_options(&cut, 1, &o, &seam, one, 1);
+    EXPECT_ERROR(mk_pipeline_create(model.get(), &on_one, &p), MK_ERR_INVALID_ARGUMENT,
                  "one per range");
     mk_range_options cpu = mk_range_options_default();
-    EXPECT_ERROR(mk_pipeline_create_seamed(model.get(), &cut, 1, &cpu, &seam, &p), MK_ERR_UNSUPPORTED,
+    const mk_pipeline_options on_cpu = pipeline_options(&cut, 1, &cpu, &seam);
+    EXPECT_ERROR(mk_pipeline_create(model.get(), &on_cpu, &p), MK_ERR_UNSUPPORTED,
                  "needs the cuda backend");
     EXPECT_EQ(p, nullptr);
     mk_seam_kind k{};

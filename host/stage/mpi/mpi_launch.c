@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "core/mk_check.h"
+#include "core/options.h"
 #include "mk_error.h"
 #include "stage/stage.h"
 
@@ -49,8 +50,7 @@ static mk_status mk_root_address(char *out, size_t cap) {
 
 /* nccl seams: rank 0 makes the unique id of every seam's communicator (seam k joins rank
  * k and k + 1) and broadcasts them all, as nccl-tests do; rank r keeps ids k = r - 1 and r. */
-static mk_status mk_mpi_nccl_ids(mk_stage_options *o, int rank, int world) {
-    _Static_assert(MK_NCCL_ID_BYTES == MK_SEAM_NCCL_ID_BYTES, "one NCCL id size");
+static mk_status mk_mpi_nccl_ids(mk_stage_options *o, int rank, int world, mk_stage_nccl_ids **out) {
     const size_t n = (size_t)world - 1;
     unsigned char *ids = calloc(n, MK_SEAM_NCCL_ID_BYTES);
     if (!ids) return mk_fail(MK_ERR_OUT_OF_MEMORY, "stage: out of memory");
@@ -72,15 +72,22 @@ static mk_status mk_mpi_nccl_ids(mk_stage_options *o, int rank, int world) {
         s = rank == 0 ? mk_fail(s, "rank 0 could not make the NCCL unique ids: %s", why)
                       : mk_fail(MK_ERR_UNSUPPORTED, "rank 0 could not make the NCCL unique ids");
     } else {
-        if (rank > 0) memcpy(o->nccl_prev, ids + (size_t)(rank - 1) * MK_SEAM_NCCL_ID_BYTES, MK_SEAM_NCCL_ID_BYTES);
-        if (rank + 1 < world) memcpy(o->nccl_next, ids + (size_t)rank * MK_SEAM_NCCL_ID_BYTES, MK_SEAM_NCCL_ID_BYTES);
-        o->nccl_ids_given = true;
+        mk_stage_nccl_ids *mine = calloc(1, sizeof *mine);
+        if (!mine) {
+            s = mk_fail(MK_ERR_OUT_OF_MEMORY, "stage: out of memory");
+        } else {
+            if (rank > 0) memcpy(mine->prev, ids + (size_t)(rank - 1) * MK_SEAM_NCCL_ID_BYTES, MK_SEAM_NCCL_ID_BYTES);
+            if (rank + 1 < world) memcpy(mine->next, ids + (size_t)rank * MK_SEAM_NCCL_ID_BYTES, MK_SEAM_NCCL_ID_BYTES);
+            o->nccl_ids = mine;
+            *out = mine;
+        }
     }
     free(ids);
     return s;
 }
 
-static mk_status mk_mpi_setup(const mk_model *model, mk_stage_options *o, char *rendezvous, size_t cap) {
+static mk_status mk_mpi_setup(const mk_model *model, mk_stage_options *o, char *rendezvous, size_t cap,
+                              mk_stage_nccl_ids **nccl_ids) {
     int initialized = 0;
     MK_MPI_CHECK(MPI_Initialized(&initialized));
     if (!initialized) MK_MPI_CHECK(MPI_Init(NULL, NULL));
@@ -135,14 +142,25 @@ static mk_status mk_mpi_setup(const mk_model *model, mk_stage_options *o, char *
     if (strlen(address) + 1 > cap) return mk_fail(MK_ERR_INVALID_ARGUMENT, "rendezvous buffer of %zu bytes too small", cap);
     memcpy(rendezvous, address, strlen(address) + 1);
     o->rendezvous = rendezvous;
-    return o->seam == MK_SEAM_NCCL ? mk_mpi_nccl_ids(o, rank, world) : MK_OK;
+    return o->seam == MK_SEAM_NCCL ? mk_mpi_nccl_ids(o, rank, world, nccl_ids) : MK_OK;
 }
 
-mk_status mk_stage_mpi_setup(const mk_model *model, mk_stage_options *o, char *rendezvous, size_t cap) {
+mk_status mk_stage_mpi_setup(const mk_model *model, mk_stage_options *o, char *rendezvous, size_t cap,
+                             mk_stage_nccl_ids **nccl_ids) {
     mk_clear_error();
-    if (!model || !o || !rendezvous || cap == 0) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_stage_mpi_setup: NULL argument");
-    if (o->struct_size != sizeof *o) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_stage_options.struct_size is not %zu", sizeof *o);
-    return mk_mpi_setup(model, o, rendezvous, cap);
+    if (!model || !o || !rendezvous || cap == 0 || !nccl_ids)
+        return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_stage_mpi_setup: NULL argument");
+    *nccl_ids = NULL;
+    /* The caller's struct by its struct_size; what setup decides is written back into it
+     * (fields of every version). */
+    mk_stage_options taken = mk_stage_options_default();
+    MK_TRY(mk_options_take(&taken, sizeof taken, MK_STAGE_OPTIONS_V1_SIZE, o, "mk_stage_options"));
+    MK_TRY(mk_mpi_setup(model, &taken, rendezvous, cap, nccl_ids));
+    o->rank = taken.rank;
+    o->world = taken.world;
+    o->rendezvous = taken.rendezvous;
+    o->nccl_ids = taken.nccl_ids;
+    return MK_OK;
 }
 
 void mk_stage_mpi_finalize(void) {
