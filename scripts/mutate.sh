@@ -174,6 +174,7 @@ MUTATIONS=(
   "seam.contract-skipped~host/seam/seam.c~s/if \(st == MK_OK\) st = seam_noted_check\(&noted, &h\);//~seams:FaultyPeer.*"
   "seam.stamp-on-failed-receive~host/seam/seam.c~s/if \(st == MK_OK && noted.seq\) \{/if (noted.seq) {/~gtest:test_step_allocs:StepAllocs.*"
   "range.stamp-ignores-length~host/range/forward.c~s/ && in->checked_length == seq->length;/;/~gtest:test_step_allocs:StepAllocs.*"
+  "pipeline.step-allocates~host/pipeline/pipeline.c~s/size_t \*lengths = p->step_lengths;/size_t *lengths = malloc(p->n_ranges * sizeof *lengths);/~gtest:test_step_allocs:StepAllocs.*"
   "range.decode-step-allocates~host/range/forward.c~s/int32_t \*positions = r->host_positions;/int32_t *positions = malloc(rows * sizeof *positions);/~gtest:test_step_allocs:StepAllocs.*"
   "seam.recv-on-sending-end~host/seam/seam.c~s/if \(s->sender\) return mk_fail\(MK_ERR_INVALID_ARGUMENT, \"mk_seam_recv: this is a sending end\"\);//~seams:SeamApi.*"
   "seam.default-io-timeout~host/seam/seam.c~s/o.io_timeout_ms = 30000;/o.io_timeout_ms = 3000;/~seams:SeamApi.*"

@@ -18,6 +18,7 @@ struct mk_pipeline {
     mk_seam **tx, **rx;      /* [n_ranges - 1]: the two ends of seam i */
     double seam_seconds;
     double *range_seconds;   /* [n_ranges] wall time per range (its forward, and the seam into it), all steps */
+    size_t *step_lengths;    /* [n_ranges] each sequence's length when the current step began */
 };
 
 static double mk_pipeline_now(void) {
@@ -67,11 +68,12 @@ mk_status mk_pipeline_create(const mk_model *model, const mk_pipeline_options *o
     p->ranges = calloc(p->n_ranges, sizeof *p->ranges);
     p->sequences = calloc(p->n_ranges, sizeof *p->sequences);
     p->range_seconds = calloc(p->n_ranges, sizeof *p->range_seconds);
+    p->step_lengths = calloc(p->n_ranges, sizeof *p->step_lengths);
     p->outs = calloc(p->n_ranges, sizeof *p->outs);
     p->ins = calloc(p->n_ranges, sizeof *p->ins);
     p->tx = calloc(p->n_ranges, sizeof *p->tx);
     p->rx = calloc(p->n_ranges, sizeof *p->rx);
-    mk_status s = p->ranges && p->sequences && p->outs && p->ins && p->tx && p->rx && p->range_seconds
+    mk_status s = p->ranges && p->sequences && p->outs && p->ins && p->tx && p->rx && p->range_seconds && p->step_lengths
                       ? MK_OK
                       : mk_fail(MK_ERR_OUT_OF_MEMORY, "pipeline: out of memory");
     for (size_t i = 0; s == MK_OK && i < p->n_ranges; i++) {
@@ -113,6 +115,7 @@ void mk_pipeline_free(mk_pipeline *p) {
     free(p->sequences);
     free(p->ranges);
     free(p->range_seconds);
+    free(p->step_lengths);
     free(p);
 }
 
@@ -150,8 +153,7 @@ mk_status mk_pipeline_step(mk_pipeline *p, const int32_t *tokens, size_t n_token
     *out = NULL;
     /* A step is all or nothing: if a later range fails, the earlier ranges' sequences
      * are rewound, so the same step can be retried and the ranges stay in step. */
-    size_t *lengths = malloc(p->n_ranges * sizeof *lengths); /* [n_ranges] */
-    if (!lengths) return mk_fail(MK_ERR_OUT_OF_MEMORY, "pipeline: out of memory");
+    size_t *lengths = p->step_lengths;
     for (size_t i = 0; i < p->n_ranges; i++) lengths[i] = mk_sequence_length(p->sequences[i]);
     mk_status s = MK_OK;
     for (size_t i = 0; s == MK_OK && i < p->n_ranges; i++) {
@@ -168,7 +170,6 @@ mk_status mk_pipeline_step(mk_pipeline *p, const int32_t *tokens, size_t n_token
     }
     if (s != MK_OK)
         for (size_t i = 0; i < p->n_ranges; i++) (void)mk_sequence_rewind(p->sequences[i], lengths[i]);
-    free(lengths);
     return s;
 }
 

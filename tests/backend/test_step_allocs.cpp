@@ -250,3 +250,40 @@ TEST(StepAllocs, FailedReceiveLeavesNoStamp) {
               MK_OK);
     EXPECT_EQ(mk_sequence_length(s.tail_seq.get()), 0u);
 }
+
+// mk_pipeline_step over three ranges and two seams (local, then wire): a decode step allocates
+// exactly the tail output it hands to the caller (the struct, logits, token), nothing else.
+TEST(StepAllocs, PipelineStepAllocatesOnlyItsTailOutput) {
+    for (const mk_seam_kind kind : {MK_SEAM_LOCAL, MK_SEAM_WIRE}) {
+        SCOPED_TRACE(mk_seam_kind_name(kind));
+        mk_hparams hp = small_hp();
+        mk_model *m = nullptr;
+        MK_ASSERT_OK(mk_model_create_random(&hp, 31, "llama", &m));
+        std::unique_ptr<mk_model, ModelFree> model(m);
+        mk_range_options ro = mk_range_options_default();
+        ro.max_context = 64;
+        ro.max_batch_tokens = 16;
+        const mk_seam_options so = mk_seam_options_default(kind);
+        const int64_t cuts[2] = {0, 2};
+        mk_pipeline_options po = mk_pipeline_options_default();
+        po.range = &ro;
+        po.cuts = cuts;
+        po.n_cuts = 2;
+        po.seam = &so;
+        mk_pipeline *p = nullptr;
+        MK_ASSERT_OK(mk_pipeline_create(m, &po, &p));
+        std::unique_ptr<mk_pipeline, void (*)(mk_pipeline *)> owner(p, mk_pipeline_free);
+        const int32_t prompt[4] = {11, 12, 13, 14};
+        mk_tail_output *t = nullptr;
+        MK_ASSERT_OK(mk_pipeline_step(p, prompt, 4, &t));
+        int32_t next = t->token_ids[0];
+        mk_tail_output_free(t);
+        for (int i = 0; i < 6; i++) {
+            const uint64_t before = g_allocs.load();
+            MK_ASSERT_OK(mk_pipeline_step(p, &next, 1, &t));
+            EXPECT_EQ(g_allocs.load() - before, 3u) << "decode step " << i;
+            next = t->token_ids[0];
+            mk_tail_output_free(t);
+        }
+    }
+}
