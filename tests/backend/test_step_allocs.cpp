@@ -54,51 +54,24 @@ void *__wrap_aligned_alloc(size_t align, size_t n) {
 
 namespace {
 
-struct ModelFree {
-    void operator()(mk_model *m) const { mk_model_free(m); }
-};
-struct RangeFree {
-    void operator()(mk_range *r) const { mk_range_free(r); }
-};
-struct SeqClose {
-    void operator()(mk_sequence *s) const { mk_sequence_close(s); }
-};
 struct BoundaryFree {
     void operator()(mk_boundary *b) const { mk_boundary_free(b); }
 };
 struct SeamFree {
     void operator()(mk_seam *s) const { mk_seam_free(s); }
 };
-struct TailFree {
-    void operator()(mk_tail_output *t) const { mk_tail_output_free(t); }
-};
-
-mk_hparams small_hp() {
-    mk_hparams hp = mk_hparams_seed_default();
-    hp.n_layers = 4;
-    hp.n_heads = 6;
-    hp.n_kv_heads = 2;
-    hp.head_dim = 6;
-    hp.hidden = 36;
-    hp.intermediate = 72;
-    hp.vocab = 53;
-    return hp;
-}
-
-// A head [0, 1] and a tail [2, 3] of one random model, a seam between them, a sequence and a
+// A head [0, 1] and a tail [2, 4] of one random model (GQA, tied embeddings), a seam between them, a sequence and a
 // boundary at each end.
 struct Split {
-    std::unique_ptr<mk_model, ModelFree> model;
-    std::unique_ptr<mk_range, RangeFree> head, tail;
-    std::unique_ptr<mk_sequence, SeqClose> head_seq, tail_seq;
+    ModelPtr model;
+    RangePtr head, tail;
+    SequencePtr head_seq, tail_seq;
     std::unique_ptr<mk_boundary, BoundaryFree> out, in;
     std::unique_ptr<mk_seam, SeamFree> tx, rx;
 
     Split(mk_backend_kind kind, mk_seam_kind seam) {
-        mk_hparams hp = small_hp();
-        mk_model *m = nullptr;
-        EXPECT_EQ(mk_model_create_random(&hp, 29, "llama", &m), MK_OK) << mk_last_error();
-        model.reset(m);
+        model = make_random_model(gqa_tied_hparams(), 29);
+        mk_model *m = model.get();
         mk_range_options o = mk_range_options_default();
         o.backend = mk_backend_config_default(kind);
         o.max_context = 64;
@@ -106,7 +79,7 @@ struct Split {
         mk_range *r = nullptr;
         EXPECT_EQ(mk_range_create(m, 0, 1, &o, &r), MK_OK) << mk_last_error();
         head.reset(r);
-        EXPECT_EQ(mk_range_create(m, 2, 3, &o, &r), MK_OK) << mk_last_error();
+        EXPECT_EQ(mk_range_create(m, 2, 4, &o, &r), MK_OK) << mk_last_error();
         tail.reset(r);
         mk_sequence *s = nullptr;
         EXPECT_EQ(mk_sequence_open(head.get(), &s), MK_OK) << mk_last_error();
@@ -138,7 +111,7 @@ struct Split {
             << mk_last_error();
         return token;
     }
-    std::vector<float> logits = std::vector<float>(small_hp().vocab);
+    std::vector<float> logits = std::vector<float>(gqa_tied_hparams().vocab);
 };
 
 void decode_allocates_nothing(mk_backend_kind kind, mk_seam_kind seam) {
@@ -184,7 +157,7 @@ TEST(StepAllocs, ForwardBoundaryTailAllocatesOnlyItsOutput) {
         const uint64_t a1 = g_allocs.load();
         MK_ASSERT_OK(mk_range_forward_boundary(s.tail.get(), s.tail_seq.get(), nullptr, 0, s.in.get(), nullptr, nullptr, &t));
         EXPECT_EQ(g_allocs.load() - a1, 3u) << "tail step " << i;
-        std::unique_ptr<mk_tail_output, TailFree> keep(t);
+        TailPtr keep(t);
         next = t->token_ids[0];
     }
 }
@@ -205,11 +178,11 @@ TEST(StepAllocs, ReceivedBoundaryIsTrustedOnlyForItsSequenceAndLength) {
     // another sequence of the tail range that already holds 2 positions
     mk_sequence *other_raw = nullptr;
     MK_ASSERT_OK(mk_sequence_open(s.tail.get(), &other_raw));
-    std::unique_ptr<mk_sequence, SeqClose> other(other_raw);
+    SequencePtr other(other_raw);
     {
         mk_sequence *hs = nullptr;
         MK_ASSERT_OK(mk_sequence_open(s.head.get(), &hs));
-        std::unique_ptr<mk_sequence, SeqClose> head2(hs);
+        SequencePtr head2(hs);
         mk_boundary *b = nullptr;
         MK_ASSERT_OK(mk_boundary_create(s.head.get(), &b));
         std::unique_ptr<mk_boundary, BoundaryFree> out2(b);
@@ -256,20 +229,14 @@ TEST(StepAllocs, FailedReceiveLeavesNoStamp) {
 TEST(StepAllocs, PipelineStepAllocatesOnlyItsTailOutput) {
     for (const mk_seam_kind kind : {MK_SEAM_LOCAL, MK_SEAM_WIRE}) {
         SCOPED_TRACE(mk_seam_kind_name(kind));
-        mk_hparams hp = small_hp();
-        mk_model *m = nullptr;
-        MK_ASSERT_OK(mk_model_create_random(&hp, 31, "llama", &m));
-        std::unique_ptr<mk_model, ModelFree> model(m);
+        ModelPtr model = make_random_model(gqa_tied_hparams(), 31);
+        mk_model *m = model.get();
         mk_range_options ro = mk_range_options_default();
         ro.max_context = 64;
         ro.max_batch_tokens = 16;
         const mk_seam_options so = mk_seam_options_default(kind);
         const int64_t cuts[2] = {0, 2};
-        mk_pipeline_options po = mk_pipeline_options_default();
-        po.range = &ro;
-        po.cuts = cuts;
-        po.n_cuts = 2;
-        po.seam = &so;
+        const mk_pipeline_options po = pipeline_options(cuts, 2, &ro, &so);
         mk_pipeline *p = nullptr;
         MK_ASSERT_OK(mk_pipeline_create(m, &po, &p));
         std::unique_ptr<mk_pipeline, void (*)(mk_pipeline *)> owner(p, mk_pipeline_free);
