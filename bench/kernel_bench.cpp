@@ -1,6 +1,8 @@
 // kernel_bench: bandwidth of the meshkern CUDA kernels on a real GPU.
 //
-// For each kernel and shape: inputs are random and non-zero; the kernel is run once and
+// The cases are the op grid's (tests/ops/op_cases.cpp, the table tests/ops/test_ops.cpp checks
+// case by case): kernel_bench times those marked for perf, as llama.cpp's test-backend-ops
+// runs its case list in perf mode. For each case: inputs are random and non-zero; the kernel is run once and
 // validated against the CPU backend's op (host/backend/cpu/cpu_ops.h) before anything is timed; then
 // it is timed with CUDA events (warm-up, median of N), rotating among several input sets
 // when one set would fit in L2. Bytes are the fewest a kernel must move (each input read
@@ -14,6 +16,8 @@
 //                             prefill, prefill_tc, gemm)
 //   MK_KBENCH_GEMV_SCALE=n    divide the GEMV shapes by n (the cudasim smoke test)
 //   MK_KBENCH_PREFILL=r:p:h:kv:d[,...]  prefill shapes (rows, past, heads, kv heads, head_dim)
+//                             instead of the table's perf cases (prefill; prefill_tc with F32
+//                             and BF16 caches)
 //   MK_KBENCH_GEMM_N=n        the square cuBLAS BF16 GEMM the tensor-core prefill is compared with
 //   MK_KBENCH_ITERS=n         timed runs per case (median; default 50)
 #include <algorithm>
@@ -28,11 +32,14 @@
 
 #include "backend/cpu/cpu_ops.h"
 #include "kernels.h"
+#include "ops/op_cases.h"
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 namespace {
+
+using namespace mk_ops;
 
 #define CK(expr)                                                                                    \
     do {                                                                                            \
@@ -161,11 +168,33 @@ void bench_copy(Bench &b) {
     CK(cudaFree(c));
 }
 
-void bench_rmsnorm(Bench &b, size_t rows, size_t cols, bool add) {
-    const size_t n = rows * cols;
+// A dtype's element from a float and back (F16 or BF16).
+uint16_t to_half(float f, mk_dtype d) { return d == MK_DTYPE_F16 ? mk_f32_to_f16(f) : mk_f32_to_bf16(f); }
+float from_half(uint16_t h, mk_dtype d) { return d == MK_DTYPE_F16 ? mk_f16_to_f32(h) : mk_bf16_to_f32(h); }
+
+// v stored in dtype d (F32, F16 or BF16): the bytes a kernel gets; v becomes the values they
+// hold (the rounded ones), which the reference reads.
+std::vector<uint8_t> as_dtype(std::vector<float> &v, mk_dtype d) {
+    std::vector<uint8_t> out(v.size() * (d == MK_DTYPE_F32 ? 4 : 2));
+    if (d == MK_DTYPE_F32) {
+        std::memcpy(out.data(), v.data(), out.size());
+        return out;
+    }
+    for (size_t i = 0; i < v.size(); i++) {
+        const uint16_t h = to_half(v[i], d);
+        std::memcpy(&out[i * 2], &h, 2);
+        v[i] = from_half(h, d);
+    }
+    return out;
+}
+
+void bench_rmsnorm(Bench &b, const NormCase &c) {
+    const size_t rows = c.rows, cols = c.cols, n = rows * cols;
+    const bool add = c.add;
+    const float scale = c.tiny ? 1e-3f : 1.0f; // tiny: the mean square below eps
     const double bytes = (add ? 4.0 : 2.0) * n * 4 + cols * 4;
     const int sets = b.sets_for(bytes);
-    std::vector<float> x = rnd(n, 1), w = rnd(cols, 2), d = rnd(n, 3);
+    std::vector<float> x = rnd(n, 1, scale), w = rnd(cols, 2), d = rnd(n, 3, scale);
     std::vector<void *> dx, dd;
     for (int s = 0; s < sets; s++) {
         dx.push_back(dev_upload(b.stream, x.data(), n * 4));
@@ -183,7 +212,8 @@ void bench_rmsnorm(Bench &b, size_t rows, size_t cols, bool add) {
     else mk_cpu_rmsnorm(ref.data(), x.data(), w.data(), rows, cols, 1e-5f);
     const bool ok = close(add ? "add_rmsnorm" : "rmsnorm", dev_download<float>(b.stream, dout, n), ref, 1e-6 * maxabs(ref), 1e-5);
     const double us = b.time_us(sets, run);
-    b.add(add ? "add_rmsnorm" : "rmsnorm", std::to_string(rows) + "x" + std::to_string(cols), us, bytes, 0, ok);
+    b.add(add ? "add_rmsnorm" : "rmsnorm", std::to_string(rows) + "x" + std::to_string(cols) + (c.tiny ? " tiny" : ""),
+          us, bytes, 0, ok);
     for (int s = 0; s < sets; s++) {
         CK(cudaFree(dx[s]));
         CK(cudaFree(dd[s]));
@@ -192,88 +222,73 @@ void bench_rmsnorm(Bench &b, size_t rows, size_t cols, bool add) {
     CK(cudaFree(dout));
 }
 
-void bench_embed(Bench &b, size_t vocab, size_t hidden, size_t n) {
+void bench_embed(Bench &b, const EmbedCase &c) {
+    const size_t vocab = c.vocab, hidden = c.hidden, n = c.n, es = mk_dtype_size(c.dtype);
     std::vector<float> t = rnd(vocab * hidden, 4);
-    std::vector<uint16_t> th(t.size());
-    for (size_t i = 0; i < t.size(); i++) {
-        th[i] = mk_f32_to_bf16(t[i]);
-        t[i] = mk_bf16_to_f32(th[i]);
-    }
+    const std::vector<uint8_t> th = as_dtype(t, c.dtype);
     std::vector<int32_t> ids(n);
     std::mt19937 g(5);
     for (auto &id : ids) id = (int32_t)(g() % vocab);
-    void *dt = dev_upload(b.stream, th.data(), th.size() * 2), *di = dev_upload(b.stream, ids.data(), n * 4);
+    void *dt = dev_upload(b.stream, th.data(), th.size()), *di = dev_upload(b.stream, ids.data(), n * 4);
     float *dout = (float *)dev_alloc(b.stream, n * hidden * 4);
-    auto run = [&](int) { MK(mk_kernel_embed(dout, dt, MK_DTYPE_BF16, (int32_t *)di, n, hidden, vocab, b.stream)); };
+    auto run = [&](int) { MK(mk_kernel_embed(dout, dt, c.dtype, (int32_t *)di, n, hidden, vocab, b.stream)); };
     run(0);
     CK(cudaStreamSynchronize(b.stream));
     std::vector<float> ref(n * hidden);
     mk_cpu_embed(ref.data(), t.data(), ids.data(), n, hidden);
     const bool ok = close("embed", dev_download<float>(b.stream, dout, n * hidden), ref, 0, 0);
     const double us = b.time_us(1, run); // the gather itself is random: no rotation needed
-    b.add("embed_bf16", std::to_string(n) + "x" + std::to_string(hidden), us, n * hidden * 6.0 + n * 4, 0, ok);
+    b.add(std::string("embed_") + dtype_tag(c.dtype), std::to_string(n) + "x" + std::to_string(hidden), us,
+          n * hidden * (es + 4.0) + n * 4, 0, ok);
     CK(cudaFree(dt));
     CK(cudaFree(di));
     CK(cudaFree(dout));
 }
 
-void bench_rope(Bench &b, size_t rows, size_t heads, size_t hd) {
-    const size_t n = rows * heads * hd;
+void bench_rope(Bench &b, const RopeCase &c) {
+    const size_t rows = c.rows, heads = c.heads, hd = c.head_dim, n = rows * heads * hd;
     std::vector<float> x = rnd(n, 6);
     std::vector<int32_t> pos(rows);
-    for (size_t r = 0; r < rows; r++) pos[r] = (int32_t)(1000 + r);
+    for (size_t r = 0; r < rows; r++) pos[r] = c.pos0 + (int32_t)r;
     const int sets = b.sets_for(2.0 * n * 4);
     std::vector<void *> dx;
     for (int s = 0; s < sets; s++) dx.push_back(dev_upload(b.stream, x.data(), n * 4));
     void *dp = dev_upload(b.stream, pos.data(), rows * 4);
     auto run = [&](int s) {
-        MK(mk_kernel_rope((float *)dx[s], (int32_t *)dp, rows, heads, hd, 500000.0f, MK_ROPE_ROTATE_HALF, b.stream));
+        MK(mk_kernel_rope((float *)dx[s], (int32_t *)dp, rows, heads, hd, c.theta, c.layout, b.stream));
     };
     run(0);
     CK(cudaStreamSynchronize(b.stream));
     std::vector<float> ref = x;
-    mk_cpu_rope(ref.data(), pos.data(), rows, heads, hd, 500000.0f, MK_ROPE_ROTATE_HALF);
+    mk_cpu_rope(ref.data(), pos.data(), rows, heads, hd, c.theta, c.layout);
     const bool ok = close("rope", dev_download<float>(b.stream, dx[0], n), ref, 1e-6 * maxabs(ref), 1e-5);
     const double us = b.time_us(sets, run); // in place: later runs rotate further, same traffic
-    b.add("rope", std::to_string(rows) + "x" + std::to_string(heads) + "x" + std::to_string(hd), us, 2.0 * n * 4, 0,
-          ok);
+    b.add(c.layout == MK_ROPE_ROTATE_HALF ? "rope" : "rope_adjacent",
+          std::to_string(rows) + "x" + std::to_string(heads) + "x" + std::to_string(hd), us, 2.0 * n * 4, 0, ok);
     for (void *p : dx) CK(cudaFree(p));
     CK(cudaFree(dp));
 }
 
-void bench_swiglu(Bench &b, size_t n, mk_dtype dt) {
+void bench_swiglu(Bench &b, const SwigluCase &c) {
+    const size_t n = c.n, es = mk_dtype_size(c.dtype);
     std::vector<float> g = rnd(n, 7, 6.0f), u = rnd(n, 8);
-    const size_t es = dt == MK_DTYPE_F32 ? 4 : 2;
-    std::vector<uint16_t> gh, uh;
-    const void *hg = g.data(), *hu = u.data();
-    if (dt != MK_DTYPE_F32) {
-        gh.resize(n);
-        uh.resize(n);
-        for (size_t i = 0; i < n; i++) {
-            gh[i] = mk_f32_to_bf16(g[i]);
-            uh[i] = mk_f32_to_bf16(u[i]);
-            g[i] = mk_bf16_to_f32(gh[i]);
-            u[i] = mk_bf16_to_f32(uh[i]);
-        }
-        hg = gh.data();
-        hu = uh.data();
-    }
+    const std::vector<uint8_t> gh = as_dtype(g, c.dtype), uh = as_dtype(u, c.dtype);
     const double bytes = n * (2.0 * es + 4);
     const int sets = b.sets_for(bytes);
     std::vector<void *> dg, du;
     for (int s = 0; s < sets; s++) {
-        dg.push_back(dev_upload(b.stream, hg, n * es));
-        du.push_back(dev_upload(b.stream, hu, n * es));
+        dg.push_back(dev_upload(b.stream, gh.data(), n * es));
+        du.push_back(dev_upload(b.stream, uh.data(), n * es));
     }
     float *dout = (float *)dev_alloc(b.stream, n * 4);
-    auto run = [&](int s) { MK(mk_kernel_swiglu(dout, dg[s], du[s], dt, n, b.stream)); };
+    auto run = [&](int s) { MK(mk_kernel_swiglu(dout, dg[s], du[s], c.dtype, n, b.stream)); };
     run(0);
     CK(cudaStreamSynchronize(b.stream));
     std::vector<float> ref(n);
     mk_cpu_swiglu(ref.data(), g.data(), u.data(), n);
     const bool ok = close("swiglu", dev_download<float>(b.stream, dout, n), ref, 1e-7 * maxabs(ref), 1e-5);
     const double us = b.time_us(sets, run);
-    b.add(dt == MK_DTYPE_F32 ? "swiglu_f32" : "swiglu_bf16", std::to_string(n), us, bytes, 0, ok);
+    b.add(std::string("swiglu_") + dtype_tag(c.dtype), std::to_string(n), us, bytes, 0, ok);
     for (int s = 0; s < sets; s++) {
         CK(cudaFree(dg[s]));
         CK(cudaFree(du[s]));
@@ -281,7 +296,8 @@ void bench_swiglu(Bench &b, size_t n, mk_dtype dt) {
     CK(cudaFree(dout));
 }
 
-void bench_argmax(Bench &b, size_t rows, size_t n) {
+void bench_argmax(Bench &b, const ArgmaxCase &c) {
+    const size_t rows = c.rows, n = c.n;
     std::vector<float> x = rnd(rows * n, 9, 10.0f);
     for (size_t r = 0; r < rows; r++) x[r * n + (r * 7919) % n] = 99.0f;
     const double bytes = rows * n * 4.0;
@@ -302,37 +318,42 @@ void bench_argmax(Bench &b, size_t rows, size_t n) {
     CK(cudaFree(dout));
 }
 
-void bench_convert(Bench &b, size_t n) {
+void bench_convert(Bench &b, const ConvertCase &c) {
+    const size_t n = c.n, ss = mk_dtype_size(c.src), ds = mk_dtype_size(c.dst);
     std::vector<float> x = rnd(n, 10, 100.0f);
-    const double bytes = n * 6.0;
+    const std::vector<uint8_t> src = as_dtype(x, c.src); // x: the source values, widened
+    std::vector<float> want_f = x;
+    const std::vector<uint8_t> want = c.dst == c.src ? src : as_dtype(want_f, c.dst);
+    const double bytes = n * (double)(ss + ds);
     const int sets = b.sets_for(bytes);
     std::vector<void *> dx;
-    for (int s = 0; s < sets; s++) dx.push_back(dev_upload(b.stream, x.data(), n * 4));
-    void *dout = dev_alloc(b.stream, n * 2);
-    auto run = [&](int s) { MK(mk_kernel_convert(dout, MK_DTYPE_BF16, dx[s], MK_DTYPE_F32, n, b.stream)); };
+    for (int s = 0; s < sets; s++) dx.push_back(dev_upload(b.stream, src.data(), src.size()));
+    void *dout = dev_alloc(b.stream, n * ds);
+    auto run = [&](int s) { MK(mk_kernel_convert(dout, c.dst, dx[s], c.src, n, b.stream)); };
     run(0);
     CK(cudaStreamSynchronize(b.stream));
-    std::vector<uint16_t> got = dev_download<uint16_t>(b.stream, dout, n);
-    bool ok = true;
-    for (size_t i = 0; i < n && ok; i++) ok = got[i] == mk_f32_to_bf16(x[i]);
+    const bool ok = dev_download<uint8_t>(b.stream, dout, n * ds) == want;
     if (!ok) fprintf(stderr, "kernel_bench: convert mismatch\n");
     const double us = b.time_us(sets, run);
-    b.add("convert_f32_bf16", std::to_string(n), us, bytes, 0, ok);
+    b.add(std::string("convert_") + dtype_tag(c.src) + "_" + dtype_tag(c.dst), std::to_string(n), us, bytes, 0, ok);
     for (void *p : dx) CK(cudaFree(p));
     CK(cudaFree(dout));
 }
 
-void bench_kv_append(Bench &b, size_t rows, size_t kv_dim) {
-    const size_t n = rows * kv_dim, ctx = 2 * rows;
+// Rows appended alternately at past and at 0 (the same traffic, not the same lines).
+void bench_kv_append(Bench &b, const KvAppendCase &c) {
+    const size_t rows = c.rows, kv_dim = c.kv_dim, n = rows * kv_dim, ctx = c.ctx;
     std::vector<float> k = rnd(n, 11), v = rnd(n, 12);
     void *dk = dev_upload(b.stream, k.data(), n * 4), *dv = dev_upload(b.stream, v.data(), n * 4);
     float *kc = (float *)dev_alloc(b.stream, ctx * kv_dim * 4), *vc = (float *)dev_alloc(b.stream, ctx * kv_dim * 4);
     auto run = [&](int s) {
-        MK(mk_kernel_kv_append(kc, vc, (float *)dk, (float *)dv, (size_t)s % 2 * rows, rows, kv_dim, b.stream));
+        MK(mk_kernel_kv_append(kc, vc, (float *)dk, (float *)dv, s % 2 ? c.past : 0, rows, kv_dim, b.stream));
     };
     run(1);
     CK(cudaStreamSynchronize(b.stream));
-    const bool ok = dev_download<float>(b.stream, kc + rows * kv_dim, n) == k && dev_download<float>(b.stream, vc + rows * kv_dim, n) == v;
+    const bool ok = dev_download<float>(b.stream, kc + c.past * kv_dim, n) == k &&
+                    dev_download<float>(b.stream, vc + c.past * kv_dim, n) == v;
+    if (!ok) fprintf(stderr, "kernel_bench: kv_append mismatch\n");
     const double us = b.time_us(2, run);
     b.add("kv_append", std::to_string(rows) + "x" + std::to_string(kv_dim), us, 4.0 * n * 4, 0, ok);
     CK(cudaFree(dk));
@@ -364,7 +385,8 @@ double prefill_flops(size_t rows, size_t past, size_t nh, size_t hd) {
 }
 
 // Prefill: validated on sampled rows (a full CPU reference would take minutes).
-void bench_prefill(Bench &b, size_t rows, size_t past, size_t nh, size_t nkv, size_t hd) {
+void bench_prefill(Bench &b, const AttnCase &c) {
+    const size_t rows = c.rows, past = c.past, nh = c.n_heads, nkv = c.n_kv_heads, hd = c.head_dim;
     const size_t keys = past + rows, qn = rows * nh * hd, kvn = keys * nkv * hd;
     std::vector<float> q = rnd(qn, 13), k = rnd(kvn, 14), v = rnd(kvn, 15);
     void *dq = dev_upload(b.stream, q.data(), qn * 4), *dk = dev_upload(b.stream, k.data(), kvn * 4), *dv = dev_upload(b.stream, v.data(), kvn * 4);
@@ -391,7 +413,9 @@ void bench_prefill(Bench &b, size_t rows, size_t past, size_t nh, size_t nkv, si
 // come from it) holding past + 1 keys, in the KV dtype kv. The figure is the KV bytes read per
 // second (K and V of the keys once, plus q and out): the kernel is memory-bound, so this is
 // the number to hold against the copy ceiling.
-void bench_decode(Bench &b, size_t past, size_t max_keys, size_t nh, size_t nkv, size_t hd, mk_dtype kv) {
+void bench_decode(Bench &b, const DecodeCase &c) {
+    const size_t past = c.past, max_keys = c.max_keys, nh = c.n_heads, nkv = c.n_kv_heads, hd = c.head_dim;
+    const mk_dtype kv = c.kv;
     const size_t keys = past + 1, qn = nh * hd, kvn = keys * nkv * hd, capn = max_keys * nkv * hd;
     const size_t esz = mk_dtype_size(kv);
     std::vector<float> q = rnd(qn, 16), k = rnd(kvn, 17), v = rnd(kvn, 18);
@@ -451,7 +475,9 @@ void bench_decode(Bench &b, size_t past, size_t max_keys, size_t nh, size_t nkv,
 // The tensor-core prefill (BF16 mma, F32 accumulation) on the same shapes, with the caches in
 // kv (F32 today; F16/BF16 when the backend stores them so). Validated on sampled rows with
 // the BF16 tolerance of the op grid.
-void bench_prefill_tc(Bench &b, size_t rows, size_t past, size_t nh, size_t nkv, size_t hd, mk_dtype kv) {
+void bench_prefill_tc(Bench &b, const AttnTcCase &c) {
+    const size_t rows = c.rows, past = c.past, nh = c.n_heads, nkv = c.n_kv_heads, hd = c.head_dim;
+    const mk_dtype kv = c.kv;
     const size_t keys = past + rows, qn = rows * nh * hd, kvn = keys * nkv * hd;
     std::vector<float> q = rnd(qn, 13), k = rnd(kvn, 14), v = rnd(kvn, 15);
     void *dq = dev_upload(b.stream, q.data(), qn * 4), *dk = nullptr, *dv = nullptr;
@@ -589,7 +615,7 @@ std::vector<uint8_t> gemv_weight(uint32_t type, size_t out, size_t in, std::vect
     return w;
 }
 
-void bench_gemv(Bench &b, const char *model, uint32_t type, size_t rows, size_t in, size_t out) {
+void bench_gemv_shape(Bench &b, const char *model, uint32_t type, size_t rows, size_t in, size_t out) {
     std::vector<float> wide;
     const std::vector<uint8_t> w = gemv_weight(type, out, in, &wide);
     const std::vector<float> x = rnd(rows * in, 79);
@@ -629,6 +655,15 @@ void bench_gemv(Bench &b, const char *model, uint32_t type, size_t rows, size_t 
     CK(cudaFree(dy));
 }
 
+uint32_t gemv_type(GemvFormat f) { return f == GemvFormat::BF16 ? kGgmlBf16 : f == GemvFormat::Q8_0 ? kGgmlQ8_0 : kGgmlQ4_1; }
+
+// A GEMV case, its shape divided by `scale` (> 1: the cudasim smoke test), the input width kept
+// a multiple of the 32-element blocks.
+void bench_gemv(Bench &b, const GemvCase &c, size_t scale) {
+    bench_gemv_shape(b, c.model ? c.model : "-", gemv_type(c.fmt), c.rows,
+                     std::max<size_t>(32, c.in_dim / scale / 32 * 32), std::max<size_t>(1, c.out_dim / scale));
+}
+
 // ------------------------------------------------------------------ case selection --
 bool want(const char *group) {
     const char *only = getenv("MK_KBENCH_ONLY");
@@ -637,22 +672,62 @@ bool want(const char *group) {
     return list.find(std::string(",") + group + ",") != std::string::npos;
 }
 
-struct PrefillShape {
-    size_t rows, past, nh, nkv, hd;
-};
+// Why kernel_bench cannot time a case the table marks for perf (nullptr: it can). Checked for
+// every perf case before anything runs, so a mark the benchmark cannot honour fails at once
+// (also on a machine without a GPU, where the CI runs it), instead of timing something else.
+template <class C>
+const char *refuses(const C &) { return nullptr; }
+const char *refuses(const ArgmaxCase &c) {
+    return c.pattern == ArgPattern::Random ? nullptr : "kernel_bench times random rows only";
+}
+const char *refuses(const GemvCase &c) {
+    if (c.fmt != GemvFormat::BF16 && c.fmt != GemvFormat::Q4_1 && c.fmt != GemvFormat::Q8_0)
+        return "kernel_bench writes BF16, Q4_1 and Q8_0 weights only";
+    if (c.misaligned) return "kernel_bench times aligned operands only";
+    return c.model ? nullptr : "a perf GEMV names its model";
+}
+const char *refuses(const KvAppendCase &c) {
+    return c.past + c.rows <= c.ctx && c.rows <= c.past ? nullptr : "kernel_bench alternates rows at 0 and past";
+}
+const char *refuses(const ConvertCase &c) {
+    const auto ok = [](mk_dtype d) { return d == MK_DTYPE_F32 || d == MK_DTYPE_F16 || d == MK_DTYPE_BF16; };
+    return ok(c.src) && ok(c.dst) ? nullptr : "kernel_bench converts between F32, F16 and BF16";
+}
 
-std::vector<PrefillShape> prefill_shapes() {
+template <class C>
+size_t count_refused(const char *group, const std::vector<C> &cases) {
+    size_t n = 0;
+    for (const C &c : cases)
+        if (is_perf(c.use))
+            if (const char *why = refuses(c)) {
+                fprintf(stderr, "kernel_bench: %s case %s is marked perf: %s\n", group, c.name().c_str(), why);
+                n++;
+            }
+    return n;
+}
+
+// The perf cases of one group of the table, each timed by `one`.
+template <class C, class F>
+void run_group(Bench &b, const char *group, const std::vector<C> &cases, F one) {
+    if (!want(group)) return;
+    for (const C &c : cases)
+        if (is_perf(c.use)) one(b, c);
+}
+
+// MK_KBENCH_PREFILL: prefill shapes in place of the table's (empty when unset).
+std::vector<AttnCase> prefill_override() {
     const char *env = getenv("MK_KBENCH_PREFILL");
-    if (!env || !*env) return {{2048, 0, 32, 8, 128}, {512, 4096, 32, 8, 128}, {2048, 0, 32, 8, 64}};
-    std::vector<PrefillShape> v;
+    if (!env || !*env) return {};
+    std::vector<AttnCase> v;
     const char *p = env;
     while (*p) {
-        PrefillShape s{};
+        AttnCase s{};
         int used = 0;
-        if (sscanf(p, "%zu:%zu:%zu:%zu:%zu%n", &s.rows, &s.past, &s.nh, &s.nkv, &s.hd, &used) != 5) {
+        if (sscanf(p, "%zu:%zu:%zu:%zu:%zu%n", &s.rows, &s.past, &s.n_heads, &s.n_kv_heads, &s.head_dim, &used) != 5) {
             fprintf(stderr, "kernel_bench: MK_KBENCH_PREFILL: want rows:past:heads:kv_heads:head_dim[,...] at '%s'\n", p);
             exit(1);
         }
+        s.use = CaseUse::Perf;
         v.push_back(s);
         p += used;
         if (*p == ',') p++;
@@ -669,6 +744,33 @@ size_t env_size(const char *name, size_t dflt) {
 
 int main(int argc, char **argv) {
     const std::string outdir = argc > 1 ? argv[1] : ".";
+    // the table, and the prefill shapes MK_KBENCH_PREFILL puts in place of its perf prefills
+    std::vector<AttnCase> prefill = prefill_override();
+    std::vector<AttnTcCase> prefill_tc;
+    if (prefill.empty()) {
+        prefill = prefill_cases();
+        prefill_tc = prefill_tc_cases();
+    } else {
+        for (const AttnCase &p : prefill)
+            for (const mk_dtype kv : {MK_DTYPE_F32, MK_DTYPE_BF16})
+                prefill_tc.push_back({p.rows, p.past, p.n_heads, p.n_kv_heads, p.head_dim, kv, p.use});
+    }
+    const std::vector<NormCase> norm = norm_cases();
+    const std::vector<EmbedCase> embed = embed_cases();
+    const std::vector<RopeCase> rope = rope_cases();
+    const std::vector<SwigluCase> swiglu = swiglu_cases();
+    const std::vector<ArgmaxCase> argmax = argmax_cases();
+    const std::vector<ConvertCase> convert = convert_cases();
+    const std::vector<KvAppendCase> kv_append = kv_append_cases();
+    const std::vector<GemvCase> gemv = gemv_cases();
+    const std::vector<DecodeCase> decode = decode_cases();
+    const size_t refused = count_refused("rmsnorm", norm) + count_refused("embed", embed) + count_refused("rope", rope) +
+                           count_refused("swiglu", swiglu) + count_refused("argmax", argmax) +
+                           count_refused("convert", convert) + count_refused("kv_append", kv_append) +
+                           count_refused("gemv", gemv) + count_refused("decode", decode) +
+                           count_refused("prefill", prefill) + count_refused("prefill_tc", prefill_tc);
+    if (refused) return 1;
+
     int count = 0;
     if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
         fprintf(stderr, "kernel_bench: no CUDA device\n");
@@ -685,54 +787,18 @@ int main(int argc, char **argv) {
 
     b.iters = (int)std::max<size_t>(1, env_size("MK_KBENCH_ITERS", 50));
     if (want("copy")) bench_copy(b);
-    if (want("rmsnorm")) {
-        bench_rmsnorm(b, 4096, 4096, false);
-        bench_rmsnorm(b, 4096, 4096, true);
-        bench_rmsnorm(b, 1, 8192, false);
-    }
-    if (want("embed")) bench_embed(b, 128256, 4096, 4096);
-    if (want("rope")) bench_rope(b, 4096, 32, 128);
-    if (want("swiglu")) {
-        bench_swiglu(b, (size_t)4096 * 14336, MK_DTYPE_F32);
-        bench_swiglu(b, (size_t)4096 * 14336, MK_DTYPE_BF16);
-    }
-    if (want("argmax")) {
-        bench_argmax(b, 1, 256000);
-        bench_argmax(b, 1, 262144);
-        bench_argmax(b, 32, 128256);
-    }
-    if (want("convert")) bench_convert(b, (size_t)1 << 26);
-    if (want("kv_append")) bench_kv_append(b, 4096, 1024);
-    if (want("gemv")) {
-        // SmolLM2-135M's products (hidden 576, ffn 1536, vocab 49152) and Llama 3 8B's (4096,
-        // 14336, 128256), one decode row, in BF16, Q4_1 and Q8_0; and 8 rows of the 8B FFN
-        struct GemvShape { const char *model; size_t in, out; };
-        const size_t n = env_size("MK_KBENCH_GEMV_SCALE", 1); /* > 1: shapes divided by it (cudasim) */
-        const GemvShape shapes[] = {{"smollm2", 576, 1536}, {"smollm2", 1536, 576}, {"smollm2", 576, 49152},
-                                    {"8b", 4096, 4096},     {"8b", 4096, 14336},    {"8b", 14336, 4096},
-                                    {"8b", 4096, 128256}};
-        for (const GemvShape &g : shapes)
-            for (const uint32_t t : {kGgmlBf16, kGgmlQ4_1, kGgmlQ8_0})
-                bench_gemv(b, g.model, t, 1, std::max<size_t>(32, g.in / n / 32 * 32), std::max<size_t>(1, g.out / n));
-        bench_gemv(b, "8b", kGgmlQ4_1, 8, std::max<size_t>(32, 4096 / n / 32 * 32), std::max<size_t>(1, 14336 / n));
-    }
-    if (want("decode")) {
-        // decode attention KV bandwidth: 8B-shaped (32/8 heads, d128) and SmolLM2-shaped (9/3, d64),
-        // F32 (parity) and F16 (speed) caches, a few context lengths in a 32K-row cache
-        for (const mk_dtype kv : {MK_DTYPE_F32, MK_DTYPE_F16}) {
-            for (const size_t past : {1023, 8191, 32767}) bench_decode(b, past, 32768, 32, 8, 128, kv);
-            bench_decode(b, 4095, 8192, 9, 3, 64, kv);
-        }
-        bench_decode(b, 8191, 32768, 32, 8, 128, MK_DTYPE_BF16);
-    }
-    const std::vector<PrefillShape> pshapes = prefill_shapes();
-    if (want("prefill"))
-        for (const PrefillShape &p : pshapes) bench_prefill(b, p.rows, p.past, p.nh, p.nkv, p.hd);
-    if (want("prefill_tc"))
-        for (const PrefillShape &p : pshapes) {
-            bench_prefill_tc(b, p.rows, p.past, p.nh, p.nkv, p.hd, MK_DTYPE_F32);
-            bench_prefill_tc(b, p.rows, p.past, p.nh, p.nkv, p.hd, MK_DTYPE_BF16);
-        }
+    run_group(b, "rmsnorm", norm, bench_rmsnorm);
+    run_group(b, "embed", embed, bench_embed);
+    run_group(b, "rope", rope, bench_rope);
+    run_group(b, "swiglu", swiglu, bench_swiglu);
+    run_group(b, "argmax", argmax, bench_argmax);
+    run_group(b, "convert", convert, bench_convert);
+    run_group(b, "kv_append", kv_append, bench_kv_append);
+    const size_t gemv_scale = std::max<size_t>(1, env_size("MK_KBENCH_GEMV_SCALE", 1)); /* > 1: shapes divided (cudasim) */
+    run_group(b, "gemv", gemv, [&](Bench &bb, const GemvCase &c) { bench_gemv(bb, c, gemv_scale); });
+    run_group(b, "decode", decode, bench_decode);
+    run_group(b, "prefill", prefill, bench_prefill);
+    run_group(b, "prefill_tc", prefill_tc, bench_prefill_tc);
     if (want("gemm")) bench_gemm_bf16(b, env_size("MK_KBENCH_GEMM_N", 8192));
 
     const std::string csv = outdir + "/kernel_bench.csv";

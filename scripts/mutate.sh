@@ -309,6 +309,8 @@ MUTATIONS=(
   "busy.own-requests-not-listed~host/stage/stage_runtime.c~s/if \(i != \(size_t\)-1 && n \+ 24 < sizeof requests\)/if (0)/~stage:Stage.Rank0Fault*"
   "gguf.overlap-unchecked~host/model/gguf.c~s/if \(a->offset \+ a->n_bytes > b->offset\)/if (0)/~gtest:test_gguf_malformed:*"
   "gguf.adjacent-is-overlap~host/model/gguf.c~s/if \(a->offset \+ a->n_bytes > b->offset\)/if (a->offset + a->n_bytes >= b->offset)/~gtest:test_gguf_malformed:*"
+  "model_gguf.kv-heads-undivided~host/model/model_gguf.c~s/if \(heads % kv_heads != 0\)/if (0)/~gtest:test_gguf_malformed:*"
+  "model_gguf.partial-rope-accepted~host/model/model_gguf.c~s/if \(rope_dims != head_dim\)/if (0)/~gtest:test_gguf_malformed:*"
   "tls.short-psk-accepted~host/net/tls.c~s/n \/ 2 < MK_PSK_MIN/n < 32/~stage:SeamOptions.*"
   "rdv.tls-handshake-skipped~host/stage/rendezvous.c~s/            p->handshaking = true;\n/            p->handshaking = false;\n/~stage:StageTls.*"
   "rdv.tls-failure-kept~host/stage/rendezvous.c~s/if \(mk_tls_handshake_step\(&p->io, &done, &p->events\) != MK_OK\) \{/if (mk_tls_handshake_step(\&p->io, \&done, \&p->events) != MK_OK \&\& 0) {/~stage:StageTls.*"

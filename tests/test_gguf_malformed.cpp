@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "model/gguf.h"
+#include "model/model.h" /* mk_gguf_read_hparams */
 #include "meshkern.h"
 
 #include <cstring>

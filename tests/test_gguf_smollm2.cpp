@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "model/gguf.h"
+#include "model/model.h" /* mk_gguf_read_hparams */
 #include "meshkern.h"
 #include "mk_test_util.h"
 

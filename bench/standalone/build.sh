@@ -20,7 +20,7 @@ LOG="$OUT/build.log"
 : >"$LOG"
 INC=(-I"$ROOT/include" -I"$ROOT/common" -I"$ROOT/host" -I"$ROOT/kernels" -I"$ROOT/kernels/nvcc" -I"$ROOT/tests")
 # host objects kernel_bench and the op grid need: errors, half conversions, the contract's dtype
-# table, the CPU reference ops, GGUF block dequantization
+# table, the CPU reference ops, GGUF block dequantization; then their case table
 # (against a stand-in cblas.h: no OpenBLAS here)
 objs=()
 for src in core/error.c core/half.c protocol/contract.c backend/cpu/cpu_ops.c model/gguf_dequant.c; do
@@ -29,6 +29,10 @@ for src in core/error.c core/half.c protocol/contract.c backend/cpu/cpu_ops.c mo
     { echo "standalone: $src failed (see $LOG)" >&2; exit 1; }
   objs+=("$o")
 done
+# the op case table both kernel_bench and the op grid iterate (tests/ops/op_cases.cpp)
+nvcc -O2 -std=c++17 "${INC[@]}" -c "$ROOT/tests/ops/op_cases.cpp" -o "$OUT/op_cases.o" >>"$LOG" 2>&1 ||
+  { echo "standalone: tests/ops/op_cases.cpp failed (see $LOG)" >&2; exit 1; }
+objs+=("$OUT/op_cases.o")
 # at most JOBS nvcc processes at once (the CI test runs one: other tests share the cores)
 JOBS=${JOBS:-$(nproc 2>/dev/null || echo 4)}
 fail=0

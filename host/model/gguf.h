@@ -25,7 +25,8 @@
  *                            or a tensor offset that is not a multiple of it
  *   MK_ERR_GGUF_DATA_BOUNDS  tensor data past the end of the file
  *   MK_ERR_GGUF_MISSING      a key or tensor looked up does not exist
- *   MK_ERR_GGUF_HPARAMS      inconsistent hyper-parameters or tensor shapes
+ *   MK_ERR_GGUF_HPARAMS      inconsistent hyper-parameters or tensor shapes (reported by
+ *                            the dense-llama reader, mk_gguf_read_hparams in model/model.h)
  *
  * Byte order: GGUF is little-endian; this reader assumes a little-endian host.
  *
@@ -201,24 +202,12 @@ mk_status mk_gguf_tensor_rows_to_f32(const mk_gguf *g, const char *name, size_t 
 mk_status mk_gguf_dequantize(uint32_t type, const void *src, size_t src_bytes, float *out,
                              size_t n);
 
-/* ------------------------------------------------------------ hyper-parameters -- */
+/* ------------------------------------------------------------------ architecture -- */
 
 /* Copy general.architecture NUL-terminated into arch[arch_cap]. Call this and check the
- * certified-architecture registry BEFORE mk_gguf_read_hparams / reading weights. */
+ * certified-architecture registry BEFORE reading hyper-parameters (mk_gguf_read_hparams,
+ * model/model.h: the dense-llama keys live there, not in this generic reader) or weights. */
 mk_status mk_gguf_architecture(const mk_gguf *g, char *arch, size_t arch_cap);
-
-/* Read the `<arch>.*` hyper-parameters (arch = general.architecture, copied to arch):
- * context_length, embedding_length, block_count, feed_forward_length,
- * attention.head_count, attention.head_count_kv (default head_count), rope.freq_base
- * (default 10000), attention.layer_norm_rms_epsilon, rope.dimension_count (default and
- * required value head_dim = embedding_length / head_count), vocab size (`<arch>.vocab_size`,
- * else the length of tokenizer.ggml.tokens, else token_embd.weight dims[1]).
- * rope_layout = MK_ROPE_ADJACENT_PAIRS; tied_embeddings = no output.weight.
- * Then checks consistency: head counts divide, and the shapes of token_embd.weight,
- * output_norm.weight, output.weight (if present) and every blk.N.* tensor of every layer
- * match. Missing keys/tensors: MK_ERR_GGUF_MISSING; inconsistency: MK_ERR_GGUF_HPARAMS.
- * Architecture certification is the caller's job. */
-mk_status mk_gguf_read_hparams(const mk_gguf *g, mk_hparams *hp, char *arch, size_t arch_cap);
 
 #ifdef __cplusplus
 }

@@ -43,6 +43,21 @@ size_t mk_model_stored_tensor_count(const mk_model *m);
 /* Tensor `index` (< the count): false past the end. */
 bool mk_model_stored_tensor_at(const mk_model *m, size_t index, mk_model_stored_info *out);
 
+/* ------------------------------------------------- a GGUF file's hyper-parameters -- */
+/* (model_gguf.c, the one reader of the dense-llama keys; model/gguf.h is the generic
+ * container reader.) Read the `<arch>.*` hyper-parameters (arch = general.architecture, copied to arch):
+ * context_length, embedding_length, block_count, feed_forward_length,
+ * attention.head_count, attention.head_count_kv (default head_count), rope.freq_base
+ * (default 10000), attention.layer_norm_rms_epsilon, rope.dimension_count (default and
+ * required value head_dim = embedding_length / head_count), vocab size (`<arch>.vocab_size`,
+ * else the length of tokenizer.ggml.tokens, else token_embd.weight dims[1]).
+ * rope_layout = MK_ROPE_ADJACENT_PAIRS; tied_embeddings = no output.weight.
+ * Then checks consistency: head counts divide, and the shapes of token_embd.weight,
+ * output_norm.weight, output.weight (if present) and every blk.N.* tensor of every layer
+ * match. Missing keys/tensors: MK_ERR_GGUF_MISSING; inconsistency: MK_ERR_GGUF_HPARAMS.
+ * Architecture certification is the caller's job. */
+mk_status mk_gguf_read_hparams(const mk_gguf *g, mk_hparams *hp, char *arch, size_t arch_cap);
+
 /* sha256 of `len` bytes as lowercase hex (65 bytes with the terminator). */
 typedef struct mk_sha256 mk_sha256;
 mk_status mk_sha256_begin(mk_sha256 **ctx);

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 
 #include "model/gguf.h"
+#include "model/model.h" /* mk_gguf_read_hparams */
 #include "text/tokenizer.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {

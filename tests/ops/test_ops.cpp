@@ -3,6 +3,9 @@
 // over odd and edge shapes. Outputs are poisoned (all bits set: NaN / -1) before the run and
 // guarded by sentinel regions before and after, checked afterwards.
 //
+// The cases are the table in op_cases.cpp, which kernel_bench reads too (it times the perf
+// cases); every case here is checked.
+//
 // The same source builds two binaries: test_ops_sim (kernels compiled by the host compiler,
 // run by tests/cudasim) and test_ops_device (nvcc kernels, real CUDA runtime), whose cases
 // skip with "no CUDA device" when there is none.
@@ -24,8 +27,29 @@
 #include "model/gguf.h"
 #include "kernels.h"
 #include "mk_test_util.h"
+#include "ops/op_cases.h"
+
+// gtest prints a case by its name (PrintTo is found by argument-dependent lookup, in the
+// namespace of the case types)
+namespace mk_ops {
+void PrintTo(const NormCase &c, std::ostream *os) { *os << c.name(); }
+void PrintTo(const EmbedCase &c, std::ostream *os) { *os << c.name(); }
+void PrintTo(const RopeCase &c, std::ostream *os) { *os << c.name(); }
+void PrintTo(const AttnCase &c, std::ostream *os) { *os << c.name(); }
+void PrintTo(const DecodeCase &c, std::ostream *os) { *os << c.name(); }
+void PrintTo(const SwigluCase &c, std::ostream *os) { *os << c.name(); }
+void PrintTo(const ArgmaxCase &c, std::ostream *os) { *os << c.name(); }
+void PrintTo(const ConvertCase &c, std::ostream *os) { *os << c.name(); }
+void PrintTo(const GemvCase &c, std::ostream *os) { *os << c.name(); }
+void PrintTo(const DequantCase &c, std::ostream *os) { *os << c.name(); }
+void PrintTo(const AttnTcCase &c, std::ostream *os) { *os << c.name(); }
+void PrintTo(const QSetCase &c, std::ostream *os) { *os << c.name(); }
+void PrintTo(const KvAppendCase &c, std::ostream *os) { *os << c.name(); }
+} // namespace mk_ops
 
 namespace {
+
+using namespace mk_ops; // the case table (tests/ops/op_cases.h), shared with bench/kernel_bench.cpp
 
 // ============================================================================ device ==
 
@@ -122,15 +146,6 @@ std::vector<float> from_half_bits(const std::vector<uint16_t> &h, mk_dtype d) {
     return v;
 }
 
-const char *dtype_tag(mk_dtype d) {
-    switch (d) {
-        case MK_DTYPE_F32: return "f32";
-        case MK_DTYPE_F16: return "f16";
-        case MK_DTYPE_BF16: return "bf16";
-        default: return "other";
-    }
-}
-
 // ============================================================================ checks ==
 
 float max_abs(const std::vector<float> &v) {
@@ -195,8 +210,19 @@ protected:
     cudaStream_t stream_ = nullptr;
 };
 
+// A parametrised op test: one case of the table. A PerfDevice case (model-sized) is checked
+// on a real device only: cudasim would take minutes and gigabytes per launch.
 template <class P>
-class OpTestP : public OpTest, public ::testing::WithParamInterface<P> {};
+class OpTestP : public OpTest, public ::testing::WithParamInterface<P> {
+protected:
+    void SetUp() override {
+#if defined(MK_OPS_SIMULATED)
+        if (this->GetParam().use == CaseUse::PerfDevice)
+            GTEST_SKIP() << "model-sized perf case: checked by test_ops_device on a GPU (kernel_bench times it)";
+#endif
+        OpTest::SetUp();
+    }
+};
 
 template <class P>
 std::string case_name(const ::testing::TestParamInfo<P> &info) {
@@ -204,17 +230,6 @@ std::string case_name(const ::testing::TestParamInfo<P> &info) {
 }
 
 // ============================================================================ rmsnorm ==
-
-struct NormCase {
-    size_t rows, cols;
-    bool add;
-    bool tiny = false; // inputs ~1e-3: mean square ~3e-7, below eps, so eps decides the scale
-    std::string name() const {
-        return std::string(add ? "add_" : "") + "r" + std::to_string(rows) + "_c" + std::to_string(cols) +
-               (tiny ? "_tiny" : "");
-    }
-};
-void PrintTo(const NormCase &c, std::ostream *os) { *os << c.name(); }
 
 using RmsNorm = OpTestP<NormCase>;
 
@@ -250,31 +265,9 @@ TEST_P(RmsNorm, MatchesCpu) {
     EXPECT_TRUE(all_close(got, ref, 1e-6 * max_abs(ref), 1e-5));
 }
 
-std::vector<NormCase> norm_cases() {
-    std::vector<NormCase> v;
-    for (size_t cols : {1, 31, 33, 100, 576, 4097})
-        for (bool add : {false, true}) v.push_back({cols > 1000 ? size_t(2) : size_t(5), cols, add});
-    v.push_back({4, 8192, false});
-    v.push_back({4, 8192, true});
-    v.push_back({64, 32, false});
-    v.push_back({16, 8192, true});
-    for (size_t cols : {1, 33, 576, 4097})
-        for (bool add : {false, true}) v.push_back({cols > 1000 ? size_t(2) : size_t(5), cols, add, true});
-    return v;
-}
 INSTANTIATE_TEST_SUITE_P(Ops, RmsNorm, ::testing::ValuesIn(norm_cases()), case_name<NormCase>);
 
 // ============================================================================== embed ==
-
-struct EmbedCase {
-    mk_dtype dtype;
-    size_t n, hidden, vocab;
-    std::string name() const {
-        return std::string(dtype_tag(dtype)) + "_n" + std::to_string(n) + "_h" + std::to_string(hidden) + "_v" +
-               std::to_string(vocab);
-    }
-};
-void PrintTo(const EmbedCase &c, std::ostream *os) { *os << c.name(); }
 
 using Embed = OpTestP<EmbedCase>;
 
@@ -311,32 +304,9 @@ TEST_P(Embed, MatchesCpu) {
     EXPECT_TRUE(all_close(got, ref, 0.0, 0.0)); // a gather is exact
 }
 
-std::vector<EmbedCase> embed_cases() {
-    std::vector<EmbedCase> v;
-    for (mk_dtype d : {MK_DTYPE_F32, MK_DTYPE_F16, MK_DTYPE_BF16}) {
-        v.push_back({d, 1, 1, 5});
-        v.push_back({d, 7, 33, 100});
-        v.push_back({d, 9, 576, 300});
-        v.push_back({d, 3, 4097, 20});
-    }
-    return v;
-}
 INSTANTIATE_TEST_SUITE_P(Ops, Embed, ::testing::ValuesIn(embed_cases()), case_name<EmbedCase>);
 
 // =============================================================================== rope ==
-
-struct RopeCase {
-    mk_rope_layout layout;
-    size_t rows, heads, head_dim;
-    float theta;
-    int32_t pos0; // positions pos0, pos0 + 1, ... (plus a few planted far ones)
-    std::string name() const {
-        return std::string(layout == MK_ROPE_ROTATE_HALF ? "half" : "adjacent") + "_r" + std::to_string(rows) + "_h" +
-               std::to_string(heads) + "_d" + std::to_string(head_dim) + "_t" + std::to_string((long)theta) + "_p" +
-               std::to_string(pos0);
-    }
-};
-void PrintTo(const RopeCase &c, std::ostream *os) { *os << c.name(); }
 
 using Rope = OpTestP<RopeCase>;
 
@@ -360,30 +330,9 @@ TEST_P(Rope, MatchesCpu) {
     EXPECT_TRUE(all_close(got, x, 1e-6 * max_abs(x), 1e-5));
 }
 
-std::vector<RopeCase> rope_cases() {
-    std::vector<RopeCase> v;
-    for (mk_rope_layout l : {MK_ROPE_ROTATE_HALF, MK_ROPE_ADJACENT_PAIRS}) {
-        v.push_back({l, 5, 3, 6, 10000.0f, 0});
-        v.push_back({l, 4, 2, 8, 10000.0f, 7});
-        v.push_back({l, 6, 8, 64, 10000.0f, 100000});
-        v.push_back({l, 5, 4, 128, 500000.0f, 99990});
-        v.push_back({l, 3, 2, 256, 10000.0f, 12345});
-    }
-    v.push_back({MK_ROPE_ROTATE_HALF, 33, 32, 128, 500000.0f, 0});
-    return v;
-}
 INSTANTIATE_TEST_SUITE_P(Ops, Rope, ::testing::ValuesIn(rope_cases()), case_name<RopeCase>);
 
 // ========================================================================== attention ==
-
-struct AttnCase {
-    size_t rows, past, n_heads, n_kv_heads, head_dim;
-    std::string name() const {
-        return "r" + std::to_string(rows) + "_past" + std::to_string(past) + "_h" + std::to_string(n_heads) + "_kv" +
-               std::to_string(n_kv_heads) + "_d" + std::to_string(head_dim);
-    }
-};
-void PrintTo(const AttnCase &c, std::ostream *os) { *os << c.name(); }
 
 // Tolerance of an attention output: an average of V rows, so the absolute error scales with
 // max|V| (and the CPU sums in double): atol = 1e-5 * max|V|, rtol 1e-5.
@@ -412,13 +361,6 @@ TEST_P(AttentionPrefill, MatchesCpu) {
     EXPECT_TRUE(all_close(got, ref, kAttnAtol * max_abs(v), 1e-5));
 }
 
-std::vector<AttnCase> prefill_cases() {
-    return {
-        {1, 0, 1, 1, 8},     {5, 0, 4, 2, 6},     {3, 40, 6, 3, 6},     {33, 0, 8, 8, 64},    {17, 100, 16, 2, 128},
-        {70, 17, 6, 2, 128}, {300, 0, 8, 1, 64},  {40, 5, 2, 1, 256},   {20, 3, 3, 1, 96},    {16, 16, 4, 4, 128},
-        {2, 250, 3, 3, 32},  {64, 2000, 8, 1, 128}, {300, 0, 8, 1, 128}, {129, 7, 12, 4, 64},
-    };
-}
 INSTANTIATE_TEST_SUITE_P(Ops, AttentionPrefill, ::testing::ValuesIn(prefill_cases()), case_name<AttnCase>);
 
 // Decode reads its key count from positions[0] on the device and launches a grid fixed by
@@ -427,15 +369,6 @@ INSTANTIATE_TEST_SUITE_P(Ops, AttentionPrefill, ::testing::ValuesIn(prefill_case
 // those past the keys are neither written nor read (their poison stays, and the result is
 // right: the combine walks only the splits of this step's keys). The cache is F32, F16 or BF16; the reference reads the
 // same rounded values.
-struct DecodeCase {
-    size_t past, max_keys, n_heads, n_kv_heads, head_dim;
-    mk_dtype kv = MK_DTYPE_F32;
-    std::string name() const {
-        return "past" + std::to_string(past) + "_max" + std::to_string(max_keys) + "_h" + std::to_string(n_heads) +
-               "_kv" + std::to_string(n_kv_heads) + "_d" + std::to_string(head_dim) + "_" + dtype_tag(kv);
-    }
-};
-void PrintTo(const DecodeCase &c, std::ostream *os) { *os << c.name(); }
 
 constexpr size_t kDecSplitKeys = 64; // attention_decode.cu's DEC_SPLIT_KEYS: a split's share granule
 
@@ -562,25 +495,6 @@ TEST_P(AttentionDecode, MatchesCpu) {
     EXPECT_EQ(std::memcmp(again.data(), got.data(), qn * 4), 0);
 }
 
-std::vector<DecodeCase> decode_cases() {
-    // {past, max_keys, n_heads, n_kv_heads, head_dim}: keys 1, 2, 255, 256, 257, 1000 and near
-    // or at max_keys; GQA 1:1, 3:1 (SmolLM2's 9:3), 4:1, 8:1 and 16:1 (two head groups per KV
-    // head); head_dim 64, 128, 256 and odd widths (6 and 34: 2-element loads; 40: F16/BF16
-    // 16-byte loads, F32 4-wide).
-    const DecodeCase shapes[] = {
-        {0, 1, 1, 1, 64},       {1, 600, 9, 3, 64},      {254, 256, 8, 2, 128},   {255, 700, 9, 3, 64},
-        {256, 1024, 4, 4, 128}, {999, 1100, 12, 3, 64},  {2046, 2048, 9, 3, 64},  {4095, 4096, 8, 2, 128},
-        {300, 512, 6, 2, 6},    {77, 300, 6, 3, 34},     {130, 200, 3, 1, 256},   {500, 600, 16, 1, 64},
-        {1999, 2048, 8, 1, 128}, {257, 1100, 3, 3, 40},  {0, 600, 2, 1, 8},
-    };
-    std::vector<DecodeCase> out;
-    for (const mk_dtype kv : {MK_DTYPE_F32, MK_DTYPE_F16, MK_DTYPE_BF16})
-        for (DecodeCase c : shapes) {
-            c.kv = kv;
-            out.push_back(c);
-        }
-    return out;
-}
 INSTANTIATE_TEST_SUITE_P(Ops, AttentionDecode, ::testing::ValuesIn(decode_cases()), case_name<DecodeCase>);
 
 // One set of arguments, positions rewritten between launches (what a graph replay does): each
@@ -667,8 +581,12 @@ TEST_F(OpTest, DecodeAgreesWithPrefill) {
 
 // ========================================================================== kv append ==
 
-TEST_F(OpTest, KvAppend) {
-    const size_t ctx = 40, kv_dim = 3 * 6, past = 13, rows = 9;
+using KvAppend = OpTestP<KvAppendCase>;
+
+TEST_P(KvAppend, MatchesCpu) {
+    const KvAppendCase c = GetParam();
+    const size_t ctx = c.ctx, kv_dim = c.kv_dim, past = c.past, rows = c.rows;
+    ASSERT_TRUE(past + rows <= ctx && rows >= 2) << "a case appends inside the cache, and 2 rows at its end";
     std::vector<float> kc = random_f32(ctx * kv_dim, 71), vc = random_f32(ctx * kv_dim, 72);
     std::vector<float> k = random_f32(rows * kv_dim, 73), v = random_f32(rows * kv_dim, 74);
     GuardedBuf dkc(ctx * kv_dim * 4), dvc(ctx * kv_dim * 4), dk(rows * kv_dim * 4), dv(rows * kv_dim * 4);
@@ -693,14 +611,9 @@ TEST_F(OpTest, KvAppend) {
     EXPECT_TRUE(all_equal(gv, vc));
 }
 
-// ============================================================================= swiglu ==
+INSTANTIATE_TEST_SUITE_P(Ops, KvAppend, ::testing::ValuesIn(kv_append_cases()), case_name<KvAppendCase>);
 
-struct SwigluCase {
-    mk_dtype dtype;
-    size_t n;
-    std::string name() const { return std::string(dtype_tag(dtype)) + "_n" + std::to_string(n); }
-};
-void PrintTo(const SwigluCase &c, std::ostream *os) { *os << c.name(); }
+// ============================================================================= swiglu ==
 
 using Swiglu = OpTestP<SwigluCase>;
 
@@ -736,28 +649,9 @@ TEST_P(Swiglu, MatchesCpu) {
     EXPECT_TRUE(all_close(got, ref, 1e-7 * max_abs(ref), 1e-5));
 }
 
-std::vector<SwigluCase> swiglu_cases() {
-    std::vector<SwigluCase> v;
-    for (mk_dtype d : {MK_DTYPE_F32, MK_DTYPE_F16, MK_DTYPE_BF16})
-        for (size_t n : {1, 31, 1000, 65537}) v.push_back({d, n});
-    return v;
-}
 INSTANTIATE_TEST_SUITE_P(Ops, Swiglu, ::testing::ValuesIn(swiglu_cases()), case_name<SwigluCase>);
 
 // ============================================================================= argmax ==
-
-enum class ArgPattern { Random, Ties, Nans, AllNan, NegInf, Misaligned, ThreadTies, ThreadTiesMisaligned };
-
-struct ArgmaxCase {
-    size_t rows, n;
-    ArgPattern pattern;
-    std::string name() const {
-        static const char *tags[] = {"random", "ties", "nans", "allnan", "neginf", "misaligned", "threadties",
-                                     "threadties_misaligned"};
-        return std::string(tags[(int)pattern]) + "_r" + std::to_string(rows) + "_n" + std::to_string(n);
-    }
-};
-void PrintTo(const ArgmaxCase &c, std::ostream *os) { *os << c.name(); }
 
 using Argmax = OpTestP<ArgmaxCase>;
 
@@ -820,37 +714,9 @@ TEST_P(Argmax, ExactLowestIndex) {
     EXPECT_TRUE(all_equal(got, ref));
 }
 
-std::vector<ArgmaxCase> argmax_cases() {
-    std::vector<ArgmaxCase> v;
-    for (size_t n : {1, 31, 1000, 4097, 49152}) {
-        v.push_back({3, n, ArgPattern::Random});
-        v.push_back({3, n, ArgPattern::Ties});
-        v.push_back({2, n, ArgPattern::Nans});
-    }
-    v.push_back({2, 100, ArgPattern::AllNan});
-    v.push_back({2, 37, ArgPattern::NegInf});
-    v.push_back({2, 4096, ArgPattern::Misaligned});
-    v.push_back({1, 262144, ArgPattern::Ties});
-    v.push_back({1, 262144, ArgPattern::Nans});
-    v.push_back({1, 256000, ArgPattern::Random});
-    v.push_back({1, 151937, ArgPattern::Ties});
-    for (size_t n : {100, 1000, 4097, 49152}) v.push_back({3, n, ArgPattern::ThreadTies});
-    v.push_back({3, 1000, ArgPattern::ThreadTiesMisaligned});
-    v.push_back({2, 8192, ArgPattern::ThreadTiesMisaligned});
-    return v;
-}
 INSTANTIATE_TEST_SUITE_P(Ops, Argmax, ::testing::ValuesIn(argmax_cases()), case_name<ArgmaxCase>);
 
 // ============================================================================ convert ==
-
-struct ConvertCase {
-    mk_dtype src, dst;
-    size_t n;
-    std::string name() const {
-        return std::string(dtype_tag(src)) + "_to_" + dtype_tag(dst) + "_n" + std::to_string(n);
-    }
-};
-void PrintTo(const ConvertCase &c, std::ostream *os) { *os << c.name(); }
 
 using Convert = OpTestP<ConvertCase>;
 
@@ -904,15 +770,6 @@ TEST_P(Convert, BitExact) {
     EXPECT_TRUE(all_equal(got, ref));
 }
 
-std::vector<ConvertCase> convert_cases() {
-    std::vector<ConvertCase> v;
-    const mk_dtype pairs[][2] = {{MK_DTYPE_F32, MK_DTYPE_F16},  {MK_DTYPE_F32, MK_DTYPE_BF16}, {MK_DTYPE_F16, MK_DTYPE_F32},
-                                 {MK_DTYPE_BF16, MK_DTYPE_F32}, {MK_DTYPE_F16, MK_DTYPE_BF16}, {MK_DTYPE_BF16, MK_DTYPE_F16},
-                                 {MK_DTYPE_F32, MK_DTYPE_F32}};
-    for (auto &p : pairs)
-        for (size_t n : {1, 1000, 70001}) v.push_back({p[0], p[1], n});
-    return v;
-}
 INSTANTIATE_TEST_SUITE_P(Ops, Convert, ::testing::ValuesIn(convert_cases()), case_name<ConvertCase>);
 
 // ==================================================================== add, last row ==
@@ -953,19 +810,6 @@ TEST_F(OpTest, AddAndLastRow) {
 // dequantization on a GPU (<= 1 ulp of |d * q| per weight, bounded via max|w| of the row).
 // One wrong or missing weight shows up as an error ~|x_k w_k| ~ sum / in_dim, far above it.
 
-enum class GemvFormat { F32, F16, BF16, Q8_0, Q4_1, Q4_K };
-
-const char *gemv_tag(GemvFormat f) {
-    switch (f) {
-        case GemvFormat::F32: return "f32";
-        case GemvFormat::F16: return "f16";
-        case GemvFormat::BF16: return "bf16";
-        case GemvFormat::Q8_0: return "q8_0";
-        case GemvFormat::Q4_1: return "q4_1";
-        default: return "q4_k";
-    }
-}
-
 uint32_t gemv_ggml_type(GemvFormat f) {
     switch (f) {
         case GemvFormat::Q8_0: return MK_GGML_TYPE_Q8_0;
@@ -973,17 +817,6 @@ uint32_t gemv_ggml_type(GemvFormat f) {
         default: return MK_GGML_TYPE_Q4_K;
     }
 }
-
-struct GemvCase {
-    GemvFormat fmt;
-    size_t rows, in_dim, out_dim;
-    bool misaligned = false; // x and w 4 bytes off 16-byte alignment (dense: the scalar path)
-    std::string name() const {
-        return std::string(gemv_tag(fmt)) + "_r" + std::to_string(rows) + "_in" + std::to_string(in_dim) + "_out" +
-               std::to_string(out_dim) + (misaligned ? "_misaligned" : "");
-    }
-};
-void PrintTo(const GemvCase &c, std::ostream *os) { *os << c.name(); }
 
 // Random blocks of a GGUF format with sane scales: d (and m / dmin) f16 in +-[1/512, 1/16]
 // with random signs, every other byte (quants, packed 6-bit scales) random.
@@ -1008,14 +841,6 @@ std::vector<uint8_t> random_blocks(GemvFormat f, size_t n_values, uint64_t seed)
 // F32 rows equal (a GPU may contract d * q + m into one FMA: 1 ulp), BF16 rows are the
 // reference rounded to BF16 (1 BF16 ulp on a GPU); gathered rows by id, an out-of-range id
 // a zero row; a row slice [row0, row0 + n).
-struct DequantCase {
-    GemvFormat fmt;
-    size_t src_rows, cols;
-    std::string name() const {
-        return std::string(gemv_tag(fmt)) + "_r" + std::to_string(src_rows) + "_c" + std::to_string(cols);
-    }
-};
-void PrintTo(const DequantCase &c, std::ostream *os) { *os << c.name(); }
 using DequantQ = OpTestP<DequantCase>;
 
 TEST_P(DequantQ, MatchesTheHostDequantizer) {
@@ -1065,10 +890,7 @@ TEST_P(DequantQ, MatchesTheHostDequantizer) {
                  MK_ERR_SHAPE, "outside the weight");
 }
 
-INSTANTIATE_TEST_SUITE_P(Ops, DequantQ,
-                         ::testing::Values(DequantCase{GemvFormat::Q8_0, 7, 96}, DequantCase{GemvFormat::Q4_1, 5, 160},
-                                           DequantCase{GemvFormat::Q4_K, 6, 512}, DequantCase{GemvFormat::Q4_K, 3, 256}),
-                         [](const ::testing::TestParamInfo<DequantCase> &i) { return i.param.name(); });
+INSTANTIATE_TEST_SUITE_P(Ops, DequantQ, ::testing::ValuesIn(dequant_cases()), case_name<DequantCase>);
 
 using Gemv = OpTestP<GemvCase>;
 
@@ -1138,31 +960,6 @@ TEST_P(Gemv, MatchesDequantizeThenMultiply) {
         }
 }
 
-std::vector<GemvCase> gemv_cases() {
-    std::vector<GemvCase> v;
-    for (GemvFormat f : {GemvFormat::F32, GemvFormat::F16, GemvFormat::BF16}) {
-        for (size_t rows : {1, 3, 8}) {
-            v.push_back({f, rows, 1, 3});
-            v.push_back({f, rows, 33, 7});    // no vector path (33 % 8)
-            v.push_back({f, rows, 576, 37});  // SmolLM2 width; partial last block of warps
-            v.push_back({f, rows, 40, 129});
-        }
-        for (size_t rows : {2, 4, 5, 6, 7}) v.push_back({f, rows, 72, 9});
-        v.push_back({f, 1, 4096, 6});
-        v.push_back({f, 2, 576, 5, true});
-    }
-    for (GemvFormat f : {GemvFormat::Q8_0, GemvFormat::Q4_1, GemvFormat::Q4_K}) {
-        const size_t be = f == GemvFormat::Q4_K ? 256 : 32;
-        for (size_t rows : {1, 3, 8}) {
-            v.push_back({f, rows, be, 5});
-            v.push_back({f, rows, be * 3, 37});
-            v.push_back({f, rows, f == GemvFormat::Q4_K ? size_t(512) : size_t(576), 129});
-        }
-        for (size_t rows : {2, 4, 5, 6, 7}) v.push_back({f, rows, be * 2, 9});
-        v.push_back({f, 1, 4096, 6});
-    }
-    return v;
-}
 INSTANTIATE_TEST_SUITE_P(Ops, Gemv, ::testing::ValuesIn(gemv_cases()), case_name<GemvCase>);
 
 // The fused launches (Q/K/V sharing the input; gate and up with SwiGLU) give exactly the
@@ -1485,16 +1282,6 @@ TEST_F(OpTest, ShapeAndArgumentErrors) {
 
 // ===================================================== attention prefill, tensor cores ==
 
-struct AttnTcCase {
-    size_t rows, past, n_heads, n_kv_heads, head_dim;
-    mk_dtype kv;
-    std::string name() const {
-        return "r" + std::to_string(rows) + "_past" + std::to_string(past) + "_h" + std::to_string(n_heads) + "_kv" +
-               std::to_string(n_kv_heads) + "_d" + std::to_string(head_dim) + "_" + dtype_tag(kv);
-    }
-};
-void PrintTo(const AttnTcCase &c, std::ostream *os) { *os << c.name(); }
-
 // Q, K, V and the softmax weights enter the tensor cores as BF16 (8 significant bits: a
 // relative error up to 2^-9 each); an output row is a weighted average of V rows, so the
 // error scales with max|V|. A row with one visible key is that V row in BF16.
@@ -1534,20 +1321,6 @@ TEST_P(AttentionPrefillTc, MatchesCpu) {
     if (r && getenv("MK_TEST_VERBOSE")) printf("%s: %s\n", c.name().c_str(), r.message());
 }
 
-std::vector<AttnTcCase> prefill_tc_cases() {
-    std::vector<AttnTcCase> v;
-    const mk_dtype kvs[] = {MK_DTYPE_F32, MK_DTYPE_F16, MK_DTYPE_BF16};
-    size_t i = 0;
-    for (size_t rows : {1, 17, 64, 100})
-        for (size_t past : {0, 37})
-            for (size_t kv_heads : {2, 8})     // GQA 4:1 and 1:1 over 8 query heads
-                for (size_t hd : {64, 128}) // every cache dtype in turn, each over every shape family
-                    v.push_back({rows, past, 8, kv_heads, hd, kvs[i++ % 3]});
-    v.push_back({130, 300, 4, 1, 64, MK_DTYPE_BF16}); // three row blocks, several key tiles
-    v.push_back({33, 5, 6, 3, 80, MK_DTYPE_F32});     // generic head_dim (a multiple of 16)
-    v.push_back({40, 70, 2, 1, 256, MK_DTYPE_F16});   // the widest head: 32-key tiles
-    return v;
-}
 INSTANTIATE_TEST_SUITE_P(Ops, AttentionPrefillTc, ::testing::ValuesIn(prefill_tc_cases()), case_name<AttnTcCase>);
 
 TEST_F(OpTest, AttentionPrefillTcRefusesWhatItCannotRun) {
@@ -1658,19 +1431,6 @@ std::vector<double> gemv_tolerance(const std::vector<float> &x, const std::vecto
     return ::testing::AssertionSuccess();
 }
 
-struct QSetCase {
-    GemvFormat f[3];
-    bool misaligned; // x 4 bytes off 16-byte alignment: the BF16 members take the scalar loads
-    size_t in_dim() const {
-        for (GemvFormat g : f)
-            if (g == GemvFormat::Q4_K) return 256;
-        return misaligned ? 160 : 96; // 3 or 5 blocks of 32
-    }
-    std::string name() const {
-        return std::string(gemv_tag(f[0])) + "_" + gemv_tag(f[1]) + "_" + gemv_tag(f[2]) + (misaligned ? "_misaligned" : "");
-    }
-};
-void PrintTo(const QSetCase &c, std::ostream *os) { *os << c.name(); }
 using GemvQSet = OpTestP<QSetCase>;
 
 TEST_P(GemvQSet, MatchesCpuAndSeparateLaunches) {
@@ -1756,12 +1516,6 @@ TEST_P(GemvQSet, MatchesCpuAndSeparateLaunches) {
     }
 }
 
-std::vector<QSetCase> qset_cases() {
-    const GemvFormat q8 = GemvFormat::Q8_0, q41 = GemvFormat::Q4_1, q4k = GemvFormat::Q4_K, b16 = GemvFormat::BF16;
-    return {{{q8, q8, q8}, false},   {{q41, q41, q41}, false}, {{q4k, q4k, q4k}, false}, {{b16, b16, b16}, false},
-            {{q4k, q8, b16}, false}, {{q8, q41, b16}, false},  {{b16, q4k, q41}, false}, {{q41, b16, q8}, true},
-            {{b16, b16, q8}, true}};
-}
 INSTANTIATE_TEST_SUITE_P(Ops, GemvQSet, ::testing::ValuesIn(qset_cases()), case_name<QSetCase>);
 
 TEST_F(OpTest, GemvQSetErrors) {
