@@ -1447,6 +1447,34 @@ TEST(SeamIo, WriteNowStopsWhereTheSocketIsFullAndCountsWhatItTook) {
     EXPECT_TRUE(got == sent);
 }
 
+// The no-wait read (the rendezvous's look at a stranger's first bytes): it takes what the
+// socket holds and stops there at once, counting it; nothing there is 0 bytes, not a wait; a
+// closed peer is named.
+TEST(SeamIo, ReadNowTakesWhatIsThereAndStops) {
+    IoPair p;
+    const std::vector<uint8_t> sent = pattern(10);
+    MK_ASSERT_OK(mk_io_write(&p.a, sent.data(), sent.size(), mk_deadline_ms(5000, 5000), "blob"));
+    std::vector<uint8_t> got(100, 0);
+    size_t n = 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < 200 && n < sent.size(); i++) { // the bytes may take a moment to land
+        size_t more = 12345;
+        MK_ASSERT_OK(mk_io_read_now(&p.b, got.data() + n, got.size() - n, &more, "blob"));
+        ASSERT_LE(more, sent.size() - n);
+        n += more;
+        if (n < sent.size()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    EXPECT_EQ(n, sent.size());
+    EXPECT_TRUE(std::equal(sent.begin(), sent.end(), got.begin()));
+    size_t none = 99;
+    MK_ASSERT_OK(mk_io_read_now(&p.b, got.data(), got.size(), &none, "blob"));
+    EXPECT_EQ(none, 0u);
+    EXPECT_LT(seconds_since(t0), 2.0);
+    mk_io_close(&p.a);
+    size_t after = 99;
+    EXPECT_ERROR(mk_io_read_now(&p.b, got.data(), got.size(), &after, "blob"), MK_ERR_PEER_CLOSED, "closed the connection");
+}
+
 TEST(SeamIo, EachFailureNamesWhatAndHowFar) {
     {
         IoPair p;
