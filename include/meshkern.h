@@ -933,6 +933,50 @@ typedef void (*mk_stage_report_fn)(void *user, const mk_stage_report *report);
 MK_API mk_status mk_stage_serve(mk_stage *stage, const mk_stage_request *requests, size_t n_requests,
                                 mk_stage_report_fn report, void *user);
 
+/* A live source of requests for rank 0 (meshkern stage --serve): requests join while the run
+ * lasts, each token goes out as it arrives, a request can be cut short, and the run ends when
+ * the source closes and the requests in flight are done. Every callback runs on the thread
+ * in mk_stage_serve_source, between steps. */
+typedef struct mk_stage_arrival {
+    const int32_t *prompt;     /* [n_prompt] token ids: valid until the request's report */
+    size_t n_prompt;
+    size_t max_new_tokens;     /* 0: the stage's max_new_tokens */
+    uint64_t tag;              /* the caller's name for it: report->request, on_token's tag */
+} mk_stage_arrival;
+typedef struct mk_stage_source {
+    size_t struct_size;        /* sizeof(mk_stage_source) */
+    /* While fewer than max_sequences requests are in flight: true with *next filled to
+       admit one, false when there is none now. A request the stage cannot take (no prompt,
+       a prompt longer than max_batch_tokens or the context) is reported failed at once
+       (MK_ERR_EMPTY_INPUT, MK_ERR_CONTEXT_OVERFLOW), and the run goes on. */
+    bool (*take)(void *user, mk_stage_arrival *next);
+    /* Each generated token as it arrives (optional): false ends the request now; its
+       report is then MK_OK with stopped false, and its KV is free before the next step. */
+    bool (*on_token)(void *user, uint64_t tag, int32_t token);
+    /* Once per admitted request: done or failed (report->request is its tag). */
+    mk_stage_report_fn report;
+    /* True: no more requests (a drain); the run ends when those in flight are done. */
+    bool (*closed)(void *user);
+    /* A descriptor that becomes readable when take or closed may have news (an eventfd or a
+       pipe the caller writes and drains in take): rank 0 waits on it beside the ranks'
+       connections. -1: rank 0 asks every 20 ms while idle. */
+    int wake_fd;
+    void *user;
+} mk_stage_source;
+/* Rank 0 only, over a tcp or unix seam (an nccl receive cannot wait while idle): serve
+ * requests from the source until it closes and the requests in flight are done, or the run
+ * fails (every request in flight then reported failed). The other ranks call mk_stage_serve
+ * as for a fixed list; while rank 0 is idle it beats, so they wait without a deadline. */
+MK_API mk_status mk_stage_serve_source(mk_stage *stage, const mk_stage_source *source);
+/* Live figures of rank 0 (any thread, any time): boundaries it sent, seconds inside its
+ * forwards, bytes handed to its seam. */
+typedef struct mk_stage_live_stats {
+    uint64_t steps;
+    double busy_seconds;
+    uint64_t bytes_sent;
+} mk_stage_live_stats;
+MK_API mk_status mk_stage_live(const mk_stage *stage, mk_stage_live_stats *out);
+
 /* The figures of one seam of a finished run: seam k joins rank k to rank k + 1. */
 typedef struct mk_stage_hop {
     size_t boundaries;         /* boundaries that crossed it (rank k's sends, rank k + 1's receipts) */

@@ -26,13 +26,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <cjson/cJSON.h>
 #include <microhttpd.h>
 
 #include "cli.h"
+#include "mk_error.h"
 #include "serve.h"
 
 /* ================================================================ server == */
@@ -48,12 +51,36 @@ typedef struct mk_job {
     int32_t *tokens; /* [cap] */
     size_t n_tokens, cap;
     pthread_cond_t cv;
+    /* the stage engine: the job is its request until it leaves the table */
+    const int32_t *prompt; /* [n_prompt]: the connection's, read under srv->mu only */
+    size_t n_prompt;
+    bool admitted;         /* rank 0 took it (running) */
+    bool ended, failed;    /* its report came: done, or failed with `error` */
+    char error[300];
 } mk_job;
 
+/* What runs the sequences: the library's scheduler in this process (meshkern serve), or
+ * rank 0 of a process-per-range run (meshkern stage --serve). */
+typedef enum mk_engine { MK_ENGINE_SCHED, MK_ENGINE_STAGE } mk_engine;
+typedef enum mk_health { MK_HEALTH_LOADING, MK_HEALTH_READY, MK_HEALTH_DEGRADED } mk_health;
+
 typedef struct mk_server {
-    mk_model *model;
+    const mk_model *model;
     mk_tokenizer *tok;
-    mk_sched *sched;
+    mk_engine engine;
+    mk_sched *sched;          /* MK_ENGINE_SCHED */
+    /* MK_ENGINE_STAGE: rank 0's serving thread and its source */
+    mk_stage *stage;
+    pthread_t stage_thread;
+    bool stage_thread_started;
+    int wake_fd;              /* eventfd: a job to take, or the drain's end */
+    bool closing;             /* drained: the source closes, every request is cut */
+    int32_t *take_buf;        /* the prompt rank 0 is taking (the job may go meanwhile) */
+    size_t take_cap;
+    mk_health health;
+    char degraded[512];       /* why the stage run ended */
+    size_t kv_sequences;      /* sequences that can hold a KV cache at once */
+    size_t kv_bytes_each;     /* KV bytes one sequence reserves, over every range */
     mk_serve_limits lim;
     char model_id[256];
     const char *api_key;
@@ -73,6 +100,146 @@ typedef struct mk_server {
     uint64_t by_code[MK_N_CODES];
     uint64_t cancelled, failed, prompt_tokens, generated_tokens;
 } mk_server;
+
+/* ============================================================== engines == */
+
+static mk_job *mk_job_of(mk_server *srv, uint64_t seq) { /* under srv->mu */
+    for (size_t i = 0; i < srv->n_jobs; i++)
+        if (srv->jobs[i]->seq == seq) return srv->jobs[i];
+    return NULL;
+}
+
+static void mk_wake(mk_server *srv) {
+    const uint64_t one = 1;
+    if (srv->wake_fd >= 0) (void)!write(srv->wake_fd, &one, sizeof one);
+}
+
+/* Start a job's sequence (under srv->mu: the first token cannot arrive before the job is listed). */
+static mk_status mk_engine_submit(mk_server *srv, mk_job *job, const int32_t *ids, size_t n, size_t max_tokens) {
+    if (srv->engine == MK_ENGINE_SCHED)
+        return mk_sched_submit(srv->sched, ids, n, max_tokens, srv->eog, srv->n_eog, &job->seq);
+    if (srv->health != MK_HEALTH_READY)
+        return mk_fail(MK_ERR_PEER_LOST, "%s", srv->health == MK_HEALTH_LOADING ? "the stages are still joining"
+                                                                                : srv->degraded);
+    job->seq = ++srv->next_id;
+    job->prompt = ids;
+    job->n_prompt = n;
+    mk_wake(srv);
+    return MK_OK;
+}
+
+/* The job left the table (srv->mu not held): its sequence is cut unless it ended. The
+ * stage's rank 0 cuts it at its next token, when it finds the job gone. */
+static void mk_engine_end(mk_server *srv, mk_job *job, bool cancel) {
+    if (srv->engine != MK_ENGINE_SCHED) return;
+    if (cancel) (void)mk_sched_cancel(srv->sched, job->seq);
+    (void)mk_sched_release(srv->sched, job->seq); /* its record goes when it retires */
+}
+
+/* Has the job's sequence ended? (srv->mu not held) */
+static bool mk_engine_ended(mk_server *srv, mk_job *job, bool *failed, char *why, size_t why_len) {
+    if (srv->engine == MK_ENGINE_SCHED) {
+        mk_seq_info info;
+        if (mk_sched_poll(srv->sched, job->seq, &info, NULL, 0) != MK_OK || info.state < MK_SEQ_DONE) return false;
+        *failed = info.state == MK_SEQ_FAILED;
+        if (*failed) snprintf(why, why_len, "%s: %s", mk_status_name(info.status), info.error);
+        return true;
+    }
+    pthread_mutex_lock(&srv->mu);
+    const bool ended = job->ended;
+    *failed = job->failed;
+    if (job->failed) snprintf(why, why_len, "%.270s", job->error);
+    pthread_mutex_unlock(&srv->mu);
+    return ended;
+}
+
+/* Waiting for a slot (under srv->mu). */
+static bool mk_engine_queued(mk_server *srv, const mk_job *job) {
+    if (srv->engine == MK_ENGINE_STAGE) return !job->admitted && !job->ended;
+    mk_seq_info info;
+    return mk_sched_poll(srv->sched, job->seq, &info, NULL, 0) == MK_OK && info.state == MK_SEQ_QUEUED;
+}
+
+/* ------------------------------------------- rank 0's source (stage thread) */
+
+/* The oldest job not yet taken: its prompt, copied (its connection may end meanwhile). */
+static bool mk_source_take(void *user, mk_stage_arrival *next) {
+    mk_server *srv = user;
+    uint64_t drained;
+    (void)!read(srv->wake_fd, &drained, sizeof drained); /* nonblocking: the news is read here */
+    pthread_mutex_lock(&srv->mu);
+    mk_job *oldest = NULL;
+    for (size_t i = 0; !srv->closing && i < srv->n_jobs; i++) {
+        mk_job *j = srv->jobs[i];
+        if (!j->admitted && !j->ended && (!oldest || j->seq < oldest->seq)) oldest = j;
+    }
+    bool took = false;
+    if (oldest && oldest->n_prompt <= srv->take_cap) {
+        memcpy(srv->take_buf, oldest->prompt, oldest->n_prompt * sizeof *srv->take_buf);
+        *next = (mk_stage_arrival){srv->take_buf, oldest->n_prompt, oldest->cap, oldest->seq};
+        oldest->admitted = took = true;
+    }
+    pthread_mutex_unlock(&srv->mu);
+    return took;
+}
+
+static bool mk_source_closed(void *user) {
+    mk_server *srv = user;
+    pthread_mutex_lock(&srv->mu);
+    const bool closed = srv->closing;
+    pthread_mutex_unlock(&srv->mu);
+    return closed;
+}
+
+/* A token for a job still listed goes to it; a job gone (client left, drained) is cut. */
+static bool mk_source_token(void *user, uint64_t tag, int32_t token) {
+    mk_server *srv = user;
+    pthread_mutex_lock(&srv->mu);
+    mk_job *j = srv->closing ? NULL : mk_job_of(srv, tag);
+    if (j) {
+        if (j->n_tokens < j->cap) j->tokens[j->n_tokens++] = token;
+        pthread_cond_signal(&j->cv);
+    }
+    pthread_mutex_unlock(&srv->mu);
+    return j != NULL;
+}
+
+static void mk_source_report(void *user, const mk_stage_report *r) {
+    mk_server *srv = user;
+    pthread_mutex_lock(&srv->mu);
+    mk_job *j = mk_job_of(srv, (uint64_t)r->request);
+    if (j) {
+        j->ended = true;
+        j->failed = r->status != MK_OK;
+        if (j->failed) snprintf(j->error, sizeof j->error, "%s: %.260s", mk_status_name(r->status), r->error);
+        pthread_cond_signal(&j->cv);
+    }
+    pthread_mutex_unlock(&srv->mu);
+}
+
+/* Rank 0's serving thread: until the drain closes the source, or the run fails (a rank
+ * lost): then the server is degraded, and every job not ended fails with the reason. */
+static void *mk_stage_main(void *arg) {
+    mk_server *srv = arg;
+    const mk_stage_source src = {sizeof src,       mk_source_take, mk_source_token, mk_source_report,
+                                 mk_source_closed, srv->wake_fd,   srv};
+    const mk_status s = mk_stage_serve_source(srv->stage, &src);
+    pthread_mutex_lock(&srv->mu);
+    if (s != MK_OK) {
+        srv->health = MK_HEALTH_DEGRADED;
+        snprintf(srv->degraded, sizeof srv->degraded, "the stage run failed: %s: %s", mk_status_name(s), mk_last_error());
+        fprintf(stderr, "meshkern stage --serve: %s\n", srv->degraded);
+    }
+    for (size_t i = 0; i < srv->n_jobs; i++) {
+        mk_job *j = srv->jobs[i];
+        if (j->ended) continue;
+        j->ended = j->failed = true;
+        snprintf(j->error, sizeof j->error, "%.290s", s != MK_OK ? srv->degraded : "the server stopped");
+        pthread_cond_signal(&j->cv);
+    }
+    pthread_mutex_unlock(&srv->mu);
+    return NULL;
+}
 
 /* The tail's token callback: the token goes to its job, if the job is still there. */
 static void mk_serve_on_token(void *user, uint64_t seq_id, size_t index, int32_t token, const float *logits,
@@ -167,8 +334,7 @@ static void mk_conn_end_job(mk_conn *c, bool cancel) {
             break;
         }
     pthread_mutex_unlock(&srv->mu);
-    if (cancel) (void)mk_sched_cancel(srv->sched, c->job->seq);
-    (void)mk_sched_release(srv->sched, c->job->seq); /* its record goes when it retires */
+    mk_engine_end(srv, c->job, cancel);
     pthread_cond_destroy(&c->job->cv);
     free(c->job->tokens);
     free(c->job);
@@ -217,14 +383,15 @@ static void mk_conn_advance(mk_conn *c) {
         return;
     }
     if (n == 0) { /* nothing new: has the sequence failed, or been cut short (drain)? */
-        mk_seq_info info;
-        if (mk_sched_poll(srv->sched, c->job->seq, &info, NULL, 0) != MK_OK || info.state < MK_SEQ_DONE) return;
+        bool failed = false;
+        char why[280] = "";
+        if (!mk_engine_ended(srv, c->job, &failed, why, sizeof why)) return;
         pthread_mutex_lock(&srv->mu); /* its tokens all arrive before it is seen ended */
         const bool all = c->job->n_tokens == c->consumed;
         pthread_mutex_unlock(&srv->mu);
         if (!all) return;
-        if (info.state == MK_SEQ_FAILED) {
-            snprintf(c->error, sizeof c->error, "generation failed: %s: %s", mk_status_name(info.status), info.error);
+        if (failed) {
+            snprintf(c->error, sizeof c->error, "generation failed: %.270s", why);
             mk_conn_finish(c, NULL, false);
         } else {
             mk_conn_finish(c, "length", false);
@@ -408,18 +575,49 @@ static char *mk_metrics_text(mk_server *srv) {
     MK_LINE("# HELP meshkern_sequences_in_flight Sequences submitted and not finished (running or queued).\n"
             "# TYPE meshkern_sequences_in_flight gauge\nmeshkern_sequences_in_flight %zu\n", srv->n_jobs);
     size_t queued = 0;
-    for (size_t i = 0; i < srv->n_jobs; i++) {
-        mk_seq_info info;
-        if (mk_sched_poll(srv->sched, srv->jobs[i]->seq, &info, NULL, 0) == MK_OK && info.state == MK_SEQ_QUEUED) queued++;
-    }
+    for (size_t i = 0; i < srv->n_jobs; i++) queued += mk_engine_queued(srv, srv->jobs[i]);
     MK_LINE("# HELP meshkern_sequences_queued Sequences waiting for a slot.\n"
             "# TYPE meshkern_sequences_queued gauge\nmeshkern_sequences_queued %zu\n", queued);
     MK_LINE("# HELP meshkern_sequences_capacity Sequences admitted before 429 (slots + queue).\n"
             "# TYPE meshkern_sequences_capacity gauge\nmeshkern_sequences_capacity %zu\n", srv->max_jobs);
     MK_LINE("# HELP meshkern_draining 1 after SIGTERM.\n# TYPE meshkern_draining gauge\nmeshkern_draining %d\n",
             srv->draining ? 1 : 0);
-#undef MK_LINE
+    /* KV: each running sequence holds a cache of --ctx positions in every range (the pool
+     * is sequences x positions today: what the slots reserve, what the running ones hold) */
+    const size_t running = srv->n_jobs - queued;
+    MK_LINE("# HELP meshkern_kv_sequences Sequences holding a KV cache (in_use) and the most at once (capacity).\n"
+            "# TYPE meshkern_kv_sequences gauge\nmeshkern_kv_sequences{kind=\"in_use\"} %zu\n"
+            "meshkern_kv_sequences{kind=\"capacity\"} %zu\n", running, srv->kv_sequences);
+    MK_LINE("# HELP meshkern_kv_bytes KV cache bytes over every range: held by running sequences (in_use), "
+            "reserved for all slots (capacity).\n# TYPE meshkern_kv_bytes gauge\n"
+            "meshkern_kv_bytes{kind=\"in_use\"} %zu\nmeshkern_kv_bytes{kind=\"capacity\"} %zu\n",
+            running * srv->kv_bytes_each, srv->kv_sequences * srv->kv_bytes_each);
+    const mk_health health = srv->health;
     pthread_mutex_unlock(&srv->mu);
+    MK_LINE("# HELP meshkern_stage_busy_seconds_total Time each stage spent in its forwards%s.\n"
+            "# TYPE meshkern_stage_busy_seconds_total counter\n",
+            srv->engine == MK_ENGINE_STAGE ? " (stage --serve: rank 0's; the others report with the run's end)" : "");
+    MK_LINE("# HELP meshkern_stage_steps_total Forwards each stage ran.\n# TYPE meshkern_stage_steps_total counter\n");
+    MK_LINE("# HELP meshkern_seam_bytes_total Bytes of boundaries that crossed each seam (seam k: stage k to k + 1).\n"
+            "# TYPE meshkern_seam_bytes_total counter\n");
+    if (srv->engine == MK_ENGINE_SCHED) {
+        const size_t workers = mk_sched_worker_count(srv->sched);
+        for (size_t w = 0; w < workers; w++) {
+            mk_worker_stats st;
+            if (mk_sched_worker_stats(srv->sched, w, &st) != MK_OK) continue;
+            MK_LINE("meshkern_stage_busy_seconds_total{stage=\"%zu\"} %.6f\nmeshkern_stage_steps_total{stage=\"%zu\"} %zu\n",
+                    w, (double)st.busy_ns * 1e-9, w, st.steps);
+        }
+        for (size_t k = 0; k + 1 < workers; k++)
+            MK_LINE("meshkern_seam_bytes_total{seam=\"%zu\"} %zu\n", k, mk_sched_seam_bytes(srv->sched, k));
+    } else if (health != MK_HEALTH_LOADING && srv->stage) {
+        mk_stage_live_stats live;
+        if (mk_stage_live(srv->stage, &live) == MK_OK)
+            MK_LINE("meshkern_stage_busy_seconds_total{stage=\"0\"} %.6f\nmeshkern_stage_steps_total{stage=\"0\"} %llu\n"
+                    "meshkern_seam_bytes_total{seam=\"0\"} %llu\n",
+                    live.busy_seconds, (unsigned long long)live.steps, (unsigned long long)live.bytes_sent);
+    }
+#undef MK_LINE
     return buf;
 }
 
@@ -483,7 +681,7 @@ static enum MHD_Result mk_start_generation(struct MHD_Connection *conn, mk_conn 
     mk_status s = MK_OK;
     if (!full && !draining) {
         /* submitted under the lock: the first token cannot arrive before the job is listed */
-        s = mk_sched_submit(srv->sched, c->req.ids, c->req.n_ids, c->req.max_tokens, srv->eog, srv->n_eog, &job->seq);
+        s = mk_engine_submit(srv, job, c->req.ids, c->req.n_ids, c->req.max_tokens);
         if (s == MK_OK) {
             srv->jobs[srv->n_jobs++] = job;
             srv->prompt_tokens += c->req.n_ids;
@@ -502,6 +700,8 @@ static enum MHD_Result mk_start_generation(struct MHD_Connection *conn, mk_conn 
         if (full)
             return mk_refuse_now(conn, srv, 429, "rate_limit_exceeded", "Retry-After", "1",
                                  "the server is busy: %zu requests in flight (slots and queue); retry later", srv->max_jobs);
+        if (s == MK_ERR_PEER_LOST) /* the stages: joining, or a rank lost */
+            return mk_refuse_now(conn, srv, 503, "unavailable", "Retry-After", "5", "%s", mk_last_error());
         return mk_refuse_now(conn, srv, 500, "submit_failed", NULL, NULL, "%s: %s", mk_status_name(s), mk_last_error());
     }
     c->job = job;
@@ -543,10 +743,17 @@ static bool mk_authorized(struct MHD_Connection *conn, const mk_server *srv) {
 static enum MHD_Result mk_handle_get(struct MHD_Connection *conn, mk_server *srv, const char *url) {
     if (strcmp(url, "/health") == 0) {
         pthread_mutex_lock(&srv->mu);
-        const bool draining = srv->draining;
+        const char *status = srv->draining                          ? "draining"
+                             : srv->health == MK_HEALTH_LOADING  ? "loading"
+                             : srv->health == MK_HEALTH_DEGRADED ? "degraded"
+                                                                 : "ok";
+        cJSON *root = cJSON_CreateObject();
+        cJSON_AddStringToObject(root, "status", status);
+        if (srv->health == MK_HEALTH_DEGRADED) cJSON_AddStringToObject(root, "reason", srv->degraded);
         pthread_mutex_unlock(&srv->mu);
-        return mk_respond(conn, srv, draining ? 503 : 200, "application/json",
-                          strdup(draining ? "{\"status\":\"draining\"}" : "{\"status\":\"ok\"}"), NULL, NULL);
+        char *body = cJSON_PrintUnformatted(root);
+        cJSON_Delete(root);
+        return mk_respond(conn, srv, strcmp(status, "ok") == 0 ? 200 : 503, "application/json", body, NULL, NULL);
     }
     if (!mk_authorized(conn, srv))
         return mk_refuse_now(conn, srv, 401, "invalid_api_key", "WWW-Authenticate", "Bearer",
@@ -685,39 +892,156 @@ static char *mk_read_key_file(const char *path) {
     return len ? strdup(buf) : NULL;
 }
 
+/* What both commands share before serving: the key, the tokenizer, the context, the stop
+ * ids, the model's id, the job table, the signals. 0, or the exit status. */
+static int mk_serve_open(mk_server *srv, const mk_serve_settings *set, const char *cmd, const char *path,
+                         const mk_model *model, size_t max_jobs, char **file_key) {
+    *file_key = NULL;
+    memset(srv, 0, sizeof *srv);
+    pthread_mutex_init(&srv->mu, NULL);
+    pthread_cond_init(&srv->idle_cv, NULL);
+    sem_init(&mk_stop_sem, 0, 0);
+    srv->wake_fd = -1;
+    srv->max_jobs = max_jobs;
+    const char *key = set->api_key;
+    if (set->api_key && set->api_key_file) return mk_cli_usage_error(cmd, "--api-key and --api-key-file: one or the other");
+    if (set->api_key_file && !(key = *file_key = mk_read_key_file(set->api_key_file)))
+        return mk_cli_usage_error(cmd, "cannot read an API key from %s", set->api_key_file);
+    srv->model = model;
+    srv->api_key = key;
+    srv->max_body = set->max_body;
+    srv->started = time(NULL);
+    mk_status s = mk_tokenizer_open(model, &srv->tok);
+    if (s != MK_OK) return mk_cli_fail(s);
+    const mk_hparams *hp = mk_model_hparams(model);
+    size_t ctx = set->ctx ? set->ctx : (hp->max_context < 2048 ? hp->max_context : 2048);
+    if (ctx > hp->max_context) ctx = hp->max_context;
+    /* the model's end-of-generation ids stop every sequence */
+    const size_t vocab = mk_tokenizer_vocab_size(srv->tok);
+    srv->eog = malloc(64 * sizeof *srv->eog);
+    for (size_t t = 0; srv->eog && t < vocab && srv->n_eog < 64; t++)
+        if (mk_tokenizer_is_eog(srv->tok, (int32_t)t)) srv->eog[srv->n_eog++] = (int32_t)t;
+    const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
+    snprintf(srv->model_id, sizeof srv->model_id, "%s", set->model_name ? set->model_name : base);
+    const size_t id_len = strlen(srv->model_id);
+    if (!set->model_name && id_len > 5 && strcmp(srv->model_id + id_len - 5, ".gguf") == 0)
+        srv->model_id[id_len - 5] = '\0';
+    srv->lim = (mk_serve_limits){.tok = srv->tok, .model_id = srv->model_id, .context = ctx};
+    srv->jobs = calloc(srv->max_jobs ? srv->max_jobs : 1, sizeof *srv->jobs);
+    if (!srv->eog || !srv->jobs) return mk_cli_fail(mk_fail(MK_ERR_OUT_OF_MEMORY, "out of memory"));
+
+    /* SIGTERM/SIGINT: a handler posts a semaphore the main thread waits on. (Not sigwait:
+     * threads started before main, such as OpenBLAS's, do not block the signals, and one of
+     * them would take a signal that arrives while the main thread is not yet waiting.) */
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = mk_on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    return 0;
+}
+
+/* KV bytes one sequence reserves over every range: K and V, per layer, per position. */
+static size_t mk_kv_bytes_each(const mk_model *model, size_t ctx, mk_dtype kv) {
+    const mk_hparams *hp = mk_model_hparams(model);
+    const size_t elem = mk_dtype_size(kv ? kv : MK_DTYPE_F32);
+    return 2 * hp->n_layers * hp->n_kv_heads * hp->head_dim * ctx * elem;
+}
+
+/* Listen on the settings' address, IPv4 or IPv6. NULL: it said why. */
+static struct MHD_Daemon *mk_serve_listen(mk_server *srv, const mk_serve_settings *set, const char *cmd,
+                                          unsigned *bound) {
+    struct sockaddr_storage addr;
+    memset(&addr, 0, sizeof addr);
+    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG;
+    struct sockaddr_in *v4 = (struct sockaddr_in *)&addr;
+    struct sockaddr_in6 *v6 = (struct sockaddr_in6 *)&addr;
+    if (inet_pton(AF_INET, set->host, &v4->sin_addr) == 1) {
+        v4->sin_family = AF_INET;
+        v4->sin_port = htons((uint16_t)set->port);
+    } else if (inet_pton(AF_INET6, set->host, &v6->sin6_addr) == 1) {
+        v6->sin6_family = AF_INET6;
+        v6->sin6_port = htons((uint16_t)set->port);
+        flags |= MHD_USE_IPv6;
+    } else {
+        fprintf(stderr, "meshkern %s: %s is not an IPv4 or IPv6 address\n", cmd, set->host);
+        return NULL;
+    }
+    struct MHD_Daemon *d =
+        MHD_start_daemon(flags, 0, NULL, NULL, mk_handler, srv, MHD_OPTION_EXTERNAL_LOGGER, mk_mhd_log, NULL,
+                         MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr, MHD_OPTION_CONNECTION_LIMIT,
+                         (unsigned)set->max_conn, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)set->timeout,
+                         MHD_OPTION_NOTIFY_COMPLETED, mk_completed, srv, MHD_OPTION_END);
+    if (!d) {
+        fprintf(stderr, "meshkern %s: cannot listen on %s port %zu: %s\n", cmd, set->host, set->port, strerror(errno));
+        return NULL;
+    }
+    const union MHD_DaemonInfo *info = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
+    *bound = info ? info->port : (unsigned)set->port;
+    return d;
+}
+
+static void mk_serve_say_listening(const mk_server *srv, const mk_serve_settings *set, const char *cmd, unsigned bound) {
+    const bool v6 = strchr(set->host, ':') != NULL;
+    printf("meshkern %s: listening on http://%s%s%s:%u%s\n", cmd, v6 ? "[" : "", set->host, v6 ? "]" : "", bound,
+           srv->api_key ? " (API key required)" : "");
+    if (strcmp(set->host, "127.0.0.1") != 0 && strcmp(set->host, "::1") != 0 && !srv->api_key)
+        printf("meshkern %s: warning: bound to %s without an API key: anyone who can reach it can use it\n", cmd,
+               set->host);
+    fflush(stdout);
+}
+
+/* Until SIGTERM/SIGINT; then the drain: new requests get 503, those open finish (up to
+ * --drain-timeout), and the sequences still running are cut. */
+static void mk_serve_until_stopped(mk_server *srv, const mk_serve_settings *set, const char *cmd) {
+    while (sem_wait(&mk_stop_sem) != 0) {} /* EINTR: the handler itself */
+    printf("meshkern %s: %s: draining (new requests get 503)\n", cmd, mk_stop_signal == SIGINT ? "SIGINT" : "SIGTERM");
+    fflush(stdout);
+    pthread_mutex_lock(&srv->mu);
+    srv->draining = true;
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += (time_t)set->drain;
+    while (srv->n_active && pthread_cond_timedwait(&srv->idle_cv, &srv->mu, &until) == 0) {}
+    const size_t left = srv->n_active;
+    if (srv->engine == MK_ENGINE_SCHED)
+        for (size_t i = 0; i < srv->n_jobs; i++) (void)mk_sched_cancel(srv->sched, srv->jobs[i]->seq);
+    srv->closing = true; /* the stage's source closes; its requests are cut at their next token */
+    mk_wake(srv);
+    pthread_mutex_unlock(&srv->mu);
+    if (left) printf("meshkern %s: %zu requests still open after %zu s: their sequences cancelled\n", cmd, left, set->drain);
+}
+
+static void mk_serve_close(mk_server *srv, char *file_key) {
+    sem_destroy(&mk_stop_sem);
+    free(srv->jobs);
+    free(srv->eog);
+    free(srv->take_buf);
+    if (srv->wake_fd >= 0) close(srv->wake_fd);
+    mk_tokenizer_free(srv->tok);
+    free(file_key);
+}
+
+static mk_server mk_the_server; /* the one server of this process (its threads point at it) */
+
 int mk_cli_serve(int argc, char **argv) {
-    const char *path = NULL, *host = "127.0.0.1", *key = NULL, *key_file = NULL, *name = NULL;
-    size_t port = 8080, max_seq = 8, max_queue = 64, ctx = 0, max_body = 1 << 20, max_conn = 128, timeout = 60,
-           drain = 60;
+    const char *path = NULL;
+    size_t max_seq = 8;
     int64_t cuts[MK_CLI_MAX_LIST];
     mk_cli_list cuts_l = MK_CLI_LIST(cuts, 0, INT32_MAX, "layer", false);
     mk_cli_backend backend;
     mk_cli_backend_init(&backend);
-    const mk_cli_option opts[] = {
-        {"--host", NULL, "IPV4", "the address to listen on", "127.0.0.1", MK_CLI_TEXT, (void *)&host, 0, 0, NULL},
-        {"--port", NULL, "PORT", "the port (0: any free port)", "8080", MK_CLI_COUNT, &port, 0, 65535, NULL},
-        {"--api-key", NULL, "KEY", "requests must carry it (Authorization: Bearer KEY)", NULL, MK_CLI_TEXT, (void *)&key,
-         0, 0, NULL},
-        {"--api-key-file", NULL, "FILE", "the API key from the file's first line", NULL, MK_CLI_TEXT, (void *)&key_file, 0,
-         0, NULL},
-        {"--model-name", NULL, "NAME", "the model's id in the API", "the file's name", MK_CLI_TEXT, (void *)&name, 0, 0,
-         NULL},
-        mk_cli_opt_split(&cuts_l),
-        mk_cli_opt_max_sequences(&max_seq, "8"),
-        {"--max-queue", NULL, "N", "requests waiting for a slot before 429", "64", MK_CLI_COUNT, &max_queue, 0, 65536,
-         NULL},
-        {"--ctx", NULL, "N", "KV positions per sequence", "min(model, 2048)", MK_CLI_COUNT, &ctx, 2, 1 << 20, NULL},
-        {"--max-body", NULL, "BYTES", "the largest request body", "1048576", MK_CLI_COUNT, &max_body, 64, (size_t)1 << 30,
-         NULL},
-        {"--max-connections", NULL, "N", "connections at once", "128", MK_CLI_COUNT, &max_conn, 1, 65536, NULL},
-        {"--timeout", NULL, "S", "the deadline of an idle connection, in seconds", "60", MK_CLI_COUNT, &timeout, 1, 86400,
-         NULL},
-        {"--drain-timeout", NULL, "S", "on SIGTERM/SIGINT, how long requests in flight may finish", "60", MK_CLI_COUNT,
-         &drain, 0, 86400, NULL},
-    };
+    mk_serve_settings set;
+    mk_serve_settings_default(&set);
+    mk_cli_option http[MK_SERVE_CLI_OPTIONS];
+    const size_t n_http = mk_serve_cli_options(&set, false, http);
+    const mk_cli_option opts[] = {mk_cli_opt_split(&cuts_l), mk_cli_opt_max_sequences(&max_seq, "8")};
     mk_cli_option backend_opts[MK_CLI_BACKEND_OPTIONS];
     const mk_cli_group groups[] = {
-        {"options", opts, sizeof opts / sizeof *opts},
+        {"options", http, n_http},
+        {"pipeline options", opts, sizeof opts / sizeof *opts},
         {"backend options", backend_opts, mk_cli_backend_options(&backend, backend_opts, "cpu threads per stage")},
     };
     const mk_cli_command cmd = {
@@ -726,123 +1050,125 @@ int mk_cli_serve(int argc, char **argv) {
         {"MODEL"}, groups, sizeof groups / sizeof *groups};
     const int bad = mk_cli_parse(&cmd, argc, argv, &path);
     if (bad >= 0) return bad;
-    const size_t n_cuts = cuts_l.n;
-    if (key && key_file) return mk_cli_usage_error("serve", "--api-key and --api-key-file: one or the other");
-    char *file_key = NULL;
-    if (key_file && !(key = file_key = mk_read_key_file(key_file)))
-        return mk_cli_usage_error("serve", "cannot read an API key from %s", key_file);
-    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    if (inet_pton(AF_INET, host, &addr.sin_addr) != 1) {
-        free(file_key);
-        return mk_cli_usage_error("serve", "--host %s is not an IPv4 address", host);
-    }
     mk_cli_backend_finish(&backend, path);
-
-    static mk_server srv; /* the one server of this process (its threads point at it) */
-    memset(&srv, 0, sizeof srv);
-    pthread_mutex_init(&srv.mu, NULL);
-    pthread_cond_init(&srv.idle_cv, NULL);
-    srv.api_key = key;
-    srv.max_body = (size_t)max_body;
-    srv.started = time(NULL);
-    mk_status s = mk_cli_open_model(path, &srv.model);
-    if (s == MK_OK) s = mk_tokenizer_open(srv.model, &srv.tok);
-    if (s != MK_OK) {
-        const int rc = mk_cli_fail(s);
-        mk_model_free(srv.model);
-        free(file_key);
+    mk_model *model = NULL;
+    mk_status s = mk_cli_open_model(path, &model);
+    if (s != MK_OK) return mk_cli_fail(s);
+    mk_server *srv = &mk_the_server;
+    char *file_key = NULL;
+    int rc = mk_serve_open(srv, &set, "serve", path, model, max_seq + set.max_queue, &file_key);
+    if (rc) {
+        mk_serve_close(srv, file_key);
+        mk_model_free(model);
         return rc;
     }
-    const mk_hparams *hp = mk_model_hparams(srv.model);
-    if (!ctx) ctx = hp->max_context < 2048 ? hp->max_context : 2048;
-    if (ctx > hp->max_context) ctx = hp->max_context;
-    /* the model's end-of-generation ids stop every sequence */
-    const size_t vocab = mk_tokenizer_vocab_size(srv.tok);
-    srv.eog = malloc(64 * sizeof *srv.eog);
-    for (size_t t = 0; srv.eog && t < vocab && srv.n_eog < 64; t++)
-        if (mk_tokenizer_is_eog(srv.tok, (int32_t)t)) srv.eog[srv.n_eog++] = (int32_t)t;
-    const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
-    snprintf(srv.model_id, sizeof srv.model_id, "%s", name ? name : base);
-    const size_t id_len = strlen(srv.model_id);
-    if (!name && id_len > 5 && strcmp(srv.model_id + id_len - 5, ".gguf") == 0) srv.model_id[id_len - 5] = '\0';
-    srv.lim = (mk_serve_limits){.tok = srv.tok, .model_id = srv.model_id, .context = (size_t)ctx};
-    srv.max_jobs = (size_t)(max_seq + max_queue);
-    srv.jobs = calloc(srv.max_jobs, sizeof *srv.jobs);
-
-    /* SIGTERM/SIGINT: a handler posts a semaphore the main thread waits on. (Not sigwait:
-     * threads started before main, such as OpenBLAS's, do not block the signals, and one of
-     * them would take a signal that arrives while the main thread is not yet waiting.) */
-    sem_init(&mk_stop_sem, 0, 0);
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = mk_on_stop_signal;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGINT, &sa, NULL);
-    signal(SIGPIPE, SIG_IGN);
-
+    srv->engine = MK_ENGINE_SCHED;
+    srv->health = MK_HEALTH_READY;
+    srv->kv_sequences = max_seq;
+    srv->kv_bytes_each = mk_kv_bytes_each(model, srv->lim.context, backend.config.kv_dtype);
     mk_sched_options o = mk_sched_options_default();
     o.range.backend = backend.config;
     o.range.eager_decode = backend.eager_decode;
-    o.range.max_context = (size_t)ctx;
-    o.range.max_batch_tokens = (size_t)ctx;
+    o.range.max_context = srv->lim.context;
+    o.range.max_batch_tokens = srv->lim.context;
     o.range.token_only = true;
     o.cuts = cuts;
-    o.n_cuts = n_cuts;
-    o.max_sequences = (size_t)max_seq;
+    o.n_cuts = cuts_l.n;
+    o.max_sequences = max_seq;
     o.on_token = mk_serve_on_token;
-    o.user = &srv;
-    s = srv.eog && srv.jobs ? mk_sched_create(srv.model, &o, &srv.sched) : MK_ERR_OUT_OF_MEMORY;
-    int rc = 0;
+    o.user = srv;
+    s = mk_sched_create(model, &o, &srv->sched);
     struct MHD_Daemon *d = NULL;
-    if (s != MK_OK) {
-        rc = mk_cli_fail(s);
-    } else {
-        d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG, 0,
-                             NULL, NULL, mk_handler, &srv, MHD_OPTION_EXTERNAL_LOGGER, mk_mhd_log, NULL,
-                             MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr, MHD_OPTION_CONNECTION_LIMIT,
-                             (unsigned)max_conn, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)timeout,
-                             MHD_OPTION_NOTIFY_COMPLETED, mk_completed, &srv, MHD_OPTION_END);
-        if (!d) {
-            fprintf(stderr, "meshkern serve: cannot listen on %s:%zu: %s\n", host, port, strerror(errno));
-            rc = 1;
-        }
-    }
+    unsigned bound = 0;
+    if (s != MK_OK) rc = mk_cli_fail(s);
+    else if (!(d = mk_serve_listen(srv, &set, "serve", &bound))) rc = 1;
     if (d) {
-        const union MHD_DaemonInfo *info = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
-        const unsigned bound = info ? info->port : (unsigned)port;
+        const mk_hparams *hp = mk_model_hparams(model);
         printf("meshkern serve: model %s (%zu layers, context %zu), %zu stage%s, %zu sequences + %zu queued, "
                "backend %s, weights %s\n",
-               srv.model_id, hp->n_layers, ctx, mk_sched_worker_count(srv.sched),
-               mk_sched_worker_count(srv.sched) > 1 ? "s" : "", max_seq, max_queue,
+               srv->model_id, hp->n_layers, srv->lim.context, mk_sched_worker_count(srv->sched),
+               mk_sched_worker_count(srv->sched) > 1 ? "s" : "", max_seq, set.max_queue,
                backend.config.kind == MK_BACKEND_CUDA ? "cuda" : "cpu", mk_dtype_name(backend.config.weight_dtype));
-        printf("meshkern serve: listening on http://%s:%u%s\n", host, bound, key ? " (API key required)" : "");
-        if (strcmp(host, "127.0.0.1") != 0 && !key)
-            printf("meshkern serve: warning: bound to %s without an API key: anyone who can reach it can use it\n", host);
-        fflush(stdout);
-        while (sem_wait(&mk_stop_sem) != 0) {} /* EINTR: the handler itself */
-        printf("meshkern serve: %s: draining (new requests get 503)\n", mk_stop_signal == SIGINT ? "SIGINT" : "SIGTERM");
-        fflush(stdout);
-        pthread_mutex_lock(&srv.mu);
-        srv.draining = true;
-        struct timespec until;
-        clock_gettime(CLOCK_REALTIME, &until);
-        until.tv_sec += (time_t)drain;
-        while (srv.n_active && pthread_cond_timedwait(&srv.idle_cv, &srv.mu, &until) == 0) {}
-        const size_t left = srv.n_active;
-        for (size_t i = 0; i < srv.n_jobs; i++) (void)mk_sched_cancel(srv.sched, srv.jobs[i]->seq);
-        pthread_mutex_unlock(&srv.mu);
-        if (left) printf("meshkern serve: %zu requests still open after %zu s: their sequences cancelled\n", left, drain);
+        mk_serve_say_listening(srv, &set, "serve", bound);
+        mk_serve_until_stopped(srv, &set, "serve");
         MHD_stop_daemon(d);
         printf("meshkern serve: stopped\n");
         fflush(stdout);
     }
-    mk_sched_free(srv.sched);
-    sem_destroy(&mk_stop_sem);
-    free(srv.jobs);
-    free(srv.eog);
-    mk_tokenizer_free(srv.tok);
-    mk_model_free(srv.model);
-    free(file_key);
+    mk_sched_free(srv->sched);
+    mk_serve_close(srv, file_key);
+    mk_model_free(model);
     return rc;
+}
+
+/* stage --serve: HTTP first (health "loading" while the ranks join), then rank 0's run on a
+ * thread of its own, fed by the job table; SIGTERM drains, then the run ends with a bye. */
+int mk_cli_stage_serve(const char *model_path, const mk_model *model, mk_stage_options *o, const mk_serve_settings *set) {
+    mk_server *srv = &mk_the_server;
+    char *file_key = NULL;
+    int rc = mk_serve_open(srv, set, "stage", model_path, model, o->max_sequences + set->max_queue, &file_key);
+    if (rc) {
+        mk_serve_close(srv, file_key);
+        return rc;
+    }
+    srv->engine = MK_ENGINE_STAGE;
+    srv->health = MK_HEALTH_LOADING;
+    srv->kv_sequences = o->max_sequences;
+    srv->kv_bytes_each = mk_kv_bytes_each(model, srv->lim.context, o->range.backend.kv_dtype);
+    srv->take_cap = srv->lim.context;
+    srv->take_buf = malloc(srv->take_cap * sizeof *srv->take_buf);
+    srv->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (!srv->take_buf || srv->wake_fd < 0) {
+        rc = mk_cli_fail(mk_fail(MK_ERR_OUT_OF_MEMORY, "stage --serve: no buffer or eventfd: %s", strerror(errno)));
+        mk_serve_close(srv, file_key);
+        return rc;
+    }
+    /* rank 0 holds the limits for all: a prompt and its answer fit the context */
+    o->range.max_context = srv->lim.context;
+    o->range.max_batch_tokens = srv->lim.context;
+    o->max_new_tokens = srv->lim.context;
+    o->stop_ids = srv->eog;
+    o->n_stop = srv->n_eog;
+    unsigned bound = 0;
+    struct MHD_Daemon *d = mk_serve_listen(srv, set, "stage", &bound);
+    if (!d) {
+        mk_serve_close(srv, file_key);
+        return 1;
+    }
+    mk_serve_say_listening(srv, set, "stage", bound);
+    mk_stage *stage = NULL;
+    mk_status s = mk_stage_join(model, o, &stage);
+    if (s != MK_OK) {
+        fprintf(stderr, "meshkern stage: rank 0: refused at startup: %s: %s\n", mk_status_name(s), mk_last_error());
+        MHD_stop_daemon(d);
+        mk_serve_close(srv, file_key);
+        return 1;
+    }
+    const mk_range *r = mk_stage_range(stage);
+    printf("meshkern stage: serving model %s over %d processes (rank 0: layers %lld-%lld), seam %s, context %zu, "
+           "%zu sequences + %zu queued\n",
+           srv->model_id, o->world, (long long)mk_range_start(r), (long long)mk_range_end(r),
+           mk_seam_kind_name(o->seam), srv->lim.context, o->max_sequences, set->max_queue);
+    fflush(stdout);
+    pthread_mutex_lock(&srv->mu);
+    srv->stage = stage;
+    srv->health = MK_HEALTH_READY;
+    pthread_mutex_unlock(&srv->mu);
+    if (pthread_create(&srv->stage_thread, NULL, mk_stage_main, srv) != 0) {
+        rc = mk_cli_fail(mk_fail(MK_ERR_INTERNAL, "stage --serve: cannot start rank 0's thread"));
+    } else {
+        srv->stage_thread_started = true;
+        mk_serve_until_stopped(srv, set, "stage");
+        pthread_join(srv->stage_thread, NULL);
+    }
+    MHD_stop_daemon(d);
+    pthread_mutex_lock(&srv->mu);
+    const bool degraded = srv->health == MK_HEALTH_DEGRADED;
+    srv->stage = NULL;
+    pthread_mutex_unlock(&srv->mu);
+    printf("meshkern stage: stopped%s\n", degraded ? " (the stage run had failed)" : "");
+    fflush(stdout);
+    mk_stage_free(stage);
+    mk_serve_close(srv, file_key);
+    return rc ? rc : degraded ? 1 : 0;
 }

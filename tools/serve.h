@@ -8,10 +8,32 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "cli_options.h"
 #include "meshkern.h"
 
 /* meshkern serve MODEL ...: argv[0] is MODEL. */
 int mk_cli_serve(int argc, char **argv);
+
+/* ====================================================== the HTTP flags == */
+
+/* What the HTTP side takes from either command's flags (serve_options.c, built always). */
+typedef struct mk_serve_settings {
+    bool enabled;                 /* stage: --serve was given */
+    char host[64];                /* an IPv4 or IPv6 literal */
+    size_t port;
+    const char *api_key, *api_key_file, *model_name;
+    size_t max_queue, ctx, max_body, max_conn, timeout, drain;
+} mk_serve_settings;
+void mk_serve_settings_default(mk_serve_settings *s);
+bool mk_serve_host_ok(const char *host);
+#define MK_SERVE_CLI_OPTIONS 11
+/* The HTTP flags into out (values into s): --host and --port for serve, or (address_flag)
+ * --serve HOST:PORT for stage; the count. */
+size_t mk_serve_cli_options(mk_serve_settings *s, bool address_flag, mk_cli_option out[MK_SERVE_CLI_OPTIONS]);
+
+/* meshkern stage ... --serve HOST:PORT on rank 0: the same endpoint over a process-per-range
+ * run (o: the parsed stage options; the model stays the caller's). The exit status. */
+int mk_cli_stage_serve(const char *model_path, const mk_model *model, mk_stage_options *o, const mk_serve_settings *set);
 
 /* ======================================================= request parsing == */
 

@@ -22,6 +22,7 @@
 
 #include "cli.h"
 #include "cli_text.h"
+#include "serve.h"
 #include "core/mk_size.h"
 #include "mk_error.h"
 
@@ -33,6 +34,7 @@ typedef struct stage_args {
     int32_t stop[2 * MK_STAGE_MAX_LIST]; /* --stop, then the model's end-of-generation ids */
     size_t n_stop;
     mk_stage_options o;
+    mk_serve_settings serve; /* --serve HOST:PORT and the HTTP flags (rank 0) */
     bool mpi, text;
     char mpi_rendezvous[300];
 } stage_args;
@@ -106,9 +108,12 @@ static int parse_stage_args(int argc, char **argv, stage_args *a) {
          &a->o.timeout_ms, 0, 0, parse_timeout},
         mk_cli_opt_seam(&a->o.seam, false, "tcp"),
     };
-    mk_cli_option backend_opts[MK_CLI_BACKEND_OPTIONS], tls_opts[MK_CLI_TLS_OPTIONS];
+    mk_cli_option backend_opts[MK_CLI_BACKEND_OPTIONS], tls_opts[MK_CLI_TLS_OPTIONS], http[MK_SERVE_CLI_OPTIONS];
+    mk_serve_settings_default(&a->serve);
     const mk_cli_group groups[] = {
         {"options", opts, sizeof opts / sizeof *opts},
+        {"serving options (rank 0, instead of --prompts: meshkern serve's endpoint over this run)", http,
+         mk_serve_cli_options(&a->serve, true, http)},
         {"backend options", backend_opts, mk_cli_backend_options(&backend, backend_opts, "cpu threads (default: every core)")},
         {"TLS options (the rendezvous, control and seam connections; unix and tcp seams)", tls_opts,
          mk_cli_tls_options(&a->o.tls, tls_opts)},
@@ -344,10 +349,21 @@ int mk_cli_stage(int argc, char **argv) {
         mk_model_free(model);
         return 1;
     }
-    if (a.o.rank == 0 && !a.prompts) {
+    if (a.o.rank == 0 && (a.serve.enabled ? a.prompts != NULL : !a.prompts)) {
         mk_stage_nccl_ids_free(nccl_ids);
         mk_model_free(model);
-        return mk_cli_usage_error("stage", "rank 0 needs --prompts FILE (or - for standard input)");
+        return mk_cli_usage_error("stage", a.prompts ? "--serve or --prompts: one or the other"
+                                                     : "rank 0 needs --prompts FILE (or - for standard input) or "
+                                                       "--serve HOST:PORT");
+    }
+    if (a.o.rank == 0 && a.serve.enabled) { /* the other ranks run as for a list */
+        a.o.log = stage_log;
+        a.o.log_user = &a.o.rank;
+        const int rc = mk_cli_stage_serve(a.model, model, &a.o, &a.serve);
+        mk_stage_nccl_ids_free(nccl_ids);
+        mk_model_free(model);
+        if (a.mpi && rc == 0) mk_stage_mpi_finalize();
+        return rc;
     }
     batch_prompt *prompts = NULL;
     size_t n_prompts = 0;

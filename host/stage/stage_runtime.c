@@ -14,6 +14,7 @@
  * rank, which report those requests too and stop. A dead rank 0 is seen by all as a
  * closed control connection. */
 #include <poll.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -400,60 +401,103 @@ static mk_status mk_stage_send(mk_stage *st, const char *id) {
 
 /* ========================================================== rank 0 (head) == */
 
-typedef struct mk_head_request {
+/* A request in flight: its admission number names it on every rank ("req-<number>"). */
+typedef struct mk_head_entry {
+    bool used;
+    size_t number;
+    mk_stage_arrival a;
     int32_t *tokens;  /* [cap] */
-    size_t n, cap;    /* cap: max_new_tokens, at most max_context (a request cannot outgrow its KV) */
-    bool started, finished;
-} mk_head_request;
+    size_t n, cap;    /* cap: its token limit, at most max_context (a request cannot outgrow its KV) */
+} mk_head_entry;
 
 typedef struct mk_head {
     mk_stage *st;
-    const mk_stage_request *req;
-    size_t n_req;
-    mk_head_request *state;
-    size_t next, in_flight, finished;
-    mk_stage_report_fn report;
-    void *user;
+    const mk_stage_source *src;
+    mk_head_entry *entry;   /* [max_sequences] */
+    size_t admitted, in_flight;
+    bool closed;            /* the source said so: no more admissions */
+    int64_t deadline;       /* a result is due by then (0: none awaited) */
 } mk_head;
 
-/* A step of request i through this rank's range and on to rank 1. */
-static mk_status mk_head_step(mk_head *h, size_t i, const int32_t *ids, size_t n, bool fresh) {
+/* A step of entry e through this rank's range and on to rank 1. */
+static mk_status mk_head_step(mk_head *h, mk_head_entry *e, const int32_t *ids, size_t n, bool fresh) {
     mk_stage *st = h->st;
     char id[64];
-    snprintf(id, sizeof id, "req-%zu", i);
+    snprintf(id, sizeof id, "req-%zu", e->number);
     mk_sequence *seq = NULL;
     MK_TRY(mk_slots_get(&st->slots, id, fresh, &seq));
     mk_stage_busy(st, true);
     mk_stage_fault_busy(st);
+    const int64_t t0 = mk_wall_ns();
     const mk_status s = mk_range_forward_boundary(st->range, seq, ids, n, NULL, NULL, st->out, NULL);
+    __atomic_fetch_add(&st->live_busy_ns, (uint64_t)(mk_wall_ns() - t0), __ATOMIC_RELAXED);
     mk_stage_busy(st, false);
     if (s != MK_OK) return mk_stage_wrap(s, "rank 0: %s at step %llu", id, (unsigned long long)st->steps);
-    return mk_stage_send(st, id);
-}
-
-static mk_status mk_head_admit(mk_head *h) {
-    while (h->in_flight < h->st->max_sequences && h->next < h->n_req) {
-        const size_t i = h->next++;
-        h->state[i].started = true;
-        h->in_flight++;
-        MK_TRY(mk_head_step(h, i, h->req[i].prompt, h->req[i].n_prompt, true));
-    }
+    MK_TRY(mk_stage_send(st, id));
+    __atomic_store_n(&st->live_bytes, (uint64_t)mk_seam_bytes(st->to_next), __ATOMIC_RELAXED);
+    __atomic_store_n(&st->live_steps, st->steps, __ATOMIC_RELAXED);
     return MK_OK;
 }
 
-static void mk_head_finish(mk_head *h, size_t i, mk_status status, const char *error, bool stopped) {
-    mk_head_request *r = &h->state[i];
-    if (r->finished) return;
-    r->finished = true;
-    h->finished++;
-    if (r->started) h->in_flight--;
+/* The request's end: its slot and KV go, its report goes out. */
+static void mk_head_finish(mk_head *h, mk_head_entry *e, mk_status status, const char *error, bool stopped) {
     char id[64];
-    snprintf(id, sizeof id, "req-%zu", i);
+    snprintf(id, sizeof id, "req-%zu", e->number);
     mk_slots_release(&h->st->slots, id);
-    if (h->report) {
-        const mk_stage_report rep = {i, status, error ? error : "", r->tokens, r->n, stopped};
-        h->report(h->user, &rep);
+    if (h->src->report) {
+        const mk_stage_report rep = {(size_t)e->a.tag, status, error ? error : "", e->tokens, e->n, stopped};
+        h->src->report(h->src->user, &rep);
     }
+    free(e->tokens);
+    *e = (mk_head_entry){0};
+    h->in_flight--;
+}
+
+/* A request the stage cannot take fails alone, before it reaches any rank. */
+static bool mk_head_refuse(mk_head *h, const mk_stage_arrival *a) {
+    const mk_stage *st = h->st;
+    char why[200];
+    mk_status s = MK_OK;
+    if (!a->prompt || a->n_prompt == 0) {
+        s = MK_ERR_EMPTY_INPUT;
+        snprintf(why, sizeof why, "request %llu has no prompt tokens", (unsigned long long)a->tag);
+    } else if (a->n_prompt > st->max_rows || a->n_prompt >= st->max_context) {
+        s = MK_ERR_CONTEXT_OVERFLOW;
+        snprintf(why, sizeof why, "request %llu: a prompt of %zu tokens; this run takes at most %zu (context %zu)",
+                 (unsigned long long)a->tag, a->n_prompt,
+                 st->max_rows < st->max_context - 1 ? st->max_rows : st->max_context - 1, st->max_context);
+    }
+    if (s == MK_OK) return false;
+    if (h->src->report) {
+        const mk_stage_report rep = {(size_t)a->tag, s, why, NULL, 0, false};
+        h->src->report(h->src->user, &rep);
+    }
+    return true;
+}
+
+/* Admit from the source while there is room: each new request's prefill goes out now. */
+static mk_status mk_head_admit(mk_head *h) {
+    mk_stage *st = h->st;
+    while (!h->closed && h->in_flight < st->max_sequences) {
+        mk_stage_arrival a = {0};
+        if (!h->src->take(h->src->user, &a)) {
+            h->closed = h->src->closed && h->src->closed(h->src->user);
+            break;
+        }
+        if (mk_head_refuse(h, &a)) continue;
+        mk_head_entry *e = h->entry;
+        while (e->used) e++; /* in_flight < max_sequences: one is free */
+        const size_t limit = a.max_new_tokens ? a.max_new_tokens : st->o.max_new_tokens;
+        e->cap = limit < st->max_context ? limit : st->max_context;
+        e->tokens = mk_alloc_array(e->cap, sizeof(int32_t), "stage: a request's tokens");
+        if (!e->tokens) return MK_ERR_OUT_OF_MEMORY;
+        e->used = true;
+        e->number = h->admitted++;
+        e->a = a;
+        h->in_flight++;
+        MK_TRY(mk_head_step(h, e, a.prompt, a.n_prompt, true));
+    }
+    return MK_OK;
 }
 
 /* A TailResult from the last rank: the token of one request's step. */
@@ -466,25 +510,28 @@ static mk_status mk_head_result(mk_head *h, const char *body, size_t len) {
     if (strcmp(info.runtime_recipe_digest, mk_range_recipe_digest(st->range)) != 0)
         return mk_fail(MK_ERR_RECIPE_DIGEST, "rank %d sent a result of recipe %.16s..., this run's is %.16s...: refused",
                        last, info.runtime_recipe_digest, mk_range_recipe_digest(st->range));
-    const size_t i = mk_request_index(info.request_id);
-    if (i >= h->n_req || !h->state[i].started || h->state[i].finished)
+    const size_t number = mk_request_index(info.request_id);
+    mk_head_entry *e = NULL;
+    for (size_t k = 0; k < st->max_sequences && !e; k++)
+        if (h->entry[k].used && h->entry[k].number == number) e = &h->entry[k];
+    if (!e)
         return mk_fail(MK_ERR_TAIL_RESULT, "rank %d sent a result for '%.64s', which is not in flight", last,
                        info.request_id);
     const mk_hparams *hp = mk_model_hparams(st->model);
     if (info.kind != MK_TAIL_OUTPUT_TOKEN || info.token_id < 0 || (size_t)info.token_id >= hp->vocab)
         return mk_fail(MK_ERR_TAIL_RESULT, "rank %d sent no token id within the vocabulary for %s", last, info.request_id);
-    mk_head_request *r = &h->state[i];
     const int32_t token = (int32_t)info.token_id;
-    if (r->n == r->cap) /* cannot happen: the step before would have overflowed the context */
-        return mk_fail(MK_ERR_CONTEXT_OVERFLOW, "%s: more than %zu tokens", info.request_id, r->cap);
-    r->tokens[r->n++] = token;
+    if (e->n == e->cap) /* cannot happen: the step before would have overflowed the context */
+        return mk_fail(MK_ERR_CONTEXT_OVERFLOW, "%s: more than %zu tokens", info.request_id, e->cap);
+    e->tokens[e->n++] = token;
     bool stop = false;
     for (size_t k = 0; k < st->o.n_stop; k++) stop |= st->stop[k] == token;
-    if (stop || r->n == st->o.max_new_tokens) {
-        mk_head_finish(h, i, MK_OK, NULL, stop);
-        return mk_head_admit(h);
+    const bool cut = h->src->on_token && !h->src->on_token(h->src->user, e->a.tag, token);
+    if (stop || cut || e->n == e->cap) {
+        mk_head_finish(h, e, MK_OK, NULL, stop);
+        return MK_OK; /* the loop admits into the free place */
     }
-    return mk_head_step(h, i, &token, 1, false);
+    return mk_head_step(h, e, &token, 1, false);
 }
 
 /* No result came in time: ask every rank whether it is alive, so the message names the
@@ -525,26 +572,42 @@ static mk_status mk_head_diagnose(mk_head *h) {
                    st->world - 1, st->timeout_ms, (unsigned long long)st->steps, h->in_flight);
 }
 
-/* Wait for the next control message on any rank's connection and act on it. */
+/* Wait for the next control message on any rank's connection and act on it, or for the
+ * source's wake-up. With requests in flight a result is due within the deadline; idle, rank
+ * 0 waits as long as the source is quiet, beating so the others know it is alive. */
 static mk_status mk_head_wait(mk_head *h) {
     mk_stage *st = h->st;
-    int fds[MK_STAGE_MAX_WORLD];
+    int fds[MK_STAGE_MAX_WORLD + 1];
     for (int k = 1; k < st->world; k++) fds[k - 1] = st->ctl[k].fd;
+    size_t n = (size_t)st->world - 1;
+    const bool wake = !h->closed && h->src->wake_fd >= 0;
+    if (wake) fds[n++] = h->src->wake_fd;
     int ready = -1;
-    const int64_t deadline = mk_deadline_ms(st->timeout_ms, MK_STAGE_DEFAULT_TIMEOUT_MS);
-    MK_TRY(mk_poll_in(fds, (size_t)st->world - 1, deadline, &ready));
-    if (ready < 0) return mk_head_diagnose(h);
+    const bool idle = h->in_flight == 0;
+    if (idle) h->deadline = 0;
+    else if (!h->deadline) h->deadline = mk_deadline_ms(st->timeout_ms, MK_STAGE_DEFAULT_TIMEOUT_MS);
+    /* idle without a descriptor to wait on: ask the source again in 20 ms */
+    const int64_t until = idle ? (wake ? INT64_MAX : mk_deadline_ms(20, 20)) : h->deadline;
+    if (idle) mk_stage_busy(st, true); /* beats while idle: the others' waits see rank 0 alive */
+    const mk_status polled = mk_poll_in(fds, n, until, &ready);
+    if (idle) mk_stage_busy(st, false);
+    MK_TRY(polled);
+    if (ready < 0) return idle ? MK_OK : mk_head_diagnose(h);
+    if (wake && ready == (int)n - 1) return MK_OK; /* news from the source: the loop admits */
     const int k = ready + 1;
     char peer[32], body[MK_CTL_MAX_BODY + 1];
     snprintf(peer, sizeof peer, "rank %d", k);
     mk_ctl_type type;
     size_t len;
-    const mk_status s = mk_ctl_recv(&st->ctl[k], &type, body, &len, deadline, peer);
+    const mk_status s =
+        mk_ctl_recv(&st->ctl[k], &type, body, &len, mk_deadline_ms(st->timeout_ms, MK_STAGE_DEFAULT_TIMEOUT_MS), peer);
     if (s != MK_OK) return mk_stage_wrap(s, "rank 0 at step %llu", (unsigned long long)st->steps);
     if (type == MK_CTL_ABORT) return mk_ctl_abort_status(body);
+    h->deadline = 0; /* a word from a rank: the wait for a result starts again */
     if (type == MK_CTL_BUSY) {
         /* rank k is computing: the wait starts again, and the ranks waiting for its output
          * hear it from rank 0 (their deadline watches rank 0) */
+        const int64_t deadline = mk_deadline_ms(st->timeout_ms, MK_STAGE_DEFAULT_TIMEOUT_MS);
         for (int j = 1; j < st->world; j++)
             if (j != k) (void)mk_ctl_send(&st->ctl[j], MK_CTL_BUSY, NULL, 0, deadline);
         mk_clear_error();
@@ -555,9 +618,11 @@ static mk_status mk_head_wait(mk_head *h) {
 }
 
 static mk_status mk_head_serve(mk_head *h) {
-    MK_TRY(mk_head_admit(h));
-    while (h->finished < h->n_req) MK_TRY(mk_head_wait(h));
-    return MK_OK;
+    for (;;) {
+        MK_TRY(mk_head_admit(h));
+        if (h->closed && h->in_flight == 0) return MK_OK;
+        MK_TRY(mk_head_wait(h));
+    }
 }
 
 /* nccl seams: the end-of-run marker down the chain, and the last rank's word that it came
@@ -606,48 +671,81 @@ static void mk_head_gather_counts(mk_stage *st, int64_t deadline) {
     mk_clear_error(); /* a rank without figures fails mk_stage_hop_stats, not the finished run */
 }
 
-static mk_status mk_stage_serve_head(mk_stage *st, const mk_stage_request *req, size_t n_req, mk_stage_report_fn report,
-                                     void *user) {
-    mk_head h = {.st = st, .req = req, .n_req = n_req, .report = report, .user = user};
-    h.state = calloc(n_req ? n_req : 1, sizeof *h.state);
-    mk_status s = h.state ? MK_OK : mk_fail(MK_ERR_OUT_OF_MEMORY, "stage: out of memory for %zu requests", n_req);
+/* Rank 0's run over a source; `pre`: a failure found before it (the run fails at once). */
+static mk_status mk_stage_serve_head(mk_stage *st, const mk_stage_source *src, mk_status pre) {
+    mk_head h = {.st = st, .src = src};
+    mk_status s = pre;
     if (s == MK_OK && st->o.max_new_tokens == 0) s = mk_fail(MK_ERR_INVALID_ARGUMENT, "max_new_tokens is 0");
-    /* A request yields at most max_context tokens (each but the last takes a KV position),
-     * whatever max_new_tokens asks: the token buffer is sized by the smaller. */
-    const size_t cap = st->o.max_new_tokens < st->max_context ? st->o.max_new_tokens : st->max_context;
-    for (size_t i = 0; s == MK_OK && i < n_req; i++) {
-        if (!req[i].prompt || req[i].n_prompt == 0)
-            s = mk_fail(MK_ERR_EMPTY_INPUT, "request %zu has no prompt tokens", i);
-        else if (!(h.state[i].tokens = mk_alloc_array(cap, sizeof(int32_t), "stage: a request's tokens")))
-            s = MK_ERR_OUT_OF_MEMORY;
-        else h.state[i].cap = cap;
-    }
+    if (s == MK_OK && !(h.entry = calloc(st->max_sequences, sizeof *h.entry)))
+        s = mk_fail(MK_ERR_OUT_OF_MEMORY, "stage: out of memory for %zu requests in flight", st->max_sequences);
     if (s == MK_OK) s = mk_head_serve(&h);
     const int64_t deadline = mk_deadline_ms(st->timeout_ms, MK_STAGE_DEFAULT_TIMEOUT_MS);
-    if (s == MK_OK && st->o.seam == MK_SEAM_NCCL && n_req > 0) s = mk_head_end_marker(st);
+    if (s == MK_OK && st->o.seam == MK_SEAM_NCCL && h.admitted > 0) s = mk_head_end_marker(st);
     if (s == MK_OK) {
         for (int k = 1; k < st->world; k++) (void)mk_ctl_send(&st->ctl[k], MK_CTL_BYE, NULL, 0, deadline);
         mk_head_gather_counts(st, deadline);
     } else {
-        /* Every request not done fails with this status, and every rank is told which. */
+        /* Every request in flight fails with this status, and every rank is told which. */
         char message[512], body[MK_CTL_MAX_BODY];
         snprintf(message, sizeof message, "%s", mk_last_error());
         int n = snprintf(body, sizeof body, "%d %s\n", (int)s, message);
-        for (size_t i = 0; h.state && i < n_req && n > 0 && (size_t)n < sizeof body - 32; i++)
-            if (h.state[i].started && !h.state[i].finished) n += snprintf(body + n, sizeof body - (size_t)n, "%zu ", i);
+        for (size_t k = 0; h.entry && k < st->max_sequences && n > 0 && (size_t)n < sizeof body - 32; k++)
+            if (h.entry[k].used) n += snprintf(body + n, sizeof body - (size_t)n, "%zu ", h.entry[k].number);
         for (int k = 1; k < st->world; k++)
             if (st->ctl[k].fd >= 0)
                 (void)mk_ctl_send(&st->ctl[k], MK_CTL_ABORT, body, strlen(body), mk_deadline_ms(500, 500));
-        for (size_t i = 0; h.state && i < n_req; i++) {
-            if (h.state[i].finished) continue;
+        for (size_t k = 0; h.entry && k < st->max_sequences; k++)
+            if (h.entry[k].used) mk_head_finish(&h, &h.entry[k], s, message, false);
+        mk_fail(s, "%s", message);
+    }
+    free(h.entry);
+    return s;
+}
+
+/* mk_stage_serve's fixed list as a source: admitted in order, so a request's admission
+ * number is its index (the other ranks' reports name it by that). */
+typedef struct mk_list_source {
+    const mk_stage_request *req;
+    size_t n, next;
+    mk_stage_report_fn report;
+    void *user;
+} mk_list_source;
+
+static bool mk_list_take(void *user, mk_stage_arrival *a) {
+    mk_list_source *l = user;
+    if (l->next == l->n) return false;
+    *a = (mk_stage_arrival){l->req[l->next].prompt, l->req[l->next].n_prompt, 0, l->next};
+    l->next++;
+    return true;
+}
+
+static bool mk_list_closed(void *user) { return ((mk_list_source *)user)->next == ((mk_list_source *)user)->n; }
+
+static void mk_list_report(void *user, const mk_stage_report *r) {
+    mk_list_source *l = user;
+    if (l->report) l->report(l->user, r);
+}
+
+static mk_status mk_stage_serve_list(mk_stage *st, const mk_stage_request *req, size_t n_req, mk_stage_report_fn report,
+                                     void *user) {
+    mk_list_source l = {req, n_req, 0, report, user};
+    const mk_stage_source src = {sizeof src, mk_list_take, NULL, mk_list_report, mk_list_closed, -1, &l};
+    /* A list with an unusable request fails before any starts, as a whole. */
+    mk_status pre = MK_OK;
+    for (size_t i = 0; pre == MK_OK && i < n_req; i++)
+        if (!req[i].prompt || req[i].n_prompt == 0) pre = mk_fail(MK_ERR_EMPTY_INPUT, "request %zu has no prompt tokens", i);
+    const mk_status s = mk_stage_serve_head(st, &src, pre);
+    if (s != MK_OK) {
+        char message[512];
+        snprintf(message, sizeof message, "%s", mk_last_error());
+        for (size_t i = l.next; report && i < n_req; i++) {
             char why[600];
-            snprintf(why, sizeof why, "%s%s", h.state[i].started ? "" : "never started: ", message);
-            mk_head_finish(&h, i, s, why, false);
+            snprintf(why, sizeof why, "never started: %s", message);
+            const mk_stage_report rep = {i, s, why, NULL, 0, false};
+            report(user, &rep);
         }
         mk_fail(s, "%s", message);
     }
-    for (size_t i = 0; h.state && i < n_req; i++) free(h.state[i].tokens);
-    free(h.state);
     return s;
 }
 
@@ -887,10 +985,35 @@ mk_status mk_stage_serve(mk_stage *st, const mk_stage_request *requests, size_t 
     if (st->rank != 0 && n_requests) return mk_fail(MK_ERR_INVALID_ARGUMENT, "rank %d takes no requests (rank 0 does)", st->rank);
     if (st->rank == 0 && n_requests && !requests) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_stage_serve: NULL requests");
     MK_TRY(mk_beat_start(st));
-    const mk_status s = st->rank == 0 ? mk_stage_serve_head(st, requests, n_requests, report, user)
+    const mk_status s = st->rank == 0 ? mk_stage_serve_list(st, requests, n_requests, report, user)
                                       : mk_stage_serve_member(st, report, user);
     mk_beat_stop(st);
     return s;
+}
+
+mk_status mk_stage_serve_source(mk_stage *st, const mk_stage_source *given) {
+    mk_clear_error();
+    if (!st || !given) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_stage_serve_source: NULL argument");
+    if (st->rank != 0) return mk_fail(MK_ERR_INVALID_ARGUMENT, "rank %d takes no requests (rank 0 does)", st->rank);
+    mk_stage_source src = {0};
+    MK_TRY(mk_options_take(&src, sizeof src, sizeof src, given, "mk_stage_source"));
+    if (!src.take) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_stage_serve_source: no take callback");
+    if (st->o.seam == MK_SEAM_NCCL)
+        return mk_fail(MK_ERR_UNSUPPORTED, "a live source needs a tcp or unix seam: an nccl receive cannot wait while "
+                       "rank 0 is idle");
+    MK_TRY(mk_beat_start(st));
+    const mk_status s = mk_stage_serve_head(st, &src, MK_OK);
+    mk_beat_stop(st);
+    return s;
+}
+
+mk_status mk_stage_live(const mk_stage *st, mk_stage_live_stats *out) {
+    mk_clear_error();
+    if (!st || !out) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_stage_live: NULL argument");
+    out->steps = __atomic_load_n(&st->live_steps, __ATOMIC_RELAXED);
+    out->busy_seconds = (double)__atomic_load_n(&st->live_busy_ns, __ATOMIC_RELAXED) * 1e-9;
+    out->bytes_sent = __atomic_load_n(&st->live_bytes, __ATOMIC_RELAXED);
+    return MK_OK;
 }
 
 mk_status mk_stage_hop_stats(const mk_stage *st, size_t seam, mk_stage_hop *out) {
