@@ -207,6 +207,15 @@ static bool mk_source_token(void *user, uint64_t tag, int32_t token) {
 static void mk_source_report(void *user, const mk_stage_report *r) {
     mk_server *srv = user;
     pthread_mutex_lock(&srv->mu);
+    /* A request refused alone says so (no prompt, over the context); any other failure is
+     * the run's, reported for each request in flight: the server is degraded before the
+     * first of them reaches its client. */
+    if (r->status != MK_OK && r->status != MK_ERR_EMPTY_INPUT && r->status != MK_ERR_CONTEXT_OVERFLOW &&
+        srv->health != MK_HEALTH_DEGRADED) {
+        srv->health = MK_HEALTH_DEGRADED;
+        snprintf(srv->degraded, sizeof srv->degraded, "the stage run failed: %s: %.400s", mk_status_name(r->status),
+                 r->error);
+    }
     mk_job *j = mk_job_of(srv, (uint64_t)r->request);
     if (j) {
         j->ended = true;
@@ -226,8 +235,10 @@ static void *mk_stage_main(void *arg) {
     const mk_status s = mk_stage_serve_source(srv->stage, &src);
     pthread_mutex_lock(&srv->mu);
     if (s != MK_OK) {
+        if (srv->health != MK_HEALTH_DEGRADED) /* no request was in flight to report it */
+            snprintf(srv->degraded, sizeof srv->degraded, "the stage run failed: %s: %.400s", mk_status_name(s),
+                     mk_last_error());
         srv->health = MK_HEALTH_DEGRADED;
-        snprintf(srv->degraded, sizeof srv->degraded, "the stage run failed: %s: %s", mk_status_name(s), mk_last_error());
         fprintf(stderr, "meshkern stage --serve: %s\n", srv->degraded);
     }
     for (size_t i = 0; i < srv->n_jobs; i++) {

@@ -102,6 +102,12 @@ def metric(url, name):
     return int(m.group(1)) if m else None
 
 
+def metric_f(url, name):
+    _, _, body = curl(url, "/metrics")
+    m = re.search(r"^" + re.escape(name) + r" ([0-9.e+-]+)$", body.decode(), re.M)
+    return float(m.group(1)) if m else None
+
+
 def sse_text(body):
     """The text, finish reason and usage of an SSE body (chat chunks)."""
     text, finish, usage, done = "", None, None, False
@@ -316,6 +322,15 @@ def main():
                                                    max_tokens=N)
         check(r.choices[0].message.content == refs[2][0],
               "the freed slot serves the next request correctly (two stages: equals the whole model's run -p)")
+        # per-stage figures: both stages computed, every step of stage 0 crossed seam 0
+        busy = [metric_f(small.url, f'meshkern_stage_busy_seconds_total{{stage="{k}"}}') for k in (0, 1)]
+        steps = [metric_f(small.url, f'meshkern_stage_steps_total{{stage="{k}"}}') for k in (0, 1)]
+        seam = metric_f(small.url, 'meshkern_seam_bytes_total{seam="0"}')
+        check(all(b and b > 0 for b in busy) and steps[0] and steps[0] == steps[1] and seam and seam > 576 * steps[0],
+              f"metrics: stages busy {busy} s over {steps} steps, {seam} bytes over seam 0")
+        check(metric_f(small.url, 'meshkern_kv_sequences{kind="capacity"}') == 1 and
+              metric_f(small.url, 'meshkern_kv_bytes{kind="capacity"}') == 2 * 30 * 3 * 64 * 512 * 4,
+              "metrics: KV reserved for 1 slot of 512 positions (30 layers, 3 kv heads of 64, K and V, f32)")
 
         # SIGTERM while a request is in flight: it finishes, a new one gets 503, exit 0
         result = {}
