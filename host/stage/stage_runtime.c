@@ -407,7 +407,8 @@ typedef struct mk_head_entry {
     size_t number;
     mk_stage_arrival a;
     int32_t *tokens;  /* [cap] */
-    size_t n, cap;    /* cap: its token limit, at most max_context (a request cannot outgrow its KV) */
+    size_t n, cap;    /* cap: its token limit, or fewer where its KV fills first */
+    size_t limit;     /* the token limit asked for */
 } mk_head_entry;
 
 typedef struct mk_head {
@@ -488,7 +489,10 @@ static mk_status mk_head_admit(mk_head *h) {
         mk_head_entry *e = h->entry;
         while (e->used) e++; /* in_flight < max_sequences: one is free */
         const size_t limit = a.max_new_tokens ? a.max_new_tokens : st->o.max_new_tokens;
-        e->cap = limit < st->max_context ? limit : st->max_context;
+        /* every token but the last takes a KV position after the prompt's */
+        const size_t room = st->max_context - a.n_prompt + 1;
+        e->cap = limit < room ? limit : room;
+        e->limit = limit;
         e->tokens = mk_alloc_array(e->cap, sizeof(int32_t), "stage: a request's tokens");
         if (!e->tokens) return MK_ERR_OUT_OF_MEMORY;
         e->used = true;
@@ -527,6 +531,14 @@ static mk_status mk_head_result(mk_head *h, const char *body, size_t len) {
     bool stop = false;
     for (size_t k = 0; k < st->o.n_stop; k++) stop |= st->stop[k] == token;
     const bool cut = h->src->on_token && !h->src->on_token(h->src->user, e->a.tag, token);
+    if (!stop && !cut && e->n == e->cap && e->cap < e->limit) {
+        /* the context is full before the token limit: this request fails alone, its tokens kept */
+        char why[400];
+        snprintf(why, sizeof why, "%.64s: the context of %zu positions is full after %zu tokens (%zu asked for)",
+                 info.request_id, st->max_context, e->n, e->limit);
+        mk_head_finish(h, e, MK_ERR_CONTEXT_OVERFLOW, why, false);
+        return MK_OK;
+    }
     if (stop || cut || e->n == e->cap) {
         mk_head_finish(h, e, MK_OK, NULL, stop);
         return MK_OK; /* the loop admits into the free place */

@@ -175,6 +175,10 @@ def main():
                          metric(r0.url, "meshkern_sequences_in_flight") == 0 and
                          metric(r0.url, 'meshkern_kv_sequences{kind="in_use"}') == 0)
         check(freed, "disconnect mid-stream: sequence cut, its KV free (metrics)")
+        steps_then = metric(r0.url, 'meshkern_stage_steps_total{stage="0"}')
+        time.sleep(1.0)  # nothing in flight: rank 0 runs no step (the cut sequence is gone, not running on)
+        steps_now = metric(r0.url, 'meshkern_stage_steps_total{stage="0"}')
+        check(steps_now == steps_then, f"after the cut rank 0 is idle: steps {steps_then} -> {steps_now}")
         r = client.chat.completions.create(model=MODEL_ID, messages=[{"role": "user", "content": PROMPTS[3]}],
                                            max_tokens=N)
         check(r.choices[0].message.content == refs[3][0], "the freed slot serves the next request correctly")

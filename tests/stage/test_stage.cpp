@@ -9,13 +9,17 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/eventfd.h>
 #include <sys/stat.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <fstream>
+#include <map>
+#include <mutex>
 #include <sstream>
 #include <cstdio>
 #include <string>
@@ -611,8 +615,8 @@ LibraryRun run_library(const mk_model *model, mk_stage_options o, const std::vec
 
 // A token limit that wraps when multiplied by 4 bytes (2^62: `meshkern stage --max-tokens
 // 4611686018427387904` printed tokens outside the vocabulary and aborted in free()) is
-// bounded by the context: the one-token prompt yields max_context tokens, then the run
-// fails with the context error, and nothing is written past a buffer (ASan in CI).
+// bounded by the context: the one-token prompt yields max_context tokens, then that request
+// fails alone with the context error, and nothing is written past a buffer (ASan in CI).
 TEST(StageLibrary, HugeTokenLimitIsBoundedByTheContext) {
     mk_model *model = random_model();
     const int32_t prompt[] = {11};
@@ -627,14 +631,153 @@ TEST(StageLibrary, HugeTokenLimitIsBoundedByTheContext) {
         const LibraryRun run = run_library(model, o, req);
         ASSERT_EQ(run.join[0], MK_OK) << run.message[0];
         ASSERT_EQ(run.join[1], MK_OK) << run.message[1];
-        EXPECT_EQ(run.serve[0], MK_ERR_CONTEXT_OVERFLOW) << run.message[0];
+        // the request fails alone (its tokens kept); the run, and the other rank, end well
+        EXPECT_EQ(run.serve[0], MK_OK) << run.message[0];
         ASSERT_EQ(run.reports.size(), 1u);
         EXPECT_EQ(run.reports[0].status, MK_ERR_CONTEXT_OVERFLOW) << run.errors[0];
+        EXPECT_NE(run.errors[0].find("context of 12 positions is full after 12 tokens"), std::string::npos)
+            << run.errors[0];
         EXPECT_EQ(run.tokens[0].size(), 12u);
         for (int32_t t : run.tokens[0]) EXPECT_LT((size_t)t, mk_model_hparams(model)->vocab);
-        EXPECT_NE(run.serve[1], MK_OK);
+        EXPECT_EQ(run.serve[1], MK_OK) << run.message[1];
     }
     mk_model_free(model);
+}
+
+// Rank 0's live source (meshkern stage --serve), with rank 1 on a thread: requests are
+// released over time through an eventfd (the first after an idle spell of 3 deadlines, which
+// rank 1 survives only if rank 0 beats while idle; each later one when a token arrives), so
+// they join while others run; one is cut by on_token after 2 tokens; one has a prompt over
+// max_batch_tokens and fails alone; the run ends when the source closes. Each token streams
+// out as it comes; every request's tokens equal the whole model's.
+struct LiveSource {
+    std::vector<std::vector<int32_t>> prompts;
+    size_t cut_index = 1, cut_after = 2, too_long_index = 3;
+    int wake_fd = -1;
+    std::mutex mu;
+    size_t released = 0, taken = 0;
+    std::map<uint64_t, std::vector<int32_t>> streamed;
+    std::map<uint64_t, mk_stage_report> reports;
+    std::map<uint64_t, std::vector<int32_t>> report_tokens;
+    void release() {
+        std::lock_guard<std::mutex> g(mu);
+        if (released < prompts.size()) released++;
+        const uint64_t one = 1;
+        (void)!write(wake_fd, &one, sizeof one);
+    }
+};
+
+TEST(StageLibrary, LiveSourceAdmitsWhileRunningCutsAndRefusesAlone) {
+    mk_model *model = random_model();
+    auto prompts = read_prompts(kPrompts);
+    ASSERT_GE(prompts.size(), 3u);
+    size_t longest = 0;
+    for (const auto &p : prompts) longest = std::max(longest, p.size());
+    const size_t n_new = 5;
+    const auto want = whole_model(model, MK_DTYPE_F32, prompts, n_new);
+    LiveSource src;
+    src.prompts = prompts;
+    src.too_long_index = prompts.size();
+    src.prompts.push_back(std::vector<int32_t>(longest + 1, 7)); // over max_batch_tokens
+    src.wake_fd = eventfd(0, EFD_NONBLOCK);
+    ASSERT_GE(src.wake_fd, 0);
+
+    mk_stage_options o = mk_stage_options_default();
+    o.range.backend.weight_dtype = MK_DTYPE_F32;
+    o.range.max_context = longest + 1 + n_new;
+    o.range.max_batch_tokens = longest;
+    o.max_new_tokens = n_new;
+    o.max_sequences = 2;
+    o.timeout_ms = 400;
+    const std::string address = "127.0.0.1:" + std::to_string(free_port());
+    o.rendezvous = address.c_str();
+    static const int64_t cut = 2;
+    o.cuts = &cut;
+    o.n_cuts = 1;
+    LibraryRun other;
+    mk_stage_options o1 = o;
+    o1.rank = 1;
+    std::thread rank1(library_rank, model, o1, std::vector<mk_stage_request>{}, &other);
+    o.rank = 0;
+    mk_stage *st = nullptr;
+    ASSERT_EQ(mk_stage_join(model, &o, &st), MK_OK) << mk_last_error();
+
+    mk_stage_source s{};
+    s.struct_size = sizeof s;
+    s.take = [](void *user, mk_stage_arrival *next) {
+        LiveSource *l = static_cast<LiveSource *>(user);
+        uint64_t drained;
+        (void)!read(l->wake_fd, &drained, sizeof drained);
+        std::lock_guard<std::mutex> g(l->mu);
+        if (l->taken == l->released) return false;
+        const size_t i = l->taken++;
+        *next = mk_stage_arrival{l->prompts[i].data(), l->prompts[i].size(), 0, 100 + i};
+        return true;
+    };
+    s.on_token = [](void *user, uint64_t tag, int32_t token) {
+        LiveSource *l = static_cast<LiveSource *>(user);
+        auto &got = l->streamed[tag];
+        got.push_back(token);
+        l->release(); // the next request joins while this one runs
+        return !(tag == 100 + l->cut_index && got.size() == l->cut_after);
+    };
+    s.report = [](void *user, const mk_stage_report *r) {
+        LiveSource *l = static_cast<LiveSource *>(user);
+        EXPECT_EQ(l->reports.count(r->request), 0u) << "reported twice: " << r->request;
+        l->reports[r->request] = *r;
+        l->report_tokens[r->request].assign(r->tokens, r->tokens + r->n_tokens);
+        if (r->status != MK_OK) l->release(); // a refused request makes room for the next
+    };
+    s.closed = [](void *user) {
+        LiveSource *l = static_cast<LiveSource *>(user);
+        std::lock_guard<std::mutex> g(l->mu);
+        return l->taken == l->prompts.size();
+    };
+    s.wake_fd = src.wake_fd;
+    s.user = &src;
+    std::thread first([&src] { usleep(1200 * 1000); src.release(); }); // idle for 3 deadlines first
+    const mk_status served = mk_stage_serve_source(st, &s);
+    first.join();
+    EXPECT_EQ(served, MK_OK) << mk_last_error();
+    mk_stage_live_stats live{};
+    ASSERT_EQ(mk_stage_live(st, &live), MK_OK);
+    mk_stage_free(st);
+    rank1.join();
+    EXPECT_EQ(other.join[1], MK_OK) << other.message[1];
+    EXPECT_EQ(other.serve[1], MK_OK) << other.message[1];
+
+    ASSERT_EQ(src.reports.size(), src.prompts.size());
+    for (size_t i = 0; i < src.prompts.size(); i++) {
+        SCOPED_TRACE(i);
+        const mk_stage_report &r = src.reports[100 + i];
+        if (i == src.too_long_index) {
+            EXPECT_EQ(r.status, MK_ERR_CONTEXT_OVERFLOW);
+            EXPECT_EQ(src.report_tokens[100 + i].size(), 0u);
+            EXPECT_EQ(src.streamed.count(100 + i), 0u);
+            continue;
+        }
+        EXPECT_EQ(r.status, MK_OK);
+        std::vector<int32_t> expect = want[i];
+        if (i == src.cut_index) expect.resize(src.cut_after);
+        EXPECT_EQ(src.report_tokens[100 + i], expect);
+        EXPECT_EQ(src.streamed[100 + i], expect);
+        EXPECT_FALSE(r.stopped);
+    }
+    // prefill + decode steps of the requests run, each sent to rank 1
+    size_t steps = 0;
+    for (size_t i = 0; i < prompts.size(); i++) steps += i == src.cut_index ? src.cut_after : n_new;
+    EXPECT_EQ(live.steps, steps);
+    EXPECT_GT(live.busy_seconds, 0.0);
+    EXPECT_GT(live.bytes_sent, steps * 32 * sizeof(float));
+    close(src.wake_fd);
+    mk_model_free(model);
+}
+
+// A live source is rank 0's, over a seam that can wait idle.
+TEST(StageLibrary, LiveSourceIsRefusedWhereItCannotRun) {
+    EXPECT_EQ(mk_stage_serve_source(nullptr, nullptr), MK_ERR_INVALID_ARGUMENT);
+    mk_stage_live_stats live;
+    EXPECT_EQ(mk_stage_live(nullptr, &live), MK_ERR_INVALID_ARGUMENT);
 }
 
 // ------------------------------------------------------------ strangers --
