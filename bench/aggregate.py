@@ -16,7 +16,7 @@ Every figure's value is finite and positive. `against` is null or {name, value, 
 with kind "ceiling" (a measured limit: ratio = value / ceiling) or "peer" (the same figure
 for another engine measured in the same run: ratio = value / peer). Raw formats read: each
 program's JSON as it writes it today (ceilings, e2e_bench, seam_bench, pipeline_bench,
-llamacpp_peer) and kernel_bench's CSV.
+llamacpp_peer, serve_bench) and kernel_bench's CSV.
 """
 import csv
 import datetime
@@ -31,7 +31,7 @@ import subprocess
 import sys
 
 SCHEMA = "meshkern-bench/1"
-SUITES = ["ceilings", "kernels", "e2e", "seams", "pipeline"]
+SUITES = ["ceilings", "kernels", "e2e", "seams", "pipeline", "serve"]
 STATUSES = ["ok", "failed", "not available"]
 
 
@@ -230,6 +230,32 @@ def collect_pipeline(raw, figs, details):
                  b.get("tokens_per_s"), "tokens/s", "stage bubbles are in details.pipeline")
 
 
+SERVE_FIGURES = [("tokens_per_s", "tokens/s", "tokens/s", "generated tokens per second of the level's wall time"),
+                 ("requests_per_s", "requests/s", "requests/s", "streamed chat requests answered per second"),
+                 ("ttft_p50_s", "ttft p50", "s", "time to first token, median over the level's requests"),
+                 ("ttft_p99_s", "ttft p99", "s", "time to first token, 99th percentile")]
+
+
+def collect_serve(raw, figs, details):
+    """serve_bench's levels: each server's figures per concurrency level; meshkern's against
+    llama-cpp-python's at the same level when both ran (ratio > 1 on TTFT: meshkern is slower)."""
+    doc = _load_json(os.path.join(raw, "serve", "serve_bench.json"))
+    if not doc:
+        return
+    details["serve"] = doc
+    servers = {n: s for n, s in (doc.get("servers") or {}).items() if isinstance(s, dict)}
+    peer = {lv["clients"]: lv for lv in (servers.get("llama-cpp-python") or {}).get("levels", [])}
+    for name, s in servers.items():
+        for lv in s.get("levels", []):
+            case = f"{lv['clients']} clients"
+            for key, fig, unit, what in SERVE_FIGURES:
+                p = peer.get(lv["clients"], {}).get(key) if name == "meshkern" else None
+                figs.add("serve", case, f"{fig} {name}", lv.get(key), unit,
+                         f"{what}; {lv['clients']} clients x {doc.get('requests_per_client')} requests of "
+                         f"{doc.get('max_tokens')} tokens, {doc.get('threads')} threads",
+                         {"name": f"{fig} llama-cpp-python", "value": p, "unit": unit, "kind": "peer"} if p else None)
+
+
 def manifest(raw):
     suites = {s: {"status": "not run", "cases": []} for s in SUITES}
     path = os.path.join(raw, "manifest.tsv")
@@ -247,6 +273,12 @@ def manifest(raw):
     return {k: v for k, v in suites.items() if v["cases"]}
 
 
+def serve_peer(doc):
+    """llama-cpp-python's section of serve_bench's JSON, when it ran (for its version)."""
+    p = ((doc or {}).get("servers") or {}).get("llama-cpp-python")
+    return p if isinstance(p, dict) else None
+
+
 def collect(raw, root):
     figs, details = Figures(), {}
     collect_ceilings(raw, figs)
@@ -254,9 +286,11 @@ def collect(raw, root):
     collect_e2e(raw, figs, details)
     collect_seams(raw, figs)
     collect_pipeline(raw, figs, details)
+    collect_serve(raw, figs, details)
     opts = dict(line.split("=", 1) for line in _read(os.path.join(raw, "options")).splitlines() if "=" in line)
     return {"schema": SCHEMA, "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "git": git(root), "machine": machine(raw), "versions": versions(root, details.get("llama.cpp")),
+            "git": git(root), "machine": machine(raw),
+            "versions": versions(root, details.get("llama.cpp") or serve_peer(details.get("serve"))),
             "options": opts, "suites": manifest(raw), "figures": figs.rows, "details": details}
 
 
@@ -360,6 +394,8 @@ def table(doc):
 # ---- plots (gnuplot) -------------------------------------------------------------------------
 
 def _gnuplot(script, outdir, name):
+    if not shutil.which("gnuplot"):
+        return None  # run.sh installs it; without it only the serve suite's own plot is there
     outdir = os.path.abspath(outdir)
     path = os.path.join(outdir, name + ".gp")
     with open(path, "w") as f:
@@ -423,6 +459,11 @@ def plots(doc, outdir):
     if c:
         made.append(_gnuplot(HEAD + bars + "set output 'ceilings.png'\nset title 'Measured ceilings'\n"
                              "set ylabel 'GB/s'\nunset key\nplot '-' using 2:xtic(1)\n" + _bars(c), outdir, "ceilings"))
+    # serve_bench draws its own (matplotlib or gnuplot): copied next to the others
+    serve_png = str((doc.get("details", {}).get("serve") or {}).get("plot") or "")
+    if serve_png.endswith(".png") and os.path.isfile(serve_png):
+        shutil.copy(serve_png, os.path.join(outdir, "serve_load.png"))
+        made.append("serve_load.png")
     return [m for m in made if m]
 
 

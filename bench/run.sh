@@ -15,6 +15,9 @@
 #             file, prompt, thread count and decode length
 #   seams     bench/seam_bench: per-hop cost against residual size, per transport
 #   pipeline  bench/pipeline_bench: tokens/s and stage bubbles vs sequences in flight
+#   serve     bench/serve_bench.py: `meshkern serve` and llama-cpp-python's server (same GGUF,
+#             threads and context, one after the other) under 1..32 concurrent streaming
+#             clients: requests/s, tokens/s, time to first token p50/p99, and a plot
 # A suite whose program is not in this tree, or whose hardware is absent, is reported as
 # "not available" (table and JSON), not as an error.
 #
@@ -22,20 +25,20 @@
 # --tiny:  the smallest meaningful run (tests use it: --suite ceilings --tiny).
 # Outputs in --out (default bench/results): results.json, table.txt, *.png; the programs'
 # raw outputs and logs in OUT/raw. Builds missing programs in --build (default build-bench,
-# Release) unless --no-build or --bin-dir. Installs gnuplot (apt) and llama-cpp-python (pip)
-# when missing unless --no-install; neither is needed by the test suite.
+# Release) unless --no-build or --bin-dir. Installs gnuplot (apt) and llama-cpp-python (pip;
+# [server] for serve) when missing unless --no-install; neither is needed by the test suite.
 # Exit: 0 every suite ran or was not available; 1 a case failed; 2 bad arguments.
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-ALL_SUITES=(ceilings kernels e2e seams pipeline)
+ALL_SUITES=(ceilings kernels e2e seams pipeline serve)
 SUITES=() MODE=full OUTDIR="$ROOT/bench/results" BUILD="$ROOT/build-bench" BIN_DIR=""
 # --threads: the engines' threads (meshkern and llama.cpp alike); read_mt always uses every core
 CORES=$(nproc 2>/dev/null || echo 2)
 MODEL="$ROOT/models/SmolLM2-135M-Instruct.Q4_1.gguf" THREADS=$CORES
 DO_BUILD=1 DO_INSTALL=1 DO_PLOTS=1
 
-usage() { sed -n '2,26p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '2,30p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) MODE=quick ;;
@@ -59,13 +62,25 @@ for s in "${SUITES[@]}"; do
   case " ${ALL_SUITES[*]} " in *" $s "*) ;; *) echo "run.sh: unknown suite '$s' (${ALL_SUITES[*]})" >&2; exit 2 ;; esac
 done
 [[ "$THREADS" =~ ^[1-9][0-9]*$ ]] || { echo "run.sh: --threads needs a positive integer" >&2; exit 2; }
+# the meshkern CLI (serve suite) lives in tools/, next to bench/ in a build tree
+if [ -n "$BIN_DIR" ] && [ ! -x "$BIN_DIR/meshkern" ] && [ -x "$BIN_DIR/../tools/meshkern" ]; then
+  MK_BIN=$BIN_DIR/../tools/meshkern
+elif [ -n "$BIN_DIR" ]; then
+  MK_BIN=$BIN_DIR/meshkern
+else
+  MK_BIN=$BUILD/tools/meshkern
+fi
 BIN_DIR=${BIN_DIR:-$BUILD/bench}
 
-# Sizes per mode: one table, read by every suite below.
+# Sizes per mode: one table, read by every suite below. serve: concurrency levels, requests per
+# client per level and tokens per request (full: 106 requests per server, < 10 min on 2 cores).
 case $MODE in
-  full)  CEIL_BYTES=$((512 << 20)) CEIL_REPS=5 PROMPT=128 DECODE=128 RUNS=3 SEQS=8 PIPE_DECODE=16 PIPE_REPEATS=2 ;;
-  quick) CEIL_BYTES=$((512 << 20)) CEIL_REPS=3 PROMPT=64 DECODE=32 RUNS=3 SEQS=4 PIPE_DECODE=8 PIPE_REPEATS=1 ;;
-  tiny)  CEIL_BYTES=$((16 << 20)) CEIL_REPS=2 PROMPT=8 DECODE=8 RUNS=1 SEQS=2 PIPE_DECODE=4 PIPE_REPEATS=1 ;;
+  full)  CEIL_BYTES=$((512 << 20)) CEIL_REPS=5 PROMPT=128 DECODE=128 RUNS=3 SEQS=8 PIPE_DECODE=16 PIPE_REPEATS=2
+         SERVE_CLIENTS=1,4,16,32 SERVE_REQUESTS=2 SERVE_TOKENS=32 ;;
+  quick) CEIL_BYTES=$((512 << 20)) CEIL_REPS=3 PROMPT=64 DECODE=32 RUNS=3 SEQS=4 PIPE_DECODE=8 PIPE_REPEATS=1
+         SERVE_CLIENTS=1,4,16 SERVE_REQUESTS=1 SERVE_TOKENS=16 ;;
+  tiny)  CEIL_BYTES=$((16 << 20)) CEIL_REPS=2 PROMPT=8 DECODE=8 RUNS=1 SEQS=2 PIPE_DECODE=4 PIPE_REPEATS=1
+         SERVE_CLIENTS=1,2 SERVE_REQUESTS=1 SERVE_TOKENS=8 ;;
 esac
 
 RAW="$OUTDIR/raw"
@@ -119,25 +134,42 @@ if [ $DO_PLOTS -eq 1 ] && ! command -v gnuplot >/dev/null 2>&1 && [ $DO_INSTALL 
   # shellcheck disable=SC2024 # the log is ours; only apt-get needs root
   "${asroot[@]}" apt-get install -y gnuplot-nox >"$RAW/apt.log" 2>&1 || say "gnuplot not installed: no plots"
 fi
-peer_ready() { python3 -c 'import llama_cpp, numpy' >/dev/null 2>&1; }
-need_peer=0
-for s in "${SUITES[@]}"; do [ "$s" = e2e ] && need_peer=1; done
+# the e2e peer needs llama_cpp; the serve suite's also its server (uvicorn, fastapi: the [server] extra)
+peer_modules="llama_cpp, numpy" peer_pkg=llama-cpp-python need_peer=0
+for s in "${SUITES[@]}"; do
+  [ "$s" = e2e ] && need_peer=1
+  [ "$s" = serve ] && need_peer=1 peer_modules="llama_cpp, numpy, uvicorn, llama_cpp.server.app" \
+    peer_pkg="llama-cpp-python[server]"
+done
+peer_ready() { python3 -c "import $peer_modules" >/dev/null 2>&1; }
 if [ $need_peer -eq 1 ] && ! peer_ready && [ $DO_INSTALL -eq 1 ]; then
   # CPU build from source on first use; with a GPU, llama.cpp's CUDA build if it compiles.
-  say "installing llama-cpp-python (the e2e peer; pip caches the build)"
+  say "installing $peer_pkg (the e2e and serve peer; pip caches the build)"
+  # A CPU that lists AMX may not let a process use it (a VM without the tile state): llama.cpp's
+  # -march=native build then dies with SIGILL on its first matmul. Build it without AMX there,
+  # and not from pip's cache, which may hold a -march=native wheel.
+  no_amx="" pip_opts=(--retries 1 --timeout 20)
+  if grep -qw amx_tile /proc/cpuinfo 2>/dev/null; then
+    no_amx='-DCMAKE_C_FLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16" -DCMAKE_CXX_FLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"'
+    pip_opts+=(--no-cache-dir)
+  fi
   if have_gpu && command -v nvcc >/dev/null 2>&1; then
-    CMAKE_ARGS="-DGGML_CUDA=on" timeout 900 python3 -m pip install --retries 1 --timeout 20 llama-cpp-python numpy >"$RAW/pip.log" 2>&1 ||
+    CMAKE_ARGS="-DGGML_CUDA=on $no_amx" timeout 900 python3 -m pip install "${pip_opts[@]}" "$peer_pkg" numpy >"$RAW/pip.log" 2>&1 ||
       say "llama-cpp-python CUDA build failed; trying the CPU build"
   fi
-  peer_ready || timeout 900 python3 -m pip install --retries 1 --timeout 20 llama-cpp-python numpy >>"$RAW/pip.log" 2>&1 ||
-    timeout 900 python3 -m pip install --retries 1 --timeout 20 --break-system-packages llama-cpp-python numpy >>"$RAW/pip.log" 2>&1 ||
-    say "llama-cpp-python could not be installed (see $RAW/pip.log)"
+  peer_ready || CMAKE_ARGS="$no_amx" timeout 900 python3 -m pip install "${pip_opts[@]}" "$peer_pkg" numpy >>"$RAW/pip.log" 2>&1 ||
+    CMAKE_ARGS="$no_amx" timeout 900 python3 -m pip install "${pip_opts[@]}" --break-system-packages "$peer_pkg" numpy \
+      >>"$RAW/pip.log" 2>&1 ||
+    say "$peer_pkg could not be installed (see $RAW/pip.log)"
 fi
 
 # ---- build what is missing ---------------------------------------------------------------
 # Programs by suite; a source absent from this tree means the suite is not available.
 prog_src() { case $1 in ceilings) echo bench/ceilings.c ;; kernel_bench) echo bench/kernel_bench.cpp ;;
-  e2e_bench) echo bench/e2e_bench.c ;; seam_bench) echo bench/seam_bench.c ;; pipeline_bench) echo bench/pipeline_bench.c ;; esac; }
+  e2e_bench) echo bench/e2e_bench.c ;; seam_bench) echo bench/seam_bench.c ;; pipeline_bench) echo bench/pipeline_bench.c ;;
+  meshkern_cli) echo tools/meshkern.c ;; esac; }
+# where a program is once built (the CMake target meshkern_cli is the meshkern binary)
+prog_bin() { if [ "$1" = meshkern_cli ]; then echo "$MK_BIN"; else echo "$BIN_DIR/$1"; fi; }
 want=()
 for s in "${SUITES[@]}"; do
   case $s in
@@ -146,11 +178,12 @@ for s in "${SUITES[@]}"; do
     e2e) want+=(e2e_bench) ;;
     seams) want+=(seam_bench) ;;
     pipeline) want+=(pipeline_bench) ;;
+    serve) want+=(meshkern_cli) ;;
   esac
 done
 missing=()
 for p in "${want[@]}"; do
-  [ -f "$ROOT/$(prog_src "$p")" ] && [ ! -x "$BIN_DIR/$p" ] && missing+=("$p")
+  [ -f "$ROOT/$(prog_src "$p")" ] && [ ! -x "$(prog_bin "$p")" ] && missing+=("$p")
 done
 if [ $DO_BUILD -eq 1 ] && [ ${#missing[@]} -gt 0 ]; then
   if [ ! -f "$BUILD/CMakeCache.txt" ]; then
@@ -181,7 +214,7 @@ if [ ! -x "$BIN_DIR/ceilings" ] && [ -f "$ROOT/bench/ceilings.c" ] && [[ " ${wan
 else
   CEIL_BIN="$BIN_DIR/ceilings"
 fi
-bin() { if [ "$1" = ceilings ]; then echo "$CEIL_BIN"; else echo "$BIN_DIR/$1"; fi; }
+bin() { if [ "$1" = ceilings ]; then echo "$CEIL_BIN"; else prog_bin "$1"; fi; }
 
 # is_available SUITE CASE PROG : prints the reason and records when the program cannot run
 is_available() {
@@ -248,13 +281,32 @@ for suite in "${SUITES[@]}"; do
       is_available pipeline cpu pipeline_bench &&
         run_case pipeline cpu 600 "$BIN_DIR/pipeline_bench" "$MODEL" cpu "$SEQS" "$PIPE_DECODE" "$PIPE_REPEATS"
       ;;
+    serve)
+      if [ ! -f "$MODEL" ]; then unavailable serve load "no model at $MODEL"; continue; fi
+      is_available serve load meshkern_cli || continue
+      if ! "$MK_BIN" serve --help 2>&1 | grep -q -- '--max-sequences'; then
+        unavailable serve load "$MK_BIN has no serve command (built without libmicrohttpd/libcjson)"; continue
+      fi
+      plot=()
+      [ $DO_PLOTS -eq 1 ] && plot=(--plot "$RAW/serve/serve_load.png")
+      # both servers in one case, one after the other; serve_bench says when the peer is missing
+      run_case serve load 900 python3 "$ROOT/bench/serve_bench.py" --meshkern "$MK_BIN" --model "$MODEL" \
+        --threads "$THREADS" --peer llama-cpp --clients "$SERVE_CLIENTS" --requests "$SERVE_REQUESTS" \
+        --max-tokens "$SERVE_TOKENS" --json "$RAW/serve/serve_bench.json" --log-dir "$RAW/serve" "${plot[@]}"
+      # a peer that could not run is a row of its own in the table, not hidden inside the case
+      why=$(python3 -c 'import json, sys; p = json.load(open(sys.argv[1]))["servers"].get("llama-cpp-python", "")
+print(p[len("unavailable: "):] if isinstance(p, str) and p.startswith("unavailable: ") else "")' \
+        "$RAW/serve/serve_bench.json" 2>/dev/null)
+      [ -n "$why" ] && unavailable serve llama-cpp-python "$why"
+      ;;
   esac
 done
 cat /proc/loadavg >"$RAW/load_after" 2>/dev/null
 
 # ---- one document, the table, the plots -----------------------------------------------------
 plots=()
-[ $DO_PLOTS -eq 1 ] && command -v gnuplot >/dev/null 2>&1 && plots=(--plots "$OUTDIR")
+# without gnuplot the aggregator still copies the serve suite's plot (matplotlib) into OUTDIR
+[ $DO_PLOTS -eq 1 ] && plots=(--plots "$OUTDIR")
 python3 "$ROOT/bench/aggregate.py" collect "$RAW" --root "$ROOT" --json "$OUTDIR/results.json" "${plots[@]}" ||
   { echo "run.sh: the aggregator failed" >&2; exit 1; }
 python3 "$ROOT/bench/aggregate.py" table "$OUTDIR/results.json" | tee "$OUTDIR/table.txt"

@@ -33,6 +33,11 @@ MEANING = {
              "with a memcpy of the same bytes as the ceiling.",
     "pipeline": "Two ranges as a pipeline: aggregate tokens/s for 1..N sequences in flight, against the whole "
                 "model run one sequence after another.",
+    "serve": "`meshkern serve` and llama-cpp-python's server (`python -m llama_cpp.server`) on the same GGUF, "
+             "threads and context, one after the other, under 1..32 concurrent clients streaming chat requests "
+             "(bench/serve_bench.py): requests/s, generated tokens/s and time to first token p50/p99 per level; "
+             "meshkern's against the peer's at the same level as a ratio (>1 on tokens/s and requests/s: meshkern "
+             "is faster; >1 on TTFT: meshkern answers later).",
 }
 
 
