@@ -489,7 +489,12 @@ typedef struct mk_range_options {
      * true: every step runs op by op (eager), for comparisons and debugging. Results are
      * bit-identical either way. Default false. */
     bool eager_decode;
+    /* Sequences one forward may carry (mk_range_forward_batch), at most
+     * MK_MAX_BATCH_SEQUENCES and at most max_batch_tokens; 0 = 1. The tail keeps a row of
+     * logits per sequence. */
+    size_t max_batch_sequences;
 } mk_range_options;
+#define MK_MAX_BATCH_SEQUENCES 64
 
 MK_API mk_range_options mk_range_options_default(void);
 MK_API mk_status mk_range_create(const mk_model *model, int64_t start, int64_t end,

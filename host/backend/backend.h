@@ -96,6 +96,10 @@ typedef struct mk_backend_ops {
                              size_t rows, size_t cols, float eps);
     /* y [rows, w->rows] = x [rows, w->cols] @ w^T. */
     mk_status (*matmul)(mk_backend *b, float *y, const mk_gemm_input *x, const mk_weight *w, size_t rows);
+    /* The most rows one product of w (matmul, matmul_shared, matmul_swiglu) computes each
+     * exactly as a product of that row alone: a batch forward multiplies decode rows of
+     * different sequences together up to it, so a batch never changes a row. NULL: 1. */
+    size_t (*gemm_rows_alone)(mk_backend *b, const mk_weight *w);
     /* Optional (NULL: the executor calls matmul once per weight). y[i] = x @ w[i]^T for n
      * (1..3) weights sharing x: Q, K and V in one launch. */
     mk_status (*matmul_shared)(mk_backend *b, size_t n, float *const *y, const mk_weight *const *w,

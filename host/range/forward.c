@@ -27,6 +27,13 @@ typedef struct mk_forward_io {
     int32_t *token;                 /* tail: [1] */
 } mk_forward_io;
 
+/* A run of consecutive rows of one sequence in a forward: a forward of one sequence has
+ * one; a batch forward (mk_range_forward_batch) one per entry. */
+typedef struct mk_span {
+    mk_sequence *seq;
+    size_t row0, rows;
+} mk_span;
+
 /* Runs one op (MK_TRY) and charges its host time to family f of the range's profile. */
 #define MK_OP(r, f, call)                                                  \
     do {                                                                   \
@@ -47,24 +54,90 @@ static void *mk_gemm_lowp(const mk_range *r, size_t rows) {
  * layer l stays in a->proj and is added by layer l+1's attention norm, or by a plain add
  * after the range's last layer (its raw residual is what leaves the range). The fused op
  * performs the same float operations in the same order, so results are unchanged. */
-static mk_status mk_run_layer(mk_range *r, mk_sequence *seq, size_t layer_index, size_t rows, bool last) {
+/* RoPE, the cache write and attention of one span: its rows against its own sequence's
+ * cache only (the other spans' rows are other sequences). */
+static mk_status mk_run_attention(mk_range *r, const mk_span *sp, size_t layer_index) {
+    const mk_hparams *hp = &r->hp;
+    mk_backend *b = r->backend;
+    const mk_backend_ops *ops = b->ops;
+    const mk_activations *a = &r->act;
+    const size_t kv_dim = hp->n_kv_heads * hp->head_dim, q_dim = hp->n_heads * hp->head_dim;
+    const size_t rows = sp->rows, past = sp->seq->length;
+    const size_t slab = mk_kv_slab_elems(r) * mk_kv_elem_size(r);
+    uint8_t *k_cache = (uint8_t *)sp->seq->kv_arena + (2 * layer_index) * slab;     /* [ctx, kv_dim] KV dtype */
+    uint8_t *v_cache = (uint8_t *)sp->seq->kv_arena + (2 * layer_index + 1) * slab; /* [ctx, kv_dim] KV dtype */
+    float *q = a->q + sp->row0 * q_dim, *k = a->k + sp->row0 * kv_dim, *v = a->v + sp->row0 * kv_dim;
+    float *att = a->att + sp->row0 * q_dim;
+    const int32_t *pos = a->pos + sp->row0;
+    /* The fused RoPE + cache write stores rows in the backend's KV dtype (one launch). */
+    if (ops->rope_kv) {
+        MK_OP(r, MK_OPF_ROPE_KV,
+              ops->rope_kv(b, q, k, v, k_cache, v_cache, pos, past, rows, hp->n_heads, hp->n_kv_heads, hp->head_dim,
+                           hp->rope_theta, hp->rope_layout));
+    } else {
+        MK_OP(r, MK_OPF_ROPE_KV, ops->rope(b, q, pos, rows, hp->n_heads, hp->head_dim, hp->rope_theta, hp->rope_layout));
+        MK_OP(r, MK_OPF_ROPE_KV,
+              ops->rope(b, k, pos, rows, hp->n_kv_heads, hp->head_dim, hp->rope_theta, hp->rope_layout));
+        if (ops->kv_store) {
+            MK_OP(r, MK_OPF_ROPE_KV, ops->kv_store(b, k_cache, past, k, rows, kv_dim));
+            MK_OP(r, MK_OPF_ROPE_KV, ops->kv_store(b, v_cache, past, v, rows, kv_dim));
+        } else {
+            MK_OP(r, MK_OPF_ROPE_KV, ops->copy(b, k_cache + past * kv_dim * sizeof(float), k, rows * kv_dim * sizeof(float)));
+            MK_OP(r, MK_OPF_ROPE_KV, ops->copy(b, v_cache + past * kv_dim * sizeof(float), v, rows * kv_dim * sizeof(float)));
+        }
+    }
+    MK_OP(r, MK_OPF_ATTENTION,
+          ops->attention(b, att, q, k_cache, v_cache, pos, rows, past, hp->n_heads, hp->n_kv_heads, hp->head_dim));
+    return MK_OK;
+}
+
+/* The rows of a forward as its products see them: groups of rows multiplied together. A
+ * forward of one sequence is one group; a batch puts its decode rows (one-row spans, first)
+ * in groups of at most the rows a product computes each alone, and each prompt chunk in a
+ * group of its own, so every product a row meets is the product its sequence alone meets. */
+typedef struct mk_group {
+    size_t row0, rows;
+} mk_group;
+
+typedef struct mk_plan {
+    const mk_span *spans;
+    size_t n_spans;
+    const mk_group *groups;
+    size_t n_groups;
+    size_t rows; /* all of them */
+} mk_plan;
+
+/* A product's input for one group: its rows of x (width w->cols), and of the 16-bit copy
+ * where the backend multiplies that many rows in 16 bits. */
+static mk_gemm_input mk_group_input(const mk_range *r, const mk_group *g, const float *x, bool ready,
+                                    const mk_weight *w) {
+    void *lowp = mk_gemm_lowp(r, g->rows);
+    const size_t es = lowp ? mk_dtype_size(r->backend->ops->gemm_input(r->backend, g->rows)) : 0;
+    return (mk_gemm_input){x + g->row0 * w->cols, lowp ? (uint8_t *)lowp + g->row0 * w->cols * es : NULL, ready};
+}
+
+/* y = x @ w^T over every group (y's rows of width w->rows). */
+static mk_status mk_product(mk_range *r, const mk_plan *p, float *y, const float *x, bool ready, const mk_weight *w) {
+    for (size_t i = 0; i < p->n_groups; i++) {
+        const mk_group *g = &p->groups[i];
+        const mk_gemm_input in = mk_group_input(r, g, x, ready, w);
+        MK_TRY(r->backend->ops->matmul(r->backend, y + g->row0 * w->rows, &in, w, g->rows));
+    }
+    return MK_OK;
+}
+
+static mk_status mk_run_layer(mk_range *r, const mk_plan *p, size_t layer_index, bool last) {
     const mk_hparams *hp = &r->hp;
     mk_backend *b = r->backend;
     const mk_backend_ops *ops = b->ops;
     const mk_layer_weights *w = &r->layers[layer_index];
     const mk_activations *a = &r->act;
-    const size_t kv_dim = hp->n_kv_heads * hp->head_dim;
-    const size_t past = seq->length;
-    const size_t slab = mk_kv_slab_elems(r) * mk_kv_elem_size(r);
-    uint8_t *k_cache = (uint8_t *)seq->kv_arena + (2 * layer_index) * slab;     /* [ctx, kv_dim] KV dtype */
-    uint8_t *v_cache = (uint8_t *)seq->kv_arena + (2 * layer_index + 1) * slab; /* [ctx, kv_dim] KV dtype */
-    /* Where the backend multiplies these rows in 16 bits, each norm also writes its output in
-     * that dtype (the products that read it find it ready); the other products' inputs
+    const size_t rows = p->rows;
+    /* Where the backend multiplies a group's rows in 16 bits, each norm also writes its output
+     * in that dtype (the products that read it find it ready); the other products' inputs
      * (attention's output, the SwiGLU) are converted into the same buffer on the way. */
-    void *lowp = mk_gemm_lowp(r, rows);
-    const mk_gemm_input xn = {a->xn, lowp, true};
-    const mk_gemm_input att = {a->att, lowp, false};
-    const mk_gemm_input gated = {a->gate, lowp, false};
+    void *lowp = NULL;
+    for (size_t i = 0; i < p->n_groups && !lowp; i++) lowp = mk_gemm_lowp(r, p->groups[i].rows);
 
     /* attention block */
     if (layer_index == 0)
@@ -72,51 +145,38 @@ static mk_status mk_run_layer(mk_range *r, mk_sequence *seq, size_t layer_index,
     else
         MK_OP(r, MK_OPF_NORM,
               ops->add_rmsnorm(b, a->x, a->xn, lowp, a->proj, w->attn_norm, rows, hp->hidden, hp->rms_eps));
-    if (ops->matmul_shared) {
-        float *const y[3] = {a->q, a->k, a->v};
-        const mk_weight *const wqkv[3] = {&w->wq, &w->wk, &w->wv};
-        MK_OP(r, MK_OPF_QKV, ops->matmul_shared(b, 3, y, wqkv, &xn, rows));
-    } else {
-        MK_OP(r, MK_OPF_QKV, ops->matmul(b, a->q, &xn, &w->wq, rows));
-        MK_OP(r, MK_OPF_QKV, ops->matmul(b, a->k, &xn, &w->wk, rows));
-        MK_OP(r, MK_OPF_QKV, ops->matmul(b, a->v, &xn, &w->wv, rows));
-    }
-    /* The fused RoPE + cache write stores rows in the backend's KV dtype (one launch). */
-    if (ops->rope_kv) {
-        MK_OP(r, MK_OPF_ROPE_KV,
-              ops->rope_kv(b, a->q, a->k, a->v, k_cache, v_cache, a->pos, past, rows, hp->n_heads,
-                           hp->n_kv_heads, hp->head_dim, hp->rope_theta, hp->rope_layout));
-    } else {
-        MK_OP(r, MK_OPF_ROPE_KV,
-              ops->rope(b, a->q, a->pos, rows, hp->n_heads, hp->head_dim, hp->rope_theta, hp->rope_layout));
-        MK_OP(r, MK_OPF_ROPE_KV,
-              ops->rope(b, a->k, a->pos, rows, hp->n_kv_heads, hp->head_dim, hp->rope_theta, hp->rope_layout));
-        if (ops->kv_store) {
-            MK_OP(r, MK_OPF_ROPE_KV, ops->kv_store(b, k_cache, past, a->k, rows, kv_dim));
-            MK_OP(r, MK_OPF_ROPE_KV, ops->kv_store(b, v_cache, past, a->v, rows, kv_dim));
+    for (size_t i = 0; i < p->n_groups; i++) {
+        const mk_group *g = &p->groups[i];
+        const mk_gemm_input xn = mk_group_input(r, g, a->xn, true, &w->wq);
+        if (ops->matmul_shared) {
+            float *const y[3] = {a->q + g->row0 * w->wq.rows, a->k + g->row0 * w->wk.rows, a->v + g->row0 * w->wv.rows};
+            const mk_weight *const wqkv[3] = {&w->wq, &w->wk, &w->wv};
+            MK_OP(r, MK_OPF_QKV, ops->matmul_shared(b, 3, y, wqkv, &xn, g->rows));
         } else {
-            MK_OP(r, MK_OPF_ROPE_KV,
-                  ops->copy(b, k_cache + past * kv_dim * sizeof(float), a->k, rows * kv_dim * sizeof(float)));
-            MK_OP(r, MK_OPF_ROPE_KV,
-                  ops->copy(b, v_cache + past * kv_dim * sizeof(float), a->v, rows * kv_dim * sizeof(float)));
+            MK_OP(r, MK_OPF_QKV, ops->matmul(b, a->q + g->row0 * w->wq.rows, &xn, &w->wq, g->rows));
+            MK_OP(r, MK_OPF_QKV, ops->matmul(b, a->k + g->row0 * w->wk.rows, &xn, &w->wk, g->rows));
+            MK_OP(r, MK_OPF_QKV, ops->matmul(b, a->v + g->row0 * w->wv.rows, &xn, &w->wv, g->rows));
         }
     }
-    MK_OP(r, MK_OPF_ATTENTION,
-          ops->attention(b, a->att, a->q, k_cache, v_cache, a->pos, rows, past, hp->n_heads, hp->n_kv_heads,
-                         hp->head_dim));
-    MK_OP(r, MK_OPF_ATTN_OUT, ops->matmul(b, a->proj, &att, &w->wo, rows));
+    for (size_t i = 0; i < p->n_spans; i++) MK_TRY(mk_run_attention(r, &p->spans[i], layer_index));
+    MK_OP(r, MK_OPF_ATTN_OUT, mk_product(r, p, a->proj, a->att, false, &w->wo));
 
     /* mlp block */
     MK_OP(r, MK_OPF_NORM,
           ops->add_rmsnorm(b, a->x, a->xn, lowp, a->proj, w->ffn_norm, rows, hp->hidden, hp->rms_eps));
-    if (ops->matmul_swiglu) {
-        MK_OP(r, MK_OPF_GATE_UP, ops->matmul_swiglu(b, a->gate, a->up, &xn, &w->w_gate, &w->w_up, rows));
-    } else {
-        MK_OP(r, MK_OPF_GATE_UP, ops->matmul(b, a->gate, &xn, &w->w_gate, rows));
-        MK_OP(r, MK_OPF_GATE_UP, ops->matmul(b, a->up, &xn, &w->w_up, rows));
-        MK_OP(r, MK_OPF_GATE_UP, ops->swiglu(b, a->gate, a->gate, a->up, rows * hp->intermediate));
+    for (size_t i = 0; i < p->n_groups; i++) {
+        const mk_group *g = &p->groups[i];
+        const mk_gemm_input xn = mk_group_input(r, g, a->xn, true, &w->w_gate);
+        float *gate = a->gate + g->row0 * hp->intermediate, *up = a->up + g->row0 * hp->intermediate;
+        if (ops->matmul_swiglu) {
+            MK_OP(r, MK_OPF_GATE_UP, ops->matmul_swiglu(b, gate, up, &xn, &w->w_gate, &w->w_up, g->rows));
+        } else {
+            MK_OP(r, MK_OPF_GATE_UP, ops->matmul(b, gate, &xn, &w->w_gate, g->rows));
+            MK_OP(r, MK_OPF_GATE_UP, ops->matmul(b, up, &xn, &w->w_up, g->rows));
+        }
     }
-    MK_OP(r, MK_OPF_DOWN, ops->matmul(b, a->proj, &gated, &w->w_down, rows));
+    if (!ops->matmul_swiglu) MK_OP(r, MK_OPF_GATE_UP, ops->swiglu(b, a->gate, a->gate, a->up, rows * hp->intermediate));
+    MK_OP(r, MK_OPF_DOWN, mk_product(r, p, a->proj, a->gate, false, &w->w_down));
     if (last) MK_OP(r, MK_OPF_ADD, ops->add(b, a->x, a->proj, rows * hp->hidden));
     return MK_OK;
 }
@@ -155,6 +215,28 @@ static mk_status mk_tail_compute(mk_range *r, size_t rows) {
     MK_OP(r, MK_OPF_LM_HEAD, b->ops->rmsnorm(b, a->xn, lowp, last, r->output_norm, 1, hp->hidden, hp->rms_eps));
     MK_OP(r, MK_OPF_LM_HEAD, b->ops->matmul(b, a->logits, &xn, &r->lm_head, 1));
     MK_OP(r, MK_OPF_SAMPLE, b->ops->argmax(b, a->token, a->logits, 1, hp->vocab));
+    return MK_OK;
+}
+
+/* The tail of a batch: each entry's last row normed (gathered into xn's first rows), the
+ * lm_head product of those rows in groups a product computes row by row, one sample per
+ * row. Every row's arithmetic is the one its sequence alone meets. */
+static mk_status mk_tail_compute_batch(mk_range *r, const mk_plan *p) {
+    const mk_hparams *hp = &r->hp;
+    mk_backend *b = r->backend;
+    const mk_activations *a = &r->act;
+    const size_t n = p->n_spans;
+    for (size_t i = 0; i < n; i++) {
+        const float *last = a->x + (p->spans[i].row0 + p->spans[i].rows - 1) * hp->hidden;
+        MK_OP(r, MK_OPF_LM_HEAD,
+              b->ops->rmsnorm(b, a->xn + i * hp->hidden, NULL, last, r->output_norm, 1, hp->hidden, hp->rms_eps));
+    }
+    for (size_t g0 = 0; g0 < n; g0 += r->tail_rows_alone) {
+        const mk_group g = {g0, n - g0 < r->tail_rows_alone ? n - g0 : r->tail_rows_alone};
+        const mk_plan tail = {p->spans, n, &g, 1, n};
+        MK_OP(r, MK_OPF_LM_HEAD, mk_product(r, &tail, a->logits, a->xn, false, &r->lm_head));
+    }
+    MK_OP(r, MK_OPF_SAMPLE, b->ops->argmax(b, a->token, a->logits, n, hp->vocab));
     return MK_OK;
 }
 
@@ -221,16 +303,17 @@ static mk_status mk_forward_args(mk_range *r, mk_sequence *seq, bool has_out, mk
  * lm_head and sample, or the residual copied to the output boundary (out). Everything it
  * reads that changes per token (positions, token id) is in device memory, so for one row it
  * can be recorded once and replayed. */
-static mk_status mk_forward_device(mk_range *r, mk_sequence *seq, size_t rows, const void *in, void *out) {
+static mk_status mk_forward_device(mk_range *r, const mk_plan *p, const void *in, void *out) {
     mk_backend *b = r->backend;
     const mk_activations *a = &r->act;
+    const size_t rows = p->rows;
     const size_t residual_bytes = rows * r->hp.hidden * sizeof(float);
     if (in) MK_TRY(b->ops->copy(b, a->x, in, residual_bytes));
     if (mk_role_owns_embedding(r->role))
         MK_OP(r, MK_OPF_EMBED, b->ops->embed(b, a->x, &r->token_embd, a->ids, rows));
     const size_t n_layers = (size_t)(r->end - r->start + 1);
-    for (size_t l = 0; l < n_layers; l++) MK_TRY(mk_run_layer(r, seq, l, rows, l + 1 == n_layers));
-    if (mk_role_owns_final_head(r->role)) return mk_tail_compute(r, rows);
+    for (size_t l = 0; l < n_layers; l++) MK_TRY(mk_run_layer(r, p, l, l + 1 == n_layers));
+    if (mk_role_owns_final_head(r->role)) return p->n_spans == 1 ? mk_tail_compute(r, rows) : mk_tail_compute_batch(r, p);
     if (out) MK_TRY(b->ops->copy(b, out, a->x, residual_bytes));
     return MK_OK;
 }
@@ -246,11 +329,14 @@ static mk_status mk_forward_step(mk_range *r, mk_sequence *seq, const void *in, 
         b->ops->step_destroy(b, r->step);
         r->step = NULL;
     }
+    const mk_span span = {seq, 0, 1};
+    const mk_group group = {0, 1};
+    const mk_plan plan = {&span, 1, &group, 1, 1};
     if (!r->step) {
         void *step = NULL;
         mk_status s = b->ops->step_begin(b, seq->length + 1);
         if (s == MK_OK) {
-            s = mk_forward_device(r, seq, 1, in, out);
+            s = mk_forward_device(r, &plan, in, out);
             const mk_status e = b->ops->step_end(b, &step); /* ends the recording whatever happened */
             if (s == MK_OK) s = e;
         }
@@ -261,7 +347,7 @@ static mk_status mk_forward_step(mk_range *r, mk_sequence *seq, const void *in, 
             snprintf(r->graph_failure, sizeof r->graph_failure, "%s: %s", mk_status_name(s), mk_last_error());
             mk_clear_error();
             r->graphs = false;
-            return mk_forward_device(r, seq, 1, in, out);
+            return mk_forward_device(r, &plan, in, out);
         }
         r->step = step;
         r->step_key = key;
@@ -282,7 +368,10 @@ static mk_status mk_forward_run(mk_range *r, mk_sequence *seq, const int32_t *to
     if (mk_role_owns_embedding(r->role)) MK_TRY(b->ops->upload(b, a->ids, token_ids, rows * sizeof(int32_t)));
     if (r->profile.on) r->profile.forwards++;
     if (rows == 1 && r->graphs && !r->profile.on) return mk_forward_step(r, seq, in, out);
-    return mk_forward_device(r, seq, rows, in, out);
+    const mk_span span = {seq, 0, rows};
+    const mk_group group = {0, rows};
+    const mk_plan plan = {&span, 1, &group, 1, rows};
+    return mk_forward_device(r, &plan, in, out);
 }
 
 /* The one forward. */
@@ -311,6 +400,13 @@ static bool mk_boundary_checked_for(const mk_boundary *in, const mk_sequence *se
 }
 
 /* ======================================================= the public forms == */
+
+/* A check's failure, named by the batch entry it came from. */
+static mk_status mk_stage_of_entry(mk_status s, size_t i) {
+    char message[480];
+    snprintf(message, sizeof message, "%s", mk_last_error());
+    return mk_fail(s, "batch entry %zu: %s", i, message);
+}
 
 /* Host bundles in and out (the protobuf-facing form). */
 mk_status mk_range_forward(mk_range *r, mk_sequence *seq, const int32_t *token_ids, size_t n_tokens,
@@ -419,6 +515,93 @@ mk_status mk_range_forward_into(mk_range *r, mk_sequence *seq, const int32_t *to
         io.out = &out->h;
     }
     return mk_forward(r, seq, &io);
+}
+
+/* ==================================================== the batch forward == */
+
+/* One entry's checks, before anything runs: its sequence, its input, its outputs. */
+static mk_status mk_batch_entry_check(mk_range *r, const mk_forward_entry *e, size_t i, size_t *rows) {
+    const bool tail = mk_role_owns_final_head(r->role);
+    if (!e->seq) return mk_fail(MK_ERR_INVALID_ARGUMENT, "batch entry %zu: NULL sequence", i);
+    if (e->seq->range != r) return mk_fail(MK_ERR_INVALID_ARGUMENT, "batch entry %zu: sequence of another range", i);
+    if (tail ? (!e->logits && !r->token_only) || !e->token : !e->out)
+        return mk_fail(MK_ERR_INVALID_ARGUMENT, "batch entry %zu: %s range needs %s", i, mk_role_name(r->role),
+                       tail ? "logits and token buffers" : "an output boundary");
+    if ((e->in && e->in->range != r) || (e->out && e->out->range != r))
+        return mk_fail(MK_ERR_INVALID_ARGUMENT, "batch entry %zu: boundary of another range", i);
+    const mk_status k = mk_check_input_kind(r, e->token_ids, e->n_tokens, e->in != NULL);
+    if (k != MK_OK) return mk_stage_of_entry(k, i);
+    *rows = e->in ? e->in->h.rows : e->n_tokens;
+    const mk_status c = e->in ? (mk_boundary_checked_for(e->in, e->seq) ? MK_OK : mk_check_header(r, e->seq, &e->in->h))
+                              : mk_check_rows(r, e->seq, *rows);
+    return c == MK_OK ? MK_OK : mk_stage_of_entry(c, i);
+}
+
+mk_status mk_range_forward_batch(mk_range *r, const mk_forward_entry *entries, size_t n) {
+    mk_clear_error();
+    if (!r || !entries || n == 0) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_range_forward_batch: NULL or empty batch");
+    if (n > r->max_seqs)
+        return mk_fail(MK_ERR_INVALID_ARGUMENT, "a batch of %zu sequences; this range takes at most %zu per forward "
+                       "(mk_range_options.max_batch_sequences)", n, r->max_seqs);
+    if (n == 1) { /* one sequence: the forward of one (a captured graph for a decode row) */
+        const mk_forward_entry *e = entries;
+        return mk_range_forward_into(r, e->seq, e->token_ids, e->n_tokens, e->in, e->out, e->logits, e->token);
+    }
+    /* spans[i] is entry i's; its rows sit where the plan puts them: decode rows first */
+    mk_span spans[MK_MAX_BATCH_SEQUENCES];
+    size_t total = 0, decode_rows = 0;
+    for (size_t i = 0; i < n; i++) {
+        size_t rows = 0;
+        MK_TRY(mk_batch_entry_check(r, &entries[i], i, &rows));
+        for (size_t j = 0; j < i; j++)
+            if (entries[j].seq == entries[i].seq)
+                return mk_fail(MK_ERR_INVALID_ARGUMENT, "batch entries %zu and %zu are the same sequence", j, i);
+        spans[i] = (mk_span){entries[i].seq, 0, rows};
+        total += rows;
+        decode_rows += rows == 1;
+    }
+    mk_group groups[MK_MAX_BATCH_SEQUENCES];
+    size_t n_groups = 0, next_decode = 0, next_chunk = decode_rows;
+    for (size_t i = 0; i < n; i++) spans[i].row0 = spans[i].rows == 1 ? next_decode++ : (next_chunk += spans[i].rows) - spans[i].rows;
+    for (size_t g0 = 0; g0 < decode_rows; g0 += r->rows_alone)
+        groups[n_groups++] = (mk_group){g0, decode_rows - g0 < r->rows_alone ? decode_rows - g0 : r->rows_alone};
+    for (size_t i = 0; i < n; i++)
+        if (spans[i].rows > 1) groups[n_groups++] = (mk_group){spans[i].row0, spans[i].rows};
+    if (total > r->max_rows)
+        return mk_fail(MK_ERR_SHAPE, "a batch of %zu rows; this range's forwards take at most %zu (max_batch_tokens)",
+                       total, r->max_rows);
+    mk_backend *b = r->backend;
+    const mk_activations *a = &r->act;
+    const size_t hidden = r->hp.hidden;
+    const bool head = mk_role_owns_embedding(r->role), tail = mk_role_owns_final_head(r->role);
+    for (size_t i = 0; i < n; i++)
+        for (size_t k = 0; k < spans[i].rows; k++) r->host_positions[spans[i].row0 + k] = (int32_t)(spans[i].seq->length + k);
+    MK_TRY(b->ops->upload(b, a->pos, r->host_positions, total * sizeof(int32_t)));
+    for (size_t i = 0; i < n; i++) {
+        const mk_forward_entry *e = &entries[i];
+        if (head) MK_TRY(b->ops->upload(b, a->ids + spans[i].row0, e->token_ids, spans[i].rows * sizeof(int32_t)));
+        else MK_TRY(b->ops->copy(b, a->x + spans[i].row0 * hidden, e->in->payload, spans[i].rows * hidden * sizeof(float)));
+    }
+    if (r->profile.on) r->profile.forwards++;
+    const mk_plan plan = {spans, n, groups, n_groups, total};
+    MK_TRY(mk_forward_device(r, &plan, NULL, NULL));
+    for (size_t i = 0; i < n; i++) {
+        const mk_forward_entry *e = &entries[i];
+        if (tail) {
+            if (e->logits && !r->token_only)
+                MK_TRY(b->ops->download(b, e->logits, a->logits + i * r->hp.vocab, r->hp.vocab * sizeof(float)));
+            MK_TRY(b->ops->download(b, e->token, a->token + i, sizeof(int32_t)));
+        } else {
+            e->out->checked_seq = NULL; /* its header is about to change */
+            MK_TRY(b->ops->copy(b, e->out->payload, a->x + spans[i].row0 * hidden, spans[i].rows * hidden * sizeof(float)));
+            mk_emit_header(r, e->seq, spans[i].rows, &e->out->h);
+        }
+    }
+    for (size_t i = 0; i < n; i++) {
+        spans[i].seq->length += spans[i].rows;
+        spans[i].seq->steps++;
+    }
+    return MK_OK;
 }
 
 void mk_tail_output_free(mk_tail_output *t) {

@@ -34,6 +34,7 @@ void mk_range_profile(mk_range *r, bool on) {
 
 const mk_op_profile *mk_range_op_profile(const mk_range *r) { return &r->profile; }
 size_t mk_range_max_rows(const mk_range *r) { return r->max_rows; }
+size_t mk_range_max_seqs(const mk_range *r) { return r->max_seqs; }
 size_t mk_range_max_context(const mk_range *r) { return r->max_context; }
 size_t mk_range_hidden(const mk_range *r) { return r->hp.hidden; }
 
@@ -58,10 +59,34 @@ static void mk_range_activations(mk_range *r, mk_carver *c) {
     size_t width = hp->hidden > q_dim ? hp->hidden : q_dim;
     if (hp->intermediate > width) width = hp->intermediate;
     a->lowp = lowp == MK_DTYPE_F32 ? NULL : mk_carve(c, rows * width * mk_dtype_size(lowp));
-    a->logits = mk_carve(c, mk_role_owns_final_head(r->role) ? hp->vocab * sizeof(float) : 0);
+    a->logits = mk_carve(c, mk_role_owns_final_head(r->role) ? r->max_seqs * hp->vocab * sizeof(float) : 0);
     a->ids = mk_carve(c, rows * sizeof(int32_t));
     a->pos = mk_carve(c, rows * sizeof(int32_t));
-    a->token = mk_carve(c, sizeof(int32_t));
+    a->token = mk_carve(c, r->max_seqs * sizeof(int32_t));
+}
+
+/* How many decode rows of different sequences one product may take, each computed as it
+ * would be alone: the least the backend promises over every matrix of the layers (and over
+ * lm_head for the tail's product). */
+static size_t mk_weight_rows_alone(const mk_range *r, const mk_weight *w) {
+    const mk_backend_ops *ops = r->backend->ops;
+    const size_t n = ops->gemm_rows_alone ? ops->gemm_rows_alone(r->backend, w) : 1;
+    return n ? n : 1;
+}
+
+static void mk_range_rows_alone(mk_range *r) {
+    size_t least = MK_MAX_BATCH_SEQUENCES;
+    for (int64_t l = 0; l <= r->end - r->start; l++) {
+        const mk_layer_weights *w = &r->layers[l];
+        const mk_weight *all[] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->w_gate, &w->w_up, &w->w_down};
+        for (size_t i = 0; i < sizeof all / sizeof *all; i++) {
+            const size_t n = mk_weight_rows_alone(r, all[i]);
+            if (n < least) least = n;
+        }
+    }
+    r->rows_alone = least;
+    r->tail_rows_alone = mk_role_owns_final_head(r->role) ? mk_weight_rows_alone(r, &r->lm_head) : 1;
+    if (r->tail_rows_alone > MK_MAX_BATCH_SEQUENCES) r->tail_rows_alone = MK_MAX_BATCH_SEQUENCES;
 }
 
 /* ============================================================= lifecycle == */
@@ -87,6 +112,10 @@ mk_status mk_range_create(const mk_model *model, int64_t start, int64_t end, con
     const size_t max_rows = opt->max_batch_tokens ? opt->max_batch_tokens : max_context;
     if (max_rows > max_context)
         return mk_fail(MK_ERR_INVALID_ARGUMENT, "max_batch_tokens %zu exceeds max_context %zu", max_rows, max_context);
+    const size_t max_seqs = opt->max_batch_sequences ? opt->max_batch_sequences : 1;
+    if (max_seqs > MK_MAX_BATCH_SEQUENCES || max_seqs > max_rows)
+        return mk_fail(MK_ERR_INVALID_ARGUMENT, "max_batch_sequences %zu: at most %d, and at most max_batch_tokens (%zu)",
+                       max_seqs, MK_MAX_BATCH_SEQUENCES, max_rows);
 
     mk_range *r = calloc(1, sizeof *r);
     if (!r) return mk_fail(MK_ERR_OUT_OF_MEMORY, "range: out of memory");
@@ -97,6 +126,7 @@ mk_status mk_range_create(const mk_model *model, int64_t start, int64_t end, con
     r->role = role;
     r->max_context = max_context;
     r->max_rows = max_rows;
+    r->max_seqs = max_seqs;
     r->token_only = opt->token_only;
     r->graphs = !opt->eager_decode;
     r->layers = calloc((size_t)(end - start + 1), sizeof *r->layers);
@@ -125,6 +155,7 @@ mk_status mk_range_create(const mk_model *model, int64_t start, int64_t end, con
     }
     if (s == MK_OK) s = r->backend->ops->reserve(r->backend, max_rows, max_context, &r->hp);
     if (s == MK_OK) s = mk_range_load(r);
+    if (s == MK_OK) mk_range_rows_alone(r);
     if (s == MK_OK) {
         mk_carver sizing = {0, NULL};
         mk_range_activations(r, &sizing);

@@ -46,6 +46,31 @@ const mk_op_profile *mk_range_op_profile(const mk_range *r);
  * comes back) and out_token [1] (greedy). Allocates nothing. */
 mk_status mk_range_forward_into(mk_range *range, mk_sequence *seq, const int32_t *token_ids, size_t n_tokens,
                                 const mk_boundary *in, mk_boundary *out, float *out_logits, int32_t *out_token);
+/* One sequence's rows in a batch forward: token ids (head) or a received boundary (the
+ * others); a non-tail range's output boundary, or a tail's logits [vocab] (NULL on a
+ * token_only range) and token. */
+typedef struct mk_forward_entry {
+    mk_sequence *seq;
+    const int32_t *token_ids;
+    size_t n_tokens;
+    const mk_boundary *in;
+    mk_boundary *out;
+    float *logits;
+    int32_t *token;
+} mk_forward_entry;
+/* One forward over several sequences (continuous batching): the entries' rows one after the
+ * other, decode rows and prompt chunks alike. Norms and products run over all rows at once
+ * (the weights are read once per forward, not once per sequence); RoPE, the cache write
+ * and attention run per entry, each row attending to its own sequence's keys only. Each
+ * entry is checked as its own forward would be, all before anything runs (a failure names
+ * the entry, and nothing ran); a sequence may appear once. A row's arithmetic does not
+ * depend on the others in the batch wherever the backend's product for the batch's rows is
+ * computed row by row (cpu: under MK_NATIVE_GEMM_MIN_ROWS rows of a quantized or 16-bit
+ * weight; cuda: the GEMV path, up to 8 rows), so each entry's results are bit-identical to
+ * its forward alone there. One entry: exactly mk_range_forward_into. Allocates nothing. */
+mk_status mk_range_forward_batch(mk_range *range, const mk_forward_entry *entries, size_t n);
+/* Sequences one forward may carry: its max_batch_sequences. */
+size_t mk_range_max_seqs(const mk_range *range);
 /* The backend a range runs on (the seams stage payloads through it). */
 mk_backend *mk_range_backend(const mk_range *range);
 /* Largest forward (rows) the range accepts: its max_batch_tokens. */

@@ -39,10 +39,10 @@ typedef struct mk_activations {
     float *up;      /* [rows, intermediate] */
     void *lowp;     /* [rows, widest product input] in the backend's 16-bit GEMM dtype, where it
                      * has one for max_rows (mk_backend_ops.gemm_input); else NULL */
-    float *logits;  /* [1, vocab] tail only */
+    float *logits;  /* [max_seqs, vocab] tail only: one row per sequence of a forward */
     int32_t *ids;   /* [rows] */
     int32_t *pos;   /* [rows] */
-    int32_t *token; /* [1] tail only */
+    int32_t *token; /* [max_seqs] tail only */
 } mk_activations;
 
 /* What a captured decode step bakes in besides the range's own buffers: a step recorded
@@ -59,6 +59,9 @@ struct mk_range {
     int64_t start, end;
     mk_role role;
     size_t max_context, max_rows;
+    size_t max_seqs;    /* sequences one forward may carry (mk_range_forward_batch) */
+    size_t rows_alone;      /* rows one product of the layers' weights computes each alone (>= 1) */
+    size_t tail_rows_alone; /* the same for lm_head */
     mk_backend *backend;
     char digest[MK_DIGEST_HEX_LEN + 1];
 

@@ -149,6 +149,14 @@ static mk_status cpu_matmul(mk_backend *b, float *y, const mk_gemm_input *x, con
     return MK_OK;
 }
 
+/* Native quantized or 16-bit weights: the dot path computes each row alone below the
+ * tiled-GEMM threshold (cpu_native.c); F32 weights go to SGEMM, whose kernel depends on the
+ * rows: one at a time. */
+static size_t cpu_gemm_rows_alone(mk_backend *b, const mk_weight *w) {
+    if (!cpu_native_mode(b) || w->format == MK_GGML_TYPE_F32) return 1;
+    return mk_cpu_native_rows_alone(&cpu_of(b)->native);
+}
+
 static mk_status cpu_matmul_shared(mk_backend *b, size_t n, float *const *y, const mk_weight *const *w,
                                    const mk_gemm_input *x, size_t rows) {
     if (cpu_native_mode(b)) return mk_cpu_native_matmul_shared(&cpu_of(b)->native, n, y, w, x->x, rows);
@@ -259,6 +267,7 @@ static const mk_backend_ops mk_cpu_ops = {
     .rmsnorm = cpu_rmsnorm,
     .add_rmsnorm = cpu_add_rmsnorm,
     .matmul = cpu_matmul,
+    .gemm_rows_alone = cpu_gemm_rows_alone,
     .matmul_shared = cpu_matmul_shared,
     .matmul_swiglu = cpu_matmul_swiglu,
     .rope = cpu_rope,

@@ -184,6 +184,10 @@ static void mk_native_tiles(void *arg, size_t begin, size_t end, size_t thread) 
     }
 }
 
+size_t mk_cpu_native_rows_alone(const mk_cpu_native *ctx) {
+    return ctx->wtile ? MK_NATIVE_GEMM_MIN_ROWS - 1 : SIZE_MAX;
+}
+
 mk_status mk_cpu_native_matmul(const mk_cpu_native *ctx, float *y, const float *x, const mk_weight *w, size_t rows) {
     const size_t in_dim = w->cols, out_dim = w->rows;
     const uint8_t *data = w->data;

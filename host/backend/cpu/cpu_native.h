@@ -56,6 +56,9 @@ size_t mk_cpu_native_weight_bytes(uint32_t type, size_t rows, size_t cols);
 mk_status mk_cpu_native_store(mk_weight *w, uint32_t type, const void *src, size_t src_bytes);
 
 /* y[rows, w->rows] = x[rows, w->cols] @ w^T for a native weight w. */
+/* Rows a product of a quantized or 16-bit weight computes each alone (the dot path): below
+ * the tiled-GEMM threshold where tiles were reserved, any number otherwise. */
+size_t mk_cpu_native_rows_alone(const mk_cpu_native *ctx);
 mk_status mk_cpu_native_matmul(const mk_cpu_native *ctx, float *y, const float *x, const mk_weight *w, size_t rows);
 
 /* y[i] = x @ w[i]^T for n weights [out_dim[i], in] sharing x (Q, K and V): for products of

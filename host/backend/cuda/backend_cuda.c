@@ -521,6 +521,13 @@ static mk_status mk_cuda_matmul_blocks(mk_cuda_backend *cb, float *y, const mk_g
     return MK_OK;
 }
 
+/* The GEMV kernels (16-bit and block weights, up to MK_GEMV_MAX_ROWS rows) compute each row
+ * alone; cuBLAS (F32 weights, more rows) picks its algorithm by the shape: one at a time. */
+static size_t cuda_gemm_rows_alone(mk_backend *b, const mk_weight *w) {
+    (void)b;
+    return mk_cuda_dense_dtype(w->format) == MK_DTYPE_F32 ? 1 : MK_GEMV_MAX_ROWS;
+}
+
 static mk_status cuda_matmul(mk_backend *b, float *y, const mk_gemm_input *x, const mk_weight *w, size_t rows) {
     mk_cuda_backend *cb = cuda_of(b);
     MK_ON_DEVICE(cb);
@@ -781,6 +788,7 @@ static const mk_backend_ops mk_cuda_ops = {
     .rmsnorm = cuda_rmsnorm,
     .add_rmsnorm = cuda_add_rmsnorm,
     .matmul = cuda_matmul,
+    .gemm_rows_alone = cuda_gemm_rows_alone,
     .matmul_shared = cuda_matmul_shared,
     .matmul_swiglu = cuda_matmul_swiglu,
     .rope = cuda_rope,

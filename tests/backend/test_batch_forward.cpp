@@ -1,0 +1,362 @@
+// One forward over several sequences (mk_range_forward_batch, continuous batching): random
+// schedules of sequences joining at different steps, prompts in chunks mixed with decode rows,
+// on the cpu backend and on the cuda backend under cudasim; every entry's logits and token
+// memcmp-equal to the same forwards of that sequence alone (the batch never changes a row's
+// arithmetic where the product is computed row by row: cpu dots, cuda's GEMV up to 8 rows),
+// whole or split into two ranges. And what a batch refuses, with nothing run.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "meshkern.h"
+#include "mk_test_util.h"
+#include "backend/backend.h"
+#include "model/gguf.h"
+#include "protocol/boundary.h"
+#include "range/range.h"
+
+namespace {
+
+struct BoundaryFree {
+    void operator()(mk_boundary *b) const { mk_boundary_free(b); }
+};
+using BoundaryPtr = std::unique_ptr<mk_boundary, BoundaryFree>;
+
+// One entry of a step: sequence `seq` feeds `ids` (a prompt chunk or one decode token).
+struct Feed {
+    size_t seq;
+    std::vector<int32_t> ids;
+};
+using Plan = std::vector<std::vector<Feed>>; // steps, each a batch
+
+// What each sequence's forwards produced, in order: the tail's logits and token.
+struct Outputs {
+    std::vector<std::vector<std::vector<float>>> logits; // [seq][forward][vocab]
+    std::vector<std::vector<int32_t>> tokens;            // [seq][forward]
+};
+
+// A random schedule: n sequences, each joining at a random step with a prompt of 1..max_prompt
+// tokens fed in chunks of 1..chunk, then `decode` single tokens; every step carries every
+// sequence that has something to feed (at most max_rows rows: the rest wait a step).
+Plan make_plan(std::mt19937 &rng, size_t n, size_t vocab, size_t max_prompt, size_t chunk, size_t decode,
+               size_t max_rows) {
+    struct Left {
+        size_t join;
+        std::vector<int32_t> prompt;
+        size_t fed = 0, decoded = 0;
+    };
+    std::vector<Left> left(n);
+    for (size_t i = 0; i < n; i++) {
+        left[i].join = rng() % 4;
+        left[i].prompt.resize(1 + rng() % max_prompt);
+        for (auto &t : left[i].prompt) t = (int32_t)(rng() % vocab);
+    }
+    Plan plan;
+    for (size_t step = 0;; step++) {
+        std::vector<Feed> batch;
+        size_t rows = 0;
+        bool more = false;
+        for (size_t i = 0; i < n; i++) {
+            Left &l = left[i];
+            if (l.decoded == decode) continue;
+            more = true;
+            if (step < l.join) continue;
+            Feed f{i, {}};
+            if (l.fed < l.prompt.size()) {
+                const size_t take = std::min(l.prompt.size() - l.fed, 1 + rng() % chunk);
+                f.ids.assign(l.prompt.begin() + (long)l.fed, l.prompt.begin() + (long)(l.fed + take));
+            } else {
+                f.ids = {(int32_t)((i * 7 + l.decoded * 3 + 1) % vocab)};
+            }
+            if (rows + f.ids.size() > max_rows) continue; // waits for the next step
+            rows += f.ids.size();
+            if (l.fed < l.prompt.size()) l.fed += f.ids.size();
+            else l.decoded++;
+            batch.push_back(std::move(f));
+        }
+        if (!more) break;
+        if (!batch.empty()) plan.push_back(std::move(batch));
+    }
+    return plan;
+}
+
+// The weights a case runs: F32 (every product row by row alone on both backends), F16 on
+// cuda (the GEMV kernels: 8 decode rows per product), native Q4_1 on cpu (the dot path: 31).
+mk_dtype g_weights = MK_DTYPE_F32;
+
+mk_range_options options_for(mk_backend_kind kind, size_t max_seqs, size_t max_rows) {
+    mk_range_options o = mk_range_options_default();
+    o.backend.kind = kind;
+    o.backend.weight_dtype = g_weights;
+    o.max_context = 64;
+    o.max_batch_tokens = max_rows;
+    o.max_batch_sequences = max_seqs;
+    o.eager_decode = false;
+    return o;
+}
+
+// Each sequence alone: the plan's feeds of a sequence in order, one forward each, through
+// the whole model in one range.
+Outputs run_alone(const mk_model *model, mk_backend_kind kind, const Plan &plan, size_t n, size_t max_rows) {
+    const mk_range_options o = options_for(kind, 1, max_rows);
+    mk_range *r = nullptr;
+    const mk_hparams *hp = mk_model_hparams(model);
+    EXPECT_EQ(mk_range_create(model, 0, (int64_t)hp->n_layers - 1, &o, &r), MK_OK) << mk_last_error();
+    RangePtr range(r);
+    Outputs out{std::vector<std::vector<std::vector<float>>>(n), std::vector<std::vector<int32_t>>(n)};
+    std::vector<SequencePtr> seqs;
+    for (size_t i = 0; i < n; i++) {
+        mk_sequence *s = nullptr;
+        EXPECT_EQ(mk_sequence_open(r, &s), MK_OK);
+        seqs.emplace_back(s);
+    }
+    for (const auto &batch : plan)
+        for (const Feed &f : batch) {
+            std::vector<float> logits(hp->vocab);
+            int32_t token = -1;
+            EXPECT_EQ(mk_range_forward_into(r, seqs[f.seq].get(), f.ids.data(), f.ids.size(), nullptr, nullptr,
+                                            logits.data(), &token),
+                      MK_OK)
+                << mk_last_error();
+            out.logits[f.seq].push_back(logits);
+            out.tokens[f.seq].push_back(token);
+        }
+    return out;
+}
+
+// The plan's steps as batch forwards: through one range, or two (cut after layer `cut`)
+// with each entry's boundary carried from the first range's batch into the second's.
+Outputs run_batched(const mk_model *model, mk_backend_kind kind, const Plan &plan, size_t n, size_t max_rows,
+                    int64_t cut /* -1: one range */) {
+    const mk_hparams *hp = mk_model_hparams(model);
+    const int64_t last = (int64_t)hp->n_layers - 1;
+    const mk_range_options o = options_for(kind, n, max_rows);
+    mk_range *r0 = nullptr, *r1 = nullptr;
+    EXPECT_EQ(mk_range_create(model, 0, cut < 0 ? last : cut, &o, &r0), MK_OK) << mk_last_error();
+    if (cut >= 0) {
+        EXPECT_EQ(mk_range_create(model, cut + 1, last, &o, &r1), MK_OK) << mk_last_error();
+    }
+    RangePtr head(r0), tail(r1);
+    std::vector<SequencePtr> s0, s1;
+    std::vector<BoundaryPtr> out0, in1;
+    for (size_t i = 0; i < n; i++) {
+        mk_sequence *s = nullptr;
+        EXPECT_EQ(mk_sequence_open(r0, &s), MK_OK);
+        s0.emplace_back(s);
+        if (r1) {
+            EXPECT_EQ(mk_sequence_open(r1, &s), MK_OK);
+            s1.emplace_back(s);
+            mk_boundary *b = nullptr;
+            EXPECT_EQ(mk_boundary_create(r0, &b), MK_OK);
+            out0.emplace_back(b);
+            EXPECT_EQ(mk_boundary_create(r1, &b), MK_OK);
+            in1.emplace_back(b);
+        }
+    }
+    Outputs out{std::vector<std::vector<std::vector<float>>>(n), std::vector<std::vector<int32_t>>(n)};
+    std::vector<std::vector<float>> logits(n, std::vector<float>(hp->vocab));
+    std::vector<int32_t> token(n, -1);
+    for (const auto &batch : plan) {
+        std::vector<mk_forward_entry> e0, e1;
+        for (const Feed &f : batch) {
+            mk_forward_entry e{};
+            e.seq = s0[f.seq].get();
+            e.token_ids = f.ids.data();
+            e.n_tokens = f.ids.size();
+            if (r1) e.out = out0[f.seq].get();
+            else e.logits = logits[f.seq].data(), e.token = &token[f.seq];
+            e0.push_back(e);
+        }
+        EXPECT_EQ(mk_range_forward_batch(r0, e0.data(), e0.size()), MK_OK) << mk_last_error();
+        if (r1) {
+            for (const Feed &f : batch) {
+                // the boundary as a seam would carry it: header and rows, into the next range's
+                // backend memory (a download waits for the forward that wrote them)
+                const mk_boundary *from = out0[f.seq].get();
+                mk_boundary *to = in1[f.seq].get();
+                to->h = from->h;
+                std::vector<float> rows(from->h.rows * from->h.hidden);
+                mk_backend *b0 = mk_range_backend(r0), *b1 = mk_range_backend(r1);
+                EXPECT_EQ(b0->ops->download(b0, rows.data(), from->payload, rows.size() * sizeof(float)), MK_OK);
+                EXPECT_EQ(b1->ops->upload(b1, to->payload, rows.data(), rows.size() * sizeof(float)), MK_OK);
+                mk_forward_entry e{};
+                e.seq = s1[f.seq].get();
+                e.in = to;
+                e.logits = logits[f.seq].data();
+                e.token = &token[f.seq];
+                e1.push_back(e);
+            }
+            EXPECT_EQ(mk_range_forward_batch(r1, e1.data(), e1.size()), MK_OK) << mk_last_error();
+        }
+        for (const Feed &f : batch) {
+            out.logits[f.seq].push_back(logits[f.seq]);
+            out.tokens[f.seq].push_back(token[f.seq]);
+        }
+    }
+    return out;
+}
+
+void expect_identical(const Outputs &alone, const Outputs &batched, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        SCOPED_TRACE("sequence " + std::to_string(i));
+        ASSERT_EQ(alone.logits[i].size(), batched.logits[i].size());
+        for (size_t k = 0; k < alone.logits[i].size(); k++) {
+            EXPECT_EQ(std::memcmp(alone.logits[i][k].data(), batched.logits[i][k].data(),
+                                  alone.logits[i][k].size() * sizeof(float)),
+                      0)
+                << "forward " << k << " of sequence " << i << ": logits differ (first: " << alone.logits[i][k][0]
+                << " vs " << batched.logits[i][k][0] << ")";
+            EXPECT_EQ(alone.tokens[i][k], batched.tokens[i][k]) << "forward " << k;
+        }
+    }
+}
+
+struct Case {
+    mk_backend_kind kind;
+    mk_dtype weights;
+    bool smollm2; // the GGUF model (native weights) instead of the random one
+    const char *name;
+};
+
+class BatchForward : public ::testing::TestWithParam<Case> {
+  protected:
+    void SetUp() override {
+        g_weights = GetParam().weights;
+        if (GetParam().smollm2) {
+            MK_REQUIRE_MODEL_FILE(mk_test_model_path());
+            mk_model *m = nullptr;
+            ASSERT_EQ(mk_model_open_gguf(mk_test_model_path().c_str(), &m), MK_OK) << mk_last_error();
+            model.reset(m);
+        } else {
+            model = make_random_model(gqa_tied_hparams());
+        }
+        vocab = mk_model_hparams(model.get())->vocab;
+    }
+    ModelPtr model;
+    size_t vocab = 0;
+};
+
+// How many decode rows one product of the case's weights takes together (the grouping the
+// batch forward uses): more than one wherever the case is meant to share products.
+TEST_P(BatchForward, DecodeRowsShareProductsWhereTheBackendComputesRowsAlone) {
+    mk_range_options o = options_for(GetParam().kind, 8, 40); // cpu: enough rows for the tiled GEMM
+    mk_range *r = nullptr;
+    ASSERT_EQ(mk_range_create(model.get(), 0, 1, &o, &r), MK_OK) << mk_last_error();
+    RangePtr range(r);
+    mk_backend *b = mk_range_backend(r);
+    ASSERT_NE(b->ops->gemm_rows_alone, nullptr);
+    mk_weight probe{};
+    probe.format = GetParam().weights == MK_DTYPE_F16 ? MK_GGML_TYPE_F16
+                   : GetParam().smollm2             ? MK_GGML_TYPE_Q4_1
+                                                    : MK_GGML_TYPE_F32;
+    const size_t want = GetParam().weights == MK_DTYPE_F32 ? 1 : GetParam().kind == MK_BACKEND_CUDA ? 8 : 31;
+    EXPECT_EQ(b->ops->gemm_rows_alone(b, &probe), want);
+}
+
+// Random mixes: 1..8 sequences (decode rows computed row by row on both backends), prompts in
+// chunks beside decode rows, joins at different steps; whole and split.
+TEST_P(BatchForward, EveryEntryEqualsItsSequenceAlone) {
+    std::mt19937 rng(1234);
+    const int64_t cut = (int64_t)mk_model_hparams(model.get())->n_layers / 2;
+    for (size_t n : {1, 2, 3, 5, 8}) {
+        for (int trial = 0; trial < (GetParam().smollm2 ? 1 : 2); trial++) {
+            SCOPED_TRACE("n=" + std::to_string(n) + " trial " + std::to_string(trial));
+            const size_t max_rows = 8 + rng() % 8;
+            const Plan plan = make_plan(rng, n, vocab, 9, 3, 4, max_rows);
+            const Outputs alone = run_alone(model.get(), GetParam().kind, plan, n, max_rows);
+            expect_identical(alone, run_batched(model.get(), GetParam().kind, plan, n, max_rows, -1), n);
+            expect_identical(alone, run_batched(model.get(), GetParam().kind, plan, n, max_rows, cut), n);
+        }
+    }
+}
+
+// Decode rows of many sequences at once: 8 at every step (cuda's GEMV path computes up to 8
+// rows each alone; the cpu's dot path up to 31).
+TEST_P(BatchForward, DecodeRowsOfManySequencesPerStepEqualEachAlone) {
+    std::mt19937 rng(99);
+    const size_t n = GetParam().kind == MK_BACKEND_CPU && GetParam().smollm2 ? 20 : 10; // over one group
+    Plan plan;
+    std::vector<Feed> prefill;
+    for (size_t i = 0; i < n; i++) {
+        std::vector<int32_t> p(2 + i % 3);
+        for (auto &t : p) t = (int32_t)(rng() % vocab);
+        prefill.push_back({i, p});
+    }
+    for (size_t i = 0; i < n; i += 6) // the prompts, 6 at a time (at most 24 rows)
+        plan.emplace_back(prefill.begin() + (long)i, prefill.begin() + (long)std::min(n, i + 6));
+    for (size_t step = 0; step < 6; step++) {
+        std::vector<Feed> batch;
+        for (size_t i = 0; i < n; i++) batch.push_back({i, {(int32_t)((i + step * 5) % vocab)}});
+        plan.push_back(batch);
+    }
+    const Outputs alone = run_alone(model.get(), GetParam().kind, plan, n, 32);
+    expect_identical(alone, run_batched(model.get(), GetParam().kind, plan, n, 32, -1), n);
+}
+
+// What a batch refuses, before anything runs: the same sequence twice, more sequences than
+// the range takes, more rows than it holds, an entry over its context (named), a missing
+// output; the sequences are as they were.
+TEST(BatchForwardRules, RefusalsNameTheEntryAndRunNothing) {
+  for (mk_backend_kind kind : {MK_BACKEND_CPU, MK_BACKEND_CUDA}) {
+    SCOPED_TRACE(kind == MK_BACKEND_CPU ? "cpu" : "cuda");
+    g_weights = MK_DTYPE_F32;
+    const ModelPtr model = make_random_model(gqa_tied_hparams());
+    mk_range_options o = options_for(kind, 3, 8);
+    o.max_context = 10;
+    mk_range *r = nullptr;
+    ASSERT_EQ(mk_range_create(model.get(), 0, 4, &o, &r), MK_OK) << mk_last_error();
+    RangePtr range(r);
+    mk_sequence *a = nullptr, *b = nullptr;
+    ASSERT_EQ(mk_sequence_open(r, &a), MK_OK);
+    ASSERT_EQ(mk_sequence_open(r, &b), MK_OK);
+    SequencePtr pa(a), pb(b);
+    const int32_t ids[9] = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+    std::vector<float> la(53), lb(53);
+    int32_t ta = -1, tb = -1;
+    mk_forward_entry e[4] = {{a, ids, 2, nullptr, nullptr, la.data(), &ta}, {b, ids, 3, nullptr, nullptr, lb.data(), &tb}};
+    ASSERT_EQ(mk_range_forward_batch(r, e, 2), MK_OK) << mk_last_error();
+    ASSERT_EQ(mk_sequence_length(a), 2u);
+    ASSERT_EQ(mk_sequence_length(b), 3u);
+
+    mk_forward_entry twice[2] = {e[0], e[0]};
+    twice[0].n_tokens = twice[1].n_tokens = 1;
+    EXPECT_EQ(mk_range_forward_batch(r, twice, 2), MK_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(mk_last_error()).find("entries 0 and 1 are the same sequence"), std::string::npos)
+        << mk_last_error();
+    mk_forward_entry four[4] = {e[0], e[1], e[0], e[1]};
+    EXPECT_EQ(mk_range_forward_batch(r, four, 4), MK_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(mk_last_error()).find("at most 3 per forward"), std::string::npos) << mk_last_error();
+    mk_forward_entry big[2] = {e[0], e[1]};
+    big[0].n_tokens = 5, big[1].n_tokens = 4; // 9 rows > 8
+    EXPECT_EQ(mk_range_forward_batch(r, big, 2), MK_ERR_SHAPE) << mk_last_error();
+    mk_forward_entry over[2] = {e[0], e[1]};
+    over[0].n_tokens = 1, over[1].n_tokens = 8; // b: 3 + 8 > 10 positions
+    EXPECT_NE(mk_range_forward_batch(r, over, 2), MK_OK);
+    EXPECT_NE(std::string(mk_last_error()).find("batch entry 1"), std::string::npos) << mk_last_error();
+    mk_forward_entry no_out[2] = {e[0], e[1]};
+    no_out[1].token = nullptr;
+    EXPECT_EQ(mk_range_forward_batch(r, no_out, 2), MK_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(mk_last_error()).find("batch entry 1"), std::string::npos) << mk_last_error();
+    EXPECT_EQ(mk_range_forward_batch(r, e, 0), MK_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(mk_sequence_length(a), 2u); // nothing ran
+    EXPECT_EQ(mk_sequence_length(b), 3u);
+    // and the range refuses a max_batch_sequences it cannot hold
+    mk_range_options bad = options_for(kind, MK_MAX_BATCH_SEQUENCES + 1, 80);
+    bad.max_context = 128;
+    mk_range *none = nullptr;
+    EXPECT_EQ(mk_range_create(model.get(), 0, 4, &bad, &none), MK_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(none, nullptr);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, BatchForward,
+                         ::testing::Values(Case{MK_BACKEND_CPU, MK_DTYPE_F32, false, "cpu_f32"},
+                                           Case{MK_BACKEND_CPU, MK_DTYPE_NATIVE, true, "cpu_native_smollm2"},
+                                           Case{MK_BACKEND_CUDA, MK_DTYPE_F32, false, "cuda_f32"},
+                                           Case{MK_BACKEND_CUDA, MK_DTYPE_F16, false, "cuda_f16"}),
+                         [](const ::testing::TestParamInfo<Case> &i) { return std::string(i.param.name); });
+
+} // namespace
