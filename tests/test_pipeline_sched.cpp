@@ -270,6 +270,36 @@ TEST(PipelineSched, EverySeamTransportMatchesWholeForOneToEightInFlight) {
     }
 }
 
+// Continuous batching: each stage's step takes every item already waiting (up to 6, the
+// sequences in flight), so boundaries of several sequences leave a step together and cross
+// every transport one by one; sequences join as others finish, some stop early; each is
+// bit-identical to its whole-model run, and the steps really carried several sequences.
+TEST(PipelineSched, BatchedStepsMatchWholeOverEverySeam) {
+    ModelPtr model = make_random_model(gqa_tied_hparams());
+    const std::vector<SeqSpec> specs = mixed_specs(model.get(), cpu_options(), 11, 77, 5);
+    ReferenceCache refs;
+    for (mk_seam_kind kind : {MK_SEAM_UNIX, MK_SEAM_TCP, MK_SEAM_LOCAL, MK_SEAM_WIRE}) {
+        mk_sched_options o = sched_options(6, nullptr, kind);
+        o.split_auto = true;
+        o.n_workers = 3;
+        o.range.max_batch_sequences = 6;
+        Collector c;
+        SchedPtr s = make_sched(model.get(), o, &c);
+        ASSERT_TRUE(s);
+        const std::vector<uint64_t> ids = submit_all(s.get(), specs);
+        ASSERT_TRUE(wait_all_within(s.get(), 120));
+        const std::string what = std::string("batched, ") + mk_seam_kind_name(kind);
+        expect_all_match_whole(model.get(), cpu_options(), specs, collect(s.get(), &c, ids), what, &refs);
+        if (HasFatalFailure()) return;
+        // some step of the tail carried more than one sequence: fewer steps than tokens
+        mk_worker_stats tail{};
+        ASSERT_EQ(mk_sched_worker_stats(s.get(), 2, &tail), MK_OK);
+        size_t tokens = 0;
+        for (const SeqSpec &sp : specs) tokens += sp.max_new;
+        EXPECT_LT(tail.steps, tokens) << what << ": the tail ran a step per token, never a batch";
+    }
+}
+
 // NCCL needs the cuda backend on distinct devices: on the cpu backend it is refused clearly.
 TEST(PipelineSched, NcclSeamOnTheCpuBackendIsRefused) {
     ModelPtr model = make_random_model(mk_hparams_seed_default());
@@ -569,13 +599,19 @@ TEST(PipelineSchedSmolLM2, NativeWeightsEverySequenceMatchesWhole) {
     ASSERT_EQ(mk_model_open_gguf(mk_test_model_path().c_str(), &raw), MK_OK)
         << mk_test_model_path() << " is present but does not open: " << mk_last_error();
     ModelPtr model(raw);
-    for (mk_dtype kv : {MK_DTYPE_F32, MK_DTYPE_F16}) {
+    const struct {
+        mk_dtype kv;
+        size_t batch;
+    } cases[] = {{MK_DTYPE_F32, 1}, {MK_DTYPE_F16, 1}, {MK_DTYPE_F32, 3}};
+    for (const auto &cs : cases) {
+        const mk_dtype kv = cs.kv;
         mk_range_options ro = cpu_options();
         ro.max_context = 24;
         ro.max_batch_tokens = 9;
         ro.backend.weight_dtype = MK_DTYPE_NATIVE;
         ro.backend.kv_dtype = kv;
         ro.backend.threads = 1;
+        ro.max_batch_sequences = cs.batch; // 3: decode rows share the products (31 rows alone)
         const std::vector<SeqSpec> specs = mixed_specs(model.get(), ro, 5, 3, 3);
         mk_sched_options o = sched_options(3, nullptr, MK_SEAM_UNIX);
         o.range = ro;
@@ -586,8 +622,10 @@ TEST(PipelineSchedSmolLM2, NativeWeightsEverySequenceMatchesWhole) {
         ASSERT_TRUE(s);
         const std::vector<uint64_t> ids = submit_all(s.get(), specs);
         ASSERT_TRUE(wait_all_within(s.get(), 300));
-        expect_all_match_whole(model.get(), ro, specs, collect(s.get(), &c, ids),
-                               std::string("native, kv ") + mk_dtype_name(kv));
+        mk_range_options alone = ro;
+        alone.max_batch_sequences = 1;
+        expect_all_match_whole(model.get(), alone, specs, collect(s.get(), &c, ids),
+                               std::string("native, kv ") + mk_dtype_name(kv) + ", batch " + std::to_string(cs.batch));
         if (HasFatalFailure()) return;
     }
 }

@@ -184,6 +184,17 @@ mk_cli_option mk_cli_opt_max_sequences(size_t *n, const char *dflt) {
                            dflt, MK_CLI_COUNT, n, 1, MK_CLI_MAX_SEQUENCES, NULL};
 }
 
+mk_cli_option mk_cli_opt_step_sequences(size_t *n) {
+    return (mk_cli_option){"--step-sequences", NULL, "N",
+                           "sequences one forward may carry (continuous batching; 1: one sequence per step)",
+                           "--max-sequences, at most 64", MK_CLI_COUNT, n, 1, MK_MAX_BATCH_SEQUENCES, NULL};
+}
+
+size_t mk_cli_step_sequences(size_t given, size_t max_sequences) {
+    const size_t n = given ? given : max_sequences;
+    return n < MK_MAX_BATCH_SEQUENCES ? n : MK_MAX_BATCH_SEQUENCES;
+}
+
 mk_cli_option mk_cli_opt_split(mk_cli_list *cuts) {
     return (mk_cli_option){"--split", NULL, cuts->auto_ok ? "auto|L1,L2,..." : "L1,L2,...",
                            cuts->auto_ok ? "the last layer of each range but the last, or auto (balanced cuts)"

@@ -95,6 +95,11 @@ bool mk_cli_parse_list(const char *value, void *list, char *why, size_t why_len)
 mk_cli_option mk_cli_opt_max_tokens(size_t *n, size_t hi, const char *dflt);
 /* --max-sequences N (older spelling --batch): sequences in flight at once. */
 mk_cli_option mk_cli_opt_max_sequences(size_t *n, const char *dflt);
+/* --step-sequences N: sequences one forward may carry (continuous batching; 1: one at a
+ * time). Its value for a run of max_sequences in flight: N, or by default all of them up to
+ * MK_MAX_BATCH_SEQUENCES. */
+mk_cli_option mk_cli_opt_step_sequences(size_t *n);
+size_t mk_cli_step_sequences(size_t given, size_t max_sequences);
 /* --split L1,L2,...: the last layer of every range but the last (auto_ok: or "auto"). */
 mk_cli_option mk_cli_opt_split(mk_cli_list *cuts);
 /* --devices D0,D1,...: one cuda device per range. */

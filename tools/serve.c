@@ -1086,6 +1086,7 @@ int mk_cli_serve(int argc, char **argv) {
     o.cuts = cuts;
     o.n_cuts = cuts_l.n;
     o.max_sequences = max_seq;
+    o.range.max_batch_sequences = mk_cli_step_sequences(0, max_seq); /* every sequence in flight shares a step */
     o.on_token = mk_serve_on_token;
     o.user = srv;
     s = mk_sched_create(model, &o, &srv->sched);

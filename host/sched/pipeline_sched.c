@@ -119,11 +119,21 @@ static mk_status mk_sched_build(mk_sched *s, const mk_sched_options *o, const mk
          * another stage's work (under cudasim a seed-dependent interleaving gave wrong
          * tokens). Graphs stay on for ranges one thread drives. */
         ro.eager_decode = true;
+        /* A step of max_batch_sequences decode rows fits the activations */
+        const size_t ctx = ro.max_context ? ro.max_context : 0;
+        if (ro.max_batch_sequences > 1 && ro.max_batch_tokens && ro.max_batch_tokens < ro.max_batch_sequences)
+            ro.max_batch_tokens = ctx && ctx < ro.max_batch_sequences ? ctx : ro.max_batch_sequences;
         MK_TRY(mk_range_create(s->model, spans[i].start, spans[i].end, &ro, &st->range));
+        st->max_batch = mk_range_max_seqs(st->range);
         st->seqs = calloc(s->n_slots, sizeof *st->seqs);
         if (!st->seqs) return mk_fail(MK_ERR_OUT_OF_MEMORY, "pipeline: out of memory");
         for (size_t k = 0; k < s->n_slots; k++) MK_TRY(mk_sequence_open(st->range, &st->seqs[k]));
-        if (i > 0) MK_TRY(mk_boundary_create(st->range, &st->in));
+        if (i > 0) {
+            st->ins = calloc(st->max_batch, sizeof *st->ins);
+            if (!st->ins) return mk_fail(MK_ERR_OUT_OF_MEMORY, "pipeline: out of memory");
+            for (size_t k = 0; k < st->max_batch; k++) MK_TRY(mk_boundary_create(st->range, &st->ins[k]));
+            st->in = st->ins[0];
+        }
         if (o->timeline_capacity) {
             st->timeline = calloc(o->timeline_capacity, sizeof *st->timeline);
             if (!st->timeline) return mk_fail(MK_ERR_OUT_OF_MEMORY, "pipeline: out of memory for the timeline");
@@ -228,7 +238,8 @@ void mk_sched_free(mk_sched *s) {
             }
         for (size_t i = 0; i < s->n_workers; i++) {
             mk_sched_worker *st = &s->workers[i];
-            mk_boundary_free(st->in);
+            for (size_t k = 0; st->ins && k < st->max_batch; k++) mk_boundary_free(st->ins[k]);
+            free(st->ins);
             if (st->seqs)
                 for (size_t k = 0; k < s->n_slots; k++) mk_sequence_close(st->seqs[k]);
             free(st->seqs);

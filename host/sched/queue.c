@@ -46,3 +46,14 @@ mk_sched_item *mk_queue_pop(mk_queue *q) {
     pthread_mutex_unlock(&q->mu);
     return item;
 }
+
+mk_sched_item *mk_queue_pop_if(mk_queue *q, bool (*take)(const mk_sched_item *, void *), void *arg) {
+    pthread_mutex_lock(&q->mu);
+    mk_sched_item *item = q->count && take(q->ring[q->head], arg) ? q->ring[q->head] : NULL;
+    if (item) {
+        q->head = (q->head + 1) % q->cap;
+        q->count--;
+    }
+    pthread_mutex_unlock(&q->mu);
+    return item;
+}

@@ -35,6 +35,8 @@ mk_status mk_queue_init(mk_queue *q, size_t cap);
 void mk_queue_destroy(mk_queue *q);
 mk_status mk_queue_push(mk_queue *q, struct mk_sched_item *item);
 struct mk_sched_item *mk_queue_pop(mk_queue *q); /* waits while empty */
+/* The front item without waiting, if there is one and take(front, arg) says so; else NULL. */
+struct mk_sched_item *mk_queue_pop_if(mk_queue *q, bool (*take)(const struct mk_sched_item *, void *), void *arg);
 
 /* =================================================================== item == */
 
@@ -120,7 +122,9 @@ typedef struct mk_sched_worker {
     mk_queue *inbox;        /* stage 0: admissions and feedback; others: in_link's queue */
     mk_sched_link *in_link; /* NULL for stage 0 */
     mk_sched_link *out_link; /* NULL for the tail */
-    mk_boundary *in;        /* the received boundary (stages after the head) */
+    mk_boundary *in;        /* the received boundary (stages after the head): ins[0] */
+    mk_boundary **ins;      /* [max_batch]: a step's received boundaries, one per item */
+    size_t max_batch;       /* items one step takes (its range's max_batch_sequences) */
     pthread_t thread;
     bool started;
     double share;

@@ -68,30 +68,105 @@ static void mk_worker_fail_item(mk_sched_worker *st, mk_sched_item *item, mk_sta
     mk_sched_retire(st->sched, item, MK_SEQ_FAILED, status, error);
 }
 
+/* Queued items join the step while they fit: not the stop item, and the step's rows stay
+ * within the range's (every stage sees an item's rows: its prompt, or one token). */
+typedef struct mk_batch_room {
+    size_t rows, max_rows;
+} mk_batch_room;
+
+static bool mk_item_fits(const mk_sched_item *item, void *arg) {
+    mk_batch_room *room = arg;
+    if (item->kind == MK_ITEM_STOP || room->rows + item->n_tokens > room->max_rows) return false;
+    room->rows += item->n_tokens;
+    return true;
+}
+
+/* One step over several items (continuous batching): one batch forward, each item with its
+ * own sequence slot, input boundary and outputs; a failure fails every item of the step. */
+static mk_status mk_worker_batch_step(mk_sched_worker *st, mk_sched_item **items, size_t n) {
+    MK_TRY(mk_worker_fault(st));
+    const bool head = mk_worker_is_head(st), tail = mk_worker_is_tail(st);
+    mk_forward_entry entries[MK_MAX_BATCH_SEQUENCES];
+    for (size_t k = 0; k < n; k++) {
+        mk_sched_item *item = items[k];
+        entries[k] = (mk_forward_entry){.seq = st->seqs[item->slot],
+                                        .token_ids = head ? item->tokens : NULL,
+                                        .n_tokens = head ? item->n_tokens : 0,
+                                        .in = head ? NULL : st->ins[k],
+                                        .out = tail ? NULL : item->out[st->index],
+                                        .logits = tail ? item->logits : NULL,
+                                        .token = tail ? &item->token : NULL};
+    }
+    const uint64_t t0 = mk_now_ns(), c0 = mk_thread_cpu_ns();
+    const mk_status s = mk_range_forward_batch(st->range, entries, n);
+    const uint64_t t1 = mk_now_ns(), c1 = mk_thread_cpu_ns();
+    mk_worker_stats *stats = &st->stats;
+    if (stats->steps == 0) stats->first_ns = t0;
+    stats->steps++;
+    stats->busy_ns += t1 - t0;
+    stats->cpu_ns += c1 - c0;
+    stats->last_ns = t1;
+    for (size_t k = 0; k < n && st->timeline_len < st->timeline_cap; k++)
+        st->timeline[st->timeline_len++] = (mk_timeline_record){
+            .seq_id = items[k]->req->id, .start_ns = t0, .end_ns = t1, .rows = (uint32_t)items[k]->n_tokens};
+    return s;
+}
+
+/* Before a step: a new sequence's slot reset, a received boundary taken off the seam (into
+ * `in`). Received even when the reset failed: a FIFO transport stays in step (the
+ * failure's message is kept across the receive, which clears it). */
+static mk_status mk_worker_prepare(mk_sched_worker *st, mk_sched_item *item, mk_boundary *in) {
+    mk_status s = MK_OK;
+    /* A new sequence in this slot: its cache starts empty (stale rows are never read),
+     * before its first boundary is checked against it. */
+    if (item->kind == MK_ITEM_PREFILL) s = mk_sequence_reset(st->seqs[item->slot]);
+    if (!mk_worker_is_head(st)) {
+        char earlier[256];
+        snprintf(earlier, sizeof earlier, "%s", s == MK_OK ? "" : mk_last_error());
+        const mk_status r = mk_sched_link_recv(st->in_link, item, st->seqs[item->slot], in);
+        if (s != MK_OK) (void)mk_fail(s, "%s", earlier);
+        else s = r;
+    }
+    return s;
+}
+
+/* After a step: the boundary on to the next stage, or the token reported. */
+static void mk_worker_finish(mk_sched_worker *st, mk_sched_item *item, mk_status s) {
+    if (s == MK_OK && !mk_worker_is_tail(st)) s = mk_sched_link_send(st->out_link, item, item->out[st->index]);
+    if (s != MK_OK) mk_worker_fail_item(st, item, s);
+    else if (mk_worker_is_tail(st)) mk_sched_emit(st->sched, item);
+}
+
 void *mk_worker_main(void *arg) {
     mk_sched_worker *st = arg;
-    mk_sched *sched = st->sched;
-    const bool head = mk_worker_is_head(st), tail = mk_worker_is_tail(st);
+    const bool head = mk_worker_is_head(st);
+    mk_queue *q = head ? st->inbox : &st->in_link->q;
     for (;;) {
-        mk_sched_item *item = head ? mk_queue_pop(st->inbox) : mk_sched_link_take(st->in_link);
+        mk_sched_item *item = mk_queue_pop(q);
         if (item->kind == MK_ITEM_STOP) break;
-        mk_status s = MK_OK;
-        /* A new sequence in this slot: its cache starts empty (stale rows are never read),
-         * before its first boundary is checked against it. */
-        if (item->kind == MK_ITEM_PREFILL) s = mk_sequence_reset(st->seqs[item->slot]);
-        /* Received even when the step will fail: a FIFO transport stays in step (the
-         * failure's message is kept across the receive, which clears it). */
-        if (!head) {
-            char earlier[256];
-            snprintf(earlier, sizeof earlier, "%s", s == MK_OK ? "" : mk_last_error());
-            const mk_status r = mk_sched_link_recv(st->in_link, item, st->seqs[item->slot], st->in);
-            if (s != MK_OK) (void)mk_fail(s, "%s", earlier);
-            else s = r;
+        mk_status s = mk_worker_prepare(st, item, st->in);
+        if (st->max_batch <= 1) { /* one item per step: the forward of one sequence */
+            if (s == MK_OK) s = mk_worker_step(st, item);
+            mk_worker_finish(st, item, s);
+            continue;
         }
-        if (s == MK_OK) s = mk_worker_step(st, item);
-        if (s == MK_OK && !tail) s = mk_sched_link_send(st->out_link, item, item->out[st->index]);
-        if (s != MK_OK) mk_worker_fail_item(st, item, s);
-        else if (tail) mk_sched_emit(sched, item);
+        /* Continuous batching: every item already waiting joins this step while it fits;
+         * an item whose receive failed fails alone. */
+        mk_sched_item *items[MK_MAX_BATCH_SEQUENCES];
+        size_t n = 0;
+        mk_batch_room room = {item->n_tokens, mk_range_max_rows(st->range)};
+        for (;;) {
+            if (s != MK_OK) {
+                mk_worker_fail_item(st, item, s);
+            } else {
+                items[n++] = item;
+            }
+            if (n == st->max_batch || !(item = mk_queue_pop_if(q, mk_item_fits, &room))) break;
+            s = mk_worker_prepare(st, item, head ? NULL : st->ins[n]); /* item n's boundary: ins[n] */
+        }
+        if (n == 0) continue;
+        s = n == 1 ? mk_worker_step(st, items[0]) : mk_worker_batch_step(st, items, n);
+        for (size_t k = 0; k < n; k++) mk_worker_finish(st, items[k], s);
     }
     return NULL;
 }
