@@ -39,8 +39,10 @@ typedef enum mk_ctl_type {
     MK_CTL_DONE = 9,    /* last rank -> 0: the end-of-run marker came through (nccl seams) */
     MK_CTL_STATS = 10,  /* rank -> 0 after bye: its seam figures (mk_stage_counts) */
     MK_CTL_BUSY = 11,   /* either way, every beat while a rank computes or sends: alive, not silent */
+    MK_CTL_RESULT_MORE = 12, /* last rank -> 0: a TailResult, and more of the same step follow
+                                (rank 0 takes the step's results together into its next step) */
 } mk_ctl_type;
-#define MK_CTL_LAST MK_CTL_BUSY
+#define MK_CTL_LAST MK_CTL_RESULT_MORE
 
 mk_status mk_ctl_send(mk_io *io, mk_ctl_type type, const void *body, size_t len, int64_t deadline);
 /* The next message from `peer` (named in errors, e.g. "rank 2"); body[MK_CTL_MAX_BODY + 1]
@@ -149,7 +151,9 @@ struct mk_stage {
     unsigned char nccl_prev[MK_SEAM_NCCL_ID_BYTES], nccl_next[MK_SEAM_NCCL_ID_BYTES];
     mk_seam *from_prev, *to_next;
     mk_range *range;
-    mk_boundary *in, *out;
+    mk_boundary *in, *out;        /* ins[0], outs[0] */
+    mk_boundary **ins, **outs;    /* [max_batch]: a step's boundaries, one per request */
+    size_t max_batch;             /* requests one step carries (1 on nccl seams) */
     mk_slots slots;
     mk_fault fault;
     uint64_t steps;               /* boundaries this rank handled */

@@ -186,12 +186,26 @@ static mk_status mk_stage_build(mk_stage *st) {
     mk_range_options ro = st->o.range;
     ro.max_context = st->max_context;
     ro.max_batch_tokens = st->max_rows;
+    /* Continuous batching: a step carries every request ready for it (an nccl receive
+     * cannot be polled for the next boundary, so one at a time there). */
+    st->max_batch = st->o.seam == MK_SEAM_NCCL ? 1 : st->max_sequences;
+    if (st->max_batch > MK_MAX_BATCH_SEQUENCES) st->max_batch = MK_MAX_BATCH_SEQUENCES;
+    if (st->max_batch > st->max_context) st->max_batch = st->max_context;
+    if (ro.max_batch_tokens < st->max_batch) ro.max_batch_tokens = st->max_batch;
+    ro.max_batch_sequences = st->max_batch;
     /* The last rank (after rank 0) sends back the sampled token alone: it never needs the
      * logits on the host, so its forward brings back 4 bytes and allocates nothing. */
     if (st->rank > 0 && st->rank + 1 == st->world) ro.token_only = true;
     MK_TRY(mk_range_create(st->model, start, end, &ro, &st->range));
-    if (st->rank > 0) MK_TRY(mk_boundary_create(st->range, &st->in));
-    if (st->rank + 1 < st->world) MK_TRY(mk_boundary_create(st->range, &st->out));
+    st->ins = calloc(st->max_batch, sizeof *st->ins);
+    st->outs = calloc(st->max_batch, sizeof *st->outs);
+    if (!st->ins || !st->outs) return mk_fail(MK_ERR_OUT_OF_MEMORY, "stage: out of memory for %zu boundaries", st->max_batch);
+    for (size_t k = 0; k < st->max_batch; k++) {
+        if (st->rank > 0) MK_TRY(mk_boundary_create(st->range, &st->ins[k]));
+        if (st->rank + 1 < st->world) MK_TRY(mk_boundary_create(st->range, &st->outs[k]));
+    }
+    st->in = st->ins[0];
+    st->out = st->outs[0];
     MK_TRY(mk_slots_init(&st->slots, st->range, st->max_sequences));
     /* The next rank's listener takes the connection in its backlog before it accepts, so
      * connecting first and accepting second cannot deadlock along the chain. */
@@ -301,8 +315,12 @@ void mk_stage_free(mk_stage *st) {
     mk_seam_free(st->from_prev);
     mk_seam_listener_free(st->listener);
     mk_slots_free(&st->slots);
-    mk_boundary_free(st->in);
-    mk_boundary_free(st->out);
+    for (size_t k = 0; k < st->max_batch; k++) {
+        if (st->ins) mk_boundary_free(st->ins[k]);
+        if (st->outs) mk_boundary_free(st->outs[k]);
+    }
+    free(st->ins);
+    free(st->outs);
     mk_range_free(st->range);
     for (size_t i = 0; i < MK_STAGE_MAX_WORLD; i++) mk_io_close(&st->ctl[i]);
     mk_tls_context_free(st->tls);
@@ -367,10 +385,10 @@ static void mk_stage_fault_busy(const mk_stage *st) {
     if (mk_fault_due(&st->fault, st->steps, MK_FAULT_BUSY)) usleep((useconds_t)st->timeout_ms * 3000u);
 }
 
-/* Send this rank's boundary (st->out, for request id) to the next rank. */
-static mk_status mk_stage_send(mk_stage *st, const char *id) {
+/* Send one of this rank's boundaries (out, for request id) to the next rank. */
+static mk_status mk_stage_send_from(mk_stage *st, mk_boundary *out, const char *id) {
     const uint64_t step = st->steps++;
-    snprintf(st->out->h.request_id, sizeof st->out->h.request_id, "%s", id);
+    snprintf(out->h.request_id, sizeof out->h.request_id, "%s", id);
     if (mk_fault_due(&st->fault, step, MK_FAULT_EXIT)) _exit(3);
     if (mk_fault_due(&st->fault, step, MK_FAULT_SILENT)) return mk_stage_go_silent(st, step);
     if (mk_fault_due(&st->fault, step, MK_FAULT_CORRUPT_HEADER)) {
@@ -378,8 +396,8 @@ static mk_status mk_stage_send(mk_stage *st, const char *id) {
         mk_status s = mk_seam_stream_write_raw(st->to_next, junk, sizeof junk);
         if (s == MK_OK) return MK_OK; /* and carry on as if nothing happened */
     }
-    if (mk_fault_due(&st->fault, step, MK_FAULT_OTHER_DIGEST)) mk_other_digest(st->out->h.recipe_digest);
-    if (mk_fault_due(&st->fault, step, MK_FAULT_OTHER_LAYER)) st->out->h.next_layer += 1;
+    if (mk_fault_due(&st->fault, step, MK_FAULT_OTHER_DIGEST)) mk_other_digest(out->h.recipe_digest);
+    if (mk_fault_due(&st->fault, step, MK_FAULT_OTHER_LAYER)) out->h.next_layer += 1;
     /* An nccl send is only posted: the previous one must have completed (the next rank
      * took it) before the boundary buffer is sent again. */
     mk_stage_busy(st, true); /* the next rank may be busy: a send that waits for it is not silence */
@@ -388,7 +406,7 @@ static mk_status mk_stage_send(mk_stage *st, const char *id) {
         st->counts.sent++;
         st->counts.sent_ns += mk_wall_ns() - st->counts.base_ns;
     }
-    if (s == MK_OK) s = mk_seam_send(st->to_next, st->out);
+    if (s == MK_OK) s = mk_seam_send(st->to_next, out);
     mk_stage_busy(st, false);
     if (s == MK_ERR_PEER_CLOSED)
         return mk_stage_wrap(MK_ERR_PEER_LOST, "rank %d lost rank %d (the next stage) sending step %llu of %s", st->rank,
@@ -399,16 +417,20 @@ static mk_status mk_stage_send(mk_stage *st, const char *id) {
     return MK_OK;
 }
 
+static mk_status mk_stage_send(mk_stage *st, const char *id) { return mk_stage_send_from(st, st->out, id); }
+
 /* ========================================================== rank 0 (head) == */
 
 /* A request in flight: its admission number names it on every rank ("req-<number>"). */
 typedef struct mk_head_entry {
     bool used;
     size_t number;
-    mk_stage_arrival a;
-    int32_t *tokens;  /* [cap] */
-    size_t n, cap;    /* cap: its token limit, or fewer where its KV fills first */
-    size_t limit;     /* the token limit asked for */
+    mk_stage_arrival a;  /* a.prompt: the copy below */
+    int32_t *prompt;     /* [a.n_prompt], copied at admission */
+    int32_t *tokens;     /* [cap] */
+    size_t n, cap;       /* cap: its token limit, or fewer where its KV fills first */
+    size_t limit;        /* the token limit asked for */
+    bool ready;          /* its next rows wait for a step: the prompt (n == 0) or its last token */
 } mk_head_entry;
 
 typedef struct mk_head {
@@ -418,23 +440,48 @@ typedef struct mk_head {
     size_t admitted, in_flight;
     bool closed;            /* the source said so: no more admissions */
     int64_t deadline;       /* a result is due by then (0: none awaited) */
+    bool more;              /* the last result said more of its step follow */
 } mk_head;
 
-/* A step of entry e through this rank's range and on to rank 1. */
-static mk_status mk_head_step(mk_head *h, mk_head_entry *e, const int32_t *ids, size_t n, bool fresh) {
+/* One step of rank 0: the ready requests' rows (decode rows first, then prompts, within
+ * the step's rows and requests) through this rank's range in one forward, then each
+ * boundary on to rank 1. The others stay ready for the next step. */
+static mk_status mk_head_step_ready(mk_head *h) {
     mk_stage *st = h->st;
-    char id[64];
-    snprintf(id, sizeof id, "req-%zu", e->number);
-    mk_sequence *seq = NULL;
-    MK_TRY(mk_slots_get(&st->slots, id, fresh, &seq));
+    mk_head_entry *pick[MK_MAX_BATCH_SEQUENCES];
+    size_t n = 0, rows = 0;
+    for (int prompts = 0; prompts < 2; prompts++)
+        for (size_t k = 0; k < st->max_sequences && n < st->max_batch; k++) {
+            mk_head_entry *e = &h->entry[k];
+            if (!e->used || !e->ready || (e->n == 0) != (prompts == 1)) continue;
+            const size_t r = e->n == 0 ? e->a.n_prompt : 1;
+            if (n > 0 && rows + r > st->max_rows) continue; /* next step */
+            pick[n++] = e;
+            rows += r;
+        }
+    if (n == 0) return MK_OK;
+    mk_forward_entry entries[MK_MAX_BATCH_SEQUENCES];
+    char id[MK_MAX_BATCH_SEQUENCES][32];
+    for (size_t k = 0; k < n; k++) {
+        mk_head_entry *e = pick[k];
+        snprintf(id[k], sizeof id[k], "req-%zu", e->number);
+        mk_sequence *seq = NULL;
+        MK_TRY(mk_slots_get(&st->slots, id[k], e->n == 0, &seq));
+        entries[k] = (mk_forward_entry){.seq = seq,
+                                        .token_ids = e->n == 0 ? e->prompt : &e->tokens[e->n - 1],
+                                        .n_tokens = e->n == 0 ? e->a.n_prompt : 1,
+                                        .out = st->outs[k]};
+        e->ready = false;
+    }
     mk_stage_busy(st, true);
     mk_stage_fault_busy(st);
     const int64_t t0 = mk_wall_ns();
-    const mk_status s = mk_range_forward_boundary(st->range, seq, ids, n, NULL, NULL, st->out, NULL);
+    const mk_status s = mk_range_forward_batch(st->range, entries, n);
     __atomic_fetch_add(&st->live_busy_ns, (uint64_t)(mk_wall_ns() - t0), __ATOMIC_RELAXED);
     mk_stage_busy(st, false);
-    if (s != MK_OK) return mk_stage_wrap(s, "rank 0: %s at step %llu", id, (unsigned long long)st->steps);
-    MK_TRY(mk_stage_send(st, id));
+    if (s != MK_OK) return mk_stage_wrap(s, "rank 0: %s%s at step %llu", id[0], n > 1 ? " and others" : "",
+                                         (unsigned long long)st->steps);
+    for (size_t k = 0; k < n; k++) MK_TRY(mk_stage_send_from(st, st->outs[k], id[k]));
     __atomic_store_n(&st->live_bytes, (uint64_t)mk_seam_bytes(st->to_next), __ATOMIC_RELAXED);
     __atomic_store_n(&st->live_steps, st->steps, __ATOMIC_RELAXED);
     return MK_OK;
@@ -450,6 +497,7 @@ static void mk_head_finish(mk_head *h, mk_head_entry *e, mk_status status, const
         h->src->report(h->src->user, &rep);
     }
     free(e->tokens);
+    free(e->prompt);
     *e = (mk_head_entry){0};
     h->in_flight--;
 }
@@ -494,12 +542,19 @@ static mk_status mk_head_admit(mk_head *h) {
         e->cap = limit < room ? limit : room;
         e->limit = limit;
         e->tokens = mk_alloc_array(e->cap, sizeof(int32_t), "stage: a request's tokens");
-        if (!e->tokens) return MK_ERR_OUT_OF_MEMORY;
-        e->used = true;
+        e->prompt = mk_alloc_array(a.n_prompt, sizeof(int32_t), "stage: a request's prompt");
+        if (!e->tokens || !e->prompt) {
+            free(e->tokens);
+            free(e->prompt);
+            *e = (mk_head_entry){0};
+            return MK_ERR_OUT_OF_MEMORY;
+        }
+        memcpy(e->prompt, a.prompt, a.n_prompt * sizeof(int32_t)); /* the source's: valid during take only */
+        e->used = e->ready = true;
         e->number = h->admitted++;
         e->a = a;
+        e->a.prompt = e->prompt;
         h->in_flight++;
-        MK_TRY(mk_head_step(h, e, a.prompt, a.n_prompt, true));
     }
     return MK_OK;
 }
@@ -543,7 +598,8 @@ static mk_status mk_head_result(mk_head *h, const char *body, size_t len) {
         mk_head_finish(h, e, MK_OK, NULL, stop);
         return MK_OK; /* the loop admits into the free place */
     }
-    return mk_head_step(h, e, &token, 1, false);
+    e->ready = true; /* its token goes in with the next step */
+    return MK_OK;
 }
 
 /* No result came in time: ask every rank whether it is alive, so the message names the
@@ -625,15 +681,49 @@ static mk_status mk_head_wait(mk_head *h) {
         mk_clear_error();
         return MK_OK;
     }
-    if (type == MK_CTL_RESULT && k == st->world - 1) return mk_head_result(h, body, len);
+    if ((type == MK_CTL_RESULT || type == MK_CTL_RESULT_MORE) && k == st->world - 1) {
+        h->more = type == MK_CTL_RESULT_MORE;
+        return mk_head_result(h, body, len);
+    }
     return mk_fail(MK_ERR_FRAME, "rank %d sent control message type %d mid-run", k, (int)type);
+}
+
+/* Every result already waiting on the last rank's connection, taken without waiting: they
+ * join the next step together. */
+static mk_status mk_head_take_waiting(mk_head *h) {
+    mk_stage *st = h->st;
+    const int last = st->world - 1;
+    for (;;) {
+        struct pollfd p = {.fd = st->ctl[last].fd, .events = POLLIN};
+        if (h->in_flight == 0 || poll(&p, 1, 0) <= 0) return MK_OK;
+        char peer[32], body[MK_CTL_MAX_BODY + 1];
+        snprintf(peer, sizeof peer, "rank %d", last);
+        mk_ctl_type type;
+        size_t len;
+        const mk_status s =
+            mk_ctl_recv(&st->ctl[last], &type, body, &len, mk_deadline_ms(st->timeout_ms, MK_STAGE_DEFAULT_TIMEOUT_MS), peer);
+        if (s != MK_OK) return mk_stage_wrap(s, "rank 0 at step %llu", (unsigned long long)st->steps);
+        if (type == MK_CTL_ABORT) return mk_ctl_abort_status(body);
+        if (type == MK_CTL_RESULT || type == MK_CTL_RESULT_MORE) {
+            h->more = type == MK_CTL_RESULT_MORE;
+            MK_TRY(mk_head_result(h, body, len));
+        } else if (type != MK_CTL_BUSY) return mk_fail(MK_ERR_FRAME, "rank %d sent control message type %d mid-run", last, (int)type);
+        h->deadline = 0;
+    }
 }
 
 static mk_status mk_head_serve(mk_head *h) {
     for (;;) {
         MK_TRY(mk_head_admit(h));
+        MK_TRY(mk_head_step_ready(h));
         if (h->closed && h->in_flight == 0) return MK_OK;
-        MK_TRY(mk_head_wait(h));
+        bool ready = false; /* requests left for the next step (over the step's rows): no wait */
+        for (size_t k = 0; k < h->st->max_sequences && !ready; k++) ready = h->entry[k].used && h->entry[k].ready;
+        if (ready) continue;
+        /* a step's results come together: wait for the rest of one begun */
+        do MK_TRY(mk_head_wait(h));
+        while (h->more && h->in_flight > 0);
+        MK_TRY(mk_head_take_waiting(h));
     }
 }
 
@@ -784,7 +874,7 @@ static mk_status mk_member_check(void *user, const mk_boundary_header *h, const 
 }
 
 /* The last rank: the sampled token back to rank 0 as a TailResult. */
-static mk_status mk_tail_send(mk_stage *st, const char *id, int32_t token) {
+static mk_status mk_tail_send(mk_stage *st, const char *id, int32_t token, bool more) {
     const uint64_t step = st->steps++;
     if (mk_fault_due(&st->fault, step, MK_FAULT_EXIT)) _exit(3);
     if (mk_fault_due(&st->fault, step, MK_FAULT_SILENT)) return mk_stage_go_silent(st, step);
@@ -801,37 +891,61 @@ static mk_status mk_tail_send(mk_stage *st, const char *id, int32_t token) {
     uint8_t *bytes = NULL;
     size_t len = 0;
     MK_TRY(mk_tail_result_pack_token(&identity, &greedy, token, &bytes, &len));
-    const mk_status s = mk_ctl_send(&st->ctl[0], MK_CTL_RESULT, bytes, len, deadline);
+    const mk_status s = mk_ctl_send(&st->ctl[0], more ? MK_CTL_RESULT_MORE : MK_CTL_RESULT, bytes, len, deadline);
     mk_buffer_free(bytes);
     if (s == MK_ERR_PEER_CLOSED) return mk_fail(MK_ERR_PEER_LOST, "rank %d lost rank 0 sending the result of %s", st->rank, id);
     return s;
 }
 
-/* One boundary from the previous rank: receive, forward, pass on (or sample and return). */
+/* One step of a rank after rank 0: the boundary that arrived and every other already
+ * waiting on the seam (up to max_batch, within the step's rows), one forward, each
+ * boundary passed on (or, at the last rank, each token returned). The end-of-run marker
+ * ends the step's receiving; the step still runs. */
 static mk_status mk_member_step(mk_stage *st, bool *end) {
-    mk_member_route route = {st, NULL, false};
-    mk_status s = mk_seam_recv_with(st->from_prev, mk_member_check, &route, st->in);
-    if (route.end) {
-        *end = true;
-        return MK_OK;
-    }
-    if (s == MK_ERR_PEER_CLOSED) return s; /* told apart from a clean end by the caller */
-    if (s != MK_OK)
-        return mk_stage_wrap(s, "rank %d refused the boundary from rank %d (its step %llu here)", st->rank, st->rank - 1,
-                       (unsigned long long)st->steps);
-    st->counts.received++;
-    st->counts.received_ns += mk_wall_ns() - st->counts.base_ns;
-    char id[64];
-    snprintf(id, sizeof id, "%s", st->in->h.request_id);
+    mk_member_route route[MK_MAX_BATCH_SEQUENCES];
+    mk_forward_entry entries[MK_MAX_BATCH_SEQUENCES];
+    int32_t token[MK_MAX_BATCH_SEQUENCES];
+    char id[MK_MAX_BATCH_SEQUENCES][64];
     const bool tail = st->rank + 1 == st->world;
-    int32_t token = -1;
-    mk_stage_busy(st, true);
-    mk_stage_fault_busy(st);
-    s = mk_range_forward_into(st->range, route.seq, NULL, 0, st->in, tail ? NULL : st->out, NULL, tail ? &token : NULL);
-    mk_stage_busy(st, false);
-    if (s != MK_OK) return mk_stage_wrap(s, "rank %d: %s at step %llu", st->rank, id, (unsigned long long)st->steps);
-    if (!tail) return mk_stage_send(st, id);
-    return mk_tail_send(st, id, token);
+    size_t n = 0, rows = 0;
+    for (;;) {
+        route[n] = (mk_member_route){st, NULL, false};
+        mk_status s = mk_seam_recv_with(st->from_prev, mk_member_check, &route[n], st->ins[n]);
+        if (route[n].end) {
+            *end = true;
+            break;
+        }
+        if (s == MK_ERR_PEER_CLOSED && n == 0) return s; /* told apart from a clean end by the caller */
+        if (s != MK_OK)
+            return mk_stage_wrap(s, "rank %d refused the boundary from rank %d (its step %llu here)", st->rank,
+                                 st->rank - 1, (unsigned long long)st->steps);
+        st->counts.received++;
+        st->counts.received_ns += mk_wall_ns() - st->counts.base_ns;
+        snprintf(id[n], sizeof id[n], "%s", st->ins[n]->h.request_id);
+        rows += st->ins[n]->h.rows;
+        entries[n] = (mk_forward_entry){.seq = route[n].seq, .in = st->ins[n], .out = tail ? NULL : st->outs[n],
+                                        .token = tail ? &token[n] : NULL};
+        n++;
+        /* another boundary already here joins the step (a frame started is read whole) */
+        struct pollfd p = {.fd = mk_seam_stream_fd(st->from_prev), .events = POLLIN};
+        if (n == st->max_batch || rows >= st->max_rows || p.fd < 0 || poll(&p, 1, 0) <= 0) break;
+    }
+    /* The boundaries taken run in forwards of at most the step's rows (the last one taken
+     * may not fit with the others: it runs in a forward of its own). */
+    for (size_t k0 = 0; k0 < n;) {
+        size_t k1 = k0 + 1, r = st->ins[k0]->h.rows;
+        while (k1 < n && r + st->ins[k1]->h.rows <= st->max_rows) r += st->ins[k1++]->h.rows;
+        mk_stage_busy(st, true);
+        mk_stage_fault_busy(st);
+        const mk_status s = mk_range_forward_batch(st->range, entries + k0, k1 - k0);
+        mk_stage_busy(st, false);
+        if (s != MK_OK)
+            return mk_stage_wrap(s, "rank %d: %s at step %llu", st->rank, id[k0], (unsigned long long)st->steps);
+        for (size_t k = k0; k < k1; k++)
+            MK_TRY(tail ? mk_tail_send(st, id[k], token[k], k + 1 < n) : mk_stage_send_from(st, st->outs[k], id[k]));
+        k0 = k1;
+    }
+    return MK_OK;
 }
 
 /* A control message from rank 0 mid-run: bye (done), abort (failed), or nothing usable. */
