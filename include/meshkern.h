@@ -973,12 +973,14 @@ typedef struct mk_stage_source {
  * fails (every request in flight then reported failed). The other ranks call mk_stage_serve
  * as for a fixed list; while rank 0 is idle it beats, so they wait without a deadline. */
 MK_API mk_status mk_stage_serve_source(mk_stage *stage, const mk_stage_source *source);
-/* Live figures of rank 0 (any thread, any time): boundaries it sent, seconds inside its
- * forwards, bytes handed to its seam. */
+/* Live figures of rank 0 (any thread, any time): boundaries it sent, forwards it ran (one
+ * per step: a step carries every request ready for it), seconds inside them, bytes handed
+ * to its seam. */
 typedef struct mk_stage_live_stats {
     uint64_t steps;
     double busy_seconds;
     uint64_t bytes_sent;
+    uint64_t forwards;
 } mk_stage_live_stats;
 MK_API mk_status mk_stage_live(const mk_stage *stage, mk_stage_live_stats *out);
 

@@ -173,7 +173,7 @@ struct mk_stage {
     uint64_t beats;               /* BUSY messages sent */
     /* rank 0's live figures (mk_stage_live), written by the serving thread, read by any:
      * __atomic builtins (the header is C++'s too, which has no _Atomic) */
-    uint64_t live_steps, live_busy_ns, live_bytes;
+    uint64_t live_steps, live_busy_ns, live_bytes, live_forwards;
 };
 
 /* The cuts of o (given, or balanced for o->world ranks) into cuts[world - 1], checked,

@@ -478,6 +478,7 @@ static mk_status mk_head_step_ready(mk_head *h) {
     const int64_t t0 = mk_wall_ns();
     const mk_status s = mk_range_forward_batch(st->range, entries, n);
     __atomic_fetch_add(&st->live_busy_ns, (uint64_t)(mk_wall_ns() - t0), __ATOMIC_RELAXED);
+    __atomic_fetch_add(&st->live_forwards, 1, __ATOMIC_RELAXED);
     mk_stage_busy(st, false);
     if (s != MK_OK) return mk_stage_wrap(s, "rank 0: %s%s at step %llu", id[0], n > 1 ? " and others" : "",
                                          (unsigned long long)st->steps);
@@ -1139,6 +1140,7 @@ mk_status mk_stage_live(const mk_stage *st, mk_stage_live_stats *out) {
     out->steps = __atomic_load_n(&st->live_steps, __ATOMIC_RELAXED);
     out->busy_seconds = (double)__atomic_load_n(&st->live_busy_ns, __ATOMIC_RELAXED) * 1e-9;
     out->bytes_sent = __atomic_load_n(&st->live_bytes, __ATOMIC_RELAXED);
+    out->forwards = __atomic_load_n(&st->live_forwards, __ATOMIC_RELAXED);
     return MK_OK;
 }
 

@@ -773,6 +773,62 @@ TEST(StageLibrary, LiveSourceAdmitsWhileRunningCutsAndRefusesAlone) {
     mk_model_free(model);
 }
 
+// Continuous batching across processes (in this process through the library, rank 1 on a
+// thread): four requests admitted together go through rank 0 in one forward (their
+// prompts), later steps carry every returned token together, and each request's tokens
+// equal the whole model's; fewer forwards than boundaries.
+TEST(StageLibrary, ReadyRequestsShareRankZerosForward) {
+    mk_model *model = random_model();
+    const auto prompts = read_prompts(kPrompts);
+    ASSERT_GE(prompts.size(), 4u);
+    const size_t n_new = 6;
+    const auto want = whole_model(model, MK_DTYPE_F32, prompts, n_new);
+    size_t rows = 0, longest = 0;
+    for (size_t i = 0; i < 4; i++) rows += prompts[i].size(), longest = std::max(longest, prompts[i].size());
+    mk_stage_options o = mk_stage_options_default();
+    o.range.backend.weight_dtype = MK_DTYPE_F32;
+    o.range.max_context = longest + n_new;
+    o.range.max_batch_tokens = std::min(rows, o.range.max_context);
+    o.max_new_tokens = n_new;
+    o.max_sequences = 4;
+    o.timeout_ms = 5000;
+    const std::string address = "127.0.0.1:" + std::to_string(free_port());
+    o.rendezvous = address.c_str();
+    static const int64_t cut = 2;
+    o.cuts = &cut;
+    o.n_cuts = 1;
+    LibraryRun other;
+    mk_stage_options o1 = o;
+    o1.rank = 1;
+    std::thread rank1(library_rank, model, o1, std::vector<mk_stage_request>{}, &other);
+    o.rank = 0;
+    mk_stage *st = nullptr;
+    ASSERT_EQ(mk_stage_join(model, &o, &st), MK_OK) << mk_last_error();
+    std::vector<mk_stage_request> req;
+    for (size_t i = 0; i < 4; i++) req.push_back({prompts[i].data(), prompts[i].size()});
+    LibraryRun run;
+    auto report = [](void *user, const mk_stage_report *r) {
+        LibraryRun *lr = static_cast<LibraryRun *>(user);
+        lr->reports.push_back(*r);
+        lr->tokens.emplace_back(r->tokens, r->tokens + r->n_tokens);
+        lr->errors.emplace_back(r->error ? r->error : "");
+    };
+    EXPECT_EQ(mk_stage_serve(st, req.data(), req.size(), +report, &run), MK_OK) << mk_last_error();
+    mk_stage_live_stats live{};
+    ASSERT_EQ(mk_stage_live(st, &live), MK_OK);
+    mk_stage_free(st);
+    rank1.join();
+    EXPECT_EQ(other.serve[1], MK_OK) << other.message[1];
+    ASSERT_EQ(run.reports.size(), 4u);
+    for (size_t k = 0; k < 4; k++) {
+        EXPECT_EQ(run.reports[k].status, MK_OK) << run.errors[k];
+        EXPECT_EQ(run.tokens[k], want[run.reports[k].request]) << "request " << run.reports[k].request;
+    }
+    EXPECT_EQ(live.steps, 4 * n_new);
+    EXPECT_LE(live.forwards, live.steps - 3) << "the four prompts went through one forward";
+    mk_model_free(model);
+}
+
 // A live source is rank 0's, over a seam that can wait idle.
 TEST(StageLibrary, LiveSourceIsRefusedWhereItCannotRun) {
     EXPECT_EQ(mk_stage_serve_source(nullptr, nullptr), MK_ERR_INVALID_ARGUMENT);
