@@ -289,13 +289,15 @@ TEST(PipelineSched, BatchedStepsMatchWholeOverEverySeam) {
         const std::vector<uint64_t> ids = submit_all(s.get(), specs);
         ASSERT_TRUE(wait_all_within(s.get(), 120));
         const std::string what = std::string("batched, ") + mk_seam_kind_name(kind);
-        expect_all_match_whole(model.get(), cpu_options(), specs, collect(s.get(), &c, ids), what, &refs);
+        const std::vector<SeqResult> results = collect(s.get(), &c, ids);
+        expect_all_match_whole(model.get(), cpu_options(), specs, results, what, &refs);
         if (HasFatalFailure()) return;
-        // some step of the tail carried more than one sequence: fewer steps than tokens
+        // some step of the tail carried more than one sequence: fewer steps than tokens (one
+        // step yields one token of each sequence it carries)
         mk_worker_stats tail{};
         ASSERT_EQ(mk_sched_worker_stats(s.get(), 2, &tail), MK_OK);
         size_t tokens = 0;
-        for (const SeqSpec &sp : specs) tokens += sp.max_new;
+        for (const SeqResult &r : results) tokens += r.tokens.size();
         EXPECT_LT(tail.steps, tokens) << what << ": the tail ran a step per token, never a batch";
     }
 }
@@ -578,9 +580,12 @@ INSTANTIATE_TEST_SUITE_P(Transports, PipelineSchedSeam,
 TEST(PipelineSched, FreeWithSequencesInFlightReturns) {
     ModelPtr model = make_random_model(mk_hparams_seed_default());
     const std::vector<int64_t> cuts = {0, 2, 4};
-    for (mk_seam_kind seam : {MK_SEAM_LOCAL, MK_SEAM_WIRE, MK_SEAM_UNIX, MK_SEAM_TCP}) {
+    for (mk_seam_kind seam : {MK_SEAM_LOCAL, MK_SEAM_WIRE, MK_SEAM_UNIX, MK_SEAM_TCP})
+      for (size_t batch : {1, 3}) { // 3: the stop item reaches workers with items queued to batch
         Collector c;
-        SchedPtr s = make_sched(model.get(), sched_options(3, &cuts, seam), &c);
+        mk_sched_options o = sched_options(3, &cuts, seam);
+        o.range.max_batch_sequences = batch;
+        SchedPtr s = make_sched(model.get(), o, &c);
         ASSERT_TRUE(s);
         submit_all(s.get(), mixed_specs(model.get(), cpu_options(), 9, 2));
         auto freed = std::async(std::launch::async, [&s] { s.reset(); });
