@@ -3,7 +3,9 @@
  * Rank 0 (the head) admits up to max_sequences requests, runs their prefills and decode
  * steps and sends each boundary to rank 1; the middle ranks receive, forward and send on;
  * the last rank samples greedily and returns a TailResult to rank 0 over its control
- * connection, and rank 0 feeds the token back in. Every boundary names its request; every
+ * connection, and rank 0 feeds the token back in. Continuous batching: each rank's step
+ * runs every request ready for it in one forward (rank 0: new prompts and returned tokens;
+ * the others: the boundaries waiting on the seam), and each boundary still travels alone. Every boundary names its request; every
  * rank keeps one sequence per live request (slots.c).
  *
  * Failure: every wait polls the data it expects and the control connection together,
