@@ -26,4 +26,17 @@ native=$("$bin" run "$model" -p "What is the capital of France?" --split 14 --ma
 printf '%s\n' "$native"
 printf '%s\n' "$native" | grep -q "; backend cpu, weights native, seams unix$"
 printf '%s\n' "$native" | grep -q "^parity: exact"
+# run --prompts --text: one user message per line, batched in one step per token through 2
+# stages: each answer is the one run -p gives alone (native weights), ended at <|im_end|>
+prompts=$(mktemp)
+trap 'rm -f "$prompts"' EXIT
+printf 'What is the capital of France?\n\nName a primary colour.\nWhat is the capital of Italy?\n' >"$prompts"
+batch=$("$bin" run "$model" --prompts "$prompts" --text --split 14 --max-tokens 24 --max-sequences 3)
+printf '%s\n' "$batch"
+printf '%s\n' "$batch" | grep -q "^aggregate: .* from 3 sequences"
+for q in "What is the capital of France?" "Name a primary colour." "What is the capital of Italy?"; do
+  alone=$("$bin" run "$model" -p "$q" --max-tokens 24 | sed -n '/^ranges:/,/^\[/p' | sed '1d;$d')
+  printf '%s\n' "$batch" | grep -qxF "  text: $(printf '%s' "$alone" | head -n 1)" ||
+    { echo "run --prompts --text: no answer equal to run -p's for '$q' ($alone)"; exit 1; }
+done
 echo "cli text: ok"

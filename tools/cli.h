@@ -58,6 +58,8 @@ typedef struct batch_prompt {
     size_t n;
 } batch_prompt;
 mk_status mk_cli_read_prompts(const char *path, batch_prompt **out, size_t *n_out);
+/* --text: one user message per non-empty line, through the model's chat template (as run -p). */
+mk_status mk_cli_read_text_prompts(const char *path, const mk_tokenizer *tok, batch_prompt **out, size_t *n_out);
 void mk_cli_free_prompts(batch_prompt *p, size_t n);
 
 /* meshkern stage MODEL ...: one range of a multi-process pipeline (stage_cmd.c). */

@@ -28,6 +28,7 @@
 typedef struct batch_args {
     const char *model, *prompts, *timeline;
     bool split_auto;
+    bool text; /* --text: prompts are user messages through the chat template */
     int64_t cuts[MK_BATCH_MAX_LIST];
     size_t n_cuts;
     int devices[MK_BATCH_MAX_LIST];
@@ -81,7 +82,10 @@ static int parse_batch_args(int argc, char **argv, batch_args *a) {
     mk_cli_list devices_l = MK_CLI_LIST(devices, 0, MK_CLI_MAX_DEVICE, "device", false);
     mk_cli_list stop_l = MK_CLI_LIST(stop, 0, INT32_MAX, "token id", false);
     const mk_cli_option opts[] = {
-        mk_cli_opt_prompts(&a->prompts, "one prompt per line, comma-separated token ids; - is standard input (required)"),
+        mk_cli_opt_prompts(&a->prompts, "one prompt per line, comma-separated token ids (with --text: one user message "
+                                        "per line); - is standard input (required)"),
+        {"--text", NULL, NULL, "the prompts are text through the chat template (as run -p)", NULL, MK_CLI_FLAG, &a->text,
+         0, 0, NULL},
         mk_cli_opt_max_tokens(&a->n_new, MK_CLI_MAX_NEW_TOKENS, "16"),
         mk_cli_opt_max_sequences(&a->batch, "8"),
         mk_cli_opt_step_sequences(&a->step_seqs),
@@ -168,6 +172,55 @@ mk_status mk_cli_read_prompts(const char *path, batch_prompt **out, size_t *n_ou
     return s;
 }
 
+/* --text: each non-empty line of the file is a user message, rendered with the model's chat
+ * template and tokenized as run -p does. */
+mk_status mk_cli_read_text_prompts(const char *path, const mk_tokenizer *tok, batch_prompt **out, size_t *n_out) {
+    *out = NULL;
+    *n_out = 0;
+    FILE *f = strcmp(path, "-") == 0 ? stdin : fopen(path, "r");
+    if (!f) return mk_fail(MK_ERR_IO, "cannot open prompts file %s", path);
+    mk_status s = MK_OK;
+    char *line = NULL;
+    size_t cap = 0, n = 0, have = 0, line_no = 0;
+    ssize_t len;
+    while (s == MK_OK && (len = getline(&line, &cap, f)) >= 0) {
+        line_no++;
+        const char *nul = memchr(line, '\0', (size_t)len); /* C strings would end the line there, silently */
+        if (nul) {
+            s = mk_fail(MK_ERR_INVALID_ARGUMENT, "%s:%zu: a NUL byte at column %zu", path, line_no,
+                        (size_t)(nul - line) + 1);
+            break;
+        }
+        while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r')) line[--len] = '\0';
+        if (len == 0) continue;
+        if (n == have) {
+            have = have ? 2 * have : 8;
+            batch_prompt *grown = realloc(*out, have * sizeof *grown);
+            if (!grown) {
+                s = mk_fail(MK_ERR_OUT_OF_MEMORY, "out of memory");
+                break;
+            }
+            *out = grown;
+        }
+        int32_t *ids = NULL;
+        size_t n_ids = 0;
+        const char *template_name = NULL;
+        s = mk_cli_text_ids(tok, NULL, line, false, &ids, &n_ids, &template_name);
+        if (s == MK_OK && !((*out)[n].ids = malloc((n_ids ? n_ids : 1) * sizeof(int32_t))))
+            s = mk_fail(MK_ERR_OUT_OF_MEMORY, "out of memory");
+        if (s == MK_OK) {
+            memcpy((*out)[n].ids, ids, n_ids * sizeof(int32_t));
+            (*out)[n++].n = n_ids;
+        }
+        mk_buffer_free(ids);
+    }
+    free(line);
+    if (f != stdin) fclose(f);
+    *n_out = n;
+    if (s == MK_OK && n == 0) s = mk_fail(MK_ERR_EMPTY_INPUT, "no prompts in %s", path);
+    return s;
+}
+
 void mk_cli_free_prompts(batch_prompt *p, size_t n) {
     for (size_t i = 0; p && i < n; i++) free(p[i].ids);
     free(p);
@@ -192,6 +245,9 @@ static int run_batch(const batch_args *a, const mk_model *model, const mk_tokeni
     size_t n_stop = a->n_stop;
     memcpy(stop, a->stop, n_stop * sizeof *stop);
     if (mk_tokenizer_eos(tok) >= 0) stop[n_stop++] = mk_tokenizer_eos(tok);
+    /* --text, as run -p: every end-of-generation token of the tokenizer stops too */
+    for (size_t id = 0; a->text && tok && id < mk_tokenizer_vocab_size(tok) && n_stop < MK_BATCH_MAX_LIST; id++)
+        if (mk_tokenizer_is_eog(tok, (int32_t)id) && (int32_t)id != mk_tokenizer_eos(tok)) stop[n_stop++] = (int32_t)id;
 
     size_t longest = 0;
     for (size_t i = 0; i < n_prompts; i++) longest = prompts[i].n > longest ? prompts[i].n : longest;
@@ -257,7 +313,9 @@ static int run_batch(const batch_args *a, const mk_model *model, const mk_tokeni
         printf(" %zu tokens:", info.n_tokens);
         for (size_t k = 0; k < info.n_tokens; k++) printf(" %d", tokens[k]);
         printf("\n  text: ");
-        mk_cli_print_text(stdout, tok, tokens, info.n_tokens); /* "<id>" without a tokenizer */
+        /* --text answers as run -p shows them: the stop token ends the answer, not part of it */
+        const size_t shown = a->text && info.stopped && info.n_tokens ? info.n_tokens - 1 : info.n_tokens;
+        mk_cli_print_text(stdout, tok, tokens, shown); /* "<id>" without a tokenizer */
         printf("\n");
     }
     if (rc == 0) {
@@ -288,14 +346,18 @@ int mk_cli_run_batch(int argc, char **argv) {
     if (bad >= 0) return bad;
     batch_prompt *prompts = NULL;
     size_t n_prompts = 0;
-    mk_status s = mk_cli_read_prompts(a.prompts, &prompts, &n_prompts);
+    mk_status s = a.text ? MK_OK : mk_cli_read_prompts(a.prompts, &prompts, &n_prompts);
     if (s != MK_OK) {
         mk_cli_free_prompts(prompts, n_prompts);
         return mk_cli_fail(s);
     }
     mk_model *model = NULL;
     s = mk_cli_open_model(a.model, &model);
-    mk_tokenizer *tok = s == MK_OK ? mk_cli_tokenizer_or_null(model) : NULL;
+    mk_tokenizer *tok = NULL;
+    if (s == MK_OK && a.text && (s = mk_tokenizer_open(model, &tok)) == MK_OK)
+        s = mk_cli_read_text_prompts(a.prompts, tok, &prompts, &n_prompts);
+    else if (s == MK_OK)
+        tok = mk_cli_tokenizer_or_null(model);
     int rc = s == MK_OK ? run_batch(&a, model, tok, prompts, n_prompts) : mk_cli_fail(s);
     mk_tokenizer_free(tok);
     mk_model_free(model);

@@ -282,57 +282,6 @@ static int run_stage(stage_args *a, const mk_model *model, const mk_tokenizer *t
     return rc;
 }
 
-/* --text: each non-empty line of the file is a user message, rendered with the model's chat
- * template and tokenized as run -p does; the tokenizer stays open for the answers. */
-static mk_status read_text_prompts(const char *path, const mk_model *model, mk_tokenizer **tok, batch_prompt **out,
-                                   size_t *n_out) {
-    *out = NULL;
-    *n_out = 0;
-    MK_TRY(mk_tokenizer_open(model, tok));
-    FILE *f = strcmp(path, "-") == 0 ? stdin : fopen(path, "r");
-    if (!f) return mk_fail(MK_ERR_IO, "cannot open prompts file %s", path);
-    mk_status s = MK_OK;
-    char *line = NULL;
-    size_t cap = 0, n = 0, have = 0, line_no = 0;
-    ssize_t len;
-    while (s == MK_OK && (len = getline(&line, &cap, f)) >= 0) {
-        line_no++;
-        const char *nul = memchr(line, '\0', (size_t)len); /* C strings would end the line there, silently */
-        if (nul) {
-            s = mk_fail(MK_ERR_INVALID_ARGUMENT, "%s:%zu: a NUL byte at column %zu", path, line_no,
-                        (size_t)(nul - line) + 1);
-            break;
-        }
-        while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r')) line[--len] = '\0';
-        if (len == 0) continue;
-        if (n == have) {
-            have = have ? 2 * have : 8;
-            batch_prompt *grown = realloc(*out, have * sizeof *grown);
-            if (!grown) {
-                s = mk_fail(MK_ERR_OUT_OF_MEMORY, "out of memory");
-                break;
-            }
-            *out = grown;
-        }
-        int32_t *ids = NULL;
-        size_t n_ids = 0;
-        const char *template_name = NULL;
-        s = mk_cli_text_ids(*tok, NULL, line, false, &ids, &n_ids, &template_name);
-        if (s == MK_OK && !((*out)[n].ids = malloc((n_ids ? n_ids : 1) * sizeof(int32_t))))
-            s = mk_fail(MK_ERR_OUT_OF_MEMORY, "out of memory");
-        if (s == MK_OK) {
-            memcpy((*out)[n].ids, ids, n_ids * sizeof(int32_t));
-            (*out)[n++].n = n_ids;
-        }
-        mk_buffer_free(ids);
-    }
-    free(line);
-    if (f != stdin) fclose(f);
-    *n_out = n;
-    if (s == MK_OK && n == 0) s = mk_fail(MK_ERR_EMPTY_INPUT, "no prompts in %s", path);
-    return s;
-}
-
 int mk_cli_stage(int argc, char **argv) {
     stage_args a;
     const int bad = parse_stage_args(argc, argv, &a);
@@ -368,7 +317,8 @@ int mk_cli_stage(int argc, char **argv) {
     batch_prompt *prompts = NULL;
     size_t n_prompts = 0;
     mk_tokenizer *tok = NULL;
-    if (a.o.rank == 0 && a.text) s = read_text_prompts(a.prompts, model, &tok, &prompts, &n_prompts);
+    if (a.o.rank == 0 && a.text && (s = mk_tokenizer_open(model, &tok)) == MK_OK)
+        s = mk_cli_read_text_prompts(a.prompts, tok, &prompts, &n_prompts);
     else if (a.o.rank == 0) s = mk_cli_read_prompts(a.prompts, &prompts, &n_prompts);
     if (s == MK_OK && a.o.rank == 0 && !tok) tok = mk_cli_tokenizer_or_null(model); /* the EOS, the text */
     const int rc = s == MK_OK ? run_stage(&a, model, tok, prompts, n_prompts) : mk_cli_fail(s);
