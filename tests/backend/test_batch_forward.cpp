@@ -86,12 +86,13 @@ Plan make_plan(std::mt19937 &rng, size_t n, size_t vocab, size_t max_prompt, siz
 // The weights a case runs: F32 (every product row by row alone on both backends), F16 on
 // cuda (the GEMV kernels: 8 decode rows per product), native Q4_1 on cpu (the dot path: 31).
 mk_dtype g_weights = MK_DTYPE_F32;
+size_t g_context = 64; // KV positions per sequence
 
 mk_range_options options_for(mk_backend_kind kind, size_t max_seqs, size_t max_rows) {
     mk_range_options o = mk_range_options_default();
     o.backend.kind = kind;
     o.backend.weight_dtype = g_weights;
-    o.max_context = 64;
+    o.max_context = g_context;
     o.max_batch_tokens = max_rows;
     o.max_batch_sequences = max_seqs;
     o.eager_decode = false;
@@ -225,6 +226,7 @@ class BatchForward : public ::testing::TestWithParam<Case> {
   protected:
     void SetUp() override {
         g_weights = GetParam().weights;
+        g_context = 64;
         if (GetParam().smollm2) {
             MK_REQUIRE_MODEL_FILE(mk_test_model_path());
             mk_model *m = nullptr;
@@ -296,6 +298,25 @@ TEST_P(BatchForward, DecodeRowsOfManySequencesPerStepEqualEachAlone) {
     }
     const Outputs alone = run_alone(model.get(), GetParam().kind, plan, n, 32);
     expect_identical(alone, run_batched(model.get(), GetParam().kind, plan, n, 32, -1), n);
+}
+
+// The most sequences a forward carries (64), prompts of up to 300 tokens (random model; 12 on
+// SmolLM2) fed in chunks of up to 64 rows beside the others' decode rows: each alone.
+TEST_P(BatchForward, SixtyFourSequencesWithLongPromptsEqualEachAlone) {
+    // long prompts on the random model on cpu; short ones on SmolLM2 and under cudasim (its
+    // kernels run on the host, slowly), chunks over the GEMV's 8 rows there too
+    const bool small = GetParam().smollm2 || GetParam().kind == MK_BACKEND_CUDA;
+    g_context = small ? 64 : 310;
+    std::mt19937 rng(4242);
+    const size_t n = MK_MAX_BATCH_SEQUENCES, max_rows = small ? 64 : 160;
+    mk_hparams hp = gqa_tied_hparams();
+    hp.max_context = 512;
+    const ModelPtr long_model = GetParam().smollm2 ? nullptr : make_random_model(hp);
+    const mk_model *m = GetParam().smollm2 ? model.get() : long_model.get();
+    const size_t max_prompt = GetParam().smollm2 ? 6 : small ? 16 : 300;
+    const Plan plan = make_plan(rng, n, vocab, max_prompt, small ? 12 : 64, 3, max_rows);
+    const Outputs alone = run_alone(m, GetParam().kind, plan, n, max_rows);
+    expect_identical(alone, run_batched(m, GetParam().kind, plan, n, max_rows, -1), n);
 }
 
 // What a batch refuses, before anything runs: the same sequence twice, more sequences than
