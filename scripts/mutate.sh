@@ -303,7 +303,7 @@ MUTATIONS=(
   "batch.entry-unchecked~host/range/forward.c~s/MK_TRY\(mk_batch_entry_check\(r, &entries\[i\], i, &rows\)\);/rows = entries[i].in ? entries[i].in->h.rows : entries[i].n_tokens;/~gtest:test_batch_forward:*"
   "batch.lowp-offset-ignored~host/range/forward.c~s/lowp \? \(uint8_t \*\)lowp \+ g->row0 \* w->cols \* es : NULL/lowp/~gtest:test_batch_forward:*"
   "batch.cpu-rows-alone-too-many~host/backend/cpu/cpu_native.c~s/return ctx->wtile \? MK_NATIVE_GEMM_MIN_ROWS - 1 : SIZE_MAX;/return ctx->wtile ? MK_NATIVE_GEMM_MIN_ROWS + 8 : SIZE_MAX;/~gtest:test_batch_forward:*"
-  "sched.batch-takes-stop-item~host/sched/worker.c~s/if \(item->kind == MK_ITEM_STOP \|\| room->rows/if (room->rows/~sched"
+  "sched.batch-takes-stop-item~host/sched/worker.c~s/if \(item->kind == MK_ITEM_STOP \|\| room->rows/if (room->rows/~gtest:test_pipeline_sched:PipelineQueue.*"
   "sched.batch-never-forms~host/sched/worker.c~s/if \(n == st->max_batch \|\| !\(item/if (1 || !(item/~gtest:test_pipeline_sched:*Batched*"
   "sched.batch-input-boundary-shared~host/sched/worker.c~s/s = mk_worker_prepare\(st, item, head \? NULL : st->ins\[n\]\);/s = mk_worker_prepare(st, item, head ? NULL : st->ins[0]);/~gtest:test_pipeline_sched:*Batched*"
   "stage.head-one-request-per-step~host/stage/stage_runtime.c~s/k < st->max_sequences && n < st->max_batch;/k < st->max_sequences \&\& n < 1;/~stage:StageLibrary.*"

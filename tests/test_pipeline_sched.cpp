@@ -302,6 +302,34 @@ TEST(PipelineSched, BatchedStepsMatchWholeOverEverySeam) {
     }
 }
 
+// What joins a worker's step from its queue: items while their rows fit, never the stop
+// item (it ends the worker; taken into a step it would be run as a sequence); the front item
+// is taken only when it fits, and the room grows by what was taken.
+TEST(PipelineQueue, ABatchTakesWhatFitsAndNeverTheStopItem) {
+    mk_queue q{};
+    ASSERT_EQ(mk_queue_init(&q, 4), MK_OK);
+    mk_sched_item a{}, b{}, stop{};
+    a.kind = MK_ITEM_DECODE, a.n_tokens = 1;
+    b.kind = MK_ITEM_PREFILL, b.n_tokens = 5;
+    stop.kind = MK_ITEM_STOP;
+    ASSERT_EQ(mk_queue_push(&q, &a), MK_OK);
+    ASSERT_EQ(mk_queue_push(&q, &b), MK_OK);
+    ASSERT_EQ(mk_queue_push(&q, &stop), MK_OK);
+    mk_batch_room room = {2, 7};
+    EXPECT_EQ(mk_queue_pop_if(&q, mk_sched_item_fits, &room), &a);
+    EXPECT_EQ(room.rows, 3u);
+    EXPECT_EQ(mk_queue_pop_if(&q, mk_sched_item_fits, &room), nullptr) << "3 + 5 rows do not fit 7";
+    EXPECT_EQ(room.rows, 3u);
+    mk_batch_room exact = {2, 7};
+    EXPECT_EQ(mk_queue_pop_if(&q, mk_sched_item_fits, &exact), &b) << "2 + 5 rows fit 7 exactly";
+    EXPECT_EQ(exact.rows, 7u);
+    mk_batch_room wide = {0, 100};
+    EXPECT_EQ(mk_queue_pop_if(&q, mk_sched_item_fits, &wide), nullptr) << "the stop item never joins a step";
+    EXPECT_EQ(mk_queue_pop(&q), &stop);
+    EXPECT_EQ(mk_queue_pop_if(&q, mk_sched_item_fits, &wide), nullptr) << "empty";
+    mk_queue_destroy(&q);
+}
+
 // NCCL needs the cuda backend on distinct devices: on the cpu backend it is refused clearly.
 TEST(PipelineSched, NcclSeamOnTheCpuBackendIsRefused) {
     ModelPtr model = make_random_model(mk_hparams_seed_default());

@@ -142,6 +142,14 @@ typedef struct mk_sched_worker {
 
 void *mk_worker_main(void *arg);
 
+/* Queued items join a worker's step while they fit: not the stop item, and the step's rows
+ * stay within the range's (every stage sees an item's rows: its prompt, or one token).
+ * A mk_queue_pop_if test over a mk_batch_room (rows so far; grown by the item taken). */
+typedef struct mk_batch_room {
+    size_t rows, max_rows;
+} mk_batch_room;
+bool mk_sched_item_fits(const mk_sched_item *item, void *arg);
+
 /* ============================================================== scheduler == */
 
 struct mk_sched_request {

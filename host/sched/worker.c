@@ -68,13 +68,7 @@ static void mk_worker_fail_item(mk_sched_worker *st, mk_sched_item *item, mk_sta
     mk_sched_retire(st->sched, item, MK_SEQ_FAILED, status, error);
 }
 
-/* Queued items join the step while they fit: not the stop item, and the step's rows stay
- * within the range's (every stage sees an item's rows: its prompt, or one token). */
-typedef struct mk_batch_room {
-    size_t rows, max_rows;
-} mk_batch_room;
-
-static bool mk_item_fits(const mk_sched_item *item, void *arg) {
+bool mk_sched_item_fits(const mk_sched_item *item, void *arg) {
     mk_batch_room *room = arg;
     if (item->kind == MK_ITEM_STOP || room->rows + item->n_tokens > room->max_rows) return false;
     room->rows += item->n_tokens;
@@ -161,7 +155,7 @@ void *mk_worker_main(void *arg) {
             } else {
                 items[n++] = item;
             }
-            if (n == st->max_batch || !(item = mk_queue_pop_if(q, mk_item_fits, &room))) break;
+            if (n == st->max_batch || !(item = mk_queue_pop_if(q, mk_sched_item_fits, &room))) break;
             s = mk_worker_prepare(st, item, head ? NULL : st->ins[n]); /* item n's boundary: ins[n] */
         }
         if (n == 0) continue;
