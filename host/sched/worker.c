@@ -37,29 +37,6 @@ static mk_status mk_worker_fault(mk_sched_worker *st) {
     return mk_fail(MK_ERR_INTERNAL, "worker %zu: injected failure at its step %zu", st->index, step);
 }
 
-static mk_status mk_worker_step(mk_sched_worker *st, mk_sched_item *item) {
-    MK_TRY(mk_worker_fault(st));
-    mk_sequence *seq = st->seqs[item->slot];
-    const bool head = mk_worker_is_head(st), tail = mk_worker_is_tail(st);
-    mk_boundary *out = tail ? NULL : item->out[st->index];
-    const uint64_t t0 = mk_now_ns(), c0 = mk_thread_cpu_ns();
-    const mk_status s = mk_range_forward_into(st->range, seq, head ? item->tokens : NULL, head ? item->n_tokens : 0,
-                                              head ? NULL : st->in, out, item->logits, &item->token);
-    const uint64_t t1 = mk_now_ns(), c1 = mk_thread_cpu_ns();
-    mk_worker_stats *stats = &st->stats;
-    if (stats->steps == 0) stats->first_ns = t0;
-    stats->steps++;
-    stats->busy_ns += t1 - t0;
-    stats->cpu_ns += c1 - c0;
-    stats->last_ns = t1;
-    /* The header read directly: the API getter would clear a failed forward's message. */
-    if (st->timeline_len < st->timeline_cap)
-        st->timeline[st->timeline_len++] = (mk_timeline_record){
-            .seq_id = item->req->id, .start_ns = t0, .end_ns = t1,
-            .rows = (uint32_t)(head ? item->n_tokens : st->in->h.rows)};
-    return s;
-}
-
 /* A failed step fails the sequence it belongs to, with the stage and its range named. */
 static void mk_worker_fail_item(mk_sched_worker *st, mk_sched_item *item, mk_status status) {
     char error[256];
@@ -75,9 +52,10 @@ bool mk_sched_item_fits(const mk_sched_item *item, void *arg) {
     return true;
 }
 
-/* One step over several items (continuous batching): one batch forward, each item with its
- * own sequence slot, input boundary and outputs; a failure fails every item of the step. */
-static mk_status mk_worker_batch_step(mk_sched_worker *st, mk_sched_item **items, size_t n) {
+/* One step over one or several items (continuous batching): one forward, each item with
+ * its own sequence slot, input boundary (ins[k]) and outputs; a failure fails every item of
+ * the step. One item is exactly the forward of one sequence. */
+static mk_status mk_worker_step(mk_sched_worker *st, mk_sched_item **items, size_t n) {
     MK_TRY(mk_worker_fault(st));
     const bool head = mk_worker_is_head(st), tail = mk_worker_is_tail(st);
     mk_forward_entry entries[MK_MAX_BATCH_SEQUENCES];
@@ -140,7 +118,7 @@ void *mk_worker_main(void *arg) {
         if (item->kind == MK_ITEM_STOP) break;
         mk_status s = mk_worker_prepare(st, item, st->in);
         if (st->max_batch <= 1) { /* one item per step: the forward of one sequence */
-            if (s == MK_OK) s = mk_worker_step(st, item);
+            if (s == MK_OK) s = mk_worker_step(st, &item, 1);
             mk_worker_finish(st, item, s);
             continue;
         }
@@ -159,7 +137,7 @@ void *mk_worker_main(void *arg) {
             s = mk_worker_prepare(st, item, head ? NULL : st->ins[n]); /* item n's boundary: ins[n] */
         }
         if (n == 0) continue;
-        s = n == 1 ? mk_worker_step(st, items[0]) : mk_worker_batch_step(st, items, n);
+        s = mk_worker_step(st, items, n);
         for (size_t k = 0; k < n; k++) mk_worker_finish(st, items[k], s);
     }
     return NULL;

@@ -643,29 +643,9 @@ static mk_status mk_head_diagnose(mk_head *h) {
                    st->world - 1, st->timeout_ms, (unsigned long long)st->steps, h->in_flight);
 }
 
-/* Wait for the next control message on any rank's connection and act on it, or for the
- * source's wake-up. With requests in flight a result is due within the deadline; idle, rank
- * 0 waits as long as the source is quiet, beating so the others know it is alive. */
-static mk_status mk_head_wait(mk_head *h) {
+/* The next control message of rank k (it has one coming), acted on. */
+static mk_status mk_head_read(mk_head *h, int k) {
     mk_stage *st = h->st;
-    int fds[MK_STAGE_MAX_WORLD + 1];
-    for (int k = 1; k < st->world; k++) fds[k - 1] = st->ctl[k].fd;
-    size_t n = (size_t)st->world - 1;
-    const bool wake = !h->closed && h->src->wake_fd >= 0;
-    if (wake) fds[n++] = h->src->wake_fd;
-    int ready = -1;
-    const bool idle = h->in_flight == 0;
-    if (idle) h->deadline = 0;
-    else if (!h->deadline) h->deadline = mk_deadline_ms(st->timeout_ms, MK_STAGE_DEFAULT_TIMEOUT_MS);
-    /* idle without a descriptor to wait on: ask the source again in 20 ms */
-    const int64_t until = idle ? (wake ? INT64_MAX : mk_deadline_ms(20, 20)) : h->deadline;
-    if (idle) mk_stage_busy(st, true); /* beats while idle: the others' waits see rank 0 alive */
-    const mk_status polled = mk_poll_in(fds, n, until, &ready);
-    if (idle) mk_stage_busy(st, false);
-    MK_TRY(polled);
-    if (ready < 0) return idle ? MK_OK : mk_head_diagnose(h);
-    if (wake && ready == (int)n - 1) return MK_OK; /* news from the source: the loop admits */
-    const int k = ready + 1;
     char peer[32], body[MK_CTL_MAX_BODY + 1];
     snprintf(peer, sizeof peer, "rank %d", k);
     mk_ctl_type type;
@@ -691,27 +671,39 @@ static mk_status mk_head_wait(mk_head *h) {
     return mk_fail(MK_ERR_FRAME, "rank %d sent control message type %d mid-run", k, (int)type);
 }
 
+/* Wait for the next control message on any rank's connection and act on it, or for the
+ * source's wake-up. With requests in flight a result is due within the deadline; idle, rank
+ * 0 waits as long as the source is quiet, beating so the others know it is alive. */
+static mk_status mk_head_wait(mk_head *h) {
+    mk_stage *st = h->st;
+    int fds[MK_STAGE_MAX_WORLD + 1];
+    for (int k = 1; k < st->world; k++) fds[k - 1] = st->ctl[k].fd;
+    size_t n = (size_t)st->world - 1;
+    const bool wake = !h->closed && h->src->wake_fd >= 0;
+    if (wake) fds[n++] = h->src->wake_fd;
+    int ready = -1;
+    const bool idle = h->in_flight == 0;
+    if (idle) h->deadline = 0;
+    else if (!h->deadline) h->deadline = mk_deadline_ms(st->timeout_ms, MK_STAGE_DEFAULT_TIMEOUT_MS);
+    /* idle without a descriptor to wait on: ask the source again in 20 ms */
+    const int64_t until = idle ? (wake ? INT64_MAX : mk_deadline_ms(20, 20)) : h->deadline;
+    if (idle) mk_stage_busy(st, true); /* beats while idle: the others' waits see rank 0 alive */
+    const mk_status polled = mk_poll_in(fds, n, until, &ready);
+    if (idle) mk_stage_busy(st, false);
+    MK_TRY(polled);
+    if (ready < 0) return idle ? MK_OK : mk_head_diagnose(h);
+    if (wake && ready == (int)n - 1) return MK_OK; /* news from the source: the loop admits */
+    return mk_head_read(h, ready + 1);
+}
+
 /* Every result already waiting on the last rank's connection, taken without waiting: they
  * join the next step together. */
 static mk_status mk_head_take_waiting(mk_head *h) {
-    mk_stage *st = h->st;
-    const int last = st->world - 1;
+    const int last = h->st->world - 1;
     for (;;) {
-        struct pollfd p = {.fd = st->ctl[last].fd, .events = POLLIN};
+        struct pollfd p = {.fd = h->st->ctl[last].fd, .events = POLLIN};
         if (h->in_flight == 0 || poll(&p, 1, 0) <= 0) return MK_OK;
-        char peer[32], body[MK_CTL_MAX_BODY + 1];
-        snprintf(peer, sizeof peer, "rank %d", last);
-        mk_ctl_type type;
-        size_t len;
-        const mk_status s =
-            mk_ctl_recv(&st->ctl[last], &type, body, &len, mk_deadline_ms(st->timeout_ms, MK_STAGE_DEFAULT_TIMEOUT_MS), peer);
-        if (s != MK_OK) return mk_stage_wrap(s, "rank 0 at step %llu", (unsigned long long)st->steps);
-        if (type == MK_CTL_ABORT) return mk_ctl_abort_status(body);
-        if (type == MK_CTL_RESULT || type == MK_CTL_RESULT_MORE) {
-            h->more = type == MK_CTL_RESULT_MORE;
-            MK_TRY(mk_head_result(h, body, len));
-        } else if (type != MK_CTL_BUSY) return mk_fail(MK_ERR_FRAME, "rank %d sent control message type %d mid-run", last, (int)type);
-        h->deadline = 0;
+        MK_TRY(mk_head_read(h, last));
     }
 }
 

@@ -644,6 +644,23 @@ TEST(StageLibrary, HugeTokenLimitIsBoundedByTheContext) {
     mk_model_free(model);
 }
 
+// Rank 0 of a two-rank stage joined in this thread (cut after layer 2, loopback), rank 1 on
+// *rank1 through the library (its outcome in *other); NULL when rank 0 could not join.
+mk_stage *join_rank0(const mk_model *model, mk_stage_options o, std::thread *rank1, LibraryRun *other) {
+    const std::string address = "127.0.0.1:" + std::to_string(free_port());
+    o.rendezvous = address.c_str();
+    static const int64_t cut = 2;
+    o.cuts = &cut;
+    o.n_cuts = 1;
+    mk_stage_options o1 = o;
+    o1.rank = 1;
+    *rank1 = std::thread(library_rank, model, o1, std::vector<mk_stage_request>{}, other);
+    o.rank = 0;
+    mk_stage *st = nullptr;
+    if (mk_stage_join(model, &o, &st) != MK_OK) return nullptr;
+    return st;
+}
+
 // Rank 0's live source (meshkern stage --serve), with rank 1 on a thread: requests are
 // released over time through an eventfd (the first after an idle spell of 3 deadlines, which
 // rank 1 survives only if rank 0 beats while idle; each later one when a token arrives), so
@@ -689,18 +706,10 @@ TEST(StageLibrary, LiveSourceAdmitsWhileRunningCutsAndRefusesAlone) {
     o.max_new_tokens = n_new;
     o.max_sequences = 2;
     o.timeout_ms = 400;
-    const std::string address = "127.0.0.1:" + std::to_string(free_port());
-    o.rendezvous = address.c_str();
-    static const int64_t cut = 2;
-    o.cuts = &cut;
-    o.n_cuts = 1;
     LibraryRun other;
-    mk_stage_options o1 = o;
-    o1.rank = 1;
-    std::thread rank1(library_rank, model, o1, std::vector<mk_stage_request>{}, &other);
-    o.rank = 0;
-    mk_stage *st = nullptr;
-    ASSERT_EQ(mk_stage_join(model, &o, &st), MK_OK) << mk_last_error();
+    std::thread rank1;
+    mk_stage *st = join_rank0(model, o, &rank1, &other);
+    ASSERT_NE(st, nullptr) << mk_last_error();
 
     mk_stage_source s{};
     s.struct_size = sizeof s;
@@ -792,18 +801,10 @@ TEST(StageLibrary, ReadyRequestsShareRankZerosForward) {
     o.max_new_tokens = n_new;
     o.max_sequences = 4;
     o.timeout_ms = 5000;
-    const std::string address = "127.0.0.1:" + std::to_string(free_port());
-    o.rendezvous = address.c_str();
-    static const int64_t cut = 2;
-    o.cuts = &cut;
-    o.n_cuts = 1;
     LibraryRun other;
-    mk_stage_options o1 = o;
-    o1.rank = 1;
-    std::thread rank1(library_rank, model, o1, std::vector<mk_stage_request>{}, &other);
-    o.rank = 0;
-    mk_stage *st = nullptr;
-    ASSERT_EQ(mk_stage_join(model, &o, &st), MK_OK) << mk_last_error();
+    std::thread rank1;
+    mk_stage *st = join_rank0(model, o, &rank1, &other);
+    ASSERT_NE(st, nullptr) << mk_last_error();
     std::vector<mk_stage_request> req;
     for (size_t i = 0; i < 4; i++) req.push_back({prompts[i].data(), prompts[i].size()});
     LibraryRun run;
