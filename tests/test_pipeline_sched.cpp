@@ -324,7 +324,7 @@ TEST(PipelineQueue, ABatchTakesWhatFitsAndNeverTheStopItem) {
     EXPECT_EQ(mk_queue_pop_if(&q, mk_sched_item_fits, &exact), &b) << "2 + 5 rows fit 7 exactly";
     EXPECT_EQ(exact.rows, 7u);
     mk_batch_room wide = {0, 100};
-    EXPECT_EQ(mk_queue_pop_if(&q, mk_sched_item_fits, &wide), nullptr) << "the stop item never joins a step";
+    ASSERT_EQ(mk_queue_pop_if(&q, mk_sched_item_fits, &wide), nullptr) << "the stop item never joins a step";
     EXPECT_EQ(mk_queue_pop(&q), &stop);
     EXPECT_EQ(mk_queue_pop_if(&q, mk_sched_item_fits, &wide), nullptr) << "empty";
     mk_queue_destroy(&q);
