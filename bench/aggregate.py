@@ -16,7 +16,7 @@ Every figure's value is finite and positive. `against` is null or {name, value, 
 with kind "ceiling" (a measured limit: ratio = value / ceiling) or "peer" (the same figure
 for another engine measured in the same run: ratio = value / peer). Raw formats read: each
 program's JSON as it writes it today (ceilings, e2e_bench, seam_bench, pipeline_bench,
-llamacpp_peer, serve_bench) and kernel_bench's CSV.
+llamacpp_peer, serve_bench, batch_bench) and kernel_bench's CSV.
 """
 import csv
 import datetime
@@ -31,7 +31,7 @@ import subprocess
 import sys
 
 SCHEMA = "meshkern-bench/1"
-SUITES = ["ceilings", "kernels", "e2e", "seams", "pipeline", "serve"]
+SUITES = ["ceilings", "kernels", "e2e", "seams", "pipeline", "serve", "batch"]
 STATUSES = ["ok", "failed", "not available"]
 
 
@@ -256,6 +256,46 @@ def collect_serve(raw, figs, details):
                          {"name": f"{fig} llama-cpp-python", "value": p, "unit": unit, "kind": "peer"} if p else None)
 
 
+BATCH_FIGURES = [("decode_tokens_per_s", "decode tokens/s", "tokens/s",
+                  "decode tokens per second of all sequences together (decode phase only)"),
+                 ("per_sequence_ms_per_token", "ms/token/sequence", "ms",
+                  "decode time one sequence waits for each of its tokens"),
+                 ("prefill_s", "prefill", "s", "time to prefill every sequence's prompt")]
+
+
+def collect_batch(raw, figs, details):
+    """batch_bench's levels: each engine's figures per N; meshkern's against llama.cpp's at the
+    same N when both ran (ratio > 1 on tokens/s: meshkern is faster; > 1 on ms or s: slower),
+    and meshkern's unbatched run (--step-sequences 1) with the batched one against it."""
+    doc = _load_json(os.path.join(raw, "batch", "batch_bench.json"))
+    if not doc:
+        return
+    details["batch"] = doc
+    where = f"{doc.get('prompt_tokens')}-token prompt, {doc.get('decode_steps')} decode steps, {doc.get('threads')} threads"
+    for lv in doc.get("levels", []):
+        n, peer = lv["sequences"], lv.get("llama.cpp") if isinstance(lv.get("llama.cpp"), dict) else {}
+        for name in ("meshkern", "llama.cpp"):
+            r = lv.get(name)
+            if not isinstance(r, dict):
+                continue
+            for key, fig, unit, what in BATCH_FIGURES:
+                p = peer.get(key) if name == "meshkern" else None
+                figs.add("batch", f"{n} sequences", f"{fig} {name}", r.get(key), unit, f"{what}; {n} sequences, {where}",
+                         {"name": f"{fig} llama.cpp", "value": p, "unit": unit, "kind": "peer"} if p else None)
+    u = doc.get("unbatched")
+    if isinstance(u, dict):
+        figs.add("batch", f"{u['sequences']} sequences unbatched", "decode tokens/s meshkern step-sequences 1",
+                 u.get("decode_tokens_per_s"), "tokens/s",
+                 f"one sequence per forward (--step-sequences 1), {u['sequences']} in flight; {where}")
+        batched = next((lv["meshkern"] for lv in doc.get("levels", [])
+                        if lv["sequences"] == u["sequences"] and isinstance(lv.get("meshkern"), dict)), None)
+        if batched and u.get("decode_tokens_per_s"):
+            figs.add("batch", f"{u['sequences']} sequences unbatched", "decode tokens/s meshkern batched",
+                     batched["decode_tokens_per_s"], "tokens/s", f"the same sequences in one batch; {where}",
+                     {"name": "decode tokens/s meshkern step-sequences 1", "value": u["decode_tokens_per_s"],
+                      "unit": "tokens/s", "kind": "peer"})
+
+
 def manifest(raw):
     suites = {s: {"status": "not run", "cases": []} for s in SUITES}
     path = os.path.join(raw, "manifest.tsv")
@@ -279,6 +319,12 @@ def serve_peer(doc):
     return p if isinstance(p, dict) else None
 
 
+def batch_peer(doc):
+    """llama.cpp's section of batch_bench's JSON, when it ran (for its version)."""
+    p = (doc or {}).get("llama.cpp")
+    return p if isinstance(p, dict) else None
+
+
 def collect(raw, root):
     figs, details = Figures(), {}
     collect_ceilings(raw, figs)
@@ -287,10 +333,12 @@ def collect(raw, root):
     collect_seams(raw, figs)
     collect_pipeline(raw, figs, details)
     collect_serve(raw, figs, details)
+    collect_batch(raw, figs, details)
     opts = dict(line.split("=", 1) for line in _read(os.path.join(raw, "options")).splitlines() if "=" in line)
     return {"schema": SCHEMA, "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "git": git(root), "machine": machine(raw),
-            "versions": versions(root, details.get("llama.cpp") or serve_peer(details.get("serve"))),
+            "versions": versions(root, details.get("llama.cpp") or serve_peer(details.get("serve"))
+                                 or batch_peer(details.get("batch"))),
             "options": opts, "suites": manifest(raw), "figures": figs.rows, "details": details}
 
 
@@ -459,11 +507,15 @@ def plots(doc, outdir):
     if c:
         made.append(_gnuplot(HEAD + bars + "set output 'ceilings.png'\nset title 'Measured ceilings'\n"
                              "set ylabel 'GB/s'\nunset key\nplot '-' using 2:xtic(1)\n" + _bars(c), outdir, "ceilings"))
-    # serve_bench draws its own (matplotlib or gnuplot): copied next to the others
+    # serve_bench and batch_bench draw their own (matplotlib or gnuplot): copied next to the others
     serve_png = str((doc.get("details", {}).get("serve") or {}).get("plot") or "")
     if serve_png.endswith(".png") and os.path.isfile(serve_png):
         shutil.copy(serve_png, os.path.join(outdir, "serve_load.png"))
         made.append("serve_load.png")
+    batch_png = str((doc.get("details", {}).get("batch") or {}).get("plot") or "")
+    if batch_png.endswith(".png") and os.path.isfile(batch_png):
+        shutil.copy(batch_png, os.path.join(outdir, "batch_decode.png"))
+        made.append("batch_decode.png")
     return [m for m in made if m]
 
 

@@ -18,6 +18,9 @@
 #   serve     bench/serve_bench.py: `meshkern serve` and llama-cpp-python's server (same GGUF,
 #             threads and context, one after the other) under 1..32 concurrent streaming
 #             clients: requests/s, tokens/s, time to first token p50/p99, and a plot
+#   batch     bench/batch_bench.py: `meshkern run --prompts` with 1..64 copies of one prompt in one
+#             batch and llama.cpp decoding as many sequences per llama_decode (same GGUF, threads,
+#             prompt), in turn per N: decode tokens/s, per-sequence ms/token, prefill, and a plot
 # A suite whose program is not in this tree, or whose hardware is absent, is reported as
 # "not available" (table and JSON), not as an error.
 #
@@ -31,7 +34,7 @@
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-ALL_SUITES=(ceilings kernels e2e seams pipeline serve)
+ALL_SUITES=(ceilings kernels e2e seams pipeline serve batch)
 SUITES=() MODE=full OUTDIR="$ROOT/bench/results" BUILD="$ROOT/build-bench" BIN_DIR=""
 # --threads: the engines' threads (meshkern and llama.cpp alike); read_mt always uses every core
 CORES=$(nproc 2>/dev/null || echo 2)
@@ -74,13 +77,18 @@ BIN_DIR=${BIN_DIR:-$BUILD/bench}
 
 # Sizes per mode: one table, read by every suite below. serve: concurrency levels, requests per
 # client per level and tokens per request (full: 106 requests per server, < 10 min on 2 cores).
+# batch: concurrent sequences, decode steps per sequence, the N of the unbatched run
+# (--step-sequences 1) and runs per engine and N, the best counting (full: about 5 min on 2 cores).
 case $MODE in
   full)  CEIL_BYTES=$((512 << 20)) CEIL_REPS=5 PROMPT=128 DECODE=128 RUNS=3 SEQS=8 PIPE_DECODE=16 PIPE_REPEATS=2
-         SERVE_CLIENTS=1,4,16,32 SERVE_REQUESTS=2 SERVE_TOKENS=32 ;;
+         SERVE_CLIENTS=1,4,16,32 SERVE_REQUESTS=2 SERVE_TOKENS=32
+         BATCH_SEQS=1,2,4,8,16,32,64 BATCH_DECODE=64 BATCH_BASE=8 BATCH_RUNS=2 ;;
   quick) CEIL_BYTES=$((512 << 20)) CEIL_REPS=3 PROMPT=64 DECODE=32 RUNS=3 SEQS=4 PIPE_DECODE=8 PIPE_REPEATS=1
-         SERVE_CLIENTS=1,4,16 SERVE_REQUESTS=1 SERVE_TOKENS=16 ;;
+         SERVE_CLIENTS=1,4,16 SERVE_REQUESTS=1 SERVE_TOKENS=16
+         BATCH_SEQS=1,4,16 BATCH_DECODE=16 BATCH_BASE=4 BATCH_RUNS=1 ;;
   tiny)  CEIL_BYTES=$((16 << 20)) CEIL_REPS=2 PROMPT=8 DECODE=8 RUNS=1 SEQS=2 PIPE_DECODE=4 PIPE_REPEATS=1
-         SERVE_CLIENTS=1,2 SERVE_REQUESTS=1 SERVE_TOKENS=8 ;;
+         SERVE_CLIENTS=1,2 SERVE_REQUESTS=1 SERVE_TOKENS=8
+         BATCH_SEQS=1,2 BATCH_DECODE=4 BATCH_BASE=2 BATCH_RUNS=1 ;;
 esac
 
 RAW="$OUTDIR/raw"
@@ -137,7 +145,7 @@ fi
 # the e2e peer needs llama_cpp; the serve suite's also its server (uvicorn, fastapi: the [server] extra)
 peer_modules="llama_cpp, numpy" peer_pkg=llama-cpp-python need_peer=0
 for s in "${SUITES[@]}"; do
-  [ "$s" = e2e ] && need_peer=1
+  [ "$s" = e2e ] || [ "$s" = batch ] && need_peer=1
   [ "$s" = serve ] && need_peer=1 peer_modules="llama_cpp, numpy, uvicorn, llama_cpp.server.app" \
     peer_pkg="llama-cpp-python[server]"
 done
@@ -178,7 +186,7 @@ for s in "${SUITES[@]}"; do
     e2e) want+=(e2e_bench) ;;
     seams) want+=(seam_bench) ;;
     pipeline) want+=(pipeline_bench) ;;
-    serve) want+=(meshkern_cli) ;;
+    serve|batch) want+=(meshkern_cli) ;;
   esac
 done
 missing=()
@@ -298,6 +306,23 @@ for suite in "${SUITES[@]}"; do
 print(p[len("unavailable: "):] if isinstance(p, str) and p.startswith("unavailable: ") else "")' \
         "$RAW/serve/serve_bench.json" 2>/dev/null)
       [ -n "$why" ] && unavailable serve llama-cpp-python "$why"
+      ;;
+    batch)
+      if [ ! -f "$MODEL" ]; then unavailable batch cpu "no model at $MODEL"; continue; fi
+      is_available batch cpu meshkern_cli || continue
+      if ! "$MK_BIN" run --help 2>&1 | grep -q -- '--step-sequences'; then
+        unavailable batch cpu "$MK_BIN run has no --step-sequences (built before batched decode)"; continue
+      fi
+      plot=()
+      [ $DO_PLOTS -eq 1 ] && plot=(--plot "$RAW/batch/batch_decode.png")
+      # both engines in one case, in turn per N; batch_bench says when the peer is missing
+      run_case batch cpu 900 python3 "$ROOT/bench/batch_bench.py" --meshkern "$MK_BIN" --model "$MODEL" \
+        --threads "$THREADS" --sequences "$BATCH_SEQS" --decode "$BATCH_DECODE" --baseline-n "$BATCH_BASE" \
+        --runs "$BATCH_RUNS" --json "$RAW/batch/batch_bench.json" --log-dir "$RAW/batch" "${plot[@]}"
+      why=$(python3 -c 'import json, sys; p = json.load(open(sys.argv[1])).get("llama.cpp", "")
+print(p[len("unavailable: "):] if isinstance(p, str) and p.startswith("unavailable: ") else "")' \
+        "$RAW/batch/batch_bench.json" 2>/dev/null)
+      [ -n "$why" ] && unavailable batch llama.cpp "$why"
       ;;
   esac
 done

@@ -38,6 +38,12 @@ MEANING = {
              "(bench/serve_bench.py): requests/s, generated tokens/s and time to first token p50/p99 per level; "
              "meshkern's against the peer's at the same level as a ratio (>1 on tokens/s and requests/s: meshkern "
              "is faster; >1 on TTFT: meshkern answers later).",
+    "batch": "Batched decode on the cpu (bench/batch_bench.py): 1..64 sequences with the same prompt in flight, "
+             "`meshkern run --prompts` (every sequence in one forward per step) and llama.cpp decoding as many "
+             "sequences in one `llama_decode` per step (same GGUF, threads and prompt), in turn per N: aggregate "
+             "decode tokens/s, per-sequence ms per token and prefill time; meshkern's against llama.cpp's at the "
+             "same N as a ratio (>1 on tokens/s: meshkern is faster), and meshkern batched against itself with "
+             "one sequence per forward (`--step-sequences 1`).",
 }
 
 
