@@ -256,7 +256,8 @@ static int run_batch(const batch_args *a, const mk_model *model, const mk_tokeni
     o.range.eager_decode = a->backend.eager_decode;
     (void)mk_size_add(longest, a->n_new, &o.range.max_context); /* saturates, then capped */
     if (o.range.max_context > hp->max_context) o.range.max_context = hp->max_context;
-    o.range.max_batch_tokens = longest < o.range.max_context ? longest : o.range.max_context;
+    /* a step's rows: several prompts fit one step (as many rows as a sequence's context) */
+    o.range.max_batch_tokens = o.range.max_context;
     o.split_auto = a->split_auto || (a->n_cuts == 0 && a->n_devices > 1);
     o.n_workers = a->n_devices ? a->n_devices : o.split_auto ? 2 : 1;
     o.cuts = a->cuts;

@@ -119,10 +119,12 @@ static mk_status mk_sched_build(mk_sched *s, const mk_sched_options *o, const mk
          * another stage's work (under cudasim a seed-dependent interleaving gave wrong
          * tokens). Graphs stay on for ranges one thread drives. */
         ro.eager_decode = true;
-        /* A step of max_batch_sequences decode rows fits the activations */
+        /* A step of max_batch_sequences decode rows fits the activations: as many rows as
+         * sequences (a context shorter than that bounds both) */
         const size_t ctx = ro.max_context ? ro.max_context : 0;
+        if (ctx && ro.max_batch_sequences > ctx) ro.max_batch_sequences = ctx;
         if (ro.max_batch_sequences > 1 && ro.max_batch_tokens && ro.max_batch_tokens < ro.max_batch_sequences)
-            ro.max_batch_tokens = ctx && ctx < ro.max_batch_sequences ? ctx : ro.max_batch_sequences;
+            ro.max_batch_tokens = ro.max_batch_sequences;
         MK_TRY(mk_range_create(s->model, spans[i].start, spans[i].end, &ro, &st->range));
         st->max_batch = mk_range_max_seqs(st->range);
         st->seqs = calloc(s->n_slots, sizeof *st->seqs);
