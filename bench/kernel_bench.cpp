@@ -154,6 +154,17 @@ struct Bench {
     void add(const std::string &k, const std::string &shape, double us, double bytes, double flops, bool valid) {
         results.push_back({k, shape, us, bytes, flops, valid});
     }
+    // A block table mapping each block of 16 positions to itself (up to 2^20 positions): the
+    // attention kernels read every cache through one, and this one reads a contiguous cache.
+    mk_kv_pages identity_pages() {
+        if (!ident) {
+            std::vector<int32_t> id((1u << 20) / 16);
+            for (size_t i = 0; i < id.size(); i++) id[i] = (int32_t)i;
+            ident = (int32_t *)dev_upload(stream, id.data(), id.size() * sizeof(int32_t));
+        }
+        return mk_kv_pages{ident, 4};
+    }
+    int32_t *ident = nullptr;
 };
 
 // ================================================================================ cases ==
@@ -392,7 +403,7 @@ void bench_prefill(Bench &b, const AttnCase &c) {
     void *dq = dev_upload(b.stream, q.data(), qn * 4), *dk = dev_upload(b.stream, k.data(), kvn * 4), *dv = dev_upload(b.stream, v.data(), kvn * 4);
     float *dout = (float *)dev_alloc(b.stream, qn * 4);
     auto run = [&](int) {
-        MK(mk_kernel_attention_prefill(dout, (float *)dq, (float *)dk, (float *)dv, rows, past, nh, nkv, hd, b.stream));
+        MK(mk_kernel_attention_prefill_kv(dout, (float *)dq, (float *)dk, (float *)dv, b.identity_pages(), MK_DTYPE_F32, rows, past, nh, nkv, hd, b.stream));
     };
     run(0);
     CK(cudaStreamSynchronize(b.stream));
@@ -449,7 +460,7 @@ void bench_decode(Bench &b, const DecodeCase &c) {
     void *ws = dev_alloc(b.stream, wsb);
     float *dout = (float *)dev_alloc(b.stream, qn * 4);
     auto run = [&](int s) {
-        MK(mk_kernel_attention_decode(dout, (float *)dq, dk[s], dv[s], kv, (const int32_t *)dpos, max_keys, nh, nkv, hd,
+        MK(mk_kernel_attention_decode(dout, (float *)dq, dk[s], dv[s], b.identity_pages(), kv, (const int32_t *)dpos, max_keys, nh, nkv, hd,
                                       ws, wsb, b.stream));
     };
     run(0);
@@ -498,7 +509,7 @@ void bench_prefill_tc(Bench &b, const AttnTcCase &c) {
     }
     float *dout = (float *)dev_alloc(b.stream, qn * 4);
     auto run = [&](int) {
-        MK(mk_kernel_attention_prefill_tc(dout, (float *)dq, dk, dv, kv, rows, past, nh, nkv, hd, b.stream));
+        MK(mk_kernel_attention_prefill_tc(dout, (float *)dq, dk, dv, b.identity_pages(), kv, rows, past, nh, nkv, hd, b.stream));
     };
     run(0);
     CK(cudaStreamSynchronize(b.stream));

@@ -47,6 +47,7 @@ typedef enum mk_status {
     MK_ERR_TOKEN_OUT_OF_RANGE = 26,
     MK_ERR_CONTEXT_OVERFLOW = 27,      /* KV cache full */
     MK_ERR_UNCERTIFIED_SAMPLING = 28,
+    MK_ERR_KV_POOL_FULL = 29,          /* the range's KV block pool cannot hold the positions asked */
     /* wire / bundle validation */
     MK_ERR_WIRE_DECODE = 40,           /* bytes are not a protobuf message (truncated, random) */
     MK_ERR_MISSING_FIELD = 41,
@@ -493,6 +494,17 @@ typedef struct mk_range_options {
      * MK_MAX_BATCH_SEQUENCES and at most max_batch_tokens; 0 = 1. The tail keeps a row of
      * logits per sequence. */
     size_t max_batch_sequences;
+    /* The paged KV cache: one pool of blocks per range, every layer's keys and values of
+     * kv_block_size positions in a block (a power of two from 4 to 1024; 0 = 16). Its size in
+     * blocks, or in bytes (whole blocks; kv_pool_blocks wins when both are set); both 0 = room
+     * for max(max_batch_sequences, 4) sequences of max_context positions. A sequence takes
+     * blocks as its positions fill and gives them back at reset or close, so sequences of any
+     * length share the pool. A forward that needs a block the pool no longer has fails with
+     * MK_ERR_KV_POOL_FULL before anything runs, unless its sequence reserved the block
+     * (mk_sequence_reserve): a reserved block is never given to another sequence. */
+    size_t kv_block_size;
+    size_t kv_pool_blocks;
+    size_t kv_pool_bytes;
 } mk_range_options;
 #define MK_MAX_BATCH_SEQUENCES 64
 
@@ -513,12 +525,28 @@ MK_API const char *mk_range_recipe_digest(const mk_range *range);
  * results. Owned by the range. */
 MK_API const char *mk_range_graph_failure(const mk_range *range);
 
-/* Sequences: each has its own KV cache of max_context positions in every range. */
+/* Sequences: each holds up to max_context positions in its range's KV pool, block by block
+ * as they fill. Opening takes no block; reset and close give every block back. */
 typedef struct mk_sequence mk_sequence;
 MK_API mk_status mk_sequence_open(mk_range *range, mk_sequence **out);
 MK_API void mk_sequence_close(mk_sequence *seq);
 MK_API mk_status mk_sequence_reset(mk_sequence *seq);
 MK_API size_t mk_sequence_length(const mk_sequence *seq); /* positions cached so far */
+/* Promise the sequence room for `positions` positions in all (at most max_context): the
+ * blocks it lacks are set aside in the pool, so its forwards up to that length never fail
+ * for want of a block. MK_ERR_KV_POOL_FULL (nothing set aside) when the pool's free blocks
+ * not promised to others are too few. Asking for less than already promised changes
+ * nothing; reset and close drop the promise. */
+MK_API mk_status mk_sequence_reserve(mk_sequence *seq, size_t positions);
+/* The range's KV pool, for admission decisions and accounting. */
+typedef struct mk_kv_pool_info {
+    size_t block_size;      /* positions per block */
+    size_t block_bytes;     /* one block: keys and values of every layer of the range */
+    size_t blocks;          /* in the pool */
+    size_t free_blocks;     /* held by no sequence */
+    size_t promised_blocks; /* of the free ones, promised to sequences (mk_sequence_reserve) */
+} mk_kv_pool_info;
+MK_API mk_status mk_range_kv_pool(const mk_range *range, mk_kv_pool_info *info);
 
 /* Tail output: last row only. */
 typedef struct mk_tail_output {

@@ -111,10 +111,11 @@ static __device__ __forceinline__ float dec_elem(const R &raw, int e) {
 /* KV: cache dtype; VEC: elements per load; VPL: vectors per lane (head_dim <= 32 * VEC * VPL);
  * GB: query heads per block (register arrays; G may be smaller). */
 template <typename KV, int VEC, int VPL, int GB>
-static __global__ void __launch_bounds__(DEC_THREADS)
+static __global__ void __launch_bounds__(DEC_THREADS, 2) /* 2 blocks an SM: up to 255 registers, no spills */
     attention_decode_split_kernel(float *__restrict__ ws, const float *__restrict__ q,
                                   const typename KV::elem *__restrict__ k_cache,
-                                  const typename KV::elem *__restrict__ v_cache, const int32_t *__restrict__ positions,
+                                  const typename KV::elem *__restrict__ v_cache, const int32_t *__restrict__ kv_table,
+                                  uint32_t kv_shift, const int32_t *__restrict__ positions,
                                   size_t max_keys, int n_heads, int n_kv_heads, int hd, int head_groups, float scale) {
   typedef DecRaw<(int)sizeof(typename KV::elem) * VEC> Raw;
   typedef typename Raw::type R;
@@ -169,11 +170,13 @@ MK_UNROLL
     for (int u = 0; u < KI; ++u) {
       const size_t key = base + (size_t)slot + (size_t)u * kpb;
       valid[u] = key < k1;
+      /* its pool row (a masked key reads the split's first key's entry: the load stays unconditional) */
+      const size_t row = mk_kv_page_row(kv_table, kv_shift, valid[u] ? key : k0) * kv_stride;
 MK_UNROLL
       for (int v = 0; v < VPL; ++v) {
         const int vi = j + v * tpk;
         const bool in = valid[u] && vi < nv;
-        const size_t off = key * kv_stride + (size_t)vi * VEC;
+        const size_t off = row + (size_t)vi * VEC;
         kr[u][v] = in ? *reinterpret_cast<const R *>(kh + off) : Raw::zero();
         vr[u][v] = in ? *reinterpret_cast<const R *>(vh + off) : Raw::zero();
       }
@@ -347,7 +350,8 @@ extern "C" mk_status mk_kernel_attention_decode_splits(size_t *splits, size_t ma
 }
 
 template <typename KV, int VEC, int VPL, int GB>
-static mk_status launch_decode_split(float *ws, const float *q, const void *k, const void *v, const int32_t *positions,
+static mk_status launch_decode_split(float *ws, const float *q, const void *k, const void *v, mk_kv_pages pages,
+                                     const int32_t *positions,
                                      size_t max_keys, size_t splits, size_t n_heads, size_t n_kv_heads, size_t hd,
                                      size_t head_groups, cudaStream_t stream) {
   const int nv = (int)(hd / VEC);
@@ -367,14 +371,15 @@ static mk_status launch_decode_split(float *ws, const float *q, const void *k, c
   const float scale = (float)(1.0 / sqrt((double)hd));
   typedef typename KV::elem E;
   MK_LAUNCH((attention_decode_split_kernel<KV, VEC, VPL, GB>), dim3((unsigned)splits, (unsigned)(n_kv_heads * head_groups)),
-            dim3(DEC_THREADS), smem, stream, ws, q, static_cast<const E *>(k), static_cast<const E *>(v), positions,
+            dim3(DEC_THREADS), smem, stream, ws, q, static_cast<const E *>(k), static_cast<const E *>(v), pages.table, pages.block_shift, positions,
             max_keys, (int)n_heads, (int)n_kv_heads, (int)hd, (int)head_groups, scale);
   return mk_check_launch("mk_kernel_attention_decode (split)");
 }
 
 /* The vector width and heads per block for this shape and alignment. */
 template <typename KV, int VEC_MAX>
-static mk_status launch_decode_dtype(float *ws, const float *q, const void *k, const void *v, const int32_t *positions,
+static mk_status launch_decode_dtype(float *ws, const float *q, const void *k, const void *v, mk_kv_pages pages,
+                                     const int32_t *positions,
                                      size_t max_keys, size_t splits, size_t n_heads, size_t n_kv_heads, size_t hd,
                                      cudaStream_t stream) {
   const size_t group = n_heads / n_kv_heads, gb = decode_heads_per_block(group), hg = (group + gb - 1) / gb;
@@ -383,11 +388,11 @@ static mk_status launch_decode_dtype(float *ws, const float *q, const void *k, c
   if (!wide && ((uintptr_t)k | (uintptr_t)v) % (esz * 2) != 0)
     return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_kernel_attention_decode: KV cache not aligned to %zu bytes", esz * 2);
 #define MK_DEC_GB(VEC, VPL)                                                                                           \
-  (gb == 1   ? launch_decode_split<KV, VEC, VPL, 1>(ws, q, k, v, positions, max_keys, splits, n_heads, n_kv_heads, hd, \
+  (gb == 1   ? launch_decode_split<KV, VEC, VPL, 1>(ws, q, k, v, pages, positions, max_keys, splits, n_heads, n_kv_heads, hd, \
                                                     hg, stream)                                                      \
-   : gb == 4 ? launch_decode_split<KV, VEC, VPL, 4>(ws, q, k, v, positions, max_keys, splits, n_heads, n_kv_heads, hd, \
+   : gb == 4 ? launch_decode_split<KV, VEC, VPL, 4>(ws, q, k, v, pages, positions, max_keys, splits, n_heads, n_kv_heads, hd, \
                                                     hg, stream)                                                      \
-             : launch_decode_split<KV, VEC, VPL, DEC_GB_MAX>(ws, q, k, v, positions, max_keys, splits, n_heads,       \
+             : launch_decode_split<KV, VEC, VPL, DEC_GB_MAX>(ws, q, k, v, pages, positions, max_keys, splits, n_heads,       \
                                                              n_kv_heads, hd, hg, stream))
   if (wide && hd <= 32 * (size_t)VEC_MAX) return MK_DEC_GB(VEC_MAX, 1);
   if constexpr (VEC_MAX == 4)
@@ -397,7 +402,7 @@ static mk_status launch_decode_dtype(float *ws, const float *q, const void *k, c
 }
 
 extern "C" mk_status mk_kernel_attention_decode(float *out, const float *q, const void *k_cache, const void *v_cache,
-                                                mk_dtype kv_dtype, const int32_t *positions, size_t max_keys,
+                                                mk_kv_pages pages, mk_dtype kv_dtype, const int32_t *positions, size_t max_keys,
                                                 size_t n_heads, size_t n_kv_heads, size_t head_dim, void *workspace,
                                                 size_t workspace_bytes, cudaStream_t stream) {
   MK_TRY(mk_attention_check_shape("mk_kernel_attention_decode", n_heads, n_kv_heads, head_dim));
@@ -406,6 +411,8 @@ extern "C" mk_status mk_kernel_attention_decode(float *out, const float *q, cons
                    mk_dtype_name(kv_dtype));
   if (!out || !q || !k_cache || !v_cache || !positions || !workspace)
     return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_kernel_attention_decode: null pointer");
+  if (!pages.table) /* the caches are read through a table, never as contiguous rows */
+    return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_kernel_attention_decode: no block table");
   if (max_keys == 0) return mk_fail(MK_ERR_SHAPE, "mk_kernel_attention_decode: max_keys is 0");
   const size_t need = mk_kernel_attention_decode_workspace_bytes(max_keys, n_heads, head_dim);
   if (workspace_bytes < need)
@@ -419,13 +426,13 @@ extern "C" mk_status mk_kernel_attention_decode(float *out, const float *q, cons
   float *ws = static_cast<float *>(workspace);
   mk_status s;
   if (kv_dtype == MK_DTYPE_F32)
-    s = launch_decode_dtype<DecF32, 4>(ws, q, k_cache, v_cache, positions, max_keys, splits, n_heads, n_kv_heads,
+    s = launch_decode_dtype<DecF32, 4>(ws, q, k_cache, v_cache, pages, positions, max_keys, splits, n_heads, n_kv_heads,
                                        head_dim, stream);
   else if (kv_dtype == MK_DTYPE_F16)
-    s = launch_decode_dtype<DecF16, 8>(ws, q, k_cache, v_cache, positions, max_keys, splits, n_heads, n_kv_heads,
+    s = launch_decode_dtype<DecF16, 8>(ws, q, k_cache, v_cache, pages, positions, max_keys, splits, n_heads, n_kv_heads,
                                        head_dim, stream);
   else
-    s = launch_decode_dtype<DecBF16, 8>(ws, q, k_cache, v_cache, positions, max_keys, splits, n_heads, n_kv_heads,
+    s = launch_decode_dtype<DecBF16, 8>(ws, q, k_cache, v_cache, pages, positions, max_keys, splits, n_heads, n_kv_heads,
                                         head_dim, stream);
   MK_TRY(s);
   MK_LAUNCH(attention_decode_combine_kernel, dim3((unsigned)n_heads), dim3(DEC_THREADS), 0, stream, out,

@@ -44,8 +44,10 @@ struct PfBF16 {
   static __device__ __forceinline__ float hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
 };
 template <typename LOAD>
+/* row_s[kk]: where key k0 + kk of this head starts in the caches (elements), staged once per
+ * tile from the block table (the per-element address math then stays 32-bit light). */
 static __device__ __forceinline__ void pf_stage_tile(float *k_s, float *v_s, const void *k_cache, const void *v_cache,
-                                                     size_t k0, size_t key_end, size_t kv_stride, int kvh, int hd) {
+                                                     const size_t *row_s, size_t k0, size_t key_end, int hd) {
   if constexpr (LOAD::pair) {
     /* 16-bit caches: element pairs (head_dim is even, so a pair never straddles a row) */
     const uint32_t *kc = static_cast<const uint32_t *>(k_cache), *vc = static_cast<const uint32_t *>(v_cache);
@@ -54,7 +56,7 @@ static __device__ __forceinline__ void pf_stage_tile(float *k_s, float *v_s, con
       const size_t t = k0 + kk;
       uint32_t kw = 0u, vw = 0u; /* zero bits: 0.0f in F16 and BF16 */
       if (t < key_end) {
-        const size_t g = (t * kv_stride + (size_t)kvh * hd + d) >> 1;
+        const size_t g = (row_s[kk] + d) >> 1;
         kw = kc[g];
         vw = vc[g];
       }
@@ -70,7 +72,7 @@ static __device__ __forceinline__ void pf_stage_tile(float *k_s, float *v_s, con
       const size_t t = k0 + kk;
       float kv = 0.0f, vv = 0.0f;
       if (t < key_end) {
-        const size_t g = t * kv_stride + (size_t)kvh * hd + d;
+        const size_t g = row_s[kk] + d;
         kv = kc[g];
         vv = vc[g];
       }
@@ -83,9 +85,9 @@ static __device__ __forceinline__ void pf_stage_tile(float *k_s, float *v_s, con
 /* DCH = head dims per lane (head_dim <= 32 * DCH); HD = head_dim when known at compile
  * time (64, 128, 256), 0 for the generic path (any even head_dim <= 32 * DCH). */
 template <int DCH, int HD, typename LOAD>
-static __global__ void __launch_bounds__(PF_THREADS)
+static __global__ void __launch_bounds__(PF_THREADS, 4) /* 4 blocks an SM: up to 128 registers, no spills */
     attention_prefill_kernel(float *__restrict__ out, const float *__restrict__ q, const void *__restrict__ k_cache,
-                             const void *__restrict__ v_cache, size_t rows, size_t past, int n_heads, int n_kv_heads,
+                             const void *__restrict__ v_cache, const int32_t *__restrict__ kv_table, uint32_t kv_shift, size_t rows, size_t past, int n_heads, int n_kv_heads,
                              int head_dim, float scale) {
   const int hd = HD > 0 ? HD : head_dim;
   MK_DYNAMIC_SHARED(float, smem);
@@ -93,6 +95,7 @@ static __global__ void __launch_bounds__(PF_THREADS)
   float *k_s = q_s + PF_BQ * hd;       /* [BK][hd + 1] */
   float *v_s = k_s + PF_BK * (hd + 1); /* [BK][hd] */
   float *p_s = v_s + PF_BK * hd;       /* [BQ][BK] */
+  __shared__ size_t row_s[PF_BK];      /* the tile's keys' cache offsets */
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int h = blockIdx.y;
@@ -122,7 +125,12 @@ MK_UNROLL
 
   for (size_t k0 = 0; k0 < key_end; k0 += PF_BK) {
     __syncthreads(); /* the previous tile is consumed (and q_s is complete) */
-    pf_stage_tile<LOAD>(k_s, v_s, k_cache, v_cache, k0, key_end, kv_stride, kvh, hd);
+    if (tid < PF_BK) {
+      const size_t t = k0 + tid;
+      row_s[tid] = t < key_end ? mk_kv_page_row(kv_table, kv_shift, t) * kv_stride + (size_t)kvh * hd : 0;
+    }
+    __syncthreads();
+    pf_stage_tile<LOAD>(k_s, v_s, k_cache, v_cache, row_s, k0, key_end, hd);
     __syncthreads();
 
     /* scores of key (k0 + lane) against the warp's rows */
@@ -187,7 +195,7 @@ static size_t prefill_smem_bytes(size_t hd) {
 }
 
 template <int DCH, int HD, typename LOAD>
-static mk_status launch_prefill_as(float *out, const float *q, const void *k, const void *v, size_t rows, size_t past,
+static mk_status launch_prefill_as(float *out, const float *q, const void *k, const void *v, mk_kv_pages pages, size_t rows, size_t past,
                                    size_t n_heads, size_t n_kv_heads, size_t hd, cudaStream_t stream) {
   const size_t smem = prefill_smem_bytes(hd);
   if (smem > 48 * 1024) {
@@ -199,20 +207,20 @@ static mk_status launch_prefill_as(float *out, const float *q, const void *k, co
   }
   const float scale = (float)(1.0 / sqrt((double)hd));
   const dim3 grid(mk_ceil_div_u(rows, PF_BQ), (unsigned)n_heads);
-  MK_LAUNCH((attention_prefill_kernel<DCH, HD, LOAD>), grid, dim3(PF_THREADS), smem, stream, out, q, k, v, rows, past,
+  MK_LAUNCH((attention_prefill_kernel<DCH, HD, LOAD>), grid, dim3(PF_THREADS), smem, stream, out, q, k, v, pages.table, pages.block_shift, rows, past,
             (int)n_heads, (int)n_kv_heads, (int)hd, scale);
   return mk_check_launch("mk_kernel_attention_prefill");
 }
 
 /* The cache dtype picks the tile loader (a template argument: the F32 kernel is unchanged). */
 template <int DCH, int HD>
-static mk_status launch_prefill(float *out, const float *q, const void *k, const void *v, mk_dtype kvd, size_t rows,
+static mk_status launch_prefill(float *out, const float *q, const void *k, const void *v, mk_kv_pages pages, mk_dtype kvd, size_t rows,
                                 size_t past, size_t n_heads, size_t n_kv_heads, size_t hd, cudaStream_t stream) {
   if (kvd == MK_DTYPE_F16)
-    return launch_prefill_as<DCH, HD, PfF16>(out, q, k, v, rows, past, n_heads, n_kv_heads, hd, stream);
+    return launch_prefill_as<DCH, HD, PfF16>(out, q, k, v, pages, rows, past, n_heads, n_kv_heads, hd, stream);
   if (kvd == MK_DTYPE_BF16)
-    return launch_prefill_as<DCH, HD, PfBF16>(out, q, k, v, rows, past, n_heads, n_kv_heads, hd, stream);
-  return launch_prefill_as<DCH, HD, PfF32>(out, q, k, v, rows, past, n_heads, n_kv_heads, hd, stream);
+    return launch_prefill_as<DCH, HD, PfBF16>(out, q, k, v, pages, rows, past, n_heads, n_kv_heads, hd, stream);
+  return launch_prefill_as<DCH, HD, PfF32>(out, q, k, v, pages, rows, past, n_heads, n_kv_heads, hd, stream);
 }
 
 /* Shared by prefill and decode (declared in attention_decode.cu too). */
@@ -226,7 +234,7 @@ extern "C" mk_status mk_attention_check_shape(const char *what, size_t n_heads, 
 }
 
 extern "C" mk_status mk_kernel_attention_prefill_kv(float *out, const float *q, const void *k_cache,
-                                                    const void *v_cache, mk_dtype kv_dtype, size_t rows, size_t past,
+                                                    const void *v_cache, mk_kv_pages pages, mk_dtype kv_dtype, size_t rows, size_t past,
                                                     size_t n_heads, size_t n_kv_heads, size_t head_dim,
                                                     cudaStream_t stream) {
   MK_TRY(mk_attention_check_shape("mk_kernel_attention_prefill", n_heads, n_kv_heads, head_dim));
@@ -237,19 +245,14 @@ extern "C" mk_status mk_kernel_attention_prefill_kv(float *out, const float *q, 
   if (rows / PF_BQ >= 2147483647u) return mk_fail(MK_ERR_SHAPE, "mk_kernel_attention_prefill: %zu rows", rows);
   if (!out || !q || !k_cache || !v_cache)
     return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_kernel_attention_prefill: null pointer");
+  if (!pages.table) /* the caches are read through a table, never as contiguous rows */
+    return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_kernel_attention_prefill: no block table");
   const size_t hd = head_dim;
   const mk_dtype t = kv_dtype;
-  if (hd == 64) return launch_prefill<2, 64>(out, q, k_cache, v_cache, t, rows, past, n_heads, n_kv_heads, hd, stream);
-  if (hd == 128) return launch_prefill<4, 128>(out, q, k_cache, v_cache, t, rows, past, n_heads, n_kv_heads, hd, stream);
-  if (hd <= 32) return launch_prefill<1, 0>(out, q, k_cache, v_cache, t, rows, past, n_heads, n_kv_heads, hd, stream);
-  if (hd <= 64) return launch_prefill<2, 0>(out, q, k_cache, v_cache, t, rows, past, n_heads, n_kv_heads, hd, stream);
-  if (hd <= 128) return launch_prefill<4, 0>(out, q, k_cache, v_cache, t, rows, past, n_heads, n_kv_heads, hd, stream);
-  return launch_prefill<8, 0>(out, q, k_cache, v_cache, t, rows, past, n_heads, n_kv_heads, hd, stream);
-}
-
-extern "C" mk_status mk_kernel_attention_prefill(float *out, const float *q, const float *k_cache,
-                                                 const float *v_cache, size_t rows, size_t past, size_t n_heads,
-                                                 size_t n_kv_heads, size_t head_dim, cudaStream_t stream) {
-  return mk_kernel_attention_prefill_kv(out, q, k_cache, v_cache, MK_DTYPE_F32, rows, past, n_heads, n_kv_heads,
-                                        head_dim, stream);
+  if (hd == 64) return launch_prefill<2, 64>(out, q, k_cache, v_cache, pages, t, rows, past, n_heads, n_kv_heads, hd, stream);
+  if (hd == 128) return launch_prefill<4, 128>(out, q, k_cache, v_cache, pages, t, rows, past, n_heads, n_kv_heads, hd, stream);
+  if (hd <= 32) return launch_prefill<1, 0>(out, q, k_cache, v_cache, pages, t, rows, past, n_heads, n_kv_heads, hd, stream);
+  if (hd <= 64) return launch_prefill<2, 0>(out, q, k_cache, v_cache, pages, t, rows, past, n_heads, n_kv_heads, hd, stream);
+  if (hd <= 128) return launch_prefill<4, 0>(out, q, k_cache, v_cache, pages, t, rows, past, n_heads, n_kv_heads, hd, stream);
+  return launch_prefill<8, 0>(out, q, k_cache, v_cache, pages, t, rows, past, n_heads, n_kv_heads, hd, stream);
 }

@@ -69,7 +69,7 @@ static __device__ __forceinline__ void tc_copy_wait() {
 template <int NF, bool EXACT, int BK, bool OREG = (NF <= 8)>
 static __global__ void __launch_bounds__(TC_THREADS, 2) /* 2 blocks an SM: up to 255 registers, no spills */
     attention_prefill_tc_kernel(float *__restrict__ out, const float *__restrict__ q, const void *__restrict__ k_cache,
-                                const void *__restrict__ v_cache, int kv_dtype, int direct, size_t rows, size_t past,
+                                const void *__restrict__ v_cache, const int32_t *__restrict__ kv_table, uint32_t kv_shift, int kv_dtype, int direct, size_t rows, size_t past,
                                 int n_heads, int n_kv_heads, int head_dim, float scale) {
   static_assert(TC_BQ <= 2 * BK, "the Q staging area overlays the K and V tiles");
   const int hd = EXACT ? NF * 16 : head_dim;
@@ -128,7 +128,7 @@ MK_UNROLL
       for (int i = tid; i < BK * chunks; i += TC_THREADS) {
         const int kk = i / chunks, d = (i - kk * chunks) * 8;
         const size_t t = k0 + kk;
-        const size_t g = t < key_end ? t * kv_stride + static_cast<size_t>(kvh) * hd + d : 0;
+        const size_t g = t < key_end ? mk_kv_page_row(kv_table, kv_shift, t) * kv_stride + static_cast<size_t>(kvh) * hd + d : 0;
         tc_copy16(k_s + kk * ldk + d, static_cast<const tc_t *>(k_cache) + g, t < key_end);
         tc_copy16(v_s + kk * ldk + d, static_cast<const tc_t *>(v_cache) + g, t < key_end);
       }
@@ -139,7 +139,7 @@ MK_UNROLL
         const size_t t = k0 + kk;
         tc_t kv = __float2bfloat16(0.0f), vv = kv;
         if (t < key_end) {
-          const size_t g = t * kv_stride + static_cast<size_t>(kvh) * hd + d;
+          const size_t g = mk_kv_page_row(kv_table, kv_shift, t) * kv_stride + static_cast<size_t>(kvh) * hd + d;
           kv = tc_load_kv(k_cache, kv_dtype, g);
           vv = tc_load_kv(v_cache, kv_dtype, g);
         }
@@ -247,7 +247,7 @@ static size_t tc_smem_bytes(size_t hd, size_t bk) {
 }
 
 template <int NF, bool EXACT, int BK>
-static mk_status launch_tc(float *out, const float *q, const void *k, const void *v, mk_dtype kv_dtype, size_t rows,
+static mk_status launch_tc(float *out, const float *q, const void *k, const void *v, mk_kv_pages pages, mk_dtype kv_dtype, size_t rows,
                            size_t past, size_t n_heads, size_t n_kv_heads, size_t hd, cudaStream_t stream) {
   const size_t smem = tc_smem_bytes(hd, BK);
   if (smem > 48 * 1024) {
@@ -260,7 +260,7 @@ static mk_status launch_tc(float *out, const float *q, const void *k, const void
   const float scale = (float)(1.0 / sqrt((double)hd));
   const bool direct = kv_dtype == MK_DTYPE_BF16 && (uintptr_t)k % 16 == 0 && (uintptr_t)v % 16 == 0;
   const dim3 grid(mk_ceil_div_u(rows, TC_BQ), (unsigned)n_heads);
-  MK_LAUNCH((attention_prefill_tc_kernel<NF, EXACT, BK>), grid, dim3(TC_THREADS), smem, stream, out, q, k, v,
+  MK_LAUNCH((attention_prefill_tc_kernel<NF, EXACT, BK>), grid, dim3(TC_THREADS), smem, stream, out, q, k, v, pages.table, pages.block_shift,
             (int)kv_dtype, (int)direct, rows, past, (int)n_heads, (int)n_kv_heads, (int)hd, scale);
   return mk_check_launch("mk_kernel_attention_prefill_tc");
 }
@@ -270,7 +270,7 @@ extern "C" bool mk_kernel_attention_prefill_tc_supports(size_t head_dim) {
 }
 
 extern "C" mk_status mk_kernel_attention_prefill_tc(float *out, const float *q, const void *k_cache,
-                                                    const void *v_cache, mk_dtype kv_dtype, size_t rows, size_t past,
+                                                    const void *v_cache, mk_kv_pages pages, mk_dtype kv_dtype, size_t rows, size_t past,
                                                     size_t n_heads, size_t n_kv_heads, size_t head_dim,
                                                     cudaStream_t stream) {
   MK_TRY(mk_attention_check_shape("mk_kernel_attention_prefill_tc", n_heads, n_kv_heads, head_dim));
@@ -283,10 +283,12 @@ extern "C" mk_status mk_kernel_attention_prefill_tc(float *out, const float *q, 
   if (rows / TC_BQ >= 2147483647u) return mk_fail(MK_ERR_SHAPE, "mk_kernel_attention_prefill_tc: %zu rows", rows);
   if (!out || !q || !k_cache || !v_cache)
     return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_kernel_attention_prefill_tc: null pointer");
+  if (!pages.table) /* the caches are read through a table, never as contiguous rows */
+    return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_kernel_attention_prefill_tc: no block table");
   const size_t hd = head_dim;
-  if (hd == 64) return launch_tc<4, true, 64>(out, q, k_cache, v_cache, kv_dtype, rows, past, n_heads, n_kv_heads, hd, stream);
+  if (hd == 64) return launch_tc<4, true, 64>(out, q, k_cache, v_cache, pages, kv_dtype, rows, past, n_heads, n_kv_heads, hd, stream);
   if (hd == 128)
-    return launch_tc<8, true, 64>(out, q, k_cache, v_cache, kv_dtype, rows, past, n_heads, n_kv_heads, hd, stream);
-  if (hd < 128) return launch_tc<8, false, 64>(out, q, k_cache, v_cache, kv_dtype, rows, past, n_heads, n_kv_heads, hd, stream);
-  return launch_tc<16, false, 32>(out, q, k_cache, v_cache, kv_dtype, rows, past, n_heads, n_kv_heads, hd, stream);
+    return launch_tc<8, true, 64>(out, q, k_cache, v_cache, pages, kv_dtype, rows, past, n_heads, n_kv_heads, hd, stream);
+  if (hd < 128) return launch_tc<8, false, 64>(out, q, k_cache, v_cache, pages, kv_dtype, rows, past, n_heads, n_kv_heads, hd, stream);
+  return launch_tc<16, false, 32>(out, q, k_cache, v_cache, pages, kv_dtype, rows, past, n_heads, n_kv_heads, hd, stream);
 }

@@ -12,6 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kv_pages.h"
 #include "meshkern.h"
 
 /* The runtime's types (cudaStream_t); under cudasim the same header supplies them. */
@@ -56,12 +57,13 @@ mk_status mk_kernel_rope(float *x /* [rows, heads, head_dim] */, const int32_t *
 /* mk_kernel_rope on q (n_heads) and k (n_kv_heads), same bits, then k_cache[positions[r]] =
  * k[r] (rotated) and v_cache[positions[r]] = v[r] converted to kv_dtype (F32, or F16/BF16
  * rounded to nearest even, the bits of mk_f32_to_f16 / mk_f32_to_bf16): the four launches
- * after the Q/K/V product in one. The slot is read on the device (the executor's positions
+ * after the Q/K/V product in one. A cache slot is the pool row of its position (pages,
+ * kv_pages.h; every kernel below reads the caches the same way). The slot is read on the device (the executor's positions
  * are past + r), so a decode launch is the same every token; a position outside
  * [0, cache_rows) stores nothing. */
 mk_status mk_kernel_rope_kv(float *q /* [rows, n_heads, head_dim] */, float *k /* [rows, n_kv_heads, head_dim] */,
-                            const float *v /* [rows, n_kv_heads, head_dim] */, void *k_cache /* [cache_rows, kv_dim] */,
-                            void *v_cache /* [cache_rows, kv_dim] */, mk_dtype kv_dtype,
+                            const float *v /* [rows, n_kv_heads, head_dim] */, void *k_cache /* [pool rows, kv_dim] */,
+                            void *v_cache /* [pool rows, kv_dim] */, mk_kv_pages pages, mk_dtype kv_dtype,
                             const int32_t *positions /* [rows] */, size_t cache_rows, size_t rows, size_t n_heads,
                             size_t n_kv_heads, size_t head_dim, float theta, mk_rope_layout layout, cudaStream_t stream);
 
@@ -70,20 +72,15 @@ mk_status mk_kernel_kv_append(float *k_cache /* [ctx, kv_dim] */, float *v_cache
                               const float *k /* [rows, kv_dim] */, const float *v /* [rows, kv_dim] */, size_t past,
                               size_t rows, size_t kv_dim, cudaStream_t stream);
 
-/* Causal GQA attention (semantics of mk_cpu_attention): query row r is at cache index
- * past + r and attends to [0, past + r]. Prefill: tiled, online softmax in shared memory. */
-mk_status mk_kernel_attention_prefill(float *out /* [rows, n_heads, head_dim] */,
-                                      const float *q /* [rows, n_heads, head_dim] */,
-                                      const float *k_cache /* [>= past + rows, n_kv_heads, head_dim] */,
-                                      const float *v_cache /* [>= past + rows, n_kv_heads, head_dim] */, size_t rows,
-                                      size_t past, size_t n_heads, size_t n_kv_heads, size_t head_dim,
-                                      cudaStream_t stream);
-/* The same over a KV cache in kv_dtype (F32, F16 or BF16; each element widened exactly). */
+/* Causal GQA attention (semantics of mk_cpu_attention): query row r is at position past + r
+ * and attends to positions [0, past + r], each read at its pool row through `pages`. Prefill:
+ * tiled, online softmax in shared memory, over a KV cache in kv_dtype (F32, F16 or BF16;
+ * each element widened exactly). */
 mk_status mk_kernel_attention_prefill_kv(float *out /* [rows, n_heads, head_dim] */,
                                          const float *q /* [rows, n_heads, head_dim] */,
                                          const void *k_cache /* [>= past + rows, n_kv_heads, head_dim] kv_dtype */,
                                          const void *v_cache /* [>= past + rows, n_kv_heads, head_dim] kv_dtype */,
-                                         mk_dtype kv_dtype, size_t rows, size_t past, size_t n_heads,
+                                         mk_kv_pages pages, mk_dtype kv_dtype, size_t rows, size_t past, size_t n_heads,
                                          size_t n_kv_heads, size_t head_dim, cudaStream_t stream);
 
 /* The same on the tensor cores (speed mode): BF16 inputs (Q, K, V and the softmax weights
@@ -95,7 +92,7 @@ mk_status mk_kernel_attention_prefill_tc(float *out /* [rows, n_heads, head_dim]
                                          const float *q /* [rows, n_heads, head_dim] */,
                                          const void *k_cache /* [>= past + rows, n_kv_heads, head_dim] */,
                                          const void *v_cache /* [>= past + rows, n_kv_heads, head_dim] */,
-                                         mk_dtype kv_dtype, size_t rows, size_t past, size_t n_heads,
+                                         mk_kv_pages pages, mk_dtype kv_dtype, size_t rows, size_t past, size_t n_heads,
                                          size_t n_kv_heads, size_t head_dim, cudaStream_t stream);
 
 /* Decode of one query row over positions[0] + 1 keys (read on the device): the keys are
@@ -111,8 +108,8 @@ size_t mk_kernel_attention_decode_workspace_bytes(size_t max_keys, size_t n_head
 mk_status mk_kernel_attention_decode_splits(size_t *splits, size_t max_keys, size_t n_heads, size_t n_kv_heads);
 mk_status mk_kernel_attention_decode(float *out /* [1, n_heads, head_dim] */, const float *q /* [1, n_heads, head_dim] */,
                                      const void *k_cache /* [max_keys, n_kv_heads, head_dim] kv_dtype */,
-                                     const void *v_cache /* [max_keys, n_kv_heads, head_dim] kv_dtype */,
-                                     mk_dtype kv_dtype, const int32_t *positions /* dev [1] */, size_t max_keys,
+                                     const void *v_cache /* [pool rows, n_kv_heads, head_dim] kv_dtype */,
+                                     mk_kv_pages pages, mk_dtype kv_dtype, const int32_t *positions /* dev [1] */, size_t max_keys,
                                      size_t n_heads, size_t n_kv_heads, size_t head_dim, void *workspace,
                                      size_t workspace_bytes, cudaStream_t stream);
 

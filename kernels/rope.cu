@@ -77,7 +77,7 @@ static __global__ void rope_kv_kernel(float *__restrict__ q /* [rows, n_heads, h
                                       const float *__restrict__ v /* [rows, n_kv_heads, head_dim] */,
                                       typename RopeKvElem<KVD>::type *__restrict__ k_cache /* [cache_rows, kv_dim] */,
                                       typename RopeKvElem<KVD>::type *__restrict__ v_cache /* [cache_rows, kv_dim] */,
-                                      const int32_t *__restrict__ positions, size_t cache_rows, size_t n_heads,
+                                      const int32_t *__restrict__ kv_table, uint32_t kv_shift, const int32_t *__restrict__ positions, size_t cache_rows, size_t n_heads,
                                       size_t n_kv_heads, int head_dim, float theta, int rotate_half) {
   __shared__ float cos_t[MK_MAX_HEAD_DIM / 2];
   __shared__ float sin_t[MK_MAX_HEAD_DIM / 2];
@@ -95,12 +95,14 @@ static __global__ void rope_kv_kernel(float *__restrict__ q /* [rows, n_heads, h
     float *x = h < n_heads ? qr + h * (size_t)head_dim : kr + (h - n_heads) * (size_t)head_dim;
     rope_pair(x, i, head_dim, rotate_half, cos_t[i], sin_t[i]);
   }
-  /* The row's cache slot is its position (the executor guarantees positions[r] == past + r);
-   * one outside the cache is not stored rather than written out of bounds. */
+  /* The row's cache slot is its position's row (the executor guarantees positions[r] == past +
+   * r, and a block table covering them); one outside the cache is not stored rather than
+   * written out of bounds. */
   if (pos < 0 || (size_t)pos >= cache_rows) return; /* uniform over the block */
   __syncthreads(); /* the rotated k row is complete */
   const float *vr = v + row * kv_dim;
-  typename RopeKvElem<KVD>::type *kd = k_cache + (size_t)pos * kv_dim, *vd = v_cache + (size_t)pos * kv_dim;
+  typename RopeKvElem<KVD>::type *kd = k_cache + mk_kv_page_row(kv_table, kv_shift, (size_t)pos) * kv_dim;
+  typename RopeKvElem<KVD>::type *vd = v_cache + mk_kv_page_row(kv_table, kv_shift, (size_t)pos) * kv_dim;
   for (size_t j = threadIdx.x; j < kv_dim; j += blockDim.x) {
     kd[j] = RopeKvElem<KVD>::of(kr[j]);
     vd[j] = RopeKvElem<KVD>::of(vr[j]);
@@ -122,7 +124,7 @@ static mk_status rope_check(const char *what, size_t rows, size_t heads, size_t 
 static unsigned rope_threads(size_t items) { return items <= 32 ? 32u : items <= 128 ? 128u : 256u; }
 
 extern "C" mk_status mk_kernel_rope_kv(float *q, float *k, const float *v, void *k_cache, void *v_cache,
-                                       mk_dtype kv_dtype, const int32_t *positions, size_t cache_rows, size_t rows,
+                                       mk_kv_pages pages, mk_dtype kv_dtype, const int32_t *positions, size_t cache_rows, size_t rows,
                                        size_t n_heads, size_t n_kv_heads, size_t head_dim, float theta,
                                        mk_rope_layout layout, cudaStream_t stream) {
   MK_TRY(rope_check("mk_kernel_rope_kv", rows, n_heads, head_dim, theta, layout));
@@ -132,17 +134,19 @@ extern "C" mk_status mk_kernel_rope_kv(float *q, float *k, const float *v, void 
   if (rows == 0) return MK_OK;
   if (!q || !k || !v || !k_cache || !v_cache || !positions)
     return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_kernel_rope_kv: null pointer");
+  if (!pages.table) /* the caches are read through a table, never as contiguous rows */
+    return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_kernel_rope_kv: no block table");
   const dim3 grid((unsigned)rows), block(rope_threads((n_heads + n_kv_heads) * (head_dim / 2)));
   const int rh = layout == MK_ROPE_ROTATE_HALF ? 1 : 0;
   if (kv_dtype == MK_DTYPE_F32)
     MK_LAUNCH(rope_kv_kernel<MK_DTYPE_F32>, grid, block, 0, stream, q, k, v, static_cast<float *>(k_cache),
-              static_cast<float *>(v_cache), positions, cache_rows, n_heads, n_kv_heads, (int)head_dim, theta, rh);
+              static_cast<float *>(v_cache), pages.table, pages.block_shift, positions, cache_rows, n_heads, n_kv_heads, (int)head_dim, theta, rh);
   else if (kv_dtype == MK_DTYPE_F16)
     MK_LAUNCH(rope_kv_kernel<MK_DTYPE_F16>, grid, block, 0, stream, q, k, v, static_cast<uint16_t *>(k_cache),
-              static_cast<uint16_t *>(v_cache), positions, cache_rows, n_heads, n_kv_heads, (int)head_dim, theta, rh);
+              static_cast<uint16_t *>(v_cache), pages.table, pages.block_shift, positions, cache_rows, n_heads, n_kv_heads, (int)head_dim, theta, rh);
   else
     MK_LAUNCH(rope_kv_kernel<MK_DTYPE_BF16>, grid, block, 0, stream, q, k, v, static_cast<uint16_t *>(k_cache),
-              static_cast<uint16_t *>(v_cache), positions, cache_rows, n_heads, n_kv_heads, (int)head_dim, theta, rh);
+              static_cast<uint16_t *>(v_cache), pages.table, pages.block_shift, positions, cache_rows, n_heads, n_kv_heads, (int)head_dim, theta, rh);
   return mk_check_launch("mk_kernel_rope_kv");
 }
 

@@ -492,15 +492,39 @@ TEST(NativeAttention, FloatAttentionMatchesTheReference) {
         mk_cpu_attention(ref.data(), q.data(), k.data(), v.data(), rows, past, heads, kv_heads, head_dim);
         for (mk_attention_fast_fn fn : fns) {
             std::vector<float> got(ref.size() + 4, kSentinel);
-            fn(got.data(), q.data(), k.data(), v.data(), 0, rows * heads, past, heads, kv_heads, head_dim);
+            fn(got.data(), q.data(), k.data(), v.data(), mk_kv_pages{}, 0, rows * heads, past, heads, kv_heads, head_dim);
             for (size_t i = ref.size(); i < got.size(); i++) EXPECT_EQ(got[i], kSentinel);
             std::vector<float> parts(ref.size());
-            fn(parts.data(), q.data(), k.data(), v.data(), 0, 5, past, heads, kv_heads, head_dim);
-            fn(parts.data(), q.data(), k.data(), v.data(), 5, rows * heads, past, heads, kv_heads, head_dim);
+            fn(parts.data(), q.data(), k.data(), v.data(), mk_kv_pages{}, 0, 5, past, heads, kv_heads, head_dim);
+            fn(parts.data(), q.data(), k.data(), v.data(), mk_kv_pages{}, 5, rows * heads, past, heads, kv_heads, head_dim);
             got.resize(ref.size());
             EXPECT_TRUE(bit_identical(got, parts)) << "a split of the (row, head) pairs changed the result";
             for (size_t i = 0; i < ref.size(); i++)
                 ASSERT_NEAR(got[i], ref[i], 2e-5f * (1.0f + std::fabs(ref[i]))) << "head_dim " << head_dim << " at " << i;
+        }
+        // Through a block table (blocks of 4 and 16 positions, out of order, the unnamed rows
+        // NaN): the bits of the contiguous cache, for the fast copies and the references.
+        for (uint32_t shift : {2u, 4u}) {
+            const size_t block = (size_t)1 << shift, logical = (ctx + block - 1) / block, kv_row = kv_heads * head_dim;
+            std::vector<int32_t> table(logical);
+            for (size_t i = 0; i < logical; i++) table[i] = (int32_t)(logical - i); // reversed; block 0 unnamed
+            const mk_kv_pages pages{table.data(), shift};
+            std::vector<float> pk((logical + 1) * block * kv_row, std::nanf("")), pv(pk.size(), std::nanf(""));
+            for (size_t t = 0; t < ctx; t++) {
+                std::memcpy(pk.data() + mk_kv_row(pages, t) * kv_row, k.data() + t * kv_row, kv_row * sizeof(float));
+                std::memcpy(pv.data() + mk_kv_row(pages, t) * kv_row, v.data() + t * kv_row, kv_row * sizeof(float));
+            }
+            for (mk_attention_fast_fn fn : fns) {
+                std::vector<float> flat(ref.size()), paged(ref.size());
+                fn(flat.data(), q.data(), k.data(), v.data(), mk_kv_pages{}, 0, rows * heads, past, heads, kv_heads,
+                   head_dim);
+                fn(paged.data(), q.data(), pk.data(), pv.data(), pages, 0, rows * heads, past, heads, kv_heads, head_dim);
+                EXPECT_TRUE(bit_identical(flat, paged)) << "fast, block " << block << ", head_dim " << head_dim;
+            }
+            std::vector<float> paged(ref.size());
+            mk_cpu_attention_heads(paged.data(), q.data(), pk.data(), pv.data(), pages, 0, rows * heads, past, heads,
+                                   kv_heads, head_dim);
+            EXPECT_TRUE(bit_identical(ref, paged)) << "reference, block " << block << ", head_dim " << head_dim;
         }
     }
 }

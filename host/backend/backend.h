@@ -12,6 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kv_pages.h"
 #include "meshkern.h"
 
 typedef struct mk_backend mk_backend;
@@ -108,13 +109,16 @@ typedef struct mk_backend_ops {
      * [rows, w_gate->rows]; up of that shape is scratch. */
     mk_status (*matmul_swiglu)(mk_backend *b, float *gate, float *up, const mk_gemm_input *x, const mk_weight *w_gate,
                                const mk_weight *w_up, size_t rows);
+    /* The KV caches (k_cache, v_cache, cache) are one layer's pools of the range, read and
+     * written through the sequence's block table: position t at pool row
+     * mk_kv_row(pages, t) (kv_pages.h; pages.table is dev memory). */
     /* Optional (NULL: rope q, rope k, then kv_store or copy k and v into the caches). RoPE of
      * q and k in place and the KV-cache write of rows [past, past + rows) in the KV dtype in
      * one step (cuda reads each row's slot from positions on the device and ignores past). */
     mk_status (*rope_kv)(mk_backend *b, float *q /* [rows, n_heads, head_dim] */,
                          float *k /* [rows, n_kv_heads, head_dim] */, const float *v /* [rows, kv_dim] */,
-                         void *k_cache /* [ctx, kv_dim] KV dtype */, void *v_cache /* [ctx, kv_dim] KV dtype */,
-                         const int32_t *positions /* dev [rows] */, size_t past, size_t rows, size_t n_heads,
+                         void *k_cache /* [pool rows, kv_dim] KV dtype */, void *v_cache /* [pool rows, kv_dim] */,
+                         mk_kv_pages pages, const int32_t *positions /* dev [rows] */, size_t past, size_t rows, size_t n_heads,
                          size_t n_kv_heads, size_t head_dim, float theta, mk_rope_layout layout);
     mk_status (*rope)(mk_backend *b, float *x /* [rows, heads, head_dim] */, const int32_t *positions /* dev [rows] */,
                       size_t rows, size_t heads, size_t head_dim, float theta, mk_rope_layout layout);
@@ -122,12 +126,12 @@ typedef struct mk_backend_ops {
      * positions (positions[r] == past + r) let a backend read the key count on the device, so
      * a decode step's work does not depend on `past` (cuda; the cpu backend uses `past`). */
     mk_status (*attention)(mk_backend *b, float *out /* [rows, n_heads, head_dim] */,
-                           const float *q /* [rows, n_heads, head_dim] */, const void *k_cache /* [ctx, kv, hd] */,
-                           const void *v_cache /* [ctx, kv, hd] */, const int32_t *positions /* dev [rows] */,
+                           const float *q /* [rows, n_heads, head_dim] */, const void *k_cache /* [pool rows, kv, hd] */,
+                           const void *v_cache /* [pool rows, kv, hd] */, mk_kv_pages pages, const int32_t *positions /* dev [rows] */,
                            size_t rows, size_t past, size_t n_heads, size_t n_kv_heads, size_t head_dim);
-    /* cache[pos + r, :] = src[r, :] converted to the KV dtype. NULL: the backend keeps an
-     * F32 cache only, written with copy(), unless rope_kv writes its caches. */
-    mk_status (*kv_store)(mk_backend *b, void *cache /* dev [ctx, width] KV dtype */, size_t pos,
+    /* cache[row of pos + r, :] = src[r, :] converted to the KV dtype. NULL: the backend keeps
+     * an F32 cache only, written with copy() row by row, unless rope_kv writes its caches. */
+    mk_status (*kv_store)(mk_backend *b, void *cache /* dev [pool rows, width] KV dtype */, mk_kv_pages pages, size_t pos,
                           const float *src /* [rows, width] */, size_t rows, size_t width);
     mk_status (*swiglu)(mk_backend *b, float *out /* [n] */, const float *gate /* [n] */, const float *up /* [n] */,
                         size_t n);

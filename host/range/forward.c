@@ -63,31 +63,36 @@ static mk_status mk_run_attention(mk_range *r, const mk_span *sp, size_t layer_i
     const mk_activations *a = &r->act;
     const size_t kv_dim = hp->n_kv_heads * hp->head_dim, q_dim = hp->n_heads * hp->head_dim;
     const size_t rows = sp->rows, past = sp->seq->length;
-    const size_t slab = mk_kv_slab_elems(r) * mk_kv_elem_size(r);
-    uint8_t *k_cache = (uint8_t *)sp->seq->kv_arena + (2 * layer_index) * slab;     /* [ctx, kv_dim] KV dtype */
-    uint8_t *v_cache = (uint8_t *)sp->seq->kv_arena + (2 * layer_index + 1) * slab; /* [ctx, kv_dim] KV dtype */
+    uint8_t *k_cache = mk_kv_slab(r, 2 * layer_index);     /* the pool's [rows, kv_dim] in the KV dtype */
+    uint8_t *v_cache = mk_kv_slab(r, 2 * layer_index + 1); /* read through the sequence's block table */
+    const mk_kv_pages pages = mk_kv_pages_of(sp->seq);
     float *q = a->q + sp->row0 * q_dim, *k = a->k + sp->row0 * kv_dim, *v = a->v + sp->row0 * kv_dim;
     float *att = a->att + sp->row0 * q_dim;
     const int32_t *pos = a->pos + sp->row0;
     /* The fused RoPE + cache write stores rows in the backend's KV dtype (one launch). */
     if (ops->rope_kv) {
         MK_OP(r, MK_OPF_ROPE_KV,
-              ops->rope_kv(b, q, k, v, k_cache, v_cache, pos, past, rows, hp->n_heads, hp->n_kv_heads, hp->head_dim,
+              ops->rope_kv(b, q, k, v, k_cache, v_cache, pages, pos, past, rows, hp->n_heads, hp->n_kv_heads, hp->head_dim,
                            hp->rope_theta, hp->rope_layout));
     } else {
         MK_OP(r, MK_OPF_ROPE_KV, ops->rope(b, q, pos, rows, hp->n_heads, hp->head_dim, hp->rope_theta, hp->rope_layout));
         MK_OP(r, MK_OPF_ROPE_KV,
               ops->rope(b, k, pos, rows, hp->n_kv_heads, hp->head_dim, hp->rope_theta, hp->rope_layout));
         if (ops->kv_store) {
-            MK_OP(r, MK_OPF_ROPE_KV, ops->kv_store(b, k_cache, past, k, rows, kv_dim));
-            MK_OP(r, MK_OPF_ROPE_KV, ops->kv_store(b, v_cache, past, v, rows, kv_dim));
-        } else {
-            MK_OP(r, MK_OPF_ROPE_KV, ops->copy(b, k_cache + past * kv_dim * sizeof(float), k, rows * kv_dim * sizeof(float)));
-            MK_OP(r, MK_OPF_ROPE_KV, ops->copy(b, v_cache + past * kv_dim * sizeof(float), v, rows * kv_dim * sizeof(float)));
+            MK_OP(r, MK_OPF_ROPE_KV, ops->kv_store(b, k_cache, pages, past, k, rows, kv_dim));
+            MK_OP(r, MK_OPF_ROPE_KV, ops->kv_store(b, v_cache, pages, past, v, rows, kv_dim));
+        } else { /* an F32 cache written row by row (each row's block from the host's copy of the table) */
+            const mk_kv_pages host_pages = {sp->seq->host_table, pages.block_shift};
+            const size_t row_bytes = kv_dim * sizeof(float);
+            for (size_t i = 0; i < rows; i++) {
+                const size_t at = mk_kv_row(host_pages, past + i) * row_bytes;
+                MK_OP(r, MK_OPF_ROPE_KV, ops->copy(b, k_cache + at, k + i * kv_dim, row_bytes));
+                MK_OP(r, MK_OPF_ROPE_KV, ops->copy(b, v_cache + at, v + i * kv_dim, row_bytes));
+            }
         }
     }
     MK_OP(r, MK_OPF_ATTENTION,
-          ops->attention(b, att, q, k_cache, v_cache, pos, rows, past, hp->n_heads, hp->n_kv_heads, hp->head_dim));
+          ops->attention(b, att, q, k_cache, v_cache, pages, pos, rows, past, hp->n_heads, hp->n_kv_heads, hp->head_dim));
     return MK_OK;
 }
 
@@ -319,12 +324,12 @@ static mk_status mk_forward_device(mk_range *r, const mk_plan *p, const void *in
 }
 
 /* A decode step as the range's captured graph: recorded on first use, and again when the
- * sequence's KV cache or a boundary lives elsewhere than the recorded one (one step is kept
+ * sequence's block table or a boundary lives elsewhere than the recorded one (one step is kept
  * per range). A step that cannot be recorded runs op by op, with graphs off from then on. */
 static mk_status mk_forward_step(mk_range *r, mk_sequence *seq, const void *in, void *out) {
     mk_backend *b = r->backend;
-    const mk_step_key key = {seq->kv_arena, in, out};
-    if (r->step && (key.kv_arena != r->step_key.kv_arena || key.in_payload != r->step_key.in_payload ||
+    const mk_step_key key = {seq->table, in, out};
+    if (r->step && (key.kv_table != r->step_key.kv_table || key.in_payload != r->step_key.in_payload ||
                     key.out_payload != r->step_key.out_payload)) {
         b->ops->step_destroy(b, r->step);
         r->step = NULL;
@@ -380,6 +385,7 @@ static mk_status mk_forward(mk_range *r, mk_sequence *seq, const mk_forward_io *
     const size_t rows = io->in ? io->in->rows : io->n_tokens;
     if (io->in && !io->in_checked) MK_TRY(mk_check_header(r, seq, io->in));
     else if (!io->in) MK_TRY(mk_check_rows(r, seq, rows));
+    MK_TRY(mk_kv_grow(seq, seq->length + rows));
     const bool tail = mk_role_owns_final_head(r->role);
     MK_TRY(mk_forward_run(r, seq, io->token_ids, rows, io->in_payload, tail ? NULL : io->out_payload));
     if (tail) {
@@ -570,6 +576,10 @@ mk_status mk_range_forward_batch(mk_range *r, const mk_forward_entry *entries, s
     if (total > r->max_rows)
         return mk_fail(MK_ERR_SHAPE, "a batch of %zu rows; this range's forwards take at most %zu (max_batch_tokens)",
                        total, r->max_rows);
+    for (size_t i = 0; i < n; i++) { /* blocks an entry takes stay its sequence's if a later one fails */
+        const mk_status g = mk_kv_grow(spans[i].seq, spans[i].seq->length + spans[i].rows);
+        if (g != MK_OK) return mk_stage_of_entry(g, i);
+    }
     mk_backend *b = r->backend;
     const mk_activations *a = &r->act;
     const size_t hidden = r->hp.hidden;

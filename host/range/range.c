@@ -155,6 +155,7 @@ mk_status mk_range_create(const mk_model *model, int64_t start, int64_t end, con
     }
     if (s == MK_OK) s = r->backend->ops->reserve(r->backend, max_rows, max_context, &r->hp);
     if (s == MK_OK) s = mk_range_load(r);
+    if (s == MK_OK) s = mk_kv_pool_create(r, opt);
     if (s == MK_OK) mk_range_rows_alone(r);
     if (s == MK_OK) {
         mk_carver sizing = {0, NULL};
@@ -187,6 +188,7 @@ void mk_range_free(mk_range *r) {
         if (r->tail_stage) r->backend->ops->host_release(r->backend, r->tail_stage);
         if (r->weight_arena) r->backend->ops->release(r->backend, r->weight_arena);
         if (r->act_arena) r->backend->ops->release(r->backend, r->act_arena);
+        mk_kv_pool_free(r);
         mk_backend_destroy(r->backend);
     }
     free(r->layers);

@@ -1,6 +1,6 @@
 /* Private to host/range/: the range and sequence structs and what the range's files share.
- * range.c builds and frees a range, weights.c carves and loads its weights, sequence.c
- * owns the per-sequence KV caches, check.c the contract, forward.c the forward pass and
+ * range.c builds and frees a range, weights.c carves and loads its weights, kv_pool.c the
+ * range's pool of KV blocks, sequence.c the sequences and their block tables, check.c the contract, forward.c the forward pass and
  * decode graphs, boundary.c the boundary object. */
 #ifndef MK_RANGE_IMPL_H
 #define MK_RANGE_IMPL_H
@@ -8,6 +8,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <pthread.h>
 
 #include "backend/backend.h"
 #include "meshkern.h"
@@ -45,10 +46,26 @@ typedef struct mk_activations {
     int32_t *token; /* [max_seqs] tail only */
 } mk_activations;
 
+/* The paged KV cache of a range: blocks of 2^shift positions; layer l's keys are the pool
+ * rows of slab 2l, its values slab 2l + 1, each slab [blocks << shift, kv_dim] in the KV
+ * dtype. Block ids are handed out from a stack of free ones. `promised` of the free blocks
+ * are set aside for sequences that reserved them. The mutex guards the counts: sequences of
+ * one range grow on its worker's thread while an admission elsewhere reserves. */
+typedef struct mk_kv_pool {
+    void *arena;       /* dev */
+    size_t slab_bytes; /* one layer's keys (or values) */
+    size_t blocks;
+    uint32_t shift;
+    int32_t *free_ids; /* stack [blocks] */
+    size_t n_free, promised;
+    pthread_mutex_t mu;
+    bool mu_ready;
+} mk_kv_pool;
+
 /* What a captured decode step bakes in besides the range's own buffers: a step recorded
  * for other addresses is recaptured. */
 typedef struct mk_step_key {
-    const void *kv_arena;    /* the sequence's KV cache */
+    const void *kv_table;    /* the sequence's block table */
     const void *in_payload;  /* the boundary copied into the residual, or NULL */
     const void *out_payload; /* the boundary the residual is copied to, or NULL */
 } mk_step_key;
@@ -71,6 +88,7 @@ struct mk_range {
     float *output_norm;   /* [hidden] tail */
     mk_weight lm_head;    /* [vocab, hidden] tail: output.weight or token_embd */
     mk_layer_weights *layers; /* [end - start + 1] */
+    mk_kv_pool kv;
 
     void *act_arena; /* dev */
     mk_activations act;
@@ -89,9 +107,12 @@ struct mk_range {
 
 struct mk_sequence {
     mk_range *range;
-    void *kv_arena;  /* dev: [n_layers][2][max_context, kv_dim] in the backend's KV dtype */
-    size_t length;   /* positions cached */
-    uint64_t steps;  /* forwards so far: the step number a boundary carries */
+    int32_t *table;      /* dev [max blocks]: the pool block of each block of its positions */
+    int32_t *host_table; /* the same on the host (staging for the upload; pinned on cuda) */
+    size_t n_blocks;     /* blocks it holds: table[0, n_blocks) */
+    size_t promised;     /* further blocks the pool set aside for it */
+    size_t length;       /* positions cached */
+    uint64_t steps;      /* forwards so far: the step number a boundary carries */
 };
 
 /* ------------------------------------------------------------- arena carving -- */
@@ -112,9 +133,22 @@ static inline void *mk_carve(mk_carver *c, size_t bytes) {
 
 /* ------------------------------------------------------------- KV cache shape -- */
 
-/* Elements of one layer's K (or V) cache: max_context rows of kv_dim. */
-static inline size_t mk_kv_slab_elems(const mk_range *r) { return r->max_context * r->hp.n_kv_heads * r->hp.head_dim; }
 static inline size_t mk_kv_elem_size(const mk_range *r) { return mk_dtype_size(mk_backend_kv_dtype(r->backend)); }
+/* Blocks that hold n positions. */
+static inline size_t mk_kv_blocks_for(const mk_kv_pool *p, size_t n) { return (n + ((size_t)1 << p->shift) - 1) >> p->shift; }
+/* How a forward addresses a sequence's cache in layer l (keys: slab 2l, values: 2l + 1). */
+static inline mk_kv_pages mk_kv_pages_of(const mk_sequence *seq) { return (mk_kv_pages){seq->table, seq->range->kv.shift}; }
+static inline uint8_t *mk_kv_slab(const mk_range *r, size_t slab) { return (uint8_t *)r->kv.arena + slab * r->kv.slab_bytes; }
+
+/* kv_pool.c: size and allocate the pool from the options (after the backend exists), free it. */
+mk_status mk_kv_pool_create(mk_range *r, const mk_range_options *opt);
+void mk_kv_pool_free(mk_range *r);
+/* Give the sequence the blocks it needs to hold `length` positions (its promise first, then
+ * free blocks nobody was promised), their table entries uploaded in stream order:
+ * MK_ERR_KV_POOL_FULL and nothing taken when the pool cannot. */
+mk_status mk_kv_grow(mk_sequence *seq, size_t length);
+/* Every block of the sequence and its promise back to the pool. */
+void mk_kv_release(mk_sequence *seq);
 
 /* weights.c: size the range's weight arena, allocate it and load every weight. */
 mk_status mk_range_load(mk_range *r);

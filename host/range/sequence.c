@@ -1,5 +1,6 @@
-/* Sequences: each owns a KV cache of max_context positions for every layer of its range
- * (one allocation at open; a forward only writes rows into it). */
+/* Sequences: each holds its positions in its range's KV pool through a block table (one
+ * table allocation at open, of max_context positions' blocks; the blocks come from the pool
+ * as the positions fill, kv_pool.c). */
 #include <stdlib.h>
 
 #include "core/mk_size.h"
@@ -15,16 +16,18 @@ mk_status mk_sequence_open(mk_range *r, mk_sequence **out) {
     mk_sequence *seq = calloc(1, sizeof *seq);
     if (!seq) return mk_fail(MK_ERR_OUT_OF_MEMORY, "sequence: out of memory");
     seq->range = r;
-    const size_t layers = (size_t)(r->end - r->start + 1);
-    size_t bytes;
-    if (!mk_size_mul(layers * 2, mk_kv_slab_elems(r), &bytes) || !mk_size_mul(bytes, mk_kv_elem_size(r), &bytes)) {
-        free(seq);
-        return mk_fail(MK_ERR_OUT_OF_MEMORY, "sequence: KV cache of %zu layers x %zu positions overflows", layers,
-                       r->max_context);
+    mk_backend *b = r->backend;
+    const size_t bytes = mk_kv_blocks_for(&r->kv, r->max_context) * sizeof(int32_t);
+    /* A host-addressable backend reads the table where the host writes it; cuda keeps a
+     * device copy, fed from pinned staging in stream order. */
+    mk_status s = b->ops->host_addressable ? b->ops->alloc(b, bytes, (void **)&seq->host_table)
+                                           : b->ops->host_alloc(b, bytes, (void **)&seq->host_table);
+    if (s == MK_OK) {
+        if (b->ops->host_addressable) seq->table = seq->host_table;
+        else s = b->ops->alloc(b, bytes, (void **)&seq->table);
     }
-    const mk_status s = r->backend->ops->alloc(r->backend, bytes, &seq->kv_arena);
     if (s != MK_OK) {
-        free(seq);
+        mk_sequence_close(seq);
         return s;
     }
     *out = seq;
@@ -33,14 +36,22 @@ mk_status mk_sequence_open(mk_range *r, mk_sequence **out) {
 
 void mk_sequence_close(mk_sequence *seq) {
     if (!seq) return;
-    seq->range->backend->ops->release(seq->range->backend, seq->kv_arena);
+    mk_backend *b = seq->range->backend;
+    if (seq->host_table) mk_kv_release(seq);
+    if (b->ops->host_addressable) {
+        if (seq->host_table) b->ops->release(b, seq->host_table);
+    } else {
+        if (seq->table) b->ops->release(b, seq->table);
+        if (seq->host_table) b->ops->host_release(b, seq->host_table);
+    }
     free(seq);
 }
 
 mk_status mk_sequence_reset(mk_sequence *seq) {
     mk_clear_error();
     if (!seq) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_sequence_reset: NULL sequence");
-    seq->length = 0; /* stale cache rows are never read: attention reads [0, length) */
+    mk_kv_release(seq); /* every block back: stale rows are never read, attention reads [0, length) */
+    seq->length = 0;
     seq->steps = 0;
     return MK_OK;
 }
@@ -53,6 +64,6 @@ mk_status mk_sequence_rewind(mk_sequence *seq, size_t length) {
         return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_sequence_rewind: %zu is past the sequence's %zu positions", length,
                        seq->length);
     if (length < seq->length && seq->steps) seq->steps--; /* the failed step is retried */
-    seq->length = length; /* cache rows past `length` are stale and never read */
+    seq->length = length; /* cache rows past `length` are stale and never read; their blocks stay held */
     return MK_OK;
 }

@@ -88,8 +88,13 @@ Plan make_plan(std::mt19937 &rng, size_t n, size_t vocab, size_t max_prompt, siz
 mk_dtype g_weights = MK_DTYPE_F32;
 size_t g_context = 64; // KV positions per sequence
 
-mk_range_options options_for(mk_backend_kind kind, size_t max_seqs, size_t max_rows) {
+// A range's KV pool holds exactly `live` sequences of the full context, in blocks of
+// `block` positions: the sequences interleave their blocks (tables out of order), and a
+// block leaked or taken twice would run the pool dry.
+mk_range_options options_for(mk_backend_kind kind, size_t max_seqs, size_t max_rows, size_t live, size_t block) {
     mk_range_options o = mk_range_options_default();
+    o.kv_block_size = block;
+    o.kv_pool_blocks = live * ((g_context + block - 1) / block);
     o.backend.kind = kind;
     o.backend.weight_dtype = g_weights;
     o.max_context = g_context;
@@ -99,10 +104,18 @@ mk_range_options options_for(mk_backend_kind kind, size_t max_seqs, size_t max_r
     return o;
 }
 
+// Every block back in the pool and no promise left (after the sequences closed).
+void expect_pool_whole(const mk_range *r) {
+    mk_kv_pool_info info{};
+    ASSERT_EQ(mk_range_kv_pool(r, &info), MK_OK);
+    EXPECT_EQ(info.free_blocks, info.blocks) << "KV blocks leaked";
+    EXPECT_EQ(info.promised_blocks, 0u);
+}
+
 // Each sequence alone: the plan's feeds of a sequence in order, one forward each, through
 // the whole model in one range.
 Outputs run_alone(const mk_model *model, mk_backend_kind kind, const Plan &plan, size_t n, size_t max_rows) {
-    const mk_range_options o = options_for(kind, 1, max_rows);
+    const mk_range_options o = options_for(kind, 1, max_rows, n, 16);
     mk_range *r = nullptr;
     const mk_hparams *hp = mk_model_hparams(model);
     EXPECT_EQ(mk_range_create(model, 0, (int64_t)hp->n_layers - 1, &o, &r), MK_OK) << mk_last_error();
@@ -125,6 +138,8 @@ Outputs run_alone(const mk_model *model, mk_backend_kind kind, const Plan &plan,
             out.logits[f.seq].push_back(logits);
             out.tokens[f.seq].push_back(token);
         }
+    seqs.clear();
+    expect_pool_whole(r);
     return out;
 }
 
@@ -134,7 +149,7 @@ Outputs run_batched(const mk_model *model, mk_backend_kind kind, const Plan &pla
                     int64_t cut /* -1: one range */) {
     const mk_hparams *hp = mk_model_hparams(model);
     const int64_t last = (int64_t)hp->n_layers - 1;
-    const mk_range_options o = options_for(kind, n, max_rows);
+    const mk_range_options o = options_for(kind, n, max_rows, n, 4);
     mk_range *r0 = nullptr, *r1 = nullptr;
     EXPECT_EQ(mk_range_create(model, 0, cut < 0 ? last : cut, &o, &r0), MK_OK) << mk_last_error();
     if (cut >= 0) {
@@ -197,6 +212,10 @@ Outputs run_batched(const mk_model *model, mk_backend_kind kind, const Plan &pla
             out.tokens[f.seq].push_back(token[f.seq]);
         }
     }
+    s0.clear();
+    s1.clear();
+    expect_pool_whole(r0);
+    if (r1) expect_pool_whole(r1);
     return out;
 }
 
@@ -244,7 +263,7 @@ class BatchForward : public ::testing::TestWithParam<Case> {
 // How many decode rows one product of the case's weights takes together (the grouping the
 // batch forward uses): more than one wherever the case is meant to share products.
 TEST_P(BatchForward, DecodeRowsShareProductsWhereTheBackendComputesRowsAlone) {
-    mk_range_options o = options_for(GetParam().kind, 8, 40); // cpu: enough rows for the tiled GEMM
+    mk_range_options o = options_for(GetParam().kind, 8, 40, 8, 16); // cpu: enough rows for the tiled GEMM
     mk_range *r = nullptr;
     ASSERT_EQ(mk_range_create(model.get(), 0, 1, &o, &r), MK_OK) << mk_last_error();
     RangePtr range(r);
@@ -327,7 +346,7 @@ TEST(BatchForwardRules, RefusalsNameTheEntryAndRunNothing) {
     SCOPED_TRACE(kind == MK_BACKEND_CPU ? "cpu" : "cuda");
     g_weights = MK_DTYPE_F32;
     const ModelPtr model = make_random_model(gqa_tied_hparams());
-    mk_range_options o = options_for(kind, 3, 8);
+    mk_range_options o = options_for(kind, 3, 8, 3, 16);
     o.max_context = 10;
     mk_range *r = nullptr;
     ASSERT_EQ(mk_range_create(model.get(), 0, 4, &o, &r), MK_OK) << mk_last_error();
@@ -367,7 +386,7 @@ TEST(BatchForwardRules, RefusalsNameTheEntryAndRunNothing) {
     EXPECT_EQ(mk_sequence_length(a), 2u); // nothing ran
     EXPECT_EQ(mk_sequence_length(b), 3u);
     // and the range refuses a max_batch_sequences it cannot hold
-    mk_range_options bad = options_for(kind, MK_MAX_BATCH_SEQUENCES + 1, 80);
+    mk_range_options bad = options_for(kind, MK_MAX_BATCH_SEQUENCES + 1, 80, 1, 16);
     bad.max_context = 128;
     mk_range *none = nullptr;
     EXPECT_EQ(mk_range_create(model.get(), 0, 4, &bad, &none), MK_ERR_INVALID_ARGUMENT);

@@ -1331,17 +1331,37 @@ TEST(CudaBackendSim, SmallDeviceMemoryRefusesWeightsThenKvCache) {
         EXPECT_EQ(device_bytes_used(0), 0u);
     }
     {
-        // Room for the range (weights ~250 KiB + activations ~360 KiB + scratch + cuBLAS's
-        // fixed workspace, 32 MiB on the simulated sm_90), not for a sequence's KV cache (~390 KiB).
+        // Room for the weights (~250 KiB), activations (~360 KiB), scratch and cuBLAS's fixed
+        // workspace (32 MiB on the simulated sm_90), not for the default KV pool (four
+        // sequences of the full context, ~1.5 MiB): the range is refused, naming the device.
         DeviceMemoryLimit limit((800 << 10) + (size_t(32) << 20));
         mk_range *r = nullptr;
         mk_range_options o = cuda_options();
+        EXPECT_EQ(mk_range_create(model.get(), 0, 5, &o, &r), MK_ERR_DEVICE_MEMORY);
+        EXPECT_EQ(r, nullptr);
+        EXPECT_NE(std::string(mk_last_error()).find("device 0"), std::string::npos) << mk_last_error();
+        EXPECT_EQ(cudasim::live_allocations(), live) << "allocations leaked by the failed range";
+        // A pool sized to fit: the range is made, and a prompt longer than the pool's one
+        // block is refused by name, nothing run, the block back in the pool.
+        o.kv_pool_blocks = 1;
         MK_ASSERT_OK(mk_range_create(model.get(), 0, 5, &o, &r));
         RangePtr range(r);
         mk_sequence *s = nullptr;
-        EXPECT_EQ(mk_sequence_open(range.get(), &s), MK_ERR_DEVICE_MEMORY);
-        EXPECT_EQ(s, nullptr);
-        EXPECT_NE(std::string(mk_last_error()).find("device 0"), std::string::npos) << mk_last_error();
+        MK_ASSERT_OK(mk_sequence_open(range.get(), &s));
+        const std::vector<int32_t> prompt(17, 3);
+        mk_tail_output *t = nullptr;
+        EXPECT_EQ(mk_range_forward(range.get(), s, prompt.data(), prompt.size(), nullptr, nullptr, nullptr, &t),
+                  MK_ERR_KV_POOL_FULL);
+        EXPECT_EQ(t, nullptr);
+        EXPECT_EQ(mk_sequence_length(s), 0u);
+        MK_ASSERT_OK(mk_range_forward(range.get(), s, prompt.data(), 16, nullptr, nullptr, nullptr, &t));
+        mk_tail_output_free(t);
+        mk_kv_pool_info info{};
+        MK_ASSERT_OK(mk_range_kv_pool(range.get(), &info));
+        EXPECT_EQ(info.free_blocks, 0u);
+        mk_sequence_close(s);
+        MK_ASSERT_OK(mk_range_kv_pool(range.get(), &info));
+        EXPECT_EQ(info.free_blocks, 1u);
     }
     EXPECT_EQ(cudasim::live_allocations(), live);
     EXPECT_EQ(device_bytes_used(0), 0u);

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cinttypes>
+#include <functional>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -205,9 +206,24 @@ protected:
         ASSERT_EQ(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), cudaSuccess);
     }
     void TearDown() override {
+        ident_.reset();
         if (stream_) (void)cudaStreamDestroy(stream_);
     }
+    // The kernels read their caches through a block table: this one maps every block to
+    // itself (blocks of 16 positions, up to kIdentityPositions), so a contiguous cache reads
+    // as it always did. The paged cases build shuffled tables of their own.
+    static constexpr size_t kIdentityPositions = 1 << 16;
+    mk_kv_pages identity_pages() {
+        if (!ident_) {
+            std::vector<int32_t> id(kIdentityPositions / 16);
+            for (size_t i = 0; i < id.size(); i++) id[i] = (int32_t)i;
+            ident_ = std::make_unique<GuardedBuf>(id.size() * sizeof(int32_t));
+            if (!ident_->ok() || ident_->upload(id.data(), stream_) != cudaSuccess) ADD_FAILURE() << "identity table";
+        }
+        return mk_kv_pages{ident_->ptr<int32_t>(), 4};
+    }
     cudaStream_t stream_ = nullptr;
+    std::unique_ptr<GuardedBuf> ident_;
 };
 
 // A parametrised op test: one case of the table.
@@ -355,7 +371,7 @@ TEST_P(AttentionPrefill, MatchesCpu) {
     CUDA_OK(dk.upload(k.data(), stream_));
     CUDA_OK(dv.upload(v.data(), stream_));
     CUDA_OK(dout.poison(stream_));
-    MK_OK_(mk_kernel_attention_prefill(dout.ptr<float>(), dq.ptr<float>(), dk.ptr<float>(), dv.ptr<float>(), c.rows,
+    MK_OK_(mk_kernel_attention_prefill_kv(dout.ptr<float>(), dq.ptr<float>(), dk.ptr<float>(), dv.ptr<float>(), identity_pages(), MK_DTYPE_F32, c.rows,
                                        c.past, c.n_heads, c.n_kv_heads, c.head_dim, stream_));
     CUDA_OK(cudaStreamSynchronize(stream_));
     std::vector<float> got(qn), ref(qn);
@@ -467,11 +483,11 @@ TEST_P(AttentionDecode, MatchesCpu) {
     CUDA_OK(dout.poison(stream_));
     CUDA_OK(dws.poison(stream_));
     // too small a workspace (it is sized from max_keys, not the step's keys) is refused
-    EXPECT_ERROR(mk_kernel_attention_decode(dout.ptr<float>(), dq.ptr<float>(), dk.ptr(), dv.ptr(), c.kv,
+    EXPECT_ERROR(mk_kernel_attention_decode(dout.ptr<float>(), dq.ptr<float>(), dk.ptr(), dv.ptr(), identity_pages(), c.kv,
                                             dpos.ptr<int32_t>(), c.max_keys, c.n_heads, c.n_kv_heads, c.head_dim,
                                             dws.ptr(), ws_bytes - 4, stream_),
                  MK_ERR_INVALID_ARGUMENT, "mk_kernel_attention_decode: workspace");
-    MK_OK_(mk_kernel_attention_decode(dout.ptr<float>(), dq.ptr<float>(), dk.ptr(), dv.ptr(), c.kv,
+    MK_OK_(mk_kernel_attention_decode(dout.ptr<float>(), dq.ptr<float>(), dk.ptr(), dv.ptr(), identity_pages(), c.kv,
                                       dpos.ptr<int32_t>(), c.max_keys, c.n_heads, c.n_kv_heads, c.head_dim, dws.ptr(),
                                       ws_bytes, stream_));
     CUDA_OK(cudaStreamSynchronize(stream_));
@@ -490,7 +506,7 @@ TEST_P(AttentionDecode, MatchesCpu) {
 
     // the same launch again: the same bits (fixed summation order)
     CUDA_OK(dout.poison(stream_));
-    MK_OK_(mk_kernel_attention_decode(dout.ptr<float>(), dq.ptr<float>(), dk.ptr(), dv.ptr(), c.kv,
+    MK_OK_(mk_kernel_attention_decode(dout.ptr<float>(), dq.ptr<float>(), dk.ptr(), dv.ptr(), identity_pages(), c.kv,
                                       dpos.ptr<int32_t>(), c.max_keys, c.n_heads, c.n_kv_heads, c.head_dim, dws.ptr(),
                                       ws_bytes, stream_));
     std::vector<float> again(qn);
@@ -499,6 +515,162 @@ TEST_P(AttentionDecode, MatchesCpu) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Ops, AttentionDecode, ::testing::ValuesIn(cases_here(decode_cases())), case_name<DecodeCase>);
+
+// ============================================================= paged KV caches ==
+
+// A paged copy of a contiguous cache: a pool of `blocks_of(positions) + 3` blocks, every row
+// poisoned (NaN bits), the table a random permutation of pool blocks (out of order, the
+// extra blocks never named), and row t of the contiguous cache at the pool row the table
+// gives it (mk_kv_row). Whatever reads or writes a row the table does not name shows.
+struct PagedCache {
+    std::vector<int32_t> table;
+    std::vector<uint8_t> pool;
+    size_t row_bytes = 0, shift = 0;
+    size_t row(size_t t) const { return mk_kv_row(mk_kv_pages{table.data(), (uint32_t)shift}, t); }
+};
+PagedCache page_cache(const std::vector<uint8_t> &contiguous, size_t positions, size_t row_bytes, size_t block,
+                      uint64_t seed) {
+    PagedCache p;
+    p.row_bytes = row_bytes;
+    while (((size_t)1 << p.shift) < block) p.shift++;
+    const size_t logical = (positions + block - 1) / block, physical = logical + 3;
+    std::vector<int32_t> perm(physical);
+    for (size_t i = 0; i < physical; i++) perm[i] = (int32_t)i;
+    std::shuffle(perm.begin(), perm.end(), std::mt19937_64(seed));
+    p.table.assign(perm.begin(), perm.begin() + (long)logical);
+    p.pool.assign(physical * block * row_bytes, 0xFF);
+    for (size_t t = 0; t < positions && (t + 1) * row_bytes <= contiguous.size(); t++)
+        std::memcpy(p.pool.data() + p.row(t) * row_bytes, contiguous.data() + t * row_bytes, row_bytes);
+    return p;
+}
+
+// The attention kernels (decode, prefill, tensor-core prefill) over a paged cache give the
+// bits they give over the same cache contiguous (identity table): blocks of 16, 32 and 64,
+// tables out of order, GQA, F32 / F16 / BF16 caches, up to 4096 keys. And rope_kv writes
+// each row at its position's pool row and nowhere else.
+TEST_F(OpTest, PagedCachesReadAndWriteThroughTheBlockTable) {
+    struct Shape {
+        size_t n_heads, n_kv, hd, keys;
+    };
+    const Shape shapes[] = {{6, 2, 64, 37}, {4, 4, 32, 300}, {8, 2, 64, 4096}};
+    for (const Shape sh : shapes)
+        for (const size_t block : {16u, 32u, 64u})
+            for (const mk_dtype kv : {MK_DTYPE_F32, MK_DTYPE_F16, MK_DTYPE_BF16}) {
+                SCOPED_TRACE("heads " + std::to_string(sh.n_heads) + "/" + std::to_string(sh.n_kv) + " hd " +
+                             std::to_string(sh.hd) + " keys " + std::to_string(sh.keys) + " block " +
+                             std::to_string(block) + " " + dtype_tag(kv));
+                const size_t kv_dim = sh.n_kv * sh.hd, esz = mk_dtype_size(kv), row_bytes = kv_dim * esz;
+                const size_t positions = sh.keys + 5; // the cache's capacity: the decode grid reads it
+                const uint64_t seed = sh.keys * 131 + block * 7 + (uint64_t)kv;
+                const DecodeCacheBytes k = decode_cache_as(decode_cache(sh.keys, positions, kv_dim, seed), kv),
+                                       v = decode_cache_as(decode_cache(sh.keys, positions, kv_dim, seed + 1), kv);
+                const PagedCache pk = page_cache(k.bytes, sh.keys, row_bytes, block, seed + 2),
+                                 pv = page_cache(v.bytes, sh.keys, row_bytes, block, seed + 2); // one table
+                const size_t rows = sh.keys >= 19 ? 19 : 1, past = sh.keys - rows, qn = rows * sh.n_heads * sh.hd;
+                const std::vector<float> q = random_f32(qn, seed + 3);
+                GuardedBuf dq(qn * 4), dk(k.bytes.size()), dv(v.bytes.size()), dpk(pk.pool.size()),
+                    dpv(pv.pool.size()), dtab(pk.table.size() * 4), dout(qn * 4), dpos(4);
+                ASSERT_TRUE(dq.ok() && dk.ok() && dv.ok() && dpk.ok() && dpv.ok() && dtab.ok() && dout.ok());
+                CUDA_OK(dq.upload(q.data(), stream_));
+                CUDA_OK(dk.upload(k.bytes.data(), stream_));
+                CUDA_OK(dv.upload(v.bytes.data(), stream_));
+                CUDA_OK(dpk.upload(pk.pool.data(), stream_));
+                CUDA_OK(dpv.upload(pv.pool.data(), stream_));
+                CUDA_OK(dtab.upload(pk.table.data(), stream_));
+                const mk_kv_pages paged{dtab.ptr<int32_t>(), (uint32_t)pk.shift};
+                // contiguous then paged: the same bits
+                auto both = [&](const char *what, size_t out_rows,
+                                const std::function<mk_status(const void *, const void *, mk_kv_pages)> &run) {
+                    SCOPED_TRACE(what);
+                    const size_t n = out_rows * sh.n_heads * sh.hd; // the rows the kernel writes
+                    std::vector<float> flat(qn), pag(qn);
+                    CUDA_OK(dout.poison(stream_));
+                    MK_OK_(run(dk.ptr(), dv.ptr(), identity_pages()));
+                    ASSERT_TRUE(dout.download(flat.data(), stream_));
+                    CUDA_OK(dout.poison(stream_));
+                    MK_OK_(run(dpk.ptr(), dpv.ptr(), paged));
+                    ASSERT_TRUE(dout.download(pag.data(), stream_));
+                    for (size_t i = 0; i < n; i++) ASSERT_TRUE(std::isfinite(flat[i])) << "a poisoned row was read";
+                    EXPECT_EQ(std::memcmp(flat.data(), pag.data(), n * 4), 0) << "paged differs from contiguous";
+                };
+                const int32_t last = (int32_t)(sh.keys - 1);
+                CUDA_OK(dpos.upload(&last, stream_));
+                const size_t ws_bytes = mk_kernel_attention_decode_workspace_bytes(positions, sh.n_heads, sh.hd);
+                GuardedBuf dws(ws_bytes);
+                both("decode", 1, [&](const void *kc, const void *vc, mk_kv_pages pg) {
+                    return mk_kernel_attention_decode(dout.ptr<float>(), dq.ptr<float>() + (rows - 1) * sh.n_heads * sh.hd,
+                                                      kc, vc, pg, kv, dpos.ptr<int32_t>(), positions, sh.n_heads, sh.n_kv,
+                                                      sh.hd, dws.ptr(), ws_bytes, stream_);
+                });
+                if (rows > 1) {
+                    both("prefill", rows, [&](const void *kc, const void *vc, mk_kv_pages pg) {
+                        return mk_kernel_attention_prefill_kv(dout.ptr<float>(), dq.ptr<float>(), kc, vc, pg, kv, rows,
+                                                              past, sh.n_heads, sh.n_kv, sh.hd, stream_);
+                    });
+                    if (mk_kernel_attention_prefill_tc_supports(sh.hd))
+                        both("prefill_tc", rows, [&](const void *kc, const void *vc, mk_kv_pages pg) {
+                            return mk_kernel_attention_prefill_tc(dout.ptr<float>(), dq.ptr<float>(), kc, vc, pg, kv,
+                                                                  rows, past, sh.n_heads, sh.n_kv, sh.hd, stream_);
+                        });
+                }
+                // rope_kv: rows [past, keys) written into a poisoned pool land at their pool
+                // rows, with the bits the contiguous write gives, and nowhere else
+                if (sh.keys > 1000) continue; // the writes do not depend on the cache length
+                std::vector<int32_t> pos(rows);
+                for (size_t r = 0; r < rows; r++) pos[r] = (int32_t)(past + r);
+                const std::vector<float> nq = random_f32(qn, seed + 4), nk = random_f32(rows * kv_dim, seed + 5),
+                                         nv = random_f32(rows * kv_dim, seed + 6);
+                GuardedBuf dnq(qn * 4), dnk(rows * kv_dim * 4), dnv(rows * kv_dim * 4), drp(rows * 4);
+                CUDA_OK(drp.upload(pos.data(), stream_));
+                std::vector<uint8_t> flat_k(k.bytes.size()), flat_v(v.bytes.size()), pool_k(pk.pool.size()),
+                    pool_v(pv.pool.size());
+                for (int pass = 0; pass < 2; pass++) {
+                    GuardedBuf &ck = pass ? dpk : dk, &cv = pass ? dpv : dv;
+                    CUDA_OK(ck.poison(stream_));
+                    CUDA_OK(cv.poison(stream_));
+                    CUDA_OK(dnq.upload(nq.data(), stream_));
+                    CUDA_OK(dnk.upload(nk.data(), stream_));
+                    CUDA_OK(dnv.upload(nv.data(), stream_));
+                    MK_OK_(mk_kernel_rope_kv(dnq.ptr<float>(), dnk.ptr<float>(), dnv.ptr<float>(), ck.ptr(), cv.ptr(),
+                                             pass ? paged : identity_pages(), kv, drp.ptr<int32_t>(), positions, rows,
+                                             sh.n_heads, sh.n_kv, sh.hd, 10000.0f, MK_ROPE_ROTATE_HALF, stream_));
+                    ASSERT_TRUE(ck.download(pass ? pool_k.data() : flat_k.data(), stream_));
+                    ASSERT_TRUE(cv.download(pass ? pool_v.data() : flat_v.data(), stream_));
+                }
+                std::vector<bool> written(pk.pool.size() / row_bytes, false);
+                for (size_t t = past; t < sh.keys; t++) {
+                    const size_t at = pk.row(t);
+                    written[at] = true;
+                    EXPECT_EQ(std::memcmp(pool_k.data() + at * row_bytes, flat_k.data() + t * row_bytes, row_bytes), 0)
+                        << "K of position " << t;
+                    EXPECT_EQ(std::memcmp(pool_v.data() + at * row_bytes, flat_v.data() + t * row_bytes, row_bytes), 0)
+                        << "V of position " << t;
+                }
+                for (size_t at = 0; at < written.size(); at++) {
+                    if (written[at]) continue;
+                    for (size_t b = 0; b < row_bytes; b++) {
+                        ASSERT_EQ(pool_k[at * row_bytes + b], 0xFF) << "pool row " << at << " written";
+                    }
+                }
+            }
+}
+
+// The kernels refuse a cache without a block table (they never read one as contiguous rows).
+TEST_F(OpTest, KernelsRefuseAMissingBlockTable) {
+    GuardedBuf b(1 << 16);
+    float *f = b.ptr<float>();
+    int32_t *i = b.ptr<int32_t>();
+    const mk_kv_pages none{nullptr, 4};
+    EXPECT_ERROR(mk_kernel_attention_decode(f, f, f, f, none, MK_DTYPE_F32, i, 16, 4, 2, 8, f, 4096, stream_),
+                 MK_ERR_INVALID_ARGUMENT, "no block table");
+    EXPECT_ERROR(mk_kernel_attention_prefill_kv(f, f, f, f, none, MK_DTYPE_F32, 2, 0, 4, 2, 8, stream_),
+                 MK_ERR_INVALID_ARGUMENT, "no block table");
+    EXPECT_ERROR(mk_kernel_attention_prefill_tc(f, f, f, f, none, MK_DTYPE_F32, 2, 0, 4, 2, 16, stream_),
+                 MK_ERR_INVALID_ARGUMENT, "no block table");
+    EXPECT_ERROR(mk_kernel_rope_kv(f, f, f, f, f, none, MK_DTYPE_F32, i, 4, 1, 2, 2, 8, 10000.0f, MK_ROPE_ROTATE_HALF,
+                                   stream_),
+                 MK_ERR_INVALID_ARGUMENT, "no block table");
+}
 
 // One set of arguments, positions rewritten between launches (what a graph replay does): each
 // launch attends to positions[0] + 1 keys, across the split edges and up to the capacity.
@@ -521,7 +693,7 @@ TEST_F(OpTest, DecodeSameLaunchFollowsPositions) {
             const int32_t pos = (int32_t)past;
             CUDA_OK(dpos.upload(&pos, stream_));
             CUDA_OK(dout.poison(stream_));
-            MK_OK_(mk_kernel_attention_decode(dout.ptr<float>(), dq.ptr<float>(), dk.ptr(), dv.ptr(), kv,
+            MK_OK_(mk_kernel_attention_decode(dout.ptr<float>(), dq.ptr<float>(), dk.ptr(), dv.ptr(), identity_pages(), kv,
                                               dpos.ptr<int32_t>(), max_keys, n_heads, n_kv, hd, dws.ptr(), ws_bytes,
                                               stream_));
             std::vector<float> got(qn), ref(qn), ws(ws_bytes / 4);
@@ -536,15 +708,15 @@ TEST_F(OpTest, DecodeSameLaunchFollowsPositions) {
     }
     GuardedBuf dq(qn * 4), dk(max_keys * kv_dim * 4), dv(max_keys * kv_dim * 4), dout(qn * 4), dws(1 << 20), dpos(4);
     // an F32, F16 or BF16 cache only (another dtype is refused, not misread)
-    EXPECT_ERROR(mk_kernel_attention_decode(dout.ptr<float>(), dq.ptr<float>(), dk.ptr(), dv.ptr(), MK_DTYPE_I64,
+    EXPECT_ERROR(mk_kernel_attention_decode(dout.ptr<float>(), dq.ptr<float>(), dk.ptr(), dv.ptr(), identity_pages(), MK_DTYPE_I64,
                                             dpos.ptr<int32_t>(), max_keys, n_heads, n_kv, hd, dws.ptr(), 1 << 20,
                                             stream_),
                  MK_ERR_DTYPE, "mk_kernel_attention_decode: KV cache dtype");
-    EXPECT_ERROR(mk_kernel_attention_decode(dout.ptr<float>(), dq.ptr<float>(), dk.ptr(), dv.ptr(), MK_DTYPE_F32,
+    EXPECT_ERROR(mk_kernel_attention_decode(dout.ptr<float>(), dq.ptr<float>(), dk.ptr(), dv.ptr(), identity_pages(), MK_DTYPE_F32,
                                             nullptr, max_keys, n_heads, n_kv, hd, dws.ptr(), 1 << 20, stream_),
                  MK_ERR_INVALID_ARGUMENT, "mk_kernel_attention_decode: null pointer");
     // a cache that is not even element-pair aligned is refused (the loads are at least 2 wide)
-    EXPECT_ERROR(mk_kernel_attention_decode(dout.ptr<float>(), dq.ptr<float>(), dk.ptr<uint8_t>() + 2, dv.ptr(),
+    EXPECT_ERROR(mk_kernel_attention_decode(dout.ptr<float>(), dq.ptr<float>(), dk.ptr<uint8_t>() + 2, dv.ptr(), identity_pages(),
                                             MK_DTYPE_F32, dpos.ptr<int32_t>(), max_keys, n_heads, n_kv, hd, dws.ptr(),
                                             1 << 20, stream_),
                  MK_ERR_INVALID_ARGUMENT, "mk_kernel_attention_decode: KV cache not aligned");
@@ -571,9 +743,9 @@ TEST_F(OpTest, DecodeAgreesWithPrefill) {
     CUDA_OK(dpos.upload(&pos, stream_));
     CUDA_OK(da.poison(stream_));
     CUDA_OK(db.poison(stream_));
-    MK_OK_(mk_kernel_attention_decode(da.ptr<float>(), dq.ptr<float>(), dk.ptr(), dv.ptr(), MK_DTYPE_F32,
+    MK_OK_(mk_kernel_attention_decode(da.ptr<float>(), dq.ptr<float>(), dk.ptr(), dv.ptr(), identity_pages(), MK_DTYPE_F32,
                                       dpos.ptr<int32_t>(), keys, n_heads, n_kv, hd, dws.ptr(), ws_bytes, stream_));
-    MK_OK_(mk_kernel_attention_prefill(db.ptr<float>(), dq.ptr<float>(), dk.ptr<float>(), dv.ptr<float>(), 1, past,
+    MK_OK_(mk_kernel_attention_prefill_kv(db.ptr<float>(), dq.ptr<float>(), dk.ptr<float>(), dv.ptr<float>(), identity_pages(), MK_DTYPE_F32, 1, past,
                                        n_heads, n_kv, hd, stream_));
     CUDA_OK(cudaStreamSynchronize(stream_));
     std::vector<float> a(qn), b(qn);
@@ -1068,7 +1240,7 @@ TEST_F(OpTest, RopeKvEqualsRopeThenKvAppend) {
             CUDA_OK(dvc.poison(stream_));
             if (fused == 0) {
                 MK_OK_(mk_kernel_rope_kv(dq.ptr<float>(), dk.ptr<float>(), dv.ptr<float>(), dkc.ptr<float>(),
-                                         dvc.ptr<float>(), MK_DTYPE_F32, dpos.ptr<int32_t>(), ctx, c.rows, c.n_heads,
+                                         dvc.ptr<float>(), identity_pages(), MK_DTYPE_F32, dpos.ptr<int32_t>(), ctx, c.rows, c.n_heads,
                                          c.n_kv_heads, c.head_dim, 10000.0f, c.layout, stream_));
             } else {
                 MK_OK_(mk_kernel_rope(dq.ptr<float>(), dpos.ptr<int32_t>(), c.rows, c.n_heads, c.head_dim, 10000.0f,
@@ -1097,11 +1269,11 @@ TEST_F(OpTest, RopeKvEqualsRopeThenKvAppend) {
     GuardedBuf b(4096);
     float *f = b.ptr<float>();
     int32_t *i = b.ptr<int32_t>();
-    EXPECT_ERROR(mk_kernel_rope_kv(f, f, f, f, f, MK_DTYPE_F32, i, 4, 1, 2, 0, 8, 10000.0f, MK_ROPE_ROTATE_HALF, stream_), MK_ERR_SHAPE,
+    EXPECT_ERROR(mk_kernel_rope_kv(f, f, f, f, f, identity_pages(), MK_DTYPE_F32, i, 4, 1, 2, 0, 8, 10000.0f, MK_ROPE_ROTATE_HALF, stream_), MK_ERR_SHAPE,
                  "mk_kernel_rope_kv: zero kv heads");
-    EXPECT_ERROR(mk_kernel_rope_kv(f, f, f, f, f, MK_DTYPE_F32, i, 4, 1, 2, 1, 7, 10000.0f, MK_ROPE_ROTATE_HALF, stream_), MK_ERR_SHAPE,
+    EXPECT_ERROR(mk_kernel_rope_kv(f, f, f, f, f, identity_pages(), MK_DTYPE_F32, i, 4, 1, 2, 1, 7, 10000.0f, MK_ROPE_ROTATE_HALF, stream_), MK_ERR_SHAPE,
                  "mk_kernel_rope_kv: head_dim 7 must be even");
-    EXPECT_ERROR(mk_kernel_rope_kv(f, nullptr, f, f, f, MK_DTYPE_F32, i, 4, 1, 2, 1, 8, 10000.0f, MK_ROPE_ROTATE_HALF, stream_),
+    EXPECT_ERROR(mk_kernel_rope_kv(f, nullptr, f, f, f, identity_pages(), MK_DTYPE_F32, i, 4, 1, 2, 1, 8, 10000.0f, MK_ROPE_ROTATE_HALF, stream_),
                  MK_ERR_INVALID_ARGUMENT, "mk_kernel_rope_kv: null pointer");
 }
 
@@ -1120,7 +1292,7 @@ TEST_F(OpTest, RopeKvPositionOutsideTheCacheStoresNothing) {
     CUDA_OK(dpos.upload(pos.data(), stream_));
     CUDA_OK(dkc.poison(stream_));
     CUDA_OK(dvc.poison(stream_));
-    MK_OK_(mk_kernel_rope_kv(dq.ptr<float>(), dk.ptr<float>(), dv.ptr<float>(), dkc.ptr<float>(), dvc.ptr<float>(),
+    MK_OK_(mk_kernel_rope_kv(dq.ptr<float>(), dk.ptr<float>(), dv.ptr<float>(), dkc.ptr<float>(), dvc.ptr<float>(), identity_pages(),
                              MK_DTYPE_F32, dpos.ptr<int32_t>(), ctx, rows, n_heads, n_kv, hd, 10000.0f, MK_ROPE_ROTATE_HALF, stream_));
     std::vector<float> kr(k.size()), kc(ctx * kv_dim), vc(ctx * kv_dim);
     ASSERT_TRUE(dk.download(kr.data(), stream_));
@@ -1155,7 +1327,7 @@ TEST_F(OpTest, RopeKvHalfCacheStoresRoundedRows) {
         CUDA_OK(dv.upload(v.data(), stream_));
         CUDA_OK(dkc.poison(stream_));
         CUDA_OK(dvc.poison(stream_));
-        MK_OK_(mk_kernel_rope_kv(dq.ptr<float>(), dk.ptr<float>(), dv.ptr<float>(), dkc.ptr(), dvc.ptr(), kv,
+        MK_OK_(mk_kernel_rope_kv(dq.ptr<float>(), dk.ptr<float>(), dv.ptr<float>(), dkc.ptr(), dvc.ptr(), identity_pages(), kv,
                                  dpos.ptr<int32_t>(), ctx, rows, n_heads, n_kv, hd, 10000.0f, MK_ROPE_ROTATE_HALF,
                                  stream_));
         std::vector<float> gq(q.size()), gk(k.size());
@@ -1181,7 +1353,7 @@ TEST_F(OpTest, RopeKvHalfCacheStoresRoundedRows) {
         }
     }
     GuardedBuf b(4096);
-    EXPECT_ERROR(mk_kernel_rope_kv(b.ptr<float>(), b.ptr<float>(), b.ptr<float>(), b.ptr(), b.ptr(), MK_DTYPE_I64,
+    EXPECT_ERROR(mk_kernel_rope_kv(b.ptr<float>(), b.ptr<float>(), b.ptr<float>(), b.ptr(), b.ptr(), identity_pages(), MK_DTYPE_I64,
                                    b.ptr<int32_t>(), 4, 1, 2, 1, 8, 10000.0f, MK_ROPE_ROTATE_HALF, stream_),
                  MK_ERR_DTYPE, "mk_kernel_rope_kv: KV cache dtype");
 }
@@ -1205,7 +1377,7 @@ TEST_F(OpTest, AttentionPrefillHalfCache) {
             CUDA_OK(dk.upload(k.bytes.data(), stream_));
             CUDA_OK(dv.upload(v.bytes.data(), stream_));
             CUDA_OK(dout.poison(stream_));
-            MK_OK_(mk_kernel_attention_prefill_kv(dout.ptr<float>(), dq.ptr<float>(), dk.ptr(), dv.ptr(), kv, c.rows,
+            MK_OK_(mk_kernel_attention_prefill_kv(dout.ptr<float>(), dq.ptr<float>(), dk.ptr(), dv.ptr(), identity_pages(), kv, c.rows,
                                                   c.past, c.n_heads, c.n_kv_heads, c.head_dim, stream_));
             std::vector<float> got(qn), ref(qn);
             ASSERT_TRUE(dout.download(got.data(), stream_));
@@ -1214,7 +1386,7 @@ TEST_F(OpTest, AttentionPrefillHalfCache) {
             EXPECT_TRUE(all_close(got, ref, kAttnAtol * max_abs(v.values), 1e-5));
         }
     GuardedBuf b(4096);
-    EXPECT_ERROR(mk_kernel_attention_prefill_kv(b.ptr<float>(), b.ptr<float>(), b.ptr(), b.ptr(), MK_DTYPE_I64, 1, 0,
+    EXPECT_ERROR(mk_kernel_attention_prefill_kv(b.ptr<float>(), b.ptr<float>(), b.ptr(), b.ptr(), identity_pages(), MK_DTYPE_I64, 1, 0,
                                                 4, 4, 8, stream_),
                  MK_ERR_DTYPE, "mk_kernel_attention_prefill: KV cache dtype");
 }
@@ -1262,11 +1434,11 @@ TEST_F(OpTest, ShapeAndArgumentErrors) {
                  "mk_kernel_rope: head_dim 258 must be even and <= 256");
     EXPECT_ERROR(mk_kernel_rope(f, i, 1, 1, 8, 10000.0f, (mk_rope_layout)9, stream_), MK_ERR_INVALID_ARGUMENT,
                  "mk_kernel_rope: unknown layout 9");
-    EXPECT_ERROR(mk_kernel_attention_prefill(f, f, f, f, 1, 0, 6, 4, 8, stream_), MK_ERR_SHAPE,
+    EXPECT_ERROR(mk_kernel_attention_prefill_kv(f, f, f, f, identity_pages(), MK_DTYPE_F32, 1, 0, 6, 4, 8, stream_), MK_ERR_SHAPE,
                  "n_heads 6 must be a multiple of n_kv_heads 4");
-    EXPECT_ERROR(mk_kernel_attention_prefill(f, f, f, f, 1, 0, 4, 4, 5, stream_), MK_ERR_SHAPE,
+    EXPECT_ERROR(mk_kernel_attention_prefill_kv(f, f, f, f, identity_pages(), MK_DTYPE_F32, 1, 0, 4, 4, 5, stream_), MK_ERR_SHAPE,
                  "mk_kernel_attention_prefill: head_dim 5 must be even");
-    EXPECT_ERROR(mk_kernel_attention_decode(f, f, f, f, MK_DTYPE_F32, i, 16, 4, 0, 8, f, 4096, stream_), MK_ERR_SHAPE,
+    EXPECT_ERROR(mk_kernel_attention_decode(f, f, f, f, identity_pages(), MK_DTYPE_F32, i, 16, 4, 0, 8, f, 4096, stream_), MK_ERR_SHAPE,
                  "mk_kernel_attention_decode: n_heads 4 must be a multiple of n_kv_heads 0");
     EXPECT_ERROR(mk_kernel_swiglu(f, f, f, MK_DTYPE_I64, 4, stream_), MK_ERR_INVALID_ARGUMENT,
                  "mk_kernel_swiglu: dtype 5 is not F32/F16/BF16");
@@ -1313,7 +1485,7 @@ TEST_P(AttentionPrefillTc, MatchesCpu) {
         v = from_half_bits(vh, c.kv);
     }
     CUDA_OK(dout.poison(stream_));
-    MK_OK_(mk_kernel_attention_prefill_tc(dout.ptr<float>(), dq.ptr<float>(), dk.ptr(), dv.ptr(), c.kv, c.rows, c.past,
+    MK_OK_(mk_kernel_attention_prefill_tc(dout.ptr<float>(), dq.ptr<float>(), dk.ptr(), dv.ptr(), identity_pages(), c.kv, c.rows, c.past,
                                           c.n_heads, c.n_kv_heads, c.head_dim, stream_));
     CUDA_OK(cudaStreamSynchronize(stream_));
     std::vector<float> got(qn), ref(qn);
@@ -1333,15 +1505,15 @@ TEST_F(OpTest, AttentionPrefillTcRefusesWhatItCannotRun) {
     EXPECT_FALSE(mk_kernel_attention_prefill_tc_supports(272));
     EXPECT_TRUE(mk_kernel_attention_prefill_tc_supports(64));
     EXPECT_TRUE(mk_kernel_attention_prefill_tc_supports(128));
-    EXPECT_ERROR(mk_kernel_attention_prefill_tc(f, f, f, f, MK_DTYPE_F32, 4, 0, 4, 4, 72, stream_), MK_ERR_SHAPE,
+    EXPECT_ERROR(mk_kernel_attention_prefill_tc(f, f, f, f, identity_pages(), MK_DTYPE_F32, 4, 0, 4, 4, 72, stream_), MK_ERR_SHAPE,
                  "mk_kernel_attention_prefill_tc: head_dim 72 must be a multiple of 16");
-    EXPECT_ERROR(mk_kernel_attention_prefill_tc(f, f, f, f, MK_DTYPE_F32, 4, 0, 6, 4, 64, stream_), MK_ERR_SHAPE,
+    EXPECT_ERROR(mk_kernel_attention_prefill_tc(f, f, f, f, identity_pages(), MK_DTYPE_F32, 4, 0, 6, 4, 64, stream_), MK_ERR_SHAPE,
                  "n_heads 6 must be a multiple of n_kv_heads 4");
-    EXPECT_ERROR(mk_kernel_attention_prefill_tc(f, f, f, f, MK_DTYPE_I32, 4, 0, 4, 4, 64, stream_), MK_ERR_DTYPE,
+    EXPECT_ERROR(mk_kernel_attention_prefill_tc(f, f, f, f, identity_pages(), MK_DTYPE_I32, 4, 0, 4, 4, 64, stream_), MK_ERR_DTYPE,
                  "mk_kernel_attention_prefill_tc: KV cache dtype 4");
-    EXPECT_ERROR(mk_kernel_attention_prefill_tc(nullptr, f, f, f, MK_DTYPE_F32, 4, 0, 4, 4, 64, stream_),
+    EXPECT_ERROR(mk_kernel_attention_prefill_tc(nullptr, f, f, f, identity_pages(), MK_DTYPE_F32, 4, 0, 4, 4, 64, stream_),
                  MK_ERR_INVALID_ARGUMENT, "mk_kernel_attention_prefill_tc: null pointer");
-    EXPECT_EQ(mk_kernel_attention_prefill_tc(f, f, f, f, MK_DTYPE_F32, 0, 0, 4, 4, 64, stream_), MK_OK);
+    EXPECT_EQ(mk_kernel_attention_prefill_tc(f, f, f, f, identity_pages(), MK_DTYPE_F32, 0, 0, 4, 4, 64, stream_), MK_OK);
 }
 
 // BF16 caches at 16-byte aligned addresses are copied 16 bytes at a time (cp.async on sm_80+);
@@ -1363,10 +1535,10 @@ TEST_F(OpTest, AttentionPrefillTcBf16CacheCopyPathsAgree) {
     CUDA_OK(dv_off.upload(vh_off.data(), stream_));
     CUDA_OK(da.poison(stream_));
     CUDA_OK(db.poison(stream_));
-    MK_OK_(mk_kernel_attention_prefill_tc(da.ptr<float>(), dq.ptr<float>(), dk.ptr(), dv.ptr(), MK_DTYPE_BF16, rows, past,
+    MK_OK_(mk_kernel_attention_prefill_tc(da.ptr<float>(), dq.ptr<float>(), dk.ptr(), dv.ptr(), identity_pages(), MK_DTYPE_BF16, rows, past,
                                           nh, nkv, hd, stream_));
     MK_OK_(mk_kernel_attention_prefill_tc(db.ptr<float>(), dq.ptr<float>(), dk_off.ptr<uint16_t>() + 1,
-                                          dv_off.ptr<uint16_t>() + 1, MK_DTYPE_BF16, rows, past, nh, nkv, hd, stream_));
+                                          dv_off.ptr<uint16_t>() + 1, identity_pages(), MK_DTYPE_BF16, rows, past, nh, nkv, hd, stream_));
     CUDA_OK(cudaStreamSynchronize(stream_));
     std::vector<float> a(qn), b(qn), ref(qn);
     ASSERT_TRUE(da.download(a.data(), stream_));

@@ -187,6 +187,7 @@ typedef struct mk_attention_job {
     float *out;
     const float *q;
     const void *k_cache, *v_cache;
+    mk_kv_pages pages;
     size_t past, n_heads, n_kv_heads, head_dim;
     bool f16;
     mk_attention_fast_fn fast;
@@ -195,23 +196,23 @@ typedef struct mk_attention_job {
 static void cpu_attention_part(void *arg, size_t begin, size_t end, size_t thread) {
     const mk_attention_job *j = arg;
     if (j->fast)
-        j->fast(j->out, j->q, j->k_cache, j->v_cache, begin, end, j->past, j->n_heads, j->n_kv_heads, j->head_dim);
+        j->fast(j->out, j->q, j->k_cache, j->v_cache, j->pages, begin, end, j->past, j->n_heads, j->n_kv_heads, j->head_dim);
     else if (j->f16)
-        mk_cpu_attention_heads_f16(j->out, j->q, j->k_cache, j->v_cache, begin, end, j->past, j->n_heads,
+        mk_cpu_attention_heads_f16(j->out, j->q, j->k_cache, j->v_cache, j->pages, begin, end, j->past, j->n_heads,
                                    j->n_kv_heads, j->head_dim);
     else
-        mk_cpu_attention_heads(j->out, j->q, j->k_cache, j->v_cache, begin, end, j->past, j->n_heads, j->n_kv_heads,
+        mk_cpu_attention_heads(j->out, j->q, j->k_cache, j->v_cache, j->pages, begin, end, j->past, j->n_heads, j->n_kv_heads,
                                j->head_dim);
 }
 
 static mk_status cpu_attention(mk_backend *b, float *out, const float *q, const void *k_cache, const void *v_cache,
-                               const int32_t *positions, size_t rows, size_t past, size_t n_heads, size_t n_kv_heads,
+                               mk_kv_pages pages, const int32_t *positions, size_t rows, size_t past, size_t n_heads, size_t n_kv_heads,
                                size_t head_dim) {
     (void)positions; /* == past + r: the host knows it */
     /* Every (row, head) pair is computed alone: native mode spreads them over the pool and,
      * over an F32 cache, accumulates in float (the parity mode keeps the double reference). */
     const bool f16 = mk_backend_kv_dtype(b) == MK_DTYPE_F16;
-    mk_attention_job job = {out, q, k_cache, v_cache, past, n_heads, n_kv_heads, head_dim, f16,
+    mk_attention_job job = {out, q, k_cache, v_cache, pages, past, n_heads, n_kv_heads, head_dim, f16,
                             f16 ? NULL : cpu_of(b)->attention_fast};
     mk_cpu_pool *pool = cpu_of(b)->native.pool;
     if (pool) mk_cpu_pool_run(pool, rows * n_heads, 1, cpu_attention_part, &job);
@@ -219,12 +220,18 @@ static mk_status cpu_attention(mk_backend *b, float *out, const float *q, const 
     return MK_OK;
 }
 
-static mk_status cpu_kv_store(mk_backend *b, void *cache, size_t pos, const float *src, size_t rows, size_t width) {
-    if (mk_backend_kv_dtype(b) == MK_DTYPE_F16) {
-        uint16_t *dst = (uint16_t *)cache + pos * width;
-        for (size_t i = 0; i < rows * width; i++) dst[i] = mk_f32_to_f16(src[i]);
-    } else {
-        memcpy((float *)cache + pos * width, src, rows * width * sizeof(float));
+static mk_status cpu_kv_store(mk_backend *b, void *cache, mk_kv_pages pages, size_t pos, const float *src, size_t rows,
+                              size_t width) {
+    const bool f16 = mk_backend_kv_dtype(b) == MK_DTYPE_F16;
+    for (size_t r = 0; r < rows; r++) { /* row by row: consecutive positions may sit in different blocks */
+        const size_t row = mk_kv_row(pages, pos + r);
+        const float *s = src + r * width;
+        if (f16) {
+            uint16_t *dst = (uint16_t *)cache + row * width;
+            for (size_t i = 0; i < width; i++) dst[i] = mk_f32_to_f16(s[i]);
+        } else {
+            memcpy((float *)cache + row * width, s, width * sizeof(float));
+        }
     }
     return MK_OK;
 }

@@ -21,7 +21,7 @@ __attribute__((always_inline)) static inline float mk_dot8(const float *a, const
 }
 
 __attribute__((always_inline)) static inline void mk_attention_fast_core(float *out, const float *q, const float *k_cache, const float *v_cache,
-                                          size_t begin, size_t end, size_t past, size_t n_heads, size_t n_kv_heads,
+                                          mk_kv_pages pages, size_t begin, size_t end, size_t past, size_t n_heads, size_t n_kv_heads,
                                           size_t head_dim) {
     const size_t group = n_heads / n_kv_heads;
     const size_t kv_stride = n_kv_heads * head_dim;
@@ -35,7 +35,7 @@ __attribute__((always_inline)) static inline void mk_attention_fast_core(float *
         const float *kh = k_cache + (h / group) * head_dim, *vh = v_cache + (h / group) * head_dim;
         float max_score = -INFINITY;
         for (size_t t = 0; t < n_keys; t++) {
-            const float s = mk_dot8(qh, kh + t * kv_stride, head_dim) * scale;
+            const float s = mk_dot8(qh, kh + mk_kv_row(pages, t) * kv_stride, head_dim) * scale;
             if (t < MK_SCORE_CACHE) cached[t] = s;
             if (s > max_score) max_score = s;
         }
@@ -43,10 +43,10 @@ __attribute__((always_inline)) static inline void mk_attention_fast_core(float *
         for (size_t d = 0; d < head_dim; d++) acc[d] = 0.0f;
         float denom = 0.0f;
         for (size_t t = 0; t < n_keys; t++) {
-            const float s = t < MK_SCORE_CACHE ? cached[t] : mk_dot8(qh, kh + t * kv_stride, head_dim) * scale;
+            const float s = t < MK_SCORE_CACHE ? cached[t] : mk_dot8(qh, kh + mk_kv_row(pages, t) * kv_stride, head_dim) * scale;
             const float p = expf(s - max_score);
             denom += p;
-            const float *vt = vh + t * kv_stride;
+            const float *vt = vh + mk_kv_row(pages, t) * kv_stride;
             for (size_t d = 0; d < head_dim; d++) acc[d] += p * vt[d];
         }
         float *oh = out + (r * n_heads + h) * head_dim;
@@ -55,9 +55,9 @@ __attribute__((always_inline)) static inline void mk_attention_fast_core(float *
 }
 
 static void mk_attention_fast_portable(float *out, const float *q, const float *k_cache, const float *v_cache,
-                                       size_t begin, size_t end, size_t past, size_t n_heads, size_t n_kv_heads,
+                                       mk_kv_pages pages, size_t begin, size_t end, size_t past, size_t n_heads, size_t n_kv_heads,
                                        size_t head_dim) {
-    mk_attention_fast_core(out, q, k_cache, v_cache, begin, end, past, n_heads, n_kv_heads, head_dim);
+    mk_attention_fast_core(out, q, k_cache, v_cache, pages, begin, end, past, n_heads, n_kv_heads, head_dim);
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -79,7 +79,7 @@ MK_AVX2_FMA static inline float mk_dot8_avx2(const float *a, const float *b, siz
 }
 
 MK_AVX2_FMA static void mk_attention_fast_avx2_any(float *out, const float *q, const float *k_cache, const float *v_cache,
-                                               size_t begin, size_t end, size_t past, size_t n_heads,
+                                               mk_kv_pages pages, size_t begin, size_t end, size_t past, size_t n_heads,
                                                size_t n_kv_heads, size_t head_dim) {
     const size_t group = n_heads / n_kv_heads;
     const size_t kv_stride = n_kv_heads * head_dim;
@@ -93,7 +93,7 @@ MK_AVX2_FMA static void mk_attention_fast_avx2_any(float *out, const float *q, c
         const float *kh = k_cache + (h / group) * head_dim, *vh = v_cache + (h / group) * head_dim;
         float max_score = -INFINITY;
         for (size_t t = 0; t < n_keys; t++) {
-            const float sc = mk_dot8_avx2(qh, kh + t * kv_stride, head_dim) * scale;
+            const float sc = mk_dot8_avx2(qh, kh + mk_kv_row(pages, t) * kv_stride, head_dim) * scale;
             if (t < MK_SCORE_CACHE) cached[t] = sc;
             if (sc > max_score) max_score = sc;
         }
@@ -101,10 +101,10 @@ MK_AVX2_FMA static void mk_attention_fast_avx2_any(float *out, const float *q, c
         for (size_t d = 0; d < head_dim; d++) acc[d] = 0.0f;
         float denom = 0.0f;
         for (size_t t = 0; t < n_keys; t++) {
-            const float sc = t < MK_SCORE_CACHE ? cached[t] : mk_dot8_avx2(qh, kh + t * kv_stride, head_dim) * scale;
+            const float sc = t < MK_SCORE_CACHE ? cached[t] : mk_dot8_avx2(qh, kh + mk_kv_row(pages, t) * kv_stride, head_dim) * scale;
             const float p = expf(sc - max_score);
             denom += p;
-            const float *vt = vh + t * kv_stride;
+            const float *vt = vh + mk_kv_row(pages, t) * kv_stride;
             const __m256 pv = _mm256_set1_ps(p);
             size_t d = 0;
             for (; d + 8 <= head_dim; d += 8)
@@ -151,27 +151,30 @@ MK_AVX2_FMA static inline __m256 mk_lanes_below(size_t n) {
  * FMA chains, summed across lanes together), the softmax's exponentials eight at a
  * time, then the value rows weighted in. s: scratch for n_keys scores, rounded up to 8. */
 MK_AVX2_FMA __attribute__((always_inline)) static inline void mk_attention_head_avx2(
-    float *oh, const float *qh, const float *kh, const float *vh, size_t n_keys, size_t kv_stride, float scale,
+    float *oh, const float *qh, const float *kh, const float *vh, mk_kv_pages pages, size_t n_keys, size_t kv_stride,
+    float scale,
     float *s, size_t NV) {
     __m256 q[MK_MAX_HEAD_DIM / 8];
     for (size_t i = 0; i < NV; i++) q[i] = _mm256_loadu_ps(qh + 8 * i);
     const __m256 vscale = _mm256_set1_ps(scale);
     size_t t = 0;
     for (; t + 4 <= n_keys; t += 4) {
-        const float *k0 = kh + t * kv_stride;
+        /* four keys, each found through the block table (they may sit in different blocks) */
+        const float *k0 = kh + mk_kv_row(pages, t) * kv_stride, *k1 = kh + mk_kv_row(pages, t + 1) * kv_stride;
+        const float *k2 = kh + mk_kv_row(pages, t + 2) * kv_stride, *k3 = kh + mk_kv_row(pages, t + 3) * kv_stride;
         __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
         for (size_t i = 0; i < NV; i++) {
             a0 = _mm256_fmadd_ps(q[i], _mm256_loadu_ps(k0 + 8 * i), a0);
-            a1 = _mm256_fmadd_ps(q[i], _mm256_loadu_ps(k0 + kv_stride + 8 * i), a1);
-            a2 = _mm256_fmadd_ps(q[i], _mm256_loadu_ps(k0 + 2 * kv_stride + 8 * i), a2);
-            a3 = _mm256_fmadd_ps(q[i], _mm256_loadu_ps(k0 + 3 * kv_stride + 8 * i), a3);
+            a1 = _mm256_fmadd_ps(q[i], _mm256_loadu_ps(k1 + 8 * i), a1);
+            a2 = _mm256_fmadd_ps(q[i], _mm256_loadu_ps(k2 + 8 * i), a2);
+            a3 = _mm256_fmadd_ps(q[i], _mm256_loadu_ps(k3 + 8 * i), a3);
         }
         const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
         const __m128 sum = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
         _mm_storeu_ps(s + t, _mm_mul_ps(sum, _mm256_castps256_ps128(vscale)));
     }
     for (; t < n_keys; t++) {
-        const float *k0 = kh + t * kv_stride;
+        const float *k0 = kh + mk_kv_row(pages, t) * kv_stride;
         __m256 a0 = _mm256_setzero_ps();
         for (size_t i = 0; i < NV; i++) a0 = _mm256_fmadd_ps(q[i], _mm256_loadu_ps(k0 + 8 * i), a0);
         const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a0), _mm256_hadd_ps(a0, a0));
@@ -206,7 +209,7 @@ MK_AVX2_FMA __attribute__((always_inline)) static inline void mk_attention_head_
     for (size_t i = 0; i < NV; i++) acc[i] = _mm256_setzero_ps();
     for (t = 0; t < n_keys; t++) {
         const __m256 p = _mm256_broadcast_ss(s + t);
-        const float *vt = vh + t * kv_stride;
+        const float *vt = vh + mk_kv_row(pages, t) * kv_stride;
         for (size_t i = 0; i < NV; i++) acc[i] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vt + 8 * i), acc[i]);
     }
     const __m256 denom = _mm256_broadcastss_ps(d4);
@@ -214,12 +217,12 @@ MK_AVX2_FMA __attribute__((always_inline)) static inline void mk_attention_head_
 }
 
 MK_AVX2_FMA static void mk_attention_fast_avx2(float *out, const float *q, const float *k_cache, const float *v_cache,
-                                               size_t begin, size_t end, size_t past, size_t n_heads,
+                                               mk_kv_pages pages, size_t begin, size_t end, size_t past, size_t n_heads,
                                                size_t n_kv_heads, size_t head_dim) {
     enum { MK_SCORE_CACHE = 4096 };
     const size_t max_keys = past + (end ? (end - 1) / n_heads : 0) + 1;
     if (head_dim % 8 != 0 || max_keys > MK_SCORE_CACHE) {
-        mk_attention_fast_avx2_any(out, q, k_cache, v_cache, begin, end, past, n_heads, n_kv_heads, head_dim);
+        mk_attention_fast_avx2_any(out, q, k_cache, v_cache, pages, begin, end, past, n_heads, n_kv_heads, head_dim);
         return;
     }
     const size_t group = n_heads / n_kv_heads;
@@ -233,9 +236,9 @@ MK_AVX2_FMA static void mk_attention_fast_avx2(float *out, const float *q, const
         float *oh = out + (r * n_heads + h) * head_dim;
         const size_t n_keys = past + r + 1;
         /* The common widths get their own copy with the loop bounds constant. */
-        if (head_dim == 64) mk_attention_head_avx2(oh, qh, kh, vh, n_keys, kv_stride, scale, scores, 8);
-        else if (head_dim == 128) mk_attention_head_avx2(oh, qh, kh, vh, n_keys, kv_stride, scale, scores, 16);
-        else mk_attention_head_avx2(oh, qh, kh, vh, n_keys, kv_stride, scale, scores, head_dim / 8);
+        if (head_dim == 64) mk_attention_head_avx2(oh, qh, kh, vh, pages, n_keys, kv_stride, scale, scores, 8);
+        else if (head_dim == 128) mk_attention_head_avx2(oh, qh, kh, vh, pages, n_keys, kv_stride, scale, scores, 16);
+        else mk_attention_head_avx2(oh, qh, kh, vh, pages, n_keys, kv_stride, scale, scores, head_dim / 8);
     }
 }
 #endif

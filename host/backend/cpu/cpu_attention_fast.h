@@ -8,6 +8,7 @@
 #include <stddef.h>
 
 #include "backend/cpu/cpu_quant.h"
+#include "kv_pages.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -17,7 +18,7 @@ typedef void (*mk_attention_fast_fn)(float *out /* [rows, n_heads, head_dim] */,
                                      const float *q /* [rows, n_heads, head_dim] */,
                                      const float *k_cache /* [>= past + rows, n_kv_heads, head_dim] */,
                                      const float *v_cache /* [>= past + rows, n_kv_heads, head_dim] */,
-                                     size_t begin, size_t end, size_t past, size_t n_heads, size_t n_kv_heads,
+                                     mk_kv_pages pages /* the pool row of each key */, size_t begin, size_t end, size_t past, size_t n_heads, size_t n_kv_heads,
                                      size_t head_dim);
 
 /* The AVX2 copy when `kernels` is the AVX2 kernel set (the CPU has it), else portable. */

@@ -90,7 +90,7 @@ void mk_cpu_rope_cached(float *x, const int32_t *positions, size_t rows, size_t 
 void mk_cpu_attention(float *out, const float *q, const float *k_cache, const float *v_cache,
                       size_t rows, size_t past, size_t n_heads, size_t n_kv_heads,
                       size_t head_dim) {
-    mk_cpu_attention_heads(out, q, k_cache, v_cache, 0, rows * n_heads, past, n_heads, n_kv_heads, head_dim);
+    mk_cpu_attention_heads(out, q, k_cache, v_cache, (mk_kv_pages){NULL, 0}, 0, rows * n_heads, past, n_heads, n_kv_heads, head_dim);
 }
 
 /* A cache element as float: F32 as stored, F16 widened exactly. */
@@ -101,7 +101,7 @@ static inline float mk_kv_at(const void *cache, size_t i, bool f16) {
 /* The attention of pairs [begin, end); `f16` is a constant at each call site below, so
  * each caller gets its own specialised copy and the F32 path is the plain float loop. */
 static inline void mk_attention_core(float *out, const float *q, const void *k_cache, const void *v_cache,
-                                     size_t begin, size_t end, size_t past, size_t n_heads, size_t n_kv_heads,
+                                     mk_kv_pages pages, size_t begin, size_t end, size_t past, size_t n_heads, size_t n_kv_heads,
                                      size_t head_dim, bool f16) {
     const size_t group = n_heads / n_kv_heads;
     const size_t kv_stride = n_kv_heads * head_dim;
@@ -118,7 +118,7 @@ static inline void mk_attention_core(float *out, const float *q, const void *k_c
         const size_t kvh = h / group;
         float max_score = -INFINITY;
         for (size_t t = 0; t < n_keys; t++) {
-            const size_t kt = t * kv_stride + kvh * head_dim;
+            const size_t kt = mk_kv_row(pages, t) * kv_stride + kvh * head_dim;
             float dot = 0.0f;
             for (size_t d = 0; d < head_dim; d++) dot += qh[d] * mk_kv_at(k_cache, kt + d, f16);
             dot *= scale;
@@ -130,12 +130,12 @@ static inline void mk_attention_core(float *out, const float *q, const void *k_c
         double denom = 0.0;
         for (size_t d = 0; d < head_dim; d++) accp[d] = 0.0;
         for (size_t t = 0; t < n_keys; t++) {
-            const size_t vt = t * kv_stride + kvh * head_dim;
+            const size_t vt = mk_kv_row(pages, t) * kv_stride + kvh * head_dim;
             float dot;
             if (t < MK_SCORE_CACHE) {
                 dot = cached[t];
             } else {
-                const size_t kt = t * kv_stride + kvh * head_dim;
+                const size_t kt = mk_kv_row(pages, t) * kv_stride + kvh * head_dim;
                 dot = 0.0f;
                 for (size_t d = 0; d < head_dim; d++) dot += qh[d] * mk_kv_at(k_cache, kt + d, f16);
                 dot *= scale;
@@ -149,15 +149,15 @@ static inline void mk_attention_core(float *out, const float *q, const void *k_c
 }
 
 void mk_cpu_attention_heads(float *out, const float *q, const float *k_cache, const float *v_cache,
-                            size_t begin, size_t end, size_t past, size_t n_heads, size_t n_kv_heads,
+                            mk_kv_pages pages, size_t begin, size_t end, size_t past, size_t n_heads, size_t n_kv_heads,
                             size_t head_dim) {
-    mk_attention_core(out, q, k_cache, v_cache, begin, end, past, n_heads, n_kv_heads, head_dim, false);
+    mk_attention_core(out, q, k_cache, v_cache, pages, begin, end, past, n_heads, n_kv_heads, head_dim, false);
 }
 
 void mk_cpu_attention_heads_f16(float *out, const float *q, const uint16_t *k_cache, const uint16_t *v_cache,
-                                size_t begin, size_t end, size_t past, size_t n_heads, size_t n_kv_heads,
+                                mk_kv_pages pages, size_t begin, size_t end, size_t past, size_t n_heads, size_t n_kv_heads,
                                 size_t head_dim) {
-    mk_attention_core(out, q, k_cache, v_cache, begin, end, past, n_heads, n_kv_heads, head_dim, true);
+    mk_attention_core(out, q, k_cache, v_cache, pages, begin, end, past, n_heads, n_kv_heads, head_dim, true);
 }
 
 /* ===================================================================== swiglu == */

@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "core/half.h"
+#include "kv_pages.h"
 #include "meshkern.h"
 
 #ifdef __cplusplus
@@ -63,13 +64,15 @@ void mk_cpu_attention(float *out /* [rows, n_heads, head_dim] */,
                       size_t head_dim);
 
 /* The same for the (row, head) pairs item in [begin, end), item = row * n_heads + head:
- * each pair is computed alone, so any partition of the pairs gives the same bits. */
+ * each pair is computed alone, so any partition of the pairs gives the same bits. The
+ * caches are pools read through `pages` (kv_pages.h): key t is at pool row
+ * mk_kv_row(pages, t). */
 void mk_cpu_attention_heads(float *out, const float *q, const float *k_cache, const float *v_cache,
-                            size_t begin, size_t end, size_t past, size_t n_heads, size_t n_kv_heads,
+                            mk_kv_pages pages, size_t begin, size_t end, size_t past, size_t n_heads, size_t n_kv_heads,
                             size_t head_dim);
 /* The same over an F16 cache: each element widened to float exactly, then the F32 math. */
 void mk_cpu_attention_heads_f16(float *out, const float *q, const uint16_t *k_cache, const uint16_t *v_cache,
-                                size_t begin, size_t end, size_t past, size_t n_heads, size_t n_kv_heads,
+                                mk_kv_pages pages, size_t begin, size_t end, size_t past, size_t n_heads, size_t n_kv_heads,
                                 size_t head_dim);
 
 /* out = silu(gate) * up, silu(g) = g / (1 + exp(-g)). */

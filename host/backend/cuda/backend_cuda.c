@@ -630,19 +630,19 @@ static mk_status cuda_rope(mk_backend *b, float *x, const int32_t *positions, si
 }
 
 static mk_status cuda_rope_kv(mk_backend *b, float *q, float *k, const float *v, void *k_cache, void *v_cache,
-                              const int32_t *positions, size_t past, size_t rows, size_t n_heads, size_t n_kv_heads,
+                              mk_kv_pages pages, const int32_t *positions, size_t past, size_t rows, size_t n_heads, size_t n_kv_heads,
                               size_t head_dim, float theta, mk_rope_layout layout) {
     mk_cuda_backend *cb = cuda_of(b);
     MK_ON_DEVICE(cb);
     mk_cuda_reads(cb, 0, 0, rows * (n_heads + 2 * n_kv_heads) * head_dim * sizeof(float) + rows * sizeof(int32_t));
     (void)past; /* the slots are positions[r], read on the device: the same launch every token */
-    return mk_cuda_after_launch(cb, mk_kernel_rope_kv(q, k, v, k_cache, v_cache, mk_backend_kv_dtype(b), positions,
+    return mk_cuda_after_launch(cb, mk_kernel_rope_kv(q, k, v, k_cache, v_cache, pages, mk_backend_kv_dtype(b), positions,
                                                       cb->max_context, rows, n_heads, n_kv_heads, head_dim, theta,
                                                       layout, cb->stream));
 }
 
 static mk_status cuda_attention(mk_backend *b, float *out, const float *q, const void *k_cache, const void *v_cache,
-                                const int32_t *positions, size_t rows, size_t past, size_t n_heads, size_t n_kv_heads,
+                                mk_kv_pages pages, const int32_t *positions, size_t rows, size_t past, size_t n_heads, size_t n_kv_heads,
                                 size_t head_dim) {
     mk_cuda_backend *cb = cuda_of(b);
     MK_ON_DEVICE(cb);
@@ -652,7 +652,7 @@ static mk_status cuda_attention(mk_backend *b, float *out, const float *q, const
      * positions on the device and its grid from the cache capacity, so the choice and the
      * launch never depend on `past` (a captured decode step replays unchanged). */
     if (rows == 1)
-        return mk_cuda_after_launch(cb, mk_kernel_attention_decode(out, q, k_cache, v_cache, mk_backend_kv_dtype(b),
+        return mk_cuda_after_launch(cb, mk_kernel_attention_decode(out, q, k_cache, v_cache, pages, mk_backend_kv_dtype(b),
                                                                    positions, cb->max_context, n_heads, n_kv_heads,
                                                                    head_dim, cb->decode_ws, cb->decode_ws_bytes,
                                                                    cb->stream));
@@ -660,10 +660,10 @@ static mk_status cuda_attention(mk_backend *b, float *out, const float *q, const
      * and a head_dim the tensor-core kernel cannot tile, keep the F32 kernel. */
     if ((cb->base.config.speed_mode || cb->base.config.weight_dtype != MK_DTYPE_F32) &&
         mk_kernel_attention_prefill_tc_supports(head_dim))
-        return mk_cuda_after_launch(cb, mk_kernel_attention_prefill_tc(out, q, k_cache, v_cache, mk_backend_kv_dtype(b),
+        return mk_cuda_after_launch(cb, mk_kernel_attention_prefill_tc(out, q, k_cache, v_cache, pages, mk_backend_kv_dtype(b),
                                                                        rows, past, n_heads, n_kv_heads, head_dim,
                                                                        cb->stream));
-    return mk_cuda_after_launch(cb, mk_kernel_attention_prefill_kv(out, q, k_cache, v_cache, mk_backend_kv_dtype(b), rows,
+    return mk_cuda_after_launch(cb, mk_kernel_attention_prefill_kv(out, q, k_cache, v_cache, pages, mk_backend_kv_dtype(b), rows,
                                                                    past, n_heads, n_kv_heads, head_dim, cb->stream));
 }
 
