@@ -302,6 +302,39 @@ TEST(PipelineSched, BatchedStepsMatchWholeOverEverySeam) {
     }
 }
 
+// A KV pool smaller than the sequences in flight need: admission waits for blocks (first
+// come, first served), every sequence completes with the whole model's tokens and none fails
+// for want of a block, and every block comes back; a sequence no pool could ever hold is
+// refused at submit by name.
+TEST(PipelineSched, SmallKvPoolQueuesSequencesUntilTheirBlocksAreFree) {
+    ModelPtr model = make_random_model(gqa_tied_hparams());
+    const std::vector<SeqSpec> specs = mixed_specs(model.get(), cpu_options(), 12, 31, 7);
+    ReferenceCache refs;
+    mk_sched_options o = sched_options(6, nullptr, MK_SEAM_LOCAL);
+    o.split_auto = true;
+    o.n_workers = 2;
+    o.range.max_batch_sequences = 6;
+    o.range.kv_block_size = 4;
+    o.range.kv_pool_blocks = 6; // about two sequences' worth; six slots
+    Collector c;
+    SchedPtr s = make_sched(model.get(), o, &c);
+    ASSERT_TRUE(s);
+    const std::vector<uint64_t> ids = submit_all(s.get(), specs);
+    ASSERT_TRUE(wait_all_within(s.get(), 120));
+    const std::vector<SeqResult> results = collect(s.get(), &c, ids);
+    expect_all_match_whole(model.get(), cpu_options(), specs, results, "small KV pool", &refs);
+    for (size_t i = 0; i < 2; i++) {
+        mk_kv_pool_info info{};
+        ASSERT_EQ(mk_range_kv_pool(mk_sched_worker_range(s.get(), i), &info), MK_OK);
+        EXPECT_EQ(info.free_blocks, info.blocks) << "stage " << i << " kept blocks";
+        EXPECT_EQ(info.promised_blocks, 0u) << "stage " << i;
+    }
+    const std::vector<int32_t> long_prompt(20, 5);
+    uint64_t id = 0;
+    EXPECT_ERROR(mk_sched_submit(s.get(), long_prompt.data(), long_prompt.size(), 10, nullptr, 0, &id),
+                 MK_ERR_KV_POOL_FULL, "more KV blocks than stage");
+}
+
 // What joins a worker's step from its queue: items while their rows fit, never the stop
 // item (it ends the worker; taken into a step it would be run as a sequence); the front item
 // is taken only when it fits, and the room grows by what was taken.

@@ -33,9 +33,13 @@ typedef struct mk_cli_backend {
     size_t device; /* --device, into config.device by mk_cli_backend_finish */
     bool dtype_given;
     bool eager_decode; /* --eager-decode: mk_range_options.eager_decode (cuda: no decode graphs) */
+    size_t kv_block;   /* --kv-block: mk_range_options.kv_block_size */
+    size_t kv_pool_blocks, kv_pool_bytes; /* --kv-pool: blocks, or bytes with a unit */
 } mk_cli_backend;
 void mk_cli_backend_init(mk_cli_backend *b);
-#define MK_CLI_BACKEND_OPTIONS 7
+/* What the backend options set in a range's options: the backend, eager decode, the KV pool. */
+void mk_cli_backend_range(const mk_cli_backend *b, mk_range_options *range);
+#define MK_CLI_BACKEND_OPTIONS 9
 /* The table of the backend options into out (their values into b); the count. */
 size_t mk_cli_backend_options(mk_cli_backend *b, mk_cli_option out[MK_CLI_BACKEND_OPTIONS], const char *threads_help);
 /* After parsing: the device, and the weight-mode default for the model at `model_path`. */

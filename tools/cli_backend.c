@@ -1,6 +1,8 @@
 /* The backend options of the commands that build ranges (run, chat, stage, serve): one
  * table of options, one default rule for the weight mode; and the TLS options (run, stage). */
+#include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
@@ -52,6 +54,34 @@ static bool mk_cli_parse_kv(const char *v, void *dest, char *why, size_t why_len
     return false;
 }
 
+/* --kv-pool: N blocks, or N KiB / MiB / GiB of blocks. */
+static bool mk_cli_parse_pool(const char *v, void *dest, char *why, size_t why_len) {
+    mk_cli_backend *b = dest;
+    static const struct {
+        const char *unit;
+        unsigned shift;
+    } units[] = {{"", 0}, {"KiB", 10}, {"MiB", 20}, {"GiB", 30}};
+    char *end = NULL;
+    const unsigned long long n = (v[0] >= '0' && v[0] <= '9') ? strtoull(v, &end, 10) : 0;
+    for (size_t i = 0; end && end != v && n > 0 && i < sizeof units / sizeof *units; i++) {
+        if (strcmp(end, units[i].unit) != 0) continue;
+        if (n > (SIZE_MAX >> units[i].shift)) break;
+        if (units[i].shift) b->kv_pool_bytes = (size_t)n << units[i].shift;
+        else b->kv_pool_blocks = (size_t)n;
+        return true;
+    }
+    snprintf(why, why_len, "expected a count of blocks or a size like 512MiB (KiB, MiB, GiB), above 0");
+    return false;
+}
+
+void mk_cli_backend_range(const mk_cli_backend *b, mk_range_options *range) {
+    range->backend = b->config;
+    range->eager_decode = b->eager_decode;
+    range->kv_block_size = b->kv_block;
+    range->kv_pool_blocks = b->kv_pool_blocks;
+    range->kv_pool_bytes = b->kv_pool_bytes;
+}
+
 size_t mk_cli_backend_options(mk_cli_backend *b, mk_cli_option out[MK_CLI_BACKEND_OPTIONS], const char *threads_help) {
     const mk_cli_option opts[MK_CLI_BACKEND_OPTIONS] = {
         {"--backend", NULL, "cpu|cuda", "where the ranges run", "cpu", MK_CLI_CALL, &b->config.kind, 0, 0,
@@ -68,6 +98,10 @@ size_t mk_cli_backend_options(mk_cli_backend *b, mk_cli_option out[MK_CLI_BACKEN
          0, 0, NULL},
         {"--eager-decode", NULL, NULL, "cuda: decode op by op (no decode graphs)", NULL, MK_CLI_FLAG, &b->eager_decode, 0,
          0, NULL},
+        {"--kv-block", NULL, "N", "positions per KV block (a power of two, 4 to 1024)", "16", MK_CLI_COUNT, &b->kv_block, 4,
+         1024, NULL},
+        {"--kv-pool", NULL, "N|SIZE", "each range's KV pool: N blocks, or a size (512MiB); sequences wait for room",
+         "4 sequences of the full context, or one per sequence a step carries", MK_CLI_CALL, b, 0, 0, mk_cli_parse_pool},
     };
     memcpy(out, opts, sizeof opts);
     return MK_CLI_BACKEND_OPTIONS;

@@ -83,8 +83,7 @@ static int mk_text_options(int argc, char **argv, mk_cli_opts *o, bool chat) {
     o->n_devices = devices_l.n;
     for (size_t i = 0; i < o->n_devices; i++) o->devices[i] = (int)devices[i];
     mk_cli_backend_finish(&backend, o->model_path);
-    o->range.backend = backend.config;
-    o->range.eager_decode = backend.eager_decode;
+    mk_cli_backend_range(&backend, &o->range);
     /* GPU to GPU needs the cuda backend: said here, before the model is read. */
     if (o->range.backend.kind != MK_BACKEND_CUDA && (o->seam.kind == MK_SEAM_NCCL || o->n_devices > 0))
         return mk_cli_usage_error(name, "%s needs --backend cuda (the cpu backend has no devices)",

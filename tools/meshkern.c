@@ -243,8 +243,7 @@ static int cmd_run(int argc, char **argv) {
         if (rc >= 0) return rc;
     }
     mk_cli_backend_finish(&backend, path);
-    opt.backend = backend.config;
-    opt.eager_decode = backend.eager_decode;
+    mk_cli_backend_range(&backend, &opt);
     const long n_tokens = (long)tokens_l.n, n_cuts = (long)cuts_l.n, n_devices = (long)devices_l.n;
     if (n_tokens == 0) return mk_cli_usage_error("run", "--tokens IDS is required (or -p TEXT, or --prompts FILE)");
     if ((size_t)n_tokens + n_new >= MK_MAX_TOKENS)

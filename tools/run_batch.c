@@ -252,8 +252,7 @@ static int run_batch(const batch_args *a, const mk_model *model, const mk_tokeni
     size_t longest = 0;
     for (size_t i = 0; i < n_prompts; i++) longest = prompts[i].n > longest ? prompts[i].n : longest;
     mk_sched_options o = mk_sched_options_default();
-    o.range.backend = a->backend.config;
-    o.range.eager_decode = a->backend.eager_decode;
+    mk_cli_backend_range(&a->backend, &o.range);
     (void)mk_size_add(longest, a->n_new, &o.range.max_context); /* saturates, then capped */
     if (o.range.max_context > hp->max_context) o.range.max_context = hp->max_context;
     /* a step's rows: several prompts fit one step (as many rows as a sequence's context) */

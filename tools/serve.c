@@ -1078,8 +1078,7 @@ int mk_cli_serve(int argc, char **argv) {
     srv->kv_sequences = max_seq;
     srv->kv_bytes_each = mk_kv_bytes_each(model, srv->lim.context, backend.config.kv_dtype);
     mk_sched_options o = mk_sched_options_default();
-    o.range.backend = backend.config;
-    o.range.eager_decode = backend.eager_decode;
+    mk_cli_backend_range(&backend, &o.range);
     o.range.max_context = srv->lim.context;
     o.range.max_batch_tokens = srv->lim.context;
     o.range.token_only = true;

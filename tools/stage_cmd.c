@@ -146,8 +146,7 @@ static int parse_stage_args(int argc, char **argv, stage_args *a) {
                                            "launches the ranks (0 <= rank < world)");
     /* A GGUF model on the cpu backend runs on its stored weights unless asked otherwise (as run). */
     mk_cli_backend_finish(&backend, a->model);
-    a->o.range.backend = backend.config;
-    a->o.range.eager_decode = backend.eager_decode;
+    mk_cli_backend_range(&backend, &a->o.range);
     a->o.cuts = a->cuts;
     a->o.rendezvous = a->rendezvous;
     if (a->mpi) a->o.world = 2; /* until MPI says */

@@ -288,6 +288,74 @@ static void mk_sched_start(mk_sched_item *item, mk_sched_request *req) {
     req->state = MK_SEQ_RUNNING;
 }
 
+/* KV positions a request may fill: its prompt and every token but the last. */
+static size_t mk_sched_positions(const mk_sched_request *r) { return r->n_prompt + r->max_new - 1; }
+
+/* The admission rule: a request enters a slot only with every stage's KV blocks for its
+ * whole run promised (mk_sequence_reserve), so a running sequence never fails for want of a
+ * block; the slot's sequences start empty. Under s->mu (a free slot's sequences are touched
+ * by no worker). false, nothing held: the pools cannot promise that much now. */
+static bool mk_sched_reserve(mk_sched *s, size_t slot, const mk_sched_request *r) {
+    for (size_t i = 0; i < s->n_workers; i++) {
+        mk_sequence *seq = s->workers[i].seqs[slot];
+        if (mk_sequence_reset(seq) != MK_OK || mk_sequence_reserve(seq, mk_sched_positions(r)) != MK_OK) {
+            for (size_t j = 0; j <= i; j++) (void)mk_sequence_reset(s->workers[j].seqs[slot]);
+            mk_clear_error();
+            return false;
+        }
+    }
+    return true;
+}
+
+/* Queued requests into free slots, first come first served (the head waits for blocks and
+ * the ones behind it wait too: no request is passed over for ever), at most `cap`. The items
+ * to push once s->mu is released go to admitted[]. Under s->mu. */
+static size_t mk_sched_admit(mk_sched *s, mk_sched_item **admitted, size_t cap) {
+    size_t n = 0;
+    while (n < cap && s->n_free && s->pending_head &&
+           mk_sched_reserve(s, s->free_slots[s->n_free - 1], s->pending_head)) {
+        mk_sched_request *r = s->pending_head;
+        s->pending_head = r->next_pending;
+        if (!s->pending_head) s->pending_tail = NULL;
+        mk_sched_item *item = &s->items[s->free_slots[--s->n_free]];
+        mk_sched_start(item, r);
+        admitted[n++] = item;
+    }
+    return n;
+}
+
+/* Admit whoever can enter now, release s->mu (held on entry), then hand the admitted items
+ * to the head stage outside the lock (its inbox is never full: one item per slot). */
+static void mk_sched_admit_unlock(mk_sched *s) {
+    enum { MK_ADMIT_BATCH = 8 };
+    mk_sched_item *admitted[MK_ADMIT_BATCH];
+    size_t n = mk_sched_admit(s, admitted, MK_ADMIT_BATCH);
+    pthread_mutex_unlock(&s->mu);
+    while (n) {
+        for (size_t i = 0; i < n; i++) (void)mk_queue_push(&s->inbox0, admitted[i]);
+        if (n < MK_ADMIT_BATCH) break;
+        pthread_mutex_lock(&s->mu);
+        n = mk_sched_admit(s, admitted, MK_ADMIT_BATCH);
+        pthread_mutex_unlock(&s->mu);
+    }
+}
+
+/* A request no pool could ever hold (more blocks than a stage's pool has): refused at once. */
+static mk_status mk_sched_fits_pools(const mk_sched *s, size_t positions) {
+    for (size_t i = 0; i < s->n_workers; i++) {
+        mk_kv_pool_info info;
+        MK_TRY(mk_range_kv_pool(s->workers[i].range, &info));
+        const size_t ctx = mk_range_max_context(s->workers[i].range);
+        const size_t p = positions < ctx ? positions : ctx;
+        if ((p + info.block_size - 1) / info.block_size > info.blocks)
+            return mk_fail(MK_ERR_KV_POOL_FULL,
+                           "a sequence of up to %zu positions needs more KV blocks than stage %zu's pool holds (%zu "
+                           "blocks of %zu)",
+                           p, i, info.blocks, info.block_size);
+    }
+    return MK_OK;
+}
+
 mk_status mk_sched_submit(mk_sched *s, const int32_t *prompt, size_t n_prompt, size_t max_new, const int32_t *stop_ids,
                           size_t n_stop, uint64_t *seq_id) {
     mk_clear_error();
@@ -299,6 +367,9 @@ mk_status mk_sched_submit(mk_sched *s, const int32_t *prompt, size_t n_prompt, s
     if (n_prompt > mk_range_max_rows(head))
         return mk_fail(MK_ERR_INVALID_ARGUMENT, "prompt of %zu tokens exceeds the pipeline's max_batch_tokens %zu",
                        n_prompt, mk_range_max_rows(head));
+    size_t positions;
+    if (!mk_size_add(n_prompt, max_new - 1, &positions)) positions = SIZE_MAX;
+    MK_TRY(mk_sched_fits_pools(s, positions));
     mk_sched_request *r = calloc(1, sizeof *r);
     if (!r) return mk_fail(MK_ERR_OUT_OF_MEMORY, "pipeline: out of memory");
     /* At most max_context tokens come out of a sequence (each but the last takes a KV
@@ -320,7 +391,6 @@ mk_status mk_sched_submit(mk_sched *s, const int32_t *prompt, size_t n_prompt, s
     r->max_new = max_new;
     r->state = MK_SEQ_QUEUED;
 
-    mk_sched_item *admit = NULL;
     pthread_mutex_lock(&s->mu);
     if (s->n_requests == s->cap_requests) {
         const size_t cap = s->cap_requests ? 2 * s->cap_requests : 64;
@@ -339,18 +409,12 @@ mk_status mk_sched_submit(mk_sched *s, const int32_t *prompt, size_t n_prompt, s
     s->requests[s->n_requests++] = r;
     r->id = s->n_requests;
     s->n_unfinished++;
-    if (s->n_free) {
-        admit = &s->items[s->free_slots[--s->n_free]];
-        mk_sched_start(admit, r);
-    } else if (s->pending_tail) {
-        s->pending_tail->next_pending = r;
-        s->pending_tail = r;
-    } else {
-        s->pending_head = s->pending_tail = r;
-    }
+    if (s->pending_tail) s->pending_tail->next_pending = r;
+    else s->pending_head = r;
+    s->pending_tail = r;
     *seq_id = r->id;
-    pthread_mutex_unlock(&s->mu);
-    return admit ? mk_queue_push(&s->inbox0, admit) : MK_OK;
+    mk_sched_admit_unlock(s);
+    return MK_OK;
 }
 
 void mk_sched_retire(mk_sched *s, mk_sched_item *item, mk_seq_state state, mk_status status, const char *error) {
@@ -364,18 +428,12 @@ void mk_sched_retire(mk_sched *s, mk_sched_item *item, mk_seq_state state, mk_st
     r->state = state;
     s->n_unfinished--;
     if (r->released) mk_sched_forget(s, r); /* nobody will read it: no item points at it after this */
-    mk_sched_request *next = s->pending_head;
-    if (next) {
-        s->pending_head = next->next_pending;
-        if (!s->pending_head) s->pending_tail = NULL;
-        mk_sched_start(item, next);
-    } else {
-        item->req = NULL;
-        s->free_slots[s->n_free++] = item->slot;
-    }
+    item->req = NULL;
+    /* its blocks back to every stage's pool, then whoever waits for a slot or for blocks */
+    for (size_t i = 0; i < s->n_workers; i++) (void)mk_sequence_reset(s->workers[i].seqs[item->slot]);
+    s->free_slots[s->n_free++] = item->slot;
     pthread_cond_broadcast(&s->done_cv);
-    pthread_mutex_unlock(&s->mu);
-    if (next) (void)mk_queue_push(&s->inbox0, item); /* never full: one item per slot */
+    mk_sched_admit_unlock(s);
 }
 
 void mk_sched_emit(mk_sched *s, mk_sched_item *item) {
@@ -460,7 +518,7 @@ mk_status mk_sched_cancel(mk_sched *s, uint64_t id) {
     } else if (r && r->state == MK_SEQ_RUNNING) {
         r->cancelled = true; /* the tail retires it with its next token */
     }
-    pthread_mutex_unlock(&s->mu);
+    mk_sched_admit_unlock(s); /* the one it was waiting behind may fit now */
     return r ? MK_OK : mk_sched_unknown(id);
 }
 

@@ -84,22 +84,10 @@ static mk_status mk_worker_step(mk_sched_worker *st, mk_sched_item **items, size
     return s;
 }
 
-/* Before a step: a new sequence's slot reset, a received boundary taken off the seam (into
- * `in`). Received even when the reset failed: a FIFO transport stays in step (the
- * failure's message is kept across the receive, which clears it). */
+/* Before a step: a received boundary taken off the seam (into `in`). A new sequence's slot
+ * was reset, with its KV blocks promised, when it was admitted (pipeline_sched.c). */
 static mk_status mk_worker_prepare(mk_sched_worker *st, mk_sched_item *item, mk_boundary *in) {
-    mk_status s = MK_OK;
-    /* A new sequence in this slot: its cache starts empty (stale rows are never read),
-     * before its first boundary is checked against it. */
-    if (item->kind == MK_ITEM_PREFILL) s = mk_sequence_reset(st->seqs[item->slot]);
-    if (!mk_worker_is_head(st)) {
-        char earlier[256];
-        snprintf(earlier, sizeof earlier, "%s", s == MK_OK ? "" : mk_last_error());
-        const mk_status r = mk_sched_link_recv(st->in_link, item, st->seqs[item->slot], in);
-        if (s != MK_OK) (void)mk_fail(s, "%s", earlier);
-        else s = r;
-    }
-    return s;
+    return mk_worker_is_head(st) ? MK_OK : mk_sched_link_recv(st->in_link, item, st->seqs[item->slot], in);
 }
 
 /* After a step: the boundary on to the next stage, or the token reported. */

@@ -55,5 +55,7 @@ mk_status mk_slots_get(mk_slots *t, const char *id, bool fresh, mk_sequence **se
 
 void mk_slots_release(mk_slots *t, const char *id) {
     mk_stage_slot *s = mk_slots_find(t, id);
-    if (s) s->request_id[0] = '\0';
+    if (!s) return;
+    s->request_id[0] = '\0';
+    (void)mk_sequence_reset(s->seq); /* its KV blocks back to the pool now, not at the slot's reuse */
 }

@@ -433,6 +433,7 @@ typedef struct mk_head_entry {
     size_t n, cap;       /* cap: its token limit, or fewer where its KV fills first */
     size_t limit;        /* the token limit asked for */
     bool ready;          /* its next rows wait for a step: the prompt (n == 0) or its last token */
+    bool reserved;       /* its slot holds the KV blocks of its whole run (admitted only then) */
 } mk_head_entry;
 
 typedef struct mk_head {
@@ -455,7 +456,7 @@ static mk_status mk_head_step_ready(mk_head *h) {
     for (int prompts = 0; prompts < 2; prompts++)
         for (size_t k = 0; k < st->max_sequences && n < st->max_batch; k++) {
             mk_head_entry *e = &h->entry[k];
-            if (!e->used || !e->ready || (e->n == 0) != (prompts == 1)) continue;
+            if (!e->used || !e->ready || !e->reserved || (e->n == 0) != (prompts == 1)) continue;
             const size_t r = e->n == 0 ? e->a.n_prompt : 1;
             if (n > 0 && rows + r > st->max_rows) continue; /* next step */
             pick[n++] = e;
@@ -468,7 +469,7 @@ static mk_status mk_head_step_ready(mk_head *h) {
         mk_head_entry *e = pick[k];
         snprintf(id[k], sizeof id[k], "req-%zu", e->number);
         mk_sequence *seq = NULL;
-        MK_TRY(mk_slots_get(&st->slots, id[k], e->n == 0, &seq));
+        MK_TRY(mk_slots_get(&st->slots, id[k], false, &seq)); /* its slot: made when its blocks were reserved */
         entries[k] = (mk_forward_entry){.seq = seq,
                                         .token_ids = e->n == 0 ? e->prompt : &e->tokens[e->n - 1],
                                         .n_tokens = e->n == 0 ? e->a.n_prompt : 1,
@@ -505,11 +506,44 @@ static void mk_head_finish(mk_head *h, mk_head_entry *e, mk_status status, const
     h->in_flight--;
 }
 
+/* KV positions a request may fill on rank 0: its prompt and every token but the last. */
+static size_t mk_head_positions(const mk_head_entry *e) { return e->a.n_prompt + e->cap - 1; }
+
+/* The admission rule (as the in-process scheduler's): a request's first step waits until
+ * rank 0's pool promises the blocks of its whole run, oldest request first; so a running
+ * request never fails for want of a block. Its slot is made here. */
+static mk_status mk_head_reserve(mk_head *h) {
+    mk_stage *st = h->st;
+    for (;;) {
+        mk_head_entry *oldest = NULL;
+        for (size_t k = 0; k < st->max_sequences; k++) {
+            mk_head_entry *e = &h->entry[k];
+            if (e->used && !e->reserved && (!oldest || e->number < oldest->number)) oldest = e;
+        }
+        if (!oldest) return MK_OK;
+        char id[32];
+        snprintf(id, sizeof id, "req-%zu", oldest->number);
+        mk_sequence *seq = NULL;
+        MK_TRY(mk_slots_get(&st->slots, id, true, &seq));
+        if (mk_sequence_reserve(seq, mk_head_positions(oldest)) != MK_OK) {
+            mk_slots_release(&st->slots, id); /* waits for a finishing request's blocks */
+            mk_clear_error();
+            return MK_OK;
+        }
+        oldest->reserved = true;
+    }
+}
+
 /* A request the stage cannot take fails alone, before it reaches any rank. */
 static bool mk_head_refuse(mk_head *h, const mk_stage_arrival *a) {
     const mk_stage *st = h->st;
     char why[200];
     mk_status s = MK_OK;
+    mk_kv_pool_info pool = {0};
+    (void)mk_range_kv_pool(st->range, &pool);
+    const size_t limit = a->max_new_tokens ? a->max_new_tokens : st->o.max_new_tokens;
+    const size_t positions = a->n_prompt + (limit < st->max_context ? limit : st->max_context) - 1;
+    const size_t need = (positions < st->max_context ? positions : st->max_context);
     if (!a->prompt || a->n_prompt == 0) {
         s = MK_ERR_EMPTY_INPUT;
         snprintf(why, sizeof why, "request %llu has no prompt tokens", (unsigned long long)a->tag);
@@ -518,6 +552,10 @@ static bool mk_head_refuse(mk_head *h, const mk_stage_arrival *a) {
         snprintf(why, sizeof why, "request %llu: a prompt of %zu tokens; this run takes at most %zu (context %zu)",
                  (unsigned long long)a->tag, a->n_prompt,
                  st->max_rows < st->max_context - 1 ? st->max_rows : st->max_context - 1, st->max_context);
+    } else if (pool.block_size && (need + pool.block_size - 1) / pool.block_size > pool.blocks) {
+        s = MK_ERR_KV_POOL_FULL;
+        snprintf(why, sizeof why, "request %llu: up to %zu positions need more KV blocks than rank 0's pool holds (%zu of %zu)",
+                 (unsigned long long)a->tag, need, pool.blocks, pool.block_size);
     }
     if (s == MK_OK) return false;
     if (h->src->report) {
@@ -710,6 +748,7 @@ static mk_status mk_head_take_waiting(mk_head *h) {
 static mk_status mk_head_serve(mk_head *h) {
     for (;;) {
         MK_TRY(mk_head_admit(h));
+        MK_TRY(mk_head_reserve(h));
         MK_TRY(mk_head_step_ready(h));
         if (h->closed && h->in_flight == 0) return MK_OK;
         bool ready = false; /* requests left for the next step (over the step's rows): no wait */
