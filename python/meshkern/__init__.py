@@ -19,4 +19,4 @@ from .core import (Boundary, BoundaryHeader, Bundle, Detokenizer, GenerateStats,
 from .shard import Shard
 from . import errors
 
-__version__ = "0.3.0"
+__version__ = "0.4.0"
