@@ -129,7 +129,7 @@ std::vector<float> native_product(NativeCtx &c, NativeWeight &w, const std::vect
     std::vector<float> y(rows * out + 8, kSentinel);
     EXPECT_EQ(w.weight()->rows, out);
     EXPECT_EQ(w.weight()->cols, in);
-    const mk_status s = mk_cpu_native_matmul(&c.ctx, y.data(), x.data(), w.weight(), rows);
+    const mk_status s = mk_cpu_native_matmul(&c.ctx, y.data(), x.data(), w.weight(), rows, false);
     EXPECT_EQ(s, MK_OK) << mk_last_error();
     for (size_t i = rows * out; i < y.size(); i++) EXPECT_EQ(y[i], kSentinel) << "wrote past the output";
     y.resize(rows * out);
@@ -316,7 +316,7 @@ TEST(NativeMatmul, SharedAndSwigluJobsEqualSeparateProducts) {
                 yp[i] = y[i].data();
                 wp[i] = w[i].weight();
             }
-            MK_ASSERT_OK(mk_cpu_native_matmul_shared(&c.ctx, 3, yp, wp, x.data(), rows));
+            MK_ASSERT_OK(mk_cpu_native_matmul_shared(&c.ctx, 3, yp, wp, x.data(), rows, false));
             for (int i = 0; i < 3; i++) {
                 for (size_t k = rows * outs[i]; k < y[i].size(); k++) ASSERT_EQ(y[i][k], kSentinel) << "part " << i;
                 y[i].resize(rows * outs[i]);
@@ -324,7 +324,7 @@ TEST(NativeMatmul, SharedAndSwigluJobsEqualSeparateProducts) {
             }
             std::vector<float> gate(rows * 45 + 8, kSentinel), up(rows * 45 + 8, kSentinel);
             MK_ASSERT_OK(mk_cpu_native_matmul_swiglu(&c.ctx, gate.data(), up.data(), x.data(), gate_w.weight(),
-                                                     up_w.weight(), rows));
+                                                     up_w.weight(), rows, false));
             for (size_t k = rows * 45; k < gate.size(); k++) ASSERT_EQ(gate[k], kSentinel);
             gate.resize(rows * 45);
             std::vector<float> g = native_product(c, gate_w, x, rows, in, 45);
@@ -358,12 +358,12 @@ TEST(NativeMatmul, F32StoredWeightInASharedJobTakesTheF32Product) {
         std::vector<float> y0(rows * out), y1(rows * out);
         float *yp[2] = {y0.data(), y1.data()};
         const mk_weight *wp[2] = {q8w.weight(), f32w.weight()};
-        MK_ASSERT_OK(mk_cpu_native_matmul_shared(&c.ctx, 2, yp, wp, x.data(), rows));
+        MK_ASSERT_OK(mk_cpu_native_matmul_shared(&c.ctx, 2, yp, wp, x.data(), rows, false));
         EXPECT_TRUE(bit_identical(y0, native_product(c, q8w, x, rows, in, out)));
         EXPECT_TRUE(bit_identical(y1, native_product(c, f32w, x, rows, in, out)));
         std::vector<float> gate(rows * out), up(rows * out);
         MK_ASSERT_OK(mk_cpu_native_matmul_swiglu(&c.ctx, gate.data(), up.data(), x.data(), f32w.weight(), q8w.weight(),
-                                                 rows));
+                                                 rows, false));
         std::vector<float> g = native_product(c, f32w, x, rows, in, out);
         const std::vector<float> u = native_product(c, q8w, x, rows, in, out);
         mk_cpu_swiglu(g.data(), g.data(), u.data(), g.size());
@@ -378,7 +378,7 @@ TEST(NativeMatmul, GemmRowThresholdIsExactlyMinRows) {
     std::vector<float> wf(out * in);
     MK_ASSERT_OK(mk_gguf_dequantize(MK_GGML_TYPE_Q8_0, wq.data(), wq.size(), wf.data(), wf.size()));
     NativeWeight w(MK_GGML_TYPE_Q8_0, wq, out, in);
-    for (size_t rows : {(size_t)MK_NATIVE_GEMM_MIN_ROWS - 1, (size_t)MK_NATIVE_GEMM_MIN_ROWS}) {
+    for (size_t rows : {(size_t)MK_NATIVE_GEMM_MIN_ROWS - 1, (size_t)MK_NATIVE_GEMM_MIN_ROWS, (size_t)64}) {
         for (const bool tiles : {true, false}) {
             SCOPED_TRACE(std::to_string(rows) + " rows" + (tiles ? "" : ", no tile scratch"));
             const std::vector<float> x = random_floats(rows * in, rng);
@@ -390,12 +390,16 @@ TEST(NativeMatmul, GemmRowThresholdIsExactlyMinRows) {
             const std::vector<float> y = native_product(c, w, x, rows, in, out);
             std::vector<float> sgemm(rows * out);
             mk_cpu_sgemm_strided(sgemm.data(), out, x.data(), wf.data(), rows, in, out);
-            size_t rows_as_alone = 0;
+            size_t rows_as_alone = 0, asked_alone = 0;
+            std::vector<float> ya(rows * out); // asked for rows alone (a batch's decode rows): the dots at any count
+            MK_ASSERT_OK(mk_cpu_native_matmul(&c.ctx, ya.data(), x.data(), w.weight(), rows, true));
             for (size_t r = 0; r < rows; r++) {
                 const std::vector<float> xr(x.begin() + (long)(r * in), x.begin() + (long)((r + 1) * in));
                 const std::vector<float> alone = native_product(c, w, xr, 1, in, out);
                 rows_as_alone += std::memcmp(alone.data(), &y[r * out], out * sizeof(float)) == 0;
+                asked_alone += std::memcmp(alone.data(), &ya[r * out], out * sizeof(float)) == 0;
             }
+            EXPECT_EQ(asked_alone, rows) << "a product asked for rows alone must give every row its dot bits";
             const bool gemm = tiles && rows >= MK_NATIVE_GEMM_MIN_ROWS;
             if (gemm) {
                 EXPECT_TRUE(bit_identical(y, sgemm)) << "not the tiled SGEMM";

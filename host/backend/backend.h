@@ -38,6 +38,10 @@ typedef struct mk_gemm_input {
     const float *x;
     void *lowp;
     bool ready;
+    /* Rows of different sequences (a batch's decode rows, at most gemm_rows_alone(w)): each
+     * must come out as it would alone, whatever the count (the backend keeps its row-by-row
+     * path instead of switching to a many-row kernel). */
+    bool alone;
 } mk_gemm_input;
 
 typedef struct mk_backend_ops {
@@ -97,9 +101,10 @@ typedef struct mk_backend_ops {
                              size_t rows, size_t cols, float eps);
     /* y [rows, w->rows] = x [rows, w->cols] @ w^T. */
     mk_status (*matmul)(mk_backend *b, float *y, const mk_gemm_input *x, const mk_weight *w, size_t rows);
-    /* The most rows one product of w (matmul, matmul_shared, matmul_swiglu) computes each
-     * exactly as a product of that row alone: a batch forward multiplies decode rows of
-     * different sequences together up to it, so a batch never changes a row. NULL: 1. */
+    /* The most rows one product of w (matmul, matmul_shared, matmul_swiglu) with
+     * mk_gemm_input.alone computes each exactly as a product of that row alone: a batch
+     * forward multiplies decode rows of different sequences together up to it, so a batch
+     * never changes a row. NULL: 1. */
     size_t (*gemm_rows_alone)(mk_backend *b, const mk_weight *w);
     /* Optional (NULL: the executor calls matmul once per weight). y[i] = x @ w[i]^T for n
      * (1..3) weights sharing x: Q, K and V in one launch. */

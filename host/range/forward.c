@@ -102,6 +102,7 @@ static mk_status mk_run_attention(mk_range *r, const mk_span *sp, size_t layer_i
  * group of its own, so every product a row meets is the product its sequence alone meets. */
 typedef struct mk_group {
     size_t row0, rows;
+    bool alone; /* decode rows of several sequences: each computed as it would be alone */
 } mk_group;
 
 typedef struct mk_plan {
@@ -118,7 +119,8 @@ static mk_gemm_input mk_group_input(const mk_range *r, const mk_group *g, const 
                                     const mk_weight *w) {
     void *lowp = mk_gemm_lowp(r, g->rows);
     const size_t es = lowp ? mk_dtype_size(r->backend->ops->gemm_input(r->backend, g->rows)) : 0;
-    return (mk_gemm_input){x + g->row0 * w->cols, lowp ? (uint8_t *)lowp + g->row0 * w->cols * es : NULL, ready};
+    return (mk_gemm_input){x + g->row0 * w->cols, lowp ? (uint8_t *)lowp + g->row0 * w->cols * es : NULL, ready,
+                           g->alone};
 }
 
 /* y = x @ w^T over every group (y's rows of width w->rows). */
@@ -216,7 +218,7 @@ static mk_status mk_tail_compute(mk_range *r, size_t rows) {
     const mk_activations *a = &r->act;
     const float *last = a->x + (rows - 1) * hp->hidden;
     void *lowp = mk_gemm_lowp(r, 1);
-    const mk_gemm_input xn = {a->xn, lowp, true};
+    const mk_gemm_input xn = {a->xn, lowp, true, false};
     MK_OP(r, MK_OPF_LM_HEAD, b->ops->rmsnorm(b, a->xn, lowp, last, r->output_norm, 1, hp->hidden, hp->rms_eps));
     MK_OP(r, MK_OPF_LM_HEAD, b->ops->matmul(b, a->logits, &xn, &r->lm_head, 1));
     MK_OP(r, MK_OPF_SAMPLE, b->ops->argmax(b, a->token, a->logits, 1, hp->vocab));
@@ -237,7 +239,7 @@ static mk_status mk_tail_compute_batch(mk_range *r, const mk_plan *p) {
               b->ops->rmsnorm(b, a->xn + i * hp->hidden, NULL, last, r->output_norm, 1, hp->hidden, hp->rms_eps));
     }
     for (size_t g0 = 0; g0 < n; g0 += r->tail_rows_alone) {
-        const mk_group g = {g0, n - g0 < r->tail_rows_alone ? n - g0 : r->tail_rows_alone};
+        const mk_group g = {g0, n - g0 < r->tail_rows_alone ? n - g0 : r->tail_rows_alone, true};
         const mk_plan tail = {p->spans, n, &g, 1, n};
         MK_OP(r, MK_OPF_LM_HEAD, mk_product(r, &tail, a->logits, a->xn, false, &r->lm_head));
     }
@@ -335,7 +337,7 @@ static mk_status mk_forward_step(mk_range *r, mk_sequence *seq, const void *in, 
         r->step = NULL;
     }
     const mk_span span = {seq, 0, 1};
-    const mk_group group = {0, 1};
+    const mk_group group = {0, 1, false};
     const mk_plan plan = {&span, 1, &group, 1, 1};
     if (!r->step) {
         void *step = NULL;
@@ -374,7 +376,7 @@ static mk_status mk_forward_run(mk_range *r, mk_sequence *seq, const int32_t *to
     if (r->profile.on) r->profile.forwards++;
     if (rows == 1 && r->graphs && !r->profile.on) return mk_forward_step(r, seq, in, out);
     const mk_span span = {seq, 0, rows};
-    const mk_group group = {0, rows};
+    const mk_group group = {0, rows, false};
     const mk_plan plan = {&span, 1, &group, 1, rows};
     return mk_forward_device(r, &plan, in, out);
 }
@@ -570,9 +572,9 @@ mk_status mk_range_forward_batch(mk_range *r, const mk_forward_entry *entries, s
     size_t n_groups = 0, next_decode = 0, next_chunk = decode_rows;
     for (size_t i = 0; i < n; i++) spans[i].row0 = spans[i].rows == 1 ? next_decode++ : (next_chunk += spans[i].rows) - spans[i].rows;
     for (size_t g0 = 0; g0 < decode_rows; g0 += r->rows_alone)
-        groups[n_groups++] = (mk_group){g0, decode_rows - g0 < r->rows_alone ? decode_rows - g0 : r->rows_alone};
+        groups[n_groups++] = (mk_group){g0, decode_rows - g0 < r->rows_alone ? decode_rows - g0 : r->rows_alone, true};
     for (size_t i = 0; i < n; i++)
-        if (spans[i].rows > 1) groups[n_groups++] = (mk_group){spans[i].row0, spans[i].rows};
+        if (spans[i].rows > 1) groups[n_groups++] = (mk_group){spans[i].row0, spans[i].rows, false};
     if (total > r->max_rows)
         return mk_fail(MK_ERR_SHAPE, "a batch of %zu rows; this range's forwards take at most %zu (max_batch_tokens)",
                        total, r->max_rows);

@@ -563,7 +563,7 @@ TEST(CudaBackend, LowPrecisionInputIsTheNormsCopyOrAConversionAsTheCallerSays) {
         };
         auto matmul = [&](void *y, const void *xin, void *lowp, bool ready) {
             return [=] {
-                const mk_gemm_input gi = {(const float *)xin, lowp, ready};
+                const mk_gemm_input gi = {(const float *)xin, lowp, ready, false};
                 return b->ops->matmul(b, (float *)y, &gi, &mw, rows);
             };
         };
@@ -581,7 +581,7 @@ TEST(CudaBackend, LowPrecisionInputIsTheNormsCopyOrAConversionAsTheCallerSays) {
         EXPECT_EQ(std::memcmp(y1.data(), y3.data(), y1.size() * 4), 0) << "norm's copy vs conversion";
         // a cuBLAS product of 16-bit weights with nowhere to put its 16-bit input
         {
-            const mk_gemm_input none = {xn, nullptr, false};
+            const mk_gemm_input none = {xn, nullptr, false, false};
             EXPECT_ERROR(b->ops->matmul(b, (float *)dy3, &none, &mw, rows), MK_ERR_INTERNAL, "no 16-bit activation buffer");
         }
         const std::vector<std::pair<const char *, std::function<mk_status()>>> writers = {
@@ -590,7 +590,7 @@ TEST(CudaBackend, LowPrecisionInputIsTheNormsCopyOrAConversionAsTheCallerSays) {
             {"upload", [&] { return b->ops->upload(b, xn, other.data(), rows * in * 4); }},
             // a decode GEMV writing xn's first rows (its own input needs no conversion)
             {"gemv", [&] {
-                 const mk_gemm_input gi = {(const float *)dother, nullptr, false};
+                 const mk_gemm_input gi = {(const float *)dother, nullptr, false, false};
                  return b->ops->matmul(b, xn + 2 * in, &gi, &mw2, 4);
              }},
         };

@@ -144,14 +144,14 @@ static mk_status cpu_add_rmsnorm(mk_backend *b, float *residual, float *out, voi
 }
 
 static mk_status cpu_matmul(mk_backend *b, float *y, const mk_gemm_input *x, const mk_weight *w, size_t rows) {
-    if (cpu_native_mode(b)) return mk_cpu_native_matmul(&cpu_of(b)->native, y, x->x, w, rows);
+    if (cpu_native_mode(b)) return mk_cpu_native_matmul(&cpu_of(b)->native, y, x->x, w, rows, x->alone);
     mk_cpu_matmul(y, x->x, w->data, rows, w->cols, w->rows);
     return MK_OK;
 }
 
-/* Native quantized or 16-bit weights: the dot path computes each row alone below the
- * tiled-GEMM threshold (cpu_native.c); F32 weights go to SGEMM, whose kernel depends on the
- * rows: one at a time. */
+/* Native quantized or 16-bit weights: the dot path computes each row alone, at any count
+ * when the input asks for it (mk_gemm_input.alone); F32 weights go to SGEMM, whose kernel
+ * depends on the rows: one at a time. */
 static size_t cpu_gemm_rows_alone(mk_backend *b, const mk_weight *w) {
     if (!cpu_native_mode(b) || w->format == MK_GGML_TYPE_F32) return 1;
     return mk_cpu_native_rows_alone(&cpu_of(b)->native);
@@ -159,7 +159,7 @@ static size_t cpu_gemm_rows_alone(mk_backend *b, const mk_weight *w) {
 
 static mk_status cpu_matmul_shared(mk_backend *b, size_t n, float *const *y, const mk_weight *const *w,
                                    const mk_gemm_input *x, size_t rows) {
-    if (cpu_native_mode(b)) return mk_cpu_native_matmul_shared(&cpu_of(b)->native, n, y, w, x->x, rows);
+    if (cpu_native_mode(b)) return mk_cpu_native_matmul_shared(&cpu_of(b)->native, n, y, w, x->x, rows, x->alone);
     for (size_t i = 0; i < n; i++) mk_cpu_matmul(y[i], x->x, w[i]->data, rows, w[i]->cols, w[i]->rows);
     return MK_OK;
 }
@@ -167,7 +167,7 @@ static mk_status cpu_matmul_shared(mk_backend *b, size_t n, float *const *y, con
 static mk_status cpu_matmul_swiglu(mk_backend *b, float *gate, float *up, const mk_gemm_input *x,
                                    const mk_weight *w_gate, const mk_weight *w_up, size_t rows) {
     if (cpu_native_mode(b))
-        return mk_cpu_native_matmul_swiglu(&cpu_of(b)->native, gate, up, x->x, w_gate, w_up, rows);
+        return mk_cpu_native_matmul_swiglu(&cpu_of(b)->native, gate, up, x->x, w_gate, w_up, rows, x->alone);
     mk_cpu_matmul(gate, x->x, w_gate->data, rows, w_gate->cols, w_gate->rows);
     mk_cpu_matmul(up, x->x, w_up->data, rows, w_up->cols, w_up->rows);
     mk_cpu_swiglu(gate, gate, up, rows * w_gate->rows);

@@ -152,8 +152,8 @@ static mk_status mk_native_run(mk_native_job *j) {
 
 /* True when a product of `rows` rows over weight w goes through the dot kernels (the
  * choice depends on the rows and the stored type alone, never on the threads). */
-static bool mk_native_uses_dots(const mk_cpu_native *ctx, const mk_weight *w, size_t rows) {
-    return w->format != MK_GGML_TYPE_F32 && !(rows >= MK_NATIVE_GEMM_MIN_ROWS && ctx->wtile);
+static bool mk_native_uses_dots(const mk_cpu_native *ctx, const mk_weight *w, size_t rows, bool alone) {
+    return w->format != MK_GGML_TYPE_F32 && (alone || !(rows >= MK_NATIVE_GEMM_MIN_ROWS && ctx->wtile));
 }
 
 /* Products of many rows: tiles of MK_NATIVE_GEMM_TILE output features, each dequantized
@@ -185,18 +185,20 @@ static void mk_native_tiles(void *arg, size_t begin, size_t end, size_t thread) 
 }
 
 size_t mk_cpu_native_rows_alone(const mk_cpu_native *ctx) {
-    return ctx->wtile ? MK_NATIVE_GEMM_MIN_ROWS - 1 : SIZE_MAX;
+    (void)ctx; /* the dot path at any count, asked for by `alone` */
+    return SIZE_MAX;
 }
 
-mk_status mk_cpu_native_matmul(const mk_cpu_native *ctx, float *y, const float *x, const mk_weight *w, size_t rows) {
+mk_status mk_cpu_native_matmul(const mk_cpu_native *ctx, float *y, const float *x, const mk_weight *w, size_t rows,
+                               bool alone) {
     const size_t in_dim = w->cols, out_dim = w->rows;
     const uint8_t *data = w->data;
     if (w->format == MK_GGML_TYPE_F32) {
         mk_cpu_matmul(y, x, (const float *)data, rows, in_dim, out_dim);
         return MK_OK;
     }
-    /* The path depends on the row count alone (never on the threads), so results do too. */
-    if (rows >= MK_NATIVE_GEMM_MIN_ROWS && ctx->wtile) {
+    /* The path depends on the row count and `alone` (never on the threads), so results do too. */
+    if (!mk_native_uses_dots(ctx, w, rows, alone)) {
         if (in_dim * MK_NATIVE_GEMM_TILE * mk_cpu_pool_threads(ctx->pool) > ctx->wtile_elems)
             return mk_fail(MK_ERR_INTERNAL, "native matmul: weight tiles of width %zu exceed the reserved scratch",
                            in_dim);
@@ -216,16 +218,16 @@ mk_status mk_cpu_native_matmul(const mk_cpu_native *ctx, float *y, const float *
 }
 
 mk_status mk_cpu_native_matmul_shared(const mk_cpu_native *ctx, size_t n, float *const *y, const mk_weight *const *w,
-                                      const float *x, size_t rows) {
+                                      const float *x, size_t rows, bool alone) {
     bool dots = n <= MK_NATIVE_MAX_PARTS;
     for (size_t i = 0; i < n; i++) {
         if (w[i]->cols != w[0]->cols)
             return mk_fail(MK_ERR_SHAPE, "native matmul: weights sharing an input are %zu and %zu wide", w[0]->cols,
                            w[i]->cols);
-        dots = dots && mk_native_uses_dots(ctx, w[i], rows);
+        dots = dots && mk_native_uses_dots(ctx, w[i], rows, alone);
     }
     if (!dots) {
-        for (size_t i = 0; i < n; i++) MK_TRY(mk_cpu_native_matmul(ctx, y[i], x, w[i], rows));
+        for (size_t i = 0; i < n; i++) MK_TRY(mk_cpu_native_matmul(ctx, y[i], x, w[i], rows, alone));
         return MK_OK;
     }
     mk_native_job job = {.ctx = ctx, .n_parts = n, .x = x, .rows = rows, .in = w[0]->cols};
@@ -234,13 +236,13 @@ mk_status mk_cpu_native_matmul_shared(const mk_cpu_native *ctx, size_t n, float 
 }
 
 mk_status mk_cpu_native_matmul_swiglu(const mk_cpu_native *ctx, float *gate, float *up, const float *x,
-                                      const mk_weight *w_gate, const mk_weight *w_up, size_t rows) {
+                                      const mk_weight *w_gate, const mk_weight *w_up, size_t rows, bool alone) {
     if (w_gate->rows != w_up->rows || w_gate->cols != w_up->cols)
         return mk_fail(MK_ERR_SHAPE, "native swiglu: gate [%zu, %zu] and up [%zu, %zu] differ", w_gate->rows,
                        w_gate->cols, w_up->rows, w_up->cols);
-    if (!mk_native_uses_dots(ctx, w_gate, rows) || !mk_native_uses_dots(ctx, w_up, rows)) {
-        MK_TRY(mk_cpu_native_matmul(ctx, gate, x, w_gate, rows));
-        MK_TRY(mk_cpu_native_matmul(ctx, up, x, w_up, rows));
+    if (!mk_native_uses_dots(ctx, w_gate, rows, alone) || !mk_native_uses_dots(ctx, w_up, rows, alone)) {
+        MK_TRY(mk_cpu_native_matmul(ctx, gate, x, w_gate, rows, alone));
+        MK_TRY(mk_cpu_native_matmul(ctx, up, x, w_up, rows, alone));
         mk_cpu_swiglu(gate, gate, up, rows * w_gate->rows);
         return MK_OK;
     }

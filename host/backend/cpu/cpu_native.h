@@ -55,24 +55,27 @@ size_t mk_cpu_native_weight_bytes(uint32_t type, size_t rows, size_t cols);
  * src in ggml `type` (src_bytes must be exactly the tensor's size); sets w->format. */
 mk_status mk_cpu_native_store(mk_weight *w, uint32_t type, const void *src, size_t src_bytes);
 
-/* y[rows, w->rows] = x[rows, w->cols] @ w^T for a native weight w. */
-/* Rows a product of a quantized or 16-bit weight computes each alone (the dot path): below
- * the tiled-GEMM threshold where tiles were reserved, any number otherwise. */
+/* Rows a product of a quantized or 16-bit weight computes each alone (the dot path): any
+ * number when the caller asks for it (`alone`, below), or where no tiles were reserved. */
 size_t mk_cpu_native_rows_alone(const mk_cpu_native *ctx);
-mk_status mk_cpu_native_matmul(const mk_cpu_native *ctx, float *y, const float *x, const mk_weight *w, size_t rows);
+/* y[rows, w->rows] = x[rows, w->cols] @ w^T for a native weight w. alone: every row as it
+ * would come out alone (the dot path whatever the count: a batch's decode rows, each weight
+ * row read once for all of them); else rows >= MK_NATIVE_GEMM_MIN_ROWS take the tiles. */
+mk_status mk_cpu_native_matmul(const mk_cpu_native *ctx, float *y, const float *x, const mk_weight *w, size_t rows,
+                               bool alone);
 
 /* y[i] = x @ w[i]^T for n weights [out_dim[i], in] sharing x (Q, K and V): for products of
  * few rows the activations are quantized once and every weight's rows are one job of the
  * pool; otherwise one mk_cpu_native_matmul each. Either way every output has the bits
  * mk_cpu_native_matmul gives it. */
 mk_status mk_cpu_native_matmul_shared(const mk_cpu_native *ctx, size_t n, float *const *y, const mk_weight *const *w,
-                                      const float *x, size_t rows);
+                                      const float *x, size_t rows, bool alone);
 
 /* gate[rows, out] = silu(x @ w_gate^T) * (x @ w_up^T), up [rows, out] scratch: for products of
  * few rows one job in which each thread applies mk_cpu_swiglu to the features it computed;
  * the bits of two mk_cpu_native_matmul and mk_cpu_swiglu either way. */
 mk_status mk_cpu_native_matmul_swiglu(const mk_cpu_native *ctx, float *gate, float *up, const float *x,
-                                      const mk_weight *w_gate, const mk_weight *w_up, size_t rows);
+                                      const mk_weight *w_gate, const mk_weight *w_up, size_t rows, bool alone);
 
 /* out[i, :] = row ids[i] of the native table w [vocab, hidden], as F32. */
 mk_status mk_cpu_native_embed(float *out, const mk_weight *w, const int32_t *ids, size_t n);
