@@ -593,8 +593,8 @@ static char *mk_metrics_text(mk_server *srv) {
             "# TYPE meshkern_sequences_capacity gauge\nmeshkern_sequences_capacity %zu\n", srv->max_jobs);
     MK_LINE("# HELP meshkern_draining 1 after SIGTERM.\n# TYPE meshkern_draining gauge\nmeshkern_draining %d\n",
             srv->draining ? 1 : 0);
-    /* KV: each running sequence holds a cache of --ctx positions in every range (the pool
-     * is sequences x positions today: what the slots reserve, what the running ones hold) */
+    /* KV as whole sequences: each running one counted at --ctx positions in every range (an
+     * upper bound: the pools below hold what the sequences really took) */
     const size_t running = srv->n_jobs - queued;
     MK_LINE("# HELP meshkern_kv_sequences Sequences holding a KV cache (in_use) and the most at once (capacity).\n"
             "# TYPE meshkern_kv_sequences gauge\nmeshkern_kv_sequences{kind=\"in_use\"} %zu\n"
@@ -611,6 +611,20 @@ static char *mk_metrics_text(mk_server *srv) {
     MK_LINE("# HELP meshkern_stage_steps_total Forwards each stage ran.\n# TYPE meshkern_stage_steps_total counter\n");
     MK_LINE("# HELP meshkern_seam_bytes_total Bytes of boundaries that crossed each seam (seam k: stage k to k + 1).\n"
             "# TYPE meshkern_seam_bytes_total counter\n");
+    MK_LINE("# HELP meshkern_kv_blocks Each stage's KV pool in blocks: all of them (capacity), held by no sequence "
+            "(free), of those promised to admitted sequences (promised)%s.\n# TYPE meshkern_kv_blocks gauge\n",
+            srv->engine == MK_ENGINE_STAGE ? " (stage --serve: rank 0's)" : "");
+    const size_t pools = srv->engine == MK_ENGINE_SCHED ? mk_sched_worker_count(srv->sched)
+                         : health != MK_HEALTH_LOADING && srv->stage ? 1 : 0;
+    for (size_t k = 0; k < pools; k++) {
+        const mk_range *range = srv->engine == MK_ENGINE_SCHED ? mk_sched_worker_range(srv->sched, k)
+                                                                : mk_stage_range(srv->stage);
+        mk_kv_pool_info kv;
+        if (!range || mk_range_kv_pool(range, &kv) != MK_OK) continue;
+        MK_LINE("meshkern_kv_blocks{stage=\"%zu\",kind=\"capacity\"} %zu\nmeshkern_kv_blocks{stage=\"%zu\",kind=\"free\"} "
+                "%zu\nmeshkern_kv_blocks{stage=\"%zu\",kind=\"promised\"} %zu\n",
+                k, kv.blocks, k, kv.free_blocks, k, kv.promised_blocks);
+    }
     if (srv->engine == MK_ENGINE_SCHED) {
         const size_t workers = mk_sched_worker_count(srv->sched);
         for (size_t w = 0; w < workers; w++) {

@@ -331,6 +331,10 @@ def main():
         check(metric_f(small.url, 'meshkern_kv_sequences{kind="capacity"}') == 1 and
               metric_f(small.url, 'meshkern_kv_bytes{kind="capacity"}') == 2 * 30 * 3 * 64 * 512 * 4,
               "metrics: KV reserved for 1 slot of 512 positions (30 layers, 3 kv heads of 64, K and V, f32)")
+        pools = [[metric_f(small.url, f'meshkern_kv_blocks{{stage="{k}",kind="{kind}"}}')
+                  for kind in ("capacity", "free", "promised")] for k in (0, 1)]
+        check(all(p == [128, 128, 0] for p in pools),
+              f"metrics: each stage's KV pool, 4 sequences of 512 positions in blocks of 16, all back: {pools}")
 
         # SIGTERM while a request is in flight: it finishes, a new one gets 503, exit 0
         result = {}
