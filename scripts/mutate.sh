@@ -281,8 +281,7 @@ MUTATIONS=(
   # The split chooser's cost (GQA), the scheduler's stop ids, the cpu GEMM row threshold.
   "split.gqa-kv-as-wide-as-q~host/sched/split_auto.c~s/kv_dim = \(double\)\(hp->n_kv_heads \* hp->head_dim\)/kv_dim = (double)(hp->n_heads * hp->head_dim)/~sched:SplitAuto.*"
   "sched.last-stop-id-ignored~host/sched/pipeline_sched.c~s/for \(size_t i = 0; i < r->n_stop; i\+\+\) stop/for (size_t i = 0; i + 1 < r->n_stop; i++) stop/~sched:*StopId*"
-  "native.gemm-from-one-more-row~host/backend/cpu/cpu_native.c~s/    if \(rows >= MK_NATIVE_GEMM_MIN_ROWS && ctx->wtile\) \{/    if (rows > MK_NATIVE_GEMM_MIN_ROWS \&\& ctx->wtile) {/~native:*Threshold*"
-  "native.shared-job-dots-at-threshold~host/backend/cpu/cpu_native.c~s/!\(rows >= MK_NATIVE_GEMM_MIN_ROWS && ctx->wtile\);/!(rows > MK_NATIVE_GEMM_MIN_ROWS \&\& ctx->wtile);/~native:*SharedAndSwiglu*"
+  "native.gemm-from-one-more-row~host/backend/cpu/cpu_native.c~s/\(alone \|\| !\(rows >= MK_NATIVE_GEMM_MIN_ROWS/(alone || !(rows > MK_NATIVE_GEMM_MIN_ROWS/~native:*Threshold*:*SharedAndSwiglu*"
   # Issue 23: counts from outside, the rendezvous, messages through cleanup, busy ranks.
   "size.mul-unchecked~host/core/mk_size.h~s/if \(__builtin_mul_overflow\(a, b, out\)\)/if (0 \&\& __builtin_mul_overflow(a, b, out))/~gtest:test_checked_size:*"
   "size.add-unchecked~host/core/mk_size.h~s/if \(__builtin_add_overflow\(a, b, out\)\)/if (0 \&\& __builtin_add_overflow(a, b, out))/~gtest:test_checked_size:*"
@@ -302,7 +301,6 @@ MUTATIONS=(
   "batch.duplicate-sequence-accepted~host/range/forward.c~s/if \(entries\[j\].seq == entries\[i\].seq\)/if (0)/~gtest:test_batch_forward:*"
   "batch.entry-unchecked~host/range/forward.c~s/MK_TRY\(mk_batch_entry_check\(r, &entries\[i\], i, &rows\)\);/rows = entries[i].in ? entries[i].in->h.rows : entries[i].n_tokens;/~gtest:test_batch_forward:*"
   "batch.lowp-offset-ignored~host/range/forward.c~s/lowp \? \(uint8_t \*\)lowp \+ g->row0 \* w->cols \* es : NULL/lowp/~gtest:test_batch_forward:*"
-  "batch.cpu-rows-alone-too-many~host/backend/cpu/cpu_native.c~s/return ctx->wtile \? MK_NATIVE_GEMM_MIN_ROWS - 1 : SIZE_MAX;/return ctx->wtile ? MK_NATIVE_GEMM_MIN_ROWS + 8 : SIZE_MAX;/~gtest:test_batch_forward:*"
   "sched.batch-takes-stop-item~host/sched/worker.c~s/if \(item->kind == MK_ITEM_STOP \|\| room->rows/if (room->rows/~gtest:test_pipeline_sched:PipelineQueue.*"
   "sched.batch-never-forms~host/sched/worker.c~s/if \(n == st->max_batch \|\| !\(item/if (1 || !(item/~gtest:test_pipeline_sched:*Batched*"
   "sched.batch-input-boundary-shared~host/sched/worker.c~s/s = mk_worker_prepare\(st, item, head \? NULL : st->ins\[n\]\);/s = mk_worker_prepare(st, item, head ? NULL : st->ins[0]);/~gtest:test_pipeline_sched:*Batched*"
@@ -349,6 +347,9 @@ MUTATIONS=(
   "sched.admit-without-reserve~host/sched/pipeline_sched.c~s/ \|\| mk_sequence_reserve\(seq, mk_sched_positions\(r\)\) != MK_OK//~sched:*SmallKvPool*"
   "sched.retire-keeps-blocks~host/sched/pipeline_sched.c~s/for \(size_t i = 0; i < s->n_workers; i\+\+\) \(void\)mk_sequence_reset\(s->workers\[i\].seqs\[item->slot\]\);//~sched:*SmallKvPool*"
   "stage.steps-unreserved~host/stage/stage_runtime.c~s/!e->ready \|\| !e->reserved \|\|/!e->ready ||/~stage:*StageLibrary*"
+  "stage.member-keeps-finished-blocks~host/stage/stage_runtime.c~s/        mk_slots_release\(&st->slots, body\);\n//~stage:*SmallKvPools*"
+  "stage.head-never-tells-finished~host/stage/stage_runtime.c~s/    if \(e->reserved\) \{ \/\*/    if (0) { \/*/~stage:*SmallKvPools*"
+  "cpu.alone-ignored~host/backend/cpu/cpu_native.c~s/\(alone \|\| !\(rows >= MK_NATIVE_GEMM_MIN_ROWS && ctx->wtile\)\)/(!(rows >= MK_NATIVE_GEMM_MIN_ROWS \&\& ctx->wtile))/~native:*GemmRowThreshold*"
 )
 
 log() { printf '%s\n' "$*" >&2; }

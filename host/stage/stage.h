@@ -41,8 +41,10 @@ typedef enum mk_ctl_type {
     MK_CTL_BUSY = 11,   /* either way, every beat while a rank computes or sends: alive, not silent */
     MK_CTL_RESULT_MORE = 12, /* last rank -> 0: a TailResult, and more of the same step follow
                                 (rank 0 takes the step's results together into its next step) */
+    MK_CTL_FINISHED = 13,    /* 0 -> rank: "request-id": that request is over; its KV blocks go
+                                back to the rank's pool now (its last boundary has passed every rank) */
 } mk_ctl_type;
-#define MK_CTL_LAST MK_CTL_RESULT_MORE
+#define MK_CTL_LAST MK_CTL_FINISHED
 
 mk_status mk_ctl_send(mk_io *io, mk_ctl_type type, const void *body, size_t len, int64_t deadline);
 /* The next message from `peer` (named in errors, e.g. "rank 2"); body[MK_CTL_MAX_BODY + 1]

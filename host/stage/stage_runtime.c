@@ -491,11 +491,18 @@ static mk_status mk_head_step_ready(mk_head *h) {
     return MK_OK;
 }
 
-/* The request's end: its slot and KV go, its report goes out. */
+/* The request's end: its slot and KV go (here and, told so, on every other rank), its report
+ * goes out. */
 static void mk_head_finish(mk_head *h, mk_head_entry *e, mk_status status, const char *error, bool stopped) {
     char id[64];
     snprintf(id, sizeof id, "req-%zu", e->number);
     mk_slots_release(&h->st->slots, id);
+    if (e->reserved) { /* it reached the other ranks: they hold a sequence for it */
+        const int64_t deadline = mk_deadline_ms(h->st->timeout_ms, MK_STAGE_DEFAULT_TIMEOUT_MS);
+        for (int k = 1; k < h->st->world; k++)
+            (void)mk_ctl_send(&h->st->ctl[k], MK_CTL_FINISHED, id, strlen(id), deadline); /* a lost rank shows elsewhere */
+        mk_clear_error();
+    }
     if (h->src->report) {
         const mk_stage_report rep = {(size_t)e->a.tag, status, error ? error : "", e->tokens, e->n, stopped};
         h->src->report(h->src->user, &rep);
@@ -751,8 +758,10 @@ static mk_status mk_head_serve(mk_head *h) {
         MK_TRY(mk_head_reserve(h));
         MK_TRY(mk_head_step_ready(h));
         if (h->closed && h->in_flight == 0) return MK_OK;
-        bool ready = false; /* requests left for the next step (over the step's rows): no wait */
-        for (size_t k = 0; k < h->st->max_sequences && !ready; k++) ready = h->entry[k].used && h->entry[k].ready;
+        bool ready = false; /* requests left for the next step (over the step's rows): no wait; one that
+                               waits for blocks waits for a result (a finishing request frees them) */
+        for (size_t k = 0; k < h->st->max_sequences && !ready; k++)
+            ready = h->entry[k].used && h->entry[k].ready && h->entry[k].reserved;
         if (ready) continue;
         /* a step's results come together: wait for the rest of one begun */
         do MK_TRY(mk_head_wait(h));
@@ -999,6 +1008,11 @@ static mk_status mk_member_control(mk_stage *st, int64_t deadline, bool *bye, ch
         return s;
     }
     if (type == MK_CTL_BUSY) return MK_OK; /* rank 0 is computing: the wait starts again */
+    if (type == MK_CTL_FINISHED) { /* a request is over: its blocks back to this rank's pool */
+        body[len] = '\0';
+        mk_slots_release(&st->slots, body);
+        return MK_OK;
+    }
     if (type == MK_CTL_ABORT) {
         char *nl = strchr(body, '\n');
         if (nl) {

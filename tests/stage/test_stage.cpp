@@ -830,6 +830,60 @@ TEST(StageLibrary, ReadyRequestsShareRankZerosForward) {
     mk_model_free(model);
 }
 
+// KV pools that hold one of the longest requests at a time (blocks of 4): rank 0 admits a
+// request only once its blocks are promised, the others wait, and every request still gets
+// the whole model's tokens; rank 0 tells rank 1 when a request is over, so rank 1's pool
+// (the same size) never runs dry on a finished request's blocks; every block is back at
+// the end.
+TEST(StageLibrary, SmallKvPoolsAdmitRequestsAsBlocksFree) {
+    mk_model *model = random_model();
+    const auto prompts = read_prompts(kPrompts);
+    ASSERT_GE(prompts.size(), 4u);
+    const size_t n_new = 6, block = 4;
+    const auto want = whole_model(model, MK_DTYPE_F32, prompts, n_new);
+    size_t longest = 0, most_blocks = 0;
+    for (size_t i = 0; i < 4; i++) {
+        longest = std::max(longest, prompts[i].size());
+        most_blocks = std::max(most_blocks, (prompts[i].size() + n_new - 1 + block - 1) / block);
+    }
+    mk_stage_options o = mk_stage_options_default();
+    o.range.backend.weight_dtype = MK_DTYPE_F32;
+    o.range.max_context = longest + n_new;
+    o.range.kv_block_size = block;
+    o.range.kv_pool_blocks = most_blocks; // the longest request alone
+    o.max_new_tokens = n_new;
+    o.max_sequences = 4;
+    o.timeout_ms = 5000;
+    LibraryRun other;
+    std::thread rank1;
+    mk_stage *st = join_rank0(model, o, &rank1, &other);
+    ASSERT_NE(st, nullptr) << mk_last_error();
+    std::vector<mk_stage_request> req;
+    for (size_t i = 0; i < 4; i++) req.push_back({prompts[i].data(), prompts[i].size()});
+    LibraryRun run;
+    auto report = [](void *user, const mk_stage_report *r) {
+        LibraryRun *lr = static_cast<LibraryRun *>(user);
+        lr->reports.push_back(*r);
+        lr->tokens.emplace_back(r->tokens, r->tokens + r->n_tokens);
+        lr->errors.emplace_back(r->error ? r->error : "");
+    };
+    EXPECT_EQ(mk_stage_serve(st, req.data(), req.size(), +report, &run), MK_OK) << mk_last_error();
+    mk_kv_pool_info pool{};
+    ASSERT_EQ(mk_range_kv_pool(mk_stage_range(st), &pool), MK_OK);
+    EXPECT_EQ(pool.blocks, most_blocks);
+    EXPECT_EQ(pool.free_blocks, pool.blocks) << "rank 0 kept blocks";
+    EXPECT_EQ(pool.promised_blocks, 0u);
+    mk_stage_free(st);
+    rank1.join();
+    EXPECT_EQ(other.serve[1], MK_OK) << other.message[1];
+    ASSERT_EQ(run.reports.size(), 4u);
+    for (size_t k = 0; k < 4; k++) {
+        EXPECT_EQ(run.reports[k].status, MK_OK) << run.errors[k];
+        EXPECT_EQ(run.tokens[k], want[run.reports[k].request]) << "request " << run.reports[k].request;
+    }
+    mk_model_free(model);
+}
+
 // A live source is rank 0's, over a seam that can wait idle.
 TEST(StageLibrary, LiveSourceIsRefusedWhereItCannotRun) {
     EXPECT_EQ(mk_stage_serve_source(nullptr, nullptr), MK_ERR_INVALID_ARGUMENT);
