@@ -91,7 +91,6 @@ MUTATIONS=(
   "range.token-bound~host/range/check.c~s/\(size_t\)ids\[i\] >= r->hp.vocab/(size_t)ids[i] > r->hp.vocab/~host"
   "range.message-removed~host/range/check.c~s/return mk_fail\(MK_ERR_HEAD_OWNS_EMBEDDING,[^;]*;/return MK_ERR_HEAD_OWNS_EMBEDDING;/~host"
   "sched.slot-pairs-shared~host/sched/link.c~s/link->fifo \? 0 : item->slot/0/~sched"
-  "sched.admit-keeps-cache~host/sched/pipeline_sched.c~s/if \(mk_sequence_reset\(seq\) != MK_OK \|\| /if (/~sched"
   "cuts.repeat-accepted~host/range/cuts.c~s/if \(i > 0 && c == cuts\[i - 1\]\)/if (0)/~gtest:test_api_rules:Cuts.*"
   "cuts.last-layer-accepted~host/range/cuts.c~s/c < 0 \|\| c >= last\)/c < 0 || c > last)/~gtest:test_api_rules:Cuts.*"
   "cuts.too-many-unbounded~host/range/cuts.c~s/n_cuts >= max_ranges \|\| //~gtest:test_api_rules:Cuts.*"

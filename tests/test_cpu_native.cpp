@@ -506,9 +506,9 @@ TEST(NativeAttention, FloatAttentionMatchesTheReference) {
             for (size_t i = 0; i < ref.size(); i++)
                 ASSERT_NEAR(got[i], ref[i], 2e-5f * (1.0f + std::fabs(ref[i]))) << "head_dim " << head_dim << " at " << i;
         }
-        // Through a block table (blocks of 4 and 16 positions, out of order, the unnamed rows
-        // NaN): the bits of the contiguous cache, for the fast copies and the references.
-        for (uint32_t shift : {2u, 4u}) {
+        // Through a block table (blocks of 2, 4 and 16 positions, out of order, the unnamed
+        // rows NaN): the bits of the contiguous cache, for the fast copies and the references.
+        for (uint32_t shift : {1u, 2u, 4u}) {
             const size_t block = (size_t)1 << shift, logical = (ctx + block - 1) / block, kv_row = kv_heads * head_dim;
             std::vector<int32_t> table(logical);
             for (size_t i = 0; i < logical; i++) table[i] = (int32_t)(logical - i); // reversed; block 0 unnamed

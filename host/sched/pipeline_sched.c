@@ -293,12 +293,13 @@ static size_t mk_sched_positions(const mk_sched_request *r) { return r->n_prompt
 
 /* The admission rule: a request enters a slot only with every stage's KV blocks for its
  * whole run promised (mk_sequence_reserve), so a running sequence never fails for want of a
- * block; the slot's sequences start empty. Under s->mu (a free slot's sequences are touched
- * by no worker). false, nothing held: the pools cannot promise that much now. */
+ * block. A free slot's sequences are empty (new, or reset when their request retired) and
+ * touched by no worker. Under s->mu. false, nothing held: the pools cannot promise that much
+ * now. */
 static bool mk_sched_reserve(mk_sched *s, size_t slot, const mk_sched_request *r) {
     for (size_t i = 0; i < s->n_workers; i++) {
         mk_sequence *seq = s->workers[i].seqs[slot];
-        if (mk_sequence_reset(seq) != MK_OK || mk_sequence_reserve(seq, mk_sched_positions(r)) != MK_OK) {
+        if (mk_sequence_reserve(seq, mk_sched_positions(r)) != MK_OK) {
             for (size_t j = 0; j <= i; j++) (void)mk_sequence_reset(s->workers[j].seqs[slot]);
             mk_clear_error();
             return false;
