@@ -113,6 +113,12 @@ typedef struct mk_plan {
     size_t rows; /* all of them */
 } mk_plan;
 
+/* Rows [0, rows) of different sequences as groups of at most `cap` (products that compute
+ * each row alone), appended to groups[*n]. */
+static void mk_groups_alone(mk_group *groups, size_t *n, size_t rows, size_t cap) {
+    for (size_t g0 = 0; g0 < rows; g0 += cap) groups[(*n)++] = (mk_group){g0, rows - g0 < cap ? rows - g0 : cap, true};
+}
+
 /* A product's input for one group: its rows of x (width w->cols), and of the 16-bit copy
  * where the backend multiplies that many rows in 16 bits. */
 static mk_gemm_input mk_group_input(const mk_range *r, const mk_group *g, const float *x, bool ready,
@@ -238,11 +244,11 @@ static mk_status mk_tail_compute_batch(mk_range *r, const mk_plan *p) {
         MK_OP(r, MK_OPF_LM_HEAD,
               b->ops->rmsnorm(b, a->xn + i * hp->hidden, NULL, last, r->output_norm, 1, hp->hidden, hp->rms_eps));
     }
-    for (size_t g0 = 0; g0 < n; g0 += r->tail_rows_alone) {
-        const mk_group g = {g0, n - g0 < r->tail_rows_alone ? n - g0 : r->tail_rows_alone, true};
-        const mk_plan tail = {p->spans, n, &g, 1, n};
-        MK_OP(r, MK_OPF_LM_HEAD, mk_product(r, &tail, a->logits, a->xn, false, &r->lm_head));
-    }
+    mk_group groups[MK_MAX_BATCH_SEQUENCES];
+    size_t n_groups = 0;
+    mk_groups_alone(groups, &n_groups, n, r->tail_rows_alone);
+    const mk_plan tail = {p->spans, n, groups, n_groups, n};
+    MK_OP(r, MK_OPF_LM_HEAD, mk_product(r, &tail, a->logits, a->xn, false, &r->lm_head));
     MK_OP(r, MK_OPF_SAMPLE, b->ops->argmax(b, a->token, a->logits, n, hp->vocab));
     return MK_OK;
 }
@@ -571,8 +577,7 @@ mk_status mk_range_forward_batch(mk_range *r, const mk_forward_entry *entries, s
     mk_group groups[MK_MAX_BATCH_SEQUENCES];
     size_t n_groups = 0, next_decode = 0, next_chunk = decode_rows;
     for (size_t i = 0; i < n; i++) spans[i].row0 = spans[i].rows == 1 ? next_decode++ : (next_chunk += spans[i].rows) - spans[i].rows;
-    for (size_t g0 = 0; g0 < decode_rows; g0 += r->rows_alone)
-        groups[n_groups++] = (mk_group){g0, decode_rows - g0 < r->rows_alone ? decode_rows - g0 : r->rows_alone, true};
+    mk_groups_alone(groups, &n_groups, decode_rows, r->rows_alone);
     for (size_t i = 0; i < n; i++)
         if (spans[i].rows > 1) groups[n_groups++] = (mk_group){spans[i].row0, spans[i].rows, false};
     if (total > r->max_rows)
