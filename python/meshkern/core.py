@@ -201,7 +201,8 @@ class Model:
 
 
 def _range_options(backend="cpu", device=0, weight_dtype=None, threads=0, kv_dtype=None, max_context=0,
-                   max_batch_tokens=0, token_only=False, architecture=None, speed_mode=None):
+                   max_batch_tokens=0, token_only=False, architecture=None, speed_mode=None, max_batch_sequences=0,
+                   kv_block_size=0, kv_pool_blocks=0, kv_pool_bytes=0):
     o = ffi.new("mk_range_options *", lib.mk_range_options_default())
     keep = []
     kind = ffi.new("mk_backend_kind *")
@@ -217,6 +218,10 @@ def _range_options(backend="cpu", device=0, weight_dtype=None, threads=0, kv_dty
     o.backend.threads = threads
     o.max_context = max_context
     o.max_batch_tokens = max_batch_tokens
+    o.max_batch_sequences = max_batch_sequences
+    o.kv_block_size = kv_block_size
+    o.kv_pool_blocks = kv_pool_blocks
+    o.kv_pool_bytes = kv_pool_bytes
     o.token_only = token_only
     if architecture is not None:
         keep.append(ffi.new("char[]", architecture.encode()))
@@ -230,7 +235,9 @@ class Range:
     """Layers [start, end] (inclusive) of a model on a backend (mk_range).
 
     Options: backend ("cpu"/"cuda"), device, weight_dtype ("f32", "f16", "bf16", "native"),
-    threads, kv_dtype, max_context, max_batch_tokens, token_only, architecture (advertised).
+    threads, kv_dtype, max_context, max_batch_tokens, max_batch_sequences, token_only,
+    architecture (advertised); the paged KV cache: kv_block_size (positions per block),
+    kv_pool_blocks or kv_pool_bytes (the pool's size).
     """
 
     def __init__(self, model: Model, start: int, end: int, **options):
@@ -247,6 +254,15 @@ class Range:
     @property
     def role(self) -> Role:
         return Role(lib.mk_range_role(self._ptr))
+
+    @property
+    def kv_pool(self) -> dict:
+        """The range's KV pool (mk_range_kv_pool): block_size, block_bytes, blocks,
+        free_blocks, promised_blocks."""
+        info = ffi.new("mk_kv_pool_info *")
+        check(lib.mk_range_kv_pool(self._ptr, info))
+        return {k: int(getattr(info, k)) for k in ("block_size", "block_bytes", "blocks", "free_blocks",
+                                                   "promised_blocks")}
 
     @property
     def start(self) -> int:
@@ -325,6 +341,11 @@ class Sequence:
 
     def reset(self) -> None:
         check(lib.mk_sequence_reset(self._ptr))
+
+    def reserve(self, positions: int) -> None:
+        """mk_sequence_reserve: the pool sets aside the blocks of `positions` positions for
+        this sequence (raises KvPoolFullError when it cannot)."""
+        check(lib.mk_sequence_reserve(self._ptr, int(positions)))
 
     def __len__(self) -> int:
         return int(lib.mk_sequence_length(self._ptr))

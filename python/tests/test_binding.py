@@ -524,3 +524,27 @@ def test_stages_in_two_threads(model):
     reports = sorted(got[0][1], key=lambda r: r["request"])
     assert [r["status"] for r in reports] == ["MK_OK", "MK_OK"]
     assert [r["tokens"] for r in reports] == want
+
+
+# ------------------------------------------------------------------- KV pool ----
+
+def test_paged_kv_pool_through_python(model):
+    r = mk.Range(model, 0, model.n_layers - 1, kv_block_size=4, kv_pool_blocks=3)
+    assert r.kv_pool == {"block_size": 4, "block_bytes": r.kv_pool["block_bytes"], "blocks": 3, "free_blocks": 3,
+                         "promised_blocks": 0}
+    a, b = r.sequence(), r.sequence()
+    a.reserve(8)  # two blocks set aside for a
+    assert r.kv_pool["promised_blocks"] == 2
+    with pytest.raises(errors.KvPoolFullError, match="KV pool full"):
+        b.forward([1, 2, 3, 4, 5])  # two blocks: only one is not promised
+    assert len(b) == 0
+    b.forward([1, 2, 3, 4])
+    out = a.forward([5, 6, 7, 8, 9, 10, 11, 12])  # its promise
+    assert out.logits.shape[1] == model.hparams["vocab"]
+    assert r.kv_pool["free_blocks"] == 0 and r.kv_pool["promised_blocks"] == 0
+    a.reset()
+    b.reset()
+    assert r.kv_pool["free_blocks"] == 3
+    with pytest.raises(errors.InvalidArgumentError, match="kv_block_size"):
+        mk.Range(model, 0, 1, kv_block_size=6)
+
