@@ -416,7 +416,7 @@ static bool mk_boundary_checked_for(const mk_boundary *in, const mk_sequence *se
 /* ======================================================= the public forms == */
 
 /* A check's failure, named by the batch entry it came from. */
-static mk_status mk_stage_of_entry(mk_status s, size_t i) {
+static mk_status mk_fail_entry(mk_status s, size_t i) {
     char message[480];
     snprintf(message, sizeof message, "%s", mk_last_error());
     return mk_fail(s, "batch entry %zu: %s", i, message);
@@ -544,11 +544,11 @@ static mk_status mk_batch_entry_check(mk_range *r, const mk_forward_entry *e, si
     if ((e->in && e->in->range != r) || (e->out && e->out->range != r))
         return mk_fail(MK_ERR_INVALID_ARGUMENT, "batch entry %zu: boundary of another range", i);
     const mk_status k = mk_check_input_kind(r, e->token_ids, e->n_tokens, e->in != NULL);
-    if (k != MK_OK) return mk_stage_of_entry(k, i);
+    if (k != MK_OK) return mk_fail_entry(k, i);
     *rows = e->in ? e->in->h.rows : e->n_tokens;
     const mk_status c = e->in ? (mk_boundary_checked_for(e->in, e->seq) ? MK_OK : mk_check_header(r, e->seq, &e->in->h))
                               : mk_check_rows(r, e->seq, *rows);
-    return c == MK_OK ? MK_OK : mk_stage_of_entry(c, i);
+    return c == MK_OK ? MK_OK : mk_fail_entry(c, i);
 }
 
 mk_status mk_range_forward_batch(mk_range *r, const mk_forward_entry *entries, size_t n) {
@@ -585,7 +585,7 @@ mk_status mk_range_forward_batch(mk_range *r, const mk_forward_entry *entries, s
                        total, r->max_rows);
     for (size_t i = 0; i < n; i++) { /* blocks an entry takes stay its sequence's if a later one fails */
         const mk_status g = mk_kv_grow(spans[i].seq, spans[i].seq->length + spans[i].rows);
-        if (g != MK_OK) return mk_stage_of_entry(g, i);
+        if (g != MK_OK) return mk_fail_entry(g, i);
     }
     mk_backend *b = r->backend;
     const mk_activations *a = &r->act;
