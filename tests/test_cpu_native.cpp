@@ -371,6 +371,31 @@ TEST(NativeMatmul, F32StoredWeightInASharedJobTakesTheF32Product) {
     }
 }
 
+// The four-row Q4_1 dot (a batch's decode rows against one weight row) gives each row the
+// bits of the one-row dot, for odd and even block counts.
+TEST(NativeDot, FourRowQ41DotIsFourOneRowDots) {
+    const mk_cpu_quant *k = mk_cpu_quant_avx2();
+    if (!k) GTEST_SKIP() << "no AVX2 on this CPU (the portable table has no four-row dot)";
+    ASSERT_NE(k->dot4_q4_1, nullptr);
+    std::mt19937 rng(41);
+    for (size_t in : {32u, 64u, 96u, 576u, 1536u}) {
+        const std::vector<uint8_t> w = random_rows(MK_GGML_TYPE_Q4_1, 3, in, rng);
+        const size_t row_bytes = w.size() / 3;
+        std::vector<std::vector<mk_q8_block>> xq(4, std::vector<mk_q8_block>(in / 32));
+        for (auto &x : xq) k->quantize_row(x.data(), random_floats(in, rng).data(), in);
+        const mk_q8_block *const xs[4] = {xq[0].data(), xq[1].data(), xq[2].data(), xq[3].data()};
+        for (size_t o = 0; o < 3; o++) {
+            float four[4];
+            k->dot4_q4_1(w.data() + o * row_bytes, xs, in, four);
+            for (int r = 0; r < 4; r++) {
+                const float one = k->dot_q4_1(w.data() + o * row_bytes, xs[r], in);
+                EXPECT_EQ(std::memcmp(&one, &four[r], sizeof one), 0) << in << " wide, row " << r << ": " << one
+                                                                      << " vs " << four[r];
+            }
+        }
+    }
+}
+
 TEST(NativeMatmul, GemmRowThresholdIsExactlyMinRows) {
     std::mt19937 rng(31);
     const size_t in = 64, out = 40;

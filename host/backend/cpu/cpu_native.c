@@ -56,6 +56,7 @@ typedef struct mk_native_part {
     const uint8_t *data;
     size_t row_bytes;
     mk_qdot_fn qdot; /* quantized formats */
+    mk_qdot4_fn qdot4; /* the same four activation rows at a time, where the format has it */
     mk_hdot_fn hdot; /* F16 / BF16 */
     float *y;        /* [rows, w->rows] */
 } mk_native_part;
@@ -87,7 +88,16 @@ static void mk_native_part_rows(const mk_native_job *j, const mk_native_part *p,
     for (size_t o = begin; o < end; o++) {
         const uint8_t *wr = p->data + o * p->row_bytes;
         if (p->qdot) {
-            for (size_t r = 0; r < j->rows; r++) p->y[r * out + o] = p->qdot(wr, j->ctx->xq + r * per_row, in);
+            size_t r = 0;
+            if (p->qdot4)
+                for (; r + 4 <= j->rows; r += 4) {
+                    const mk_q8_block *const xs[4] = {j->ctx->xq + r * per_row, j->ctx->xq + (r + 1) * per_row,
+                                                      j->ctx->xq + (r + 2) * per_row, j->ctx->xq + (r + 3) * per_row};
+                    float v[4];
+                    p->qdot4(wr, xs, in, v);
+                    for (int k = 0; k < 4; k++) p->y[(r + (size_t)k) * out + o] = v[k];
+                }
+            for (; r < j->rows; r++) p->y[r * out + o] = p->qdot(wr, j->ctx->xq + r * per_row, in);
         } else {
             for (size_t r = 0; r < j->rows; r++) p->y[r * out + o] = p->hdot((const uint16_t *)wr, j->x + r * in, in);
         }
@@ -124,6 +134,7 @@ static mk_status mk_native_part_of(const mk_cpu_native *ctx, const mk_weight *w,
     if (w->format == MK_GGML_TYPE_F16) p->hdot = ctx->kernels->dot_f16;
     else if (w->format == MK_GGML_TYPE_BF16) p->hdot = ctx->kernels->dot_bf16;
     else p->qdot = mk_cpu_quant_dot_for(ctx->kernels, w->format);
+    if (w->format == MK_GGML_TYPE_Q4_1) p->qdot4 = ctx->kernels->dot4_q4_1;
     if (!p->qdot && !p->hdot)
         return mk_fail(MK_ERR_INTERNAL, "native matmul: no kernel for %s", mk_ggml_type_name(w->format));
     return MK_OK;

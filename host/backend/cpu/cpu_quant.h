@@ -42,6 +42,10 @@ typedef void (*mk_quantize_row_fn)(mk_q8_block *out, const float *x, size_t n);
 /* Dot of one weight row of n elements (n / block_elements whole blocks) with the
  * quantized activation row xq[n / 32]. */
 typedef float (*mk_qdot_fn)(const uint8_t *w, const mk_q8_block *xq, size_t n);
+/* The same dot of one weight row with four quantized activation rows xq[0..3], into
+ * out[0..3]: each out[r] bit-identical to the one-row dot with xq[r] (the weight blocks are
+ * unpacked once for the four: a batch's decode rows). */
+typedef void (*mk_qdot4_fn)(const uint8_t *w, const mk_q8_block *const *xq, size_t n, float *out);
 /* Dot of one F16/BF16 weight row with float activations x[n] (any n). */
 typedef float (*mk_hdot_fn)(const uint16_t *w, const float *x, size_t n);
 
@@ -49,6 +53,7 @@ typedef struct mk_cpu_quant {
     const char *name; /* "portable", "avx2" */
     mk_quantize_row_fn quantize_row;
     mk_qdot_fn dot_q4_0, dot_q4_1, dot_q8_0, dot_q4_k, dot_q6_k;
+    mk_qdot4_fn dot4_q4_1; /* NULL: four one-row dots */
     mk_hdot_fn dot_f16, dot_bf16;
 } mk_cpu_quant;
 

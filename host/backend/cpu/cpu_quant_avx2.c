@@ -106,50 +106,94 @@ MK_AVX2 static float cx_dot_q4_0(const uint8_t *w, const mk_q8_block *x, size_t 
     return cx_hsum(acc);
 }
 
-/* Scales of a Q4_1 block times its activation block's: [d * x.d, m * x.s, 0, 0] from one
- * F16C conversion of the packed (d, m) pair and one multiply with the adjacent (d, s). */
-MK_AVX2 static inline __m128 cx_q4_1_scales(const uint8_t *w, const mk_q8_block *x) {
+/* A Q4_1 block's (d, m) as floats (one F16C conversion of the packed pair). */
+MK_AVX2 static inline __m128 cx_q4_1_dm(const uint8_t *w) {
     uint32_t dm;
     memcpy(&dm, w, sizeof dm);
-    const __m128 xds = _mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)&x->d));
-    return _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128((int)dm)), xds);
+    return _mm_cvtph_ps(_mm_cvtsi32_si128((int)dm));
 }
 
-/* The integer part of a Q4_1 block in 128-bit halves: low nibbles (elements 0-15) and high
- * nibbles (16-31) each times their 16 activations as pair sums (<= 2 x 15 x 127), the two
- * added as i16 (<= 7620, no overflow), then one madd to four i32. Half the multiplier
- * work of widening the nibbles to 256 bits on cores that split 256-bit ops (Zen 1), about
- * the same elsewhere. */
-MK_AVX2 static inline __m128 cx_q4_1_isum(const uint8_t *qs, const int8_t *y) {
+/* Scales of a Q4_1 block times its activation block's: [d * x.d, m * x.s, 0, 0] from the
+ * block's (d, m) and one multiply with the adjacent (d, s). */
+MK_AVX2 static inline __m128 cx_q4_1_scales(__m128 dm, const mk_q8_block *x) {
+    return _mm_mul_ps(dm, _mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)&x->d)));
+}
+
+/* A Q4_1 block's nibbles: low (elements 0-15) and high (16-31), each as 16 bytes. */
+typedef struct cx_q4_1_nib {
+    __m128i lo, hi;
+} cx_q4_1_nib;
+MK_AVX2 static inline cx_q4_1_nib cx_q4_1_unpack(const uint8_t *qs) {
     const __m128i m4 = _mm_set1_epi8(0x0f);
     const __m128i raw = _mm_loadu_si128((const __m128i *)qs);
-    const __m128i lo = _mm_and_si128(raw, m4), hi = _mm_and_si128(_mm_srli_epi16(raw, 4), m4);
-    const __m128i p = _mm_add_epi16(_mm_maddubs_epi16(lo, _mm_loadu_si128((const __m128i *)y)),
-                                    _mm_maddubs_epi16(hi, _mm_loadu_si128((const __m128i *)(y + 16))));
+    return (cx_q4_1_nib){_mm_and_si128(raw, m4), _mm_and_si128(_mm_srli_epi16(raw, 4), m4)};
+}
+
+/* The integer part of a Q4_1 block in 128-bit halves: low and high nibbles each times their
+ * 16 activations as pair sums (<= 2 x 15 x 127), the two added as i16 (<= 7620, no
+ * overflow), then one madd to four i32. Half the multiplier work of widening the nibbles to
+ * 256 bits on cores that split 256-bit ops (Zen 1), about the same elsewhere. */
+MK_AVX2 static inline __m128 cx_q4_1_isum(cx_q4_1_nib q, const int8_t *y) {
+    const __m128i p = _mm_add_epi16(_mm_maddubs_epi16(q.lo, _mm_loadu_si128((const __m128i *)y)),
+                                    _mm_maddubs_epi16(q.hi, _mm_loadu_si128((const __m128i *)(y + 16))));
     return _mm_cvtepi32_ps(_mm_madd_epi16(p, _mm_set1_epi16(1)));
 }
 
+/* One row's accumulators over Q4_1 blocks: two FMA chains (even and odd blocks) and the
+ * mins (lane 1 sums m * x.s). cx_dot_q4_1 and cx_dot4_q4_1 step a row with the same inline
+ * functions in the same order, so a row's bits never depend on the kernel that ran it. */
+typedef struct cx_q4_1_acc {
+    __m128 acc0, acc1, mins;
+} cx_q4_1_acc;
+MK_AVX2 static inline void cx_q4_1_pair(cx_q4_1_acc *a, __m128 dm0, cx_q4_1_nib q0, __m128 dm1, cx_q4_1_nib q1,
+                                         const mk_q8_block *x) {
+    const __m128 s0 = cx_q4_1_scales(dm0, &x[0]), s1 = cx_q4_1_scales(dm1, &x[1]);
+    a->acc0 = _mm_fmadd_ps(_mm_broadcastss_ps(s0), cx_q4_1_isum(q0, x[0].q), a->acc0);
+    a->acc1 = _mm_fmadd_ps(_mm_broadcastss_ps(s1), cx_q4_1_isum(q1, x[1].q), a->acc1);
+    a->mins = _mm_add_ps(a->mins, _mm_add_ps(s0, s1));
+}
+MK_AVX2 static inline void cx_q4_1_one(cx_q4_1_acc *a, __m128 dm, cx_q4_1_nib q, const mk_q8_block *x) {
+    const __m128 s = cx_q4_1_scales(dm, x);
+    a->acc0 = _mm_fmadd_ps(_mm_broadcastss_ps(s), cx_q4_1_isum(q, x->q), a->acc0);
+    a->mins = _mm_add_ps(a->mins, s);
+}
+MK_AVX2 static inline float cx_q4_1_total(const cx_q4_1_acc *acc) {
+    __m128 a = _mm_add_ps(acc->acc0, acc->acc1);
+    a = _mm_add_ps(a, _mm_movehl_ps(a, a));
+    a = _mm_add_ss(a, _mm_movehdup_ps(a));
+    return _mm_cvtss_f32(a) + _mm_cvtss_f32(_mm_movehdup_ps(acc->mins));
+}
+
 MK_AVX2 static float cx_dot_q4_1(const uint8_t *w, const mk_q8_block *x, size_t n) {
-    __m128 acc0 = _mm_setzero_ps(), acc1 = _mm_setzero_ps();
-    __m128 mins = _mm_setzero_ps(); /* lane 1 sums m * x.s */
+    cx_q4_1_acc a = {_mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps()};
     const size_t nb = n / 32;
     size_t b = 0;
     /* Two blocks per iteration: two independent FMA chains. */
+    for (; b + 1 < nb; b += 2, w += 40)
+        cx_q4_1_pair(&a, cx_q4_1_dm(w), cx_q4_1_unpack(w + 4), cx_q4_1_dm(w + 20), cx_q4_1_unpack(w + 24), &x[b]);
+    for (; b < nb; b++, w += 20) cx_q4_1_one(&a, cx_q4_1_dm(w), cx_q4_1_unpack(w + 4), &x[b]);
+    return cx_q4_1_total(&a);
+}
+
+/* cx_dot_q4_1 of one weight row with four activation rows: each block's nibbles unpacked
+ * and its (d, m) converted once for the four (a batch's decode rows share the weight row);
+ * every row stepped as cx_dot_q4_1 steps it, so out[r] has the bits of the row alone. */
+MK_AVX2 static void cx_dot4_q4_1(const uint8_t *w, const mk_q8_block *const *x, size_t n, float *out) {
+    cx_q4_1_acc a[4];
+    for (int r = 0; r < 4; r++) a[r] = (cx_q4_1_acc){_mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps()};
+    const size_t nb = n / 32;
+    size_t b = 0;
     for (; b + 1 < nb; b += 2, w += 40) {
-        const __m128 s0 = cx_q4_1_scales(w, &x[b]), s1 = cx_q4_1_scales(w + 20, &x[b + 1]);
-        acc0 = _mm_fmadd_ps(_mm_broadcastss_ps(s0), cx_q4_1_isum(w + 4, x[b].q), acc0);
-        acc1 = _mm_fmadd_ps(_mm_broadcastss_ps(s1), cx_q4_1_isum(w + 24, x[b + 1].q), acc1);
-        mins = _mm_add_ps(mins, _mm_add_ps(s0, s1));
+        const __m128 dm0 = cx_q4_1_dm(w), dm1 = cx_q4_1_dm(w + 20);
+        const cx_q4_1_nib q0 = cx_q4_1_unpack(w + 4), q1 = cx_q4_1_unpack(w + 24);
+        for (int r = 0; r < 4; r++) cx_q4_1_pair(&a[r], dm0, q0, dm1, q1, &x[r][b]);
     }
     for (; b < nb; b++, w += 20) {
-        const __m128 s = cx_q4_1_scales(w, &x[b]);
-        acc0 = _mm_fmadd_ps(_mm_broadcastss_ps(s), cx_q4_1_isum(w + 4, x[b].q), acc0);
-        mins = _mm_add_ps(mins, s);
+        const __m128 dm = cx_q4_1_dm(w);
+        const cx_q4_1_nib q = cx_q4_1_unpack(w + 4);
+        for (int r = 0; r < 4; r++) cx_q4_1_one(&a[r], dm, q, &x[r][b]);
     }
-    __m128 a = _mm_add_ps(acc0, acc1);
-    a = _mm_add_ps(a, _mm_movehl_ps(a, a));
-    a = _mm_add_ss(a, _mm_movehdup_ps(a));
-    return _mm_cvtss_f32(a) + _mm_cvtss_f32(_mm_movehdup_ps(mins));
+    for (int r = 0; r < 4; r++) out[r] = cx_q4_1_total(&a[r]);
 }
 
 MK_AVX2 static float cx_dot_q8_0(const uint8_t *w, const mk_q8_block *x, size_t n) {
@@ -274,6 +318,7 @@ static const mk_cpu_quant cx_avx2 = {
     .quantize_row = cx_quantize_row,
     .dot_q4_0 = cx_dot_q4_0,
     .dot_q4_1 = cx_dot_q4_1,
+    .dot4_q4_1 = cx_dot4_q4_1,
     .dot_q8_0 = cx_dot_q8_0,
     .dot_q4_k = cx_dot_q4_k,
     .dot_q6_k = cx_dot_q6_k,
