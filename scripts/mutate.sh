@@ -348,6 +348,8 @@ MUTATIONS=(
   "stage.steps-unreserved~host/stage/stage_runtime.c~s/!e->ready \|\| !e->reserved \|\|/!e->ready ||/~stage:*StageLibrary*"
   "stage.member-keeps-finished-blocks~host/stage/stage_runtime.c~s/        mk_slots_release\(&st->slots, body\);\n//~stage:*SmallKvPools*"
   "stage.head-never-tells-finished~host/stage/stage_runtime.c~s/    if \(e->reserved\) \{ \/\*/    if (0) { \/*/~stage:*SmallKvPools*"
+  "cpu.dot4-reads-row-zero~host/backend/cpu/cpu_quant_avx2.c~s/for \(int r = 0; r < 4; r\+\+\) cx_q4_1_pair\(&a\[r\], dm0, q0, dm1, q1, &x\[r\]\[b\]\);/for (int r = 0; r < 4; r++) cx_q4_1_pair(\&a[r], dm0, q0, dm1, q1, \&x[0][b]);/~native:*FourRow*"
+  "cpu.dot4-rows-misplaced~host/backend/cpu/cpu_native.c~s/p->y\[\(r \+ \(size_t\)k\) \* out \+ o\] = v\[k\];/p->y[(r + (size_t)k) * out + o] = v[3 - k];/~gtest:test_batch_forward:*cpu_native*"
   "cpu.alone-ignored~host/backend/cpu/cpu_native.c~s/\(alone \|\| !\(rows >= MK_NATIVE_GEMM_MIN_ROWS && ctx->wtile\)\)/(!(rows >= MK_NATIVE_GEMM_MIN_ROWS \&\& ctx->wtile))/~native:*GemmRowThreshold*"
 )
 
