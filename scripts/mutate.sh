@@ -113,7 +113,7 @@ MUTATIONS=(
   "pool.runs-overlap~host/backend/cpu/cpu_pool.c~s/\(size_t\)\(next \+ take\) \* p->chunk < p->n \? \(size_t\)\(next \+ take\) \* p->chunk/(size_t)(next + take + 1) * p->chunk < p->n ? (size_t)(next + take + 1) * p->chunk/~native:*CpuPool*"
   "attention.exp-coefficient~host/backend/cpu/cpu_attention_fast.c~s/8\.3334519073e-3f/8.3334519073e-2f/~native:*Attention*"
   "attention.tail-unmasked~host/backend/cpu/cpu_attention_fast.c~s/mk_lanes_below\(rest\);/mk_lanes_below(8);/~native:*Attention*"
-  "q4_1.high-half-activations~host/backend/cpu/cpu_quant_avx2.c~s/_mm_maddubs_epi16\(hi, _mm_loadu_si128\(\(const __m128i \*\)\(y \+ 16\)\)\)/_mm_maddubs_epi16(hi, _mm_loadu_si128((const __m128i *)y))/~native:*SimdDots*"
+  "q4_1.high-half-activations~host/backend/cpu/cpu_quant_avx2.c~s/_mm_maddubs_epi16\(q.hi, _mm_loadu_si128\(\(const __m128i \*\)\(y \+ 16\)\)\)/_mm_maddubs_epi16(q.hi, _mm_loadu_si128((const __m128i *)y))/~native:*SimdDots*"
   "dequant_q.slice-row~kernels/dequant_q.cu~s/\(int64_t\)\(row0 \+ row\)/(int64_t)row0/~ops:*DequantQ*"
   "dequant_q.id-bound~kernels/dequant_q.cu~s/\(size_t\)src >= n_src_rows/(size_t)src > n_src_rows/~ops:*DequantQ*"
   "gemv_q_multi.wrong-weight-index~kernels/gemv_q.cu~s/gemvq_set_dot<R>\(acc, set, m, x, o, in_dim, lane\);/gemvq_set_dot<R>(acc, set, m == 2 ? 1 : m, x, o, in_dim, lane);/~ops:*GemvQSet*"
