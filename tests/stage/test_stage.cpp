@@ -786,6 +786,28 @@ TEST(StageLibrary, LiveSourceAdmitsWhileRunningCutsAndRefusesAlone) {
 // thread): four requests admitted together go through rank 0 in one forward (their
 // prompts), later steps carry every returned token together, and each request's tokens
 // equal the whole model's; fewer forwards than boundaries.
+// Rank 0 serves the first four prompts (mk_stage_serve), each report kept in run.
+void serve_first_four(mk_stage *st, const std::vector<std::vector<int32_t>> &prompts, LibraryRun *run) {
+    std::vector<mk_stage_request> req;
+    for (size_t i = 0; i < 4; i++) req.push_back({prompts[i].data(), prompts[i].size()});
+    auto report = [](void *user, const mk_stage_report *r) {
+        LibraryRun *lr = static_cast<LibraryRun *>(user);
+        lr->reports.push_back(*r);
+        lr->tokens.emplace_back(r->tokens, r->tokens + r->n_tokens);
+        lr->errors.emplace_back(r->error ? r->error : "");
+    };
+    EXPECT_EQ(mk_stage_serve(st, req.data(), req.size(), +report, run), MK_OK) << mk_last_error();
+}
+
+// Every one of n requests succeeded with the whole model's tokens.
+void expect_whole_model_tokens(const LibraryRun &run, const std::vector<std::vector<int32_t>> &want, size_t n) {
+    ASSERT_EQ(run.reports.size(), n);
+    for (size_t k = 0; k < n; k++) {
+        EXPECT_EQ(run.reports[k].status, MK_OK) << run.errors[k];
+        EXPECT_EQ(run.tokens[k], want[run.reports[k].request]) << "request " << run.reports[k].request;
+    }
+}
+
 TEST(StageLibrary, ReadyRequestsShareRankZerosForward) {
     mk_model *model = random_model();
     const auto prompts = read_prompts(kPrompts);
@@ -805,26 +827,14 @@ TEST(StageLibrary, ReadyRequestsShareRankZerosForward) {
     std::thread rank1;
     mk_stage *st = join_rank0(model, o, &rank1, &other);
     ASSERT_NE(st, nullptr) << mk_last_error();
-    std::vector<mk_stage_request> req;
-    for (size_t i = 0; i < 4; i++) req.push_back({prompts[i].data(), prompts[i].size()});
     LibraryRun run;
-    auto report = [](void *user, const mk_stage_report *r) {
-        LibraryRun *lr = static_cast<LibraryRun *>(user);
-        lr->reports.push_back(*r);
-        lr->tokens.emplace_back(r->tokens, r->tokens + r->n_tokens);
-        lr->errors.emplace_back(r->error ? r->error : "");
-    };
-    EXPECT_EQ(mk_stage_serve(st, req.data(), req.size(), +report, &run), MK_OK) << mk_last_error();
+    serve_first_four(st, prompts, &run);
     mk_stage_live_stats live{};
     ASSERT_EQ(mk_stage_live(st, &live), MK_OK);
     mk_stage_free(st);
     rank1.join();
     EXPECT_EQ(other.serve[1], MK_OK) << other.message[1];
-    ASSERT_EQ(run.reports.size(), 4u);
-    for (size_t k = 0; k < 4; k++) {
-        EXPECT_EQ(run.reports[k].status, MK_OK) << run.errors[k];
-        EXPECT_EQ(run.tokens[k], want[run.reports[k].request]) << "request " << run.reports[k].request;
-    }
+    expect_whole_model_tokens(run, want, 4);
     EXPECT_EQ(live.steps, 4 * n_new);
     EXPECT_LE(live.forwards, live.steps - 3) << "the four prompts went through one forward";
     mk_model_free(model);
@@ -858,16 +868,8 @@ TEST(StageLibrary, SmallKvPoolsAdmitRequestsAsBlocksFree) {
     std::thread rank1;
     mk_stage *st = join_rank0(model, o, &rank1, &other);
     ASSERT_NE(st, nullptr) << mk_last_error();
-    std::vector<mk_stage_request> req;
-    for (size_t i = 0; i < 4; i++) req.push_back({prompts[i].data(), prompts[i].size()});
     LibraryRun run;
-    auto report = [](void *user, const mk_stage_report *r) {
-        LibraryRun *lr = static_cast<LibraryRun *>(user);
-        lr->reports.push_back(*r);
-        lr->tokens.emplace_back(r->tokens, r->tokens + r->n_tokens);
-        lr->errors.emplace_back(r->error ? r->error : "");
-    };
-    EXPECT_EQ(mk_stage_serve(st, req.data(), req.size(), +report, &run), MK_OK) << mk_last_error();
+    serve_first_four(st, prompts, &run);
     mk_kv_pool_info pool{};
     ASSERT_EQ(mk_range_kv_pool(mk_stage_range(st), &pool), MK_OK);
     EXPECT_EQ(pool.blocks, most_blocks);
@@ -876,11 +878,7 @@ TEST(StageLibrary, SmallKvPoolsAdmitRequestsAsBlocksFree) {
     mk_stage_free(st);
     rank1.join();
     EXPECT_EQ(other.serve[1], MK_OK) << other.message[1];
-    ASSERT_EQ(run.reports.size(), 4u);
-    for (size_t k = 0; k < 4; k++) {
-        EXPECT_EQ(run.reports[k].status, MK_OK) << run.errors[k];
-        EXPECT_EQ(run.tokens[k], want[run.reports[k].request]) << "request " << run.reports[k].request;
-    }
+    expect_whole_model_tokens(run, want, 4);
     mk_model_free(model);
 }
 
