@@ -333,6 +333,33 @@ TEST(PipelineSched, SmallKvPoolQueuesSequencesUntilTheirBlocksAreFree) {
     uint64_t id = 0;
     EXPECT_ERROR(mk_sched_submit(s.get(), long_prompt.data(), long_prompt.size(), 10, nullptr, 0, &id),
                  MK_ERR_KV_POOL_FULL, "more KV blocks than stage");
+
+    // Cancels while sequences wait for blocks and while they run: each cancelled sequence's
+    // tokens are a prefix of the whole model's, the others equal it, every block comes back.
+    Collector c2;
+    SchedPtr s2 = make_sched(model.get(), o, &c2);
+    ASSERT_TRUE(s2);
+    const std::vector<uint64_t> ids2 = submit_all(s2.get(), specs);
+    for (size_t k : {1u, 7u, 11u}) EXPECT_EQ(mk_sched_cancel(s2.get(), ids2[k]), MK_OK);
+    ASSERT_TRUE(wait_all_within(s2.get(), 120));
+    const std::vector<SeqResult> after = collect(s2.get(), &c2, ids2);
+    for (size_t k = 0; k < specs.size(); k++) {
+        const Decode &ref = refs.get(model.get(), cpu_options(), specs[k]);
+        ASSERT_EQ(after[k].info.state, MK_SEQ_DONE) << "seq " << k << ": " << after[k].error;
+        const bool cancelled = k == 1 || k == 7 || k == 11;
+        if (!cancelled) {
+            EXPECT_EQ(after[k].tokens, ref.tokens) << "seq " << k;
+            continue;
+        }
+        ASSERT_LE(after[k].tokens.size(), ref.tokens.size()) << "seq " << k;
+        EXPECT_TRUE(std::equal(after[k].tokens.begin(), after[k].tokens.end(), ref.tokens.begin())) << "seq " << k;
+    }
+    for (size_t i = 0; i < 2; i++) {
+        mk_kv_pool_info info{};
+        ASSERT_EQ(mk_range_kv_pool(mk_sched_worker_range(s2.get(), i), &info), MK_OK);
+        EXPECT_EQ(info.free_blocks, info.blocks) << "stage " << i << " kept blocks after cancels";
+        EXPECT_EQ(info.promised_blocks, 0u) << "stage " << i;
+    }
 }
 
 // What joins a worker's step from its queue: items while their rows fit, never the stop
