@@ -751,7 +751,10 @@ MK_API mk_status mk_pipeline_generate(mk_pipeline *pipeline, const mk_tokenizer 
  * transport that carries its boundary, so while range i computes a step of sequence m,
  * range i+1 computes a step of another. Each range keeps a KV cache per sequence slot and
  * each slot one preallocated boundary (backend memory) per seam: a step allocates nothing.
- * A sequence leaves on a stop id or its token limit and a queued one takes its slot. */
+ * A sequence leaves on a stop id or its token limit and a queued one takes its slot once
+ * every stage's KV pool promises the blocks of its whole run (mk_sequence_reserve; first come,
+ * first served). mk_sched_submit refuses with MK_ERR_KV_POOL_FULL a sequence no pool could
+ * ever hold. */
 
 typedef struct mk_sched mk_sched;
 
@@ -820,7 +823,7 @@ MK_API mk_status mk_sched_submit(mk_sched *sched, const int32_t *prompt, size_t 
                                  const int32_t *stop_ids, size_t n_stop, uint64_t *seq_id);
 
 typedef enum mk_seq_state {
-    MK_SEQ_QUEUED = 1,  /* waiting for a slot */
+    MK_SEQ_QUEUED = 1,  /* waiting for a slot and its KV blocks */
     MK_SEQ_RUNNING = 2,
     MK_SEQ_DONE = 3,    /* stopped on a stop id or its token limit */
     MK_SEQ_FAILED = 4,  /* status and error say why; tokens so far are kept */

@@ -1,7 +1,7 @@
 /* attention_prefill_tc.cu - causal grouped-query prefill attention on the tensor cores
  * (speed mode; attention_prefill.cu stays the F32 parity kernel). Semantics of
- * mk_kernel_attention_prefill: query row r sits at cache index past + r and attends to keys
- * [0, past + r]; query head h reads KV head h / (n_heads / n_kv_heads).
+ * mk_kernel_attention_prefill_kv: query row r sits at position past + r and attends to the keys
+ * of positions [0, past + r], each read at its pool row through the block table; query head h reads KV head h / (n_heads / n_kv_heads).
  *
  * Block = one query head x TC_BQ (64) query rows; 4 warps of 16 rows each. Q is converted to
  * BF16 once and held in wmma matrix_a fragments. Per key tile of BK keys (staged in shared

@@ -78,8 +78,8 @@ mk_status mk_kernel_kv_append(float *k_cache /* [ctx, kv_dim] */, float *v_cache
  * each element widened exactly). */
 mk_status mk_kernel_attention_prefill_kv(float *out /* [rows, n_heads, head_dim] */,
                                          const float *q /* [rows, n_heads, head_dim] */,
-                                         const void *k_cache /* [>= past + rows, n_kv_heads, head_dim] kv_dtype */,
-                                         const void *v_cache /* [>= past + rows, n_kv_heads, head_dim] kv_dtype */,
+                                         const void *k_cache /* [pool rows, n_kv_heads, head_dim] kv_dtype */,
+                                         const void *v_cache /* [pool rows, n_kv_heads, head_dim] kv_dtype */,
                                          mk_kv_pages pages, mk_dtype kv_dtype, size_t rows, size_t past, size_t n_heads,
                                          size_t n_kv_heads, size_t head_dim, cudaStream_t stream);
 
@@ -90,8 +90,8 @@ mk_status mk_kernel_attention_prefill_kv(float *out /* [rows, n_heads, head_dim]
 bool mk_kernel_attention_prefill_tc_supports(size_t head_dim);
 mk_status mk_kernel_attention_prefill_tc(float *out /* [rows, n_heads, head_dim] */,
                                          const float *q /* [rows, n_heads, head_dim] */,
-                                         const void *k_cache /* [>= past + rows, n_kv_heads, head_dim] */,
-                                         const void *v_cache /* [>= past + rows, n_kv_heads, head_dim] */,
+                                         const void *k_cache /* [pool rows, n_kv_heads, head_dim] */,
+                                         const void *v_cache /* [pool rows, n_kv_heads, head_dim] */,
                                          mk_kv_pages pages, mk_dtype kv_dtype, size_t rows, size_t past, size_t n_heads,
                                          size_t n_kv_heads, size_t head_dim, cudaStream_t stream);
 

@@ -583,9 +583,15 @@ mk_status mk_range_forward_batch(mk_range *r, const mk_forward_entry *entries, s
     if (total > r->max_rows)
         return mk_fail(MK_ERR_SHAPE, "a batch of %zu rows; this range's forwards take at most %zu (max_batch_tokens)",
                        total, r->max_rows);
-    for (size_t i = 0; i < n; i++) { /* blocks an entry takes stay its sequence's if a later one fails */
+    size_t held[MK_MAX_BATCH_SEQUENCES], promised[MK_MAX_BATCH_SEQUENCES];
+    for (size_t i = 0; i < n; i++) { /* all or nothing: a later entry's refusal undoes the earlier grows */
+        held[i] = spans[i].seq->n_blocks;
+        promised[i] = spans[i].seq->promised;
         const mk_status g = mk_kv_grow(spans[i].seq, spans[i].seq->length + spans[i].rows);
-        if (g != MK_OK) return mk_fail_entry(g, i);
+        if (g != MK_OK) {
+            for (size_t j = 0; j < i; j++) mk_kv_shrink(spans[j].seq, held[j], promised[j]);
+            return mk_fail_entry(g, i);
+        }
     }
     mk_backend *b = r->backend;
     const mk_activations *a = &r->act;

@@ -42,6 +42,9 @@ mk_status mk_kv_pool_create(mk_range *r, const mk_range_options *opt) {
         return mk_fail(MK_ERR_OUT_OF_MEMORY, "KV pool of %zu blocks of %zu bytes overflows", blocks, block_bytes);
     p->blocks = blocks;
     p->slab_bytes = arena_bytes / (2 * mk_kv_layers(r));
+    /* the device arena first: a pool too big for the device fails there, before the host
+     * writes a free list of that many ids */
+    MK_TRY(r->backend->ops->alloc(r->backend, arena_bytes, &p->arena));
     p->free_ids = mk_alloc_array(blocks, sizeof *p->free_ids, "KV pool: the free list");
     if (!p->free_ids) return MK_ERR_OUT_OF_MEMORY;
     /* the lowest id on top: a fresh sequence's blocks come out in order */
@@ -50,7 +53,7 @@ mk_status mk_kv_pool_create(mk_range *r, const mk_range_options *opt) {
     p->promised = 0;
     if (pthread_mutex_init(&p->mu, NULL) != 0) return mk_fail(MK_ERR_INTERNAL, "KV pool: mutex");
     p->mu_ready = true;
-    return r->backend->ops->alloc(r->backend, arena_bytes, &p->arena);
+    return MK_OK;
 }
 
 void mk_kv_pool_free(mk_range *r) {
@@ -89,6 +92,16 @@ mk_status mk_kv_grow(mk_sequence *seq, size_t length) {
      * while the sequence holds them, so an earlier copy still in flight reads what it should */
     if (b->ops->host_addressable) return MK_OK; /* table == host_table */
     return b->ops->upload_async(b, seq->table + old, seq->host_table + old, more * sizeof(int32_t));
+}
+
+void mk_kv_shrink(mk_sequence *seq, size_t n_blocks, size_t promised) {
+    mk_kv_pool *p = &seq->range->kv;
+    pthread_mutex_lock(&p->mu);
+    for (size_t i = seq->n_blocks; i-- > n_blocks;) p->free_ids[p->n_free++] = seq->host_table[i];
+    p->promised += promised - seq->promised; /* the promise they came out of stands again */
+    pthread_mutex_unlock(&p->mu);
+    seq->n_blocks = n_blocks;
+    seq->promised = promised;
 }
 
 void mk_kv_release(mk_sequence *seq) {

@@ -149,6 +149,9 @@ void mk_kv_pool_free(mk_range *r);
 mk_status mk_kv_grow(mk_sequence *seq, size_t length);
 /* Every block of the sequence and its promise back to the pool. */
 void mk_kv_release(mk_sequence *seq);
+/* Undo grows since the sequence held n_blocks with `promised` more promised: the blocks
+ * taken since go back, to the promise they came out of where they did. */
+void mk_kv_shrink(mk_sequence *seq, size_t n_blocks, size_t promised);
 
 /* weights.c: size the range's weight arena, allocate it and load every weight. */
 mk_status mk_range_load(mk_range *r);

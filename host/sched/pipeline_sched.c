@@ -288,8 +288,12 @@ static void mk_sched_start(mk_sched_item *item, mk_sched_request *req) {
     req->state = MK_SEQ_RUNNING;
 }
 
-/* KV positions a request may fill: its prompt and every token but the last. */
-static size_t mk_sched_positions(const mk_sched_request *r) { return r->n_prompt + r->max_new - 1; }
+/* KV positions a request may fill: its prompt and every token but the last (saturating:
+ * max_new may be "as many as the context holds"; the reservation caps it at the context). */
+static size_t mk_sched_positions(const mk_sched_request *r) {
+    size_t positions;
+    return mk_size_add(r->n_prompt, r->max_new - 1, &positions) ? positions : SIZE_MAX;
+}
 
 /* The admission rule: a request enters a slot only with every stage's KV blocks for its
  * whole run promised (mk_sequence_reserve), so a running sequence never fails for want of a
@@ -368,7 +372,7 @@ mk_status mk_sched_submit(mk_sched *s, const int32_t *prompt, size_t n_prompt, s
     if (n_prompt > mk_range_max_rows(head))
         return mk_fail(MK_ERR_INVALID_ARGUMENT, "prompt of %zu tokens exceeds the pipeline's max_batch_tokens %zu",
                        n_prompt, mk_range_max_rows(head));
-    size_t positions;
+    size_t positions; /* as mk_sched_positions counts them */
     if (!mk_size_add(n_prompt, max_new - 1, &positions)) positions = SIZE_MAX;
     MK_TRY(mk_sched_fits_pools(s, positions));
     mk_sched_request *r = calloc(1, sizeof *r);

@@ -195,6 +195,16 @@ static mk_status mk_stage_build(mk_stage *st) {
     if (st->max_batch > st->max_context) st->max_batch = st->max_context;
     if (ro.max_batch_tokens < st->max_batch) ro.max_batch_tokens = st->max_batch;
     ro.max_batch_sequences = st->max_batch;
+    /* Every rank's KV pool holds the same number of blocks (rank 0 admits by its own pool,
+     * so the others must hold what it promised): blocks, never bytes (a rank's block size in
+     * bytes follows its layers); by default one full context per request in flight. */
+    if (ro.kv_pool_bytes && !ro.kv_pool_blocks)
+        return mk_fail(MK_ERR_INVALID_ARGUMENT, "a stage run sizes its KV pools in blocks (kv_pool_blocks), the same "
+                       "count on every rank; bytes would give ranks of more layers fewer blocks");
+    if (!ro.kv_pool_blocks) {
+        const size_t block = ro.kv_block_size ? ro.kv_block_size : 16;
+        ro.kv_pool_blocks = st->max_sequences * ((st->max_context + block - 1) / block);
+    }
     /* The last rank (after rank 0) sends back the sampled token alone: it never needs the
      * logits on the host, so its forward brings back 4 bytes and allocates nothing. */
     if (st->rank > 0 && st->rank + 1 == st->world) ro.token_only = true;
@@ -944,6 +954,26 @@ static mk_status mk_tail_send(mk_stage *st, const char *id, int32_t token, bool 
  * waiting on the seam (up to max_batch, within the step's rows), one forward, each
  * boundary passed on (or, at the last rank, each token returned). The end-of-run marker
  * ends the step's receiving; the step still runs. */
+static mk_status mk_member_control(mk_stage *st, int64_t deadline, bool *bye, char *requests, size_t cap);
+
+/* A member's forward of entries [k0, k1). Rank 0 admitted their requests with blocks promised
+ * on every rank, but a finished request's FINISHED travels on the control connection while
+ * the next request's boundary comes down the seam: a pool found full waits for rank 0's
+ * control messages (FINISHED frees blocks) and tries again, within the deadline. */
+static mk_status mk_member_forward(mk_stage *st, mk_forward_entry *entries, size_t n) {
+    mk_status s = mk_range_forward_batch(st->range, entries, n);
+    while (s == MK_ERR_KV_POOL_FULL) {
+        char why[512], requests[256];
+        snprintf(why, sizeof why, "%s", mk_last_error());
+        bool bye = false;
+        const mk_status c = mk_member_control(st, mk_deadline_ms(st->timeout_ms, MK_STAGE_DEFAULT_TIMEOUT_MS), &bye,
+                                              requests, sizeof requests);
+        if (c != MK_OK || bye) return mk_fail(MK_ERR_KV_POOL_FULL, "%s (no request finished in time)", why);
+        s = mk_range_forward_batch(st->range, entries, n); /* nothing ran: the same forward again */
+    }
+    return s;
+}
+
 static mk_status mk_member_step(mk_stage *st, bool *end) {
     mk_member_route route[MK_MAX_BATCH_SEQUENCES];
     mk_forward_entry entries[MK_MAX_BATCH_SEQUENCES];
@@ -980,7 +1010,7 @@ static mk_status mk_member_step(mk_stage *st, bool *end) {
         while (k1 < n && r + st->ins[k1]->h.rows <= st->max_rows) r += st->ins[k1++]->h.rows;
         mk_stage_busy(st, true);
         mk_stage_fault_busy(st);
-        const mk_status s = mk_range_forward_batch(st->range, entries + k0, k1 - k0);
+        const mk_status s = mk_member_forward(st, entries + k0, k1 - k0);
         mk_stage_busy(st, false);
         if (s != MK_OK)
             return mk_stage_wrap(s, "rank %d: %s at step %llu", st->rank, id[k0], (unsigned long long)st->steps);

@@ -178,6 +178,12 @@ TEST_P(KvPool, BatchEntryWithoutABlockFailsByName) {
     EXPECT_ERROR(mk_range_forward_batch(r, e, 2), MK_ERR_KV_POOL_FULL, "batch entry 1");
     EXPECT_EQ(mk_sequence_length(a.get()), 0u);
     EXPECT_EQ(mk_sequence_length(b.get()), 0u);
+    EXPECT_EQ(pool_of(r).free_blocks, 2u) << "the block entry 0 took stayed taken";
+    // the same with entry 0's block promised: the promise stands again after the refusal
+    MK_ASSERT_OK(mk_sequence_reserve(a.get(), 4));
+    EXPECT_ERROR(mk_range_forward_batch(r, e, 2), MK_ERR_KV_POOL_FULL, "batch entry 1");
+    EXPECT_EQ(pool_of(r).free_blocks, 2u);
+    EXPECT_EQ(pool_of(r).promised_blocks, 1u);
     e[1].n_tokens = 4;
     EXPECT_EQ(mk_range_forward_batch(r, e, 2), MK_OK) << mk_last_error();
     EXPECT_EQ(mk_sequence_length(b.get()), 4u);

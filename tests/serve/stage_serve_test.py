@@ -176,7 +176,8 @@ def main():
                          metric(r0.url, 'meshkern_kv_sequences{kind="in_use"}') == 0)
         check(freed, "disconnect mid-stream: sequence cut, its KV free (metrics)")
         pool = [metric(r0.url, f'meshkern_kv_blocks{{stage="0",kind="{kind}"}}') for kind in ("capacity", "free", "promised")]
-        check(pool == [128, 128, 0], f"metrics: rank 0's KV pool (4 sequences of 512 in blocks of 16), all back: {pool}")
+        check(pool == [64, 64, 0], f"metrics: rank 0's KV pool (a context of 512 in blocks of 16 per sequence in flight, "
+                                   f"2), all back: {pool}")
         steps_then = metric(r0.url, 'meshkern_stage_steps_total{stage="0"}')
         time.sleep(1.0)  # nothing in flight: rank 0 runs no step (the cut sequence is gone, not running on)
         steps_now = metric(r0.url, 'meshkern_stage_steps_total{stage="0"}')
