@@ -839,6 +839,7 @@ int main(int argc, char **argv) {
                    r.kernel.c_str(), r.shape.c_str(), tf, 100.0 * tf / b.gemm_tflops, b.gemm_shape.c_str(),
                    b.gemm_tflops);
         }
+    if (b.ident) CK(cudaFree(b.ident));
     CK(cudaEventDestroy(b.e0));
     CK(cudaEventDestroy(b.e1));
     CK(cudaStreamDestroy(b.stream));
