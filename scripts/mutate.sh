@@ -343,7 +343,7 @@ MUTATIONS=(
   "kvpool.promise-kept-after-taking~host/range/kv_pool.c~s/    seq->promised -= own;\n//~gtest:test_kv_pool:*"
   "kvpool.release-keeps-blocks~host/range/kv_pool.c~s/p->free_ids\[p->n_free\+\+\] = seq->host_table\[i\];/(void)0;/~gtest:test_kv_pool:*"
   "kvpool.takes-promised-blocks~host/range/kv_pool.c~s/if \(more - own > p->n_free - p->promised\)/if (more - own > p->n_free)/~gtest:test_kv_pool:*"
-  "sched.admit-without-reserve~host/sched/pipeline_sched.c~s/if \(mk_sequence_reserve\(seq, mk_sched_positions\(r\)\) != MK_OK\)/if (0)/~sched:*SmallKvPool*"
+  "sched.admit-without-reserve~host/sched/pipeline_sched.c~s/if \(mk_sequence_reserve\(seq, mk_sched_positions\(r->n_prompt, r->max_new\)\) != MK_OK\)/if (0)/~sched:*SmallKvPool*"
   "sched.retire-keeps-blocks~host/sched/pipeline_sched.c~s/for \(size_t i = 0; i < s->n_workers; i\+\+\) \(void\)mk_sequence_reset\(s->workers\[i\].seqs\[item->slot\]\);//~sched:*SmallKvPool*"
   "stage.steps-unreserved~host/stage/stage_runtime.c~s/!e->ready \|\| !e->reserved \|\|/!e->ready ||/~stage:*StageLibrary*"
   "stage.member-keeps-finished-blocks~host/stage/stage_runtime.c~s/        mk_slots_release\(&st->slots, body\);\n//~stage:*SmallKvPools*"

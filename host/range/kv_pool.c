@@ -104,15 +104,7 @@ void mk_kv_shrink(mk_sequence *seq, size_t n_blocks, size_t promised) {
     seq->promised = promised;
 }
 
-void mk_kv_release(mk_sequence *seq) {
-    mk_kv_pool *p = &seq->range->kv;
-    pthread_mutex_lock(&p->mu);
-    for (size_t i = seq->n_blocks; i-- > 0;) p->free_ids[p->n_free++] = seq->host_table[i];
-    p->promised -= seq->promised;
-    pthread_mutex_unlock(&p->mu);
-    seq->n_blocks = 0;
-    seq->promised = 0;
-}
+void mk_kv_release(mk_sequence *seq) { mk_kv_shrink(seq, 0, 0); }
 
 mk_status mk_sequence_reserve(mk_sequence *seq, size_t positions) {
     mk_clear_error();

@@ -290,9 +290,9 @@ static void mk_sched_start(mk_sched_item *item, mk_sched_request *req) {
 
 /* KV positions a request may fill: its prompt and every token but the last (saturating:
  * max_new may be "as many as the context holds"; the reservation caps it at the context). */
-static size_t mk_sched_positions(const mk_sched_request *r) {
+static size_t mk_sched_positions(size_t n_prompt, size_t max_new) {
     size_t positions;
-    return mk_size_add(r->n_prompt, r->max_new - 1, &positions) ? positions : SIZE_MAX;
+    return mk_size_add(n_prompt, max_new - 1, &positions) ? positions : SIZE_MAX;
 }
 
 /* The admission rule: a request enters a slot only with every stage's KV blocks for its
@@ -303,7 +303,7 @@ static size_t mk_sched_positions(const mk_sched_request *r) {
 static bool mk_sched_reserve(mk_sched *s, size_t slot, const mk_sched_request *r) {
     for (size_t i = 0; i < s->n_workers; i++) {
         mk_sequence *seq = s->workers[i].seqs[slot];
-        if (mk_sequence_reserve(seq, mk_sched_positions(r)) != MK_OK) {
+        if (mk_sequence_reserve(seq, mk_sched_positions(r->n_prompt, r->max_new)) != MK_OK) {
             for (size_t j = 0; j <= i; j++) (void)mk_sequence_reset(s->workers[j].seqs[slot]);
             mk_clear_error();
             return false;
@@ -372,9 +372,7 @@ mk_status mk_sched_submit(mk_sched *s, const int32_t *prompt, size_t n_prompt, s
     if (n_prompt > mk_range_max_rows(head))
         return mk_fail(MK_ERR_INVALID_ARGUMENT, "prompt of %zu tokens exceeds the pipeline's max_batch_tokens %zu",
                        n_prompt, mk_range_max_rows(head));
-    size_t positions; /* as mk_sched_positions counts them */
-    if (!mk_size_add(n_prompt, max_new - 1, &positions)) positions = SIZE_MAX;
-    MK_TRY(mk_sched_fits_pools(s, positions));
+    MK_TRY(mk_sched_fits_pools(s, mk_sched_positions(n_prompt, max_new)));
     mk_sched_request *r = calloc(1, sizeof *r);
     if (!r) return mk_fail(MK_ERR_OUT_OF_MEMORY, "pipeline: out of memory");
     /* At most max_context tokens come out of a sequence (each but the last takes a KV
