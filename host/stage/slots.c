@@ -8,7 +8,6 @@
 
 mk_status mk_slots_init(mk_slots *t, mk_range *range, size_t n) {
     memset(t, 0, sizeof *t);
-    /* A prefill with no slot free takes slot[0]: a table of none has no slot 0. */
     if (n == 0) return mk_fail(MK_ERR_INVALID_ARGUMENT, "stage: a request table needs at least one slot");
     t->slot = calloc(n, sizeof *t->slot);
     if (!t->slot) return mk_fail(MK_ERR_OUT_OF_MEMORY, "stage: out of memory for %zu sequence slots", n);
@@ -39,16 +38,13 @@ mk_status mk_slots_get(mk_slots *t, const char *id, bool fresh, mk_sequence **se
         if (s) return mk_fail(MK_ERR_POSITIONS_SHAPE, "a second prefill of request '%s'", id);
         for (size_t i = 0; i < t->n && !s; i++)
             if (!t->slot[i].request_id[0]) s = &t->slot[i];
-        if (!s) {
-            s = &t->slot[0];
-            for (size_t i = 1; i < t->n; i++)
-                if (t->slot[i].last_use < s->last_use) s = &t->slot[i];
-        }
+        if (!s)
+            return mk_fail(MK_ERR_KV_POOL_FULL, "request '%s': every one of the %zu sequence slots holds a request", id,
+                           t->n);
         if (s->seq) MK_TRY(mk_sequence_reset(s->seq));
         else MK_TRY(mk_sequence_open(t->range, &s->seq));
         strcpy(s->request_id, id);
     }
-    s->last_use = ++t->clock;
     *seq = s->seq;
     return MK_OK;
 }

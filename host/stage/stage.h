@@ -64,22 +64,22 @@ mk_status mk_stage_wrap(mk_status status, const char *fmt, ...) __attribute__((f
 typedef struct mk_stage_slot {
     char request_id[64]; /* "" = free */
     mk_sequence *seq;    /* opened on first use, reset when reused */
-    uint64_t last_use;
 } mk_stage_slot;
 
 typedef struct mk_slots {
     mk_range *range;
     mk_stage_slot *slot;
     size_t n;
-    uint64_t clock;
 } mk_slots;
 
 mk_status mk_slots_init(mk_slots *t, mk_range *range, size_t n);
 void mk_slots_free(mk_slots *t);
-/* The sequence of request `id`: with `fresh` (a prefill) a free slot, else the least
- * recently used one, reset (rank 0 admits a request only after another finished, and the
- * boundaries of every rank keep rank 0's order, so the slot left longest is a finished
- * request's); without, the slot already holding id, or MK_ERR_POSITIONS_SHAPE. */
+/* The sequence of request `id`: with `fresh` (a prefill) a free slot, reset, or
+ * MK_ERR_KV_POOL_FULL when every slot holds a request (on a rank after rank 0, a finished
+ * request's FINISHED has not been read yet: the caller reads it and asks again; the slot
+ * left longest is not always the finished one, since a step may carry a later request's
+ * prefill before an earlier one's decode row); without, the slot already holding id, or
+ * MK_ERR_POSITIONS_SHAPE. */
 mk_status mk_slots_get(mk_slots *t, const char *id, bool fresh, mk_sequence **seq);
 void mk_slots_release(mk_slots *t, const char *id);
 
@@ -93,6 +93,8 @@ typedef enum mk_fault_kind {
     MK_FAULT_OTHER_DIGEST,   /* sends a boundary (or result) of another recipe digest */
     MK_FAULT_OTHER_LAYER,    /* sends a boundary cut before another layer */
     MK_FAULT_BUSY,           /* computes 3 deadlines longer at that step (alive, not silent) */
+    MK_FAULT_LATE_FINISHED,  /* rank 0, from that step on: each FINISHED goes out after the next
+                                step's boundaries (the next request's prefill overtakes it) */
 } mk_fault_kind;
 
 typedef struct mk_fault {
@@ -157,6 +159,7 @@ struct mk_stage {
     mk_boundary **ins, **outs;    /* [max_batch]: a step's boundaries, one per request */
     size_t max_batch;             /* requests one step carries (1 on nccl seams) */
     mk_slots slots;
+    char abort_requests[MK_CTL_MAX_BODY + 1]; /* rank > 0: the requests rank 0's ABORT named */
     mk_fault fault;
     uint64_t steps;               /* boundaries this rank handled */
     mk_stage_counts counts;       /* this rank's seam figures */

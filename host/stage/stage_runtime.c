@@ -392,9 +392,12 @@ static mk_status mk_stage_go_silent(mk_stage *st, uint64_t step) {
 }
 
 /* A step that computes for 3 deadlines (fault): longer than any peer waits in silence
- * (rank 0 1.25 deadlines, the others 2), but the rank is alive and busy, not silent. */
-static void mk_stage_fault_busy(const mk_stage *st) {
-    if (mk_fault_due(&st->fault, st->steps, MK_FAULT_BUSY)) usleep((useconds_t)st->timeout_ms * 3000u);
+ * (rank 0 1.25 deadlines, the others 2), but the rank is alive and busy, not silent. The
+ * forward of `boundaries` makes boundaries steps..steps + boundaries - 1: the fault's step
+ * is due in whichever forward makes it, however the steps were batched. */
+static void mk_stage_fault_busy(const mk_stage *st, size_t boundaries) {
+    for (size_t k = 0; k < boundaries; k++)
+        if (mk_fault_due(&st->fault, st->steps + k, MK_FAULT_BUSY)) usleep((useconds_t)st->timeout_ms * 3000u);
 }
 
 /* Send one of this rank's boundaries (out, for request id) to the next rank. */
@@ -454,7 +457,24 @@ typedef struct mk_head {
     bool closed;            /* the source said so: no more admissions */
     int64_t deadline;       /* a result is due by then (0: none awaited) */
     bool more;              /* the last result said more of its step follow */
+    size_t *late, n_late;   /* fault late_finished: [max_sequences] numbers whose FINISHED waits */
 } mk_head;
+
+/* Every other rank hears that request `number` is over: its blocks go back to their pools. */
+static void mk_head_tell_finished(mk_stage *st, size_t number) {
+    char id[32];
+    snprintf(id, sizeof id, "req-%zu", number);
+    const int64_t deadline = mk_deadline_ms(st->timeout_ms, MK_STAGE_DEFAULT_TIMEOUT_MS);
+    for (int k = 1; k < st->world; k++)
+        (void)mk_ctl_send(&st->ctl[k], MK_CTL_FINISHED, id, strlen(id), deadline); /* a lost rank shows elsewhere */
+    mk_clear_error();
+}
+
+/* The FINISHED messages the fault held back, after a step's boundaries (or at the end). */
+static void mk_head_tell_late(mk_head *h) {
+    for (size_t i = 0; i < h->n_late; i++) mk_head_tell_finished(h->st, h->late[i]);
+    h->n_late = 0;
+}
 
 /* One step of rank 0: the ready requests' rows (decode rows first, then prompts, within
  * the step's rows and requests) through this rank's range in one forward, then each
@@ -487,7 +507,7 @@ static mk_status mk_head_step_ready(mk_head *h) {
         e->ready = false;
     }
     mk_stage_busy(st, true);
-    mk_stage_fault_busy(st);
+    mk_stage_fault_busy(st, n);
     const int64_t t0 = mk_wall_ns();
     const mk_status s = mk_range_forward_batch(st->range, entries, n);
     __atomic_fetch_add(&st->live_busy_ns, (uint64_t)(mk_wall_ns() - t0), __ATOMIC_RELAXED);
@@ -496,6 +516,7 @@ static mk_status mk_head_step_ready(mk_head *h) {
     if (s != MK_OK) return mk_stage_wrap(s, "rank 0: %s%s at step %llu", id[0], n > 1 ? " and others" : "",
                                          (unsigned long long)st->steps);
     for (size_t k = 0; k < n; k++) MK_TRY(mk_stage_send_from(st, st->outs[k], id[k]));
+    mk_head_tell_late(h);
     __atomic_store_n(&st->live_bytes, (uint64_t)mk_seam_bytes(st->to_next), __ATOMIC_RELAXED);
     __atomic_store_n(&st->live_steps, st->steps, __ATOMIC_RELAXED);
     return MK_OK;
@@ -507,11 +528,12 @@ static void mk_head_finish(mk_head *h, mk_head_entry *e, mk_status status, const
     char id[64];
     snprintf(id, sizeof id, "req-%zu", e->number);
     mk_slots_release(&h->st->slots, id);
+    const mk_fault *f = &h->st->fault;
     if (e->reserved) { /* it reached the other ranks: they hold a sequence for it */
-        const int64_t deadline = mk_deadline_ms(h->st->timeout_ms, MK_STAGE_DEFAULT_TIMEOUT_MS);
-        for (int k = 1; k < h->st->world; k++)
-            (void)mk_ctl_send(&h->st->ctl[k], MK_CTL_FINISHED, id, strlen(id), deadline); /* a lost rank shows elsewhere */
-        mk_clear_error();
+        if (f->kind == MK_FAULT_LATE_FINISHED && h->st->steps >= f->step && h->late && h->n_late < h->st->max_sequences)
+            h->late[h->n_late++] = e->number;
+        else
+            mk_head_tell_finished(h->st, e->number);
     }
     if (h->src->report) {
         const mk_stage_report rep = {(size_t)e->a.tag, status, error ? error : "", e->tokens, e->n, stopped};
@@ -831,12 +853,14 @@ static mk_status mk_stage_serve_head(mk_stage *st, const mk_stage_source *src, m
     mk_head h = {.st = st, .src = src};
     mk_status s = pre;
     if (s == MK_OK && st->o.max_new_tokens == 0) s = mk_fail(MK_ERR_INVALID_ARGUMENT, "max_new_tokens is 0");
-    if (s == MK_OK && !(h.entry = calloc(st->max_sequences, sizeof *h.entry)))
+    if (s == MK_OK && (!(h.entry = calloc(st->max_sequences, sizeof *h.entry)) ||
+                       !(h.late = calloc(st->max_sequences, sizeof *h.late))))
         s = mk_fail(MK_ERR_OUT_OF_MEMORY, "stage: out of memory for %zu requests in flight", st->max_sequences);
     if (s == MK_OK) s = mk_head_serve(&h);
     const int64_t deadline = mk_deadline_ms(st->timeout_ms, MK_STAGE_DEFAULT_TIMEOUT_MS);
     if (s == MK_OK && st->o.seam == MK_SEAM_NCCL && h.admitted > 0) s = mk_head_end_marker(st);
     if (s == MK_OK) {
+        mk_head_tell_late(&h);
         for (int k = 1; k < st->world; k++) (void)mk_ctl_send(&st->ctl[k], MK_CTL_BYE, NULL, 0, deadline);
         mk_head_gather_counts(st, deadline);
     } else {
@@ -854,6 +878,7 @@ static mk_status mk_stage_serve_head(mk_stage *st, const mk_stage_source *src, m
         mk_fail(s, "%s", message);
     }
     free(h.entry);
+    free(h.late);
     return s;
 }
 
@@ -912,6 +937,8 @@ typedef struct mk_member_route {
     bool end; /* the end-of-run marker (refused, so no payload is taken) */
 } mk_member_route;
 
+static mk_status mk_member_control(mk_stage *st, int64_t deadline, bool *bye);
+
 /* The contract on a received header, once the sequence its request id names is found. */
 static mk_status mk_member_check(void *user, const mk_boundary_header *h, const mk_sequence **checked_for) {
     mk_member_route *r = user;
@@ -920,7 +947,17 @@ static mk_status mk_member_check(void *user, const mk_boundary_header *h, const 
         return mk_fail(MK_ERR_EMPTY_INPUT, "end of run");
     }
     const bool fresh = h->step == 0 && h->position == 0;
-    MK_TRY(mk_slots_get(&r->st->slots, h->request_id, fresh, &r->seq));
+    mk_status s = mk_slots_get(&r->st->slots, h->request_id, fresh, &r->seq);
+    while (s == MK_ERR_KV_POOL_FULL) { /* rank 0 admitted it after one finished: that FINISHED is on its way */
+        char why[300];
+        snprintf(why, sizeof why, "%s", mk_last_error());
+        bool bye = false;
+        const mk_status c = mk_member_control(r->st, mk_deadline_ms(r->st->timeout_ms, MK_STAGE_DEFAULT_TIMEOUT_MS), &bye);
+        if (c != MK_OK) return c;
+        if (bye) return mk_fail(MK_ERR_KV_POOL_FULL, "%s (rank 0 ended the run)", why);
+        s = mk_slots_get(&r->st->slots, h->request_id, fresh, &r->seq);
+    }
+    MK_TRY(s);
     MK_TRY(mk_range_check_boundary(r->st->range, r->seq, h));
     *checked_for = r->seq;
     return MK_OK;
@@ -954,22 +991,25 @@ static mk_status mk_tail_send(mk_stage *st, const char *id, int32_t token, bool 
  * waiting on the seam (up to max_batch, within the step's rows), one forward, each
  * boundary passed on (or, at the last rank, each token returned). The end-of-run marker
  * ends the step's receiving; the step still runs. */
-static mk_status mk_member_control(mk_stage *st, int64_t deadline, bool *bye, char *requests, size_t cap);
-
 /* A member's forward of entries [k0, k1). Rank 0 admitted their requests with blocks promised
  * on every rank, but a finished request's FINISHED travels on the control connection while
  * the next request's boundary comes down the seam: a pool found full waits for rank 0's
  * control messages (FINISHED frees blocks) and tries again, within the deadline. */
 static mk_status mk_member_forward(mk_stage *st, mk_forward_entry *entries, size_t n) {
+    mk_stage_busy(st, true);
+    mk_stage_fault_busy(st, n);
     mk_status s = mk_range_forward_batch(st->range, entries, n);
+    mk_stage_busy(st, false); /* before any control message of this thread's (a PONG) */
     while (s == MK_ERR_KV_POOL_FULL) {
-        char why[512], requests[256];
+        char why[512];
         snprintf(why, sizeof why, "%s", mk_last_error());
         bool bye = false;
-        const mk_status c = mk_member_control(st, mk_deadline_ms(st->timeout_ms, MK_STAGE_DEFAULT_TIMEOUT_MS), &bye,
-                                              requests, sizeof requests);
-        if (c != MK_OK || bye) return mk_fail(MK_ERR_KV_POOL_FULL, "%s (no request finished in time)", why);
+        const mk_status c = mk_member_control(st, mk_deadline_ms(st->timeout_ms, MK_STAGE_DEFAULT_TIMEOUT_MS), &bye);
+        if (c != MK_OK) return c;
+        if (bye) return mk_fail(MK_ERR_KV_POOL_FULL, "%s (rank 0 ended the run)", why);
+        mk_stage_busy(st, true);
         s = mk_range_forward_batch(st->range, entries, n); /* nothing ran: the same forward again */
+        mk_stage_busy(st, false);
     }
     return s;
 }
@@ -1008,10 +1048,7 @@ static mk_status mk_member_step(mk_stage *st, bool *end) {
     for (size_t k0 = 0; k0 < n;) {
         size_t k1 = k0 + 1, r = st->ins[k0]->h.rows;
         while (k1 < n && r + st->ins[k1]->h.rows <= st->max_rows) r += st->ins[k1++]->h.rows;
-        mk_stage_busy(st, true);
-        mk_stage_fault_busy(st);
         const mk_status s = mk_member_forward(st, entries + k0, k1 - k0);
-        mk_stage_busy(st, false);
         if (s != MK_OK)
             return mk_stage_wrap(s, "rank %d: %s at step %llu", st->rank, id[k0], (unsigned long long)st->steps);
         for (size_t k = k0; k < k1; k++)
@@ -1022,7 +1059,7 @@ static mk_status mk_member_step(mk_stage *st, bool *end) {
 }
 
 /* A control message from rank 0 mid-run: bye (done), abort (failed), or nothing usable. */
-static mk_status mk_member_control(mk_stage *st, int64_t deadline, bool *bye, char *requests, size_t cap) {
+static mk_status mk_member_control(mk_stage *st, int64_t deadline, bool *bye) {
     mk_ctl_type type;
     char body[MK_CTL_MAX_BODY + 1];
     size_t len;
@@ -1047,14 +1084,14 @@ static mk_status mk_member_control(mk_stage *st, int64_t deadline, bool *bye, ch
         char *nl = strchr(body, '\n');
         if (nl) {
             *nl = '\0';
-            snprintf(requests, cap, "%s", nl + 1);
+            snprintf(st->abort_requests, sizeof st->abort_requests, "%s", nl + 1);
         }
         return mk_ctl_abort_status(body);
     }
     return mk_fail(MK_ERR_FRAME, "rank 0 sent control message type %d mid-run", (int)type);
 }
 
-static mk_status mk_member_serve(mk_stage *st, char *requests, size_t cap) {
+static mk_status mk_member_serve(mk_stage *st) {
     for (;;) {
         const int fds[2] = {st->ctl[0].fd, mk_seam_stream_fd(st->from_prev)};
         int ready = -1;
@@ -1068,7 +1105,7 @@ static mk_status mk_member_serve(mk_stage *st, char *requests, size_t cap) {
                            (unsigned long long)st->steps);
         bool bye = false;
         if (ready == 0) {
-            MK_TRY(mk_member_control(st, deadline, &bye, requests, cap));
+            MK_TRY(mk_member_control(st, deadline, &bye));
             if (bye) return MK_OK;
             continue;
         }
@@ -1082,8 +1119,7 @@ static mk_status mk_member_serve(mk_stage *st, char *requests, size_t cap) {
          * otherwise rank 0 says why (or has gone too). */
         char why[512];
         snprintf(why, sizeof why, "%s", mk_last_error());
-        const mk_status c = mk_member_control(st, mk_deadline_ms(st->timeout_ms, MK_STAGE_DEFAULT_TIMEOUT_MS), &bye,
-                                              requests, cap);
+        const mk_status c = mk_member_control(st, mk_deadline_ms(st->timeout_ms, MK_STAGE_DEFAULT_TIMEOUT_MS), &bye);
         if (c == MK_OK && bye) return MK_OK;
         if (c != MK_OK && c != MK_ERR_PEER_TIMEOUT) return c;
         return mk_fail(MK_ERR_PEER_LOST, "rank %d lost rank %d (the previous stage) after step %llu: %s", st->rank,
@@ -1094,13 +1130,13 @@ static mk_status mk_member_serve(mk_stage *st, char *requests, size_t cap) {
 /* nccl seams cannot be polled beside the control connection: control is read whenever it
  * has something before each receive, and a receive waits up to the idle deadline. The run
  * ends with the marker: passed on (or, at the last rank, reported done), then rank 0's bye. */
-static mk_status mk_member_serve_nccl(mk_stage *st, char *requests, size_t cap) {
+static mk_status mk_member_serve_nccl(mk_stage *st) {
     for (;;) {
         struct pollfd p = {.fd = st->ctl[0].fd, .events = POLLIN};
         bool bye = false, end = false;
         const int64_t deadline = mk_deadline_ms(st->timeout_ms, MK_STAGE_DEFAULT_TIMEOUT_MS);
         if (poll(&p, 1, 0) > 0) {
-            MK_TRY(mk_member_control(st, deadline, &bye, requests, cap));
+            MK_TRY(mk_member_control(st, deadline, &bye));
             if (bye) return MK_OK;
             continue;
         }
@@ -1110,7 +1146,7 @@ static mk_status mk_member_serve_nccl(mk_stage *st, char *requests, size_t cap) 
             char why[512];
             snprintf(why, sizeof why, "%s", mk_last_error());
             if (poll(&p, 1, 0) > 0) {
-                const mk_status c = mk_member_control(st, deadline, &bye, requests, cap);
+                const mk_status c = mk_member_control(st, deadline, &bye);
                 if (c != MK_OK) return c;
             }
             return mk_fail(s, "%s", why);
@@ -1118,7 +1154,7 @@ static mk_status mk_member_serve_nccl(mk_stage *st, char *requests, size_t cap) 
         if (!end) continue;
         if (st->rank + 1 < st->world) MK_TRY(mk_stage_send(st, MK_STAGE_END_ID));
         else MK_TRY(mk_ctl_send(&st->ctl[0], MK_CTL_DONE, NULL, 0, deadline));
-        while (!bye) MK_TRY(mk_member_control(st, deadline, &bye, requests, cap));
+        while (!bye) MK_TRY(mk_member_control(st, deadline, &bye));
         return MK_OK;
     }
 }
@@ -1138,9 +1174,10 @@ static mk_status mk_member_send_counts(mk_stage *st) {
 }
 
 static mk_status mk_stage_serve_member(mk_stage *st, mk_stage_report_fn report, void *user) {
-    char requests[MK_CTL_MAX_BODY + 1] = "";
-    mk_status s = st->o.seam == MK_SEAM_NCCL ? mk_member_serve_nccl(st, requests, sizeof requests)
-                                            : mk_member_serve(st, requests, sizeof requests);
+    char *requests = st->abort_requests;
+    const size_t cap = sizeof st->abort_requests;
+    requests[0] = '\0';
+    mk_status s = st->o.seam == MK_SEAM_NCCL ? mk_member_serve_nccl(st) : mk_member_serve(st);
     if (s == MK_OK) {
         /* the run is done either way: figures rank 0 does not get are only missing there */
         (void)mk_member_send_counts(st);
@@ -1155,7 +1192,7 @@ static mk_status mk_stage_serve_member(mk_stage *st, mk_stage_report_fn report, 
         mk_ctl_abort(&st->ctl[0], s, message);
         const int64_t deadline = mk_deadline_ms(st->timeout_ms / 2, MK_STAGE_DEFAULT_TIMEOUT_MS / 2);
         bool bye = false;
-        while (mk_member_control(st, deadline, &bye, requests, sizeof requests) == MK_OK && !bye && !requests[0]) {
+        while (mk_member_control(st, deadline, &bye) == MK_OK && !bye && !requests[0]) {
         }
     }
     /* Every rank reports the requests of the failed run: rank 0's list, or, when rank 0 is
@@ -1166,7 +1203,7 @@ static mk_status mk_stage_serve_member(mk_stage *st, mk_stage_report_fn report, 
         size_t n = 0;
         for (size_t k = 0; k < st->slots.n; k++) {
             const size_t i = mk_request_index(st->slots.slot[k].request_id);
-            if (i != (size_t)-1 && n + 24 < sizeof requests) n += (size_t)snprintf(requests + n, sizeof requests - n, "%zu ", i);
+            if (i != (size_t)-1 && n + 24 < cap) n += (size_t)snprintf(requests + n, cap - n, "%zu ", i);
         }
         snprintf(why, sizeof why, "%s (rank 0 sent no list: a request this rank held)", message);
     }

@@ -5,6 +5,7 @@
 // under an injected fault every request must be reported failed with the named status and
 // every process must exit non-zero within the deadline + 5 s.
 #include <arpa/inet.h>
+#include <cstdio>
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -79,6 +80,10 @@ class Ranks {
     }
     ~Ranks() {
         kill_all();
+        if (::testing::Test::HasFailure()) { // a failed case keeps every rank's output to read
+            std::fprintf(stderr, "rank outputs kept in %s\n", dir_.c_str());
+            return;
+        }
         for (const auto &p : procs_) {
             unlink(p.out.c_str());
             unlink(p.err.c_str());
@@ -879,6 +884,51 @@ TEST(StageLibrary, SmallKvPoolsAdmitRequestsAsBlocksFree) {
     rank1.join();
     EXPECT_EQ(other.serve[1], MK_OK) << other.message[1];
     expect_whole_model_tokens(run, want, 4);
+    mk_model_free(model);
+}
+
+// Rank 0 sends each FINISHED after its next step's boundaries (fault late_finished), so the
+// next request's prefill reaches rank 1 first: with a pool for one request, rank 1 finds its
+// pool full and waits for the FINISHED before its forward; with room for all but two slots,
+// it finds every slot held and waits for the FINISHED before taking one (never evicting a
+// live request). Either way every token equals the whole model's and no block is kept.
+TEST(StageLibrary, APrefillBeforeItsPredecessorsFinishedWaitsForIt) {
+    mk_model *model = random_model();
+    const auto prompts = read_prompts(kPrompts);
+    ASSERT_GE(prompts.size(), 4u);
+    const size_t n_new = 5, block = 4;
+    const auto want = whole_model(model, MK_DTYPE_F32, prompts, n_new);
+    size_t longest = 0, most_blocks = 0;
+    for (size_t i = 0; i < 4; i++) {
+        longest = std::max(longest, prompts[i].size());
+        most_blocks = std::max(most_blocks, (prompts[i].size() + n_new - 1 + block - 1) / block);
+    }
+    setenv("MESHKERN_FAULT", "rank=0,step=0,kind=late_finished", 1);
+    for (const bool small_pool : {true, false}) {
+        SCOPED_TRACE(small_pool ? "a pool for one request" : "two slots");
+        mk_stage_options o = mk_stage_options_default();
+        o.range.backend.weight_dtype = MK_DTYPE_F32;
+        o.range.max_context = longest + n_new;
+        o.range.kv_block_size = block;
+        o.range.kv_pool_blocks = small_pool ? most_blocks : 4 * most_blocks;
+        o.max_new_tokens = n_new;
+        o.max_sequences = small_pool ? 4 : 2;
+        o.timeout_ms = 5000;
+        LibraryRun other;
+        std::thread rank1;
+        mk_stage *st = join_rank0(model, o, &rank1, &other);
+        ASSERT_NE(st, nullptr) << mk_last_error();
+        LibraryRun run;
+        serve_first_four(st, prompts, &run);
+        mk_kv_pool_info pool{};
+        ASSERT_EQ(mk_range_kv_pool(mk_stage_range(st), &pool), MK_OK);
+        EXPECT_EQ(pool.free_blocks, pool.blocks) << "rank 0 kept blocks";
+        mk_stage_free(st);
+        rank1.join();
+        EXPECT_EQ(other.serve[1], MK_OK) << other.message[1];
+        expect_whole_model_tokens(run, want, 4);
+    }
+    unsetenv("MESHKERN_FAULT");
     mk_model_free(model);
 }
 

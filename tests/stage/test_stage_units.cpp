@@ -1,8 +1,8 @@
 // The stage runtime's small parts on their own (host/stage/control.c, slots.c): framed
 // control messages over a socket pair, each refusal with its status and message, the
 // size limit exactly at and one past, an abort's status carried across; and the
-// request-id -> sequence table: free slots first, then the least recently used, a reused
-// slot's cache reset, ids bounded by their field.
+// request-id -> sequence table: free slots only (a full table refuses a prefill and evicts
+// nothing), a reused slot's cache reset, ids bounded by their field.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -230,16 +230,19 @@ struct SlotsOn {
     }
 };
 
-// A table of no slots is refused when it is made: a prefill into it would take slot 0.
+// A table of no slots is refused when it is made: it could never take a prefill.
 TEST(StageSlots, ATableOfNoSlotsIsRefused) {
     mk_slots t;
     EXPECT_ERROR(mk_slots_init(&t, nullptr, 0), MK_ERR_INVALID_ARGUMENT, "needs at least one slot");
     EXPECT_EQ(t.slot, nullptr);
     mk_slots_free(&t); // harmless after the refusal
     SlotsOn one(1);
-    mk_sequence *a = one.get("a", true);
-    EXPECT_EQ(one.get("b", true), a) << "one slot: each prefill takes it over";
-    EXPECT_FALSE(one.has("a"));
+    mk_sequence *a = one.get("a", true), *q = nullptr;
+    EXPECT_ERROR(mk_slots_get(&one.t, "b", true, &q), MK_ERR_KV_POOL_FULL,
+                 "request 'b': every one of the 1 sequence slots holds a request");
+    EXPECT_TRUE(one.has("a")) << "a refused prefill takes nothing over";
+    mk_slots_release(&one.t, "a");
+    EXPECT_EQ(one.get("b", true), a) << "the released slot";
 }
 
 TEST(StageSlots, RequestIdsMustFitTheirField) {
@@ -268,25 +271,28 @@ TEST(StageSlots, PrefillOpensDecodeFindsAndNeitherTwice) {
     EXPECT_EQ(s.get("b", false), b);
 }
 
-// Full table: a prefill takes the slot used least recently (a decode counts as a use);
-// its cache starts empty; the request that had it is gone.
-TEST(StageSlots, FullTableReusesTheLeastRecentlyUsedSlotReset) {
+// Full table: a prefill is refused with a named status and every request keeps its
+// sequence, whichever was used last (a step may carry a later request's prefill before an
+// earlier one's decode row: the slot left longest is not a finished request's); after a
+// release the prefill takes that slot, its cache reset.
+TEST(StageSlots, FullTableRefusesAPrefillAndEvictsNothing) {
     SlotsOn s(3);
-    mk_sequence *a = s.get("a", true), *b = s.get("b", true), *c = s.get("c", true);
-    (void)c;
-    s.get("a", false); // a used after b and c: b is now the oldest
+    mk_sequence *a = s.get("a", true), *b = s.get("b", true), *c = s.get("c", true), *q = nullptr;
+    s.get("a", false);
     s.advance(b);
     ASSERT_GT(mk_sequence_length(b), 0u);
+    EXPECT_ERROR(mk_slots_get(&s.t, "d", true, &q), MK_ERR_KV_POOL_FULL, "every one of the 3 sequence slots holds a request");
+    EXPECT_EQ(s.get("a", false), a);
+    EXPECT_EQ(s.get("b", false), b);
+    EXPECT_EQ(s.get("c", false), c);
+    EXPECT_GT(mk_sequence_length(b), 0u) << "a refused prefill resets nobody's cache";
+    mk_slots_release(&s.t, "b");
     mk_sequence *d = s.get("d", true);
-    EXPECT_EQ(d, b) << "the least recently used slot (b's) is reused";
+    EXPECT_EQ(d, b) << "the released slot is reused";
     EXPECT_EQ(mk_sequence_length(d), 0u) << "a reused slot's cache is reset";
     EXPECT_FALSE(s.has("b"));
     EXPECT_TRUE(s.has("a"));
     EXPECT_TRUE(s.has("c"));
-    EXPECT_TRUE(s.has("d"));
-    // has() touched a, c, d in that order: a is the oldest now.
-    EXPECT_EQ(s.get("e", true), a);
-    EXPECT_FALSE(s.has("a"));
 }
 
 TEST(StageSlots, ReleasedSlotIsTakenBeforeAnyOther) {
