@@ -162,7 +162,7 @@ struct Bench {
             for (size_t i = 0; i < id.size(); i++) id[i] = (int32_t)i;
             ident = (int32_t *)dev_upload(stream, id.data(), id.size() * sizeof(int32_t));
         }
-        return mk_kv_pages{ident, 4};
+        return mk_kv_pages{ident, 4, 0};
     }
     int32_t *ident = nullptr;
 };
@@ -460,7 +460,7 @@ void bench_decode(Bench &b, const DecodeCase &c) {
     void *ws = dev_alloc(b.stream, wsb);
     float *dout = (float *)dev_alloc(b.stream, qn * 4);
     auto run = [&](int s) {
-        MK(mk_kernel_attention_decode(dout, (float *)dq, dk[s], dv[s], b.identity_pages(), kv, (const int32_t *)dpos, max_keys, nh, nkv, hd,
+        MK(mk_kernel_attention_decode(dout, (float *)dq, dk[s], dv[s], b.identity_pages(), kv, (const int32_t *)dpos, 1, max_keys, nh, nkv, hd,
                                       ws, wsb, b.stream));
     };
     run(0);

@@ -18,6 +18,10 @@
 typedef struct mk_kv_pages {
     const int32_t *table;  /* [blocks of the sequence] (device memory on cuda); NULL: contiguous (cpu ops only) */
     uint32_t block_shift;  /* log2 of the positions a block holds */
+    /* 0: every row is the one sequence's (its rows at consecutive positions). Otherwise the
+     * rows are decode rows of different sequences: row r's table is table + r * row_stride
+     * and it attends keys 0..positions[r] (cuda rope_kv and decode attention only). */
+    uint32_t row_stride;
 } mk_kv_pages;
 
 /* The pool row of position t through a block table. The kernels require a table (the

@@ -1,8 +1,13 @@
-/* attention_decode.cu - one query row over the KV cache (decode), flash-decoding style.
+/* attention_decode.cu - decode rows over the KV cache, flash-decoding style: each row one
+ * query (one sequence's next token) over its own keys.
  *
- * Launch-stable: the key count is positions[0] + 1, read on the device, and the grid is a
- * function of the device's SM count, max_keys (the cache capacity) and the shape only, so
- * the launch is identical every token and a captured CUDA graph replays it unchanged.
+ * Launch-stable: row r's key count is positions[r] + 1, read on the device, its keys are
+ * read through its own block table (pages.table + r * pages.row_stride: rows of different
+ * sequences in one launch), and the grid is a function of the device's SM count, max_keys
+ * (the cache capacity), the row count and the shape only, so the launch is identical every
+ * step and a captured CUDA graph replays it unchanged. Each row is its own slice of the grid
+ * (blockIdx.z in pass 1, blockIdx.y in pass 2) and of the workspace: a row's arithmetic
+ * never depends on the other rows (a sequence decodes the same bits in any batch).
  *
  * Pass 1 (grid [splits, n_kv_heads * head_groups]): block (s, kvh) walks split s's share of
  * this step's keys, [s * share, (s + 1) * share) with share = ceil(n_keys / splits) rounded
@@ -22,8 +27,8 @@
  * Every sum runs in a fixed order that depends only on (n_keys, splits, shape): results are
  * bit-reproducible from run to run. F32 accumulation for every cache dtype.
  *
- * Workspace: float [n_heads][splits][head_dim + 2]; sized for the largest split count any
- * device gets (mk_kernel_attention_decode_workspace_bytes). */
+ * Workspace: float [rows][n_heads][splits][head_dim + 2]; sized per row for the largest
+ * split count any device gets (mk_kernel_attention_decode_workspace_bytes). */
 #include "mk_cuda_compat.h"
 
 #include "mk_kernels_common.cuh"
@@ -115,8 +120,9 @@ static __global__ void __launch_bounds__(DEC_THREADS, 2) /* 2 blocks an SM: up t
     attention_decode_split_kernel(float *__restrict__ ws, const float *__restrict__ q,
                                   const typename KV::elem *__restrict__ k_cache,
                                   const typename KV::elem *__restrict__ v_cache, const int32_t *__restrict__ kv_table,
-                                  uint32_t kv_shift, const int32_t *__restrict__ positions,
-                                  size_t max_keys, int n_heads, int n_kv_heads, int hd, int head_groups, float scale) {
+                                  uint32_t kv_shift, uint32_t kv_row_stride, const int32_t *__restrict__ positions,
+                                  size_t max_keys, size_t row_ws, int n_heads, int n_kv_heads, int hd, int head_groups,
+                                  float scale) {
   typedef DecRaw<(int)sizeof(typename KV::elem) * VEC> Raw;
   typedef typename Raw::type R;
   constexpr int KI = VPL >= 2 ? 2 : 4; /* keys per slot per step */
@@ -133,6 +139,13 @@ static __global__ void __launch_bounds__(DEC_THREADS, 2) /* 2 blocks an SM: up t
   const int kpb = DEC_THREADS / tpk; /* slots per block */
   const int tid = threadIdx.x, j = tid & (tpk - 1), slot = tid / tpk;
   const int splits = (int)gridDim.x;
+
+  /* this block's row: its query, key count, block table and workspace slice */
+  const size_t row = blockIdx.z;
+  q += row * (size_t)n_heads * hd;
+  positions += row;
+  kv_table += row * kv_row_stride;
+  ws += row * row_ws;
 
   float *q_s = smem;           /* [GB][hd] */
   float *c_s = q_s + GB * hd;  /* [kpb][GB][hd + 2]: each slot's (max, sum, acc) */
@@ -294,10 +307,15 @@ MK_UNROLL
 /* ------------------------------------------------------------------- pass 2 -- */
 static __global__ void __launch_bounds__(DEC_THREADS)
     attention_decode_combine_kernel(float *__restrict__ out, const float *__restrict__ ws,
-                                    const int32_t *__restrict__ positions, size_t max_keys, int splits, int hd) {
+                                    const int32_t *__restrict__ positions, size_t max_keys, size_t row_ws, int splits,
+                                    int hd) {
   __shared__ float w_s[DEC_MAX_SPLITS];
   __shared__ float scratch[32];
   const int h = blockIdx.x, tid = threadIdx.x;
+  const size_t row = blockIdx.y;
+  out += row * (size_t)gridDim.x * hd;
+  ws += row * row_ws;
+  positions += row;
   /* only the splits that walked keys this step (at 200 keys in a 4096-key cache, 4 of 64) */
   const int used = decode_used_splits(decode_keys(positions, max_keys), splits);
   const float *parts = ws + (size_t)h * splits * (size_t)(hd + 2);
@@ -323,8 +341,13 @@ static size_t decode_max_splits(size_t max_keys) {
 
 static size_t decode_heads_per_block(size_t group) { return group == 1 ? 1 : group <= 4 ? 4 : DEC_GB_MAX; }
 
+/* Floats of one row's workspace slice. */
+static size_t decode_row_ws(size_t max_keys, size_t n_heads, size_t head_dim) {
+  return decode_max_splits(max_keys) * n_heads * (head_dim + 2);
+}
+
 extern "C" size_t mk_kernel_attention_decode_workspace_bytes(size_t max_keys, size_t n_heads, size_t head_dim) {
-  return decode_max_splits(max_keys) * n_heads * (head_dim + 2) * sizeof(float);
+  return decode_row_ws(max_keys, n_heads, head_dim) * sizeof(float);
 }
 
 extern "C" mk_status mk_kernel_attention_decode_splits(size_t *splits, size_t max_keys, size_t n_heads,
@@ -351,7 +374,7 @@ extern "C" mk_status mk_kernel_attention_decode_splits(size_t *splits, size_t ma
 
 template <typename KV, int VEC, int VPL, int GB>
 static mk_status launch_decode_split(float *ws, const float *q, const void *k, const void *v, mk_kv_pages pages,
-                                     const int32_t *positions,
+                                     const int32_t *positions, size_t rows,
                                      size_t max_keys, size_t splits, size_t n_heads, size_t n_kv_heads, size_t hd,
                                      size_t head_groups, cudaStream_t stream) {
   const int nv = (int)(hd / VEC);
@@ -370,16 +393,18 @@ static mk_status launch_decode_split(float *ws, const float *q, const void *k, c
   }
   const float scale = (float)(1.0 / sqrt((double)hd));
   typedef typename KV::elem E;
-  MK_LAUNCH((attention_decode_split_kernel<KV, VEC, VPL, GB>), dim3((unsigned)splits, (unsigned)(n_kv_heads * head_groups)),
-            dim3(DEC_THREADS), smem, stream, ws, q, static_cast<const E *>(k), static_cast<const E *>(v), pages.table, pages.block_shift, positions,
-            max_keys, (int)n_heads, (int)n_kv_heads, (int)hd, (int)head_groups, scale);
+  MK_LAUNCH((attention_decode_split_kernel<KV, VEC, VPL, GB>),
+            dim3((unsigned)splits, (unsigned)(n_kv_heads * head_groups), (unsigned)rows), dim3(DEC_THREADS), smem, stream,
+            ws, q, static_cast<const E *>(k), static_cast<const E *>(v), pages.table, pages.block_shift, pages.row_stride,
+            positions, max_keys, decode_row_ws(max_keys, n_heads, hd), (int)n_heads, (int)n_kv_heads, (int)hd,
+            (int)head_groups, scale);
   return mk_check_launch("mk_kernel_attention_decode (split)");
 }
 
 /* The vector width and heads per block for this shape and alignment. */
 template <typename KV, int VEC_MAX>
 static mk_status launch_decode_dtype(float *ws, const float *q, const void *k, const void *v, mk_kv_pages pages,
-                                     const int32_t *positions,
+                                     const int32_t *positions, size_t rows,
                                      size_t max_keys, size_t splits, size_t n_heads, size_t n_kv_heads, size_t hd,
                                      cudaStream_t stream) {
   const size_t group = n_heads / n_kv_heads, gb = decode_heads_per_block(group), hg = (group + gb - 1) / gb;
@@ -388,11 +413,11 @@ static mk_status launch_decode_dtype(float *ws, const float *q, const void *k, c
   if (!wide && ((uintptr_t)k | (uintptr_t)v) % (esz * 2) != 0)
     return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_kernel_attention_decode: KV cache not aligned to %zu bytes", esz * 2);
 #define MK_DEC_GB(VEC, VPL)                                                                                           \
-  (gb == 1   ? launch_decode_split<KV, VEC, VPL, 1>(ws, q, k, v, pages, positions, max_keys, splits, n_heads, n_kv_heads, hd, \
+  (gb == 1   ? launch_decode_split<KV, VEC, VPL, 1>(ws, q, k, v, pages, positions, rows, max_keys, splits, n_heads, n_kv_heads, hd, \
                                                     hg, stream)                                                      \
-   : gb == 4 ? launch_decode_split<KV, VEC, VPL, 4>(ws, q, k, v, pages, positions, max_keys, splits, n_heads, n_kv_heads, hd, \
+   : gb == 4 ? launch_decode_split<KV, VEC, VPL, 4>(ws, q, k, v, pages, positions, rows, max_keys, splits, n_heads, n_kv_heads, hd, \
                                                     hg, stream)                                                      \
-             : launch_decode_split<KV, VEC, VPL, DEC_GB_MAX>(ws, q, k, v, pages, positions, max_keys, splits, n_heads,       \
+             : launch_decode_split<KV, VEC, VPL, DEC_GB_MAX>(ws, q, k, v, pages, positions, rows, max_keys, splits, n_heads,       \
                                                              n_kv_heads, hd, hg, stream))
   if (wide && hd <= 32 * (size_t)VEC_MAX) return MK_DEC_GB(VEC_MAX, 1);
   if constexpr (VEC_MAX == 4)
@@ -402,7 +427,8 @@ static mk_status launch_decode_dtype(float *ws, const float *q, const void *k, c
 }
 
 extern "C" mk_status mk_kernel_attention_decode(float *out, const float *q, const void *k_cache, const void *v_cache,
-                                                mk_kv_pages pages, mk_dtype kv_dtype, const int32_t *positions, size_t max_keys,
+                                                mk_kv_pages pages, mk_dtype kv_dtype, const int32_t *positions, size_t rows,
+                                                size_t max_keys,
                                                 size_t n_heads, size_t n_kv_heads, size_t head_dim, void *workspace,
                                                 size_t workspace_bytes, cudaStream_t stream) {
   MK_TRY(mk_attention_check_shape("mk_kernel_attention_decode", n_heads, n_kv_heads, head_dim));
@@ -414,10 +440,13 @@ extern "C" mk_status mk_kernel_attention_decode(float *out, const float *q, cons
   if (!pages.table) /* the caches are read through a table, never as contiguous rows */
     return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_kernel_attention_decode: no block table");
   if (max_keys == 0) return mk_fail(MK_ERR_SHAPE, "mk_kernel_attention_decode: max_keys is 0");
-  const size_t need = mk_kernel_attention_decode_workspace_bytes(max_keys, n_heads, head_dim);
-  if (workspace_bytes < need)
-    return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_kernel_attention_decode: workspace %zu bytes < %zu needed for %zu keys",
-                   workspace_bytes, need, max_keys);
+  if (rows == 0) return MK_OK;
+  if (rows > 65535u) return mk_fail(MK_ERR_SHAPE, "mk_kernel_attention_decode: %zu rows exceed the grid", rows);
+  const size_t per_row = mk_kernel_attention_decode_workspace_bytes(max_keys, n_heads, head_dim);
+  if (workspace_bytes / rows < per_row)
+    return mk_fail(MK_ERR_INVALID_ARGUMENT,
+                   "mk_kernel_attention_decode: workspace %zu bytes < %zu needed for %zu rows of %zu keys",
+                   workspace_bytes, per_row * rows, rows, max_keys);
   size_t splits = 0;
   MK_TRY(mk_kernel_attention_decode_splits(&splits, max_keys, n_heads, n_kv_heads));
   const size_t group = n_heads / n_kv_heads, gb = decode_heads_per_block(group);
@@ -426,16 +455,17 @@ extern "C" mk_status mk_kernel_attention_decode(float *out, const float *q, cons
   float *ws = static_cast<float *>(workspace);
   mk_status s;
   if (kv_dtype == MK_DTYPE_F32)
-    s = launch_decode_dtype<DecF32, 4>(ws, q, k_cache, v_cache, pages, positions, max_keys, splits, n_heads, n_kv_heads,
+    s = launch_decode_dtype<DecF32, 4>(ws, q, k_cache, v_cache, pages, positions, rows, max_keys, splits, n_heads, n_kv_heads,
                                        head_dim, stream);
   else if (kv_dtype == MK_DTYPE_F16)
-    s = launch_decode_dtype<DecF16, 8>(ws, q, k_cache, v_cache, pages, positions, max_keys, splits, n_heads, n_kv_heads,
+    s = launch_decode_dtype<DecF16, 8>(ws, q, k_cache, v_cache, pages, positions, rows, max_keys, splits, n_heads, n_kv_heads,
                                        head_dim, stream);
   else
-    s = launch_decode_dtype<DecBF16, 8>(ws, q, k_cache, v_cache, pages, positions, max_keys, splits, n_heads, n_kv_heads,
+    s = launch_decode_dtype<DecBF16, 8>(ws, q, k_cache, v_cache, pages, positions, rows, max_keys, splits, n_heads, n_kv_heads,
                                         head_dim, stream);
   MK_TRY(s);
-  MK_LAUNCH(attention_decode_combine_kernel, dim3((unsigned)n_heads), dim3(DEC_THREADS), 0, stream, out,
-            (const float *)ws, positions, max_keys, (int)splits, (int)head_dim);
+  MK_LAUNCH(attention_decode_combine_kernel, dim3((unsigned)n_heads, (unsigned)rows), dim3(DEC_THREADS), 0, stream, out,
+            (const float *)ws, positions, max_keys, decode_row_ws(max_keys, n_heads, head_dim), (int)splits,
+            (int)head_dim);
   return mk_check_launch("mk_kernel_attention_decode (combine)");
 }

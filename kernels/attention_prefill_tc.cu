@@ -285,6 +285,8 @@ extern "C" mk_status mk_kernel_attention_prefill_tc(float *out, const float *q, 
     return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_kernel_attention_prefill_tc: null pointer");
   if (!pages.table) /* the caches are read through a table, never as contiguous rows */
     return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_kernel_attention_prefill_tc: no block table");
+  if (pages.row_stride) /* its rows are one sequence's, at past + r */
+    return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_kernel_attention_prefill_tc: rows of many sequences (a row stride) are decode rows");
   const size_t hd = head_dim;
   if (hd == 64) return launch_tc<4, true, 64>(out, q, k_cache, v_cache, pages, kv_dtype, rows, past, n_heads, n_kv_heads, hd, stream);
   if (hd == 128)

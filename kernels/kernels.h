@@ -95,23 +95,25 @@ mk_status mk_kernel_attention_prefill_tc(float *out /* [rows, n_heads, head_dim]
                                          mk_kv_pages pages, mk_dtype kv_dtype, size_t rows, size_t past, size_t n_heads,
                                          size_t n_kv_heads, size_t head_dim, cudaStream_t stream);
 
-/* Decode of one query row over positions[0] + 1 keys (read on the device): the keys are
- * split across blocks (one block per split and KV head serves every query head of the
- * group), each writes a partial (max, sum, acc) per head to workspace, then a second launch
- * combines them in a fixed order (bit-reproducible). The grid depends only on the SM count,
- * max_keys (the cache capacity) and the shape, so the launch does not change from token to
- * token; splits without keys this step write a neutral partial. kv_dtype: F32, F16, BF16.
- * Workspace: mk_kernel_attention_decode_workspace_bytes(max_keys, ...), a pure function of
- * its arguments (sized for the largest split count). mk_kernel_attention_decode_splits gives
- * the split count a launch on the current device uses. */
+/* Decode rows: row r is one query over positions[r] + 1 keys (read on the device) through
+ * its block table (pages.table + r * pages.row_stride: decode rows of many sequences in one
+ * launch; stride 0: rows of one sequence). The keys are split across blocks (one block per
+ * split, KV head and row serves every query head of the group), each writes a partial (max,
+ * sum, acc) per head to the row's workspace slice, then a second launch combines them in a
+ * fixed order (bit-reproducible). The grid depends only on the SM count, max_keys (the cache
+ * capacity), the rows and the shape, so the launch does not change from step to step, and a
+ * row's arithmetic does not depend on the other rows. kv_dtype: F32, F16, BF16.
+ * Workspace: rows * mk_kernel_attention_decode_workspace_bytes(max_keys, ...), a pure
+ * function of its arguments (sized for the largest split count). mk_kernel_attention_decode_splits
+ * gives the split count a launch on the current device uses. */
 size_t mk_kernel_attention_decode_workspace_bytes(size_t max_keys, size_t n_heads, size_t head_dim);
 mk_status mk_kernel_attention_decode_splits(size_t *splits, size_t max_keys, size_t n_heads, size_t n_kv_heads);
-mk_status mk_kernel_attention_decode(float *out /* [1, n_heads, head_dim] */, const float *q /* [1, n_heads, head_dim] */,
-                                     const void *k_cache /* [max_keys, n_kv_heads, head_dim] kv_dtype */,
+mk_status mk_kernel_attention_decode(float *out /* [rows, n_heads, head_dim] */, const float *q /* [rows, n_heads, head_dim] */,
+                                     const void *k_cache /* [pool rows, n_kv_heads, head_dim] kv_dtype */,
                                      const void *v_cache /* [pool rows, n_kv_heads, head_dim] kv_dtype */,
-                                     mk_kv_pages pages, mk_dtype kv_dtype, const int32_t *positions /* dev [1] */, size_t max_keys,
-                                     size_t n_heads, size_t n_kv_heads, size_t head_dim, void *workspace,
-                                     size_t workspace_bytes, cudaStream_t stream);
+                                     mk_kv_pages pages, mk_dtype kv_dtype, const int32_t *positions /* dev [rows] */,
+                                     size_t rows, size_t max_keys, size_t n_heads, size_t n_kv_heads, size_t head_dim,
+                                     void *workspace, size_t workspace_bytes, cudaStream_t stream);
 
 /* out = silu(gate) * up; gate/up in F32, F16 or BF16, out F32. */
 mk_status mk_kernel_swiglu(float *out /* [n] */, const void *gate /* [n] */, const void *up /* [n] */, mk_dtype dtype,

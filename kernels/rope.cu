@@ -4,8 +4,9 @@
  * angle as a float product, cos/sin in double rounded to float), then every head of the
  * row is rotated from it. mk_kernel_rope_kv does the same for Q and K in one launch and
  * writes the rotated K and V into the KV cache (F32, F16 or BF16) at the slot
- * positions[row] names, read on the device: the launch is the same every decode token (a
- * captured graph replays it). */
+ * positions[row] names, read on the device, through the row's block table (one sequence's,
+ * or each row its own: decode rows of many sequences): the launch is the same every decode
+ * step (a captured graph replays it). */
 #include "mk_cuda_compat.h"
 
 #include "mk_kernels_common.cuh"
@@ -77,7 +78,8 @@ static __global__ void rope_kv_kernel(float *__restrict__ q /* [rows, n_heads, h
                                       const float *__restrict__ v /* [rows, n_kv_heads, head_dim] */,
                                       typename RopeKvElem<KVD>::type *__restrict__ k_cache /* [cache_rows, kv_dim] */,
                                       typename RopeKvElem<KVD>::type *__restrict__ v_cache /* [cache_rows, kv_dim] */,
-                                      const int32_t *__restrict__ kv_table, uint32_t kv_shift, const int32_t *__restrict__ positions, size_t cache_rows, size_t n_heads,
+                                      const int32_t *__restrict__ kv_table, uint32_t kv_shift, uint32_t kv_row_stride,
+                                      const int32_t *__restrict__ positions, size_t cache_rows, size_t n_heads,
                                       size_t n_kv_heads, int head_dim, float theta, int rotate_half) {
   __shared__ float cos_t[MK_MAX_HEAD_DIM / 2];
   __shared__ float sin_t[MK_MAX_HEAD_DIM / 2];
@@ -95,14 +97,16 @@ static __global__ void rope_kv_kernel(float *__restrict__ q /* [rows, n_heads, h
     float *x = h < n_heads ? qr + h * (size_t)head_dim : kr + (h - n_heads) * (size_t)head_dim;
     rope_pair(x, i, head_dim, rotate_half, cos_t[i], sin_t[i]);
   }
-  /* The row's cache slot is its position's row (the executor guarantees positions[r] == past +
-   * r, and a block table covering them); one outside the cache is not stored rather than
-   * written out of bounds. */
+  /* The row's cache slot is its position's row in its sequence's block table (the executor
+   * guarantees positions[r] == past + r of one sequence, or, with a row stride, each row's
+   * table covering its position); one outside the cache is not stored rather than written
+   * out of bounds. */
   if (pos < 0 || (size_t)pos >= cache_rows) return; /* uniform over the block */
   __syncthreads(); /* the rotated k row is complete */
   const float *vr = v + row * kv_dim;
-  typename RopeKvElem<KVD>::type *kd = k_cache + mk_kv_page_row(kv_table, kv_shift, (size_t)pos) * kv_dim;
-  typename RopeKvElem<KVD>::type *vd = v_cache + mk_kv_page_row(kv_table, kv_shift, (size_t)pos) * kv_dim;
+  const int32_t *table = kv_table + row * kv_row_stride;
+  typename RopeKvElem<KVD>::type *kd = k_cache + mk_kv_page_row(table, kv_shift, (size_t)pos) * kv_dim;
+  typename RopeKvElem<KVD>::type *vd = v_cache + mk_kv_page_row(table, kv_shift, (size_t)pos) * kv_dim;
   for (size_t j = threadIdx.x; j < kv_dim; j += blockDim.x) {
     kd[j] = RopeKvElem<KVD>::of(kr[j]);
     vd[j] = RopeKvElem<KVD>::of(vr[j]);
@@ -140,13 +144,13 @@ extern "C" mk_status mk_kernel_rope_kv(float *q, float *k, const float *v, void 
   const int rh = layout == MK_ROPE_ROTATE_HALF ? 1 : 0;
   if (kv_dtype == MK_DTYPE_F32)
     MK_LAUNCH(rope_kv_kernel<MK_DTYPE_F32>, grid, block, 0, stream, q, k, v, static_cast<float *>(k_cache),
-              static_cast<float *>(v_cache), pages.table, pages.block_shift, positions, cache_rows, n_heads, n_kv_heads, (int)head_dim, theta, rh);
+              static_cast<float *>(v_cache), pages.table, pages.block_shift, pages.row_stride, positions, cache_rows, n_heads, n_kv_heads, (int)head_dim, theta, rh);
   else if (kv_dtype == MK_DTYPE_F16)
     MK_LAUNCH(rope_kv_kernel<MK_DTYPE_F16>, grid, block, 0, stream, q, k, v, static_cast<uint16_t *>(k_cache),
-              static_cast<uint16_t *>(v_cache), pages.table, pages.block_shift, positions, cache_rows, n_heads, n_kv_heads, (int)head_dim, theta, rh);
+              static_cast<uint16_t *>(v_cache), pages.table, pages.block_shift, pages.row_stride, positions, cache_rows, n_heads, n_kv_heads, (int)head_dim, theta, rh);
   else
     MK_LAUNCH(rope_kv_kernel<MK_DTYPE_BF16>, grid, block, 0, stream, q, k, v, static_cast<uint16_t *>(k_cache),
-              static_cast<uint16_t *>(v_cache), pages.table, pages.block_shift, positions, cache_rows, n_heads, n_kv_heads, (int)head_dim, theta, rh);
+              static_cast<uint16_t *>(v_cache), pages.table, pages.block_shift, pages.row_stride, positions, cache_rows, n_heads, n_kv_heads, (int)head_dim, theta, rh);
   return mk_check_launch("mk_kernel_rope_kv");
 }
 

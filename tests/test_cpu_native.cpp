@@ -537,7 +537,7 @@ TEST(NativeAttention, FloatAttentionMatchesTheReference) {
             const size_t block = (size_t)1 << shift, logical = (ctx + block - 1) / block, kv_row = kv_heads * head_dim;
             std::vector<int32_t> table(logical);
             for (size_t i = 0; i < logical; i++) table[i] = (int32_t)(logical - i); // reversed; block 0 unnamed
-            const mk_kv_pages pages{table.data(), shift};
+            const mk_kv_pages pages{table.data(), shift, 0};
             std::vector<float> pk((logical + 1) * block * kv_row, std::nanf("")), pv(pk.size(), std::nanf(""));
             for (size_t t = 0; t < ctx; t++) {
                 std::memcpy(pk.data() + mk_kv_row(pages, t) * kv_row, k.data() + t * kv_row, kv_row * sizeof(float));

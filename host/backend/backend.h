@@ -48,6 +48,10 @@ typedef struct mk_backend_ops {
     const char *name;
     /* dev memory is ordinary host memory (cpu): seams read it in place, no staging copy */
     bool host_addressable;
+    /* rope_kv and attention take a batch's decode rows of many sequences in one call each
+     * (mk_kv_pages.row_stride): one launch per layer whatever the mix (cuda). Without it the
+     * range calls them once per sequence (cpu: no launch to save). */
+    bool decode_rows;
     void (*destroy)(mk_backend *b);
     /* memory */
     mk_status (*alloc)(mk_backend *b, size_t bytes, void **out /* dev */);
@@ -58,7 +62,7 @@ typedef struct mk_backend_ops {
     mk_status (*synchronize)(mk_backend *b);
     /* Size per-backend scratch once, at range creation: the largest forward (rows), the
      * longest KV cache, and the model's widths. Nothing is allocated in the forward path. */
-    mk_status (*reserve)(mk_backend *b, size_t max_rows, size_t max_context, const mk_hparams *hp);
+    mk_status (*reserve)(mk_backend *b, size_t max_rows, size_t max_decode_rows, size_t max_context, const mk_hparams *hp);
     /* Convert host F32 weights [w->rows, w->cols] into the backend's weight dtype at w->data
      * (dev; the caller placed it) and set w->format. */
     mk_status (*upload_weight)(mk_backend *b, mk_weight *w, const float *src /* host */);
@@ -129,7 +133,10 @@ typedef struct mk_backend_ops {
                       size_t rows, size_t heads, size_t head_dim, float theta, mk_rope_layout layout);
     /* The caches hold the KV dtype (config.kv_dtype: F32; F16 on cpu; F16 or BF16 on cuda).
      * positions (positions[r] == past + r) let a backend read the key count on the device, so
-     * a decode step's work does not depend on `past` (cuda; the cpu backend uses `past`). */
+     * a decode step's work does not depend on `past` (cuda; the cpu backend uses `past`).
+     * With pages.row_stride (backends with decode_rows only) the rows are decode rows of
+     * different sequences, each through its own table at positions[r]; `past` is then their
+     * past keys summed (the bytes-read model only). */
     mk_status (*attention)(mk_backend *b, float *out /* [rows, n_heads, head_dim] */,
                            const float *q /* [rows, n_heads, head_dim] */, const void *k_cache /* [pool rows, kv, hd] */,
                            const void *v_cache /* [pool rows, kv, hd] */, mk_kv_pages pages, const int32_t *positions /* dev [rows] */,

@@ -82,7 +82,7 @@ static mk_status mk_run_attention(mk_range *r, const mk_span *sp, size_t layer_i
             MK_OP(r, MK_OPF_ROPE_KV, ops->kv_store(b, k_cache, pages, past, k, rows, kv_dim));
             MK_OP(r, MK_OPF_ROPE_KV, ops->kv_store(b, v_cache, pages, past, v, rows, kv_dim));
         } else { /* an F32 cache written row by row (each row's block from the host's copy of the table) */
-            const mk_kv_pages host_pages = {sp->seq->host_table, pages.block_shift};
+            const mk_kv_pages host_pages = {sp->seq->host_table, pages.block_shift, 0};
             const size_t row_bytes = kv_dim * sizeof(float);
             for (size_t i = 0; i < rows; i++) {
                 const size_t at = mk_kv_row(host_pages, past + i) * row_bytes;
@@ -111,12 +111,33 @@ typedef struct mk_plan {
     const mk_group *groups;
     size_t n_groups;
     size_t rows; /* all of them */
+    /* A batch's decode rows (rows [0, decode_rows), one per sequence; act.tables holds their
+     * block tables) and their past keys summed: a backend with decode_rows runs their RoPE,
+     * cache writes and attention in one call each. 0 in a forward of one sequence. */
+    size_t decode_rows, decode_past;
 } mk_plan;
 
 /* Rows [0, rows) of different sequences as groups of at most `cap` (products that compute
  * each row alone), appended to groups[*n]. */
 static void mk_groups_alone(mk_group *groups, size_t *n, size_t rows, size_t cap) {
     for (size_t g0 = 0; g0 < rows; g0 += cap) groups[(*n)++] = (mk_group){g0, rows - g0 < cap ? rows - g0 : cap, true};
+}
+
+/* RoPE, the cache writes and attention of a batch's decode rows together, each row through
+ * its own sequence's block table (act.tables) at its own position: one launch each. */
+static mk_status mk_run_decode_attention(mk_range *r, const mk_plan *p, size_t layer_index) {
+    const mk_hparams *hp = &r->hp;
+    mk_backend *b = r->backend;
+    const mk_activations *a = &r->act;
+    uint8_t *k_cache = mk_kv_slab(r, 2 * layer_index), *v_cache = mk_kv_slab(r, 2 * layer_index + 1);
+    const mk_kv_pages pages = {a->tables, r->kv.shift, (uint32_t)r->table_stride};
+    MK_OP(r, MK_OPF_ROPE_KV,
+          b->ops->rope_kv(b, a->q, a->k, a->v, k_cache, v_cache, pages, a->pos, p->decode_past, p->decode_rows, hp->n_heads,
+                          hp->n_kv_heads, hp->head_dim, hp->rope_theta, hp->rope_layout));
+    MK_OP(r, MK_OPF_ATTENTION,
+          b->ops->attention(b, a->att, a->q, k_cache, v_cache, pages, a->pos, p->decode_rows, p->decode_past, hp->n_heads,
+                            hp->n_kv_heads, hp->head_dim));
+    return MK_OK;
 }
 
 /* A product's input for one group: its rows of x (width w->cols), and of the 16-bit copy
@@ -171,7 +192,10 @@ static mk_status mk_run_layer(mk_range *r, const mk_plan *p, size_t layer_index,
             MK_OP(r, MK_OPF_QKV, ops->matmul(b, a->v + g->row0 * w->wv.rows, &xn, &w->wv, g->rows));
         }
     }
-    for (size_t i = 0; i < p->n_spans; i++) MK_TRY(mk_run_attention(r, &p->spans[i], layer_index));
+    const bool together = p->decode_rows > 0 && ops->decode_rows;
+    if (together) MK_TRY(mk_run_decode_attention(r, p, layer_index));
+    for (size_t i = 0; i < p->n_spans; i++)
+        if (!together || p->spans[i].rows > 1) MK_TRY(mk_run_attention(r, &p->spans[i], layer_index));
     MK_OP(r, MK_OPF_ATTN_OUT, mk_product(r, p, a->proj, a->att, false, &w->wo));
 
     /* mlp block */
@@ -239,15 +263,20 @@ static mk_status mk_tail_compute_batch(mk_range *r, const mk_plan *p) {
     mk_backend *b = r->backend;
     const mk_activations *a = &r->act;
     const size_t n = p->n_spans;
-    for (size_t i = 0; i < n; i++) {
-        const float *last = a->x + (p->spans[i].row0 + p->spans[i].rows - 1) * hp->hidden;
+    /* entries whose last rows follow each other (a batch's decode rows) are normed in one
+     * call: the norm of a row does not depend on the rows beside it */
+    for (size_t i = 0, run = 1; i < n; i += run) {
+        const size_t last = p->spans[i].row0 + p->spans[i].rows - 1;
+        for (run = 1; i + run < n && p->spans[i + run].row0 + p->spans[i + run].rows - 1 == last + run; run++) {
+        }
         MK_OP(r, MK_OPF_LM_HEAD,
-              b->ops->rmsnorm(b, a->xn + i * hp->hidden, NULL, last, r->output_norm, 1, hp->hidden, hp->rms_eps));
+              b->ops->rmsnorm(b, a->xn + i * hp->hidden, NULL, a->x + last * hp->hidden, r->output_norm, run, hp->hidden,
+                              hp->rms_eps));
     }
     mk_group groups[MK_MAX_BATCH_SEQUENCES];
     size_t n_groups = 0;
     mk_groups_alone(groups, &n_groups, n, r->tail_rows_alone);
-    const mk_plan tail = {p->spans, n, groups, n_groups, n};
+    const mk_plan tail = {p->spans, n, groups, n_groups, n, 0, 0};
     MK_OP(r, MK_OPF_LM_HEAD, mk_product(r, &tail, a->logits, a->xn, false, &r->lm_head));
     MK_OP(r, MK_OPF_SAMPLE, b->ops->argmax(b, a->token, a->logits, n, hp->vocab));
     return MK_OK;
@@ -344,7 +373,7 @@ static mk_status mk_forward_step(mk_range *r, mk_sequence *seq, const void *in, 
     }
     const mk_span span = {seq, 0, 1};
     const mk_group group = {0, 1, false};
-    const mk_plan plan = {&span, 1, &group, 1, 1};
+    const mk_plan plan = {&span, 1, &group, 1, 1, 0, 0};
     if (!r->step) {
         void *step = NULL;
         mk_status s = b->ops->step_begin(b, seq->length + 1);
@@ -383,7 +412,7 @@ static mk_status mk_forward_run(mk_range *r, mk_sequence *seq, const int32_t *to
     if (rows == 1 && r->graphs && !r->profile.on) return mk_forward_step(r, seq, in, out);
     const mk_span span = {seq, 0, rows};
     const mk_group group = {0, rows, false};
-    const mk_plan plan = {&span, 1, &group, 1, rows};
+    const mk_plan plan = {&span, 1, &group, 1, rows, 0, 0};
     return mk_forward_device(r, &plan, in, out);
 }
 
@@ -600,13 +629,23 @@ mk_status mk_range_forward_batch(mk_range *r, const mk_forward_entry *entries, s
     for (size_t i = 0; i < n; i++)
         for (size_t k = 0; k < spans[i].rows; k++) r->host_positions[spans[i].row0 + k] = (int32_t)(spans[i].seq->length + k);
     MK_TRY(b->ops->upload(b, a->pos, r->host_positions, total * sizeof(int32_t)));
+    size_t decode_past = 0;
+    if (b->ops->decode_rows && decode_rows > 0) { /* decode row k's block table at row k of act.tables */
+        for (size_t i = 0; i < n; i++)
+            if (spans[i].rows == 1) {
+                memcpy(r->host_tables + spans[i].row0 * r->table_stride, spans[i].seq->host_table,
+                       spans[i].seq->n_blocks * sizeof(int32_t));
+                decode_past += spans[i].seq->length;
+            }
+        MK_TRY(b->ops->upload(b, a->tables, r->host_tables, decode_rows * r->table_stride * sizeof(int32_t)));
+    }
     for (size_t i = 0; i < n; i++) {
         const mk_forward_entry *e = &entries[i];
         if (head) MK_TRY(b->ops->upload(b, a->ids + spans[i].row0, e->token_ids, spans[i].rows * sizeof(int32_t)));
         else MK_TRY(b->ops->copy(b, a->x + spans[i].row0 * hidden, e->in->payload, spans[i].rows * hidden * sizeof(float)));
     }
     if (r->profile.on) r->profile.forwards++;
-    const mk_plan plan = {spans, n, groups, n_groups, total};
+    const mk_plan plan = {spans, n, groups, n_groups, total, decode_rows, decode_past};
     MK_TRY(mk_forward_device(r, &plan, NULL, NULL));
     for (size_t i = 0; i < n; i++) {
         const mk_forward_entry *e = &entries[i];

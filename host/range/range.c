@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/mk_size.h"
 #include "core/options.h"
 #include "mk_error.h"
 #include "range/range_impl.h"
@@ -63,6 +64,7 @@ static void mk_range_activations(mk_range *r, mk_carver *c) {
     a->ids = mk_carve(c, rows * sizeof(int32_t));
     a->pos = mk_carve(c, rows * sizeof(int32_t));
     a->token = mk_carve(c, r->max_seqs * sizeof(int32_t));
+    a->tables = r->host_tables ? mk_carve(c, r->max_seqs * r->table_stride * sizeof(int32_t)) : NULL;
 }
 
 /* How many decode rows of different sequences one product may take, each computed as it
@@ -153,10 +155,15 @@ mk_status mk_range_create(const mk_model *model, int64_t start, int64_t end, con
             mk_sha256_finish(ctx, r->digest);
         }
     }
-    if (s == MK_OK) s = r->backend->ops->reserve(r->backend, max_rows, max_context, &r->hp);
+    if (s == MK_OK) s = r->backend->ops->reserve(r->backend, max_rows, max_seqs, max_context, &r->hp);
     if (s == MK_OK) s = mk_range_load(r);
     if (s == MK_OK) s = mk_kv_pool_create(r, opt);
     if (s == MK_OK) mk_range_rows_alone(r);
+    if (s == MK_OK && r->backend->ops->decode_rows) { /* a batch's decode rows' tables, staged per step */
+        r->table_stride = mk_kv_blocks_for(&r->kv, max_context);
+        r->host_tables = mk_alloc_array(max_seqs * r->table_stride, sizeof(int32_t), "range: decode rows' block tables");
+        if (!r->host_tables) s = MK_ERR_OUT_OF_MEMORY;
+    }
     if (s == MK_OK) {
         mk_carver sizing = {0, NULL};
         mk_range_activations(r, &sizing);
@@ -193,5 +200,6 @@ void mk_range_free(mk_range *r) {
     }
     free(r->layers);
     free(r->host_positions);
+    free(r->host_tables);
     free(r);
 }

@@ -61,7 +61,9 @@ typedef struct mk_forward_entry {
 /* One forward over several sequences (continuous batching): the entries' rows one after the
  * other, decode rows and prompt chunks alike. Norms and products run over all rows at once
  * (the weights are read once per forward, not once per sequence); RoPE, the cache write
- * and attention run per entry, each row attending to its own sequence's keys only. Each
+ * and attention run per prompt chunk, and for all decode rows together where the backend
+ * takes them so (cuda: one launch each per layer, each row through its own block table),
+ * each row attending to its own sequence's keys only. Each
  * entry is checked as its own forward would be, all before anything runs (a failure names
  * the entry, and nothing ran); a sequence may appear once. A row's arithmetic does not
  * depend on the others in the batch wherever the backend's product for the batch's rows is

@@ -44,6 +44,8 @@ typedef struct mk_activations {
     int32_t *ids;   /* [rows] */
     int32_t *pos;   /* [rows] */
     int32_t *token; /* [max_seqs] tail only */
+    int32_t *tables; /* [max_seqs, table_stride] backends with decode_rows: row r's block table
+                      * for a batch's decode row r (their rope_kv and attention take them all) */
 } mk_activations;
 
 /* The paged KV cache of a range: blocks of 2^shift positions; layer l's keys are the pool
@@ -93,6 +95,8 @@ struct mk_range {
     void *act_arena; /* dev */
     mk_activations act;
     int32_t *host_positions; /* [max_rows] host staging of the positions of one forward */
+    size_t table_stride;     /* entries of one row of act.tables: a sequence's most blocks */
+    int32_t *host_tables;    /* [max_seqs, table_stride] host staging of act.tables (decode_rows) */
     mk_op_profile profile;   /* host time per op family, when switched on (benchmarks) */
     bool token_only;         /* tail: download the sampled token id alone */
     /* Decode steps (1-row forwards) as one captured graph, replayed per token: the backend
@@ -137,7 +141,7 @@ static inline size_t mk_kv_elem_size(const mk_range *r) { return mk_dtype_size(m
 /* Blocks that hold n positions. */
 static inline size_t mk_kv_blocks_for(const mk_kv_pool *p, size_t n) { return (n + ((size_t)1 << p->shift) - 1) >> p->shift; }
 /* How a forward addresses a sequence's cache in layer l (keys: slab 2l, values: 2l + 1). */
-static inline mk_kv_pages mk_kv_pages_of(const mk_sequence *seq) { return (mk_kv_pages){seq->table, seq->range->kv.shift}; }
+static inline mk_kv_pages mk_kv_pages_of(const mk_sequence *seq) { return (mk_kv_pages){seq->table, seq->range->kv.shift, 0}; }
 static inline uint8_t *mk_kv_slab(const mk_range *r, size_t slab) { return (uint8_t *)r->kv.arena + slab * r->kv.slab_bytes; }
 
 /* kv_pool.c: size and allocate the pool from the options (after the backend exists), free it. */

@@ -339,6 +339,45 @@ TEST_P(BatchForward, SixtyFourSequencesWithLongPromptsEqualEachAlone) {
     expect_identical(alone, run_batched(m, GetParam().kind, plan, n, max_rows, -1), n);
 }
 
+// On cuda a batch's decode rows take one RoPE + cache-write launch and one attention launch
+// (a split and a combine) per layer together, each row through its own block table: a step
+// of 8 decode rows launches exactly what a step of 2 launches (16-bit weights: the GEMV takes
+// up to 8 rows in one product), not two more launches per layer and row.
+TEST(BatchForwardCuda, DecodeRowsOfAnyCountShareEachLayersAttentionLaunches) {
+    const mk_dtype saved = g_weights;
+    g_weights = MK_DTYPE_F16;
+    const ModelPtr model = make_random_model(mk_hparams_seed_default());
+    const mk_hparams *hp = mk_model_hparams(model.get());
+    mk_range_options o = options_for(MK_BACKEND_CUDA, 8, 16, 8, 4);
+    g_weights = saved;
+    mk_range *r = nullptr;
+    ASSERT_EQ(mk_range_create(model.get(), 0, (int64_t)hp->n_layers - 1, &o, &r), MK_OK) << mk_last_error();
+    RangePtr range(r);
+    std::vector<SequencePtr> seqs;
+    std::vector<std::vector<float>> logits(8, std::vector<float>(hp->vocab));
+    std::vector<int32_t> tokens(8);
+    for (size_t i = 0; i < 8; i++) {
+        mk_sequence *s = nullptr;
+        ASSERT_EQ(mk_sequence_open(r, &s), MK_OK);
+        seqs.emplace_back(s);
+        const std::vector<int32_t> prompt(1 + i % 5, (int32_t)(i + 1)); // other lengths, other blocks
+        ASSERT_EQ(mk_range_forward_into(r, s, prompt.data(), prompt.size(), nullptr, nullptr, logits[i].data(), &tokens[i]),
+                  MK_OK)
+            << mk_last_error();
+    }
+    auto step_launches = [&](size_t n) {
+        std::vector<mk_forward_entry> entries(n);
+        for (size_t i = 0; i < n; i++)
+            entries[i] = mk_forward_entry{seqs[i].get(), &tokens[i], 1, nullptr, nullptr, logits[i].data(), &tokens[i]};
+        const uint64_t before = mk_range_backend_counters(r)->launches;
+        EXPECT_EQ(mk_range_forward_batch(r, entries.data(), n), MK_OK) << mk_last_error();
+        return mk_range_backend_counters(r)->launches - before;
+    };
+    const uint64_t two = step_launches(2), eight = step_launches(8);
+    EXPECT_GT(two, 0u);
+    EXPECT_EQ(eight, two) << "decode rows launched attention per sequence";
+}
+
 // What a batch refuses, before anything runs: the same sequence twice, more sequences than
 // the range takes, more rows than it holds, an entry over its context (named), a missing
 // output; the sequences are as they were.

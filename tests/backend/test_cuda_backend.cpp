@@ -520,7 +520,7 @@ TEST(CudaBackend, LowPrecisionInputIsTheNormsCopyOrAConversionAsTheCallerSays) {
         ASSERT_NE(b->ops->gemm_input, nullptr);
         EXPECT_EQ(b->ops->gemm_input(b, rows), lowp_dtype);
         EXPECT_EQ(b->ops->gemm_input(b, MK_GEMV_MAX_ROWS), MK_DTYPE_F32) << "GEMV rows read F32";
-        MK_ASSERT_OK(b->ops->reserve(b, rows, 64, &hp));
+        MK_ASSERT_OK(b->ops->reserve(b, rows, 1, 64, &hp));
         const std::vector<float> x = random_floats(rows * in, 501), other = random_floats(rows * in, 502),
                                  nw = random_floats(in, 503), w = random_floats(out * in, 504),
                                  w2 = random_floats(in * in, 505);
@@ -1585,7 +1585,7 @@ TEST(CudaBackendSim, DecodeStepOpsRefuseCallsOutOfOrder) {
     MK_ASSERT_OK(mk_backend_create(&cfg, &b));
     std::unique_ptr<mk_backend, void (*)(mk_backend *)> owner(b, mk_backend_destroy);
     const mk_hparams hp = mk_hparams_seed_default();
-    MK_ASSERT_OK(b->ops->reserve(b, 4, 16, &hp));
+    MK_ASSERT_OK(b->ops->reserve(b, 4, 1, 16, &hp));
     const size_t live = cudasim::live_graph_execs();
     void *step = reinterpret_cast<void *>(1);
     EXPECT_ERROR(b->ops->step_end(b, &step), MK_ERR_INTERNAL, "no step is being recorded");

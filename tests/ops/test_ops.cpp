@@ -220,7 +220,7 @@ protected:
             ident_ = std::make_unique<GuardedBuf>(id.size() * sizeof(int32_t));
             if (!ident_->ok() || ident_->upload(id.data(), stream_) != cudaSuccess) ADD_FAILURE() << "identity table";
         }
-        return mk_kv_pages{ident_->ptr<int32_t>(), 4};
+        return mk_kv_pages{ident_->ptr<int32_t>(), 4, 0};
     }
     cudaStream_t stream_ = nullptr;
     std::unique_ptr<GuardedBuf> ident_;
@@ -484,11 +484,11 @@ TEST_P(AttentionDecode, MatchesCpu) {
     CUDA_OK(dws.poison(stream_));
     // too small a workspace (it is sized from max_keys, not the step's keys) is refused
     EXPECT_ERROR(mk_kernel_attention_decode(dout.ptr<float>(), dq.ptr<float>(), dk.ptr(), dv.ptr(), identity_pages(), c.kv,
-                                            dpos.ptr<int32_t>(), c.max_keys, c.n_heads, c.n_kv_heads, c.head_dim,
+                                            dpos.ptr<int32_t>(), 1, c.max_keys, c.n_heads, c.n_kv_heads, c.head_dim,
                                             dws.ptr(), ws_bytes - 4, stream_),
                  MK_ERR_INVALID_ARGUMENT, "mk_kernel_attention_decode: workspace");
     MK_OK_(mk_kernel_attention_decode(dout.ptr<float>(), dq.ptr<float>(), dk.ptr(), dv.ptr(), identity_pages(), c.kv,
-                                      dpos.ptr<int32_t>(), c.max_keys, c.n_heads, c.n_kv_heads, c.head_dim, dws.ptr(),
+                                      dpos.ptr<int32_t>(), 1, c.max_keys, c.n_heads, c.n_kv_heads, c.head_dim, dws.ptr(),
                                       ws_bytes, stream_));
     CUDA_OK(cudaStreamSynchronize(stream_));
     std::vector<float> got(qn), ref(qn), ws(ws_bytes / 4);
@@ -507,7 +507,7 @@ TEST_P(AttentionDecode, MatchesCpu) {
     // the same launch again: the same bits (fixed summation order)
     CUDA_OK(dout.poison(stream_));
     MK_OK_(mk_kernel_attention_decode(dout.ptr<float>(), dq.ptr<float>(), dk.ptr(), dv.ptr(), identity_pages(), c.kv,
-                                      dpos.ptr<int32_t>(), c.max_keys, c.n_heads, c.n_kv_heads, c.head_dim, dws.ptr(),
+                                      dpos.ptr<int32_t>(), 1, c.max_keys, c.n_heads, c.n_kv_heads, c.head_dim, dws.ptr(),
                                       ws_bytes, stream_));
     std::vector<float> again(qn);
     ASSERT_TRUE(dout.download(again.data(), stream_));
@@ -526,7 +526,7 @@ struct PagedCache {
     std::vector<int32_t> table;
     std::vector<uint8_t> pool;
     size_t row_bytes = 0, shift = 0;
-    size_t row(size_t t) const { return mk_kv_row(mk_kv_pages{table.data(), (uint32_t)shift}, t); }
+    size_t row(size_t t) const { return mk_kv_row(mk_kv_pages{table.data(), (uint32_t)shift, 0}, t); }
 };
 PagedCache page_cache(const std::vector<uint8_t> &contiguous, size_t positions, size_t row_bytes, size_t block,
                       uint64_t seed) {
@@ -577,7 +577,7 @@ TEST_F(OpTest, PagedCachesReadAndWriteThroughTheBlockTable) {
                 CUDA_OK(dpk.upload(pk.pool.data(), stream_));
                 CUDA_OK(dpv.upload(pv.pool.data(), stream_));
                 CUDA_OK(dtab.upload(pk.table.data(), stream_));
-                const mk_kv_pages paged{dtab.ptr<int32_t>(), (uint32_t)pk.shift};
+                const mk_kv_pages paged{dtab.ptr<int32_t>(), (uint32_t)pk.shift, 0};
                 // contiguous then paged: the same bits
                 auto both = [&](const char *what, size_t out_rows,
                                 const std::function<mk_status(const void *, const void *, mk_kv_pages)> &run) {
@@ -599,7 +599,7 @@ TEST_F(OpTest, PagedCachesReadAndWriteThroughTheBlockTable) {
                 GuardedBuf dws(ws_bytes);
                 both("decode", 1, [&](const void *kc, const void *vc, mk_kv_pages pg) {
                     return mk_kernel_attention_decode(dout.ptr<float>(), dq.ptr<float>() + (rows - 1) * sh.n_heads * sh.hd,
-                                                      kc, vc, pg, kv, dpos.ptr<int32_t>(), positions, sh.n_heads, sh.n_kv,
+                                                      kc, vc, pg, kv, dpos.ptr<int32_t>(), 1, positions, sh.n_heads, sh.n_kv,
                                                       sh.hd, dws.ptr(), ws_bytes, stream_);
                 });
                 if (rows > 1) {
@@ -655,13 +655,115 @@ TEST_F(OpTest, PagedCachesReadAndWriteThroughTheBlockTable) {
             }
 }
 
+// Decode rows of many sequences in one launch (a row stride over a matrix of block tables):
+// each sequence's blocks scattered through one shared pool (a random permutation, out of
+// order, other sequences' blocks between them), its own key count (1 to 300, some equal,
+// one past a block edge). Each row's output has the bits of the same row decoded alone
+// through its own table (batch invariance), for GQA shapes, block sizes 16/32/64 and every
+// cache dtype; rope_kv of the rows writes each at its own position through its own table
+// and nowhere else.
+TEST_F(OpTest, DecodeRowsOfManySequencesReadTheirOwnBlocks) {
+    struct Shape {
+        size_t n_heads, n_kv, hd;
+    };
+    const Shape shapes[] = {{6, 2, 64}, {4, 4, 32}, {8, 1, 128}};
+    const std::vector<size_t> keys = {1, 37, 300, 16, 17, 37, 129}; // row r attends keys[r]
+    const size_t rows = keys.size(), max_keys = 320;
+    for (const Shape sh : shapes)
+        for (const size_t block : {16u, 32u, 64u})
+            for (const mk_dtype kv : {MK_DTYPE_F32, MK_DTYPE_F16, MK_DTYPE_BF16}) {
+                SCOPED_TRACE("heads " + std::to_string(sh.n_heads) + "/" + std::to_string(sh.n_kv) + " hd " +
+                             std::to_string(sh.hd) + " block " + std::to_string(block) + " " + dtype_tag(kv));
+                const size_t kv_dim = sh.n_kv * sh.hd, esz = mk_dtype_size(kv), row_bytes = kv_dim * esz;
+                const uint64_t seed = block * 7 + (uint64_t)kv * 3 + sh.hd;
+                uint32_t shift = 0;
+                while (((size_t)1 << shift) < block) shift++;
+                // the shared pool: every sequence's blocks, 3 spare, in a random order
+                const size_t stride = (max_keys + block - 1) / block;
+                size_t used = 0;
+                for (size_t k : keys) used += (k + block - 1) / block;
+                std::vector<int32_t> perm(used + 3);
+                for (size_t i = 0; i < perm.size(); i++) perm[i] = (int32_t)i;
+                std::shuffle(perm.begin(), perm.end(), std::mt19937_64(seed));
+                std::vector<int32_t> tables(rows * stride, -1); // an unnamed entry is never read
+                std::vector<uint8_t> pool_k(perm.size() * block * row_bytes, 0xFF), pool_v(pool_k.size(), 0xFF);
+                size_t next = 0;
+                for (size_t r = 0; r < rows; r++) {
+                    for (size_t b = 0; b < (keys[r] + block - 1) / block; b++) tables[r * stride + b] = perm[next++];
+                    const DecodeCacheBytes k = decode_cache_as(decode_cache(keys[r], keys[r], kv_dim, seed + 10 * r), kv),
+                                           v = decode_cache_as(decode_cache(keys[r], keys[r], kv_dim, seed + 10 * r + 1), kv);
+                    for (size_t t = 0; t < keys[r]; t++) {
+                        const size_t at = mk_kv_row(mk_kv_pages{tables.data() + r * stride, shift, 0}, t);
+                        std::memcpy(pool_k.data() + at * row_bytes, k.bytes.data() + t * row_bytes, row_bytes);
+                        std::memcpy(pool_v.data() + at * row_bytes, v.bytes.data() + t * row_bytes, row_bytes);
+                    }
+                }
+                const size_t qn = rows * sh.n_heads * sh.hd;
+                const std::vector<float> q = random_f32(qn, seed + 3);
+                std::vector<int32_t> pos(rows);
+                for (size_t r = 0; r < rows; r++) pos[r] = (int32_t)(keys[r] - 1);
+                const size_t ws_row = mk_kernel_attention_decode_workspace_bytes(max_keys, sh.n_heads, sh.hd);
+                GuardedBuf dq(qn * 4), dpk(pool_k.size()), dpv(pool_v.size()), dtab(tables.size() * 4), dout(qn * 4),
+                    dpos(rows * 4), dws(rows * ws_row);
+                ASSERT_TRUE(dq.ok() && dpk.ok() && dpv.ok() && dtab.ok() && dout.ok() && dpos.ok() && dws.ok());
+                CUDA_OK(dq.upload(q.data(), stream_));
+                CUDA_OK(dpk.upload(pool_k.data(), stream_));
+                CUDA_OK(dpv.upload(pool_v.data(), stream_));
+                CUDA_OK(dtab.upload(tables.data(), stream_));
+                CUDA_OK(dpos.upload(pos.data(), stream_));
+                CUDA_OK(dout.poison(stream_));
+                const mk_kv_pages all{dtab.ptr<int32_t>(), shift, (uint32_t)stride};
+                MK_OK_(mk_kernel_attention_decode(dout.ptr<float>(), dq.ptr<float>(), dpk.ptr(), dpv.ptr(), all, kv,
+                                                  dpos.ptr<int32_t>(), rows, max_keys, sh.n_heads, sh.n_kv, sh.hd,
+                                                  dws.ptr(), rows * ws_row, stream_));
+                std::vector<float> together(qn), alone(sh.n_heads * sh.hd);
+                ASSERT_TRUE(dout.download(together.data(), stream_));
+                for (size_t r = 0; r < rows; r++) {
+                    SCOPED_TRACE("row " + std::to_string(r) + " of " + std::to_string(keys[r]) + " keys");
+                    CUDA_OK(dout.poison(stream_));
+                    const mk_kv_pages own{dtab.ptr<int32_t>() + r * stride, shift, 0};
+                    MK_OK_(mk_kernel_attention_decode(dout.ptr<float>(), dq.ptr<float>() + r * sh.n_heads * sh.hd,
+                                                      dpk.ptr(), dpv.ptr(), own, kv, dpos.ptr<int32_t>() + r, 1, max_keys,
+                                                      sh.n_heads, sh.n_kv, sh.hd, dws.ptr(), ws_row, stream_));
+                    std::vector<float> got(qn);
+                    ASSERT_TRUE(dout.download(got.data(), stream_));
+                    std::memcpy(alone.data(), got.data(), alone.size() * 4);
+                    for (float x : alone) ASSERT_TRUE(std::isfinite(x)) << "a poisoned row was read";
+                    EXPECT_EQ(std::memcmp(alone.data(), together.data() + r * alone.size(), alone.size() * 4), 0)
+                        << "the row in the batch differs from the row alone";
+                }
+                // rope_kv: row r's k and v land at pool row (table r, keys[r] - 1) and nowhere else
+                const std::vector<float> nk = random_f32(rows * kv_dim, seed + 5), nv = random_f32(rows * kv_dim, seed + 6);
+                GuardedBuf dnq(qn * 4), dnk(rows * kv_dim * 4), dnv(rows * kv_dim * 4);
+                CUDA_OK(dnq.upload(q.data(), stream_));
+                CUDA_OK(dnk.upload(nk.data(), stream_));
+                CUDA_OK(dnv.upload(nv.data(), stream_));
+                CUDA_OK(dpk.poison(stream_));
+                CUDA_OK(dpv.poison(stream_));
+                MK_OK_(mk_kernel_rope_kv(dnq.ptr<float>(), dnk.ptr<float>(), dnv.ptr<float>(), dpk.ptr(), dpv.ptr(), all, kv,
+                                         dpos.ptr<int32_t>(), max_keys, rows, sh.n_heads, sh.n_kv, sh.hd, 10000.0f,
+                                         MK_ROPE_ROTATE_HALF, stream_));
+                std::vector<uint8_t> got_k(pool_k.size()), got_v(pool_v.size());
+                ASSERT_TRUE(dpk.download(got_k.data(), stream_));
+                ASSERT_TRUE(dpv.download(got_v.data(), stream_));
+                std::vector<bool> written(pool_k.size() / row_bytes, false);
+                for (size_t r = 0; r < rows; r++)
+                    written[mk_kv_row(mk_kv_pages{tables.data() + r * stride, shift, 0}, keys[r] - 1)] = true;
+                for (size_t at = 0; at < written.size(); at++) {
+                    bool poisoned = true;
+                    for (size_t b = 0; b < row_bytes; b++) poisoned = poisoned && got_k[at * row_bytes + b] == 0xFF;
+                    EXPECT_EQ(poisoned, !written[at]) << "pool row " << at << (written[at] ? " not written" : " written");
+                }
+            }
+}
+
 // The kernels refuse a cache without a block table (they never read one as contiguous rows).
 TEST_F(OpTest, KernelsRefuseAMissingBlockTable) {
     GuardedBuf b(1 << 16);
     float *f = b.ptr<float>();
     int32_t *i = b.ptr<int32_t>();
-    const mk_kv_pages none{nullptr, 4};
-    EXPECT_ERROR(mk_kernel_attention_decode(f, f, f, f, none, MK_DTYPE_F32, i, 16, 4, 2, 8, f, 4096, stream_),
+    const mk_kv_pages none{nullptr, 4, 0};
+    EXPECT_ERROR(mk_kernel_attention_decode(f, f, f, f, none, MK_DTYPE_F32, i, 1, 16, 4, 2, 8, f, 4096, stream_),
                  MK_ERR_INVALID_ARGUMENT, "no block table");
     EXPECT_ERROR(mk_kernel_attention_prefill_kv(f, f, f, f, none, MK_DTYPE_F32, 2, 0, 4, 2, 8, stream_),
                  MK_ERR_INVALID_ARGUMENT, "no block table");
@@ -694,7 +796,7 @@ TEST_F(OpTest, DecodeSameLaunchFollowsPositions) {
             CUDA_OK(dpos.upload(&pos, stream_));
             CUDA_OK(dout.poison(stream_));
             MK_OK_(mk_kernel_attention_decode(dout.ptr<float>(), dq.ptr<float>(), dk.ptr(), dv.ptr(), identity_pages(), kv,
-                                              dpos.ptr<int32_t>(), max_keys, n_heads, n_kv, hd, dws.ptr(), ws_bytes,
+                                              dpos.ptr<int32_t>(), 1, max_keys, n_heads, n_kv, hd, dws.ptr(), ws_bytes,
                                               stream_));
             std::vector<float> got(qn), ref(qn), ws(ws_bytes / 4);
             ASSERT_TRUE(dout.download(got.data(), stream_));
@@ -709,15 +811,15 @@ TEST_F(OpTest, DecodeSameLaunchFollowsPositions) {
     GuardedBuf dq(qn * 4), dk(max_keys * kv_dim * 4), dv(max_keys * kv_dim * 4), dout(qn * 4), dws(1 << 20), dpos(4);
     // an F32, F16 or BF16 cache only (another dtype is refused, not misread)
     EXPECT_ERROR(mk_kernel_attention_decode(dout.ptr<float>(), dq.ptr<float>(), dk.ptr(), dv.ptr(), identity_pages(), MK_DTYPE_I64,
-                                            dpos.ptr<int32_t>(), max_keys, n_heads, n_kv, hd, dws.ptr(), 1 << 20,
+                                            dpos.ptr<int32_t>(), 1, max_keys, n_heads, n_kv, hd, dws.ptr(), 1 << 20,
                                             stream_),
                  MK_ERR_DTYPE, "mk_kernel_attention_decode: KV cache dtype");
     EXPECT_ERROR(mk_kernel_attention_decode(dout.ptr<float>(), dq.ptr<float>(), dk.ptr(), dv.ptr(), identity_pages(), MK_DTYPE_F32,
-                                            nullptr, max_keys, n_heads, n_kv, hd, dws.ptr(), 1 << 20, stream_),
+                                            nullptr, 1, max_keys, n_heads, n_kv, hd, dws.ptr(), 1 << 20, stream_),
                  MK_ERR_INVALID_ARGUMENT, "mk_kernel_attention_decode: null pointer");
     // a cache that is not even element-pair aligned is refused (the loads are at least 2 wide)
     EXPECT_ERROR(mk_kernel_attention_decode(dout.ptr<float>(), dq.ptr<float>(), dk.ptr<uint8_t>() + 2, dv.ptr(), identity_pages(),
-                                            MK_DTYPE_F32, dpos.ptr<int32_t>(), max_keys, n_heads, n_kv, hd, dws.ptr(),
+                                            MK_DTYPE_F32, dpos.ptr<int32_t>(), 1, max_keys, n_heads, n_kv, hd, dws.ptr(),
                                             1 << 20, stream_),
                  MK_ERR_INVALID_ARGUMENT, "mk_kernel_attention_decode: KV cache not aligned");
     size_t splits = 7;
@@ -744,7 +846,7 @@ TEST_F(OpTest, DecodeAgreesWithPrefill) {
     CUDA_OK(da.poison(stream_));
     CUDA_OK(db.poison(stream_));
     MK_OK_(mk_kernel_attention_decode(da.ptr<float>(), dq.ptr<float>(), dk.ptr(), dv.ptr(), identity_pages(), MK_DTYPE_F32,
-                                      dpos.ptr<int32_t>(), keys, n_heads, n_kv, hd, dws.ptr(), ws_bytes, stream_));
+                                      dpos.ptr<int32_t>(), 1, keys, n_heads, n_kv, hd, dws.ptr(), ws_bytes, stream_));
     MK_OK_(mk_kernel_attention_prefill_kv(db.ptr<float>(), dq.ptr<float>(), dk.ptr<float>(), dv.ptr<float>(), identity_pages(), MK_DTYPE_F32, 1, past,
                                        n_heads, n_kv, hd, stream_));
     CUDA_OK(cudaStreamSynchronize(stream_));
@@ -1438,7 +1540,7 @@ TEST_F(OpTest, ShapeAndArgumentErrors) {
                  "n_heads 6 must be a multiple of n_kv_heads 4");
     EXPECT_ERROR(mk_kernel_attention_prefill_kv(f, f, f, f, identity_pages(), MK_DTYPE_F32, 1, 0, 4, 4, 5, stream_), MK_ERR_SHAPE,
                  "mk_kernel_attention_prefill: head_dim 5 must be even");
-    EXPECT_ERROR(mk_kernel_attention_decode(f, f, f, f, identity_pages(), MK_DTYPE_F32, i, 16, 4, 0, 8, f, 4096, stream_), MK_ERR_SHAPE,
+    EXPECT_ERROR(mk_kernel_attention_decode(f, f, f, f, identity_pages(), MK_DTYPE_F32, i, 1, 16, 4, 0, 8, f, 4096, stream_), MK_ERR_SHAPE,
                  "mk_kernel_attention_decode: n_heads 4 must be a multiple of n_kv_heads 0");
     EXPECT_ERROR(mk_kernel_swiglu(f, f, f, MK_DTYPE_I64, 4, stream_), MK_ERR_INVALID_ARGUMENT,
                  "mk_kernel_swiglu: dtype 5 is not F32/F16/BF16");

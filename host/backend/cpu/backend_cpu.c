@@ -66,7 +66,8 @@ static mk_status cpu_copy_from_peer(mk_backend *b, void *dst, mk_backend *peer, 
     return cpu_memcpy(b, dst, src, bytes);
 }
 
-static mk_status cpu_reserve(mk_backend *b, size_t max_rows, size_t max_context, const mk_hparams *hp) {
+static mk_status cpu_reserve(mk_backend *b, size_t max_rows, size_t max_decode_rows, size_t max_context,
+                           const mk_hparams *hp) {
     mk_cpu_backend *cb = cpu_of(b);
     free(cb->rope_table);
     cb->rope_table = malloc(max_context * (hp->head_dim / 2) * 2 * sizeof(float) + 1);

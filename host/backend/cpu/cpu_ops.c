@@ -90,7 +90,7 @@ void mk_cpu_rope_cached(float *x, const int32_t *positions, size_t rows, size_t 
 void mk_cpu_attention(float *out, const float *q, const float *k_cache, const float *v_cache,
                       size_t rows, size_t past, size_t n_heads, size_t n_kv_heads,
                       size_t head_dim) {
-    mk_cpu_attention_heads(out, q, k_cache, v_cache, (mk_kv_pages){NULL, 0}, 0, rows * n_heads, past, n_heads, n_kv_heads, head_dim);
+    mk_cpu_attention_heads(out, q, k_cache, v_cache, (mk_kv_pages){NULL, 0, 0}, 0, rows * n_heads, past, n_heads, n_kv_heads, head_dim);
 }
 
 /* A cache element as float: F32 as stored, F16 widened exactly. */

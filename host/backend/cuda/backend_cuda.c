@@ -32,6 +32,7 @@
 #include "model/gguf.h"
 #include "kernels.h"
 #include "core/mk_check.h"
+#include "core/mk_size.h"
 
 typedef struct mk_cuda_backend {
     mk_backend base;
@@ -299,7 +300,8 @@ static mk_status cuda_synchronize(mk_backend *b) {
     return MK_OK;
 }
 
-static mk_status cuda_reserve(mk_backend *b, size_t max_rows, size_t max_context, const mk_hparams *hp) {
+static mk_status cuda_reserve(mk_backend *b, size_t max_rows, size_t max_decode_rows, size_t max_context,
+                            const mk_hparams *hp) {
     mk_cuda_backend *cb = cuda_of(b);
     MK_ON_DEVICE(cb);
     /* cuBLAS's workspace, fixed for the range's life (cuBLAS's recommended size: 32 MiB on
@@ -311,7 +313,10 @@ static mk_status cuda_reserve(mk_backend *b, size_t max_rows, size_t max_context
     MK_TRY(cuda_alloc(b, cb->cublas_ws_bytes, &cb->cublas_ws));
     MK_CUBLAS_CHECK(cublasSetWorkspace(cb->cublas, cb->cublas_ws, cb->cublas_ws_bytes));
     cb->max_context = max_context;
+    /* a slice per decode row of the largest batch (a batch's decode rows share one launch) */
     cb->decode_ws_bytes = mk_kernel_attention_decode_workspace_bytes(max_context, hp->n_heads, hp->head_dim);
+    if (!mk_size_mul(cb->decode_ws_bytes, max_decode_rows ? max_decode_rows : 1, &cb->decode_ws_bytes))
+        return mk_fail(MK_ERR_OUT_OF_MEMORY, "decode workspace for %zu rows overflows", max_decode_rows);
     MK_TRY(cuda_alloc(b, cb->decode_ws_bytes, &cb->decode_ws));
     /* Pinned staging for what crosses a seam (a residual of max_rows) and the logits. */
     cb->pinned_bytes = max_rows * hp->hidden * sizeof(float);
@@ -648,12 +653,13 @@ static mk_status cuda_attention(mk_backend *b, float *out, const float *q, const
     MK_ON_DEVICE(cb);
     mk_cuda_reads(cb, 0, 2 * (past + rows) * n_kv_heads * head_dim * mk_dtype_size(mk_backend_kv_dtype(b)),
                   rows * n_heads * head_dim * sizeof(float)); /* the cache rows once; q */
-    /* Every one-row forward (decode) takes the flash-decoding kernel: its key count comes from
-     * positions on the device and its grid from the cache capacity, so the choice and the
-     * launch never depend on `past` (a captured decode step replays unchanged). */
-    if (rows == 1)
+    /* Every one-row forward (decode), and a batch's decode rows of many sequences (a row
+     * stride), take the flash-decoding kernel: each row's key count comes from positions on
+     * the device and the grid from the cache capacity, so the choice and the launch never
+     * depend on `past` (a captured decode step replays unchanged). */
+    if (rows == 1 || pages.row_stride)
         return mk_cuda_after_launch(cb, mk_kernel_attention_decode(out, q, k_cache, v_cache, pages, mk_backend_kv_dtype(b),
-                                                                   positions, cb->max_context, n_heads, n_kv_heads,
+                                                                   positions, rows, cb->max_context, n_heads, n_kv_heads,
                                                                    head_dim, cb->decode_ws, cb->decode_ws_bytes,
                                                                    cb->stream));
     /* Prefill in speed mode: the tensor cores (BF16 inputs, F32 accumulation). Parity mode,
@@ -766,6 +772,7 @@ static void cuda_step_destroy(mk_backend *b, void *step) {
 
 static const mk_backend_ops mk_cuda_ops = {
     .name = "cuda",
+    .decode_rows = true,
     .destroy = cuda_destroy,
     .alloc = cuda_alloc,
     .release = cuda_release,
