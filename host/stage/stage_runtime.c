@@ -1116,10 +1116,13 @@ static mk_status mk_member_serve(mk_stage *st) {
             continue;
         }
         /* The previous rank went away: after a bye from rank 0 that is the end of the run;
-         * otherwise rank 0 says why (or has gone too). */
+         * otherwise rank 0 says why (or has gone too). Messages queued before the bye (a
+         * FINISHED, a relayed BUSY) are read on the way to it. */
         char why[512];
         snprintf(why, sizeof why, "%s", mk_last_error());
-        const mk_status c = mk_member_control(st, mk_deadline_ms(st->timeout_ms, MK_STAGE_DEFAULT_TIMEOUT_MS), &bye);
+        const int64_t until = mk_deadline_ms(st->timeout_ms, MK_STAGE_DEFAULT_TIMEOUT_MS);
+        mk_status c = MK_OK;
+        while (c == MK_OK && !bye) c = mk_member_control(st, until, &bye);
         if (c == MK_OK && bye) return MK_OK;
         if (c != MK_OK && c != MK_ERR_PEER_TIMEOUT) return c;
         return mk_fail(MK_ERR_PEER_LOST, "rank %d lost rank %d (the previous stage) after step %llu: %s", st->rank,
