@@ -360,25 +360,75 @@ static mk_status mk_forward_device(mk_range *r, const mk_plan *p, const void *in
     return MK_OK;
 }
 
-/* A decode step as the range's captured graph: recorded on first use, and again when the
- * sequence's block table or a boundary lives elsewhere than the recorded one (one step is kept
- * per range). A step that cannot be recorded runs op by op, with graphs off from then on. */
-static mk_status mk_forward_step(mk_range *r, mk_sequence *seq, const void *in, void *out) {
-    mk_backend *b = r->backend;
-    const mk_step_key key = {seq->table, in, out};
-    if (r->step && (key.kv_table != r->step_key.kv_table || key.in_payload != r->step_key.in_payload ||
-                    key.out_payload != r->step_key.out_payload)) {
-        b->ops->step_destroy(b, r->step);
-        r->step = NULL;
+/* Decode rows' block tables into act.tables: row k gets rows[k]'s table. Staged on the
+ * host, and uploaded (in one copy, from the first row that changed to the last) only where
+ * a row differs from what the host last wrote there: a sequence decoding on in the same row
+ * uploads nothing until it takes a new block. */
+static mk_status mk_stage_tables(mk_range *r, const mk_sequence *const *rows, size_t n) {
+    size_t lo = n, hi = 0, hi_entries = 0;
+    for (size_t k = 0; k < n; k++) {
+        int32_t *row = r->host_tables + k * r->table_stride;
+        const size_t bytes = rows[k]->n_blocks * sizeof(int32_t);
+        if (memcmp(row, rows[k]->host_table, bytes) == 0) continue;
+        memcpy(row, rows[k]->host_table, bytes);
+        if (lo == n) lo = k;
+        hi = k;
+        hi_entries = rows[k]->n_blocks;
     }
-    const mk_span span = {seq, 0, 1};
-    const mk_group group = {0, 1, false};
-    const mk_plan plan = {&span, 1, &group, 1, 1, 0, 0};
-    if (!r->step) {
+    if (lo == n) return MK_OK;
+    mk_backend *b = r->backend;
+    const size_t first = lo * r->table_stride, count = hi * r->table_stride + hi_entries - first;
+    return b->ops->upload(b, r->act.tables + first, r->host_tables + first, count * sizeof(int32_t));
+}
+
+/* Decode steps as captured graphs, one per bucket of rows (1, 2, 4, ... up to the range's
+ * max_batch_sequences), recorded on first use and replayed for every mix of sequences: all
+ * that changes from step to step is a device input the host writes before the launch (the
+ * positions, the token ids, each row's block table in act.tables), and the boundaries are
+ * copied in and out around it. Rows past the step's own pad its bucket: position -1 (no
+ * cache write; one key read through pool block 0), token 0, outputs never read. */
+static size_t mk_bucket_rows(const mk_range *r, size_t n) {
+    size_t rows = 1;
+    while (rows < n) rows <<= 1;
+    return rows < r->max_seqs ? rows : r->max_seqs;
+}
+
+static size_t mk_bucket_index(size_t rows) {
+    size_t i = 0;
+    while (((size_t)1 << i) < rows) i++;
+    return i;
+}
+
+/* The step of decode rows [0, n): their positions, token ids or residual rows and block
+ * tables are staged; `keys` the keys they attend in all (the bytes-read model). A step that
+ * cannot be recorded runs op by op, with graphs off from then on. */
+static mk_status mk_forward_bucket(mk_range *r, size_t n, size_t keys) {
+    mk_backend *b = r->backend;
+    const mk_activations *a = &r->act;
+    const size_t rows = mk_bucket_rows(r, n), at = mk_bucket_index(rows);
+    if (rows > n) {
+        static const int32_t zeros[MK_MAX_BATCH_SEQUENCES];
+        for (size_t i = n; i < rows; i++) r->host_positions[i] = -1;
+        MK_TRY(b->ops->upload(b, a->pos + n, r->host_positions + n, (rows - n) * sizeof(int32_t)));
+        for (size_t i = n; i < rows; i++) /* each padding row reads key 0 of pool block 0 */
+            if (r->host_tables[i * r->table_stride] != 0) {
+                r->host_tables[i * r->table_stride] = 0;
+                MK_TRY(b->ops->upload(b, a->tables + i * r->table_stride, zeros, sizeof(int32_t)));
+            }
+        if (mk_role_owns_embedding(r->role)) MK_TRY(b->ops->upload(b, a->ids + n, zeros, (rows - n) * sizeof(int32_t)));
+        keys += rows - n;
+    }
+    mk_span spans[MK_MAX_BATCH_SEQUENCES];
+    for (size_t i = 0; i < rows; i++) spans[i] = (mk_span){NULL, i, 1};
+    mk_group groups[MK_MAX_BATCH_SEQUENCES];
+    size_t n_groups = 0;
+    mk_groups_alone(groups, &n_groups, rows, r->rows_alone);
+    const mk_plan plan = {spans, rows, groups, n_groups, rows, rows, keys - rows};
+    if (!r->steps[at]) {
         void *step = NULL;
-        mk_status s = b->ops->step_begin(b, seq->length + 1);
+        mk_status s = b->ops->step_begin(b, keys);
         if (s == MK_OK) {
-            s = mk_forward_device(r, &plan, in, out);
+            s = mk_forward_device(r, &plan, NULL, NULL);
             const mk_status e = b->ops->step_end(b, &step); /* ends the recording whatever happened */
             if (s == MK_OK) s = e;
         }
@@ -389,12 +439,24 @@ static mk_status mk_forward_step(mk_range *r, mk_sequence *seq, const void *in, 
             snprintf(r->graph_failure, sizeof r->graph_failure, "%s: %s", mk_status_name(s), mk_last_error());
             mk_clear_error();
             r->graphs = false;
-            return mk_forward_device(r, &plan, in, out);
+            return mk_forward_device(r, &plan, NULL, NULL);
         }
-        r->step = step;
-        r->step_key = key;
+        r->steps[at] = step;
     }
-    return b->ops->step_launch(b, r->step, seq->length + 1);
+    return b->ops->step_launch(b, r->steps[at], keys);
+}
+
+/* One sequence's decode row as the bucket of one: its block table staged as row 0 of
+ * act.tables, its boundary copied in before and out after the replay. */
+static mk_status mk_forward_step(mk_range *r, mk_sequence *seq, const void *in, void *out) {
+    mk_backend *b = r->backend;
+    const mk_activations *a = &r->act;
+    const size_t residual_bytes = r->hp.hidden * sizeof(float);
+    MK_TRY(mk_stage_tables(r, (const mk_sequence *const[]){seq}, 1));
+    if (in) MK_TRY(b->ops->copy(b, a->x, in, residual_bytes));
+    MK_TRY(mk_forward_bucket(r, 1, seq->length + 1));
+    if (out) MK_TRY(b->ops->copy(b, out, a->x, residual_bytes));
+    return MK_OK;
 }
 
 /* One forward: positions (host staging) and token ids uploaded, then the device work, as a
@@ -631,13 +693,13 @@ mk_status mk_range_forward_batch(mk_range *r, const mk_forward_entry *entries, s
     MK_TRY(b->ops->upload(b, a->pos, r->host_positions, total * sizeof(int32_t)));
     size_t decode_past = 0;
     if (b->ops->decode_rows && decode_rows > 0) { /* decode row k's block table at row k of act.tables */
+        const mk_sequence *row_seq[MK_MAX_BATCH_SEQUENCES];
         for (size_t i = 0; i < n; i++)
             if (spans[i].rows == 1) {
-                memcpy(r->host_tables + spans[i].row0 * r->table_stride, spans[i].seq->host_table,
-                       spans[i].seq->n_blocks * sizeof(int32_t));
+                row_seq[spans[i].row0] = spans[i].seq;
                 decode_past += spans[i].seq->length;
             }
-        MK_TRY(b->ops->upload(b, a->tables, r->host_tables, decode_rows * r->table_stride * sizeof(int32_t)));
+        MK_TRY(mk_stage_tables(r, row_seq, decode_rows));
     }
     for (size_t i = 0; i < n; i++) {
         const mk_forward_entry *e = &entries[i];
@@ -645,8 +707,12 @@ mk_status mk_range_forward_batch(mk_range *r, const mk_forward_entry *entries, s
         else MK_TRY(b->ops->copy(b, a->x + spans[i].row0 * hidden, e->in->payload, spans[i].rows * hidden * sizeof(float)));
     }
     if (r->profile.on) r->profile.forwards++;
-    const mk_plan plan = {spans, n, groups, n_groups, total, decode_rows, decode_past};
-    MK_TRY(mk_forward_device(r, &plan, NULL, NULL));
+    if (decode_rows == n && r->graphs && !r->profile.on) { /* decode rows only: the bucket's replay */
+        MK_TRY(mk_forward_bucket(r, n, decode_past + n));
+    } else {
+        const mk_plan plan = {spans, n, groups, n_groups, total, decode_rows, decode_past};
+        MK_TRY(mk_forward_device(r, &plan, NULL, NULL));
+    }
     for (size_t i = 0; i < n; i++) {
         const mk_forward_entry *e = &entries[i];
         if (tail) {

@@ -163,6 +163,9 @@ mk_status mk_range_create(const mk_model *model, int64_t start, int64_t end, con
         r->table_stride = mk_kv_blocks_for(&r->kv, max_context);
         r->host_tables = mk_alloc_array(max_seqs * r->table_stride, sizeof(int32_t), "range: decode rows' block tables");
         if (!r->host_tables) s = MK_ERR_OUT_OF_MEMORY;
+        /* -1 names no block: every row differs from a sequence's table at its first staging,
+         * so the device rows (never written) are uploaded before they are read */
+        else memset(r->host_tables, 0xFF, max_seqs * r->table_stride * sizeof(int32_t));
     }
     if (s == MK_OK) {
         mk_carver sizing = {0, NULL};
@@ -174,7 +177,7 @@ mk_status mk_range_create(const mk_model *model, int64_t start, int64_t end, con
         }
     }
     mk_backend *b = r->backend;
-    r->graphs = r->graphs && s == MK_OK && b->ops->step_begin;
+    r->graphs = r->graphs && s == MK_OK && b->ops->step_begin && b->ops->decode_rows;
     /* A tail that brings logits back stages them with the token in one host buffer: both
      * copies queued, then one wait (a host-addressable backend reads its memory directly). */
     if (s == MK_OK && mk_role_owns_final_head(role) && !r->token_only && !b->ops->host_addressable &&
@@ -191,7 +194,8 @@ mk_status mk_range_create(const mk_model *model, int64_t start, int64_t end, con
 void mk_range_free(mk_range *r) {
     if (!r) return;
     if (r->backend) {
-        if (r->step) r->backend->ops->step_destroy(r->backend, r->step);
+        for (size_t i = 0; i < MK_STEP_BUCKETS; i++)
+            if (r->steps[i]) r->backend->ops->step_destroy(r->backend, r->steps[i]);
         if (r->tail_stage) r->backend->ops->host_release(r->backend, r->tail_stage);
         if (r->weight_arena) r->backend->ops->release(r->backend, r->weight_arena);
         if (r->act_arena) r->backend->ops->release(r->backend, r->act_arena);

@@ -64,13 +64,9 @@ typedef struct mk_kv_pool {
     bool mu_ready;
 } mk_kv_pool;
 
-/* What a captured decode step bakes in besides the range's own buffers: a step recorded
- * for other addresses is recaptured. */
-typedef struct mk_step_key {
-    const void *kv_table;    /* the sequence's block table */
-    const void *in_payload;  /* the boundary copied into the residual, or NULL */
-    const void *out_payload; /* the boundary the residual is copied to, or NULL */
-} mk_step_key;
+/* Buckets of decode rows a step is captured for: 1, 2, 4, ... up to max_batch_sequences
+ * (MK_MAX_BATCH_SEQUENCES = 64: 7 buckets). */
+#define MK_STEP_BUCKETS 7
 
 struct mk_range {
     const mk_model *model;
@@ -99,13 +95,13 @@ struct mk_range {
     int32_t *host_tables;    /* [max_seqs, table_stride] host staging of act.tables (decode_rows) */
     mk_op_profile profile;   /* host time per op family, when switched on (benchmarks) */
     bool token_only;         /* tail: download the sampled token id alone */
-    /* Decode steps (1-row forwards) as one captured graph, replayed per token: the backend
-     * has step ops and the range was not made with eager_decode. Off for good after a
-     * capture failed (the step then runs op by op). */
+    /* Decode steps (forwards of decode rows only, of one sequence or many) as captured
+     * graphs, one per bucket of rows, replayed for every mix of sequences: the backend has
+     * step ops and takes decode rows together, and the range was not made with
+     * eager_decode. Off for good after a capture failed (steps then run op by op). */
     bool graphs;
-    void *step;              /* the captured step (backend's), NULL until the first decode */
-    char graph_failure[256]; /* why recording stopped (mk_range_graph_failure); "" while on */
-    mk_step_key step_key;    /* the addresses it bakes in */
+    void *steps[MK_STEP_BUCKETS]; /* the captured step of bucket i (2^i rows, or max_seqs), NULL until used */
+    char graph_failure[256];      /* why recording stopped (mk_range_graph_failure); "" while on */
     void *tail_stage;        /* host staging (pinned on cuda): logits [vocab] then the token */
 };
 

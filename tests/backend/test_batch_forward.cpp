@@ -9,8 +9,10 @@
 #include <cstring>
 #include <memory>
 #include <random>
+#include <set>
 #include <vector>
 
+#include "cudasim.h"
 #include "meshkern.h"
 #include "mk_test_util.h"
 #include "backend/backend.h"
@@ -349,6 +351,7 @@ TEST(BatchForwardCuda, DecodeRowsOfAnyCountShareEachLayersAttentionLaunches) {
     const ModelPtr model = make_random_model(mk_hparams_seed_default());
     const mk_hparams *hp = mk_model_hparams(model.get());
     mk_range_options o = options_for(MK_BACKEND_CUDA, 8, 16, 8, 4);
+    o.eager_decode = true; // op by op: the launches themselves are counted
     g_weights = saved;
     mk_range *r = nullptr;
     ASSERT_EQ(mk_range_create(model.get(), 0, (int64_t)hp->n_layers - 1, &o, &r), MK_OK) << mk_last_error();
@@ -376,6 +379,66 @@ TEST(BatchForwardCuda, DecodeRowsOfAnyCountShareEachLayersAttentionLaunches) {
     const uint64_t two = step_launches(2), eight = step_launches(8);
     EXPECT_GT(two, 0u);
     EXPECT_EQ(eight, two) << "decode rows launched attention per sequence";
+}
+
+// Decode-only steps replay one captured graph per bucket of rows (1, 2, 4, 8), whatever the
+// mix: 12 steps of random subsets of 8 sequences (1 to 8 rows, in random order, so rows move
+// between sequences and buckets pad), each step exactly one graph launch and no allocation,
+// one recording per bucket used, and every logit bit-identical to the same schedule run op by
+// op (eager_decode): padding rows touch no sequence's cache or output.
+TEST(BatchForwardCuda, DecodeStepsReplayOneGraphPerBucketWhateverTheMix) {
+    const mk_dtype saved = g_weights;
+    g_weights = MK_DTYPE_F16;
+    const ModelPtr model = make_random_model(gqa_tied_hparams());
+    const mk_hparams *hp = mk_model_hparams(model.get());
+    std::mt19937 rng(77);
+    std::vector<std::vector<size_t>> schedule; // each step: the sequences that decode, in row order
+    for (int step = 0; step < 12; step++) {
+        std::vector<size_t> all = {0, 1, 2, 3, 4, 5, 6, 7};
+        std::shuffle(all.begin(), all.end(), rng);
+        all.resize(1 + rng() % 8);
+        schedule.push_back(all);
+    }
+    std::vector<std::vector<float>> logits[2]; // [eager, graph]: every step's rows in order
+    for (const bool eager : {true, false}) {
+        SCOPED_TRACE(eager ? "eager" : "graphs");
+        mk_range_options o = options_for(MK_BACKEND_CUDA, 8, 16, 8, 4);
+        o.eager_decode = eager;
+        mk_range *r = nullptr;
+        ASSERT_EQ(mk_range_create(model.get(), 0, (int64_t)hp->n_layers - 1, &o, &r), MK_OK) << mk_last_error();
+        RangePtr range(r);
+        const mk_backend_counters *k = mk_range_backend_counters(r);
+        std::vector<SequencePtr> seqs;
+        std::vector<std::vector<float>> l(8, std::vector<float>(hp->vocab));
+        std::vector<int32_t> next(8);
+        for (size_t i = 0; i < 8; i++) {
+            mk_sequence *q = nullptr;
+            ASSERT_EQ(mk_sequence_open(r, &q), MK_OK);
+            seqs.emplace_back(q);
+            const std::vector<int32_t> prompt(2 + i % 3, (int32_t)(3 * i + 1));
+            ASSERT_EQ(mk_range_forward_into(r, q, prompt.data(), prompt.size(), nullptr, nullptr, l[i].data(), &next[i]),
+                      MK_OK);
+        }
+        std::set<size_t> buckets;
+        for (const auto &rows : schedule) {
+            std::vector<mk_forward_entry> entries;
+            for (size_t i : rows) entries.push_back({seqs[i].get(), &next[i], 1, nullptr, nullptr, l[i].data(), &next[i]});
+            size_t bucket = 1;
+            while (bucket < rows.size()) bucket <<= 1;
+            buckets.insert(bucket);
+            const uint64_t launches0 = k->graph_launches, allocs0 = cudasim::allocation_calls();
+            ASSERT_EQ(mk_range_forward_batch(r, entries.data(), entries.size()), MK_OK) << mk_last_error();
+            EXPECT_EQ(k->graph_launches - launches0, eager ? 0u : 1u) << rows.size() << " rows";
+            EXPECT_EQ(cudasim::allocation_calls(), allocs0) << "a step allocated";
+            for (size_t i : rows) logits[eager ? 0 : 1].push_back(l[i]);
+        }
+        EXPECT_EQ(k->graph_captures, eager ? 0u : buckets.size()) << "one recording per bucket";
+    }
+    g_weights = saved;
+    ASSERT_EQ(logits[0].size(), logits[1].size());
+    for (size_t i = 0; i < logits[0].size(); i++)
+        ASSERT_EQ(std::memcmp(logits[0][i].data(), logits[1][i].data(), logits[0][i].size() * sizeof(float)), 0)
+            << "row " << i << ": the replayed step differs from op by op";
 }
 
 // What a batch refuses, before anything runs: the same sequence twice, more sequences than

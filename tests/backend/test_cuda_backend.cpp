@@ -253,6 +253,11 @@ struct TokenCost {
     uint64_t prefill_launches;                             // the prompt's forward
 };
 
+// Bytes a decode step uploads besides its position and token id: its sequence's block table
+// (4 bytes a block of 16 positions: the default) when the row of act.tables it decodes in
+// changed, i.e. at its first graph step and whenever it takes a new block; never op by op.
+size_t table_upload(size_t positions, bool changed) { return changed ? 4 * ((positions + 15) / 16) : 0; }
+
 TokenCost decode_token_cost(const mk_model *model, const mk_hparams &hp, const mk_range_options &o,
                             const std::vector<int32_t> &prompt, size_t prompt_rows) {
     mk_range *r = nullptr;
@@ -305,7 +310,8 @@ TEST(CudaBackend, DecodeTokenStructuralCounts) {
         // without a wait; the logits and the token come back in one wait.
         EXPECT_EQ(cost.host_syncs, 1u);
         EXPECT_EQ(cost.bytes_downloaded, c.hp.vocab * sizeof(float) + sizeof(int32_t)); // logits + token
-        EXPECT_EQ(cost.bytes_uploaded, 2 * sizeof(int32_t)); // position + token id
+        // position + token id, and the block table the graph's first step stages
+        EXPECT_EQ(cost.bytes_uploaded, 2 * sizeof(int32_t) + table_upload(c.prompt.size() + 1, true));
         EXPECT_TRUE(cost.had_logits);
 
         // token_only: the tail samples on the device and the host waits once, for 4 bytes.
@@ -316,7 +322,7 @@ TEST(CudaBackend, DecodeTokenStructuralCounts) {
                     mk_dtype_name(d), (unsigned long long)lean.host_syncs, (unsigned long long)lean.bytes_downloaded);
         EXPECT_EQ(lean.host_syncs, 1u);
         EXPECT_EQ(lean.bytes_downloaded, sizeof(int32_t));
-        EXPECT_EQ(lean.bytes_uploaded, 2 * sizeof(int32_t));
+        EXPECT_EQ(lean.bytes_uploaded, 2 * sizeof(int32_t) + table_upload(c.prompt.size() + 1, true));
         EXPECT_EQ(lean.launches, cost.launches);
         EXPECT_FALSE(lean.had_logits);
         EXPECT_EQ(lean.token, cost.token); // the same sample, only less brought back
@@ -1073,7 +1079,11 @@ TEST(CudaBackend, DecodeGraphStepCountsPerToken) {
                 EXPECT_EQ(t.host_syncs, 1u) << "step " << step;
                 EXPECT_EQ(t.bytes_downloaded, token_only ? sizeof(int32_t) : c.hp.vocab * sizeof(float) + sizeof(int32_t))
                     << "step " << step;
-                EXPECT_EQ(t.bytes_uploaded, 2 * sizeof(int32_t)) << "step " << step; // position + token id
+                // position + token id, and (graph) the table when the step takes a new block
+                const size_t positions = c.prompt.size() + step + 1;
+                const bool new_block = step == 0 || positions % 16 == 1;
+                EXPECT_EQ(t.bytes_uploaded, 2 * sizeof(int32_t) + table_upload(positions, !eager && new_block))
+                    << "step " << step;
                 tokens[eager ? 0 : 1].push_back(next);
                 if (!token_only) logits[eager ? 0 : 1].push_back(l);
             }
@@ -1143,12 +1153,12 @@ TEST(CudaBackend, DecodeGraphIsRecapturedForAnotherSequence) {
 }
 
 // How many times a decode step is recorded (mk_backend_counters.graph_captures; under
-// cudasim also its own count of instantiated graphs and of those still alive): once for a
-// sequence's decode, again after each change of what the step bakes in (another sequence's
-// KV cache), not after a reset of the same sequence (the same addresses); never with
-// eager_decode, nor while the op profile is on. A replay does the work op by op does, and
-// so does the recording step: the launches of the whole run are the same either way.
-TEST(CudaBackend, DecodeGraphRecordsOncePerSequenceAndAgainAfterEachKeyChange) {
+// cudasim also its own count of instantiated graphs and of those still alive): once per
+// bucket of rows and range, whatever the sequence (its block table is a device input: another
+// sequence, a reset, alternating sequences record nothing new); never with eager_decode, nor
+// while the op profile is on. A replay does the work op by op does, and so does the
+// recording step: the launches of the whole run are the same either way.
+TEST(CudaBackend, DecodeGraphRecordsOncePerBucketWhateverTheSequence) {
     MK_REQUIRE_DEVICE();
     const ModelCase c = model_cases()[0];
     ModelPtr model = make_random_model(c.hp);
@@ -1188,32 +1198,33 @@ TEST(CudaBackend, DecodeGraphRecordsOncePerSequenceAndAgainAfterEachKeyChange) {
             EXPECT_EQ(k->graph_captures, one) << "and replayed for the next tokens of the sequence";
             EXPECT_EQ(k->graph_launches, 5 * one);
             run_launches[eager ? 0 : 1] = k->launches;
-            // another sequence: another KV cache, recorded again (one step kept per range)
+            // another sequence (other blocks), alternating with the first: the same step
             MK_ASSERT_OK(mk_range_forward_into(r, b, c.prompt.data(), 3, nullptr, nullptr, l.data(), &next_b));
             step(b, &next_b);
-            EXPECT_EQ(k->graph_captures, 2 * one);
-            for (int i = 0; i < 3; i++) step(b, &next_b);
-            EXPECT_EQ(k->graph_captures, 2 * one);
-            step(a, &next_a);
-            EXPECT_EQ(k->graph_captures, 3 * one) << "back to the first sequence";
-            // a reset keeps the sequence's cache where it was: the step recorded for it stays
+            EXPECT_EQ(k->graph_captures, one) << "another sequence recorded again";
+            for (int i = 0; i < 3; i++) {
+                step(b, &next_b);
+                step(a, &next_a);
+            }
+            EXPECT_EQ(k->graph_captures, one) << "alternating sequences recorded again";
+            // a reset gives its blocks back and takes others: still the same step
             MK_ASSERT_OK(mk_sequence_reset(a));
             MK_ASSERT_OK(mk_range_forward_into(r, a, c.prompt.data(), c.prompt.size(), nullptr, nullptr, l.data(), &next_a));
             step(a, &next_a);
             step(a, &next_a);
-            EXPECT_EQ(k->graph_captures, 3 * one);
-            EXPECT_EQ(k->graph_launches, 12 * one);
+            EXPECT_EQ(k->graph_captures, one);
+            EXPECT_EQ(k->graph_launches, 14 * one);
             // the op profile times ops on the host: its steps run op by op, then replays resume
             mk_range_profile(r, true);
             step(a, &next_a);
-            EXPECT_EQ(k->graph_launches, 12 * one) << "a step replayed while the op profile was on";
+            EXPECT_EQ(k->graph_launches, 14 * one) << "a step replayed while the op profile was on";
             mk_range_profile(r, false);
             step(a, &next_a);
-            EXPECT_EQ(k->graph_launches, 13 * one);
-            EXPECT_EQ(k->graph_captures, 3 * one);
+            EXPECT_EQ(k->graph_launches, 15 * one);
+            EXPECT_EQ(k->graph_captures, one);
 #if defined(MK_TEST_CUDASIM)
             EXPECT_EQ(cudasim::graph_instantiations() - inst0, k->graph_captures) << "the counter is cudasim's count";
-            EXPECT_EQ(cudasim::live_graph_execs() - live0, one) << "one step kept per range; the others destroyed";
+            EXPECT_EQ(cudasim::live_graph_execs() - live0, one) << "one step per bucket used";
 #endif
         }
 #if defined(MK_TEST_CUDASIM)
@@ -1224,11 +1235,11 @@ TEST(CudaBackend, DecodeGraphRecordsOncePerSequenceAndAgainAfterEachKeyChange) {
     EXPECT_EQ(tokens[1], tokens[0]);
 }
 
-// A step recorded with boundary buffers (the scheduler's path) bakes their addresses in:
-// a head whose output boundary changes, or a tail whose input boundary changes, records
-// again (every decode step when two buffers alternate), and every token and logit is the
-// one op-by-op execution gives; with the same buffers throughout, one recording per range.
-TEST(CudaBackend, DecodeGraphRecordsAgainForEachBoundaryBuffer) {
+// A step's boundaries are copied in and out around the replay, never baked in: a head whose
+// output boundary changes, or a tail whose input boundary changes (two buffers alternating),
+// records once per range like one with the same buffers throughout, and every token and
+// logit is the one op-by-op execution gives.
+TEST(CudaBackend, DecodeGraphRecordsOnceWhateverTheBoundaryBuffers) {
     MK_REQUIRE_DEVICE();
     const ModelCase c = model_cases()[1];
     ModelPtr model = make_random_model(c.hp);
@@ -1283,8 +1294,7 @@ TEST(CudaBackend, DecodeGraphRecordsAgainForEachBoundaryBuffer) {
             next = {forced[i % forced.size()]}; // a different input every step
         }
         const uint64_t decode_steps = steps - 1;
-        const uint64_t want_head = m.eager ? 0 : m.alt_out ? decode_steps : 1;
-        const uint64_t want_tail = m.eager ? 0 : m.alt_in ? decode_steps : 1;
+        const uint64_t want_head = m.eager ? 0 : 1, want_tail = m.eager ? 0 : 1;
         EXPECT_EQ(mk_range_backend_counters(head.get())->graph_captures, want_head);
         EXPECT_EQ(mk_range_backend_counters(tail.get())->graph_captures, want_tail);
         EXPECT_EQ(mk_range_backend_counters(head.get())->graph_launches, m.eager ? 0 : decode_steps);
