@@ -113,12 +113,10 @@ static mk_status mk_sched_build(mk_sched *s, const mk_sched_options *o, const mk
             const size_t share = mk_core_count() / s->n_workers;
             ro.backend.threads = share ? share : 1;
         }
-        /* Decode op by op here: stage threads post work on each other's streams (a peer
-         * copy records an event on the neighbour's stream and makes it wait) while another
-         * stage may be recording its decode step, and a recording must not take in
-         * another stage's work (under cudasim a seed-dependent interleaving gave wrong
-         * tokens). Graphs stay on for ranges one thread drives. */
-        ro.eager_decode = true;
+        /* Stage threads post work on each other's streams (a peer copy records an event on
+         * the neighbour's stream and makes it wait) while a stage may be recording its
+         * decode step: the cuda backend makes the copy wait for the recording to end (its
+         * stream lock), so every stage records and replays its steps. */
         /* A step of max_batch_sequences decode rows fits the activations: as many rows as
          * sequences (a context shorter than that bounds both) */
         const size_t ctx = ro.max_context ? ro.max_context : 0;

@@ -8,6 +8,10 @@
 //           "no CUDA device" where there is none
 #include <gtest/gtest.h>
 
+#include <thread>
+
+#include <atomic>
+
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
@@ -1616,6 +1620,63 @@ TEST(CudaBackendSim, DecodeStepOpsRefuseCallsOutOfOrder) {
     b->ops->step_destroy(b, step);
     EXPECT_EQ(cudasim::live_graph_execs(), live);
     MK_ASSERT_OK(b->ops->synchronize(b));
+}
+
+// A placed pipeline's race, made to happen: one stage's thread records its decode step while
+// its neighbour's thread copies a boundary out of it (copy_from_peer posts an event record and
+// a wait on the recording stream). The copy waits for the recording to end (the stream lock),
+// so the recording stays whole (a wait posted on a recording stream breaks it: graphs would go
+// off, or on a GPU the copy would join the graph and never run) and the copy lands with the
+// source's bytes, after the work queued before it.
+TEST(CudaBackendSim, PeerCopyWaitsForTheNeighboursRecording) {
+    mk_backend_config cfg = mk_backend_config_default(MK_BACKEND_CUDA);
+    mk_backend *a = nullptr, *b = nullptr;
+    MK_ASSERT_OK(mk_backend_create(&cfg, &a));
+    std::unique_ptr<mk_backend, void (*)(mk_backend *)> own_a(a, mk_backend_destroy);
+    MK_ASSERT_OK(mk_backend_create(&cfg, &b));
+    std::unique_ptr<mk_backend, void (*)(mk_backend *)> own_b(b, mk_backend_destroy);
+    const mk_hparams hp = mk_hparams_seed_default();
+    MK_ASSERT_OK(a->ops->reserve(a, 4, 1, 16, &hp));
+    MK_ASSERT_OK(b->ops->reserve(b, 4, 1, 16, &hp));
+    const size_t n = 1000;
+    std::vector<float> host(n), back(n, 0.0f);
+    for (size_t i = 0; i < n; i++) host[i] = 0.5f + (float)i;
+    void *src = nullptr, *dst = nullptr, *scratch = nullptr;
+    MK_ASSERT_OK(a->ops->alloc(a, n * sizeof(float), &src));
+    MK_ASSERT_OK(a->ops->alloc(a, n * sizeof(float), &scratch));
+    MK_ASSERT_OK(b->ops->alloc(b, n * sizeof(float), &dst));
+    MK_ASSERT_OK(a->ops->upload(a, src, host.data(), n * sizeof(float)));
+    MK_ASSERT_OK(a->ops->synchronize(a));
+    std::atomic<bool> recording{false}, copy_returned{false};
+    std::atomic<int> copied_during{-1};
+    void *step = nullptr;
+    mk_status begin = MK_ERR_INTERNAL, end = MK_ERR_INTERNAL;
+    std::thread stage_a([&] {
+        begin = a->ops->step_begin(a, 1);
+        (void)a->ops->copy(a, scratch, src, n * sizeof(float)); // the step's own work
+        recording = true;
+        std::this_thread::sleep_for(std::chrono::milliseconds(300)); // the neighbour copies meanwhile
+        copied_during = copy_returned ? 1 : 0;
+        end = a->ops->step_end(a, &step);
+    });
+    while (!recording) std::this_thread::yield();
+    const mk_status copy = b->ops->copy_from_peer(b, dst, a, src, n * sizeof(float));
+    copy_returned = true;
+    stage_a.join();
+    MK_ASSERT_OK(copy);
+    EXPECT_EQ(begin, MK_OK);
+    EXPECT_EQ(end, MK_OK) << "the neighbour's copy broke the recording: " << mk_last_error();
+    ASSERT_NE(step, nullptr);
+    EXPECT_EQ(copied_during, 0) << "the copy did not wait for the recording to end";
+    MK_ASSERT_OK(b->ops->download(b, back.data(), dst, n * sizeof(float)));
+    MK_ASSERT_OK(b->ops->synchronize(b));
+    EXPECT_EQ(std::memcmp(back.data(), host.data(), n * sizeof(float)), 0) << "the copy did not land";
+    MK_ASSERT_OK(a->ops->step_launch(a, step, 1));
+    MK_ASSERT_OK(a->ops->synchronize(a));
+    a->ops->step_destroy(a, step);
+    a->ops->release(a, src);
+    a->ops->release(a, scratch);
+    b->ops->release(b, dst);
 }
 
 #endif // MK_TEST_CUDASIM

@@ -10,6 +10,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "range/range.h"
 #include "sched/sched.h"
 #include "sched_test_util.h"
 
@@ -99,6 +100,13 @@ void run_parity(size_t stages, const std::vector<size_t> &in_flight, mk_seam_kin
         ASSERT_TRUE(wait_all_within(s.get(), 300));
         expect_all_match_whole(model.get(), cuda_options(), specs, collect(s.get(), &c, ids),
                                std::to_string(stages) + " stages, m=" + std::to_string(m), &refs);
+        // every stage replayed captured decode steps (its neighbours' peer copies wait for a
+        // recording), and none gave graphs up
+        for (size_t i = 0; i < stages; i++) {
+            const mk_range *r = mk_sched_worker_range(s.get(), i);
+            EXPECT_GT(mk_range_backend_counters(r)->graph_launches, 0u) << "stage " << i << " decoded op by op";
+            EXPECT_EQ(mk_range_graph_failure(r), nullptr) << "stage " << i << ": " << mk_range_graph_failure(r);
+        }
         if (::testing::Test::HasFatalFailure()) return;
     }
 }

@@ -24,6 +24,7 @@
  * its own (and a failed range creation leaves nothing behind for the next range). */
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -51,6 +52,13 @@ typedef struct mk_cuda_backend {
     size_t pinned_bytes;
     size_t pinned_used;    /* uploads staged since the host last waited for the stream */
     cudaEvent_t seam_event; /* orders a peer copy against this range's stream */
+    /* Held by this backend's own thread while it records a step, and by another range's
+     * thread while it posts a peer copy's event record and wait on this stream: work another
+     * thread posts on a stream that is recording would join (or break) the recording, so a
+     * peer copy waits for the recording to end (a placed pipeline's stages record their steps
+     * while their neighbours copy boundaries). Also serialises the users of seam_event. */
+    pthread_mutex_t stream_mu;
+    bool stream_mu_ready;
     /* native mode: the BF16 scratch a prefill product expands weight rows into */
     void *deq_scratch; /* dev BF16 [deq_elems] */
     size_t deq_elems;
@@ -153,6 +161,7 @@ static void cuda_destroy(mk_backend *b) {
         if (cb->stream) cudaStreamDestroy(cb->stream);
     }
     (void)cudaGetLastError(); /* teardown reports nothing: leave no stale error */
+    if (cb->stream_mu_ready) pthread_mutex_destroy(&cb->stream_mu);
     free(cb);
 }
 
@@ -272,23 +281,37 @@ static mk_status cuda_upload_async(mk_backend *b, void *dst, const void *src, si
  * the peer's stream waits for the copy before it may overwrite the source. */
 static void *cuda_native_stream(mk_backend *b) { return cuda_of(b)->stream; }
 
+/* The ordered copy itself, both streams' locks held. */
+static cudaError_t mk_cuda_peer_copy_locked(mk_cuda_backend *cb, void *dst, mk_cuda_backend *pb, const void *src,
+                                            size_t bytes) {
+    cudaError_t e = cudaSetDevice(pb->device);
+    if (e == cudaSuccess) e = cudaEventRecord(pb->seam_event, pb->stream);
+    if (e == cudaSuccess) e = cudaSetDevice(cb->device);
+    if (e == cudaSuccess) e = cudaStreamWaitEvent(cb->stream, pb->seam_event, 0);
+    if (e == cudaSuccess)
+        e = pb->device == cb->device ? cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, cb->stream)
+                                     : cudaMemcpyPeerAsync(dst, cb->device, src, pb->device, bytes, cb->stream);
+    if (e == cudaSuccess) e = cudaEventRecord(cb->seam_event, cb->stream);
+    if (e == cudaSuccess) e = cudaSetDevice(pb->device);
+    if (e == cudaSuccess) e = cudaStreamWaitEvent(pb->stream, cb->seam_event, 0);
+    return e;
+}
+
 static mk_status cuda_copy_from_peer(mk_backend *b, void *dst, mk_backend *peer, const void *src, size_t bytes) {
     mk_cuda_backend *cb = cuda_of(b), *pb = cuda_of(peer);
     if (peer->ops != b->ops) return mk_fail(MK_ERR_INVALID_ARGUMENT, "cuda backend: peer copy from a %s backend", peer->ops->name);
     if (!bytes) return MK_OK;
     /* One scope restores the caller's device on every return; inside it, each call runs
-     * on the device that owns its stream or event. */
+     * on the device that owns its stream or event. Both streams' locks, the lower address
+     * first (no two copiers wait on each other): neither stream is recording meanwhile. */
     MK_ON_DEVICE(pb);
-    MK_CUDA_CHECK(cudaEventRecord(pb->seam_event, pb->stream));
-    MK_CUDA_CHECK(cudaSetDevice(cb->device));
-    MK_CUDA_CHECK(cudaStreamWaitEvent(cb->stream, pb->seam_event, 0));
-    if (pb->device == cb->device)
-        MK_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, cb->stream));
-    else
-        MK_CUDA_CHECK(cudaMemcpyPeerAsync(dst, cb->device, src, pb->device, bytes, cb->stream));
-    MK_CUDA_CHECK(cudaEventRecord(cb->seam_event, cb->stream));
-    MK_CUDA_CHECK(cudaSetDevice(pb->device));
-    MK_CUDA_CHECK(cudaStreamWaitEvent(pb->stream, cb->seam_event, 0));
+    pthread_mutex_t *first = cb < pb ? &cb->stream_mu : &pb->stream_mu, *second = cb < pb ? &pb->stream_mu : &cb->stream_mu;
+    pthread_mutex_lock(first);
+    if (second != first) pthread_mutex_lock(second);
+    const cudaError_t mk_cuda_peer_copy = mk_cuda_peer_copy_locked(cb, dst, pb, src, bytes);
+    if (second != first) pthread_mutex_unlock(second);
+    pthread_mutex_unlock(first);
+    MK_CUDA_CHECK(mk_cuda_peer_copy);
     return MK_OK;
 }
 
@@ -703,7 +726,10 @@ static mk_status cuda_step_begin(mk_backend *b, size_t keys) {
     mk_cuda_backend *cb = cuda_of(b);
     MK_ON_DEVICE(cb);
     if (cb->capturing) return mk_fail(MK_ERR_INTERNAL, "cuda backend: a step is already being recorded");
-    MK_CUDA_CHECK(cudaStreamBeginCapture(cb->stream, cudaStreamCaptureModeThreadLocal));
+    pthread_mutex_lock(&cb->stream_mu); /* no other thread's peer copy on this stream until step_end */
+    const cudaError_t cudaStreamBeginCapture_ = cudaStreamBeginCapture(cb->stream, cudaStreamCaptureModeThreadLocal);
+    if (cudaStreamBeginCapture_ != cudaSuccess) pthread_mutex_unlock(&cb->stream_mu);
+    MK_CUDA_CHECK(cudaStreamBeginCapture_);
     cb->capturing = true;
     cb->capture_start = cb->base.counters;
     cb->capture_keys = keys;
@@ -726,7 +752,9 @@ static mk_status cuda_step_end(mk_backend *b, void **out) {
     cb->base.counters.weight_bytes_read = cb->capture_start.weight_bytes_read;
     cb->base.counters.kv_bytes_read = cb->capture_start.kv_bytes_read;
     cudaGraph_t graph = NULL;
-    MK_CUDA_CHECK(cudaStreamEndCapture(cb->stream, &graph)); /* an invalidated capture ends here */
+    const cudaError_t cudaStreamEndCapture_ = cudaStreamEndCapture(cb->stream, &graph); /* an invalidated capture ends here */
+    pthread_mutex_unlock(&cb->stream_mu);
+    MK_CUDA_CHECK(cudaStreamEndCapture_);
     mk_cuda_step *step = calloc(1, sizeof *step);
     cudaError_t err = step ? cudaGraphInstantiate(&step->exec, graph, 0) : cudaSuccess;
     cudaGraphDestroy(graph); /* the executable form stands alone */
@@ -820,6 +848,8 @@ static mk_status mk_cuda_backend_init(mk_cuda_backend *cb) {
     }
     if (cb->device < 0 || cb->device >= count)
         return mk_fail(MK_ERR_DEVICE_INDEX, "CUDA device %d does not exist (this machine has %d)", cb->device, count);
+    if (pthread_mutex_init(&cb->stream_mu, NULL) != 0) return mk_fail(MK_ERR_INTERNAL, "cuda backend: stream lock");
+    cb->stream_mu_ready = true;
     MK_ON_DEVICE(cb);
     MK_CUDA_CHECK(cudaStreamCreateWithFlags(&cb->stream, cudaStreamNonBlocking));
     MK_CUDA_CHECK(cudaEventCreateWithFlags(&cb->seam_event, cudaEventDisableTiming));
