@@ -332,7 +332,7 @@ TEST(PipelineSched, SmallKvPoolQueuesSequencesUntilTheirBlocksAreFree) {
     const std::vector<int32_t> long_prompt(20, 5);
     uint64_t id = 0;
     EXPECT_ERROR(mk_sched_submit(s.get(), long_prompt.data(), long_prompt.size(), 10, nullptr, 0, &id),
-                 MK_ERR_KV_POOL_FULL, "more KV blocks than stage");
+                 MK_ERR_KV_POOL_FULL, "stage 0: a sequence of up to 29 positions needs");
 
     // Cancels while sequences wait for blocks and while they run: each cancelled sequence's
     // tokens are a prefix of the whole model's, the others equal it, every block comes back.

@@ -145,3 +145,12 @@ mk_status mk_range_kv_pool(const mk_range *range, mk_kv_pool_info *info) {
     pthread_mutex_unlock(&p->mu);
     return MK_OK;
 }
+
+mk_status mk_range_kv_fits(const mk_range *r, size_t positions) {
+    const mk_kv_pool *p = &r->kv;
+    if (positions > r->max_context) positions = r->max_context;
+    const size_t need = mk_kv_blocks_for(p, positions);
+    if (need <= p->blocks) return MK_OK;
+    return mk_fail(MK_ERR_KV_POOL_FULL, "a sequence of up to %zu positions needs %zu KV blocks; the pool holds %zu of %zu",
+                   positions, need, p->blocks, (size_t)1 << p->shift);
+}

@@ -32,6 +32,10 @@ mk_status mk_sequence_rewind(mk_sequence *seq, size_t length);
 /* The structural counters of the range's backend (see mk_backend_counters): internal, for
  * tests and benchmarks. The pointer lives as long as the range. */
 const mk_backend_counters *mk_range_backend_counters(const mk_range *r);
+/* Whether the range's KV pool could ever hold one sequence of up to `positions` positions
+ * (at most max_context): MK_OK, or MK_ERR_KV_POOL_FULL naming the blocks it needs and has.
+ * The admission rules' refusal of a request no pool could ever take (never a wait). */
+mk_status mk_range_kv_fits(const mk_range *r, size_t positions);
 
 /* Switch the per-op-family timing of the range's forwards on or off; either way the
  * figures so far are reset. Internal, for benchmarks. */

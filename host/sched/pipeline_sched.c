@@ -2,6 +2,7 @@
  * activation slots), admit sequences into free slots (continuous admission: a finished
  * sequence's slot goes to the next queued one), collect tokens and statuses. The worker
  * loop is worker.c, the seam hand-off link.c, the cut chooser split_auto.c. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -346,15 +347,12 @@ static void mk_sched_admit_unlock(mk_sched *s) {
 /* A request no pool could ever hold (more blocks than a stage's pool has): refused at once. */
 static mk_status mk_sched_fits_pools(const mk_sched *s, size_t positions) {
     for (size_t i = 0; i < s->n_workers; i++) {
-        mk_kv_pool_info info;
-        MK_TRY(mk_range_kv_pool(s->workers[i].range, &info));
-        const size_t ctx = mk_range_max_context(s->workers[i].range);
-        const size_t p = positions < ctx ? positions : ctx;
-        if ((p + info.block_size - 1) / info.block_size > info.blocks)
-            return mk_fail(MK_ERR_KV_POOL_FULL,
-                           "a sequence of up to %zu positions needs more KV blocks than stage %zu's pool holds (%zu "
-                           "blocks of %zu)",
-                           p, i, info.blocks, info.block_size);
+        const mk_status f = mk_range_kv_fits(s->workers[i].range, positions);
+        if (f != MK_OK) {
+            char why[300];
+            snprintf(why, sizeof why, "%s", mk_last_error());
+            return mk_fail(f, "stage %zu: %s", i, why);
+        }
     }
     return MK_OK;
 }

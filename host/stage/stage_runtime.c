@@ -578,11 +578,8 @@ static bool mk_head_refuse(mk_head *h, const mk_stage_arrival *a) {
     const mk_stage *st = h->st;
     char why[200];
     mk_status s = MK_OK;
-    mk_kv_pool_info pool = {0};
-    (void)mk_range_kv_pool(st->range, &pool);
     const size_t limit = a->max_new_tokens ? a->max_new_tokens : st->o.max_new_tokens;
     const size_t positions = a->n_prompt + (limit < st->max_context ? limit : st->max_context) - 1;
-    const size_t need = (positions < st->max_context ? positions : st->max_context);
     if (!a->prompt || a->n_prompt == 0) {
         s = MK_ERR_EMPTY_INPUT;
         snprintf(why, sizeof why, "request %llu has no prompt tokens", (unsigned long long)a->tag);
@@ -591,10 +588,9 @@ static bool mk_head_refuse(mk_head *h, const mk_stage_arrival *a) {
         snprintf(why, sizeof why, "request %llu: a prompt of %zu tokens; this run takes at most %zu (context %zu)",
                  (unsigned long long)a->tag, a->n_prompt,
                  st->max_rows < st->max_context - 1 ? st->max_rows : st->max_context - 1, st->max_context);
-    } else if (pool.block_size && (need + pool.block_size - 1) / pool.block_size > pool.blocks) {
-        s = MK_ERR_KV_POOL_FULL;
-        snprintf(why, sizeof why, "request %llu: up to %zu positions need more KV blocks than rank 0's pool holds (%zu of %zu)",
-                 (unsigned long long)a->tag, need, pool.blocks, pool.block_size);
+    } else if ((s = mk_range_kv_fits(st->range, positions)) != MK_OK) {
+        snprintf(why, sizeof why, "request %llu: rank 0: %s", (unsigned long long)a->tag, mk_last_error());
+        mk_clear_error();
     }
     if (s == MK_OK) return false;
     if (h->src->report) {

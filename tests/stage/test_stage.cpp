@@ -794,9 +794,9 @@ TEST(StageLibrary, LiveSourceAdmitsWhileRunningCutsAndRefusesAlone) {
 // prompts), later steps carry every returned token together, and each request's tokens
 // equal the whole model's; fewer forwards than boundaries.
 // Rank 0 serves the first four prompts (mk_stage_serve), each report kept in run.
-void serve_first_four(mk_stage *st, const std::vector<std::vector<int32_t>> &prompts, LibraryRun *run) {
+void serve_prompts(mk_stage *st, const std::vector<std::vector<int32_t>> &prompts, size_t n, LibraryRun *run) {
     std::vector<mk_stage_request> req;
-    for (size_t i = 0; i < 4; i++) req.push_back({prompts[i].data(), prompts[i].size()});
+    for (size_t i = 0; i < n; i++) req.push_back({prompts[i].data(), prompts[i].size()});
     auto report = [](void *user, const mk_stage_report *r) {
         LibraryRun *lr = static_cast<LibraryRun *>(user);
         lr->reports.push_back(*r);
@@ -804,6 +804,10 @@ void serve_first_four(mk_stage *st, const std::vector<std::vector<int32_t>> &pro
         lr->errors.emplace_back(r->error ? r->error : "");
     };
     EXPECT_EQ(mk_stage_serve(st, req.data(), req.size(), +report, run), MK_OK) << mk_last_error();
+}
+
+void serve_first_four(mk_stage *st, const std::vector<std::vector<int32_t>> &prompts, LibraryRun *run) {
+    serve_prompts(st, prompts, 4, run);
 }
 
 // Every one of n requests succeeded with the whole model's tokens.
@@ -886,6 +890,58 @@ TEST(StageLibrary, SmallKvPoolsAdmitRequestsAsBlocksFree) {
     rank1.join();
     EXPECT_EQ(other.serve[1], MK_OK) << other.message[1];
     expect_whole_model_tokens(run, want, 4);
+    mk_model_free(model);
+}
+
+// A request whose run no pool could ever hold (its prompt alone outgrows rank 0's blocks,
+// though it fits the context) fails alone at admission with MK_ERR_KV_POOL_FULL, naming the
+// blocks; the requests around it run and equal the whole model; no block is kept.
+TEST(StageLibrary, ARequestNoPoolCouldHoldFailsAlone) {
+    mk_model *model = random_model();
+    std::vector<std::vector<int32_t>> prompts = read_prompts(kPrompts);
+    ASSERT_GE(prompts.size(), 2u);
+    const size_t n_new = 4, block = 4;
+    size_t longest = std::max(prompts[0].size(), prompts[1].size());
+    const size_t blocks = (longest + n_new - 1 + block - 1) / block;
+    const std::vector<int32_t> too_long(blocks * block, 3); // + n_new - 1 positions: one block over
+    prompts.insert(prompts.begin() + 1, too_long);
+    const auto want = whole_model(model, MK_DTYPE_F32, {prompts[0], prompts[2]}, n_new);
+    mk_stage_options o = mk_stage_options_default();
+    o.range.backend.weight_dtype = MK_DTYPE_F32;
+    o.range.max_context = 4 * (too_long.size() + n_new);
+    o.range.kv_block_size = block;
+    o.range.kv_pool_blocks = blocks;
+    o.max_new_tokens = n_new;
+    o.max_sequences = 2;
+    o.timeout_ms = 5000;
+    LibraryRun other;
+    std::thread rank1;
+    mk_stage *st = join_rank0(model, o, &rank1, &other);
+    ASSERT_NE(st, nullptr) << mk_last_error();
+    LibraryRun run;
+    serve_prompts(st, prompts, 3, &run);
+    ASSERT_EQ(run.reports.size(), 3u);
+    for (size_t k = 0; k < 3; k++) {
+        const size_t i = run.reports[k].request;
+        if (i == 1) {
+            EXPECT_EQ(run.reports[k].status, MK_ERR_KV_POOL_FULL) << run.errors[k];
+            EXPECT_NE(run.errors[k].find("rank 0: a sequence of up to " + std::to_string(too_long.size() + n_new - 1) +
+                                         " positions needs " + std::to_string(blocks + 1) + " KV blocks; the pool holds " +
+                                         std::to_string(blocks)),
+                      std::string::npos)
+                << run.errors[k];
+            EXPECT_TRUE(run.tokens[k].empty());
+        } else {
+            EXPECT_EQ(run.reports[k].status, MK_OK) << run.errors[k];
+            EXPECT_EQ(run.tokens[k], want[i == 0 ? 0 : 1]) << "request " << i;
+        }
+    }
+    mk_kv_pool_info pool{};
+    ASSERT_EQ(mk_range_kv_pool(mk_stage_range(st), &pool), MK_OK);
+    EXPECT_EQ(pool.free_blocks, pool.blocks) << "rank 0 kept blocks";
+    mk_stage_free(st);
+    rank1.join();
+    EXPECT_EQ(other.serve[1], MK_OK) << other.message[1];
     mk_model_free(model);
 }
 
