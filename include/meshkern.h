@@ -483,10 +483,11 @@ typedef struct mk_range_options {
      * NULL (and a generation callback gets logits == NULL). false (the default): the
      * logits [vocab] come back too. */
     bool token_only;
-    /* A decode step (a forward of one row) on a backend with graphs (cuda) is recorded
-     * once as a CUDA graph and replayed per token: one launch per range and token, no host
-     * work between kernels. It is recorded again when the sequence or a boundary buffer
-     * changes (one graph per range), and a step that cannot be recorded runs op by op.
+    /* A decode step (one row of one sequence, or a batch of decode rows of many) on a
+     * backend with graphs (cuda) replays a CUDA graph recorded once per bucket of rows (1,
+     * 2, 4, ... up to max_batch_sequences): one launch per range and step, no host work
+     * between kernels, whatever the sequences, their blocks or the boundary buffers. A step
+     * that cannot be recorded runs op by op.
      * true: every step runs op by op (eager), for comparisons and debugging. Results are
      * bit-identical either way. Default false. */
     bool eager_decode;
