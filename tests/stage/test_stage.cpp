@@ -851,12 +851,11 @@ TEST(StageLibrary, ReadyRequestsShareRankZerosForward) {
     mk_model_free(model);
 }
 
-// KV pools that hold one of the longest requests at a time (blocks of 4): rank 0 admits a
-// request only once its blocks are promised, the others wait, and every request still gets
-// the whole model's tokens; rank 0 tells rank 1 when a request is over, so rank 1's pool
-// (the same size) never runs dry on a finished request's blocks; every block is back at
-// the end.
-TEST(StageLibrary, SmallKvPoolsAdmitRequestsAsBlocksFree) {
+// The first four prompts served by rank 0 and rank 1 (a thread) with KV pools of blocks of 4
+// positions, `pool_runs` of the longest of their runs of 6 tokens (or `pool_blocks` outright),
+// at most `max_sequences` in flight: every request's tokens equal the whole model's, and
+// every block of rank 0 is back (none promised) at the end.
+void serve_four_with_small_pools(size_t pool_runs, size_t max_sequences) {
     mk_model *model = random_model();
     const auto prompts = read_prompts(kPrompts);
     ASSERT_GE(prompts.size(), 4u);
@@ -871,9 +870,9 @@ TEST(StageLibrary, SmallKvPoolsAdmitRequestsAsBlocksFree) {
     o.range.backend.weight_dtype = MK_DTYPE_F32;
     o.range.max_context = longest + n_new;
     o.range.kv_block_size = block;
-    o.range.kv_pool_blocks = most_blocks; // the longest request alone
+    o.range.kv_pool_blocks = pool_runs * most_blocks;
     o.max_new_tokens = n_new;
-    o.max_sequences = 4;
+    o.max_sequences = max_sequences;
     o.timeout_ms = 5000;
     LibraryRun other;
     std::thread rank1;
@@ -882,8 +881,8 @@ TEST(StageLibrary, SmallKvPoolsAdmitRequestsAsBlocksFree) {
     LibraryRun run;
     serve_first_four(st, prompts, &run);
     mk_kv_pool_info pool{};
-    ASSERT_EQ(mk_range_kv_pool(mk_stage_range(st), &pool), MK_OK);
-    EXPECT_EQ(pool.blocks, most_blocks);
+    EXPECT_EQ(mk_range_kv_pool(mk_stage_range(st), &pool), MK_OK);
+    EXPECT_EQ(pool.blocks, pool_runs * most_blocks);
     EXPECT_EQ(pool.free_blocks, pool.blocks) << "rank 0 kept blocks";
     EXPECT_EQ(pool.promised_blocks, 0u);
     mk_stage_free(st);
@@ -892,6 +891,13 @@ TEST(StageLibrary, SmallKvPoolsAdmitRequestsAsBlocksFree) {
     expect_whole_model_tokens(run, want, 4);
     mk_model_free(model);
 }
+
+// KV pools that hold one of the longest requests at a time (blocks of 4): rank 0 admits a
+// request only once its blocks are promised, the others wait, and every request still gets
+// the whole model's tokens; rank 0 tells rank 1 when a request is over, so rank 1's pool
+// (the same size) never runs dry on a finished request's blocks; every block is back at
+// the end.
+TEST(StageLibrary, SmallKvPoolsAdmitRequestsAsBlocksFree) { serve_four_with_small_pools(1, 4); }
 
 // A request whose run no pool could ever hold (its prompt alone outgrows rank 0's blocks,
 // though it fits the context) fails alone at admission with MK_ERR_KV_POOL_FULL, naming the
@@ -951,43 +957,16 @@ TEST(StageLibrary, ARequestNoPoolCouldHoldFailsAlone) {
 // it finds every slot held and waits for the FINISHED before taking one (never evicting a
 // live request). Either way every token equals the whole model's and no block is kept.
 TEST(StageLibrary, APrefillBeforeItsPredecessorsFinishedWaitsForIt) {
-    mk_model *model = random_model();
-    const auto prompts = read_prompts(kPrompts);
-    ASSERT_GE(prompts.size(), 4u);
-    const size_t n_new = 5, block = 4;
-    const auto want = whole_model(model, MK_DTYPE_F32, prompts, n_new);
-    size_t longest = 0, most_blocks = 0;
-    for (size_t i = 0; i < 4; i++) {
-        longest = std::max(longest, prompts[i].size());
-        most_blocks = std::max(most_blocks, (prompts[i].size() + n_new - 1 + block - 1) / block);
-    }
     setenv("MESHKERN_FAULT", "rank=0,step=0,kind=late_finished", 1);
-    for (const bool small_pool : {true, false}) {
-        SCOPED_TRACE(small_pool ? "a pool for one request" : "two slots");
-        mk_stage_options o = mk_stage_options_default();
-        o.range.backend.weight_dtype = MK_DTYPE_F32;
-        o.range.max_context = longest + n_new;
-        o.range.kv_block_size = block;
-        o.range.kv_pool_blocks = small_pool ? most_blocks : 4 * most_blocks;
-        o.max_new_tokens = n_new;
-        o.max_sequences = small_pool ? 4 : 2;
-        o.timeout_ms = 5000;
-        LibraryRun other;
-        std::thread rank1;
-        mk_stage *st = join_rank0(model, o, &rank1, &other);
-        ASSERT_NE(st, nullptr) << mk_last_error();
-        LibraryRun run;
-        serve_first_four(st, prompts, &run);
-        mk_kv_pool_info pool{};
-        ASSERT_EQ(mk_range_kv_pool(mk_stage_range(st), &pool), MK_OK);
-        EXPECT_EQ(pool.free_blocks, pool.blocks) << "rank 0 kept blocks";
-        mk_stage_free(st);
-        rank1.join();
-        EXPECT_EQ(other.serve[1], MK_OK) << other.message[1];
-        expect_whole_model_tokens(run, want, 4);
+    {
+        SCOPED_TRACE("a pool for one request");
+        serve_four_with_small_pools(1, 4);
+    }
+    {
+        SCOPED_TRACE("two slots");
+        serve_four_with_small_pools(4, 2);
     }
     unsetenv("MESHKERN_FAULT");
-    mk_model_free(model);
 }
 
 // A live source is rank 0's, over a seam that can wait idle.
