@@ -359,7 +359,7 @@ MUTATIONS=(
   "batch.decode-attention-per-sequence~host/range/forward.c~s/const bool together = p->decode_rows > 0 && ops->decode_rows;/const bool together = false;/~gtest:test_batch_forward:*cuda*:BatchForwardCuda.*"
   "cuda.recording-unlocked~host/backend/cuda/backend_cuda.c~s/    pthread_mutex_lock\(&cb->stream_mu\); \/\* no other/    \/* no other/~backend:*PeerCopyWaits*"
   "kvfits.off-by-a-block~host/range/kv_pool.c~s/if \(need <= p->blocks\) return MK_OK;/if (need <= p->blocks + 1) return MK_OK;/~stage:*ARequestNoPool*"
-  "kvfits.context-uncapped~host/range/kv_pool.c~s/    if \(positions > r->max_context\) positions = r->max_context;\n    const size_t need/    const size_t need/~sched:*SmallKvPool*"
+  "kvfits.context-uncapped~host/range/kv_pool.c~s/    if \(positions > r->max_context\) positions = r->max_context;\n    const size_t need/    const size_t need/~gtest:test_kv_pool:*ASequenceFits*"
   "stage.head-never-tells-finished~host/stage/stage_runtime.c~s/    if \(e->reserved\) \{ \/\*/    if (0) { \/*/~stage:*SmallKvPools*"
   "cpu.dot4-reads-row-zero~host/backend/cpu/cpu_quant_avx2.c~s/for \(int r = 0; r < 4; r\+\+\) cx_q4_1_pair\(&a\[r\], dm0, q0, dm1, q1, &x\[r\]\[b\]\);/for (int r = 0; r < 4; r++) cx_q4_1_pair(\&a[r], dm0, q0, dm1, q1, \&x[0][b]);/~native:*FourRow*"
   "cpu.dot4-rows-misplaced~host/backend/cpu/cpu_native.c~s/p->y\[\(r \+ \(size_t\)k\) \* out \+ o\] = v\[k\];/p->y[(r + (size_t)k) * out + o] = v[3 - k];/~gtest:test_batch_forward:*cpu_native*"

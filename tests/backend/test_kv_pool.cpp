@@ -133,6 +133,20 @@ TEST_P(KvPool, FullPoolRefusesByNameAndRunsNothing) {
     EXPECT_EQ(pool_of(r).free_blocks, 3u);
 }
 
+// Whether the pool could ever hold a sequence (mk_range_kv_fits, the admission rules'
+// refusal): up to its blocks' positions, and any count past max_context counts as
+// max_context (a sequence never holds more); one block short is refused by name.
+TEST_P(KvPool, ASequenceFitsUpToThePoolCappedAtTheContext) {
+    mk_range *whole = make(pool_options(GetParam(), 16, 4, 64)); // one full context
+    MK_ASSERT_OK(mk_range_kv_fits(whole, 64));
+    MK_ASSERT_OK(mk_range_kv_fits(whole, 1000)); // positions past the context count as the context
+    mk_range *short_one = make(pool_options(GetParam(), 16, 3, 64)); // a block short
+    MK_ASSERT_OK(mk_range_kv_fits(short_one, 48));
+    EXPECT_ERROR(mk_range_kv_fits(short_one, 49), MK_ERR_KV_POOL_FULL,
+                 "a sequence of up to 49 positions needs 4 KV blocks; the pool holds 3 of 16");
+    EXPECT_ERROR(mk_range_kv_fits(short_one, 1000), MK_ERR_KV_POOL_FULL, "up to 64 positions needs 4 KV blocks");
+}
+
 // A reservation sets blocks aside: another sequence cannot take them, the reserving one
 // always can, and reset drops the promise.
 TEST_P(KvPool, ReservedBlocksAreNeverGivenToAnother) {
