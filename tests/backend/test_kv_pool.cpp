@@ -140,6 +140,11 @@ TEST_P(KvPool, ASequenceFitsUpToThePoolCappedAtTheContext) {
     mk_range *whole = make(pool_options(GetParam(), 16, 4, 64)); // one full context
     MK_ASSERT_OK(mk_range_kv_fits(whole, 64));
     MK_ASSERT_OK(mk_range_kv_fits(whole, 1000)); // positions past the context count as the context
+    {
+        SequencePtr s(open(whole)); // and a reservation of them promises one context's blocks
+        MK_ASSERT_OK(mk_sequence_reserve(s.get(), 1000));
+        EXPECT_EQ(pool_of(whole).promised_blocks, 4u);
+    }
     mk_range *short_one = make(pool_options(GetParam(), 16, 3, 64)); // a block short
     MK_ASSERT_OK(mk_range_kv_fits(short_one, 48));
     EXPECT_ERROR(mk_range_kv_fits(short_one, 49), MK_ERR_KV_POOL_FULL,
