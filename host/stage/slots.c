@@ -41,8 +41,7 @@ mk_status mk_slots_get(mk_slots *t, const char *id, bool fresh, mk_sequence **se
         if (!s)
             return mk_fail(MK_ERR_KV_POOL_FULL, "request '%s': every one of the %zu sequence slots holds a request", id,
                            t->n);
-        if (s->seq) MK_TRY(mk_sequence_reset(s->seq));
-        else MK_TRY(mk_sequence_open(t->range, &s->seq));
+        if (!s->seq) MK_TRY(mk_sequence_open(t->range, &s->seq)); /* a freed slot's was reset at its release */
         strcpy(s->request_id, id);
     }
     *seq = s->seq;

@@ -93,8 +93,8 @@ typedef enum mk_fault_kind {
     MK_FAULT_OTHER_DIGEST,   /* sends a boundary (or result) of another recipe digest */
     MK_FAULT_OTHER_LAYER,    /* sends a boundary cut before another layer */
     MK_FAULT_BUSY,           /* computes 3 deadlines longer at that step (alive, not silent) */
-    MK_FAULT_LATE_FINISHED,  /* rank 0, from that step on: each FINISHED goes out after the next
-                                step's boundaries (the next request's prefill overtakes it) */
+    MK_FAULT_LATE_FINISHED,  /* rank 0, from that step on: each FINISHED goes out 100 ms after
+                                the next step's boundaries (the next request's prefill overtakes it) */
 } mk_fault_kind;
 
 typedef struct mk_fault {

@@ -470,8 +470,10 @@ static void mk_head_tell_finished(mk_stage *st, size_t number) {
     mk_clear_error();
 }
 
-/* The FINISHED messages the fault held back, after a step's boundaries (or at the end). */
+/* The FINISHED messages the fault held back, 100 ms after a step's boundaries went out (or
+ * at the end): the next request's prefill surely reaches the other ranks first. */
 static void mk_head_tell_late(mk_head *h) {
+    if (h->n_late) usleep(100000);
     for (size_t i = 0; i < h->n_late; i++) mk_head_tell_finished(h->st, h->late[i]);
     h->n_late = 0;
 }
