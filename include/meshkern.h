@@ -117,7 +117,8 @@ MK_API const char *mk_last_error(void);
 
 #define MK_DENSE_LLAMA_ADAPTER "dense-llama"
 #define MK_RESIDUAL_TENSOR_NAME "residual_stream"
-#define MK_BOUNDARY_SCHEMA_VERSION 1u
+#define MK_BOUNDARY_SCHEMA_VERSION 1u        /* one sequence per bundle */
+#define MK_BOUNDARY_BATCH_SCHEMA_VERSION 2u  /* a batch: the rows of several sequences, one entry each */
 #define MK_BOUNDARY_POINT "dense.residual.v1"
 
 typedef struct mk_architecture {
@@ -664,10 +665,27 @@ MK_API void mk_seam_free(mk_seam *seam);
  * handed over; mk_seam_send_wait gives the write's status (the next send waits too). */
 MK_API mk_status mk_seam_send(mk_seam *seam, const mk_boundary *boundary);
 MK_API mk_status mk_seam_send_wait(mk_seam *seam);
+/* Send the boundaries of n sequences (1 to MK_MAX_BATCH_SEQUENCES, rows adding up to at
+ * most the range's max_batch_tokens) as one message: a TensorBundle of schema version 2
+ * with an entry per sequence (request id, step, position, rows), one frame on a stream.
+ * The boundaries must agree on what the entries share (next_layer, digest, width) and
+ * carry distinct, non-empty request ids. n == 1 sends what mk_seam_send sends. The nccl
+ * seam carries one sequence per message (n > 1: MK_ERR_UNSUPPORTED). */
+MK_API mk_status mk_seam_send_batch(mk_seam *seam, const mk_boundary *const *boundaries, size_t n);
 /* Receive into a boundary of the receiving range, for `seq`: the header is checked with
  * mk_range_check_boundary before the payload is accepted; residuals with NaN/Inf are
  * refused (MK_ERR_NONFINITE) on host-staged transports. */
 MK_API mk_status mk_seam_recv(mk_seam *seam, const mk_sequence *seq, mk_boundary *into);
+/* The sequence a received batch entry belongs to (NULL: none; the entry is refused). */
+typedef const mk_sequence *(*mk_seam_route)(void *user, const mk_boundary_header *entry);
+/* Receive the next message, a single boundary or a batch, into into[0..capacity): entry k
+ * goes to into[k] once route(user, its header) names its sequence and the contract
+ * (mk_range_check_boundary) passes; *n_received entries came. An entry refused (no
+ * sequence, the contract, NaN/Inf) fails alone: entry_status[k] says why (mk_last_error:
+ * the first refused entry's message), into[k] stays empty, the others are received. The
+ * call fails only where the message itself is bad or lost (then nothing was accepted). */
+MK_API mk_status mk_seam_recv_batch(mk_seam *seam, mk_seam_route route, void *user, mk_boundary *const *into,
+                                    size_t capacity, size_t *n_received, mk_status *entry_status);
 /* Bytes moved and seconds spent in send + recv on this end. */
 MK_API size_t mk_seam_bytes(const mk_seam *seam);
 MK_API double mk_seam_seconds(const mk_seam *seam);

@@ -303,6 +303,8 @@ TEST(SeamProcesses, HeadInAChildProcessOverTcp) { cross_process(MK_SEAM_TCP); }
 
 // A receiving seam end on the tail range [3, 5] of the seed model, its peer a raw socket
 // the test writes bytes into as a faulty sender would.
+constexpr uint64_t kTailLimit = uint64_t(64) * 32 * 4 + 64 * 4 + 1024 + 64 * 128; // FaultyPeer's tail: 64 rows x 32
+
 class FaultyPeer : public ::testing::Test {
   protected:
     static constexpr int kDeadlineMs = 200;
@@ -487,7 +489,7 @@ TEST_F(FaultyPeer, PeerStallsMidFrame) {
 TEST_F(FaultyPeer, FrameOverTheReceiversLimitIsRefusedBeforeItsBody) {
     connect_raw();
     // The tail allows 64 rows of 32 floats; a sender claiming more is refused whatever it says.
-    write_raw(frame_header(uint64_t(64) * 32 * 4 + 64 * 4 + 4096));
+    write_raw(frame_header(kTailLimit + 1));
     std::string msg;
     EXPECT_EQ(receive(&msg), MK_ERR_FRAME);
     EXPECT_NE(msg.find("exceeds this range's limit"), std::string::npos) << msg;
@@ -496,16 +498,17 @@ TEST_F(FaultyPeer, FrameOverTheReceiversLimitIsRefusedBeforeItsBody) {
 }
 
 TEST_F(FaultyPeer, RowsOverTheReceiversLimitFromALargerSender) {
-    // A head allowing 128 rows sends 100: the 64-row tail refuses the frame by its length.
+    // A head allowing 256 rows sends 200: the 64-row tail refuses the frame by its length
+    // (its limit keeps room for a batch's 64 entries, a little over 2 rows of this width).
     mk_range_options big = mk_range_options_default();
-    big.max_context = 128;
+    big.max_context = 256;
     mk_range *h = nullptr;
     MK_ASSERT_OK(mk_range_create(model_.get(), 0, 2, &big, &h));
     RangePtr head(h);
     mk_sequence *s = nullptr;
     MK_ASSERT_OK(mk_sequence_open(h, &s));
     SequencePtr seq(s);
-    std::vector<int32_t> ids(100);
+    std::vector<int32_t> ids(200);
     for (size_t i = 0; i < ids.size(); i++) ids[i] = (int32_t)((i * 7) % 48);
     mk_bundle *b = nullptr;
     MK_ASSERT_OK(mk_range_forward(h, s, ids.data(), ids.size(), nullptr, nullptr, &b, nullptr));
@@ -514,6 +517,7 @@ TEST_F(FaultyPeer, RowsOverTheReceiversLimitFromALargerSender) {
     size_t len = 0;
     MK_ASSERT_OK(mk_bundle_pack(b, &bytes, &len));
     BufferPtr hold(bytes);
+    ASSERT_GT(len, kTailLimit);
     connect_raw();
     write_raw(framed(std::vector<uint8_t>(bytes, bytes + len)));
     EXPECT_EQ(receive(), MK_ERR_FRAME);
@@ -955,7 +959,6 @@ TEST(SeamOptions, NamesAndDefaults) {
 // host/seam/frame.c on its own: the 16-byte header, the wire-format walker, the body
 // checks. Each refusal on the smallest input that shows it, with its own message.
 
-constexpr uint64_t kTailLimit = uint64_t(64) * 32 * 4 + 64 * 4 + 1024; // FaultyPeer's tail: 64 rows x 32
 
 std::vector<uint8_t> header_bytes(uint64_t length, unsigned align) {
     std::vector<uint8_t> h(MK_FRAME_HEADER_BYTES);
@@ -965,7 +968,7 @@ std::vector<uint8_t> header_bytes(uint64_t length, unsigned align) {
 
 TEST(FrameHeader, LayoutAndLimitAreTheDocumentedOnes) {
     EXPECT_EQ(mk_frame_limit(64, 32), kTailLimit);
-    EXPECT_EQ(mk_frame_limit(1, 1), uint64_t(4 + 4 + 1024));
+    EXPECT_EQ(mk_frame_limit(1, 1), uint64_t(4 + 4 + 1024 + 64 * 128)); // a batch of 64 entries fits the overhead
     const std::vector<uint8_t> h = header_bytes(0x0102030405060708ull, 63 + 64); // align is taken modulo 64
     const uint8_t want[16] = {'M', 'K', 'S', 'F', 1, 0, 63, 0, 8, 7, 6, 5, 4, 3, 2, 1};
     EXPECT_EQ(std::memcmp(h.data(), want, 16), 0);
@@ -1017,7 +1020,7 @@ TEST(FrameHeader, EachFieldIsRefusedWithItsOwnMessage) {
     EXPECT_ERROR(mk_frame_header_decode(header_bytes(0, 0).data(), kTailLimit, &len, &align), MK_ERR_FRAME,
                  "empty body");
     EXPECT_ERROR(mk_frame_header_decode(header_bytes(kTailLimit + 1, 0).data(), kTailLimit, &len, &align), MK_ERR_FRAME,
-                 "seam frame of 9473 bytes exceeds this range's limit of 9472 bytes");
+                 "seam frame of 17665 bytes exceeds this range's limit of 17664 bytes");
     // The length's top byte is read too: 2^56 + 1 is not 1.
     EXPECT_ERROR(mk_frame_header_decode(header_bytes((uint64_t(1) << 56) + 1, 0).data(), kTailLimit, &len, &align),
                  MK_ERR_FRAME, "exceeds this range's limit");
@@ -1058,8 +1061,14 @@ mk_status parse(const Pb &pb, mk_bundle_view *view) { return mk_bundle_view_pars
 TEST(BundleCodec, FieldNumbersAreTheProtosEveryOne) {
     const ProtobufCMessageDescriptor *bundle = &meshkern__v1__tensor_bundle__descriptor;
     const ProtobufCMessageDescriptor *tensor = &meshkern__v1__tensor__descriptor;
-    ASSERT_EQ(bundle->n_fields, 12u);
+    const ProtobufCMessageDescriptor *entry = &meshkern__v1__bundle_entry__descriptor;
+    ASSERT_EQ(bundle->n_fields, 13u);
     ASSERT_EQ(tensor->n_fields, 5u);
+    ASSERT_EQ(entry->n_fields, 4u);
+    for (unsigned i = 0; i < entry->n_fields; i++) {
+        const std::string name = std::string("BundleEntry.") + entry->fields[i].name;
+        EXPECT_EQ(mk_bundle_field_number(name.c_str()), entry->fields[i].id) << name;
+    }
     for (unsigned i = 0; i < bundle->n_fields; i++)
         EXPECT_EQ(mk_bundle_field_number(bundle->fields[i].name), bundle->fields[i].id) << bundle->fields[i].name;
     for (unsigned i = 0; i < tensor->n_fields; i++) {
@@ -1084,15 +1093,22 @@ TEST(FrameView, MalformedWireBytesAreRefusedEachByName) {
     MK_ASSERT_OK(parse(Pb().key(3, 2).raw({2, 'a', 'b'}), &v));
     EXPECT_STREQ(v.msg.adapter, "ab");
     // Unknown fields of every supported wire type are skipped, truncated ones refused.
-    EXPECT_ERROR(parse(Pb().key(13, 1).raw({1, 2, 3, 4, 5, 6, 7}), &v), MK_ERR_WIRE_DECODE, "truncated fixed64");
-    EXPECT_ERROR(parse(Pb().key(13, 5).raw({1, 2, 3}), &v), MK_ERR_WIRE_DECODE, "truncated fixed32");
-    EXPECT_ERROR(parse(Pb().key(13, 2).raw({4, 1, 2, 3}), &v), MK_ERR_WIRE_DECODE, "length past the end");
-    MK_ASSERT_OK(parse(Pb().key(13, 1).raw({1, 2, 3, 4, 5, 6, 7, 8}).key(14, 5).raw({1, 2, 3, 4}).u(15, 300)
-                           .str(16, "x").u(1, 7),
+    EXPECT_ERROR(parse(Pb().key(17, 1).raw({1, 2, 3, 4, 5, 6, 7}), &v), MK_ERR_WIRE_DECODE, "truncated fixed64");
+    EXPECT_ERROR(parse(Pb().key(17, 5).raw({1, 2, 3}), &v), MK_ERR_WIRE_DECODE, "truncated fixed32");
+    EXPECT_ERROR(parse(Pb().key(17, 2).raw({4, 1, 2, 3}), &v), MK_ERR_WIRE_DECODE, "length past the end");
+    MK_ASSERT_OK(parse(Pb().key(17, 1).raw({1, 2, 3, 4, 5, 6, 7, 8}).key(18, 5).raw({1, 2, 3, 4}).u(19, 300)
+                           .str(20, "x").u(1, 7),
                        &v));
     EXPECT_EQ(v.msg.schema_version, 7u) << "a field after skipped ones is still read";
     for (unsigned wt : {3u, 4u, 6u, 7u})
-        EXPECT_ERROR(parse(Pb().key(13, wt), &v), MK_ERR_WIRE_DECODE, "unsupported wire type") << wt;
+        EXPECT_ERROR(parse(Pb().key(17, wt), &v), MK_ERR_WIRE_DECODE, "unsupported wire type") << wt;
+    // Inside a BundleEntry likewise: unknown fields skipped, the known ones read.
+    MK_ASSERT_OK(parse(Pb().bytes(13, Pb().u(9, 1).str(1, "q").u(4, 2).u(3, 5).u(2, 8).b), &v));
+    ASSERT_EQ(v.msg.n_entries, 1u);
+    EXPECT_STREQ(v.msg.entries[0]->request_id, "q");
+    EXPECT_EQ(v.msg.entries[0]->rows, 2u);
+    EXPECT_EQ(v.msg.entries[0]->position, 5);
+    EXPECT_EQ(v.msg.entries[0]->step, 8u);
     EXPECT_ERROR(parse(Pb().key(0, 0).varint(1), &v), MK_ERR_WIRE_DECODE, "field number 0");
     EXPECT_ERROR(mk_bundle_view_parse(nullptr, 1, &v), MK_ERR_WIRE_DECODE, "no bytes");
     MK_ASSERT_OK(mk_bundle_view_parse(nullptr, 0, &v));
@@ -1105,8 +1121,11 @@ TEST(FrameView, EveryKnownFieldInsistsOnItsWireType) {
     mk_bundle_view v;
     for (unsigned field : {1u, 2u, 5u, 6u, 11u, 12u}) // varints given as length-delimited
         EXPECT_ERROR(parse(Pb().str(field, "x"), &v), MK_ERR_WIRE_DECODE, "wrong wire type") << field;
-    for (unsigned field : {3u, 4u, 7u, 8u, 9u, 10u}) // length-delimited given as varints
+    for (unsigned field : {3u, 4u, 7u, 8u, 9u, 10u, 13u}) // length-delimited given as varints
         EXPECT_ERROR(parse(Pb().u(field, 1), &v), MK_ERR_WIRE_DECODE, "wrong wire type") << field;
+    // Inside a BundleEntry: the request id length-delimited, step, position and rows varints.
+    for (const Pb &e : {Pb().u(1, 1), Pb().str(2, "x"), Pb().str(3, "x"), Pb().str(4, "x")})
+        EXPECT_ERROR(parse(Pb().bytes(13, e.b), &v), MK_ERR_WIRE_DECODE, "wrong wire type");
     // Inside a Tensor: name, data length-delimited; dtype, byte order varints; shape either.
     for (const Pb &t : {Pb().u(1, 1), Pb().str(2, "x"), Pb().str(4, "x"), Pb().u(5, 1), Pb().key(3, 5).raw({0, 0, 0, 0})})
         for (unsigned field : {7u, 8u})

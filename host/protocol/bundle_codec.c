@@ -33,8 +33,10 @@ enum {
     MK_BUNDLE_REQUEST_ID = 10,
     MK_BUNDLE_HAS_NEXT_LAYER = 11,
     MK_BUNDLE_STEP = 12,
+    MK_BUNDLE_ENTRIES = 13,
 };
 enum { MK_TENSOR_NAME = 1, MK_TENSOR_DTYPE = 2, MK_TENSOR_SHAPE = 3, MK_TENSOR_BYTE_ORDER = 4, MK_TENSOR_DATA = 5 };
+enum { MK_ENTRY_REQUEST_ID = 1, MK_ENTRY_STEP = 2, MK_ENTRY_POSITION = 3, MK_ENTRY_ROWS = 4 };
 
 unsigned mk_bundle_field_number(const char *name) {
     static const struct {
@@ -47,6 +49,9 @@ unsigned mk_bundle_field_number(const char *name) {
         {"tensors", MK_BUNDLE_TENSORS},               {"positions", MK_BUNDLE_POSITIONS},
         {"runtime_recipe_digest", MK_BUNDLE_RECIPE_DIGEST}, {"request_id", MK_BUNDLE_REQUEST_ID},
         {"has_next_layer", MK_BUNDLE_HAS_NEXT_LAYER}, {"step", MK_BUNDLE_STEP},
+        {"entries", MK_BUNDLE_ENTRIES},
+        {"BundleEntry.request_id", MK_ENTRY_REQUEST_ID}, {"BundleEntry.step", MK_ENTRY_STEP},
+        {"BundleEntry.position", MK_ENTRY_POSITION},     {"BundleEntry.rows", MK_ENTRY_ROWS},
         {"Tensor.name", MK_TENSOR_NAME},              {"Tensor.dtype", MK_TENSOR_DTYPE},
         {"Tensor.shape", MK_TENSOR_SHAPE},            {"Tensor.byte_order", MK_TENSOR_BYTE_ORDER},
         {"Tensor.data", MK_TENSOR_DATA},
@@ -89,6 +94,60 @@ mk_status mk_bundle_message_describe(const mk_boundary_header *h, const void *re
     m->msg.runtime_recipe_digest = (char *)h->recipe_digest;
     m->msg.request_id = (char *)h->request_id;
     m->msg.step = h->step;
+    return MK_OK;
+}
+
+/* The fields every entry of a batch shares: one value on the wire, so they must agree. */
+static bool mk_batch_shared_agree(const mk_boundary_header *a, const mk_boundary_header *b) {
+    return a->schema_version == b->schema_version && a->architecture == b->architecture &&
+           strcmp(a->adapter, b->adapter) == 0 && strcmp(a->tensor_name, b->tensor_name) == 0 &&
+           strcmp(a->boundary_point, b->boundary_point) == 0 && a->next_layer == b->next_layer &&
+           a->normalized == b->normalized && strcmp(a->recipe_digest, b->recipe_digest) == 0 &&
+           a->batch == 1 && b->batch == 1 && a->hidden == b->hidden && a->dtype == b->dtype;
+}
+
+mk_status mk_bundle_batch_check(const mk_boundary_header *const *h, size_t n) {
+    if (!h || n == 0 || n > MK_MAX_BATCH_SEQUENCES)
+        return mk_fail(MK_ERR_INVALID_ARGUMENT, "a batch carries 1 to %d sequences, not %zu", MK_MAX_BATCH_SEQUENCES, n);
+    for (size_t k = 0; k < n; k++) {
+        if (h[k]->rows == 0) return mk_fail(MK_ERR_EMPTY_INPUT, "batch entry %zu (%s) carries no rows", k, h[k]->request_id);
+        if (n == 1) break; /* one sequence: its header alone, as it always was */
+        if (!mk_batch_shared_agree(h[0], h[k]))
+            return mk_fail(MK_ERR_INVALID_ARGUMENT,
+                           "batch entry %zu (%s) differs from entry 0 in a field the entries share (layer, digest, "
+                           "width, dtype...)", k, h[k]->request_id);
+        if (!h[k]->request_id[0]) return mk_fail(MK_ERR_INVALID_ARGUMENT, "batch entry %zu has no request id", k);
+        for (size_t j = 0; j < k; j++)
+            if (strcmp(h[j]->request_id, h[k]->request_id) == 0)
+                return mk_fail(MK_ERR_INVALID_ARGUMENT, "request id '%s' names batch entries %zu and %zu",
+                               h[k]->request_id, j, k);
+    }
+    return MK_OK;
+}
+
+mk_status mk_bundle_message_describe_batch(const mk_boundary_header *const *h, size_t n, const void *residual,
+                                           const int32_t *positions, mk_bundle_message *m) {
+    MK_TRY(mk_bundle_batch_check(h, n));
+    if (n == 1) return mk_bundle_message_describe(h[0], residual, positions, m);
+    mk_boundary_header *total = &m->batch; /* the message points into it: it lives in m */
+    *total = *h[0];
+    total->rows = 0;
+    for (size_t k = 0; k < n; k++) total->rows += h[k]->rows;
+    total->schema_version = MK_BOUNDARY_BATCH_SCHEMA_VERSION;
+    total->request_id[0] = '\0';
+    total->step = 0;
+    MK_TRY(mk_bundle_message_describe(total, residual, positions, m));
+    for (size_t k = 0; k < n; k++) {
+        Meshkern__V1__BundleEntry *e = &m->entry[k];
+        meshkern__v1__bundle_entry__init(e);
+        e->request_id = (char *)h[k]->request_id;
+        e->step = h[k]->step;
+        e->position = h[k]->position;
+        e->rows = h[k]->rows;
+        m->entries[k] = e;
+    }
+    m->msg.n_entries = n;
+    m->msg.entries = m->entries;
     return MK_OK;
 }
 
@@ -141,11 +200,19 @@ static size_t mk_pb_head_size(const Meshkern__V1__TensorBundle *m) {
            mk_pb_uint_size(MK_BUNDLE_NEXT_LAYER, mk_pb_int(m->next_layer)) + mk_pb_uint_size(MK_BUNDLE_NORMALIZED, m->normalized ? 1 : 0);
 }
 
-/* Fields 8-12, after the tensors. */
+/* One BundleEntry's own bytes. */
+static size_t mk_pb_entry_size(const Meshkern__V1__BundleEntry *e) {
+    return mk_pb_string_size(MK_ENTRY_REQUEST_ID, e->request_id) + mk_pb_uint_size(MK_ENTRY_STEP, e->step) +
+           mk_pb_uint_size(MK_ENTRY_POSITION, mk_pb_int(e->position)) + mk_pb_uint_size(MK_ENTRY_ROWS, e->rows);
+}
+
+/* Fields 8-13, after the tensors. */
 static size_t mk_pb_tail_size(const Meshkern__V1__TensorBundle *m, size_t positions_size) {
+    size_t entries = 0;
+    for (size_t k = 0; k < m->n_entries; k++) entries += mk_pb_len_size(MK_BUNDLE_ENTRIES, mk_pb_entry_size(m->entries[k]));
     return (m->positions ? mk_pb_len_size(MK_BUNDLE_POSITIONS, positions_size) : 0) + mk_pb_string_size(MK_BUNDLE_RECIPE_DIGEST, m->runtime_recipe_digest) +
            mk_pb_string_size(MK_BUNDLE_REQUEST_ID, m->request_id) + mk_pb_uint_size(MK_BUNDLE_HAS_NEXT_LAYER, m->has_next_layer ? 1 : 0) +
-           mk_pb_uint_size(MK_BUNDLE_STEP, m->step);
+           mk_pb_uint_size(MK_BUNDLE_STEP, m->step) + entries;
 }
 
 size_t mk_bundle_message_size(const mk_bundle_message *m) {
@@ -179,6 +246,14 @@ size_t mk_bundle_message_pack(const mk_bundle_message *m, uint8_t *out) {
     p = mk_pb_string(p, MK_BUNDLE_REQUEST_ID, msg->request_id);
     p = mk_pb_uint(p, MK_BUNDLE_HAS_NEXT_LAYER, msg->has_next_layer ? 1 : 0);
     p = mk_pb_uint(p, MK_BUNDLE_STEP, msg->step);
+    for (size_t k = 0; k < msg->n_entries; k++) {
+        const Meshkern__V1__BundleEntry *e = msg->entries[k];
+        p = mk_pb_len(p, MK_BUNDLE_ENTRIES, mk_pb_entry_size(e));
+        p = mk_pb_string(p, MK_ENTRY_REQUEST_ID, e->request_id);
+        p = mk_pb_uint(p, MK_ENTRY_STEP, e->step);
+        p = mk_pb_uint(p, MK_ENTRY_POSITION, mk_pb_int(e->position));
+        p = mk_pb_uint(p, MK_ENTRY_ROWS, e->rows);
+    }
     return (size_t)(p - out);
 }
 
@@ -299,6 +374,29 @@ static mk_status mk_parse_tensor(mk_cursor c, Meshkern__V1__Tensor *t, uint64_t 
     return MK_OK;
 }
 
+/* One BundleEntry message (a repeated field: each occurrence is an entry of its own). */
+static mk_status mk_parse_entry(mk_cursor c, Meshkern__V1__BundleEntry *e, char *id) {
+    while (c.p < c.end) {
+        uint64_t key, v;
+        MK_TRY(mk_varint(&c, &key));
+        const unsigned field = (unsigned)(key >> 3), wt = (unsigned)(key & 7);
+        mk_cursor f = {0};
+        switch (field) {
+            case MK_ENTRY_REQUEST_ID:
+                MK_TRY(mk_expect(wt, 2));
+                MK_TRY(mk_delimited(&c, &f));
+                mk_copy_string(id, &f);
+                e->request_id = id;
+                break;
+            case MK_ENTRY_STEP: MK_TRY(mk_expect(wt, 0)); MK_TRY(mk_varint(&c, &e->step)); break;
+            case MK_ENTRY_POSITION: MK_TRY(mk_expect(wt, 0)); MK_TRY(mk_varint(&c, &v)); e->position = (int64_t)v; break;
+            case MK_ENTRY_ROWS: MK_TRY(mk_expect(wt, 0)); MK_TRY(mk_varint(&c, &e->rows)); break;
+            default: MK_TRY(mk_skip(&c, wt));
+        }
+    }
+    return MK_OK;
+}
+
 mk_status mk_bundle_view_parse(const uint8_t *bytes, size_t len, mk_bundle_view *view) {
     memset(view, 0, sizeof *view);
     meshkern__v1__tensor_bundle__init(&view->msg);
@@ -345,27 +443,50 @@ mk_status mk_bundle_view_parse(const uint8_t *bytes, size_t len, mk_bundle_view 
                 MK_TRY(mk_parse_tensor(f, &view->positions, view->positions_shape, view->positions_name));
                 m->positions = &view->positions;
                 break;
+            case MK_BUNDLE_ENTRIES:
+                /* The first MK_MAX_BATCH_SEQUENCES are kept; the count tells the checker how many came. */
+                MK_TRY(mk_expect(wt, 2));
+                MK_TRY(mk_delimited(&c, &f));
+                if (m->n_entries < MK_MAX_BATCH_SEQUENCES) {
+                    Meshkern__V1__BundleEntry *e = &view->entry[m->n_entries];
+                    meshkern__v1__bundle_entry__init(e);
+                    e->request_id = (char *)"";
+                    MK_TRY(mk_parse_entry(f, e, view->entry_id[m->n_entries]));
+                    view->entries[m->n_entries] = e;
+                } else {
+                    Meshkern__V1__BundleEntry scratch = MESHKERN__V1__BUNDLE_ENTRY__INIT;
+                    char id[MK_VIEW_STRING];
+                    MK_TRY(mk_parse_entry(f, &scratch, id)); /* well-formed, then counted */
+                }
+                m->n_entries++;
+                break;
             default: MK_TRY(mk_skip(&c, wt));
         }
     }
     view->tensors[0] = &view->residual;
     m->tensors = m->n_tensors ? view->tensors : NULL;
+    m->entries = m->n_entries ? view->entries : NULL;
     return MK_OK;
 }
 
-mk_status mk_bundle_decode_body(const uint8_t *bytes, size_t len, mk_boundary_header *h, const uint8_t **residual) {
+mk_status mk_bundle_decode_batch(const uint8_t *bytes, size_t len, mk_boundary_header *h, size_t cap, size_t *n,
+                                 const uint8_t **residual) {
     mk_bundle_view view;
     MK_TRY(mk_bundle_view_parse(bytes, len, &view));
-    const uint8_t *positions;
-    MK_TRY(mk_bundle_message_check(&view.msg, h, residual, &positions));
-    for (size_t i = 0; i < h->rows; i++) {
-        int32_t p;
-        memcpy(&p, positions + i * sizeof p, sizeof p);
-        if ((int64_t)p != h->position + (int64_t)i)
-            return mk_fail(MK_ERR_POSITIONS_SHAPE, "bundle position %d at row %zu does not continue row 0's %lld", p, i,
-                           (long long)h->position);
+    return mk_bundle_message_check_batch(&view.msg, h, cap, n, residual);
+}
+
+void mk_bundle_entry_rows(const mk_boundary_header *h, size_t n, size_t *row0) {
+    size_t row = 0;
+    for (size_t k = 0; k < n; k++) {
+        row0[k] = row;
+        row += h[k].rows;
     }
-    return MK_OK;
+}
+
+mk_status mk_bundle_decode_body(const uint8_t *bytes, size_t len, mk_boundary_header *h, const uint8_t **residual) {
+    size_t n = 0;
+    return mk_bundle_decode_batch(bytes, len, h, 1, &n, residual);
 }
 
 /* =================================================================== check == */
@@ -378,13 +499,15 @@ static mk_status mk_copy_field(char *dst, size_t cap, const char *src, const cha
     return MK_OK;
 }
 
-mk_status mk_bundle_message_check(const Meshkern__V1__TensorBundle *msg, mk_boundary_header *h,
-                                  const uint8_t **residual, const uint8_t **positions) {
+/* What both schemas check: the envelope, the residual and positions tensors. h describes
+ * the whole message (schema 2: all entries' rows, no request id). */
+static mk_status mk_message_common(const Meshkern__V1__TensorBundle *msg, mk_boundary_header *h,
+                                   const uint8_t **residual, const uint8_t **positions) {
     /* Envelope: every field present. */
     if (msg->schema_version == 0) return mk_fail(MK_ERR_MISSING_FIELD, "bundle is missing field schema_version");
-    if (msg->schema_version != MK_BOUNDARY_SCHEMA_VERSION)
-        return mk_fail(MK_ERR_SCHEMA_VERSION, "bundle schema version %u is not the supported version %u",
-                       msg->schema_version, MK_BOUNDARY_SCHEMA_VERSION);
+    if (msg->schema_version != MK_BOUNDARY_SCHEMA_VERSION && msg->schema_version != MK_BOUNDARY_BATCH_SCHEMA_VERSION)
+        return mk_fail(MK_ERR_SCHEMA_VERSION, "bundle schema version %u is not a supported version (%u, or %u for a batch)",
+                       msg->schema_version, MK_BOUNDARY_SCHEMA_VERSION, MK_BOUNDARY_BATCH_SCHEMA_VERSION);
     if (msg->architecture == MESHKERN__V1__ARCHITECTURE_TYPE__ARCHITECTURE_TYPE_UNSPECIFIED)
         return mk_fail(MK_ERR_MISSING_FIELD, "bundle is missing field architecture");
     /* moe/mla bundles are valid protocol, but not executable here: say so first. */
@@ -456,6 +579,80 @@ mk_status mk_bundle_message_check(const Meshkern__V1__TensorBundle *msg, mk_boun
     MK_TRY(mk_copy_field(h->request_id, sizeof h->request_id, msg->request_id ? msg->request_id : "", "request_id"));
     *residual = t->data.data;
     *positions = msg->positions->data.data;
+    return MK_OK;
+}
+
+mk_status mk_bundle_message_check(const Meshkern__V1__TensorBundle *msg, mk_boundary_header *h,
+                                  const uint8_t **residual, const uint8_t **positions) {
+    MK_TRY(mk_message_common(msg, h, residual, positions));
+    if (msg->schema_version != MK_BOUNDARY_SCHEMA_VERSION || msg->n_entries)
+        return mk_fail(MK_ERR_SCHEMA_VERSION,
+                       "bundle schema version %u with %zu entries is a batch: one sequence's bundle is schema version %u "
+                       "(a seam receives batches)",
+                       msg->schema_version, msg->n_entries, MK_BOUNDARY_SCHEMA_VERSION);
+    return MK_OK;
+}
+
+/* Rows [row0, row0 + rows) of the positions count up from `first`. */
+static mk_status mk_positions_continue(const uint8_t *positions, size_t row0, size_t rows, int64_t first) {
+    for (size_t i = 0; i < rows; i++) {
+        int32_t p;
+        memcpy(&p, positions + (row0 + i) * sizeof p, sizeof p);
+        if ((int64_t)p != first + (int64_t)i)
+            return mk_fail(MK_ERR_POSITIONS_SHAPE, "bundle position %d at row %zu does not continue row %zu's %lld", p,
+                           row0 + i, row0, (long long)first);
+    }
+    return MK_OK;
+}
+
+mk_status mk_bundle_message_check_batch(const Meshkern__V1__TensorBundle *msg, mk_boundary_header *h, size_t cap,
+                                        size_t *n, const uint8_t **residual) {
+    *n = 0;
+    mk_boundary_header all;
+    const uint8_t *positions;
+    MK_TRY(mk_message_common(msg, &all, residual, &positions));
+    if (msg->schema_version == MK_BOUNDARY_SCHEMA_VERSION) {
+        if (msg->n_entries)
+            return mk_fail(MK_ERR_SCHEMA_VERSION, "bundle schema version %u carries %zu entries: entries are version %u's",
+                           MK_BOUNDARY_SCHEMA_VERSION, msg->n_entries, MK_BOUNDARY_BATCH_SCHEMA_VERSION);
+        MK_TRY(mk_positions_continue(positions, 0, all.rows, all.position));
+        h[0] = all;
+        *n = 1;
+        return MK_OK;
+    }
+    if (msg->n_entries == 0)
+        return mk_fail(MK_ERR_MISSING_FIELD, "bundle is missing field entries (schema version %u is a batch)",
+                       MK_BOUNDARY_BATCH_SCHEMA_VERSION);
+    if (msg->n_entries > cap)
+        return mk_fail(MK_ERR_SHAPE, "a batch of %zu entries is more than the %zu this receiver takes", msg->n_entries, cap);
+    if (all.batch != 1)
+        return mk_fail(MK_ERR_SHAPE, "a batch bundle's residual is [1, rows, hidden], not batch %zu", all.batch);
+    if (all.request_id[0] || msg->step)
+        return mk_fail(MK_ERR_SCHEMA_VERSION,
+                       "a batch bundle names its sequences in its entries: request_id '%s' and step %llu are version %u's",
+                       all.request_id, (unsigned long long)msg->step, MK_BOUNDARY_SCHEMA_VERSION);
+    size_t row = 0;
+    for (size_t k = 0; k < msg->n_entries; k++) {
+        const Meshkern__V1__BundleEntry *e = msg->entries[k];
+        const char *id = e->request_id ? e->request_id : "";
+        if (!id[0]) return mk_fail(MK_ERR_MISSING_FIELD, "batch entry %zu is missing field request_id", k);
+        for (size_t j = 0; j < k; j++)
+            if (strcmp(h[j].request_id, id) == 0)
+                return mk_fail(MK_ERR_SHAPE, "request id '%.64s' names batch entries %zu and %zu", id, j, k);
+        if (e->rows == 0 || e->rows > all.rows - row)
+            return mk_fail(MK_ERR_SHAPE, "batch entry %zu (%.64s) carries %llu rows: entries add up to 1 to %zu rows each, "
+                                         "%zu in all", k, id, (unsigned long long)e->rows, all.rows - row, all.rows);
+        MK_TRY(mk_positions_continue(positions, row, (size_t)e->rows, e->position));
+        h[k] = all;
+        MK_TRY(mk_copy_field(h[k].request_id, sizeof h[k].request_id, id, "request_id"));
+        h[k].step = e->step;
+        h[k].position = e->position;
+        h[k].rows = (size_t)e->rows;
+        row += (size_t)e->rows;
+    }
+    if (row != all.rows)
+        return mk_fail(MK_ERR_SHAPE, "batch entries carry %zu rows, the residual %zu", row, all.rows);
+    *n = msg->n_entries;
     return MK_OK;
 }
 

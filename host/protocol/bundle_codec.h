@@ -31,9 +31,21 @@ typedef struct mk_bundle_message {
     Meshkern__V1__Tensor residual, positions;
     Meshkern__V1__Tensor *tensors[1];
     uint64_t residual_shape[3], positions_shape[2];
+    Meshkern__V1__BundleEntry entry[MK_MAX_BATCH_SEQUENCES]; /* schema 2 */
+    Meshkern__V1__BundleEntry *entries[MK_MAX_BATCH_SEQUENCES];
+    mk_boundary_header batch; /* schema 2: the shared fields the message points at */
 } mk_bundle_message;
 mk_status mk_bundle_message_describe(const mk_boundary_header *h, const void *residual, const int32_t *positions,
                                      mk_bundle_message *m);
+/* A batch of n sequences' boundaries as one message: schema 1 when n == 1 (the bytes a
+ * single boundary packs to), else schema 2 with an entry per header, residual
+ * [1, total rows, hidden] and positions [1, total rows] (the rows of h[0], then h[1]...).
+ * The headers must agree on everything but request id, step, position and rows, and each
+ * have rows and (n > 1) a request id of its own: mk_bundle_batch_check, which every seam's
+ * send applies. */
+mk_status mk_bundle_batch_check(const mk_boundary_header *const *h, size_t n);
+mk_status mk_bundle_message_describe_batch(const mk_boundary_header *const *h, size_t n, const void *residual,
+                                           const int32_t *positions, mk_bundle_message *m);
 
 /* Pack m (the payload copied once) into out[mk_bundle_message_size(m)]; returns the
  * length. The bytes equal protobuf-c's pack of m->msg. */
@@ -55,6 +67,10 @@ typedef struct mk_bundle_view {
     uint64_t residual_shape[MK_VIEW_RANK], positions_shape[MK_VIEW_RANK];
     char adapter[MK_VIEW_STRING], boundary_point[MK_VIEW_STRING], digest[MK_VIEW_STRING],
         request_id[MK_VIEW_STRING], residual_name[MK_VIEW_STRING], positions_name[MK_VIEW_STRING];
+    /* schema 2: the first MK_MAX_BATCH_SEQUENCES entries (msg.n_entries counts them all) */
+    Meshkern__V1__BundleEntry entry[MK_MAX_BATCH_SEQUENCES];
+    Meshkern__V1__BundleEntry *entries[MK_MAX_BATCH_SEQUENCES];
+    char entry_id[MK_MAX_BATCH_SEQUENCES][MK_VIEW_STRING];
 } mk_bundle_view;
 
 /* Parse protobuf wire bytes into *view (MK_ERR_WIRE_DECODE on malformed wire format).
@@ -62,8 +78,23 @@ typedef struct mk_bundle_view {
 mk_status mk_bundle_view_parse(const uint8_t *bytes, size_t len, mk_bundle_view *view);
 
 /* A whole received body: parse, check the message, and check that the positions are the
- * header's position + row. *residual points into `bytes` (may be unaligned). */
+ * header's position + row. *residual points into `bytes` (may be unaligned). One sequence
+ * only: a batch of several is refused (mk_bundle_decode_batch takes those). */
 mk_status mk_bundle_decode_body(const uint8_t *bytes, size_t len, mk_boundary_header *h, const uint8_t **residual);
+
+/* A received body of either schema as its entries: h[k] is entry k's header (schema 1: the
+ * one sequence), its rows at *residual + row0 x hidden floats where row0 adds up the rows
+ * of h[0..k). At most cap entries (a batch of more is refused whole, MK_ERR_SHAPE). Every
+ * wire check is made here and refuses the whole message: entries present only in schema 2
+ * and there at least one, each with a request id of its own and at least one row, rows
+ * adding up to the residual's, positions counting up from each entry's position. */
+mk_status mk_bundle_decode_batch(const uint8_t *bytes, size_t len, mk_boundary_header *h, size_t cap, size_t *n,
+                                 const uint8_t **residual);
+/* row0[k]: the first row of entry k in the message (the rows of h[0..k) added up). */
+void mk_bundle_entry_rows(const mk_boundary_header *h, size_t n, size_t *row0);
+/* The same on a message already decoded (protobuf-c or a view). */
+mk_status mk_bundle_message_check_batch(const Meshkern__V1__TensorBundle *msg, mk_boundary_header *h, size_t cap,
+                                        size_t *n, const uint8_t **residual);
 
 #ifdef __cplusplus
 }

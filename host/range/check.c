@@ -56,9 +56,10 @@ mk_status mk_check_header(const mk_range *r, const mk_sequence *seq, const mk_bo
     if (h->normalized)
         return mk_fail(MK_ERR_NORMALIZED_BUNDLE,
                        "boundary bundle is marked normalized: the seam carries the UNNORMALIZED residual stream");
-    if (h->schema_version != MK_BOUNDARY_SCHEMA_VERSION)
-        return mk_fail(MK_ERR_SCHEMA_VERSION, "bundle schema version %u is not the supported version %u",
-                       h->schema_version, MK_BOUNDARY_SCHEMA_VERSION);
+    /* an entry of a batch (schema 2) is one sequence's boundary as much as a schema 1 one */
+    if (h->schema_version != MK_BOUNDARY_SCHEMA_VERSION && h->schema_version != MK_BOUNDARY_BATCH_SCHEMA_VERSION)
+        return mk_fail(MK_ERR_SCHEMA_VERSION, "bundle schema version %u is not a supported version (%u, or %u for a batch)",
+                       h->schema_version, MK_BOUNDARY_SCHEMA_VERSION, MK_BOUNDARY_BATCH_SCHEMA_VERSION);
     if (h->architecture != MK_PROTOCOL_ARCH_DENSE)
         return mk_fail(MK_ERR_ARCHITECTURE_MISMATCH,
                        "bundle architecture type %d is not dense: it is not executable by the dense-llama adapter",

@@ -47,5 +47,5 @@ mk_status mk_frame_header_decode(const uint8_t in[MK_FRAME_HEADER_BYTES], uint64
 }
 
 uint64_t mk_frame_limit(size_t max_rows, size_t hidden) {
-    return (uint64_t)max_rows * hidden * sizeof(float) + (uint64_t)max_rows * sizeof(int32_t) + MK_FRAME_OVERHEAD;
+    return (uint64_t)max_rows * hidden * sizeof(float) + (uint64_t)max_rows * sizeof(int32_t) + MK_FRAME_BATCH_OVERHEAD;
 }

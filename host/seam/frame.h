@@ -18,8 +18,11 @@
 #define MK_FRAME_MAGIC 0x46534b4du /* "MKSF" read as little-endian */
 #define MK_FRAME_VERSION 1u
 #define MK_FRAME_HEADER_BYTES 16u
-/* Bytes a TensorBundle needs beyond its two arrays (strings, shapes, tags): generous. */
+/* Bytes a TensorBundle needs beyond its two arrays (strings, shapes, tags): generous; and
+ * a batch's entries at most (request id of 63 bytes, three varints and tags each). */
 #define MK_FRAME_OVERHEAD 1024u
+#define MK_FRAME_ENTRY_BYTES 128u
+#define MK_FRAME_BATCH_OVERHEAD (MK_FRAME_OVERHEAD + MK_MAX_BATCH_SEQUENCES * MK_FRAME_ENTRY_BYTES)
 #define MK_FRAME_ALIGN 64u
 
 void mk_frame_header_encode(uint8_t out[MK_FRAME_HEADER_BYTES], uint64_t length, unsigned align);

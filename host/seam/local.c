@@ -8,28 +8,35 @@
 
 typedef struct mk_local_link {
     int refs;                  /* both ends share the link */
-    const mk_boundary *posted; /* the sender's boundary, until received */
+    /* the sender's boundaries, until received (their headers) and copied (each payload) */
+    const mk_boundary *posted[MK_MAX_BATCH_SEQUENCES];
+    size_t n_posted;
 } mk_local_link;
 
-static mk_status local_send(mk_seam *s, const mk_boundary *b) {
+static mk_status local_send(mk_seam *s, const mk_boundary *const *b, size_t n) {
     mk_local_link *link = s->impl;
-    link->posted = b;
+    for (size_t k = 0; k < n; k++) link->posted[k] = b[k];
+    link->n_posted = n;
     return MK_OK;
 }
 
 static mk_status local_send_wait(mk_seam *s) { return MK_OK; }
 
-static mk_status local_recv_header(mk_seam *s, mk_boundary_header *h) {
+static mk_status local_recv_header(mk_seam *s, mk_boundary_header *h, size_t cap, size_t *n) {
     mk_local_link *link = s->impl;
-    if (!link->posted) return mk_fail(MK_ERR_INVALID_ARGUMENT, "local seam: nothing was sent");
-    *h = link->posted->h;
+    const size_t posted = link->n_posted;
+    link->n_posted = 0; /* each send is received once */
+    if (posted == 0) return mk_fail(MK_ERR_INVALID_ARGUMENT, "local seam: nothing was sent");
+    if (posted > cap)
+        return mk_fail(MK_ERR_SHAPE, "a batch of %zu entries is more than the %zu this receiver takes", posted, cap);
+    for (size_t k = 0; k < posted; k++) h[k] = link->posted[k]->h;
+    *n = posted;
     return MK_OK;
 }
 
-static mk_status local_recv_payload(mk_seam *s, mk_boundary *into) {
+static mk_status local_recv_payload(mk_seam *s, size_t k, mk_boundary *into) {
     mk_local_link *link = s->impl;
-    const mk_boundary *from = link->posted;
-    link->posted = NULL;
+    const mk_boundary *from = link->posted[k];
     const size_t bytes = from->h.rows * from->h.hidden * sizeof(float);
     mk_backend *dst = mk_range_backend(into->range), *src = mk_range_backend(from->range);
     MK_TRY(dst->ops->copy_from_peer(dst, into->payload, src, from->payload, bytes));

@@ -8,6 +8,7 @@
 
 #include "core/options.h"
 #include "net/io.h"
+#include "protocol/bundle_codec.h"
 #include "mk_error.h"
 #include "seam/seam.h"
 
@@ -268,16 +269,35 @@ mk_status mk_seam_connect(const mk_seam_options *given, mk_range *sender, mk_sea
 
 /* ========================================================== send and receive == */
 
-mk_status mk_seam_send(mk_seam *s, const mk_boundary *b) {
+mk_status mk_seam_send_batch(mk_seam *s, const mk_boundary *const *b, size_t n) {
     mk_clear_error();
     if (!s || !b) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_seam_send: NULL argument");
     if (!s->sender) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_seam_send: this is a receiving end");
-    if (b->range != s->range) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_seam_send: the boundary is not this range's");
-    if (b->h.rows == 0) return mk_fail(MK_ERR_EMPTY_INPUT, "mk_seam_send: the boundary is empty");
+    if (n == 0 || n > MK_MAX_BATCH_SEQUENCES)
+        return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_seam_send: a batch carries 1 to %d boundaries, not %zu",
+                       MK_MAX_BATCH_SEQUENCES, n);
+    const mk_boundary_header *h[MK_MAX_BATCH_SEQUENCES];
+    size_t rows = 0;
+    for (size_t k = 0; k < n; k++) {
+        if (!b[k]) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_seam_send: boundary %zu is NULL", k);
+        if (b[k]->range != s->range) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_seam_send: the boundary is not this range's");
+        if (b[k]->h.rows == 0) return mk_fail(MK_ERR_EMPTY_INPUT, "mk_seam_send: the boundary is empty");
+        h[k] = &b[k]->h;
+        rows += b[k]->h.rows;
+    }
+    MK_TRY(mk_bundle_batch_check(h, n));
+    /* The receiver takes at most its own max_batch_tokens rows a message (as this range does). */
+    if (rows > mk_range_max_rows(s->range))
+        return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_seam_send: a batch of %zu rows exceeds max_batch_tokens %zu", rows,
+                       mk_range_max_rows(s->range));
     const double t0 = mk_seconds();
-    const mk_status st = s->ops->send(s, b);
+    const mk_status st = s->ops->send(s, b, n);
     s->seconds += mk_seconds() - t0;
     return st;
+}
+
+mk_status mk_seam_send(mk_seam *s, const mk_boundary *b) {
+    return mk_seam_send_batch(s, &b, 1);
 }
 
 mk_status mk_seam_send_wait(mk_seam *s) {
@@ -301,51 +321,141 @@ static mk_status seam_contract(void *user, const mk_boundary_header *h, const mk
     return MK_OK;
 }
 
-/* The receiver's contract as the transports call it (header only), noting the sequence. */
-typedef struct seam_noted {
-    mk_seam_contract contract;
+/* One entry's contract, run by the transports that receive header and payload together. */
+typedef struct seam_noted_entry {
+    mk_seam_entry_contract contract;
     void *user;
     const mk_sequence *seq;
-} seam_noted;
+} seam_noted_entry;
 
-static mk_status seam_noted_check(void *user, const mk_boundary_header *h) {
-    seam_noted *n = user;
+static mk_status seam_noted_entry_check(void *user, const mk_boundary_header *h) {
+    seam_noted_entry *n = user;
     n->seq = NULL;
-    return n->contract(n->user, h, &n->seq);
+    return n->contract(n->user, 0, h, &n->seq);
 }
 
-/* The receive path: the contract on the header, then the payload. The stage runtime passes
- * a contract that also picks the sequence the header's request id names. */
-mk_status mk_seam_recv_with(mk_seam *s, mk_seam_contract contract, void *user, mk_boundary *into) {
+static void seam_stamp(mk_boundary *into, const mk_sequence *seq) {
+    if (!seq) return;
+    into->checked_seq = seq;
+    into->checked_length = mk_sequence_length(seq);
+}
+
+/* The receive path: the contract on each entry's header, then its payload. The stage
+ * runtime passes a contract that also picks the sequence the header's request id names. */
+mk_status mk_seam_recv_batch_with(mk_seam *s, mk_seam_entry_contract contract, void *user, mk_boundary *const *into,
+                                  size_t cap, size_t *n, mk_status *entry_status, char (*errors)[MK_SEAM_ENTRY_ERROR]) {
+    *n = 0;
     if (s->sender) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_seam_recv: this is a sending end");
-    if (into->range != s->range) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_seam_recv: the boundary is not this range's");
+    if (cap == 0 || cap > MK_MAX_BATCH_SEQUENCES)
+        return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_seam_recv: room for 1 to %d boundaries, not %zu",
+                       MK_MAX_BATCH_SEQUENCES, cap);
+    for (size_t k = 0; k < cap; k++) {
+        if (!into[k] || into[k]->range != s->range)
+            return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_seam_recv: boundary %zu is not this range's", k);
+        into[k]->h.rows = 0;
+        into[k]->checked_seq = NULL;
+    }
     const double t0 = mk_seconds();
-    into->h.rows = 0;
-    into->checked_seq = NULL;
-    seam_noted noted = {contract, user, NULL};
     mk_status st;
     if (s->ops->recv_checked) {
-        /* The transport takes header and payload in one exchange; the contract still runs
-         * here, on the header, before the transport posts the payload receive. */
-        st = s->ops->recv_checked(s, seam_noted_check, &noted, into);
-        if (st != MK_OK) into->h.rows = 0;
-    } else {
-        mk_boundary_header h;
-        st = s->ops->recv_header(s, &h);
-        /* The contract, once, on the header: nothing of the payload is accepted before. */
-        if (st == MK_OK) st = seam_noted_check(&noted, &h);
+        /* The transport takes header and payload in one exchange (one entry); the contract
+         * still runs here, on the header, before the transport posts the payload receive. */
+        seam_noted_entry noted = {contract, user, NULL};
+        st = s->ops->recv_checked(s, seam_noted_entry_check, &noted, into[0]);
         if (st == MK_OK) {
-            into->h = h;
-            st = s->ops->recv_payload(s, into);
-            if (st != MK_OK) into->h.rows = 0;
+            *n = 1;
+            entry_status[0] = MK_OK;
+            seam_stamp(into[0], noted.seq);
+        } else {
+            into[0]->h.rows = 0;
+        }
+        s->seconds += mk_seconds() - t0;
+        return st;
+    }
+    mk_boundary_header h[MK_MAX_BATCH_SEQUENCES];
+    size_t got = 0;
+    st = s->ops->recv_header(s, h, cap, &got);
+    if (st != MK_OK) {
+        s->seconds += mk_seconds() - t0;
+        return st;
+    }
+    /* Each entry on its own: the contract once on its header (nothing of its payload is
+     * accepted before), then its payload. A refused entry leaves the others standing. */
+    for (size_t k = 0; k < got; k++) {
+        const mk_sequence *seq = NULL;
+        mk_clear_error();
+        mk_status e = contract(user, k, &h[k], &seq);
+        if (e == MK_OK) {
+            into[k]->h = h[k];
+            e = s->ops->recv_payload(s, k, into[k]);
+        }
+        entry_status[k] = e;
+        if (e != MK_OK) {
+            into[k]->h.rows = 0;
+            if (errors) snprintf(errors[k], MK_SEAM_ENTRY_ERROR, "%s", mk_last_error());
+        } else {
+            seam_stamp(into[k], seq);
         }
     }
-    if (st == MK_OK && noted.seq) {
-        into->checked_seq = noted.seq;
-        into->checked_length = mk_sequence_length(noted.seq);
-    }
+    *n = got;
     s->seconds += mk_seconds() - t0;
-    return st;
+    return MK_OK;
+}
+
+/* The single-sequence receive as a batch of room 1: the entry's own failure is the call's. */
+typedef struct seam_single {
+    mk_seam_contract contract;
+    void *user;
+} seam_single;
+
+static mk_status seam_single_check(void *user, size_t k, const mk_boundary_header *h, const mk_sequence **checked_for) {
+    (void)k;
+    const seam_single *a = user;
+    return a->contract(a->user, h, checked_for);
+}
+
+mk_status mk_seam_recv_with(mk_seam *s, mk_seam_contract contract, void *user, mk_boundary *into) {
+    if (into->range != s->range) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_seam_recv: the boundary is not this range's");
+    seam_single single = {contract, user};
+    size_t n = 0;
+    mk_status entry = MK_OK;
+    char error[1][MK_SEAM_ENTRY_ERROR];
+    MK_TRY(mk_seam_recv_batch_with(s, seam_single_check, &single, &into, 1, &n, &entry, error));
+    if (entry != MK_OK) return mk_fail(entry, "%s", error[0]);
+    return MK_OK;
+}
+
+typedef struct seam_route_args {
+    const mk_range *range;
+    mk_seam_route route;
+    void *user;
+} seam_route_args;
+
+static mk_status seam_route_contract(void *user, size_t k, const mk_boundary_header *h, const mk_sequence **checked_for) {
+    const seam_route_args *a = user;
+    const mk_sequence *seq = a->route(a->user, h);
+    if (!seq) return mk_fail(MK_ERR_INVALID_ARGUMENT, "batch entry %zu: no sequence for request id '%.64s'", k, h->request_id);
+    MK_TRY(mk_range_check_boundary(a->range, seq, h));
+    *checked_for = seq;
+    return MK_OK;
+}
+
+mk_status mk_seam_recv_batch(mk_seam *s, mk_seam_route route, void *user, mk_boundary *const *into, size_t capacity,
+                             size_t *n_received, mk_status *entry_status) {
+    mk_clear_error();
+    if (!s || !route || !into || !n_received || !entry_status)
+        return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_seam_recv_batch: NULL argument");
+    *n_received = 0;
+    seam_route_args args = {s->range, route, user};
+    char errors[MK_MAX_BATCH_SEQUENCES][MK_SEAM_ENTRY_ERROR];
+    MK_TRY(mk_seam_recv_batch_with(s, seam_route_contract, &args, into, capacity, n_received, entry_status, errors));
+    mk_clear_error();
+    for (size_t k = 0; k < *n_received; k++)
+        if (entry_status[k] != MK_OK) {
+            (void)mk_fail(entry_status[k], "%s", errors[k]); /* the first refused entry's reason */
+            break;
+        }
+    return MK_OK;
 }
 
 mk_status mk_seam_recv(mk_seam *s, const mk_sequence *seq, mk_boundary *into) {

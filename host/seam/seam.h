@@ -16,13 +16,18 @@ typedef mk_status (*mk_seam_check)(void *user, const mk_boundary_header *h);
 
 typedef struct mk_seam_ops {
     const char *name;
-    mk_status (*send)(mk_seam *s, const mk_boundary *b);
+    /* One message carrying the boundaries of n >= 1 sequences (seam.c checked them:
+     * mk_bundle_batch_check). A transport that carries one per message refuses n > 1. */
+    mk_status (*send)(mk_seam *s, const mk_boundary *const *b, size_t n);
     mk_status (*send_wait)(mk_seam *s);
-    mk_status (*recv_header)(mk_seam *s, mk_boundary_header *h);
-    mk_status (*recv_payload)(mk_seam *s, mk_boundary *into);
-    /* Instead of the two steps above, where header and payload are one exchange (NCCL):
-     * receive the header, run check(user, header) and only if it passes receive the
-     * payload into `into` and set into->h. */
+    /* The next message, read whole: its entries' headers h[0..*n), at most cap (a message of
+     * more is refused whole). Nothing of a payload is accepted yet. */
+    mk_status (*recv_header)(mk_seam *s, mk_boundary_header *h, size_t cap, size_t *n);
+    /* Entry k's rows of that message into `into` (into->h: entry k's accepted header). */
+    mk_status (*recv_payload)(mk_seam *s, size_t k, mk_boundary *into);
+    /* Instead of the two steps above, where header and payload are one exchange (NCCL, one
+     * sequence per message): receive the header, run check(user, header) and only if it
+     * passes receive the payload into `into` and set into->h. */
     mk_status (*recv_checked)(mk_seam *s, mk_seam_check check, void *user, mk_boundary *into);
     void (*destroy)(mk_seam *s);
 } mk_seam_ops;
@@ -69,8 +74,21 @@ mk_status mk_seam_nccl_end_with_id(const mk_seam_options *opt, const unsigned ch
 typedef mk_status (*mk_seam_contract)(void *user, const mk_boundary_header *h, const mk_sequence **checked_for);
 /* mk_seam_recv with the contract (and, for the stage runtime, the choice of sequence) in
  * contract(user, header, &seq), run before any payload is accepted. A boundary received
- * whole carries the stamp (seq, its length). */
+ * whole carries the stamp (seq, its length). A batch message of several entries is
+ * refused (mk_seam_recv_batch_with takes those). */
 mk_status mk_seam_recv_with(mk_seam *s, mk_seam_contract contract, void *user, mk_boundary *into);
+
+/* The receive of a message of one or more entries (a batch): the contract runs on each
+ * entry's header (contract(user, k, header, &seq)) before its payload is accepted into
+ * into[k]. An entry refused (by the contract, or a payload with NaN/Inf) fails alone:
+ * entry_status[k] and errors[k] (NULL: not kept) say why, into[k] stays empty, and the
+ * others are received. The return is a failure only where the message itself could not
+ * be read or is malformed (then *n is 0 and nothing was accepted). */
+#define MK_SEAM_ENTRY_ERROR 256
+typedef mk_status (*mk_seam_entry_contract)(void *user, size_t k, const mk_boundary_header *h,
+                                            const mk_sequence **checked_for);
+mk_status mk_seam_recv_batch_with(mk_seam *s, mk_seam_entry_contract contract, void *user, mk_boundary *const *into,
+                                  size_t cap, size_t *n, mk_status *entry_status, char (*errors)[MK_SEAM_ENTRY_ERROR]);
 /* Stream ends: the connected fd (to poll before a receive; -1 for other transports), and
  * raw bytes written on it (fault injection only: a frame that is not one). */
 int mk_seam_stream_fd(const mk_seam *s);

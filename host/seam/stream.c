@@ -1,5 +1,6 @@
-/* The stream transport: a boundary as one framed TensorBundle over a Unix or TCP socket,
- * optionally inside TLS 1.3.
+/* The stream transport: a boundary, or a batch of several sequences' boundaries, as one
+ * framed TensorBundle (schema 1, or 2 with an entry per sequence) over a Unix or TCP
+ * socket, optionally inside TLS 1.3.
  *
  * Send (calling thread): device -> pinned staging (async copy on the range's stream, then
  * a wait), positions from the header, TensorBundle packed straight from the staging
@@ -50,6 +51,8 @@ typedef struct mk_stream {
     uint8_t *body;        /* pinned [limit] */
     uint64_t limit;
     const uint8_t *residual; /* into body, after recv_header */
+    size_t row0[MK_MAX_BATCH_SEQUENCES]; /* each entry's first row in it */
+    size_t hidden;
     /* a failure that left the stream out of step */
     mk_status broken;
     char broken_error[512];
@@ -114,19 +117,28 @@ static mk_status stream_send_wait(mk_seam *s) {
 
 /* ================================================================== send == */
 
-static mk_status stream_send(mk_seam *s, const mk_boundary *b) {
+static mk_status stream_send(mk_seam *s, const mk_boundary *const *b, size_t n) {
     mk_stream *st = s->impl;
     MK_TRY(stream_send_wait(s)); /* one frame buffer: the previous write must be done */
-    const size_t rows = b->h.rows, payload = rows * b->h.hidden * sizeof(float);
-    const void *residual = b->payload; /* host memory already on the cpu backend */
-    if (!st->backend->ops->host_addressable) {
-        MK_TRY(st->backend->ops->download_async(st->backend, st->staging, b->payload, payload));
-        residual = st->staging;
+    /* One sequence on a host backend packs straight from its buffer; anything else is
+     * gathered into the pinned staging buffer, the entries' rows one after another. */
+    const void *residual = b[0]->payload;
+    const bool gather = n > 1 || !st->backend->ops->host_addressable;
+    const mk_boundary_header *h[MK_MAX_BATCH_SEQUENCES];
+    size_t row = 0;
+    for (size_t k = 0; k < n; k++) {
+        const size_t hidden = b[k]->h.hidden, bytes = b[k]->h.rows * hidden * sizeof(float);
+        if (gather)
+            MK_TRY(st->backend->ops->download_async(st->backend, (char *)st->staging + row * hidden * sizeof(float),
+                                                    b[k]->payload, bytes));
+        for (size_t i = 0; i < b[k]->h.rows; i++) st->positions[row + i] = (int32_t)(b[k]->h.position + (int64_t)i);
+        row += b[k]->h.rows;
+        h[k] = &b[k]->h;
     }
+    if (gather) residual = st->staging;
     MK_TRY(st->backend->ops->synchronize(st->backend)); /* the residual is complete */
-    for (size_t i = 0; i < rows; i++) st->positions[i] = (int32_t)(b->h.position + (int64_t)i);
     mk_bundle_message m;
-    MK_TRY(mk_bundle_message_describe(&b->h, residual, st->positions, &m));
+    MK_TRY(mk_bundle_message_describe_batch(h, n, residual, st->positions, &m));
     const size_t len = mk_bundle_message_size(&m);
     if (len + MK_FRAME_HEADER_BYTES + MK_FRAME_ALIGN > st->frame_cap)
         return mk_fail(MK_ERR_INTERNAL, "stream seam: a frame of %zu bytes exceeds the %zu-byte frame buffer", len,
@@ -159,7 +171,7 @@ static mk_status stream_send(mk_seam *s, const mk_boundary *b) {
 
 /* =============================================================== receive == */
 
-static mk_status stream_recv_header(mk_seam *s, mk_boundary_header *h) {
+static mk_status stream_recv_header(mk_seam *s, mk_boundary_header *h, size_t cap, size_t *n) {
     mk_stream *st = s->impl;
     MK_TRY(mk_stream_check_broken(st));
     st->residual = NULL;
@@ -174,17 +186,21 @@ static mk_status stream_recv_header(mk_seam *s, mk_boundary_header *h) {
     if (r != MK_OK) return mk_stream_break(st, r);
     s->bytes += MK_FRAME_HEADER_BYTES + (size_t)len;
     /* The frame was read whole: a refused boundary leaves the stream in step. */
-    return mk_bundle_decode_body(body, (size_t)len, h, &st->residual);
+    MK_TRY(mk_bundle_decode_batch(body, (size_t)len, h, cap, n, &st->residual));
+    mk_bundle_entry_rows(h, *n, st->row0);
+    st->hidden = h[0].hidden;
+    return MK_OK;
 }
 
-static mk_status stream_recv_payload(mk_seam *s, mk_boundary *into) {
+static mk_status stream_recv_payload(mk_seam *s, size_t k, mk_boundary *into) {
     mk_stream *st = s->impl;
-    const mk_boundary_header *h = &into->h; /* seam.c put the accepted header there */
+    const mk_boundary_header *h = &into->h; /* seam.c put entry k's accepted header there */
     const size_t n = h->rows * h->hidden;
+    const uint8_t *rows = st->residual + st->row0[k] * st->hidden * sizeof(float);
     size_t bad = 0;
-    if (mk_floats_nonfinite(st->residual, n, &bad))
+    if (mk_floats_nonfinite(rows, n, &bad))
         return mk_fail(MK_ERR_NONFINITE, "boundary residual value %zu (row %zu) is NaN or infinite", bad, bad / h->hidden);
-    MK_TRY(st->backend->ops->upload_async(st->backend, into->payload, st->residual, n * sizeof(float)));
+    MK_TRY(st->backend->ops->upload_async(st->backend, into->payload, rows, n * sizeof(float)));
     /* The body buffer is the next frame's: the upload out of it must be complete. */
     return st->backend->ops->synchronize(st->backend);
 }
@@ -245,8 +261,8 @@ static mk_status mk_stream_init(mk_seam *s, int fd, bool tls_server) {
         st->frame_cap = (size_t)limit + MK_FRAME_HEADER_BYTES + MK_FRAME_ALIGN;
         st->positions = malloc(rows * sizeof(int32_t));
         if (!st->positions) return mk_fail(MK_ERR_OUT_OF_MEMORY, "stream seam: out of memory");
-        if (!st->backend->ops->host_addressable)
-            MK_TRY(st->backend->ops->host_alloc(st->backend, rows * hidden * sizeof(float), &st->staging));
+        /* a batch is gathered here even on a host backend */
+        MK_TRY(st->backend->ops->host_alloc(st->backend, rows * hidden * sizeof(float), &st->staging));
         MK_TRY(st->backend->ops->host_alloc(st->backend, st->frame_cap, (void **)&st->frame));
     } else {
         st->limit = limit; /* the receiver's own limit, never the sender's word */

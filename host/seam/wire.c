@@ -19,21 +19,31 @@ typedef struct mk_wire_link {
     size_t len, cap;
     bool sent;
     const uint8_t *residual; /* into bytes, after recv_header */
+    size_t row0[MK_MAX_BATCH_SEQUENCES]; /* each entry's first row in it */
+    size_t hidden;
 } mk_wire_link;
 
-static mk_status wire_send(mk_seam *s, const mk_boundary *b) {
+static mk_status wire_send(mk_seam *s, const mk_boundary *const *b, size_t n) {
     mk_wire_link *link = s->impl;
-    mk_backend *be = mk_range_backend(b->range);
-    const size_t payload = b->h.rows * b->h.hidden * sizeof(float);
-    const void *residual = b->payload;
-    if (!be->ops->host_addressable) {
-        MK_TRY(be->ops->download_async(be, link->staging, b->payload, payload));
-        residual = link->staging;
+    mk_backend *be = mk_range_backend(s->range);
+    const mk_boundary_header *h[MK_MAX_BATCH_SEQUENCES];
+    /* One sequence on a host backend packs straight from its buffer; anything else is
+     * gathered into the staging buffer, the entries' rows one after another. */
+    const void *residual = b[0]->payload;
+    const bool gather = n > 1 || !be->ops->host_addressable;
+    size_t row = 0;
+    for (size_t k = 0; k < n; k++) {
+        const size_t bytes = b[k]->h.rows * b[k]->h.hidden * sizeof(float);
+        if (gather) MK_TRY(be->ops->download_async(be, (char *)link->staging + row * b[k]->h.hidden * sizeof(float),
+                                                  b[k]->payload, bytes));
+        for (size_t i = 0; i < b[k]->h.rows; i++) link->positions[row + i] = (int32_t)(b[k]->h.position + (int64_t)i);
+        row += b[k]->h.rows;
+        h[k] = &b[k]->h;
     }
+    if (gather) residual = link->staging;
     MK_TRY(be->ops->synchronize(be));
-    for (size_t i = 0; i < b->h.rows; i++) link->positions[i] = (int32_t)(b->h.position + (int64_t)i);
     mk_bundle_message m;
-    MK_TRY(mk_bundle_message_describe(&b->h, residual, link->positions, &m));
+    MK_TRY(mk_bundle_message_describe_batch(h, n, residual, link->positions, &m));
     const size_t len = mk_bundle_message_size(&m);
     if (len + MK_FRAME_ALIGN > link->cap) {
         const size_t cap = (len + 2 * MK_FRAME_ALIGN) & ~(size_t)(MK_FRAME_ALIGN - 1);
@@ -52,24 +62,28 @@ static mk_status wire_send(mk_seam *s, const mk_boundary *b) {
 
 static mk_status wire_send_wait(mk_seam *s) { return MK_OK; }
 
-static mk_status wire_recv_header(mk_seam *s, mk_boundary_header *h) {
+static mk_status wire_recv_header(mk_seam *s, mk_boundary_header *h, size_t cap, size_t *n) {
     mk_wire_link *link = s->impl;
     link->residual = NULL;
     if (!link->sent) return mk_fail(MK_ERR_INVALID_ARGUMENT, "wire seam: nothing was sent");
     link->sent = false;
     s->bytes += link->len;
-    return mk_bundle_decode_body(link->message, link->len, h, &link->residual);
+    MK_TRY(mk_bundle_decode_batch(link->message, link->len, h, cap, n, &link->residual));
+    mk_bundle_entry_rows(h, *n, link->row0);
+    link->hidden = h[0].hidden;
+    return MK_OK;
 }
 
-static mk_status wire_recv_payload(mk_seam *s, mk_boundary *into) {
+static mk_status wire_recv_payload(mk_seam *s, size_t k, mk_boundary *into) {
     mk_wire_link *link = s->impl;
     const size_t n = into->h.rows * into->h.hidden;
+    const uint8_t *rows = link->residual + link->row0[k] * link->hidden * sizeof(float);
     size_t bad = 0;
-    if (mk_floats_nonfinite(link->residual, n, &bad))
+    if (mk_floats_nonfinite(rows, n, &bad))
         return mk_fail(MK_ERR_NONFINITE, "boundary residual value %zu (row %zu) is NaN or infinite", bad,
                        bad / into->h.hidden);
     mk_backend *be = mk_range_backend(into->range);
-    return be->ops->upload(be, into->payload, link->residual, n * sizeof(float));
+    return be->ops->upload(be, into->payload, rows, n * sizeof(float));
 }
 
 static void wire_destroy(mk_seam *s) {
@@ -105,6 +119,6 @@ mk_status mk_seam_wire_pair(mk_seam *tx, mk_seam *rx) {
     mk_backend *be = mk_range_backend(tx->range);
     link->positions = malloc(rows * sizeof(int32_t));
     if (!link->positions) return mk_fail(MK_ERR_OUT_OF_MEMORY, "wire seam: out of memory");
-    if (be->ops->host_addressable) return MK_OK;
+    /* a batch is gathered here even on a host backend */
     return be->ops->host_alloc(be, rows * hidden * sizeof(float), &link->staging);
 }

@@ -250,6 +250,34 @@ TEST(NcclSeamFaults, HeaderForAnotherLayerIsRefusedByTheContract) {
     expect_refused_then_dead(h, MK_ERR_SEAM_MISMATCH, "");
 }
 
+// A batch of several sequences is one message on the host transports; the nccl seam
+// carries one sequence per exchange and says so before posting anything, and still
+// carries the single boundary after.
+TEST(NcclSeamFaults, ABatchOfSeveralIsRefusedBeforeAnythingIsPosted) {
+    need_sim_devices(2);
+    const ModelCase c = model_cases()[0];
+    ModelPtr m = make_random_model(c.hp);
+    Hop h(m.get(), 1, m.get(), 2);
+    ASSERT_EQ(h.head_forward({3, 9}), MK_OK) << mk_last_error();
+    mk_boundary *b = nullptr;
+    ASSERT_EQ(mk_boundary_create(h.head.get(), &b), MK_OK);
+    BoundaryPtr second(b);
+    mk_sequence *s = nullptr;
+    ASSERT_EQ(mk_sequence_open(h.head.get(), &s), MK_OK);
+    SequencePtr other(s);
+    const std::vector<int32_t> one = {5};
+    ASSERT_EQ(mk_range_forward_boundary(h.head.get(), s, one.data(), 1, nullptr, nullptr, b, nullptr), MK_OK);
+    snprintf(h.out->h.request_id, sizeof h.out->h.request_id, "a");
+    snprintf(b->h.request_id, sizeof b->h.request_id, "b");
+    const mk_boundary *both[2] = {h.out.get(), b};
+    EXPECT_ERROR(mk_seam_send_batch(h.tx.get(), both, 2), MK_ERR_UNSUPPORTED, "one sequence per message");
+    EXPECT_EQ(mk_seam_bytes(h.tx.get()), 0u);
+    ASSERT_EQ(mk_seam_send_batch(h.tx.get(), both, 1), MK_OK) << mk_last_error();
+    ASSERT_EQ(mk_seam_recv(h.rx.get(), h.ts.get(), h.in.get()), MK_OK) << mk_last_error();
+    EXPECT_EQ(mk_boundary_header_of(h.in.get())->rows, 2u);
+    EXPECT_EQ(mk_seam_send_wait(h.tx.get()), MK_OK) << mk_last_error();
+}
+
 // ===================================================== lying and dying peers ==
 
 // The receiving end: a tail range on device 1 behind an NCCL listener (the id file).

@@ -136,7 +136,12 @@ static void restore_device(int d) {
     if (cudaSetDevice(d) != cudaSuccess) (void)cudaGetLastError();
 }
 
-static mk_status nccl_send(mk_seam *s, const mk_boundary *b) {
+static mk_status nccl_send(mk_seam *s, const mk_boundary *const *batch, size_t n) {
+    /* One header block and one payload per exchange: a batch would need a receive posted
+     * per entry into buffers the header names, which the exchange does not have. */
+    if (n != 1)
+        return mk_fail(MK_ERR_UNSUPPORTED, "nccl seam: one sequence per message; send the %zu boundaries one by one", n);
+    const mk_boundary *b = batch[0];
     unsigned char header[MK_NCCL_BOUNDARY_HEADER_BYTES];
     mk_nccl_header_encode(&b->h, header);
     const size_t bytes = b->h.batch * b->h.rows * b->h.hidden * sizeof(float);
@@ -157,14 +162,17 @@ static mk_status nccl_send_wait(mk_seam *s) {
     return st;
 }
 
-static mk_status nccl_recv_header(mk_seam *s, mk_boundary_header *h) {
+static mk_status nccl_recv_header(mk_seam *s, mk_boundary_header *h, size_t cap, size_t *n) {
     (void)s;
     (void)h;
+    (void)cap;
+    (void)n;
     return mk_fail(MK_ERR_INTERNAL, "nccl seam: header and payload are received together");
 }
 
-static mk_status nccl_recv_payload(mk_seam *s, mk_boundary *into) {
+static mk_status nccl_recv_payload(mk_seam *s, size_t k, mk_boundary *into) {
     (void)s;
+    (void)k;
     (void)into;
     return mk_fail(MK_ERR_INTERNAL, "nccl seam: header and payload are received together");
 }
