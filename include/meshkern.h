@@ -1031,6 +1031,7 @@ typedef struct mk_stage_live_stats {
     double busy_seconds;
     uint64_t bytes_sent;
     uint64_t forwards;
+    uint64_t messages_sent; /* seam messages those steps' boundaries went out in (a batch is one) */
 } mk_stage_live_stats;
 MK_API mk_status mk_stage_live(const mk_stage *stage, mk_stage_live_stats *out);
 

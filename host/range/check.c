@@ -50,8 +50,7 @@ mk_status mk_range_check_boundary(const mk_range *r, const mk_sequence *seq, con
     return mk_check_header(r, seq, h);
 }
 
-mk_status mk_check_header(const mk_range *r, const mk_sequence *seq, const mk_boundary_header *h) {
-    if (seq->range != r) return mk_fail(MK_ERR_INVALID_ARGUMENT, "sequence belongs to another range");
+mk_status mk_range_check_boundary_shared(const mk_range *r, const mk_boundary_header *h) {
     MK_TRY(mk_check_input_kind(r, NULL, 0, true));
     if (h->normalized)
         return mk_fail(MK_ERR_NORMALIZED_BUNDLE,
@@ -84,6 +83,13 @@ mk_status mk_check_header(const mk_range *r, const mk_sequence *seq, const mk_bo
     if (h->batch != 1) return mk_fail(MK_ERR_SHAPE, "bundle batch %zu: a sequence carries batch 1", h->batch);
     if (h->dtype != MK_DTYPE_F32)
         return mk_fail(MK_ERR_DTYPE, "bundle residual dtype %s is not f32", mk_dtype_name(h->dtype));
+    return MK_OK;
+}
+
+/* The shared part, then what is the sequence's own: its rows and where they start. */
+mk_status mk_check_header(const mk_range *r, const mk_sequence *seq, const mk_boundary_header *h) {
+    if (seq->range != r) return mk_fail(MK_ERR_INVALID_ARGUMENT, "sequence belongs to another range");
+    MK_TRY(mk_range_check_boundary_shared(r, h));
     if (h->rows == 0) return mk_fail(MK_ERR_EMPTY_INPUT, "bundle carries no rows");
     if (h->position < 0 || (size_t)h->position != seq->length)
         return mk_fail(MK_ERR_POSITIONS_SHAPE,

@@ -37,6 +37,12 @@ const mk_backend_counters *mk_range_backend_counters(const mk_range *r);
  * The admission rules' refusal of a request no pool could ever take (never a wait). */
 mk_status mk_range_kv_fits(const mk_range *r, size_t positions);
 
+/* The part of the boundary contract (mk_range_check_boundary) that every entry of a batch
+ * message shares, checked without a sequence: role, normalized flag, schema, architecture,
+ * adapter, tensor name, boundary point, next_layer, recipe digest, hidden width, dtype. A
+ * failure here is the sending rank's (another model or cut), not one sequence's. */
+mk_status mk_range_check_boundary_shared(const mk_range *r, const mk_boundary_header *h);
+
 /* Switch the per-op-family timing of the range's forwards on or off; either way the
  * figures so far are reset. Internal, for benchmarks. */
 void mk_range_profile(mk_range *r, bool on);

@@ -43,8 +43,10 @@ typedef enum mk_ctl_type {
                                 (rank 0 takes the step's results together into its next step) */
     MK_CTL_FINISHED = 13,    /* 0 -> rank: "request-id": that request is over; its KV blocks go
                                 back to the rank's pool now (its last boundary has passed every rank) */
+    MK_CTL_REFUSED = 14,     /* rank -> 0: "status request-id message": this rank's contract refused that
+                                request's entry of a batch (its position, rows or id lied); it fails alone */
 } mk_ctl_type;
-#define MK_CTL_LAST MK_CTL_FINISHED
+#define MK_CTL_LAST MK_CTL_REFUSED
 
 mk_status mk_ctl_send(mk_io *io, mk_ctl_type type, const void *body, size_t len, int64_t deadline);
 /* The next message from `peer` (named in errors, e.g. "rank 2"); body[MK_CTL_MAX_BODY + 1]
@@ -93,6 +95,7 @@ typedef enum mk_fault_kind {
     MK_FAULT_OTHER_DIGEST,   /* sends a boundary (or result) of another recipe digest */
     MK_FAULT_OTHER_LAYER,    /* sends a boundary cut before another layer */
     MK_FAULT_BUSY,           /* computes 3 deadlines longer at that step (alive, not silent) */
+    MK_FAULT_LYING_ENTRY,    /* sends its step-th boundary with a position one past its sequence's */
     MK_FAULT_LATE_FINISHED,  /* rank 0, from that step on: each FINISHED goes out 100 ms after
                                 the next step's boundaries (the next request's prefill overtakes it) */
 } mk_fault_kind;
@@ -178,7 +181,7 @@ struct mk_stage {
     uint64_t beats;               /* BUSY messages sent */
     /* rank 0's live figures (mk_stage_live), written by the serving thread, read by any:
      * __atomic builtins (the header is C++'s too, which has no _Atomic) */
-    uint64_t live_steps, live_busy_ns, live_bytes, live_forwards;
+    uint64_t live_steps, live_busy_ns, live_bytes, live_forwards, live_messages;
 };
 
 /* The cuts of o (given, or balanced for o->world ranks) into cuts[world - 1], checked,

@@ -413,11 +413,13 @@ static mk_status mk_stage_send_from(mk_stage *st, mk_boundary *out, const char *
     }
     if (mk_fault_due(&st->fault, step, MK_FAULT_OTHER_DIGEST)) mk_other_digest(out->h.recipe_digest);
     if (mk_fault_due(&st->fault, step, MK_FAULT_OTHER_LAYER)) out->h.next_layer += 1;
+    if (mk_fault_due(&st->fault, step, MK_FAULT_LYING_ENTRY)) out->h.position += 1;
     /* An nccl send is only posted: the previous one must have completed (the next rank
      * took it) before the boundary buffer is sent again. */
     mk_stage_busy(st, true); /* the next rank may be busy: a send that waits for it is not silence */
     mk_status s = st->o.seam == MK_SEAM_NCCL ? mk_seam_send_wait(st->to_next) : MK_OK;
     if (s == MK_OK && strcmp(id, MK_STAGE_END_ID) != 0) {
+        __atomic_fetch_add(&st->live_messages, 1, __ATOMIC_RELAXED);
         st->counts.sent++;
         st->counts.sent_ns += mk_wall_ns() - st->counts.base_ns;
     }
@@ -433,6 +435,47 @@ static mk_status mk_stage_send_from(mk_stage *st, mk_boundary *out, const char *
 }
 
 static mk_status mk_stage_send(mk_stage *st, const char *id) { return mk_stage_send_from(st, st->out, id); }
+
+/* Send a step's boundaries (outs[k] for request ids[k]) to the next rank: one batch message
+ * on a stream seam, one by one on nccl (one sequence per exchange). Each boundary is a step
+ * of this rank's count, so a fault due at any of them is injected as it would be alone. */
+static mk_status mk_stage_send_batch(mk_stage *st, mk_boundary *const *outs, char (*ids)[64], size_t n) {
+    if (n == 1 || st->o.seam == MK_SEAM_NCCL) {
+        for (size_t k = 0; k < n; k++) MK_TRY(mk_stage_send_from(st, outs[k], ids[k]));
+        return MK_OK;
+    }
+    const uint64_t first = st->steps;
+    for (size_t k = 0; k < n; k++) {
+        const uint64_t step = st->steps++;
+        snprintf(outs[k]->h.request_id, sizeof outs[k]->h.request_id, "%s", ids[k]);
+        if (mk_fault_due(&st->fault, step, MK_FAULT_EXIT)) _exit(3);
+        if (mk_fault_due(&st->fault, step, MK_FAULT_SILENT)) return mk_stage_go_silent(st, step);
+        if (mk_fault_due(&st->fault, step, MK_FAULT_CORRUPT_HEADER)) {
+            static const char junk[32] = "this is not a frame header......";
+            mk_status s = mk_seam_stream_write_raw(st->to_next, junk, sizeof junk);
+            if (s == MK_OK) return MK_OK; /* and carry on as if nothing happened */
+        }
+        /* the digest and the layer are the rank's, shared by every entry: a lie there is in all */
+        if (mk_fault_due(&st->fault, step, MK_FAULT_OTHER_DIGEST))
+            for (size_t j = 0; j < n; j++) mk_other_digest(outs[j]->h.recipe_digest);
+        if (mk_fault_due(&st->fault, step, MK_FAULT_OTHER_LAYER))
+            for (size_t j = 0; j < n; j++) outs[j]->h.next_layer += 1;
+        if (mk_fault_due(&st->fault, step, MK_FAULT_LYING_ENTRY)) outs[k]->h.position += 1;
+    }
+    mk_stage_busy(st, true); /* the next rank may be busy: a send that waits for it is not silence */
+    __atomic_fetch_add(&st->live_messages, 1, __ATOMIC_RELAXED);
+    st->counts.sent += n;
+    st->counts.sent_ns += (int64_t)n * (mk_wall_ns() - st->counts.base_ns);
+    const mk_status s = mk_seam_send_batch(st->to_next, (const mk_boundary *const *)outs, n);
+    mk_stage_busy(st, false);
+    if (s == MK_ERR_PEER_CLOSED)
+        return mk_stage_wrap(MK_ERR_PEER_LOST, "rank %d lost rank %d (the next stage) sending steps %llu..%llu (%s...)",
+                             st->rank, st->rank + 1, (unsigned long long)first, (unsigned long long)st->steps - 1, ids[0]);
+    if (s != MK_OK)
+        return mk_stage_wrap(s, "rank %d: sending steps %llu..%llu (%s...) to rank %d failed", st->rank,
+                             (unsigned long long)first, (unsigned long long)st->steps - 1, ids[0], st->rank + 1);
+    return MK_OK;
+}
 
 /* ========================================================== rank 0 (head) == */
 
@@ -496,7 +539,7 @@ static mk_status mk_head_step_ready(mk_head *h) {
         }
     if (n == 0) return MK_OK;
     mk_forward_entry entries[MK_MAX_BATCH_SEQUENCES];
-    char id[MK_MAX_BATCH_SEQUENCES][32];
+    char id[MK_MAX_BATCH_SEQUENCES][64];
     for (size_t k = 0; k < n; k++) {
         mk_head_entry *e = pick[k];
         snprintf(id[k], sizeof id[k], "req-%zu", e->number);
@@ -517,7 +560,7 @@ static mk_status mk_head_step_ready(mk_head *h) {
     mk_stage_busy(st, false);
     if (s != MK_OK) return mk_stage_wrap(s, "rank 0: %s%s at step %llu", id[0], n > 1 ? " and others" : "",
                                          (unsigned long long)st->steps);
-    for (size_t k = 0; k < n; k++) MK_TRY(mk_stage_send_from(st, st->outs[k], id[k]));
+    MK_TRY(mk_stage_send_batch(st, st->outs, id, n));
     mk_head_tell_late(h);
     __atomic_store_n(&st->live_bytes, (uint64_t)mk_seam_bytes(st->to_next), __ATOMIC_RELAXED);
     __atomic_store_n(&st->live_steps, st->steps, __ATOMIC_RELAXED);
@@ -680,6 +723,28 @@ static mk_status mk_head_result(mk_head *h, const char *body, size_t len) {
     return MK_OK;
 }
 
+/* Rank k refused a request's entry of a batch ("status request-id message"): that request
+ * fails alone with the status, its slot and blocks freed on every rank; the run goes on. */
+static mk_status mk_head_refused(mk_head *h, int k, const char *body) {
+    const mk_status status = mk_ctl_abort_status(body); /* the same "status message" form, checked */
+    char why[MK_CTL_MAX_BODY + 1];
+    snprintf(why, sizeof why, "%s", mk_last_error());
+    mk_clear_error();
+    if (status == MK_OK || status == MK_ERR_FRAME) /* no usable status: the rank's message is not one */
+        return mk_fail(MK_ERR_FRAME, "rank %d sent a refusal without a status: %.200s", k, why);
+    char id[64] = "";
+    if (sscanf(why, "%63s", id) != 1) return mk_fail(MK_ERR_FRAME, "rank %d sent a refusal naming no request", k);
+    const size_t number = mk_request_index(id);
+    for (size_t i = 0; i < h->st->max_sequences; i++) {
+        mk_head_entry *e = &h->entry[i];
+        if (e->used && e->number == number) {
+            mk_head_finish(h, e, status, why + strlen(id) + (why[strlen(id)] == ' '), false);
+            return MK_OK;
+        }
+    }
+    return MK_OK; /* not in flight (failed already): nothing more to end */
+}
+
 /* No result came in time: ask every rank whether it is alive, so the message names the
  * silent one rather than the last rank rank 0 happened to wait for. */
 static mk_status mk_head_diagnose(mk_head *h) {
@@ -743,6 +808,7 @@ static mk_status mk_head_read(mk_head *h, int k) {
         h->more = type == MK_CTL_RESULT_MORE;
         return mk_head_result(h, body, len);
     }
+    if (type == MK_CTL_REFUSED) return mk_head_refused(h, k, body);
     return mk_fail(MK_ERR_FRAME, "rank %d sent control message type %d mid-run", k, (int)type);
 }
 
@@ -932,17 +998,28 @@ static mk_status mk_stage_serve_list(mk_stage *st, const mk_stage_request *req, 
 typedef struct mk_member_route {
     mk_stage *st;
     mk_sequence *seq;
-    bool end; /* the end-of-run marker (refused, so no payload is taken) */
+    bool end;         /* the end-of-run marker (refused, so no payload is taken) */
+    bool rank_fault;  /* refused for what every entry shares: the sending rank's fault, the run's end */
+    char id[64];      /* the entry's request id, as it came */
 } mk_member_route;
 
 static mk_status mk_member_control(mk_stage *st, int64_t deadline, bool *bye);
 
-/* The contract on a received header, once the sequence its request id names is found. */
-static mk_status mk_member_check(void *user, const mk_boundary_header *h, const mk_sequence **checked_for) {
-    mk_member_route *r = user;
+/* The contract on entry k of a received message (routes[k] notes the outcome): first what
+ * every entry shares (the model, the cut: a failure there is the sending rank's), then the
+ * sequence its request id names and that sequence's own rows (a failure there is that
+ * request's alone). */
+static mk_status mk_member_check(void *user, size_t k, const mk_boundary_header *h, const mk_sequence **checked_for) {
+    mk_member_route *r = &((mk_member_route *)user)[k];
+    snprintf(r->id, sizeof r->id, "%s", h->request_id);
     if (strcmp(h->request_id, MK_STAGE_END_ID) == 0) {
         r->end = true;
         return mk_fail(MK_ERR_EMPTY_INPUT, "end of run");
+    }
+    const mk_status shared = mk_range_check_boundary_shared(r->st->range, h);
+    if (shared != MK_OK) {
+        r->rank_fault = true;
+        return shared;
     }
     const bool fresh = h->step == 0 && h->position == 0;
     mk_status s = mk_slots_get(&r->st->slots, h->request_id, fresh, &r->seq);
@@ -951,14 +1028,32 @@ static mk_status mk_member_check(void *user, const mk_boundary_header *h, const 
         snprintf(why, sizeof why, "%s", mk_last_error());
         bool bye = false;
         const mk_status c = mk_member_control(r->st, mk_deadline_ms(r->st->timeout_ms, MK_STAGE_DEFAULT_TIMEOUT_MS), &bye);
-        if (c != MK_OK) return c;
-        if (bye) return mk_fail(MK_ERR_KV_POOL_FULL, "%s (rank 0 ended the run)", why);
+        if (c != MK_OK) {
+            r->rank_fault = true; /* rank 0 gone or aborting: not this entry's doing */
+            return c;
+        }
+        if (bye) {
+            r->rank_fault = true;
+            return mk_fail(MK_ERR_KV_POOL_FULL, "%s (rank 0 ended the run)", why);
+        }
         s = mk_slots_get(&r->st->slots, h->request_id, fresh, &r->seq);
     }
     MK_TRY(s);
     MK_TRY(mk_range_check_boundary(r->st->range, r->seq, h));
     *checked_for = r->seq;
     return MK_OK;
+}
+
+/* An entry this rank refused for its own fields: rank 0 hears which request and why, and
+ * fails that request alone (telling every rank it is over). */
+static mk_status mk_member_refuse(mk_stage *st, const char *id, mk_status status, const char *why) {
+    char body[MK_CTL_MAX_BODY];
+    const int n = snprintf(body, sizeof body, "%d %s rank %d refused the boundary of %s from rank %d: %.900s", (int)status,
+                           id[0] ? id : "-", st->rank, id, st->rank - 1, why);
+    const mk_status s = mk_ctl_send(&st->ctl[0], MK_CTL_REFUSED, body, (size_t)n,
+                                    mk_deadline_ms(st->timeout_ms, MK_STAGE_DEFAULT_TIMEOUT_MS));
+    if (s == MK_ERR_PEER_CLOSED) return mk_fail(MK_ERR_PEER_LOST, "rank %d lost rank 0 refusing %s", st->rank, id);
+    return s;
 }
 
 /* The last rank: the sampled token back to rank 0 as a TailResult. */
@@ -1015,42 +1110,68 @@ static mk_status mk_member_forward(mk_stage *st, mk_forward_entry *entries, size
 static mk_status mk_member_step(mk_stage *st, bool *end) {
     mk_member_route route[MK_MAX_BATCH_SEQUENCES];
     mk_forward_entry entries[MK_MAX_BATCH_SEQUENCES];
+    mk_boundary *outs[MK_MAX_BATCH_SEQUENCES];
     int32_t token[MK_MAX_BATCH_SEQUENCES];
     char id[MK_MAX_BATCH_SEQUENCES][64];
     const bool tail = st->rank + 1 == st->world;
-    size_t n = 0, rows = 0;
+    size_t n = 0, taken = 0, rows = 0; /* n: entries accepted; taken: buffers used (refused ones too) */
     for (;;) {
-        route[n] = (mk_member_route){st, NULL, false};
-        mk_status s = mk_seam_recv_with(st->from_prev, mk_member_check, &route[n], st->ins[n]);
-        if (route[n].end) {
+        mk_status status[MK_MAX_BATCH_SEQUENCES];
+        char errors[MK_MAX_BATCH_SEQUENCES][MK_SEAM_ENTRY_ERROR];
+        size_t got = 0;
+        for (size_t k = taken; k < st->max_batch; k++) route[k] = (mk_member_route){st, NULL, false, false, ""};
+        mk_status s = mk_seam_recv_batch_with(st->from_prev, mk_member_check, &route[taken], &st->ins[taken],
+                                              st->max_batch - taken, &got, status, errors);
+        if (s != MK_OK && route[taken].end) { /* nccl: the marker is refused with its header */
             *end = true;
             break;
         }
-        if (s == MK_ERR_PEER_CLOSED && n == 0) return s; /* told apart from a clean end by the caller */
+        if (s == MK_ERR_PEER_CLOSED && taken == 0) return s; /* told apart from a clean end by the caller */
         if (s != MK_OK)
             return mk_stage_wrap(s, "rank %d refused the boundary from rank %d (its step %llu here)", st->rank,
                                  st->rank - 1, (unsigned long long)st->steps);
-        st->counts.received++;
-        st->counts.received_ns += mk_wall_ns() - st->counts.base_ns;
-        snprintf(id[n], sizeof id[n], "%s", st->ins[n]->h.request_id);
-        rows += st->ins[n]->h.rows;
-        entries[n] = (mk_forward_entry){.seq = route[n].seq, .in = st->ins[n], .out = tail ? NULL : st->outs[n],
-                                        .token = tail ? &token[n] : NULL};
-        n++;
-        /* another boundary already here joins the step (a frame started is read whole) */
+        for (size_t k = taken; k < taken + got; k++) {
+            const mk_member_route *r = &route[k];
+            if (r->end) {
+                *end = true;
+                continue;
+            }
+            if (status[k - taken] != MK_OK && r->rank_fault)
+                return mk_stage_wrap(mk_fail(status[k - taken], "%s", errors[k - taken]),
+                                     "rank %d refused the boundary from rank %d (its step %llu here)", st->rank,
+                                     st->rank - 1, (unsigned long long)st->steps);
+            st->counts.received++; /* it crossed the seam, refused or not */
+            st->counts.received_ns += mk_wall_ns() - st->counts.base_ns;
+            if (status[k - taken] != MK_OK) { /* this request's own lie: it fails alone */
+                MK_TRY(mk_member_refuse(st, r->id, status[k - taken], errors[k - taken]));
+                continue;
+            }
+            snprintf(id[n], sizeof id[n], "%s", st->ins[k]->h.request_id);
+            rows += st->ins[k]->h.rows;
+            outs[n] = tail ? NULL : st->outs[k];
+            entries[n] = (mk_forward_entry){.seq = r->seq, .in = st->ins[k], .out = outs[n],
+                                            .token = tail ? &token[n] : NULL};
+            n++;
+        }
+        taken += got;
+        if (*end) break;
+        /* another message already here joins the step (a frame started is read whole) */
         struct pollfd p = {.fd = mk_seam_stream_fd(st->from_prev), .events = POLLIN};
-        if (n == st->max_batch || rows >= st->max_rows || p.fd < 0 || poll(&p, 1, 0) <= 0) break;
+        if (taken == st->max_batch || rows >= st->max_rows || p.fd < 0 || poll(&p, 1, 0) <= 0) break;
     }
     /* The boundaries taken run in forwards of at most the step's rows (the last one taken
-     * may not fit with the others: it runs in a forward of its own). */
+     * may not fit with the others: it runs in a forward of its own); each forward's outputs
+     * go on together. */
     for (size_t k0 = 0; k0 < n;) {
-        size_t k1 = k0 + 1, r = st->ins[k0]->h.rows;
-        while (k1 < n && r + st->ins[k1]->h.rows <= st->max_rows) r += st->ins[k1++]->h.rows;
+        size_t k1 = k0 + 1, r = entries[k0].in->h.rows;
+        while (k1 < n && r + entries[k1].in->h.rows <= st->max_rows) r += entries[k1++].in->h.rows;
         const mk_status s = mk_member_forward(st, entries + k0, k1 - k0);
         if (s != MK_OK)
             return mk_stage_wrap(s, "rank %d: %s at step %llu", st->rank, id[k0], (unsigned long long)st->steps);
-        for (size_t k = k0; k < k1; k++)
-            MK_TRY(tail ? mk_tail_send(st, id[k], token[k], k + 1 < n) : mk_stage_send_from(st, st->outs[k], id[k]));
+        if (tail)
+            for (size_t k = k0; k < k1; k++) MK_TRY(mk_tail_send(st, id[k], token[k], k + 1 < n));
+        else
+            MK_TRY(mk_stage_send_batch(st, outs + k0, id + k0, k1 - k0));
         k0 = k1;
     }
     return MK_OK;
@@ -1256,6 +1377,7 @@ mk_status mk_stage_live(const mk_stage *st, mk_stage_live_stats *out) {
     out->busy_seconds = (double)__atomic_load_n(&st->live_busy_ns, __ATOMIC_RELAXED) * 1e-9;
     out->bytes_sent = __atomic_load_n(&st->live_bytes, __ATOMIC_RELAXED);
     out->forwards = __atomic_load_n(&st->live_forwards, __ATOMIC_RELAXED);
+    out->messages_sent = __atomic_load_n(&st->live_messages, __ATOMIC_RELAXED);
     return MK_OK;
 }
 

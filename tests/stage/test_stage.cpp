@@ -447,6 +447,45 @@ INSTANTIATE_TEST_SUITE_P(
         return name + "_at_rank" + std::to_string(info.param.faulty);
     });
 
+// Batches cross the seams between stage processes (a step's boundaries are one message on
+// tcp), and a lie in one entry (rank 1 sends one request's boundary with a position one
+// past its sequence's) fails that request alone: rank 2 refuses the entry, rank 0 reports
+// that request failed with MK_ERR_POSITIONS_SHAPE naming the refusal, and every other
+// request's tokens equal the whole model's; no rank fails.
+TEST(Stage, ALyingEntryFailsOnlyItsRequestAcrossProcesses) {
+    mk_model *model = random_model();
+    const auto prompts = read_prompts(kPrompts);
+    const auto want = whole_model(model, MK_DTYPE_F32, prompts, 6);
+    Ranks ranks("lying");
+    run_ranks(ranks, kRandom, "1,3", 3, {"--prompts", kPrompts},
+              {"--max-tokens", "6", "--max-sequences", "3", "--timeout", "20"}, "rank=1,step=4,kind=lying_entry", 60);
+    const size_t rank0 = 2; // launched last
+    const std::string out = slurp(ranks[rank0].out), err = slurp(ranks[rank0].err);
+    const auto seqs = parse_seqs(out);
+    ASSERT_EQ(seqs.size(), want.size()) << out << err;
+    size_t failed = 0;
+    for (const SeqLine &seq : seqs) {
+        size_t number = 0; // "seq N (...": reports come in the order requests end
+        ASSERT_EQ(std::sscanf(seq.line.c_str(), "seq %zu", &number), 1) << seq.line;
+        ASSERT_TRUE(number >= 1 && number <= want.size()) << seq.line;
+        const size_t i = number - 1;
+        if (seq.failed) {
+            failed++;
+            EXPECT_EQ(seq.status, "MK_ERR_POSITIONS_SHAPE") << seq.line;
+            EXPECT_NE(seq.line.find("rank 2 refused the boundary of req-"), std::string::npos) << seq.line;
+            EXPECT_NE(seq.line.find("from rank 1"), std::string::npos) << seq.line;
+            continue;
+        }
+        EXPECT_EQ(seq.tokens, want[i]) << "sequence " << number << ": " << seq.line;
+    }
+    EXPECT_EQ(failed, 1u) << out;
+    // every boundary sent was received (the refused one too): the hop figures add up
+    EXPECT_NE(out.find("hop 1: rank 1 -> 2 over tcp: "), std::string::npos) << out;
+    EXPECT_EQ(out.find("no figures"), std::string::npos) << out;
+    for (size_t i = 0; i < 2; i++) EXPECT_EQ(exit_code(ranks[i]), 0) << "rank " << i + 1 << ": " << slurp(ranks[i].err);
+    mk_model_free(model);
+}
+
 // A rank that computes a step longer than any peer waits in silence (fault: 3 deadlines;
 // as a 1000-token prefill on SmolLM2 with --timeout 1, which failed at ~1.25 s with "rank
 // 1 is silent") is busy, not silent: --timeout bounds silence, not work. The run finishes
@@ -848,6 +887,8 @@ TEST(StageLibrary, ReadyRequestsShareRankZerosForward) {
     expect_whole_model_tokens(run, want, 4);
     EXPECT_EQ(live.steps, 4 * n_new);
     EXPECT_LE(live.forwards, live.steps - 3) << "the four prompts went through one forward";
+    // and each forward's boundaries crossed to rank 1 as one batch message
+    EXPECT_EQ(live.messages_sent, live.forwards);
     mk_model_free(model);
 }
 
@@ -949,6 +990,57 @@ TEST(StageLibrary, ARequestNoPoolCouldHoldFailsAlone) {
     rank1.join();
     EXPECT_EQ(other.serve[1], MK_OK) << other.message[1];
     mk_model_free(model);
+}
+
+// Rank 0's step of four decode rows goes to rank 1 as one batch message; one entry lies
+// about its position (fault lying_entry at rank 0's boundary 5, a decode step): rank 1
+// refuses that entry alone and says so, rank 0 fails that request with
+// MK_ERR_POSITIONS_SHAPE, the other three get the whole model's tokens, both ranks finish
+// the run, and every block of rank 0 is back.
+TEST(StageLibrary, ALyingEntryOfABatchFailsOnlyItsRequest) {
+    setenv("MESHKERN_FAULT", "rank=0,step=5,kind=lying_entry", 1);
+    mk_model *model = random_model();
+    const auto prompts = read_prompts(kPrompts);
+    ASSERT_GE(prompts.size(), 4u);
+    const size_t n_new = 5;
+    const auto want = whole_model(model, MK_DTYPE_F32, prompts, n_new);
+    size_t rows = 0, longest = 0;
+    for (size_t i = 0; i < 4; i++) rows += prompts[i].size(), longest = std::max(longest, prompts[i].size());
+    mk_stage_options o = mk_stage_options_default();
+    o.range.backend.weight_dtype = MK_DTYPE_F32;
+    o.range.max_context = longest + n_new;
+    o.range.max_batch_tokens = std::min(rows, o.range.max_context);
+    o.max_new_tokens = n_new;
+    o.max_sequences = 4;
+    o.timeout_ms = 5000;
+    LibraryRun other;
+    std::thread rank1;
+    mk_stage *st = join_rank0(model, o, &rank1, &other);
+    ASSERT_NE(st, nullptr) << mk_last_error();
+    LibraryRun run;
+    serve_first_four(st, prompts, &run);
+    mk_kv_pool_info pool{};
+    EXPECT_EQ(mk_range_kv_pool(mk_stage_range(st), &pool), MK_OK);
+    EXPECT_EQ(pool.free_blocks, pool.blocks) << "rank 0 kept blocks";
+    mk_stage_free(st);
+    rank1.join();
+    EXPECT_EQ(other.serve[1], MK_OK) << other.message[1];
+    ASSERT_EQ(run.reports.size(), 4u);
+    size_t failed = 0;
+    for (size_t k = 0; k < 4; k++) {
+        if (run.reports[k].status != MK_OK) {
+            failed++;
+            EXPECT_EQ(run.reports[k].status, MK_ERR_POSITIONS_SHAPE) << run.errors[k];
+            EXPECT_NE(run.errors[k].find("rank 1 refused the boundary of req-"), std::string::npos) << run.errors[k];
+            EXPECT_NE(run.errors[k].find("does not continue the sequence"), std::string::npos) << run.errors[k];
+            EXPECT_EQ(run.tokens[k].size(), 1u) << "its prefill's token came, then the lie";
+            continue;
+        }
+        EXPECT_EQ(run.tokens[k], want[run.reports[k].request]) << "request " << run.reports[k].request;
+    }
+    EXPECT_EQ(failed, 1u);
+    mk_model_free(model);
+    unsetenv("MESHKERN_FAULT");
 }
 
 // Rank 0 sends each FINISHED after its next step's boundaries (fault late_finished), so the
