@@ -322,6 +322,16 @@ static mk_status mk_expect(unsigned wire_type, unsigned wanted) {
     return wire_type == wanted ? MK_OK : mk_bad("field with the wrong wire type");
 }
 
+/* A string field (wire type 2) copied into dst[MK_VIEW_STRING]; *out points at it. */
+static mk_status mk_string_field(mk_cursor *c, unsigned wire_type, char *dst, char **out) {
+    mk_cursor f = {0};
+    MK_TRY(mk_expect(wire_type, 2));
+    MK_TRY(mk_delimited(c, &f));
+    mk_copy_string(dst, &f);
+    *out = dst;
+    return MK_OK;
+}
+
 /* One Tensor message, merged into t (protobuf merges repeated occurrences). */
 static mk_status mk_parse_tensor(mk_cursor c, Meshkern__V1__Tensor *t, uint64_t *shape, char *name) {
     while (c.p < c.end) {
@@ -330,12 +340,7 @@ static mk_status mk_parse_tensor(mk_cursor c, Meshkern__V1__Tensor *t, uint64_t 
         const unsigned field = (unsigned)(key >> 3), wt = (unsigned)(key & 7);
         mk_cursor f = {0};
         switch (field) {
-            case MK_TENSOR_NAME:
-                MK_TRY(mk_expect(wt, 2));
-                MK_TRY(mk_delimited(&c, &f));
-                mk_copy_string(name, &f);
-                t->name = name;
-                break;
+            case MK_TENSOR_NAME: MK_TRY(mk_string_field(&c, wt, name, &t->name)); break;
             case MK_TENSOR_DTYPE:
                 MK_TRY(mk_expect(wt, 0));
                 MK_TRY(mk_varint(&c, &v));
@@ -380,14 +385,8 @@ static mk_status mk_parse_entry(mk_cursor c, Meshkern__V1__BundleEntry *e, char 
         uint64_t key, v;
         MK_TRY(mk_varint(&c, &key));
         const unsigned field = (unsigned)(key >> 3), wt = (unsigned)(key & 7);
-        mk_cursor f = {0};
         switch (field) {
-            case MK_ENTRY_REQUEST_ID:
-                MK_TRY(mk_expect(wt, 2));
-                MK_TRY(mk_delimited(&c, &f));
-                mk_copy_string(id, &f);
-                e->request_id = id;
-                break;
+            case MK_ENTRY_REQUEST_ID: MK_TRY(mk_string_field(&c, wt, id, &e->request_id)); break;
             case MK_ENTRY_STEP: MK_TRY(mk_expect(wt, 0)); MK_TRY(mk_varint(&c, &e->step)); break;
             case MK_ENTRY_POSITION: MK_TRY(mk_expect(wt, 0)); MK_TRY(mk_varint(&c, &v)); e->position = (int64_t)v; break;
             case MK_ENTRY_ROWS: MK_TRY(mk_expect(wt, 0)); MK_TRY(mk_varint(&c, &e->rows)); break;
@@ -420,10 +419,10 @@ mk_status mk_bundle_view_parse(const uint8_t *bytes, size_t len, mk_bundle_view 
             case MK_BUNDLE_NORMALIZED: MK_TRY(mk_expect(wt, 0)); MK_TRY(mk_varint(&c, &v)); m->normalized = v != 0; break;
             case MK_BUNDLE_HAS_NEXT_LAYER: MK_TRY(mk_expect(wt, 0)); MK_TRY(mk_varint(&c, &v)); m->has_next_layer = v != 0; break;
             case MK_BUNDLE_STEP: MK_TRY(mk_expect(wt, 0)); MK_TRY(mk_varint(&c, &m->step)); break;
-            case MK_BUNDLE_ADAPTER: MK_TRY(mk_expect(wt, 2)); MK_TRY(mk_delimited(&c, &f)); mk_copy_string(view->adapter, &f); m->adapter = view->adapter; break;
-            case MK_BUNDLE_BOUNDARY_POINT: MK_TRY(mk_expect(wt, 2)); MK_TRY(mk_delimited(&c, &f)); mk_copy_string(view->boundary_point, &f); m->boundary_point = view->boundary_point; break;
-            case MK_BUNDLE_RECIPE_DIGEST: MK_TRY(mk_expect(wt, 2)); MK_TRY(mk_delimited(&c, &f)); mk_copy_string(view->digest, &f); m->runtime_recipe_digest = view->digest; break;
-            case MK_BUNDLE_REQUEST_ID: MK_TRY(mk_expect(wt, 2)); MK_TRY(mk_delimited(&c, &f)); mk_copy_string(view->request_id, &f); m->request_id = view->request_id; break;
+            case MK_BUNDLE_ADAPTER: MK_TRY(mk_string_field(&c, wt, view->adapter, &m->adapter)); break;
+            case MK_BUNDLE_BOUNDARY_POINT: MK_TRY(mk_string_field(&c, wt, view->boundary_point, &m->boundary_point)); break;
+            case MK_BUNDLE_RECIPE_DIGEST: MK_TRY(mk_string_field(&c, wt, view->digest, &m->runtime_recipe_digest)); break;
+            case MK_BUNDLE_REQUEST_ID: MK_TRY(mk_string_field(&c, wt, view->request_id, &m->request_id)); break;
             case MK_BUNDLE_TENSORS:
                 /* Only the first tensor is kept; the count still tells the checker how many came. */
                 MK_TRY(mk_expect(wt, 2));

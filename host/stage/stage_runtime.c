@@ -400,20 +400,37 @@ static void mk_stage_fault_busy(const mk_stage *st, size_t boundaries) {
         if (mk_fault_due(&st->fault, st->steps + k, MK_FAULT_BUSY)) usleep((useconds_t)st->timeout_ms * 3000u);
 }
 
-/* Send one of this rank's boundaries (out, for request id) to the next rank. */
-static mk_status mk_stage_send_from(mk_stage *st, mk_boundary *out, const char *id) {
-    const uint64_t step = st->steps++;
-    snprintf(out->h.request_id, sizeof out->h.request_id, "%s", id);
+/* The faults due at `step`, that of outs[k] of the n boundaries going out together:
+ * MK_OK and *dropped when junk went out instead of a frame (the rank carries on as if it
+ * had sent); a silent rank's failure. The digest and the layer are the rank's, shared by
+ * every entry of a batch: a lie there is in all of them; a lying entry lies about its own
+ * sequence only. */
+static mk_status mk_stage_inject(mk_stage *st, uint64_t step, mk_boundary *const *outs, size_t n, size_t k,
+                                 bool *dropped) {
     if (mk_fault_due(&st->fault, step, MK_FAULT_EXIT)) _exit(3);
     if (mk_fault_due(&st->fault, step, MK_FAULT_SILENT)) return mk_stage_go_silent(st, step);
     if (mk_fault_due(&st->fault, step, MK_FAULT_CORRUPT_HEADER)) {
         static const char junk[32] = "this is not a frame header......";
-        mk_status s = mk_seam_stream_write_raw(st->to_next, junk, sizeof junk);
-        if (s == MK_OK) return MK_OK; /* and carry on as if nothing happened */
+        if (mk_seam_stream_write_raw(st->to_next, junk, sizeof junk) == MK_OK) {
+            *dropped = true;
+            return MK_OK;
+        }
     }
-    if (mk_fault_due(&st->fault, step, MK_FAULT_OTHER_DIGEST)) mk_other_digest(out->h.recipe_digest);
-    if (mk_fault_due(&st->fault, step, MK_FAULT_OTHER_LAYER)) out->h.next_layer += 1;
-    if (mk_fault_due(&st->fault, step, MK_FAULT_LYING_ENTRY)) out->h.position += 1;
+    if (mk_fault_due(&st->fault, step, MK_FAULT_OTHER_DIGEST))
+        for (size_t j = 0; j < n; j++) mk_other_digest(outs[j]->h.recipe_digest);
+    if (mk_fault_due(&st->fault, step, MK_FAULT_OTHER_LAYER))
+        for (size_t j = 0; j < n; j++) outs[j]->h.next_layer += 1;
+    if (mk_fault_due(&st->fault, step, MK_FAULT_LYING_ENTRY)) outs[k]->h.position += 1;
+    return MK_OK;
+}
+
+/* Send one of this rank's boundaries (out, for request id) to the next rank. */
+static mk_status mk_stage_send_from(mk_stage *st, mk_boundary *out, const char *id) {
+    const uint64_t step = st->steps++;
+    snprintf(out->h.request_id, sizeof out->h.request_id, "%s", id);
+    bool dropped = false;
+    MK_TRY(mk_stage_inject(st, step, &out, 1, 0, &dropped));
+    if (dropped) return MK_OK;
     /* An nccl send is only posted: the previous one must have completed (the next rank
      * took it) before the boundary buffer is sent again. */
     mk_stage_busy(st, true); /* the next rank may be busy: a send that waits for it is not silence */
@@ -438,7 +455,7 @@ static mk_status mk_stage_send(mk_stage *st, const char *id) { return mk_stage_s
 
 /* Send a step's boundaries (outs[k] for request ids[k]) to the next rank: one batch message
  * on a stream seam, one by one on nccl (one sequence per exchange). Each boundary is a step
- * of this rank's count, so a fault due at any of them is injected as it would be alone. */
+ * of this rank's count, so a fault due at any of them is injected as at a single send. */
 static mk_status mk_stage_send_batch(mk_stage *st, mk_boundary *const *outs, char (*ids)[64], size_t n) {
     if (n == 1 || st->o.seam == MK_SEAM_NCCL) {
         for (size_t k = 0; k < n; k++) MK_TRY(mk_stage_send_from(st, outs[k], ids[k]));
@@ -448,19 +465,9 @@ static mk_status mk_stage_send_batch(mk_stage *st, mk_boundary *const *outs, cha
     for (size_t k = 0; k < n; k++) {
         const uint64_t step = st->steps++;
         snprintf(outs[k]->h.request_id, sizeof outs[k]->h.request_id, "%s", ids[k]);
-        if (mk_fault_due(&st->fault, step, MK_FAULT_EXIT)) _exit(3);
-        if (mk_fault_due(&st->fault, step, MK_FAULT_SILENT)) return mk_stage_go_silent(st, step);
-        if (mk_fault_due(&st->fault, step, MK_FAULT_CORRUPT_HEADER)) {
-            static const char junk[32] = "this is not a frame header......";
-            mk_status s = mk_seam_stream_write_raw(st->to_next, junk, sizeof junk);
-            if (s == MK_OK) return MK_OK; /* and carry on as if nothing happened */
-        }
-        /* the digest and the layer are the rank's, shared by every entry: a lie there is in all */
-        if (mk_fault_due(&st->fault, step, MK_FAULT_OTHER_DIGEST))
-            for (size_t j = 0; j < n; j++) mk_other_digest(outs[j]->h.recipe_digest);
-        if (mk_fault_due(&st->fault, step, MK_FAULT_OTHER_LAYER))
-            for (size_t j = 0; j < n; j++) outs[j]->h.next_layer += 1;
-        if (mk_fault_due(&st->fault, step, MK_FAULT_LYING_ENTRY)) outs[k]->h.position += 1;
+        bool dropped = false;
+        MK_TRY(mk_stage_inject(st, step, outs, n, k, &dropped));
+        if (dropped) return MK_OK;
     }
     mk_stage_busy(st, true); /* the next rank may be busy: a send that waits for it is not silence */
     __atomic_fetch_add(&st->live_messages, 1, __ATOMIC_RELAXED);
@@ -1005,6 +1012,20 @@ typedef struct mk_member_route {
 
 static mk_status mk_member_control(mk_stage *st, int64_t deadline, bool *bye);
 
+/* A pool (or every slot) found full on this rank: rank 0 admitted the request once another
+ * finished, and that FINISHED travels on the control connection while the request's
+ * boundary came down the seam. Read rank 0's next control message (a FINISHED frees blocks
+ * and slots): MK_OK, try again; otherwise the run is over (rank 0's bye, abort or loss),
+ * with the full pool's message kept. */
+static mk_status mk_member_await_finished(mk_stage *st) {
+    char why[512];
+    snprintf(why, sizeof why, "%s", mk_last_error());
+    bool bye = false;
+    MK_TRY(mk_member_control(st, mk_deadline_ms(st->timeout_ms, MK_STAGE_DEFAULT_TIMEOUT_MS), &bye));
+    if (bye) return mk_fail(MK_ERR_KV_POOL_FULL, "%s (rank 0 ended the run)", why);
+    return MK_OK;
+}
+
 /* The contract on entry k of a received message (routes[k] notes the outcome): first what
  * every entry shares (the model, the cut: a failure there is the sending rank's), then the
  * sequence its request id names and that sequence's own rows (a failure there is that
@@ -1023,18 +1044,11 @@ static mk_status mk_member_check(void *user, size_t k, const mk_boundary_header 
     }
     const bool fresh = h->step == 0 && h->position == 0;
     mk_status s = mk_slots_get(&r->st->slots, h->request_id, fresh, &r->seq);
-    while (s == MK_ERR_KV_POOL_FULL) { /* rank 0 admitted it after one finished: that FINISHED is on its way */
-        char why[300];
-        snprintf(why, sizeof why, "%s", mk_last_error());
-        bool bye = false;
-        const mk_status c = mk_member_control(r->st, mk_deadline_ms(r->st->timeout_ms, MK_STAGE_DEFAULT_TIMEOUT_MS), &bye);
+    while (s == MK_ERR_KV_POOL_FULL) {
+        const mk_status c = mk_member_await_finished(r->st);
         if (c != MK_OK) {
-            r->rank_fault = true; /* rank 0 gone or aborting: not this entry's doing */
+            r->rank_fault = true; /* rank 0 gone, aborting or done: not this entry's doing */
             return c;
-        }
-        if (bye) {
-            r->rank_fault = true;
-            return mk_fail(MK_ERR_KV_POOL_FULL, "%s (rank 0 ended the run)", why);
         }
         s = mk_slots_get(&r->st->slots, h->request_id, fresh, &r->seq);
     }
@@ -1094,12 +1108,7 @@ static mk_status mk_member_forward(mk_stage *st, mk_forward_entry *entries, size
     mk_status s = mk_range_forward_batch(st->range, entries, n);
     mk_stage_busy(st, false); /* before any control message of this thread's (a PONG) */
     while (s == MK_ERR_KV_POOL_FULL) {
-        char why[512];
-        snprintf(why, sizeof why, "%s", mk_last_error());
-        bool bye = false;
-        const mk_status c = mk_member_control(st, mk_deadline_ms(st->timeout_ms, MK_STAGE_DEFAULT_TIMEOUT_MS), &bye);
-        if (c != MK_OK) return c;
-        if (bye) return mk_fail(MK_ERR_KV_POOL_FULL, "%s (rank 0 ended the run)", why);
+        MK_TRY(mk_member_await_finished(st));
         mk_stage_busy(st, true);
         s = mk_range_forward_batch(st->range, entries, n); /* nothing ran: the same forward again */
         mk_stage_busy(st, false);

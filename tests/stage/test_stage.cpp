@@ -858,12 +858,9 @@ void expect_whole_model_tokens(const LibraryRun &run, const std::vector<std::vec
     }
 }
 
-TEST(StageLibrary, ReadyRequestsShareRankZerosForward) {
-    mk_model *model = random_model();
-    const auto prompts = read_prompts(kPrompts);
-    ASSERT_GE(prompts.size(), 4u);
-    const size_t n_new = 6;
-    const auto want = whole_model(model, MK_DTYPE_F32, prompts, n_new);
+// Options for the first four prompts, n_new tokens each, all four in flight and their
+// prompts in one step of rank 0 (f32 weights, a 5 s deadline).
+mk_stage_options four_in_one_step(const std::vector<std::vector<int32_t>> &prompts, size_t n_new) {
     size_t rows = 0, longest = 0;
     for (size_t i = 0; i < 4; i++) rows += prompts[i].size(), longest = std::max(longest, prompts[i].size());
     mk_stage_options o = mk_stage_options_default();
@@ -873,6 +870,16 @@ TEST(StageLibrary, ReadyRequestsShareRankZerosForward) {
     o.max_new_tokens = n_new;
     o.max_sequences = 4;
     o.timeout_ms = 5000;
+    return o;
+}
+
+TEST(StageLibrary, ReadyRequestsShareRankZerosForward) {
+    mk_model *model = random_model();
+    const auto prompts = read_prompts(kPrompts);
+    ASSERT_GE(prompts.size(), 4u);
+    const size_t n_new = 6;
+    const auto want = whole_model(model, MK_DTYPE_F32, prompts, n_new);
+    const mk_stage_options o = four_in_one_step(prompts, n_new);
     LibraryRun other;
     std::thread rank1;
     mk_stage *st = join_rank0(model, o, &rank1, &other);
@@ -1004,15 +1011,7 @@ TEST(StageLibrary, ALyingEntryOfABatchFailsOnlyItsRequest) {
     ASSERT_GE(prompts.size(), 4u);
     const size_t n_new = 5;
     const auto want = whole_model(model, MK_DTYPE_F32, prompts, n_new);
-    size_t rows = 0, longest = 0;
-    for (size_t i = 0; i < 4; i++) rows += prompts[i].size(), longest = std::max(longest, prompts[i].size());
-    mk_stage_options o = mk_stage_options_default();
-    o.range.backend.weight_dtype = MK_DTYPE_F32;
-    o.range.max_context = longest + n_new;
-    o.range.max_batch_tokens = std::min(rows, o.range.max_context);
-    o.max_new_tokens = n_new;
-    o.max_sequences = 4;
-    o.timeout_ms = 5000;
+    const mk_stage_options o = four_in_one_step(prompts, n_new);
     LibraryRun other;
     std::thread rank1;
     mk_stage *st = join_rank0(model, o, &rank1, &other);
