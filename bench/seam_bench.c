@@ -13,6 +13,11 @@
  * Sizes: one decode row of SmolLM2 (576 floats, 2.3 KB), one row of a 4096-wide model
  * (16 KB), then prefill rows up to 512 x 4096 (8 MiB).
  *
+ * Part 3, batches: the decode rows of N sequences (N = 1, 8, 64) crossing one seam per
+ * step, as N messages (mk_seam_send / mk_seam_recv each) and as one batch message
+ * (mk_seam_send_batch / mk_seam_recv_batch: TensorBundle schema 2), per step and per row,
+ * both measured in the same run; every entry checked bit for bit first.
+ *
  * Median of many runs after warm-up; inputs are random model activations, and every
  * received residual is checked bit for bit before anything is timed. Results also go to
  * seam_bench.json (in $OUT if set).
@@ -321,6 +326,122 @@ static int bench_transports(mk_backend_kind backend, const char *only, FILE *jso
     return 0;
 }
 
+/* =================================================================== batches == */
+
+#define MAX_BATCH 64
+
+typedef struct batch_ends {
+    mk_sequence *tail_seq[MAX_BATCH];
+} batch_ends;
+
+/* Entry "s<k>" is sequence k's. */
+static const mk_sequence *route_by_index(void *user, const mk_boundary_header *h) {
+    const batch_ends *e = user;
+    unsigned k = 0;
+    return sscanf(h->request_id, "s%u", &k) == 1 && k < MAX_BATCH ? e->tail_seq[k] : NULL;
+}
+
+static int bench_batches(mk_backend_kind backend, const char *only, FILE *json, int *first) {
+    const size_t counts[] = {1, 8, 64}, widths[] = {576, 4096};
+    const hop_case cases[] = {{"local", MK_SEAM_LOCAL, false}, {"wire", MK_SEAM_WIRE, false},
+                              {"unix", MK_SEAM_UNIX, false},   {"tcp", MK_SEAM_TCP, false},
+                              {"tcp+tls", MK_SEAM_TCP, true}};
+    printf("\nbatches (%s backend): N sequences' decode rows across one seam per step, N messages vs one batch\n",
+           backend == MK_BACKEND_CUDA ? "cuda" : "cpu");
+    printf("%-8s %6s %4s | %11s %11s | %11s %11s | %7s\n", "seam", "hidden", "N", "N messages", "per row", "1 batch",
+           "per row", "speedup");
+    printf("%-8s %6s %4s | %11s %11s | %11s %11s | %7s\n", "", "", "", "us/step", "us", "us/step", "us", "x");
+    mk_range_options opt = mk_range_options_default();
+    opt.backend = mk_backend_config_default(backend);
+    opt.max_context = 512;
+    opt.max_batch_sequences = MAX_BATCH;
+    for (size_t wi = 0; wi < sizeof widths / sizeof *widths; wi++) {
+        const size_t hidden = widths[wi];
+        mk_model *model = NULL;
+        if (wide_model(hidden, &model) != MK_OK) return die("model");
+        mk_range *head = NULL, *tail = NULL;
+        if (mk_range_create(model, 0, 0, &opt, &head) != MK_OK || mk_range_create(model, 1, 1, &opt, &tail) != MK_OK)
+            return die("ranges");
+        mk_sequence *head_seq[MAX_BATCH];
+        mk_boundary *out[MAX_BATCH], *in[MAX_BATCH];
+        batch_ends ends;
+        float *sent = malloc(hidden * sizeof(float)), *got = malloc(hidden * sizeof(float));
+        for (size_t k = 0; k < MAX_BATCH; k++) {
+            const int32_t id = (int32_t)(k % 16);
+            if (mk_sequence_open(head, &head_seq[k]) != MK_OK || mk_sequence_open(tail, &ends.tail_seq[k]) != MK_OK ||
+                mk_boundary_create(head, &out[k]) != MK_OK || mk_boundary_create(tail, &in[k]) != MK_OK ||
+                mk_range_forward_boundary(head, head_seq[k], &id, 1, NULL, NULL, out[k], NULL) != MK_OK)
+                return die("sequences");
+            char id_k[16];
+            snprintf(id_k, sizeof id_k, "s%zu", k);
+            if (mk_boundary_set_request(out[k], id_k, 1) != MK_OK) return die("request id");
+        }
+        for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
+            const hop_case *c = &cases[ci];
+            if (only && strcmp(only, c->name) != 0) continue;
+            mk_seam_options so = mk_seam_options_default(c->kind);
+            so.tls.enabled = c->tls;
+            so.tls.psk_hex = "8f2a61c0de55aa0193b7e4f6021c9d3b5e7a8c0f1d2e3f405162738495a6b7c8";
+            mk_seam *tx = NULL, *rx = NULL;
+            if (mk_seam_pair(&so, head, tail, &tx, &rx) != MK_OK) return die(c->name);
+            for (size_t ni = 0; ni < sizeof counts / sizeof *counts; ni++) {
+                const size_t n = counts[ni];
+                const int runs = n == 64 ? 61 : 201;
+                double *t_each = malloc((size_t)runs * sizeof *t_each), *t_batch = malloc((size_t)runs * sizeof *t_batch);
+                for (int r = -3; r < runs; r++) {
+                    double t0 = now_s();
+                    for (size_t k = 0; k < n; k++)
+                        if (mk_seam_send(tx, out[k]) != MK_OK || mk_seam_recv(rx, ends.tail_seq[k], in[k]) != MK_OK ||
+                            mk_seam_send_wait(tx) != MK_OK)
+                            return die(c->name);
+                    const double each = now_s() - t0;
+                    t0 = now_s();
+                    size_t got_n = 0;
+                    mk_status status[MAX_BATCH];
+                    if (mk_seam_send_batch(tx, (const mk_boundary *const *)out, n) != MK_OK ||
+                        mk_seam_recv_batch(rx, route_by_index, &ends, in, n, &got_n, status) != MK_OK ||
+                        mk_seam_send_wait(tx) != MK_OK || got_n != n)
+                        return die(c->name);
+                    const double batch = now_s() - t0;
+                    if (r == -3) /* every entry arrived whole before anything is timed */
+                        for (size_t k = 0; k < n; k++)
+                            if (status[k] != MK_OK || mk_boundary_read(out[k], sent, hidden) != MK_OK ||
+                                mk_boundary_read(in[k], got, hidden) != MK_OK ||
+                                memcmp(sent, got, hidden * sizeof(float)) != 0) {
+                                fprintf(stderr, "seam_bench: %s batch entry %zu of %zu is not exact\n", c->name, k, n);
+                                return 1;
+                            }
+                    if (r >= 0) t_each[r] = each, t_batch[r] = batch;
+                }
+                const double each = median_in_place(t_each, runs), batch = median_in_place(t_batch, runs);
+                printf("%-8s %6zu %4zu | %11.1f %11.2f | %11.1f %11.2f | %7.2f\n", c->name, hidden, n, each * 1e6,
+                       each * 1e6 / (double)n, batch * 1e6, batch * 1e6 / (double)n, each / batch);
+                fprintf(json,
+                        "%s  {\"part\": \"batch\", \"seam\": \"%s\", \"hidden\": %zu, \"sequences\": %zu, "
+                        "\"messages_us\": %.2f, \"batch_us\": %.2f, \"speedup\": %.3f}",
+                        *first ? "" : ",\n", c->name, hidden, n, each * 1e6, batch * 1e6, each / batch);
+                *first = 0;
+                free(t_each);
+                free(t_batch);
+            }
+            mk_seam_free(tx);
+            mk_seam_free(rx);
+        }
+        for (size_t k = 0; k < MAX_BATCH; k++) {
+            mk_boundary_free(out[k]);
+            mk_boundary_free(in[k]);
+            mk_sequence_close(head_seq[k]);
+            mk_sequence_close(ends.tail_seq[k]);
+        }
+        free(sent);
+        free(got);
+        mk_range_free(head);
+        mk_range_free(tail);
+        mk_model_free(model);
+    }
+    return 0;
+}
+
 int main(int argc, char **argv) {
     mk_backend_kind backend = MK_BACKEND_CPU;
     if (argc > 1 && mk_backend_kind_from_name(argv[1], &backend) != MK_OK) {
@@ -340,6 +461,7 @@ int main(int argc, char **argv) {
     const char *only = argc > 2 ? argv[2] : NULL;
     int rc = only ? 0 : bench_codec(json, &first);
     if (rc == 0) rc = bench_transports(backend, only, json, &first);
+    if (rc == 0) rc = bench_batches(backend, only, json, &first);
     fprintf(json, "\n]\n");
     fclose(json);
     if (rc == 0) printf("results: %s\n", path);

@@ -582,6 +582,10 @@ MK_API void mk_boundary_free(mk_boundary *boundary);
  * mk_boundary_header is the type's name). */
 MK_API const mk_boundary_header *mk_boundary_header_of(const mk_boundary *boundary);
 MK_API mk_range *mk_boundary_range(const mk_boundary *boundary);
+/* Name the sequence the boundary's rows belong to (request id, at most 63 bytes) and its
+ * step, as a batch's entries need (mk_seam_send_batch). A forward writes a fresh header (no
+ * request id, the sequence's own step): name it after the forward that fills it. */
+MK_API mk_status mk_boundary_set_request(mk_boundary *boundary, const char *request_id, uint64_t step);
 /* Copy the payload to host memory: residual [rows, hidden] (waits for the range's stream). */
 MK_API mk_status mk_boundary_read(const mk_boundary *boundary, float *residual, size_t capacity_floats);
 

@@ -201,12 +201,20 @@ TEST(SeamBatch, ABatchIsOneMessageOfSchemaTwoAndOneSequenceStaysSchemaOne) {
         row += t.rows[k];
         h.push_back(&t.out[k]->h);
     }
+    // Each entry's rows packed from where they lie (the boundaries' own buffers on the cpu
+    // backend); protobuf-c packs the same message from the rows gathered in one array.
+    const void *parts[3] = {t.out[0]->payload, t.out[1]->payload, t.out[2]->payload};
     mk_bundle_message m;
-    MK_ASSERT_OK(mk_bundle_message_describe_batch(h.data(), 3, res.data(), pos.data(), &m));
-    std::vector<uint8_t> ours(mk_bundle_message_size(&m)), theirs(meshkern__v1__tensor_bundle__get_packed_size(&m.msg));
+    MK_ASSERT_OK(mk_bundle_message_describe_batch(h.data(), 3, parts, pos.data(), &m));
+    std::vector<uint8_t> ours(mk_bundle_message_size(&m));
     ASSERT_EQ(mk_bundle_message_pack(&m, ours.data()), ours.size());
+    EXPECT_EQ(std::memcmp(ours.data() + mk_bundle_message_payload_offset(&m), res.data(), res.size() * sizeof(float)), 0)
+        << "the payload offset is where the rows begin";
+    m.residual.data.data = reinterpret_cast<uint8_t *>(res.data());
+    m.residual.data.len = res.size() * sizeof(float);
+    std::vector<uint8_t> theirs(meshkern__v1__tensor_bundle__get_packed_size(&m.msg));
     meshkern__v1__tensor_bundle__pack(&m.msg, theirs.data());
-    EXPECT_EQ(ours, theirs); // the hand codec writes protobuf-c's bytes, entries included
+    EXPECT_EQ(ours, theirs); // the hand codec writes protobuf-c's bytes, entries and scattered rows included
     Meshkern__V1__TensorBundle *msg = meshkern__v1__tensor_bundle__unpack(nullptr, ours.size(), ours.data());
     ASSERT_NE(msg, nullptr);
     EXPECT_EQ(msg->schema_version, MK_BOUNDARY_BATCH_SCHEMA_VERSION);
@@ -240,7 +248,8 @@ TEST(SeamBatch, ABatchIsOneMessageOfSchemaTwoAndOneSequenceStaysSchemaOne) {
     // One sequence: the batch call writes the schema 1 bytes mk_bundle_message_describe writes.
     mk_bundle_message one, batch_of_one;
     MK_ASSERT_OK(mk_bundle_message_describe(h[0], res.data(), pos.data(), &one));
-    MK_ASSERT_OK(mk_bundle_message_describe_batch(h.data(), 1, res.data(), pos.data(), &batch_of_one));
+    const void *first_rows = res.data();
+    MK_ASSERT_OK(mk_bundle_message_describe_batch(h.data(), 1, &first_rows, pos.data(), &batch_of_one));
     std::vector<uint8_t> a(mk_bundle_message_size(&one)), c(mk_bundle_message_size(&batch_of_one));
     mk_bundle_message_pack(&one, a.data());
     mk_bundle_message_pack(&batch_of_one, c.data());
@@ -382,6 +391,38 @@ TEST(SeamBatch, ASendThatCannotBeOneBatchIsRefusedBeforeAnyByte) {
     MK_ASSERT_OK(mk_seam_send_batch(tx.get(), outs.data(), 3));
 }
 
+// The public way to name a boundary's sequence: checked, and what the entries carry.
+TEST(SeamBatch, ABoundaryIsNamedThroughThePublicApi) {
+    ThreeSequences t;
+    MK_ASSERT_OK(t.forward(0));
+    EXPECT_ERROR(mk_boundary_set_request(nullptr, "x", 0), MK_ERR_INVALID_ARGUMENT, "NULL argument");
+    EXPECT_ERROR(mk_boundary_set_request(t.out[0].get(), nullptr, 0), MK_ERR_INVALID_ARGUMENT, "NULL argument");
+    const std::string longest(63, 'q');
+    MK_ASSERT_OK(mk_boundary_set_request(t.out[0].get(), longest.c_str(), 7));
+    EXPECT_EQ(mk_boundary_header_of(t.out[0].get())->request_id, longest);
+    EXPECT_EQ(mk_boundary_header_of(t.out[0].get())->step, 7u);
+    EXPECT_ERROR(mk_boundary_set_request(t.out[0].get(), (longest + "q").c_str(), 8), MK_ERR_INVALID_ARGUMENT,
+                 "request id of 64 bytes: a boundary holds at most 63");
+    EXPECT_EQ(mk_boundary_header_of(t.out[0].get())->step, 7u) << "a refusal changes nothing";
+    MK_ASSERT_OK(mk_boundary_set_request(t.out[1].get(), "other", 0));
+    const mk_boundary *two[2] = {t.out[0].get(), t.out[1].get()};
+    SeamPtr tx, rx;
+    MK_ASSERT_OK(pair(t, kKinds[1], &tx, &rx));
+    MK_ASSERT_OK(mk_seam_send_batch(tx.get(), two, 2));
+    Routes r;
+    r.by_id[longest] = t.tail_seq[0].get();
+    r.by_id["other"] = t.tail_seq[1].get();
+    auto ins = t.ins();
+    size_t n = 0;
+    mk_status st[2] = {MK_ERR_INTERNAL, MK_ERR_INTERNAL};
+    MK_ASSERT_OK(mk_seam_recv_batch(rx.get(), &Routes::route, &r, ins.data(), 2, &n, st));
+    ASSERT_EQ(n, 2u);
+    EXPECT_EQ(st[0], MK_OK);
+    EXPECT_EQ(st[1], MK_OK);
+    EXPECT_EQ(mk_boundary_header_of(t.in[0].get())->step, 7u);
+    EXPECT_STREQ(mk_boundary_header_of(t.in[1].get())->request_id, "other");
+}
+
 TEST(SeamBatch, MoreRowsThanTheRangeTakesInOneForwardAreRefused) {
     ModelPtr model = make_random_model(mk_hparams_seed_default());
     mk_range_options o = mk_range_options_default();
@@ -441,8 +482,9 @@ struct BatchMessage {
         c.rows = 3;
         c.position = 7;
         const mk_boundary_header *h[3] = {&a, &b, &c};
+        const void *rows[3] = {res.data(), res.data() + 2 * 4, res.data() + 3 * 4};
         mk_bundle_message m;
-        EXPECT_EQ(mk_bundle_message_describe_batch(h, 3, res.data(), pos.data(), &m), MK_OK);
+        EXPECT_EQ(mk_bundle_message_describe_batch(h, 3, rows, pos.data(), &m), MK_OK);
         bytes.resize(mk_bundle_message_size(&m));
         mk_bundle_message_pack(&m, bytes.data());
     }

@@ -80,6 +80,8 @@ mk_status mk_bundle_message_describe(const mk_boundary_header *h, const void *re
     mk_tensor_msg_describe(&m->positions, "positions", MESHKERN__V1__DTYPE__DTYPE_INT32, m->positions_shape, 2,
                             positions, rows * sizeof(int32_t));
     m->tensors[0] = &m->residual;
+    m->n_parts = 0;
+    m->parts_bytes = 0;
     meshkern__v1__tensor_bundle__init(&m->msg);
     m->msg.schema_version = h->schema_version;
     m->msg.architecture = MESHKERN__V1__ARCHITECTURE_TYPE__ARCHITECTURE_TYPE_DENSE;
@@ -125,10 +127,10 @@ mk_status mk_bundle_batch_check(const mk_boundary_header *const *h, size_t n) {
     return MK_OK;
 }
 
-mk_status mk_bundle_message_describe_batch(const mk_boundary_header *const *h, size_t n, const void *residual,
+mk_status mk_bundle_message_describe_batch(const mk_boundary_header *const *h, size_t n, const void *const *rows,
                                            const int32_t *positions, mk_bundle_message *m) {
     MK_TRY(mk_bundle_batch_check(h, n));
-    if (n == 1) return mk_bundle_message_describe(h[0], residual, positions, m);
+    if (n == 1) return mk_bundle_message_describe(h[0], rows[0], positions, m);
     mk_boundary_header *total = &m->batch; /* the message points into it: it lives in m */
     *total = *h[0];
     total->rows = 0;
@@ -136,7 +138,13 @@ mk_status mk_bundle_message_describe_batch(const mk_boundary_header *const *h, s
     total->schema_version = MK_BOUNDARY_BATCH_SCHEMA_VERSION;
     total->request_id[0] = '\0';
     total->step = 0;
-    MK_TRY(mk_bundle_message_describe(total, residual, positions, m));
+    MK_TRY(mk_bundle_message_describe(total, rows[0], positions, m));
+    /* The residual's bytes come from each entry's rows where they lie (no gathering copy):
+     * the tensor is packed without its data, which the pack appends part by part. */
+    m->residual.data.data = NULL;
+    m->residual.data.len = 0;
+    m->n_parts = n;
+    m->parts_bytes = 0;
     for (size_t k = 0; k < n; k++) {
         Meshkern__V1__BundleEntry *e = &m->entry[k];
         meshkern__v1__bundle_entry__init(e);
@@ -145,6 +153,9 @@ mk_status mk_bundle_message_describe_batch(const mk_boundary_header *const *h, s
         e->position = h[k]->position;
         e->rows = h[k]->rows;
         m->entries[k] = e;
+        m->part[k] = rows[k];
+        m->part_bytes[k] = h[k]->rows * h[k]->hidden * sizeof(float);
+        m->parts_bytes += m->part_bytes[k];
     }
     m->msg.n_entries = n;
     m->msg.entries = m->entries;
@@ -215,16 +226,23 @@ static size_t mk_pb_tail_size(const Meshkern__V1__TensorBundle *m, size_t positi
            mk_pb_uint_size(MK_BUNDLE_STEP, m->step) + entries;
 }
 
+/* The residual tensor's packed size, its data included (appended by hand for a batch). */
+static size_t mk_residual_size(const mk_bundle_message *m) {
+    const size_t packed = meshkern__v1__tensor__get_packed_size(&m->residual);
+    return m->n_parts ? packed + mk_pb_len_size(MK_TENSOR_DATA, m->parts_bytes) : packed;
+}
+
 size_t mk_bundle_message_size(const mk_bundle_message *m) {
-    const size_t tensor = meshkern__v1__tensor__get_packed_size(&m->residual);
+    const size_t tensor = mk_residual_size(m);
     const size_t positions = meshkern__v1__tensor__get_packed_size(&m->positions);
     return mk_pb_head_size(&m->msg) + mk_pb_len_size(MK_BUNDLE_TENSORS, tensor) + mk_pb_tail_size(&m->msg, positions);
 }
 
 size_t mk_bundle_message_payload_offset(const mk_bundle_message *m) {
-    const size_t tensor = meshkern__v1__tensor__get_packed_size(&m->residual);
+    const size_t tensor = mk_residual_size(m);
     /* data is the tensor's last field: its bytes end the tensor message. */
-    return mk_pb_head_size(&m->msg) + mk_pb_len_size(MK_BUNDLE_TENSORS, tensor) - m->residual.data.len;
+    return mk_pb_head_size(&m->msg) + mk_pb_len_size(MK_BUNDLE_TENSORS, tensor) -
+           (m->n_parts ? m->parts_bytes : m->residual.data.len);
 }
 
 size_t mk_bundle_message_pack(const mk_bundle_message *m, uint8_t *out) {
@@ -238,8 +256,15 @@ size_t mk_bundle_message_pack(const mk_bundle_message *m, uint8_t *out) {
     p = mk_pb_uint(p, MK_BUNDLE_NORMALIZED, msg->normalized ? 1 : 0);
     /* Nested messages: their length first, then protobuf-c packs them in place (a Tensor
      * has no nested message, so its data is copied once). */
-    p = mk_pb_len(p, MK_BUNDLE_TENSORS, meshkern__v1__tensor__get_packed_size(&m->residual));
+    p = mk_pb_len(p, MK_BUNDLE_TENSORS, mk_residual_size(m));
     p += meshkern__v1__tensor__pack(&m->residual, p);
+    if (m->n_parts) { /* data, the last field, as protobuf-c would write it: each entry's rows in turn */
+        p = mk_pb_len(p, MK_TENSOR_DATA, m->parts_bytes);
+        for (size_t k = 0; k < m->n_parts; k++) {
+            memcpy(p, m->part[k], m->part_bytes[k]);
+            p += m->part_bytes[k];
+        }
+    }
     p = mk_pb_len(p, MK_BUNDLE_POSITIONS, meshkern__v1__tensor__get_packed_size(&m->positions));
     p += meshkern__v1__tensor__pack(&m->positions, p);
     p = mk_pb_string(p, MK_BUNDLE_RECIPE_DIGEST, msg->runtime_recipe_digest);

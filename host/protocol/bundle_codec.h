@@ -34,17 +34,21 @@ typedef struct mk_bundle_message {
     Meshkern__V1__BundleEntry entry[MK_MAX_BATCH_SEQUENCES]; /* schema 2 */
     Meshkern__V1__BundleEntry *entries[MK_MAX_BATCH_SEQUENCES];
     mk_boundary_header batch; /* schema 2: the shared fields the message points at */
+    /* schema 2: the residual's data, entry by entry where each lies (packed in turn) */
+    const void *part[MK_MAX_BATCH_SEQUENCES];
+    size_t part_bytes[MK_MAX_BATCH_SEQUENCES], n_parts, parts_bytes;
 } mk_bundle_message;
 mk_status mk_bundle_message_describe(const mk_boundary_header *h, const void *residual, const int32_t *positions,
                                      mk_bundle_message *m);
 /* A batch of n sequences' boundaries as one message: schema 1 when n == 1 (the bytes a
  * single boundary packs to), else schema 2 with an entry per header, residual
- * [1, total rows, hidden] and positions [1, total rows] (the rows of h[0], then h[1]...).
+ * [1, total rows, hidden] packed from rows[0], then rows[1]... (entry k's h[k]->rows rows,
+ * wherever they lie: no gathering copy) and positions [1, total rows].
  * The headers must agree on everything but request id, step, position and rows, and each
  * have rows and (n > 1) a request id of its own: mk_bundle_batch_check, which every seam's
  * send applies. */
 mk_status mk_bundle_batch_check(const mk_boundary_header *const *h, size_t n);
-mk_status mk_bundle_message_describe_batch(const mk_boundary_header *const *h, size_t n, const void *residual,
+mk_status mk_bundle_message_describe_batch(const mk_boundary_header *const *h, size_t n, const void *const *rows,
                                            const int32_t *positions, mk_bundle_message *m);
 
 /* Pack m (the payload copied once) into out[mk_bundle_message_size(m)]; returns the

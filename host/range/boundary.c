@@ -2,6 +2,8 @@
  * that describes them; what a seam moves and a forward reads or writes. */
 #include <stdlib.h>
 
+#include <string.h>
+
 #include "mk_error.h"
 #include "protocol/boundary.h"
 #include "range/range_impl.h"
@@ -35,6 +37,18 @@ void mk_boundary_free(mk_boundary *bd) {
 
 const mk_boundary_header *mk_boundary_header_of(const mk_boundary *bd) {
     return bd ? &bd->h : NULL;
+}
+
+mk_status mk_boundary_set_request(mk_boundary *bd, const char *request_id, uint64_t step) {
+    mk_clear_error();
+    if (!bd || !request_id) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_boundary_set_request: NULL argument");
+    const size_t n = strlen(request_id);
+    if (n >= sizeof bd->h.request_id)
+        return mk_fail(MK_ERR_INVALID_ARGUMENT, "request id of %zu bytes: a boundary holds at most %zu", n,
+                       sizeof bd->h.request_id - 1);
+    memcpy(bd->h.request_id, request_id, n + 1);
+    bd->h.step = step;
+    return MK_OK;
 }
 
 mk_range *mk_boundary_range(const mk_boundary *bd) {

@@ -269,6 +269,23 @@ mk_status mk_seam_connect(const mk_seam_options *given, mk_range *sender, mk_sea
 
 /* ========================================================== send and receive == */
 
+mk_status mk_seam_stage_rows(mk_backend *be, const mk_boundary *const *b, size_t n, void *staging, int32_t *positions,
+                             const void **rows, const mk_boundary_header **h) {
+    size_t row = 0;
+    for (size_t k = 0; k < n; k++) {
+        const size_t hidden = b[k]->h.hidden, bytes = b[k]->h.rows * hidden * sizeof(float);
+        rows[k] = b[k]->payload;
+        if (!be->ops->host_addressable) {
+            rows[k] = (char *)staging + row * hidden * sizeof(float);
+            MK_TRY(be->ops->download_async(be, (void *)rows[k], b[k]->payload, bytes));
+        }
+        for (size_t i = 0; i < b[k]->h.rows; i++) positions[row + i] = (int32_t)(b[k]->h.position + (int64_t)i);
+        row += b[k]->h.rows;
+        h[k] = &b[k]->h;
+    }
+    return be->ops->synchronize(be); /* the rows are complete */
+}
+
 mk_status mk_seam_send_batch(mk_seam *s, const mk_boundary *const *b, size_t n) {
     mk_clear_error();
     if (!s || !b) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_seam_send: NULL argument");

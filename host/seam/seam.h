@@ -89,6 +89,13 @@ typedef mk_status (*mk_seam_entry_contract)(void *user, size_t k, const mk_bound
                                             const mk_sequence **checked_for);
 mk_status mk_seam_recv_batch_with(mk_seam *s, mk_seam_entry_contract contract, void *user, mk_boundary *const *into,
                                   size_t cap, size_t *n, mk_status *entry_status, char (*errors)[MK_SEAM_ENTRY_ERROR]);
+/* The host side of a send of n boundaries (host-staged transports): positions[] filled
+ * (each entry's rows counting up from its position), h[k] = &b[k]->h, and rows[k] where
+ * entry k's residual rows can be read on the host: its own buffer on a host backend (no
+ * copy), else downloaded into staging [max_rows, hidden] at its row offset. Waits for the
+ * backend: the rows are complete on return. */
+mk_status mk_seam_stage_rows(mk_backend *be, const mk_boundary *const *b, size_t n, void *staging, int32_t *positions,
+                             const void **rows, const mk_boundary_header **h);
 /* Stream ends: the connected fd (to poll before a receive; -1 for other transports), and
  * raw bytes written on it (fault injection only: a frame that is not one). */
 int mk_seam_stream_fd(const mk_seam *s);

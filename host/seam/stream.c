@@ -120,25 +120,11 @@ static mk_status stream_send_wait(mk_seam *s) {
 static mk_status stream_send(mk_seam *s, const mk_boundary *const *b, size_t n) {
     mk_stream *st = s->impl;
     MK_TRY(stream_send_wait(s)); /* one frame buffer: the previous write must be done */
-    /* One sequence on a host backend packs straight from its buffer; anything else is
-     * gathered into the pinned staging buffer, the entries' rows one after another. */
-    const void *residual = b[0]->payload;
-    const bool gather = n > 1 || !st->backend->ops->host_addressable;
+    const void *rows[MK_MAX_BATCH_SEQUENCES];
     const mk_boundary_header *h[MK_MAX_BATCH_SEQUENCES];
-    size_t row = 0;
-    for (size_t k = 0; k < n; k++) {
-        const size_t hidden = b[k]->h.hidden, bytes = b[k]->h.rows * hidden * sizeof(float);
-        if (gather)
-            MK_TRY(st->backend->ops->download_async(st->backend, (char *)st->staging + row * hidden * sizeof(float),
-                                                    b[k]->payload, bytes));
-        for (size_t i = 0; i < b[k]->h.rows; i++) st->positions[row + i] = (int32_t)(b[k]->h.position + (int64_t)i);
-        row += b[k]->h.rows;
-        h[k] = &b[k]->h;
-    }
-    if (gather) residual = st->staging;
-    MK_TRY(st->backend->ops->synchronize(st->backend)); /* the residual is complete */
+    MK_TRY(mk_seam_stage_rows(st->backend, b, n, st->staging, st->positions, rows, h));
     mk_bundle_message m;
-    MK_TRY(mk_bundle_message_describe_batch(h, n, residual, st->positions, &m));
+    MK_TRY(mk_bundle_message_describe_batch(h, n, rows, st->positions, &m));
     const size_t len = mk_bundle_message_size(&m);
     if (len + MK_FRAME_HEADER_BYTES + MK_FRAME_ALIGN > st->frame_cap)
         return mk_fail(MK_ERR_INTERNAL, "stream seam: a frame of %zu bytes exceeds the %zu-byte frame buffer", len,
@@ -261,8 +247,8 @@ static mk_status mk_stream_init(mk_seam *s, int fd, bool tls_server) {
         st->frame_cap = (size_t)limit + MK_FRAME_HEADER_BYTES + MK_FRAME_ALIGN;
         st->positions = malloc(rows * sizeof(int32_t));
         if (!st->positions) return mk_fail(MK_ERR_OUT_OF_MEMORY, "stream seam: out of memory");
-        /* a batch is gathered here even on a host backend */
-        MK_TRY(st->backend->ops->host_alloc(st->backend, rows * hidden * sizeof(float), &st->staging));
+        if (!st->backend->ops->host_addressable)
+            MK_TRY(st->backend->ops->host_alloc(st->backend, rows * hidden * sizeof(float), &st->staging));
         MK_TRY(st->backend->ops->host_alloc(st->backend, st->frame_cap, (void **)&st->frame));
     } else {
         st->limit = limit; /* the receiver's own limit, never the sender's word */

@@ -26,24 +26,11 @@ typedef struct mk_wire_link {
 static mk_status wire_send(mk_seam *s, const mk_boundary *const *b, size_t n) {
     mk_wire_link *link = s->impl;
     mk_backend *be = mk_range_backend(s->range);
+    const void *rows[MK_MAX_BATCH_SEQUENCES];
     const mk_boundary_header *h[MK_MAX_BATCH_SEQUENCES];
-    /* One sequence on a host backend packs straight from its buffer; anything else is
-     * gathered into the staging buffer, the entries' rows one after another. */
-    const void *residual = b[0]->payload;
-    const bool gather = n > 1 || !be->ops->host_addressable;
-    size_t row = 0;
-    for (size_t k = 0; k < n; k++) {
-        const size_t bytes = b[k]->h.rows * b[k]->h.hidden * sizeof(float);
-        if (gather) MK_TRY(be->ops->download_async(be, (char *)link->staging + row * b[k]->h.hidden * sizeof(float),
-                                                  b[k]->payload, bytes));
-        for (size_t i = 0; i < b[k]->h.rows; i++) link->positions[row + i] = (int32_t)(b[k]->h.position + (int64_t)i);
-        row += b[k]->h.rows;
-        h[k] = &b[k]->h;
-    }
-    if (gather) residual = link->staging;
-    MK_TRY(be->ops->synchronize(be));
+    MK_TRY(mk_seam_stage_rows(be, b, n, link->staging, link->positions, rows, h));
     mk_bundle_message m;
-    MK_TRY(mk_bundle_message_describe_batch(h, n, residual, link->positions, &m));
+    MK_TRY(mk_bundle_message_describe_batch(h, n, rows, link->positions, &m));
     const size_t len = mk_bundle_message_size(&m);
     if (len + MK_FRAME_ALIGN > link->cap) {
         const size_t cap = (len + 2 * MK_FRAME_ALIGN) & ~(size_t)(MK_FRAME_ALIGN - 1);
@@ -119,6 +106,6 @@ mk_status mk_seam_wire_pair(mk_seam *tx, mk_seam *rx) {
     mk_backend *be = mk_range_backend(tx->range);
     link->positions = malloc(rows * sizeof(int32_t));
     if (!link->positions) return mk_fail(MK_ERR_OUT_OF_MEMORY, "wire seam: out of memory");
-    /* a batch is gathered here even on a host backend */
+    if (be->ops->host_addressable) return MK_OK;
     return be->ops->host_alloc(be, rows * hidden * sizeof(float), &link->staging);
 }

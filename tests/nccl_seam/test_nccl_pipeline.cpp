@@ -278,6 +278,82 @@ TEST(NcclSeamFaults, ABatchOfSeveralIsRefusedBeforeAnythingIsPosted) {
     EXPECT_EQ(mk_seam_send_wait(h.tx.get()), MK_OK) << mk_last_error();
 }
 
+// On the cuda backend the host-staged transports download each entry of a batch into the
+// pinned staging buffer at its row offset (the cpu backend packs from where the rows lie):
+// three sequences of 3, 1 and 2 rows as one message over wire and unix, each arriving
+// bit-identical in its own boundary on the other device.
+TEST(NcclSeamFaults, BatchEntriesAreStagedFromDeviceMemoryOverHostTransports) {
+    need_sim_devices(2);
+    const ModelCase c = model_cases()[0];
+    ModelPtr m = make_random_model(c.hp);
+    for (mk_seam_kind kind : {MK_SEAM_WIRE, MK_SEAM_UNIX}) {
+        SCOPED_TRACE(mk_seam_kind_name(kind));
+        mk_range *r = nullptr;
+        mk_range_options o0 = cuda_on(0), o1 = cuda_on(1);
+        ASSERT_EQ(mk_range_create(m.get(), 0, 1, &o0, &r), MK_OK) << mk_last_error();
+        RangePtr head(r);
+        const int64_t L = (int64_t)c.hp.n_layers;
+        ASSERT_EQ(mk_range_create(m.get(), 2, L - 1, &o1, &r), MK_OK) << mk_last_error();
+        RangePtr tail(r);
+        const mk_seam_options so = mk_seam_options_default(kind);
+        mk_seam *t = nullptr, *x = nullptr;
+        ASSERT_EQ(mk_seam_pair(&so, head.get(), tail.get(), &t, &x), MK_OK) << mk_last_error();
+        SeamPtr tx(t), rx(x);
+        std::vector<SequencePtr> hs, ts;
+        std::vector<BoundaryPtr> outs, ins;
+        std::vector<const mk_boundary *> send;
+        std::vector<mk_boundary *> recv;
+        const size_t rows[3] = {3, 1, 2};
+        for (size_t k = 0; k < 3; k++) {
+            mk_sequence *s = nullptr;
+            ASSERT_EQ(mk_sequence_open(head.get(), &s), MK_OK);
+            hs.emplace_back(s);
+            ASSERT_EQ(mk_sequence_open(tail.get(), &s), MK_OK);
+            ts.emplace_back(s);
+            mk_boundary *b = nullptr;
+            ASSERT_EQ(mk_boundary_create(head.get(), &b), MK_OK);
+            outs.emplace_back(b);
+            send.push_back(b);
+            ASSERT_EQ(mk_boundary_create(tail.get(), &b), MK_OK);
+            ins.emplace_back(b);
+            recv.push_back(b);
+            std::vector<int32_t> ids(rows[k]);
+            for (size_t i = 0; i < rows[k]; i++) ids[i] = (int32_t)((k * 5 + i * 3) % c.hp.vocab);
+            ASSERT_EQ(mk_range_forward_boundary(head.get(), hs[k].get(), ids.data(), ids.size(), nullptr, nullptr,
+                                                outs[k].get(), nullptr),
+                      MK_OK)
+                << mk_last_error();
+            ASSERT_EQ(mk_boundary_set_request(outs[k].get(), ("q" + std::to_string(k)).c_str(), 0), MK_OK);
+        }
+        ASSERT_EQ(mk_seam_send_batch(tx.get(), send.data(), 3), MK_OK) << mk_last_error();
+        ASSERT_EQ(mk_seam_send_wait(tx.get()), MK_OK) << mk_last_error();
+        struct Route {
+            static const mk_sequence *of(void *user, const mk_boundary_header *h) {
+                auto *v = static_cast<std::vector<SequencePtr> *>(user);
+                return h->request_id[0] == 'q' ? (*v)[(size_t)(h->request_id[1] - '0')].get() : nullptr;
+            }
+        };
+        size_t n = 0;
+        mk_status st[3] = {MK_ERR_INTERNAL, MK_ERR_INTERNAL, MK_ERR_INTERNAL};
+        ASSERT_EQ(mk_seam_recv_batch(rx.get(), &Route::of, &ts, recv.data(), 3, &n, st), MK_OK) << mk_last_error();
+        ASSERT_EQ(n, 3u);
+        for (size_t k = 0; k < 3; k++) {
+            EXPECT_EQ(st[k], MK_OK) << k;
+            const size_t floats = rows[k] * c.hp.hidden;
+            std::vector<float> a(floats), b(floats);
+            ASSERT_EQ(mk_boundary_read(outs[k].get(), a.data(), floats), MK_OK);
+            ASSERT_EQ(mk_boundary_read(ins[k].get(), b.data(), floats), MK_OK);
+            EXPECT_EQ(memcmp(a.data(), b.data(), floats * sizeof(float)), 0) << "entry " << k;
+        }
+        rx.reset();
+        tx.reset();
+        ins.clear();
+        outs.clear();
+        ts.clear();
+        hs.clear();
+    }
+}
+
 // ===================================================== lying and dying peers ==
 
 // The receiving end: a tail range on device 1 behind an NCCL listener (the id file).
