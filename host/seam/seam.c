@@ -314,6 +314,7 @@ mk_status mk_seam_send_batch(mk_seam *s, const mk_boundary *const *b, size_t n) 
 }
 
 mk_status mk_seam_send(mk_seam *s, const mk_boundary *b) {
+    mk_clear_error();
     return mk_seam_send_batch(s, &b, 1);
 }
 
