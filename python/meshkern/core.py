@@ -523,6 +523,11 @@ class Boundary:
     def header(self) -> BoundaryHeader:
         return BoundaryHeader._from_c(lib.mk_boundary_header_of(self._ptr)[0])
 
+    def set_request(self, request_id: str, step: int = 0) -> None:
+        """Name the sequence the rows belong to, as a batch's entries need
+        (mk_boundary_set_request); after the forward that filled the boundary."""
+        check(lib.mk_boundary_set_request(self._ptr, request_id.encode(), int(step)))
+
     def read(self) -> np.ndarray:
         """Copy the payload to host memory: residual [rows, hidden] (an explicit copy)."""
         h = lib.mk_boundary_header_of(self._ptr)
@@ -978,6 +983,28 @@ class Seam:
 
     def recv(self, seq: Sequence, into: Boundary) -> None:
         check(lib.mk_seam_recv(self._ptr, seq._ptr, into._ptr))
+
+    def send_batch(self, boundaries: "list[Boundary]") -> None:
+        """Several sequences' boundaries (each named with Boundary.set_request) as one
+        message (mk_seam_send_batch: TensorBundle schema 2)."""
+        arr = ffi.new("mk_boundary *[]", [b._ptr for b in boundaries])
+        check(lib.mk_seam_send_batch(self._ptr, ffi.cast("const mk_boundary *const *", arr), len(boundaries)))
+
+    def recv_batch(self, sequences: "dict[str, Sequence]", into: "list[Boundary]") -> "list[str]":
+        """The next message, one boundary or a batch, entry k into into[k] for the sequence
+        its request id names in `sequences` (mk_seam_recv_batch). Returns each entry's status
+        name ("MK_OK" where it arrived); an entry refused fails alone, its boundary left empty.
+        A message that is bad as a whole raises."""
+        by_id = {k.encode(): v._ptr for k, v in sequences.items()}
+
+        @ffi.callback("const mk_sequence *(void *, const mk_boundary_header *)")
+        def route(_user, h):
+            return by_id.get(ffi.string(h.request_id), ffi.NULL)
+
+        arr = ffi.new("mk_boundary *[]", [b._ptr for b in into])
+        n, status = ffi.new("size_t *"), ffi.new("mk_status[]", max(len(into), 1))
+        check(lib.mk_seam_recv_batch(self._ptr, route, ffi.NULL, arr, len(into), n, status))
+        return [string(lib.mk_status_name(status[k])) for k in range(n[0])]
 
     @property
     def bytes(self) -> int:

@@ -484,6 +484,33 @@ def test_seams_carry_the_boundary(model, kind, tls):
     assert rx.bytes > 0
 
 
+@pytest.mark.parametrize("kind", ["wire", "unix"])
+def test_a_batch_crosses_as_one_message_and_a_lying_entry_fails_alone(model, kind):
+    head, tail = mk.Range(model, 0, 2, threads=1), mk.Range(model, 3, 5, threads=1)
+    tx, rx = mk.Seam.pair(head, tail, kind)
+    prompts = {"a": [3, 1, 4], "b": [1], "c": [5, 9, 2, 6, 5]}
+    hs = {k: head.sequence() for k in prompts}
+    ts = {k: tail.sequence() for k in prompts}
+    outs = {k: head.boundary() for k in prompts}
+    ins = [tail.boundary() for _ in prompts]
+    for k, ids in prompts.items():
+        head.forward_boundary(hs[k], ids, out=outs[k])
+        outs[k].set_request(k)
+    tx.send_batch(list(outs.values()))
+    assert rx.recv_batch(ts, ins) == ["MK_OK"] * 3
+    for b, k in zip(ins, prompts):
+        assert b.header.request_id == k
+        assert np.array_equal(b.read(), outs[k].read())   # bit for bit
+    # the same rows again: "a" and "c" still continue their tail sequences (never run), but
+    # "b" now names a request the receiver does not hold: it alone is refused
+    outs["b"].set_request("nobody")
+    tx.send_batch(list(outs.values()))
+    assert rx.recv_batch(ts, ins) == ["MK_OK", "MK_ERR_INVALID_ARGUMENT", "MK_OK"]
+    assert ins[1].header.rows == 0 and ins[2].header.rows == 5
+    with pytest.raises(errors.InvalidArgumentError):
+        outs["b"].set_request("x" * 64)
+
+
 def test_seam_refuses_a_wrong_receiver(model):
     head, wrong = mk.Range(model, 0, 2), mk.Range(model, 4, 5)
     tx, rx = mk.Seam.pair(head, wrong, "unix")
