@@ -343,13 +343,14 @@ static mk_status seam_contract(void *user, const mk_boundary_header *h, const mk
 typedef struct seam_noted_entry {
     mk_seam_entry_contract contract;
     void *user;
+    size_t k;
     const mk_sequence *seq;
 } seam_noted_entry;
 
 static mk_status seam_noted_entry_check(void *user, const mk_boundary_header *h) {
     seam_noted_entry *n = user;
     n->seq = NULL;
-    return n->contract(n->user, 0, h, &n->seq);
+    return n->contract(n->user, n->k, h, &n->seq);
 }
 
 static void seam_stamp(mk_boundary *into, const mk_sequence *seq) {
@@ -376,17 +377,32 @@ mk_status mk_seam_recv_batch_with(mk_seam *s, mk_seam_entry_contract contract, v
     const double t0 = mk_seconds();
     mk_status st;
     if (s->ops->recv_checked) {
-        /* The transport takes header and payload in one exchange (one entry); the contract
-         * still runs here, on the header, before the transport posts the payload receive. */
-        seam_noted_entry noted = {contract, user, NULL};
-        st = s->ops->recv_checked(s, seam_noted_entry_check, &noted, into[0]);
-        if (st == MK_OK) {
-            *n = 1;
-            entry_status[0] = MK_OK;
-            seam_stamp(into[0], noted.seq);
-        } else {
-            into[0]->h.rows = 0;
-        }
+        /* The transport takes each entry's header and payload in one exchange; the contract
+         * still runs here, on the header, before the transport posts the payload receive.
+         * A refusal there ends the exchange (and the transport), so it is the message's. */
+        size_t k = 0, more = 0;
+        do {
+            if (k == cap) {
+                st = mk_fail(MK_ERR_SHAPE, "a batch of more than the %zu entries this receiver takes (%zu more came)",
+                             cap, more);
+                break;
+            }
+            seam_noted_entry noted = {contract, user, k, NULL};
+            st = s->ops->recv_checked(s, seam_noted_entry_check, &noted, into[k], &more);
+            if (st != MK_OK) {
+                into[k]->h.rows = 0;
+                break;
+            }
+            entry_status[k] = MK_OK;
+            seam_stamp(into[k], noted.seq);
+            k++;
+        } while (more > 0);
+        if (st == MK_OK) *n = k;
+        else
+            for (size_t j = 0; j < k; j++) { /* nothing of a failed message is accepted */
+                into[j]->h.rows = 0;
+                into[j]->checked_seq = NULL;
+            }
         s->seconds += mk_seconds() - t0;
         return st;
     }

@@ -26,9 +26,10 @@ typedef struct mk_seam_ops {
     /* Entry k's rows of that message into `into` (into->h: entry k's accepted header). */
     mk_status (*recv_payload)(mk_seam *s, size_t k, mk_boundary *into);
     /* Instead of the two steps above, where header and payload are one exchange (NCCL, one
-     * sequence per message): receive the header, run check(user, header) and only if it
-     * passes receive the payload into `into` and set into->h. */
-    mk_status (*recv_checked)(mk_seam *s, mk_seam_check check, void *user, mk_boundary *into);
+     * exchange per entry): receive the header, run check(user, header) and only if it passes
+     * receive the payload into `into` and set into->h; *more: the entries of its batch still
+     * to come. */
+    mk_status (*recv_checked)(mk_seam *s, mk_seam_check check, void *user, mk_boundary *into, size_t *more);
     void (*destroy)(mk_seam *s);
 } mk_seam_ops;
 

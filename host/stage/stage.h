@@ -160,7 +160,7 @@ struct mk_stage {
     mk_range *range;
     mk_boundary *in, *out;        /* ins[0], outs[0] */
     mk_boundary **ins, **outs;    /* [max_batch]: a step's boundaries, one per request */
-    size_t max_batch;             /* requests one step carries (1 on nccl seams) */
+    size_t max_batch;             /* requests one step carries */
     mk_slots slots;
     char abort_requests[MK_CTL_MAX_BODY + 1]; /* rank > 0: the requests rank 0's ABORT named */
     mk_fault fault;

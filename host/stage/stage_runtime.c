@@ -190,7 +190,7 @@ static mk_status mk_stage_build(mk_stage *st) {
     ro.max_batch_tokens = st->max_rows;
     /* Continuous batching: a step carries every request ready for it (an nccl receive
      * cannot be polled for the next boundary, so one at a time there). */
-    st->max_batch = st->o.seam == MK_SEAM_NCCL ? 1 : st->max_sequences;
+    st->max_batch = st->max_sequences;
     if (st->max_batch > MK_MAX_BATCH_SEQUENCES) st->max_batch = MK_MAX_BATCH_SEQUENCES;
     if (st->max_batch > st->max_context) st->max_batch = st->max_context;
     if (ro.max_batch_tokens < st->max_batch) ro.max_batch_tokens = st->max_batch;
@@ -453,14 +453,11 @@ static mk_status mk_stage_send_from(mk_stage *st, mk_boundary *out, const char *
 
 static mk_status mk_stage_send(mk_stage *st, const char *id) { return mk_stage_send_from(st, st->out, id); }
 
-/* Send a step's boundaries (outs[k] for request ids[k]) to the next rank: one batch message
- * on a stream seam, one by one on nccl (one sequence per exchange). Each boundary is a step
- * of this rank's count, so a fault due at any of them is injected as at a single send. */
+/* Send a step's boundaries (outs[k] for request ids[k]) to the next rank as one batch
+ * message (on nccl one exchange per entry, each saying how many follow). Each boundary is a
+ * step of this rank's count, so a fault due at any of them is injected as at a single send. */
 static mk_status mk_stage_send_batch(mk_stage *st, mk_boundary *const *outs, char (*ids)[64], size_t n) {
-    if (n == 1 || st->o.seam == MK_SEAM_NCCL) {
-        for (size_t k = 0; k < n; k++) MK_TRY(mk_stage_send_from(st, outs[k], ids[k]));
-        return MK_OK;
-    }
+    if (n == 1) return mk_stage_send_from(st, outs[0], ids[0]);
     const uint64_t first = st->steps;
     for (size_t k = 0; k < n; k++) {
         const uint64_t step = st->steps++;
@@ -473,7 +470,9 @@ static mk_status mk_stage_send_batch(mk_stage *st, mk_boundary *const *outs, cha
     __atomic_fetch_add(&st->live_messages, 1, __ATOMIC_RELAXED);
     st->counts.sent += n;
     st->counts.sent_ns += (int64_t)n * (mk_wall_ns() - st->counts.base_ns);
-    const mk_status s = mk_seam_send_batch(st->to_next, (const mk_boundary *const *)outs, n);
+    /* an nccl send is only posted: the previous one must have completed (see mk_stage_send_from) */
+    mk_status s = st->o.seam == MK_SEAM_NCCL ? mk_seam_send_wait(st->to_next) : MK_OK;
+    if (s == MK_OK) s = mk_seam_send_batch(st->to_next, (const mk_boundary *const *)outs, n);
     mk_stage_busy(st, false);
     if (s == MK_ERR_PEER_CLOSED)
         return mk_stage_wrap(MK_ERR_PEER_LOST, "rank %d lost rank %d (the next stage) sending steps %llu..%llu (%s...)",

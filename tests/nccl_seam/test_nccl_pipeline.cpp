@@ -250,9 +250,9 @@ TEST(NcclSeamFaults, HeaderForAnotherLayerIsRefusedByTheContract) {
     expect_refused_then_dead(h, MK_ERR_SEAM_MISMATCH, "");
 }
 
-// A batch of several sequences is one message on the host transports; the nccl seam
-// carries one sequence per exchange and says so before posting anything, and still
-// carries the single boundary after.
+// In one process one thread drives both nccl ends and cannot wait for itself: there a
+// batch of several is refused before anything is posted, and the single boundary still
+// crosses after. (Across processes a batch is one exchange per entry: the stage runs.)
 TEST(NcclSeamFaults, ABatchOfSeveralIsRefusedBeforeAnythingIsPosted) {
     need_sim_devices(2);
     const ModelCase c = model_cases()[0];
@@ -270,7 +270,7 @@ TEST(NcclSeamFaults, ABatchOfSeveralIsRefusedBeforeAnythingIsPosted) {
     snprintf(h.out->h.request_id, sizeof h.out->h.request_id, "a");
     snprintf(b->h.request_id, sizeof b->h.request_id, "b");
     const mk_boundary *both[2] = {h.out.get(), b};
-    EXPECT_ERROR(mk_seam_send_batch(h.tx.get(), both, 2), MK_ERR_UNSUPPORTED, "one sequence per message");
+    EXPECT_ERROR(mk_seam_send_batch(h.tx.get(), both, 2), MK_ERR_UNSUPPORTED, "in one process a message is one sequence");
     EXPECT_EQ(mk_seam_bytes(h.tx.get()), 0u);
     ASSERT_EQ(mk_seam_send_batch(h.tx.get(), both, 1), MK_OK) << mk_last_error();
     ASSERT_EQ(mk_seam_recv(h.rx.get(), h.ts.get(), h.in.get()), MK_OK) << mk_last_error();
@@ -434,7 +434,7 @@ void raw_peer(const std::string &id_path, const mk_boundary *b, Lie lie, mk_stat
             ctx.comm = nullptr;
         } else {
             unsigned char header[MK_NCCL_BOUNDARY_HEADER_BYTES];
-            mk_nccl_header_encode(&b->h, header);
+            mk_nccl_header_encode(&b->h, 0, header);
             const size_t floats = b->h.rows * b->h.hidden;
             const size_t bytes = (lie == Lie::kShortPayload ? floats - b->h.hidden : floats + 1) * sizeof(float);
             *result = mk_nccl_send_post(&ctx, 1, header, sizeof header, b->payload, bytes);
@@ -469,6 +469,99 @@ void lying_peer_case(Lie lie, mk_status want, const char *needle) {
     t.join();
     EXPECT_EQ(peer, MK_OK) << "the raw peer itself failed to set up";
 }
+
+// Across endpoints (a sender of its own, as another process would be) a batch is one
+// exchange per entry, each header saying how many follow: three sequences' boundaries sent
+// with one mk_seam_send_batch are taken by one mk_seam_recv_batch, each bit-identical in its
+// own boundary. A receiver with room for fewer refuses the batch.
+void nccl_batch_case(size_t room) {
+    need_sim_devices(2);
+    const ModelCase c = model_cases()[1];
+    ModelPtr model = make_random_model(c.hp);
+    Receiver rx(model.get(), 2, 1);
+    ASSERT_NE(rx.listener, nullptr);
+    mk_range_options o = cuda_on(0);
+    mk_range *r = nullptr;
+    ASSERT_EQ(mk_range_create(model.get(), 0, 1, &o, &r), MK_OK) << mk_last_error();
+    RangePtr head(r);
+    std::vector<SequencePtr> hs, ts;
+    std::vector<BoundaryPtr> outs, ins;
+    std::vector<const mk_boundary *> send;
+    std::vector<mk_boundary *> into;
+    const size_t rows[3] = {2, 1, 3};
+    for (size_t k = 0; k < 3; k++) {
+        mk_sequence *q = nullptr;
+        ASSERT_EQ(mk_sequence_open(head.get(), &q), MK_OK);
+        hs.emplace_back(q);
+        ASSERT_EQ(mk_sequence_open(rx.tail.get(), &q), MK_OK);
+        ts.emplace_back(q);
+        mk_boundary *b = nullptr;
+        ASSERT_EQ(mk_boundary_create(head.get(), &b), MK_OK);
+        outs.emplace_back(b);
+        send.push_back(b);
+        ASSERT_EQ(mk_boundary_create(rx.tail.get(), &b), MK_OK);
+        ins.emplace_back(b);
+        into.push_back(b);
+        std::vector<int32_t> ids(rows[k]);
+        for (size_t i = 0; i < rows[k]; i++) ids[i] = (int32_t)((k * 7 + i * 3 + 1) % c.hp.vocab);
+        ASSERT_EQ(mk_range_forward_boundary(head.get(), hs[k].get(), ids.data(), ids.size(), nullptr, nullptr,
+                                            outs[k].get(), nullptr),
+                  MK_OK)
+            << mk_last_error();
+        ASSERT_EQ(mk_boundary_set_request(outs[k].get(), ("b" + std::to_string(k)).c_str(), 0), MK_OK);
+    }
+    mk_status sent = MK_ERR_INTERNAL;
+    std::thread sender([&] {
+        const mk_seam_options opt = nccl_options(rx.id_path.c_str());
+        mk_seam *tx = nullptr;
+        sent = mk_seam_connect(&opt, head.get(), &tx);
+        if (sent == MK_OK) sent = mk_seam_send_batch(tx, send.data(), send.size());
+        if (sent == MK_OK) sent = mk_seam_send_wait(tx);
+        mk_seam_free(tx);
+    });
+    mk_seam *e = nullptr;
+    const mk_status accepted = mk_seam_accept(rx.listener, rx.tail.get(), &e);
+    SeamPtr end(e);
+    if (accepted != MK_OK) {
+        sender.join();
+        FAIL() << mk_status_name(accepted) << ": " << mk_last_error();
+    }
+    struct Route {
+        static const mk_sequence *of(void *user, const mk_boundary_header *h) {
+            auto *v = static_cast<std::vector<SequencePtr> *>(user);
+            return h->request_id[0] == 'b' ? (*v)[(size_t)(h->request_id[1] - '0')].get() : nullptr;
+        }
+    };
+    size_t n = 0;
+    mk_status st[3] = {MK_ERR_INTERNAL, MK_ERR_INTERNAL, MK_ERR_INTERNAL};
+    const mk_status got = mk_seam_recv_batch(end.get(), &Route::of, &ts, into.data(), room, &n, st);
+    if (room < 3) {
+        EXPECT_EQ(got, MK_ERR_SHAPE) << mk_last_error();
+        EXPECT_NE(std::string(mk_last_error()).find("more than the 2 entries this receiver takes"), std::string::npos)
+            << mk_last_error();
+        EXPECT_EQ(n, 0u);
+        for (size_t k = 0; k < room; k++) EXPECT_EQ(mk_boundary_header_of(ins[k].get())->rows, 0u) << k;
+        end.reset(); // the sender's last entry is never taken: it ends at its deadline or on the close
+        sender.join();
+        return;
+    }
+    ASSERT_EQ(got, MK_OK) << mk_last_error();
+    ASSERT_EQ(n, 3u) << "one receive takes the whole batch";
+    for (size_t k = 0; k < 3; k++) {
+        EXPECT_EQ(st[k], MK_OK) << k;
+        const size_t floats = rows[k] * c.hp.hidden;
+        std::vector<float> a(floats), b(floats);
+        ASSERT_EQ(mk_boundary_read(outs[k].get(), a.data(), floats), MK_OK);
+        ASSERT_EQ(mk_boundary_read(ins[k].get(), b.data(), floats), MK_OK);
+        EXPECT_EQ(memcmp(a.data(), b.data(), floats * sizeof(float)), 0) << "entry " << k;
+        EXPECT_STREQ(mk_boundary_header_of(ins[k].get())->request_id, ("b" + std::to_string(k)).c_str());
+    }
+    sender.join();
+    EXPECT_EQ(sent, MK_OK) << mk_status_name(sent);
+}
+
+TEST(NcclSeamFaults, ABatchAcrossEndpointsIsTakenByOneReceive) { nccl_batch_case(3); }
+TEST(NcclSeamFaults, ABatchLargerThanTheReceiversRoomIsRefused) { nccl_batch_case(2); }
 
 TEST(NcclSeamFaults, HeaderAndPayloadSizesThatDisagreeAreRefused) {
     lying_peer_case(Lie::kShortPayload, MK_ERR_FRAME, "(720 bytes), the payload is 576 bytes");

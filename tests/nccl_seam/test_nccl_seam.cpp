@@ -808,11 +808,13 @@ mk_boundary_header full_header() {
 TEST(NcclHeader, EveryFieldRoundTripsAtItsWidestValue) {
   const mk_boundary_header h = full_header();
   unsigned char block[MK_NCCL_BOUNDARY_HEADER_BYTES];
-  mk_nccl_header_encode(&h, block);
+  mk_nccl_header_encode(&h, MK_MAX_BATCH_SEQUENCES - 1, block);
   EXPECT_EQ(block[0], 'M');
-  EXPECT_EQ(block[3], '1');
+  EXPECT_EQ(block[3], '2');
   mk_boundary_header back;
-  ASSERT_EQ(mk_nccl_header_decode(block, sizeof block, &back), MK_OK) << mk_last_error();
+  unsigned more = 0;
+  ASSERT_EQ(mk_nccl_header_decode(block, sizeof block, &back, &more), MK_OK) << mk_last_error();
+  EXPECT_EQ(more, unsigned(MK_MAX_BATCH_SEQUENCES - 1)) << "the entries of its batch still to come";
   EXPECT_EQ(back.schema_version, h.schema_version);
   EXPECT_EQ(back.architecture, h.architecture);
   EXPECT_STREQ(back.adapter, h.adapter);
@@ -831,26 +833,31 @@ TEST(NcclHeader, EveryFieldRoundTripsAtItsWidestValue) {
   /* A string that fills its whole field (no NUL) is cut to the field less one. */
   mk_boundary_header over = h;
   memset(over.adapter, 'a', sizeof over.adapter);
-  mk_nccl_header_encode(&over, block);
-  ASSERT_EQ(mk_nccl_header_decode(block, sizeof block, &back), MK_OK) << mk_last_error();
+  mk_nccl_header_encode(&over, 0, block);
+  ASSERT_EQ(mk_nccl_header_decode(block, sizeof block, &back, &more), MK_OK) << mk_last_error();
+  EXPECT_EQ(more, 0u);
   EXPECT_EQ(strlen(back.adapter), sizeof back.adapter - 1);
   EXPECT_STREQ(back.tensor_name, h.tensor_name) << "the next field is intact";
+  /* A count past what a batch holds is a lie: refused. */
+  mk_nccl_header_encode(&h, MK_MAX_BATCH_SEQUENCES, block);
+  EXPECT_ERROR(mk_nccl_header_decode(block, sizeof block, &back, &more), MK_ERR_FRAME,
+               "a header says 64 entries of its batch follow; a batch holds 64");
 }
 
 TEST(NcclHeader, LengthTagAndEveryStringAreChecked) {
   const mk_boundary_header h = full_header();
   unsigned char block[MK_NCCL_BOUNDARY_HEADER_BYTES + 1];
-  mk_nccl_header_encode(&h, block);
+  mk_nccl_header_encode(&h, 0, block);
   mk_boundary_header back;
-  EXPECT_ERROR(mk_nccl_header_decode(block, MK_NCCL_BOUNDARY_HEADER_BYTES - 1, &back), MK_ERR_FRAME,
-               "a boundary header is 290 bytes, the peer sent 289");
-  EXPECT_ERROR(mk_nccl_header_decode(block, MK_NCCL_BOUNDARY_HEADER_BYTES + 1, &back), MK_ERR_FRAME,
-               "the peer sent 291");
+  EXPECT_ERROR(mk_nccl_header_decode(block, MK_NCCL_BOUNDARY_HEADER_BYTES - 1, &back, nullptr), MK_ERR_FRAME,
+               "a boundary header is 292 bytes, the peer sent 291");
+  EXPECT_ERROR(mk_nccl_header_decode(block, MK_NCCL_BOUNDARY_HEADER_BYTES + 1, &back, nullptr), MK_ERR_FRAME,
+               "the peer sent 293");
   for (int at : {0, 3}) { /* every byte of the tag */
     unsigned char bad[MK_NCCL_BOUNDARY_HEADER_BYTES];
     memcpy(bad, block, sizeof bad);
     bad[at] ^= 0x40;
-    EXPECT_ERROR(mk_nccl_header_decode(bad, sizeof bad, &back), MK_ERR_FRAME, "holds no boundary header") << at;
+    EXPECT_ERROR(mk_nccl_header_decode(bad, sizeof bad, &back, nullptr), MK_ERR_FRAME, "holds no boundary header") << at;
   }
   /* Offsets of the string fields: adapter, tensor_name, boundary_point, recipe_digest, request_id. */
   struct Field {
@@ -860,11 +867,11 @@ TEST(NcclHeader, LengthTagAndEveryStringAreChecked) {
     unsigned char bad[MK_NCCL_BOUNDARY_HEADER_BYTES];
     memcpy(bad, block, sizeof bad);
     memset(bad + f.offset, 'x', f.width);
-    EXPECT_ERROR(mk_nccl_header_decode(bad, sizeof bad, &back), MK_ERR_FRAME,
+    EXPECT_ERROR(mk_nccl_header_decode(bad, sizeof bad, &back, nullptr), MK_ERR_FRAME,
                  "a string of the boundary header is not terminated")
         << f.offset;
     bad[f.offset + f.width - 1] = 0; /* terminated in its last byte: accepted */
-    EXPECT_EQ(mk_nccl_header_decode(bad, sizeof bad, &back), MK_OK) << f.offset << ": " << mk_last_error();
+    EXPECT_EQ(mk_nccl_header_decode(bad, sizeof bad, &back, nullptr), MK_OK) << f.offset << ": " << mk_last_error();
   }
 }
 

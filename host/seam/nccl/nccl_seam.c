@@ -20,7 +20,7 @@
 #include "seam/nccl/nccl_comm.h"
 #include "seam/seam.h"
 
-#define MK_NCCL_HEADER_TAG 0x31484b4du /* "MKH1" */
+#define MK_NCCL_HEADER_TAG 0x32484b4du /* "MKH2": 1 had no count of the entries to come */
 
 /* ========================================================== header coding == */
 
@@ -49,7 +49,7 @@ static const unsigned char *get_str(const unsigned char *p, char *s, size_t fiel
     return p + field;
 }
 
-void mk_nccl_header_encode(const mk_boundary_header *h, unsigned char out[MK_NCCL_BOUNDARY_HEADER_BYTES]) {
+void mk_nccl_header_encode(const mk_boundary_header *h, unsigned more, unsigned char out[MK_NCCL_BOUNDARY_HEADER_BYTES]) {
     unsigned char *p = out;
     p = put(p, MK_NCCL_HEADER_TAG, 4);
     p = put(p, h->schema_version, 4);
@@ -66,10 +66,11 @@ void mk_nccl_header_encode(const mk_boundary_header *h, unsigned char out[MK_NCC
     p = put(p, h->hidden, 8);
     p = put(p, (uint64_t)h->dtype, 4);
     p = put(p, h->step, 8);
-    (void)put(p, (uint64_t)h->position, 8);
+    p = put(p, (uint64_t)h->position, 8);
+    (void)put(p, more, 2);
 }
 
-mk_status mk_nccl_header_decode(const unsigned char *in, size_t bytes, mk_boundary_header *h) {
+mk_status mk_nccl_header_decode(const unsigned char *in, size_t bytes, mk_boundary_header *h, unsigned *more) {
     if (bytes != MK_NCCL_BOUNDARY_HEADER_BYTES)
         return mk_fail(MK_ERR_FRAME, "nccl seam: a boundary header is %u bytes, the peer sent %zu",
                        MK_NCCL_BOUNDARY_HEADER_BYTES, bytes);
@@ -101,9 +102,14 @@ mk_status mk_nccl_header_decode(const unsigned char *in, size_t bytes, mk_bounda
     h->dtype = (mk_dtype)v;
     p = get(p, &v, 8);
     h->step = v;
-    (void)get(p, &v, 8);
+    p = get(p, &v, 8);
     h->position = (int64_t)v;
+    (void)get(p, &v, 2);
     if (!ok) return mk_fail(MK_ERR_FRAME, "nccl seam: a string of the boundary header is not terminated");
+    if (v >= MK_MAX_BATCH_SEQUENCES)
+        return mk_fail(MK_ERR_FRAME, "nccl seam: a header says %llu entries of its batch follow; a batch holds %d",
+                       (unsigned long long)v, MK_MAX_BATCH_SEQUENCES);
+    if (more) *more = (unsigned)v;
     return MK_OK;
 }
 
@@ -136,20 +142,28 @@ static void restore_device(int d) {
     if (cudaSetDevice(d) != cudaSuccess) (void)cudaGetLastError();
 }
 
+/* A batch crosses as one exchange per entry, each header saying how many follow. An
+ * exchange completes when the receiver takes it, so each entry's send waits for the one
+ * before; the last stays pending (mk_seam_send_wait). In one process one thread drives both
+ * ends and cannot wait for itself: there a message is one sequence. */
 static mk_status nccl_send(mk_seam *s, const mk_boundary *const *batch, size_t n) {
-    /* One header block and one payload per exchange: a batch would need a receive posted
-     * per entry into buffers the header names, which the exchange does not have. */
-    if (n != 1)
-        return mk_fail(MK_ERR_UNSUPPORTED, "nccl seam: one sequence per message; send the %zu boundaries one by one", n);
-    const mk_boundary *b = batch[0];
-    unsigned char header[MK_NCCL_BOUNDARY_HEADER_BYTES];
-    mk_nccl_header_encode(&b->h, header);
-    const size_t bytes = b->h.batch * b->h.rows * b->h.hidden * sizeof(float);
+    mk_nccl_link *link = s->impl;
+    if (n != 1 && link->n == 2)
+        return mk_fail(MK_ERR_UNSUPPORTED,
+                       "nccl seam: in one process a message is one sequence (one thread drives both ends); send the "
+                       "%zu boundaries one by one", n);
     const int dev = current_device();
-    const mk_status st =
-        mk_nccl_send_post(end_ctx(s), MK_RECEIVER_RANK, header, sizeof header, b->payload, bytes);
+    mk_status st = MK_OK;
+    for (size_t k = 0; k < n && st == MK_OK; k++) {
+        const mk_boundary *b = batch[k];
+        unsigned char header[MK_NCCL_BOUNDARY_HEADER_BYTES];
+        mk_nccl_header_encode(&b->h, (unsigned)(n - 1 - k), header);
+        const size_t bytes = b->h.batch * b->h.rows * b->h.hidden * sizeof(float);
+        if (k > 0) st = mk_nccl_send_wait(end_ctx(s));
+        if (st == MK_OK) st = mk_nccl_send_post(end_ctx(s), MK_RECEIVER_RANK, header, sizeof header, b->payload, bytes);
+        if (st == MK_OK) s->bytes += bytes;
+    }
     restore_device(dev);
-    if (st == MK_OK) s->bytes += bytes;
     return st;
 }
 
@@ -181,13 +195,14 @@ typedef struct recv_check_args {
     mk_seam_check check;
     void *user;
     mk_boundary_header h;
+    unsigned more;
 } recv_check_args;
 
 /* Run by the primitives between the header block and the payload receive: decode, the
  * contract (seam.c's), then the declared payload against the header's own shape. */
 static mk_status header_check(void *user, const void *header, size_t header_bytes, size_t payload_bytes) {
     recv_check_args *a = user;
-    MK_TRY(mk_nccl_header_decode(header, header_bytes, &a->h));
+    MK_TRY(mk_nccl_header_decode(header, header_bytes, &a->h, &a->more));
     MK_TRY(a->check(a->user, &a->h));
     const mk_boundary_header *h = &a->h;
     const size_t want = h->batch * h->rows * h->hidden * sizeof(float); /* bounded by the contract */
@@ -199,8 +214,8 @@ static mk_status header_check(void *user, const void *header, size_t header_byte
     return MK_OK;
 }
 
-static mk_status nccl_recv_checked(mk_seam *s, mk_seam_check check, void *user, mk_boundary *into) {
-    recv_check_args args = {check, user, {0}};
+static mk_status nccl_recv_checked(mk_seam *s, mk_seam_check check, void *user, mk_boundary *into, size_t *more) {
+    recv_check_args args = {check, user, {0}, 0};
     unsigned char header[MK_NCCL_BOUNDARY_HEADER_BYTES];
     size_t header_bytes = 0, payload_bytes = 0;
     const size_t cap = into->capacity_rows * mk_range_hidden(into->range) * sizeof(float);
@@ -210,6 +225,7 @@ static mk_status nccl_recv_checked(mk_seam *s, mk_seam_check check, void *user, 
     restore_device(dev);
     if (st != MK_OK) return st;
     into->h = args.h;
+    *more = args.more;
     s->bytes += payload_bytes;
     return MK_OK;
 }

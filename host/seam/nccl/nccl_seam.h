@@ -13,11 +13,14 @@ extern "C" {
 #endif
 
 /* Bytes of an encoded header (fits MK_NCCL_HEADER_MAX). */
-#define MK_NCCL_BOUNDARY_HEADER_BYTES 290u
+#define MK_NCCL_BOUNDARY_HEADER_BYTES 292u
 
-void mk_nccl_header_encode(const mk_boundary_header *h, unsigned char out[MK_NCCL_BOUNDARY_HEADER_BYTES]);
-/* MK_ERR_FRAME for a wrong length, tag or an unterminated string. */
-mk_status mk_nccl_header_decode(const unsigned char *in, size_t bytes, mk_boundary_header *h);
+/* `more`: the entries of the same batch that follow this one (0: the message ends here):
+ * a batch crosses as one exchange per entry, each header saying how many are still to come. */
+void mk_nccl_header_encode(const mk_boundary_header *h, unsigned more, unsigned char out[MK_NCCL_BOUNDARY_HEADER_BYTES]);
+/* MK_ERR_FRAME for a wrong length, tag or an unterminated string, or more than a batch
+ * holds still to come. */
+mk_status mk_nccl_header_decode(const unsigned char *in, size_t bytes, mk_boundary_header *h, unsigned *more);
 
 #ifdef __cplusplus
 }
