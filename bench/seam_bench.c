@@ -241,11 +241,21 @@ typedef struct hop_case {
     bool tls;
 } hop_case;
 
+/* The transports both parts measure, one table. */
+static const hop_case cases[] = {{"local", MK_SEAM_LOCAL, false}, {"wire", MK_SEAM_WIRE, false},
+                                 {"unix", MK_SEAM_UNIX, false},   {"tcp", MK_SEAM_TCP, false},
+                                 {"tcp+tls", MK_SEAM_TCP, true}};
+
+/* A seam of case c between the two ranges (TLS with a fixed pre-shared key). */
+static mk_status open_pair(const hop_case *c, mk_range *head, mk_range *tail, mk_seam **tx, mk_seam **rx) {
+    mk_seam_options so = mk_seam_options_default(c->kind);
+    so.tls.enabled = c->tls;
+    so.tls.psk_hex = "8f2a61c0de55aa0193b7e4f6021c9d3b5e7a8c0f1d2e3f405162738495a6b7c8";
+    return mk_seam_pair(&so, head, tail, tx, rx);
+}
+
 static int bench_transports(mk_backend_kind backend, const char *only, FILE *json, int *first) {
     const size_t sizes[][2] = {{1, 576}, {1, 4096}, {16, 4096}, {128, 4096}, {512, 4096}};
-    const hop_case cases[] = {{"local", MK_SEAM_LOCAL, false}, {"wire", MK_SEAM_WIRE, false},
-                              {"unix", MK_SEAM_UNIX, false},   {"tcp", MK_SEAM_TCP, false},
-                              {"tcp+tls", MK_SEAM_TCP, true}};
     printf("\ntransports (%s backend): one hop head boundary -> tail boundary, send + receive + validate\n",
            backend == MK_BACKEND_CUDA ? "cuda" : "cpu");
     printf("%-8s %5s %6s %9s | %9s %9s | %9s %9s | %6s\n", "seam", "rows", "hidden", "payload", "hop", "hop",
@@ -275,11 +285,8 @@ static int bench_transports(mk_backend_kind backend, const char *only, FILE *jso
         for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
             const hop_case *c = &cases[ci];
             if (only && strcmp(only, c->name) != 0) continue;
-            mk_seam_options so = mk_seam_options_default(c->kind);
-            so.tls.enabled = c->tls;
-            so.tls.psk_hex = "8f2a61c0de55aa0193b7e4f6021c9d3b5e7a8c0f1d2e3f405162738495a6b7c8";
             mk_seam *tx = NULL, *rx = NULL;
-            if (mk_seam_pair(&so, head, tail, &tx, &rx) != MK_OK) return die(c->name);
+            if (open_pair(c, head, tail, &tx, &rx) != MK_OK) return die(c->name);
             const int runs = runs_for(bytes);
             double *t = malloc((size_t)runs * sizeof *t);
             for (int r = -3; r < runs; r++) {
@@ -343,9 +350,6 @@ static const mk_sequence *route_by_index(void *user, const mk_boundary_header *h
 
 static int bench_batches(mk_backend_kind backend, const char *only, FILE *json, int *first) {
     const size_t counts[] = {1, 8, 64}, widths[] = {576, 4096};
-    const hop_case cases[] = {{"local", MK_SEAM_LOCAL, false}, {"wire", MK_SEAM_WIRE, false},
-                              {"unix", MK_SEAM_UNIX, false},   {"tcp", MK_SEAM_TCP, false},
-                              {"tcp+tls", MK_SEAM_TCP, true}};
     printf("\nbatches (%s backend): N sequences' decode rows across one seam per step, N messages vs one batch\n",
            backend == MK_BACKEND_CUDA ? "cuda" : "cpu");
     printf("%-8s %6s %4s | %11s %11s | %11s %11s | %7s\n", "seam", "hidden", "N", "N messages", "per row", "1 batch",
@@ -379,11 +383,8 @@ static int bench_batches(mk_backend_kind backend, const char *only, FILE *json, 
         for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
             const hop_case *c = &cases[ci];
             if (only && strcmp(only, c->name) != 0) continue;
-            mk_seam_options so = mk_seam_options_default(c->kind);
-            so.tls.enabled = c->tls;
-            so.tls.psk_hex = "8f2a61c0de55aa0193b7e4f6021c9d3b5e7a8c0f1d2e3f405162738495a6b7c8";
             mk_seam *tx = NULL, *rx = NULL;
-            if (mk_seam_pair(&so, head, tail, &tx, &rx) != MK_OK) return die(c->name);
+            if (open_pair(c, head, tail, &tx, &rx) != MK_OK) return die(c->name);
             for (size_t ni = 0; ni < sizeof counts / sizeof *counts; ni++) {
                 const size_t n = counts[ni];
                 const int runs = n == 64 ? 61 : 201;

@@ -278,6 +278,57 @@ TEST(NcclSeamFaults, ABatchOfSeveralIsRefusedBeforeAnythingIsPosted) {
     EXPECT_EQ(mk_seam_send_wait(h.tx.get()), MK_OK) << mk_last_error();
 }
 
+// Three sequences of 3, 1 and 2 rows through `head` (boundaries named "e0".."e2"), each
+// with a sequence and an empty boundary on `tail` to receive into; route() names an
+// entry's tail sequence; expect_arrived() compares every received entry bit for bit.
+struct ThreeEntries {
+    static constexpr size_t kRows[3] = {3, 1, 2};
+    std::vector<SequencePtr> hs, ts;
+    std::vector<BoundaryPtr> outs, ins;
+    std::vector<const mk_boundary *> send;
+    std::vector<mk_boundary *> into;
+    void fill(mk_range *head, mk_range *tail, size_t vocab) {
+        for (size_t k = 0; k < 3; k++) {
+            mk_sequence *q = nullptr;
+            ASSERT_EQ(mk_sequence_open(head, &q), MK_OK);
+            hs.emplace_back(q);
+            ASSERT_EQ(mk_sequence_open(tail, &q), MK_OK);
+            ts.emplace_back(q);
+            mk_boundary *b = nullptr;
+            ASSERT_EQ(mk_boundary_create(head, &b), MK_OK);
+            outs.emplace_back(b);
+            send.push_back(b);
+            ASSERT_EQ(mk_boundary_create(tail, &b), MK_OK);
+            ins.emplace_back(b);
+            into.push_back(b);
+            std::vector<int32_t> ids(kRows[k]);
+            for (size_t i = 0; i < kRows[k]; i++) ids[i] = (int32_t)((k * 7 + i * 3 + 1) % vocab);
+            ASSERT_EQ(mk_range_forward_boundary(head, hs[k].get(), ids.data(), ids.size(), nullptr, nullptr,
+                                                outs[k].get(), nullptr),
+                      MK_OK)
+                << mk_last_error();
+            ASSERT_EQ(mk_boundary_set_request(outs[k].get(), ("e" + std::to_string(k)).c_str(), 0), MK_OK);
+        }
+    }
+    static const mk_sequence *route(void *user, const mk_boundary_header *h) {
+        const auto *e = static_cast<const ThreeEntries *>(user);
+        return h->request_id[0] == 'e' && h->request_id[1] >= '0' && h->request_id[1] <= '2' && !h->request_id[2]
+                   ? e->ts[(size_t)(h->request_id[1] - '0')].get()
+                   : nullptr;
+    }
+    void expect_arrived(const mk_status st[3], size_t hidden) const {
+        for (size_t k = 0; k < 3; k++) {
+            EXPECT_EQ(st[k], MK_OK) << k;
+            const size_t floats = kRows[k] * hidden;
+            std::vector<float> a(floats), b(floats);
+            ASSERT_EQ(mk_boundary_read(outs[k].get(), a.data(), floats), MK_OK);
+            ASSERT_EQ(mk_boundary_read(ins[k].get(), b.data(), floats), MK_OK);
+            EXPECT_EQ(memcmp(a.data(), b.data(), floats * sizeof(float)), 0) << "entry " << k;
+            EXPECT_STREQ(mk_boundary_header_of(ins[k].get())->request_id, ("e" + std::to_string(k)).c_str());
+        }
+    }
+};
+
 // On the cuda backend the host-staged transports download each entry of a batch into the
 // pinned staging buffer at its row offset (the cpu backend packs from where the rows lie):
 // three sequences of 3, 1 and 2 rows as one message over wire and unix, each arriving
@@ -299,58 +350,20 @@ TEST(NcclSeamFaults, BatchEntriesAreStagedFromDeviceMemoryOverHostTransports) {
         mk_seam *t = nullptr, *x = nullptr;
         ASSERT_EQ(mk_seam_pair(&so, head.get(), tail.get(), &t, &x), MK_OK) << mk_last_error();
         SeamPtr tx(t), rx(x);
-        std::vector<SequencePtr> hs, ts;
-        std::vector<BoundaryPtr> outs, ins;
-        std::vector<const mk_boundary *> send;
-        std::vector<mk_boundary *> recv;
-        const size_t rows[3] = {3, 1, 2};
-        for (size_t k = 0; k < 3; k++) {
-            mk_sequence *s = nullptr;
-            ASSERT_EQ(mk_sequence_open(head.get(), &s), MK_OK);
-            hs.emplace_back(s);
-            ASSERT_EQ(mk_sequence_open(tail.get(), &s), MK_OK);
-            ts.emplace_back(s);
-            mk_boundary *b = nullptr;
-            ASSERT_EQ(mk_boundary_create(head.get(), &b), MK_OK);
-            outs.emplace_back(b);
-            send.push_back(b);
-            ASSERT_EQ(mk_boundary_create(tail.get(), &b), MK_OK);
-            ins.emplace_back(b);
-            recv.push_back(b);
-            std::vector<int32_t> ids(rows[k]);
-            for (size_t i = 0; i < rows[k]; i++) ids[i] = (int32_t)((k * 5 + i * 3) % c.hp.vocab);
-            ASSERT_EQ(mk_range_forward_boundary(head.get(), hs[k].get(), ids.data(), ids.size(), nullptr, nullptr,
-                                                outs[k].get(), nullptr),
-                      MK_OK)
+        {
+            ThreeEntries e;
+            ASSERT_NO_FATAL_FAILURE(e.fill(head.get(), tail.get(), c.hp.vocab));
+            ASSERT_EQ(mk_seam_send_batch(tx.get(), e.send.data(), 3), MK_OK) << mk_last_error();
+            ASSERT_EQ(mk_seam_send_wait(tx.get()), MK_OK) << mk_last_error();
+            size_t n = 0;
+            mk_status st[3] = {MK_ERR_INTERNAL, MK_ERR_INTERNAL, MK_ERR_INTERNAL};
+            ASSERT_EQ(mk_seam_recv_batch(rx.get(), &ThreeEntries::route, &e, e.into.data(), 3, &n, st), MK_OK)
                 << mk_last_error();
-            ASSERT_EQ(mk_boundary_set_request(outs[k].get(), ("q" + std::to_string(k)).c_str(), 0), MK_OK);
-        }
-        ASSERT_EQ(mk_seam_send_batch(tx.get(), send.data(), 3), MK_OK) << mk_last_error();
-        ASSERT_EQ(mk_seam_send_wait(tx.get()), MK_OK) << mk_last_error();
-        struct Route {
-            static const mk_sequence *of(void *user, const mk_boundary_header *h) {
-                auto *v = static_cast<std::vector<SequencePtr> *>(user);
-                return h->request_id[0] == 'q' ? (*v)[(size_t)(h->request_id[1] - '0')].get() : nullptr;
-            }
-        };
-        size_t n = 0;
-        mk_status st[3] = {MK_ERR_INTERNAL, MK_ERR_INTERNAL, MK_ERR_INTERNAL};
-        ASSERT_EQ(mk_seam_recv_batch(rx.get(), &Route::of, &ts, recv.data(), 3, &n, st), MK_OK) << mk_last_error();
-        ASSERT_EQ(n, 3u);
-        for (size_t k = 0; k < 3; k++) {
-            EXPECT_EQ(st[k], MK_OK) << k;
-            const size_t floats = rows[k] * c.hp.hidden;
-            std::vector<float> a(floats), b(floats);
-            ASSERT_EQ(mk_boundary_read(outs[k].get(), a.data(), floats), MK_OK);
-            ASSERT_EQ(mk_boundary_read(ins[k].get(), b.data(), floats), MK_OK);
-            EXPECT_EQ(memcmp(a.data(), b.data(), floats * sizeof(float)), 0) << "entry " << k;
+            ASSERT_EQ(n, 3u);
+            e.expect_arrived(st, c.hp.hidden);
         }
         rx.reset();
         tx.reset();
-        ins.clear();
-        outs.clear();
-        ts.clear();
-        hs.clear();
     }
 }
 
@@ -484,78 +497,40 @@ void nccl_batch_case(size_t room) {
     mk_range *r = nullptr;
     ASSERT_EQ(mk_range_create(model.get(), 0, 1, &o, &r), MK_OK) << mk_last_error();
     RangePtr head(r);
-    std::vector<SequencePtr> hs, ts;
-    std::vector<BoundaryPtr> outs, ins;
-    std::vector<const mk_boundary *> send;
-    std::vector<mk_boundary *> into;
-    const size_t rows[3] = {2, 1, 3};
-    for (size_t k = 0; k < 3; k++) {
-        mk_sequence *q = nullptr;
-        ASSERT_EQ(mk_sequence_open(head.get(), &q), MK_OK);
-        hs.emplace_back(q);
-        ASSERT_EQ(mk_sequence_open(rx.tail.get(), &q), MK_OK);
-        ts.emplace_back(q);
-        mk_boundary *b = nullptr;
-        ASSERT_EQ(mk_boundary_create(head.get(), &b), MK_OK);
-        outs.emplace_back(b);
-        send.push_back(b);
-        ASSERT_EQ(mk_boundary_create(rx.tail.get(), &b), MK_OK);
-        ins.emplace_back(b);
-        into.push_back(b);
-        std::vector<int32_t> ids(rows[k]);
-        for (size_t i = 0; i < rows[k]; i++) ids[i] = (int32_t)((k * 7 + i * 3 + 1) % c.hp.vocab);
-        ASSERT_EQ(mk_range_forward_boundary(head.get(), hs[k].get(), ids.data(), ids.size(), nullptr, nullptr,
-                                            outs[k].get(), nullptr),
-                  MK_OK)
-            << mk_last_error();
-        ASSERT_EQ(mk_boundary_set_request(outs[k].get(), ("b" + std::to_string(k)).c_str(), 0), MK_OK);
-    }
+    ThreeEntries e;
+    ASSERT_NO_FATAL_FAILURE(e.fill(head.get(), rx.tail.get(), c.hp.vocab));
     mk_status sent = MK_ERR_INTERNAL;
     std::thread sender([&] {
         const mk_seam_options opt = nccl_options(rx.id_path.c_str());
         mk_seam *tx = nullptr;
         sent = mk_seam_connect(&opt, head.get(), &tx);
-        if (sent == MK_OK) sent = mk_seam_send_batch(tx, send.data(), send.size());
+        if (sent == MK_OK) sent = mk_seam_send_batch(tx, e.send.data(), e.send.size());
         if (sent == MK_OK) sent = mk_seam_send_wait(tx);
         mk_seam_free(tx);
     });
-    mk_seam *e = nullptr;
-    const mk_status accepted = mk_seam_accept(rx.listener, rx.tail.get(), &e);
-    SeamPtr end(e);
+    mk_seam *s = nullptr;
+    const mk_status accepted = mk_seam_accept(rx.listener, rx.tail.get(), &s);
+    SeamPtr end(s);
     if (accepted != MK_OK) {
         sender.join();
         FAIL() << mk_status_name(accepted) << ": " << mk_last_error();
     }
-    struct Route {
-        static const mk_sequence *of(void *user, const mk_boundary_header *h) {
-            auto *v = static_cast<std::vector<SequencePtr> *>(user);
-            return h->request_id[0] == 'b' ? (*v)[(size_t)(h->request_id[1] - '0')].get() : nullptr;
-        }
-    };
     size_t n = 0;
     mk_status st[3] = {MK_ERR_INTERNAL, MK_ERR_INTERNAL, MK_ERR_INTERNAL};
-    const mk_status got = mk_seam_recv_batch(end.get(), &Route::of, &ts, into.data(), room, &n, st);
+    const mk_status got = mk_seam_recv_batch(end.get(), &ThreeEntries::route, &e, e.into.data(), room, &n, st);
     if (room < 3) {
         EXPECT_EQ(got, MK_ERR_SHAPE) << mk_last_error();
         EXPECT_NE(std::string(mk_last_error()).find("more than the 2 entries this receiver takes"), std::string::npos)
             << mk_last_error();
         EXPECT_EQ(n, 0u);
-        for (size_t k = 0; k < room; k++) EXPECT_EQ(mk_boundary_header_of(ins[k].get())->rows, 0u) << k;
+        for (size_t k = 0; k < room; k++) EXPECT_EQ(mk_boundary_header_of(e.ins[k].get())->rows, 0u) << k;
         end.reset(); // the sender's last entry is never taken: it ends at its deadline or on the close
         sender.join();
         return;
     }
     ASSERT_EQ(got, MK_OK) << mk_last_error();
     ASSERT_EQ(n, 3u) << "one receive takes the whole batch";
-    for (size_t k = 0; k < 3; k++) {
-        EXPECT_EQ(st[k], MK_OK) << k;
-        const size_t floats = rows[k] * c.hp.hidden;
-        std::vector<float> a(floats), b(floats);
-        ASSERT_EQ(mk_boundary_read(outs[k].get(), a.data(), floats), MK_OK);
-        ASSERT_EQ(mk_boundary_read(ins[k].get(), b.data(), floats), MK_OK);
-        EXPECT_EQ(memcmp(a.data(), b.data(), floats * sizeof(float)), 0) << "entry " << k;
-        EXPECT_STREQ(mk_boundary_header_of(ins[k].get())->request_id, ("b" + std::to_string(k)).c_str());
-    }
+    e.expect_arrived(st, c.hp.hidden);
     sender.join();
     EXPECT_EQ(sent, MK_OK) << mk_status_name(sent);
 }

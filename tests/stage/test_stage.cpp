@@ -858,6 +858,32 @@ void expect_whole_model_tokens(const LibraryRun &run, const std::vector<std::vec
     }
 }
 
+// Rank 0 (this thread) and rank 1 (a thread) serve the first four prompts with options o:
+// rank 0's reports, rank 1's outcome, and rank 0's live figures and KV pool at the end.
+struct FourServed {
+    bool joined = false;
+    LibraryRun run, other;
+    mk_stage_live_stats live{};
+    mk_kv_pool_info pool{};
+};
+
+FourServed serve_four(const mk_model *model, const mk_stage_options &o, const std::vector<std::vector<int32_t>> &prompts) {
+    FourServed f;
+    std::thread rank1;
+    mk_stage *st = join_rank0(model, o, &rank1, &f.other);
+    f.joined = st != nullptr;
+    EXPECT_TRUE(f.joined) << mk_last_error();
+    if (f.joined) {
+        serve_first_four(st, prompts, &f.run);
+        EXPECT_EQ(mk_stage_live(st, &f.live), MK_OK);
+        EXPECT_EQ(mk_range_kv_pool(mk_stage_range(st), &f.pool), MK_OK);
+        mk_stage_free(st);
+    }
+    rank1.join();
+    EXPECT_EQ(f.other.serve[1], MK_OK) << f.other.message[1];
+    return f;
+}
+
 // Options for the first four prompts, n_new tokens each, all four in flight and their
 // prompts in one step of rank 0 (f32 weights, a 5 s deadline).
 mk_stage_options four_in_one_step(const std::vector<std::vector<int32_t>> &prompts, size_t n_new) {
@@ -879,23 +905,13 @@ TEST(StageLibrary, ReadyRequestsShareRankZerosForward) {
     ASSERT_GE(prompts.size(), 4u);
     const size_t n_new = 6;
     const auto want = whole_model(model, MK_DTYPE_F32, prompts, n_new);
-    const mk_stage_options o = four_in_one_step(prompts, n_new);
-    LibraryRun other;
-    std::thread rank1;
-    mk_stage *st = join_rank0(model, o, &rank1, &other);
-    ASSERT_NE(st, nullptr) << mk_last_error();
-    LibraryRun run;
-    serve_first_four(st, prompts, &run);
-    mk_stage_live_stats live{};
-    ASSERT_EQ(mk_stage_live(st, &live), MK_OK);
-    mk_stage_free(st);
-    rank1.join();
-    EXPECT_EQ(other.serve[1], MK_OK) << other.message[1];
-    expect_whole_model_tokens(run, want, 4);
-    EXPECT_EQ(live.steps, 4 * n_new);
-    EXPECT_LE(live.forwards, live.steps - 3) << "the four prompts went through one forward";
+    const FourServed f = serve_four(model, four_in_one_step(prompts, n_new), prompts);
+    ASSERT_TRUE(f.joined);
+    expect_whole_model_tokens(f.run, want, 4);
+    EXPECT_EQ(f.live.steps, 4 * n_new);
+    EXPECT_LE(f.live.forwards, f.live.steps - 3) << "the four prompts went through one forward";
     // and each forward's boundaries crossed to rank 1 as one batch message
-    EXPECT_EQ(live.messages_sent, live.forwards);
+    EXPECT_EQ(f.live.messages_sent, f.live.forwards);
     mk_model_free(model);
 }
 
@@ -922,20 +938,12 @@ void serve_four_with_small_pools(size_t pool_runs, size_t max_sequences) {
     o.max_new_tokens = n_new;
     o.max_sequences = max_sequences;
     o.timeout_ms = 5000;
-    LibraryRun other;
-    std::thread rank1;
-    mk_stage *st = join_rank0(model, o, &rank1, &other);
-    ASSERT_NE(st, nullptr) << mk_last_error();
-    LibraryRun run;
-    serve_first_four(st, prompts, &run);
-    mk_kv_pool_info pool{};
-    EXPECT_EQ(mk_range_kv_pool(mk_stage_range(st), &pool), MK_OK);
-    EXPECT_EQ(pool.blocks, pool_runs * most_blocks);
-    EXPECT_EQ(pool.free_blocks, pool.blocks) << "rank 0 kept blocks";
-    EXPECT_EQ(pool.promised_blocks, 0u);
-    mk_stage_free(st);
-    rank1.join();
-    EXPECT_EQ(other.serve[1], MK_OK) << other.message[1];
+    const FourServed f = serve_four(model, o, prompts);
+    ASSERT_TRUE(f.joined);
+    EXPECT_EQ(f.pool.blocks, pool_runs * most_blocks);
+    EXPECT_EQ(f.pool.free_blocks, f.pool.blocks) << "rank 0 kept blocks";
+    EXPECT_EQ(f.pool.promised_blocks, 0u);
+    const LibraryRun &run = f.run;
     expect_whole_model_tokens(run, want, 4);
     mk_model_free(model);
 }
@@ -1011,19 +1019,10 @@ TEST(StageLibrary, ALyingEntryOfABatchFailsOnlyItsRequest) {
     ASSERT_GE(prompts.size(), 4u);
     const size_t n_new = 5;
     const auto want = whole_model(model, MK_DTYPE_F32, prompts, n_new);
-    const mk_stage_options o = four_in_one_step(prompts, n_new);
-    LibraryRun other;
-    std::thread rank1;
-    mk_stage *st = join_rank0(model, o, &rank1, &other);
-    ASSERT_NE(st, nullptr) << mk_last_error();
-    LibraryRun run;
-    serve_first_four(st, prompts, &run);
-    mk_kv_pool_info pool{};
-    EXPECT_EQ(mk_range_kv_pool(mk_stage_range(st), &pool), MK_OK);
-    EXPECT_EQ(pool.free_blocks, pool.blocks) << "rank 0 kept blocks";
-    mk_stage_free(st);
-    rank1.join();
-    EXPECT_EQ(other.serve[1], MK_OK) << other.message[1];
+    const FourServed f = serve_four(model, four_in_one_step(prompts, n_new), prompts);
+    ASSERT_TRUE(f.joined);
+    EXPECT_EQ(f.pool.free_blocks, f.pool.blocks) << "rank 0 kept blocks";
+    const LibraryRun &run = f.run;
     ASSERT_EQ(run.reports.size(), 4u);
     size_t failed = 0;
     for (size_t k = 0; k < 4; k++) {
