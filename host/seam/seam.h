@@ -85,7 +85,7 @@ mk_status mk_seam_recv_with(mk_seam *s, mk_seam_contract contract, void *user, m
  * entry_status[k] and errors[k] (NULL: not kept) say why, into[k] stays empty, and the
  * others are received. The return is a failure only where the message itself could not
  * be read or is malformed (then *n is 0 and nothing was accepted). */
-#define MK_SEAM_ENTRY_ERROR 256
+#define MK_SEAM_ENTRY_ERROR 512 /* as long as the thread's message (core/error.c) */
 typedef mk_status (*mk_seam_entry_contract)(void *user, size_t k, const mk_boundary_header *h,
                                             const mk_sequence **checked_for);
 mk_status mk_seam_recv_batch_with(mk_seam *s, mk_seam_entry_contract contract, void *user, mk_boundary *const *into,
