@@ -109,7 +109,7 @@ TEST(StageControl, ReceiverRefusesBadMagicTypeOrLength) {
     };
     for (const Case &c : {Case{MK_CTL_MAGIC ^ 0x80000000u, MK_CTL_HELLO, 0, "rank 2 sent a control message with bad magic 0xd4434b4d"},
                           Case{MK_CTL_MAGIC, 0, 0, "or type 0"},
-                          Case{MK_CTL_MAGIC, MK_CTL_LAST + 1, 0, "or type 14"},
+                          Case{MK_CTL_MAGIC, MK_CTL_LAST + 1, 0, "or type 15"}, // REFUSED (14) is the last
                           Case{MK_CTL_MAGIC, MK_CTL_RESULT, MK_CTL_MAX_BODY + 1,
                                "rank 2 sent a control message of 4097 bytes (limit 4096)"},
                           Case{MK_CTL_MAGIC, MK_CTL_RESULT, 0xffffffffu, "of 4294967295 bytes"}}) {
