@@ -293,7 +293,7 @@ mk_status mk_seam_send_batch(mk_seam *s, const mk_boundary *const *b, size_t n) 
     if (n == 0 || n > MK_MAX_BATCH_SEQUENCES)
         return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_seam_send: a batch carries 1 to %d boundaries, not %zu",
                        MK_MAX_BATCH_SEQUENCES, n);
-    const mk_boundary_header *h[MK_MAX_BATCH_SEQUENCES];
+    const mk_boundary_header *h[MK_MAX_BATCH_SEQUENCES] = {0}; /* (gcc -O3 cannot see n >= 1 fills it) */
     size_t rows = 0;
     for (size_t k = 0; k < n; k++) {
         if (!b[k]) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_seam_send: boundary %zu is NULL", k);
