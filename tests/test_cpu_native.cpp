@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <random>
 #include <string>
 #include <vector>
@@ -142,13 +143,30 @@ std::vector<size_t> cols_for(uint32_t type) {
     return {1, 13, 45, 100}; // F16/BF16: any width
 }
 
+// Whether /proc/cpuinfo lists the flag (the kernel's own cpuid reading, independent of ours).
+bool cpu_flag(const std::string &flag) {
+    std::ifstream in("/proc/cpuinfo");
+    std::string line;
+    while (std::getline(in, line))
+        if (line.rfind("flags", 0) == 0) return (line + " ").find(" " + flag + " ") != std::string::npos;
+    return false;
+}
+
+// The SIMD tables this CPU runs (AVX2, then AVX-VNNI).
+std::vector<const mk_cpu_quant *> simd_tables() {
+    std::vector<const mk_cpu_quant *> t;
+    for (const mk_cpu_quant *k : {mk_cpu_quant_avx2(), mk_cpu_quant_vnni()})
+        if (k) t.push_back(k);
+    return t;
+}
+
 // Every format, odd shapes, every kernel set this CPU has: the product matches the F32
 // dequantize-then-multiply reference within the error the 8-bit activations can cause
 // (|x - d q| <= d/2 per value) plus float rounding.
 TEST(NativeMatmul, EveryFormatMatchesTheDequantizedReference) {
     std::mt19937 rng(1234);
-    std::vector<const mk_cpu_quant *> kernel_sets = {mk_cpu_quant_portable()};
-    if (mk_cpu_quant_avx2()) kernel_sets.push_back(mk_cpu_quant_avx2());
+    std::vector<const mk_cpu_quant *> kernel_sets = simd_tables();
+    kernel_sets.insert(kernel_sets.begin(), mk_cpu_quant_portable());
     for (const Format &f : kFormats) {
         for (size_t in : cols_for(f.type)) {
             for (size_t out : {1u, 7u, 33u, 300u}) {
@@ -228,13 +246,13 @@ TEST(NativeKernels, SimdQuantizationIsBitIdenticalToPortable) {
 // The SIMD dots compute the same integer block sums as the portable ones and add the
 // per-block terms in a different order: equal up to float rounding of those sums.
 TEST(NativeKernels, SimdDotsMatchPortable) {
-    const mk_cpu_quant *simd = mk_cpu_quant_avx2();
-    if (!simd) GTEST_SKIP() << "this CPU has no AVX2";
+    if (simd_tables().empty()) GTEST_SKIP() << "this CPU has no AVX2";
     const mk_cpu_quant *ref = mk_cpu_quant_portable();
     std::mt19937 rng(7);
+    for (const mk_cpu_quant *simd : simd_tables())
     for (const Format &f : kFormats) {
         for (size_t in : cols_for(f.type)) {
-            SCOPED_TRACE(std::string(f.name) + " in " + std::to_string(in));
+            SCOPED_TRACE(std::string(simd->name) + " " + f.name + " in " + std::to_string(in));
             const std::vector<uint8_t> w = random_rows(f.type, 5, in, rng);
             const std::vector<float> x = random_floats(in, rng);
             const size_t rb = row_bytes(f.type, in);
@@ -374,11 +392,12 @@ TEST(NativeMatmul, F32StoredWeightInASharedJobTakesTheF32Product) {
 // The four-row Q4_1 dot (a batch's decode rows against one weight row) gives each row the
 // bits of the one-row dot, for odd and even block counts.
 TEST(NativeDot, FourRowQ41DotIsFourOneRowDots) {
-    const mk_cpu_quant *k = mk_cpu_quant_avx2();
-    if (!k) GTEST_SKIP() << "no AVX2 on this CPU (the portable table has no four-row dot)";
-    ASSERT_NE(k->dot4_q4_1, nullptr);
+    if (simd_tables().empty()) GTEST_SKIP() << "no AVX2 on this CPU (the portable table has no four-row dot)";
     std::mt19937 rng(41);
+    for (const mk_cpu_quant *k : simd_tables())
     for (size_t in : {32u, 64u, 96u, 576u, 1536u}) {
+        SCOPED_TRACE(k->name);
+        ASSERT_NE(k->dot4_q4_1, nullptr);
         const std::vector<uint8_t> w = random_rows(MK_GGML_TYPE_Q4_1, 3, in, rng);
         const size_t row_bytes = w.size() / 3;
         std::vector<std::vector<mk_q8_block>> xq(4, std::vector<mk_q8_block>(in / 32));
@@ -391,6 +410,62 @@ TEST(NativeDot, FourRowQ41DotIsFourOneRowDots) {
                 const float one = k->dot_q4_1(w.data() + o * row_bytes, xs[r], in);
                 EXPECT_EQ(std::memcmp(&one, &four[r], sizeof one), 0) << in << " wide, row " << r << ": " << one
                                                                       << " vs " << four[r];
+            }
+        }
+    }
+}
+
+// The AVX-VNNI table sums each block's products with vpdpbusd where AVX2 uses maddubs +
+// madd: the same integers, then the same float operations, so every dot (one row and four
+// rows, every format) has the AVX2 bits. Weights at the extremes (all nibbles 15 or 0,
+// Q8_0 bytes of -128 and 127) and activations at +-127 included, odd and even block counts.
+TEST(NativeKernels, VnniDotsAreBitIdenticalToAvx2) {
+    const mk_cpu_quant *vnni = mk_cpu_quant_vnni(), *avx2 = mk_cpu_quant_avx2();
+    if (cpu_flag("avx_vnni")) {
+        ASSERT_NE(vnni, nullptr) << "/proc/cpuinfo lists avx_vnni but the cpuid check missed it";
+    }
+    if (!vnni) GTEST_SKIP() << "this CPU has no AVX-VNNI";
+    ASSERT_NE(avx2, nullptr);
+    EXPECT_EQ(mk_cpu_quant_best(), vnni);
+    EXPECT_EQ(mk_cpu_attention_fast_for(vnni), mk_cpu_attention_fast_for(avx2)); // the AVX2 attention too
+    std::mt19937 rng(2026);
+    for (const Format &f : kFormats) {
+        if (f.type == MK_GGML_TYPE_F16 || f.type == MK_GGML_TYPE_BF16) continue;
+        for (size_t in : block_elems(f.type) == 256 ? std::vector<size_t>{256, 768, 1280}
+                                                    : std::vector<size_t>{32, 64, 96, 576, 1536}) {
+            for (int extreme = 0; extreme < 3; extreme++) {
+                SCOPED_TRACE(std::string(f.name) + " in " + std::to_string(in) + " extreme " + std::to_string(extreme));
+                const size_t rows = 4, rb = row_bytes(f.type, in);
+                std::vector<uint8_t> w = random_rows(f.type, rows, in, rng);
+                if (extreme && (f.type == MK_GGML_TYPE_Q4_1 || f.type == MK_GGML_TYPE_Q8_0)) {
+                    const size_t bb = f.type == MK_GGML_TYPE_Q4_1 ? 20 : 34, head = bb - 16 * (bb == 20 ? 1 : 2);
+                    for (size_t blk = 0; blk < rows * in / 32; blk++)
+                        for (size_t i = head; i < bb; i++)
+                            w[blk * bb + i] = f.type == MK_GGML_TYPE_Q4_1 ? (extreme == 1 ? 0xff : 0x00)
+                                                                          : (extreme == 1 ? 0x80 : (i % 2 ? 0x7f : 0x80));
+                }
+                std::vector<std::vector<mk_q8_block>> xq(4, std::vector<mk_q8_block>(in / 32));
+                for (auto &x : xq) {
+                    std::vector<float> xf = random_floats(in, rng);
+                    if (extreme) // every activation at the end of its range: q = +-127
+                        for (size_t i = 0; i < in; i++) xf[i] = (i * 7 + extreme) % 3 ? 1.5f : -1.5f;
+                    avx2->quantize_row(x.data(), xf.data(), in);
+                }
+                const mk_q8_block *const xs[4] = {xq[0].data(), xq[1].data(), xq[2].data(), xq[3].data()};
+                for (size_t o = 0; o < rows; o++) {
+                    const uint8_t *row = &w[o * rb];
+                    for (int r = 0; r < 4; r++) {
+                        const float a = mk_cpu_quant_dot_for(avx2, f.type)(row, xs[r], in);
+                        const float b = mk_cpu_quant_dot_for(vnni, f.type)(row, xs[r], in);
+                        EXPECT_EQ(std::memcmp(&a, &b, sizeof a), 0) << "row " << o << " x " << r << ": " << a << " vs " << b;
+                    }
+                    if (f.type == MK_GGML_TYPE_Q4_1) {
+                        float a4[4], b4[4];
+                        avx2->dot4_q4_1(row, xs, in, a4);
+                        vnni->dot4_q4_1(row, xs, in, b4);
+                        EXPECT_EQ(std::memcmp(a4, b4, sizeof a4), 0) << "four-row dot, row " << o;
+                    }
+                }
             }
         }
     }

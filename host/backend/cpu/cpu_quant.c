@@ -164,6 +164,8 @@ const mk_cpu_quant *mk_cpu_quant_portable(void) { return &cq_portable; }
 const mk_cpu_quant *mk_cpu_quant_best(void) {
     const char *cap = getenv("MESHKERN_CPU_KERNELS");
     if (cap && strcmp(cap, "portable") == 0) return &cq_portable;
+    const mk_cpu_quant *vnni = mk_cpu_quant_vnni();
+    if (vnni && !(cap && strcmp(cap, "avx2") == 0)) return vnni;
     const mk_cpu_quant *avx2 = mk_cpu_quant_avx2();
     return avx2 ? avx2 : &cq_portable;
 }

@@ -6,11 +6,12 @@
  * products are exact integer sums and each block contributes one float term. F16 and
  * BF16 rows are multiplied with the float activations directly (widened in registers).
  *
- * Two implementations share one table layout: portable C (the reference the other is
- * tested against) and AVX2+FMA+F16C. The best one the running CPU supports is chosen once
- * at run time (mk_cpu_quant_best); the AVX2 file compiles its kernels with function-level
- * target attributes, so the library itself is built for baseline x86-64 and runs
- * everywhere.
+ * Three implementations share one table layout: portable C (the reference the others are
+ * tested against), AVX2+FMA+F16C, and AVX-VNNI (the AVX2 table with Q4_1 and Q8_0 block
+ * sums by vpdpbusd: the same integers and float operations, so bit-identical to AVX2). The
+ * best one the running CPU supports is chosen once at run time (mk_cpu_quant_best); the
+ * SIMD file compiles its kernels with function-level target attributes, so the library
+ * itself is built for baseline x86-64 and runs everywhere.
  *
  * Numerics: activation quantization is bit-identical across implementations (same float
  * multiply, round-to-nearest-even, integer sums). The dots differ only in the order the
@@ -50,7 +51,7 @@ typedef void (*mk_qdot4_fn)(const uint8_t *w, const mk_q8_block *const *xq, size
 typedef float (*mk_hdot_fn)(const uint16_t *w, const float *x, size_t n);
 
 typedef struct mk_cpu_quant {
-    const char *name; /* "portable", "avx2" */
+    const char *name; /* "portable", "avx2", "avx-vnni" */
     mk_quantize_row_fn quantize_row;
     mk_qdot_fn dot_q4_0, dot_q4_1, dot_q8_0, dot_q4_k, dot_q6_k;
     mk_qdot4_fn dot4_q4_1; /* NULL: four one-row dots */
@@ -61,8 +62,10 @@ typedef struct mk_cpu_quant {
 const mk_cpu_quant *mk_cpu_quant_portable(void);
 /* The AVX2 implementation, or NULL when this CPU (or the compiler) lacks AVX2/FMA/F16C. */
 const mk_cpu_quant *mk_cpu_quant_avx2(void);
-/* The fastest implementation this CPU runs; MESHKERN_CPU_KERNELS=portable in the
- * environment forces the portable one (for comparisons). */
+/* The AVX-VNNI implementation, or NULL when this CPU (or the compiler) lacks AVX-VNNI. */
+const mk_cpu_quant *mk_cpu_quant_vnni(void);
+/* The fastest implementation this CPU runs; MESHKERN_CPU_KERNELS=portable or =avx2 in the
+ * environment caps it there (for comparisons). */
 const mk_cpu_quant *mk_cpu_quant_best(void);
 
 /* The dot for a ggml weight type (mk_ggml_type id) in table q, or NULL when the type has no
