@@ -109,13 +109,17 @@ struct NativeWeight {
 struct NativeCtx {
     mk_cpu_native ctx{};
     std::vector<mk_q8_block> xq;
+    std::vector<mk_q8_pair> xp;
     std::vector<float> wtile;
+    // max_blocks of scratch: enough pairs too (a row of b blocks is (b + 1) / 2 <= b pairs).
     NativeCtx(size_t threads, const mk_cpu_quant *kernels, size_t max_blocks, size_t max_in = 1024)
-        : xq(max_blocks), wtile((size_t)MK_NATIVE_GEMM_TILE * max_in * threads) {
+        : xq(max_blocks), xp(max_blocks), wtile((size_t)MK_NATIVE_GEMM_TILE * max_in * threads) {
         EXPECT_EQ(mk_cpu_pool_create(threads, &ctx.pool), MK_OK) << mk_last_error();
         ctx.kernels = kernels;
         ctx.xq = xq.data();
         ctx.xq_blocks = xq.size();
+        ctx.xp = xp.data();
+        ctx.xp_pairs = xp.size();
         ctx.wtile = wtile.data();
         ctx.wtile_elems = wtile.size();
     }
@@ -389,27 +393,44 @@ TEST(NativeMatmul, F32StoredWeightInASharedJobTakesTheF32Product) {
     }
 }
 
-// The four-row Q4_1 dot (a batch's decode rows against one weight row) gives each row the
-// bits of the one-row dot, for odd and even block counts.
-TEST(NativeDot, FourRowQ41DotIsFourOneRowDots) {
-    if (simd_tables().empty()) GTEST_SKIP() << "no AVX2 on this CPU (the portable table has no four-row dot)";
+// The n-row dots (a batch's decode rows against one weight row, 1 to 4 at a time: Q4_1 from
+// activation rows regrouped as pairs by mk_q8_pair_row, Q8_0 from the blocks) give each row
+// the bits of the one-row dot over its blocks, at every position of the group, for odd and
+// even block counts, in every SIMD table.
+TEST(NativeDot, NRowDotsAreOneRowDots) {
+    if (simd_tables().empty()) GTEST_SKIP() << "no AVX2 on this CPU (the portable table has no n-row dot)";
     std::mt19937 rng(41);
     for (const mk_cpu_quant *k : simd_tables())
+    for (uint32_t type : {MK_GGML_TYPE_Q4_1, MK_GGML_TYPE_Q8_0})
     for (size_t in : {32u, 64u, 96u, 576u, 1536u}) {
-        SCOPED_TRACE(k->name);
-        ASSERT_NE(k->dot4_q4_1, nullptr);
-        const std::vector<uint8_t> w = random_rows(MK_GGML_TYPE_Q4_1, 3, in, rng);
+        SCOPED_TRACE(std::string(k->name) + (type == MK_GGML_TYPE_Q4_1 ? " Q4_1" : " Q8_0") + " in " +
+                     std::to_string(in));
+        ASSERT_NE(k->dotn_q4_1, nullptr);
+        ASSERT_NE(k->dotn_q8_0, nullptr);
+        const size_t nb = in / 32;
+        const std::vector<uint8_t> w = random_rows(type, 3, in, rng);
         const size_t row_bytes = w.size() / 3;
-        std::vector<std::vector<mk_q8_block>> xq(4, std::vector<mk_q8_block>(in / 32));
-        for (auto &x : xq) k->quantize_row(x.data(), random_floats(in, rng).data(), in);
-        const mk_q8_block *const xs[4] = {xq[0].data(), xq[1].data(), xq[2].data(), xq[3].data()};
+        std::vector<std::vector<mk_q8_block>> xq(4, std::vector<mk_q8_block>(nb));
+        std::vector<std::vector<mk_q8_pair>> xp(4, std::vector<mk_q8_pair>((nb + 1) / 2));
+        for (int r = 0; r < 4; r++) {
+            k->quantize_row(xq[r].data(), random_floats(in, rng).data(), in);
+            mk_q8_pair_row(xp[r].data(), xq[r].data(), nb);
+        }
         for (size_t o = 0; o < 3; o++) {
-            float four[4];
-            k->dot4_q4_1(w.data() + o * row_bytes, xs, in, four);
-            for (int r = 0; r < 4; r++) {
-                const float one = k->dot_q4_1(w.data() + o * row_bytes, xs[r], in);
-                EXPECT_EQ(std::memcmp(&one, &four[r], sizeof one), 0) << in << " wide, row " << r << ": " << one
-                                                                      << " vs " << four[r];
+            const uint8_t *row = w.data() + o * row_bytes;
+            for (size_t rows = 1; rows <= 4; rows++) {
+                // The rows in a rotating order: each position of the group sees each row.
+                const mk_q8_pair *ps[4];
+                const mk_q8_block *bs[4];
+                for (size_t i = 0; i < rows; i++) ps[i] = xp[(i + o) % 4].data(), bs[i] = xq[(i + o) % 4].data();
+                float got[4];
+                if (type == MK_GGML_TYPE_Q4_1) k->dotn_q4_1(row, ps, rows, in, got);
+                else k->dotn_q8_0(row, bs, rows, in, got);
+                for (size_t i = 0; i < rows; i++) {
+                    const float one = mk_cpu_quant_dot_for(k, type)(row, xq[(i + o) % 4].data(), in);
+                    EXPECT_EQ(std::memcmp(&one, &got[i], sizeof one), 0)
+                        << rows << " rows, position " << i << ": " << one << " vs " << got[i];
+                }
             }
         }
     }
@@ -452,6 +473,9 @@ TEST(NativeKernels, VnniDotsAreBitIdenticalToAvx2) {
                     avx2->quantize_row(x.data(), xf.data(), in);
                 }
                 const mk_q8_block *const xs[4] = {xq[0].data(), xq[1].data(), xq[2].data(), xq[3].data()};
+                std::vector<std::vector<mk_q8_pair>> xp(4, std::vector<mk_q8_pair>((in / 32 + 1) / 2));
+                for (int r = 0; r < 4; r++) mk_q8_pair_row(xp[r].data(), xq[r].data(), in / 32);
+                const mk_q8_pair *const ps[4] = {xp[0].data(), xp[1].data(), xp[2].data(), xp[3].data()};
                 for (size_t o = 0; o < rows; o++) {
                     const uint8_t *row = &w[o * rb];
                     for (int r = 0; r < 4; r++) {
@@ -459,10 +483,15 @@ TEST(NativeKernels, VnniDotsAreBitIdenticalToAvx2) {
                         const float b = mk_cpu_quant_dot_for(vnni, f.type)(row, xs[r], in);
                         EXPECT_EQ(std::memcmp(&a, &b, sizeof a), 0) << "row " << o << " x " << r << ": " << a << " vs " << b;
                     }
+                    float a4[4], b4[4];
                     if (f.type == MK_GGML_TYPE_Q4_1) {
-                        float a4[4], b4[4];
-                        avx2->dot4_q4_1(row, xs, in, a4);
-                        vnni->dot4_q4_1(row, xs, in, b4);
+                        avx2->dotn_q4_1(row, ps, 4, in, a4);
+                        vnni->dotn_q4_1(row, ps, 4, in, b4);
+                        EXPECT_EQ(std::memcmp(a4, b4, sizeof a4), 0) << "four-row dot, row " << o;
+                    }
+                    if (f.type == MK_GGML_TYPE_Q8_0) {
+                        avx2->dotn_q8_0(row, xs, 4, in, a4);
+                        vnni->dotn_q8_0(row, xs, 4, in, b4);
                         EXPECT_EQ(std::memcmp(a4, b4, sizeof a4), 0) << "four-row dot, row " << o;
                     }
                 }

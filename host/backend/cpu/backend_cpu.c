@@ -36,6 +36,7 @@ static void cpu_destroy(mk_backend *b) {
     mk_cpu_backend *cb = cpu_of(b);
     mk_cpu_pool_free(cb->native.pool);
     free(cb->native.xq);
+    free(cb->native.xp);
     free(cb->native.wtile);
     free(cb->rope_table);
     free(cb);
@@ -86,6 +87,11 @@ static mk_status cpu_reserve(mk_backend *b, size_t max_rows, size_t max_decode_r
     cb->native.xq = malloc((blocks ? blocks : 1) * sizeof(mk_q8_block));
     cb->native.xq_blocks = cb->native.xq ? blocks : 0;
     if (!cb->native.xq) return mk_fail(MK_ERR_OUT_OF_MEMORY, "cpu backend: out of memory for %zu activation blocks", blocks);
+    const size_t pairs = max_rows * ((width / MK_Q8_BLOCK + 1) / 2);
+    free(cb->native.xp);
+    cb->native.xp = malloc((pairs ? pairs : 1) * sizeof(mk_q8_pair));
+    cb->native.xp_pairs = cb->native.xp ? pairs : 0;
+    if (!cb->native.xp) return mk_fail(MK_ERR_OUT_OF_MEMORY, "cpu backend: out of memory for %zu activation pairs", pairs);
     /* One dequantized weight tile per thread for products of many rows (prefill). */
     free(cb->native.wtile);
     cb->native.wtile = NULL;

@@ -56,7 +56,8 @@ typedef struct mk_native_part {
     const uint8_t *data;
     size_t row_bytes;
     mk_qdot_fn qdot; /* quantized formats */
-    mk_qdot4_fn qdot4; /* the same four activation rows at a time, where the format has it */
+    mk_qdotn_pairs_fn qdotn_pairs; /* up to MK_QDOTN_MAX_ROWS activation rows at a time, from pairs (Q4_1) */
+    mk_qdotn_fn qdotn;             /* the same from blocks (Q8_0) */
     mk_hdot_fn hdot; /* F16 / BF16 */
     float *y;        /* [rows, w->rows] */
 } mk_native_part;
@@ -72,13 +73,17 @@ typedef struct mk_native_job {
     const float *x; /* [rows, in] */
     size_t rows, in;
     bool swiglu;    /* parts gate and up: gate = silu(gate) * up, per item */
+    bool pairs;     /* a part reads the activations as pairs (qdotn_pairs) */
 } mk_native_job;
 
-/* Quantize activation rows [begin, end). */
+/* Quantize activation rows [begin, end), and regroup them as pairs when a part reads those. */
 static void mk_native_quantize(void *arg, size_t begin, size_t end, size_t thread) {
     const mk_native_job *j = arg;
-    const size_t per_row = j->in / MK_Q8_BLOCK;
-    for (size_t r = begin; r < end; r++) j->ctx->kernels->quantize_row(j->ctx->xq + r * per_row, j->x + r * j->in, j->in);
+    const size_t per_row = j->in / MK_Q8_BLOCK, pairs = (per_row + 1) / 2;
+    for (size_t r = begin; r < end; r++) {
+        j->ctx->kernels->quantize_row(j->ctx->xq + r * per_row, j->x + r * j->in, j->in);
+        if (j->pairs) mk_q8_pair_row(j->ctx->xp + r * pairs, j->ctx->xq + r * per_row, per_row);
+    }
 }
 
 /* Output features [begin, end) of one part for every activation row: each weight row is
@@ -87,17 +92,26 @@ static void mk_native_part_rows(const mk_native_job *j, const mk_native_part *p,
     const size_t in = j->in, out = p->w->rows, per_row = in / MK_Q8_BLOCK;
     for (size_t o = begin; o < end; o++) {
         const uint8_t *wr = p->data + o * p->row_bytes;
-        if (p->qdot) {
-            size_t r = 0;
-            if (p->qdot4)
-                for (; r + 4 <= j->rows; r += 4) {
-                    const mk_q8_block *const xs[4] = {j->ctx->xq + r * per_row, j->ctx->xq + (r + 1) * per_row,
-                                                      j->ctx->xq + (r + 2) * per_row, j->ctx->xq + (r + 3) * per_row};
-                    float v[4];
-                    p->qdot4(wr, xs, in, v);
-                    for (int k = 0; k < 4; k++) p->y[(r + (size_t)k) * out + o] = v[k];
+        if (p->qdotn_pairs || p->qdotn) {
+            /* Up to MK_QDOTN_MAX_ROWS activation rows per call: the weight row is unpacked once
+             * for them and stays in L1 for the next group. */
+            const size_t pairs = (per_row + 1) / 2;
+            for (size_t r = 0; r < j->rows; r += MK_QDOTN_MAX_ROWS) {
+                const size_t n = j->rows - r < MK_QDOTN_MAX_ROWS ? j->rows - r : MK_QDOTN_MAX_ROWS;
+                float v[MK_QDOTN_MAX_ROWS];
+                if (p->qdotn_pairs) {
+                    const mk_q8_pair *xs[MK_QDOTN_MAX_ROWS];
+                    for (size_t k = 0; k < n; k++) xs[k] = j->ctx->xp + (r + k) * pairs;
+                    p->qdotn_pairs(wr, xs, n, in, v);
+                } else {
+                    const mk_q8_block *xs[MK_QDOTN_MAX_ROWS];
+                    for (size_t k = 0; k < n; k++) xs[k] = j->ctx->xq + (r + k) * per_row;
+                    p->qdotn(wr, xs, n, in, v);
                 }
-            for (; r < j->rows; r++) p->y[r * out + o] = p->qdot(wr, j->ctx->xq + r * per_row, in);
+                for (size_t k = 0; k < n; k++) p->y[(r + k) * out + o] = v[k];
+            }
+        } else if (p->qdot) {
+            for (size_t r = 0; r < j->rows; r++) p->y[r * out + o] = p->qdot(wr, j->ctx->xq + r * per_row, in);
         } else {
             for (size_t r = 0; r < j->rows; r++) p->y[r * out + o] = p->hdot((const uint16_t *)wr, j->x + r * in, in);
         }
@@ -134,7 +148,8 @@ static mk_status mk_native_part_of(const mk_cpu_native *ctx, const mk_weight *w,
     if (w->format == MK_GGML_TYPE_F16) p->hdot = ctx->kernels->dot_f16;
     else if (w->format == MK_GGML_TYPE_BF16) p->hdot = ctx->kernels->dot_bf16;
     else p->qdot = mk_cpu_quant_dot_for(ctx->kernels, w->format);
-    if (w->format == MK_GGML_TYPE_Q4_1) p->qdot4 = ctx->kernels->dot4_q4_1;
+    if (w->format == MK_GGML_TYPE_Q4_1 && ctx->xp) p->qdotn_pairs = ctx->kernels->dotn_q4_1;
+    if (w->format == MK_GGML_TYPE_Q8_0) p->qdotn = ctx->kernels->dotn_q8_0;
     if (!p->qdot && !p->hdot)
         return mk_fail(MK_ERR_INTERNAL, "native matmul: no kernel for %s", mk_ggml_type_name(w->format));
     return MK_OK;
@@ -147,12 +162,14 @@ static mk_status mk_native_run(mk_native_job *j) {
     size_t items = 0;
     for (size_t i = 0; i < j->n_parts; i++) {
         quantized = quantized || j->part[i].qdot;
+        j->pairs = j->pairs || j->part[i].qdotn_pairs;
         items += j->part[i].w->rows;
     }
     if (j->swiglu) items = j->part[0].w->rows;
     if (quantized) {
         const size_t blocks = j->rows * (j->in / MK_Q8_BLOCK);
-        if (j->in % MK_Q8_BLOCK != 0 || blocks > j->ctx->xq_blocks)
+        const size_t pairs = j->pairs ? j->rows * ((j->in / MK_Q8_BLOCK + 1) / 2) : 0;
+        if (j->in % MK_Q8_BLOCK != 0 || blocks > j->ctx->xq_blocks || pairs > j->ctx->xp_pairs)
             return mk_fail(MK_ERR_INTERNAL, "native matmul: %zu x %zu activations exceed the reserved scratch",
                            j->rows, j->in);
         mk_cpu_pool_run(j->ctx->pool, j->rows, 1, mk_native_quantize, j);

@@ -159,6 +159,20 @@ static const mk_cpu_quant cq_portable = {
     .dot_bf16 = cq_dot_bf16,
 };
 
+void mk_q8_pair_row(mk_q8_pair *out, const mk_q8_block *x, size_t nb) {
+    for (size_t p = 0; p < (nb + 1) / 2; p++) {
+        mk_q8_pair *o = &out[p];
+        memset(o, 0, sizeof *o);
+        for (size_t k = 0; k < 2 && 2 * p + k < nb; k++) {
+            const mk_q8_block *b = &x[2 * p + k];
+            memcpy(o->lo + 16 * k, b->q, 16);
+            memcpy(o->hi + 16 * k, b->q + 16, 16);
+            o->ds[2 * k] = b->d;
+            o->ds[2 * k + 1] = b->s;
+        }
+    }
+}
+
 const mk_cpu_quant *mk_cpu_quant_portable(void) { return &cq_portable; }
 
 const mk_cpu_quant *mk_cpu_quant_best(void) {

@@ -38,15 +38,34 @@ typedef struct mk_q8_block {
     int8_t q[MK_Q8_BLOCK];
 } mk_q8_block;
 
+/* Two consecutive activation blocks regrouped for the SIMD Q4_1 kernels, which multiply two
+ * weight blocks per 256-bit step: q[0..15] of block b then of block b + 1 (lo), q[16..31] of
+ * both (hi), and (d, s) of both. The same 80 bytes as the two blocks, in the order a step
+ * loads them, so a product regroups each activation row once instead of once per weight
+ * row. A row of nb blocks is (nb + 1) / 2 pairs; when nb is odd the last pair's second half
+ * is zero and unused. */
+typedef struct mk_q8_pair {
+    int8_t lo[2 * 16];
+    int8_t hi[2 * 16];
+    float ds[4]; /* d, s of block b; d, s of block b + 1 */
+} mk_q8_pair;
+
+/* out[(nb + 1) / 2] from the nb blocks of one activation row. */
+void mk_q8_pair_row(mk_q8_pair *out, const mk_q8_block *x, size_t nb);
+
 /* out[n / 32] from x[n]; n a multiple of 32. */
 typedef void (*mk_quantize_row_fn)(mk_q8_block *out, const float *x, size_t n);
 /* Dot of one weight row of n elements (n / block_elements whole blocks) with the
  * quantized activation row xq[n / 32]. */
 typedef float (*mk_qdot_fn)(const uint8_t *w, const mk_q8_block *xq, size_t n);
-/* The same dot of one weight row with four quantized activation rows xq[0..3], into
- * out[0..3]: each out[r] bit-identical to the one-row dot with xq[r] (the weight blocks are
- * unpacked once for the four: a batch's decode rows). */
-typedef void (*mk_qdot4_fn)(const uint8_t *w, const mk_q8_block *const *xq, size_t n, float *out);
+/* The same dot of one weight row with `rows` (1 to 4) activation rows given as pairs
+ * (mk_q8_pair_row), into out[0..rows-1]: each out[r] bit-identical to the one-row dot with
+ * that row's blocks (the weight blocks are unpacked once for all: a batch's decode rows). */
+typedef void (*mk_qdotn_pairs_fn)(const uint8_t *w, const mk_q8_pair *const *xp, size_t rows, size_t n,
+                                  float *out);
+/* The same for a format whose kernel reads the activation blocks as they are (Q8_0). */
+typedef void (*mk_qdotn_fn)(const uint8_t *w, const mk_q8_block *const *xq, size_t rows, size_t n, float *out);
+enum { MK_QDOTN_MAX_ROWS = 4 };
 /* Dot of one F16/BF16 weight row with float activations x[n] (any n). */
 typedef float (*mk_hdot_fn)(const uint16_t *w, const float *x, size_t n);
 
@@ -54,7 +73,8 @@ typedef struct mk_cpu_quant {
     const char *name; /* "portable", "avx2", "avx-vnni" */
     mk_quantize_row_fn quantize_row;
     mk_qdot_fn dot_q4_0, dot_q4_1, dot_q8_0, dot_q4_k, dot_q6_k;
-    mk_qdot4_fn dot4_q4_1; /* NULL: four one-row dots */
+    mk_qdotn_pairs_fn dotn_q4_1; /* NULL: one-row dots over blocks */
+    mk_qdotn_fn dotn_q8_0;       /* NULL: one-row dots */
     mk_hdot_fn dot_f16, dot_bf16;
 } mk_cpu_quant;
 

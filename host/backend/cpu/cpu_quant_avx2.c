@@ -18,7 +18,7 @@
 #include <stddef.h>
 #include <string.h>
 
-/* cx_q4_1_scales loads (d, s) of an activation block as one 64-bit pair. */
+/* The Q4_1 kernels load (d, s) of an activation block as one 64-bit pair. */
 _Static_assert(offsetof(mk_q8_block, s) == offsetof(mk_q8_block, d) + sizeof(float), "mk_q8_block: d, s adjacent");
 
 #define MK_AVX2 __attribute__((target("avx2,fma,f16c")))
@@ -124,12 +124,6 @@ MK_AVX2 static inline __m128 cx_q4_1_dm(const uint8_t *w) {
     return _mm_cvtph_ps(_mm_cvtsi32_si128((int)dm));
 }
 
-/* Scales of a Q4_1 block times its activation block's: [d * x.d, m * x.s, 0, 0] from the
- * block's (d, m) and one multiply with the adjacent (d, s). */
-MK_AVX2 static inline __m128 cx_q4_1_scales(__m128 dm, const mk_q8_block *x) {
-    return _mm_mul_ps(dm, _mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)&x->d)));
-}
-
 /* A Q4_1 block's nibbles: low (elements 0-15) and high (16-31), each as 16 bytes. */
 typedef struct cx_q4_1_nib {
     __m128i lo, hi;
@@ -144,9 +138,9 @@ MK_AVX2 static inline cx_q4_1_nib cx_q4_1_unpack(const uint8_t *qs) {
  * each times their 16 activations as pair sums (<= 2 x 15 x 127), the two added as i16
  * (<= 7620, no overflow), then one madd to four i32; lane k holds the 8 products of
  * elements 4k..4k+3 and 16+4k..16+4k+3. */
-MK_AVX2 static inline __m128 cx_q4_1_isum(cx_q4_1_nib q, const int8_t *y) {
-    const __m128i p = _mm_add_epi16(_mm_maddubs_epi16(q.lo, _mm_loadu_si128((const __m128i *)y)),
-                                    _mm_maddubs_epi16(q.hi, _mm_loadu_si128((const __m128i *)(y + 16))));
+MK_AVX2 static inline __m128 cx_q4_1_isum(cx_q4_1_nib q, const int8_t *ylo, const int8_t *yhi) {
+    const __m128i p = _mm_add_epi16(_mm_maddubs_epi16(q.lo, _mm_loadu_si128((const __m128i *)ylo)),
+                                    _mm_maddubs_epi16(q.hi, _mm_loadu_si128((const __m128i *)yhi)));
     return _mm_cvtepi32_ps(_mm_madd_epi16(p, _mm_set1_epi16(1)));
 }
 
@@ -155,9 +149,11 @@ MK_AVX2 static inline __m128 cx_q4_1_isum(cx_q4_1_nib q, const int8_t *y) {
 typedef struct cx_q4_1_acc {
     __m128 acc0, acc1, mins;
 } cx_q4_1_acc;
-MK_AVX2 static inline void cx_q4_1_one(cx_q4_1_acc *a, __m128 dm, cx_q4_1_nib q, const mk_q8_block *x) {
-    const __m128 s = cx_q4_1_scales(dm, x);
-    a->acc0 = _mm_fmadd_ps(_mm_broadcastss_ps(s), cx_q4_1_isum(q, x->q), a->acc0);
+/* One block: its activations' low and high 16 values and their (d, s) pair. */
+MK_AVX2 static inline void cx_q4_1_one(cx_q4_1_acc *a, __m128 dm, cx_q4_1_nib q, const int8_t *ylo, const int8_t *yhi,
+                                        const float *ds) {
+    const __m128 s = _mm_mul_ps(dm, _mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)ds)));
+    a->acc0 = _mm_fmadd_ps(_mm_broadcastss_ps(s), cx_q4_1_isum(q, ylo, yhi), a->acc0);
     a->mins = _mm_add_ps(a->mins, s);
 }
 MK_AVX2 static inline float cx_q4_1_total(const cx_q4_1_acc *acc) {
@@ -199,30 +195,31 @@ MK_AVX2 static inline __m256i cx_q4_1_isum2_avx2(const cx_q4_1_wide *q, __m256i 
     const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(q->lo, y0), _mm256_maddubs_epi16(q->hi, y1));
     return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
 }
+/* [x0.d, x0.s, x1.d, x1.s] of two blocks (a pair's ds). */
+MK_AVX2 static inline __m128 cx_q8_ds2(const mk_q8_block *x) {
+    return _mm_castsi128_ps(_mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)&x[0].d),
+                                               _mm_loadl_epi64((const __m128i *)&x[1].d)));
+}
 /* The float part of a pair step: scales [d0*x0.d, m0*x0.s, d1*x1.d, m1*x1.s] (the products
- * cx_q4_1_scales forms), the min terms added as (m0 x0.s + m1 x1.s) as before, and each
- * block's scale broadcast over its half. */
-MK_AVX2 static inline void cx_q4_1_step2(__m256 *acc, __m128 *mins, __m128 dm, __m256i isum, const mk_q8_block *x) {
-    const __m128 xs = _mm_castsi128_ps(_mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)&x[0].d),
-                                                          _mm_loadl_epi64((const __m128i *)&x[1].d)));
+ * cx_q4_1_one forms), the min terms added as (m0 x0.s + m1 x1.s), and each block's scale
+ * broadcast over its half. */
+MK_AVX2 static inline void cx_q4_1_step2(__m256 *acc, __m128 *mins, __m128 dm, __m256i isum, __m128 xs) {
     const __m128 s = _mm_mul_ps(dm, xs);
     *mins = _mm_add_ps(*mins, _mm_add_ps(s, _mm_movehl_ps(s, s)));
     const __m256 scale = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(s), _mm256_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2));
     *acc = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(isum), *acc);
 }
-/* The odd last block (128-bit, as cx_q4_1_one) and the row total from the wide chains. */
-MK_AVX2 static inline float cx_q4_1_finish(__m256 acc, __m128 mins, const uint8_t *w, size_t left,
-                                           const mk_q8_block *x) {
-    cx_q4_1_acc a = {_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1), mins};
-    if (left) cx_q4_1_one(&a, cx_q4_1_dm(w), cx_q4_1_unpack(w + 4), x);
-    return cx_q4_1_total(&a);
+/* The wide chains as the two 128-bit ones (for the odd last block and the total). */
+MK_AVX2 static inline cx_q4_1_acc cx_q4_1_narrow(__m256 acc, __m128 mins) {
+    return (cx_q4_1_acc){_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1), mins};
 }
 
-/* Q4_1 row dots built from a pair-sum function ISUM: one row (DOT) and four rows sharing
- * each weight pair's unpacking (DOT4). Every variant computes the same integers and the
- * same float operations in the same order, so their bits agree with each other and with
- * the one-row dot (tested). */
-#define CX_Q4_1_DOTS(TARGET, DOT, DOT4, ISUM)                                                              \
+/* Q4_1 row dots built from a pair-sum function ISUM: one row over its blocks (DOT, the
+ * table's dot_q4_1), and 1 to 4 rows over their pairs (DOTN: each weight pair unpacked once
+ * for all the rows; the rows' activations come regrouped, so a step only loads them). Both
+ * forms feed a row's step the same integers and floats in the same order, so DOTN's out[r]
+ * has the bits of DOT on that row (tested), whoever else is in the batch. */
+#define CX_Q4_1_DOTS(TARGET, DOT, DOTN, ISUM)                                                              \
     TARGET static float DOT(const uint8_t *w, const mk_q8_block *x, size_t n) {                           \
         __m256 acc = _mm256_setzero_ps();                                                                 \
         __m128 mins = _mm_setzero_ps();                                                                   \
@@ -231,50 +228,105 @@ MK_AVX2 static inline float cx_q4_1_finish(__m256 acc, __m128 mins, const uint8_
         for (; b + 1 < nb; b += 2, w += 40) {                                                             \
             CX_PREFETCH(w);                                                                               \
             const cx_q4_1_wide q = cx_q4_1_unpack2(w);                                                    \
-            cx_q4_1_step2(&acc, &mins, q.dm, ISUM(&q, cx_q8_halves(&x[b], 0), cx_q8_halves(&x[b], 16)), &x[b]); \
+            cx_q4_1_step2(&acc, &mins, q.dm, ISUM(&q, cx_q8_halves(&x[b], 0), cx_q8_halves(&x[b], 16)),   \
+                          cx_q8_ds2(&x[b]));                                                              \
         }                                                                                                 \
-        return cx_q4_1_finish(acc, mins, w, nb - b, &x[b]);                                               \
+        cx_q4_1_acc a = cx_q4_1_narrow(acc, mins);                                                        \
+        if (b < nb) cx_q4_1_one(&a, cx_q4_1_dm(w), cx_q4_1_unpack(w + 4), x[b].q, x[b].q + 16, &x[b].d);  \
+        return cx_q4_1_total(&a);                                                                         \
     }                                                                                                     \
-    TARGET static void DOT4(const uint8_t *w, const mk_q8_block *const *x, size_t n, float *out) {        \
-        __m256 acc[4];                                                                                    \
-        __m128 mins[4];                                                                                   \
-        for (int r = 0; r < 4; r++) acc[r] = _mm256_setzero_ps(), mins[r] = _mm_setzero_ps();             \
+    CX_Q4_1_ROWS(TARGET, DOTN##_1, ISUM, 1)                                                               \
+    CX_Q4_1_ROWS(TARGET, DOTN##_2, ISUM, 2)                                                               \
+    CX_Q4_1_ROWS(TARGET, DOTN##_3, ISUM, 3)                                                               \
+    CX_Q4_1_ROWS(TARGET, DOTN##_4, ISUM, 4)                                                               \
+    TARGET static void DOTN(const uint8_t *w, const mk_q8_pair *const *x, size_t rows, size_t n, float *out) { \
+        switch (rows) {                                                                                   \
+            case 1: DOTN##_1(w, x, n, out); break;                                                        \
+            case 2: DOTN##_2(w, x, n, out); break;                                                        \
+            case 3: DOTN##_3(w, x, n, out); break;                                                        \
+            default: DOTN##_4(w, x, n, out); break;                                                       \
+        }                                                                                                 \
+    }
+
+/* DOTN for a fixed number of rows R (the accumulators stay in registers). */
+#define CX_Q4_1_ROWS(TARGET, NAME, ISUM, R)                                                                \
+    TARGET static inline void NAME(const uint8_t *w, const mk_q8_pair *const *x, size_t n, float *out) {  \
+        __m256 acc[R];                                                                                    \
+        __m128 mins[R];                                                                                   \
+        for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps(), mins[r] = _mm_setzero_ps();             \
         const size_t nb = n / 32;                                                                         \
         size_t b = 0;                                                                                     \
         for (; b + 1 < nb; b += 2, w += 40) {                                                             \
             CX_PREFETCH(w);                                                                               \
             const cx_q4_1_wide q = cx_q4_1_unpack2(w);                                                    \
-            for (int r = 0; r < 4; r++)                                                                   \
-                cx_q4_1_step2(&acc[r], &mins[r], q.dm,                                                    \
-                              ISUM(&q, cx_q8_halves(&x[r][b], 0), cx_q8_halves(&x[r][b], 16)), &x[r][b]);   \
+            for (int r = 0; r < R; r++) {                                                                 \
+                const mk_q8_pair *p = &x[r][b / 2];                                                       \
+                cx_q4_1_step2(&acc[r], &mins[r], q.dm, ISUM(&q, cx_loadu(p->lo), cx_loadu(p->hi)),        \
+                              _mm_loadu_ps(p->ds));                                                       \
+            }                                                                                             \
         }                                                                                                 \
-        for (int r = 0; r < 4; r++) out[r] = cx_q4_1_finish(acc[r], mins[r], w, nb - b, &x[r][b]);        \
+        for (int r = 0; r < R; r++) {                                                                     \
+            cx_q4_1_acc a = cx_q4_1_narrow(acc[r], mins[r]);                                              \
+            if (b < nb) {                                                                                 \
+                const mk_q8_pair *p = &x[r][b / 2];                                                       \
+                cx_q4_1_one(&a, cx_q4_1_dm(w), cx_q4_1_unpack(w + 4), p->lo, p->hi, p->ds);               \
+            }                                                                                             \
+            out[r] = cx_q4_1_total(&a);                                                                   \
+        }                                                                                                 \
     }
 
-CX_Q4_1_DOTS(MK_AVX2, cx_dot_q4_1, cx_dot4_q4_1, cx_q4_1_isum2_avx2)
+CX_Q4_1_DOTS(MK_AVX2, cx_dot_q4_1, cx_dotn_q4_1, cx_q4_1_isum2_avx2)
 
-/* Q8_0 row dot from a signed block-sum function DOTSS: two FMA chains (even and odd
- * blocks), each block's scale d * x.d. */
-#define CX_Q8_0_DOT(TARGET, DOT, DOTSS)                                                                    \
+/* Q8_0 row dots from a signed block-sum function DOTSS: one row (DOT: two FMA chains, even
+ * and odd blocks, each block's scale d * x.d) and 1 to 4 rows (DOTN: each weight block
+ * loaded and its scale converted once for all the rows, every row stepped as DOT steps it,
+ * so out[r] has DOT's bits on that row). */
+#define CX_Q8_0_DOTS(TARGET, DOT, DOTN, DOTSS)                                                             \
+    CX_Q8_0_ROWS(TARGET, DOTN##_1, DOTSS, 1)                                                              \
+    CX_Q8_0_ROWS(TARGET, DOTN##_2, DOTSS, 2)                                                              \
+    CX_Q8_0_ROWS(TARGET, DOTN##_3, DOTSS, 3)                                                              \
+    CX_Q8_0_ROWS(TARGET, DOTN##_4, DOTSS, 4)                                                              \
     TARGET static float DOT(const uint8_t *w, const mk_q8_block *x, size_t n) {                           \
-        __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();                                   \
+        float out;                                                                                        \
+        DOTN##_1(w, &x, n, &out);                                                                         \
+        return out;                                                                                       \
+    }                                                                                                     \
+    TARGET static void DOTN(const uint8_t *w, const mk_q8_block *const *x, size_t rows, size_t n, float *out) { \
+        switch (rows) {                                                                                   \
+            case 1: DOTN##_1(w, x, n, out); break;                                                        \
+            case 2: DOTN##_2(w, x, n, out); break;                                                        \
+            case 3: DOTN##_3(w, x, n, out); break;                                                        \
+            default: DOTN##_4(w, x, n, out); break;                                                       \
+        }                                                                                                 \
+    }
+
+/* DOTN for a fixed number of rows R. */
+#define CX_Q8_0_ROWS(TARGET, NAME, DOTSS, R)                                                               \
+    TARGET static inline void NAME(const uint8_t *w, const mk_q8_block *const *x, size_t n, float *out) { \
+        __m256 acc0[R], acc1[R];                                                                          \
+        for (int r = 0; r < R; r++) acc0[r] = _mm256_setzero_ps(), acc1[r] = _mm256_setzero_ps();         \
         const size_t nb = n / 32;                                                                         \
         size_t b = 0;                                                                                     \
         for (; b + 1 < nb; b += 2, w += 68) {                                                             \
             CX_PREFETCH(w);                                                                               \
-            const __m256i p0 = DOTSS(cx_loadu(w + 2), cx_loadu(x[b].q));                                 \
-            const __m256i p1 = DOTSS(cx_loadu(w + 36), cx_loadu(x[b + 1].q));                            \
-            acc0 = _mm256_fmadd_ps(_mm256_set1_ps(cx_f16(w) * x[b].d), _mm256_cvtepi32_ps(p0), acc0);     \
-            acc1 = _mm256_fmadd_ps(_mm256_set1_ps(cx_f16(w + 34) * x[b + 1].d), _mm256_cvtepi32_ps(p1), acc1); \
+            const __m256i w0 = cx_loadu(w + 2), w1 = cx_loadu(w + 36);                                    \
+            const float d0 = cx_f16(w), d1 = cx_f16(w + 34);                                              \
+            for (int r = 0; r < R; r++) {                                                                 \
+                const __m256i p0 = DOTSS(w0, cx_loadu(x[r][b].q)), p1 = DOTSS(w1, cx_loadu(x[r][b + 1].q)); \
+                acc0[r] = _mm256_fmadd_ps(_mm256_set1_ps(d0 * x[r][b].d), _mm256_cvtepi32_ps(p0), acc0[r]); \
+                acc1[r] = _mm256_fmadd_ps(_mm256_set1_ps(d1 * x[r][b + 1].d), _mm256_cvtepi32_ps(p1), acc1[r]); \
+            }                                                                                             \
         }                                                                                                 \
-        for (; b < nb; b++, w += 34) {                                                                    \
-            const __m256i p = DOTSS(cx_loadu(w + 2), cx_loadu(x[b].q));                                  \
-            acc0 = _mm256_fmadd_ps(_mm256_set1_ps(cx_f16(w) * x[b].d), _mm256_cvtepi32_ps(p), acc0);      \
+        if (b < nb) {                                                                                     \
+            const __m256i w0 = cx_loadu(w + 2);                                                           \
+            const float d0 = cx_f16(w);                                                                   \
+            for (int r = 0; r < R; r++)                                                                   \
+                acc0[r] = _mm256_fmadd_ps(_mm256_set1_ps(d0 * x[r][b].d),                                 \
+                                          _mm256_cvtepi32_ps(DOTSS(w0, cx_loadu(x[r][b].q))), acc0[r]);   \
         }                                                                                                 \
-        return cx_hsum(_mm256_add_ps(acc0, acc1));                                                        \
+        for (int r = 0; r < R; r++) out[r] = cx_hsum(_mm256_add_ps(acc0[r], acc1[r]));                   \
     }
-
-CX_Q8_0_DOT(MK_AVX2, cx_dot_q8_0, cx_dot_ss)
+CX_Q8_0_DOTS(MK_AVX2, cx_dot_q8_0, cx_dotn_q8_0, cx_dot_ss)
 
 /* ============================================================= K-quants == */
 
@@ -355,7 +407,7 @@ MK_VNNI static inline __m256i cx_q4_1_isum2_vnni(const cx_q4_1_wide *q, __m256i 
     return _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), q->lo, y0), q->hi, y1);
 }
 
-CX_Q4_1_DOTS(MK_VNNI, cx_dot_q4_1_vnni, cx_dot4_q4_1_vnni, cx_q4_1_isum2_vnni)
+CX_Q4_1_DOTS(MK_VNNI, cx_dot_q4_1_vnni, cx_dotn_q4_1_vnni, cx_q4_1_isum2_vnni)
 
 /* Signed weights through the sign trick as in cx_dot_ss, one vpdpbusd for the sums of four
  * (|w| <= 128 times |x| <= 127: the same integers as maddubs + madd). */
@@ -363,7 +415,7 @@ MK_VNNI static inline __m256i cx_dot_ss_vnni(__m256i a, __m256i b) {
     return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), _mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a));
 }
 
-CX_Q8_0_DOT(MK_VNNI, cx_dot_q8_0_vnni, cx_dot_ss_vnni)
+CX_Q8_0_DOTS(MK_VNNI, cx_dot_q8_0_vnni, cx_dotn_q8_0_vnni, cx_dot_ss_vnni)
 
 /* ============================================================ 16-bit floats == */
 
@@ -407,7 +459,8 @@ static const mk_cpu_quant cx_avx2 = {
     .quantize_row = cx_quantize_row,
     .dot_q4_0 = cx_dot_q4_0,
     .dot_q4_1 = cx_dot_q4_1,
-    .dot4_q4_1 = cx_dot4_q4_1,
+    .dotn_q4_1 = cx_dotn_q4_1,
+    .dotn_q8_0 = cx_dotn_q8_0,
     .dot_q8_0 = cx_dot_q8_0,
     .dot_q4_k = cx_dot_q4_k,
     .dot_q6_k = cx_dot_q6_k,
@@ -434,7 +487,8 @@ static const mk_cpu_quant cx_vnni = {
     .quantize_row = cx_quantize_row,
     .dot_q4_0 = cx_dot_q4_0,
     .dot_q4_1 = cx_dot_q4_1_vnni,
-    .dot4_q4_1 = cx_dot4_q4_1_vnni,
+    .dotn_q4_1 = cx_dotn_q4_1_vnni,
+    .dotn_q8_0 = cx_dotn_q8_0_vnni,
     .dot_q8_0 = cx_dot_q8_0_vnni,
     .dot_q4_k = cx_dot_q4_k,
     .dot_q6_k = cx_dot_q6_k,
