@@ -93,21 +93,6 @@ static double memcpy_gbps(size_t bytes, int reps) {
     return best;
 }
 
-/* Sum as 64-bit words in four independent lanes: the loop vectorises and is bound by the
- * loads, not by one dependency chain. */
-static uint64_t sum_words(const uint64_t *p, size_t n) {
-    uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-    size_t i = 0;
-    for (; i + 4 <= n; i += 4) {
-        s0 += p[i];
-        s1 += p[i + 1];
-        s2 += p[i + 2];
-        s3 += p[i + 3];
-    }
-    for (; i < n; i++) s0 += p[i];
-    return s0 + s1 + s2 + s3;
-}
-
 typedef struct {
     const uint64_t *p; /* [n] this reader's share */
     size_t n;

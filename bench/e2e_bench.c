@@ -84,14 +84,7 @@ typedef struct read_slice {
 
 static void *read_worker(void *arg) {
     read_slice *s = arg;
-    uint64_t a = 0, b = 0, c = 0, d = 0; /* four chains keep the loads in flight */
-    for (size_t i = 0; i + 4 <= s->n; i += 4) {
-        a += s->p[i];
-        b += s->p[i + 1];
-        c += s->p[i + 2];
-        d += s->p[i + 3];
-    }
-    s->sum = a + b + c + d;
+    s->sum = sum_words(s->p, s->n);
     return NULL;
 }
 
