@@ -228,19 +228,22 @@ TEST(SeamBatch, ABatchIsOneMessageOfSchemaTwoAndOneSequenceStaysSchemaOne) {
     // Decoded: the entries' headers, each with its own rows at its own offset.
     mk_boundary_header got[4];
     size_t n = 0;
-    const uint8_t *residual = nullptr;
-    MK_ASSERT_OK(mk_bundle_decode_batch(ours.data(), ours.size(), got, 4, &n, &residual));
+    const uint8_t *rows[4] = {};
+    MK_ASSERT_OK(mk_bundle_decode_batch(ours.data(), ours.size(), got, 4, &n, rows));
     ASSERT_EQ(n, 3u);
-    size_t row0[3];
-    mk_bundle_entry_rows(got, n, row0);
-    EXPECT_EQ(row0[2], 4u);
     EXPECT_EQ(got[2].rows, 5u);
     EXPECT_EQ(got[2].schema_version, MK_BOUNDARY_BATCH_SCHEMA_VERSION);
-    EXPECT_EQ(std::memcmp(residual + 4 * 32 * sizeof(float), res.data() + 4 * 32, 5 * 32 * sizeof(float)), 0);
+    // Each entry's rows where the rows before it end: 3, 1 and 5 rows from rows 0, 3 and 4.
+    EXPECT_EQ(rows[1] - rows[0], (ptrdiff_t)(3 * 32 * sizeof(float)));
+    EXPECT_EQ(rows[2] - rows[0], (ptrdiff_t)(4 * 32 * sizeof(float)));
+    EXPECT_EQ(std::memcmp(rows[0], res.data(), 3 * 32 * sizeof(float)), 0);
+    EXPECT_EQ(std::memcmp(rows[1], res.data() + 3 * 32, 1 * 32 * sizeof(float)), 0);
+    EXPECT_EQ(std::memcmp(rows[2], res.data() + 4 * 32, 5 * 32 * sizeof(float)), 0);
     // A receiver with room for two refuses the three whole; a one-sequence decode refuses a batch.
-    EXPECT_ERROR(mk_bundle_decode_batch(ours.data(), ours.size(), got, 2, &n, &residual), MK_ERR_SHAPE,
+    EXPECT_ERROR(mk_bundle_decode_batch(ours.data(), ours.size(), got, 2, &n, rows), MK_ERR_SHAPE,
                  "a batch of 3 entries is more than the 2 this receiver takes");
     EXPECT_EQ(n, 0u);
+    const uint8_t *residual = nullptr;
     EXPECT_ERROR(mk_bundle_decode_body(ours.data(), ours.size(), got, &residual), MK_ERR_SHAPE, "more than the 1");
     // mk_bundle_unpack holds one sequence: a batch is refused by name.
     mk_bundle *b = nullptr;
@@ -254,8 +257,9 @@ TEST(SeamBatch, ABatchIsOneMessageOfSchemaTwoAndOneSequenceStaysSchemaOne) {
     mk_bundle_message_pack(&one, a.data());
     mk_bundle_message_pack(&batch_of_one, c.data());
     EXPECT_EQ(a, c);
-    MK_ASSERT_OK(mk_bundle_decode_batch(a.data(), a.size(), got, 4, &n, &residual));
+    MK_ASSERT_OK(mk_bundle_decode_batch(a.data(), a.size(), got, 4, &n, rows));
     EXPECT_EQ(n, 1u);
+    EXPECT_EQ(std::memcmp(rows[0], res.data(), 3 * 32 * sizeof(float)), 0);
     EXPECT_EQ(got[0].schema_version, MK_BOUNDARY_SCHEMA_VERSION);
     EXPECT_STREQ(got[0].request_id, "req-a");
 }
@@ -513,8 +517,8 @@ struct BatchMessage {
 mk_status decode(const std::vector<uint8_t> &b, size_t cap = 8) {
     mk_boundary_header h[8];
     size_t n = 0;
-    const uint8_t *r = nullptr;
-    const mk_status s = mk_bundle_decode_batch(b.data(), b.size(), h, cap, &n, &r);
+    const uint8_t *r[8] = {};
+    const mk_status s = mk_bundle_decode_batch(b.data(), b.size(), h, cap, &n, r);
     if (s != MK_OK && n != 0) return MK_ERR_INTERNAL; // a refusal accepts nothing
     return s;
 }
@@ -523,8 +527,8 @@ TEST(SeamBatchMalformed, EachBrokenRuleIsRefusedWholeByName) {
     BatchMessage bm;
     mk_boundary_header h[8];
     size_t n = 0;
-    const uint8_t *r = nullptr;
-    MK_ASSERT_OK(mk_bundle_decode_batch(bm.bytes.data(), bm.bytes.size(), h, 8, &n, &r));
+    const uint8_t *r[8] = {};
+    MK_ASSERT_OK(mk_bundle_decode_batch(bm.bytes.data(), bm.bytes.size(), h, 8, &n, r));
     ASSERT_EQ(n, 3u);
     EXPECT_EQ(h[1].step, 4u);
     EXPECT_EQ(h[2].position, 7);
@@ -581,8 +585,8 @@ TEST(SeamBatchMalformed, MoreEntriesThanAnyBatchHoldsAreCountedAndRefused) {
     EXPECT_STREQ(v.msg.entries[63]->request_id, "e63");
     mk_boundary_header h[MK_MAX_BATCH_SEQUENCES];
     size_t n = 0;
-    const uint8_t *r = nullptr;
-    EXPECT_ERROR(mk_bundle_decode_batch(many.data(), many.size(), h, MK_MAX_BATCH_SEQUENCES, &n, &r), MK_ERR_SHAPE,
+    const uint8_t *r[MK_MAX_BATCH_SEQUENCES] = {};
+    EXPECT_ERROR(mk_bundle_decode_batch(many.data(), many.size(), h, MK_MAX_BATCH_SEQUENCES, &n, r), MK_ERR_SHAPE,
                  "a batch of 70 entries is more than the 64");
     // An entry with a field of the wrong wire type is not a message.
     std::vector<uint8_t> bad = bm.bytes;

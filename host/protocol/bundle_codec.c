@@ -494,23 +494,22 @@ mk_status mk_bundle_view_parse(const uint8_t *bytes, size_t len, mk_bundle_view 
 }
 
 mk_status mk_bundle_decode_batch(const uint8_t *bytes, size_t len, mk_boundary_header *h, size_t cap, size_t *n,
-                                 const uint8_t **residual) {
+                                 const uint8_t **rows) {
     mk_bundle_view view;
+    const uint8_t *residual = NULL;
     MK_TRY(mk_bundle_view_parse(bytes, len, &view));
-    return mk_bundle_message_check_batch(&view.msg, h, cap, n, residual);
-}
-
-void mk_bundle_entry_rows(const mk_boundary_header *h, size_t n, size_t *row0) {
-    size_t row = 0;
-    for (size_t k = 0; k < n; k++) {
-        row0[k] = row;
+    MK_TRY(mk_bundle_message_check_batch(&view.msg, h, cap, n, &residual));
+    size_t row = 0; /* the entries share one width (checked) */
+    for (size_t k = 0; k < *n; k++) {
+        rows[k] = residual + row * h[k].hidden * sizeof(float);
         row += h[k].rows;
     }
+    return MK_OK;
 }
 
 mk_status mk_bundle_decode_body(const uint8_t *bytes, size_t len, mk_boundary_header *h, const uint8_t **residual) {
     size_t n = 0;
-    return mk_bundle_decode_batch(bytes, len, h, 1, &n, residual);
+    return mk_bundle_decode_batch(bytes, len, h, 1, &n, residual); /* one entry: its rows are the residual */
 }
 
 /* =================================================================== check == */

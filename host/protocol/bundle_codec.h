@@ -87,15 +87,14 @@ mk_status mk_bundle_view_parse(const uint8_t *bytes, size_t len, mk_bundle_view 
 mk_status mk_bundle_decode_body(const uint8_t *bytes, size_t len, mk_boundary_header *h, const uint8_t **residual);
 
 /* A received body of either schema as its entries: h[k] is entry k's header (schema 1: the
- * one sequence), its rows at *residual + row0 x hidden floats where row0 adds up the rows
- * of h[0..k). At most cap entries (a batch of more is refused whole, MK_ERR_SHAPE). Every
- * wire check is made here and refuses the whole message: entries present only in schema 2
- * and there at least one, each with a request id of its own and at least one row, rows
- * adding up to the residual's, positions counting up from each entry's position. */
+ * one sequence) and rows[k] its first residual value in `bytes` (may be unaligned; the rows
+ * of h[0..k) come before it). At most cap entries, h and rows each with room for cap (a
+ * batch of more is refused whole, MK_ERR_SHAPE). Every wire check is made here and refuses
+ * the whole message: entries present only in schema 2 and there at least one, each with a
+ * request id of its own and at least one row, rows adding up to the residual's, positions
+ * counting up from each entry's position. */
 mk_status mk_bundle_decode_batch(const uint8_t *bytes, size_t len, mk_boundary_header *h, size_t cap, size_t *n,
-                                 const uint8_t **residual);
-/* row0[k]: the first row of entry k in the message (the rows of h[0..k) added up). */
-void mk_bundle_entry_rows(const mk_boundary_header *h, size_t n, size_t *row0);
+                                 const uint8_t **rows);
 /* The same on a message already decoded (protobuf-c or a view). */
 mk_status mk_bundle_message_check_batch(const Meshkern__V1__TensorBundle *msg, mk_boundary_header *h, size_t cap,
                                         size_t *n, const uint8_t **residual);

@@ -50,8 +50,7 @@ typedef struct mk_stream {
     /* receiving end */
     uint8_t *body;        /* pinned [limit] */
     uint64_t limit;
-    const uint8_t *residual; /* into body, after recv_header */
-    size_t row0[MK_MAX_BATCH_SEQUENCES]; /* each entry's first row in it */
+    const uint8_t *rows[MK_MAX_BATCH_SEQUENCES]; /* each entry's rows in body, after recv_header */
     size_t hidden;
     /* a failure that left the stream out of step */
     mk_status broken;
@@ -160,7 +159,6 @@ static mk_status stream_send(mk_seam *s, const mk_boundary *const *b, size_t n) 
 static mk_status stream_recv_header(mk_seam *s, mk_boundary_header *h, size_t cap, size_t *n) {
     mk_stream *st = s->impl;
     MK_TRY(mk_stream_check_broken(st));
-    st->residual = NULL;
     const int64_t deadline = mk_deadline_ms(st->io_timeout_ms, MK_DEFAULT_IO_MS);
     uint8_t head[MK_FRAME_HEADER_BYTES];
     uint64_t len = 0;
@@ -172,21 +170,14 @@ static mk_status stream_recv_header(mk_seam *s, mk_boundary_header *h, size_t ca
     if (r != MK_OK) return mk_stream_break(st, r);
     s->bytes += MK_FRAME_HEADER_BYTES + (size_t)len;
     /* The frame was read whole: a refused boundary leaves the stream in step. */
-    MK_TRY(mk_bundle_decode_batch(body, (size_t)len, h, cap, n, &st->residual));
-    mk_bundle_entry_rows(h, *n, st->row0);
-    st->hidden = h[0].hidden;
-    return MK_OK;
+    return mk_bundle_decode_batch(body, (size_t)len, h, cap, n, st->rows);
 }
 
 static mk_status stream_recv_payload(mk_seam *s, size_t k, mk_boundary *into) {
     mk_stream *st = s->impl;
     const mk_boundary_header *h = &into->h; /* seam.c put entry k's accepted header there */
-    const size_t n = h->rows * h->hidden;
-    const uint8_t *rows = st->residual + st->row0[k] * st->hidden * sizeof(float);
-    size_t bad = 0;
-    if (mk_floats_nonfinite(rows, n, &bad))
-        return mk_fail(MK_ERR_NONFINITE, "boundary residual value %zu (row %zu) is NaN or infinite", bad, bad / h->hidden);
-    MK_TRY(st->backend->ops->upload_async(st->backend, into->payload, rows, n * sizeof(float)));
+    MK_TRY(mk_seam_rows_finite(st->rows[k], h));
+    MK_TRY(st->backend->ops->upload_async(st->backend, into->payload, st->rows[k], h->rows * h->hidden * sizeof(float)));
     /* The body buffer is the next frame's: the upload out of it must be complete. */
     return st->backend->ops->synchronize(st->backend);
 }

@@ -18,9 +18,7 @@ typedef struct mk_wire_link {
     uint8_t *message;    /* the packed message inside bytes */
     size_t len, cap;
     bool sent;
-    const uint8_t *residual; /* into bytes, after recv_header */
-    size_t row0[MK_MAX_BATCH_SEQUENCES]; /* each entry's first row in it */
-    size_t hidden;
+    const uint8_t *rows[MK_MAX_BATCH_SEQUENCES]; /* each entry's rows in bytes, after recv_header */
 } mk_wire_link;
 
 static mk_status wire_send(mk_seam *s, const mk_boundary *const *b, size_t n) {
@@ -51,26 +49,17 @@ static mk_status wire_send_wait(mk_seam *s) { return MK_OK; }
 
 static mk_status wire_recv_header(mk_seam *s, mk_boundary_header *h, size_t cap, size_t *n) {
     mk_wire_link *link = s->impl;
-    link->residual = NULL;
     if (!link->sent) return mk_fail(MK_ERR_INVALID_ARGUMENT, "wire seam: nothing was sent");
     link->sent = false;
     s->bytes += link->len;
-    MK_TRY(mk_bundle_decode_batch(link->message, link->len, h, cap, n, &link->residual));
-    mk_bundle_entry_rows(h, *n, link->row0);
-    link->hidden = h[0].hidden;
-    return MK_OK;
+    return mk_bundle_decode_batch(link->message, link->len, h, cap, n, link->rows);
 }
 
 static mk_status wire_recv_payload(mk_seam *s, size_t k, mk_boundary *into) {
     mk_wire_link *link = s->impl;
-    const size_t n = into->h.rows * into->h.hidden;
-    const uint8_t *rows = link->residual + link->row0[k] * link->hidden * sizeof(float);
-    size_t bad = 0;
-    if (mk_floats_nonfinite(rows, n, &bad))
-        return mk_fail(MK_ERR_NONFINITE, "boundary residual value %zu (row %zu) is NaN or infinite", bad,
-                       bad / into->h.hidden);
+    MK_TRY(mk_seam_rows_finite(link->rows[k], &into->h));
     mk_backend *be = mk_range_backend(into->range);
-    return be->ops->upload(be, into->payload, rows, n * sizeof(float));
+    return be->ops->upload(be, into->payload, link->rows[k], into->h.rows * into->h.hidden * sizeof(float));
 }
 
 static void wire_destroy(mk_seam *s) {
