@@ -21,16 +21,22 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     mk_boundary_header h[MK_MAX_BATCH_SEQUENCES];
     size_t n_entries = 0;
-    const uint8_t *residual = NULL;
-    if (mk_bundle_decode_batch(data, size, h, MK_MAX_BATCH_SEQUENCES, &n_entries, &residual) != MK_OK) {
+    const uint8_t *entry_rows[MK_MAX_BATCH_SEQUENCES];
+    if (mk_bundle_decode_batch(data, size, h, MK_MAX_BATCH_SEQUENCES, &n_entries, entry_rows) != MK_OK) {
         if (mk_last_error()[0] == '\0') abort(); /* a refusal always says why */
         if (n_entries != 0) abort();              /* and accepts nothing */
         return 0;
     }
+    if (n_entries == 0) abort();
+    const uint8_t *residual = entry_rows[0];
     size_t rows = 0;
-    for (size_t k = 0; k < n_entries; k++) rows += h[k].batch * h[k].rows;
+    for (size_t k = 0; k < n_entries; k++) {
+        /* each entry's rows follow the ones before it */
+        if (entry_rows[k] != residual + rows * h[0].hidden * sizeof(float)) abort();
+        rows += h[k].batch * h[k].rows;
+    }
     const size_t n = rows * h[0].hidden;
-    if (n_entries == 0 || residual < data || residual + n * sizeof(float) > data + size) abort(); /* inside the input */
+    if (residual < data || residual + n * sizeof(float) > data + size) abort(); /* inside the input */
     if (h[0].schema_version == MK_BOUNDARY_BATCH_SCHEMA_VERSION) {
         /* a batch: protobuf-c's decode, checked by the same rules, gives the same entries */
         Meshkern__V1__TensorBundle *msg = meshkern__v1__tensor_bundle__unpack(NULL, size, data);
