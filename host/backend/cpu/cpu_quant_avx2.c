@@ -214,6 +214,24 @@ MK_AVX2 static inline cx_q4_1_acc cx_q4_1_narrow(__m256 acc, __m128 mins) {
     return (cx_q4_1_acc){_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1), mins};
 }
 
+/* An n-row dot NAME(w, x, rows, n, out) for 1 to MK_QDOTN_MAX_ROWS activation rows of type
+ * XTYPE: ROWS(TARGET, NAME_R, ARG, R) makes the kernel for a fixed R (its accumulators stay
+ * in registers), and NAME picks one by rows. */
+_Static_assert(MK_QDOTN_MAX_ROWS == 4, "CX_BY_ROWS makes kernels for 1 to 4 rows");
+#define CX_BY_ROWS(ROWS, TARGET, NAME, ARG, XTYPE)                                                         \
+    ROWS(TARGET, NAME##_1, ARG, 1)                                                                        \
+    ROWS(TARGET, NAME##_2, ARG, 2)                                                                        \
+    ROWS(TARGET, NAME##_3, ARG, 3)                                                                        \
+    ROWS(TARGET, NAME##_4, ARG, 4)                                                                        \
+    TARGET static void NAME(const uint8_t *w, const XTYPE *const *x, size_t rows, size_t n, float *out) { \
+        switch (rows) {                                                                                   \
+            case 1: NAME##_1(w, x, n, out); break;                                                        \
+            case 2: NAME##_2(w, x, n, out); break;                                                        \
+            case 3: NAME##_3(w, x, n, out); break;                                                        \
+            default: NAME##_4(w, x, n, out); break;                                                       \
+        }                                                                                                 \
+    }
+
 /* Q4_1 row dots built from a pair-sum function ISUM: one row over its blocks (DOT, the
  * table's dot_q4_1), and 1 to 4 rows over their pairs (DOTN: each weight pair unpacked once
  * for all the rows; the rows' activations come regrouped, so a step only loads them). Both
@@ -235,18 +253,7 @@ MK_AVX2 static inline cx_q4_1_acc cx_q4_1_narrow(__m256 acc, __m128 mins) {
         if (b < nb) cx_q4_1_one(&a, cx_q4_1_dm(w), cx_q4_1_unpack(w + 4), x[b].q, x[b].q + 16, &x[b].d);  \
         return cx_q4_1_total(&a);                                                                         \
     }                                                                                                     \
-    CX_Q4_1_ROWS(TARGET, DOTN##_1, ISUM, 1)                                                               \
-    CX_Q4_1_ROWS(TARGET, DOTN##_2, ISUM, 2)                                                               \
-    CX_Q4_1_ROWS(TARGET, DOTN##_3, ISUM, 3)                                                               \
-    CX_Q4_1_ROWS(TARGET, DOTN##_4, ISUM, 4)                                                               \
-    TARGET static void DOTN(const uint8_t *w, const mk_q8_pair *const *x, size_t rows, size_t n, float *out) { \
-        switch (rows) {                                                                                   \
-            case 1: DOTN##_1(w, x, n, out); break;                                                        \
-            case 2: DOTN##_2(w, x, n, out); break;                                                        \
-            case 3: DOTN##_3(w, x, n, out); break;                                                        \
-            default: DOTN##_4(w, x, n, out); break;                                                       \
-        }                                                                                                 \
-    }
+    CX_BY_ROWS(CX_Q4_1_ROWS, TARGET, DOTN, ISUM, mk_q8_pair)
 
 /* DOTN for a fixed number of rows R (the accumulators stay in registers). */
 #define CX_Q4_1_ROWS(TARGET, NAME, ISUM, R)                                                                \
@@ -282,22 +289,11 @@ CX_Q4_1_DOTS(MK_AVX2, cx_dot_q4_1, cx_dotn_q4_1, cx_q4_1_isum2_avx2)
  * loaded and its scale converted once for all the rows, every row stepped as DOT steps it,
  * so out[r] has DOT's bits on that row). */
 #define CX_Q8_0_DOTS(TARGET, DOT, DOTN, DOTSS)                                                             \
-    CX_Q8_0_ROWS(TARGET, DOTN##_1, DOTSS, 1)                                                              \
-    CX_Q8_0_ROWS(TARGET, DOTN##_2, DOTSS, 2)                                                              \
-    CX_Q8_0_ROWS(TARGET, DOTN##_3, DOTSS, 3)                                                              \
-    CX_Q8_0_ROWS(TARGET, DOTN##_4, DOTSS, 4)                                                              \
+    CX_BY_ROWS(CX_Q8_0_ROWS, TARGET, DOTN, DOTSS, mk_q8_block)                                            \
     TARGET static float DOT(const uint8_t *w, const mk_q8_block *x, size_t n) {                           \
         float out;                                                                                        \
         DOTN##_1(w, &x, n, &out);                                                                         \
         return out;                                                                                       \
-    }                                                                                                     \
-    TARGET static void DOTN(const uint8_t *w, const mk_q8_block *const *x, size_t rows, size_t n, float *out) { \
-        switch (rows) {                                                                                   \
-            case 1: DOTN##_1(w, x, n, out); break;                                                        \
-            case 2: DOTN##_2(w, x, n, out); break;                                                        \
-            case 3: DOTN##_3(w, x, n, out); break;                                                        \
-            default: DOTN##_4(w, x, n, out); break;                                                       \
-        }                                                                                                 \
     }
 
 /* DOTN for a fixed number of rows R. */
