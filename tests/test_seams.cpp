@@ -1110,6 +1110,18 @@ TEST(FrameView, MalformedWireBytesAreRefusedEachByName) {
     EXPECT_EQ(v.msg.entries[0]->position, 5);
     EXPECT_EQ(v.msg.entries[0]->step, 8u);
     EXPECT_ERROR(parse(Pb().key(0, 0).varint(1), &v), MK_ERR_WIRE_DECODE, "field number 0");
+    // Field numbers end at 2^29 - 1 (protobuf-c refuses more): 2^32 + 12 narrowed to 32 bits
+    // would read as field 12 (step), 2^32 + 4 in an entry as its rows, 2^32 + 2 in a tensor
+    // as its dtype. The largest legal number is an unknown field, skipped.
+    const uint64_t past = uint64_t(1) << 32;
+    EXPECT_ERROR(parse(Pb().varint((past + 12) << 3).varint(5), &v), MK_ERR_WIRE_DECODE, "field number past 2^29 - 1");
+    EXPECT_ERROR(parse(Pb().varint(uint64_t(536870912) << 3).varint(5), &v), MK_ERR_WIRE_DECODE, "field number past");
+    MK_ASSERT_OK(parse(Pb().varint(uint64_t(536870911) << 3).varint(5).u(12, 3), &v));
+    EXPECT_EQ(v.msg.step, 3u);
+    EXPECT_ERROR(parse(Pb().bytes(13, Pb().varint((past + 4) << 3).varint(2).b), &v), MK_ERR_WIRE_DECODE,
+                 "field number past");
+    EXPECT_ERROR(parse(Pb().bytes(7, Pb().varint((past + 2) << 3).varint(1).b), &v), MK_ERR_WIRE_DECODE,
+                 "field number past");
     EXPECT_ERROR(mk_bundle_view_parse(nullptr, 1, &v), MK_ERR_WIRE_DECODE, "no bytes");
     MK_ASSERT_OK(mk_bundle_view_parse(nullptr, 0, &v));
     EXPECT_EQ(v.msg.n_tensors, 0u);

@@ -343,6 +343,21 @@ static void mk_copy_string(char *dst, const mk_cursor *f) {
     dst[n] = '\0';
 }
 
+/* protobuf's largest field number (2^29 - 1). */
+#define MK_PROTO_MAX_FIELD 536870911u
+
+/* A field's key: its number (1 to MK_PROTO_MAX_FIELD, as protobuf-c insists; a larger one
+ * narrowed to unsigned would alias a known field) and wire type. */
+static mk_status mk_key(mk_cursor *c, unsigned *field, unsigned *wire_type) {
+    uint64_t key = 0;
+    MK_TRY(mk_varint(c, &key));
+    if (key >> 3 == 0) return mk_bad("field number 0");
+    if (key >> 3 > MK_PROTO_MAX_FIELD) return mk_bad("field number past 2^29 - 1");
+    *field = (unsigned)(key >> 3);
+    *wire_type = (unsigned)(key & 7);
+    return MK_OK;
+}
+
 static mk_status mk_expect(unsigned wire_type, unsigned wanted) {
     return wire_type == wanted ? MK_OK : mk_bad("field with the wrong wire type");
 }
@@ -360,9 +375,9 @@ static mk_status mk_string_field(mk_cursor *c, unsigned wire_type, char *dst, ch
 /* One Tensor message, merged into t (protobuf merges repeated occurrences). */
 static mk_status mk_parse_tensor(mk_cursor c, Meshkern__V1__Tensor *t, uint64_t *shape, char *name) {
     while (c.p < c.end) {
-        uint64_t key, v;
-        MK_TRY(mk_varint(&c, &key));
-        const unsigned field = (unsigned)(key >> 3), wt = (unsigned)(key & 7);
+        uint64_t v;
+        unsigned field, wt;
+        MK_TRY(mk_key(&c, &field, &wt));
         mk_cursor f = {0};
         switch (field) {
             case MK_TENSOR_NAME: MK_TRY(mk_string_field(&c, wt, name, &t->name)); break;
@@ -407,9 +422,9 @@ static mk_status mk_parse_tensor(mk_cursor c, Meshkern__V1__Tensor *t, uint64_t 
 /* One BundleEntry message (a repeated field: each occurrence is an entry of its own). */
 static mk_status mk_parse_entry(mk_cursor c, Meshkern__V1__BundleEntry *e, char *id) {
     while (c.p < c.end) {
-        uint64_t key, v;
-        MK_TRY(mk_varint(&c, &key));
-        const unsigned field = (unsigned)(key >> 3), wt = (unsigned)(key & 7);
+        uint64_t v;
+        unsigned field, wt;
+        MK_TRY(mk_key(&c, &field, &wt));
         switch (field) {
             case MK_ENTRY_REQUEST_ID: MK_TRY(mk_string_field(&c, wt, id, &e->request_id)); break;
             case MK_ENTRY_STEP: MK_TRY(mk_expect(wt, 0)); MK_TRY(mk_varint(&c, &e->step)); break;
@@ -432,10 +447,9 @@ mk_status mk_bundle_view_parse(const uint8_t *bytes, size_t len, mk_bundle_view 
     if (!bytes && len) return mk_bad("no bytes");
     mk_cursor c = {bytes, bytes + len};
     while (c.p < c.end) {
-        uint64_t key, v;
-        MK_TRY(mk_varint(&c, &key));
-        const unsigned field = (unsigned)(key >> 3), wt = (unsigned)(key & 7);
-        if (field == 0) return mk_bad("field number 0");
+        uint64_t v;
+        unsigned field, wt;
+        MK_TRY(mk_key(&c, &field, &wt));
         mk_cursor f = {0};
         switch (field) {
             case MK_BUNDLE_SCHEMA_VERSION: MK_TRY(mk_expect(wt, 0)); MK_TRY(mk_varint(&c, &v)); m->schema_version = (uint32_t)v; break;
