@@ -178,7 +178,7 @@ MUTATIONS=(
   "seam.nan-scan-misses-last~host/seam/seam.c~s/mk_floats_nonfinite\(rows, h->rows \* h->hidden, &bad\)/mk_floats_nonfinite(rows, h->rows * h->hidden - 1, \&bad)/~seams:FaultyPeer.*:SeamApi.*"
   "seam.nan-scan-first-row-only~host/seam/seam.c~s/mk_floats_nonfinite\(rows, h->rows \* h->hidden, &bad\)/mk_floats_nonfinite(rows, h->hidden, \&bad)/~seams:FaultyPeer.*"
   "stream.nan-scan-skipped~host/seam/stream.c~s/    MK_TRY\(mk_seam_rows_finite\(st->rows\[k\], h\)\);\n//~seams:FaultyPeer.*"
-  "stream.refused-body-breaks-stream~host/seam/stream.c~s/MK_TRY\(mk_bundle_decode_batch\(body, \(size_t\)len, h, cap, n, &st->residual\)\);/r = mk_bundle_decode_batch(body, (size_t)len, h, cap, n, \&st->residual);\n    if (r != MK_OK) return mk_stream_break(st, r);/~seams:FaultyPeer.*"
+  "stream.refused-body-breaks-stream~host/seam/stream.c~s/    return mk_bundle_decode_batch\(body, \(size_t\)len, h, cap, n, st->rows\);/    r = mk_bundle_decode_batch(body, (size_t)len, h, cap, n, st->rows);\n    return r == MK_OK ? r : mk_stream_break(st, r);/~seams:FaultyPeer.*"
   "stream.bad-header-keeps-stream~host/seam/stream.c~s/if \(r != MK_OK\) return mk_stream_break\(st, r\);/if (r != MK_OK) return r;/~seams:FaultyPeer.*"
   "stream.first-failure-forgotten~host/seam/stream.c~s/snprintf\(st->broken_error, sizeof st->broken_error, \"%s\", mk_last_error\(\)\);//~seams:FaultyPeer.*"
   "stream.rest-of-frame-from-start~host/seam/stream.c~s/st->job = frame \+ written;/st->job = frame;/~seams:SeamStream.*"
