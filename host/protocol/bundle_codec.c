@@ -376,7 +376,7 @@ static mk_status mk_string_field(mk_cursor *c, unsigned wire_type, char *dst, ch
 static mk_status mk_parse_tensor(mk_cursor c, Meshkern__V1__Tensor *t, uint64_t *shape, char *name) {
     while (c.p < c.end) {
         uint64_t v;
-        unsigned field, wt;
+        unsigned field = 0, wt = 0; /* set by mk_key (gcc -O3 cannot see it) */
         MK_TRY(mk_key(&c, &field, &wt));
         mk_cursor f = {0};
         switch (field) {
@@ -423,7 +423,7 @@ static mk_status mk_parse_tensor(mk_cursor c, Meshkern__V1__Tensor *t, uint64_t 
 static mk_status mk_parse_entry(mk_cursor c, Meshkern__V1__BundleEntry *e, char *id) {
     while (c.p < c.end) {
         uint64_t v;
-        unsigned field, wt;
+        unsigned field = 0, wt = 0; /* set by mk_key (gcc -O3 cannot see it) */
         MK_TRY(mk_key(&c, &field, &wt));
         switch (field) {
             case MK_ENTRY_REQUEST_ID: MK_TRY(mk_string_field(&c, wt, id, &e->request_id)); break;
@@ -448,7 +448,7 @@ mk_status mk_bundle_view_parse(const uint8_t *bytes, size_t len, mk_bundle_view 
     mk_cursor c = {bytes, bytes + len};
     while (c.p < c.end) {
         uint64_t v;
-        unsigned field, wt;
+        unsigned field = 0, wt = 0; /* set by mk_key (gcc -O3 cannot see it) */
         MK_TRY(mk_key(&c, &field, &wt));
         mk_cursor f = {0};
         switch (field) {
