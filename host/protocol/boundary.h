@@ -49,6 +49,11 @@ void mk_boundary_header_defaults(mk_boundary_header *h);
 /* NaN or Inf anywhere in n floats (read bytewise: the pointer may be unaligned). */
 bool mk_floats_nonfinite(const void *data, size_t n, size_t *first_bad);
 
+/* MK_ERR_NONFINITE naming the first NaN or Inf among the h->rows x h->hidden floats at
+ * rows, else MK_OK: the one check every receiver of a residual applies (the contract and
+ * the host-staged transports). */
+mk_status mk_boundary_rows_finite(const void *rows, const mk_boundary_header *h);
+
 #ifdef __cplusplus
 }
 #endif

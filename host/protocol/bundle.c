@@ -121,6 +121,13 @@ mk_status mk_bundle_tensor_fields(const mk_bundle *b, mk_tensor_fields *out) {
     return MK_OK;
 }
 
+mk_status mk_boundary_rows_finite(const void *rows, const mk_boundary_header *h) {
+    size_t bad = 0;
+    if (mk_floats_nonfinite(rows, h->rows * h->hidden, &bad))
+        return mk_fail(MK_ERR_NONFINITE, "boundary residual value %zu (row %zu) is NaN or infinite", bad, bad / h->hidden);
+    return MK_OK;
+}
+
 bool mk_floats_nonfinite(const void *data, size_t n, size_t *first_bad) {
     /* It reads every residual a transport accepts, so it runs without branches: SSE2
      * compares where there is SSE2, then two floats per 64-bit word (a lane's exponent

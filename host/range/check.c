@@ -109,9 +109,5 @@ mk_status mk_check_bundle(const mk_range *r, const mk_sequence *seq, const mk_bu
             return mk_fail(MK_ERR_POSITIONS_SHAPE,
                            "bundle position %d at row %zu does not continue the sequence (expected %zu)",
                            bundle->positions[i], i, seq->length + i);
-    size_t bad = 0;
-    if (mk_floats_nonfinite(bundle->residual, bundle->h.rows * bundle->h.hidden, &bad))
-        return mk_fail(MK_ERR_NONFINITE, "boundary residual value %zu (row %zu) is NaN or infinite", bad,
-                       bad / bundle->h.hidden);
-    return MK_OK;
+    return mk_boundary_rows_finite(bundle->residual, &bundle->h);
 }

@@ -286,13 +286,6 @@ mk_status mk_seam_stage_rows(mk_backend *be, const mk_boundary *const *b, size_t
     return be->ops->synchronize(be); /* the rows are complete */
 }
 
-mk_status mk_seam_rows_finite(const void *rows, const mk_boundary_header *h) {
-    size_t bad = 0;
-    if (mk_floats_nonfinite(rows, h->rows * h->hidden, &bad))
-        return mk_fail(MK_ERR_NONFINITE, "boundary residual value %zu (row %zu) is NaN or infinite", bad, bad / h->hidden);
-    return MK_OK;
-}
-
 mk_status mk_seam_send_batch(mk_seam *s, const mk_boundary *const *b, size_t n) {
     mk_clear_error();
     if (!s || !b) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_seam_send: NULL argument");

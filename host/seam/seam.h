@@ -97,10 +97,6 @@ mk_status mk_seam_recv_batch_with(mk_seam *s, mk_seam_entry_contract contract, v
  * backend: the rows are complete on return. */
 mk_status mk_seam_stage_rows(mk_backend *be, const mk_boundary *const *b, size_t n, void *staging, int32_t *positions,
                              const void **rows, const mk_boundary_header **h);
-/* The receiving side of a host-staged transport: MK_ERR_NONFINITE (naming the first bad
- * value and its row) unless entry h's rows x hidden floats at rows (maybe unaligned) are
- * all finite. */
-mk_status mk_seam_rows_finite(const void *rows, const mk_boundary_header *h);
 /* Stream ends: the connected fd (to poll before a receive; -1 for other transports), and
  * raw bytes written on it (fault injection only: a frame that is not one). */
 int mk_seam_stream_fd(const mk_seam *s);

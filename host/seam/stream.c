@@ -176,7 +176,7 @@ static mk_status stream_recv_header(mk_seam *s, mk_boundary_header *h, size_t ca
 static mk_status stream_recv_payload(mk_seam *s, size_t k, mk_boundary *into) {
     mk_stream *st = s->impl;
     const mk_boundary_header *h = &into->h; /* seam.c put entry k's accepted header there */
-    MK_TRY(mk_seam_rows_finite(st->rows[k], h));
+    MK_TRY(mk_boundary_rows_finite(st->rows[k], h));
     MK_TRY(st->backend->ops->upload_async(st->backend, into->payload, st->rows[k], h->rows * h->hidden * sizeof(float)));
     /* The body buffer is the next frame's: the upload out of it must be complete. */
     return st->backend->ops->synchronize(st->backend);

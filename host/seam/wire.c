@@ -57,7 +57,7 @@ static mk_status wire_recv_header(mk_seam *s, mk_boundary_header *h, size_t cap,
 
 static mk_status wire_recv_payload(mk_seam *s, size_t k, mk_boundary *into) {
     mk_wire_link *link = s->impl;
-    MK_TRY(mk_seam_rows_finite(link->rows[k], &into->h));
+    MK_TRY(mk_boundary_rows_finite(link->rows[k], &into->h));
     mk_backend *be = mk_range_backend(into->range);
     return be->ops->upload(be, into->payload, link->rows[k], into->h.rows * into->h.hidden * sizeof(float));
 }
