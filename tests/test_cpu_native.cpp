@@ -3,6 +3,7 @@
 // SIMD kernels against the portable ones, and thread-count invariance bit for bit.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -156,11 +157,11 @@ bool cpu_flag(const std::string &flag) {
     return false;
 }
 
-// The SIMD tables this CPU runs (AVX2, then AVX-VNNI).
+// The SIMD tables this CPU runs (AVX2, AVX-VNNI, AVX512-VNNI).
 std::vector<const mk_cpu_quant *> simd_tables() {
     std::vector<const mk_cpu_quant *> t;
-    for (const mk_cpu_quant *k : {mk_cpu_quant_avx2(), mk_cpu_quant_vnni()})
-        if (k) t.push_back(k);
+    for (const mk_cpu_quant *k : {mk_cpu_quant_avx2(), mk_cpu_quant_vnni(), mk_cpu_quant_avx512_vnni()})
+        if (k && std::find(t.begin(), t.end(), k) == t.end()) t.push_back(k);
     return t;
 }
 
@@ -436,26 +437,38 @@ TEST(NativeDot, NRowDotsAreOneRowDots) {
     }
 }
 
-// The AVX-VNNI table sums each block's products with vpdpbusd where AVX2 uses maddubs +
-// madd: the same integers, then the same float operations, so every dot (one row and four
+// The VNNI tables (AVX-VNNI, AVX512-VNNI) sum each block's products with vpdpbusd where AVX2
+// uses maddubs + madd: the same integers, then the same float operations, so every dot (one row and four
 // rows, every format) has the AVX2 bits. Weights at the extremes (all nibbles 15 or 0,
 // Q8_0 bytes of -128 and 127) and activations at +-127 included, odd and even block counts.
 TEST(NativeKernels, VnniDotsAreBitIdenticalToAvx2) {
     const mk_cpu_quant *vnni = mk_cpu_quant_vnni(), *avx2 = mk_cpu_quant_avx2();
     if (cpu_flag("avx_vnni")) {
         ASSERT_NE(vnni, nullptr) << "/proc/cpuinfo lists avx_vnni but the cpuid check missed it";
+        EXPECT_STREQ(vnni->name, "avx-vnni");
+    } else if (cpu_flag("avx512_vnni") && cpu_flag("avx512vl")) {
+        ASSERT_NE(vnni, nullptr) << "/proc/cpuinfo lists avx512_vnni and avx512vl but the cpuid check missed them";
+        EXPECT_STREQ(vnni->name, "avx512-vnni");
     }
-    if (!vnni) GTEST_SKIP() << "this CPU has no AVX-VNNI";
+    if (!vnni) GTEST_SKIP() << "this CPU has no AVX-VNNI or AVX512-VNNI";
     ASSERT_NE(avx2, nullptr);
     EXPECT_EQ(mk_cpu_quant_best(), vnni);
-    EXPECT_EQ(mk_cpu_attention_fast_for(vnni), mk_cpu_attention_fast_for(avx2)); // the AVX2 attention too
+    if (cpu_flag("avx512_vnni") && cpu_flag("avx512vl")) {
+        ASSERT_NE(mk_cpu_quant_avx512_vnni(), nullptr);
+    }
+    std::vector<const mk_cpu_quant *> vnnis{vnni};
+    if (mk_cpu_quant_avx512_vnni() && mk_cpu_quant_avx512_vnni() != vnni) vnnis.push_back(mk_cpu_quant_avx512_vnni());
+    for (const mk_cpu_quant *v : vnnis) // the AVX2 attention goes with every VNNI table
+        EXPECT_EQ(mk_cpu_attention_fast_for(v), mk_cpu_attention_fast_for(avx2)) << v->name;
     std::mt19937 rng(2026);
+    for (const mk_cpu_quant *vnni : vnnis)
     for (const Format &f : kFormats) {
         if (f.type == MK_GGML_TYPE_F16 || f.type == MK_GGML_TYPE_BF16) continue;
         for (size_t in : block_elems(f.type) == 256 ? std::vector<size_t>{256, 768, 1280}
                                                     : std::vector<size_t>{32, 64, 96, 576, 1536}) {
             for (int extreme = 0; extreme < 3; extreme++) {
-                SCOPED_TRACE(std::string(f.name) + " in " + std::to_string(in) + " extreme " + std::to_string(extreme));
+                SCOPED_TRACE(std::string(vnni->name) + " " + f.name + " in " + std::to_string(in) + " extreme " +
+                             std::to_string(extreme));
                 const size_t rows = 4, rb = row_bytes(f.type, in);
                 std::vector<uint8_t> w = random_rows(f.type, rows, in, rng);
                 if (extreme && (f.type == MK_GGML_TYPE_Q4_1 || f.type == MK_GGML_TYPE_Q8_0)) {

@@ -245,8 +245,9 @@ MK_AVX2_FMA static void mk_attention_fast_avx2(float *out, const float *q, const
 
 mk_attention_fast_fn mk_cpu_attention_fast_for(const mk_cpu_quant *kernels) {
 #if defined(__x86_64__) && defined(__GNUC__)
-    /* Both SIMD tables mean a CPU with AVX2 + FMA (the VNNI one is AVX2 and more). */
-    if (kernels && (kernels == mk_cpu_quant_avx2() || kernels == mk_cpu_quant_vnni())) return mk_attention_fast_avx2;
+    /* Every table but the portable one means a CPU with AVX2 + FMA (the VNNI ones are AVX2
+     * and more). */
+    if (kernels && kernels != mk_cpu_quant_portable()) return mk_attention_fast_avx2;
 #endif
     return mk_attention_fast_portable;
 }

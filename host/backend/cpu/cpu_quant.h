@@ -70,7 +70,7 @@ enum { MK_QDOTN_MAX_ROWS = 4 };
 typedef float (*mk_hdot_fn)(const uint16_t *w, const float *x, size_t n);
 
 typedef struct mk_cpu_quant {
-    const char *name; /* "portable", "avx2", "avx-vnni" */
+    const char *name; /* "portable", "avx2", "avx-vnni", "avx512-vnni" */
     mk_quantize_row_fn quantize_row;
     mk_qdot_fn dot_q4_0, dot_q4_1, dot_q8_0, dot_q4_k, dot_q6_k;
     mk_qdotn_pairs_fn dotn_q4_1; /* NULL: one-row dots over blocks */
@@ -82,8 +82,12 @@ typedef struct mk_cpu_quant {
 const mk_cpu_quant *mk_cpu_quant_portable(void);
 /* The AVX2 implementation, or NULL when this CPU (or the compiler) lacks AVX2/FMA/F16C. */
 const mk_cpu_quant *mk_cpu_quant_avx2(void);
-/* The AVX-VNNI implementation, or NULL when this CPU (or the compiler) lacks AVX-VNNI. */
+/* The VNNI implementation (AVX-VNNI, else AVX512-VNNI on 256-bit registers), or NULL when
+ * this CPU (or the compiler) has neither. */
 const mk_cpu_quant *mk_cpu_quant_vnni(void);
+/* The AVX512-VNNI one alone (what mk_cpu_quant_vnni gives where AVX-VNNI is missing), or
+ * NULL: tests compare it with the others on CPUs that have both encodings. */
+const mk_cpu_quant *mk_cpu_quant_avx512_vnni(void);
 /* The fastest implementation this CPU runs; MESHKERN_CPU_KERNELS=portable or =avx2 in the
  * environment caps it there (for comparisons). */
 const mk_cpu_quant *mk_cpu_quant_best(void);

@@ -32,6 +32,9 @@ _Static_assert(offsetof(mk_q8_block, s) == offsetof(mk_q8_block, d) + sizeof(flo
  * never faults, so running past the last row is harmless. */
 #define CX_PREFETCH_AHEAD 4096
 #define CX_PREFETCH(p) _mm_prefetch((const char *)(p) + CX_PREFETCH_AHEAD, _MM_HINT_T0)
+/* A K-quant super-block spans several cache lines: one prefetch per 64 bytes of it. */
+#define CX_PREFETCH_BLOCK(p, bytes) \
+    for (size_t line_ = 0; line_ < (bytes); line_ += 64) CX_PREFETCH((const uint8_t *)(p) + line_)
 
 MK_AVX2 static inline float cx_f16(const uint8_t *p) {
     uint16_t h;
@@ -331,9 +334,7 @@ MK_AVX2 static float cx_dot_q4_k(const uint8_t *w, const mk_q8_block *x, size_t 
     float mins = 0.0f;
     const __m256i m4 = _mm256_set1_epi8(0x0f);
     for (size_t sb = 0; sb < n / 256; sb++, w += 144, x += 8) {
-        CX_PREFETCH(w);
-        CX_PREFETCH(w + 64);
-        CX_PREFETCH(w + 128);
+        CX_PREFETCH_BLOCK(w, 144);
         const float d = cx_f16(w), dmin = cx_f16(w + 2);
         const uint8_t *s = w + 4;
         int sc[8], mn[8];
@@ -361,7 +362,7 @@ MK_AVX2 static float cx_dot_q6_k(const uint8_t *w, const mk_q8_block *x, size_t 
     __m256 acc = _mm256_setzero_ps();
     const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(3), k32 = _mm256_set1_epi8(32);
     for (size_t sb = 0; sb < n / 256; sb++, w += 210, x += 8) {
-        for (int l = 0; l < 210; l += 64) CX_PREFETCH(w + l);
+        CX_PREFETCH_BLOCK(w, 210);
         const float d = cx_f16(w + 208);
         for (int h = 0; h < 2; h++) {
             const __m256i ql0 = cx_loadu(w + 64 * h), ql1 = cx_loadu(w + 64 * h + 32);
@@ -391,27 +392,32 @@ MK_AVX2 static float cx_dot_q6_k(const uint8_t *w, const mk_q8_block *x, size_t 
     return cx_hsum(acc);
 }
 
-/* ================================================================ AVX-VNNI == */
+/* ===================================================================== VNNI == */
 
 /* vpdpbusd multiplies unsigned by signed bytes and adds each group of four products into a
  * 32-bit lane: the i32 lanes maddubs + madd form above, in one instruction and without the
  * i16 step (which never saturates here either), so the VNNI dots compute the same integers
- * and then the same float operations as the AVX2 ones: bit-identical results (tested). */
+ * and then the same float operations as the AVX2 ones: bit-identical results (tested).
+ * Two encodings of the same 256-bit instruction: AVX-VNNI (VEX; Intel Alder Lake and
+ * later) and AVX512-VNNI with AVX512VL (EVEX; AMD Zen 4, Intel Ice Lake and later). */
 #define MK_VNNI __attribute__((target("avx2,fma,f16c,avxvnni")))
+#define MK_VNNI512 __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512vnni")))
 
-MK_VNNI static inline __m256i cx_q4_1_isum2_vnni(const cx_q4_1_wide *q, __m256i y0, __m256i y1) {
-    return _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), q->lo, y0), q->hi, y1);
-}
+/* The Q4_1 and Q8_0 dots for one encoding: TARGET compiles them, DPBUSD is its intrinsic. */
+#define CX_VNNI_DOTS(TARGET, DPBUSD, SUFFIX)                                                               \
+    TARGET static inline __m256i cx_q4_1_isum2_##SUFFIX(const cx_q4_1_wide *q, __m256i y0, __m256i y1) { \
+        return DPBUSD(DPBUSD(_mm256_setzero_si256(), q->lo, y0), q->hi, y1);                              \
+    }                                                                                                     \
+    CX_Q4_1_DOTS(TARGET, cx_dot_q4_1_##SUFFIX, cx_dotn_q4_1_##SUFFIX, cx_q4_1_isum2_##SUFFIX)             \
+    /* Signed weights through the sign trick as in cx_dot_ss, one vpdpbusd for the sums of      \
+     * four (|w| <= 128 times |x| <= 127: the same integers as maddubs + madd). */                        \
+    TARGET static inline __m256i cx_dot_ss_##SUFFIX(__m256i a, __m256i b) {                               \
+        return DPBUSD(_mm256_setzero_si256(), _mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a));            \
+    }                                                                                                     \
+    CX_Q8_0_DOTS(TARGET, cx_dot_q8_0_##SUFFIX, cx_dotn_q8_0_##SUFFIX, cx_dot_ss_##SUFFIX)
 
-CX_Q4_1_DOTS(MK_VNNI, cx_dot_q4_1_vnni, cx_dotn_q4_1_vnni, cx_q4_1_isum2_vnni)
-
-/* Signed weights through the sign trick as in cx_dot_ss, one vpdpbusd for the sums of four
- * (|w| <= 128 times |x| <= 127: the same integers as maddubs + madd). */
-MK_VNNI static inline __m256i cx_dot_ss_vnni(__m256i a, __m256i b) {
-    return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), _mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a));
-}
-
-CX_Q8_0_DOTS(MK_VNNI, cx_dot_q8_0_vnni, cx_dotn_q8_0_vnni, cx_dot_ss_vnni)
+CX_VNNI_DOTS(MK_VNNI, _mm256_dpbusd_avx_epi32, vnni)
+CX_VNNI_DOTS(MK_VNNI512, _mm256_dpbusd_epi32, vnni512)
 
 /* ============================================================ 16-bit floats == */
 
@@ -478,19 +484,22 @@ static bool cx_cpu_has_avx2(void) {
 }
 
 /* The AVX2 table with the formats VNNI speeds up (the ones SmolLM2-class GGUFs store). */
-static const mk_cpu_quant cx_vnni = {
-    .name = "avx-vnni",
-    .quantize_row = cx_quantize_row,
-    .dot_q4_0 = cx_dot_q4_0,
-    .dot_q4_1 = cx_dot_q4_1_vnni,
-    .dotn_q4_1 = cx_dotn_q4_1_vnni,
-    .dotn_q8_0 = cx_dotn_q8_0_vnni,
-    .dot_q8_0 = cx_dot_q8_0_vnni,
-    .dot_q4_k = cx_dot_q4_k,
-    .dot_q6_k = cx_dot_q6_k,
-    .dot_f16 = cx_dot_f16,
-    .dot_bf16 = cx_dot_bf16,
-};
+#define CX_VNNI_TABLE(NAME, SUFFIX)                \
+    {                                              \
+        .name = NAME,                              \
+        .quantize_row = cx_quantize_row,           \
+        .dot_q4_0 = cx_dot_q4_0,                   \
+        .dot_q4_1 = cx_dot_q4_1_##SUFFIX,          \
+        .dotn_q4_1 = cx_dotn_q4_1_##SUFFIX,        \
+        .dotn_q8_0 = cx_dotn_q8_0_##SUFFIX,        \
+        .dot_q8_0 = cx_dot_q8_0_##SUFFIX,          \
+        .dot_q4_k = cx_dot_q4_k,                   \
+        .dot_q6_k = cx_dot_q6_k,                   \
+        .dot_f16 = cx_dot_f16,                     \
+        .dot_bf16 = cx_dot_bf16,                   \
+    }
+static const mk_cpu_quant cx_vnni = CX_VNNI_TABLE("avx-vnni", vnni);
+static const mk_cpu_quant cx_vnni512 = CX_VNNI_TABLE("avx512-vnni", vnni512);
 
 /* AVX-VNNI (the VEX-encoded 256-bit vpdpbusd): cpuid leaf 7 subleaf 1, eax bit 4. */
 static bool cx_cpu_has_avx_vnni(void) {
@@ -499,12 +508,26 @@ static bool cx_cpu_has_avx_vnni(void) {
     return a & (1u << 4);
 }
 
+/* AVX512-VNNI on 256-bit registers: leaf 7 ebx bits 16 (AVX512F) and 31 (AVX512VL), ecx
+ * bit 11 (AVX512_VNNI), and the OS saving the opmask and upper ZMM state (XCR0 bits 5-7),
+ * which every EVEX-encoded instruction needs, whatever its width. */
+static bool cx_cpu_has_avx512_vnni(void) {
+    unsigned a, b, c, d;
+    if (!cx_cpu_has_avx2() || !__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+    if (!((b & (1u << 16)) && (b & (1u << 31)) && (c & (1u << 11)))) return false;
+    unsigned xcr0_lo, xcr0_hi;
+    __asm__("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+    return (xcr0_lo & 0xe6u) == 0xe6u;
+}
+
 const mk_cpu_quant *mk_cpu_quant_avx2(void) { return cx_cpu_has_avx2() ? &cx_avx2 : NULL; }
-const mk_cpu_quant *mk_cpu_quant_vnni(void) { return cx_cpu_has_avx_vnni() ? &cx_vnni : NULL; }
+const mk_cpu_quant *mk_cpu_quant_avx512_vnni(void) { return cx_cpu_has_avx512_vnni() ? &cx_vnni512 : NULL; }
+const mk_cpu_quant *mk_cpu_quant_vnni(void) { return cx_cpu_has_avx_vnni() ? &cx_vnni : mk_cpu_quant_avx512_vnni(); }
 
 #else
 
 const mk_cpu_quant *mk_cpu_quant_avx2(void) { return NULL; }
 const mk_cpu_quant *mk_cpu_quant_vnni(void) { return NULL; }
+const mk_cpu_quant *mk_cpu_quant_avx512_vnni(void) { return NULL; }
 
 #endif
