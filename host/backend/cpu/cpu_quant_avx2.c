@@ -221,6 +221,9 @@ MK_AVX2 static inline cx_q4_1_acc cx_q4_1_narrow(__m256 acc, __m128 mins) {
  * XTYPE: ROWS(TARGET, NAME_R, ARG, R) makes the kernel for a fixed R (its accumulators stay
  * in registers), and NAME picks one by rows. */
 _Static_assert(MK_QDOTN_MAX_ROWS == 4, "CX_BY_ROWS makes kernels for 1 to 4 rows");
+/* A fixed-row kernel's loop over its rows must be unrolled for the accumulators to stay in
+ * registers (gcc -O2 otherwise keeps them in a stack array at 4 rows: 2x slower). */
+#define CX_UNROLL _Pragma("GCC unroll 4")
 #define CX_BY_ROWS(ROWS, TARGET, NAME, ARG, XTYPE)                                                         \
     ROWS(TARGET, NAME##_1, ARG, 1)                                                                        \
     ROWS(TARGET, NAME##_2, ARG, 2)                                                                        \
@@ -258,25 +261,49 @@ _Static_assert(MK_QDOTN_MAX_ROWS == 4, "CX_BY_ROWS makes kernels for 1 to 4 rows
     }                                                                                                     \
     CX_BY_ROWS(CX_Q4_1_ROWS, TARGET, DOTN, ISUM, mk_q8_pair)
 
-/* DOTN for a fixed number of rows R (the accumulators stay in registers). */
+/* DOTN for a fixed number of rows R (the accumulators stay in registers). A step's float
+ * part for one row (cx_q4_1_step2: four scale products, the mins added, the scales spread)
+ * sits in 128-bit halves, so rows go two at a time through one 256-bit register there: row
+ * 2k in the low half, 2k + 1 in the high; the same operations on the same lanes, half the
+ * instructions (a 4-row Q4_1 call 53 -> 41 ns per 576-wide row on a Zen 4 core). */
 #define CX_Q4_1_ROWS(TARGET, NAME, ISUM, R)                                                                \
     TARGET static inline void NAME(const uint8_t *w, const mk_q8_pair *const *x, size_t n, float *out) {  \
+        enum { PAIRS = R / 2 };                                                                           \
         __m256 acc[R];                                                                                    \
-        __m128 mins[R];                                                                                   \
-        for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps(), mins[r] = _mm_setzero_ps();             \
+        __m256 mins2[PAIRS + 1]; /* rows 2k and 2k + 1 in its halves; the last for an odd row */          \
+        for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();                                         \
+        for (int k = 0; k <= PAIRS; k++) mins2[k] = _mm256_setzero_ps();                                  \
+        const __m256i lanes_lo = _mm256_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2);                               \
+        const __m256i lanes_hi = _mm256_setr_epi32(4, 4, 4, 4, 6, 6, 6, 6);                               \
         const size_t nb = n / 32;                                                                         \
         size_t b = 0;                                                                                     \
         for (; b + 1 < nb; b += 2, w += 40) {                                                             \
             CX_PREFETCH(w);                                                                               \
             const cx_q4_1_wide q = cx_q4_1_unpack2(w);                                                    \
-            for (int r = 0; r < R; r++) {                                                                 \
-                const mk_q8_pair *p = &x[r][b / 2];                                                       \
-                cx_q4_1_step2(&acc[r], &mins[r], q.dm, ISUM(&q, cx_loadu(p->lo), cx_loadu(p->hi)),        \
+            const __m256 dm2 = _mm256_set_m128(q.dm, q.dm);                                               \
+            CX_UNROLL for (int k = 0; k < PAIRS; k++) {                                                  \
+                const mk_q8_pair *p0 = &x[2 * k][b / 2], *p1 = &x[2 * k + 1][b / 2];                      \
+                /* cx_q4_1_step2's scale products and mins for both rows at once */                       \
+                const __m256 s = _mm256_mul_ps(dm2, _mm256_set_m128(_mm_loadu_ps(p1->ds), _mm_loadu_ps(p0->ds))); \
+                mins2[k] = _mm256_add_ps(mins2[k], _mm256_add_ps(s, _mm256_shuffle_ps(s, s, _MM_SHUFFLE(3, 2, 3, 2)))); \
+                acc[2 * k] = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(s, lanes_lo),                        \
+                                             _mm256_cvtepi32_ps(ISUM(&q, cx_loadu(p0->lo), cx_loadu(p0->hi))), \
+                                             acc[2 * k]);                                                 \
+                acc[2 * k + 1] = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(s, lanes_hi),                    \
+                                                 _mm256_cvtepi32_ps(ISUM(&q, cx_loadu(p1->lo), cx_loadu(p1->hi))), \
+                                                 acc[2 * k + 1]);                                         \
+            }                                                                                             \
+            if (R % 2) {                                                                                  \
+                const mk_q8_pair *p = &x[R - 1][b / 2];                                                   \
+                __m128 m = _mm256_castps256_ps128(mins2[PAIRS]);                                          \
+                cx_q4_1_step2(&acc[R - 1], &m, q.dm, ISUM(&q, cx_loadu(p->lo), cx_loadu(p->hi)),         \
                               _mm_loadu_ps(p->ds));                                                       \
+                mins2[PAIRS] = _mm256_castps128_ps256(m);                                                 \
             }                                                                                             \
         }                                                                                                 \
         for (int r = 0; r < R; r++) {                                                                     \
-            cx_q4_1_acc a = cx_q4_1_narrow(acc[r], mins[r]);                                              \
+            const __m256 m2 = mins2[r / 2];                                                               \
+            cx_q4_1_acc a = cx_q4_1_narrow(acc[r], r % 2 ? _mm256_extractf128_ps(m2, 1) : _mm256_castps256_ps128(m2)); \
             if (b < nb) {                                                                                 \
                 const mk_q8_pair *p = &x[r][b / 2];                                                       \
                 cx_q4_1_one(&a, cx_q4_1_dm(w), cx_q4_1_unpack(w + 4), p->lo, p->hi, p->ds);               \
@@ -310,7 +337,7 @@ CX_Q4_1_DOTS(MK_AVX2, cx_dot_q4_1, cx_dotn_q4_1, cx_q4_1_isum2_avx2)
             CX_PREFETCH(w);                                                                               \
             const __m256i w0 = cx_loadu(w + 2), w1 = cx_loadu(w + 36);                                    \
             const float d0 = cx_f16(w), d1 = cx_f16(w + 34);                                              \
-            for (int r = 0; r < R; r++) {                                                                 \
+            CX_UNROLL for (int r = 0; r < R; r++) {                                                      \
                 const __m256i p0 = DOTSS(w0, cx_loadu(x[r][b].q)), p1 = DOTSS(w1, cx_loadu(x[r][b + 1].q)); \
                 acc0[r] = _mm256_fmadd_ps(_mm256_set1_ps(d0 * x[r][b].d), _mm256_cvtepi32_ps(p0), acc0[r]); \
                 acc1[r] = _mm256_fmadd_ps(_mm256_set1_ps(d1 * x[r][b + 1].d), _mm256_cvtepi32_ps(p1), acc1[r]); \
@@ -418,6 +445,7 @@ MK_AVX2 static float cx_dot_q6_k(const uint8_t *w, const mk_q8_block *x, size_t 
 
 CX_VNNI_DOTS(MK_VNNI, _mm256_dpbusd_avx_epi32, vnni)
 CX_VNNI_DOTS(MK_VNNI512, _mm256_dpbusd_epi32, vnni512)
+
 
 /* ============================================================ 16-bit floats == */
 
