@@ -405,9 +405,12 @@ int main(int argc, char **argv) {
     }
     const double peer_med = peer_ok ? median(peer_tps, runs) : 0.0;
 
-    printf("model %s, backend %s, weights %s, kv %s, threads %zu, prompt %zu, decode %zu, split after layer %lld, "
-           "median of %zu rounds\n",
-           path, backend, mk_dtype_name(opt.backend.weight_dtype),
+    /* The cpu backend's native kernels are chosen by cpuid (MESHKERN_CPU_KERNELS caps them):
+     * figures from two machines compare only with the table each ran named. */
+    const char *kernels = cpu && opt.backend.weight_dtype == MK_DTYPE_NATIVE ? mk_cpu_quant_best()->name : "none";
+    printf("model %s, backend %s, weights %s (cpu kernels %s), kv %s, threads %zu, prompt %zu, decode %zu, "
+           "split after layer %lld, median of %zu rounds\n",
+           path, backend, mk_dtype_name(opt.backend.weight_dtype), kernels,
            mk_dtype_name(opt.backend.kv_dtype ? opt.backend.kv_dtype : MK_DTYPE_F32), n_threads, n_prompt, n_decode, (long long)cut, runs);
     printf("load average (1 min) before %s, after %s\n", load_before, load_after);
     printf("%-6s %12s %12s %12s %14s %12s\n", "run", "prefill t/s", "decode t/s", "read GB/tok", "decode GB/s",
@@ -474,7 +477,8 @@ int main(int argc, char **argv) {
     FILE *json = fopen(json_path, "w");
     if (json) {
         fprintf(json,
-                "{\"model\": \"%s\", \"backend\": \"%s\", \"weights\": \"%s\", \"threads\": %zu, \"prompt\": %zu, "
+                "{\"model\": \"%s\", \"backend\": \"%s\", \"weights\": \"%s\", \"cpu_kernels\": \"%s\", "
+                "\"threads\": %zu, \"prompt\": %zu, "
                 "\"decode\": %zu, \"rounds\": %zu,\n \"load_before\": \"%s\", \"load_after\": \"%s\", "
                 "\"read_ceiling_gbps\": %.3f, \"memcpy_gbps\": %.3f,\n"
                 " \"whole\": {\"prefill_tps\": %.3f, \"decode_tps\": %.3f, \"read_bytes_per_token\": %zu, "
@@ -482,7 +486,7 @@ int main(int argc, char **argv) {
                 "\"host_waits_per_token_per_range\": %.2f, \"bytes_downloaded_per_token\": %.1f},\n"
                 " \"split\": {\"prefill_tps\": %.3f, \"decode_tps\": %.3f, \"read_bytes_per_token\": %zu, "
                 "\"seam_bytes\": %zu},\n \"llamacpp_decode_tps\": %.3f, \"ratio_vs_llamacpp\": %.3f",
-                path, backend, mk_dtype_name(opt.backend.weight_dtype), n_threads, n_prompt, n_decode, runs,
+                path, backend, mk_dtype_name(opt.backend.weight_dtype), kernels, n_threads, n_prompt, n_decode, runs,
                 load_before, load_after, ceiling, copy, med[0][0], med[0][1], read_whole, whole[0].launches,
                 whole[0].graph_launches, whole[0].max_range_syncs, whole[0].downloaded, med[1][0], med[1][1],
                 read_split, split[0].seam_bytes, peer_med, peer_med > 0 ? med[0][1] / peer_med : 0.0);
