@@ -498,15 +498,20 @@ static const mk_cpu_quant cx_avx2 = {
     .dot_bf16 = cx_dot_bf16,
 };
 
+/* The state components the OS saves (XCR0's low word); only after cpuid says OSXSAVE. */
+static unsigned cx_xcr0(void) {
+    unsigned lo, hi;
+    __asm__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return lo;
+}
+
 /* AVX2, FMA and F16C from cpuid, and the OS saving the YMM state (OSXSAVE + XCR0). */
 static bool cx_cpu_has_avx2(void) {
     unsigned a, b, c, d;
     if (!__get_cpuid(1, &a, &b, &c, &d)) return false;
     const bool fma = c & (1u << 12), osxsave = c & (1u << 27), avx = c & (1u << 28), f16c = c & (1u << 29);
     if (!(fma && osxsave && avx && f16c)) return false;
-    unsigned xcr0_lo, xcr0_hi;
-    __asm__("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
-    if ((xcr0_lo & 6u) != 6u) return false;
+    if ((cx_xcr0() & 6u) != 6u) return false;
     if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
     return b & (1u << 5); /* AVX2 */
 }
@@ -543,9 +548,7 @@ static bool cx_cpu_has_avx512_vnni(void) {
     unsigned a, b, c, d;
     if (!cx_cpu_has_avx2() || !__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
     if (!((b & (1u << 16)) && (b & (1u << 31)) && (c & (1u << 11)))) return false;
-    unsigned xcr0_lo, xcr0_hi;
-    __asm__("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
-    return (xcr0_lo & 0xe6u) == 0xe6u;
+    return (cx_xcr0() & 0xe6u) == 0xe6u;
 }
 
 const mk_cpu_quant *mk_cpu_quant_avx2(void) { return cx_cpu_has_avx2() ? &cx_avx2 : NULL; }
