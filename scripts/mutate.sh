@@ -111,6 +111,8 @@ MUTATIONS=(
   "native.shared-part-skips-item~host/backend/cpu/cpu_native.c~s/            begin = stop;/            begin = stop + 1;/~native:*SharedAndSwiglu*"
   "pool.runs-overlap~host/backend/cpu/cpu_pool.c~s/\(size_t\)\(next \+ take\) \* p->chunk < p->n \? \(size_t\)\(next \+ take\) \* p->chunk/(size_t)(next + take + 1) * p->chunk < p->n ? (size_t)(next + take + 1) * p->chunk/~native:*CpuPool*"
   "attention.exp-coefficient~host/backend/cpu/cpu_attention_fast.c~s/8\.3334519073e-3f/8.3334519073e-2f/~native:*Attention*"
+  "attention.two-pass-values-from-keys~host/backend/cpu/cpu_attention_fast.c~s/AXPY\(acc, p, vh \+/AXPY(acc, p, kh +/~native:*NativeAttention*"
+  "attention.axpy-avx2-tail-dropped~host/backend/cpu/cpu_attention_fast.c~s/    for \(; d < n; d\+\+\) acc\[d\] \+= p \* v\[d\];\n\}\n\nMK_ATTENTION_TWO_PASS\(MK_AVX2_FMA/}\n\nMK_ATTENTION_TWO_PASS(MK_AVX2_FMA/~native:*NativeAttention*"
   "attention.tail-unmasked~host/backend/cpu/cpu_attention_fast.c~s/mk_lanes_below\(rest\);/mk_lanes_below(8);/~native:*Attention*"
   "q4_1.high-half-activations~host/backend/cpu/cpu_quant_avx2.c~s/_mm_maddubs_epi16\(q.hi, _mm_loadu_si128\(\(const __m128i \*\)yhi\)\)/_mm_maddubs_epi16(q.hi, _mm_loadu_si128((const __m128i *)ylo))/~native:*SimdDots*"
   "q4_1.wide-scale-one-block~host/backend/cpu/cpu_quant_avx2.c~s/_mm256_setr_epi32\(0, 0, 0, 0, 2, 2, 2, 2\)/_mm256_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0)/~native:*SimdDots*"

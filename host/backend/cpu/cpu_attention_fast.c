@@ -20,45 +20,49 @@ __attribute__((always_inline)) static inline float mk_dot8(const float *a, const
     return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7])) + tail;
 }
 
-__attribute__((always_inline)) static inline void mk_attention_fast_core(float *out, const float *q, const float *k_cache, const float *v_cache,
-                                          mk_kv_pages pages, size_t begin, size_t end, size_t past, size_t n_heads, size_t n_kv_heads,
-                                          size_t head_dim) {
-    const size_t group = n_heads / n_kv_heads;
-    const size_t kv_stride = n_kv_heads * head_dim;
-    const float scale = (float)(1.0 / sqrt((double)head_dim));
-    enum { MK_SCORE_CACHE = 4096 }; /* longer rows recompute the rest, as the reference */
-    float cached[MK_SCORE_CACHE];
-    for (size_t item = begin; item < end; item++) {
-        const size_t r = item / n_heads, h = item % n_heads;
-        const size_t n_keys = past + r + 1;
-        const float *qh = q + (r * n_heads + h) * head_dim;
-        const float *kh = k_cache + (h / group) * head_dim, *vh = v_cache + (h / group) * head_dim;
-        float max_score = -INFINITY;
-        for (size_t t = 0; t < n_keys; t++) {
-            const float s = mk_dot8(qh, kh + mk_kv_row(pages, t) * kv_stride, head_dim) * scale;
-            if (t < MK_SCORE_CACHE) cached[t] = s;
-            if (s > max_score) max_score = s;
-        }
-        float acc[MK_MAX_HEAD_DIM];
-        for (size_t d = 0; d < head_dim; d++) acc[d] = 0.0f;
-        float denom = 0.0f;
-        for (size_t t = 0; t < n_keys; t++) {
-            const float s = t < MK_SCORE_CACHE ? cached[t] : mk_dot8(qh, kh + mk_kv_row(pages, t) * kv_stride, head_dim) * scale;
-            const float p = expf(s - max_score);
-            denom += p;
-            const float *vt = vh + mk_kv_row(pages, t) * kv_stride;
-            for (size_t d = 0; d < head_dim; d++) acc[d] += p * vt[d];
-        }
-        float *oh = out + (r * n_heads + h) * head_dim;
-        for (size_t d = 0; d < head_dim; d++) oh[d] = acc[d] / denom;
-    }
+static inline void mk_axpy(float *acc, float p, const float *v, size_t n) {
+    for (size_t d = 0; d < n; d++) acc[d] += p * v[d];
 }
 
-static void mk_attention_fast_portable(float *out, const float *q, const float *k_cache, const float *v_cache,
-                                       mk_kv_pages pages, size_t begin, size_t end, size_t past, size_t n_heads, size_t n_kv_heads,
-                                       size_t head_dim) {
-    mk_attention_fast_core(out, q, k_cache, v_cache, pages, begin, end, past, n_heads, n_kv_heads, head_dim);
-}
+/* The two-pass attention of items [begin, end) (an item is one row's head), NAME compiled
+ * for TARGET with DOT for q.k and AXPY for acc += p v: the portable copy and the AVX2 one
+ * for any head_dim differ in those two alone. */
+#define MK_ATTENTION_TWO_PASS(TARGET, NAME, DOT, AXPY)                                                         \
+    TARGET static void NAME(float *out, const float *q, const float *k_cache, const float *v_cache,             \
+                            mk_kv_pages pages, size_t begin, size_t end, size_t past, size_t n_heads,           \
+                            size_t n_kv_heads, size_t head_dim) {                                               \
+        const size_t group = n_heads / n_kv_heads;                                                              \
+        const size_t kv_stride = n_kv_heads * head_dim;                                                         \
+        const float scale = (float)(1.0 / sqrt((double)head_dim));                                              \
+        enum { MK_SCORE_CACHE = 4096 }; /* longer rows recompute the rest, as the reference */                 \
+        float cached[MK_SCORE_CACHE];                                                                           \
+        for (size_t item = begin; item < end; item++) {                                                         \
+            const size_t r = item / n_heads, h = item % n_heads;                                                \
+            const size_t n_keys = past + r + 1;                                                                 \
+            const float *qh = q + (r * n_heads + h) * head_dim;                                                 \
+            const float *kh = k_cache + (h / group) * head_dim, *vh = v_cache + (h / group) * head_dim;         \
+            float max_score = -INFINITY;                                                                        \
+            for (size_t t = 0; t < n_keys; t++) {                                                               \
+                const float s = DOT(qh, kh + mk_kv_row(pages, t) * kv_stride, head_dim) * scale;                \
+                if (t < MK_SCORE_CACHE) cached[t] = s;                                                          \
+                if (s > max_score) max_score = s;                                                               \
+            }                                                                                                   \
+            float acc[MK_MAX_HEAD_DIM];                                                                         \
+            for (size_t d = 0; d < head_dim; d++) acc[d] = 0.0f;                                                \
+            float denom = 0.0f;                                                                                 \
+            for (size_t t = 0; t < n_keys; t++) {                                                               \
+                const float s =                                                                                 \
+                    t < MK_SCORE_CACHE ? cached[t] : DOT(qh, kh + mk_kv_row(pages, t) * kv_stride, head_dim) * scale; \
+                const float p = expf(s - max_score);                                                            \
+                denom += p;                                                                                     \
+                AXPY(acc, p, vh + mk_kv_row(pages, t) * kv_stride, head_dim);                                   \
+            }                                                                                                   \
+            float *oh = out + (r * n_heads + h) * head_dim;                                                     \
+            for (size_t d = 0; d < head_dim; d++) oh[d] = acc[d] / denom;                                       \
+        }                                                                                                       \
+    }
+
+MK_ATTENTION_TWO_PASS(, mk_attention_fast_portable, mk_dot8, mk_axpy)
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -78,43 +82,15 @@ MK_AVX2_FMA static inline float mk_dot8_avx2(const float *a, const float *b, siz
     return sum;
 }
 
-MK_AVX2_FMA static void mk_attention_fast_avx2_any(float *out, const float *q, const float *k_cache, const float *v_cache,
-                                               mk_kv_pages pages, size_t begin, size_t end, size_t past, size_t n_heads,
-                                               size_t n_kv_heads, size_t head_dim) {
-    const size_t group = n_heads / n_kv_heads;
-    const size_t kv_stride = n_kv_heads * head_dim;
-    const float scale = (float)(1.0 / sqrt((double)head_dim));
-    enum { MK_SCORE_CACHE = 4096 };
-    float cached[MK_SCORE_CACHE];
-    for (size_t item = begin; item < end; item++) {
-        const size_t r = item / n_heads, h = item % n_heads;
-        const size_t n_keys = past + r + 1;
-        const float *qh = q + (r * n_heads + h) * head_dim;
-        const float *kh = k_cache + (h / group) * head_dim, *vh = v_cache + (h / group) * head_dim;
-        float max_score = -INFINITY;
-        for (size_t t = 0; t < n_keys; t++) {
-            const float sc = mk_dot8_avx2(qh, kh + mk_kv_row(pages, t) * kv_stride, head_dim) * scale;
-            if (t < MK_SCORE_CACHE) cached[t] = sc;
-            if (sc > max_score) max_score = sc;
-        }
-        float acc[MK_MAX_HEAD_DIM];
-        for (size_t d = 0; d < head_dim; d++) acc[d] = 0.0f;
-        float denom = 0.0f;
-        for (size_t t = 0; t < n_keys; t++) {
-            const float sc = t < MK_SCORE_CACHE ? cached[t] : mk_dot8_avx2(qh, kh + mk_kv_row(pages, t) * kv_stride, head_dim) * scale;
-            const float p = expf(sc - max_score);
-            denom += p;
-            const float *vt = vh + mk_kv_row(pages, t) * kv_stride;
-            const __m256 pv = _mm256_set1_ps(p);
-            size_t d = 0;
-            for (; d + 8 <= head_dim; d += 8)
-                _mm256_storeu_ps(acc + d, _mm256_fmadd_ps(pv, _mm256_loadu_ps(vt + d), _mm256_loadu_ps(acc + d)));
-            for (; d < head_dim; d++) acc[d] += p * vt[d];
-        }
-        float *oh = out + (r * n_heads + h) * head_dim;
-        for (size_t d = 0; d < head_dim; d++) oh[d] = acc[d] / denom;
-    }
+MK_AVX2_FMA static inline void mk_axpy_avx2(float *acc, float p, const float *v, size_t n) {
+    const __m256 pv = _mm256_set1_ps(p);
+    size_t d = 0;
+    for (; d + 8 <= n; d += 8)
+        _mm256_storeu_ps(acc + d, _mm256_fmadd_ps(pv, _mm256_loadu_ps(v + d), _mm256_loadu_ps(acc + d)));
+    for (; d < n; d++) acc[d] += p * v[d];
 }
+
+MK_ATTENTION_TWO_PASS(MK_AVX2_FMA, mk_attention_fast_avx2_any, mk_dot8_avx2, mk_axpy_avx2)
 
 /* ------------------------------------------------- head_dim a multiple of 8 -- */
 
