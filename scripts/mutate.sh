@@ -306,6 +306,8 @@ MUTATIONS=(
   # Issue 23: counts from outside, the rendezvous, messages through cleanup, busy ranks.
   "size.mul-unchecked~host/core/mk_size.h~s/if \(__builtin_mul_overflow\(a, b, out\)\)/if (0 \&\& __builtin_mul_overflow(a, b, out))/~gtest:test_checked_size:*"
   "size.add-unchecked~host/core/mk_size.h~s/if \(__builtin_add_overflow\(a, b, out\)\)/if (0 \&\& __builtin_add_overflow(a, b, out))/~gtest:test_checked_size:*"
+  "size.grow-double-unchecked~host/core/mk_size.h~s/if \(\*cap && !mk_size_mul\(\*cap, 2, &n\)\)/if (*cap \&\& !((n = *cap * 2), 1))/~gtest:test_checked_size:*"
+  "size.grow-cap-kept~host/core/mk_size.h~s/    \*cap = n;\n    return grown;/    return grown;/~gtest:test_checked_size:*"
   "stage.token-buffer-not-capped~host/stage/stage_runtime.c~s/e->cap = limit < room \? limit : room;/e->cap = limit;/~stage:StageLibrary.*"
   "stage.live-cut-ignored~host/stage/stage_runtime.c~s/if \(stop \|\| cut \|\| e->n == e->cap\)/if (stop || e->n == e->cap)/~stage:StageLibrary.*"
   "stage.live-refusal-fails-the-run~host/stage/stage_runtime.c~s/if \(mk_head_refuse\(h, &a\)\) continue;/(void)0;/~stage:StageLibrary.*"

@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "core/mk_size.h"
 #include "mk_error.h"
 
 #define MK_CLI_MAX_CUTS 64
@@ -313,11 +314,9 @@ typedef struct mk_chat_state {
 
 static mk_status mk_chat_add(mk_chat_state *c, const char *role, const char *content) {
     if (c->n == c->cap) {
-        const size_t cap = c->cap ? c->cap * 2 : 8;
-        mk_chat_message *m = realloc(c->msgs, cap * sizeof *m);
+        mk_chat_message *m = mk_grow_array(c->msgs, &c->cap, sizeof *m, 8, "chat messages");
         if (!m) return MK_ERR_OUT_OF_MEMORY;
         c->msgs = m;
-        c->cap = cap;
     }
     char *copy = strdup(content);
     if (!copy) return MK_ERR_OUT_OF_MEMORY;

@@ -49,4 +49,23 @@ static inline void *mk_alloc_array(size_t n, size_t size, const char *what) {
     return p;
 }
 
+/* A growing array's next storage: *cap doubled (or `first` when it is 0), the elements
+ * kept. NULL with MK_ERR_OUT_OF_MEMORY recorded, naming `what`, when the count or the
+ * bytes would overflow or the memory is not there; `items` and *cap are then unchanged. */
+static inline void *mk_grow_array(void *items, size_t *cap, size_t size, size_t first, const char *what) {
+    size_t n = first, bytes;
+    if (*cap && !mk_size_mul(*cap, 2, &n)) {
+        (void)mk_fail(MK_ERR_OUT_OF_MEMORY, "%s: %zu elements cannot double", what, *cap);
+        return NULL;
+    }
+    if (mk_size_bytes(n, size, what, &bytes) != MK_OK) return NULL;
+    void *grown = realloc(items, bytes);
+    if (!grown) {
+        (void)mk_fail(MK_ERR_OUT_OF_MEMORY, "%s: out of memory for %zu elements of %zu bytes", what, n, size);
+        return NULL;
+    }
+    *cap = n;
+    return grown;
+}
+
 #endif

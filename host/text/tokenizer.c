@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "model/gguf.h"
+#include "core/mk_size.h"
 #include "mk_error.h"
 #include "model/model.h"
 #include "text/tokenizer.h"
@@ -61,11 +62,9 @@ int32_t mk_strmap_get(const mk_strmap *m, const char *key, size_t len) {
 
 mk_status mk_id_buf_push(mk_id_buf *b, int32_t id) {
     if (b->n == b->cap) {
-        const size_t cap = b->cap ? b->cap * 2 : 64;
-        int32_t *ids = realloc(b->ids, cap * sizeof *ids);
-        if (!ids) return mk_fail(MK_ERR_OUT_OF_MEMORY, "tokenizer: out of memory for %zu ids", cap);
+        int32_t *ids = mk_grow_array(b->ids, &b->cap, sizeof *ids, 64, "tokenizer ids");
+        if (!ids) return MK_ERR_OUT_OF_MEMORY;
         b->ids = ids;
-        b->cap = cap;
     }
     b->ids[b->n++] = id;
     return MK_OK;
@@ -406,11 +405,9 @@ typedef struct mk_fragments {
 
 static mk_status mk_fragments_insert(mk_fragments *f, size_t at, mk_fragment item) {
     if (f->n == f->cap) {
-        const size_t cap = f->cap ? f->cap * 2 : 16;
-        mk_fragment *items = realloc(f->items, cap * sizeof *items);
-        if (!items) return mk_fail(MK_ERR_OUT_OF_MEMORY, "tokenizer: out of memory for %zu fragments", cap);
+        mk_fragment *items = mk_grow_array(f->items, &f->cap, sizeof *items, 16, "tokenizer fragments");
+        if (!items) return MK_ERR_OUT_OF_MEMORY;
         f->items = items;
-        f->cap = cap;
     }
     memmove(f->items + at + 1, f->items + at, (f->n - at) * sizeof *f->items);
     f->items[at] = item;

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/mk_size.h"
 #include "mk_error.h"
 #include "text/tokenizer.h"
 
@@ -64,11 +65,9 @@ typedef struct mk_spans {
 
 static mk_status mk_spans_push(mk_spans *s, size_t offset, size_t len) {
     if (s->n == s->cap) {
-        const size_t cap = s->cap ? s->cap * 2 : 64;
-        mk_span *items = realloc(s->items, cap * sizeof *items);
-        if (!items) return mk_fail(MK_ERR_OUT_OF_MEMORY, "tokenizer: out of memory for %zu words", cap);
+        mk_span *items = mk_grow_array(s->items, &s->cap, sizeof *items, 64, "tokenizer words");
+        if (!items) return MK_ERR_OUT_OF_MEMORY;
         s->items = items;
-        s->cap = cap;
     }
     s->items[s->n++] = (mk_span){offset, len};
     return MK_OK;
@@ -137,11 +136,9 @@ static bool mk_bigram_before(const mk_bigram *a, const mk_bigram *b) {
 
 static mk_status mk_heap_push(mk_bpe_work *w, mk_bigram b) {
     if (w->heap_n == w->heap_cap) {
-        const size_t cap = w->heap_cap ? w->heap_cap * 2 : 64;
-        mk_bigram *h = realloc(w->heap, cap * sizeof *h);
-        if (!h) return mk_fail(MK_ERR_OUT_OF_MEMORY, "tokenizer: out of memory");
+        mk_bigram *h = mk_grow_array(w->heap, &w->heap_cap, sizeof *h, 64, "tokenizer merge heap");
+        if (!h) return MK_ERR_OUT_OF_MEMORY;
         w->heap = h;
-        w->heap_cap = cap;
     }
     size_t i = w->heap_n++;
     while (i > 0 && mk_bigram_before(&b, &w->heap[(i - 1) / 2])) {

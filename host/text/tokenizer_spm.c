@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/mk_size.h"
 #include "mk_error.h"
 #include "text/tokenizer.h"
 
@@ -33,11 +34,9 @@ static bool mk_spm_before(const mk_spm_bigram *a, const mk_spm_bigram *b) {
 
 static mk_status mk_spm_push(mk_spm_work *w, mk_spm_bigram b) {
     if (w->heap_n == w->heap_cap) {
-        const size_t cap = w->heap_cap ? w->heap_cap * 2 : 64;
-        mk_spm_bigram *h = realloc(w->heap, cap * sizeof *h);
-        if (!h) return mk_fail(MK_ERR_OUT_OF_MEMORY, "tokenizer: out of memory");
+        mk_spm_bigram *h = mk_grow_array(w->heap, &w->heap_cap, sizeof *h, 64, "tokenizer merge heap");
+        if (!h) return MK_ERR_OUT_OF_MEMORY;
         w->heap = h;
-        w->heap_cap = cap;
     }
     size_t i = w->heap_n++;
     while (i > 0 && mk_spm_before(&b, &w->heap[(i - 1) / 2])) {
