@@ -216,4 +216,34 @@ void mk_hello_judge(const mk_stage *st, const uint8_t *bytes, size_t n, mk_hello
 mk_status mk_stage_rendezvous(mk_stage *st);
 mk_status mk_stage_ready(mk_stage *st);
 
+/* The deadline of a wait when the options give none (timeout_ms 0). */
+#define MK_STAGE_DEFAULT_TIMEOUT_MS 30000
+
+/* stage_runtime.c: the wall clock every rank of a node shares (a boundary's hop time is its
+ * receipt on one rank less its send on another); around a step's compute and a boundary's
+ * send, the beat thread's busy flag (beats go out meanwhile; clearing waits for a beat being
+ * written, so the caller's next control message cannot interleave). */
+int64_t mk_wall_ns(void);
+void mk_stage_busy(mk_stage *st, bool busy);
+
+/* stage_send.c: what both roles use. The number in a request id "req-<number>" ((size_t)-1
+ * for another id); a recipe digest made not ours (a lying peer's fault); poll fds[n] for
+ * input until the deadline (*ready: the readable one, or -1 at the deadline); the silent and
+ * busy faults; one boundary (st->out) or a step's boundaries (outs[k] for ids[k], one batch
+ * message) sent to the next rank, the faults due at their steps injected. */
+size_t mk_request_index(const char *id);
+void mk_other_digest(char *digest);
+mk_status mk_poll_in(const int *fds, size_t n, int64_t deadline, int *ready);
+mk_status mk_stage_go_silent(mk_stage *st, uint64_t step);
+void mk_stage_fault_busy(const mk_stage *st, size_t boundaries);
+mk_status mk_stage_send(mk_stage *st, const char *id);
+mk_status mk_stage_send_batch(mk_stage *st, mk_boundary *const *outs, char (*ids)[64], size_t n);
+
+/* stage_head.c: rank 0's run over a live source (pre: a failure found before it, and the
+ * run fails at once), or over a fixed list of requests. stage_member.c: the other ranks. */
+mk_status mk_stage_serve_head(mk_stage *st, const mk_stage_source *src, mk_status pre);
+mk_status mk_stage_serve_list(mk_stage *st, const mk_stage_request *req, size_t n_req, mk_stage_report_fn report,
+                              void *user);
+mk_status mk_stage_serve_member(mk_stage *st, mk_stage_report_fn report, void *user);
+
 #endif
