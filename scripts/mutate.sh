@@ -305,6 +305,8 @@ MUTATIONS=(
   "native.gemm-from-one-more-row~host/backend/cpu/cpu_native.c~s/\(alone \|\| !\(rows >= MK_NATIVE_GEMM_MIN_ROWS/(alone || !(rows > MK_NATIVE_GEMM_MIN_ROWS/~native:*Threshold*:*SharedAndSwiglu*"
   # Issue 23: counts from outside, the rendezvous, messages through cleanup, busy ranks.
   "size.mul-unchecked~host/core/mk_size.h~s/if \(__builtin_mul_overflow\(a, b, out\)\)/if (0 \&\& __builtin_mul_overflow(a, b, out))/~gtest:test_checked_size:*"
+  "gguf.k4-min-high-bits~host/model/gguf.h~s/\| \(\(scales\[j\] >> 6\) << 4\)\);/| ((scales[j] >> 6) << 3));/~gtest:test_gguf_dequant:*"
+  "gguf.k4-scale-low-sub-blocks-from-mins~host/model/gguf.h~s/\*sc = scales\[j\] & 63;/*sc = scales[j + 4] \& 63;/~gtest:test_gguf_dequant:*"
   "size.add-unchecked~host/core/mk_size.h~s/if \(__builtin_add_overflow\(a, b, out\)\)/if (0 \&\& __builtin_add_overflow(a, b, out))/~gtest:test_checked_size:*"
   "size.grow-double-unchecked~host/core/mk_size.h~s/if \(\*cap && !mk_size_mul\(\*cap, 2, &n\)\)/if (*cap \&\& !((n = *cap * 2), 1))/~gtest:test_checked_size:*"
   "size.grow-cap-kept~host/core/mk_size.h~s/    \*cap = n;\n    return grown;/    return grown;/~gtest:test_checked_size:*"

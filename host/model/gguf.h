@@ -120,6 +120,19 @@ bool mk_ggml_type_layout(uint32_t type, size_t *block_elements, size_t *block_by
 /* True when mk_gguf_dequantize supports the type. */
 bool mk_ggml_type_can_dequantize(uint32_t type);
 
+/* The 6-bit scale and min of sub-block j (0..7) from the 12 packed scale bytes of a
+ * Q4_K or Q5_K super-block (the one reading of that packing: the dequantizer and the cpu
+ * dots use it). */
+static inline void mk_k4_scale_min(const uint8_t *scales, int j, uint8_t *sc, uint8_t *mn) {
+    if (j < 4) {
+        *sc = scales[j] & 63;
+        *mn = scales[j + 4] & 63;
+    } else {
+        *sc = (uint8_t)((scales[j + 4] & 0x0f) | ((scales[j - 4] >> 6) << 4));
+        *mn = (uint8_t)((scales[j + 4] >> 4) | ((scales[j] >> 6) << 4));
+    }
+}
+
 /* ----------------------------------------------------------------- open/close -- */
 
 mk_status mk_gguf_open(const char *path, mk_gguf **out);

@@ -145,17 +145,6 @@ static void dq_q8_0(const uint8_t *b, float *y) { /* d f16, qs[32] int8 */
 
 /* ============================================================= K-quants (256) == */
 
-/* 6-bit scale and min of sub-block j (0..7) from the 12 packed bytes of Q4_K/Q5_K. */
-static void gq_scale_min_k4(int j, const uint8_t *q, uint8_t *sc, uint8_t *mn) {
-    if (j < 4) {
-        *sc = q[j] & 63;
-        *mn = q[j + 4] & 63;
-    } else {
-        *sc = (uint8_t)((q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4));
-        *mn = (uint8_t)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
-    }
-}
-
 static void dq_q2_k(const uint8_t *b, float *y) { /* scales[16], qs[64], d, dmin */
     const uint8_t *scales = b, *qs = b + 16;
     const float d = gq_f16_at(b + 80), dmin = gq_f16_at(b + 82);
@@ -191,9 +180,9 @@ static void dq_q4_k(const uint8_t *b, float *y) { /* d, dmin, scales[12], qs[128
     const uint8_t *scales = b + 4, *qs = b + 16;
     for (int j = 0; j < 4; j++) {
         uint8_t sc, mn;
-        gq_scale_min_k4(2 * j, scales, &sc, &mn);
+        mk_k4_scale_min(scales, 2 * j, &sc, &mn);
         const float d1 = d * (float)sc, m1 = dmin * (float)mn;
-        gq_scale_min_k4(2 * j + 1, scales, &sc, &mn);
+        mk_k4_scale_min(scales, 2 * j + 1, &sc, &mn);
         const float d2 = d * (float)sc, m2 = dmin * (float)mn;
         for (int l = 0; l < 32; l++) {
             y[64 * j + l] = d1 * (float)(qs[32 * j + l] & 0x0f) - m1;
@@ -207,9 +196,9 @@ static void dq_q5_k(const uint8_t *b, float *y) { /* d, dmin, scales[12], qh[32]
     const uint8_t *scales = b + 4, *qh = b + 16, *qs = b + 48;
     for (int j = 0; j < 4; j++) {
         uint8_t sc, mn;
-        gq_scale_min_k4(2 * j, scales, &sc, &mn);
+        mk_k4_scale_min(scales, 2 * j, &sc, &mn);
         const float d1 = d * (float)sc, m1 = dmin * (float)mn;
-        gq_scale_min_k4(2 * j + 1, scales, &sc, &mn);
+        mk_k4_scale_min(scales, 2 * j + 1, &sc, &mn);
         const float d2 = d * (float)sc, m2 = dmin * (float)mn;
         for (int l = 0; l < 32; l++) {
             unsigned lo = (qs[32 * j + l] & 0x0fu) | (((qh[l] >> (2 * j)) & 1u) << 4);

@@ -76,17 +76,6 @@ static float cq_dot_q8_0(const uint8_t *w, const mk_q8_block *x, size_t n) {
 
 /* ============================================================= K-quants == */
 
-/* 6-bit scale and min of sub-block j (0..7) of a Q4_K super-block. */
-static void cq_scale_min_k4(int j, const uint8_t *q, int *sc, int *mn) {
-    if (j < 4) {
-        *sc = q[j] & 63;
-        *mn = q[j + 4] & 63;
-    } else {
-        *sc = (q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4);
-        *mn = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-    }
-}
-
 /* Q4_K: 256 values as 8 sub-blocks of 32, value = d*sc*q - dmin*m; sub-block 2j holds the
  * low nibbles of qs[32j..32j+31], 2j+1 the high ones. */
 static float cq_dot_q4_k(const uint8_t *w, const mk_q8_block *x, size_t n) {
@@ -95,8 +84,8 @@ static float cq_dot_q4_k(const uint8_t *w, const mk_q8_block *x, size_t n) {
         const float d = cq_f16_at(w), dmin = cq_f16_at(w + 2);
         const uint8_t *qs = w + 16;
         for (int j = 0; j < 8; j++) {
-            int sc, mn;
-            cq_scale_min_k4(j, w + 4, &sc, &mn);
+            uint8_t sc, mn;
+            mk_k4_scale_min(w + 4, j, &sc, &mn);
             const uint8_t *q = qs + 32 * (j / 2);
             const int shift = (j % 2) * 4;
             int isum = 0;

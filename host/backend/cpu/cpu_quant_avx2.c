@@ -9,6 +9,7 @@
  * converted to float and accumulated with its scale in eight float lanes; the lanes are
  * added once at the end of the row. */
 #include "backend/cpu/cpu_quant.h"
+#include "model/gguf.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 
@@ -364,13 +365,8 @@ MK_AVX2 static float cx_dot_q4_k(const uint8_t *w, const mk_q8_block *x, size_t 
         CX_PREFETCH_BLOCK(w, 144);
         const float d = cx_f16(w), dmin = cx_f16(w + 2);
         const uint8_t *s = w + 4;
-        int sc[8], mn[8];
-        for (int j = 0; j < 4; j++) {
-            sc[j] = s[j] & 63;
-            mn[j] = s[j + 4] & 63;
-            sc[j + 4] = (s[j + 8] & 0x0f) | ((s[j] >> 6) << 4);
-            mn[j + 4] = (s[j + 8] >> 4) | ((s[j + 4] >> 6) << 4);
-        }
+        uint8_t sc[8], mn[8];
+        for (int j = 0; j < 8; j++) mk_k4_scale_min(s, j, &sc[j], &mn[j]);
         for (int j = 0; j < 4; j++) {
             const __m256i q = cx_loadu(w + 16 + 32 * j);
             const __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
