@@ -24,6 +24,9 @@ BUILD="$WORK/build"
 ONLY="${1:-.}"
 JOBS="${JOBS:-2}"
 export OPENBLAS_NUM_THREADS=1
+# A mutated suite stops at its first failed test (GoogleTest reads this): red is all a
+# mutation needs, and a broken kernel otherwise runs its whole op grid (minutes).
+export GTEST_FAIL_FAST=1
 
 # id ~ file ~ perl substitution (applied with -0: may span lines; must change the file) ~ tests
 #   tests: ops:<gtest filter>  the kernel op grid under cudasim, forward and random order
