@@ -5,12 +5,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "mk_error.h"
-#include "core/mk_size.h"
-#include "core/options.h"
 #include "model/model.h"
 #include "stage/stage.h"
 

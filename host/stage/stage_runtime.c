@@ -20,7 +20,6 @@
  * This file: the options, the join (rendezvous, range and seams), the beat thread and the
  * entry points; stage_head.c is rank 0, stage_member.c the other ranks, stage_send.c what
  * both use (request ids, polling, injected faults, sends). */
-#include <poll.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -3,15 +3,10 @@
 #include <poll.h>
 #include <stdint.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "mk_error.h"
-#include "core/mk_size.h"
-#include "core/options.h"
-#include "model/model.h"
 #include "stage/stage.h"
 
 size_t mk_request_index(const char *id) {
