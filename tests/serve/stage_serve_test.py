@@ -170,6 +170,7 @@ def main():
         next(it), next(it), next(it)
         check(metric(r0.url, "meshkern_sequences_in_flight") == 1, "a long stream is in flight")
         gen_before = metric(r0.url, "meshkern_generated_tokens_total")
+        steps_before = metric(r0.url, 'meshkern_stage_steps_total{stage="0"}')
         stream.close()
         freed = wait_for(lambda: metric(r0.url, "meshkern_requests_cancelled_total") == 1 and
                          metric(r0.url, "meshkern_sequences_in_flight") == 0 and
@@ -185,6 +186,10 @@ def main():
         check(pool == [64, 64, 0], f"metrics: rank 0's KV pool (a context of 512 in blocks of 16 per sequence in flight, "
                                    f"2), all back within 15 s: {pool}")
         steps_then = metric(r0.url, 'meshkern_stage_steps_total{stage="0"}')
+        # the stage itself stopped the cut request (its token callback said so), not the server
+        # alone: rank 0 ran a few steps after the disconnect, not the ~400 of max_tokens
+        check(steps_then - steps_before < 50,
+              f"the stage cut the request at its next token: {steps_then - steps_before} steps after the disconnect")
         time.sleep(1.0)  # nothing in flight: rank 0 runs no step (the cut sequence is gone, not running on)
         steps_now = metric(r0.url, 'meshkern_stage_steps_total{stage="0"}')
         check(steps_now == steps_then, f"after the cut rank 0 is idle: steps {steps_then} -> {steps_now}")
