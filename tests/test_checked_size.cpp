@@ -44,35 +44,48 @@ TEST(CheckedSize, AllocArrayNamesWhatDidNotFit) {
     free(p);
 }
 
-// The one growth rule of the growing arrays (tokenizer, chat): `first` elements, then
-// doubling, the elements kept; a capacity that cannot double (or whose bytes wrap) is
-// refused and named with the array left as it was.
+// The one growth rule of the growing arrays (tokenizers, chat template, detokenizer, the
+// scheduler's request table, the CLI and the server's buffers): `first` elements, then
+// doubling until `need` fits, the elements kept; nothing changes when they fit already; a
+// capacity that cannot double (or whose bytes wrap) is refused and named with the array
+// left as it was.
 TEST(CheckedSize, GrowArrayDoublesKeepsAndRefusesWhatWraps) {
     size_t cap = 0;
-    auto *a = static_cast<int32_t *>(mk_grow_array(nullptr, &cap, sizeof(int32_t), 3, "test ids"));
+    int32_t *a = nullptr;
+    ASSERT_EQ(mk_grow_array(&a, &cap, 1, sizeof(int32_t), 3, "test ids"), MK_OK);
     ASSERT_NE(a, nullptr);
     EXPECT_EQ(cap, 3u);
     for (int32_t i = 0; i < 3; i++) a[i] = 7 * i + 1;
-    auto *b = static_cast<int32_t *>(mk_grow_array(a, &cap, sizeof(int32_t), 3, "test ids"));
-    ASSERT_NE(b, nullptr);
+    int32_t *const before = a;
+    ASSERT_EQ(mk_grow_array(&a, &cap, 3, sizeof(int32_t), 3, "test ids"), MK_OK);
+    EXPECT_EQ(a, before) << "room for `need` already: nothing moves";
+    EXPECT_EQ(cap, 3u);
+    ASSERT_EQ(mk_grow_array(&a, &cap, 4, sizeof(int32_t), 3, "test ids"), MK_OK);
+    ASSERT_NE(a, nullptr);
     EXPECT_EQ(cap, 6u);
-    for (int32_t i = 0; i < 3; i++) EXPECT_EQ(b[i], 7 * i + 1);
+    for (int32_t i = 0; i < 3; i++) EXPECT_EQ(a[i], 7 * i + 1);
+    ASSERT_EQ(mk_grow_array(&a, &cap, 13, sizeof(int32_t), 3, "test ids"), MK_OK);
+    EXPECT_EQ(cap, 24u) << "doubled until 13 fit";
+    for (int32_t i = 0; i < 3; i++) EXPECT_EQ(a[i], 7 * i + 1);
     mk_clear_error();
     size_t huge = SIZE_MAX / 2 + 1;
-    EXPECT_EQ(mk_grow_array(b, &huge, 1, 3, "test heap"), nullptr);
+    int32_t *const kept = a;
+    EXPECT_EQ(mk_grow_array(&a, &huge, huge + 1, 1, 3, "test heap"), MK_ERR_OUT_OF_MEMORY);
     EXPECT_EQ(huge, SIZE_MAX / 2 + 1) << "a refused growth leaves the capacity";
+    EXPECT_EQ(a, kept) << "a refused growth leaves the array";
     EXPECT_NE(std::string(mk_last_error()).find("test heap: 9223372036854775808 elements cannot double"),
               std::string::npos)
         << mk_last_error();
     size_t wide = (size_t)1 << 61; // doubles to 2^62, but 2^62 elements of 4 bytes wrap
     mk_clear_error();
-    EXPECT_EQ(mk_grow_array(b, &wide, sizeof(int32_t), 3, "test words"), nullptr);
+    EXPECT_EQ(mk_grow_array(&a, &wide, wide + 1, sizeof(int32_t), 3, "test words"), MK_ERR_OUT_OF_MEMORY);
     EXPECT_EQ(wide, (size_t)1 << 61);
+    EXPECT_EQ(a, kept);
     EXPECT_NE(std::string(mk_last_error()).find("test words: 4611686018427387904 elements of 4 bytes overflow"),
               std::string::npos)
         << mk_last_error();
-    for (int32_t i = 0; i < 3; i++) EXPECT_EQ(b[i], 7 * i + 1) << "the array outlives a refused growth";
-    free(b);
+    for (int32_t i = 0; i < 3; i++) EXPECT_EQ(a[i], 7 * i + 1) << "the array outlives a refused growth";
+    free(a);
 }
 
 } // namespace

@@ -136,14 +136,11 @@ typedef struct mk_cli_gen {
 
 static mk_status mk_cli_on_token(void *user, int32_t token, const float *logits, size_t vocab) {
     mk_cli_gen *g = user;
-    if (g->n == g->cap) {
-        const size_t cap = g->cap ? g->cap * 2 : 64;
-        int32_t *t = realloc(g->tokens, cap * sizeof *t);
-        if (t) g->tokens = t;
-        float *l = realloc(g->logits, cap * vocab * sizeof *l);
-        if (l) g->logits = l;
-        if (!t || !l) return MK_ERR_OUT_OF_MEMORY;
-        g->cap = cap;
+    if (g->n == g->cap) { /* both arrays grow to one capacity */
+        size_t cap_tokens = g->cap, cap_logits = g->cap;
+        MK_TRY(mk_grow_array(&g->tokens, &cap_tokens, g->n + 1, sizeof *g->tokens, 64, "generated tokens"));
+        MK_TRY(mk_grow_array(&g->logits, &cap_logits, g->n + 1, vocab * sizeof *g->logits, 64, "generated logits"));
+        g->cap = cap_tokens;
     }
     g->tokens[g->n] = token;
     memcpy(g->logits + g->n * vocab, logits, vocab * sizeof *logits);
@@ -313,11 +310,7 @@ typedef struct mk_chat_state {
 } mk_chat_state;
 
 static mk_status mk_chat_add(mk_chat_state *c, const char *role, const char *content) {
-    if (c->n == c->cap) {
-        mk_chat_message *m = mk_grow_array(c->msgs, &c->cap, sizeof *m, 8, "chat messages");
-        if (!m) return MK_ERR_OUT_OF_MEMORY;
-        c->msgs = m;
-    }
+    MK_TRY(mk_grow_array(&c->msgs, &c->cap, c->n + 1, sizeof *c->msgs, 8, "chat messages"));
     char *copy = strdup(content);
     if (!copy) return MK_ERR_OUT_OF_MEMORY;
     c->msgs[c->n++] = (mk_chat_message){role, copy};

@@ -148,12 +148,7 @@ mk_status mk_cli_read_prompts(const char *path, batch_prompt **out, size_t *n_ou
         if (!ids) s = mk_fail(MK_ERR_OUT_OF_MEMORY, "out of memory reading prompts");
         else if (!parse_ints(p, 0, INT32_MAX, ids, count, &got))
             s = mk_fail(MK_ERR_INVALID_ARGUMENT, "%s:%zu: expected comma-separated token ids", path, line_no);
-        if (s == MK_OK && n == cap) {
-            cap = cap ? 2 * cap : 16;
-            batch_prompt *grown = realloc(prompts, cap * sizeof *grown);
-            if (!grown) s = mk_fail(MK_ERR_OUT_OF_MEMORY, "out of memory reading prompts");
-            else prompts = grown;
-        }
+        if (s == MK_OK) s = mk_grow_array(&prompts, &cap, n + 1, sizeof *prompts, 16, "prompts");
         if (s == MK_OK) {
             prompts[n].ids = malloc(got * sizeof(int32_t));
             if (!prompts[n].ids) s = mk_fail(MK_ERR_OUT_OF_MEMORY, "out of memory reading prompts");
@@ -193,15 +188,7 @@ mk_status mk_cli_read_text_prompts(const char *path, const mk_tokenizer *tok, ba
         }
         while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r')) line[--len] = '\0';
         if (len == 0) continue;
-        if (n == have) {
-            have = have ? 2 * have : 8;
-            batch_prompt *grown = realloc(*out, have * sizeof *grown);
-            if (!grown) {
-                s = mk_fail(MK_ERR_OUT_OF_MEMORY, "out of memory");
-                break;
-            }
-            *out = grown;
-        }
+        if ((s = mk_grow_array(out, &have, n + 1, sizeof **out, 8, "prompts")) != MK_OK) break;
         int32_t *ids = NULL;
         size_t n_ids = 0;
         const char *template_name = NULL;

@@ -35,6 +35,7 @@
 #include <microhttpd.h>
 
 #include "cli.h"
+#include "core/mk_size.h"
 #include "mk_error.h"
 #include "serve.h"
 
@@ -315,19 +316,8 @@ static bool mk_client_gone(int fd) {
     return fd >= 0 && poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
 }
 
-static bool mk_grow(char **buf, size_t *cap, size_t need) {
-    if (need <= *cap) return true;
-    size_t cap2 = *cap ? *cap : 256;
-    while (cap2 < need) cap2 *= 2;
-    char *p = realloc(*buf, cap2);
-    if (!p) return false;
-    *buf = p;
-    *cap = cap2;
-    return true;
-}
-
 static bool mk_append(char **buf, size_t *len, size_t *cap, const char *data, size_t n) {
-    if (!mk_grow(buf, cap, *len + n + 1)) return false;
+    if (mk_grow_array(buf, cap, *len + n + 1, 1, 256, "server text") != MK_OK) return false;
     memcpy(*buf + *len, data, n);
     *len += n;
     (*buf)[*len] = '\0';
@@ -840,7 +830,8 @@ static enum MHD_Result mk_handler(void *cls, struct MHD_Connection *conn, const 
     }
     if (*upload_size) { /* a piece of the body */
         if (!c->too_large && c->body_len + *upload_size <= srv->max_body) {
-            if (!mk_grow(&c->body, &c->body_cap, c->body_len + *upload_size + 1)) return MHD_NO;
+            if (mk_grow_array(&c->body, &c->body_cap, c->body_len + *upload_size + 1, 1, 256, "request body") != MK_OK)
+                return MHD_NO;
             memcpy(c->body + c->body_len, upload, *upload_size);
             c->body_len += *upload_size;
         } else {

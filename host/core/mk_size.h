@@ -9,6 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "mk_error.h"
 
@@ -49,23 +50,30 @@ static inline void *mk_alloc_array(size_t n, size_t size, const char *what) {
     return p;
 }
 
-/* A growing array's next storage: *cap doubled (or `first` when it is 0), the elements
- * kept. NULL with MK_ERR_OUT_OF_MEMORY recorded, naming `what`, when the count or the
- * bytes would overflow or the memory is not there; `items` and *cap are then unchanged. */
-static inline void *mk_grow_array(void *items, size_t *cap, size_t size, size_t first, const char *what) {
-    size_t n = first, bytes;
-    if (*cap && !mk_size_mul(*cap, 2, &n)) {
-        (void)mk_fail(MK_ERR_OUT_OF_MEMORY, "%s: %zu elements cannot double", what, *cap);
-        return NULL;
+/* Room for `need` elements of `size` bytes in a growing array: `array` is the address of
+ * the array's pointer (T **), *cap its capacity in elements. Nothing changes when *cap
+ * holds `need` already; otherwise the capacity doubles (from `first` when it is 0) until it
+ * does, and the elements are kept. MK_ERR_OUT_OF_MEMORY, naming `what`, when the count or
+ * the bytes would overflow or the memory is not there; the array and *cap are then as they
+ * were. */
+static inline mk_status mk_grow_array(void *array, size_t *cap, size_t need, size_t size, size_t first,
+                                      const char *what) {
+    if (need <= *cap) return MK_OK;
+    size_t n = *cap ? *cap : first ? first : 1, bytes;
+    while (n < need) {
+        size_t twice;
+        if (!mk_size_mul(n, 2, &twice))
+            return mk_fail(MK_ERR_OUT_OF_MEMORY, "%s: %zu elements cannot double", what, n);
+        n = twice;
     }
-    if (mk_size_bytes(n, size, what, &bytes) != MK_OK) return NULL;
+    MK_TRY(mk_size_bytes(n, size, what, &bytes));
+    void *items; /* the pointer read and written as bytes: T * and void * share a representation */
+    memcpy(&items, array, sizeof items);
     void *grown = realloc(items, bytes);
-    if (!grown) {
-        (void)mk_fail(MK_ERR_OUT_OF_MEMORY, "%s: out of memory for %zu elements of %zu bytes", what, n, size);
-        return NULL;
-    }
+    if (!grown) return mk_fail(MK_ERR_OUT_OF_MEMORY, "%s: out of memory for %zu elements of %zu bytes", what, n, size);
+    memcpy(array, &grown, sizeof grown);
     *cap = n;
-    return grown;
+    return MK_OK;
 }
 
 #endif

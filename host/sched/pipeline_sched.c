@@ -391,19 +391,14 @@ mk_status mk_sched_submit(mk_sched *s, const int32_t *prompt, size_t n_prompt, s
     r->state = MK_SEQ_QUEUED;
 
     pthread_mutex_lock(&s->mu);
-    if (s->n_requests == s->cap_requests) {
-        const size_t cap = s->cap_requests ? 2 * s->cap_requests : 64;
-        mk_sched_request **grown = realloc(s->requests, cap * sizeof *grown);
-        if (!grown) {
-            pthread_mutex_unlock(&s->mu);
-            free(r->prompt);
-            free(r->stop_ids);
-            free(r->tokens);
-            free(r);
-            return mk_fail(MK_ERR_OUT_OF_MEMORY, "pipeline: out of memory for the request table");
-        }
-        s->requests = grown;
-        s->cap_requests = cap;
+    if (mk_grow_array(&s->requests, &s->cap_requests, s->n_requests + 1, sizeof *s->requests, 64,
+                      "pipeline request table") != MK_OK) {
+        pthread_mutex_unlock(&s->mu);
+        free(r->prompt);
+        free(r->stop_ids);
+        free(r->tokens);
+        free(r);
+        return mk_fail(MK_ERR_OUT_OF_MEMORY, "pipeline: out of memory for the request table");
     }
     s->requests[s->n_requests++] = r;
     r->id = s->n_requests;

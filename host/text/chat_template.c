@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/mk_size.h"
 #include "mk_error.h"
 #include "text/tokenizer.h"
 
@@ -52,16 +53,9 @@ typedef struct mk_text {
 
 static void mk_text_add(mk_text *b, const char *s, size_t n) {
     if (b->oom) return;
-    if (b->n + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->n + n + 1) cap *= 2;
-        char *p = realloc(b->s, cap);
-        if (!p) {
-            b->oom = true;
-            return;
-        }
-        b->s = p;
-        b->cap = cap;
+    if (mk_grow_array(&b->s, &b->cap, b->n + n + 1, 1, 256, "chat template text") != MK_OK) {
+        b->oom = true;
+        return;
     }
     memcpy(b->s + b->n, s, n);
     b->n += n;

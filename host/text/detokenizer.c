@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/mk_size.h"
 #include "mk_error.h"
 #include "text/tokenizer.h"
 
@@ -127,12 +128,7 @@ void mk_detokenizer_free(mk_detokenizer *d) {
 }
 
 static mk_status mk_detok_reserve(mk_detokenizer *d, size_t need) {
-    if (need <= d->cap) return MK_OK;
-    char *b = realloc(d->buf, need * 2);
-    if (!b) return mk_fail(MK_ERR_OUT_OF_MEMORY, "detokenizer: out of memory for %zu bytes", need * 2);
-    d->buf = b;
-    d->cap = need * 2;
-    return MK_OK;
+    return mk_grow_array(&d->buf, &d->cap, need, 1, 64, "detokenizer");
 }
 
 /* Does s[0..len) start an unfinished (but so far valid) UTF-8 sequence? */

@@ -61,11 +61,7 @@ int32_t mk_strmap_get(const mk_strmap *m, const char *key, size_t len) {
 }
 
 mk_status mk_id_buf_push(mk_id_buf *b, int32_t id) {
-    if (b->n == b->cap) {
-        int32_t *ids = mk_grow_array(b->ids, &b->cap, sizeof *ids, 64, "tokenizer ids");
-        if (!ids) return MK_ERR_OUT_OF_MEMORY;
-        b->ids = ids;
-    }
+    MK_TRY(mk_grow_array(&b->ids, &b->cap, b->n + 1, sizeof *b->ids, 64, "tokenizer ids"));
     b->ids[b->n++] = id;
     return MK_OK;
 }
@@ -404,11 +400,7 @@ typedef struct mk_fragments {
 } mk_fragments;
 
 static mk_status mk_fragments_insert(mk_fragments *f, size_t at, mk_fragment item) {
-    if (f->n == f->cap) {
-        mk_fragment *items = mk_grow_array(f->items, &f->cap, sizeof *items, 16, "tokenizer fragments");
-        if (!items) return MK_ERR_OUT_OF_MEMORY;
-        f->items = items;
-    }
+    MK_TRY(mk_grow_array(&f->items, &f->cap, f->n + 1, sizeof *f->items, 16, "tokenizer fragments"));
     memmove(f->items + at + 1, f->items + at, (f->n - at) * sizeof *f->items);
     f->items[at] = item;
     f->n++;

@@ -64,11 +64,7 @@ typedef struct mk_spans {
 } mk_spans;
 
 static mk_status mk_spans_push(mk_spans *s, size_t offset, size_t len) {
-    if (s->n == s->cap) {
-        mk_span *items = mk_grow_array(s->items, &s->cap, sizeof *items, 64, "tokenizer words");
-        if (!items) return MK_ERR_OUT_OF_MEMORY;
-        s->items = items;
-    }
+    MK_TRY(mk_grow_array(&s->items, &s->cap, s->n + 1, sizeof *s->items, 64, "tokenizer words"));
     s->items[s->n++] = (mk_span){offset, len};
     return MK_OK;
 }
@@ -135,11 +131,7 @@ static bool mk_bigram_before(const mk_bigram *a, const mk_bigram *b) {
 }
 
 static mk_status mk_heap_push(mk_bpe_work *w, mk_bigram b) {
-    if (w->heap_n == w->heap_cap) {
-        mk_bigram *h = mk_grow_array(w->heap, &w->heap_cap, sizeof *h, 64, "tokenizer merge heap");
-        if (!h) return MK_ERR_OUT_OF_MEMORY;
-        w->heap = h;
-    }
+    MK_TRY(mk_grow_array(&w->heap, &w->heap_cap, w->heap_n + 1, sizeof *w->heap, 64, "tokenizer merge heap"));
     size_t i = w->heap_n++;
     while (i > 0 && mk_bigram_before(&b, &w->heap[(i - 1) / 2])) {
         w->heap[i] = w->heap[(i - 1) / 2];
@@ -165,22 +157,11 @@ static mk_bigram mk_heap_pop(mk_bpe_work *w) {
     return top;
 }
 
-static mk_status mk_grow(void **p, size_t *cap, size_t need, size_t elem) {
-    if (need <= *cap) return MK_OK;
-    size_t cap2 = *cap ? *cap : 64;
-    while (cap2 < need) cap2 *= 2;
-    void *q = realloc(*p, cap2 * elem);
-    if (!q) return mk_fail(MK_ERR_OUT_OF_MEMORY, "tokenizer: out of memory for %zu bytes", cap2 * elem);
-    *p = q;
-    *cap = cap2;
-    return MK_OK;
-}
-
 static mk_status mk_add_bigram(const mk_tokenizer *t, mk_bpe_work *w, ptrdiff_t left, ptrdiff_t right) {
     if (left < 0 || right < 0) return MK_OK;
     const mk_sym *l = &w->syms[left], *r = &w->syms[right];
     const size_t n = l->n + 1 + r->n;
-    MK_TRY(mk_grow((void **)&w->pair, &w->pair_cap, n, 1));
+    MK_TRY(mk_grow_array(&w->pair, &w->pair_cap, n, 1, 64, "tokenizer merge pair"));
     memcpy(w->pair, w->word + l->offset, l->n);
     w->pair[l->n] = ' ';
     memcpy(w->pair + l->n + 1, w->word + r->offset, r->n);
@@ -191,7 +172,7 @@ static mk_status mk_add_bigram(const mk_tokenizer *t, mk_bpe_work *w, ptrdiff_t 
 
 /* One word (raw bytes) to ids. */
 static mk_status mk_bpe_word(const mk_tokenizer *t, const char *raw, size_t raw_len, mk_bpe_work *w, mk_id_buf *out) {
-    MK_TRY(mk_grow((void **)&w->word, &w->word_cap, raw_len * 2, 1));
+    MK_TRY(mk_grow_array(&w->word, &w->word_cap, raw_len * 2, 1, 64, "tokenizer word"));
     size_t len = 0;
     for (size_t i = 0; i < raw_len; i++) {
         const unsigned char b = (unsigned char)raw[i];
@@ -203,7 +184,7 @@ static mk_status mk_bpe_word(const mk_tokenizer *t, const char *raw, size_t raw_
         if (id >= 0) return mk_id_buf_push(out, id);
     }
     /* one symbol per code point (1 or 2 bytes in the byte-level alphabet) */
-    MK_TRY(mk_grow((void **)&w->syms, &w->sym_cap, len, sizeof *w->syms));
+    MK_TRY(mk_grow_array(&w->syms, &w->sym_cap, len, sizeof *w->syms, 64, "tokenizer symbols"));
     size_t n = 0;
     for (size_t i = 0; i < len;) {
         const size_t cl = ((unsigned char)w->word[i] & 0x80) ? 2 : 1;

@@ -33,11 +33,7 @@ static bool mk_spm_before(const mk_spm_bigram *a, const mk_spm_bigram *b) {
 }
 
 static mk_status mk_spm_push(mk_spm_work *w, mk_spm_bigram b) {
-    if (w->heap_n == w->heap_cap) {
-        mk_spm_bigram *h = mk_grow_array(w->heap, &w->heap_cap, sizeof *h, 64, "tokenizer merge heap");
-        if (!h) return MK_ERR_OUT_OF_MEMORY;
-        w->heap = h;
-    }
+    MK_TRY(mk_grow_array(&w->heap, &w->heap_cap, w->heap_n + 1, sizeof *w->heap, 64, "tokenizer merge heap"));
     size_t i = w->heap_n++;
     while (i > 0 && mk_spm_before(&b, &w->heap[(i - 1) / 2])) {
         w->heap[i] = w->heap[(i - 1) / 2];
