@@ -394,13 +394,20 @@ TEST(NativeMatmul, F32StoredWeightInASharedJobTakesTheF32Product) {
     }
 }
 
-// The n-row dots (a batch's decode rows against one weight row, 1 to 4 at a time: Q4_1 from
-// activation rows regrouped as pairs by mk_q8_pair_row, Q8_0 from the blocks) give each row
-// the bits of the one-row dot over its blocks, at every position of the group, for odd and
-// even block counts, in every SIMD table.
+// The n-row dots (a batch's decode rows against one weight row, 1 to the table's dotn_rows at a
+// time: Q4_1 from activation rows regrouped as pairs by mk_q8_pair_row, Q8_0 from the blocks)
+// give each row the bits of the one-row dot over its blocks, at every position of the group,
+// for odd and even block counts, in every SIMD table. A table takes 4 rows per call on 16
+// vector registers and 8 on AVX-512's 32.
 TEST(NativeDot, NRowDotsAreOneRowDots) {
     if (simd_tables().empty()) GTEST_SKIP() << "no AVX2 on this CPU (the portable table has no n-row dot)";
+    EXPECT_EQ(mk_cpu_quant_portable()->dotn_rows, 0u);
     std::mt19937 rng(41);
+    constexpr size_t kRows = MK_QDOTN_MAX_ROWS;
+    for (const mk_cpu_quant *k : simd_tables()) {
+        EXPECT_EQ(k->dotn_rows, std::string(k->name) == "avx512-vnni" ? 8u : 4u) << k->name;
+        ASSERT_LE(k->dotn_rows, kRows) << k->name;
+    }
     for (const mk_cpu_quant *k : simd_tables())
     for (uint32_t type : {MK_GGML_TYPE_Q4_1, MK_GGML_TYPE_Q8_0})
     for (size_t in : {32u, 64u, 96u, 576u, 1536u}) {
@@ -411,24 +418,25 @@ TEST(NativeDot, NRowDotsAreOneRowDots) {
         const size_t nb = in / 32;
         const std::vector<uint8_t> w = random_rows(type, 3, in, rng);
         const size_t row_bytes = w.size() / 3;
-        std::vector<std::vector<mk_q8_block>> xq(4, std::vector<mk_q8_block>(nb));
-        std::vector<std::vector<mk_q8_pair>> xp(4, std::vector<mk_q8_pair>((nb + 1) / 2));
-        for (int r = 0; r < 4; r++) {
+        std::vector<std::vector<mk_q8_block>> xq(kRows, std::vector<mk_q8_block>(nb));
+        std::vector<std::vector<mk_q8_pair>> xp(kRows, std::vector<mk_q8_pair>((nb + 1) / 2));
+        for (size_t r = 0; r < kRows; r++) {
             k->quantize_row(xq[r].data(), random_floats(in, rng).data(), in);
             mk_q8_pair_row(xp[r].data(), xq[r].data(), nb);
         }
         for (size_t o = 0; o < 3; o++) {
             const uint8_t *row = w.data() + o * row_bytes;
-            for (size_t rows = 1; rows <= 4; rows++) {
+            for (size_t rows = 1; rows <= k->dotn_rows; rows++) {
                 // The rows in a rotating order: each position of the group sees each row.
-                const mk_q8_pair *ps[4];
-                const mk_q8_block *bs[4];
-                for (size_t i = 0; i < rows; i++) ps[i] = xp[(i + o) % 4].data(), bs[i] = xq[(i + o) % 4].data();
-                float got[4];
+                const mk_q8_pair *ps[kRows];
+                const mk_q8_block *bs[kRows];
+                for (size_t i = 0; i < rows; i++)
+                    ps[i] = xp[(i + o) % kRows].data(), bs[i] = xq[(i + o) % kRows].data();
+                float got[kRows];
                 if (type == MK_GGML_TYPE_Q4_1) k->dotn_q4_1(row, ps, rows, in, got);
                 else k->dotn_q8_0(row, bs, rows, in, got);
                 for (size_t i = 0; i < rows; i++) {
-                    const float one = mk_cpu_quant_dot_for(k, type)(row, xq[(i + o) % 4].data(), in);
+                    const float one = mk_cpu_quant_dot_for(k, type)(row, xq[(i + o) % kRows].data(), in);
                     EXPECT_EQ(std::memcmp(&one, &got[i], sizeof one), 0)
                         << rows << " rows, position " << i << ": " << one << " vs " << got[i];
                 }
@@ -437,8 +445,35 @@ TEST(NativeDot, NRowDotsAreOneRowDots) {
     }
 }
 
+// Through the product: a batch of decode rows (up to MK_NATIVE_GEMM_MIN_ROWS - 1, in groups of
+// the table's dotn_rows and a shorter last group) gives every row the bits of that row alone,
+// in every SIMD table, over several threads.
+TEST(NativeMatmul, BatchRowsEqualEachRowAloneInEveryTable) {
+    if (simd_tables().empty()) GTEST_SKIP() << "no AVX2 on this CPU (the portable table has no n-row dot)";
+    std::mt19937 rng(808);
+    for (uint32_t type : {MK_GGML_TYPE_Q4_1, MK_GGML_TYPE_Q8_0})
+    for (size_t in : {96u, 576u}) {
+        const size_t out = 37;
+        NativeWeight w(type, random_rows(type, out, in, rng), out, in);
+        for (size_t rows : {(size_t)5, (size_t)8, (size_t)9, (size_t)13, (size_t)MK_NATIVE_GEMM_MIN_ROWS - 1}) {
+            const std::vector<float> x = random_floats(rows * in, rng);
+            for (const mk_cpu_quant *k : simd_tables()) {
+                SCOPED_TRACE(std::string(k->name) + (type == MK_GGML_TYPE_Q4_1 ? " Q4_1" : " Q8_0") + " in " +
+                             std::to_string(in) + ", " + std::to_string(rows) + " rows");
+                NativeCtx c(2, k, rows * in / 32);
+                const std::vector<float> y = native_product(c, w, x, rows, in, out);
+                for (size_t r = 0; r < rows; r++) {
+                    const std::vector<float> xr(x.begin() + r * in, x.begin() + (r + 1) * in);
+                    const std::vector<float> alone = native_product(c, w, xr, 1, in, out);
+                    EXPECT_EQ(std::memcmp(alone.data(), y.data() + r * out, out * sizeof(float)), 0) << "row " << r;
+                }
+            }
+        }
+    }
+}
+
 // The VNNI tables (AVX-VNNI, AVX512-VNNI) sum each block's products with vpdpbusd where AVX2
-// uses maddubs + madd: the same integers, then the same float operations, so every dot (one row and four
+// uses maddubs + madd: the same integers, then the same float operations, so every dot (one row and n
 // rows, every format) has the AVX2 bits. Weights at the extremes (all nibbles 15 or 0,
 // Q8_0 bytes of -128 and 127) and activations at +-127 included, odd and even block counts.
 TEST(NativeKernels, VnniDotsAreBitIdenticalToAvx2) {
@@ -496,16 +531,25 @@ TEST(NativeKernels, VnniDotsAreBitIdenticalToAvx2) {
                         const float b = mk_cpu_quant_dot_for(vnni, f.type)(row, xs[r], in);
                         EXPECT_EQ(std::memcmp(&a, &b, sizeof a), 0) << "row " << o << " x " << r << ": " << a << " vs " << b;
                     }
-                    float a4[4], b4[4];
-                    if (f.type == MK_GGML_TYPE_Q4_1) {
-                        avx2->dotn_q4_1(row, ps, 4, in, a4);
-                        vnni->dotn_q4_1(row, ps, 4, in, b4);
-                        EXPECT_EQ(std::memcmp(a4, b4, sizeof a4), 0) << "four-row dot, row " << o;
-                    }
-                    if (f.type == MK_GGML_TYPE_Q8_0) {
-                        avx2->dotn_q8_0(row, xs, 4, in, a4);
-                        vnni->dotn_q8_0(row, xs, 4, in, b4);
-                        EXPECT_EQ(std::memcmp(a4, b4, sizeof a4), 0) << "four-row dot, row " << o;
+                    // AVX2's four-row dot against the VNNI table's widest call (its dotn_rows,
+                    // the four rows repeated).
+                    const size_t n = vnni->dotn_rows;
+                    ASSERT_LE(n, (size_t)MK_QDOTN_MAX_ROWS);
+                    const mk_q8_block *xn[MK_QDOTN_MAX_ROWS];
+                    const mk_q8_pair *pn[MK_QDOTN_MAX_ROWS];
+                    for (size_t i = 0; i < n; i++) xn[i] = xs[i % 4], pn[i] = ps[i % 4];
+                    float a4[4], bn[MK_QDOTN_MAX_ROWS];
+                    if (f.type == MK_GGML_TYPE_Q4_1 || f.type == MK_GGML_TYPE_Q8_0) {
+                        if (f.type == MK_GGML_TYPE_Q4_1) {
+                            avx2->dotn_q4_1(row, ps, 4, in, a4);
+                            vnni->dotn_q4_1(row, pn, n, in, bn);
+                        } else {
+                            avx2->dotn_q8_0(row, xs, 4, in, a4);
+                            vnni->dotn_q8_0(row, xn, n, in, bn);
+                        }
+                        for (size_t i = 0; i < n; i++)
+                            EXPECT_EQ(std::memcmp(&a4[i % 4], &bn[i], sizeof bn[i]), 0)
+                                << n << "-row dot, row " << o << " position " << i;
                     }
                 }
             }

@@ -56,7 +56,7 @@ typedef struct mk_native_part {
     const uint8_t *data;
     size_t row_bytes;
     mk_qdot_fn qdot; /* quantized formats */
-    mk_qdotn_pairs_fn qdotn_pairs; /* up to MK_QDOTN_MAX_ROWS activation rows at a time, from pairs (Q4_1) */
+    mk_qdotn_pairs_fn qdotn_pairs; /* up to dotn_rows activation rows at a time, from pairs (Q4_1) */
     mk_qdotn_fn qdotn;             /* the same from blocks (Q8_0) */
     mk_hdot_fn hdot; /* F16 / BF16 */
     float *y;        /* [rows, w->rows] */
@@ -91,17 +91,17 @@ static void mk_native_quantize(void *arg, size_t begin, size_t end, size_t threa
 static void mk_native_part_rows(const mk_native_job *j, const mk_native_part *p, size_t begin, size_t end) {
     const size_t in = j->in, out = p->w->rows, per_row = in / MK_Q8_BLOCK;
     if (p->qdotn_pairs || p->qdotn) {
-        /* Up to MK_QDOTN_MAX_ROWS activation rows per call (the weight row is unpacked once for
+        /* Up to the table's dotn_rows activation rows per call (the weight row is unpacked once for
          * them), over a tile of weight rows: the tile stays in L1 for every group of activation
          * rows, and each group's activations are read once per tile rather than once per weight
          * row (64 rows of a 1536-wide input are 120 KiB: L2, not L1). The same calls on the same
          * data as row by row, so the same bits. */
         enum { MK_WEIGHT_TILE = 16 };
-        const size_t pairs = (per_row + 1) / 2;
+        const size_t pairs = (per_row + 1) / 2, group = j->ctx->kernels->dotn_rows;
         for (size_t o0 = begin; o0 < end; o0 += MK_WEIGHT_TILE) {
             const size_t o1 = end - o0 < MK_WEIGHT_TILE ? end : o0 + MK_WEIGHT_TILE;
-            for (size_t r = 0; r < j->rows; r += MK_QDOTN_MAX_ROWS) {
-                const size_t n = j->rows - r < MK_QDOTN_MAX_ROWS ? j->rows - r : MK_QDOTN_MAX_ROWS;
+            for (size_t r = 0; r < j->rows; r += group) {
+                const size_t n = j->rows - r < group ? j->rows - r : group;
                 const mk_q8_pair *xp[MK_QDOTN_MAX_ROWS] = {0};
                 const mk_q8_block *xq[MK_QDOTN_MAX_ROWS] = {0};
                 for (size_t k = 0; k < n; k++) {

@@ -58,14 +58,15 @@ typedef void (*mk_quantize_row_fn)(mk_q8_block *out, const float *x, size_t n);
 /* Dot of one weight row of n elements (n / block_elements whole blocks) with the
  * quantized activation row xq[n / 32]. */
 typedef float (*mk_qdot_fn)(const uint8_t *w, const mk_q8_block *xq, size_t n);
-/* The same dot of one weight row with `rows` (1 to 4) activation rows given as pairs
+/* The same dot of one weight row with `rows` (1 to the table's dotn_rows) activation rows given as pairs
  * (mk_q8_pair_row), into out[0..rows-1]: each out[r] bit-identical to the one-row dot with
  * that row's blocks (the weight blocks are unpacked once for all: a batch's decode rows). */
 typedef void (*mk_qdotn_pairs_fn)(const uint8_t *w, const mk_q8_pair *const *xp, size_t rows, size_t n,
                                   float *out);
 /* The same for a format whose kernel reads the activation blocks as they are (Q8_0). */
 typedef void (*mk_qdotn_fn)(const uint8_t *w, const mk_q8_block *const *xq, size_t rows, size_t n, float *out);
-enum { MK_QDOTN_MAX_ROWS = 4 };
+/* The most activation rows any table's n-row dots take in one call (mk_cpu_quant.dotn_rows). */
+enum { MK_QDOTN_MAX_ROWS = 8 };
 /* Dot of one F16/BF16 weight row with float activations x[n] (any n). */
 typedef float (*mk_hdot_fn)(const uint16_t *w, const float *x, size_t n);
 
@@ -75,6 +76,10 @@ typedef struct mk_cpu_quant {
     mk_qdot_fn dot_q4_0, dot_q4_1, dot_q8_0, dot_q4_k, dot_q6_k;
     mk_qdotn_pairs_fn dotn_q4_1; /* NULL: one-row dots over blocks */
     mk_qdotn_fn dotn_q8_0;       /* NULL: one-row dots */
+    /* Activation rows per n-row call (0 without them): as many as the kernels' per-row
+     * accumulators leave room for in the vector registers, 4 of 16, 8 of AVX-512's 32 (the
+     * weight row is unpacked once per call, so more rows per call is less work per row). */
+    size_t dotn_rows;
     mk_hdot_fn dot_f16, dot_bf16;
 } mk_cpu_quant;
 

@@ -218,18 +218,21 @@ MK_AVX2 static inline cx_q4_1_acc cx_q4_1_narrow(__m256 acc, __m128 mins) {
     return (cx_q4_1_acc){_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1), mins};
 }
 
-/* An n-row dot NAME(w, x, rows, n, out) for 1 to MK_QDOTN_MAX_ROWS activation rows of type
- * XTYPE: ROWS(TARGET, NAME_R, ARG, R) makes the kernel for a fixed R (its accumulators stay
- * in registers), and NAME picks one by rows. */
-_Static_assert(MK_QDOTN_MAX_ROWS == 4, "CX_BY_ROWS makes kernels for 1 to 4 rows");
+/* An n-row dot NAME(w, x, rows, n, out) for 1 to 4 (CX_BY_ROWS4) or 1 to 8 (CX_BY_ROWS8)
+ * activation rows of type XTYPE: ROWS(TARGET, NAME_R, ARG, R) makes the kernel for a fixed R
+ * (its accumulators stay in registers), and NAME picks one by rows. Eight rows need AVX-512's
+ * 32 vector registers (EVEX encodes ymm16-31 too); with 16 they would spill. */
+_Static_assert(MK_QDOTN_MAX_ROWS == 8, "CX_BY_ROWS8 makes kernels for up to MK_QDOTN_MAX_ROWS rows");
 /* A fixed-row kernel's loop over its rows must be unrolled for the accumulators to stay in
  * registers (gcc -O2 otherwise keeps them in a stack array at 4 rows: 2x slower). */
-#define CX_UNROLL _Pragma("GCC unroll 4")
-#define CX_BY_ROWS(ROWS, TARGET, NAME, ARG, XTYPE)                                                         \
-    ROWS(TARGET, NAME##_1, ARG, 1)                                                                        \
-    ROWS(TARGET, NAME##_2, ARG, 2)                                                                        \
-    ROWS(TARGET, NAME##_3, ARG, 3)                                                                        \
-    ROWS(TARGET, NAME##_4, ARG, 4)                                                                        \
+#define CX_UNROLL _Pragma("GCC unroll 8")
+#define CX_ROWS_1_TO_4(ROWS, TARGET, NAME, ARG) \
+    ROWS(TARGET, NAME##_1, ARG, 1)              \
+    ROWS(TARGET, NAME##_2, ARG, 2)              \
+    ROWS(TARGET, NAME##_3, ARG, 3)              \
+    ROWS(TARGET, NAME##_4, ARG, 4)
+#define CX_BY_ROWS4(ROWS, TARGET, NAME, ARG, XTYPE)                                                        \
+    CX_ROWS_1_TO_4(ROWS, TARGET, NAME, ARG)                                                               \
     TARGET static void NAME(const uint8_t *w, const XTYPE *const *x, size_t rows, size_t n, float *out) { \
         switch (rows) {                                                                                   \
             case 1: NAME##_1(w, x, n, out); break;                                                        \
@@ -238,13 +241,31 @@ _Static_assert(MK_QDOTN_MAX_ROWS == 4, "CX_BY_ROWS makes kernels for 1 to 4 rows
             default: NAME##_4(w, x, n, out); break;                                                       \
         }                                                                                                 \
     }
+#define CX_BY_ROWS8(ROWS, TARGET, NAME, ARG, XTYPE)                                                        \
+    CX_ROWS_1_TO_4(ROWS, TARGET, NAME, ARG)                                                               \
+    ROWS(TARGET, NAME##_5, ARG, 5)                                                                        \
+    ROWS(TARGET, NAME##_6, ARG, 6)                                                                        \
+    ROWS(TARGET, NAME##_7, ARG, 7)                                                                        \
+    ROWS(TARGET, NAME##_8, ARG, 8)                                                                        \
+    TARGET static void NAME(const uint8_t *w, const XTYPE *const *x, size_t rows, size_t n, float *out) { \
+        switch (rows) {                                                                                   \
+            case 1: NAME##_1(w, x, n, out); break;                                                        \
+            case 2: NAME##_2(w, x, n, out); break;                                                        \
+            case 3: NAME##_3(w, x, n, out); break;                                                        \
+            case 4: NAME##_4(w, x, n, out); break;                                                        \
+            case 5: NAME##_5(w, x, n, out); break;                                                        \
+            case 6: NAME##_6(w, x, n, out); break;                                                        \
+            case 7: NAME##_7(w, x, n, out); break;                                                        \
+            default: NAME##_8(w, x, n, out); break;                                                       \
+        }                                                                                                 \
+    }
 
 /* Q4_1 row dots built from a pair-sum function ISUM: one row over its blocks (DOT, the
  * table's dot_q4_1), and 1 to 4 rows over their pairs (DOTN: each weight pair unpacked once
  * for all the rows; the rows' activations come regrouped, so a step only loads them). Both
  * forms feed a row's step the same integers and floats in the same order, so DOTN's out[r]
  * has the bits of DOT on that row (tested), whoever else is in the batch. */
-#define CX_Q4_1_DOTS(TARGET, DOT, DOTN, ISUM)                                                              \
+#define CX_Q4_1_DOTS(TARGET, DOT, DOTN, ISUM, BY)                                                          \
     TARGET static float DOT(const uint8_t *w, const mk_q8_block *x, size_t n) {                           \
         __m256 acc = _mm256_setzero_ps();                                                                 \
         __m128 mins = _mm_setzero_ps();                                                                   \
@@ -260,7 +281,7 @@ _Static_assert(MK_QDOTN_MAX_ROWS == 4, "CX_BY_ROWS makes kernels for 1 to 4 rows
         if (b < nb) cx_q4_1_one(&a, cx_q4_1_dm(w), cx_q4_1_unpack(w + 4), x[b].q, x[b].q + 16, &x[b].d);  \
         return cx_q4_1_total(&a);                                                                         \
     }                                                                                                     \
-    CX_BY_ROWS(CX_Q4_1_ROWS, TARGET, DOTN, ISUM, mk_q8_pair)
+    BY(CX_Q4_1_ROWS, TARGET, DOTN, ISUM, mk_q8_pair)
 
 /* DOTN for a fixed number of rows R (the accumulators stay in registers). A step's float
  * part for one row (cx_q4_1_step2: four scale products, the mins added, the scales spread)
@@ -313,14 +334,14 @@ _Static_assert(MK_QDOTN_MAX_ROWS == 4, "CX_BY_ROWS makes kernels for 1 to 4 rows
         }                                                                                                 \
     }
 
-CX_Q4_1_DOTS(MK_AVX2, cx_dot_q4_1, cx_dotn_q4_1, cx_q4_1_isum2_avx2)
+CX_Q4_1_DOTS(MK_AVX2, cx_dot_q4_1, cx_dotn_q4_1, cx_q4_1_isum2_avx2, CX_BY_ROWS4)
 
 /* Q8_0 row dots from a signed block-sum function DOTSS: one row (DOT: two FMA chains, even
  * and odd blocks, each block's scale d * x.d) and 1 to 4 rows (DOTN: each weight block
  * loaded and its scale converted once for all the rows, every row stepped as DOT steps it,
  * so out[r] has DOT's bits on that row). */
-#define CX_Q8_0_DOTS(TARGET, DOT, DOTN, DOTSS)                                                             \
-    CX_BY_ROWS(CX_Q8_0_ROWS, TARGET, DOTN, DOTSS, mk_q8_block)                                            \
+#define CX_Q8_0_DOTS(TARGET, DOT, DOTN, DOTSS, BY)                                                         \
+    BY(CX_Q8_0_ROWS, TARGET, DOTN, DOTSS, mk_q8_block)                                                     \
     TARGET static float DOT(const uint8_t *w, const mk_q8_block *x, size_t n) {                           \
         float out;                                                                                        \
         DOTN##_1(w, &x, n, &out);                                                                         \
@@ -353,7 +374,7 @@ CX_Q4_1_DOTS(MK_AVX2, cx_dot_q4_1, cx_dotn_q4_1, cx_q4_1_isum2_avx2)
         }                                                                                                 \
         for (int r = 0; r < R; r++) out[r] = cx_hsum(_mm256_add_ps(acc0[r], acc1[r]));                   \
     }
-CX_Q8_0_DOTS(MK_AVX2, cx_dot_q8_0, cx_dotn_q8_0, cx_dot_ss)
+CX_Q8_0_DOTS(MK_AVX2, cx_dot_q8_0, cx_dotn_q8_0, cx_dot_ss, CX_BY_ROWS4)
 
 /* ============================================================= K-quants == */
 
@@ -426,21 +447,22 @@ MK_AVX2 static float cx_dot_q6_k(const uint8_t *w, const mk_q8_block *x, size_t 
 #define MK_VNNI __attribute__((target("avx2,fma,f16c,avxvnni")))
 #define MK_VNNI512 __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512vnni")))
 
-/* The Q4_1 and Q8_0 dots for one encoding: TARGET compiles them, DPBUSD is its intrinsic. */
-#define CX_VNNI_DOTS(TARGET, DPBUSD, SUFFIX)                                                               \
+/* The Q4_1 and Q8_0 dots for one encoding: TARGET compiles them, DPBUSD is its intrinsic, BY
+ * makes its n-row kernels (CX_BY_ROWS8 only where TARGET has AVX-512's 32 registers). */
+#define CX_VNNI_DOTS(TARGET, DPBUSD, SUFFIX, BY)                                                           \
     TARGET static inline __m256i cx_q4_1_isum2_##SUFFIX(const cx_q4_1_wide *q, __m256i y0, __m256i y1) { \
         return DPBUSD(DPBUSD(_mm256_setzero_si256(), q->lo, y0), q->hi, y1);                              \
     }                                                                                                     \
-    CX_Q4_1_DOTS(TARGET, cx_dot_q4_1_##SUFFIX, cx_dotn_q4_1_##SUFFIX, cx_q4_1_isum2_##SUFFIX)             \
+    CX_Q4_1_DOTS(TARGET, cx_dot_q4_1_##SUFFIX, cx_dotn_q4_1_##SUFFIX, cx_q4_1_isum2_##SUFFIX, BY)         \
     /* Signed weights through the sign trick as in cx_dot_ss, one vpdpbusd for the sums of      \
      * four (|w| <= 128 times |x| <= 127: the same integers as maddubs + madd). */                        \
     TARGET static inline __m256i cx_dot_ss_##SUFFIX(__m256i a, __m256i b) {                               \
         return DPBUSD(_mm256_setzero_si256(), _mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a));            \
     }                                                                                                     \
-    CX_Q8_0_DOTS(TARGET, cx_dot_q8_0_##SUFFIX, cx_dotn_q8_0_##SUFFIX, cx_dot_ss_##SUFFIX)
+    CX_Q8_0_DOTS(TARGET, cx_dot_q8_0_##SUFFIX, cx_dotn_q8_0_##SUFFIX, cx_dot_ss_##SUFFIX, BY)
 
-CX_VNNI_DOTS(MK_VNNI, _mm256_dpbusd_avx_epi32, vnni)
-CX_VNNI_DOTS(MK_VNNI512, _mm256_dpbusd_epi32, vnni512)
+CX_VNNI_DOTS(MK_VNNI, _mm256_dpbusd_avx_epi32, vnni, CX_BY_ROWS4)
+CX_VNNI_DOTS(MK_VNNI512, _mm256_dpbusd_epi32, vnni512, CX_BY_ROWS8)
 
 
 /* ============================================================ 16-bit floats == */
@@ -488,6 +510,7 @@ static const mk_cpu_quant cx_avx2 = {
     .dotn_q4_1 = cx_dotn_q4_1,
     .dotn_q8_0 = cx_dotn_q8_0,
     .dot_q8_0 = cx_dot_q8_0,
+    .dotn_rows = 4,
     .dot_q4_k = cx_dot_q4_k,
     .dot_q6_k = cx_dot_q6_k,
     .dot_f16 = cx_dot_f16,
@@ -513,7 +536,7 @@ static bool cx_cpu_has_avx2(void) {
 }
 
 /* The AVX2 table with the formats VNNI speeds up (the ones SmolLM2-class GGUFs store). */
-#define CX_VNNI_TABLE(NAME, SUFFIX)                \
+#define CX_VNNI_TABLE(NAME, SUFFIX, ROWS)          \
     {                                              \
         .name = NAME,                              \
         .quantize_row = cx_quantize_row,           \
@@ -522,13 +545,14 @@ static bool cx_cpu_has_avx2(void) {
         .dotn_q4_1 = cx_dotn_q4_1_##SUFFIX,        \
         .dotn_q8_0 = cx_dotn_q8_0_##SUFFIX,        \
         .dot_q8_0 = cx_dot_q8_0_##SUFFIX,          \
+        .dotn_rows = ROWS,                         \
         .dot_q4_k = cx_dot_q4_k,                   \
         .dot_q6_k = cx_dot_q6_k,                   \
         .dot_f16 = cx_dot_f16,                     \
         .dot_bf16 = cx_dot_bf16,                   \
     }
-static const mk_cpu_quant cx_vnni = CX_VNNI_TABLE("avx-vnni", vnni);
-static const mk_cpu_quant cx_vnni512 = CX_VNNI_TABLE("avx512-vnni", vnni512);
+static const mk_cpu_quant cx_vnni = CX_VNNI_TABLE("avx-vnni", vnni, 4);
+static const mk_cpu_quant cx_vnni512 = CX_VNNI_TABLE("avx512-vnni", vnni512, 8);
 
 /* AVX-VNNI (the VEX-encoded 256-bit vpdpbusd): cpuid leaf 7 subleaf 1, eax bit 4. */
 static bool cx_cpu_has_avx_vnni(void) {
