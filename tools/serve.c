@@ -586,8 +586,10 @@ static char *mk_metrics_text(mk_server *srv) {
     /* KV as whole sequences: each running one counted at --ctx positions in every range (an
      * upper bound: the pools below hold what the sequences really took) */
     const size_t running = srv->n_jobs - queued;
-    MK_LINE("# HELP meshkern_kv_sequences Sequences holding a KV cache (in_use) and the most at once (capacity).\n"
-            "# TYPE meshkern_kv_sequences gauge\nmeshkern_kv_sequences{kind=\"in_use\"} %zu\n"
+    MK_LINE("# HELP meshkern_kv_sequences Sequences the server runs, each counted as holding a KV cache (in_use; "
+            "a finished one's blocks go back when its stage takes them: meshkern_kv_blocks counts them), and the most "
+            "at once (capacity).\n");
+    MK_LINE("# TYPE meshkern_kv_sequences gauge\nmeshkern_kv_sequences{kind=\"in_use\"} %zu\n"
             "meshkern_kv_sequences{kind=\"capacity\"} %zu\n", running, srv->kv_sequences);
     MK_LINE("# HELP meshkern_kv_bytes KV cache bytes over every range: held by running sequences (in_use), "
             "reserved for all slots (capacity).\n# TYPE meshkern_kv_bytes gauge\n"
