@@ -395,7 +395,8 @@ TEST(NativeMatmul, F32StoredWeightInASharedJobTakesTheF32Product) {
 }
 
 // The n-row dots (a batch's decode rows against one weight row, 1 to the table's dotn_rows at a
-// time: Q4_1 from activation rows regrouped as pairs by mk_q8_pair_row, Q8_0 from the blocks)
+// time: Q4_1 from activation rows regrouped as pairs by mk_q8_pair_row, Q8_0 and Q4_K from the
+// blocks)
 // give each row the bits of the one-row dot over its blocks, at every position of the group,
 // for odd and even block counts, in every SIMD table. A table takes 4 rows per call on 16
 // vector registers and 8 on AVX-512's 32.
@@ -409,12 +410,16 @@ TEST(NativeDot, NRowDotsAreOneRowDots) {
         ASSERT_LE(k->dotn_rows, kRows) << k->name;
     }
     for (const mk_cpu_quant *k : simd_tables())
-    for (uint32_t type : {MK_GGML_TYPE_Q4_1, MK_GGML_TYPE_Q8_0})
-    for (size_t in : {32u, 64u, 96u, 576u, 1536u}) {
-        SCOPED_TRACE(std::string(k->name) + (type == MK_GGML_TYPE_Q4_1 ? " Q4_1" : " Q8_0") + " in " +
-                     std::to_string(in));
+    for (uint32_t type : {MK_GGML_TYPE_Q4_1, MK_GGML_TYPE_Q8_0, MK_GGML_TYPE_Q4_K})
+    for (size_t in : type == MK_GGML_TYPE_Q4_K ? std::vector<size_t>{256, 768, 2048}
+                                               : std::vector<size_t>{32, 64, 96, 576, 1536}) {
+        SCOPED_TRACE(std::string(k->name) + " " + mk_ggml_type_name(type) + " in " + std::to_string(in));
         ASSERT_NE(k->dotn_q4_1, nullptr);
         ASSERT_NE(k->dotn_q8_0, nullptr);
+        ASSERT_NE(k->dotn_q4_k, nullptr);
+        EXPECT_EQ(mk_cpu_quant_dotn_for(k, MK_GGML_TYPE_Q4_1), nullptr); // Q4_1's reads pairs
+        EXPECT_EQ(mk_cpu_quant_dotn_for(k, MK_GGML_TYPE_Q8_0), k->dotn_q8_0);
+        EXPECT_EQ(mk_cpu_quant_dotn_for(k, MK_GGML_TYPE_Q4_K), k->dotn_q4_k);
         const size_t nb = in / 32;
         const std::vector<uint8_t> w = random_rows(type, 3, in, rng);
         const size_t row_bytes = w.size() / 3;
@@ -434,7 +439,7 @@ TEST(NativeDot, NRowDotsAreOneRowDots) {
                     ps[i] = xp[(i + o) % kRows].data(), bs[i] = xq[(i + o) % kRows].data();
                 float got[kRows];
                 if (type == MK_GGML_TYPE_Q4_1) k->dotn_q4_1(row, ps, rows, in, got);
-                else k->dotn_q8_0(row, bs, rows, in, got);
+                else mk_cpu_quant_dotn_for(k, type)(row, bs, rows, in, got);
                 for (size_t i = 0; i < rows; i++) {
                     const float one = mk_cpu_quant_dot_for(k, type)(row, xq[(i + o) % kRows].data(), in);
                     EXPECT_EQ(std::memcmp(&one, &got[i], sizeof one), 0)
@@ -451,15 +456,15 @@ TEST(NativeDot, NRowDotsAreOneRowDots) {
 TEST(NativeMatmul, BatchRowsEqualEachRowAloneInEveryTable) {
     if (simd_tables().empty()) GTEST_SKIP() << "no AVX2 on this CPU (the portable table has no n-row dot)";
     std::mt19937 rng(808);
-    for (uint32_t type : {MK_GGML_TYPE_Q4_1, MK_GGML_TYPE_Q8_0})
-    for (size_t in : {96u, 576u}) {
+    for (uint32_t type : {MK_GGML_TYPE_Q4_1, MK_GGML_TYPE_Q8_0, MK_GGML_TYPE_Q4_K})
+    for (size_t in : type == MK_GGML_TYPE_Q4_K ? std::vector<size_t>{256, 768} : std::vector<size_t>{96, 576}) {
         const size_t out = 37;
         NativeWeight w(type, random_rows(type, out, in, rng), out, in);
         for (size_t rows : {(size_t)5, (size_t)8, (size_t)9, (size_t)13, (size_t)MK_NATIVE_GEMM_MIN_ROWS - 1}) {
             const std::vector<float> x = random_floats(rows * in, rng);
             for (const mk_cpu_quant *k : simd_tables()) {
-                SCOPED_TRACE(std::string(k->name) + (type == MK_GGML_TYPE_Q4_1 ? " Q4_1" : " Q8_0") + " in " +
-                             std::to_string(in) + ", " + std::to_string(rows) + " rows");
+                SCOPED_TRACE(std::string(k->name) + " " + mk_ggml_type_name(type) + " in " + std::to_string(in) +
+                             ", " + std::to_string(rows) + " rows");
                 NativeCtx c(2, k, rows * in / 32);
                 const std::vector<float> y = native_product(c, w, x, rows, in, out);
                 for (size_t r = 0; r < rows; r++) {

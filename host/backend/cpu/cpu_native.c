@@ -57,7 +57,7 @@ typedef struct mk_native_part {
     size_t row_bytes;
     mk_qdot_fn qdot; /* quantized formats */
     mk_qdotn_pairs_fn qdotn_pairs; /* up to dotn_rows activation rows at a time, from pairs (Q4_1) */
-    mk_qdotn_fn qdotn;             /* the same from blocks (Q8_0) */
+    mk_qdotn_fn qdotn;             /* the same from blocks (Q8_0, Q4_K) */
     mk_hdot_fn hdot; /* F16 / BF16 */
     float *y;        /* [rows, w->rows] */
 } mk_native_part;
@@ -160,7 +160,7 @@ static mk_status mk_native_part_of(const mk_cpu_native *ctx, const mk_weight *w,
     else if (w->format == MK_GGML_TYPE_BF16) p->hdot = ctx->kernels->dot_bf16;
     else p->qdot = mk_cpu_quant_dot_for(ctx->kernels, w->format);
     if (w->format == MK_GGML_TYPE_Q4_1 && ctx->xp) p->qdotn_pairs = ctx->kernels->dotn_q4_1;
-    if (w->format == MK_GGML_TYPE_Q8_0) p->qdotn = ctx->kernels->dotn_q8_0;
+    p->qdotn = mk_cpu_quant_dotn_for(ctx->kernels, w->format);
     if (!p->qdot && !p->hdot)
         return mk_fail(MK_ERR_INTERNAL, "native matmul: no kernel for %s", mk_ggml_type_name(w->format));
     return MK_OK;

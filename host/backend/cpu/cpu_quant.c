@@ -184,6 +184,14 @@ mk_qdot_fn mk_cpu_quant_dot_for(const mk_cpu_quant *q, uint32_t ggml_type) {
     }
 }
 
+mk_qdotn_fn mk_cpu_quant_dotn_for(const mk_cpu_quant *q, uint32_t ggml_type) {
+    switch (ggml_type) {
+        case MK_GGML_TYPE_Q8_0: return q->dotn_q8_0;
+        case MK_GGML_TYPE_Q4_K: return q->dotn_q4_k;
+        default: return NULL;
+    }
+}
+
 bool mk_cpu_quant_keeps(uint32_t ggml_type) {
     switch (ggml_type) {
         case MK_GGML_TYPE_Q4_0: case MK_GGML_TYPE_Q4_1: case MK_GGML_TYPE_Q8_0: case MK_GGML_TYPE_Q4_K:

@@ -378,29 +378,48 @@ CX_Q8_0_DOTS(MK_AVX2, cx_dot_q8_0, cx_dotn_q8_0, cx_dot_ss, CX_BY_ROWS4)
 
 /* ============================================================= K-quants == */
 
-MK_AVX2 static float cx_dot_q4_k(const uint8_t *w, const mk_q8_block *x, size_t n) {
-    __m256 acc = _mm256_setzero_ps();
-    float mins = 0.0f;
-    const __m256i m4 = _mm256_set1_epi8(0x0f);
-    for (size_t sb = 0; sb < n / 256; sb++, w += 144, x += 8) {
-        CX_PREFETCH_BLOCK(w, 144);
-        const float d = cx_f16(w), dmin = cx_f16(w + 2);
-        const uint8_t *s = w + 4;
-        uint8_t sc[8], mn[8];
-        for (int j = 0; j < 8; j++) mk_k4_scale_min(s, j, &sc[j], &mn[j]);
-        for (int j = 0; j < 4; j++) {
-            const __m256i q = cx_loadu(w + 16 + 32 * j);
-            const __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-            const __m256i p0 = cx_dot_us(lo, cx_loadu(x[2 * j].q));
-            const __m256i p1 = cx_dot_us(hi, cx_loadu(x[2 * j + 1].q));
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(d * (float)sc[2 * j] * x[2 * j].d), _mm256_cvtepi32_ps(p0), acc);
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(d * (float)sc[2 * j + 1] * x[2 * j + 1].d), _mm256_cvtepi32_ps(p1),
-                                  acc);
-            mins += dmin * (float)mn[2 * j] * x[2 * j].s + dmin * (float)mn[2 * j + 1] * x[2 * j + 1].s;
-        }
+/* Q4_K row dots from an unsigned-by-signed block-sum function DOTUS: one row (DOT) and 1 to
+ * BY's rows (DOTN: each super-block's scales decoded and its nibbles unpacked once for all
+ * the rows, every row stepped as DOT steps it, so out[r] has DOT's bits on that row). A
+ * sub-block's scale d * sc (and min dmin * m) is formed once and then times each row's x.d
+ * (x.s): the products DOT forms, in its order. */
+#define CX_Q4_K_DOTS(TARGET, DOT, DOTN, DOTUS, BY)                                                          \
+    BY(CX_Q4_K_ROWS, TARGET, DOTN, DOTUS, mk_q8_block)                                                     \
+    TARGET static float DOT(const uint8_t *w, const mk_q8_block *x, size_t n) {                           \
+        float out;                                                                                        \
+        DOTN##_1(w, &x, n, &out);                                                                         \
+        return out;                                                                                       \
     }
-    return cx_hsum(acc) - mins;
-}
+
+/* DOTN for a fixed number of rows R. */
+#define CX_Q4_K_ROWS(TARGET, NAME, DOTUS, R)                                                               \
+    TARGET static inline void NAME(const uint8_t *w, const mk_q8_block *const *x, size_t n, float *out) { \
+        __m256 acc[R];                                                                                    \
+        float mins[R];                                                                                    \
+        for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps(), mins[r] = 0.0f;                         \
+        const __m256i m4 = _mm256_set1_epi8(0x0f);                                                        \
+        for (size_t sb = 0; sb < n / 256; sb++, w += 144) {                                               \
+            CX_PREFETCH_BLOCK(w, 144);                                                                    \
+            const float d = cx_f16(w), dmin = cx_f16(w + 2);                                              \
+            uint8_t sc[8], mn[8];                                                                         \
+            for (int j = 0; j < 8; j++) mk_k4_scale_min(w + 4, j, &sc[j], &mn[j]);                        \
+            for (int j = 0; j < 4; j++) {                                                                 \
+                const __m256i q = cx_loadu(w + 16 + 32 * j);                                              \
+                const __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4); \
+                const float s0 = d * (float)sc[2 * j], s1 = d * (float)sc[2 * j + 1];                     \
+                const float m0 = dmin * (float)mn[2 * j], m1 = dmin * (float)mn[2 * j + 1];               \
+                CX_UNROLL for (int r = 0; r < R; r++) {                                                  \
+                    const mk_q8_block *xb = x[r] + 8 * sb + 2 * j;                                        \
+                    const __m256i p0 = DOTUS(lo, cx_loadu(xb[0].q)), p1 = DOTUS(hi, cx_loadu(xb[1].q));   \
+                    acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(s0 * xb[0].d), _mm256_cvtepi32_ps(p0), acc[r]); \
+                    acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(s1 * xb[1].d), _mm256_cvtepi32_ps(p1), acc[r]); \
+                    mins[r] += m0 * xb[0].s + m1 * xb[1].s;                                               \
+                }                                                                                         \
+            }                                                                                             \
+        }                                                                                                 \
+        for (int r = 0; r < R; r++) out[r] = cx_hsum(acc[r]) - mins[r];                                   \
+    }
+CX_Q4_K_DOTS(MK_AVX2, cx_dot_q4_k, cx_dotn_q4_k, cx_dot_us, CX_BY_ROWS4)
 
 MK_AVX2 static float cx_dot_q6_k(const uint8_t *w, const mk_q8_block *x, size_t n) {
     __m256 acc = _mm256_setzero_ps();
@@ -447,7 +466,7 @@ MK_AVX2 static float cx_dot_q6_k(const uint8_t *w, const mk_q8_block *x, size_t 
 #define MK_VNNI __attribute__((target("avx2,fma,f16c,avxvnni")))
 #define MK_VNNI512 __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512vnni")))
 
-/* The Q4_1 and Q8_0 dots for one encoding: TARGET compiles them, DPBUSD is its intrinsic, BY
+/* The Q4_1, Q8_0 and Q4_K dots for one encoding: TARGET compiles them, DPBUSD is its intrinsic, BY
  * makes its n-row kernels (CX_BY_ROWS8 only where TARGET has AVX-512's 32 registers). */
 #define CX_VNNI_DOTS(TARGET, DPBUSD, SUFFIX, BY)                                                           \
     TARGET static inline __m256i cx_q4_1_isum2_##SUFFIX(const cx_q4_1_wide *q, __m256i y0, __m256i y1) { \
@@ -459,7 +478,12 @@ MK_AVX2 static float cx_dot_q6_k(const uint8_t *w, const mk_q8_block *x, size_t 
     TARGET static inline __m256i cx_dot_ss_##SUFFIX(__m256i a, __m256i b) {                               \
         return DPBUSD(_mm256_setzero_si256(), _mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a));            \
     }                                                                                                     \
-    CX_Q8_0_DOTS(TARGET, cx_dot_q8_0_##SUFFIX, cx_dotn_q8_0_##SUFFIX, cx_dot_ss_##SUFFIX, BY)
+    CX_Q8_0_DOTS(TARGET, cx_dot_q8_0_##SUFFIX, cx_dotn_q8_0_##SUFFIX, cx_dot_ss_##SUFFIX, BY)                \
+    /* Unsigned 4-bit weights times signed activations: vpdpbusd's own operand types. */                 \
+    TARGET static inline __m256i cx_dot_us_##SUFFIX(__m256i u, __m256i s) {                               \
+        return DPBUSD(_mm256_setzero_si256(), u, s);                                                      \
+    }                                                                                                     \
+    CX_Q4_K_DOTS(TARGET, cx_dot_q4_k_##SUFFIX, cx_dotn_q4_k_##SUFFIX, cx_dot_us_##SUFFIX, BY)
 
 CX_VNNI_DOTS(MK_VNNI, _mm256_dpbusd_avx_epi32, vnni, CX_BY_ROWS4)
 CX_VNNI_DOTS(MK_VNNI512, _mm256_dpbusd_epi32, vnni512, CX_BY_ROWS8)
@@ -512,6 +536,7 @@ static const mk_cpu_quant cx_avx2 = {
     .dot_q8_0 = cx_dot_q8_0,
     .dotn_rows = 4,
     .dot_q4_k = cx_dot_q4_k,
+    .dotn_q4_k = cx_dotn_q4_k,
     .dot_q6_k = cx_dot_q6_k,
     .dot_f16 = cx_dot_f16,
     .dot_bf16 = cx_dot_bf16,
@@ -546,7 +571,8 @@ static bool cx_cpu_has_avx2(void) {
         .dotn_q8_0 = cx_dotn_q8_0_##SUFFIX,        \
         .dot_q8_0 = cx_dot_q8_0_##SUFFIX,          \
         .dotn_rows = ROWS,                         \
-        .dot_q4_k = cx_dot_q4_k,                   \
+        .dot_q4_k = cx_dot_q4_k_##SUFFIX,          \
+        .dotn_q4_k = cx_dotn_q4_k_##SUFFIX,        \
         .dot_q6_k = cx_dot_q6_k,                   \
         .dot_f16 = cx_dot_f16,                     \
         .dot_bf16 = cx_dot_bf16,                   \
