@@ -395,8 +395,8 @@ TEST(NativeMatmul, F32StoredWeightInASharedJobTakesTheF32Product) {
 }
 
 // The n-row dots (a batch's decode rows against one weight row, 1 to the table's dotn_rows at a
-// time: Q4_1 from activation rows regrouped as pairs by mk_q8_pair_row, Q8_0 and Q4_K from the
-// blocks)
+// time: Q4_1 from activation rows regrouped as pairs by mk_q8_pair_row, Q8_0, Q4_K and Q6_K
+// from the blocks)
 // give each row the bits of the one-row dot over its blocks, at every position of the group,
 // for odd and even block counts, in every SIMD table. A table takes 4 rows per call on 16
 // vector registers and 8 on AVX-512's 32.
@@ -410,16 +410,18 @@ TEST(NativeDot, NRowDotsAreOneRowDots) {
         ASSERT_LE(k->dotn_rows, kRows) << k->name;
     }
     for (const mk_cpu_quant *k : simd_tables())
-    for (uint32_t type : {MK_GGML_TYPE_Q4_1, MK_GGML_TYPE_Q8_0, MK_GGML_TYPE_Q4_K})
-    for (size_t in : type == MK_GGML_TYPE_Q4_K ? std::vector<size_t>{256, 768, 2048}
-                                               : std::vector<size_t>{32, 64, 96, 576, 1536}) {
+    for (uint32_t type : {MK_GGML_TYPE_Q4_1, MK_GGML_TYPE_Q8_0, MK_GGML_TYPE_Q4_K, MK_GGML_TYPE_Q6_K})
+    for (size_t in : block_elems(type) == 256 ? std::vector<size_t>{256, 768, 2048}
+                                              : std::vector<size_t>{32, 64, 96, 576, 1536}) {
         SCOPED_TRACE(std::string(k->name) + " " + mk_ggml_type_name(type) + " in " + std::to_string(in));
         ASSERT_NE(k->dotn_q4_1, nullptr);
         ASSERT_NE(k->dotn_q8_0, nullptr);
         ASSERT_NE(k->dotn_q4_k, nullptr);
+        ASSERT_NE(k->dotn_q6_k, nullptr);
         EXPECT_EQ(mk_cpu_quant_dotn_for(k, MK_GGML_TYPE_Q4_1), nullptr); // Q4_1's reads pairs
         EXPECT_EQ(mk_cpu_quant_dotn_for(k, MK_GGML_TYPE_Q8_0), k->dotn_q8_0);
         EXPECT_EQ(mk_cpu_quant_dotn_for(k, MK_GGML_TYPE_Q4_K), k->dotn_q4_k);
+        EXPECT_EQ(mk_cpu_quant_dotn_for(k, MK_GGML_TYPE_Q6_K), k->dotn_q6_k);
         const size_t nb = in / 32;
         const std::vector<uint8_t> w = random_rows(type, 3, in, rng);
         const size_t row_bytes = w.size() / 3;
@@ -456,8 +458,8 @@ TEST(NativeDot, NRowDotsAreOneRowDots) {
 TEST(NativeMatmul, BatchRowsEqualEachRowAloneInEveryTable) {
     if (simd_tables().empty()) GTEST_SKIP() << "no AVX2 on this CPU (the portable table has no n-row dot)";
     std::mt19937 rng(808);
-    for (uint32_t type : {MK_GGML_TYPE_Q4_1, MK_GGML_TYPE_Q8_0, MK_GGML_TYPE_Q4_K})
-    for (size_t in : type == MK_GGML_TYPE_Q4_K ? std::vector<size_t>{256, 768} : std::vector<size_t>{96, 576}) {
+    for (uint32_t type : {MK_GGML_TYPE_Q4_1, MK_GGML_TYPE_Q8_0, MK_GGML_TYPE_Q4_K, MK_GGML_TYPE_Q6_K})
+    for (size_t in : block_elems(type) == 256 ? std::vector<size_t>{256, 768} : std::vector<size_t>{96, 576}) {
         const size_t out = 37;
         NativeWeight w(type, random_rows(type, out, in, rng), out, in);
         for (size_t rows : {(size_t)5, (size_t)8, (size_t)9, (size_t)13, (size_t)MK_NATIVE_GEMM_MIN_ROWS - 1}) {
@@ -544,13 +546,13 @@ TEST(NativeKernels, VnniDotsAreBitIdenticalToAvx2) {
                     const mk_q8_pair *pn[MK_QDOTN_MAX_ROWS];
                     for (size_t i = 0; i < n; i++) xn[i] = xs[i % 4], pn[i] = ps[i % 4];
                     float a4[4], bn[MK_QDOTN_MAX_ROWS];
-                    if (f.type == MK_GGML_TYPE_Q4_1 || f.type == MK_GGML_TYPE_Q8_0) {
+                    if (f.type == MK_GGML_TYPE_Q4_1 || mk_cpu_quant_dotn_for(avx2, f.type)) {
                         if (f.type == MK_GGML_TYPE_Q4_1) {
                             avx2->dotn_q4_1(row, ps, 4, in, a4);
                             vnni->dotn_q4_1(row, pn, n, in, bn);
                         } else {
-                            avx2->dotn_q8_0(row, xs, 4, in, a4);
-                            vnni->dotn_q8_0(row, xn, n, in, bn);
+                            mk_cpu_quant_dotn_for(avx2, f.type)(row, xs, 4, in, a4);
+                            mk_cpu_quant_dotn_for(vnni, f.type)(row, xn, n, in, bn);
                         }
                         for (size_t i = 0; i < n; i++)
                             EXPECT_EQ(std::memcmp(&a4[i % 4], &bn[i], sizeof bn[i]), 0)

@@ -57,7 +57,7 @@ typedef struct mk_native_part {
     size_t row_bytes;
     mk_qdot_fn qdot; /* quantized formats */
     mk_qdotn_pairs_fn qdotn_pairs; /* up to dotn_rows activation rows at a time, from pairs (Q4_1) */
-    mk_qdotn_fn qdotn;             /* the same from blocks (Q8_0, Q4_K) */
+    mk_qdotn_fn qdotn;             /* the same from blocks (Q8_0, Q4_K, Q6_K) */
     mk_hdot_fn hdot; /* F16 / BF16 */
     float *y;        /* [rows, w->rows] */
 } mk_native_part;

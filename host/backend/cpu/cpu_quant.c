@@ -188,6 +188,7 @@ mk_qdotn_fn mk_cpu_quant_dotn_for(const mk_cpu_quant *q, uint32_t ggml_type) {
     switch (ggml_type) {
         case MK_GGML_TYPE_Q8_0: return q->dotn_q8_0;
         case MK_GGML_TYPE_Q4_K: return q->dotn_q4_k;
+        case MK_GGML_TYPE_Q6_K: return q->dotn_q6_k;
         default: return NULL;
     }
 }

@@ -63,7 +63,7 @@ typedef float (*mk_qdot_fn)(const uint8_t *w, const mk_q8_block *xq, size_t n);
  * that row's blocks (the weight blocks are unpacked once for all: a batch's decode rows). */
 typedef void (*mk_qdotn_pairs_fn)(const uint8_t *w, const mk_q8_pair *const *xp, size_t rows, size_t n,
                                   float *out);
-/* The same for a format whose kernel reads the activation blocks as they are (Q8_0, Q4_K). */
+/* The same for a format whose kernel reads the activation blocks as they are (Q8_0, Q4_K, Q6_K). */
 typedef void (*mk_qdotn_fn)(const uint8_t *w, const mk_q8_block *const *xq, size_t rows, size_t n, float *out);
 /* The most activation rows any table's n-row dots take in one call (mk_cpu_quant.dotn_rows). */
 enum { MK_QDOTN_MAX_ROWS = 8 };
@@ -75,7 +75,7 @@ typedef struct mk_cpu_quant {
     mk_quantize_row_fn quantize_row;
     mk_qdot_fn dot_q4_0, dot_q4_1, dot_q8_0, dot_q4_k, dot_q6_k;
     mk_qdotn_pairs_fn dotn_q4_1; /* NULL: one-row dots over blocks */
-    mk_qdotn_fn dotn_q8_0, dotn_q4_k; /* NULL: one-row dots */
+    mk_qdotn_fn dotn_q8_0, dotn_q4_k, dotn_q6_k; /* NULL: one-row dots */
     /* Activation rows per n-row call (0 without them): as many as the kernels' per-row
      * accumulators leave room for in the vector registers, 4 of 16, 8 of AVX-512's 32 (the
      * weight row is unpacked once per call, so more rows per call is less work per row). */
@@ -100,7 +100,7 @@ const mk_cpu_quant *mk_cpu_quant_best(void);
 /* The dot for a ggml weight type (mk_ggml_type id) in table q, or NULL when the type has no
  * native kernel (F32 and the formats below are dequantized at load instead). */
 mk_qdot_fn mk_cpu_quant_dot_for(const mk_cpu_quant *q, uint32_t ggml_type);
-/* Its n-row dot over activation blocks (Q8_0, Q4_K), or NULL (Q4_1's reads pairs: dotn_q4_1). */
+/* Its n-row dot over activation blocks (Q8_0, Q4_K, Q6_K), or NULL (Q4_1's reads pairs: dotn_q4_1). */
 mk_qdotn_fn mk_cpu_quant_dotn_for(const mk_cpu_quant *q, uint32_t ggml_type);
 /* True for the ggml types the cpu backend keeps in their stored format. */
 bool mk_cpu_quant_keeps(uint32_t ggml_type);
