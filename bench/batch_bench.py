@@ -221,7 +221,8 @@ def run_meshkern(a, n, step_sequences, work, tag):
     if step_sequences:
         cmd += ["--step-sequences", str(step_sequences)]
     t0 = time.perf_counter()
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout)
+    # errors="replace": a model's text may stop inside a multi-byte character (the tokens are what count)
+    r = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=a.timeout)
     wall = time.perf_counter() - t0
     log = os.path.join(work, f"meshkern-{tag}.log")
     with open(log, "w") as f:
