@@ -336,17 +336,21 @@ _Static_assert(MK_QDOTN_MAX_ROWS == 8, "CX_BY_ROWS8 makes kernels for up to MK_Q
 
 CX_Q4_1_DOTS(MK_AVX2, cx_dot_q4_1, cx_dotn_q4_1, cx_q4_1_isum2_avx2, CX_BY_ROWS4)
 
-/* Q8_0 row dots from a signed block-sum function DOTSS: one row (DOT: two FMA chains, even
- * and odd blocks, each block's scale d * x.d) and 1 to 4 rows (DOTN: each weight block
- * loaded and its scale converted once for all the rows, every row stepped as DOT steps it,
- * so out[r] has DOT's bits on that row). */
-#define CX_Q8_0_DOTS(TARGET, DOT, DOTN, DOTSS, BY)                                                         \
-    BY(CX_Q8_0_ROWS, TARGET, DOTN, DOTSS, mk_q8_block)                                                     \
+/* Row dots over activation blocks from ROWS, the n-row kernel for a fixed row count R:
+ * DOTN for 1 to BY's rows, and the one-row DOT as its one-row case, so DOTN's out[r] has
+ * DOT's bits on that row (ARG goes to ROWS). */
+#define CX_BLOCK_DOTS(ROWS, TARGET, DOT, DOTN, ARG, BY)                                                    \
+    BY(ROWS, TARGET, DOTN, ARG, mk_q8_block)                                                              \
     TARGET static float DOT(const uint8_t *w, const mk_q8_block *x, size_t n) {                           \
         float out;                                                                                        \
         DOTN##_1(w, &x, n, &out);                                                                         \
         return out;                                                                                       \
     }
+
+/* Q8_0 row dots from a signed block-sum function DOTSS: one row (DOT: two FMA chains, even
+ * and odd blocks, each block's scale d * x.d) and 1 to BY's rows (DOTN: each weight block
+ * loaded and its scale converted once for all the rows, every row stepped as DOT steps it). */
+#define CX_Q8_0_DOTS(TARGET, DOT, DOTN, DOTSS, BY) CX_BLOCK_DOTS(CX_Q8_0_ROWS, TARGET, DOT, DOTN, DOTSS, BY)
 
 /* DOTN for a fixed number of rows R. */
 #define CX_Q8_0_ROWS(TARGET, NAME, DOTSS, R)                                                               \
@@ -380,16 +384,10 @@ CX_Q8_0_DOTS(MK_AVX2, cx_dot_q8_0, cx_dotn_q8_0, cx_dot_ss, CX_BY_ROWS4)
 
 /* Q4_K row dots from an unsigned-by-signed block-sum function DOTUS: one row (DOT) and 1 to
  * BY's rows (DOTN: each super-block's scales decoded and its nibbles unpacked once for all
- * the rows, every row stepped as DOT steps it, so out[r] has DOT's bits on that row). A
+ * the rows, every row stepped as DOT steps it). A
  * sub-block's scale d * sc (and min dmin * m) is formed once and then times each row's x.d
  * (x.s): the products DOT forms, in its order. */
-#define CX_Q4_K_DOTS(TARGET, DOT, DOTN, DOTUS, BY)                                                          \
-    BY(CX_Q4_K_ROWS, TARGET, DOTN, DOTUS, mk_q8_block)                                                     \
-    TARGET static float DOT(const uint8_t *w, const mk_q8_block *x, size_t n) {                           \
-        float out;                                                                                        \
-        DOTN##_1(w, &x, n, &out);                                                                         \
-        return out;                                                                                       \
-    }
+#define CX_Q4_K_DOTS(TARGET, DOT, DOTN, DOTUS, BY) CX_BLOCK_DOTS(CX_Q4_K_ROWS, TARGET, DOT, DOTN, DOTUS, BY)
 
 /* DOTN for a fixed number of rows R. */
 #define CX_Q4_K_ROWS(TARGET, NAME, DOTUS, R)                                                               \
