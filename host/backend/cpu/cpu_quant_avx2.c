@@ -261,7 +261,7 @@ _Static_assert(MK_QDOTN_MAX_ROWS == 8, "CX_BY_ROWS8 makes kernels for up to MK_Q
     }
 
 /* Q4_1 row dots built from a pair-sum function ISUM: one row over its blocks (DOT, the
- * table's dot_q4_1), and 1 to 4 rows over their pairs (DOTN: each weight pair unpacked once
+ * table's dot_q4_1), and 1 to BY's rows over their pairs (DOTN: each weight pair unpacked once
  * for all the rows; the rows' activations come regrouped, so a step only loads them). Both
  * forms feed a row's step the same integers and floats in the same order, so DOTN's out[r]
  * has the bits of DOT on that row (tested), whoever else is in the batch. */
