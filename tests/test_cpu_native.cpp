@@ -111,21 +111,102 @@ struct NativeCtx {
     mk_cpu_native ctx{};
     std::vector<mk_q8_block> xq;
     std::vector<mk_q8_pair> xp;
+    std::vector<mk_q8k_block> xk;
     std::vector<float> wtile;
     // max_blocks of scratch: enough pairs too (a row of b blocks is (b + 1) / 2 <= b pairs).
     NativeCtx(size_t threads, const mk_cpu_quant *kernels, size_t max_blocks, size_t max_in = 1024)
-        : xq(max_blocks), xp(max_blocks), wtile((size_t)MK_NATIVE_GEMM_TILE * max_in * threads) {
+        : xq(max_blocks), xp(max_blocks), xk(max_blocks / 8 + 1), wtile((size_t)MK_NATIVE_GEMM_TILE * max_in * threads) {
         EXPECT_EQ(mk_cpu_pool_create(threads, &ctx.pool), MK_OK) << mk_last_error();
         ctx.kernels = kernels;
         ctx.xq = xq.data();
         ctx.xq_blocks = xq.size();
         ctx.xp = xp.data();
         ctx.xp_pairs = xp.size();
+        ctx.xk = xk.data();
+        ctx.xk_blocks = xk.size();
         ctx.wtile = wtile.data();
         ctx.wtile_elems = wtile.size();
     }
     ~NativeCtx() { mk_cpu_pool_free(ctx.pool); }
 };
+
+// One activation row quantized the way a weight type's dots read it: blocks of 32, or
+// blocks of 256 for the K-quants.
+struct QuantRow {
+    bool k = false;
+    std::vector<mk_q8_block> q;
+    std::vector<mk_q8k_block> kq;
+    // The value the dots multiply in place of x[i].
+    double value(size_t i) const {
+        return k ? (double)kq[i / 256].d * kq[i / 256].q[i % 256] : (double)q[i / 32].d * q[i / 32].q[i % 32];
+    }
+};
+
+bool k_quant(uint32_t type) { return type == MK_GGML_TYPE_Q4_K || type == MK_GGML_TYPE_Q6_K; }
+
+QuantRow quantize_for(const mk_cpu_quant *t, uint32_t type, const float *x, size_t in) {
+    QuantRow r;
+    r.k = k_quant(type);
+    if (r.k) {
+        r.kq.resize(in / 256);
+        t->quantize_row_k(r.kq.data(), x, in);
+    } else {
+        r.q.resize(in / 32);
+        t->quantize_row(r.q.data(), x, in);
+    }
+    return r;
+}
+
+// Table t's one-row dot of weight row w (of `type`) with x.
+float dot_one(const mk_cpu_quant *t, uint32_t type, const uint8_t *w, const QuantRow &x, size_t in) {
+    if (x.k) return mk_cpu_quant_kdot_for(t, type)(w, x.kq.data(), in);
+    return mk_cpu_quant_dot_for(t, type)(w, x.q.data(), in);
+}
+
+// Table t's n-row dot over blocks (Q8_0, Q4_K, Q6_K); false where it has none.
+bool dot_rows(const mk_cpu_quant *t, uint32_t type, const uint8_t *w, const QuantRow *const *x, size_t rows,
+              size_t in, float *out) {
+    const mk_q8_block *xq[MK_QDOTN_MAX_ROWS];
+    const mk_q8k_block *xk[MK_QDOTN_MAX_ROWS];
+    for (size_t i = 0; i < rows; i++) xq[i] = x[i]->q.data(), xk[i] = x[i]->kq.data();
+    if (k_quant(type)) {
+        if (!mk_cpu_quant_kdotn_for(t, type)) return false;
+        mk_cpu_quant_kdotn_for(t, type)(w, xk, rows, in, out);
+        return true;
+    }
+    if (!mk_cpu_quant_dotn_for(t, type)) return false;
+    mk_cpu_quant_dotn_for(t, type)(w, xq, rows, in, out);
+    return true;
+}
+
+// Weight rows at the ends of their formats' ranges (extreme 1 or 2; 0 leaves them):
+// Q4_1 nibbles all 15 or all 0, Q8_0 bytes -128 or alternating 127/-128, Q4_K scales and
+// mins 63 with nibbles 15 or 0, Q6_K values all -32 with scales -128 or all 31 with scales
+// alternating -128/127. The f16 scales stay as random_rows made them.
+void set_extreme(uint32_t type, std::vector<uint8_t> &w, size_t rows, size_t in, int extreme) {
+    if (!extreme) return;
+    if (type == MK_GGML_TYPE_Q4_1 || type == MK_GGML_TYPE_Q8_0) {
+        const size_t bb = type == MK_GGML_TYPE_Q4_1 ? 20 : 34, head = bb - 16 * (bb == 20 ? 1 : 2);
+        for (size_t blk = 0; blk < rows * in / 32; blk++)
+            for (size_t i = head; i < bb; i++)
+                w[blk * bb + i] = type == MK_GGML_TYPE_Q4_1 ? (extreme == 1 ? 0xff : 0x00)
+                                                            : (extreme == 1 ? 0x80 : (i % 2 ? 0x7f : 0x80));
+    }
+    if (type == MK_GGML_TYPE_Q4_K)
+        for (size_t blk = 0; blk < rows * in / 256; blk++)
+            for (size_t i = 4; i < 144; i++) w[blk * 144 + i] = i < 16 || extreme == 1 ? 0xff : 0x00;
+    if (type == MK_GGML_TYPE_Q6_K)
+        for (size_t blk = 0; blk < rows * in / 256; blk++)
+            for (size_t i = 0; i < 208; i++)
+                w[blk * 210 + i] = i < 192 ? (extreme == 1 ? 0x00 : 0xff) : (extreme == 1 || i % 2 ? 0x80 : 0x7f);
+}
+
+// Activations that quantize to +-127 everywhere (extreme 1 and 2: two sign patterns).
+std::vector<float> extreme_floats(size_t n, int extreme) {
+    std::vector<float> x(n);
+    for (size_t i = 0; i < n; i++) x[i] = (i * 7 + extreme) % 3 ? 1.5f : -1.5f;
+    return x;
+}
 
 const float kSentinel = -12345.5f;
 
@@ -194,9 +275,11 @@ TEST(NativeMatmul, EveryFormatMatchesTheDequantizedReference) {
                         for (size_t r = 0; r < rows; r++) {
                             for (size_t o = 0; o < out; o++) {
                                 double ref = 0.0, mag = 0.0, act_err = 0.0;
-                                for (size_t i = 0; i < in; i += 32) {
+                                // one activation scale per 32 values, per 256 for the K-quants
+                                const size_t group = block_elems(f.type) == 256 ? 256 : 32;
+                                for (size_t i = 0; i < in; i += group) {
                                     double amax = 0.0, wabs = 0.0;
-                                    const size_t end = std::min(in, i + 32);
+                                    const size_t end = std::min(in, i + group);
                                     for (size_t j = i; j < end; j++) {
                                         const double wv = wf[o * in + j], xv = x[r * in + j];
                                         ref += wv * xv;
@@ -222,29 +305,61 @@ TEST(NativeMatmul, EveryFormatMatchesTheDequantizedReference) {
 }
 
 // Activation quantization is integer math after one float multiply: SIMD and portable
-// agree bit for bit, and every value is within half a step of the input.
+// agree bit for bit, and every value is within half a step of the input. quantize_row takes
+// a scale per block of 32 and keeps s = d * sum(q); quantize_row_k (the K-quants' rows) one
+// scale per 256 values, the largest magnitude of the 256 at +-127, and the exact sums of q
+// per 16.
 TEST(NativeKernels, SimdQuantizationIsBitIdenticalToPortable) {
-    const mk_cpu_quant *simd = mk_cpu_quant_avx2();
-    if (!simd) GTEST_SKIP() << "this CPU has no AVX2";
+    if (simd_tables().empty()) GTEST_SKIP() << "this CPU has no AVX2";
+    const mk_cpu_quant *portable = mk_cpu_quant_portable();
     std::mt19937 rng(99);
-    for (size_t n : {32u, 64u, 1536u}) {
+    for (const mk_cpu_quant *simd : simd_tables())
+    for (bool k : {false, true})
+    for (size_t n : k ? std::vector<size_t>{256, 512, 1536} : std::vector<size_t>{32, 64, 1536}) {
+        SCOPED_TRACE(std::string(simd->name) + (k ? " quantize_row_k " : " quantize_row ") + std::to_string(n));
+        const size_t group = k ? 256 : 32;
         std::vector<float> x = random_floats(n, rng);
         x[5] = 0.0f;
         if (n >= 64) std::fill(x.begin() + 32, x.begin() + 64, 0.0f); // an all-zero block
-        if (n >= 1536) x[1000] = 1e30f;                                // one huge value
-        std::vector<mk_q8_block> a(n / 32), b(n / 32);
-        mk_cpu_quant_portable()->quantize_row(a.data(), x.data(), n);
-        simd->quantize_row(b.data(), x.data(), n);
-        ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(mk_q8_block)), 0) << n;
-        for (size_t i = 0; i < n; i++) {
-            const mk_q8_block &q = a[i / 32];
-            ASSERT_LE(std::fabs(x[i] - q.d * q.q[i % 32]), q.d * 0.5f * (1 + 1e-5f) + 1e-30f) << i;
+        if (n >= 512) std::fill(x.begin() + 256, x.begin() + 512, 0.0f); // an all-zero group of 256
+        if (n >= 1536) x[1000] = 1e30f;                                   // one huge value
+        if (n >= 1536) x[1300] = -3.0f; // a group's largest magnitude negative, in its fifth block
+        if (n >= 1536) std::fill(x.begin() + 1024, x.begin() + 1040, 0.9f); // a group of 16 at +127
+        std::vector<float> d(n / group);
+        std::vector<int> q(n);
+        if (k) {
+            std::vector<mk_q8k_block> a(n / 256), b(n / 256);
+            portable->quantize_row_k(a.data(), x.data(), n);
+            simd->quantize_row_k(b.data(), x.data(), n);
+            ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(mk_q8k_block)), 0);
+            for (size_t blk = 0; blk < n / 256; blk++) {
+                d[blk] = a[blk].d;
+                for (size_t g = 0; g < 16; g++) {
+                    int sum = 0;
+                    for (size_t i = 16 * g; i < 16 * g + 16; i++) sum += a[blk].q[i];
+                    EXPECT_EQ(a[blk].sums[g], sum) << "block " << blk << " group " << g;
+                }
+                for (size_t i = 0; i < 256; i++) q[256 * blk + i] = a[blk].q[i];
+            }
+        } else {
+            std::vector<mk_q8_block> a(n / 32), b(n / 32);
+            portable->quantize_row(a.data(), x.data(), n);
+            simd->quantize_row(b.data(), x.data(), n);
+            ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(mk_q8_block)), 0);
+            for (size_t blk = 0; blk < n / 32; blk++) {
+                d[blk] = a[blk].d;
+                int sum = 0;
+                for (int i = 0; i < 32; i++) sum += a[blk].q[i], q[32 * blk + i] = a[blk].q[i];
+                EXPECT_EQ(a[blk].s, a[blk].d * (float)sum);
+            }
         }
-        for (size_t blk = 0; blk < n / 32; blk++) {
-            int sum = 0;
-            for (int i = 0; i < 32; i++) sum += a[blk].q[i];
-            EXPECT_EQ(a[blk].s, a[blk].d * (float)sum);
+        for (size_t g = 0; g < n / group; g++) {
+            float amax = 0.0f;
+            for (size_t i = g * group; i < (g + 1) * group; i++) amax = std::max(amax, std::fabs(x[i]));
+            EXPECT_EQ(d[g], amax / 127.0f) << "group " << g;
         }
+        for (size_t i = 0; i < n; i++)
+            ASSERT_LE(std::fabs(x[i] - d[i / group] * q[i]), d[i / group] * 0.5f * (1 + 1e-5f) + 1e-30f) << i;
     }
 }
 
@@ -261,25 +376,23 @@ TEST(NativeKernels, SimdDotsMatchPortable) {
             const std::vector<uint8_t> w = random_rows(f.type, 5, in, rng);
             const std::vector<float> x = random_floats(in, rng);
             const size_t rb = row_bytes(f.type, in);
-            std::vector<mk_q8_block> xq(in / 32 + 1);
-            if (in % 32 == 0) ref->quantize_row(xq.data(), x.data(), in);
+            const bool half = f.type == MK_GGML_TYPE_F16 || f.type == MK_GGML_TYPE_BF16;
+            const QuantRow xq = half ? QuantRow{} : quantize_for(ref, f.type, x.data(), in);
             for (size_t r = 0; r < 5; r++) {
                 float a, b, mag = 0.0f;
-                if (f.type == MK_GGML_TYPE_F16 || f.type == MK_GGML_TYPE_BF16) {
+                std::vector<float> wf(in);
+                MK_ASSERT_OK(mk_gguf_dequantize(f.type, &w[r * rb], rb, wf.data(), in));
+                if (half) {
                     mk_hdot_fn pa = f.type == MK_GGML_TYPE_F16 ? ref->dot_f16 : ref->dot_bf16;
                     mk_hdot_fn pb = f.type == MK_GGML_TYPE_F16 ? simd->dot_f16 : simd->dot_bf16;
                     a = pa((const uint16_t *)&w[r * rb], x.data(), in);
                     b = pb((const uint16_t *)&w[r * rb], x.data(), in);
-                    std::vector<float> wf(in);
-                    MK_ASSERT_OK(mk_gguf_dequantize(f.type, &w[r * rb], rb, wf.data(), in));
                     for (size_t i = 0; i < in; i++) mag += std::fabs(wf[i] * x[i]);
                 } else {
-                    a = mk_cpu_quant_dot_for(ref, f.type)(&w[r * rb], xq.data(), in);
-                    b = mk_cpu_quant_dot_for(simd, f.type)(&w[r * rb], xq.data(), in);
-                    std::vector<float> wf(in);
-                    MK_ASSERT_OK(mk_gguf_dequantize(f.type, &w[r * rb], rb, wf.data(), in));
-                    for (size_t i = 0; i < in; i++) mag += std::fabs(wf[i] * xq[i / 32].d * xq[i / 32].q[i % 32]);
-                    for (size_t blk = 0; blk < in / 32; blk++) mag += std::fabs(xq[blk].s) * 0.25f;
+                    a = dot_one(ref, f.type, &w[r * rb], xq, in);
+                    b = dot_one(simd, f.type, &w[r * rb], xq, in);
+                    for (size_t i = 0; i < in; i++) mag += std::fabs(wf[i] * (float)xq.value(i));
+                    for (size_t blk = 0; blk < xq.q.size(); blk++) mag += std::fabs(xq.q[blk].s) * 0.25f;
                 }
                 EXPECT_LE(std::fabs(a - b), 1e-6f * (float)in * mag / 8.0f + 1e-7f) << "row " << r << ": " << a << " vs " << b;
             }
@@ -317,14 +430,25 @@ TEST(NativeMatmul, ThreadCountDoesNotChangeOneBit) {
 // from MK_NATIVE_GEMM_MIN_ROWS rows on (exactly at it, and 40) the separate (tiled) products.
 TEST(NativeMatmul, SharedAndSwigluJobsEqualSeparateProducts) {
     std::mt19937 rng(77);
-    const size_t in = 96;
+    // Blocks of 32, pairs and 16-bit floats in one job; K-quants (blocks of 256) beside a
+    // format of blocks of 32, the K-quants first (a job quantizes both ways).
+    struct Mix {
+        size_t in;
+        uint32_t types[3], gate, up;
+    };
+    for (const Mix &mix : {Mix{96, {MK_GGML_TYPE_Q4_1, MK_GGML_TYPE_Q8_0, MK_GGML_TYPE_F16}, MK_GGML_TYPE_Q4_0,
+                               MK_GGML_TYPE_Q4_1},
+                           Mix{512, {MK_GGML_TYPE_Q4_K, MK_GGML_TYPE_Q6_K, MK_GGML_TYPE_Q8_0}, MK_GGML_TYPE_Q6_K,
+                               MK_GGML_TYPE_Q4_1}}) {
+    SCOPED_TRACE("in " + std::to_string(mix.in));
+    const size_t in = mix.in;
     const size_t outs[3] = {37, 16, 5};
-    const uint32_t types[3] = {MK_GGML_TYPE_Q4_1, MK_GGML_TYPE_Q8_0, MK_GGML_TYPE_F16};
+    const uint32_t *types = mix.types;
     std::vector<NativeWeight> w;
     w.reserve(3); // data() points into each weight's own buffer
     for (int i = 0; i < 3; i++) w.emplace_back(types[i], random_rows(types[i], outs[i], in, rng), outs[i], in);
-    NativeWeight gate_w(MK_GGML_TYPE_Q4_0, random_rows(MK_GGML_TYPE_Q4_0, 45, in, rng), 45, in);
-    NativeWeight up_w(MK_GGML_TYPE_Q4_1, random_rows(MK_GGML_TYPE_Q4_1, 45, in, rng), 45, in);
+    NativeWeight gate_w(mix.gate, random_rows(mix.gate, 45, in, rng), 45, in);
+    NativeWeight up_w(mix.up, random_rows(mix.up, 45, in, rng), 45, in);
     for (size_t rows : {(size_t)1, (size_t)3, (size_t)MK_NATIVE_GEMM_MIN_ROWS - 1, (size_t)MK_NATIVE_GEMM_MIN_ROWS,
                         (size_t)40}) {
         const std::vector<float> x = random_floats(rows * in, rng);
@@ -355,6 +479,7 @@ TEST(NativeMatmul, SharedAndSwigluJobsEqualSeparateProducts) {
             mk_cpu_swiglu(g.data(), g.data(), u.data(), g.size());
             EXPECT_TRUE(bit_identical(gate, g));
         }
+    }
     }
 }
 
@@ -420,30 +545,31 @@ TEST(NativeDot, NRowDotsAreOneRowDots) {
         ASSERT_NE(k->dotn_q6_k, nullptr);
         EXPECT_EQ(mk_cpu_quant_dotn_for(k, MK_GGML_TYPE_Q4_1), nullptr); // Q4_1's reads pairs
         EXPECT_EQ(mk_cpu_quant_dotn_for(k, MK_GGML_TYPE_Q8_0), k->dotn_q8_0);
-        EXPECT_EQ(mk_cpu_quant_dotn_for(k, MK_GGML_TYPE_Q4_K), k->dotn_q4_k);
-        EXPECT_EQ(mk_cpu_quant_dotn_for(k, MK_GGML_TYPE_Q6_K), k->dotn_q6_k);
+        EXPECT_EQ(mk_cpu_quant_kdotn_for(k, MK_GGML_TYPE_Q4_K), k->dotn_q4_k);
+        EXPECT_EQ(mk_cpu_quant_kdotn_for(k, MK_GGML_TYPE_Q6_K), k->dotn_q6_k);
+        EXPECT_EQ(mk_cpu_quant_kdotn_for(k, MK_GGML_TYPE_Q8_0), nullptr);
+        EXPECT_EQ(mk_cpu_quant_dotn_for(k, MK_GGML_TYPE_Q4_K), nullptr);
         const size_t nb = in / 32;
         const std::vector<uint8_t> w = random_rows(type, 3, in, rng);
         const size_t row_bytes = w.size() / 3;
-        std::vector<std::vector<mk_q8_block>> xq(kRows, std::vector<mk_q8_block>(nb));
+        std::vector<QuantRow> xq;
         std::vector<std::vector<mk_q8_pair>> xp(kRows, std::vector<mk_q8_pair>((nb + 1) / 2));
         for (size_t r = 0; r < kRows; r++) {
-            k->quantize_row(xq[r].data(), random_floats(in, rng).data(), in);
-            mk_q8_pair_row(xp[r].data(), xq[r].data(), nb);
+            xq.push_back(quantize_for(k, type, random_floats(in, rng).data(), in));
+            if (type == MK_GGML_TYPE_Q4_1) mk_q8_pair_row(xp[r].data(), xq[r].q.data(), nb);
         }
         for (size_t o = 0; o < 3; o++) {
             const uint8_t *row = w.data() + o * row_bytes;
             for (size_t rows = 1; rows <= k->dotn_rows; rows++) {
                 // The rows in a rotating order: each position of the group sees each row.
                 const mk_q8_pair *ps[kRows];
-                const mk_q8_block *bs[kRows];
-                for (size_t i = 0; i < rows; i++)
-                    ps[i] = xp[(i + o) % kRows].data(), bs[i] = xq[(i + o) % kRows].data();
+                const QuantRow *bs[kRows];
+                for (size_t i = 0; i < rows; i++) ps[i] = xp[(i + o) % kRows].data(), bs[i] = &xq[(i + o) % kRows];
                 float got[kRows];
                 if (type == MK_GGML_TYPE_Q4_1) k->dotn_q4_1(row, ps, rows, in, got);
-                else mk_cpu_quant_dotn_for(k, type)(row, bs, rows, in, got);
+                else ASSERT_TRUE(dot_rows(k, type, row, bs, rows, in, got));
                 for (size_t i = 0; i < rows; i++) {
-                    const float one = mk_cpu_quant_dot_for(k, type)(row, xq[(i + o) % kRows].data(), in);
+                    const float one = dot_one(k, type, row, xq[(i + o) % kRows], in);
                     EXPECT_EQ(std::memcmp(&one, &got[i], sizeof one), 0)
                         << rows << " rows, position " << i << ": " << one << " vs " << got[i];
                 }
@@ -513,52 +639,81 @@ TEST(NativeKernels, VnniDotsAreBitIdenticalToAvx2) {
                              std::to_string(extreme));
                 const size_t rows = 4, rb = row_bytes(f.type, in);
                 std::vector<uint8_t> w = random_rows(f.type, rows, in, rng);
-                if (extreme && (f.type == MK_GGML_TYPE_Q4_1 || f.type == MK_GGML_TYPE_Q8_0)) {
-                    const size_t bb = f.type == MK_GGML_TYPE_Q4_1 ? 20 : 34, head = bb - 16 * (bb == 20 ? 1 : 2);
-                    for (size_t blk = 0; blk < rows * in / 32; blk++)
-                        for (size_t i = head; i < bb; i++)
-                            w[blk * bb + i] = f.type == MK_GGML_TYPE_Q4_1 ? (extreme == 1 ? 0xff : 0x00)
-                                                                          : (extreme == 1 ? 0x80 : (i % 2 ? 0x7f : 0x80));
-                }
-                std::vector<std::vector<mk_q8_block>> xq(4, std::vector<mk_q8_block>(in / 32));
-                for (auto &x : xq) {
+                set_extreme(f.type, w, rows, in, extreme);
+                std::vector<QuantRow> xq;
+                for (int r = 0; r < 4; r++) {
                     std::vector<float> xf = random_floats(in, rng);
-                    if (extreme) // every activation at the end of its range: q = +-127
-                        for (size_t i = 0; i < in; i++) xf[i] = (i * 7 + extreme) % 3 ? 1.5f : -1.5f;
-                    avx2->quantize_row(x.data(), xf.data(), in);
+                    if (extreme) xf = extreme_floats(in, extreme);
+                    xq.push_back(quantize_for(avx2, f.type, xf.data(), in));
                 }
-                const mk_q8_block *const xs[4] = {xq[0].data(), xq[1].data(), xq[2].data(), xq[3].data()};
+                const QuantRow *const xs[4] = {&xq[0], &xq[1], &xq[2], &xq[3]};
                 std::vector<std::vector<mk_q8_pair>> xp(4, std::vector<mk_q8_pair>((in / 32 + 1) / 2));
-                for (int r = 0; r < 4; r++) mk_q8_pair_row(xp[r].data(), xq[r].data(), in / 32);
+                if (f.type == MK_GGML_TYPE_Q4_1)
+                    for (int r = 0; r < 4; r++) mk_q8_pair_row(xp[r].data(), xq[r].q.data(), in / 32);
                 const mk_q8_pair *const ps[4] = {xp[0].data(), xp[1].data(), xp[2].data(), xp[3].data()};
                 for (size_t o = 0; o < rows; o++) {
                     const uint8_t *row = &w[o * rb];
                     for (int r = 0; r < 4; r++) {
-                        const float a = mk_cpu_quant_dot_for(avx2, f.type)(row, xs[r], in);
-                        const float b = mk_cpu_quant_dot_for(vnni, f.type)(row, xs[r], in);
+                        const float a = dot_one(avx2, f.type, row, xq[r], in);
+                        const float b = dot_one(vnni, f.type, row, xq[r], in);
                         EXPECT_EQ(std::memcmp(&a, &b, sizeof a), 0) << "row " << o << " x " << r << ": " << a << " vs " << b;
                     }
                     // AVX2's four-row dot against the VNNI table's widest call (its dotn_rows,
                     // the four rows repeated).
                     const size_t n = vnni->dotn_rows;
                     ASSERT_LE(n, (size_t)MK_QDOTN_MAX_ROWS);
-                    const mk_q8_block *xn[MK_QDOTN_MAX_ROWS];
+                    const QuantRow *xn[MK_QDOTN_MAX_ROWS];
                     const mk_q8_pair *pn[MK_QDOTN_MAX_ROWS];
                     for (size_t i = 0; i < n; i++) xn[i] = xs[i % 4], pn[i] = ps[i % 4];
                     float a4[4], bn[MK_QDOTN_MAX_ROWS];
-                    if (f.type == MK_GGML_TYPE_Q4_1 || mk_cpu_quant_dotn_for(avx2, f.type)) {
-                        if (f.type == MK_GGML_TYPE_Q4_1) {
-                            avx2->dotn_q4_1(row, ps, 4, in, a4);
-                            vnni->dotn_q4_1(row, pn, n, in, bn);
-                        } else {
-                            mk_cpu_quant_dotn_for(avx2, f.type)(row, xs, 4, in, a4);
-                            mk_cpu_quant_dotn_for(vnni, f.type)(row, xn, n, in, bn);
-                        }
-                        for (size_t i = 0; i < n; i++)
-                            EXPECT_EQ(std::memcmp(&a4[i % 4], &bn[i], sizeof bn[i]), 0)
-                                << n << "-row dot, row " << o << " position " << i;
+                    if (f.type == MK_GGML_TYPE_Q4_1) {
+                        avx2->dotn_q4_1(row, ps, 4, in, a4);
+                        vnni->dotn_q4_1(row, pn, n, in, bn);
+                    } else if (!dot_rows(avx2, f.type, row, xs, 4, in, a4)) {
+                        continue; // Q4_0: one-row dots only
+                    } else {
+                        ASSERT_TRUE(dot_rows(vnni, f.type, row, xn, n, in, bn));
                     }
+                    for (size_t i = 0; i < n; i++)
+                        EXPECT_EQ(std::memcmp(&a4[i % 4], &bn[i], sizeof bn[i]), 0)
+                            << n << "-row dot, row " << o << " position " << i;
                 }
+            }
+        }
+    }
+}
+
+// Every table's integer paths at the ends of the ranges (the largest i16 pair sums and i32
+// lanes the kernels form): the one-row and n-row dots equal the exact sum of dequantized
+// weights times quantized activations up to float rounding, so nothing saturated or
+// wrapped. Random activations with extreme weights too.
+TEST(NativeKernels, ExtremeBlocksGiveTheExactSum) {
+    std::vector<const mk_cpu_quant *> tables = simd_tables();
+    tables.insert(tables.begin(), mk_cpu_quant_portable());
+    std::mt19937 rng(4242);
+    for (const mk_cpu_quant *t : tables)
+    for (uint32_t type : {MK_GGML_TYPE_Q4_0, MK_GGML_TYPE_Q4_1, MK_GGML_TYPE_Q8_0, MK_GGML_TYPE_Q4_K, MK_GGML_TYPE_Q6_K})
+    for (int extreme : {1, 2})
+    for (bool random_x : {false, true}) {
+        const size_t in = block_elems(type) == 256 ? 768 : 96, rb = row_bytes(type, in);
+        SCOPED_TRACE(std::string(t->name) + " " + mk_ggml_type_name(type) + " extreme " + std::to_string(extreme) +
+                     (random_x ? ", random activations" : ""));
+        std::vector<uint8_t> w = random_rows(type, 2, in, rng);
+        set_extreme(type, w, 2, in, extreme);
+        const std::vector<float> xf = random_x ? random_floats(in, rng) : extreme_floats(in, extreme);
+        const QuantRow x = quantize_for(t, type, xf.data(), in);
+        const QuantRow *xs[MK_QDOTN_MAX_ROWS];
+        for (auto &p : xs) p = &x;
+        for (size_t o = 0; o < 2; o++) {
+            std::vector<float> wf(in);
+            MK_ASSERT_OK(mk_gguf_dequantize(type, &w[o * rb], rb, wf.data(), in));
+            double exact = 0.0, mag = 0.0;
+            for (size_t i = 0; i < in; i++) exact += wf[i] * x.value(i), mag += std::fabs(wf[i] * x.value(i));
+            const double tol = 1e-5 * mag + 1e-6;
+            EXPECT_NEAR(dot_one(t, type, &w[o * rb], x, in), exact, tol) << "row " << o;
+            float got[MK_QDOTN_MAX_ROWS];
+            if (t->dotn_rows && dot_rows(t, type, &w[o * rb], xs, t->dotn_rows, in, got)) {
+                for (size_t i = 0; i < t->dotn_rows; i++) EXPECT_NEAR(got[i], exact, tol) << "row " << o << " position " << i;
             }
         }
     }

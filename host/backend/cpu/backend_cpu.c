@@ -37,6 +37,7 @@ static void cpu_destroy(mk_backend *b) {
     mk_cpu_pool_free(cb->native.pool);
     free(cb->native.xq);
     free(cb->native.xp);
+    free(cb->native.xk);
     free(cb->native.wtile);
     free(cb->rope_table);
     free(cb);
@@ -87,6 +88,12 @@ static mk_status cpu_reserve(mk_backend *b, size_t max_rows, size_t max_decode_r
     cb->native.xq = malloc((blocks ? blocks : 1) * sizeof(mk_q8_block));
     cb->native.xq_blocks = cb->native.xq ? blocks : 0;
     if (!cb->native.xq) return mk_fail(MK_ERR_OUT_OF_MEMORY, "cpu backend: out of memory for %zu activation blocks", blocks);
+    const size_t k_blocks = max_rows * (width / MK_Q8K_BLOCK);
+    free(cb->native.xk);
+    cb->native.xk = malloc((k_blocks ? k_blocks : 1) * sizeof(mk_q8k_block));
+    cb->native.xk_blocks = cb->native.xk ? k_blocks : 0;
+    if (!cb->native.xk)
+        return mk_fail(MK_ERR_OUT_OF_MEMORY, "cpu backend: out of memory for %zu activation blocks of 256", k_blocks);
     const size_t pairs = max_rows * ((width / MK_Q8_BLOCK + 1) / 2);
     free(cb->native.xp);
     cb->native.xp = malloc((pairs ? pairs : 1) * sizeof(mk_q8_pair));

@@ -55,11 +55,13 @@ typedef struct mk_native_part {
     const mk_weight *w;
     const uint8_t *data;
     size_t row_bytes;
-    mk_qdot_fn qdot; /* quantized formats */
+    mk_qdot_fn qdot;               /* Q4_0, Q4_1, Q8_0 (over xq) */
     mk_qdotn_pairs_fn qdotn_pairs; /* up to dotn_rows activation rows at a time, from pairs (Q4_1) */
-    mk_qdotn_fn qdotn;             /* the same from blocks (Q8_0, Q4_K, Q6_K) */
-    mk_hdot_fn hdot; /* F16 / BF16 */
-    float *y;        /* [rows, w->rows] */
+    mk_qdotn_fn qdotn;             /* the same from blocks (Q8_0) */
+    mk_kdot_fn kdot;               /* Q4_K, Q6_K (over xk) */
+    mk_kdotn_fn kdotn;             /* the same, up to dotn_rows rows at a time */
+    mk_hdot_fn hdot;               /* F16 / BF16 */
+    float *y;                      /* [rows, w->rows] */
 } mk_native_part;
 
 /* A decode product of up to MK_NATIVE_MAX_PARTS weights sharing one input: the output
@@ -73,24 +75,28 @@ typedef struct mk_native_job {
     const float *x; /* [rows, in] */
     size_t rows, in;
     bool swiglu;    /* parts gate and up: gate = silu(gate) * up, per item */
+    bool blocks;    /* a part reads the rows of quantize_row (xq) */
+    bool k_blocks;  /* a part reads the rows of quantize_row_k (xk) */
     bool pairs;     /* a part reads the activations as pairs (qdotn_pairs) */
 } mk_native_job;
 
-/* Quantize activation rows [begin, end), and regroup them as pairs when a part reads those. */
+/* Quantize activation rows [begin, end) the ways the parts read them: blocks of 32 (and
+ * those regrouped as pairs), blocks of 256 for the K-quants. */
 static void mk_native_quantize(void *arg, size_t begin, size_t end, size_t thread) {
     const mk_native_job *j = arg;
-    const size_t per_row = j->in / MK_Q8_BLOCK, pairs = (per_row + 1) / 2;
+    const size_t per_row = j->in / MK_Q8_BLOCK, pairs = (per_row + 1) / 2, k_per_row = j->in / MK_Q8K_BLOCK;
     for (size_t r = begin; r < end; r++) {
-        j->ctx->kernels->quantize_row(j->ctx->xq + r * per_row, j->x + r * j->in, j->in);
+        if (j->blocks) j->ctx->kernels->quantize_row(j->ctx->xq + r * per_row, j->x + r * j->in, j->in);
         if (j->pairs) mk_q8_pair_row(j->ctx->xp + r * pairs, j->ctx->xq + r * per_row, per_row);
+        if (j->k_blocks) j->ctx->kernels->quantize_row_k(j->ctx->xk + r * k_per_row, j->x + r * j->in, j->in);
     }
 }
 
 /* Output features [begin, end) of one part for every activation row: each weight row is
  * read from memory once and stays in L1 while it meets every activation row. */
 static void mk_native_part_rows(const mk_native_job *j, const mk_native_part *p, size_t begin, size_t end) {
-    const size_t in = j->in, out = p->w->rows, per_row = in / MK_Q8_BLOCK;
-    if (p->qdotn_pairs || p->qdotn) {
+    const size_t in = j->in, out = p->w->rows, per_row = in / MK_Q8_BLOCK, k_per_row = in / MK_Q8K_BLOCK;
+    if (p->qdotn_pairs || p->qdotn || p->kdotn) {
         /* Up to the table's dotn_rows activation rows per call (the weight row is unpacked once for
          * them), over a tile of weight rows: the tile stays in L1 for every group of activation
          * rows, and each group's activations are read once per tile rather than once per weight
@@ -104,15 +110,18 @@ static void mk_native_part_rows(const mk_native_job *j, const mk_native_part *p,
                 const size_t n = j->rows - r < group ? j->rows - r : group;
                 const mk_q8_pair *xp[MK_QDOTN_MAX_ROWS] = {0};
                 const mk_q8_block *xq[MK_QDOTN_MAX_ROWS] = {0};
+                const mk_q8k_block *xk[MK_QDOTN_MAX_ROWS] = {0};
                 for (size_t k = 0; k < n; k++) {
-                    if (p->qdotn_pairs) xp[k] = j->ctx->xp + (r + k) * pairs;
-                    else xq[k] = j->ctx->xq + (r + k) * per_row;
+                    xp[k] = p->qdotn_pairs ? j->ctx->xp + (r + k) * pairs : NULL;
+                    xq[k] = p->qdotn ? j->ctx->xq + (r + k) * per_row : NULL;
+                    xk[k] = p->kdotn ? j->ctx->xk + (r + k) * k_per_row : NULL;
                 }
                 for (size_t o = o0; o < o1; o++) {
                     const uint8_t *wr = p->data + o * p->row_bytes;
                     float v[MK_QDOTN_MAX_ROWS];
                     if (p->qdotn_pairs) p->qdotn_pairs(wr, xp, n, in, v);
-                    else p->qdotn(wr, xq, n, in, v);
+                    else if (p->qdotn) p->qdotn(wr, xq, n, in, v);
+                    else p->kdotn(wr, xk, n, in, v);
                     for (size_t k = 0; k < n; k++) p->y[(r + k) * out + o] = v[k];
                 }
             }
@@ -123,6 +132,8 @@ static void mk_native_part_rows(const mk_native_job *j, const mk_native_part *p,
         const uint8_t *wr = p->data + o * p->row_bytes;
         if (p->qdot) {
             for (size_t r = 0; r < j->rows; r++) p->y[r * out + o] = p->qdot(wr, j->ctx->xq + r * per_row, in);
+        } else if (p->kdot) {
+            for (size_t r = 0; r < j->rows; r++) p->y[r * out + o] = p->kdot(wr, j->ctx->xk + r * k_per_row, in);
         } else {
             for (size_t r = 0; r < j->rows; r++) p->y[r * out + o] = p->hdot((const uint16_t *)wr, j->x + r * in, in);
         }
@@ -158,10 +169,14 @@ static mk_status mk_native_part_of(const mk_cpu_native *ctx, const mk_weight *w,
     *p = (mk_native_part){.w = w, .data = w->data, .row_bytes = mk_native_row_bytes(w->format, w->cols), .y = y};
     if (w->format == MK_GGML_TYPE_F16) p->hdot = ctx->kernels->dot_f16;
     else if (w->format == MK_GGML_TYPE_BF16) p->hdot = ctx->kernels->dot_bf16;
-    else p->qdot = mk_cpu_quant_dot_for(ctx->kernels, w->format);
+    else {
+        p->qdot = mk_cpu_quant_dot_for(ctx->kernels, w->format);
+        p->kdot = mk_cpu_quant_kdot_for(ctx->kernels, w->format);
+        p->kdotn = mk_cpu_quant_kdotn_for(ctx->kernels, w->format);
+    }
     if (w->format == MK_GGML_TYPE_Q4_1 && ctx->xp) p->qdotn_pairs = ctx->kernels->dotn_q4_1;
     p->qdotn = mk_cpu_quant_dotn_for(ctx->kernels, w->format);
-    if (!p->qdot && !p->hdot)
+    if (!p->qdot && !p->kdot && !p->hdot)
         return mk_fail(MK_ERR_INTERNAL, "native matmul: no kernel for %s", mk_ggml_type_name(w->format));
     return MK_OK;
 }
@@ -172,7 +187,9 @@ static mk_status mk_native_run(mk_native_job *j) {
     bool quantized = false;
     size_t items = 0;
     for (size_t i = 0; i < j->n_parts; i++) {
-        quantized = quantized || j->part[i].qdot;
+        quantized = quantized || j->part[i].qdot || j->part[i].kdot;
+        j->blocks = j->blocks || j->part[i].qdot;
+        j->k_blocks = j->k_blocks || j->part[i].kdot;
         j->pairs = j->pairs || j->part[i].qdotn_pairs;
         items += j->part[i].w->rows;
     }
@@ -180,7 +197,9 @@ static mk_status mk_native_run(mk_native_job *j) {
     if (quantized) {
         const size_t blocks = j->rows * (j->in / MK_Q8_BLOCK);
         const size_t pairs = j->pairs ? j->rows * ((j->in / MK_Q8_BLOCK + 1) / 2) : 0;
-        if (j->in % MK_Q8_BLOCK != 0 || blocks > j->ctx->xq_blocks || pairs > j->ctx->xp_pairs)
+        const size_t k_blocks = j->k_blocks ? j->rows * (j->in / MK_Q8K_BLOCK) : 0;
+        if (j->in % MK_Q8_BLOCK != 0 || blocks > j->ctx->xq_blocks || pairs > j->ctx->xp_pairs ||
+            (j->k_blocks && j->in % MK_Q8K_BLOCK != 0) || k_blocks > j->ctx->xk_blocks)
             return mk_fail(MK_ERR_INTERNAL, "native matmul: %zu x %zu activations exceed the reserved scratch",
                            j->rows, j->in);
         mk_cpu_pool_run(j->ctx->pool, j->rows, 1, mk_native_quantize, j);

@@ -34,7 +34,8 @@ extern "C" {
 enum { MK_NATIVE_GEMM_MIN_ROWS = 32, MK_NATIVE_GEMM_TILE = 256 };
 
 /* What a native matrix product needs: the threads, the kernels, scratch for the quantized
- * activations (xq_blocks blocks of 32, and xp_pairs pairs of them: mk_q8_pair_row) and one dequantized weight tile per thread
+ * activations (xq_blocks blocks of 32, xp_pairs pairs of them: mk_q8_pair_row, and
+ * xk_blocks blocks of 256 for the K-quants) and one dequantized weight tile per thread
  * (wtile_elems floats in all, at least threads x MK_NATIVE_GEMM_TILE x the widest input;
  * NULL = products of many rows use the dot kernels too). Owned by the backend. */
 typedef struct mk_cpu_native {
@@ -44,6 +45,8 @@ typedef struct mk_cpu_native {
     size_t xq_blocks;
     mk_q8_pair *xp; /* the same rows regrouped for Q4_1 (NULL: Q4_1 takes the one-row dot) */
     size_t xp_pairs;
+    mk_q8k_block *xk; /* the rows quantized for Q4_K and Q6_K */
+    size_t xk_blocks;
     float *wtile;
     size_t wtile_elems;
 } mk_cpu_native;

@@ -38,6 +38,27 @@ static void cq_quantize_row(mk_q8_block *out, const float *x, size_t n) {
     }
 }
 
+/* The same arithmetic over 256 values with one scale, and the sums of each 16. */
+static void cq_quantize_row_k(mk_q8k_block *out, const float *x, size_t n) {
+    for (size_t b = 0; b < n / MK_Q8K_BLOCK; b++) {
+        const float *xb = x + b * MK_Q8K_BLOCK;
+        float amax = 0.0f;
+        for (int i = 0; i < MK_Q8K_BLOCK; i++) amax = fmaxf(amax, fabsf(xb[i]));
+        const float d = amax / 127.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        for (int g = 0; g < MK_Q8K_BLOCK / 16; g++) {
+            int sum = 0;
+            for (int i = 16 * g; i < 16 * g + 16; i++) {
+                const int q = (int)nearbyintf(xb[i] * id);
+                out[b].q[i] = (int8_t)q;
+                sum += q;
+            }
+            out[b].sums[g] = (int16_t)sum;
+        }
+        out[b].d = d;
+    }
+}
+
 /* ========================================================= 32-wide blocks == */
 
 static float cq_dot_q4_0(const uint8_t *w, const mk_q8_block *x, size_t n) {
@@ -77,10 +98,11 @@ static float cq_dot_q8_0(const uint8_t *w, const mk_q8_block *x, size_t n) {
 /* ============================================================= K-quants == */
 
 /* Q4_K: 256 values as 8 sub-blocks of 32, value = d*sc*q - dmin*m; sub-block 2j holds the
- * low nibbles of qs[32j..32j+31], 2j+1 the high ones. */
-static float cq_dot_q4_k(const uint8_t *w, const mk_q8_block *x, size_t n) {
+ * low nibbles of qs[32j..32j+31], 2j+1 the high ones. A sub-block's activations sum to its
+ * two groups' sums. */
+static float cq_dot_q4_k(const uint8_t *w, const mk_q8k_block *x, size_t n) {
     float sum = 0.0f;
-    for (size_t sb = 0; sb < n / 256; sb++, w += 144, x += 8) {
+    for (size_t sb = 0; sb < n / 256; sb++, w += 144, x++) {
         const float d = cq_f16_at(w), dmin = cq_f16_at(w + 2);
         const uint8_t *qs = w + 16;
         for (int j = 0; j < 8; j++) {
@@ -89,8 +111,9 @@ static float cq_dot_q4_k(const uint8_t *w, const mk_q8_block *x, size_t n) {
             const uint8_t *q = qs + 32 * (j / 2);
             const int shift = (j % 2) * 4;
             int isum = 0;
-            for (int l = 0; l < 32; l++) isum += ((q[l] >> shift) & 0x0f) * x[j].q[l];
-            sum += d * (float)sc * x[j].d * (float)isum - dmin * (float)mn * x[j].s;
+            for (int l = 0; l < 32; l++) isum += ((q[l] >> shift) & 0x0f) * x->q[32 * j + l];
+            const int xsum = x->sums[2 * j] + x->sums[2 * j + 1];
+            sum += x->d * (d * (float)sc * (float)isum - dmin * (float)mn * (float)xsum);
         }
     }
     return sum;
@@ -98,22 +121,22 @@ static float cq_dot_q4_k(const uint8_t *w, const mk_q8_block *x, size_t n) {
 
 /* Q6_K: 256 values in two halves of 128; group k (32 values) of half h takes its low four
  * bits from ql and its high two from qh, and has one int8 scale per 16 values. */
-static float cq_dot_q6_k(const uint8_t *w, const mk_q8_block *x, size_t n) {
+static float cq_dot_q6_k(const uint8_t *w, const mk_q8k_block *x, size_t n) {
     float sum = 0.0f;
-    for (size_t sb = 0; sb < n / 256; sb++, w += 210, x += 8) {
+    for (size_t sb = 0; sb < n / 256; sb++, w += 210, x++) {
         const float d = cq_f16_at(w + 208);
         for (int h = 0; h < 2; h++) {
             const uint8_t *ql = w + 64 * h, *qh = w + 128 + 32 * h;
             const int8_t *sc = (const int8_t *)(w + 192 + 8 * h);
             for (int k = 0; k < 4; k++) {
-                const mk_q8_block *xb = &x[4 * h + k];
+                const int8_t *y = x->q + 128 * h + 32 * k;
                 int isum[2] = {0, 0};
                 for (int l = 0; l < 32; l++) {
                     const int lo = (ql[l + 32 * (k & 1)] >> (4 * (k >> 1))) & 0x0f;
                     const int hi = (qh[l] >> (2 * k)) & 3;
-                    isum[l / 16] += ((lo | (hi << 4)) - 32) * xb->q[l];
+                    isum[l / 16] += ((lo | (hi << 4)) - 32) * y[l];
                 }
-                sum += d * xb->d * (float)(sc[2 * k] * isum[0] + sc[2 * k + 1] * isum[1]);
+                sum += d * x->d * (float)(sc[2 * k] * isum[0] + sc[2 * k + 1] * isum[1]);
             }
         }
     }
@@ -139,6 +162,7 @@ static float cq_dot_bf16(const uint16_t *w, const float *x, size_t n) {
 static const mk_cpu_quant cq_portable = {
     .name = "portable",
     .quantize_row = cq_quantize_row,
+    .quantize_row_k = cq_quantize_row_k,
     .dot_q4_0 = cq_dot_q4_0,
     .dot_q4_1 = cq_dot_q4_1,
     .dot_q8_0 = cq_dot_q8_0,
@@ -178,15 +202,24 @@ mk_qdot_fn mk_cpu_quant_dot_for(const mk_cpu_quant *q, uint32_t ggml_type) {
         case MK_GGML_TYPE_Q4_0: return q->dot_q4_0;
         case MK_GGML_TYPE_Q4_1: return q->dot_q4_1;
         case MK_GGML_TYPE_Q8_0: return q->dot_q8_0;
+        default: return NULL;
+    }
+}
+
+mk_qdotn_fn mk_cpu_quant_dotn_for(const mk_cpu_quant *q, uint32_t ggml_type) {
+    return ggml_type == MK_GGML_TYPE_Q8_0 ? q->dotn_q8_0 : NULL;
+}
+
+mk_kdot_fn mk_cpu_quant_kdot_for(const mk_cpu_quant *q, uint32_t ggml_type) {
+    switch (ggml_type) {
         case MK_GGML_TYPE_Q4_K: return q->dot_q4_k;
         case MK_GGML_TYPE_Q6_K: return q->dot_q6_k;
         default: return NULL;
     }
 }
 
-mk_qdotn_fn mk_cpu_quant_dotn_for(const mk_cpu_quant *q, uint32_t ggml_type) {
+mk_kdotn_fn mk_cpu_quant_kdotn_for(const mk_cpu_quant *q, uint32_t ggml_type) {
     switch (ggml_type) {
-        case MK_GGML_TYPE_Q8_0: return q->dotn_q8_0;
         case MK_GGML_TYPE_Q4_K: return q->dotn_q4_k;
         case MK_GGML_TYPE_Q6_K: return q->dotn_q6_k;
         default: return NULL;

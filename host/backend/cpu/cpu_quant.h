@@ -1,17 +1,22 @@
 /* Dot products of weight rows kept in their GGUF block format ("native" weights) with an
  * activation row, for the cpu backend's matrix products.
  *
- * Quantized weights (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K) are multiplied with the activation row
- * quantized to 8 bits per block of 32 (mk_q8_block, as llama.cpp's Q8_1): the inner
- * products are exact integer sums and each block contributes one float term. F16 and
- * BF16 rows are multiplied with the float activations directly (widened in registers).
+ * Quantized weights (Q4_0, Q4_1, Q8_0) are multiplied with the activation row quantized to
+ * 8 bits per block of 32 (mk_q8_block, as llama.cpp's Q8_1): the inner products are exact
+ * integer sums and each block contributes one float term. The K-quants (Q4_K, Q6_K) take
+ * the row quantized with one scale per 256 values and the integer sums of its groups of 16
+ * (mk_q8k_block, as llama.cpp's Q8_K): a super-block's sub-block sums are weighted by their
+ * integer scales and added as integers, Q4_K's mins and Q6_K's offset of 32 come from the
+ * group sums in one multiply, and the super-block contributes one float term (two with
+ * Q4_K's mins) instead of eight. F16 and BF16 rows are multiplied with the float
+ * activations directly (widened in registers).
  *
- * Three implementations share one table layout: portable C (the reference the others are
- * tested against), AVX2+FMA+F16C, and AVX-VNNI (the AVX2 table with Q4_1 and Q8_0 block
- * sums by vpdpbusd: the same integers and float operations, so bit-identical to AVX2). The
- * best one the running CPU supports is chosen once at run time (mk_cpu_quant_best); the
- * SIMD file compiles its kernels with function-level target attributes, so the library
- * itself is built for baseline x86-64 and runs everywhere.
+ * Four implementations share one table layout: portable C (the reference the others are
+ * tested against), AVX2+FMA+F16C, and AVX-VNNI and AVX512-VNNI (the AVX2 kernels with
+ * vpdpbusd / vpdpwssd for the integer sums: the same integers and float operations, so
+ * bit-identical to AVX2). The best one the running CPU supports is chosen once at run time
+ * (mk_cpu_quant_best); the SIMD file compiles its kernels with function-level target
+ * attributes, so the library itself is built for baseline x86-64 and runs everywhere.
  *
  * Numerics: activation quantization is bit-identical across implementations (same float
  * multiply, round-to-nearest-even, integer sums). The dots differ only in the order the
@@ -53,18 +58,34 @@ typedef struct mk_q8_pair {
 /* out[(nb + 1) / 2] from the nb blocks of one activation row. */
 void mk_q8_pair_row(mk_q8_pair *out, const mk_q8_block *x, size_t nb);
 
+#define MK_Q8K_BLOCK 256
+
+/* 256 activations for the K-quants: x[i] ~= d * q[i], d from the largest |x| of the 256;
+ * sums[g] = q[16g] + ... + q[16g + 15] (|sums| <= 2032). */
+typedef struct mk_q8k_block {
+    float d;
+    int16_t sums[MK_Q8K_BLOCK / 16];
+    int8_t q[MK_Q8K_BLOCK];
+} mk_q8k_block;
+
 /* out[n / 32] from x[n]; n a multiple of 32. */
 typedef void (*mk_quantize_row_fn)(mk_q8_block *out, const float *x, size_t n);
+/* out[n / 256] from x[n]; n a multiple of 256. */
+typedef void (*mk_quantize_row_k_fn)(mk_q8k_block *out, const float *x, size_t n);
 /* Dot of one weight row of n elements (n / block_elements whole blocks) with the
- * quantized activation row xq[n / 32]. */
+ * quantized activation row xq[n / 32] (Q4_0, Q4_1, Q8_0). */
 typedef float (*mk_qdot_fn)(const uint8_t *w, const mk_q8_block *xq, size_t n);
+/* The same for the K-quants (Q4_K, Q6_K), with the row xk[n / 256]. */
+typedef float (*mk_kdot_fn)(const uint8_t *w, const mk_q8k_block *xk, size_t n);
 /* The same dot of one weight row with `rows` (1 to the table's dotn_rows) activation rows given as pairs
  * (mk_q8_pair_row), into out[0..rows-1]: each out[r] bit-identical to the one-row dot with
  * that row's blocks (the weight blocks are unpacked once for all: a batch's decode rows). */
 typedef void (*mk_qdotn_pairs_fn)(const uint8_t *w, const mk_q8_pair *const *xp, size_t rows, size_t n,
                                   float *out);
-/* The same for a format whose kernel reads the activation blocks as they are (Q8_0, Q4_K, Q6_K). */
+/* The same for a format whose kernel reads the activation blocks as they are (Q8_0). */
 typedef void (*mk_qdotn_fn)(const uint8_t *w, const mk_q8_block *const *xq, size_t rows, size_t n, float *out);
+/* The same for the K-quants. */
+typedef void (*mk_kdotn_fn)(const uint8_t *w, const mk_q8k_block *const *xk, size_t rows, size_t n, float *out);
 /* The most activation rows any table's n-row dots take in one call (mk_cpu_quant.dotn_rows). */
 enum { MK_QDOTN_MAX_ROWS = 8 };
 /* Dot of one F16/BF16 weight row with float activations x[n] (any n). */
@@ -72,10 +93,13 @@ typedef float (*mk_hdot_fn)(const uint16_t *w, const float *x, size_t n);
 
 typedef struct mk_cpu_quant {
     const char *name; /* "portable", "avx2", "avx-vnni", "avx512-vnni" */
-    mk_quantize_row_fn quantize_row;
-    mk_qdot_fn dot_q4_0, dot_q4_1, dot_q8_0, dot_q4_k, dot_q6_k;
+    mk_quantize_row_fn quantize_row;     /* for Q4_0, Q4_1, Q8_0 */
+    mk_quantize_row_k_fn quantize_row_k; /* for Q4_K, Q6_K */
+    mk_qdot_fn dot_q4_0, dot_q4_1, dot_q8_0;
+    mk_kdot_fn dot_q4_k, dot_q6_k;
     mk_qdotn_pairs_fn dotn_q4_1; /* NULL: one-row dots over blocks */
-    mk_qdotn_fn dotn_q8_0, dotn_q4_k, dotn_q6_k; /* NULL: one-row dots */
+    mk_qdotn_fn dotn_q8_0;       /* NULL: one-row dots */
+    mk_kdotn_fn dotn_q4_k, dotn_q6_k;
     /* Activation rows per n-row call (0 without them): as many as the kernels' per-row
      * accumulators leave room for in the vector registers, 4 of 16, 8 of AVX-512's 32 (the
      * weight row is unpacked once per call, so more rows per call is less work per row). */
@@ -97,11 +121,15 @@ const mk_cpu_quant *mk_cpu_quant_avx512_vnni(void);
  * environment caps it there (for comparisons). */
 const mk_cpu_quant *mk_cpu_quant_best(void);
 
-/* The dot for a ggml weight type (mk_ggml_type id) in table q, or NULL when the type has no
- * native kernel (F32 and the formats below are dequantized at load instead). */
+/* The dot for a ggml weight type (mk_ggml_type id) over blocks of 32 in table q (Q4_0, Q4_1,
+ * Q8_0), or NULL (F32 and the formats below are dequantized at load instead; the K-quants
+ * take mk_cpu_quant_kdot_for). */
 mk_qdot_fn mk_cpu_quant_dot_for(const mk_cpu_quant *q, uint32_t ggml_type);
-/* Its n-row dot over activation blocks (Q8_0, Q4_K, Q6_K), or NULL (Q4_1's reads pairs: dotn_q4_1). */
+/* Its n-row dot over activation blocks (Q8_0), or NULL (Q4_1's reads pairs: dotn_q4_1). */
 mk_qdotn_fn mk_cpu_quant_dotn_for(const mk_cpu_quant *q, uint32_t ggml_type);
+/* The K-quants' dot and n-row dot (Q4_K, Q6_K), or NULL for the other types. */
+mk_kdot_fn mk_cpu_quant_kdot_for(const mk_cpu_quant *q, uint32_t ggml_type);
+mk_kdotn_fn mk_cpu_quant_kdotn_for(const mk_cpu_quant *q, uint32_t ggml_type);
 /* True for the ggml types the cpu backend keeps in their stored format. */
 bool mk_cpu_quant_keeps(uint32_t ggml_type);
 

@@ -72,38 +72,69 @@ MK_AVX2 static inline __m256i cx_dot_ss(__m256i a, __m256i b) {
 
 /* ============================================================ activations == */
 
-MK_AVX2 static void cx_quantize_row(mk_q8_block *out, const float *x, size_t n) {
+/* The largest |x| over n floats (n a multiple of 32): max is exact, so any order gives
+ * the portable kernel's value. */
+MK_AVX2 static float cx_absmax(const float *x, size_t n) {
     const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 m = _mm256_setzero_ps();
+    for (size_t i = 0; i < n; i += 8) m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + i)));
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_movehdup_ps(h));
+    return _mm_cvtss_f32(h);
+}
+
+MK_AVX2 static inline int cx_hsum_epi32(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
+    return _mm_cvtsi128_si32(s);
+}
+
+/* 32 values times id (1 / d, or 0), rounded to nearest even, as bytes at q; the sums of
+ * the first and the last 16 in *lo and *hi. */
+MK_AVX2 static inline void cx_quantize32(int8_t *q, const float *xb, float id, int *lo, int *hi) {
+    const __m256 mul = _mm256_set1_ps(id);
+    __m256i v[4];
+    for (int i = 0; i < 4; i++)
+        v[i] = _mm256_cvtps_epi32(
+            _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(xb + 8 * i), mul), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    *lo = cx_hsum_epi32(_mm256_add_epi32(v[0], v[1]));
+    *hi = cx_hsum_epi32(_mm256_add_epi32(v[2], v[3]));
+    /* Pack 32 i32 to 32 i8; the in-lane packs interleave 128-bit halves, undone by the
+     * final permute. */
+    const __m256i p16a = _mm256_packs_epi32(v[0], v[1]), p16b = _mm256_packs_epi32(v[2], v[3]);
+    const __m256i p8 = _mm256_packs_epi16(p16a, p16b);
+    const __m256i ordered = _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256((__m256i *)q, ordered);
+}
+
+/* The portable kernels' scalar arithmetic for d and id, per block of 32... */
+MK_AVX2 static void cx_quantize_row(mk_q8_block *out, const float *x, size_t n) {
     for (size_t b = 0; b < n / MK_Q8_BLOCK; b++) {
         const float *xb = x + b * MK_Q8_BLOCK;
-        __m256 v[4];
-        for (int i = 0; i < 4; i++) v[i] = _mm256_loadu_ps(xb + 8 * i);
-        __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
-                                 _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
-        __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-        h = _mm_max_ss(h, _mm_movehdup_ps(h));
-        const float amax = _mm_cvtss_f32(h);
-        /* The same scalar arithmetic as the portable kernel. */
-        const float d = amax / 127.0f;
+        const float d = cx_absmax(xb, MK_Q8_BLOCK) / 127.0f;
         const float id = d != 0.0f ? 1.0f / d : 0.0f;
-        const __m256 mul = _mm256_set1_ps(id);
-        __m256i q[4];
-        for (int i = 0; i < 4; i++)
-            q[i] = _mm256_cvtps_epi32(
-                _mm256_round_ps(_mm256_mul_ps(v[i], mul), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-        const __m256i s32 = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
-        __m128i s = _mm_add_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1));
-        s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
-        s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
-        /* Pack 32 i32 to 32 i8; the in-lane packs interleave 128-bit halves, undone by the
-         * final permute. */
-        const __m256i p16a = _mm256_packs_epi32(q[0], q[1]), p16b = _mm256_packs_epi32(q[2], q[3]);
-        const __m256i p8 = _mm256_packs_epi16(p16a, p16b);
-        const __m256i ordered = _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-        _mm256_storeu_si256((__m256i *)out[b].q, ordered);
+        int lo, hi;
+        cx_quantize32(out[b].q, xb, id, &lo, &hi);
         out[b].d = d;
-        out[b].s = d * (float)_mm_cvtsi128_si32(s);
+        out[b].s = d * (float)(lo + hi);
+    }
+}
+
+/* ... and per 256 with the sums of each 16. */
+MK_AVX2 static void cx_quantize_row_k(mk_q8k_block *out, const float *x, size_t n) {
+    for (size_t b = 0; b < n / MK_Q8K_BLOCK; b++) {
+        const float *xb = x + b * MK_Q8K_BLOCK;
+        const float d = cx_absmax(xb, MK_Q8K_BLOCK) / 127.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        for (int i = 0; i < MK_Q8K_BLOCK / 32; i++) {
+            int lo, hi;
+            cx_quantize32(out[b].q + 32 * i, xb + 32 * i, id, &lo, &hi);
+            out[b].sums[2 * i] = (int16_t)lo;
+            out[b].sums[2 * i + 1] = (int16_t)hi;
+        }
+        out[b].d = d;
     }
 }
 
@@ -336,12 +367,12 @@ _Static_assert(MK_QDOTN_MAX_ROWS == 8, "CX_BY_ROWS8 makes kernels for up to MK_Q
 
 CX_Q4_1_DOTS(MK_AVX2, cx_dot_q4_1, cx_dotn_q4_1, cx_q4_1_isum2_avx2, CX_BY_ROWS4)
 
-/* Row dots over activation blocks from ROWS, the n-row kernel for a fixed row count R:
- * DOTN for 1 to BY's rows, and the one-row DOT as its one-row case, so DOTN's out[r] has
- * DOT's bits on that row (ARG goes to ROWS). */
-#define CX_BLOCK_DOTS(ROWS, TARGET, DOT, DOTN, ARG, BY)                                                    \
-    BY(ROWS, TARGET, DOTN, ARG, mk_q8_block)                                                              \
-    TARGET static float DOT(const uint8_t *w, const mk_q8_block *x, size_t n) {                           \
+/* Row dots over activation blocks of type XTYPE from ROWS, the n-row kernel for a fixed row
+ * count R: DOTN for 1 to BY's rows, and the one-row DOT as its one-row case, so DOTN's out[r]
+ * has DOT's bits on that row (ARG goes to ROWS). */
+#define CX_BLOCK_DOTS(ROWS, TARGET, DOT, DOTN, ARG, BY, XTYPE)                                             \
+    BY(ROWS, TARGET, DOTN, ARG, XTYPE)                                                                    \
+    TARGET static float DOT(const uint8_t *w, const XTYPE *x, size_t n) {                                 \
         float out;                                                                                        \
         DOTN##_1(w, &x, n, &out);                                                                         \
         return out;                                                                                       \
@@ -350,7 +381,8 @@ CX_Q4_1_DOTS(MK_AVX2, cx_dot_q4_1, cx_dotn_q4_1, cx_q4_1_isum2_avx2, CX_BY_ROWS4
 /* Q8_0 row dots from a signed block-sum function DOTSS: one row (DOT: two FMA chains, even
  * and odd blocks, each block's scale d * x.d) and 1 to BY's rows (DOTN: each weight block
  * loaded and its scale converted once for all the rows, every row stepped as DOT steps it). */
-#define CX_Q8_0_DOTS(TARGET, DOT, DOTN, DOTSS, BY) CX_BLOCK_DOTS(CX_Q8_0_ROWS, TARGET, DOT, DOTN, DOTSS, BY)
+#define CX_Q8_0_DOTS(TARGET, DOT, DOTN, DOTSS, BY) \
+    CX_BLOCK_DOTS(CX_Q8_0_ROWS, TARGET, DOT, DOTN, DOTSS, BY, mk_q8_block)
 
 /* DOTN for a fixed number of rows R. */
 #define CX_Q8_0_ROWS(TARGET, NAME, DOTSS, R)                                                               \
@@ -382,129 +414,121 @@ CX_Q8_0_DOTS(MK_AVX2, cx_dot_q8_0, cx_dotn_q8_0, cx_dot_ss, CX_BY_ROWS4)
 
 /* ============================================================= K-quants == */
 
-/* Q4_K row dots from an unsigned-by-signed block-sum function DOTUS: one row (DOT) and 1 to
- * BY's rows (DOTN: each super-block's scales decoded and its nibbles unpacked once for all
- * the rows, every row stepped as DOT steps it). A
- * sub-block's scale d * sc (and min dmin * m) is formed once and then times each row's x.d
- * (x.s): the products DOT forms, in its order. */
-#define CX_Q4_K_DOTS(TARGET, DOT, DOTN, DOTUS, BY) CX_BLOCK_DOTS(CX_Q4_K_ROWS, TARGET, DOT, DOTN, DOTUS, BY)
+/* The K-quant kernels' weighted sums come from OPS: OPS##_wsum(acc, p, w) adds the sums of
+ * adjacent products of 16-bit p and w to acc's i32 lanes. */
+MK_AVX2 static inline __m256i cx_k_avx2_wsum(__m256i acc, __m256i p, __m256i w) {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(p, w));
+}
+
+/* The eight 6-bit scales and mins of a Q4_K super-block (12 bytes at p: mk_k4_scale_min's
+ * layout) four at a time in 32-bit words: bytes 0-3 hold scales 0-3 in their low six bits,
+ * bytes 4-7 mins 0-3; bytes 8-11 the low four bits of scales 4-7 (low nibbles) and of mins
+ * 4-7 (high nibbles), whose top two bits are the top bits of bytes 0-3 and 4-7. */
+static inline void cx_k4_scales_mins(const uint8_t *p, uint8_t sc[8], uint8_t mn[8]) {
+    uint32_t a, b, c;
+    memcpy(&a, p, 4);
+    memcpy(&b, p + 4, 4);
+    memcpy(&c, p + 8, 4);
+    const uint32_t low6 = 0x3f3f3f3fu, low4 = 0x0f0f0f0fu, low2 = 0x03030303u;
+    const uint32_t words[4] = {a & low6, (c & low4) | ((a >> 6) & low2) << 4, b & low6,
+                               ((c >> 4) & low4) | ((b >> 6) & low2) << 4};
+    memcpy(sc, words, 8);
+    memcpy(mn, words + 2, 8);
+}
+
+/* Q4_K row dots: one row (DOT) and 1 to BY's rows (DOTN: each super-block's scales decoded
+ * and its nibbles unpacked once for all the rows). Per row and super-block the eight
+ * sub-block products (pairs of u4 x s8 by maddubs: |sum| <= 3810) weighted by their 6-bit
+ * scales make one i32 sum (|lane| < 2^22: exact in float), the mins times the activation
+ * group sums another (one madd); then x.d * (d * isum - dmin * imin). A row's operations do
+ * not depend on the other rows, so DOTN's out[r] has DOT's bits on that row. */
+#define CX_Q4_K_DOTS(TARGET, DOT, DOTN, OPS, BY) CX_BLOCK_DOTS(CX_Q4_K_ROWS, TARGET, DOT, DOTN, OPS, BY, mk_q8k_block)
 
 /* DOTN for a fixed number of rows R. */
-#define CX_Q4_K_ROWS(TARGET, NAME, DOTUS, R)                                                               \
-    TARGET static inline void NAME(const uint8_t *w, const mk_q8_block *const *x, size_t n, float *out) { \
+#define CX_Q4_K_ROWS(TARGET, NAME, OPS, R)                                                                 \
+    TARGET static inline void NAME(const uint8_t *w, const mk_q8k_block *const *x, size_t n, float *out) { \
         __m256 acc[R];                                                                                    \
-        float mins[R];                                                                                    \
-        for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps(), mins[r] = 0.0f;                         \
+        for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();                                         \
         const __m256i m4 = _mm256_set1_epi8(0x0f);                                                        \
         for (size_t sb = 0; sb < n / 256; sb++, w += 144) {                                               \
             CX_PREFETCH_BLOCK(w, 144);                                                                    \
-            const float d = cx_f16(w), dmin = cx_f16(w + 2);                                              \
+            const __m256 vd = _mm256_set1_ps(cx_f16(w)), vdmin = _mm256_set1_ps(cx_f16(w + 2));           \
             uint8_t sc[8], mn[8];                                                                         \
-            for (int j = 0; j < 8; j++) mk_k4_scale_min(w + 4, j, &sc[j], &mn[j]);                        \
+            cx_k4_scales_mins(w + 4, sc, mn);                                                             \
+            /* the mins by group of 16: m0, m0, m1, m1, ... as 16-bit */                                  \
+            const __m128i mn8 = _mm_loadl_epi64((const __m128i *)mn);                                     \
+            const __m256i mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mn8, mn8));                       \
+            __m256i q[8], scale[8]; /* sub-block 2j: the low nibbles of 32 bytes, 2j + 1 the high */      \
             for (int j = 0; j < 4; j++) {                                                                 \
-                const __m256i q = cx_loadu(w + 16 + 32 * j);                                              \
-                const __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4); \
-                const float s0 = d * (float)sc[2 * j], s1 = d * (float)sc[2 * j + 1];                     \
-                const float m0 = dmin * (float)mn[2 * j], m1 = dmin * (float)mn[2 * j + 1];               \
-                CX_UNROLL for (int r = 0; r < R; r++) {                                                  \
-                    const mk_q8_block *xb = x[r] + 8 * sb + 2 * j;                                        \
-                    const __m256i p0 = DOTUS(lo, cx_loadu(xb[0].q)), p1 = DOTUS(hi, cx_loadu(xb[1].q));   \
-                    acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(s0 * xb[0].d), _mm256_cvtepi32_ps(p0), acc[r]); \
-                    acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(s1 * xb[1].d), _mm256_cvtepi32_ps(p1), acc[r]); \
-                    mins[r] += m0 * xb[0].s + m1 * xb[1].s;                                               \
-                }                                                                                         \
+                const __m256i raw = cx_loadu(w + 16 + 32 * j);                                            \
+                q[2 * j] = _mm256_and_si256(raw, m4);                                                     \
+                q[2 * j + 1] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);                           \
             }                                                                                             \
-        }                                                                                                 \
-        for (int r = 0; r < R; r++) out[r] = cx_hsum(acc[r]) - mins[r];                                   \
-    }
-CX_Q4_K_DOTS(MK_AVX2, cx_dot_q4_k, cx_dotn_q4_k, cx_dot_us, CX_BY_ROWS4)
-
-MK_AVX2 static float cx_dot_q6_k(const uint8_t *w, const mk_q8_block *x, size_t n) {
-    __m256 acc = _mm256_setzero_ps();
-    const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(3), k32 = _mm256_set1_epi8(32);
-    for (size_t sb = 0; sb < n / 256; sb++, w += 210, x += 8) {
-        CX_PREFETCH_BLOCK(w, 210);
-        const float d = cx_f16(w + 208);
-        for (int h = 0; h < 2; h++) {
-            const __m256i ql0 = cx_loadu(w + 64 * h), ql1 = cx_loadu(w + 64 * h + 32);
-            const __m256i qh = cx_loadu(w + 128 + 32 * h);
-            const int8_t *sc = (const int8_t *)(w + 192 + 8 * h);
-            __m256i q[4];
-            /* The two high bits sit in bits 0-1 of each byte after the mask; a 16-bit
-             * shift by 4 moves them to bits 4-5 of the same byte. */
-            q[0] = _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4));
-            q[1] = _mm256_or_si256(_mm256_and_si256(ql1, m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 4));
-            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4));
-            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4));
-            for (int k = 0; k < 4; k++) {
-                const __m256i y = cx_loadu(x[4 * h + k].q);
-                /* sum((q - 32) * y) per pair, then each half of 16 values times its scale. */
-                const __m256i p16 = _mm256_sub_epi16(_mm256_maddubs_epi16(q[k], y), _mm256_maddubs_epi16(k32, y));
-                const __m256i scales = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16(sc[2 * k])),
-                                                               _mm_set1_epi16(sc[2 * k + 1]), 1);
-                const __m256i p = _mm256_madd_epi16(p16, scales);
-                acc = _mm256_fmadd_ps(_mm256_set1_ps(d * x[4 * h + k].d), _mm256_cvtepi32_ps(p), acc);
-            }
-        }
-    }
-    return cx_hsum(acc);
-}
-
-/* Q6_K n-row dots: 1 to BY's rows (DOTN: each super-block's
- * 6-bit values assembled and its sub-block scales spread once for all the rows, every row
- * stepped with cx_dot_q6_k's operations in its order, so out[r] has its bits on that row).
- * One row goes to cx_dot_q6_k itself: the one-row instance of the R-row loop ran 2.5% (AVX2)
- * to 6% (AVX-512 target) slower in cache on Zen 4. BY's kernel argument is unused. */
-#define CX_Q6_K_DOTS(TARGET, DOTN, BY) BY(CX_Q6_K_ROWS, TARGET, DOTN, 0, mk_q8_block)
-
-/* DOTN for a fixed number of rows R. */
-#define CX_Q6_K_ROWS(TARGET, NAME, UNUSED, R)                                                              \
-    TARGET static inline void NAME(const uint8_t *w, const mk_q8_block *const *x, size_t n, float *out) { \
-        if (R == 1) {                                                                                     \
-            out[0] = cx_dot_q6_k(w, x[0], n);                                                             \
-            return;                                                                                       \
-        }                                                                                                 \
-        __m256 acc[R];                                                                                    \
-        for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();                                         \
-        const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(3), k32 = _mm256_set1_epi8(32);  \
-        for (size_t sb = 0; sb < n / 256; sb++, w += 210) {                                               \
-            CX_PREFETCH_BLOCK(w, 210);                                                                    \
-            const float d = cx_f16(w + 208);                                                              \
-            for (int h = 0; h < 2; h++) {                                                                 \
-                const __m256i ql0 = cx_loadu(w + 64 * h), ql1 = cx_loadu(w + 64 * h + 32);               \
-                const __m256i qh = cx_loadu(w + 128 + 32 * h);                                            \
-                const int8_t *sc = (const int8_t *)(w + 192 + 8 * h);                                     \
-                __m256i q[4];                                                                             \
-                /* The two high bits sit in bits 0-1 of each byte after the mask; a 16-bit shift    \
-                 * by 4 moves them to bits 4-5 of the same byte. */                                       \
-                q[0] = _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4)); \
-                q[1] = _mm256_or_si256(_mm256_and_si256(ql1, m4),                                         \
-                                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 4)); \
-                q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),                   \
-                                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4)); \
-                q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),                   \
-                                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4)); \
-                for (int k = 0; k < 4; k++) {                                                             \
-                    /* each half of 16 values times its scale */                                          \
-                    const __m256i scales = _mm256_inserti128_si256(                                       \
-                        _mm256_castsi128_si256(_mm_set1_epi16(sc[2 * k])), _mm_set1_epi16(sc[2 * k + 1]), 1); \
-                    CX_UNROLL for (int r = 0; r < R; r++) {                                              \
-                        const mk_q8_block *xb = x[r] + 8 * sb + 4 * h + k;                                \
-                        const __m256i y = cx_loadu(xb->q);                                                \
-                        /* sum((q - 32) * y) per pair */                                                  \
-                        const __m256i p16 = _mm256_sub_epi16(_mm256_maddubs_epi16(q[k], y), _mm256_maddubs_epi16(k32, y)); \
-                        const __m256i p = _mm256_madd_epi16(p16, scales);                                 \
-                        acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * xb->d), _mm256_cvtepi32_ps(p), acc[r]); \
-                    }                                                                                     \
-                }                                                                                         \
+            for (int j = 0; j < 8; j++) scale[j] = _mm256_set1_epi16(sc[j]);                              \
+            CX_UNROLL for (int r = 0; r < R; r++) {                                                      \
+                const mk_q8k_block *xb = &x[r][sb];                                                       \
+                __m256i isum = _mm256_setzero_si256();                                                    \
+                for (int j = 0; j < 8; j++)                                                               \
+                    isum = OPS##_wsum(isum, _mm256_maddubs_epi16(q[j], cx_loadu(xb->q + 32 * j)), scale[j]); \
+                const __m256i imin = _mm256_madd_epi16(cx_loadu(xb->sums), mins);                         \
+                const __m256 t = _mm256_fnmadd_ps(vdmin, _mm256_cvtepi32_ps(imin),                        \
+                                                  _mm256_mul_ps(vd, _mm256_cvtepi32_ps(isum)));           \
+                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(xb->d), t, acc[r]);                               \
             }                                                                                             \
         }                                                                                                 \
         for (int r = 0; r < R; r++) out[r] = cx_hsum(acc[r]);                                             \
     }
-CX_Q6_K_DOTS(MK_AVX2, cx_dotn_q6_k, CX_BY_ROWS4)
+CX_Q4_K_DOTS(MK_AVX2, cx_dot_q4_k, cx_dotn_q4_k, cx_k_avx2, CX_BY_ROWS4)
+
+/* Q6_K row dots, as Q4_K's: each super-block's 6-bit values assembled and its scales spread
+ * once for all the rows; per row the eight groups' q x s8 pair sums (q in 0..63: |sum| <=
+ * 16002) weighted by the int8 scales into one i32 sum, less 32 x the scales times the
+ * activation group sums (the values are q - 32), then one float term d * x.d per
+ * super-block (|lane| < 2^24: exact in float). */
+#define CX_Q6_K_DOTS(TARGET, DOT, DOTN, OPS, BY) CX_BLOCK_DOTS(CX_Q6_K_ROWS, TARGET, DOT, DOTN, OPS, BY, mk_q8k_block)
+
+/* DOTN for a fixed number of rows R. */
+#define CX_Q6_K_ROWS(TARGET, NAME, OPS, R)                                                                 \
+    TARGET static inline void NAME(const uint8_t *w, const mk_q8k_block *const *x, size_t n, float *out) { \
+        __m256 acc[R];                                                                                    \
+        for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();                                         \
+        const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(3);                              \
+        for (size_t sb = 0; sb < n / 256; sb++, w += 210) {                                               \
+            CX_PREFETCH_BLOCK(w, 210);                                                                    \
+            const float d = cx_f16(w + 208);                                                              \
+            /* the 16 scales in group order, as 16-bit */                                                 \
+            const __m256i scales16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + 192)));   \
+            __m256i q[8], scales[8]; /* group 4h + k: 32 values of half h, and their two scales */       \
+            for (int h = 0; h < 2; h++) {                                                                 \
+                const __m256i ql0 = cx_loadu(w + 64 * h), ql1 = cx_loadu(w + 64 * h + 32);               \
+                const __m256i qh = cx_loadu(w + 128 + 32 * h);                                            \
+                const int8_t *sc = (const int8_t *)(w + 192 + 8 * h);                                     \
+                /* The two high bits sit in bits 0-1 of each byte after the mask; a 16-bit shift    \
+                 * by 4 moves them to bits 4-5 of the same byte. */                                       \
+                q[4 * h] = _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4)); \
+                q[4 * h + 1] = _mm256_or_si256(_mm256_and_si256(ql1, m4),                                 \
+                                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 4)); \
+                q[4 * h + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),           \
+                                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4)); \
+                q[4 * h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),           \
+                                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4)); \
+                for (int k = 0; k < 4; k++)                                                               \
+                    scales[4 * h + k] = _mm256_inserti128_si256(                                          \
+                        _mm256_castsi128_si256(_mm_set1_epi16(sc[2 * k])), _mm_set1_epi16(sc[2 * k + 1]), 1); \
+            }                                                                                             \
+            CX_UNROLL for (int r = 0; r < R; r++) {                                                      \
+                const mk_q8k_block *xb = &x[r][sb];                                                       \
+                __m256i isum = _mm256_setzero_si256();                                                    \
+                for (int i = 0; i < 8; i++)                                                               \
+                    isum = OPS##_wsum(isum, _mm256_maddubs_epi16(q[i], cx_loadu(xb->q + 32 * i)), scales[i]); \
+                const __m256i offset = _mm256_madd_epi16(cx_loadu(xb->sums), scales16);                   \
+                isum = _mm256_sub_epi32(isum, _mm256_slli_epi32(offset, 5));                              \
+                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * xb->d), _mm256_cvtepi32_ps(isum), acc[r]);    \
+            }                                                                                             \
+        }                                                                                                 \
+        for (int r = 0; r < R; r++) out[r] = cx_hsum(acc[r]);                                             \
+    }
+CX_Q6_K_DOTS(MK_AVX2, cx_dot_q6_k, cx_dotn_q6_k, cx_k_avx2, CX_BY_ROWS4)
 
 /* ===================================================================== VNNI == */
 
@@ -517,9 +541,10 @@ CX_Q6_K_DOTS(MK_AVX2, cx_dotn_q6_k, CX_BY_ROWS4)
 #define MK_VNNI __attribute__((target("avx2,fma,f16c,avxvnni")))
 #define MK_VNNI512 __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512vnni")))
 
-/* The Q4_1, Q8_0, Q4_K and Q6_K dots for one encoding: TARGET compiles them, DPBUSD is its intrinsic, BY
+/* The Q4_1, Q8_0, Q4_K and Q6_K dots for one encoding: TARGET compiles them, DPBUSD and DPWSSD are its
+ * intrinsics, BY
  * makes its n-row kernels (CX_BY_ROWS8 only where TARGET has AVX-512's 32 registers). */
-#define CX_VNNI_DOTS(TARGET, DPBUSD, SUFFIX, BY)                                                           \
+#define CX_VNNI_DOTS(TARGET, DPBUSD, DPWSSD, SUFFIX, BY)                                                   \
     TARGET static inline __m256i cx_q4_1_isum2_##SUFFIX(const cx_q4_1_wide *q, __m256i y0, __m256i y1) { \
         return DPBUSD(DPBUSD(_mm256_setzero_si256(), q->lo, y0), q->hi, y1);                              \
     }                                                                                                     \
@@ -530,16 +555,15 @@ CX_Q6_K_DOTS(MK_AVX2, cx_dotn_q6_k, CX_BY_ROWS4)
         return DPBUSD(_mm256_setzero_si256(), _mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a));            \
     }                                                                                                     \
     CX_Q8_0_DOTS(TARGET, cx_dot_q8_0_##SUFFIX, cx_dotn_q8_0_##SUFFIX, cx_dot_ss_##SUFFIX, BY)                \
-    /* Unsigned 4-bit weights times signed activations: vpdpbusd's own operand types. */                 \
-    TARGET static inline __m256i cx_dot_us_##SUFFIX(__m256i u, __m256i s) {                               \
-        return DPBUSD(_mm256_setzero_si256(), u, s);                                                      \
+    /* The K-quants' weighted sums: vpdpwssd adds the same i32 sums as madd + add. */         \
+    TARGET static inline __m256i cx_k_##SUFFIX##_wsum(__m256i acc, __m256i p, __m256i w) {                \
+        return DPWSSD(acc, p, w);                                                                         \
     }                                                                                                     \
-    CX_Q4_K_DOTS(TARGET, cx_dot_q4_k_##SUFFIX, cx_dotn_q4_k_##SUFFIX, cx_dot_us_##SUFFIX, BY)               \
-    /* Q6_K as in AVX2 (its per-half scales multiply 16-bit pair sums), BY's rows per call. */              \
-    CX_Q6_K_DOTS(TARGET, cx_dotn_q6_k_##SUFFIX, BY)
+    CX_Q4_K_DOTS(TARGET, cx_dot_q4_k_##SUFFIX, cx_dotn_q4_k_##SUFFIX, cx_k_##SUFFIX, BY)                  \
+    CX_Q6_K_DOTS(TARGET, cx_dot_q6_k_##SUFFIX, cx_dotn_q6_k_##SUFFIX, cx_k_##SUFFIX, BY)
 
-CX_VNNI_DOTS(MK_VNNI, _mm256_dpbusd_avx_epi32, vnni, CX_BY_ROWS4)
-CX_VNNI_DOTS(MK_VNNI512, _mm256_dpbusd_epi32, vnni512, CX_BY_ROWS8)
+CX_VNNI_DOTS(MK_VNNI, _mm256_dpbusd_avx_epi32, _mm256_dpwssd_avx_epi32, vnni, CX_BY_ROWS4)
+CX_VNNI_DOTS(MK_VNNI512, _mm256_dpbusd_epi32, _mm256_dpwssd_epi32, vnni512, CX_BY_ROWS8)
 
 
 /* ============================================================ 16-bit floats == */
@@ -582,6 +606,7 @@ CX_HDOT(cx_dot_bf16, cx_load_bf16, cx_bf16_scalar)
 static const mk_cpu_quant cx_avx2 = {
     .name = "avx2",
     .quantize_row = cx_quantize_row,
+    .quantize_row_k = cx_quantize_row_k,
     .dot_q4_0 = cx_dot_q4_0,
     .dot_q4_1 = cx_dot_q4_1,
     .dotn_q4_1 = cx_dotn_q4_1,
@@ -619,6 +644,7 @@ static bool cx_cpu_has_avx2(void) {
     {                                              \
         .name = NAME,                              \
         .quantize_row = cx_quantize_row,           \
+        .quantize_row_k = cx_quantize_row_k,       \
         .dot_q4_0 = cx_dot_q4_0,                   \
         .dot_q4_1 = cx_dot_q4_1_##SUFFIX,          \
         .dotn_q4_1 = cx_dotn_q4_1_##SUFFIX,        \
@@ -627,7 +653,7 @@ static bool cx_cpu_has_avx2(void) {
         .dotn_rows = ROWS,                         \
         .dot_q4_k = cx_dot_q4_k_##SUFFIX,          \
         .dotn_q4_k = cx_dotn_q4_k_##SUFFIX,        \
-        .dot_q6_k = cx_dot_q6_k,                   \
+        .dot_q6_k = cx_dot_q6_k_##SUFFIX,          \
         .dotn_q6_k = cx_dotn_q6_k_##SUFFIX,        \
         .dot_f16 = cx_dot_f16,                     \
         .dot_bf16 = cx_dot_bf16,                   \
