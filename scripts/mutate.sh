@@ -330,7 +330,10 @@ MUTATIONS=(
   # The split chooser's cost (GQA), the scheduler's stop ids, the cpu GEMM row threshold.
   "split.gqa-kv-as-wide-as-q~host/sched/split_auto.c~s/kv_dim = \(double\)\(hp->n_kv_heads \* hp->head_dim\)/kv_dim = (double)(hp->n_heads * hp->head_dim)/~sched:SplitAuto.*"
   "sched.last-stop-id-ignored~host/sched/pipeline_sched.c~s/for \(size_t i = 0; i < r->n_stop; i\+\+\) stop/for (size_t i = 0; i + 1 < r->n_stop; i++) stop/~sched:*StopId*"
-  "native.gemm-from-one-more-row~host/backend/cpu/cpu_native.c~s/\(alone \|\| !\(rows >= MK_NATIVE_GEMM_MIN_ROWS/(alone || !(rows > MK_NATIVE_GEMM_MIN_ROWS/~native:*Threshold*:*SharedAndSwiglu*"
+  "native.q4_1-prefill-takes-the-tiles~host/backend/cpu/cpu_native.c~s/if \(format == MK_GGML_TYPE_Q4_1\) return ctx->xp && ctx->kernels->dotn_q4_1;/if (format == MK_GGML_TYPE_Q4_1) return false;/~native:*Threshold*"
+  "native.k-prefill-takes-the-tiles~host/backend/cpu/cpu_native.c~s/ \|\| mk_cpu_quant_kdotn_for\(ctx->kernels, format\);/;/~native:*Threshold*"
+  "native.prefill-dots-even-without-n-row-dot~host/backend/cpu/cpu_native.c~s/!ctx->wtile \|\|\n\s*mk_native_has_rows_dot\(ctx, w->format\)/!ctx->wtile || w->format != MK_GGML_TYPE_F16/~native:*Threshold*"
+  "native.gemm-from-one-more-row~host/backend/cpu/cpu_native.c~s/alone \|\| rows < MK_NATIVE_GEMM_MIN_ROWS \|\|/alone || rows <= MK_NATIVE_GEMM_MIN_ROWS ||/~native:*Threshold*:*SharedAndSwiglu*"
   # Issue 23: counts from outside, the rendezvous, messages through cleanup, busy ranks.
   "size.mul-unchecked~host/core/mk_size.h~s/if \(__builtin_mul_overflow\(a, b, out\)\)/if (0 \&\& __builtin_mul_overflow(a, b, out))/~gtest:test_checked_size:*"
   "gguf.k4-min-high-bits~host/model/gguf.h~s/\| \(\(scales\[j\] >> 6\) << 4\)\);/| ((scales[j] >> 6) << 3));/~gtest:test_gguf_dequant:*"
@@ -423,7 +426,7 @@ MUTATIONS=(
   "cpu.dotn-rows-misplaced~host/backend/cpu/cpu_native.c~s/for \(size_t k = 0; k < n; k\+\+\) p->y\[\(r \+ k\) \* out \+ o\] = v\[k\];/for (size_t k = 0; k < n; k++) p->y[(r + k) * out + o] = v[n - 1 - k];/~gtest:test_batch_forward:*cpu_native*"
   "batch.refusal-keeps-earlier-blocks~host/range/forward.c~s/for \(size_t j = 0; j < i; j\+\+\) mk_kv_shrink/for (size_t j = 0; j < 0; j++) mk_kv_shrink/~gtest:test_kv_pool:*"
   "kvpool.shrink-loses-promise~host/range/kv_pool.c~s/p->promised \+= promised - seq->promised;/(void)0;/~gtest:test_kv_pool:*"
-  "cpu.alone-ignored~host/backend/cpu/cpu_native.c~s/\(alone \|\| !\(rows >= MK_NATIVE_GEMM_MIN_ROWS && ctx->wtile\)\)/(!(rows >= MK_NATIVE_GEMM_MIN_ROWS \&\& ctx->wtile))/~native:*GemmRowThreshold*"
+  "cpu.alone-ignored~host/backend/cpu/cpu_native.c~s/\(alone \|\| rows < MK_NATIVE_GEMM_MIN_ROWS \|\|/(rows < MK_NATIVE_GEMM_MIN_ROWS ||/~native:*GemmRowThreshold*"
   # ---- batches across seams (TensorBundle schema 2, mk_seam_send_batch / recv_batch) ----
   "batch.rows-sum-unchecked~host/protocol/bundle_codec.c~s/    if \(row != all.rows\)\n        return mk_fail\(MK_ERR_SHAPE, \"batch entries carry %zu rows, the residual %zu\", row, all.rows\);\n//~gtest:test_seam_batch:SeamBatchMalformed.*"
   "batch.duplicate-ids-accepted~host/protocol/bundle_codec.c~s/if \(strcmp\(h\[j\].request_id, id\) == 0\)/if (0)/~gtest:test_seam_batch:SeamBatchMalformed.*"

@@ -256,7 +256,8 @@ TEST(NativeMatmul, EveryFormatMatchesTheDequantizedReference) {
     for (const Format &f : kFormats) {
         for (size_t in : cols_for(f.type)) {
             for (size_t out : {1u, 7u, 33u, 300u}) {
-                // 1 and 3 rows: the dot kernels; 40 rows: dequantized tiles and SGEMM.
+                // 1 and 3 rows: the dot kernels; 40 rows: dequantized tiles and SGEMM for a format
+                // without an n-row dot in the table (all in the portable one), else the dots.
                 for (size_t rows : {1u, 3u, 40u}) {
                     if ((out == 300) != (rows == 40)) continue; // keep the grid small
                     SCOPED_TRACE(std::string(f.name) + " in " + std::to_string(in) + " out " + std::to_string(out) +
@@ -410,7 +411,7 @@ TEST(NativeMatmul, ThreadCountDoesNotChangeOneBit) {
         SCOPED_TRACE(f.name);
         const std::vector<uint8_t> wq = random_rows(f.type, out, in, rng);
         NativeWeight w(f.type, wq, out, in);
-        for (size_t rows : {1u, 4u, 37u}) { // 37 rows: the tiled SGEMM path (300 = 256 + a partial tile)
+        for (size_t rows : {1u, 4u, 37u}) { // 37 rows: the tiled SGEMM (300 = 256 + a partial tile) where no n-row dot
             const std::vector<float> x = random_floats(rows * in, rng);
             NativeCtx one(1, mk_cpu_quant_best(), rows * in / 32);
             const std::vector<float> y1 = native_product(one, w, x, rows, in, out);
@@ -427,7 +428,8 @@ TEST(NativeMatmul, ThreadCountDoesNotChangeOneBit) {
 // Q, K and V in one job (one quantization, one pass of the pool) and gate/up with SwiGLU
 // fused into theirs give the bits of the separate products (and of mk_cpu_swiglu on
 // them), for parts of different formats and odd sizes, one or several rows, any threads;
-// from MK_NATIVE_GEMM_MIN_ROWS rows on (exactly at it, and 40) the separate (tiled) products.
+// from MK_NATIVE_GEMM_MIN_ROWS rows on (exactly at it, and 40), the separate products (tiled
+// for a part without an n-row dot).
 TEST(NativeMatmul, SharedAndSwigluJobsEqualSeparateProducts) {
     std::mt19937 rng(77);
     // Blocks of 32, pairs and 16-bit floats in one job; K-quants (blocks of 256) beside a
@@ -486,7 +488,8 @@ TEST(NativeMatmul, SharedAndSwigluJobsEqualSeparateProducts) {
 // The path of a product depends on its row count alone: below MK_NATIVE_GEMM_MIN_ROWS every
 // row goes through the dot kernels (the bits of that row computed alone, activations
 // quantized); from exactly MK_NATIVE_GEMM_MIN_ROWS on, the dequantized tiles and SGEMM
-// (the bits of one SGEMM over the dequantized weight); without tile scratch, the dots.
+// (the bits of one SGEMM over the dequantized weight), unless the table has an n-row dot for
+// the format (then the dots at any count); without tile scratch, the dots.
 // A weight stored as F32 (its source format has no native kernel: Q5_0 here) beside quantized
 // ones in a shared product and in SwiGLU: it takes the F32 product, the others their dot
 // kernels, and every output equals its separate product.
@@ -721,16 +724,25 @@ TEST(NativeKernels, ExtremeBlocksGiveTheExactSum) {
 
 TEST(NativeMatmul, GemmRowThresholdIsExactlyMinRows) {
     std::mt19937 rng(31);
-    const size_t in = 64, out = 40;
-    const std::vector<uint8_t> wq = random_rows(MK_GGML_TYPE_Q8_0, out, in, rng);
+    const size_t out = 40;
+    // Q4_0 has no n-row dot: the tiles from MK_NATIVE_GEMM_MIN_ROWS rows on; Q4_1, Q8_0, Q4_K
+    // and Q6_K have one in the SIMD tables (the dots at any count there), none in the portable one.
+    std::vector<const mk_cpu_quant *> tables{mk_cpu_quant_portable()};
+    if (mk_cpu_quant_best() != mk_cpu_quant_portable()) tables.push_back(mk_cpu_quant_best());
+    for (uint32_t type : {MK_GGML_TYPE_Q4_0, MK_GGML_TYPE_Q4_1, MK_GGML_TYPE_Q8_0, MK_GGML_TYPE_Q4_K, MK_GGML_TYPE_Q6_K})
+    for (const mk_cpu_quant *k : tables) {
+    const size_t in = block_elems(type) == 256 ? 512 : 64;
+    const bool rows_dot = type != MK_GGML_TYPE_Q4_0 && k->dotn_rows > 0;
+    const std::vector<uint8_t> wq = random_rows(type, out, in, rng);
     std::vector<float> wf(out * in);
-    MK_ASSERT_OK(mk_gguf_dequantize(MK_GGML_TYPE_Q8_0, wq.data(), wq.size(), wf.data(), wf.size()));
-    NativeWeight w(MK_GGML_TYPE_Q8_0, wq, out, in);
+    MK_ASSERT_OK(mk_gguf_dequantize(type, wq.data(), wq.size(), wf.data(), wf.size()));
+    NativeWeight w(type, wq, out, in);
     for (size_t rows : {(size_t)MK_NATIVE_GEMM_MIN_ROWS - 1, (size_t)MK_NATIVE_GEMM_MIN_ROWS, (size_t)64}) {
         for (const bool tiles : {true, false}) {
-            SCOPED_TRACE(std::to_string(rows) + " rows" + (tiles ? "" : ", no tile scratch"));
+            SCOPED_TRACE(std::string(mk_ggml_type_name(type)) + " " + k->name + ", " + std::to_string(rows) + " rows" +
+                         (tiles ? "" : ", no tile scratch"));
             const std::vector<float> x = random_floats(rows * in, rng);
-            NativeCtx c(2, mk_cpu_quant_best(), rows * in / 32);
+            NativeCtx c(2, k, rows * in / 32);
             if (!tiles) {
                 c.ctx.wtile = nullptr;
                 c.ctx.wtile_elems = 0;
@@ -748,7 +760,7 @@ TEST(NativeMatmul, GemmRowThresholdIsExactlyMinRows) {
                 asked_alone += std::memcmp(alone.data(), &ya[r * out], out * sizeof(float)) == 0;
             }
             EXPECT_EQ(asked_alone, rows) << "a product asked for rows alone must give every row its dot bits";
-            const bool gemm = tiles && rows >= MK_NATIVE_GEMM_MIN_ROWS;
+            const bool gemm = tiles && rows >= MK_NATIVE_GEMM_MIN_ROWS && !rows_dot;
             if (gemm) {
                 EXPECT_TRUE(bit_identical(y, sgemm)) << "not the tiled SGEMM";
                 EXPECT_LT(rows_as_alone, rows) << "the dot kernels' bits";
@@ -757,6 +769,7 @@ TEST(NativeMatmul, GemmRowThresholdIsExactlyMinRows) {
                 EXPECT_FALSE(bit_identical(y, sgemm)) << "the SGEMM's bits";
             }
         }
+    }
     }
 }
 

@@ -77,8 +77,8 @@ typedef struct mk_forward_entry {
  * entry is checked as its own forward would be, all before anything runs (a failure names
  * the entry, and nothing ran); a sequence may appear once. A row's arithmetic does not
  * depend on the others in the batch wherever the backend's product for the batch's rows is
- * computed row by row (cpu: under MK_NATIVE_GEMM_MIN_ROWS rows of a quantized or 16-bit
- * weight; cuda: the GEMV path, up to 8 rows), so each entry's results are bit-identical to
+ * computed row by row (cpu: quantized or 16-bit weights under MK_NATIVE_GEMM_MIN_ROWS rows,
+ * any number for the formats with an n-row dot; cuda: the GEMV path, up to 8 rows), so each entry's results are bit-identical to
  * its forward alone there. One entry: exactly mk_range_forward_into. Allocates nothing. */
 mk_status mk_range_forward_batch(mk_range *range, const mk_forward_entry *entries, size_t n);
 /* Sequences one forward may carry: its max_batch_sequences. */

@@ -9,8 +9,11 @@
  * (cpu_quant.h), then output features are split across the pool's threads in chunks;
  * every output element is one dot product of one weight row with one activation row,
  * computed by one thread, so results are identical for any thread count.
- * Products of many rows (prefill, >= MK_NATIVE_GEMM_MIN_ROWS): the weight is cut into
- * tiles of MK_NATIVE_GEMM_TILE output features; the pool's threads take whole tiles, each
+ * The formats with an n-row dot in the kernel table (Q4_1, Q8_0, Q4_K, Q6_K in the SIMD
+ * tables) take the dots at any row count: each weight row meets up to dotn_rows activation
+ * rows per call, and a prompt's rows have the bits they have alone.
+ * Products of many rows (prefill, >= MK_NATIVE_GEMM_MIN_ROWS) of the other formats: the
+ * weight is cut into tiles of MK_NATIVE_GEMM_TILE output features; the pool's threads take whole tiles, each
  * dequantized exactly into that thread's F32 scratch and multiplied by one OpenBLAS SGEMM
  * call. The tiling depends only on the shape and a tile's result not on the thread that
  * computes it, so this too is independent of the pool's thread count (OpenBLAS's own
@@ -61,11 +64,13 @@ size_t mk_cpu_native_weight_bytes(uint32_t type, size_t rows, size_t cols);
 mk_status mk_cpu_native_store(mk_weight *w, uint32_t type, const void *src, size_t src_bytes);
 
 /* Rows a product of a quantized or 16-bit weight computes each alone (the dot path): any
- * number when the caller asks for it (`alone`, below), or where no tiles were reserved. */
+ * number when the caller asks for it (`alone`, below), for a format with an n-row dot, or
+ * where no tiles were reserved. */
 size_t mk_cpu_native_rows_alone(const mk_cpu_native *ctx);
 /* y[rows, w->rows] = x[rows, w->cols] @ w^T for a native weight w. alone: every row as it
  * would come out alone (the dot path whatever the count: a batch's decode rows, each weight
- * row read once for all of them); else rows >= MK_NATIVE_GEMM_MIN_ROWS take the tiles. */
+ * row read once for all of them); else rows >= MK_NATIVE_GEMM_MIN_ROWS of a format without an
+ * n-row dot take the tiles. */
 mk_status mk_cpu_native_matmul(const mk_cpu_native *ctx, float *y, const float *x, const mk_weight *w, size_t rows,
                                bool alone);
 
