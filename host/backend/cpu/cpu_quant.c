@@ -18,44 +18,41 @@ static float cq_f16_at(const uint8_t *p) {
 
 /* ============================================================ activations == */
 
-/* Shared with the SIMD files through the same arithmetic: d = amax / 127, id = 1 / d,
- * q = round-to-nearest-even(x * id). */
+/* Shared with the SIMD files through the same arithmetic: d = amax / 127 over the n values
+ * that share it, id = 1 / d (0 for an all-zero span), q = round-to-nearest-even(x * id). */
+static float cq_scale(const float *x, size_t n, float *id) {
+    float amax = 0.0f;
+    for (size_t i = 0; i < n; i++) amax = fmaxf(amax, fabsf(x[i]));
+    const float d = amax / 127.0f;
+    *id = d != 0.0f ? 1.0f / d : 0.0f;
+    return d;
+}
+
+/* q[0..n) from x[0..n) times id; returns their sum. */
+static int cq_round(int8_t *q, const float *x, size_t n, float id) {
+    int sum = 0;
+    for (size_t i = 0; i < n; i++) {
+        q[i] = (int8_t)(int)nearbyintf(x[i] * id);
+        sum += q[i];
+    }
+    return sum;
+}
+
 static void cq_quantize_row(mk_q8_block *out, const float *x, size_t n) {
     for (size_t b = 0; b < n / MK_Q8_BLOCK; b++) {
-        const float *xb = x + b * MK_Q8_BLOCK;
-        float amax = 0.0f;
-        for (int i = 0; i < MK_Q8_BLOCK; i++) amax = fmaxf(amax, fabsf(xb[i]));
-        const float d = amax / 127.0f;
-        const float id = d != 0.0f ? 1.0f / d : 0.0f;
-        int sum = 0;
-        for (int i = 0; i < MK_Q8_BLOCK; i++) {
-            const int q = (int)nearbyintf(xb[i] * id);
-            out[b].q[i] = (int8_t)q;
-            sum += q;
-        }
-        out[b].d = d;
-        out[b].s = d * (float)sum;
+        float id;
+        out[b].d = cq_scale(x + b * MK_Q8_BLOCK, MK_Q8_BLOCK, &id);
+        out[b].s = out[b].d * (float)cq_round(out[b].q, x + b * MK_Q8_BLOCK, MK_Q8_BLOCK, id);
     }
 }
 
-/* The same arithmetic over 256 values with one scale, and the sums of each 16. */
+/* The same over 256 values with one scale, and the sums of each 16. */
 static void cq_quantize_row_k(mk_q8k_block *out, const float *x, size_t n) {
     for (size_t b = 0; b < n / MK_Q8K_BLOCK; b++) {
         const float *xb = x + b * MK_Q8K_BLOCK;
-        float amax = 0.0f;
-        for (int i = 0; i < MK_Q8K_BLOCK; i++) amax = fmaxf(amax, fabsf(xb[i]));
-        const float d = amax / 127.0f;
-        const float id = d != 0.0f ? 1.0f / d : 0.0f;
-        for (int g = 0; g < MK_Q8K_BLOCK / 16; g++) {
-            int sum = 0;
-            for (int i = 16 * g; i < 16 * g + 16; i++) {
-                const int q = (int)nearbyintf(xb[i] * id);
-                out[b].q[i] = (int8_t)q;
-                sum += q;
-            }
-            out[b].sums[g] = (int16_t)sum;
-        }
-        out[b].d = d;
+        float id;
+        out[b].d = cq_scale(xb, MK_Q8K_BLOCK, &id);
+        for (int g = 0; g < MK_Q8K_BLOCK / 16; g++) out[b].sums[g] = (int16_t)cq_round(out[b].q + 16 * g, xb + 16 * g, 16, id);
     }
 }
 
