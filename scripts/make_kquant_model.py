@@ -3,14 +3,15 @@
 a model for timing the cpu backend's K-quant kernels end to end (SmolLM2, the project's
 model, cannot be stored in K-quants: its 576 columns are not a multiple of 256).
 
-    python3 scripts/make_kquant_model.py OUT.gguf [--hidden 1024] [--ffn 2816] [--layers 8]
+    python3 scripts/make_kquant_model.py OUT.gguf [--hidden 1024] [--ffn 2816] [--layers 8] [--ftype q4_k_m]
 
 Shape: hidden 1024 (16 heads of 64, 4 key/value heads), SwiGLU 2816, 8 layers, SmolLM2's
 tokenizer and vocabulary (49152; its tokenizer.* keys copied from models/, so the prompt ids of
 bench/batch_bench.py mean the same), an untied output matrix. Weights are normal with scale
 1/sqrt(fan-in) (seed 7), written as F16 by the gguf package, then quantized with
 llama_model_quantize (LLAMA_FTYPE_MOSTLY_Q4_K_M: Q4_K for most matrices, Q6_K for the output
-matrix and some value/down projections). Needs the PyPI packages gguf, numpy and
+matrix and some value/down projections; `--ftype q4_0` or `q8_0` for those mixes instead,
+llama.cpp choosing the output matrix's format as it does for them). Needs the PyPI packages gguf, numpy and
 llama-cpp-python (bench tools, never the test path). The tokens it generates are noise.
 """
 import argparse
@@ -21,7 +22,8 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SOURCE = os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
-LLAMA_FTYPE_MOSTLY_Q4_K_M = 15
+# llama.cpp's llama_ftype values for the mixes --ftype offers.
+LLAMA_FTYPES = {"q4_0": 2, "q8_0": 7, "q4_k_m": 15}
 
 
 def copy_tokenizer(reader, writer, gguf):
@@ -88,6 +90,7 @@ def main():
     ap.add_argument("--hidden", type=int, default=1024)
     ap.add_argument("--ffn", type=int, default=2816)
     ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--ftype", choices=sorted(LLAMA_FTYPES), default="q4_k_m", help="llama.cpp's quantization mix")
     a = ap.parse_args()
     if a.hidden % 256 or a.ffn % 256 or a.hidden % 64:
         ap.error("--hidden and --ffn must be multiples of 256 (K-quant super-blocks)")
@@ -102,7 +105,7 @@ def main():
     try:
         write_f16(f16, a.hidden, a.ffn, a.layers, gguf)
         params = llama_cpp.llama_model_quantize_default_params()
-        params.ftype = LLAMA_FTYPE_MOSTLY_Q4_K_M
+        params.ftype = LLAMA_FTYPES[a.ftype]
         params.nthread = os.cpu_count() or 1
         rc = llama_cpp.llama_model_quantize(f16.encode(), a.out.encode(), params)
         if rc != 0:

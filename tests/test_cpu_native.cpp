@@ -538,7 +538,7 @@ TEST(NativeDot, NRowDotsAreOneRowDots) {
         ASSERT_LE(k->dotn_rows, kRows) << k->name;
     }
     for (const mk_cpu_quant *k : simd_tables())
-    for (uint32_t type : {MK_GGML_TYPE_Q4_1, MK_GGML_TYPE_Q8_0, MK_GGML_TYPE_Q4_K, MK_GGML_TYPE_Q6_K})
+    for (uint32_t type : {MK_GGML_TYPE_Q4_0, MK_GGML_TYPE_Q4_1, MK_GGML_TYPE_Q8_0, MK_GGML_TYPE_Q4_K, MK_GGML_TYPE_Q6_K})
     for (size_t in : block_elems(type) == 256 ? std::vector<size_t>{256, 768, 2048}
                                               : std::vector<size_t>{32, 64, 96, 576, 1536}) {
         SCOPED_TRACE(std::string(k->name) + " " + mk_ggml_type_name(type) + " in " + std::to_string(in));
@@ -548,6 +548,8 @@ TEST(NativeDot, NRowDotsAreOneRowDots) {
         ASSERT_NE(k->dotn_q6_k, nullptr);
         EXPECT_EQ(mk_cpu_quant_dotn_for(k, MK_GGML_TYPE_Q4_1), nullptr); // Q4_1's reads pairs
         EXPECT_EQ(mk_cpu_quant_dotn_for(k, MK_GGML_TYPE_Q8_0), k->dotn_q8_0);
+        EXPECT_EQ(mk_cpu_quant_dotn_for(k, MK_GGML_TYPE_Q4_0), k->dotn_q4_0);
+        ASSERT_NE(k->dotn_q4_0, nullptr);
         EXPECT_EQ(mk_cpu_quant_kdotn_for(k, MK_GGML_TYPE_Q4_K), k->dotn_q4_k);
         EXPECT_EQ(mk_cpu_quant_kdotn_for(k, MK_GGML_TYPE_Q6_K), k->dotn_q6_k);
         EXPECT_EQ(mk_cpu_quant_kdotn_for(k, MK_GGML_TYPE_Q8_0), nullptr);
@@ -587,7 +589,7 @@ TEST(NativeDot, NRowDotsAreOneRowDots) {
 TEST(NativeMatmul, BatchRowsEqualEachRowAloneInEveryTable) {
     if (simd_tables().empty()) GTEST_SKIP() << "no AVX2 on this CPU (the portable table has no n-row dot)";
     std::mt19937 rng(808);
-    for (uint32_t type : {MK_GGML_TYPE_Q4_1, MK_GGML_TYPE_Q8_0, MK_GGML_TYPE_Q4_K, MK_GGML_TYPE_Q6_K})
+    for (uint32_t type : {MK_GGML_TYPE_Q4_0, MK_GGML_TYPE_Q4_1, MK_GGML_TYPE_Q8_0, MK_GGML_TYPE_Q4_K, MK_GGML_TYPE_Q6_K})
     for (size_t in : block_elems(type) == 256 ? std::vector<size_t>{256, 768} : std::vector<size_t>{96, 576}) {
         const size_t out = 37;
         NativeWeight w(type, random_rows(type, out, in, rng), out, in);
@@ -672,9 +674,8 @@ TEST(NativeKernels, VnniDotsAreBitIdenticalToAvx2) {
                     if (f.type == MK_GGML_TYPE_Q4_1) {
                         avx2->dotn_q4_1(row, ps, 4, in, a4);
                         vnni->dotn_q4_1(row, pn, n, in, bn);
-                    } else if (!dot_rows(avx2, f.type, row, xs, 4, in, a4)) {
-                        continue; // Q4_0: one-row dots only
                     } else {
+                        ASSERT_TRUE(dot_rows(avx2, f.type, row, xs, 4, in, a4)); // every quantized format has one
                         ASSERT_TRUE(dot_rows(vnni, f.type, row, xn, n, in, bn));
                     }
                     for (size_t i = 0; i < n; i++)
@@ -725,14 +726,16 @@ TEST(NativeKernels, ExtremeBlocksGiveTheExactSum) {
 TEST(NativeMatmul, GemmRowThresholdIsExactlyMinRows) {
     std::mt19937 rng(31);
     const size_t out = 40;
-    // Q4_0 has no n-row dot: the tiles from MK_NATIVE_GEMM_MIN_ROWS rows on; Q4_1, Q8_0, Q4_K
-    // and Q6_K have one in the SIMD tables (the dots at any count there), none in the portable one.
+    // F16 has no n-row dot: the tiles from MK_NATIVE_GEMM_MIN_ROWS rows on; Q4_0, Q4_1, Q8_0,
+    // Q4_K and Q6_K have one in the SIMD tables (the dots at any count there), none in the
+    // portable one.
     std::vector<const mk_cpu_quant *> tables{mk_cpu_quant_portable()};
     if (mk_cpu_quant_best() != mk_cpu_quant_portable()) tables.push_back(mk_cpu_quant_best());
-    for (uint32_t type : {MK_GGML_TYPE_Q4_0, MK_GGML_TYPE_Q4_1, MK_GGML_TYPE_Q8_0, MK_GGML_TYPE_Q4_K, MK_GGML_TYPE_Q6_K})
+    for (uint32_t type : {MK_GGML_TYPE_F16, MK_GGML_TYPE_Q4_0, MK_GGML_TYPE_Q4_1, MK_GGML_TYPE_Q8_0,
+                          MK_GGML_TYPE_Q4_K, MK_GGML_TYPE_Q6_K})
     for (const mk_cpu_quant *k : tables) {
     const size_t in = block_elems(type) == 256 ? 512 : 64;
-    const bool rows_dot = type != MK_GGML_TYPE_Q4_0 && k->dotn_rows > 0;
+    const bool rows_dot = type != MK_GGML_TYPE_F16 && k->dotn_rows > 0;
     const std::vector<uint8_t> wq = random_rows(type, out, in, rng);
     std::vector<float> wf(out * in);
     MK_ASSERT_OK(mk_gguf_dequantize(type, wq.data(), wq.size(), wf.data(), wf.size()));

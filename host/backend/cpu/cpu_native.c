@@ -209,7 +209,7 @@ static mk_status mk_native_run(mk_native_job *j) {
 }
 
 /* True when the kernel table multiplies weight rows of `format` with several activation rows
- * per call (an n-row dot: Q4_1, Q8_0, Q4_K, Q6_K in the SIMD tables). */
+ * per call (an n-row dot: Q4_0, Q4_1, Q8_0, Q4_K, Q6_K in the SIMD tables). */
 static bool mk_native_has_rows_dot(const mk_cpu_native *ctx, uint32_t format) {
     if (format == MK_GGML_TYPE_Q4_1) return ctx->xp && ctx->kernels->dotn_q4_1;
     return mk_cpu_quant_dotn_for(ctx->kernels, format) || mk_cpu_quant_kdotn_for(ctx->kernels, format);

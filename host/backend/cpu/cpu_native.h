@@ -9,13 +9,13 @@
  * (cpu_quant.h), then output features are split across the pool's threads in chunks;
  * every output element is one dot product of one weight row with one activation row,
  * computed by one thread, so results are identical for any thread count.
- * The formats with an n-row dot in the kernel table (Q4_1, Q8_0, Q4_K, Q6_K in the SIMD
+ * The formats with an n-row dot in the kernel table (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K in the SIMD
  * tables) take the dots at any row count: each weight row meets up to dotn_rows activation
  * rows per call, and a prompt's rows have the bits they have alone.
  * Products of many rows (prefill, >= MK_NATIVE_GEMM_MIN_ROWS) of the other formats: the
- * weight is cut into tiles of MK_NATIVE_GEMM_TILE output features; the pool's threads take whole tiles, each
- * dequantized exactly into that thread's F32 scratch and multiplied by one OpenBLAS SGEMM
- * call. The tiling depends only on the shape and a tile's result not on the thread that
+ * weight is cut into tiles of MK_NATIVE_GEMM_TILE output features; the pool's threads take
+ * whole tiles, each dequantized exactly into that thread's F32 scratch and multiplied by one
+ * OpenBLAS SGEMM call. The tiling depends only on the shape and a tile's result not on the thread that
  * computes it, so this too is independent of the pool's thread count (OpenBLAS's own
  * thread count, OPENBLAS_NUM_THREADS, is the same for every range of a process).
  * F32 weights go to OpenBLAS SGEMM, the same call as the F32 weight mode. */

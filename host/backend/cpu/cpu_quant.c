@@ -204,7 +204,11 @@ mk_qdot_fn mk_cpu_quant_dot_for(const mk_cpu_quant *q, uint32_t ggml_type) {
 }
 
 mk_qdotn_fn mk_cpu_quant_dotn_for(const mk_cpu_quant *q, uint32_t ggml_type) {
-    return ggml_type == MK_GGML_TYPE_Q8_0 ? q->dotn_q8_0 : NULL;
+    switch (ggml_type) {
+        case MK_GGML_TYPE_Q4_0: return q->dotn_q4_0;
+        case MK_GGML_TYPE_Q8_0: return q->dotn_q8_0;
+        default: return NULL;
+    }
 }
 
 mk_kdot_fn mk_cpu_quant_kdot_for(const mk_cpu_quant *q, uint32_t ggml_type) {

@@ -82,7 +82,7 @@ typedef float (*mk_kdot_fn)(const uint8_t *w, const mk_q8k_block *xk, size_t n);
  * that row's blocks (the weight blocks are unpacked once for all: a batch's decode rows). */
 typedef void (*mk_qdotn_pairs_fn)(const uint8_t *w, const mk_q8_pair *const *xp, size_t rows, size_t n,
                                   float *out);
-/* The same for a format whose kernel reads the activation blocks as they are (Q8_0). */
+/* The same for a format whose kernel reads the activation blocks as they are (Q4_0, Q8_0). */
 typedef void (*mk_qdotn_fn)(const uint8_t *w, const mk_q8_block *const *xq, size_t rows, size_t n, float *out);
 /* The same for the K-quants. */
 typedef void (*mk_kdotn_fn)(const uint8_t *w, const mk_q8k_block *const *xk, size_t rows, size_t n, float *out);
@@ -98,7 +98,7 @@ typedef struct mk_cpu_quant {
     mk_qdot_fn dot_q4_0, dot_q4_1, dot_q8_0;
     mk_kdot_fn dot_q4_k, dot_q6_k;
     mk_qdotn_pairs_fn dotn_q4_1; /* NULL: one-row dots over blocks */
-    mk_qdotn_fn dotn_q8_0;       /* NULL: one-row dots */
+    mk_qdotn_fn dotn_q4_0, dotn_q8_0; /* NULL: one-row dots */
     mk_kdotn_fn dotn_q4_k, dotn_q6_k;
     /* Activation rows per n-row call (0 without them): as many as the kernels' per-row
      * accumulators leave room for in the vector registers, 4 of 16, 8 of AVX-512's 32 (the
@@ -125,7 +125,7 @@ const mk_cpu_quant *mk_cpu_quant_best(void);
  * Q8_0), or NULL (F32 and the formats below are dequantized at load instead; the K-quants
  * take mk_cpu_quant_kdot_for). */
 mk_qdot_fn mk_cpu_quant_dot_for(const mk_cpu_quant *q, uint32_t ggml_type);
-/* Its n-row dot over activation blocks (Q8_0), or NULL (Q4_1's reads pairs: dotn_q4_1). */
+/* Its n-row dot over activation blocks (Q4_0, Q8_0), or NULL (Q4_1's reads pairs: dotn_q4_1). */
 mk_qdotn_fn mk_cpu_quant_dotn_for(const mk_cpu_quant *q, uint32_t ggml_type);
 /* The K-quants' dot and n-row dot (Q4_K, Q6_K), or NULL for the other types. */
 mk_kdot_fn mk_cpu_quant_kdot_for(const mk_cpu_quant *q, uint32_t ggml_type);

@@ -140,18 +140,6 @@ MK_AVX2 static void cx_quantize_row_k(mk_q8k_block *out, const float *x, size_t 
 
 /* ========================================================= 32-wide blocks == */
 
-MK_AVX2 static float cx_dot_q4_0(const uint8_t *w, const mk_q8_block *x, size_t n) {
-    __m256 acc = _mm256_setzero_ps();
-    const __m256i eight = _mm256_set1_epi8(8);
-    for (size_t b = 0; b < n / 32; b++, w += 18) {
-        CX_PREFETCH(w);
-        const __m256i q = _mm256_sub_epi8(cx_nibbles(w + 2), eight);
-        const __m256i p = cx_dot_ss(q, cx_loadu(x[b].q));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(cx_f16(w) * x[b].d), _mm256_cvtepi32_ps(p), acc);
-    }
-    return cx_hsum(acc);
-}
-
 /* A Q4_1 block's (d, m) as floats (one F16C conversion of the packed pair). */
 MK_AVX2 static inline __m128 cx_q4_1_dm(const uint8_t *w) {
     uint32_t dm;
@@ -378,23 +366,34 @@ CX_Q4_1_DOTS(MK_AVX2, cx_dot_q4_1, cx_dotn_q4_1, cx_q4_1_isum2_avx2, CX_BY_ROWS4
         return out;                                                                                       \
     }
 
-/* Q8_0 row dots from a signed block-sum function DOTSS: one row (DOT: two FMA chains, even
- * and odd blocks, each block's scale d * x.d) and 1 to BY's rows (DOTN: each weight block
- * loaded and its scale converted once for all the rows, every row stepped as DOT steps it). */
+/* Row dots over blocks of 32 signed values with an f16 scale in front (Q8_0: 34 bytes, the
+ * values as bytes; Q4_0: 18 bytes, nibbles less 8), from a signed block-sum function DOTSS:
+ * one row (DOT: two FMA chains, even and odd blocks, each block's scale d * x.d) and 1 to
+ * BY's rows (DOTN: each weight block loaded and its scale converted once for all the rows,
+ * every row stepped as DOT steps it). */
 #define CX_Q8_0_DOTS(TARGET, DOT, DOTN, DOTSS, BY) \
     CX_BLOCK_DOTS(CX_Q8_0_ROWS, TARGET, DOT, DOTN, DOTSS, BY, mk_q8_block)
+#define CX_Q4_0_DOTS(TARGET, DOT, DOTN, DOTSS, BY) \
+    CX_BLOCK_DOTS(CX_Q4_0_ROWS, TARGET, DOT, DOTN, DOTSS, BY, mk_q8_block)
 
-/* DOTN for a fixed number of rows R. */
-#define CX_Q8_0_ROWS(TARGET, NAME, DOTSS, R)                                                               \
+MK_AVX2 static inline __m256i cx_q8_0_values(const uint8_t *block) { return cx_loadu(block + 2); }
+MK_AVX2 static inline __m256i cx_q4_0_values(const uint8_t *block) {
+    return _mm256_sub_epi8(cx_nibbles(block + 2), _mm256_set1_epi8(8));
+}
+#define CX_Q8_0_ROWS(TARGET, NAME, DOTSS, R) CX_SIGNED_ROWS(TARGET, NAME, DOTSS, R, 34, cx_q8_0_values)
+#define CX_Q4_0_ROWS(TARGET, NAME, DOTSS, R) CX_SIGNED_ROWS(TARGET, NAME, DOTSS, R, 18, cx_q4_0_values)
+
+/* DOTN for a fixed number of rows R over blocks of BYTES bytes whose values VALUES gives. */
+#define CX_SIGNED_ROWS(TARGET, NAME, DOTSS, R, BYTES, VALUES)                                              \
     TARGET static inline void NAME(const uint8_t *w, const mk_q8_block *const *x, size_t n, float *out) { \
         __m256 acc0[R], acc1[R];                                                                          \
         for (int r = 0; r < R; r++) acc0[r] = _mm256_setzero_ps(), acc1[r] = _mm256_setzero_ps();         \
         const size_t nb = n / 32;                                                                         \
         size_t b = 0;                                                                                     \
-        for (; b + 1 < nb; b += 2, w += 68) {                                                             \
+        for (; b + 1 < nb; b += 2, w += 2 * (BYTES)) {                                                    \
             CX_PREFETCH(w);                                                                               \
-            const __m256i w0 = cx_loadu(w + 2), w1 = cx_loadu(w + 36);                                    \
-            const float d0 = cx_f16(w), d1 = cx_f16(w + 34);                                              \
+            const __m256i w0 = VALUES(w), w1 = VALUES(w + (BYTES));                                       \
+            const float d0 = cx_f16(w), d1 = cx_f16(w + (BYTES));                                         \
             CX_UNROLL for (int r = 0; r < R; r++) {                                                      \
                 const __m256i p0 = DOTSS(w0, cx_loadu(x[r][b].q)), p1 = DOTSS(w1, cx_loadu(x[r][b + 1].q)); \
                 acc0[r] = _mm256_fmadd_ps(_mm256_set1_ps(d0 * x[r][b].d), _mm256_cvtepi32_ps(p0), acc0[r]); \
@@ -402,7 +401,7 @@ CX_Q4_1_DOTS(MK_AVX2, cx_dot_q4_1, cx_dotn_q4_1, cx_q4_1_isum2_avx2, CX_BY_ROWS4
             }                                                                                             \
         }                                                                                                 \
         if (b < nb) {                                                                                     \
-            const __m256i w0 = cx_loadu(w + 2);                                                           \
+            const __m256i w0 = VALUES(w);                                                                 \
             const float d0 = cx_f16(w);                                                                   \
             for (int r = 0; r < R; r++)                                                                   \
                 acc0[r] = _mm256_fmadd_ps(_mm256_set1_ps(d0 * x[r][b].d),                                 \
@@ -411,6 +410,7 @@ CX_Q4_1_DOTS(MK_AVX2, cx_dot_q4_1, cx_dotn_q4_1, cx_q4_1_isum2_avx2, CX_BY_ROWS4
         for (int r = 0; r < R; r++) out[r] = cx_hsum(_mm256_add_ps(acc0[r], acc1[r]));                   \
     }
 CX_Q8_0_DOTS(MK_AVX2, cx_dot_q8_0, cx_dotn_q8_0, cx_dot_ss, CX_BY_ROWS4)
+CX_Q4_0_DOTS(MK_AVX2, cx_dot_q4_0, cx_dotn_q4_0, cx_dot_ss, CX_BY_ROWS4)
 
 /* ============================================================= K-quants == */
 
@@ -541,9 +541,9 @@ CX_Q6_K_DOTS(MK_AVX2, cx_dot_q6_k, cx_dotn_q6_k, cx_k_avx2, CX_BY_ROWS4)
 #define MK_VNNI __attribute__((target("avx2,fma,f16c,avxvnni")))
 #define MK_VNNI512 __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512vnni")))
 
-/* The Q4_1, Q8_0, Q4_K and Q6_K dots for one encoding: TARGET compiles them, DPBUSD and DPWSSD are its
- * intrinsics, BY
- * makes its n-row kernels (CX_BY_ROWS8 only where TARGET has AVX-512's 32 registers). */
+/* The Q4_0, Q4_1, Q8_0, Q4_K and Q6_K dots for one encoding: TARGET compiles them, DPBUSD
+ * and DPWSSD are its intrinsics, BY makes its n-row kernels (CX_BY_ROWS8 only where TARGET
+ * has AVX-512's 32 registers). */
 #define CX_VNNI_DOTS(TARGET, DPBUSD, DPWSSD, SUFFIX, BY)                                                   \
     TARGET static inline __m256i cx_q4_1_isum2_##SUFFIX(const cx_q4_1_wide *q, __m256i y0, __m256i y1) { \
         return DPBUSD(DPBUSD(_mm256_setzero_si256(), q->lo, y0), q->hi, y1);                              \
@@ -555,6 +555,7 @@ CX_Q6_K_DOTS(MK_AVX2, cx_dot_q6_k, cx_dotn_q6_k, cx_k_avx2, CX_BY_ROWS4)
         return DPBUSD(_mm256_setzero_si256(), _mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a));            \
     }                                                                                                     \
     CX_Q8_0_DOTS(TARGET, cx_dot_q8_0_##SUFFIX, cx_dotn_q8_0_##SUFFIX, cx_dot_ss_##SUFFIX, BY)                \
+    CX_Q4_0_DOTS(TARGET, cx_dot_q4_0_##SUFFIX, cx_dotn_q4_0_##SUFFIX, cx_dot_ss_##SUFFIX, BY)                \
     /* The K-quants' weighted sums: vpdpwssd adds the same i32 sums as madd + add. */         \
     TARGET static inline __m256i cx_k_##SUFFIX##_wsum(__m256i acc, __m256i p, __m256i w) {                \
         return DPWSSD(acc, p, w);                                                                         \
@@ -608,6 +609,7 @@ static const mk_cpu_quant cx_avx2 = {
     .quantize_row = cx_quantize_row,
     .quantize_row_k = cx_quantize_row_k,
     .dot_q4_0 = cx_dot_q4_0,
+    .dotn_q4_0 = cx_dotn_q4_0,
     .dot_q4_1 = cx_dot_q4_1,
     .dotn_q4_1 = cx_dotn_q4_1,
     .dotn_q8_0 = cx_dotn_q8_0,
@@ -645,7 +647,8 @@ static bool cx_cpu_has_avx2(void) {
         .name = NAME,                              \
         .quantize_row = cx_quantize_row,           \
         .quantize_row_k = cx_quantize_row_k,       \
-        .dot_q4_0 = cx_dot_q4_0,                   \
+        .dot_q4_0 = cx_dot_q4_0_##SUFFIX,          \
+        .dotn_q4_0 = cx_dotn_q4_0_##SUFFIX,        \
         .dot_q4_1 = cx_dot_q4_1_##SUFFIX,          \
         .dotn_q4_1 = cx_dotn_q4_1_##SUFFIX,        \
         .dotn_q8_0 = cx_dotn_q8_0_##SUFFIX,        \
