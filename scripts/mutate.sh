@@ -179,7 +179,7 @@ MUTATIONS=(
   "native.group-rows-from-group-start~host/backend/cpu/cpu_native.c~s/xp\[k\] = p->qdotn_pairs \? j->ctx->xp \+ \(r \+ k\) \* pairs/xp[k] = p->qdotn_pairs ? j->ctx->xp + r * pairs/~native:*"
   "native.q8-group-rows-from-zero~host/backend/cpu/cpu_native.c~s/xq\[k\] = p->qdotn \? j->ctx->xq \+ \(r \+ k\) \* per_row/xq[k] = p->qdotn ? j->ctx->xq + k * per_row/~native:*"
   "native.k-group-rows-from-group-start~host/backend/cpu/cpu_native.c~s/xk\[k\] = p->kdotn \? j->ctx->xk \+ \(r \+ k\) \* k_per_row/xk[k] = p->kdotn ? j->ctx->xk + r * k_per_row/~native:*BatchRows*"
-  "native.k-rows-quantized-for-the-last-part-only~host/backend/cpu/cpu_native.c~s/j->k_blocks = j->k_blocks \|\| j->part\[i\]\.kdot;/j->k_blocks = j->part[i].kdot;/~native:*SharedAndSwiglu*"
+  "native.k-rows-quantized-for-the-last-part-only~host/backend/cpu/cpu_native.c~s/j->k_blocks = j->k_blocks \|\| p->kdot \|\| p->kdotn;/j->k_blocks = p->kdot || p->kdotn;/~native:*SharedAndSwiglu*"
   "native.k-one-row-dots-read-row-zero~host/backend/cpu/cpu_native.c~s/p->kdot\(wr, j->ctx->xk \+ r \* k_per_row, in\)/p->kdot(wr, j->ctx->xk, in)/~native:*"
   "cpu_native.format-as-f32~host/backend/cpu/cpu_native.c~s/return w->format != MK_GGML_TYPE_F32 && /return /~native:*"
   "cpu.embed-width-from-rows~host/backend/cpu/backend_cpu.c~s/mk_cpu_embed\(out, table->data, ids, n, table->cols\);/mk_cpu_embed(out, table->data, ids, n, table->rows);/~host"

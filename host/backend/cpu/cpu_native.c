@@ -187,11 +187,12 @@ static mk_status mk_native_run(mk_native_job *j) {
     bool quantized = false;
     size_t items = 0;
     for (size_t i = 0; i < j->n_parts; i++) {
-        quantized = quantized || j->part[i].qdot || j->part[i].kdot;
-        j->blocks = j->blocks || j->part[i].qdot;
-        j->k_blocks = j->k_blocks || j->part[i].kdot;
-        j->pairs = j->pairs || j->part[i].qdotn_pairs;
-        items += j->part[i].w->rows;
+        const mk_native_part *p = &j->part[i];
+        j->blocks = j->blocks || p->qdot || p->qdotn;
+        j->k_blocks = j->k_blocks || p->kdot || p->kdotn;
+        quantized = quantized || j->blocks || j->k_blocks;
+        j->pairs = j->pairs || p->qdotn_pairs;
+        items += p->w->rows;
     }
     if (j->swiglu) items = j->part[0].w->rows;
     if (quantized) {

@@ -484,7 +484,9 @@ CX_Q4_K_DOTS(MK_AVX2, cx_dot_q4_k, cx_dotn_q4_k, cx_k_avx2, CX_BY_ROWS4)
  * once for all the rows; per row the eight groups' q x s8 pair sums (q in 0..63: |sum| <=
  * 16002) weighted by the int8 scales into one i32 sum, less 32 x the scales times the
  * activation group sums (the values are q - 32), then one float term d * x.d per
- * super-block (|lane| < 2^24: exact in float). */
+ * super-block. The offset's lanes hold other groups than the products' lanes, so a lane
+ * can pass 2^24 (|lane| < 2^26, no i32 overflow) and round in the conversion; the lanes'
+ * total is the super-block's exact sum, and the rounding is the same in every table. */
 #define CX_Q6_K_DOTS(TARGET, DOT, DOTN, OPS, BY) CX_BLOCK_DOTS(CX_Q6_K_ROWS, TARGET, DOT, DOTN, OPS, BY, mk_q8k_block)
 
 /* DOTN for a fixed number of rows R. */
