@@ -120,16 +120,22 @@ bool mk_ggml_type_layout(uint32_t type, size_t *block_elements, size_t *block_by
 /* True when mk_gguf_dequantize supports the type. */
 bool mk_ggml_type_can_dequantize(uint32_t type);
 
-/* The 6-bit scale and min of sub-block j (0..7) from the 12 packed scale bytes of a
- * Q4_K or Q5_K super-block (the one reading of that packing: the dequantizer and the cpu
- * dots use it). */
-static inline void mk_k4_scale_min(const uint8_t *scales, int j, uint8_t *sc, uint8_t *mn) {
-    if (j < 4) {
-        *sc = scales[j] & 63;
-        *mn = scales[j + 4] & 63;
-    } else {
-        *sc = (uint8_t)((scales[j + 4] & 0x0f) | ((scales[j - 4] >> 6) << 4));
-        *mn = (uint8_t)((scales[j + 4] >> 4) | ((scales[j] >> 6) << 4));
+/* The eight 6-bit scales and mins of a Q4_K or Q5_K super-block from its 12 packed scale
+ * bytes (the one reading of that packing: the dequantizer and the cpu dots use it), four
+ * at a time in 32-bit words of bytes: bytes 0-3 hold scales 0-3 in their low six bits,
+ * bytes 4-7 mins 0-3; bytes 8-11 the low four bits of scales 4-7 (low nibbles) and of mins
+ * 4-7 (high nibbles), whose top two bits are the top bits of bytes 0-3 and 4-7. */
+static inline uint32_t mk_k4_word(const uint8_t *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+static inline void mk_k4_scales_mins(const uint8_t *scales, uint8_t sc[8], uint8_t mn[8]) {
+    const uint32_t a = mk_k4_word(scales), b = mk_k4_word(scales + 4), c = mk_k4_word(scales + 8);
+    const uint32_t low6 = 0x3f3f3f3fu, low4 = 0x0f0f0f0fu, low2 = 0x03030303u;
+    const uint32_t words[4] = {a & low6, (c & low4) | ((a >> 6) & low2) << 4, b & low6,
+                               ((c >> 4) & low4) | ((b >> 6) & low2) << 4};
+    for (int i = 0; i < 8; i++) {
+        sc[i] = (uint8_t)(words[i / 4] >> (8 * (i % 4)));
+        mn[i] = (uint8_t)(words[2 + i / 4] >> (8 * (i % 4)));
     }
 }
 

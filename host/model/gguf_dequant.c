@@ -177,13 +177,12 @@ static void dq_q3_k(const uint8_t *b, float *y) { /* hmask[32], qs[64], scales[1
 
 static void dq_q4_k(const uint8_t *b, float *y) { /* d, dmin, scales[12], qs[128] */
     const float d = gq_f16_at(b), dmin = gq_f16_at(b + 2);
-    const uint8_t *scales = b + 4, *qs = b + 16;
+    const uint8_t *qs = b + 16;
+    uint8_t sc[8], mn[8];
+    mk_k4_scales_mins(b + 4, sc, mn);
     for (int j = 0; j < 4; j++) {
-        uint8_t sc, mn;
-        mk_k4_scale_min(scales, 2 * j, &sc, &mn);
-        const float d1 = d * (float)sc, m1 = dmin * (float)mn;
-        mk_k4_scale_min(scales, 2 * j + 1, &sc, &mn);
-        const float d2 = d * (float)sc, m2 = dmin * (float)mn;
+        const float d1 = d * (float)sc[2 * j], m1 = dmin * (float)mn[2 * j];
+        const float d2 = d * (float)sc[2 * j + 1], m2 = dmin * (float)mn[2 * j + 1];
         for (int l = 0; l < 32; l++) {
             y[64 * j + l] = d1 * (float)(qs[32 * j + l] & 0x0f) - m1;
             y[64 * j + 32 + l] = d2 * (float)(qs[32 * j + l] >> 4) - m2;
@@ -193,13 +192,12 @@ static void dq_q4_k(const uint8_t *b, float *y) { /* d, dmin, scales[12], qs[128
 
 static void dq_q5_k(const uint8_t *b, float *y) { /* d, dmin, scales[12], qh[32], qs[128] */
     const float d = gq_f16_at(b), dmin = gq_f16_at(b + 2);
-    const uint8_t *scales = b + 4, *qh = b + 16, *qs = b + 48;
+    const uint8_t *qh = b + 16, *qs = b + 48;
+    uint8_t sc[8], mn[8];
+    mk_k4_scales_mins(b + 4, sc, mn);
     for (int j = 0; j < 4; j++) {
-        uint8_t sc, mn;
-        mk_k4_scale_min(scales, 2 * j, &sc, &mn);
-        const float d1 = d * (float)sc, m1 = dmin * (float)mn;
-        mk_k4_scale_min(scales, 2 * j + 1, &sc, &mn);
-        const float d2 = d * (float)sc, m2 = dmin * (float)mn;
+        const float d1 = d * (float)sc[2 * j], m1 = dmin * (float)mn[2 * j];
+        const float d2 = d * (float)sc[2 * j + 1], m2 = dmin * (float)mn[2 * j + 1];
         for (int l = 0; l < 32; l++) {
             unsigned lo = (qs[32 * j + l] & 0x0fu) | (((qh[l] >> (2 * j)) & 1u) << 4);
             unsigned hi = (unsigned)(qs[32 * j + l] >> 4) | (((qh[l] >> (2 * j + 1)) & 1u) << 4);

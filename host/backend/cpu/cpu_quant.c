@@ -102,9 +102,10 @@ static float cq_dot_q4_k(const uint8_t *w, const mk_q8k_block *x, size_t n) {
     for (size_t sb = 0; sb < n / 256; sb++, w += 144, x++) {
         const float d = cq_f16_at(w), dmin = cq_f16_at(w + 2);
         const uint8_t *qs = w + 16;
+        uint8_t scs[8], mns[8];
+        mk_k4_scales_mins(w + 4, scs, mns);
         for (int j = 0; j < 8; j++) {
-            uint8_t sc, mn;
-            mk_k4_scale_min(w + 4, j, &sc, &mn);
+            const uint8_t sc = scs[j], mn = mns[j];
             const uint8_t *q = qs + 32 * (j / 2);
             const int shift = (j % 2) * 4;
             int isum = 0;

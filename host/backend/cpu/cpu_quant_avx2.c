@@ -420,22 +420,6 @@ MK_AVX2 static inline __m256i cx_k_avx2_wsum(__m256i acc, __m256i p, __m256i w) 
     return _mm256_add_epi32(acc, _mm256_madd_epi16(p, w));
 }
 
-/* The eight 6-bit scales and mins of a Q4_K super-block (12 bytes at p: mk_k4_scale_min's
- * layout) four at a time in 32-bit words: bytes 0-3 hold scales 0-3 in their low six bits,
- * bytes 4-7 mins 0-3; bytes 8-11 the low four bits of scales 4-7 (low nibbles) and of mins
- * 4-7 (high nibbles), whose top two bits are the top bits of bytes 0-3 and 4-7. */
-static inline void cx_k4_scales_mins(const uint8_t *p, uint8_t sc[8], uint8_t mn[8]) {
-    uint32_t a, b, c;
-    memcpy(&a, p, 4);
-    memcpy(&b, p + 4, 4);
-    memcpy(&c, p + 8, 4);
-    const uint32_t low6 = 0x3f3f3f3fu, low4 = 0x0f0f0f0fu, low2 = 0x03030303u;
-    const uint32_t words[4] = {a & low6, (c & low4) | ((a >> 6) & low2) << 4, b & low6,
-                               ((c >> 4) & low4) | ((b >> 6) & low2) << 4};
-    memcpy(sc, words, 8);
-    memcpy(mn, words + 2, 8);
-}
-
 /* Q4_K row dots: one row (DOT) and 1 to BY's rows (DOTN: each super-block's scales decoded
  * and its nibbles unpacked once for all the rows). Per row and super-block the eight
  * sub-block products (pairs of u4 x s8 by maddubs: |sum| <= 3810) weighted by their 6-bit
@@ -454,7 +438,7 @@ static inline void cx_k4_scales_mins(const uint8_t *p, uint8_t sc[8], uint8_t mn
             CX_PREFETCH_BLOCK(w, 144);                                                                    \
             const __m256 vd = _mm256_set1_ps(cx_f16(w)), vdmin = _mm256_set1_ps(cx_f16(w + 2));           \
             uint8_t sc[8], mn[8];                                                                         \
-            cx_k4_scales_mins(w + 4, sc, mn);                                                             \
+            mk_k4_scales_mins(w + 4, sc, mn);                                                             \
             /* the mins by group of 16: m0, m0, m1, m1, ... as 16-bit */                                  \
             const __m128i mn8 = _mm_loadl_epi64((const __m128i *)mn);                                     \
             const __m256i mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mn8, mn8));                       \
