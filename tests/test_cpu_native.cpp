@@ -4,9 +4,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <limits>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -361,6 +364,99 @@ TEST(NativeKernels, SimdQuantizationIsBitIdenticalToPortable) {
         }
         for (size_t i = 0; i < n; i++)
             ASSERT_LE(std::fabs(x[i] - d[i / group] * q[i]), d[i / group] * 0.5f * (1 + 1e-5f) + 1e-30f) << i;
+    }
+}
+
+// Blocks holding NaN or Inf (first, last or middle value, either sign, with huge finite
+// values beside them) quantize to d = NaN with q and sums 0, and blocks too small for a
+// normal d (subnormals, and normal values whose amax / 127 is under FLT_MIN) to d = 0 with q 0,
+// in every table alike (the max is taken on the bits, so where a NaN sits cannot matter).
+// A dot over a NaN block is NaN in every format, one-row and n-row, and the other rows of
+// the same n-row call keep their bits; through the product only the NaN row's outputs are NaN.
+TEST(NativeKernels, NonFiniteAndTinyBlocksQuantizeAlikeAndPoisonOnlyTheirRow) {
+    const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+    const float tiny_d = 127.0f * FLT_MIN * 0.999f, normal_d = 127.0f * FLT_MIN * 1.001f;
+    std::vector<const mk_cpu_quant *> tables = simd_tables();
+    tables.insert(tables.begin(), mk_cpu_quant_portable());
+    std::mt19937 rng(1234);
+    for (bool k : {false, true}) {
+        const size_t group = k ? 256 : 32, n = 9 * group;
+        std::vector<float> x = random_floats(n, rng);
+        auto block = [&](size_t b) { return x.begin() + b * group; };
+        block(0)[0] = nan;                                   // first value
+        block(1)[group - 1] = -nan;                           // last value, sign bit set
+        block(2)[group / 2] = inf, block(2)[1] = 3e38f;       // Inf beside a huge finite value
+        block(3)[7] = -inf, block(3)[9] = nan;                // both
+        std::fill(block(4), block(5), 1e-40f);                // subnormals
+        block(4)[3] = -2e-45f;
+        std::fill(block(5), block(6), 0.5f * tiny_d);         // normal values, d would be subnormal
+        block(5)[group - 2] = -tiny_d;
+        std::fill(block(6), block(7), 0.25f * normal_d);      // the smallest normal d
+        block(6)[11] = normal_d;
+        block(7)[group - 1] = 3e38f;                          // a huge finite value: normal block
+        // block 8: random
+        std::vector<std::vector<uint8_t>> bytes;
+        for (const mk_cpu_quant *t : tables) {
+            SCOPED_TRACE(std::string(t->name) + (k ? " quantize_row_k" : " quantize_row"));
+            const QuantRow q = quantize_for(t, k ? MK_GGML_TYPE_Q4_K : MK_GGML_TYPE_Q4_0, x.data(), n);
+            const uint8_t *raw = k ? (const uint8_t *)q.kq.data() : (const uint8_t *)q.q.data();
+            bytes.emplace_back(raw, raw + (k ? q.kq.size() * sizeof(mk_q8k_block) : q.q.size() * sizeof(mk_q8_block)));
+            for (size_t b = 0; b < 9; b++) {
+                const float d = k ? q.kq[b].d : q.q[b].d;
+                const int8_t *qs = k ? q.kq[b].q : q.q[b].q;
+                const bool zero_q = std::all_of(qs, qs + group, [](int8_t v) { return v == 0; });
+                if (b < 4) {
+                    EXPECT_TRUE(std::isnan(d)) << "block " << b << " d " << d;
+                    EXPECT_TRUE(zero_q) << "block " << b;
+                } else if (b < 6) {
+                    EXPECT_EQ(d, 0.0f) << "block " << b;
+                    EXPECT_TRUE(zero_q) << "block " << b;
+                } else {
+                    EXPECT_GE(d, FLT_MIN) << "block " << b;
+                    EXPECT_TRUE(std::isfinite(d)) << "block " << b;
+                    EXPECT_FALSE(zero_q) << "block " << b;
+                    for (size_t i = 0; i < group; i++)
+                        ASSERT_LE(std::fabs((double)block(b)[i] - (double)d * qs[i]), 0.5001 * d) << "block " << b << " value " << i;
+                }
+                if (k) {
+                    for (int g = 0; g < 16; g++) EXPECT_EQ(q.kq[b].sums[g], b < 6 ? 0 : std::accumulate(qs + 16 * g, qs + 16 * g + 16, 0));
+                } else if (b < 4) {
+                    EXPECT_TRUE(std::isnan(q.q[b].s)) << "block " << b;
+                } else if (b < 6) {
+                    EXPECT_EQ(q.q[b].s, 0.0f) << "block " << b;
+                }
+            }
+        }
+        for (size_t i = 1; i < bytes.size(); i++)
+            EXPECT_EQ(bytes[i], bytes[0]) << tables[i]->name << " quantizes differently from portable";
+    }
+    // Dots: activation rows with one NaN (or Inf) block among random ones, next to clean rows.
+    for (const mk_cpu_quant *t : tables)
+    for (uint32_t type : {MK_GGML_TYPE_Q4_0, MK_GGML_TYPE_Q4_1, MK_GGML_TYPE_Q8_0, MK_GGML_TYPE_Q4_K, MK_GGML_TYPE_Q6_K}) {
+        SCOPED_TRACE(std::string(t->name) + " " + mk_ggml_type_name(type));
+        const size_t in = block_elems(type) == 256 ? 768 : 96, out = 7;
+        const size_t rows = std::max<size_t>(t->dotn_rows, 3);
+        NativeWeight w(type, random_rows(type, out, in, rng), out, in);
+        std::vector<float> x = random_floats(rows * in, rng);
+        x[1 * in + in / 2] = nan;      // row 1: a NaN in its middle block
+        x[2 * in + in - 1] = -inf;      // row 2: an Inf in its last block
+        NativeCtx c(2, t, rows * in / 32);
+        const std::vector<float> y = native_product(c, w, x, rows, in, out);
+        for (size_t r = 0; r < rows; r++) {
+            const std::vector<float> xr(x.begin() + r * in, x.begin() + (r + 1) * in);
+            const std::vector<float> alone = native_product(c, w, xr, 1, in, out);
+            for (size_t o = 0; o < out; o++) {
+                if (r == 1 || r == 2) {
+                    EXPECT_TRUE(std::isnan(y[r * out + o])) << "row " << r << " output " << o << " " << y[r * out + o];
+                    EXPECT_TRUE(std::isnan(alone[o])) << "row " << r << " alone, output " << o;
+                } else {
+                    EXPECT_TRUE(std::isfinite(y[r * out + o])) << "row " << r << " output " << o;
+                }
+            }
+            if (r != 1 && r != 2) {
+                EXPECT_EQ(std::memcmp(alone.data(), y.data() + r * out, out * sizeof(float)), 0) << "row " << r;
+            }
+        }
     }
 }
 

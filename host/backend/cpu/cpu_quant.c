@@ -18,18 +18,26 @@ static float cq_f16_at(const uint8_t *p) {
 
 /* ============================================================ activations == */
 
-/* Shared with the SIMD files through the same arithmetic: d = amax / 127 over the n values
- * that share it, id = 1 / d (0 for an all-zero span), q = round-to-nearest-even(x * id). */
+/* d and id of the n values at x by the shared rule (mk_q8_scale_of_bits): d = amax / 127,
+ * id = 1 / d; d = NaN (and id 0) for a span holding NaN or Inf, 0 for a span too small. */
 static float cq_scale(const float *x, size_t n, float *id) {
-    float amax = 0.0f;
-    for (size_t i = 0; i < n; i++) amax = fmaxf(amax, fabsf(x[i]));
-    const float d = amax / 127.0f;
-    *id = d != 0.0f ? 1.0f / d : 0.0f;
-    return d;
+    uint32_t amax = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &x[i], sizeof u);
+        u &= 0x7fffffffu;
+        if (u > amax) amax = u;
+    }
+    return mk_q8_scale_of_bits(amax, id);
 }
 
-/* q[0..n) from x[0..n) times id; returns their sum. */
+/* q[0..n) from x[0..n) times id, rounded to nearest even (all 0 when id is 0: a NaN or Inf
+ * times 0 has no integer value); returns their sum. */
 static int cq_round(int8_t *q, const float *x, size_t n, float id) {
+    if (id == 0.0f) {
+        memset(q, 0, n);
+        return 0;
+    }
     int sum = 0;
     for (size_t i = 0; i < n; i++) {
         q[i] = (int8_t)(int)nearbyintf(x[i] * id);

@@ -26,9 +26,12 @@
 #ifndef MK_CPU_QUANT_H
 #define MK_CPU_QUANT_H
 
+#include <float.h>
+#include <math.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -67,6 +70,33 @@ typedef struct mk_q8k_block {
     int16_t sums[MK_Q8K_BLOCK / 16];
     int8_t q[MK_Q8K_BLOCK];
 } mk_q8k_block;
+
+/* The scale rule every table shares, from the largest |x| of a span as its bit pattern
+ * (x & 0x7fffffff): for non-negative floats the integer order is the float order with NaN
+ * above Inf above every finite value, so an integer max sees a NaN or an Inf wherever it
+ * sits and in any order (a float max drops a NaN or keeps it depending on operand order).
+ *   - a span holding NaN or Inf: d = NaN, and its q and sums are 0 (x * id has no integer
+ *     value): every product it enters is NaN, as the float product would be, not a
+ *     finite number that silently left the value out;
+ *   - a span whose d would be under FLT_MIN (amax < 127 * FLT_MIN, subnormal values): d = 0
+ *     and q = 0 (1 / d would overflow to Inf and x * Inf has no integer value either);
+ *   - otherwise d = amax / 127, id = 1 / d, and |x * id| <= 127 rounds into int8.
+ * Returns d; *id is 0 in the first two cases. */
+static inline float mk_q8_scale_of_bits(uint32_t amax_bits, float *id) {
+    if (amax_bits >= 0x7f800000u) {
+        *id = 0.0f;
+        return NAN;
+    }
+    float amax;
+    memcpy(&amax, &amax_bits, sizeof amax);
+    const float d = amax / 127.0f;
+    if (!(d >= FLT_MIN)) {
+        *id = 0.0f;
+        return 0.0f;
+    }
+    *id = 1.0f / d;
+    return d;
+}
 
 /* out[n / 32] from x[n]; n a multiple of 32. */
 typedef void (*mk_quantize_row_fn)(mk_q8_block *out, const float *x, size_t n);

@@ -72,16 +72,18 @@ MK_AVX2 static inline __m256i cx_dot_ss(__m256i a, __m256i b) {
 
 /* ============================================================ activations == */
 
-/* The largest |x| over n floats (n a multiple of 32): max is exact, so any order gives
- * the portable kernel's value. */
-MK_AVX2 static float cx_absmax(const float *x, size_t n) {
-    const __m256 sign = _mm256_set1_ps(-0.0f);
-    __m256 m = _mm256_setzero_ps();
-    for (size_t i = 0; i < n; i += 8) m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + i)));
-    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-    h = _mm_max_ss(h, _mm_movehdup_ps(h));
-    return _mm_cvtss_f32(h);
+/* The bit pattern of the largest |x| over n floats (n a multiple of 32), the portable
+ * kernel's integer max (mk_q8_scale_of_bits says why integers: NaN and Inf are seen in any
+ * order). */
+MK_AVX2 static uint32_t cx_absmax_bits(const float *x, size_t n) {
+    const __m256i magnitude = _mm256_set1_epi32(0x7fffffff);
+    __m256i m = _mm256_setzero_si256();
+    for (size_t i = 0; i < n; i += 8)
+        m = _mm256_max_epi32(m, _mm256_and_si256(magnitude, _mm256_loadu_si256((const __m256i *)(x + i))));
+    __m128i h = _mm_max_epi32(_mm256_castsi256_si128(m), _mm256_extracti128_si256(m, 1));
+    h = _mm_max_epi32(h, _mm_shuffle_epi32(h, _MM_SHUFFLE(1, 0, 3, 2)));
+    h = _mm_max_epi32(h, _mm_shuffle_epi32(h, _MM_SHUFFLE(2, 3, 0, 1)));
+    return (uint32_t)_mm_cvtsi128_si32(h);
 }
 
 MK_AVX2 static inline int cx_hsum_epi32(__m256i v) {
@@ -109,14 +111,17 @@ MK_AVX2 static inline void cx_quantize32(int8_t *q, const float *xb, float id, i
     _mm256_storeu_si256((__m256i *)q, ordered);
 }
 
-/* The portable kernels' scalar arithmetic for d and id, per block of 32... */
+/* The portable kernels' scale rule per block of 32 (q all 0 where id is 0, as there)... */
 MK_AVX2 static void cx_quantize_row(mk_q8_block *out, const float *x, size_t n) {
     for (size_t b = 0; b < n / MK_Q8_BLOCK; b++) {
         const float *xb = x + b * MK_Q8_BLOCK;
-        const float d = cx_absmax(xb, MK_Q8_BLOCK) / 127.0f;
-        const float id = d != 0.0f ? 1.0f / d : 0.0f;
-        int lo, hi;
-        cx_quantize32(out[b].q, xb, id, &lo, &hi);
+        float id;
+        const float d = mk_q8_scale_of_bits(cx_absmax_bits(xb, MK_Q8_BLOCK), &id);
+        int lo = 0, hi = 0;
+        if (id != 0.0f)
+            cx_quantize32(out[b].q, xb, id, &lo, &hi);
+        else
+            memset(out[b].q, 0, MK_Q8_BLOCK);
         out[b].d = d;
         out[b].s = d * (float)(lo + hi);
     }
@@ -126,11 +131,14 @@ MK_AVX2 static void cx_quantize_row(mk_q8_block *out, const float *x, size_t n) 
 MK_AVX2 static void cx_quantize_row_k(mk_q8k_block *out, const float *x, size_t n) {
     for (size_t b = 0; b < n / MK_Q8K_BLOCK; b++) {
         const float *xb = x + b * MK_Q8K_BLOCK;
-        const float d = cx_absmax(xb, MK_Q8K_BLOCK) / 127.0f;
-        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        float id;
+        const float d = mk_q8_scale_of_bits(cx_absmax_bits(xb, MK_Q8K_BLOCK), &id);
         for (int i = 0; i < MK_Q8K_BLOCK / 32; i++) {
-            int lo, hi;
-            cx_quantize32(out[b].q + 32 * i, xb + 32 * i, id, &lo, &hi);
+            int lo = 0, hi = 0;
+            if (id != 0.0f)
+                cx_quantize32(out[b].q + 32 * i, xb + 32 * i, id, &lo, &hi);
+            else
+                memset(out[b].q + 32 * i, 0, 32);
             out[b].sums[2 * i] = (int16_t)lo;
             out[b].sums[2 * i + 1] = (int16_t)hi;
         }
