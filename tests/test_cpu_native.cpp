@@ -16,6 +16,8 @@
 
 #include <unistd.h>
 
+#include "backend/backend.h"
+#include "backend/cpu/backend_cpu.h"
 #include "backend/cpu/cpu_attention_fast.h"
 #include "backend/cpu/cpu_native.h"
 #include "backend/cpu/cpu_ops.h"
@@ -873,6 +875,51 @@ TEST(NativeMatmul, GemmRowThresholdIsExactlyMinRows) {
 }
 
 // The pool runs every item exactly once, for chunk sizes that do and do not divide n.
+// The cpu backend plans the per-thread weight tiles (threads x 256 x the widest input) at
+// reserve and allocates them only when a stored weight takes them (F16/BF16 here; every
+// format of a CPU without AVX2): a model of formats with n-row dots never holds them, and a
+// reserve of fewer rows than the tiles' threshold plans none.
+TEST(NativeBackend, WeightTilesAreHeldOnlyOnceAStoredWeightTakesThem) {
+    if (simd_tables().empty()) GTEST_SKIP() << "no AVX2 on this CPU: every format takes the tiles there";
+    mk_hparams hp = mk_hparams_seed_default();
+    hp.hidden = 256, hp.intermediate = 768, hp.n_heads = 4, hp.head_dim = 64;
+    const size_t threads = 2, width = 768;
+    std::mt19937 rng(5);
+    for (size_t max_rows : {(size_t)MK_NATIVE_GEMM_MIN_ROWS - 1, (size_t)MK_NATIVE_GEMM_MIN_ROWS, (size_t)96}) {
+        SCOPED_TRACE("max_rows " + std::to_string(max_rows));
+        mk_backend_config cfg = mk_backend_config_default(MK_BACKEND_CPU);
+        cfg.weight_dtype = MK_DTYPE_NATIVE;
+        cfg.threads = threads;
+        mk_backend *b = nullptr;
+        MK_ASSERT_OK(mk_backend_create(&cfg, &b));
+        MK_ASSERT_OK(b->ops->reserve(b, max_rows, 8, 64, &hp));
+        const size_t base = mk_cpu_backend_scratch_bytes(b);
+        EXPECT_GT(base, 0u); // the activation rows
+        std::vector<void *> held;
+        auto store = [&](uint32_t type, size_t rows, size_t cols) {
+            const std::vector<uint8_t> src = random_rows(type, rows, cols, rng);
+            void *mem = nullptr;
+            MK_ASSERT_OK(b->ops->alloc(b, b->ops->native_weight_bytes(b, type, rows, cols), &mem));
+            held.push_back(mem);
+            mk_weight w = {mem, 0, rows, cols};
+            MK_ASSERT_OK(b->ops->upload_native_weight(b, &w, type, src.data(), src.size()));
+        };
+        for (uint32_t type : {MK_GGML_TYPE_Q4_0, MK_GGML_TYPE_Q4_1, MK_GGML_TYPE_Q8_0, MK_GGML_TYPE_Q4_K, MK_GGML_TYPE_Q6_K,
+                              MK_GGML_TYPE_Q5_0 /* stored as F32 */})
+            store(type, 64, 768);
+        EXPECT_EQ(mk_cpu_backend_scratch_bytes(b), base) << "tiles held for formats with n-row dots";
+        store(MK_GGML_TYPE_F16, 64, 256);
+        const size_t tiles = max_rows >= MK_NATIVE_GEMM_MIN_ROWS ? threads * MK_NATIVE_GEMM_TILE * width * sizeof(float) : 0;
+        EXPECT_EQ(mk_cpu_backend_scratch_bytes(b), base + tiles) << "after an F16 weight";
+        store(MK_GGML_TYPE_BF16, 64, 768);
+        EXPECT_EQ(mk_cpu_backend_scratch_bytes(b), base + tiles) << "the tiles are held once";
+        MK_ASSERT_OK(b->ops->reserve(b, max_rows, 8, 64, &hp)); // a second reserve keeps them
+        EXPECT_EQ(mk_cpu_backend_scratch_bytes(b), base + tiles) << "after a second reserve";
+        for (void *m : held) b->ops->release(b, m);
+        b->ops->destroy(b);
+    }
+}
+
 TEST(CpuPool, EveryItemRunsExactlyOnce) {
     for (size_t threads : {1u, 2u, 3u, 5u}) {
         mk_cpu_pool *p = nullptr;

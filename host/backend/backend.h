@@ -15,6 +15,10 @@
 #include "kv_pages.h"
 #include "meshkern.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef struct mk_backend mk_backend;
 
 /* A weight matrix as its backend stores it: [rows, cols] = [output features, input
@@ -207,5 +211,9 @@ void mk_backend_destroy(mk_backend *b);
 /* Per-kind constructors (backend_cpu.c, backend_cuda.c). */
 mk_status mk_backend_cpu_create(const mk_backend_config *config, mk_backend **out);
 mk_status mk_backend_cuda_create(const mk_backend_config *config, mk_backend **out);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

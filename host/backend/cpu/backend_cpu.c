@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "backend/backend.h"
+#include "backend/cpu/backend_cpu.h"
 #include "backend/cpu/cpu_attention_fast.h"
 #include "backend/cpu/cpu_native.h"
 #include "backend/cpu/cpu_ops.h"
@@ -27,6 +28,12 @@ typedef struct mk_cpu_backend {
     float *rope_table;
     size_t rope_positions, rope_head_dim;
     float rope_theta;
+    /* Floats of the per-thread weight tiles the reserved forward would use (0 when it has
+     * fewer than MK_NATIVE_GEMM_MIN_ROWS rows), and whether a stored weight takes them: the
+     * tiles (threads x 256 x the widest input, 235 MB for an 8B model on 16 threads) are
+     * allocated only then, so a model whose every format has an n-row dot never holds them. */
+    size_t wtile_plan;
+    bool tiles_wanted;
 } mk_cpu_backend;
 
 static mk_cpu_backend *cpu_of(mk_backend *b) { return (mk_cpu_backend *)b; }
@@ -68,6 +75,15 @@ static mk_status cpu_copy_from_peer(mk_backend *b, void *dst, mk_backend *peer, 
     return cpu_memcpy(b, dst, src, bytes);
 }
 
+/* The planned weight tiles, once a weight wants them (a no-op before or after). */
+static mk_status cpu_reserve_tiles(mk_cpu_backend *cb) {
+    if (!cb->tiles_wanted || !cb->wtile_plan || cb->native.wtile) return MK_OK;
+    cb->native.wtile = aligned_alloc(64, cb->wtile_plan * sizeof(float));
+    if (!cb->native.wtile) return mk_fail(MK_ERR_OUT_OF_MEMORY, "cpu backend: out of memory for the weight tiles");
+    cb->native.wtile_elems = cb->wtile_plan;
+    return MK_OK;
+}
+
 static mk_status cpu_reserve(mk_backend *b, size_t max_rows, size_t max_decode_rows, size_t max_context,
                            const mk_hparams *hp) {
     mk_cpu_backend *cb = cpu_of(b);
@@ -99,16 +115,21 @@ static mk_status cpu_reserve(mk_backend *b, size_t max_rows, size_t max_decode_r
     cb->native.xp = malloc((pairs ? pairs : 1) * sizeof(mk_q8_pair));
     cb->native.xp_pairs = cb->native.xp ? pairs : 0;
     if (!cb->native.xp) return mk_fail(MK_ERR_OUT_OF_MEMORY, "cpu backend: out of memory for %zu activation pairs", pairs);
-    /* One dequantized weight tile per thread for products of many rows (prefill). */
+    /* One dequantized weight tile per thread for products of many rows (prefill) over a
+     * format without an n-row dot: planned here, allocated when such a weight is stored. */
     free(cb->native.wtile);
     cb->native.wtile = NULL;
     cb->native.wtile_elems = 0;
-    if (max_rows >= MK_NATIVE_GEMM_MIN_ROWS) {
-        cb->native.wtile_elems = (size_t)MK_NATIVE_GEMM_TILE * width * mk_cpu_pool_threads(cb->native.pool);
-        cb->native.wtile = aligned_alloc(64, cb->native.wtile_elems * sizeof(float));
-        if (!cb->native.wtile) return mk_fail(MK_ERR_OUT_OF_MEMORY, "cpu backend: out of memory for a weight tile");
-    }
-    return MK_OK;
+    cb->wtile_plan = max_rows >= MK_NATIVE_GEMM_MIN_ROWS
+                         ? (size_t)MK_NATIVE_GEMM_TILE * width * mk_cpu_pool_threads(cb->native.pool)
+                         : 0;
+    return cpu_reserve_tiles(cb);
+}
+
+size_t mk_cpu_backend_scratch_bytes(mk_backend *b) {
+    const mk_cpu_backend *cb = cpu_of(b);
+    return cb->native.xq_blocks * sizeof(mk_q8_block) + cb->native.xp_pairs * sizeof(mk_q8_pair) +
+           cb->native.xk_blocks * sizeof(mk_q8k_block) + cb->native.wtile_elems * sizeof(float);
 }
 
 static mk_status cpu_upload_weight(mk_backend *b, mk_weight *w, const float *src) {
@@ -135,7 +156,10 @@ static size_t cpu_native_weight_bytes(mk_backend *b, uint32_t ggml_type, size_t 
 
 static mk_status cpu_upload_native_weight(mk_backend *b, mk_weight *w, uint32_t ggml_type, const void *src,
                                           size_t src_bytes) {
-    return mk_cpu_native_store(w, ggml_type, src, src_bytes);
+    MK_TRY(mk_cpu_native_store(w, ggml_type, src, src_bytes));
+    mk_cpu_backend *cb = cpu_of(b);
+    if (mk_cpu_native_takes_tiles(&cb->native, w->format)) cb->tiles_wanted = true;
+    return cpu_reserve_tiles(cb);
 }
 
 static mk_status cpu_embed(mk_backend *b, float *out, const mk_weight *table, const int32_t *ids, size_t n) {

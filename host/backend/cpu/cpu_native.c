@@ -216,6 +216,10 @@ static bool mk_native_has_rows_dot(const mk_cpu_native *ctx, uint32_t format) {
     return mk_cpu_quant_dotn_for(ctx->kernels, format) || mk_cpu_quant_kdotn_for(ctx->kernels, format);
 }
 
+bool mk_cpu_native_takes_tiles(const mk_cpu_native *ctx, uint32_t format) {
+    return format != MK_GGML_TYPE_F32 && !mk_native_has_rows_dot(ctx, format);
+}
+
 /* True when a product of `rows` rows over weight w goes through the dot kernels (the
  * choice depends on the rows, the stored type and the table alone, never on the threads).
  * A format with an n-row dot takes the dots at any count: a 288-token prefill ran 1.4-1.5x
