@@ -92,7 +92,7 @@ typedef enum mk_status {
     MK_ERR_PEER_TIMEOUT = 91,          /* connect, read or write passed its deadline */
     MK_ERR_AUTH = 92,                  /* TLS handshake refused: wrong key/cert or plaintext peer */
     MK_ERR_FRAME = 93,                 /* bad frame magic/version, or a length over the receiver's limit */
-    MK_ERR_NONFINITE = 94,             /* a received residual carries NaN or Inf */
+    MK_ERR_NONFINITE = 94,             /* a received residual, or a model weight at load, carries NaN or Inf */
     MK_ERR_CONNECT = 95,               /* address unusable or nobody listening */
     MK_ERR_PEER_LOST = 96,             /* a stage process died or left mid-run (its connection closed) */
     /* text: tokenizer and chat template */

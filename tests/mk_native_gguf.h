@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -118,6 +119,8 @@ struct GgufWriter {
     std::vector<uint8_t> head, data;
     uint64_t n_kv = 0, n_tensors = 0;
     std::vector<uint8_t> kv, infos;
+    // Called with each tensor's stored bytes once written (a test corrupts one through it).
+    std::function<void(const std::string &name, uint32_t type, uint8_t *bytes, size_t n)> edit;
 
     static void put(std::vector<uint8_t> &o, const void *p, size_t n) {
         o.insert(o.end(), (const uint8_t *)p, (const uint8_t *)p + n);
@@ -153,6 +156,7 @@ struct GgufWriter {
         while (data.size() % 32) data.push_back(0);
         const uint64_t offset = data.size();
         quantize(type, x.data(), x.size(), data);
+        if (edit) edit(name, type, data.data() + offset, data.size() - offset);
         put_str(infos, name);
         const uint32_t n_dims = rows == 1 ? 1 : 2;
         put(infos, &n_dims, 4);
@@ -183,7 +187,8 @@ struct GgufWriter {
 struct TempModel {
     std::string path;
     ModelPtr model;
-    template <typename Pick> explicit TempModel(Pick pick, bool tied) {
+    using Edit = std::function<void(const std::string &, uint32_t, uint8_t *, size_t)>;
+    template <typename Pick> explicit TempModel(Pick pick, bool tied, Edit edit = nullptr) {
         const size_t hidden = 256, ffn = 512, layers = 3, vocab = 40, heads = 4, kv_heads = 2, hd = 64;
         std::mt19937 rng(77);
         std::normal_distribution<float> nd(0.0f, 0.08f), norm(1.0f, 0.05f);
@@ -193,6 +198,7 @@ struct TempModel {
             return v;
         };
         GgufWriter w;
+        w.edit = edit;
         w.kv_str("general.architecture", "llama");
         w.kv_u32("llama.context_length", 64);
         w.kv_u32("llama.embedding_length", (uint32_t)hidden);

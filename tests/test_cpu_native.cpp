@@ -874,13 +874,15 @@ TEST(NativeMatmul, GemmRowThresholdIsExactlyMinRows) {
     }
 }
 
-// The pool runs every item exactly once, for chunk sizes that do and do not divide n.
 // The cpu backend plans the per-thread weight tiles (threads x 256 x the widest input) at
 // reserve and allocates them only when a stored weight takes them (F16/BF16 here; every
-// format of a CPU without AVX2): a model of formats with n-row dots never holds them, and a
-// reserve of fewer rows than the tiles' threshold plans none.
+// format with the portable table): a model of formats with n-row dots never holds them,
+// whether its weights are stored before or after the reserve, and a reserve of fewer rows
+// than the tiles' threshold plans none. Once held, a product of many F16 rows goes through
+// them: its bits are the tiles' (a NativeCtx with tiles), not the dots'.
 TEST(NativeBackend, WeightTilesAreHeldOnlyOnceAStoredWeightTakesThem) {
-    if (simd_tables().empty()) GTEST_SKIP() << "no AVX2 on this CPU: every format takes the tiles there";
+    if (mk_cpu_quant_best() == mk_cpu_quant_portable())
+        GTEST_SKIP() << "the backend's table is the portable one here: every format takes the tiles";
     mk_hparams hp = mk_hparams_seed_default();
     hp.hidden = 256, hp.intermediate = 768, hp.n_heads = 4, hp.head_dim = 64;
     const size_t threads = 2, width = 768;
@@ -892,34 +894,52 @@ TEST(NativeBackend, WeightTilesAreHeldOnlyOnceAStoredWeightTakesThem) {
         cfg.threads = threads;
         mk_backend *b = nullptr;
         MK_ASSERT_OK(mk_backend_create(&cfg, &b));
+        std::vector<void *> held;
+        auto store = [&](uint32_t type, size_t rows, size_t cols, const std::vector<uint8_t> &src) {
+            void *mem = nullptr;
+            EXPECT_EQ(b->ops->alloc(b, b->ops->native_weight_bytes(b, type, rows, cols), &mem), MK_OK);
+            held.push_back(mem);
+            mk_weight w = {mem, 0, rows, cols};
+            EXPECT_EQ(b->ops->upload_native_weight(b, &w, type, src.data(), src.size()), MK_OK) << mk_last_error();
+            return w;
+        };
+        store(MK_GGML_TYPE_Q4_1, 64, 768, random_rows(MK_GGML_TYPE_Q4_1, 64, 768, rng)); // before the reserve
         MK_ASSERT_OK(b->ops->reserve(b, max_rows, 8, 64, &hp));
         const size_t base = mk_cpu_backend_scratch_bytes(b);
         EXPECT_GT(base, 0u); // the activation rows
-        std::vector<void *> held;
-        auto store = [&](uint32_t type, size_t rows, size_t cols) {
-            const std::vector<uint8_t> src = random_rows(type, rows, cols, rng);
-            void *mem = nullptr;
-            MK_ASSERT_OK(b->ops->alloc(b, b->ops->native_weight_bytes(b, type, rows, cols), &mem));
-            held.push_back(mem);
-            mk_weight w = {mem, 0, rows, cols};
-            MK_ASSERT_OK(b->ops->upload_native_weight(b, &w, type, src.data(), src.size()));
-        };
         for (uint32_t type : {MK_GGML_TYPE_Q4_0, MK_GGML_TYPE_Q4_1, MK_GGML_TYPE_Q8_0, MK_GGML_TYPE_Q4_K, MK_GGML_TYPE_Q6_K,
                               MK_GGML_TYPE_Q5_0 /* stored as F32 */})
-            store(type, 64, 768);
+            store(type, 64, 768, random_rows(type, 64, 768, rng));
         EXPECT_EQ(mk_cpu_backend_scratch_bytes(b), base) << "tiles held for formats with n-row dots";
-        store(MK_GGML_TYPE_F16, 64, 256);
+        const std::vector<uint8_t> f16 = random_rows(MK_GGML_TYPE_F16, 300, 256, rng);
+        const mk_weight wf = store(MK_GGML_TYPE_F16, 300, 256, f16);
         const size_t tiles = max_rows >= MK_NATIVE_GEMM_MIN_ROWS ? threads * MK_NATIVE_GEMM_TILE * width * sizeof(float) : 0;
         EXPECT_EQ(mk_cpu_backend_scratch_bytes(b), base + tiles) << "after an F16 weight";
-        store(MK_GGML_TYPE_BF16, 64, 768);
+        store(MK_GGML_TYPE_BF16, 64, 768, random_rows(MK_GGML_TYPE_BF16, 64, 768, rng));
         EXPECT_EQ(mk_cpu_backend_scratch_bytes(b), base + tiles) << "the tiles are held once";
         MK_ASSERT_OK(b->ops->reserve(b, max_rows, 8, 64, &hp)); // a second reserve keeps them
         EXPECT_EQ(mk_cpu_backend_scratch_bytes(b), base + tiles) << "after a second reserve";
+        // The product of max_rows F16 rows: the tiles' bits where they are held, else the dots'.
+        const std::vector<float> x = random_floats(max_rows * 256, rng);
+        std::vector<float> y(max_rows * 300);
+        const mk_gemm_input in = {x.data(), nullptr, false, false};
+        MK_ASSERT_OK(b->ops->matmul(b, y.data(), &in, &wf, max_rows));
+        NativeWeight ref_w(MK_GGML_TYPE_F16, f16, 300, 256);
+        NativeCtx tiled(threads, mk_cpu_quant_best(), max_rows * 256 / 32, 256);
+        NativeCtx dots(threads, mk_cpu_quant_best(), max_rows * 256 / 32, 256);
+        dots.ctx.wtile = nullptr, dots.ctx.wtile_elems = 0;
+        const std::vector<float> want = native_product(tiles ? tiled : dots, ref_w, x, max_rows, 256, 300);
+        const std::vector<float> other = native_product(tiles ? dots : tiled, ref_w, x, max_rows, 256, 300);
+        EXPECT_EQ(std::memcmp(y.data(), want.data(), y.size() * sizeof(float)), 0) << "not the expected path's bits";
+        if (tiles) {
+            EXPECT_NE(std::memcmp(want.data(), other.data(), y.size() * sizeof(float)), 0) << "paths agree: no test";
+        }
         for (void *m : held) b->ops->release(b, m);
         b->ops->destroy(b);
     }
 }
 
+// The pool runs every item exactly once, for chunk sizes that do and do not divide n.
 TEST(CpuPool, EveryItemRunsExactlyOnce) {
     for (size_t threads : {1u, 2u, 3u, 5u}) {
         mk_cpu_pool *p = nullptr;

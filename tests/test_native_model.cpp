@@ -130,6 +130,72 @@ TEST(NativeModelDigest, BundleOfAnotherWeightModeIsRefused) {
     mk_tail_output_free(out);
 }
 
+// A model file whose weights hold NaN or Inf (a block's f16 scale or min, an F32 norm value,
+// an F16 or BF16 value) is refused at load with MK_ERR_NONFINITE naming the tensor, in the
+// native and the F32 weight modes, by the range that owns the tensor; the ranges of a
+// split that do not own it load and run. (A NaN scale otherwise ran: NaN logits, and
+// greedy decoding sampled token 0 from them at every step.)
+TEST(NativeModelLoad, NonFiniteWeightsAreRefusedByTheRangeThatOwnsThem) {
+    struct Case {
+        const char *tensor;
+        uint32_t type;
+        size_t byte; // in the tensor's stored bytes
+        std::vector<uint8_t> bits;
+        int64_t layer; // the layer whose range owns the tensor
+    };
+    const uint8_t nan16[] = {0x00, 0x7e}, inf16[] = {0x00, 0x7c}, ninf16[] = {0x00, 0xfc};
+    const std::vector<Case> cases = {
+        {"blk.1.ffn_up.weight", MK_GGML_TYPE_Q4_K, 3 * 144 + 0, {nan16, nan16 + 2}, 1},       // d of block 3
+        {"blk.1.ffn_gate.weight", MK_GGML_TYPE_Q4_K, 7 * 144 + 2, {inf16, inf16 + 2}, 1},     // dmin of block 7
+        {"blk.2.attn_q.weight", MK_GGML_TYPE_Q6_K, 2 * 210 + 208, {ninf16, ninf16 + 2}, 2},   // d of block 2
+        {"blk.0.attn_k.weight", MK_GGML_TYPE_Q4_1, 5 * 20 + 2, {nan16, nan16 + 2}, 0},        // m of block 5
+        {"blk.2.ffn_down.weight", MK_GGML_TYPE_Q8_0, 34, {inf16, inf16 + 2}, 2},              // d of block 1
+        {"blk.0.attn_v.weight", MK_GGML_TYPE_Q4_0, 9 * 18, {nan16, nan16 + 2}, 0},            // d of block 9
+        {"blk.1.attn_output.weight", MK_GGML_TYPE_F16, 2 * 1001, {inf16, inf16 + 2}, 1},      // value 1001
+        {"blk.2.ffn_up.weight", MK_GGML_TYPE_BF16, 2 * 77, {0xc0, 0x7f}, 2},                 // value 77
+        {"blk.1.attn_norm.weight", MK_GGML_TYPE_F32, 4 * 13, {0x00, 0x00, 0xc0, 0x7f}, 1},   // value 13
+        {"output.weight", MK_GGML_TYPE_Q8_0, 0, {nan16, nan16 + 2}, 2},                      // the tail's head
+    };
+    for (const Case &c : cases) {
+        SCOPED_TRACE(c.tensor);
+        const std::string part = c.tensor;
+        auto pick = [&](const std::string &p) {
+            return part.find(p + ".weight") != std::string::npos && c.type != MK_GGML_TYPE_F32 ? c.type
+                                                                                                 : (uint32_t)MK_GGML_TYPE_Q8_0;
+        };
+        int edits = 0;
+        TempModel tm(pick, false, [&](const std::string &name, uint32_t type, uint8_t *bytes, size_t n) {
+            if (name != c.tensor) return;
+            ASSERT_EQ(type, c.type);
+            ASSERT_LE(c.byte + c.bits.size(), n);
+            std::memcpy(bytes + c.byte, c.bits.data(), c.bits.size());
+            edits++;
+        });
+        ASSERT_EQ(edits, 1);
+        ASSERT_TRUE(tm.model);
+        for (mk_dtype mode : {MK_DTYPE_NATIVE, MK_DTYPE_F32}) {
+            SCOPED_TRACE(mk_dtype_name(mode));
+            mk_range_options o = native_options(1);
+            o.backend.weight_dtype = mode;
+            mk_range *r = nullptr;
+            EXPECT_EQ(mk_range_create(tm.model.get(), 0, 2, &o, &r), MK_ERR_NONFINITE);
+            EXPECT_EQ(r, nullptr);
+            EXPECT_NE(std::string(mk_last_error()).find(c.tensor), std::string::npos) << mk_last_error();
+            for (int64_t layer = 0; layer < 3; layer++) {
+                const mk_status s = mk_range_create(tm.model.get(), layer, layer, &o, &r);
+                if (layer == c.layer) {
+                    EXPECT_EQ(s, MK_ERR_NONFINITE) << "layer " << layer;
+                    EXPECT_EQ(r, nullptr);
+                } else {
+                    EXPECT_EQ(s, MK_OK) << "layer " << layer << ": " << mk_last_error();
+                }
+                mk_range_free(r);
+                r = nullptr;
+            }
+        }
+    }
+}
+
 // A prefill's path depends on its rows alone, not on what the range reserved: a prompt of
 // exactly MK_NATIVE_GEMM_MIN_ROWS tokens (the tiled SGEMM) gives the same bits on a range
 // reserved for exactly that many rows as on one reserved for more; one row fewer (the dot

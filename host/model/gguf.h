@@ -221,6 +221,13 @@ mk_status mk_gguf_tensor_rows_to_f32(const mk_gguf *g, const char *name, size_t 
 mk_status mk_gguf_dequantize(uint32_t type, const void *src, size_t src_bytes, float *out,
                              size_t n);
 
+/* MK_ERR_NONFINITE naming the first value of src (src_bytes of `type`) that is NaN or
+ * infinite: every value of F32, F16 and BF16, the f16 scales of each block of the
+ * quantized types (a finite scale cannot make a value non-finite); MK_OK otherwise, and for
+ * the types mk_gguf_dequantize does not take. The tensor loaders run it on every tensor
+ * they hand out, so a model whose weights hold NaN or Inf is refused at load, not run. */
+mk_status mk_gguf_check_finite(uint32_t type, const void *src, size_t src_bytes);
+
 /* ------------------------------------------------------------------ architecture -- */
 
 /* Copy general.architecture NUL-terminated into arch[arch_cap]. Call this and check the

@@ -31,26 +31,32 @@ typedef struct mk_ggml_layout {
     const char *name;
     uint16_t block_elements;
     uint16_t block_bytes;
+    /* Byte offsets in a block of the f16 scales every value of the block is multiplied by
+     * (d, and dmin / m where the format has one; -1: none), for the types the loader reads:
+     * a NaN or Inf there makes the whole block NaN or Inf (mk_gguf_check_finite). */
+    int16_t f16_scales[2];
 } mk_ggml_layout;
 
+#define NO_SCALES {-1, -1}
 static const mk_ggml_layout mk_ggml_layouts[] = {
-    {MK_GGML_TYPE_F32, "F32", 1, 4},          {MK_GGML_TYPE_F16, "F16", 1, 2},
-    {MK_GGML_TYPE_Q4_0, "Q4_0", 32, 18},      {MK_GGML_TYPE_Q4_1, "Q4_1", 32, 20},
-    {MK_GGML_TYPE_Q5_0, "Q5_0", 32, 22},      {MK_GGML_TYPE_Q5_1, "Q5_1", 32, 24},
-    {MK_GGML_TYPE_Q8_0, "Q8_0", 32, 34},      {MK_GGML_TYPE_Q8_1, "Q8_1", 32, 40},
-    {MK_GGML_TYPE_Q2_K, "Q2_K", 256, 84},     {MK_GGML_TYPE_Q3_K, "Q3_K", 256, 110},
-    {MK_GGML_TYPE_Q4_K, "Q4_K", 256, 144},    {MK_GGML_TYPE_Q5_K, "Q5_K", 256, 176},
-    {MK_GGML_TYPE_Q6_K, "Q6_K", 256, 210},    {MK_GGML_TYPE_Q8_K, "Q8_K", 256, 292},
-    {MK_GGML_TYPE_IQ2_XXS, "IQ2_XXS", 256, 66}, {MK_GGML_TYPE_IQ2_XS, "IQ2_XS", 256, 74},
-    {MK_GGML_TYPE_IQ3_XXS, "IQ3_XXS", 256, 98}, {MK_GGML_TYPE_IQ1_S, "IQ1_S", 256, 50},
-    {MK_GGML_TYPE_IQ4_NL, "IQ4_NL", 32, 18},  {MK_GGML_TYPE_IQ3_S, "IQ3_S", 256, 110},
-    {MK_GGML_TYPE_IQ2_S, "IQ2_S", 256, 82},   {MK_GGML_TYPE_IQ4_XS, "IQ4_XS", 256, 136},
-    {MK_GGML_TYPE_I8, "I8", 1, 1},            {MK_GGML_TYPE_I16, "I16", 1, 2},
-    {MK_GGML_TYPE_I32, "I32", 1, 4},          {MK_GGML_TYPE_I64, "I64", 1, 8},
-    {MK_GGML_TYPE_F64, "F64", 1, 8},          {MK_GGML_TYPE_IQ1_M, "IQ1_M", 256, 56},
-    {MK_GGML_TYPE_BF16, "BF16", 1, 2},        {MK_GGML_TYPE_TQ1_0, "TQ1_0", 256, 54},
-    {MK_GGML_TYPE_TQ2_0, "TQ2_0", 256, 66},   {MK_GGML_TYPE_MXFP4, "MXFP4", 32, 17},
+    {MK_GGML_TYPE_F32, "F32", 1, 4, NO_SCALES},           {MK_GGML_TYPE_F16, "F16", 1, 2, NO_SCALES},
+    {MK_GGML_TYPE_Q4_0, "Q4_0", 32, 18, {0, -1}},         {MK_GGML_TYPE_Q4_1, "Q4_1", 32, 20, {0, 2}},
+    {MK_GGML_TYPE_Q5_0, "Q5_0", 32, 22, {0, -1}},         {MK_GGML_TYPE_Q5_1, "Q5_1", 32, 24, {0, 2}},
+    {MK_GGML_TYPE_Q8_0, "Q8_0", 32, 34, {0, -1}},         {MK_GGML_TYPE_Q8_1, "Q8_1", 32, 40, NO_SCALES},
+    {MK_GGML_TYPE_Q2_K, "Q2_K", 256, 84, {80, 82}},       {MK_GGML_TYPE_Q3_K, "Q3_K", 256, 110, {108, -1}},
+    {MK_GGML_TYPE_Q4_K, "Q4_K", 256, 144, {0, 2}},        {MK_GGML_TYPE_Q5_K, "Q5_K", 256, 176, {0, 2}},
+    {MK_GGML_TYPE_Q6_K, "Q6_K", 256, 210, {208, -1}},     {MK_GGML_TYPE_Q8_K, "Q8_K", 256, 292, NO_SCALES},
+    {MK_GGML_TYPE_IQ2_XXS, "IQ2_XXS", 256, 66, NO_SCALES}, {MK_GGML_TYPE_IQ2_XS, "IQ2_XS", 256, 74, NO_SCALES},
+    {MK_GGML_TYPE_IQ3_XXS, "IQ3_XXS", 256, 98, NO_SCALES}, {MK_GGML_TYPE_IQ1_S, "IQ1_S", 256, 50, NO_SCALES},
+    {MK_GGML_TYPE_IQ4_NL, "IQ4_NL", 32, 18, NO_SCALES},   {MK_GGML_TYPE_IQ3_S, "IQ3_S", 256, 110, NO_SCALES},
+    {MK_GGML_TYPE_IQ2_S, "IQ2_S", 256, 82, NO_SCALES},    {MK_GGML_TYPE_IQ4_XS, "IQ4_XS", 256, 136, NO_SCALES},
+    {MK_GGML_TYPE_I8, "I8", 1, 1, NO_SCALES},             {MK_GGML_TYPE_I16, "I16", 1, 2, NO_SCALES},
+    {MK_GGML_TYPE_I32, "I32", 1, 4, NO_SCALES},           {MK_GGML_TYPE_I64, "I64", 1, 8, NO_SCALES},
+    {MK_GGML_TYPE_F64, "F64", 1, 8, NO_SCALES},           {MK_GGML_TYPE_IQ1_M, "IQ1_M", 256, 56, NO_SCALES},
+    {MK_GGML_TYPE_BF16, "BF16", 1, 2, NO_SCALES},         {MK_GGML_TYPE_TQ1_0, "TQ1_0", 256, 54, NO_SCALES},
+    {MK_GGML_TYPE_TQ2_0, "TQ2_0", 256, 66, NO_SCALES},    {MK_GGML_TYPE_MXFP4, "MXFP4", 32, 17, NO_SCALES},
 };
+#undef NO_SCALES
 
 static const mk_ggml_layout *mk_ggml_find_layout(uint32_t type) {
     for (size_t i = 0; i < sizeof mk_ggml_layouts / sizeof mk_ggml_layouts[0]; i++)
@@ -225,6 +231,50 @@ static void dq_q6_k(const uint8_t *b, float *y) { /* ql[128], qh[64], scales[16]
             yy[l + 96] = (d * (float)sc[is + 6]) * (float)q4;
         }
     }
+}
+
+/* =========================================================== finite values == */
+
+/* Exponent bits all set: NaN or Inf in each encoding. */
+static bool gq_f32_nonfinite(const uint8_t *p) {
+    uint32_t u;
+    memcpy(&u, p, sizeof u);
+    return (u & 0x7f800000u) == 0x7f800000u;
+}
+static bool gq_f16_nonfinite(const uint8_t *p) { return (gq_u16(p) & 0x7c00u) == 0x7c00u; }
+static bool gq_bf16_nonfinite(const uint8_t *p) { return (gq_u16(p) & 0x7f80u) == 0x7f80u; }
+
+mk_status mk_gguf_check_finite(uint32_t type, const void *src, size_t src_bytes) {
+    const mk_ggml_layout *l = mk_ggml_find_layout(type);
+    if (!l || !mk_ggml_type_can_dequantize(type)) return MK_OK; /* not loadable: refused elsewhere */
+    if (src_bytes && !src) return mk_fail(MK_ERR_INVALID_ARGUMENT, "check finite: NULL buffer");
+    const uint8_t *s = src;
+    const size_t bb = l->block_bytes, n_blocks = src_bytes / bb;
+    size_t bad = SIZE_MAX; /* one plain loop per encoding: gigabytes of F16 pass at memory speed */
+    switch (type) {
+    case MK_GGML_TYPE_F32:
+        for (size_t i = 0; i < n_blocks && bad == SIZE_MAX; i++)
+            if (gq_f32_nonfinite(s + 4 * i)) bad = i;
+        break;
+    case MK_GGML_TYPE_F16:
+        for (size_t i = 0; i < n_blocks && bad == SIZE_MAX; i++)
+            if (gq_f16_nonfinite(s + 2 * i)) bad = i;
+        break;
+    case MK_GGML_TYPE_BF16:
+        for (size_t i = 0; i < n_blocks && bad == SIZE_MAX; i++)
+            if (gq_bf16_nonfinite(s + 2 * i)) bad = i;
+        break;
+    default:
+        break;
+    }
+    if (bad != SIZE_MAX) return mk_fail(MK_ERR_NONFINITE, "%s value %zu is NaN or infinite", l->name, bad);
+    if (l->block_elements == 1) return MK_OK;
+    for (size_t b = 0; b < n_blocks; b++)
+        for (int k = 0; k < 2; k++)
+            if (l->f16_scales[k] >= 0 && gq_f16_nonfinite(s + b * bb + l->f16_scales[k]))
+                return mk_fail(MK_ERR_NONFINITE, "%s block %zu (values %zu-%zu) has a NaN or infinite scale", l->name, b,
+                               b * l->block_elements, (b + 1) * l->block_elements - 1);
+    return MK_OK;
 }
 
 /* =================================================================== driver == */

@@ -22,8 +22,14 @@ struct mk_model {
 
 /* Whether the model carries this tensor (e.g. output.weight is absent when tied). */
 bool mk_model_has_tensor(const mk_model *m, const char *name);
-/* Fill out[n] with the tensor as F32; n must equal its element count. */
+/* Fill out[n] with the tensor as F32; n must equal its element count. A stored tensor
+ * holding NaN or Inf (mk_model_check_finite) is refused with MK_ERR_NONFINITE. */
 mk_status mk_model_load_tensor(const mk_model *m, const char *name, float *out, size_t n);
+/* MK_ERR_NONFINITE naming tensor `name` and its first NaN or Inf value or block scale
+ * (mk_gguf_check_finite over the stored bytes); MK_OK otherwise. What the loaders run on
+ * every weight before a backend sees it, so a model file with such a weight is refused at
+ * load instead of running and sampling from NaN logits. */
+mk_status mk_model_check_finite(const char *name, uint32_t ggml_type, const void *data, size_t bytes);
 /* The tensor as its source stores it, when the source has a stored format (a GGUF file):
  * ggml type, bytes inside the model (valid while the model lives) and their count; n must
  * equal its element count. False for a source without one (random): use load_tensor. */

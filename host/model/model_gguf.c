@@ -214,7 +214,16 @@ void mk_model_gguf_close(mk_model *m) {
 
 bool mk_model_gguf_has_tensor(const mk_model *m, const char *name) { return mk_gguf_find_tensor(m->gguf, name) != NULL; }
 
+mk_status mk_model_check_finite(const char *name, uint32_t ggml_type, const void *data, size_t bytes) {
+    if (mk_gguf_check_finite(ggml_type, data, bytes) == MK_OK) return MK_OK;
+    char why[256];
+    snprintf(why, sizeof why, "%s", mk_last_error());
+    return mk_fail(MK_ERR_NONFINITE, "tensor '%s': %s", name, why);
+}
+
 mk_status mk_model_gguf_load_tensor(const mk_model *m, const char *name, float *out, size_t n) {
+    const mk_gguf_tensor_info *t = mk_gguf_find_tensor(m->gguf, name);
+    if (t) MK_TRY(mk_model_check_finite(name, t->type, t->data, t->n_bytes));
     return mk_gguf_tensor_to_f32(m->gguf, name, out, n);
 }
 

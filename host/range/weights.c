@@ -26,6 +26,7 @@ static mk_status mk_range_native_matrix(mk_range *r, mk_carver *c, mk_weight *ds
                        b->ops->name, name, rows, cols);
     dst->data = mk_carve(c, bytes);
     if (!c->base) return MK_OK;
+    if (stored) MK_TRY(mk_model_check_finite(name, type, src, src_bytes)); /* as mk_model_load_tensor does */
     if (!stored) {
         MK_TRY(mk_model_load_tensor(r->model, name, staging, rows * cols));
         src = staging;

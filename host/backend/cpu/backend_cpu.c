@@ -158,6 +158,7 @@ static mk_status cpu_upload_native_weight(mk_backend *b, mk_weight *w, uint32_t 
                                           size_t src_bytes) {
     MK_TRY(mk_cpu_native_store(w, ggml_type, src, src_bytes));
     mk_cpu_backend *cb = cpu_of(b);
+    if (!cpu_native_mode(b)) return MK_OK; /* products of its weights take no tiles */
     if (mk_cpu_native_takes_tiles(&cb->native, w->format)) cb->tiles_wanted = true;
     return cpu_reserve_tiles(cb);
 }

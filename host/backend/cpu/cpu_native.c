@@ -217,7 +217,11 @@ static bool mk_native_has_rows_dot(const mk_cpu_native *ctx, uint32_t format) {
 }
 
 bool mk_cpu_native_takes_tiles(const mk_cpu_native *ctx, uint32_t format) {
-    return format != MK_GGML_TYPE_F32 && !mk_native_has_rows_dot(ctx, format);
+    if (!ctx->kernels || format == MK_GGML_TYPE_F32) return false;
+    /* The table alone (not ctx->xp, which a weight stored before the reserve would not see):
+     * a native-mode reserve always makes the pairs Q4_1's n-row dot reads. */
+    if (format == MK_GGML_TYPE_Q4_1) return !ctx->kernels->dotn_q4_1;
+    return !mk_cpu_quant_dotn_for(ctx->kernels, format) && !mk_cpu_quant_kdotn_for(ctx->kernels, format);
 }
 
 /* True when a product of `rows` rows over weight w goes through the dot kernels (the

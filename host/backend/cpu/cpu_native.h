@@ -65,8 +65,9 @@ mk_status mk_cpu_native_store(mk_weight *w, uint32_t type, const void *src, size
 
 /* True when products of MK_NATIVE_GEMM_MIN_ROWS rows or more over a weight stored in
  * `format` take dequantized tiles and SGEMM (wtile): a kept format without an n-row dot in
- * ctx->kernels (F16, BF16; every format in the portable table). The backend reserves the
- * tiles only once a weight needs them. */
+ * ctx->kernels (F16, BF16; every format in the portable table), from the table alone;
+ * false without one (a backend outside native mode). The backend reserves the tiles only
+ * once a weight needs them. */
 bool mk_cpu_native_takes_tiles(const mk_cpu_native *ctx, uint32_t format);
 
 /* Rows a product of a quantized or 16-bit weight computes each alone (the dot path): any
