@@ -26,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -791,12 +792,34 @@ static enum MHD_Result mk_handle_get(struct MHD_Connection *conn, mk_server *srv
     return mk_respond(conn, srv, 200, "application/json", body, NULL, NULL);
 }
 
+/* How many headers give the body's length. Two Content-Lengths, or one with a
+ * Transfer-Encoding, can be read two ways: a proxy in front may take the other, and the
+ * bytes after the body it saw would run here as a second request (request smuggling). */
+typedef struct mk_framing {
+    unsigned content_length, transfer_encoding;
+} mk_framing;
+
+static enum MHD_Result mk_count_framing(void *cls, enum MHD_ValueKind kind, const char *key, const char *value) {
+    (void)kind, (void)value;
+    mk_framing *f = cls;
+    if (strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH) == 0) f->content_length++;
+    if (strcasecmp(key, MHD_HTTP_HEADER_TRANSFER_ENCODING) == 0) f->transfer_encoding++;
+    return MHD_YES;
+}
+
 static enum MHD_Result mk_handler(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
                                   const char *version, const char *upload, size_t *upload_size, void **con_cls) {
     (void)version;
     mk_server *srv = cls;
     mk_conn *c = *con_cls;
     if (!c) { /* the first call: headers only */
+        mk_framing framing = {0, 0};
+        MHD_get_connection_values(conn, MHD_HEADER_KIND, mk_count_framing, &framing);
+        if (framing.content_length > 1 || (framing.content_length && framing.transfer_encoding))
+            return mk_refuse_now(conn, srv, 400, "invalid_request", MHD_HTTP_HEADER_CONNECTION, "close",
+                                 "the request's length is ambiguous (%u Content-Length and %u Transfer-Encoding "
+                                 "headers): the connection closes",
+                                 framing.content_length, framing.transfer_encoding);
         static const struct { const char *path, *method; mk_route route; } routes[] = {
             {"/v1/chat/completions", "POST", MK_ROUTE_CHAT}, {"/v1/completions", "POST", MK_ROUTE_COMPLETION},
             {"/v1/models", "GET", MK_ROUTE_NONE},             {"/health", "GET", MK_ROUTE_NONE},
@@ -1011,6 +1034,8 @@ static void mk_serve_say_listening(const mk_server *srv, const mk_serve_settings
     fflush(stdout);
 }
 
+enum { MK_CUT_ANSWER_SECONDS = 10 };
+
 /* Until SIGTERM/SIGINT; then the drain: new requests get 503, those open finish (up to
  * --drain-timeout), and the sequences still running are cut. */
 static void mk_serve_until_stopped(mk_server *srv, const mk_serve_settings *set, const char *cmd) {
@@ -1028,8 +1053,16 @@ static void mk_serve_until_stopped(mk_server *srv, const mk_serve_settings *set,
         for (size_t i = 0; i < srv->n_jobs; i++) (void)mk_sched_cancel(srv->sched, srv->jobs[i]->seq);
     srv->closing = true; /* the stage's source closes; its requests are cut at their next token */
     mk_wake(srv);
+    /* The cut requests still answer (finish_reason "length", and [DONE] when streamed): their
+     * connection threads see the sequences ended within one wait of mk_conn_advance. The
+     * daemon stops only after that (or MK_CUT_ANSWER_SECONDS), or it would drop them mid-answer. */
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += MK_CUT_ANSWER_SECONDS;
+    while (srv->n_active && pthread_cond_timedwait(&srv->idle_cv, &srv->mu, &until) == 0) {}
+    const size_t unanswered = srv->n_active;
     pthread_mutex_unlock(&srv->mu);
     if (left) printf("meshkern %s: %zu requests still open after %zu s: their sequences cancelled\n", cmd, left, set->drain);
+    if (unanswered) printf("meshkern %s: %zu requests unanswered after %d s more: closed\n", cmd, unanswered, MK_CUT_ANSWER_SECONDS);
 }
 
 static void mk_serve_close(mk_server *srv, char *file_key) {

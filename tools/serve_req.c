@@ -330,6 +330,23 @@ static bool mk_parse_root(const mk_serve_limits *lim, mk_serve_kind kind, const 
     return true;
 }
 
+/* The offset of the first \u0000 escape inside a JSON string of body, or len: the parser
+ * decodes it into a NUL that ends the C string, so the text after it would silently go. */
+static size_t mk_serve_nul_escape(const char *body, size_t len) {
+    bool in_string = false;
+    for (size_t i = 0; i < len; i++) {
+        if (!in_string) {
+            in_string = body[i] == '"';
+        } else if (body[i] == '"') {
+            in_string = false;
+        } else if (body[i] == '\\' && i + 1 < len) {
+            if (body[i + 1] == 'u' && i + 6 <= len && memcmp(body + i + 2, "0000", 4) == 0) return i;
+            i++; /* the escaped character (a quote or a backslash does not end or start anything) */
+        }
+    }
+    return len;
+}
+
 bool mk_serve_parse(const mk_serve_limits *lim, mk_serve_kind kind, const char *body, size_t len, mk_serve_req *req,
                     mk_serve_err *err) {
     memset(req, 0, sizeof *req);
@@ -337,6 +354,10 @@ bool mk_serve_parse(const mk_serve_limits *lim, mk_serve_kind kind, const char *
     const size_t bad = mk_serve_utf8_check(body, len);
     if (bad < len)
         return mk_serve_refuse(err, 400, "invalid_encoding", NULL, "the request body is not valid UTF-8 (byte %zu)", bad);
+    const size_t nul = mk_serve_nul_escape(body, len);
+    if (nul < len)
+        return mk_serve_refuse(err, 400, "invalid_encoding", NULL,
+                               "a string of the request holds a NUL character (\\u0000 at byte %zu): text cannot", nul);
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(body, len, &end, false);
     if (!root) {

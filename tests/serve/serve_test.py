@@ -232,6 +232,10 @@ def main():
             ("logprobs", {**base, "logprobs": True}, 400, "logprobs are not supported"),
             ("stop wrong type", {**base, "stop": 5}, 400, "stop must be a string"),
             ("unknown model", {**base, "model": "gpt-4"}, 404, "the model 'gpt-4' does not exist"),
+            # a NUL would end the parsed text there, silently dropping the rest of the prompt
+            ("NUL in content", {**base, "messages": [{"role": "user", "content": "What is 2 + 2?\x00 Ignore that."}]},
+             400, "NUL character"),
+            ("NUL in model", {**base, "model": model_id + "\x00gpt"}, 400, "NUL character"),
         ]
         for name, body, want, msg in cases:
             status, _, out = curl(srv.url, "/v1/chat/completions", body)
@@ -262,6 +266,31 @@ def main():
         status, _, out = curl(srv.url, "/v1/chat/completions", b'{"messages": "' + b"x" * 70000 + b'"}')
         check(status == 413 and "over this server's limit of 65536" in json.loads(out)["error"]["message"],
               "body over --max-body: 413")
+        # an escaped backslash before "u0000" is text, not a NUL: answered
+        status, _, out = curl(srv.url, "/v1/chat/completions",
+                              {**base, "messages": [{"role": "user", "content": "Repeat \\u0000 please"}]})
+        check(status == 200 and json.loads(out)["usage"]["prompt_tokens"] > 0, f"a literal \\u0000 in content: {status}")
+        # two Content-Lengths (or one with Transfer-Encoding): 400 and the connection closes, so
+        # the bytes past the shorter body never run as a second request (smuggling)
+        host, port = srv.url[len("http://"):].split(":")
+        for name, framing in [("two Content-Lengths", b"Content-Length: 2\r\nContent-Length: 37\r\n"),
+                              ("Content-Length and chunked", b"Content-Length: 2\r\nTransfer-Encoding: chunked\r\n")]:
+            sock = socket.create_connection((host, int(port)))
+            sock.settimeout(20)
+            sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + KEY.encode() +
+                         b"\r\n" + framing + b"\r\n{}GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            got = b""
+            try:
+                while True:
+                    d = sock.recv(65536)
+                    if not d:
+                        break
+                    got += d
+            except OSError:
+                pass
+            sock.close()
+            check(got.startswith(b"HTTP/1.1 400") and b"ambiguous" in got and b"meshkern_" not in got,
+                  f"{name}: 400, connection closed, nothing smuggled ({got[:60]!r})")
         status, _, out = curl(srv.url, "/health", key=None)
         check(status == 200 and json.loads(out)["status"] == "ok", "GET /health without a key: ok")
         m = curl(srv.url, "/metrics")[2].decode()
@@ -367,6 +396,35 @@ def main():
     quick.proc.send_signal(signal.SIGINT)
     rc = quick.proc.wait(30)
     check(rc == 0, f"SIGINT right after startup: exit {rc}")
+    # past --drain-timeout the requests still open are cut short, and still answered: the
+    # stream ends with finish_reason "length" and [DONE], the plain answer with status 200
+    cut = Server("--ctx", "2048", "--drain-timeout", "1")
+    long_ask = {"messages": [{"role": "user", "content": "Write a long story about a dragon."}], "max_tokens": 1800}
+    got = {}
+    def ask_long(stream):
+        got[stream] = curl(cut.url, "/v1/chat/completions", {**long_ask, "stream": stream}, key=None, stream=stream)
+    threads = [threading.Thread(target=ask_long, args=(st,)) for st in (True, False)]
+    for th in threads:
+        th.start()
+    deadline = time.time() + 10
+    while time.time() < deadline and metric(cut.url, "meshkern_sequences_in_flight") != 2:
+        time.sleep(0.02)
+    time.sleep(0.5)
+    cut.proc.send_signal(signal.SIGTERM)
+    for th in threads:
+        th.join(60)
+    rc = cut.proc.wait(30)
+    status, _, body = got.get(True, (0, "", b""))
+    t, f, _, done = sse_text(body)
+    check(status == 200 and f == "length" and done and t, f"drain timeout: the cut stream ends with length and [DONE] ({f}, {done})")
+    status, _, body = got.get(False, (0, "", b"{}"))
+    try:
+        answer = json.loads(body)
+        ok = status == 200 and answer["choices"][0]["finish_reason"] == "length" and 0 < answer["usage"]["completion_tokens"] < 1800
+    except (ValueError, KeyError, TypeError):
+        ok = False
+    check(ok, f"drain timeout: the cut plain request is answered ({status}, {body[-120:]!r})")
+    check(rc == 0, f"drain timeout: exit {rc}")
     print(f"serve test: {time.time() - t0:.1f} s, {len(failures)} failure(s)")
     if failures:
         print("".join(srv.lines[-20:]) + "".join(small.lines[-20:]))
