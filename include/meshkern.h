@@ -817,6 +817,11 @@ typedef struct mk_sched_options {
     void *user;
     size_t timeline_capacity;  /* step records kept per worker for the timeline (later steps
                                   are not recorded); 0 = none */
+    size_t prefill_chunk;      /* prompt rows per step of a sequence: a longer prompt goes
+                                  through in chunks of this many (its first token comes with
+                                  the last chunk), so it never holds the other sequences'
+                                  decode steps for its whole prefill; 0 = the whole prompt in
+                                  one step */
 } mk_sched_options;
 
 MK_API mk_sched_options mk_sched_options_default(void);

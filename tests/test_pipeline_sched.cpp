@@ -8,6 +8,7 @@
 #include <thread>
 #include <string>
 
+#include "mk_native_gguf.h"
 #include "sched/sched.h"
 #include "sched_test_util.h"
 
@@ -694,8 +695,8 @@ TEST(PipelineSchedSmolLM2, NativeWeightsEverySequenceMatchesWhole) {
     ModelPtr model(raw);
     const struct {
         mk_dtype kv;
-        size_t batch;
-    } cases[] = {{MK_DTYPE_F32, 1}, {MK_DTYPE_F16, 1}, {MK_DTYPE_F32, 3}};
+        size_t batch, chunk;
+    } cases[] = {{MK_DTYPE_F32, 1, 0}, {MK_DTYPE_F16, 1, 0}, {MK_DTYPE_F32, 3, 0}, {MK_DTYPE_F32, 3, 2}};
     for (const auto &cs : cases) {
         const mk_dtype kv = cs.kv;
         mk_range_options ro = cpu_options();
@@ -710,6 +711,7 @@ TEST(PipelineSchedSmolLM2, NativeWeightsEverySequenceMatchesWhole) {
         o.range = ro;
         o.split_auto = true;
         o.n_workers = 2;
+        o.prefill_chunk = cs.chunk; // 2: prompts of up to 9 tokens in chunks, against unchunked runs
         Collector c;
         SchedPtr s = make_sched(model.get(), o, &c);
         ASSERT_TRUE(s);
@@ -718,9 +720,96 @@ TEST(PipelineSchedSmolLM2, NativeWeightsEverySequenceMatchesWhole) {
         mk_range_options alone = ro;
         alone.max_batch_sequences = 1;
         expect_all_match_whole(model.get(), alone, specs, collect(s.get(), &c, ids),
-                               std::string("native, kv ") + mk_dtype_name(kv) + ", batch " + std::to_string(cs.batch));
+                               std::string("native, kv ") + mk_dtype_name(kv) + ", batch " + std::to_string(cs.batch) +
+                                   ", prefill chunk " + std::to_string(cs.chunk));
         if (HasFatalFailure()) return;
     }
+}
+
+// ======================================================== chunked prefill ==
+
+// Prompts through in chunks of 1, 2 or 3 rows (mk_sched_options.prefill_chunk), one step per
+// chunk, alone or batched with the other sequences' steps, 2 stages: every sequence's tokens
+// and logits equal its whole-model run with the prompt in one forward (each prompt row's
+// products and attention are those it has in the whole prompt).
+TEST(PipelineSched, ChunkedPrefillMatchesTheWholePromptRun) {
+    for (const ModelCase &mc : model_cases()) {
+        ModelPtr model = make_random_model(mc.hp);
+        const std::vector<SeqSpec> specs = mixed_specs(model.get(), cpu_options(), 7, 11);
+        for (size_t chunk : {1, 2, 3})
+        for (size_t batch : {1, 4}) {
+            const std::vector<int64_t> two = {2};
+            mk_sched_options o = sched_options(4, &two, MK_SEAM_WIRE);
+            o.range.max_batch_sequences = batch;
+            o.prefill_chunk = chunk;
+            Collector c;
+            SchedPtr s = make_sched(model.get(), o, &c);
+            ASSERT_TRUE(s);
+            const std::vector<uint64_t> ids = submit_all(s.get(), specs);
+            ASSERT_TRUE(wait_all_within(s.get(), 120));
+            expect_all_match_whole(model.get(), cpu_options(), specs, collect(s.get(), &c, ids),
+                                   std::string(mc.name) + " chunk " + std::to_string(chunk) + " batch " +
+                                       std::to_string(batch));
+            if (HasFatalFailure()) return;
+        }
+    }
+}
+
+// A long prompt does not hold the others' decoding for its whole prefill: in chunks of 2 its
+// steps take at most 2 rows, and the sequence decoding beside it gets a step between each
+// two of its chunks (the next chunk queues behind the steps already waiting).
+TEST(PipelineSched, ALongPromptGoesInChunksBetweenTheOthersDecodeSteps) {
+    // native Q8_0 weights: every prompt row's products are its own (the dot kernels), so the
+    // chunked prompt's logits are the whole prompt's bit for bit at any length (F32 SGEMM
+    // gives a 21-row product other roundings than 2-row ones: tolerance there, not bits)
+    mk_native_gguf::TempModel tm([](const std::string &) { return (uint32_t)MK_GGML_TYPE_Q8_0; }, true);
+    ASSERT_TRUE(tm.model);
+    const mk_model *model = tm.model.get();
+    mk_sched_options o = sched_options(2, nullptr, MK_SEAM_LOCAL);
+    o.range.backend.weight_dtype = MK_DTYPE_NATIVE;
+    o.range.backend.threads = 1;
+    o.range.max_batch_sequences = 2;
+    o.prefill_chunk = 2;
+    o.timeline_capacity = 512;
+    Collector c;
+    SchedPtr s = make_sched(model, o, &c);
+    ASSERT_TRUE(s);
+    std::vector<SeqSpec> specs(2);
+    specs[0].prompt = {3, 1};
+    specs[0].max_new = 30;
+    for (int32_t t = 0; t < 21; t++) specs[1].prompt.push_back((t * 7 + 2) % 40);
+    specs[1].max_new = 3;
+    const std::vector<uint64_t> ids = submit_all(s.get(), specs);
+    ASSERT_TRUE(wait_all_within(s.get(), 60));
+    mk_range_options alone = o.range;
+    alone.max_batch_sequences = 1;
+    expect_all_match_whole(model, alone, specs, collect(s.get(), &c, ids), "long prompt");
+    char *json = nullptr;
+    size_t len = 0;
+    MK_ASSERT_OK(mk_sched_timeline_json(s.get(), &json, &len));
+    const std::string text(json, len);
+    mk_buffer_free(json);
+    // the long prompt's steps in order: rows and start; the other's step starts
+    std::vector<std::pair<unsigned, double>> longs;
+    std::vector<double> others;
+    for (size_t p = text.find("{\"worker\":"); p != std::string::npos; p = text.find("{\"worker\":", p + 1)) {
+        unsigned worker = 0, rows = 0;
+        unsigned long long seq = 0;
+        double start = 0, end = 0;
+        ASSERT_EQ(sscanf(text.c_str() + p, "{\"worker\":%u,\"seq\":%llu,\"rows\":%u,\"start_us\":%lf,\"end_us\":%lf", &worker,
+                         &seq, &rows, &start, &end), 5);
+        if (seq == ids[1]) longs.push_back({rows, start});
+        if (seq == ids[0]) others.push_back(start);
+    }
+    std::vector<unsigned> rows;
+    for (const auto &l : longs) rows.push_back(l.first);
+    const std::vector<unsigned> want = {2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 1, 1, 1}; // 21 prompt rows, then 2 decode rows
+    EXPECT_EQ(rows, want);
+    ASSERT_EQ(longs.size(), want.size());
+    const double first = longs[0].second, last_chunk = longs[10].second;
+    size_t beside = 0;
+    for (double t : others) beside += t > first && t <= last_chunk;
+    EXPECT_GE(beside, 10u) << "the decoding sequence's steps during the long prompt's 11 chunks";
 }
 
 // ============================================================== options ==

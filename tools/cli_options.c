@@ -184,6 +184,13 @@ mk_cli_option mk_cli_opt_max_sequences(size_t *n, const char *dflt) {
                            dflt, MK_CLI_COUNT, n, 1, MK_CLI_MAX_SEQUENCES, NULL};
 }
 
+mk_cli_option mk_cli_opt_prefill_chunk(size_t *n, const char *dflt) {
+    return (mk_cli_option){"--prefill-chunk", NULL, "N",
+                           "prompt tokens per step of a sequence: a longer prompt goes in chunks between the others' "
+                           "decode steps (0: whole)",
+                           dflt, MK_CLI_COUNT, n, 0, 1u << 20, NULL};
+}
+
 mk_cli_option mk_cli_opt_step_sequences(size_t *n) {
     return (mk_cli_option){"--step-sequences", NULL, "N",
                            "sequences one forward may carry (continuous batching; 1: one sequence per step)",

@@ -99,6 +99,8 @@ mk_cli_option mk_cli_opt_max_sequences(size_t *n, const char *dflt);
  * time). Its value for a run of max_sequences in flight: N, or by default all of them up to
  * MK_MAX_BATCH_SEQUENCES. */
 mk_cli_option mk_cli_opt_step_sequences(size_t *n);
+/* --prefill-chunk N: mk_sched_options.prefill_chunk (0: a prompt in one step). */
+mk_cli_option mk_cli_opt_prefill_chunk(size_t *n, const char *dflt);
 size_t mk_cli_step_sequences(size_t given, size_t max_sequences);
 /* --split L1,L2,...: the last layer of every range but the last (auto_ok: or "auto"). */
 mk_cli_option mk_cli_opt_split(mk_cli_list *cuts);

@@ -37,6 +37,7 @@ typedef struct batch_args {
     size_t n_stop;
     size_t batch, n_new;
     size_t step_seqs; /* --step-sequences, 0: the default (mk_cli_step_sequences) */
+    size_t prefill_chunk; /* --prefill-chunk, 0: a prompt in one step */
     mk_seam_kind seam; /* 0: the placement rule */
     mk_cli_backend backend;
 } batch_args;
@@ -89,6 +90,7 @@ static int parse_batch_args(int argc, char **argv, batch_args *a) {
         mk_cli_opt_max_tokens(&a->n_new, MK_CLI_MAX_NEW_TOKENS, "16"),
         mk_cli_opt_max_sequences(&a->batch, "8"),
         mk_cli_opt_step_sequences(&a->step_seqs),
+        mk_cli_opt_prefill_chunk(&a->prefill_chunk, "0"),
         mk_cli_opt_stop(&stop_l),
         mk_cli_opt_split(&cuts_l),
         mk_cli_opt_devices(&devices_l),
@@ -252,6 +254,7 @@ static int run_batch(const batch_args *a, const mk_model *model, const mk_tokeni
     o.n_devices = a->n_devices;
     o.max_sequences = a->batch;
     o.range.max_batch_sequences = mk_cli_step_sequences(a->step_seqs, a->batch);
+    o.prefill_chunk = a->prefill_chunk;
     o.seam = a->seam;
     if (a->timeline && !mk_size_mul(n_prompts, a->n_new + 1, &o.timeline_capacity))
         return mk_cli_fail(mk_fail(MK_ERR_OUT_OF_MEMORY, "a timeline of %zu sequences x %zu steps overflows", n_prompts,

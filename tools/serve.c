@@ -1079,7 +1079,7 @@ static mk_server mk_the_server; /* the one server of this process (its threads p
 
 int mk_cli_serve(int argc, char **argv) {
     const char *path = NULL;
-    size_t max_seq = 8;
+    size_t max_seq = 8, prefill_chunk = 128;
     int64_t cuts[MK_CLI_MAX_LIST];
     mk_cli_list cuts_l = MK_CLI_LIST(cuts, 0, INT32_MAX, "layer", false);
     mk_cli_backend backend;
@@ -1088,7 +1088,8 @@ int mk_cli_serve(int argc, char **argv) {
     mk_serve_settings_default(&set);
     mk_cli_option http[MK_SERVE_CLI_OPTIONS];
     const size_t n_http = mk_serve_cli_options(&set, false, http);
-    const mk_cli_option opts[] = {mk_cli_opt_split(&cuts_l), mk_cli_opt_max_sequences(&max_seq, "8")};
+    const mk_cli_option opts[] = {mk_cli_opt_split(&cuts_l), mk_cli_opt_max_sequences(&max_seq, "8"),
+                                  mk_cli_opt_prefill_chunk(&prefill_chunk, "128")};
     mk_cli_option backend_opts[MK_CLI_BACKEND_OPTIONS];
     const mk_cli_group groups[] = {
         {"options", http, n_http},
@@ -1126,6 +1127,7 @@ int mk_cli_serve(int argc, char **argv) {
     o.n_cuts = cuts_l.n;
     o.max_sequences = max_seq;
     o.range.max_batch_sequences = mk_cli_step_sequences(0, max_seq); /* every sequence in flight shares a step */
+    o.prefill_chunk = prefill_chunk; /* a long prompt does not stall the streams beside it */
     o.on_token = mk_serve_on_token;
     o.user = srv;
     s = mk_sched_create(model, &o, &srv->sched);

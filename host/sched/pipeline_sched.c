@@ -187,6 +187,7 @@ mk_status mk_sched_create(const mk_model *model, const mk_sched_options *options
         s->model = model;
         s->n_workers = n_workers;
         s->n_slots = o.max_sequences;
+        s->prefill_chunk = o.prefill_chunk;
         s->vocab = mk_model_hparams(model)->vocab;
         s->on_token = o.on_token;
         s->user = o.user;
@@ -278,12 +279,19 @@ size_t mk_sched_seam_bytes(const mk_sched *s, size_t i) {
 
 /* ============================================================= admission == */
 
+/* The prompt rows of the step after `done` of them went through. */
+static size_t mk_sched_chunk(const mk_sched *s, const mk_sched_request *req, size_t done) {
+    const size_t left = req->n_prompt - done;
+    return s->prefill_chunk && left > s->prefill_chunk ? s->prefill_chunk : left;
+}
+
 /* Point a slot's item at the first step of `req` (called under s->mu). */
-static void mk_sched_start(mk_sched_item *item, mk_sched_request *req) {
+static void mk_sched_start(const mk_sched *s, mk_sched_item *item, mk_sched_request *req) {
     item->kind = MK_ITEM_PREFILL;
     item->req = req;
+    item->prompt_done = 0;
     item->tokens = req->prompt;
-    item->n_tokens = req->n_prompt;
+    item->n_tokens = mk_sched_chunk(s, req, 0);
     req->state = MK_SEQ_RUNNING;
 }
 
@@ -322,7 +330,7 @@ static size_t mk_sched_admit(mk_sched *s, mk_sched_item **admitted, size_t cap) 
         s->pending_head = r->next_pending;
         if (!s->pending_head) s->pending_tail = NULL;
         mk_sched_item *item = &s->items[s->free_slots[--s->n_free]];
-        mk_sched_start(item, r);
+        mk_sched_start(s, item, r);
         admitted[n++] = item;
     }
     return n;
@@ -432,6 +440,22 @@ void mk_sched_retire(mk_sched *s, mk_sched_item *item, mk_seq_state state, mk_st
 
 void mk_sched_emit(mk_sched *s, mk_sched_item *item) {
     mk_sched_request *r = item->req;
+    if (item->kind == MK_ITEM_PREFILL && item->prompt_done + item->n_tokens < r->n_prompt) {
+        /* A prompt chunk before the last: its token is not the answer's first. The next
+         * chunk goes behind the steps already queued (decode rows of the others first). */
+        pthread_mutex_lock(&s->mu);
+        const bool cancelled = r->cancelled;
+        pthread_mutex_unlock(&s->mu);
+        if (cancelled) {
+            mk_sched_retire(s, item, MK_SEQ_DONE, MK_OK, NULL);
+            return;
+        }
+        item->prompt_done += item->n_tokens;
+        item->tokens = r->prompt + item->prompt_done;
+        item->n_tokens = mk_sched_chunk(s, r, item->prompt_done);
+        (void)mk_queue_push(&s->inbox0, item);
+        return;
+    }
     const int32_t token = item->token;
     bool stop = false;
     for (size_t i = 0; i < r->n_stop; i++) stop |= r->stop_ids[i] == token;

@@ -56,8 +56,9 @@ typedef struct mk_sched_item {
     mk_item_kind kind;
     size_t slot;
     mk_sched_request *req;
-    const int32_t *tokens; /* [n_tokens]: the prompt, or &next_token */
+    const int32_t *tokens; /* [n_tokens]: the prompt (or its next chunk), or &next_token */
     size_t n_tokens;
+    size_t prompt_done;    /* prompt tokens of the chunks before this one */
     int32_t next_token;
     mk_boundary **out;       /* [n_workers - 1] */
     float *logits;           /* [vocab] tail output */
@@ -172,6 +173,7 @@ struct mk_sched_request {
 struct mk_sched {
     const mk_model *model;
     size_t n_workers, n_slots, vocab;
+    size_t prefill_chunk; /* prompt rows per step (mk_sched_options.prefill_chunk), 0 = all */
     mk_sched_worker *workers; /* [n_workers] */
     mk_sched_link *links;   /* [n_workers - 1] */
     mk_queue inbox0;
