@@ -750,7 +750,7 @@ static enum MHD_Result mk_start_generation(struct MHD_Connection *conn, mk_conn 
 static bool mk_authorized(struct MHD_Connection *conn, const mk_server *srv) {
     if (!srv->api_key) return true;
     const char *h = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
-    if (!h || strncmp(h, "Bearer ", 7) != 0) return false;
+    if (!h || strncasecmp(h, "Bearer ", 7) != 0) return false; /* the scheme is case-insensitive (RFC 9110 11.1) */
     const char *given = h + 7, *key = srv->api_key;
     const size_t lg = strlen(given), lk = strlen(key);
     volatile unsigned char diff = lg != lk;

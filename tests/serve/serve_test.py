@@ -251,6 +251,8 @@ def main():
             check(False, "openai client: temperature 1 refused")
         except openai.BadRequestError as e:
             check(e.status_code == 400 and "temperature" in str(e), "openai client: temperature 1 -> BadRequestError")
+        status, _, out = curl(srv.url, "/v1/chat/completions", base, key=None, headers=("Authorization: bearer " + KEY,))
+        check(status == 200, f"the Bearer scheme in lower case: {status}")
         for name, key, want in [("missing API key", None, 401), ("wrong API key", "sk-wrong", 401)]:
             status, head, out = curl(srv.url, "/v1/chat/completions", base, key=key)
             check(status == want and "API key" in json.loads(out)["error"]["message"], f"{name}: {status}")
