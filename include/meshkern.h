@@ -960,6 +960,9 @@ typedef struct mk_stage_options {
        certificate is dropped at the rendezvous like any stranger. Without it, listeners bind
        loopback unless the rendezvous address says otherwise, and log a notice then. */
     mk_seam_tls tls;
+    size_t prefill_chunk;      /* rank 0: prompt rows per step of a request, as
+                                  mk_sched_options.prefill_chunk (its first token comes with
+                                  the last chunk); 0 = the whole prompt in one step */
 } mk_stage_options;
 MK_API mk_stage_options mk_stage_options_default(void);
 

@@ -78,6 +78,7 @@ static bool parse_launcher(const char *v, void *dest, char *why, size_t why_len)
 static int parse_stage_args(int argc, char **argv, stage_args *a) {
     memset(a, 0, sizeof *a);
     a->o = mk_stage_options_default();
+    a->o.prefill_chunk = SIZE_MAX; /* not given: set once --serve is known */
     mk_cli_backend backend;
     mk_cli_backend_init(&backend);
     size_t rank = SIZE_MAX, world = 0;
@@ -103,6 +104,7 @@ static int parse_stage_args(int argc, char **argv, stage_args *a) {
          MK_CLI_FLAG, &a->text, 0, 0, NULL},
         mk_cli_opt_max_tokens(&a->o.max_new_tokens, MK_CLI_MAX_NEW_TOKENS, tokens_default),
         mk_cli_opt_max_sequences(&a->o.max_sequences, sequences_default),
+        mk_cli_opt_prefill_chunk(&a->o.prefill_chunk, "0; 128 with --serve"),
         mk_cli_opt_stop(&stop_l),
         {"--timeout", NULL, "S", "the deadline of every wait for another process, in seconds", "30", MK_CLI_CALL,
          &a->o.timeout_ms, 0, 0, parse_timeout},
@@ -126,6 +128,7 @@ static int parse_stage_args(int argc, char **argv, stage_args *a) {
         {"MODEL"}, groups, sizeof groups / sizeof *groups};
     const int bad = mk_cli_parse(&cmd, argc, argv, &a->model);
     if (bad >= 0) return bad;
+    if (a->o.prefill_chunk == SIZE_MAX) a->o.prefill_chunk = a->serve.enabled ? 128 : 0; /* as meshkern serve, or whole */
     a->o.rank = rank == SIZE_MAX ? -1 : (int)rank;
     a->o.world = (int)world;
     a->o.split_auto = cuts_l.is_auto;

@@ -23,6 +23,8 @@ typedef struct mk_head_entry {
     size_t n, cap;       /* cap: its token limit, or fewer where its KV fills first */
     size_t limit;        /* the token limit asked for */
     bool ready;          /* its next rows wait for a step: the prompt (n == 0) or its last token */
+    size_t prompt_done;  /* prompt tokens of the chunks sent before (o.prefill_chunk) */
+    size_t step_rows;    /* rows of its step in flight */
     bool reserved;       /* its slot holds the KV blocks of its whole run (admitted only then) */
 } mk_head_entry;
 
@@ -55,6 +57,13 @@ static void mk_head_tell_late(mk_head *h) {
     h->n_late = 0;
 }
 
+/* The rows of a request's next step: its last token, or its prompt's next chunk. */
+static size_t mk_head_rows(const mk_stage *st, const mk_head_entry *e) {
+    if (e->n) return 1;
+    const size_t left = e->a.n_prompt - e->prompt_done, chunk = st->o.prefill_chunk;
+    return chunk && left > chunk ? chunk : left;
+}
+
 /* One step of rank 0: the ready requests' rows (decode rows first, then prompts, within
  * the step's rows and requests) through this rank's range in one forward, then each
  * boundary on to rank 1. The others stay ready for the next step. */
@@ -66,7 +75,7 @@ static mk_status mk_head_step_ready(mk_head *h) {
         for (size_t k = 0; k < st->max_sequences && n < st->max_batch; k++) {
             mk_head_entry *e = &h->entry[k];
             if (!e->used || !e->ready || !e->reserved || (e->n == 0) != (prompts == 1)) continue;
-            const size_t r = e->n == 0 ? e->a.n_prompt : 1;
+            const size_t r = mk_head_rows(st, e);
             if (n > 0 && rows + r > st->max_rows) continue; /* next step */
             pick[n++] = e;
             rows += r;
@@ -79,9 +88,10 @@ static mk_status mk_head_step_ready(mk_head *h) {
         snprintf(id[k], sizeof id[k], "req-%zu", e->number);
         mk_sequence *seq = NULL;
         MK_TRY(mk_slots_get(&st->slots, id[k], false, &seq)); /* its slot: made when its blocks were reserved */
+        e->step_rows = mk_head_rows(st, e);
         entries[k] = (mk_forward_entry){.seq = seq,
-                                        .token_ids = e->n == 0 ? e->prompt : &e->tokens[e->n - 1],
-                                        .n_tokens = e->n == 0 ? e->a.n_prompt : 1,
+                                        .token_ids = e->n == 0 ? e->prompt + e->prompt_done : &e->tokens[e->n - 1],
+                                        .n_tokens = e->step_rows,
                                         .out = st->outs[k]};
         e->ready = false;
     }
@@ -235,6 +245,12 @@ static mk_status mk_head_result(mk_head *h, const char *body, size_t len) {
     if (info.kind != MK_TAIL_OUTPUT_TOKEN || info.token_id < 0 || (size_t)info.token_id >= hp->vocab)
         return mk_fail(MK_ERR_TAIL_RESULT, "rank %d sent no token id within the vocabulary for %s", last, info.request_id);
     const int32_t token = (int32_t)info.token_id;
+    if (e->n == 0 && e->prompt_done + e->step_rows < e->a.n_prompt) {
+        /* a prompt chunk before the last: its token is not the answer's first */
+        e->prompt_done += e->step_rows;
+        e->ready = true;
+        return MK_OK;
+    }
     if (e->n == e->cap) /* cannot happen: the step before would have overflowed the context */
         return mk_fail(MK_ERR_CONTEXT_OVERFLOW, "%s: more than %zu tokens", info.request_id, e->cap);
     e->tokens[e->n++] = token;

@@ -5,6 +5,7 @@
 // under an injected fault every request must be reported failed with the named status and
 // every process must exit non-zero within the deadline + 5 s.
 #include <arpa/inet.h>
+#include <algorithm>
 #include <cstdio>
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -162,6 +163,7 @@ int exit_code(const Proc &p) { return WIFEXITED(p.status) ? WEXITSTATUS(p.status
 // Rank 0's "seq N (...): limit, K tokens: a b c" lines, by sequence number (1-based).
 struct SeqLine {
     bool failed = false;
+    size_t number = 0;
     std::string status, line;
     std::vector<int32_t> tokens;
 };
@@ -174,6 +176,7 @@ std::vector<SeqLine> parse_seqs(const std::string &out) {
         if (line.rfind("seq ", 0) != 0) continue;
         SeqLine s;
         s.line = line;
+        s.number = std::strtoul(line.c_str() + 4, nullptr, 10);
         const size_t colon = line.find("): ");
         if (colon == std::string::npos) continue;
         std::string rest = line.substr(colon + 3);
@@ -189,6 +192,8 @@ std::vector<SeqLine> parse_seqs(const std::string &out) {
         }
         seqs.push_back(s);
     }
+    // in request order (rank 0 prints each as it finishes: a chunked prompt can finish later)
+    std::stable_sort(seqs.begin(), seqs.end(), [](const SeqLine &a, const SeqLine &b) { return a.number < b.number; });
     return seqs;
 }
 
@@ -350,6 +355,19 @@ TEST_P(StageParity, RandomModelTokensEqualTheWholeModel) {
 INSTANTIATE_TEST_SUITE_P(Stage, StageParity,
                          ::testing::Values(std::make_tuple(2, "tcp"), std::make_tuple(3, "tcp"),
                                            std::make_tuple(2, "unix")));
+
+// The same with --prefill-chunk 2 (rank 0 sends the prompts in chunks of two rows): the
+// tokens are the whole model's.
+TEST(Stage, ChunkedPromptsAcrossProcessesEqualTheWholeModel) {
+    mk_model *model = random_model();
+    const auto prompts = read_prompts(kPrompts);
+    const auto want = whole_model(model, MK_DTYPE_F32, prompts, 6);
+    Ranks ranks("chunked");
+    run_ranks(ranks, kRandom, "2", 2, {"--prompts", kPrompts},
+              {"--max-tokens", "6", "--max-sequences", "2", "--timeout", "20", "--prefill-chunk", "2"}, "", 60);
+    expect_parity(ranks, 1, want);
+    mk_model_free(model);
+}
 
 // SmolLM2 (native weights, the cpu default for a GGUF) in 2 and 3 processes: two prompts,
 // three tokens each.
@@ -912,6 +930,28 @@ TEST(StageLibrary, ReadyRequestsShareRankZerosForward) {
     EXPECT_LE(f.live.forwards, f.live.steps - 3) << "the four prompts went through one forward";
     // and each forward's boundaries crossed to rank 1 as one batch message
     EXPECT_EQ(f.live.messages_sent, f.live.forwards);
+    mk_model_free(model);
+}
+
+// Rank 0 sends each prompt in chunks of o.prefill_chunk rows (2 here: the prompts of 3, 2, 5
+// and 1 tokens take 2, 1, 3 and 1 steps): every request's tokens equal the whole model's
+// (the tokens rank 0 gets back for a chunk before the last are not the answer's), and rank
+// 0 sent one boundary per chunk and per decode token.
+TEST(StageLibrary, PromptsGoThroughRankZeroInChunks) {
+    mk_model *model = random_model();
+    const auto prompts = read_prompts(kPrompts);
+    ASSERT_GE(prompts.size(), 4u);
+    const size_t n_new = 6;
+    const auto want = whole_model(model, MK_DTYPE_F32, prompts, n_new);
+    mk_stage_options o = four_in_one_step(prompts, n_new);
+    o.prefill_chunk = 2;
+    const FourServed f = serve_four(model, o, prompts);
+    ASSERT_TRUE(f.joined);
+    expect_whole_model_tokens(f.run, want, 4);
+    size_t chunks = 0;
+    for (size_t i = 0; i < 4; i++) chunks += (prompts[i].size() + 1) / 2;
+    EXPECT_GT(chunks, 4u);
+    EXPECT_EQ(f.live.steps, 4 * (n_new - 1) + chunks);
     mk_model_free(model);
 }
 
