@@ -395,7 +395,7 @@ MUTATIONS=(
   "sched.batch-input-boundary-shared~host/sched/worker.c~s/s = mk_worker_prepare\(st, item, head \? NULL : st->ins\[n\]\);/s = mk_worker_prepare(st, item, head ? NULL : st->ins[0]);/~gtest:test_pipeline_sched:*Batched*"
   "stage.head-one-request-per-step~host/stage/stage_head.c~s/k < st->max_sequences && n < st->max_batch;/k < st->max_sequences \&\& n < 1;/~stage:StageLibrary.*"
   "stage.member-batch-reads-first-boundary~host/stage/stage_member.c~s/entries\[n\] = \(mk_forward_entry\)\{.seq = r->seq, .in = st->ins\[k\]/entries[n] = (mk_forward_entry){.seq = r->seq, .in = st->ins[0]/~stage"
-  "stage.head-decode-feeds-first-token~host/stage/stage_head.c~s/\.token_ids = e->n == 0 \? e->prompt : &e->tokens\[e->n - 1\]/.token_ids = e->n == 0 ? e->prompt : \&e->tokens[0]/~stage:StageLibrary.*"
+  "stage.head-decode-feeds-first-token~host/stage/stage_head.c~s/\.token_ids = e->n == 0 \? e->prompt \+ e->prompt_done : &e->tokens\[e->n - 1\]/.token_ids = e->n == 0 ? e->prompt + e->prompt_done : \&e->tokens[0]/~stage:StageLibrary.*"
   "sched.token-buffer-not-capped~host/sched/pipeline_sched.c~s/const size_t n_max = max_new < mk_range_max_context\(head\) \? max_new : mk_range_max_context\(head\);/const size_t n_max = max_new;/~gtest:test_pipeline_sched:*HugeToken*"
   "cli.count-unbounded~tools/cli_options.c~s/x >= lo && x <= hi\)/x >= lo)/~ctest:CountOverTheLimit"
   # Issue 24: one option parser for every command (tools/cli_options.c).
