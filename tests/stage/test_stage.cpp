@@ -907,41 +907,32 @@ mk_stage_options four_in_one_step(const std::vector<std::vector<int32_t>> &promp
     return o;
 }
 
+// The four prompts through rank 0's forward together (its steps: a prefill and a decode row
+// per token each), and again with o.prefill_chunk = 2, where rank 0 sends each prompt in
+// chunks of 2 rows (the prompts of 3, 2, 5 and 1 tokens take 2, 1, 3 and 1 steps; the tokens
+// it gets back for a chunk before the last are not the answer's): every request's tokens
+// equal the whole model's, and rank 0 sent one boundary per chunk and per decode token.
 TEST(StageLibrary, ReadyRequestsShareRankZerosForward) {
     mk_model *model = random_model();
     const auto prompts = read_prompts(kPrompts);
     ASSERT_GE(prompts.size(), 4u);
     const size_t n_new = 6;
     const auto want = whole_model(model, MK_DTYPE_F32, prompts, n_new);
-    const FourServed f = serve_four(model, four_in_one_step(prompts, n_new), prompts);
-    ASSERT_TRUE(f.joined);
-    expect_whole_model_tokens(f.run, want, 4);
-    EXPECT_EQ(f.live.steps, 4 * n_new);
-    EXPECT_LE(f.live.forwards, f.live.steps - 3) << "the four prompts went through one forward";
-    // and each forward's boundaries crossed to rank 1 as one batch message
-    EXPECT_EQ(f.live.messages_sent, f.live.forwards);
-    mk_model_free(model);
-}
-
-// Rank 0 sends each prompt in chunks of o.prefill_chunk rows (2 here: the prompts of 3, 2, 5
-// and 1 tokens take 2, 1, 3 and 1 steps): every request's tokens equal the whole model's
-// (the tokens rank 0 gets back for a chunk before the last are not the answer's), and rank
-// 0 sent one boundary per chunk and per decode token.
-TEST(StageLibrary, PromptsGoThroughRankZeroInChunks) {
-    mk_model *model = random_model();
-    const auto prompts = read_prompts(kPrompts);
-    ASSERT_GE(prompts.size(), 4u);
-    const size_t n_new = 6;
-    const auto want = whole_model(model, MK_DTYPE_F32, prompts, n_new);
-    mk_stage_options o = four_in_one_step(prompts, n_new);
-    o.prefill_chunk = 2;
-    const FourServed f = serve_four(model, o, prompts);
-    ASSERT_TRUE(f.joined);
-    expect_whole_model_tokens(f.run, want, 4);
-    size_t chunks = 0;
-    for (size_t i = 0; i < 4; i++) chunks += (prompts[i].size() + 1) / 2;
-    EXPECT_GT(chunks, 4u);
-    EXPECT_EQ(f.live.steps, 4 * (n_new - 1) + chunks);
+    for (size_t chunk : {0, 2}) {
+        SCOPED_TRACE("prefill chunk " + std::to_string(chunk));
+        mk_stage_options o = four_in_one_step(prompts, n_new);
+        o.prefill_chunk = chunk;
+        const FourServed f = serve_four(model, o, prompts);
+        ASSERT_TRUE(f.joined);
+        expect_whole_model_tokens(f.run, want, 4);
+        size_t chunks = 0;
+        for (size_t i = 0; i < 4; i++) chunks += chunk ? (prompts[i].size() + chunk - 1) / chunk : 1;
+        EXPECT_EQ(f.live.steps, 4 * (n_new - 1) + chunks);
+        EXPECT_GT(chunks, chunk ? 4u : 3u);
+        EXPECT_LE(f.live.forwards, f.live.steps - 3) << "the four prompts' first rows went through one forward";
+        // and each forward's boundaries crossed to rank 1 as one batch message
+        EXPECT_EQ(f.live.messages_sent, f.live.forwards);
+    }
     mk_model_free(model);
 }
 
