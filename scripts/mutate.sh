@@ -169,7 +169,7 @@ MUTATIONS=(
   "gguf.finite-q6k-scale-offset~host/model/gguf_dequant.c~s/\{MK_GGML_TYPE_Q6_K, .Q6_K., 256, 210, \{208, -1\}\}/{MK_GGML_TYPE_Q6_K, \x22Q6_K\x22, 256, 210, {206, -1}}/~gtest:test_native_model:*NonFinite*"
   "quant.inf-taken-as-finite~host/backend/cpu/cpu_quant.h~s/if \(amax_bits >= 0x7f800000u\)/if (amax_bits > 0x7f800000u)/~native:*NonFinite*"
   "quant.subnormal-d-kept~host/backend/cpu/cpu_quant.h~s/if \(!\(d >= FLT_MIN\)\)/if (!(d > 0.0f))/~native:*NonFinite*"
-  "quant.simd-nan-block-rounded~host/backend/cpu/cpu_quant_avx2.c~s/if \(id != 0.0f\)\n                cx_quantize32\(out\[b\]\.q \+ 32/if (1)\n                cx_quantize32(out[b].q + 32/~native:*NonFinite*"
+  "quant.simd-nan-block-rounded~host/backend/cpu/cpu_quant_avx2.c~s/    if \(id == 0.0f\) \{\n        memset\(q, 0, 32\);/    if (0) {\n        memset(q, 0, 32);/~native:*NonFinite*"
   "quant.simd-max-keeps-the-sign~host/backend/cpu/cpu_quant_avx2.c~s/_mm256_set1_epi32\(0x7fffffff\)/_mm256_set1_epi32(-1)/~native:*Quantization*:*NonFinite*"
   "quant.portable-max-keeps-the-sign~host/backend/cpu/cpu_quant.c~s/u &= 0x7fffffffu;/(void)0;/~native:*Quantization*:*NonFinite*"
   "q6_k.scales-of-the-first-group~host/backend/cpu/cpu_quant_avx2.c~s/_mm_set1_epi16\(sc\[2 \* k\]\)\), _mm_set1_epi16\(sc\[2 \* k \+ 1\]\), 1\);/_mm_set1_epi16(sc[0])), _mm_set1_epi16(sc[1]), 1);/~native:*SimdDots*"

@@ -1079,7 +1079,7 @@ static mk_server mk_the_server; /* the one server of this process (its threads p
 
 int mk_cli_serve(int argc, char **argv) {
     const char *path = NULL;
-    size_t max_seq = 8, prefill_chunk = 128;
+    size_t max_seq = 8, prefill_chunk = MK_SERVE_PREFILL_CHUNK;
     int64_t cuts[MK_CLI_MAX_LIST];
     mk_cli_list cuts_l = MK_CLI_LIST(cuts, 0, INT32_MAX, "layer", false);
     mk_cli_backend backend;

@@ -25,6 +25,9 @@ typedef struct mk_serve_settings {
     size_t max_queue, ctx, max_body, max_conn, timeout, drain;
 } mk_serve_settings;
 void mk_serve_settings_default(mk_serve_settings *s);
+/* Prompt rows per step when serving (`serve`, `stage --serve`): a long prompt does not stall
+ * the streams beside it for its whole prefill (bench/prefill_stall.py). */
+#define MK_SERVE_PREFILL_CHUNK 128
 bool mk_serve_host_ok(const char *host);
 #define MK_SERVE_CLI_OPTIONS 11
 /* The HTTP flags into out (values into s): --host and --port for serve, or (address_flag)

@@ -128,7 +128,7 @@ static int parse_stage_args(int argc, char **argv, stage_args *a) {
         {"MODEL"}, groups, sizeof groups / sizeof *groups};
     const int bad = mk_cli_parse(&cmd, argc, argv, &a->model);
     if (bad >= 0) return bad;
-    if (a->o.prefill_chunk == SIZE_MAX) a->o.prefill_chunk = a->serve.enabled ? 128 : 0; /* as meshkern serve, or whole */
+    if (a->o.prefill_chunk == SIZE_MAX) a->o.prefill_chunk = a->serve.enabled ? MK_SERVE_PREFILL_CHUNK : 0; /* as meshkern serve, or whole */
     a->o.rank = rank == SIZE_MAX ? -1 : (int)rank;
     a->o.world = (int)world;
     a->o.split_auto = cuts_l.is_auto;

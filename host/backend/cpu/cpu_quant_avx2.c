@@ -93,9 +93,15 @@ MK_AVX2 static inline int cx_hsum_epi32(__m256i v) {
     return _mm_cvtsi128_si32(s);
 }
 
-/* 32 values times id (1 / d, or 0), rounded to nearest even, as bytes at q; the sums of
- * the first and the last 16 in *lo and *hi. */
+/* 32 values times id (1 / d), rounded to nearest even, as bytes at q; the sums of the
+ * first and the last 16 in *lo and *hi. id 0 (mk_q8_scale_of_bits: NaN, Inf or too small)
+ * gives zeros, as cq_round does: x * 0 has no integer value for a NaN or an Inf. */
 MK_AVX2 static inline void cx_quantize32(int8_t *q, const float *xb, float id, int *lo, int *hi) {
+    if (id == 0.0f) {
+        memset(q, 0, 32);
+        *lo = *hi = 0;
+        return;
+    }
     const __m256 mul = _mm256_set1_ps(id);
     __m256i v[4];
     for (int i = 0; i < 4; i++)
@@ -111,17 +117,14 @@ MK_AVX2 static inline void cx_quantize32(int8_t *q, const float *xb, float id, i
     _mm256_storeu_si256((__m256i *)q, ordered);
 }
 
-/* The portable kernels' scale rule per block of 32 (q all 0 where id is 0, as there)... */
+/* The portable kernels' scale rule per block of 32... */
 MK_AVX2 static void cx_quantize_row(mk_q8_block *out, const float *x, size_t n) {
     for (size_t b = 0; b < n / MK_Q8_BLOCK; b++) {
         const float *xb = x + b * MK_Q8_BLOCK;
         float id;
         const float d = mk_q8_scale_of_bits(cx_absmax_bits(xb, MK_Q8_BLOCK), &id);
-        int lo = 0, hi = 0;
-        if (id != 0.0f)
-            cx_quantize32(out[b].q, xb, id, &lo, &hi);
-        else
-            memset(out[b].q, 0, MK_Q8_BLOCK);
+        int lo, hi;
+        cx_quantize32(out[b].q, xb, id, &lo, &hi);
         out[b].d = d;
         out[b].s = d * (float)(lo + hi);
     }
@@ -134,11 +137,8 @@ MK_AVX2 static void cx_quantize_row_k(mk_q8k_block *out, const float *x, size_t 
         float id;
         const float d = mk_q8_scale_of_bits(cx_absmax_bits(xb, MK_Q8K_BLOCK), &id);
         for (int i = 0; i < MK_Q8K_BLOCK / 32; i++) {
-            int lo = 0, hi = 0;
-            if (id != 0.0f)
-                cx_quantize32(out[b].q + 32 * i, xb + 32 * i, id, &lo, &hi);
-            else
-                memset(out[b].q + 32 * i, 0, 32);
+            int lo, hi;
+            cx_quantize32(out[b].q + 32 * i, xb + 32 * i, id, &lo, &hi);
             out[b].sums[2 * i] = (int16_t)lo;
             out[b].sums[2 * i + 1] = (int16_t)hi;
         }
