@@ -115,18 +115,14 @@ struct NativeWeight {
 struct NativeCtx {
     mk_cpu_native ctx{};
     std::vector<mk_q8_block> xq;
-    std::vector<mk_q8_pair> xp;
     std::vector<mk_q8k_block> xk;
     std::vector<float> wtile;
-    // max_blocks of scratch: enough pairs too (a row of b blocks is (b + 1) / 2 <= b pairs).
     NativeCtx(size_t threads, const mk_cpu_quant *kernels, size_t max_blocks, size_t max_in = 1024)
-        : xq(max_blocks), xp(max_blocks), xk(max_blocks / 8 + 1), wtile((size_t)MK_NATIVE_GEMM_TILE * max_in * threads) {
+        : xq(max_blocks), xk(max_blocks / 8 + 1), wtile((size_t)MK_NATIVE_GEMM_TILE * max_in * threads) {
         EXPECT_EQ(mk_cpu_pool_create(threads, &ctx.pool), MK_OK) << mk_last_error();
         ctx.kernels = kernels;
         ctx.xq = xq.data();
         ctx.xq_blocks = xq.size();
-        ctx.xp = xp.data();
-        ctx.xp_pairs = xp.size();
         ctx.xk = xk.data();
         ctx.xk_blocks = xk.size();
         ctx.wtile = wtile.data();
@@ -168,7 +164,9 @@ float dot_one(const mk_cpu_quant *t, uint32_t type, const uint8_t *w, const Quan
     return mk_cpu_quant_dot_for(t, type)(w, x.q.data(), in);
 }
 
-// Table t's n-row dot over blocks (Q8_0, Q4_K, Q6_K); false where it has none.
+// Table t's n-row dot of one weight row with `rows` activation rows: the K-quants' n-row
+// dot, the blocks of 32's eight-row dot with the row given eight times (row_bytes 0, the
+// eight lanes checked equal); false where the table has none.
 bool dot_rows(const mk_cpu_quant *t, uint32_t type, const uint8_t *w, const QuantRow *const *x, size_t rows,
               size_t in, float *out) {
     const mk_q8_block *xq[MK_QDOTN_MAX_ROWS];
@@ -179,22 +177,27 @@ bool dot_rows(const mk_cpu_quant *t, uint32_t type, const uint8_t *w, const Quan
         mk_cpu_quant_kdotn_for(t, type)(w, xk, rows, in, out);
         return true;
     }
-    if (!mk_cpu_quant_dotn_for(t, type)) return false;
-    mk_cpu_quant_dotn_for(t, type)(w, xq, rows, in, out);
+    if (!mk_cpu_quant_dot8_for(t, type)) return false;
+    float v[8 * MK_QDOTN_MAX_ROWS];
+    mk_cpu_quant_dot8_for(t, type)(w, 0, xq, rows, in, v);
+    for (size_t r = 0; r < rows; r++) {
+        for (size_t i = 1; i < 8; i++) EXPECT_EQ(std::memcmp(&v[8 * r], &v[8 * r + i], sizeof(float)), 0) << "lane " << i;
+        out[r] = v[8 * r];
+    }
     return true;
 }
 
 // Weight rows at the ends of their formats' ranges (extreme 1 or 2; 0 leaves them):
-// Q4_1 nibbles all 15 or all 0, Q8_0 bytes -128 or alternating 127/-128, Q4_K scales and
+// Q4_0 and Q4_1 nibbles all 15 or all 0, Q8_0 bytes -128 or alternating 127/-128, Q4_K scales and
 // mins 63 with nibbles 15 or 0, Q6_K values all -32 with scales -128 or all 31 with scales
 // alternating -128/127. The f16 scales stay as random_rows made them.
 void set_extreme(uint32_t type, std::vector<uint8_t> &w, size_t rows, size_t in, int extreme) {
     if (!extreme) return;
-    if (type == MK_GGML_TYPE_Q4_1 || type == MK_GGML_TYPE_Q8_0) {
-        const size_t bb = type == MK_GGML_TYPE_Q4_1 ? 20 : 34, head = bb - 16 * (bb == 20 ? 1 : 2);
+    if (type == MK_GGML_TYPE_Q4_0 || type == MK_GGML_TYPE_Q4_1 || type == MK_GGML_TYPE_Q8_0) {
+        const size_t bb = row_bytes(type, 32), head = bb - 16 * (type == MK_GGML_TYPE_Q8_0 ? 2 : 1);
         for (size_t blk = 0; blk < rows * in / 32; blk++)
             for (size_t i = head; i < bb; i++)
-                w[blk * bb + i] = type == MK_GGML_TYPE_Q4_1 ? (extreme == 1 ? 0xff : 0x00)
+                w[blk * bb + i] = type != MK_GGML_TYPE_Q8_0 ? (extreme == 1 ? 0xff : 0x00)
                                                             : (extreme == 1 ? 0x80 : (i % 2 ? 0x7f : 0x80));
     }
     if (type == MK_GGML_TYPE_Q4_K)
@@ -620,15 +623,17 @@ TEST(NativeMatmul, F32StoredWeightInASharedJobTakesTheF32Product) {
     }
 }
 
-// The n-row dots (a batch's decode rows against one weight row, 1 to the table's dotn_rows at a
-// time: Q4_1 from activation rows regrouped as pairs by mk_q8_pair_row, Q8_0, Q4_K and Q6_K
-// from the blocks)
-// give each row the bits of the one-row dot over its blocks, at every position of the group,
-// for odd and even block counts, in every SIMD table. A table takes 4 rows per call on 16
-// vector registers and 8 on AVX-512's 32.
+// The n-row dots give every output the bits of the one-row dot: the K-quants' (one weight
+// row against 1 to the table's dotn_rows activation rows) at every position of the group,
+// and the blocks of 32's eight-row dots (eight consecutive weight rows, row_bytes apart,
+// against 1 to dotn_rows activation rows) in every lane and position, for odd and even
+// block counts, in every SIMD table. A table takes 4 activation rows per call on 16 vector
+// registers and 8 on AVX-512's 32.
 TEST(NativeDot, NRowDotsAreOneRowDots) {
     if (simd_tables().empty()) GTEST_SKIP() << "no AVX2 on this CPU (the portable table has no n-row dot)";
     EXPECT_EQ(mk_cpu_quant_portable()->dotn_rows, 0u);
+    for (uint32_t type : {MK_GGML_TYPE_Q4_0, MK_GGML_TYPE_Q4_1, MK_GGML_TYPE_Q8_0, MK_GGML_TYPE_Q4_K})
+        EXPECT_EQ(mk_cpu_quant_dot8_for(mk_cpu_quant_portable(), type), nullptr);
     std::mt19937 rng(41);
     constexpr size_t kRows = MK_QDOTN_MAX_ROWS;
     for (const mk_cpu_quant *k : simd_tables()) {
@@ -640,43 +645,103 @@ TEST(NativeDot, NRowDotsAreOneRowDots) {
     for (size_t in : block_elems(type) == 256 ? std::vector<size_t>{256, 768, 2048}
                                               : std::vector<size_t>{32, 64, 96, 576, 1536}) {
         SCOPED_TRACE(std::string(k->name) + " " + mk_ggml_type_name(type) + " in " + std::to_string(in));
-        ASSERT_NE(k->dotn_q4_1, nullptr);
-        ASSERT_NE(k->dotn_q8_0, nullptr);
+        ASSERT_NE(k->dot8_q4_0, nullptr);
+        ASSERT_NE(k->dot8_q4_1, nullptr);
+        ASSERT_NE(k->dot8_q8_0, nullptr);
         ASSERT_NE(k->dotn_q4_k, nullptr);
         ASSERT_NE(k->dotn_q6_k, nullptr);
-        EXPECT_EQ(mk_cpu_quant_dotn_for(k, MK_GGML_TYPE_Q4_1), nullptr); // Q4_1's reads pairs
-        EXPECT_EQ(mk_cpu_quant_dotn_for(k, MK_GGML_TYPE_Q8_0), k->dotn_q8_0);
-        EXPECT_EQ(mk_cpu_quant_dotn_for(k, MK_GGML_TYPE_Q4_0), k->dotn_q4_0);
-        ASSERT_NE(k->dotn_q4_0, nullptr);
+        EXPECT_EQ(mk_cpu_quant_dot8_for(k, MK_GGML_TYPE_Q4_0), k->dot8_q4_0);
+        EXPECT_EQ(mk_cpu_quant_dot8_for(k, MK_GGML_TYPE_Q4_1), k->dot8_q4_1);
+        EXPECT_EQ(mk_cpu_quant_dot8_for(k, MK_GGML_TYPE_Q8_0), k->dot8_q8_0);
         EXPECT_EQ(mk_cpu_quant_kdotn_for(k, MK_GGML_TYPE_Q4_K), k->dotn_q4_k);
         EXPECT_EQ(mk_cpu_quant_kdotn_for(k, MK_GGML_TYPE_Q6_K), k->dotn_q6_k);
         EXPECT_EQ(mk_cpu_quant_kdotn_for(k, MK_GGML_TYPE_Q8_0), nullptr);
-        EXPECT_EQ(mk_cpu_quant_dotn_for(k, MK_GGML_TYPE_Q4_K), nullptr);
-        const size_t nb = in / 32;
-        const std::vector<uint8_t> w = random_rows(type, 3, in, rng);
-        const size_t row_bytes = w.size() / 3;
+        EXPECT_EQ(mk_cpu_quant_dot8_for(k, MK_GGML_TYPE_Q4_K), nullptr);
+        const size_t weight_rows = 11; // eight from row 0 and from row 3
+        const std::vector<uint8_t> w = random_rows(type, weight_rows, in, rng);
+        const size_t rb = w.size() / weight_rows;
         std::vector<QuantRow> xq;
-        std::vector<std::vector<mk_q8_pair>> xp(kRows, std::vector<mk_q8_pair>((nb + 1) / 2));
-        for (size_t r = 0; r < kRows; r++) {
-            xq.push_back(quantize_for(k, type, random_floats(in, rng).data(), in));
-            if (type == MK_GGML_TYPE_Q4_1) mk_q8_pair_row(xp[r].data(), xq[r].q.data(), nb);
-        }
-        for (size_t o = 0; o < 3; o++) {
-            const uint8_t *row = w.data() + o * row_bytes;
-            for (size_t rows = 1; rows <= k->dotn_rows; rows++) {
-                // The rows in a rotating order: each position of the group sees each row.
-                const mk_q8_pair *ps[kRows];
-                const QuantRow *bs[kRows];
-                for (size_t i = 0; i < rows; i++) ps[i] = xp[(i + o) % kRows].data(), bs[i] = &xq[(i + o) % kRows];
+        for (size_t r = 0; r < kRows; r++) xq.push_back(quantize_for(k, type, random_floats(in, rng).data(), in));
+        for (size_t rows = 1; rows <= k->dotn_rows; rows++)
+        for (size_t first : {(size_t)0, (size_t)3}) {
+            // The activation rows in a rotating order: each position of the group sees each row.
+            const QuantRow *bs[kRows];
+            const mk_q8_block *qs[kRows];
+            for (size_t i = 0; i < rows; i++) bs[i] = &xq[(i + first) % kRows], qs[i] = bs[i]->q.data();
+            if (k_quant(type)) {
+                const uint8_t *row = w.data() + first * rb;
                 float got[kRows];
-                if (type == MK_GGML_TYPE_Q4_1) k->dotn_q4_1(row, ps, rows, in, got);
-                else ASSERT_TRUE(dot_rows(k, type, row, bs, rows, in, got));
+                ASSERT_TRUE(dot_rows(k, type, row, bs, rows, in, got));
                 for (size_t i = 0; i < rows; i++) {
-                    const float one = dot_one(k, type, row, xq[(i + o) % kRows], in);
+                    const float one = dot_one(k, type, row, *bs[i], in);
                     EXPECT_EQ(std::memcmp(&one, &got[i], sizeof one), 0)
                         << rows << " rows, position " << i << ": " << one << " vs " << got[i];
                 }
+                continue;
             }
+            float got[8 * kRows];
+            mk_cpu_quant_dot8_for(k, type)(w.data() + first * rb, rb, qs, rows, in, got);
+            for (size_t i = 0; i < rows; i++)
+                for (size_t lane = 0; lane < 8; lane++) {
+                    const float one = dot_one(k, type, w.data() + (first + lane) * rb, *bs[i], in);
+                    EXPECT_EQ(std::memcmp(&one, &got[8 * i + lane], sizeof one), 0)
+                        << rows << " rows from weight row " << first << ", position " << i << ", lane " << lane
+                        << ": " << one << " vs " << got[8 * i + lane];
+                }
+        }
+    }
+}
+
+// The blocks of 32's dots in every SIMD table follow the order cpu_quant_avx2.c documents:
+// per block the exact integer sum of its 32 products, then acc = fma(d * x.d, isum, acc)
+// (Q4_1: then acc = fma(m, x.s, acc)), block after block from 0. Computed here in plain
+// C++ with std::fma and compared bit for bit, one-row and eight-row dots, with weights and
+// activations at the ends of their ranges too.
+TEST(NativeDot, BlocksOf32FollowTheDocumentedOrder) {
+    if (simd_tables().empty()) GTEST_SKIP() << "no AVX2 on this CPU";
+    std::mt19937 rng(77);
+    for (const mk_cpu_quant *k : simd_tables())
+    for (uint32_t type : {MK_GGML_TYPE_Q4_0, MK_GGML_TYPE_Q4_1, MK_GGML_TYPE_Q8_0})
+    for (size_t in : {(size_t)32, (size_t)96, (size_t)576})
+    for (int extreme = 0; extreme < 4; extreme++) { // 3: the largest sums, every product of one sign
+        SCOPED_TRACE(std::string(k->name) + " " + mk_ggml_type_name(type) + " in " + std::to_string(in) + " extreme " +
+                     std::to_string(extreme));
+        const size_t rb = row_bytes(type, in), bb = rb / (in / 32);
+        std::vector<uint8_t> w = random_rows(type, 8, in, rng);
+        set_extreme(type, w, 8, in, extreme == 3 ? 1 : extreme);
+        std::vector<float> xf = extreme ? extreme_floats(in, extreme) : random_floats(in, rng);
+        if (extreme == 3) xf.assign(in, type == MK_GGML_TYPE_Q8_0 ? -1.5f : 1.5f); // 15 x 127 or -128 x -127
+        const QuantRow x = quantize_for(k, type, xf.data(), in);
+        const mk_q8_block *xs[MK_QDOTN_MAX_ROWS];
+        for (auto &p : xs) p = x.q.data();
+        float got[8 * MK_QDOTN_MAX_ROWS];
+        mk_cpu_quant_dot8_for(k, type)(w.data(), rb, xs, k->dotn_rows, in, got);
+        for (size_t row = 0; row < 8; row++) {
+            float acc = 0.0f;
+            for (size_t b = 0; b < in / 32; b++) {
+                const uint8_t *blk = &w[row * rb + b * bb];
+                const mk_q8_block &xb = x.q[b];
+                int isum = 0;
+                for (int j = 0; j < 32; j++) {
+                    int v;
+                    if (type == MK_GGML_TYPE_Q8_0) v = (int8_t)blk[2 + j];
+                    else {
+                        const uint8_t byte = blk[(type == MK_GGML_TYPE_Q4_1 ? 4 : 2) + j % 16];
+                        v = (j < 16 ? byte & 0x0f : byte >> 4) - (type == MK_GGML_TYPE_Q4_0 ? 8 : 0);
+                    }
+                    isum += v * xb.q[j];
+                }
+                uint16_t d, m;
+                std::memcpy(&d, blk, 2);
+                std::memcpy(&m, blk + 2, 2);
+                acc = std::fma(mk_f16_to_f32(d) * xb.d, (float)isum, acc);
+                if (type == MK_GGML_TYPE_Q4_1) acc = std::fma(mk_f16_to_f32(m), xb.s, acc);
+            }
+            const float one = dot_one(k, type, &w[row * rb], x, in);
+            EXPECT_EQ(std::memcmp(&one, &acc, sizeof acc), 0) << "row " << row << ": " << one << " vs " << acc;
+            for (size_t r = 0; r < k->dotn_rows; r++)
+                EXPECT_EQ(std::memcmp(&got[8 * r + row], &acc, sizeof acc), 0)
+                    << "eight-row dot, row " << row << ", position " << r << ": " << got[8 * r + row] << " vs " << acc;
         }
     }
 }
@@ -709,8 +774,8 @@ TEST(NativeMatmul, BatchRowsEqualEachRowAloneInEveryTable) {
 }
 
 // The VNNI tables (AVX-VNNI, AVX512-VNNI) sum each block's products with vpdpbusd where AVX2
-// uses maddubs + madd: the same integers, then the same float operations, so every dot (one row and n
-// rows, every format) has the AVX2 bits. Weights at the extremes (all nibbles 15 or 0,
+// uses maddubs + madd: the same integers, then the same float operations, so every dot (one
+// row, eight weight rows and n rows, every format) has the AVX2 bits. Weights at the extremes (all nibbles 15 or 0,
 // Q8_0 bytes of -128 and 127) and activations at +-127 included, odd and even block counts.
 TEST(NativeKernels, VnniDotsAreBitIdenticalToAvx2) {
     const mk_cpu_quant *vnni = mk_cpu_quant_vnni(), *avx2 = mk_cpu_quant_avx2();
@@ -740,7 +805,7 @@ TEST(NativeKernels, VnniDotsAreBitIdenticalToAvx2) {
             for (int extreme = 0; extreme < 3; extreme++) {
                 SCOPED_TRACE(std::string(vnni->name) + " " + f.name + " in " + std::to_string(in) + " extreme " +
                              std::to_string(extreme));
-                const size_t rows = 4, rb = row_bytes(f.type, in);
+                const size_t rows = 8, rb = row_bytes(f.type, in); // the eight rows of an eight-row dot
                 std::vector<uint8_t> w = random_rows(f.type, rows, in, rng);
                 set_extreme(f.type, w, rows, in, extreme);
                 std::vector<QuantRow> xq;
@@ -750,10 +815,23 @@ TEST(NativeKernels, VnniDotsAreBitIdenticalToAvx2) {
                     xq.push_back(quantize_for(avx2, f.type, xf.data(), in));
                 }
                 const QuantRow *const xs[4] = {&xq[0], &xq[1], &xq[2], &xq[3]};
-                std::vector<std::vector<mk_q8_pair>> xp(4, std::vector<mk_q8_pair>((in / 32 + 1) / 2));
-                if (f.type == MK_GGML_TYPE_Q4_1)
-                    for (int r = 0; r < 4; r++) mk_q8_pair_row(xp[r].data(), xq[r].q.data(), in / 32);
-                const mk_q8_pair *const ps[4] = {xp[0].data(), xp[1].data(), xp[2].data(), xp[3].data()};
+                const size_t n = vnni->dotn_rows;
+                ASSERT_LE(n, (size_t)MK_QDOTN_MAX_ROWS);
+                const QuantRow *xn[MK_QDOTN_MAX_ROWS];
+                const mk_q8_block *q4[4], *qn[MK_QDOTN_MAX_ROWS];
+                for (size_t i = 0; i < 4; i++) q4[i] = xs[i]->q.data();
+                for (size_t i = 0; i < n; i++) xn[i] = xs[i % 4], qn[i] = xs[i % 4]->q.data();
+                if (!k_quant(f.type)) {
+                    // AVX2's four-row eight-row dot against the VNNI table's widest call (its
+                    // dotn_rows, the four rows repeated).
+                    float a8[8 * 4], b8[8 * MK_QDOTN_MAX_ROWS];
+                    mk_cpu_quant_dot8_for(avx2, f.type)(w.data(), rb, q4, 4, in, a8);
+                    mk_cpu_quant_dot8_for(vnni, f.type)(w.data(), rb, qn, n, in, b8);
+                    for (size_t i = 0; i < n; i++)
+                        for (size_t lane = 0; lane < 8; lane++)
+                            EXPECT_EQ(std::memcmp(&a8[8 * (i % 4) + lane], &b8[8 * i + lane], sizeof(float)), 0)
+                                << n << "-row eight-row dot, row " << lane << " position " << i;
+                }
                 for (size_t o = 0; o < rows; o++) {
                     const uint8_t *row = &w[o * rb];
                     for (int r = 0; r < 4; r++) {
@@ -761,21 +839,11 @@ TEST(NativeKernels, VnniDotsAreBitIdenticalToAvx2) {
                         const float b = dot_one(vnni, f.type, row, xq[r], in);
                         EXPECT_EQ(std::memcmp(&a, &b, sizeof a), 0) << "row " << o << " x " << r << ": " << a << " vs " << b;
                     }
-                    // AVX2's four-row dot against the VNNI table's widest call (its dotn_rows,
-                    // the four rows repeated).
-                    const size_t n = vnni->dotn_rows;
-                    ASSERT_LE(n, (size_t)MK_QDOTN_MAX_ROWS);
-                    const QuantRow *xn[MK_QDOTN_MAX_ROWS];
-                    const mk_q8_pair *pn[MK_QDOTN_MAX_ROWS];
-                    for (size_t i = 0; i < n; i++) xn[i] = xs[i % 4], pn[i] = ps[i % 4];
+                    if (!k_quant(f.type)) continue;
+                    // AVX2's four-row dot against the VNNI table's widest call.
                     float a4[4], bn[MK_QDOTN_MAX_ROWS];
-                    if (f.type == MK_GGML_TYPE_Q4_1) {
-                        avx2->dotn_q4_1(row, ps, 4, in, a4);
-                        vnni->dotn_q4_1(row, pn, n, in, bn);
-                    } else {
-                        ASSERT_TRUE(dot_rows(avx2, f.type, row, xs, 4, in, a4)); // every quantized format has one
-                        ASSERT_TRUE(dot_rows(vnni, f.type, row, xn, n, in, bn));
-                    }
+                    ASSERT_TRUE(dot_rows(avx2, f.type, row, xs, 4, in, a4));
+                    ASSERT_TRUE(dot_rows(vnni, f.type, row, xn, n, in, bn));
                     for (size_t i = 0; i < n; i++)
                         EXPECT_EQ(std::memcmp(&a4[i % 4], &bn[i], sizeof bn[i]), 0)
                             << n << "-row dot, row " << o << " position " << i;

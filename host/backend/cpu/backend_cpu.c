@@ -43,7 +43,6 @@ static void cpu_destroy(mk_backend *b) {
     mk_cpu_backend *cb = cpu_of(b);
     mk_cpu_pool_free(cb->native.pool);
     free(cb->native.xq);
-    free(cb->native.xp);
     free(cb->native.xk);
     free(cb->native.wtile);
     free(cb->rope_table);
@@ -110,11 +109,6 @@ static mk_status cpu_reserve(mk_backend *b, size_t max_rows, size_t max_decode_r
     cb->native.xk_blocks = cb->native.xk ? k_blocks : 0;
     if (!cb->native.xk)
         return mk_fail(MK_ERR_OUT_OF_MEMORY, "cpu backend: out of memory for %zu activation blocks of 256", k_blocks);
-    const size_t pairs = max_rows * ((width / MK_Q8_BLOCK + 1) / 2);
-    free(cb->native.xp);
-    cb->native.xp = malloc((pairs ? pairs : 1) * sizeof(mk_q8_pair));
-    cb->native.xp_pairs = cb->native.xp ? pairs : 0;
-    if (!cb->native.xp) return mk_fail(MK_ERR_OUT_OF_MEMORY, "cpu backend: out of memory for %zu activation pairs", pairs);
     /* One dequantized weight tile per thread for products of many rows (prefill) over a
      * format without an n-row dot: planned here, allocated when such a weight is stored. */
     free(cb->native.wtile);
@@ -128,7 +122,7 @@ static mk_status cpu_reserve(mk_backend *b, size_t max_rows, size_t max_decode_r
 
 size_t mk_cpu_backend_scratch_bytes(mk_backend *b) {
     const mk_cpu_backend *cb = cpu_of(b);
-    return cb->native.xq_blocks * sizeof(mk_q8_block) + cb->native.xp_pairs * sizeof(mk_q8_pair) +
+    return cb->native.xq_blocks * sizeof(mk_q8_block) +
            cb->native.xk_blocks * sizeof(mk_q8k_block) + cb->native.wtile_elems * sizeof(float);
 }
 

@@ -56,8 +56,7 @@ typedef struct mk_native_part {
     const uint8_t *data;
     size_t row_bytes;
     mk_qdot_fn qdot;               /* Q4_0, Q4_1, Q8_0 (over xq) */
-    mk_qdotn_pairs_fn qdotn_pairs; /* up to dotn_rows activation rows at a time, from pairs (Q4_1) */
-    mk_qdotn_fn qdotn;             /* the same from blocks (Q8_0) */
+    mk_qdot8_fn qdot8;             /* eight weight rows x up to dotn_rows activation rows (same formats) */
     mk_kdot_fn kdot;               /* Q4_K, Q6_K (over xk) */
     mk_kdotn_fn kdotn;             /* the same, up to dotn_rows rows at a time */
     mk_hdot_fn hdot;               /* F16 / BF16 */
@@ -77,18 +76,41 @@ typedef struct mk_native_job {
     bool swiglu;    /* parts gate and up: gate = silu(gate) * up, per item */
     bool blocks;    /* a part reads the rows of quantize_row (xq) */
     bool k_blocks;  /* a part reads the rows of quantize_row_k (xk) */
-    bool pairs;     /* a part reads the activations as pairs (qdotn_pairs) */
 } mk_native_job;
 
-/* Quantize activation rows [begin, end) the ways the parts read them: blocks of 32 (and
- * those regrouped as pairs), blocks of 256 for the K-quants. */
+/* Quantize activation rows [begin, end) the ways the parts read them: blocks of 32, blocks
+ * of 256 for the K-quants. */
 static void mk_native_quantize(void *arg, size_t begin, size_t end, size_t thread) {
     const mk_native_job *j = arg;
-    const size_t per_row = j->in / MK_Q8_BLOCK, pairs = (per_row + 1) / 2, k_per_row = j->in / MK_Q8K_BLOCK;
+    const size_t per_row = j->in / MK_Q8_BLOCK, k_per_row = j->in / MK_Q8K_BLOCK;
     for (size_t r = begin; r < end; r++) {
         if (j->blocks) j->ctx->kernels->quantize_row(j->ctx->xq + r * per_row, j->x + r * j->in, j->in);
-        if (j->pairs) mk_q8_pair_row(j->ctx->xp + r * pairs, j->ctx->xq + r * per_row, per_row);
         if (j->k_blocks) j->ctx->kernels->quantize_row_k(j->ctx->xk + r * k_per_row, j->x + r * j->in, j->in);
+    }
+}
+
+/* Weight rows [o0, o1) of a part with an eight-row dot against activation rows r..r+n-1
+ * (xq): eight at a time; a last group of fewer takes the part's eight rows that end where
+ * it ends (the rows before it computed again, not written: every output's bits depend only
+ * on its two rows), and a part of fewer than eight rows goes row by row (row_bytes 0: the
+ * row in every lane). */
+static void mk_native_rows8(const mk_native_part *p, const mk_q8_block *const *xq, size_t n, size_t in, size_t r,
+                            size_t o0, size_t o1) {
+    const size_t out = p->w->rows;
+    float v[8 * MK_QDOTN_MAX_ROWS];
+    for (size_t o = o0; o < o1;) {
+        const size_t take = o1 - o < 8 ? o1 - o : 8;
+        if (out < 8) {
+            p->qdot8(p->data + o * p->row_bytes, 0, xq, n, in, v);
+            for (size_t k = 0; k < n; k++) p->y[(r + k) * out + o] = v[8 * k];
+            o++;
+            continue;
+        }
+        const size_t first = o + 8 <= out ? o : out - 8;
+        p->qdot8(p->data + first * p->row_bytes, p->row_bytes, xq, n, in, v);
+        for (size_t k = 0; k < n; k++)
+            for (size_t i = o - first; i < o - first + take; i++) p->y[(r + k) * out + first + i] = v[8 * k + i];
+        o += take;
     }
 }
 
@@ -96,32 +118,33 @@ static void mk_native_quantize(void *arg, size_t begin, size_t end, size_t threa
  * read from memory once and stays in L1 while it meets every activation row. */
 static void mk_native_part_rows(const mk_native_job *j, const mk_native_part *p, size_t begin, size_t end) {
     const size_t in = j->in, out = p->w->rows, per_row = in / MK_Q8_BLOCK, k_per_row = in / MK_Q8K_BLOCK;
-    if (p->qdotn_pairs || p->qdotn || p->kdotn) {
-        /* Up to the table's dotn_rows activation rows per call (the weight row is unpacked once for
-         * them), over a tile of weight rows: the tile stays in L1 for every group of activation
-         * rows, and each group's activations are read once per tile rather than once per weight
-         * row (64 rows of a 1536-wide input are 120 KiB: L2, not L1). The same calls on the same
-         * data as row by row, so the same bits. */
+    if (p->qdot8 || p->kdotn) {
+        /* Up to the table's dotn_rows activation rows per call (the weight rows are unpacked once
+         * for them: eight at a time for the blocks of 32, one for the K-quants), over a tile of
+         * weight rows: the tile stays in L1 for every group of activation rows, and each group's
+         * activations are read once per tile rather than once per weight row (64 rows of a
+         * 1536-wide input are 120 KiB: L2, not L1). Every output's bits depend only on its
+         * weight row and activation row, so the grouping changes none. */
         enum { MK_WEIGHT_TILE = 16 };
-        const size_t pairs = (per_row + 1) / 2, group = j->ctx->kernels->dotn_rows;
+        const size_t group = j->ctx->kernels->dotn_rows;
         for (size_t o0 = begin; o0 < end; o0 += MK_WEIGHT_TILE) {
             const size_t o1 = end - o0 < MK_WEIGHT_TILE ? end : o0 + MK_WEIGHT_TILE;
             for (size_t r = 0; r < j->rows; r += group) {
                 const size_t n = j->rows - r < group ? j->rows - r : group;
-                const mk_q8_pair *xp[MK_QDOTN_MAX_ROWS] = {0};
                 const mk_q8_block *xq[MK_QDOTN_MAX_ROWS] = {0};
                 const mk_q8k_block *xk[MK_QDOTN_MAX_ROWS] = {0};
                 for (size_t k = 0; k < n; k++) {
-                    xp[k] = p->qdotn_pairs ? j->ctx->xp + (r + k) * pairs : NULL;
-                    xq[k] = p->qdotn ? j->ctx->xq + (r + k) * per_row : NULL;
+                    xq[k] = p->qdot8 ? j->ctx->xq + (r + k) * per_row : NULL;
                     xk[k] = p->kdotn ? j->ctx->xk + (r + k) * k_per_row : NULL;
+                }
+                if (p->qdot8) {
+                    mk_native_rows8(p, xq, n, in, r, o0, o1);
+                    continue;
                 }
                 for (size_t o = o0; o < o1; o++) {
                     const uint8_t *wr = p->data + o * p->row_bytes;
                     float v[MK_QDOTN_MAX_ROWS];
-                    if (p->qdotn_pairs) p->qdotn_pairs(wr, xp, n, in, v);
-                    else if (p->qdotn) p->qdotn(wr, xq, n, in, v);
-                    else p->kdotn(wr, xk, n, in, v);
+                    p->kdotn(wr, xk, n, in, v);
                     for (size_t k = 0; k < n; k++) p->y[(r + k) * out + o] = v[k];
                 }
             }
@@ -174,8 +197,7 @@ static mk_status mk_native_part_of(const mk_cpu_native *ctx, const mk_weight *w,
         p->kdot = mk_cpu_quant_kdot_for(ctx->kernels, w->format);
         p->kdotn = mk_cpu_quant_kdotn_for(ctx->kernels, w->format);
     }
-    if (w->format == MK_GGML_TYPE_Q4_1 && ctx->xp) p->qdotn_pairs = ctx->kernels->dotn_q4_1;
-    p->qdotn = mk_cpu_quant_dotn_for(ctx->kernels, w->format);
+    p->qdot8 = mk_cpu_quant_dot8_for(ctx->kernels, w->format);
     if (!p->qdot && !p->kdot && !p->hdot)
         return mk_fail(MK_ERR_INTERNAL, "native matmul: no kernel for %s", mk_ggml_type_name(w->format));
     return MK_OK;
@@ -188,18 +210,16 @@ static mk_status mk_native_run(mk_native_job *j) {
     size_t items = 0;
     for (size_t i = 0; i < j->n_parts; i++) {
         const mk_native_part *p = &j->part[i];
-        j->blocks = j->blocks || p->qdot || p->qdotn;
+        j->blocks = j->blocks || p->qdot || p->qdot8;
         j->k_blocks = j->k_blocks || p->kdot || p->kdotn;
         quantized = quantized || j->blocks || j->k_blocks;
-        j->pairs = j->pairs || p->qdotn_pairs;
         items += p->w->rows;
     }
     if (j->swiglu) items = j->part[0].w->rows;
     if (quantized) {
         const size_t blocks = j->rows * (j->in / MK_Q8_BLOCK);
-        const size_t pairs = j->pairs ? j->rows * ((j->in / MK_Q8_BLOCK + 1) / 2) : 0;
         const size_t k_blocks = j->k_blocks ? j->rows * (j->in / MK_Q8K_BLOCK) : 0;
-        if (j->in % MK_Q8_BLOCK != 0 || blocks > j->ctx->xq_blocks || pairs > j->ctx->xp_pairs ||
+        if (j->in % MK_Q8_BLOCK != 0 || blocks > j->ctx->xq_blocks ||
             (j->k_blocks && j->in % MK_Q8K_BLOCK != 0) || k_blocks > j->ctx->xk_blocks)
             return mk_fail(MK_ERR_INTERNAL, "native matmul: %zu x %zu activations exceed the reserved scratch",
                            j->rows, j->in);
@@ -212,16 +232,12 @@ static mk_status mk_native_run(mk_native_job *j) {
 /* True when the kernel table multiplies weight rows of `format` with several activation rows
  * per call (an n-row dot: Q4_0, Q4_1, Q8_0, Q4_K, Q6_K in the SIMD tables). */
 static bool mk_native_has_rows_dot(const mk_cpu_native *ctx, uint32_t format) {
-    if (format == MK_GGML_TYPE_Q4_1) return ctx->xp && ctx->kernels->dotn_q4_1;
-    return mk_cpu_quant_dotn_for(ctx->kernels, format) || mk_cpu_quant_kdotn_for(ctx->kernels, format);
+    return mk_cpu_quant_dot8_for(ctx->kernels, format) || mk_cpu_quant_kdotn_for(ctx->kernels, format);
 }
 
 bool mk_cpu_native_takes_tiles(const mk_cpu_native *ctx, uint32_t format) {
     if (!ctx->kernels || format == MK_GGML_TYPE_F32) return false;
-    /* The table alone (not ctx->xp, which a weight stored before the reserve would not see):
-     * a native-mode reserve always makes the pairs Q4_1's n-row dot reads. */
-    if (format == MK_GGML_TYPE_Q4_1) return !ctx->kernels->dotn_q4_1;
-    return !mk_cpu_quant_dotn_for(ctx->kernels, format) && !mk_cpu_quant_kdotn_for(ctx->kernels, format);
+    return !mk_native_has_rows_dot(ctx, format);
 }
 
 /* True when a product of `rows` rows over weight w goes through the dot kernels (the

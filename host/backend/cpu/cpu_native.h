@@ -10,8 +10,9 @@
  * every output element is one dot product of one weight row with one activation row,
  * computed by one thread, so results are identical for any thread count.
  * The formats with an n-row dot in the kernel table (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K in the SIMD
- * tables) take the dots at any row count: each weight row meets up to dotn_rows activation
- * rows per call, and a prompt's rows have the bits they have alone.
+ * tables) take the dots at any row count: each weight row (eight at a time for Q4_0 and
+ * Q4_1) meets up to dotn_rows activation rows per call, and a prompt's rows have the bits
+ * they have alone.
  * Products of many rows (prefill, >= MK_NATIVE_GEMM_MIN_ROWS) of the other formats: the
  * weight is cut into tiles of MK_NATIVE_GEMM_TILE output features; the pool's threads take
  * whole tiles, each dequantized exactly into that thread's F32 scratch and multiplied by one
@@ -37,8 +38,7 @@ extern "C" {
 enum { MK_NATIVE_GEMM_MIN_ROWS = 32, MK_NATIVE_GEMM_TILE = 256 };
 
 /* What a native matrix product needs: the threads, the kernels, scratch for the quantized
- * activations (xq_blocks blocks of 32, xp_pairs pairs of them: mk_q8_pair_row, and
- * xk_blocks blocks of 256 for the K-quants) and one dequantized weight tile per thread
+ * activations (xq_blocks blocks of 32, xk_blocks blocks of 256 for the K-quants) and one dequantized weight tile per thread
  * (wtile_elems floats in all, at least threads x MK_NATIVE_GEMM_TILE x the widest input;
  * NULL = products of many rows use the dot kernels too). Owned by the backend. */
 typedef struct mk_cpu_native {
@@ -46,8 +46,6 @@ typedef struct mk_cpu_native {
     const mk_cpu_quant *kernels;
     mk_q8_block *xq;
     size_t xq_blocks;
-    mk_q8_pair *xp; /* the same rows regrouped for Q4_1 (NULL: Q4_1 takes the one-row dot) */
-    size_t xp_pairs;
     mk_q8k_block *xk; /* the rows quantized for Q4_K and Q6_K */
     size_t xk_blocks;
     float *wtile;

@@ -50,7 +50,8 @@ static void cq_quantize_row(mk_q8_block *out, const float *x, size_t n) {
     for (size_t b = 0; b < n / MK_Q8_BLOCK; b++) {
         float id;
         out[b].d = cq_scale(x + b * MK_Q8_BLOCK, MK_Q8_BLOCK, &id);
-        out[b].s = out[b].d * (float)cq_round(out[b].q, x + b * MK_Q8_BLOCK, MK_Q8_BLOCK, id);
+        out[b].sum = cq_round(out[b].q, x + b * MK_Q8_BLOCK, MK_Q8_BLOCK, id);
+        out[b].s = out[b].d * (float)out[b].sum;
     }
 }
 
@@ -178,20 +179,6 @@ static const mk_cpu_quant cq_portable = {
     .dot_bf16 = cq_dot_bf16,
 };
 
-void mk_q8_pair_row(mk_q8_pair *out, const mk_q8_block *x, size_t nb) {
-    for (size_t p = 0; p < (nb + 1) / 2; p++) {
-        mk_q8_pair *o = &out[p];
-        memset(o, 0, sizeof *o);
-        for (size_t k = 0; k < 2 && 2 * p + k < nb; k++) {
-            const mk_q8_block *b = &x[2 * p + k];
-            memcpy(o->lo + 16 * k, b->q, 16);
-            memcpy(o->hi + 16 * k, b->q + 16, 16);
-            o->ds[2 * k] = b->d;
-            o->ds[2 * k + 1] = b->s;
-        }
-    }
-}
-
 const mk_cpu_quant *mk_cpu_quant_portable(void) { return &cq_portable; }
 
 const mk_cpu_quant *mk_cpu_quant_best(void) {
@@ -212,10 +199,11 @@ mk_qdot_fn mk_cpu_quant_dot_for(const mk_cpu_quant *q, uint32_t ggml_type) {
     }
 }
 
-mk_qdotn_fn mk_cpu_quant_dotn_for(const mk_cpu_quant *q, uint32_t ggml_type) {
+mk_qdot8_fn mk_cpu_quant_dot8_for(const mk_cpu_quant *q, uint32_t ggml_type) {
     switch (ggml_type) {
-        case MK_GGML_TYPE_Q4_0: return q->dotn_q4_0;
-        case MK_GGML_TYPE_Q8_0: return q->dotn_q8_0;
+        case MK_GGML_TYPE_Q4_0: return q->dot8_q4_0;
+        case MK_GGML_TYPE_Q4_1: return q->dot8_q4_1;
+        case MK_GGML_TYPE_Q8_0: return q->dot8_q8_0;
         default: return NULL;
     }
 }

@@ -39,27 +39,14 @@ extern "C" {
 
 #define MK_Q8_BLOCK 32
 
-/* One block of 32 activations: x[i] ~= d * q[i]; s = d * sum(q) (for formats with a min). */
+/* One block of 32 activations: x[i] ~= d * q[i]; sum = q[0] + ... + q[31] (Q4_0's offset
+ * of 8 comes from it) and s = d * sum (for formats with a min). */
 typedef struct mk_q8_block {
     float d;
     float s;
+    int32_t sum;
     int8_t q[MK_Q8_BLOCK];
 } mk_q8_block;
-
-/* Two consecutive activation blocks regrouped for the SIMD Q4_1 kernels, which multiply two
- * weight blocks per 256-bit step: q[0..15] of block b then of block b + 1 (lo), q[16..31] of
- * both (hi), and (d, s) of both. The same 80 bytes as the two blocks, in the order a step
- * loads them, so a product regroups each activation row once instead of once per weight
- * row. A row of nb blocks is (nb + 1) / 2 pairs; when nb is odd the last pair's second half
- * is zero and unused. */
-typedef struct mk_q8_pair {
-    int8_t lo[2 * 16];
-    int8_t hi[2 * 16];
-    float ds[4]; /* d, s of block b; d, s of block b + 1 */
-} mk_q8_pair;
-
-/* out[(nb + 1) / 2] from the nb blocks of one activation row. */
-void mk_q8_pair_row(mk_q8_pair *out, const mk_q8_block *x, size_t nb);
 
 #define MK_Q8K_BLOCK 256
 
@@ -107,14 +94,16 @@ typedef void (*mk_quantize_row_k_fn)(mk_q8k_block *out, const float *x, size_t n
 typedef float (*mk_qdot_fn)(const uint8_t *w, const mk_q8_block *xq, size_t n);
 /* The same for the K-quants (Q4_K, Q6_K), with the row xk[n / 256]. */
 typedef float (*mk_kdot_fn)(const uint8_t *w, const mk_q8k_block *xk, size_t n);
-/* The same dot of one weight row with `rows` (1 to the table's dotn_rows) activation rows given as pairs
- * (mk_q8_pair_row), into out[0..rows-1]: each out[r] bit-identical to the one-row dot with
- * that row's blocks (the weight blocks are unpacked once for all: a batch's decode rows). */
-typedef void (*mk_qdotn_pairs_fn)(const uint8_t *w, const mk_q8_pair *const *xp, size_t rows, size_t n,
-                                  float *out);
-/* The same for a format whose kernel reads the activation blocks as they are (Q4_0, Q8_0). */
-typedef void (*mk_qdotn_fn)(const uint8_t *w, const mk_q8_block *const *xq, size_t rows, size_t n, float *out);
-/* The same for the K-quants. */
+/* Eight consecutive weight rows (w, row_bytes apart; 0: one row eight times) times `rows`
+ * (1 to the table's dotn_rows) activation rows: out[8 * r + i] = the dot of weight row i
+ * with activation row r, each with the bits of the one-row dot (Q4_0, Q4_1: the weight
+ * nibbles are regrouped once per block for every activation row, and each output is
+ * computed in an order that depends only on its two rows, whoever else is in the call;
+ * Q8_0 likewise). */
+typedef void (*mk_qdot8_fn)(const uint8_t *w, size_t row_bytes, const mk_q8_block *const *xq, size_t rows, size_t n,
+                            float *out);
+/* The dot of one weight row with `rows` (1 to dotn_rows) activation rows into out[0..rows-1],
+ * each out[r] bit-identical to the one-row dot with that row (the K-quants). */
 typedef void (*mk_kdotn_fn)(const uint8_t *w, const mk_q8k_block *const *xk, size_t rows, size_t n, float *out);
 /* The most activation rows any table's n-row dots take in one call (mk_cpu_quant.dotn_rows). */
 enum { MK_QDOTN_MAX_ROWS = 8 };
@@ -127,8 +116,7 @@ typedef struct mk_cpu_quant {
     mk_quantize_row_k_fn quantize_row_k; /* for Q4_K, Q6_K */
     mk_qdot_fn dot_q4_0, dot_q4_1, dot_q8_0;
     mk_kdot_fn dot_q4_k, dot_q6_k;
-    mk_qdotn_pairs_fn dotn_q4_1; /* NULL: one-row dots over blocks */
-    mk_qdotn_fn dotn_q4_0, dotn_q8_0; /* NULL: one-row dots */
+    mk_qdot8_fn dot8_q4_0, dot8_q4_1, dot8_q8_0; /* NULL: one-row dots */
     mk_kdotn_fn dotn_q4_k, dotn_q6_k;
     /* Activation rows per n-row call (0 without them): as many as the kernels' per-row
      * accumulators leave room for in the vector registers, 4 of 16, 8 of AVX-512's 32 (the
@@ -155,8 +143,8 @@ const mk_cpu_quant *mk_cpu_quant_best(void);
  * Q8_0), or NULL (F32 and the formats below are dequantized at load instead; the K-quants
  * take mk_cpu_quant_kdot_for). */
 mk_qdot_fn mk_cpu_quant_dot_for(const mk_cpu_quant *q, uint32_t ggml_type);
-/* Its n-row dot over activation blocks (Q4_0, Q8_0), or NULL (Q4_1's reads pairs: dotn_q4_1). */
-mk_qdotn_fn mk_cpu_quant_dotn_for(const mk_cpu_quant *q, uint32_t ggml_type);
+/* Its eight-weight-row dot (Q4_0, Q4_1, Q8_0), or NULL. */
+mk_qdot8_fn mk_cpu_quant_dot8_for(const mk_cpu_quant *q, uint32_t ggml_type);
 /* The K-quants' dot and n-row dot (Q4_K, Q6_K), or NULL for the other types. */
 mk_kdot_fn mk_cpu_quant_kdot_for(const mk_cpu_quant *q, uint32_t ggml_type);
 mk_kdotn_fn mk_cpu_quant_kdotn_for(const mk_cpu_quant *q, uint32_t ggml_type);

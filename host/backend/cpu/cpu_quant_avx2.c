@@ -5,9 +5,11 @@
  * The integer part of every block is computed the way the format allows: unsigned 4/6-bit
  * weights times signed 8-bit activations with maddubs (u8 x s8 -> pairs of i16, no
  * saturation at these ranges), signed 8-bit weights through the sign trick
- * (|w| x sign(w)*x), then pairs summed to i32 with madd. Each block's i32 lanes are
- * converted to float and accumulated with its scale in eight float lanes; the lanes are
- * added once at the end of the row. */
+ * (|w| x sign(w)*x), then pairs summed to i32 with madd. The blocks of 32 (Q4_0, Q4_1,
+ * Q8_0) go eight weight rows at a time, one row per lane, each block's sum scaled into one
+ * float accumulator per output; the K-quants go one weight row at a time, each super-block's
+ * i32 lanes converted and accumulated with its scale in eight float lanes, added once at
+ * the end of the row. */
 #include "backend/cpu/cpu_quant.h"
 #include "model/gguf.h"
 
@@ -18,9 +20,6 @@
 #include <math.h>
 #include <stddef.h>
 #include <string.h>
-
-/* The Q4_1 kernels load (d, s) of an activation block as one 64-bit pair. */
-_Static_assert(offsetof(mk_q8_block, s) == offsetof(mk_q8_block, d) + sizeof(float), "mk_q8_block: d, s adjacent");
 
 #define MK_AVX2 __attribute__((target("avx2,fma,f16c")))
 
@@ -51,24 +50,6 @@ MK_AVX2 static inline float cx_hsum(__m256 v) {
 }
 
 MK_AVX2 static inline __m256i cx_loadu(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
-
-/* 16 bytes of packed nibbles -> 32 bytes: low nibbles (values 0..15) then high (16..31). */
-MK_AVX2 static inline __m256i cx_nibbles(const uint8_t *qs) {
-    const __m128i raw = _mm_loadu_si128((const __m128i *)qs);
-    const __m256i both = _mm256_inserti128_si256(_mm256_castsi128_si256(raw), _mm_srli_epi16(raw, 4), 1);
-    return _mm256_and_si256(both, _mm256_set1_epi8(0x0f));
-}
-
-/* Unsigned bytes u times signed bytes s, summed in groups of four into eight i32 lanes. */
-MK_AVX2 static inline __m256i cx_dot_us(__m256i u, __m256i s) {
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
-}
-
-/* Signed bytes a times signed bytes b, b in [-127, 127] (the activation range): |a| as
- * unsigned times sign(a)*b, so even a = -128 stays exact. */
-MK_AVX2 static inline __m256i cx_dot_ss(__m256i a, __m256i b) {
-    return cx_dot_us(_mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a));
-}
 
 /* ============================================================ activations == */
 
@@ -126,7 +107,8 @@ MK_AVX2 static void cx_quantize_row(mk_q8_block *out, const float *x, size_t n) 
         int lo, hi;
         cx_quantize32(out[b].q, xb, id, &lo, &hi);
         out[b].d = d;
-        out[b].s = d * (float)(lo + hi);
+        out[b].sum = lo + hi;
+        out[b].s = d * (float)out[b].sum;
     }
 }
 
@@ -147,103 +129,6 @@ MK_AVX2 static void cx_quantize_row_k(mk_q8k_block *out, const float *x, size_t 
 }
 
 /* ========================================================= 32-wide blocks == */
-
-/* A Q4_1 block's (d, m) as floats (one F16C conversion of the packed pair). */
-MK_AVX2 static inline __m128 cx_q4_1_dm(const uint8_t *w) {
-    uint32_t dm;
-    memcpy(&dm, w, sizeof dm);
-    return _mm_cvtph_ps(_mm_cvtsi32_si128((int)dm));
-}
-
-/* A Q4_1 block's nibbles: low (elements 0-15) and high (16-31), each as 16 bytes. */
-typedef struct cx_q4_1_nib {
-    __m128i lo, hi;
-} cx_q4_1_nib;
-MK_AVX2 static inline cx_q4_1_nib cx_q4_1_unpack(const uint8_t *qs) {
-    const __m128i m4 = _mm_set1_epi8(0x0f);
-    const __m128i raw = _mm_loadu_si128((const __m128i *)qs);
-    return (cx_q4_1_nib){_mm_and_si128(raw, m4), _mm_and_si128(_mm_srli_epi16(raw, 4), m4)};
-}
-
-/* The integer part of one Q4_1 block (the odd last block of a row): low and high nibbles
- * each times their 16 activations as pair sums (<= 2 x 15 x 127), the two added as i16
- * (<= 7620, no overflow), then one madd to four i32; lane k holds the 8 products of
- * elements 4k..4k+3 and 16+4k..16+4k+3. */
-MK_AVX2 static inline __m128 cx_q4_1_isum(cx_q4_1_nib q, const int8_t *ylo, const int8_t *yhi) {
-    const __m128i p = _mm_add_epi16(_mm_maddubs_epi16(q.lo, _mm_loadu_si128((const __m128i *)ylo)),
-                                    _mm_maddubs_epi16(q.hi, _mm_loadu_si128((const __m128i *)yhi)));
-    return _mm_cvtepi32_ps(_mm_madd_epi16(p, _mm_set1_epi16(1)));
-}
-
-/* One row's accumulators over Q4_1 blocks: two FMA chains (even and odd blocks) and the
- * mins (lane 1 sums m * x.s). */
-typedef struct cx_q4_1_acc {
-    __m128 acc0, acc1, mins;
-} cx_q4_1_acc;
-/* One block: its activations' low and high 16 values and their (d, s) pair. */
-MK_AVX2 static inline void cx_q4_1_one(cx_q4_1_acc *a, __m128 dm, cx_q4_1_nib q, const int8_t *ylo, const int8_t *yhi,
-                                        const float *ds) {
-    const __m128 s = _mm_mul_ps(dm, _mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)ds)));
-    a->acc0 = _mm_fmadd_ps(_mm_broadcastss_ps(s), cx_q4_1_isum(q, ylo, yhi), a->acc0);
-    a->mins = _mm_add_ps(a->mins, s);
-}
-MK_AVX2 static inline float cx_q4_1_total(const cx_q4_1_acc *acc) {
-    __m128 a = _mm_add_ps(acc->acc0, acc->acc1);
-    a = _mm_add_ps(a, _mm_movehl_ps(a, a));
-    a = _mm_add_ss(a, _mm_movehdup_ps(a));
-    return _mm_cvtss_f32(a) + _mm_cvtss_f32(_mm_movehdup_ps(acc->mins));
-}
-
-/* Two blocks side by side in 256 bits (block b in the low half, b + 1 in the high): the
- * pair's low and high nibbles, its scales [d0 m0 d1 m1] as floats and the two blocks'
- * activation halves gathered the same way. Each half holds exactly the integers and floats
- * the 128-bit step (cx_q4_1_one) computes for its block, so the low half of the accumulator
- * is the even-block chain acc0 and the high half the odd-block chain acc1: the arithmetic
- * of two 128-bit chains in half the instructions (1.3x per row in cache with VNNI). */
-typedef struct cx_q4_1_wide {
-    __m256i lo, hi; /* nibbles 0-15 and 16-31 of both blocks */
-    __m128 dm;      /* d0 m0 d1 m1 */
-} cx_q4_1_wide;
-MK_AVX2 static inline cx_q4_1_wide cx_q4_1_unpack2(const uint8_t *w) {
-    const __m256i m4 = _mm256_set1_epi8(0x0f);
-    const __m256i raw =
-        _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(w + 4))),
-                                _mm_loadu_si128((const __m128i *)(w + 24)), 1);
-    uint32_t dm0, dm1;
-    memcpy(&dm0, w, sizeof dm0);
-    memcpy(&dm1, w + 20, sizeof dm1);
-    const __m128i dm = _mm_unpacklo_epi32(_mm_cvtsi32_si128((int)dm0), _mm_cvtsi32_si128((int)dm1));
-    return (cx_q4_1_wide){_mm256_and_si256(raw, m4), _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4),
-                          _mm_cvtph_ps(dm)};
-}
-/* x[0].q[h..h+15] in the low half, x[1].q[h..h+15] in the high. */
-MK_AVX2 static inline __m256i cx_q8_halves(const mk_q8_block *x, int h) {
-    return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(x[0].q + h))),
-                                   _mm_loadu_si128((const __m128i *)(x[1].q + h)), 1);
-}
-/* The integer sums of both blocks: lane k of each half = the 8 products of cx_q4_1_isum. */
-MK_AVX2 static inline __m256i cx_q4_1_isum2_avx2(const cx_q4_1_wide *q, __m256i y0, __m256i y1) {
-    const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(q->lo, y0), _mm256_maddubs_epi16(q->hi, y1));
-    return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
-}
-/* [x0.d, x0.s, x1.d, x1.s] of two blocks (a pair's ds). */
-MK_AVX2 static inline __m128 cx_q8_ds2(const mk_q8_block *x) {
-    return _mm_castsi128_ps(_mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)&x[0].d),
-                                               _mm_loadl_epi64((const __m128i *)&x[1].d)));
-}
-/* The float part of a pair step: scales [d0*x0.d, m0*x0.s, d1*x1.d, m1*x1.s] (the products
- * cx_q4_1_one forms), the min terms added as (m0 x0.s + m1 x1.s), and each block's scale
- * broadcast over its half. */
-MK_AVX2 static inline void cx_q4_1_step2(__m256 *acc, __m128 *mins, __m128 dm, __m256i isum, __m128 xs) {
-    const __m128 s = _mm_mul_ps(dm, xs);
-    *mins = _mm_add_ps(*mins, _mm_add_ps(s, _mm_movehl_ps(s, s)));
-    const __m256 scale = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(s), _mm256_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2));
-    *acc = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(isum), *acc);
-}
-/* The wide chains as the two 128-bit ones (for the odd last block and the total). */
-MK_AVX2 static inline cx_q4_1_acc cx_q4_1_narrow(__m256 acc, __m128 mins) {
-    return (cx_q4_1_acc){_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1), mins};
-}
 
 /* An n-row dot NAME(w, x, rows, n, out) for 1 to 4 (CX_BY_ROWS4) or 1 to 8 (CX_BY_ROWS8)
  * activation rows of type XTYPE: ROWS(TARGET, NAME_R, ARG, R) makes the kernel for a fixed R
@@ -287,82 +172,6 @@ _Static_assert(MK_QDOTN_MAX_ROWS == 8, "CX_BY_ROWS8 makes kernels for up to MK_Q
         }                                                                                                 \
     }
 
-/* Q4_1 row dots built from a pair-sum function ISUM: one row over its blocks (DOT, the
- * table's dot_q4_1), and 1 to BY's rows over their pairs (DOTN: each weight pair unpacked once
- * for all the rows; the rows' activations come regrouped, so a step only loads them). Both
- * forms feed a row's step the same integers and floats in the same order, so DOTN's out[r]
- * has the bits of DOT on that row (tested), whoever else is in the batch. */
-#define CX_Q4_1_DOTS(TARGET, DOT, DOTN, ISUM, BY)                                                          \
-    TARGET static float DOT(const uint8_t *w, const mk_q8_block *x, size_t n) {                           \
-        __m256 acc = _mm256_setzero_ps();                                                                 \
-        __m128 mins = _mm_setzero_ps();                                                                   \
-        const size_t nb = n / 32;                                                                         \
-        size_t b = 0;                                                                                     \
-        for (; b + 1 < nb; b += 2, w += 40) {                                                             \
-            CX_PREFETCH(w);                                                                               \
-            const cx_q4_1_wide q = cx_q4_1_unpack2(w);                                                    \
-            cx_q4_1_step2(&acc, &mins, q.dm, ISUM(&q, cx_q8_halves(&x[b], 0), cx_q8_halves(&x[b], 16)),   \
-                          cx_q8_ds2(&x[b]));                                                              \
-        }                                                                                                 \
-        cx_q4_1_acc a = cx_q4_1_narrow(acc, mins);                                                        \
-        if (b < nb) cx_q4_1_one(&a, cx_q4_1_dm(w), cx_q4_1_unpack(w + 4), x[b].q, x[b].q + 16, &x[b].d);  \
-        return cx_q4_1_total(&a);                                                                         \
-    }                                                                                                     \
-    BY(CX_Q4_1_ROWS, TARGET, DOTN, ISUM, mk_q8_pair)
-
-/* DOTN for a fixed number of rows R (the accumulators stay in registers). A step's float
- * part for one row (cx_q4_1_step2: four scale products, the mins added, the scales spread)
- * sits in 128-bit halves, so rows go two at a time through one 256-bit register there: row
- * 2k in the low half, 2k + 1 in the high; the same operations on the same lanes, half the
- * instructions (a 4-row Q4_1 call 53 -> 41 ns per 576-wide row on a Zen 4 core). */
-#define CX_Q4_1_ROWS(TARGET, NAME, ISUM, R)                                                                \
-    TARGET static inline void NAME(const uint8_t *w, const mk_q8_pair *const *x, size_t n, float *out) {  \
-        enum { PAIRS = R / 2 };                                                                           \
-        __m256 acc[R];                                                                                    \
-        __m256 mins2[PAIRS + 1]; /* rows 2k and 2k + 1 in its halves; the last for an odd row */          \
-        for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();                                         \
-        for (int k = 0; k <= PAIRS; k++) mins2[k] = _mm256_setzero_ps();                                  \
-        const __m256i lanes_lo = _mm256_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2);                               \
-        const __m256i lanes_hi = _mm256_setr_epi32(4, 4, 4, 4, 6, 6, 6, 6);                               \
-        const size_t nb = n / 32;                                                                         \
-        size_t b = 0;                                                                                     \
-        for (; b + 1 < nb; b += 2, w += 40) {                                                             \
-            CX_PREFETCH(w);                                                                               \
-            const cx_q4_1_wide q = cx_q4_1_unpack2(w);                                                    \
-            const __m256 dm2 = _mm256_set_m128(q.dm, q.dm);                                               \
-            CX_UNROLL for (int k = 0; k < PAIRS; k++) {                                                  \
-                const mk_q8_pair *p0 = &x[2 * k][b / 2], *p1 = &x[2 * k + 1][b / 2];                      \
-                /* cx_q4_1_step2's scale products and mins for both rows at once */                       \
-                const __m256 s = _mm256_mul_ps(dm2, _mm256_set_m128(_mm_loadu_ps(p1->ds), _mm_loadu_ps(p0->ds))); \
-                mins2[k] = _mm256_add_ps(mins2[k], _mm256_add_ps(s, _mm256_shuffle_ps(s, s, _MM_SHUFFLE(3, 2, 3, 2)))); \
-                acc[2 * k] = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(s, lanes_lo),                        \
-                                             _mm256_cvtepi32_ps(ISUM(&q, cx_loadu(p0->lo), cx_loadu(p0->hi))), \
-                                             acc[2 * k]);                                                 \
-                acc[2 * k + 1] = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(s, lanes_hi),                    \
-                                                 _mm256_cvtepi32_ps(ISUM(&q, cx_loadu(p1->lo), cx_loadu(p1->hi))), \
-                                                 acc[2 * k + 1]);                                         \
-            }                                                                                             \
-            if (R % 2) {                                                                                  \
-                const mk_q8_pair *p = &x[R - 1][b / 2];                                                   \
-                __m128 m = _mm256_castps256_ps128(mins2[PAIRS]);                                          \
-                cx_q4_1_step2(&acc[R - 1], &m, q.dm, ISUM(&q, cx_loadu(p->lo), cx_loadu(p->hi)),         \
-                              _mm_loadu_ps(p->ds));                                                       \
-                mins2[PAIRS] = _mm256_castps128_ps256(m);                                                 \
-            }                                                                                             \
-        }                                                                                                 \
-        for (int r = 0; r < R; r++) {                                                                     \
-            const __m256 m2 = mins2[r / 2];                                                               \
-            cx_q4_1_acc a = cx_q4_1_narrow(acc[r], r % 2 ? _mm256_extractf128_ps(m2, 1) : _mm256_castps256_ps128(m2)); \
-            if (b < nb) {                                                                                 \
-                const mk_q8_pair *p = &x[r][b / 2];                                                       \
-                cx_q4_1_one(&a, cx_q4_1_dm(w), cx_q4_1_unpack(w + 4), p->lo, p->hi, p->ds);               \
-            }                                                                                             \
-            out[r] = cx_q4_1_total(&a);                                                                   \
-        }                                                                                                 \
-    }
-
-CX_Q4_1_DOTS(MK_AVX2, cx_dot_q4_1, cx_dotn_q4_1, cx_q4_1_isum2_avx2, CX_BY_ROWS4)
-
 /* Row dots over activation blocks of type XTYPE from ROWS, the n-row kernel for a fixed row
  * count R: DOTN for 1 to BY's rows, and the one-row DOT as its one-row case, so DOTN's out[r]
  * has DOT's bits on that row (ARG goes to ROWS). */
@@ -374,51 +183,205 @@ CX_Q4_1_DOTS(MK_AVX2, cx_dot_q4_1, cx_dotn_q4_1, cx_q4_1_isum2_avx2, CX_BY_ROWS4
         return out;                                                                                       \
     }
 
-/* Row dots over blocks of 32 signed values with an f16 scale in front (Q8_0: 34 bytes, the
- * values as bytes; Q4_0: 18 bytes, nibbles less 8), from a signed block-sum function DOTSS:
- * one row (DOT: two FMA chains, even and odd blocks, each block's scale d * x.d) and 1 to
- * BY's rows (DOTN: each weight block loaded and its scale converted once for all the rows,
- * every row stepped as DOT steps it). */
-#define CX_Q8_0_DOTS(TARGET, DOT, DOTN, DOTSS, BY) \
-    CX_BLOCK_DOTS(CX_Q8_0_ROWS, TARGET, DOT, DOTN, DOTSS, BY, mk_q8_block)
-#define CX_Q4_0_DOTS(TARGET, DOT, DOTN, DOTSS, BY) \
-    CX_BLOCK_DOTS(CX_Q4_0_ROWS, TARGET, DOT, DOTN, DOTSS, BY, mk_q8_block)
 
-MK_AVX2 static inline __m256i cx_q8_0_values(const uint8_t *block) { return cx_loadu(block + 2); }
-MK_AVX2 static inline __m256i cx_q4_0_values(const uint8_t *block) {
-    return _mm256_sub_epi8(cx_nibbles(block + 2), _mm256_set1_epi8(8));
-}
-#define CX_Q8_0_ROWS(TARGET, NAME, DOTSS, R) CX_SIGNED_ROWS(TARGET, NAME, DOTSS, R, 34, cx_q8_0_values)
-#define CX_Q4_0_ROWS(TARGET, NAME, DOTSS, R) CX_SIGNED_ROWS(TARGET, NAME, DOTSS, R, 18, cx_q4_0_values)
+/* ============================================ blocks of 32, 8 weight rows == */
 
-/* DOTN for a fixed number of rows R over blocks of BYTES bytes whose values VALUES gives. */
-#define CX_SIGNED_ROWS(TARGET, NAME, DOTSS, R, BYTES, VALUES)                                              \
-    TARGET static inline void NAME(const uint8_t *w, const mk_q8_block *const *x, size_t n, float *out) { \
-        __m256 acc0[R], acc1[R];                                                                          \
-        for (int r = 0; r < R; r++) acc0[r] = _mm256_setzero_ps(), acc1[r] = _mm256_setzero_ps();         \
-        const size_t nb = n / 32;                                                                         \
-        size_t b = 0;                                                                                     \
-        for (; b + 1 < nb; b += 2, w += 2 * (BYTES)) {                                                    \
-            CX_PREFETCH(w);                                                                               \
-            const __m256i w0 = VALUES(w), w1 = VALUES(w + (BYTES));                                       \
-            const float d0 = cx_f16(w), d1 = cx_f16(w + (BYTES));                                         \
-            CX_UNROLL for (int r = 0; r < R; r++) {                                                      \
-                const __m256i p0 = DOTSS(w0, cx_loadu(x[r][b].q)), p1 = DOTSS(w1, cx_loadu(x[r][b + 1].q)); \
-                acc0[r] = _mm256_fmadd_ps(_mm256_set1_ps(d0 * x[r][b].d), _mm256_cvtepi32_ps(p0), acc0[r]); \
-                acc1[r] = _mm256_fmadd_ps(_mm256_set1_ps(d1 * x[r][b + 1].d), _mm256_cvtepi32_ps(p1), acc1[r]); \
-            }                                                                                             \
-        }                                                                                                 \
-        if (b < nb) {                                                                                     \
-            const __m256i w0 = VALUES(w);                                                                 \
-            const float d0 = cx_f16(w);                                                                   \
-            for (int r = 0; r < R; r++)                                                                   \
-                acc0[r] = _mm256_fmadd_ps(_mm256_set1_ps(d0 * x[r][b].d),                                 \
-                                          _mm256_cvtepi32_ps(DOTSS(w0, cx_loadu(x[r][b].q))), acc0[r]);   \
-        }                                                                                                 \
-        for (int r = 0; r < R; r++) out[r] = cx_hsum(_mm256_add_ps(acc0[r], acc1[r]));                   \
+/* The kernels' helpers must inline for their vectors to stay in registers (gcc stops
+ * inlining plain `inline` ones once a file holds this many kernels: 1.6x slower). */
+#define CX_INLINE static inline __attribute__((always_inline))
+
+/* Q4_0, Q4_1 and Q8_0 multiply eight consecutive weight rows at once with 1 to BY's activation
+ * rows. Weight row i sits in 32-bit lane i of every vector and each activation row's groups
+ * of four bytes are broadcast across the lanes, so a block costs, per activation row, one
+ * vpdpbusd per group of four values for all eight weight rows (AVX2: maddubs summed as i16,
+ * then one madd; Q8_0's signed bytes through the sign trick), one conversion and one FMA
+ * (two for Q4_1), and no horizontal sum; the weights are regrouped and the scales converted
+ * once per block for all the activation rows. llama.cpp repacks a file's Q4_0 rows this way at load; here the regrouping is done
+ * in registers, so the stored rows keep the file's layout (the embedding and the tiles read
+ * it) at a cost shared by the activation rows (2.4x less time per block and row than one
+ * weight row at a time with 8 activation rows on a Zen 4 core; notes of #27).
+ *
+ * Each output's arithmetic, in every SIMD table: per block the exact integer sum isum of its
+ * 32 products (Q4_0: the unsigned nibbles' products less 8 x the activations' sum, x.sum), then
+ * acc = fma(d * x.d, isum, acc), Q4_1 then acc = fma(m, x.s, acc), block after block from
+ * acc = 0: it depends only on that weight row and that activation row, so an output has the
+ * same bits in any lane, beside any other rows, at any batch size; the one-row dot is the
+ * kernel with the row given eight times (row_bytes 0). */
+
+/* The 16 nibble bytes of one block in each of eight rows (qs: row 0's, rows rb apart) as
+ * eight vectors: g[k] holds values 4k..4k+3 of every row (row i in lane i), the low nibbles
+ * of bytes 4k..4k+3 for k < 4, the high nibbles of bytes 4(k-4).. for k >= 4 (ggml's order:
+ * byte j holds values j and j + 16). */
+MK_AVX2 CX_INLINE void cx_nibble_groups8(const uint8_t *qs, size_t rb, __m256i g[8]) {
+    __m256i a[4]; /* rows i (low half) and i + 4 (high half) */
+    CX_UNROLL for (int i = 0; i < 4; i++)
+        a[i] = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(qs + i * rb))),
+                                       _mm_loadu_si128((const __m128i *)(qs + (i + 4) * rb)), 1);
+    /* a 4 x 4 transpose of 32-bit words in each half: v[k] = word k of rows 0-3 | of rows 4-7 */
+    const __m256i t0 = _mm256_unpacklo_epi32(a[0], a[1]), t1 = _mm256_unpackhi_epi32(a[0], a[1]);
+    const __m256i t2 = _mm256_unpacklo_epi32(a[2], a[3]), t3 = _mm256_unpackhi_epi32(a[2], a[3]);
+    const __m256i v[4] = {_mm256_unpacklo_epi64(t0, t2), _mm256_unpackhi_epi64(t0, t2),
+                          _mm256_unpacklo_epi64(t1, t3), _mm256_unpackhi_epi64(t1, t3)};
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    CX_UNROLL for (int k = 0; k < 4; k++) {
+        g[k] = _mm256_and_si256(v[k], m4);
+        g[k + 4] = _mm256_and_si256(_mm256_srli_epi16(v[k], 4), m4);
     }
-CX_Q8_0_DOTS(MK_AVX2, cx_dot_q8_0, cx_dotn_q8_0, cx_dot_ss, CX_BY_ROWS4)
-CX_Q4_0_DOTS(MK_AVX2, cx_dot_q4_0, cx_dotn_q4_0, cx_dot_ss, CX_BY_ROWS4)
+}
+
+/* The 32 value bytes of one block in each of eight rows (qs: row 0's, rows rb apart) as
+ * g[k] = bytes 4k..4k+3 of every row (row i in lane i): an 8 x 8 transpose of 32-bit words. */
+MK_AVX2 CX_INLINE void cx_byte_groups8(const uint8_t *qs, size_t rb, __m256i g[8]) {
+    __m256i a[8], t[8], u[8];
+    CX_UNROLL for (int i = 0; i < 8; i++) a[i] = cx_loadu(qs + i * rb);
+    CX_UNROLL for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_epi32(a[i], a[i + 1]);     /* words 0, 1 | 4, 5 of rows i, i + 1 */
+        t[i + 1] = _mm256_unpackhi_epi32(a[i], a[i + 1]); /* words 2, 3 | 6, 7 */
+    }
+    CX_UNROLL for (int h = 0; h < 8; h += 4) { /* rows h..h+3: u[h + k] = word k | word k + 4 */
+        u[h] = _mm256_unpacklo_epi64(t[h], t[h + 2]);
+        u[h + 1] = _mm256_unpackhi_epi64(t[h], t[h + 2]);
+        u[h + 2] = _mm256_unpacklo_epi64(t[h + 1], t[h + 3]);
+        u[h + 3] = _mm256_unpackhi_epi64(t[h + 1], t[h + 3]);
+    }
+    CX_UNROLL for (int k = 0; k < 4; k++) {
+        g[k] = _mm256_permute2x128_si256(u[k], u[4 + k], 0x20);
+        g[k + 4] = _mm256_permute2x128_si256(u[k], u[4 + k], 0x31);
+    }
+}
+
+/* The f16 at p, p + rb, ..., p + 7 rb as eight floats. */
+MK_AVX2 CX_INLINE __m256 cx_f16x8(const uint8_t *p, size_t rb) {
+    uint16_t h[8];
+    CX_UNROLL for (int i = 0; i < 8; i++) memcpy(&h[i], p + i * rb, sizeof h[i]);
+    return _mm256_cvtph_ps(_mm_setr_epi16((short)h[0], (short)h[1], (short)h[2], (short)h[3], (short)h[4], (short)h[5],
+                                          (short)h[6], (short)h[7]));
+}
+
+/* Four activation bytes from q broadcast to every lane. */
+MK_AVX2 CX_INLINE __m256i cx_group4(const int8_t *q) {
+    int32_t v;
+    memcpy(&v, q, sizeof v);
+    return _mm256_set1_epi32(v);
+}
+
+/* The integer sums of one block for the eight weight rows, from init: AVX2's pair sums of
+ * the eight groups stay i16 (each <= 2 x 15 x 127, all eight <= 30480) before one madd. */
+MK_AVX2 CX_INLINE __m256i cx_nibble_sums_avx2(__m256i init, const __m256i g[8], const int8_t *q) {
+    __m256i p = _mm256_maddubs_epi16(g[0], cx_group4(q));
+    CX_UNROLL for (int k = 1; k < 8; k++) p = _mm256_add_epi16(p, _mm256_maddubs_epi16(g[k], cx_group4(q + 4 * k)));
+    return _mm256_add_epi32(init, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+}
+
+/* The same for signed weight bytes (Q8_0): |w| times x with w's sign (the pair sums of
+ * maddubs reach 2 x 128 x 127, so each group is widened to i32 before the next). */
+MK_AVX2 CX_INLINE __m256i cx_byte_sums_avx2(__m256i init, const __m256i g[8], const int8_t *q) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    CX_UNROLL for (int k = 0; k < 8; k++)
+        init = _mm256_add_epi32(init, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(g[k], g[k]),
+                                                                             _mm256_sign_epi8(cx_group4(q + 4 * k), g[k])),
+                                                        ones));
+    return init;
+}
+
+/* Per format: the block's bytes, where its values start and how they are regrouped, what a
+ * block's sums start from, and the float terms after the scaled sum (Q4_1's min; m holds the
+ * eight rows' mins). */
+#define CX_Q4_0_BYTES 18
+#define CX_Q4_0_QS 2
+#define CX_Q4_0_GROUPS cx_nibble_groups8
+#define CX_Q4_0_INIT(xb) _mm256_set1_epi32(-8 * (xb)->sum)
+#define CX_Q4_0_MINS(p, rb) _mm256_setzero_ps()
+#define CX_Q4_0_MIN(acc, m, xb) (acc)
+#define CX_Q4_1_BYTES 20
+#define CX_Q4_1_QS 4
+#define CX_Q4_1_GROUPS cx_nibble_groups8
+#define CX_Q4_1_INIT(xb) _mm256_setzero_si256()
+#define CX_Q4_1_MINS(p, rb) cx_f16x8((p) + 2, rb)
+#define CX_Q4_1_MIN(acc, m, xb) _mm256_fmadd_ps(m, _mm256_set1_ps((xb)->s), acc)
+#define CX_Q8_0_BYTES 34
+#define CX_Q8_0_QS 2
+#define CX_Q8_0_GROUPS cx_byte_groups8
+#define CX_Q8_0_INIT(xb) _mm256_setzero_si256()
+#define CX_Q8_0_MINS(p, rb) _mm256_setzero_ps()
+#define CX_Q8_0_MIN(acc, m, xb) (acc)
+
+/* The kernel for R activation rows (the accumulators stay in registers): FMT is Q4_0, Q4_1
+ * or Q8_0, SUMS the table's block sums for its values. The next eight rows' lines are prefetched at the same
+ * place: a thread takes a tile of consecutive weight rows. */
+#define CX_W8_ROWS(TARGET, NAME, FMT, SUMS, R)                                                          \
+    TARGET static inline void NAME(const uint8_t *w, size_t rb, const mk_q8_block *const *x, size_t n,     \
+                                   float *out) {                                                            \
+        __m256 acc[R];                                                                                      \
+        CX_UNROLL for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();                                 \
+        for (size_t b = 0; b < n / 32; b++) {                                                               \
+            const uint8_t *p = w + b * CX_##FMT##_BYTES;                                                    \
+            /* the group two ahead, as one stream: this block's share of its 8 rows' bytes */             \
+            const char *ahead = (const char *)w + 16 * rb + b * 8 * CX_##FMT##_BYTES;                       \
+            _mm_prefetch(ahead, _MM_HINT_T0);                                                               \
+            _mm_prefetch(ahead + 64, _MM_HINT_T0);                                                          \
+            _mm_prefetch(ahead + 128, _MM_HINT_T0);                                                         \
+            __m256i g[8];                                                                                   \
+            CX_##FMT##_GROUPS(p + CX_##FMT##_QS, rb, g);                                                    \
+            const __m256 d = cx_f16x8(p, rb);                                                               \
+            const __m256 m = CX_##FMT##_MINS(p, rb);                                                        \
+            (void)m;                                                                                        \
+            CX_UNROLL for (int r = 0; r < R; r++) {                                                        \
+                const mk_q8_block *xb = &x[r][b];                                                           \
+                const __m256i isum = SUMS(CX_##FMT##_INIT(xb), g, xb->q);                                   \
+                acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(xb->d)), _mm256_cvtepi32_ps(isum), acc[r]); \
+                acc[r] = CX_##FMT##_MIN(acc[r], m, xb);                                                     \
+            }                                                                                               \
+        }                                                                                                   \
+        CX_UNROLL for (int r = 0; r < R; r++) _mm256_storeu_ps(out + 8 * r, acc[r]);                        \
+    }
+
+/* DOT8 for 1 to 4 (ROWS4) or 1 to 8 (ROWS8) activation rows, and the one-row DOT. */
+#define CX_W8_CASES4(TARGET, DOT8, FMT, SUMS)                                                          \
+    CX_W8_ROWS(TARGET, DOT8##_1, FMT, SUMS, 1)                                                         \
+    CX_W8_ROWS(TARGET, DOT8##_2, FMT, SUMS, 2)                                                         \
+    CX_W8_ROWS(TARGET, DOT8##_3, FMT, SUMS, 3)                                                         \
+    CX_W8_ROWS(TARGET, DOT8##_4, FMT, SUMS, 4)
+#define CX_W8_ROWS4(TARGET, DOT8, FMT, SUMS)                                                           \
+    CX_W8_CASES4(TARGET, DOT8, FMT, SUMS)                                                              \
+    TARGET static void DOT8(const uint8_t *w, size_t rb, const mk_q8_block *const *x, size_t rows, size_t n, \
+                            float *out) {                                                                   \
+        switch (rows) {                                                                                     \
+            case 1: DOT8##_1(w, rb, x, n, out); break;                                                      \
+            case 2: DOT8##_2(w, rb, x, n, out); break;                                                      \
+            case 3: DOT8##_3(w, rb, x, n, out); break;                                                      \
+            default: DOT8##_4(w, rb, x, n, out); break;                                                     \
+        }                                                                                                   \
+    }
+#define CX_W8_ROWS8(TARGET, DOT8, FMT, SUMS)                                                           \
+    CX_W8_CASES4(TARGET, DOT8, FMT, SUMS)                                                              \
+    CX_W8_ROWS(TARGET, DOT8##_5, FMT, SUMS, 5)                                                         \
+    CX_W8_ROWS(TARGET, DOT8##_6, FMT, SUMS, 6)                                                         \
+    CX_W8_ROWS(TARGET, DOT8##_7, FMT, SUMS, 7)                                                         \
+    CX_W8_ROWS(TARGET, DOT8##_8, FMT, SUMS, 8)                                                         \
+    TARGET static void DOT8(const uint8_t *w, size_t rb, const mk_q8_block *const *x, size_t rows, size_t n, \
+                            float *out) {                                                                   \
+        switch (rows) {                                                                                     \
+            case 1: DOT8##_1(w, rb, x, n, out); break;                                                      \
+            case 2: DOT8##_2(w, rb, x, n, out); break;                                                      \
+            case 3: DOT8##_3(w, rb, x, n, out); break;                                                      \
+            case 4: DOT8##_4(w, rb, x, n, out); break;                                                      \
+            case 5: DOT8##_5(w, rb, x, n, out); break;                                                      \
+            case 6: DOT8##_6(w, rb, x, n, out); break;                                                      \
+            case 7: DOT8##_7(w, rb, x, n, out); break;                                                      \
+            default: DOT8##_8(w, rb, x, n, out); break;                                                     \
+        }                                                                                                   \
+    }
+#define CX_W8_DOTS(TARGET, DOT, DOT8, FMT, SUMS, BY)                                                   \
+    CX_W8_##BY(TARGET, DOT8, FMT, SUMS)                                                                \
+    TARGET static float DOT(const uint8_t *w, const mk_q8_block *x, size_t n) {                             \
+        float out[8];                                                                                       \
+        DOT8##_1(w, 0, &x, n, out);                                                                         \
+        return out[0];                                                                                      \
+    }
+CX_W8_DOTS(MK_AVX2, cx_dot_q4_0, cx_dot8_q4_0, Q4_0, cx_nibble_sums_avx2, ROWS4)
+CX_W8_DOTS(MK_AVX2, cx_dot_q4_1, cx_dot8_q4_1, Q4_1, cx_nibble_sums_avx2, ROWS4)
+CX_W8_DOTS(MK_AVX2, cx_dot_q8_0, cx_dot8_q8_0, Q8_0, cx_byte_sums_avx2, ROWS4)
 
 /* ============================================================= K-quants == */
 
@@ -536,20 +499,25 @@ CX_Q6_K_DOTS(MK_AVX2, cx_dot_q6_k, cx_dotn_q6_k, cx_k_avx2, CX_BY_ROWS4)
 #define MK_VNNI512 __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512vnni")))
 
 /* The Q4_0, Q4_1, Q8_0, Q4_K and Q6_K dots for one encoding: TARGET compiles them, DPBUSD
- * and DPWSSD are its intrinsics, BY makes its n-row kernels (CX_BY_ROWS8 only where TARGET
- * has AVX-512's 32 registers). */
-#define CX_VNNI_DOTS(TARGET, DPBUSD, DPWSSD, SUFFIX, BY)                                                   \
-    TARGET static inline __m256i cx_q4_1_isum2_##SUFFIX(const cx_q4_1_wide *q, __m256i y0, __m256i y1) { \
-        return DPBUSD(DPBUSD(_mm256_setzero_si256(), q->lo, y0), q->hi, y1);                              \
+ * and DPWSSD are its intrinsics, BY and BY8 make its n-row kernels (CX_BY_ROWS8 and ROWS8
+ * only where TARGET has AVX-512's 32 registers). */
+#define CX_VNNI_DOTS(TARGET, DPBUSD, DPWSSD, SUFFIX, BY, BY8)                                              \
+    /* The eight weight rows' block sums: one vpdpbusd per group of four (the same i32 lanes as \
+     * cx_nibble_sums_avx2's). */                                                                         \
+    TARGET CX_INLINE __m256i cx_nibble_sums_##SUFFIX(__m256i init, const __m256i g[8], const int8_t *q) { \
+        CX_UNROLL for (int k = 0; k < 8; k++) init = DPBUSD(init, g[k], cx_group4(q + 4 * k));            \
+        return init;                                                                                      \
     }                                                                                                     \
-    CX_Q4_1_DOTS(TARGET, cx_dot_q4_1_##SUFFIX, cx_dotn_q4_1_##SUFFIX, cx_q4_1_isum2_##SUFFIX, BY)         \
-    /* Signed weights through the sign trick as in cx_dot_ss, one vpdpbusd for the sums of      \
-     * four (|w| <= 128 times |x| <= 127: the same integers as maddubs + madd). */                        \
-    TARGET static inline __m256i cx_dot_ss_##SUFFIX(__m256i a, __m256i b) {                               \
-        return DPBUSD(_mm256_setzero_si256(), _mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a));            \
+    CX_W8_DOTS(TARGET, cx_dot_q4_0_##SUFFIX, cx_dot8_q4_0_##SUFFIX, Q4_0, cx_nibble_sums_##SUFFIX, BY8) \
+    CX_W8_DOTS(TARGET, cx_dot_q4_1_##SUFFIX, cx_dot8_q4_1_##SUFFIX, Q4_1, cx_nibble_sums_##SUFFIX, BY8) \
+    /* Signed weight bytes through the sign trick, one vpdpbusd per group (|w| <= 128 times    \
+     * |x| <= 127: the same i32 lanes as cx_byte_sums_avx2's). */                                       \
+    TARGET CX_INLINE __m256i cx_byte_sums_##SUFFIX(__m256i init, const __m256i g[8], const int8_t *q) { \
+        CX_UNROLL for (int k = 0; k < 8; k++)                                                             \
+            init = DPBUSD(init, _mm256_sign_epi8(g[k], g[k]), _mm256_sign_epi8(cx_group4(q + 4 * k), g[k])); \
+        return init;                                                                                      \
     }                                                                                                     \
-    CX_Q8_0_DOTS(TARGET, cx_dot_q8_0_##SUFFIX, cx_dotn_q8_0_##SUFFIX, cx_dot_ss_##SUFFIX, BY)                \
-    CX_Q4_0_DOTS(TARGET, cx_dot_q4_0_##SUFFIX, cx_dotn_q4_0_##SUFFIX, cx_dot_ss_##SUFFIX, BY)                \
+    CX_W8_DOTS(TARGET, cx_dot_q8_0_##SUFFIX, cx_dot8_q8_0_##SUFFIX, Q8_0, cx_byte_sums_##SUFFIX, BY8)     \
     /* The K-quants' weighted sums: vpdpwssd adds the same i32 sums as madd + add. */         \
     TARGET static inline __m256i cx_k_##SUFFIX##_wsum(__m256i acc, __m256i p, __m256i w) {                \
         return DPWSSD(acc, p, w);                                                                         \
@@ -557,8 +525,8 @@ CX_Q6_K_DOTS(MK_AVX2, cx_dot_q6_k, cx_dotn_q6_k, cx_k_avx2, CX_BY_ROWS4)
     CX_Q4_K_DOTS(TARGET, cx_dot_q4_k_##SUFFIX, cx_dotn_q4_k_##SUFFIX, cx_k_##SUFFIX, BY)                  \
     CX_Q6_K_DOTS(TARGET, cx_dot_q6_k_##SUFFIX, cx_dotn_q6_k_##SUFFIX, cx_k_##SUFFIX, BY)
 
-CX_VNNI_DOTS(MK_VNNI, _mm256_dpbusd_avx_epi32, _mm256_dpwssd_avx_epi32, vnni, CX_BY_ROWS4)
-CX_VNNI_DOTS(MK_VNNI512, _mm256_dpbusd_epi32, _mm256_dpwssd_epi32, vnni512, CX_BY_ROWS8)
+CX_VNNI_DOTS(MK_VNNI, _mm256_dpbusd_avx_epi32, _mm256_dpwssd_avx_epi32, vnni, CX_BY_ROWS4, ROWS4)
+CX_VNNI_DOTS(MK_VNNI512, _mm256_dpbusd_epi32, _mm256_dpwssd_epi32, vnni512, CX_BY_ROWS8, ROWS8)
 
 
 /* ============================================================ 16-bit floats == */
@@ -603,11 +571,11 @@ static const mk_cpu_quant cx_avx2 = {
     .quantize_row = cx_quantize_row,
     .quantize_row_k = cx_quantize_row_k,
     .dot_q4_0 = cx_dot_q4_0,
-    .dotn_q4_0 = cx_dotn_q4_0,
+    .dot8_q4_0 = cx_dot8_q4_0,
     .dot_q4_1 = cx_dot_q4_1,
-    .dotn_q4_1 = cx_dotn_q4_1,
-    .dotn_q8_0 = cx_dotn_q8_0,
+    .dot8_q4_1 = cx_dot8_q4_1,
     .dot_q8_0 = cx_dot_q8_0,
+    .dot8_q8_0 = cx_dot8_q8_0,
     .dotn_rows = 4,
     .dot_q4_k = cx_dot_q4_k,
     .dotn_q4_k = cx_dotn_q4_k,
@@ -642,11 +610,11 @@ static bool cx_cpu_has_avx2(void) {
         .quantize_row = cx_quantize_row,           \
         .quantize_row_k = cx_quantize_row_k,       \
         .dot_q4_0 = cx_dot_q4_0_##SUFFIX,          \
-        .dotn_q4_0 = cx_dotn_q4_0_##SUFFIX,        \
+        .dot8_q4_0 = cx_dot8_q4_0_##SUFFIX,        \
         .dot_q4_1 = cx_dot_q4_1_##SUFFIX,          \
-        .dotn_q4_1 = cx_dotn_q4_1_##SUFFIX,        \
-        .dotn_q8_0 = cx_dotn_q8_0_##SUFFIX,        \
+        .dot8_q4_1 = cx_dot8_q4_1_##SUFFIX,        \
         .dot_q8_0 = cx_dot_q8_0_##SUFFIX,          \
+        .dot8_q8_0 = cx_dot8_q8_0_##SUFFIX,        \
         .dotn_rows = ROWS,                         \
         .dot_q4_k = cx_dot_q4_k_##SUFFIX,          \
         .dotn_q4_k = cx_dotn_q4_k_##SUFFIX,        \
