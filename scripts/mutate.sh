@@ -135,7 +135,7 @@ MUTATIONS=(
   "w8.block-sum-half~host/backend/cpu/cpu_quant_avx2.c~s/out\[b\]\.sum = lo \+ hi;/out[b].sum = lo;/~native:*SimdQuantization*"
   "native.q4_0-without-eight-row-dot~host/backend/cpu/cpu_quant.c~s/        case MK_GGML_TYPE_Q4_0: return q->dot8_q4_0;\n//~native:*NRowDots*"
   "native.q8_0-without-eight-row-dot~host/backend/cpu/cpu_quant.c~s/        case MK_GGML_TYPE_Q8_0: return q->dot8_q8_0;\n//~native:*NRowDots*"
-  "native.rows8-tail-written-from-its-first-row~host/backend/cpu/cpu_native.c~s/for \(size_t i = o - first; i < o - first \+ take; i\+\+\)/for (size_t i = 0; i < take; i++)/~native:*BatchRows*"
+  "native.rows8-tail-written-from-its-first-row~host/backend/cpu/cpu_native.c~s/for \(size_t i = o - first; i < o - first \+ take; i\+\+\)/for (size_t i = 0; i < take; i++)/~native:*EveryFormat*"
   "native.rows8-small-part-reads-row-zero~host/backend/cpu/cpu_native.c~s/p->qdot8\(p->data \+ o \* p->row_bytes, 0, xq, n, in, v\);/p->qdot8(p->data, 0, xq, n, in, v);/~native:*EveryFormat*"
   "native.rows8-group-rows-from-zero~host/backend/cpu/cpu_native.c~s/xq\[k\] = p->qdot8 \? j->ctx->xq \+ \(r \+ k\) \* per_row/xq[k] = p->qdot8 ? j->ctx->xq + k * per_row/~native:*BatchRows*"
   "native.blocks-of-32-take-the-tiles~host/backend/cpu/cpu_native.c~s/return mk_cpu_quant_dot8_for\(ctx->kernels, format\) \|\| mk_cpu_quant_kdotn_for/return mk_cpu_quant_kdotn_for/~native:*Threshold*"
