@@ -342,36 +342,31 @@ MK_AVX2 CX_INLINE __m256i cx_byte_sums_avx2(__m256i init, const __m256i g[8], co
     CX_W8_ROWS(TARGET, DOT8##_2, FMT, SUMS, 2)                                                         \
     CX_W8_ROWS(TARGET, DOT8##_3, FMT, SUMS, 3)                                                         \
     CX_W8_ROWS(TARGET, DOT8##_4, FMT, SUMS, 4)
-#define CX_W8_ROWS4(TARGET, DOT8, FMT, SUMS)                                                           \
-    CX_W8_CASES4(TARGET, DOT8, FMT, SUMS)                                                              \
+/* The dispatch by rows: 1 to 3, MORE's cases, then LAST for the rest. */
+#define CX_W8_CALL(DOT8, R) \
+    case R: DOT8##_##R(w, rb, x, n, out); break;
+#define CX_W8_DISPATCH(TARGET, DOT8, MORE, LAST)                                                            \
     TARGET static void DOT8(const uint8_t *w, size_t rb, const mk_q8_block *const *x, size_t rows, size_t n, \
                             float *out) {                                                                   \
         switch (rows) {                                                                                     \
-            case 1: DOT8##_1(w, rb, x, n, out); break;                                                      \
-            case 2: DOT8##_2(w, rb, x, n, out); break;                                                      \
-            case 3: DOT8##_3(w, rb, x, n, out); break;                                                      \
-            default: DOT8##_4(w, rb, x, n, out); break;                                                     \
+            CX_W8_CALL(DOT8, 1)                                                                             \
+            CX_W8_CALL(DOT8, 2)                                                                             \
+            CX_W8_CALL(DOT8, 3)                                                                             \
+            MORE                                                                                            \
+            default: LAST(w, rb, x, n, out); break;                                                         \
         }                                                                                                   \
     }
-#define CX_W8_ROWS8(TARGET, DOT8, FMT, SUMS)                                                           \
-    CX_W8_CASES4(TARGET, DOT8, FMT, SUMS)                                                              \
-    CX_W8_ROWS(TARGET, DOT8##_5, FMT, SUMS, 5)                                                         \
-    CX_W8_ROWS(TARGET, DOT8##_6, FMT, SUMS, 6)                                                         \
-    CX_W8_ROWS(TARGET, DOT8##_7, FMT, SUMS, 7)                                                         \
-    CX_W8_ROWS(TARGET, DOT8##_8, FMT, SUMS, 8)                                                         \
-    TARGET static void DOT8(const uint8_t *w, size_t rb, const mk_q8_block *const *x, size_t rows, size_t n, \
-                            float *out) {                                                                   \
-        switch (rows) {                                                                                     \
-            case 1: DOT8##_1(w, rb, x, n, out); break;                                                      \
-            case 2: DOT8##_2(w, rb, x, n, out); break;                                                      \
-            case 3: DOT8##_3(w, rb, x, n, out); break;                                                      \
-            case 4: DOT8##_4(w, rb, x, n, out); break;                                                      \
-            case 5: DOT8##_5(w, rb, x, n, out); break;                                                      \
-            case 6: DOT8##_6(w, rb, x, n, out); break;                                                      \
-            case 7: DOT8##_7(w, rb, x, n, out); break;                                                      \
-            default: DOT8##_8(w, rb, x, n, out); break;                                                     \
-        }                                                                                                   \
-    }
+#define CX_W8_ROWS4(TARGET, DOT8, FMT, SUMS) \
+    CX_W8_CASES4(TARGET, DOT8, FMT, SUMS)    \
+    CX_W8_DISPATCH(TARGET, DOT8, , DOT8##_4)
+#define CX_W8_ROWS8(TARGET, DOT8, FMT, SUMS)                                                     \
+    CX_W8_CASES4(TARGET, DOT8, FMT, SUMS)                                                        \
+    CX_W8_ROWS(TARGET, DOT8##_5, FMT, SUMS, 5)                                                   \
+    CX_W8_ROWS(TARGET, DOT8##_6, FMT, SUMS, 6)                                                   \
+    CX_W8_ROWS(TARGET, DOT8##_7, FMT, SUMS, 7)                                                   \
+    CX_W8_ROWS(TARGET, DOT8##_8, FMT, SUMS, 8)                                                   \
+    CX_W8_DISPATCH(TARGET, DOT8, CX_W8_CALL(DOT8, 4) CX_W8_CALL(DOT8, 5) CX_W8_CALL(DOT8, 6) \
+                   CX_W8_CALL(DOT8, 7), DOT8##_8)
 #define CX_W8_DOTS(TARGET, DOT, DOT8, FMT, SUMS, BY)                                                   \
     CX_W8_##BY(TARGET, DOT8, FMT, SUMS)                                                                \
     TARGET static float DOT(const uint8_t *w, const mk_q8_block *x, size_t n) {                             \
