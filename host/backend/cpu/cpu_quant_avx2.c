@@ -196,10 +196,11 @@ _Static_assert(MK_QDOTN_MAX_ROWS == 8, "CX_BY_ROWS8 makes kernels for up to MK_Q
  * vpdpbusd per group of four values for all eight weight rows (AVX2: maddubs summed as i16,
  * then one madd; Q8_0's signed bytes through the sign trick), one conversion and one FMA
  * (two for Q4_1), and no horizontal sum; the weights are regrouped and the scales converted
- * once per block for all the activation rows. llama.cpp repacks a file's Q4_0 rows this way at load; here the regrouping is done
- * in registers, so the stored rows keep the file's layout (the embedding and the tiles read
- * it) at a cost shared by the activation rows (2.4x less time per block and row than one
- * weight row at a time with 8 activation rows on a Zen 4 core; notes of #27).
+ * once per block for all the activation rows. llama.cpp repacks a file's Q4_0 rows this way
+ * at load; here the regrouping is done in registers, so the stored rows keep the file's
+ * layout (the embedding and the tiles read it) at a cost shared by the activation rows
+ * (Q4_0 with 8 activation rows: 2.3x less time per block and row than one weight row at a
+ * time, on a Zen 4 core; notes of #27).
  *
  * Each output's arithmetic, in every SIMD table: per block the exact integer sum isum of its
  * 32 products (Q4_0: the unsigned nibbles' products less 8 x the activations' sum, x.sum), then
