@@ -10,8 +10,8 @@
  * every output element is one dot product of one weight row with one activation row,
  * computed by one thread, so results are identical for any thread count.
  * The formats with an n-row dot in the kernel table (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K in the SIMD
- * tables) take the dots at any row count: each weight row (eight at a time for Q4_0 and
- * Q4_1) meets up to dotn_rows activation rows per call, and a prompt's rows have the bits
+ * tables) take the dots at any row count: each weight row (eight at a time for Q4_0, Q4_1
+ * and Q8_0) meets up to dotn_rows activation rows per call, and a prompt's rows have the bits
  * they have alone.
  * Products of many rows (prefill, >= MK_NATIVE_GEMM_MIN_ROWS) of the other formats: the
  * weight is cut into tiles of MK_NATIVE_GEMM_TILE output features; the pool's threads take

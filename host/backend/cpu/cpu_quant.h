@@ -120,7 +120,8 @@ typedef struct mk_cpu_quant {
     mk_kdotn_fn dotn_q4_k, dotn_q6_k;
     /* Activation rows per n-row call (0 without them): as many as the kernels' per-row
      * accumulators leave room for in the vector registers, 4 of 16, 8 of AVX-512's 32 (the
-     * weight row is unpacked once per call, so more rows per call is less work per row). */
+     * weight rows, eight for the blocks of 32, are unpacked once per call, so more rows per
+     * call is less work per row). */
     size_t dotn_rows;
     mk_hdot_fn dot_f16, dot_bf16;
 } mk_cpu_quant;

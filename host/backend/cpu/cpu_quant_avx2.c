@@ -23,13 +23,14 @@
 
 #define MK_AVX2 __attribute__((target("avx2,fma,f16c")))
 
-/* How far ahead of the block being multiplied the weight stream is prefetched. A decode
- * step reads every weight once (tens of MB, from DRAM), and the hardware prefetcher alone
- * keeps a dot at 5-7 GB/s on this project's 2-core Xeon, against 20 GB/s for a plain
+/* How far ahead of the block being multiplied the K-quants' weight stream is prefetched. A
+ * decode step reads every weight once (tens of MB, from DRAM), and the hardware prefetcher
+ * alone kept a dot at 5-7 GB/s on this project's 2-core Xeon, against 20 GB/s for a plain
  * streaming read; asking for the line 4 KiB ahead (into the rows that follow: a thread
- * takes consecutive rows) halves a DRAM-resident Q4_1/Q8_0 row's time and costs nothing
- * when the weights sit in cache (cpu_quant microbenchmark in the notes of #27). A prefetch
- * never faults, so running past the last row is harmless. */
+ * takes consecutive rows) halved a DRAM-resident row's time and costs nothing when the
+ * weights sit in cache (cpu_quant microbenchmark in the notes of #27). The eight-row kernels
+ * of the blocks of 32 prefetch their own way (CX_W8_ROWS). A prefetch never faults, so
+ * running past the last row is harmless. */
 #define CX_PREFETCH_AHEAD 4096
 #define CX_PREFETCH(p) _mm_prefetch((const char *)(p) + CX_PREFETCH_AHEAD, _MM_HINT_T0)
 /* A K-quant super-block spans several cache lines: one prefetch per 64 bytes of it. */
@@ -308,8 +309,9 @@ MK_AVX2 CX_INLINE __m256i cx_byte_sums_avx2(__m256i init, const __m256i g[8], co
 #define CX_Q8_0_MIN(acc, m, xb) (acc)
 
 /* The kernel for R activation rows (the accumulators stay in registers): FMT is Q4_0, Q4_1
- * or Q8_0, SUMS the table's block sums for its values. The next eight rows' lines are prefetched at the same
- * place: a thread takes a tile of consecutive weight rows. */
+ * or Q8_0, SUMS the table's block sums for its values. Each block prefetches its share of
+ * the group of eight rows two ahead (a thread takes a tile of consecutive weight rows; one
+ * sequence's decode fell from about 250 to 160 tokens/s without it). */
 #define CX_W8_ROWS(TARGET, NAME, FMT, SUMS, R)                                                          \
     TARGET static inline void NAME(const uint8_t *w, size_t rb, const mk_q8_block *const *x, size_t n,     \
                                    float *out) {                                                            \
@@ -319,9 +321,8 @@ MK_AVX2 CX_INLINE __m256i cx_byte_sums_avx2(__m256i init, const __m256i g[8], co
             const uint8_t *p = w + b * CX_##FMT##_BYTES;                                                    \
             /* the group two ahead, as one stream: this block's share of its 8 rows' bytes */             \
             const char *ahead = (const char *)w + 16 * rb + b * 8 * CX_##FMT##_BYTES;                       \
-            _mm_prefetch(ahead, _MM_HINT_T0);                                                               \
-            _mm_prefetch(ahead + 64, _MM_HINT_T0);                                                          \
-            _mm_prefetch(ahead + 128, _MM_HINT_T0);                                                         \
+            CX_UNROLL for (int line = 0; line < 8 * CX_##FMT##_BYTES; line += 64)                           \
+                _mm_prefetch(ahead + line, _MM_HINT_T0);                                                    \
             __m256i g[8];                                                                                   \
             CX_##FMT##_GROUPS(p + CX_##FMT##_QS, rb, g);                                                    \
             const __m256 d = cx_f16x8(p, rb);                                                               \
