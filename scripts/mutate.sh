@@ -663,6 +663,9 @@ for m in "${MUTATIONS[@]}"; do
     caught=$((caught + 1))
   fi
   results+=("$id"$'\x1f'"$file"$'\x1f'"$spec"$'\x1f'"$verdict") # a spec's regex may hold '|'
+  # each verdict as it comes, so a pass cut short still says what it found
+  log "   caught: $verdict"
+  echo "==== $id caught: $verdict" >>"$WORK/run.log"
   restore
 done
 # Leave the build matching the unmutated copy.
