@@ -1029,6 +1029,12 @@ typedef struct mk_stage_source {
        connections. -1: rank 0 asks every 20 ms while idle. */
     int wake_fd;
     void *user;
+    /* Between steps, for each request in flight that has no step running (optional): true
+       ends it now, whether it waits for blocks, is part-way through a chunked prompt or is
+       decoding (a client gone: no more of its prompt or tokens are computed). Its report
+       is then MK_OK with stopped false and the tokens it had; its KV is free on every
+       rank before the next step. */
+    bool (*cancelled)(void *user, uint64_t tag);
 } mk_stage_source;
 /* Rank 0 only, over a tcp or unix seam (an nccl receive cannot wait while idle): serve
  * requests from the source until it closes and the requests in flight are done, or the run

@@ -131,7 +131,8 @@ static mk_status mk_engine_submit(mk_server *srv, mk_job *job, const int32_t *id
 }
 
 /* The job left the table (srv->mu not held): its sequence is cut unless it ended. The
- * stage's rank 0 cuts it at its next token, when it finds the job gone. */
+ * stage's rank 0 cuts it between steps (mk_source_cancelled), or at its next token, when it
+ * finds the job gone. */
 static void mk_engine_end(mk_server *srv, mk_job *job, bool cancel) {
     if (srv->engine != MK_ENGINE_SCHED) return;
     if (cancel) (void)mk_sched_cancel(srv->sched, job->seq);
@@ -206,6 +207,15 @@ static bool mk_source_token(void *user, uint64_t tag, int32_t token) {
     return j != NULL;
 }
 
+/* Asked between steps: a job gone (client left, drained) stops its prompt's chunks too. */
+static bool mk_source_cancelled(void *user, uint64_t tag) {
+    mk_server *srv = user;
+    pthread_mutex_lock(&srv->mu);
+    const bool gone = srv->closing || !mk_job_of(srv, tag);
+    pthread_mutex_unlock(&srv->mu);
+    return gone;
+}
+
 static void mk_source_report(void *user, const mk_stage_report *r) {
     mk_server *srv = user;
     pthread_mutex_lock(&srv->mu);
@@ -233,7 +243,7 @@ static void mk_source_report(void *user, const mk_stage_report *r) {
 static void *mk_stage_main(void *arg) {
     mk_server *srv = arg;
     const mk_stage_source src = {sizeof src,       mk_source_take, mk_source_token, mk_source_report,
-                                 mk_source_closed, srv->wake_fd,   srv};
+                                 mk_source_closed, srv->wake_fd,   srv,             mk_source_cancelled};
     const mk_status s = mk_stage_serve_source(srv->stage, &src);
     pthread_mutex_lock(&srv->mu);
     if (s != MK_OK) {

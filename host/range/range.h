@@ -81,6 +81,10 @@ typedef struct mk_forward_entry {
  * any number for the formats with an n-row dot; cuda: the GEMV path, up to 8 rows), so each entry's results are bit-identical to
  * its forward alone there. One entry: exactly mk_range_forward_into. Allocates nothing. */
 mk_status mk_range_forward_batch(mk_range *range, const mk_forward_entry *entries, size_t n);
+/* Chunked prefill, the one rule of the scheduler and the stage runtime: the prompt rows of a
+ * sequence's next step when `left` of its prompt remain and steps take at most `chunk`
+ * prompt rows (0: the whole prompt in one step). */
+static inline size_t mk_prefill_rows(size_t left, size_t chunk) { return chunk && left > chunk ? chunk : left; }
 /* Sequences one forward may carry: its max_batch_sequences. */
 size_t mk_range_max_seqs(const mk_range *range);
 /* The backend a range runs on (the seams stage payloads through it). */

@@ -281,8 +281,7 @@ size_t mk_sched_seam_bytes(const mk_sched *s, size_t i) {
 
 /* The prompt rows of the step after `done` of them went through. */
 static size_t mk_sched_chunk(const mk_sched *s, const mk_sched_request *req, size_t done) {
-    const size_t left = req->n_prompt - done;
-    return s->prefill_chunk && left > s->prefill_chunk ? s->prefill_chunk : left;
+    return mk_prefill_rows(req->n_prompt - done, s->prefill_chunk);
 }
 
 /* Point a slot's item at the first step of `req` (called under s->mu). */

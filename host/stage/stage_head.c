@@ -11,6 +11,7 @@
 #include "mk_error.h"
 #include "core/mk_size.h"
 #include "model/model.h"
+#include "range/range.h"
 #include "stage/stage.h"
 
 /* A request in flight: its admission number names it on every rank ("req-<number>"). */
@@ -59,9 +60,7 @@ static void mk_head_tell_late(mk_head *h) {
 
 /* The rows of a request's next step: its last token, or its prompt's next chunk. */
 static size_t mk_head_rows(const mk_stage *st, const mk_head_entry *e) {
-    if (e->n) return 1;
-    const size_t left = e->a.n_prompt - e->prompt_done, chunk = st->o.prefill_chunk;
-    return chunk && left > chunk ? chunk : left;
+    return e->n ? 1 : mk_prefill_rows(e->a.n_prompt - e->prompt_done, st->o.prefill_chunk);
 }
 
 /* One step of rank 0: the ready requests' rows (decode rows first, then prompts, within
@@ -398,8 +397,22 @@ static mk_status mk_head_take_waiting(mk_head *h) {
     }
 }
 
+/* The source's cancels (mk_stage_source.cancelled), asked of every request with no step
+ * running (ready: a request waiting for blocks is too): a prompt's chunks stop at the one
+ * that ran, a waiting request never reserves. A request whose step is running is asked
+ * once its result is in (until then a rank may still hold its rows). */
+static void mk_head_drop_cancelled(mk_head *h) {
+    if (!h->src->cancelled) return;
+    for (size_t k = 0; k < h->st->max_sequences; k++) {
+        mk_head_entry *e = &h->entry[k];
+        if (e->used && e->ready && h->src->cancelled(h->src->user, e->a.tag))
+            mk_head_finish(h, e, MK_OK, NULL, false);
+    }
+}
+
 static mk_status mk_head_serve(mk_head *h) {
     for (;;) {
+        mk_head_drop_cancelled(h); /* first: the places it frees are admitted into now */
         MK_TRY(mk_head_admit(h));
         MK_TRY(mk_head_reserve(h));
         MK_TRY(mk_head_step_ready(h));
@@ -523,7 +536,7 @@ static void mk_list_report(void *user, const mk_stage_report *r) {
 mk_status mk_stage_serve_list(mk_stage *st, const mk_stage_request *req, size_t n_req, mk_stage_report_fn report,
                               void *user) {
     mk_list_source l = {req, n_req, 0, report, user};
-    const mk_stage_source src = {sizeof src, mk_list_take, NULL, mk_list_report, mk_list_closed, -1, &l};
+    const mk_stage_source src = {sizeof src, mk_list_take, NULL, mk_list_report, mk_list_closed, -1, &l, NULL};
     /* A list with an unusable request fails before any starts, as a whole. */
     mk_status pre = MK_OK;
     for (size_t i = 0; pre == MK_OK && i < n_req; i++)

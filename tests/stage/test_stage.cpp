@@ -836,6 +836,101 @@ TEST(StageLibrary, LiveSourceAdmitsWhileRunningCutsAndRefusesAlone) {
     mk_model_free(model);
 }
 
+// A live source's cancel reaches a request part-way through its chunked prompt: with
+// chunks of 2 rows, request A (a prompt of 9 tokens: 5 chunks) and request B (2 tokens)
+// start in one step; B's first token cancels A (the client gone). Rank 0 asks the source
+// between steps and ends A after the one chunk that ran (MK_OK, not stopped, no tokens)
+// instead of computing its other 4 chunks; B runs on and equals the whole model; B is
+// asked only between its steps, never while its rows are out; every block of rank 0 is back.
+struct CancelSource {
+    std::vector<std::vector<int32_t>> prompts;
+    size_t taken = 0;
+    bool cancel_a = false;
+    size_t asked_b = 0;
+    std::map<uint64_t, mk_stage_report> reports;
+    std::map<uint64_t, std::vector<int32_t>> tokens;
+};
+
+TEST(StageLibrary, LiveSourceCancelStopsAChunkedPromptBetweenSteps) {
+    mk_model *model = random_model();
+    const size_t n_new = 4;
+    const std::vector<int32_t> a = {5, 9, 2, 14, 7, 7, 30, 1, 11}, b = {3, 17};
+    const auto want_b = whole_model(model, MK_DTYPE_F32, {b}, n_new);
+    mk_stage_options o = mk_stage_options_default();
+    o.range.backend.weight_dtype = MK_DTYPE_F32;
+    o.range.max_context = a.size() + n_new;
+    o.range.max_batch_tokens = a.size();
+    o.max_new_tokens = n_new;
+    o.max_sequences = 2;
+    o.prefill_chunk = 2;
+    o.timeout_ms = 5000;
+    LibraryRun other;
+    std::thread rank1;
+    mk_stage *st = join_rank0(model, o, &rank1, &other);
+    ASSERT_NE(st, nullptr) << mk_last_error();
+
+    CancelSource src;
+    src.prompts = {a, b};
+    mk_stage_source s{};
+    s.struct_size = sizeof s;
+    s.take = [](void *user, mk_stage_arrival *next) {
+        CancelSource *c = static_cast<CancelSource *>(user);
+        if (c->taken == c->prompts.size()) return false;
+        const size_t i = c->taken++;
+        *next = mk_stage_arrival{c->prompts[i].data(), c->prompts[i].size(), 0, 10 + i};
+        return true;
+    };
+    s.on_token = [](void *user, uint64_t tag, int32_t) {
+        CancelSource *c = static_cast<CancelSource *>(user);
+        EXPECT_EQ(tag, 11u) << "a cancelled request made a token";
+        c->cancel_a = true;
+        return true;
+    };
+    s.report = [](void *user, const mk_stage_report *r) {
+        CancelSource *c = static_cast<CancelSource *>(user);
+        c->reports[r->request] = *r;
+        c->tokens[r->request].assign(r->tokens, r->tokens + r->n_tokens);
+    };
+    s.closed = [](void *user) { // open until both ended: rank 0 keeps waking on wake_fd
+        CancelSource *c = static_cast<CancelSource *>(user);
+        return c->reports.size() == c->prompts.size();
+    };
+    // never drained: every wait of rank 0 returns at once, so it also goes round its loop
+    // while a step runs, and must not ask about (nor end) a request whose rows are out
+    const int wake = eventfd(1, EFD_NONBLOCK);
+    ASSERT_GE(wake, 0);
+    s.wake_fd = wake;
+    s.user = &src;
+    s.cancelled = [](void *user, uint64_t tag) {
+        CancelSource *c = static_cast<CancelSource *>(user);
+        if (tag == 11) c->asked_b++;
+        return tag == 10 && c->cancel_a;
+    };
+    const mk_status served = mk_stage_serve_source(st, &s);
+    EXPECT_EQ(served, MK_OK) << mk_last_error();
+    mk_stage_live_stats live{};
+    ASSERT_EQ(mk_stage_live(st, &live), MK_OK);
+    mk_kv_pool_info pool{};
+    ASSERT_EQ(mk_range_kv_pool(mk_stage_range(st), &pool), MK_OK);
+    mk_stage_free(st);
+    rank1.join();
+    EXPECT_EQ(other.serve[1], MK_OK) << other.message[1];
+
+    ASSERT_EQ(src.reports.size(), 2u);
+    EXPECT_EQ(src.reports[10].status, MK_OK);
+    EXPECT_FALSE(src.reports[10].stopped);
+    EXPECT_TRUE(src.tokens[10].empty());
+    EXPECT_EQ(src.reports[11].status, MK_OK);
+    EXPECT_EQ(src.tokens[11], want_b[0]);
+    // B: its prompt (one chunk) and n_new - 1 decode rows; A: its first chunk only
+    EXPECT_EQ(live.steps, 1 + (n_new - 1) + 1);
+    EXPECT_EQ(src.asked_b, n_new - 1) << "B is asked once per step result before its last";
+    EXPECT_EQ(pool.free_blocks, pool.blocks) << "rank 0 kept blocks";
+    EXPECT_EQ(pool.promised_blocks, 0u);
+    close(wake);
+    mk_model_free(model);
+}
+
 // Continuous batching across processes (in this process through the library, rank 1 on a
 // thread): four requests admitted together go through rank 0 in one forward (their
 // prompts), later steps carry every returned token together, and each request's tokens
