@@ -33,9 +33,18 @@ struct Format {
     const char *name;
 };
 
-const Format kFormats[] = {{MK_GGML_TYPE_Q4_0, "Q4_0"}, {MK_GGML_TYPE_Q4_1, "Q4_1"}, {MK_GGML_TYPE_Q8_0, "Q8_0"},
-                           {MK_GGML_TYPE_Q4_K, "Q4_K"}, {MK_GGML_TYPE_Q6_K, "Q6_K"}, {MK_GGML_TYPE_F16, "F16"},
-                           {MK_GGML_TYPE_BF16, "BF16"}};
+const Format kFormats[] = {{MK_GGML_TYPE_Q4_0, "Q4_0"}, {MK_GGML_TYPE_Q4_1, "Q4_1"}, {MK_GGML_TYPE_Q5_0, "Q5_0"},
+                           {MK_GGML_TYPE_Q5_1, "Q5_1"}, {MK_GGML_TYPE_Q8_0, "Q8_0"}, {MK_GGML_TYPE_Q4_K, "Q4_K"},
+                           {MK_GGML_TYPE_Q6_K, "Q6_K"}, {MK_GGML_TYPE_F16, "F16"},   {MK_GGML_TYPE_BF16, "BF16"}};
+
+// The quantized formats with a kernel: the blocks of 32 (eight weight rows per call in the
+// SIMD tables), then the K-quants (one weight row per call).
+const uint32_t kBlocksOf32[] = {MK_GGML_TYPE_Q4_0, MK_GGML_TYPE_Q4_1, MK_GGML_TYPE_Q5_0, MK_GGML_TYPE_Q5_1,
+                                MK_GGML_TYPE_Q8_0};
+const uint32_t kQuantized[] = {MK_GGML_TYPE_Q4_0, MK_GGML_TYPE_Q4_1, MK_GGML_TYPE_Q5_0, MK_GGML_TYPE_Q5_1,
+                               MK_GGML_TYPE_Q8_0, MK_GGML_TYPE_Q4_K, MK_GGML_TYPE_Q6_K};
+// A format the cpu backend keeps as F32 (no kernel: dequantized once at load).
+const uint32_t kStoredAsF32 = MK_GGML_TYPE_Q5_K;
 
 size_t block_elems(uint32_t type) {
     size_t be = 0, bb = 0;
@@ -74,9 +83,12 @@ std::vector<uint8_t> random_rows(uint32_t type, size_t rows, size_t cols, std::m
     for (size_t blk = 0; blk < rows * cols / be; blk++) {
         uint8_t *p = &w[blk * bb];
         switch (type) {
-            case MK_GGML_TYPE_Q4_0: case MK_GGML_TYPE_Q8_0: put_f16(p, scale(rng)); break;
-            case MK_GGML_TYPE_Q4_1: put_f16(p, scale(rng)); put_f16(p + 2, shift(rng)); break;
-            case MK_GGML_TYPE_Q4_K: put_f16(p, scale(rng) * 0.1f); put_f16(p + 2, scale(rng) * 0.1f); break;
+            case MK_GGML_TYPE_Q4_0: case MK_GGML_TYPE_Q5_0: case MK_GGML_TYPE_Q8_0: put_f16(p, scale(rng)); break;
+            case MK_GGML_TYPE_Q4_1: case MK_GGML_TYPE_Q5_1: put_f16(p, scale(rng)); put_f16(p + 2, shift(rng)); break;
+            case MK_GGML_TYPE_Q4_K: case MK_GGML_TYPE_Q5_K:
+                put_f16(p, scale(rng) * 0.1f);
+                put_f16(p + 2, scale(rng) * 0.1f);
+                break;
             case MK_GGML_TYPE_Q6_K: put_f16(p + 208, scale(rng) * 0.1f); break;
         }
     }
@@ -188,13 +200,15 @@ bool dot_rows(const mk_cpu_quant *t, uint32_t type, const uint8_t *w, const Quan
 }
 
 // Weight rows at the ends of their formats' ranges (extreme 1 or 2; 0 leaves them):
-// Q4_0 and Q4_1 nibbles all 15 or all 0, Q8_0 bytes -128 or alternating 127/-128, Q4_K scales and
+// Q4_0 and Q4_1 nibbles all 15 or all 0, Q5_0 and Q5_1 values (nibbles and fifth bits) all 31
+// or all 0, Q8_0 bytes -128 or alternating 127/-128, Q4_K scales and
 // mins 63 with nibbles 15 or 0, Q6_K values all -32 with scales -128 or all 31 with scales
 // alternating -128/127. The f16 scales stay as random_rows made them.
 void set_extreme(uint32_t type, std::vector<uint8_t> &w, size_t rows, size_t in, int extreme) {
     if (!extreme) return;
-    if (type == MK_GGML_TYPE_Q4_0 || type == MK_GGML_TYPE_Q4_1 || type == MK_GGML_TYPE_Q8_0) {
-        const size_t bb = row_bytes(type, 32), head = bb - 16 * (type == MK_GGML_TYPE_Q8_0 ? 2 : 1);
+    if (block_elems(type) == 32) { // the value bytes after the f16 scale(s)
+        const size_t bb = row_bytes(type, 32);
+        const size_t head = type == MK_GGML_TYPE_Q4_1 || type == MK_GGML_TYPE_Q5_1 ? 4 : 2;
         for (size_t blk = 0; blk < rows * in / 32; blk++)
             for (size_t i = head; i < bb; i++)
                 w[blk * bb + i] = type != MK_GGML_TYPE_Q8_0 ? (extreme == 1 ? 0xff : 0x00)
@@ -437,7 +451,7 @@ TEST(NativeKernels, NonFiniteAndTinyBlocksQuantizeAlikeAndPoisonOnlyTheirRow) {
     }
     // Dots: activation rows with one NaN (or Inf) block among random ones, next to clean rows.
     for (const mk_cpu_quant *t : tables)
-    for (uint32_t type : {MK_GGML_TYPE_Q4_0, MK_GGML_TYPE_Q4_1, MK_GGML_TYPE_Q8_0, MK_GGML_TYPE_Q4_K, MK_GGML_TYPE_Q6_K}) {
+    for (uint32_t type : kQuantized) {
         SCOPED_TRACE(std::string(t->name) + " " + mk_ggml_type_name(type));
         // 19 outputs: the eight-row dots' full groups and their tail
         const size_t in = block_elems(type) == 256 ? 768 : 96, out = 19;
@@ -592,16 +606,13 @@ TEST(NativeMatmul, SharedAndSwigluJobsEqualSeparateProducts) {
 // quantized); from exactly MK_NATIVE_GEMM_MIN_ROWS on, the dequantized tiles and SGEMM
 // (the bits of one SGEMM over the dequantized weight), unless the table has an n-row dot for
 // the format (then the dots at any count); without tile scratch, the dots.
-// A weight stored as F32 (its source format has no native kernel: Q5_0 here) beside quantized
+// A weight stored as F32 (its source format has no native kernel: Q5_K here) beside quantized
 // ones in a shared product and in SwiGLU: it takes the F32 product, the others their dot
 // kernels, and every output equals its separate product.
 TEST(NativeMatmul, F32StoredWeightInASharedJobTakesTheF32Product) {
     std::mt19937 rng(23);
-    const size_t in = 64, out = 40;
-    std::vector<uint8_t> q5(out * row_bytes(MK_GGML_TYPE_Q5_0, in));
-    for (auto &b : q5) b = (uint8_t)rng();
-    for (size_t blk = 0; blk < out * in / 32; blk++) put_f16(&q5[blk * 22], 0.01f);
-    NativeWeight f32w(MK_GGML_TYPE_Q5_0, q5, out, in);
+    const size_t in = 256, out = 40;
+    NativeWeight f32w(kStoredAsF32, random_rows(kStoredAsF32, out, in, rng), out, in);
     ASSERT_EQ(f32w.weight()->format, (uint32_t)MK_GGML_TYPE_F32);
     NativeWeight q8w(MK_GGML_TYPE_Q8_0, random_rows(MK_GGML_TYPE_Q8_0, out, in, rng), out, in);
     for (size_t rows : {(size_t)1, (size_t)5}) {
@@ -633,8 +644,10 @@ TEST(NativeMatmul, F32StoredWeightInASharedJobTakesTheF32Product) {
 TEST(NativeDot, NRowDotsAreOneRowDots) {
     if (simd_tables().empty()) GTEST_SKIP() << "no AVX2 on this CPU (the portable table has no n-row dot)";
     EXPECT_EQ(mk_cpu_quant_portable()->dotn_rows, 0u);
-    for (uint32_t type : {MK_GGML_TYPE_Q4_0, MK_GGML_TYPE_Q4_1, MK_GGML_TYPE_Q8_0, MK_GGML_TYPE_Q4_K})
+    for (uint32_t type : kQuantized) {
         EXPECT_EQ(mk_cpu_quant_dot8_for(mk_cpu_quant_portable(), type), nullptr);
+        EXPECT_EQ(mk_cpu_quant_kdotn_for(mk_cpu_quant_portable(), type), nullptr);
+    }
     std::mt19937 rng(41);
     constexpr size_t kRows = MK_QDOTN_MAX_ROWS;
     for (const mk_cpu_quant *k : simd_tables()) {
@@ -642,17 +655,21 @@ TEST(NativeDot, NRowDotsAreOneRowDots) {
         ASSERT_LE(k->dotn_rows, kRows) << k->name;
     }
     for (const mk_cpu_quant *k : simd_tables())
-    for (uint32_t type : {MK_GGML_TYPE_Q4_0, MK_GGML_TYPE_Q4_1, MK_GGML_TYPE_Q8_0, MK_GGML_TYPE_Q4_K, MK_GGML_TYPE_Q6_K})
+    for (uint32_t type : kQuantized)
     for (size_t in : block_elems(type) == 256 ? std::vector<size_t>{256, 768, 2048}
                                               : std::vector<size_t>{32, 64, 96, 576, 1536}) {
         SCOPED_TRACE(std::string(k->name) + " " + mk_ggml_type_name(type) + " in " + std::to_string(in));
         ASSERT_NE(k->dot8_q4_0, nullptr);
         ASSERT_NE(k->dot8_q4_1, nullptr);
+        ASSERT_NE(k->dot8_q5_0, nullptr);
+        ASSERT_NE(k->dot8_q5_1, nullptr);
         ASSERT_NE(k->dot8_q8_0, nullptr);
         ASSERT_NE(k->dotn_q4_k, nullptr);
         ASSERT_NE(k->dotn_q6_k, nullptr);
         EXPECT_EQ(mk_cpu_quant_dot8_for(k, MK_GGML_TYPE_Q4_0), k->dot8_q4_0);
         EXPECT_EQ(mk_cpu_quant_dot8_for(k, MK_GGML_TYPE_Q4_1), k->dot8_q4_1);
+        EXPECT_EQ(mk_cpu_quant_dot8_for(k, MK_GGML_TYPE_Q5_0), k->dot8_q5_0);
+        EXPECT_EQ(mk_cpu_quant_dot8_for(k, MK_GGML_TYPE_Q5_1), k->dot8_q5_1);
         EXPECT_EQ(mk_cpu_quant_dot8_for(k, MK_GGML_TYPE_Q8_0), k->dot8_q8_0);
         EXPECT_EQ(mk_cpu_quant_kdotn_for(k, MK_GGML_TYPE_Q4_K), k->dotn_q4_k);
         EXPECT_EQ(mk_cpu_quant_kdotn_for(k, MK_GGML_TYPE_Q6_K), k->dotn_q6_k);
@@ -695,14 +712,14 @@ TEST(NativeDot, NRowDotsAreOneRowDots) {
 
 // The blocks of 32's dots in every SIMD table follow the order cpu_quant_avx2.c documents:
 // per block the exact integer sum of its 32 products, then acc = fma(d * x.d, isum, acc)
-// (Q4_1: then acc = fma(m, x.s, acc)), block after block from 0. Computed here in plain
+// (Q4_1, Q5_1: then acc = fma(m, x.s, acc)), block after block from 0. Computed here in plain
 // C++ with std::fma and compared bit for bit, one-row and eight-row dots, with weights and
 // activations at the ends of their ranges too.
 TEST(NativeDot, BlocksOf32FollowTheDocumentedOrder) {
     if (simd_tables().empty()) GTEST_SKIP() << "no AVX2 on this CPU";
     std::mt19937 rng(77);
     for (const mk_cpu_quant *k : simd_tables())
-    for (uint32_t type : {MK_GGML_TYPE_Q4_0, MK_GGML_TYPE_Q4_1, MK_GGML_TYPE_Q8_0})
+    for (uint32_t type : kBlocksOf32)
     for (size_t in : {(size_t)32, (size_t)96, (size_t)576})
     for (int extreme = 0; extreme < 4; extreme++) { // 3: the largest sums, every product of one sign
         SCOPED_TRACE(std::string(k->name) + " " + mk_ggml_type_name(type) + " in " + std::to_string(in) + " extreme " +
@@ -711,7 +728,7 @@ TEST(NativeDot, BlocksOf32FollowTheDocumentedOrder) {
         std::vector<uint8_t> w = random_rows(type, 8, in, rng);
         set_extreme(type, w, 8, in, extreme == 3 ? 1 : extreme);
         std::vector<float> xf = extreme ? extreme_floats(in, extreme) : random_floats(in, rng);
-        if (extreme == 3) xf.assign(in, type == MK_GGML_TYPE_Q8_0 ? -1.5f : 1.5f); // 15 x 127 or -128 x -127
+        if (extreme == 3) xf.assign(in, type == MK_GGML_TYPE_Q8_0 ? -1.5f : 1.5f); // 15 or 31 x 127, -128 x -127
         const QuantRow x = quantize_for(k, type, xf.data(), in);
         const mk_q8_block *xs[MK_QDOTN_MAX_ROWS];
         for (auto &p : xs) p = x.q.data();
@@ -722,13 +739,19 @@ TEST(NativeDot, BlocksOf32FollowTheDocumentedOrder) {
             for (size_t b = 0; b < in / 32; b++) {
                 const uint8_t *blk = &w[row * rb + b * bb];
                 const mk_q8_block &xb = x.q[b];
+                const bool five = type == MK_GGML_TYPE_Q5_0 || type == MK_GGML_TYPE_Q5_1;
+                const bool min = type == MK_GGML_TYPE_Q4_1 || type == MK_GGML_TYPE_Q5_1;
+                uint32_t qh = 0;
+                if (five) std::memcpy(&qh, blk + (min ? 4 : 2), 4);
                 int isum = 0;
                 for (int j = 0; j < 32; j++) {
                     int v;
                     if (type == MK_GGML_TYPE_Q8_0) v = (int8_t)blk[2 + j];
                     else {
-                        const uint8_t byte = blk[(type == MK_GGML_TYPE_Q4_1 ? 4 : 2) + j % 16];
-                        v = (j < 16 ? byte & 0x0f : byte >> 4) - (type == MK_GGML_TYPE_Q4_0 ? 8 : 0);
+                        const uint8_t byte = blk[(min ? 4 : 2) + (five ? 4 : 0) + j % 16];
+                        v = j < 16 ? byte & 0x0f : byte >> 4;
+                        if (five) v |= (int)((qh >> j) & 1) << 4;
+                        v -= type == MK_GGML_TYPE_Q4_0 ? 8 : type == MK_GGML_TYPE_Q5_0 ? 16 : 0;
                     }
                     isum += v * xb.q[j];
                 }
@@ -736,7 +759,7 @@ TEST(NativeDot, BlocksOf32FollowTheDocumentedOrder) {
                 std::memcpy(&d, blk, 2);
                 std::memcpy(&m, blk + 2, 2);
                 acc = std::fma(mk_f16_to_f32(d) * xb.d, (float)isum, acc);
-                if (type == MK_GGML_TYPE_Q4_1) acc = std::fma(mk_f16_to_f32(m), xb.s, acc);
+                if (min) acc = std::fma(mk_f16_to_f32(m), xb.s, acc);
             }
             const float one = dot_one(k, type, &w[row * rb], x, in);
             EXPECT_EQ(std::memcmp(&one, &acc, sizeof acc), 0) << "row " << row << ": " << one << " vs " << acc;
@@ -753,7 +776,7 @@ TEST(NativeDot, BlocksOf32FollowTheDocumentedOrder) {
 TEST(NativeMatmul, BatchRowsEqualEachRowAloneInEveryTable) {
     if (simd_tables().empty()) GTEST_SKIP() << "no AVX2 on this CPU (the portable table has no n-row dot)";
     std::mt19937 rng(808);
-    for (uint32_t type : {MK_GGML_TYPE_Q4_0, MK_GGML_TYPE_Q4_1, MK_GGML_TYPE_Q8_0, MK_GGML_TYPE_Q4_K, MK_GGML_TYPE_Q6_K})
+    for (uint32_t type : kQuantized)
     for (size_t in : block_elems(type) == 256 ? std::vector<size_t>{256, 768} : std::vector<size_t>{96, 576}) {
         const size_t out = 37;
         NativeWeight w(type, random_rows(type, out, in, rng), out, in);
@@ -863,7 +886,7 @@ TEST(NativeKernels, ExtremeBlocksGiveTheExactSum) {
     tables.insert(tables.begin(), mk_cpu_quant_portable());
     std::mt19937 rng(4242);
     for (const mk_cpu_quant *t : tables)
-    for (uint32_t type : {MK_GGML_TYPE_Q4_0, MK_GGML_TYPE_Q4_1, MK_GGML_TYPE_Q8_0, MK_GGML_TYPE_Q4_K, MK_GGML_TYPE_Q6_K})
+    for (uint32_t type : kQuantized)
     for (int extreme : {1, 2})
     for (bool random_x : {false, true}) {
         const size_t in = block_elems(type) == 256 ? 768 : 96, rb = row_bytes(type, in);
@@ -893,13 +916,13 @@ TEST(NativeKernels, ExtremeBlocksGiveTheExactSum) {
 TEST(NativeMatmul, GemmRowThresholdIsExactlyMinRows) {
     std::mt19937 rng(31);
     const size_t out = 40;
-    // F16 has no n-row dot: the tiles from MK_NATIVE_GEMM_MIN_ROWS rows on; Q4_0, Q4_1, Q8_0,
-    // Q4_K and Q6_K have one in the SIMD tables (the dots at any count there), none in the
-    // portable one.
+    // F16 has no n-row dot: the tiles from MK_NATIVE_GEMM_MIN_ROWS rows on; Q4_0, Q4_1, Q5_0,
+    // Q5_1, Q8_0, Q4_K and Q6_K have one in the SIMD tables (the dots at any count there), none
+    // in the portable one.
     std::vector<const mk_cpu_quant *> tables{mk_cpu_quant_portable()};
     if (mk_cpu_quant_best() != mk_cpu_quant_portable()) tables.push_back(mk_cpu_quant_best());
-    for (uint32_t type : {MK_GGML_TYPE_F16, MK_GGML_TYPE_Q4_0, MK_GGML_TYPE_Q4_1, MK_GGML_TYPE_Q8_0,
-                          MK_GGML_TYPE_Q4_K, MK_GGML_TYPE_Q6_K})
+    for (uint32_t type : {MK_GGML_TYPE_F16, MK_GGML_TYPE_Q4_0, MK_GGML_TYPE_Q4_1, MK_GGML_TYPE_Q5_0, MK_GGML_TYPE_Q5_1,
+                          MK_GGML_TYPE_Q8_0, MK_GGML_TYPE_Q4_K, MK_GGML_TYPE_Q6_K})
     for (const mk_cpu_quant *k : tables) {
     const size_t in = block_elems(type) == 256 ? 512 : 64;
     const bool rows_dot = type != MK_GGML_TYPE_F16 && k->dotn_rows > 0;
@@ -976,9 +999,8 @@ TEST(NativeBackend, WeightTilesAreHeldOnlyOnceAStoredWeightTakesThem) {
         MK_ASSERT_OK(b->ops->reserve(b, max_rows, 8, 64, &hp));
         const size_t base = mk_cpu_backend_scratch_bytes(b);
         EXPECT_GT(base, 0u); // the activation rows
-        for (uint32_t type : {MK_GGML_TYPE_Q4_0, MK_GGML_TYPE_Q4_1, MK_GGML_TYPE_Q8_0, MK_GGML_TYPE_Q4_K, MK_GGML_TYPE_Q6_K,
-                              MK_GGML_TYPE_Q5_0 /* stored as F32 */})
-            store(type, 64, 768, random_rows(type, 64, 768, rng));
+        for (uint32_t type : kQuantized) store(type, 64, 768, random_rows(type, 64, 768, rng));
+        store(kStoredAsF32, 64, 768, random_rows(kStoredAsF32, 64, 768, rng));
         EXPECT_EQ(mk_cpu_backend_scratch_bytes(b), base) << "tiles held for formats with n-row dots";
         const std::vector<uint8_t> f16 = random_rows(MK_GGML_TYPE_F16, 300, 256, rng);
         const mk_weight wf = store(MK_GGML_TYPE_F16, 300, 256, f16);
@@ -1047,15 +1069,13 @@ TEST(CpuPool, EveryItemRunsExactlyOnce) {
 // native table is the dequantized row.
 TEST(NativeWeightStore, OtherFormatsBecomeF32AndEmbeddingDequantizesRows) {
     std::mt19937 rng(11);
-    const size_t rows = 5, cols = 64;
-    std::vector<uint8_t> q5(rows * row_bytes(MK_GGML_TYPE_Q5_0, cols));
-    for (auto &b : q5) b = (uint8_t)rng();
-    for (size_t blk = 0; blk < rows * cols / 32; blk++) put_f16(&q5[blk * 22], 0.01f);
-    NativeWeight w(MK_GGML_TYPE_Q5_0, q5, rows, cols);
+    const size_t rows = 5, cols = 256;
+    const std::vector<uint8_t> q5 = random_rows(kStoredAsF32, rows, cols, rng);
+    NativeWeight w(kStoredAsF32, q5, rows, cols);
     EXPECT_EQ(w.weight()->format, (uint32_t)MK_GGML_TYPE_F32);
-    EXPECT_EQ(mk_cpu_native_weight_bytes(MK_GGML_TYPE_Q5_0, rows, cols), rows * cols * 4);
+    EXPECT_EQ(mk_cpu_native_weight_bytes(kStoredAsF32, rows, cols), rows * cols * 4);
     std::vector<float> ref(rows * cols);
-    MK_ASSERT_OK(mk_gguf_dequantize(MK_GGML_TYPE_Q5_0, q5.data(), q5.size(), ref.data(), ref.size()));
+    MK_ASSERT_OK(mk_gguf_dequantize(kStoredAsF32, q5.data(), q5.size(), ref.data(), ref.size()));
     const int32_t ids[] = {4, 0, 4};
     std::vector<float> out(3 * cols);
     MK_ASSERT_OK(mk_cpu_native_embed(out.data(), w.weight(), ids, 3));

@@ -90,6 +90,34 @@ static float cq_dot_q4_1(const uint8_t *w, const mk_q8_block *x, size_t n) {
     return sum;
 }
 
+/* Q5_0 and Q5_1: the nibbles as Q4_0's and Q4_1's, each value's fifth bit in qh (a u32
+ * before them: bit j for value j), so value j is nibble | bit << 4, Q5_0's less 16. */
+static int cq_five_isum(const uint8_t *qh_at, const int8_t *q, int offset) {
+    uint32_t qh;
+    memcpy(&qh, qh_at, sizeof qh);
+    const uint8_t *qs = qh_at + 4;
+    int isum = 0;
+    for (int j = 0; j < 16; j++) {
+        const int lo = (int)((qs[j] & 0x0f) | (((qh >> j) & 1u) << 4));
+        const int hi = (int)((qs[j] >> 4) | (((qh >> (j + 16)) & 1u) << 4));
+        isum += (lo - offset) * q[j] + (hi - offset) * q[j + 16];
+    }
+    return isum;
+}
+
+static float cq_dot_q5_0(const uint8_t *w, const mk_q8_block *x, size_t n) {
+    float sum = 0.0f;
+    for (size_t b = 0; b < n / 32; b++, w += 22) sum += cq_f16_at(w) * x[b].d * (float)cq_five_isum(w + 2, x[b].q, 16);
+    return sum;
+}
+
+static float cq_dot_q5_1(const uint8_t *w, const mk_q8_block *x, size_t n) {
+    float sum = 0.0f;
+    for (size_t b = 0; b < n / 32; b++, w += 24)
+        sum += cq_f16_at(w) * x[b].d * (float)cq_five_isum(w + 4, x[b].q, 0) + cq_f16_at(w + 2) * x[b].s;
+    return sum;
+}
+
 static float cq_dot_q8_0(const uint8_t *w, const mk_q8_block *x, size_t n) {
     float sum = 0.0f;
     for (size_t b = 0; b < n / 32; b++, w += 34) {
@@ -172,6 +200,8 @@ static const mk_cpu_quant cq_portable = {
     .quantize_row_k = cq_quantize_row_k,
     .dot_q4_0 = cq_dot_q4_0,
     .dot_q4_1 = cq_dot_q4_1,
+    .dot_q5_0 = cq_dot_q5_0,
+    .dot_q5_1 = cq_dot_q5_1,
     .dot_q8_0 = cq_dot_q8_0,
     .dot_q4_k = cq_dot_q4_k,
     .dot_q6_k = cq_dot_q6_k,
@@ -194,6 +224,8 @@ mk_qdot_fn mk_cpu_quant_dot_for(const mk_cpu_quant *q, uint32_t ggml_type) {
     switch (ggml_type) {
         case MK_GGML_TYPE_Q4_0: return q->dot_q4_0;
         case MK_GGML_TYPE_Q4_1: return q->dot_q4_1;
+        case MK_GGML_TYPE_Q5_0: return q->dot_q5_0;
+        case MK_GGML_TYPE_Q5_1: return q->dot_q5_1;
         case MK_GGML_TYPE_Q8_0: return q->dot_q8_0;
         default: return NULL;
     }
@@ -203,6 +235,8 @@ mk_qdot8_fn mk_cpu_quant_dot8_for(const mk_cpu_quant *q, uint32_t ggml_type) {
     switch (ggml_type) {
         case MK_GGML_TYPE_Q4_0: return q->dot8_q4_0;
         case MK_GGML_TYPE_Q4_1: return q->dot8_q4_1;
+        case MK_GGML_TYPE_Q5_0: return q->dot8_q5_0;
+        case MK_GGML_TYPE_Q5_1: return q->dot8_q5_1;
         case MK_GGML_TYPE_Q8_0: return q->dot8_q8_0;
         default: return NULL;
     }
@@ -226,8 +260,9 @@ mk_kdotn_fn mk_cpu_quant_kdotn_for(const mk_cpu_quant *q, uint32_t ggml_type) {
 
 bool mk_cpu_quant_keeps(uint32_t ggml_type) {
     switch (ggml_type) {
-        case MK_GGML_TYPE_Q4_0: case MK_GGML_TYPE_Q4_1: case MK_GGML_TYPE_Q8_0: case MK_GGML_TYPE_Q4_K:
-        case MK_GGML_TYPE_Q6_K: case MK_GGML_TYPE_F16: case MK_GGML_TYPE_BF16:
+        case MK_GGML_TYPE_Q4_0: case MK_GGML_TYPE_Q4_1: case MK_GGML_TYPE_Q5_0: case MK_GGML_TYPE_Q5_1:
+        case MK_GGML_TYPE_Q8_0: case MK_GGML_TYPE_Q4_K: case MK_GGML_TYPE_Q6_K: case MK_GGML_TYPE_F16:
+        case MK_GGML_TYPE_BF16:
             return true;
         default:
             return false;

@@ -1,7 +1,7 @@
 /* Dot products of weight rows kept in their GGUF block format ("native" weights) with an
  * activation row, for the cpu backend's matrix products.
  *
- * Quantized weights (Q4_0, Q4_1, Q8_0) are multiplied with the activation row quantized to
+ * Quantized weights (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) are multiplied with the activation row quantized to
  * 8 bits per block of 32 (mk_q8_block, as llama.cpp's Q8_1): the inner products are exact
  * integer sums and each block contributes one float term. The K-quants (Q4_K, Q6_K) take
  * the row quantized with one scale per 256 values and the integer sums of its groups of 16
@@ -39,8 +39,8 @@ extern "C" {
 
 #define MK_Q8_BLOCK 32
 
-/* One block of 32 activations: x[i] ~= d * q[i]; sum = q[0] + ... + q[31] (Q4_0's offset
- * of 8 comes from it) and s = d * sum (for formats with a min). */
+/* One block of 32 activations: x[i] ~= d * q[i]; sum = q[0] + ... + q[31] (the offsets of
+ * Q4_0, 8, and Q5_0, 16, come from it) and s = d * sum (for formats with a min). */
 typedef struct mk_q8_block {
     float d;
     float s;
@@ -90,15 +90,15 @@ typedef void (*mk_quantize_row_fn)(mk_q8_block *out, const float *x, size_t n);
 /* out[n / 256] from x[n]; n a multiple of 256. */
 typedef void (*mk_quantize_row_k_fn)(mk_q8k_block *out, const float *x, size_t n);
 /* Dot of one weight row of n elements (n / block_elements whole blocks) with the
- * quantized activation row xq[n / 32] (Q4_0, Q4_1, Q8_0). */
+ * quantized activation row xq[n / 32] (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0). */
 typedef float (*mk_qdot_fn)(const uint8_t *w, const mk_q8_block *xq, size_t n);
 /* The same for the K-quants (Q4_K, Q6_K), with the row xk[n / 256]. */
 typedef float (*mk_kdot_fn)(const uint8_t *w, const mk_q8k_block *xk, size_t n);
 /* Eight consecutive weight rows (w, row_bytes apart; 0: one row eight times) times `rows`
  * (1 to the table's dotn_rows) activation rows: out[8 * r + i] = the dot of weight row i
- * with activation row r, each with the bits of the one-row dot (Q4_0, Q4_1: the weight
- * nibbles are regrouped once per block for every activation row, and each output is
- * computed in an order that depends only on its two rows, whoever else is in the call;
+ * with activation row r, each with the bits of the one-row dot (Q4_0, Q4_1, Q5_0, Q5_1:
+ * the weight values are regrouped once per block for every activation row, and each output
+ * is computed in an order that depends only on its two rows, whoever else is in the call;
  * Q8_0 likewise). */
 typedef void (*mk_qdot8_fn)(const uint8_t *w, size_t row_bytes, const mk_q8_block *const *xq, size_t rows, size_t n,
                             float *out);
@@ -112,11 +112,11 @@ typedef float (*mk_hdot_fn)(const uint16_t *w, const float *x, size_t n);
 
 typedef struct mk_cpu_quant {
     const char *name; /* "portable", "avx2", "avx-vnni", "avx512-vnni" */
-    mk_quantize_row_fn quantize_row;     /* for Q4_0, Q4_1, Q8_0 */
+    mk_quantize_row_fn quantize_row;     /* for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 */
     mk_quantize_row_k_fn quantize_row_k; /* for Q4_K, Q6_K */
-    mk_qdot_fn dot_q4_0, dot_q4_1, dot_q8_0;
+    mk_qdot_fn dot_q4_0, dot_q4_1, dot_q5_0, dot_q5_1, dot_q8_0;
     mk_kdot_fn dot_q4_k, dot_q6_k;
-    mk_qdot8_fn dot8_q4_0, dot8_q4_1, dot8_q8_0; /* NULL: one-row dots */
+    mk_qdot8_fn dot8_q4_0, dot8_q4_1, dot8_q5_0, dot8_q5_1, dot8_q8_0; /* NULL: one-row dots */
     mk_kdotn_fn dotn_q4_k, dotn_q6_k;
     /* Activation rows per n-row call (0 without them): as many as the kernels' per-row
      * accumulators leave room for in the vector registers, 4 of 16, 8 of AVX-512's 32 (the
@@ -141,10 +141,10 @@ const mk_cpu_quant *mk_cpu_quant_avx512_vnni(void);
 const mk_cpu_quant *mk_cpu_quant_best(void);
 
 /* The dot for a ggml weight type (mk_ggml_type id) over blocks of 32 in table q (Q4_0, Q4_1,
- * Q8_0), or NULL (F32 and the formats below are dequantized at load instead; the K-quants
- * take mk_cpu_quant_kdot_for). */
+ * Q5_0, Q5_1, Q8_0), or NULL (F32 and the formats below are dequantized at load instead; the
+ * K-quants take mk_cpu_quant_kdot_for). */
 mk_qdot_fn mk_cpu_quant_dot_for(const mk_cpu_quant *q, uint32_t ggml_type);
-/* Its eight-weight-row dot (Q4_0, Q4_1, Q8_0), or NULL. */
+/* Its eight-weight-row dot (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0), or NULL. */
 mk_qdot8_fn mk_cpu_quant_dot8_for(const mk_cpu_quant *q, uint32_t ggml_type);
 /* The K-quants' dot and n-row dot (Q4_K, Q6_K), or NULL for the other types. */
 mk_kdot_fn mk_cpu_quant_kdot_for(const mk_cpu_quant *q, uint32_t ggml_type);

@@ -6,7 +6,7 @@
  * weights times signed 8-bit activations with maddubs (u8 x s8 -> pairs of i16, no
  * saturation at these ranges), signed 8-bit weights through the sign trick
  * (|w| x sign(w)*x), then pairs summed to i32 with madd. The blocks of 32 (Q4_0, Q4_1,
- * Q8_0) go eight weight rows at a time, one row per lane, each block's sum scaled into one
+ * Q5_0, Q5_1, Q8_0) go eight weight rows at a time, one row per lane, each block's sum scaled into one
  * float accumulator per output; the K-quants go one weight row at a time, each super-block's
  * i32 lanes converted and accumulated with its scale in eight float lanes, added once at
  * the end of the row. */
@@ -191,7 +191,7 @@ _Static_assert(MK_QDOTN_MAX_ROWS == 8, "CX_BY_ROWS8 makes kernels for up to MK_Q
  * inlining plain `inline` ones once a file holds this many kernels: 1.6x slower). */
 #define CX_INLINE static inline __attribute__((always_inline))
 
-/* Q4_0, Q4_1 and Q8_0 multiply eight consecutive weight rows at once with 1 to BY's activation
+/* Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 multiply eight consecutive weight rows at once with 1 to BY's activation
  * rows. Weight row i sits in 32-bit lane i of every vector and each activation row's groups
  * of four bytes are broadcast across the lanes, so a block costs, per activation row, one
  * vpdpbusd per group of four values for all eight weight rows (AVX2: maddubs summed as i16,
@@ -204,8 +204,9 @@ _Static_assert(MK_QDOTN_MAX_ROWS == 8, "CX_BY_ROWS8 makes kernels for up to MK_Q
  * time, on a Zen 4 core; notes of #27).
  *
  * Each output's arithmetic, in every SIMD table: per block the exact integer sum isum of its
- * 32 products (Q4_0: the unsigned nibbles' products less 8 x the activations' sum, x.sum), then
- * acc = fma(d * x.d, isum, acc), Q4_1 then acc = fma(m, x.s, acc), block after block from
+ * 32 products (Q4_0: the unsigned nibbles' products less 8 x the activations' sum, x.sum;
+ * Q5_0: the unsigned five-bit values' less 16 x x.sum), then acc = fma(d * x.d, isum, acc),
+ * Q4_1 and Q5_1 then acc = fma(m, x.s, acc), block after block from
  * acc = 0: it depends only on that weight row and that activation row, so an output has the
  * same bits in any lane, beside any other rows, at any batch size; the one-row dot is the
  * kernel with the row given eight times (row_bytes 0). */
@@ -252,6 +253,29 @@ MK_AVX2 CX_INLINE void cx_byte_groups8(const uint8_t *qs, size_t rb, __m256i g[8
     }
 }
 
+/* Q5_0's and Q5_1's 32 values of one block in each of eight rows (qh: row 0's fifth bits, a
+ * u32 whose bit j belongs to value j, followed by the nibbles as Q4_0's; rows rb apart) as
+ * cx_nibble_groups8's g[k] with each value's fifth bit added as 16: group k's four bits are
+ * nibble k of qh, so byte k / 2 of each row's qh is copied into its lane's four bytes, byte
+ * b tested for bit b (+ 4 for odd k) and 16 put in where it is set. */
+MK_AVX2 CX_INLINE void cx_five_groups8(const uint8_t *qh, size_t rb, __m256i g[8]) {
+    cx_nibble_groups8(qh + 4, rb, g);
+    uint32_t h[8];
+    CX_UNROLL for (int i = 0; i < 8; i++) memcpy(&h[i], qh + i * rb, sizeof h[i]);
+    const __m256i bits = _mm256_setr_epi32((int)h[0], (int)h[1], (int)h[2], (int)h[3], (int)h[4], (int)h[5],
+                                           (int)h[6], (int)h[7]);
+    /* byte 4L + b of each 128-bit half reads byte 4L + k / 2 (lane L's qh byte) */
+    const __m256i lane_base = _mm256_setr_epi32(0, 0x04040404, 0x08080808, 0x0c0c0c0c, 0, 0x04040404, 0x08080808,
+                                                0x0c0c0c0c);
+    const __m256i sixteen = _mm256_set1_epi8(16);
+    CX_UNROLL for (int k = 0; k < 8; k++) {
+        const __m256i spread = _mm256_shuffle_epi8(bits, _mm256_add_epi8(lane_base, _mm256_set1_epi8((char)(k / 2))));
+        const __m256i mask = _mm256_set1_epi32(k % 2 ? (int)0x80402010 : 0x08040201);
+        const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, mask), mask);
+        g[k] = _mm256_or_si256(g[k], _mm256_and_si256(set, sixteen));
+    }
+}
+
 /* The f16 at p, p + rb, ..., p + 7 rb as eight floats. */
 MK_AVX2 CX_INLINE __m256 cx_f16x8(const uint8_t *p, size_t rb) {
     uint16_t h[8];
@@ -275,6 +299,19 @@ MK_AVX2 CX_INLINE __m256i cx_nibble_sums_avx2(__m256i init, const __m256i g[8], 
     return _mm256_add_epi32(init, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
 }
 
+/* The same for five-bit weights (Q5_0, Q5_1): a group's pair sums reach 2 x 31 x 127, so
+ * four groups at a time stay i16 (<= 31496) before their madd. */
+MK_AVX2 CX_INLINE __m256i cx_five_sums_avx2(__m256i init, const __m256i g[8], const int8_t *q) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    CX_UNROLL for (int h = 0; h < 8; h += 4) {
+        __m256i p = _mm256_maddubs_epi16(g[h], cx_group4(q + 4 * h));
+        CX_UNROLL for (int k = h + 1; k < h + 4; k++)
+            p = _mm256_add_epi16(p, _mm256_maddubs_epi16(g[k], cx_group4(q + 4 * k)));
+        init = _mm256_add_epi32(init, _mm256_madd_epi16(p, ones));
+    }
+    return init;
+}
+
 /* The same for signed weight bytes (Q8_0): |w| times x with w's sign (the pair sums of
  * maddubs reach 2 x 128 x 127, so each group is widened to i32 before the next). */
 MK_AVX2 CX_INLINE __m256i cx_byte_sums_avx2(__m256i init, const __m256i g[8], const int8_t *q) {
@@ -286,9 +323,9 @@ MK_AVX2 CX_INLINE __m256i cx_byte_sums_avx2(__m256i init, const __m256i g[8], co
     return init;
 }
 
-/* Per format: the block's bytes, where its values start and how they are regrouped, what a
- * block's sums start from, and the float terms after the scaled sum (Q4_1's min; m holds the
- * eight rows' mins). */
+/* Per format: the block's bytes, where its values start (Q5: their fifth bits) and how they
+ * are regrouped, what a block's sums start from, and the float terms after the scaled sum
+ * (Q4_1's and Q5_1's min; m holds the eight rows' mins). */
 #define CX_Q4_0_BYTES 18
 #define CX_Q4_0_QS 2
 #define CX_Q4_0_GROUPS cx_nibble_groups8
@@ -301,6 +338,18 @@ MK_AVX2 CX_INLINE __m256i cx_byte_sums_avx2(__m256i init, const __m256i g[8], co
 #define CX_Q4_1_INIT(xb) _mm256_setzero_si256()
 #define CX_Q4_1_MINS(p, rb) cx_f16x8((p) + 2, rb)
 #define CX_Q4_1_MIN(acc, m, xb) _mm256_fmadd_ps(m, _mm256_set1_ps((xb)->s), acc)
+#define CX_Q5_0_BYTES 22
+#define CX_Q5_0_QS 2
+#define CX_Q5_0_GROUPS cx_five_groups8
+#define CX_Q5_0_INIT(xb) _mm256_set1_epi32(-16 * (xb)->sum)
+#define CX_Q5_0_MINS(p, rb) _mm256_setzero_ps()
+#define CX_Q5_0_MIN(acc, m, xb) (acc)
+#define CX_Q5_1_BYTES 24
+#define CX_Q5_1_QS 4
+#define CX_Q5_1_GROUPS cx_five_groups8
+#define CX_Q5_1_INIT(xb) _mm256_setzero_si256()
+#define CX_Q5_1_MINS(p, rb) cx_f16x8((p) + 2, rb)
+#define CX_Q5_1_MIN(acc, m, xb) _mm256_fmadd_ps(m, _mm256_set1_ps((xb)->s), acc)
 #define CX_Q8_0_BYTES 34
 #define CX_Q8_0_QS 2
 #define CX_Q8_0_GROUPS cx_byte_groups8
@@ -308,8 +357,8 @@ MK_AVX2 CX_INLINE __m256i cx_byte_sums_avx2(__m256i init, const __m256i g[8], co
 #define CX_Q8_0_MINS(p, rb) _mm256_setzero_ps()
 #define CX_Q8_0_MIN(acc, m, xb) (acc)
 
-/* The kernel for R activation rows (the accumulators stay in registers): FMT is Q4_0, Q4_1
- * or Q8_0, SUMS the table's block sums for its values. Each block prefetches its share of
+/* The kernel for R activation rows (the accumulators stay in registers): FMT is Q4_0, Q4_1,
+ * Q5_0, Q5_1 or Q8_0, SUMS the table's block sums for its values. Each block prefetches its share of
  * the group of eight rows two ahead (a thread takes a tile of consecutive weight rows; one
  * sequence's decode fell from about 250 to 160 tokens/s without it). */
 #define CX_W8_ROWS(TARGET, NAME, FMT, SUMS, R)                                                          \
@@ -378,6 +427,8 @@ MK_AVX2 CX_INLINE __m256i cx_byte_sums_avx2(__m256i init, const __m256i g[8], co
     }
 CX_W8_DOTS(MK_AVX2, cx_dot_q4_0, cx_dot8_q4_0, Q4_0, cx_nibble_sums_avx2, ROWS4)
 CX_W8_DOTS(MK_AVX2, cx_dot_q4_1, cx_dot8_q4_1, Q4_1, cx_nibble_sums_avx2, ROWS4)
+CX_W8_DOTS(MK_AVX2, cx_dot_q5_0, cx_dot8_q5_0, Q5_0, cx_five_sums_avx2, ROWS4)
+CX_W8_DOTS(MK_AVX2, cx_dot_q5_1, cx_dot8_q5_1, Q5_1, cx_five_sums_avx2, ROWS4)
 CX_W8_DOTS(MK_AVX2, cx_dot_q8_0, cx_dot8_q8_0, Q8_0, cx_byte_sums_avx2, ROWS4)
 
 /* ============================================================= K-quants == */
@@ -495,7 +546,7 @@ CX_Q6_K_DOTS(MK_AVX2, cx_dot_q6_k, cx_dotn_q6_k, cx_k_avx2, CX_BY_ROWS4)
 #define MK_VNNI __attribute__((target("avx2,fma,f16c,avxvnni")))
 #define MK_VNNI512 __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512vnni")))
 
-/* The Q4_0, Q4_1, Q8_0, Q4_K and Q6_K dots for one encoding: TARGET compiles them, DPBUSD
+/* The Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K and Q6_K dots for one encoding: TARGET compiles them, DPBUSD
  * and DPWSSD are its intrinsics, BY and BY8 make its n-row kernels (CX_BY_ROWS8 and ROWS8
  * only where TARGET has AVX-512's 32 registers). */
 #define CX_VNNI_DOTS(TARGET, DPBUSD, DPWSSD, SUFFIX, BY, BY8)                                              \
@@ -507,6 +558,9 @@ CX_Q6_K_DOTS(MK_AVX2, cx_dot_q6_k, cx_dotn_q6_k, cx_k_avx2, CX_BY_ROWS4)
     }                                                                                                     \
     CX_W8_DOTS(TARGET, cx_dot_q4_0_##SUFFIX, cx_dot8_q4_0_##SUFFIX, Q4_0, cx_nibble_sums_##SUFFIX, BY8) \
     CX_W8_DOTS(TARGET, cx_dot_q4_1_##SUFFIX, cx_dot8_q4_1_##SUFFIX, Q4_1, cx_nibble_sums_##SUFFIX, BY8) \
+    /* Five-bit values are unsigned bytes too (<= 31): the same sums */                           \
+    CX_W8_DOTS(TARGET, cx_dot_q5_0_##SUFFIX, cx_dot8_q5_0_##SUFFIX, Q5_0, cx_nibble_sums_##SUFFIX, BY8) \
+    CX_W8_DOTS(TARGET, cx_dot_q5_1_##SUFFIX, cx_dot8_q5_1_##SUFFIX, Q5_1, cx_nibble_sums_##SUFFIX, BY8) \
     /* Signed weight bytes through the sign trick, one vpdpbusd per group (|w| <= 128 times    \
      * |x| <= 127: the same i32 lanes as cx_byte_sums_avx2's). */                                       \
     TARGET CX_INLINE __m256i cx_byte_sums_##SUFFIX(__m256i init, const __m256i g[8], const int8_t *q) { \
@@ -571,6 +625,10 @@ static const mk_cpu_quant cx_avx2 = {
     .dot8_q4_0 = cx_dot8_q4_0,
     .dot_q4_1 = cx_dot_q4_1,
     .dot8_q4_1 = cx_dot8_q4_1,
+    .dot_q5_0 = cx_dot_q5_0,
+    .dot8_q5_0 = cx_dot8_q5_0,
+    .dot_q5_1 = cx_dot_q5_1,
+    .dot8_q5_1 = cx_dot8_q5_1,
     .dot_q8_0 = cx_dot_q8_0,
     .dot8_q8_0 = cx_dot8_q8_0,
     .dotn_rows = 4,
@@ -610,6 +668,10 @@ static bool cx_cpu_has_avx2(void) {
         .dot8_q4_0 = cx_dot8_q4_0_##SUFFIX,        \
         .dot_q4_1 = cx_dot_q4_1_##SUFFIX,          \
         .dot8_q4_1 = cx_dot8_q4_1_##SUFFIX,        \
+        .dot_q5_0 = cx_dot_q5_0_##SUFFIX,          \
+        .dot8_q5_0 = cx_dot8_q5_0_##SUFFIX,        \
+        .dot_q5_1 = cx_dot_q5_1_##SUFFIX,          \
+        .dot8_q5_1 = cx_dot8_q5_1_##SUFFIX,        \
         .dot_q8_0 = cx_dot_q8_0_##SUFFIX,          \
         .dot8_q8_0 = cx_dot8_q8_0_##SUFFIX,        \
         .dotn_rows = ROWS,                         \
