@@ -57,7 +57,7 @@ typedef struct mk_native_part {
     size_t row_bytes;
     mk_qdot_fn qdot;               /* Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (over xq) */
     mk_qdot8_fn qdot8;             /* eight weight rows x up to dotn_rows activation rows (same formats) */
-    mk_kdot_fn kdot;               /* Q4_K, Q6_K (over xk) */
+    mk_kdot_fn kdot;               /* Q4_K, Q5_K, Q6_K (over xk) */
     mk_kdotn_fn kdotn;             /* the same, up to dotn_rows rows at a time */
     mk_hdot_fn hdot;               /* F16 / BF16 */
     float *y;                      /* [rows, w->rows] */
@@ -230,7 +230,7 @@ static mk_status mk_native_run(mk_native_job *j) {
 }
 
 /* True when the kernel table multiplies weight rows of `format` with several activation rows
- * per call (an n-row dot: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K in the SIMD tables). */
+ * per call (an n-row dot: the blocks of 32 and the K-quants in the SIMD tables). */
 static bool mk_native_has_rows_dot(const mk_cpu_native *ctx, uint32_t format) {
     return mk_cpu_quant_dot8_for(ctx->kernels, format) || mk_cpu_quant_kdotn_for(ctx->kernels, format);
 }

@@ -154,6 +154,28 @@ static float cq_dot_q4_k(const uint8_t *w, const mk_q8k_block *x, size_t n) {
     return sum;
 }
 
+/* Q5_K: Q4_K with each value's fifth bit in qh (32 bytes before the nibbles: bit j of qh[l]
+ * belongs to value l of sub-block j). */
+static float cq_dot_q5_k(const uint8_t *w, const mk_q8k_block *x, size_t n) {
+    float sum = 0.0f;
+    for (size_t sb = 0; sb < n / 256; sb++, w += 176, x++) {
+        const float d = cq_f16_at(w), dmin = cq_f16_at(w + 2);
+        const uint8_t *qh = w + 16, *qs = w + 48;
+        uint8_t scs[8], mns[8];
+        mk_k4_scales_mins(w + 4, scs, mns);
+        for (int j = 0; j < 8; j++) {
+            const uint8_t *q = qs + 32 * (j / 2);
+            const int shift = (j % 2) * 4;
+            int isum = 0;
+            for (int l = 0; l < 32; l++)
+                isum += (((q[l] >> shift) & 0x0f) | (((qh[l] >> j) & 1) << 4)) * x->q[32 * j + l];
+            const int xsum = x->sums[2 * j] + x->sums[2 * j + 1];
+            sum += x->d * (d * (float)scs[j] * (float)isum - dmin * (float)mns[j] * (float)xsum);
+        }
+    }
+    return sum;
+}
+
 /* Q6_K: 256 values in two halves of 128; group k (32 values) of half h takes its low four
  * bits from ql and its high two from qh, and has one int8 scale per 16 values. */
 static float cq_dot_q6_k(const uint8_t *w, const mk_q8k_block *x, size_t n) {
@@ -204,6 +226,7 @@ static const mk_cpu_quant cq_portable = {
     .dot_q5_1 = cq_dot_q5_1,
     .dot_q8_0 = cq_dot_q8_0,
     .dot_q4_k = cq_dot_q4_k,
+    .dot_q5_k = cq_dot_q5_k,
     .dot_q6_k = cq_dot_q6_k,
     .dot_f16 = cq_dot_f16,
     .dot_bf16 = cq_dot_bf16,
@@ -245,6 +268,7 @@ mk_qdot8_fn mk_cpu_quant_dot8_for(const mk_cpu_quant *q, uint32_t ggml_type) {
 mk_kdot_fn mk_cpu_quant_kdot_for(const mk_cpu_quant *q, uint32_t ggml_type) {
     switch (ggml_type) {
         case MK_GGML_TYPE_Q4_K: return q->dot_q4_k;
+        case MK_GGML_TYPE_Q5_K: return q->dot_q5_k;
         case MK_GGML_TYPE_Q6_K: return q->dot_q6_k;
         default: return NULL;
     }
@@ -253,6 +277,7 @@ mk_kdot_fn mk_cpu_quant_kdot_for(const mk_cpu_quant *q, uint32_t ggml_type) {
 mk_kdotn_fn mk_cpu_quant_kdotn_for(const mk_cpu_quant *q, uint32_t ggml_type) {
     switch (ggml_type) {
         case MK_GGML_TYPE_Q4_K: return q->dotn_q4_k;
+        case MK_GGML_TYPE_Q5_K: return q->dotn_q5_k;
         case MK_GGML_TYPE_Q6_K: return q->dotn_q6_k;
         default: return NULL;
     }
@@ -261,8 +286,8 @@ mk_kdotn_fn mk_cpu_quant_kdotn_for(const mk_cpu_quant *q, uint32_t ggml_type) {
 bool mk_cpu_quant_keeps(uint32_t ggml_type) {
     switch (ggml_type) {
         case MK_GGML_TYPE_Q4_0: case MK_GGML_TYPE_Q4_1: case MK_GGML_TYPE_Q5_0: case MK_GGML_TYPE_Q5_1:
-        case MK_GGML_TYPE_Q8_0: case MK_GGML_TYPE_Q4_K: case MK_GGML_TYPE_Q6_K: case MK_GGML_TYPE_F16:
-        case MK_GGML_TYPE_BF16:
+        case MK_GGML_TYPE_Q8_0: case MK_GGML_TYPE_Q4_K: case MK_GGML_TYPE_Q5_K: case MK_GGML_TYPE_Q6_K:
+        case MK_GGML_TYPE_F16: case MK_GGML_TYPE_BF16:
             return true;
         default:
             return false;

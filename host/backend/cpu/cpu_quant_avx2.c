@@ -439,22 +439,43 @@ MK_AVX2 static inline __m256i cx_k_avx2_wsum(__m256i acc, __m256i p, __m256i w) 
     return _mm256_add_epi32(acc, _mm256_madd_epi16(p, w));
 }
 
-/* Q4_K row dots: one row (DOT) and 1 to BY's rows (DOTN: each super-block's scales decoded
- * and its nibbles unpacked once for all the rows). Per row and super-block the eight
- * sub-block products (pairs of u4 x s8 by maddubs: |sum| <= 3810) weighted by their 6-bit
- * scales make one i32 sum (|lane| < 2^22: exact in float), the mins times the activation
- * group sums another (one madd); then x.d * (d * isum - dmin * imin). A row's operations do
- * not depend on the other rows, so DOTN's out[r] has DOT's bits on that row. */
+/* Q4_K and Q5_K row dots: one row (DOT) and 1 to BY's rows (DOTN: each super-block's scales
+ * decoded and its values unpacked once for all the rows). Per row and super-block the eight
+ * sub-block products (pairs of u4 or u5 x s8 by maddubs: |sum| <= 7874) weighted by their
+ * 6-bit scales make one i32 sum (|lane| < 2^23: exact in float), the mins times the
+ * activation group sums another (one madd); then x.d * (d * isum - dmin * imin). A row's
+ * operations do not depend on the other rows, so DOTN's out[r] has DOT's bits on that row.
+ * Q5_K is Q4_K with each value's fifth bit in qh (32 bytes before the nibbles: bit u of
+ * qh[l] belongs to value l of sub-block u), put in as 16. */
 #define CX_Q4_K_DOTS(TARGET, DOT, DOTN, OPS, BY) CX_BLOCK_DOTS(CX_Q4_K_ROWS, TARGET, DOT, DOTN, OPS, BY, mk_q8k_block)
+#define CX_Q5_K_DOTS(TARGET, DOT, DOTN, OPS, BY) CX_BLOCK_DOTS(CX_Q5_K_ROWS, TARGET, DOT, DOTN, OPS, BY, mk_q8k_block)
+#define CX_Q4_K_ROWS(TARGET, NAME, OPS, R) CX_K_ROWS(TARGET, NAME, OPS, R, Q4_K)
+#define CX_Q5_K_ROWS(TARGET, NAME, OPS, R) CX_K_ROWS(TARGET, NAME, OPS, R, Q5_K)
+
+/* The fifth bits of Q5_K's eight sub-blocks (qh: 32 bytes) added to their nibbles q[u]:
+ * bit u of each byte, shifted into place as 16 (a 16-bit shift moves the high byte's bits
+ * into the low byte's top bits, which the mask drops). */
+MK_AVX2 CX_INLINE void cx_k5_fifth(__m256i q[8], const uint8_t *qh) {
+    const __m256i bits = cx_loadu(qh), one = _mm256_set1_epi8(1);
+    CX_UNROLL for (int u = 0; u < 8; u++)
+        q[u] = _mm256_or_si256(q[u], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(bits, u), one), 4));
+}
+/* Per format: the super-block's bytes, where its nibbles start, its fifth bits. */
+#define CX_Q4_K_BYTES 144
+#define CX_Q4_K_QS 16
+#define CX_Q4_K_FIFTH(q, w) (void)0
+#define CX_Q5_K_BYTES 176
+#define CX_Q5_K_QS 48
+#define CX_Q5_K_FIFTH(q, w) cx_k5_fifth(q, (w) + 16)
 
 /* DOTN for a fixed number of rows R. */
-#define CX_Q4_K_ROWS(TARGET, NAME, OPS, R)                                                                 \
+#define CX_K_ROWS(TARGET, NAME, OPS, R, FMT)                                                               \
     TARGET static inline void NAME(const uint8_t *w, const mk_q8k_block *const *x, size_t n, float *out) { \
         __m256 acc[R];                                                                                    \
         for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();                                         \
         const __m256i m4 = _mm256_set1_epi8(0x0f);                                                        \
-        for (size_t sb = 0; sb < n / 256; sb++, w += 144) {                                               \
-            CX_PREFETCH_BLOCK(w, 144);                                                                    \
+        for (size_t sb = 0; sb < n / 256; sb++, w += CX_##FMT##_BYTES) {                                  \
+            CX_PREFETCH_BLOCK(w, CX_##FMT##_BYTES);                                                       \
             const __m256 vd = _mm256_set1_ps(cx_f16(w)), vdmin = _mm256_set1_ps(cx_f16(w + 2));           \
             uint8_t sc[8], mn[8];                                                                         \
             mk_k4_scales_mins(w + 4, sc, mn);                                                             \
@@ -463,10 +484,11 @@ MK_AVX2 static inline __m256i cx_k_avx2_wsum(__m256i acc, __m256i p, __m256i w) 
             const __m256i mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mn8, mn8));                       \
             __m256i q[8], scale[8]; /* sub-block 2j: the low nibbles of 32 bytes, 2j + 1 the high */      \
             for (int j = 0; j < 4; j++) {                                                                 \
-                const __m256i raw = cx_loadu(w + 16 + 32 * j);                                            \
+                const __m256i raw = cx_loadu(w + CX_##FMT##_QS + 32 * j);                                 \
                 q[2 * j] = _mm256_and_si256(raw, m4);                                                     \
                 q[2 * j + 1] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);                           \
             }                                                                                             \
+            CX_##FMT##_FIFTH(q, w);                                                                       \
             for (int j = 0; j < 8; j++) scale[j] = _mm256_set1_epi16(sc[j]);                              \
             CX_UNROLL for (int r = 0; r < R; r++) {                                                      \
                 const mk_q8k_block *xb = &x[r][sb];                                                       \
@@ -482,6 +504,7 @@ MK_AVX2 static inline __m256i cx_k_avx2_wsum(__m256i acc, __m256i p, __m256i w) 
         for (int r = 0; r < R; r++) out[r] = cx_hsum(acc[r]);                                             \
     }
 CX_Q4_K_DOTS(MK_AVX2, cx_dot_q4_k, cx_dotn_q4_k, cx_k_avx2, CX_BY_ROWS4)
+CX_Q5_K_DOTS(MK_AVX2, cx_dot_q5_k, cx_dotn_q5_k, cx_k_avx2, CX_BY_ROWS4)
 
 /* Q6_K row dots, as Q4_K's: each super-block's 6-bit values assembled and its scales spread
  * once for all the rows; per row the eight groups' q x s8 pair sums (q in 0..63: |sum| <=
@@ -546,7 +569,7 @@ CX_Q6_K_DOTS(MK_AVX2, cx_dot_q6_k, cx_dotn_q6_k, cx_k_avx2, CX_BY_ROWS4)
 #define MK_VNNI __attribute__((target("avx2,fma,f16c,avxvnni")))
 #define MK_VNNI512 __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512vnni")))
 
-/* The Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K and Q6_K dots for one encoding: TARGET compiles them, DPBUSD
+/* The Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K dots for one encoding: TARGET compiles them, DPBUSD
  * and DPWSSD are its intrinsics, BY and BY8 make its n-row kernels (CX_BY_ROWS8 and ROWS8
  * only where TARGET has AVX-512's 32 registers). */
 #define CX_VNNI_DOTS(TARGET, DPBUSD, DPWSSD, SUFFIX, BY, BY8)                                              \
@@ -574,6 +597,7 @@ CX_Q6_K_DOTS(MK_AVX2, cx_dot_q6_k, cx_dotn_q6_k, cx_k_avx2, CX_BY_ROWS4)
         return DPWSSD(acc, p, w);                                                                         \
     }                                                                                                     \
     CX_Q4_K_DOTS(TARGET, cx_dot_q4_k_##SUFFIX, cx_dotn_q4_k_##SUFFIX, cx_k_##SUFFIX, BY)                  \
+    CX_Q5_K_DOTS(TARGET, cx_dot_q5_k_##SUFFIX, cx_dotn_q5_k_##SUFFIX, cx_k_##SUFFIX, BY)                  \
     CX_Q6_K_DOTS(TARGET, cx_dot_q6_k_##SUFFIX, cx_dotn_q6_k_##SUFFIX, cx_k_##SUFFIX, BY)
 
 CX_VNNI_DOTS(MK_VNNI, _mm256_dpbusd_avx_epi32, _mm256_dpwssd_avx_epi32, vnni, CX_BY_ROWS4, ROWS4)
@@ -634,6 +658,8 @@ static const mk_cpu_quant cx_avx2 = {
     .dotn_rows = 4,
     .dot_q4_k = cx_dot_q4_k,
     .dotn_q4_k = cx_dotn_q4_k,
+    .dot_q5_k = cx_dot_q5_k,
+    .dotn_q5_k = cx_dotn_q5_k,
     .dot_q6_k = cx_dot_q6_k,
     .dotn_q6_k = cx_dotn_q6_k,
     .dot_f16 = cx_dot_f16,
@@ -677,6 +703,8 @@ static bool cx_cpu_has_avx2(void) {
         .dotn_rows = ROWS,                         \
         .dot_q4_k = cx_dot_q4_k_##SUFFIX,          \
         .dotn_q4_k = cx_dotn_q4_k_##SUFFIX,        \
+        .dot_q5_k = cx_dot_q5_k_##SUFFIX,          \
+        .dotn_q5_k = cx_dotn_q5_k_##SUFFIX,        \
         .dot_q6_k = cx_dot_q6_k_##SUFFIX,          \
         .dotn_q6_k = cx_dotn_q6_k_##SUFFIX,        \
         .dot_f16 = cx_dot_f16,                     \
