@@ -382,6 +382,7 @@ MUTATIONS=(
   "stage.token-buffer-not-capped~host/stage/stage_head.c~s/e->cap = limit < room \? limit : room;/e->cap = limit;/~stage:StageLibrary.*"
   "stage.live-cut-ignored~host/stage/stage_head.c~s/if \(stop \|\| cut \|\| e->n == e->cap\)/if (stop || e->n == e->cap)/~stage:StageLibrary.*"
   "stage.live-refusal-fails-the-run~host/stage/stage_head.c~s/if \(mk_head_refuse\(h, &a\)\) continue;/(void)0;/~stage:StageLibrary.*"
+  "serve.over-cap-let-through~tools/serve.c~s/\*socket_context = open > srv->max_conn \?/*socket_context = open > srv->max_conn + 1 ?/~ctest:meshkern_serve.OpenAIClientAndCurl"
   "stage.cancel-not-asked~host/stage/stage_head.c~s/if \(!h->src->cancelled\) return;/return;/~stage:StageLibrary.*"
   "stage.cancel-asked-mid-step~host/stage/stage_head.c~s/if \(e->used && e->ready && h->src->cancelled/if (e->used \&\& h->src->cancelled/~stage:StageLibrary.*"
   "stage.live-idle-without-beats~host/stage/stage_head.c~s/if \(idle\) mk_stage_busy\(st, true\);/(void)0;/~stage:StageLibrary.*"

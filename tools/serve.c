@@ -87,6 +87,8 @@ typedef struct mk_server {
     char model_id[256];
     const char *api_key;
     size_t max_body;
+    size_t max_conn;          /* --max-connections: generation requests beyond it get 503 */
+    size_t open_conns;        /* connections open now (atomic; MHD's connection notices) */
     int32_t *eog;        /* [n_eog] end-of-generation ids: every sequence stops on them */
     size_t n_eog;
     time_t started;
@@ -817,6 +819,31 @@ static enum MHD_Result mk_count_framing(void *cls, enum MHD_ValueKind kind, cons
     return MHD_YES;
 }
 
+/* Connections past --max-connections: libmicrohttpd stops accepting at its own limit, and a
+ * client beyond it waits in the listen backlog until it gives up, where it should hear at once
+ * that the server is full. So MHD takes MK_CONN_OVERFLOW(max) connections more than the cap,
+ * and one that opens while the cap is reached is marked: its generation requests get 503
+ * with Retry-After and the connection closes (its GETs, /health among them, are answered). */
+#define MK_CONN_OVERFLOW(max) ((max) / 4 > 16 ? (max) / 4 : 16)
+static const char mk_over_cap = 1; /* the socket context of a marked connection */
+
+static void mk_conn_notice(void *cls, struct MHD_Connection *conn, void **socket_context,
+                           enum MHD_ConnectionNotificationCode code) {
+    (void)conn;
+    mk_server *srv = cls;
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        const size_t open = __atomic_add_fetch(&srv->open_conns, 1, __ATOMIC_RELAXED);
+        *socket_context = open > srv->max_conn ? (void *)&mk_over_cap : NULL;
+    } else if (code == MHD_CONNECTION_NOTIFY_CLOSED) {
+        __atomic_sub_fetch(&srv->open_conns, 1, __ATOMIC_RELAXED);
+    }
+}
+
+static bool mk_conn_over_cap(struct MHD_Connection *conn) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci && ci->socket_context == &mk_over_cap;
+}
+
 static enum MHD_Result mk_handler(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
                                   const char *version, const char *upload, size_t *upload_size, void **con_cls) {
     (void)version;
@@ -847,6 +874,11 @@ static enum MHD_Result mk_handler(void *cls, struct MHD_Connection *conn, const 
             return mk_refuse_now(conn, srv, 405, "method_not_allowed", MHD_HTTP_HEADER_ALLOW, routes[r].method,
                                  "this method is not allowed on %s (use %s)", routes[r].path, routes[r].method);
         if (routes[r].route == MK_ROUTE_NONE) return mk_handle_get(conn, srv, url);
+        if (mk_conn_over_cap(conn)) /* closed after the answer: a new connection may find room */
+            return mk_refuse_now(conn, srv, 503, "too_many_connections", MHD_HTTP_HEADER_CONNECTION, "close",
+                                 "this server holds %zu connections at once (--max-connections) and all are open: "
+                                 "try again shortly",
+                                 srv->max_conn);
         if (!mk_authorized(conn, srv))
             return mk_refuse_now(conn, srv, 401, "invalid_api_key", "WWW-Authenticate", "Bearer",
                                  "missing or incorrect API key (Authorization: Bearer KEY)");
@@ -961,6 +993,7 @@ static int mk_serve_open(mk_server *srv, const mk_serve_settings *set, const cha
     srv->model = model;
     srv->api_key = key;
     srv->max_body = set->max_body;
+    srv->max_conn = set->max_conn;
     srv->started = time(NULL);
     mk_status s = mk_tokenizer_open(model, &srv->tok);
     if (s != MK_OK) return mk_cli_fail(s);
@@ -1023,8 +1056,9 @@ static struct MHD_Daemon *mk_serve_listen(mk_server *srv, const mk_serve_setting
     struct MHD_Daemon *d =
         MHD_start_daemon(flags, 0, NULL, NULL, mk_handler, srv, MHD_OPTION_EXTERNAL_LOGGER, mk_mhd_log, NULL,
                          MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr, MHD_OPTION_CONNECTION_LIMIT,
-                         (unsigned)set->max_conn, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)set->timeout,
-                         MHD_OPTION_NOTIFY_COMPLETED, mk_completed, srv, MHD_OPTION_END);
+                         (unsigned)(set->max_conn + MK_CONN_OVERFLOW(set->max_conn)), MHD_OPTION_CONNECTION_TIMEOUT,
+                         (unsigned)set->timeout, MHD_OPTION_NOTIFY_COMPLETED, mk_completed, srv,
+                         MHD_OPTION_NOTIFY_CONNECTION, mk_conn_notice, srv, MHD_OPTION_END);
     if (!d) {
         fprintf(stderr, "meshkern %s: cannot listen on %s port %zu: %s\n", cmd, set->host, set->port, strerror(errno));
         return NULL;

@@ -427,6 +427,38 @@ def main():
         ok = False
     check(ok, f"drain timeout: the cut plain request is answered ({status}, {body[-120:]!r})")
     check(rc == 0, f"drain timeout: exit {rc}")
+    # past --max-connections a generation request is answered 503 at once (JSON, the connection
+    # closed), not left in the listen backlog until an idle connection times out; GETs still
+    # answer; once the idle connections close, requests run again
+    capped = Server("--ctx", "128", "--max-connections", "2", "--timeout", "30")
+    host, port = capped.url.rsplit("/", 1)[1].split(":")
+    idle = [socket.create_connection((host, int(port))) for _ in range(2)]
+    time.sleep(0.3)
+    ask = {"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 2}
+    t_ask = time.time()
+    status, head, body = curl(capped.url, "/v1/chat/completions", ask, key=None)
+    waited = time.time() - t_ask
+    try:
+        err = json.loads(body)["error"]
+    except (ValueError, KeyError, TypeError):
+        err = {}
+    check(status == 503 and err.get("code") == "too_many_connections" and "--max-connections" in err.get("message", "")
+          and "connection: close" in head.lower() and waited < 5,
+          f"over --max-connections: 503 at once ({status}, {waited:.1f} s, {body[:160]!r})")
+    status, _, body = curl(capped.url, "/health")
+    check(status == 200, f"over --max-connections: /health still answers ({status}, {body[:80]!r})")
+    for sock in idle:
+        sock.close()
+    ok = False
+    deadline = time.time() + 10
+    while time.time() < deadline and not ok:
+        status, _, body = curl(capped.url, "/v1/chat/completions", ask, key=None)
+        ok = status == 200
+        if not ok:
+            time.sleep(0.2)
+    check(ok, f"after the idle connections close a request runs ({status}, {body[:160]!r})")
+    capped.proc.send_signal(signal.SIGTERM)
+    check(capped.proc.wait(30) == 0, "the capped server drains and exits 0")
     print(f"serve test: {time.time() - t0:.1f} s, {len(failures)} failure(s)")
     if failures:
         print("".join(srv.lines[-20:]) + "".join(small.lines[-20:]))
