@@ -1095,7 +1095,7 @@ static void mk_serve_until_stopped(mk_server *srv, const mk_serve_settings *set,
     const size_t left = srv->n_active;
     if (srv->engine == MK_ENGINE_SCHED)
         for (size_t i = 0; i < srv->n_jobs; i++) (void)mk_sched_cancel(srv->sched, srv->jobs[i]->seq);
-    srv->closing = true; /* the stage's source closes; its requests are cut at their next token */
+    srv->closing = true; /* the stage's source closes; its requests are cut between steps */
     mk_wake(srv);
     /* The cut requests still answer (finish_reason "length", and [DONE] when streamed): their
      * connection threads see the sequences ended within one wait of mk_conn_advance. The

@@ -85,8 +85,8 @@ size_t mk_serve_cli_options(mk_serve_settings *s, bool address_flag, mk_cli_opti
                                &s->ctx, 2, 1 << 20, NULL};
     out[n++] = (mk_cli_option){"--max-body", NULL, "BYTES", "the largest request body", "1048576", MK_CLI_COUNT,
                                &s->max_body, 64, (size_t)1 << 30, NULL};
-    out[n++] = (mk_cli_option){"--max-connections", NULL, "N", "connections at once", "128", MK_CLI_COUNT, &s->max_conn,
-                               1, 65536, NULL};
+    out[n++] = (mk_cli_option){"--max-connections", NULL, "N", "connections at once (completion requests past them: 503)",
+                               "128", MK_CLI_COUNT, &s->max_conn, 1, 65536, NULL};
     /* the stage command's --timeout is its ranks' deadline: there this one is --http-timeout */
     out[n++] = (mk_cli_option){address_flag ? "--http-timeout" : "--timeout", NULL, "S",
                                "the deadline of an idle HTTP connection, in seconds", "60", MK_CLI_COUNT, &s->timeout, 1,
