@@ -1,5 +1,5 @@
 // mk_native_gguf.h - small random llama models written as GGUF files with their matrices
-// quantized in the test (Q8_0, Q4_1, Q4_0, Q4_K, Q6_K, F16, BF16, F32): the native weight
+// quantized in the test (Q8_0, Q4_1, Q4_0, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, F16, BF16, F32): the native weight
 // mode's fixtures (test_native_model.cpp on the cpu backend, test_cuda_backend.cpp on cuda).
 #ifndef MK_NATIVE_GGUF_H
 #define MK_NATIVE_GGUF_H
@@ -43,7 +43,7 @@ inline void quantize(uint32_t type, const float *x, size_t n, std::vector<uint8_
         }
         return;
     }
-    const size_t be = type == MK_GGML_TYPE_Q4_K || type == MK_GGML_TYPE_Q6_K ? 256 : 32;
+    const size_t be = type == MK_GGML_TYPE_Q4_K || type == MK_GGML_TYPE_Q5_K || type == MK_GGML_TYPE_Q6_K ? 256 : 32;
     for (size_t b = 0; b < n / be; b++) {
         const float *v = x + b * be;
         float amax = 0, lo = v[0], hi = v[0];
@@ -71,6 +71,46 @@ inline void quantize(uint32_t type, const float *x, size_t n, std::vector<uint8_
                     return (uint8_t)std::min(15L, std::max(0L, q));
                 };
                 for (size_t i = 0; i < 16; i++) o.push_back((uint8_t)(level(v[i]) | (level(v[i + 16]) << 4)));
+                break;
+            }
+            case MK_GGML_TYPE_Q5_0: case MK_GGML_TYPE_Q5_1: {
+                // five-bit levels: the low four in the nibbles (value j and j + 16 share a
+                // byte), the fifth of value j in bit j of qh
+                const bool min = type == MK_GGML_TYPE_Q5_1;
+                const float d = min ? (hi - lo) / 31 : amax / 15, m = min ? lo : 0;
+                put_f16(o, d);
+                if (min) put_f16(o, m);
+                const float dd = mk_f16_to_f32(mk_f32_to_f16(d)), mm = mk_f16_to_f32(mk_f32_to_f16(m));
+                uint8_t q[32];
+                uint32_t qh = 0;
+                for (size_t i = 0; i < 32; i++) {
+                    const long l = dd ? std::lround((v[i] - mm) / dd) + (min ? 0 : 16) : (min ? 0 : 16);
+                    q[i] = (uint8_t)std::min(31L, std::max(0L, l));
+                    qh |= (uint32_t)(q[i] >> 4) << i;
+                }
+                for (int k = 0; k < 4; k++) o.push_back((uint8_t)(qh >> (8 * k)));
+                for (size_t i = 0; i < 16; i++) o.push_back((uint8_t)((q[i] & 15) | ((q[i + 16] & 15) << 4)));
+                break;
+            }
+            case MK_GGML_TYPE_Q5_K: {
+                // As Q4_K below with 32 levels: value l of sub-block u takes its fifth bit
+                // from bit u of qh[l]
+                const float d = (hi - lo) / 31, m = -lo;
+                put_f16(o, d);
+                put_f16(o, m);
+                const float dd = mk_f16_to_f32(mk_f32_to_f16(d)), mm = mk_f16_to_f32(mk_f32_to_f16(m));
+                const uint8_t scales[12] = {1, 1, 1, 1, 1, 1, 1, 1, 0x11, 0x11, 0x11, 0x11};
+                o.insert(o.end(), scales, scales + 12);
+                uint8_t q[256], qh[32] = {};
+                for (int i = 0; i < 256; i++) {
+                    const long l = dd ? std::lround((v[i] + mm) / dd) : 0;
+                    q[i] = (uint8_t)std::min(31L, std::max(0L, l));
+                    qh[i % 32] |= (uint8_t)((q[i] >> 4) << (i / 32));
+                }
+                o.insert(o.end(), qh, qh + 32);
+                for (int j = 0; j < 4; j++)
+                    for (int l = 0; l < 32; l++)
+                        o.push_back((uint8_t)((q[64 * j + l] & 15) | ((q[64 * j + 32 + l] & 15) << 4)));
                 break;
             }
             case MK_GGML_TYPE_Q4_K: {
