@@ -1,5 +1,5 @@
 // mk_native_gguf.h - small random llama models written as GGUF files with their matrices
-// quantized in the test (Q8_0, Q4_1, Q4_0, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, F16, BF16, F32): the native weight
+// quantized in the test (Q8_0, Q4_1, Q4_0, Q5_0, Q5_1, Q3_K, Q4_K, Q5_K, Q6_K, F16, BF16, F32): the native weight
 // mode's fixtures (test_native_model.cpp on the cpu backend, test_cuda_backend.cpp on cuda).
 #ifndef MK_NATIVE_GGUF_H
 #define MK_NATIVE_GGUF_H
@@ -43,7 +43,10 @@ inline void quantize(uint32_t type, const float *x, size_t n, std::vector<uint8_
         }
         return;
     }
-    const size_t be = type == MK_GGML_TYPE_Q4_K || type == MK_GGML_TYPE_Q5_K || type == MK_GGML_TYPE_Q6_K ? 256 : 32;
+    const size_t be = type == MK_GGML_TYPE_Q3_K || type == MK_GGML_TYPE_Q4_K || type == MK_GGML_TYPE_Q5_K ||
+                              type == MK_GGML_TYPE_Q6_K
+                          ? 256
+                          : 32;
     for (size_t b = 0; b < n / be; b++) {
         const float *v = x + b * be;
         float amax = 0, lo = v[0], hi = v[0];
@@ -90,6 +93,25 @@ inline void quantize(uint32_t type, const float *x, size_t n, std::vector<uint8_
                 }
                 for (int k = 0; k < 4; k++) o.push_back((uint8_t)(qh >> (8 * k)));
                 for (size_t i = 0; i < 16; i++) o.push_back((uint8_t)((q[i] & 15) | ((q[i + 16] & 15) << 4)));
+                break;
+            }
+            case MK_GGML_TYPE_Q3_K: {
+                // every group scale 1 (33 - 32: low nibbles 1, top bits 2); value i as
+                // round(v / d) + 4 in 0..7, two bits in qs, the third in hmask
+                const float d = amax / 4;
+                const float dd = mk_f16_to_f32(mk_f32_to_f16(d));
+                uint8_t hmask[32] = {}, qs[64] = {};
+                for (int i = 0; i < 256; i++) {
+                    const long l = dd ? std::lround(v[i] / dd) : 0;
+                    const int u = (int)std::min(3L, std::max(-4L, l)) + 4;
+                    qs[32 * (i / 128) + i % 32] |= (uint8_t)((u & 3) << (2 * ((i % 128) / 32)));
+                    hmask[i % 32] |= (uint8_t)((u >> 2) << (i / 32));
+                }
+                o.insert(o.end(), hmask, hmask + 32);
+                o.insert(o.end(), qs, qs + 64);
+                const uint8_t scales[12] = {0x11, 0x11, 0x11, 0x11, 0x11, 0x11, 0x11, 0x11, 0xaa, 0xaa, 0xaa, 0xaa};
+                o.insert(o.end(), scales, scales + 12);
+                put_f16(o, d);
                 break;
             }
             case MK_GGML_TYPE_Q5_K: {

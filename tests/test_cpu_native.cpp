@@ -34,7 +34,7 @@ struct Format {
 };
 
 const Format kFormats[] = {{MK_GGML_TYPE_Q4_0, "Q4_0"}, {MK_GGML_TYPE_Q4_1, "Q4_1"}, {MK_GGML_TYPE_Q5_0, "Q5_0"},
-                           {MK_GGML_TYPE_Q5_1, "Q5_1"}, {MK_GGML_TYPE_Q8_0, "Q8_0"}, {MK_GGML_TYPE_Q4_K, "Q4_K"},
+                           {MK_GGML_TYPE_Q5_1, "Q5_1"}, {MK_GGML_TYPE_Q8_0, "Q8_0"}, {MK_GGML_TYPE_Q3_K, "Q3_K"}, {MK_GGML_TYPE_Q4_K, "Q4_K"},
                            {MK_GGML_TYPE_Q5_K, "Q5_K"}, {MK_GGML_TYPE_Q6_K, "Q6_K"}, {MK_GGML_TYPE_F16, "F16"},   {MK_GGML_TYPE_BF16, "BF16"}};
 
 // The quantized formats with a kernel: the blocks of 32 (eight weight rows per call in the
@@ -42,7 +42,8 @@ const Format kFormats[] = {{MK_GGML_TYPE_Q4_0, "Q4_0"}, {MK_GGML_TYPE_Q4_1, "Q4_
 const uint32_t kBlocksOf32[] = {MK_GGML_TYPE_Q4_0, MK_GGML_TYPE_Q4_1, MK_GGML_TYPE_Q5_0, MK_GGML_TYPE_Q5_1,
                                 MK_GGML_TYPE_Q8_0};
 const uint32_t kQuantized[] = {MK_GGML_TYPE_Q4_0, MK_GGML_TYPE_Q4_1, MK_GGML_TYPE_Q5_0, MK_GGML_TYPE_Q5_1,
-                               MK_GGML_TYPE_Q8_0, MK_GGML_TYPE_Q4_K, MK_GGML_TYPE_Q5_K, MK_GGML_TYPE_Q6_K};
+                               MK_GGML_TYPE_Q8_0, MK_GGML_TYPE_Q3_K, MK_GGML_TYPE_Q4_K, MK_GGML_TYPE_Q5_K,
+                               MK_GGML_TYPE_Q6_K};
 // A format the cpu backend keeps as F32 (no kernel: dequantized once at load).
 const uint32_t kStoredAsF32 = MK_GGML_TYPE_Q2_K;
 
@@ -91,6 +92,7 @@ std::vector<uint8_t> random_rows(uint32_t type, size_t rows, size_t cols, std::m
                 break;
             case MK_GGML_TYPE_Q6_K: put_f16(p + 208, scale(rng) * 0.1f); break;
             case MK_GGML_TYPE_Q2_K: put_f16(p + 80, scale(rng) * 0.1f); put_f16(p + 82, scale(rng) * 0.1f); break;
+            case MK_GGML_TYPE_Q3_K: put_f16(p + 108, scale(rng) * 0.1f); break;
         }
     }
     return w;
@@ -203,7 +205,7 @@ bool dot_rows(const mk_cpu_quant *t, uint32_t type, const uint8_t *w, const Quan
 // Weight rows at the ends of their formats' ranges (extreme 1 or 2; 0 leaves them):
 // Q4_0 and Q4_1 nibbles all 15 or all 0, Q5_0 and Q5_1 values (nibbles and fifth bits) all 31
 // or all 0, Q8_0 bytes -128 or alternating 127/-128, Q4_K scales and
-// mins 63 with nibbles 15 or 0 (Q5_K: values 31 or 0), Q6_K values all -32 with scales -128 or all 31 with scales
+// mins 63 with nibbles 15 or 0 (Q5_K: values 31 or 0), Q3_K values 3 with scales 31 or -4 with -32, Q6_K values all -32 with scales -128 or all 31 with scales
 // alternating -128/127. The f16 scales stay as random_rows made them.
 void set_extreme(uint32_t type, std::vector<uint8_t> &w, size_t rows, size_t in, int extreme) {
     if (!extreme) return;
@@ -215,6 +217,9 @@ void set_extreme(uint32_t type, std::vector<uint8_t> &w, size_t rows, size_t in,
                 w[blk * bb + i] = type != MK_GGML_TYPE_Q8_0 ? (extreme == 1 ? 0xff : 0x00)
                                                             : (extreme == 1 ? 0x80 : (i % 2 ? 0x7f : 0x80));
     }
+    if (type == MK_GGML_TYPE_Q3_K)
+        for (size_t blk = 0; blk < rows * in / 256; blk++)
+            for (size_t i = 0; i < 108; i++) w[blk * 110 + i] = extreme == 1 ? 0xff : 0x00;
     if (type == MK_GGML_TYPE_Q4_K || type == MK_GGML_TYPE_Q5_K) {
         const size_t bb = row_bytes(type, 256);
         for (size_t blk = 0; blk < rows * in / 256; blk++)
@@ -667,6 +672,7 @@ TEST(NativeDot, NRowDotsAreOneRowDots) {
         ASSERT_NE(k->dot8_q5_0, nullptr);
         ASSERT_NE(k->dot8_q5_1, nullptr);
         ASSERT_NE(k->dot8_q8_0, nullptr);
+        ASSERT_NE(k->dotn_q3_k, nullptr);
         ASSERT_NE(k->dotn_q4_k, nullptr);
         ASSERT_NE(k->dotn_q5_k, nullptr);
         ASSERT_NE(k->dotn_q6_k, nullptr);
@@ -675,6 +681,7 @@ TEST(NativeDot, NRowDotsAreOneRowDots) {
         EXPECT_EQ(mk_cpu_quant_dot8_for(k, MK_GGML_TYPE_Q5_0), k->dot8_q5_0);
         EXPECT_EQ(mk_cpu_quant_dot8_for(k, MK_GGML_TYPE_Q5_1), k->dot8_q5_1);
         EXPECT_EQ(mk_cpu_quant_dot8_for(k, MK_GGML_TYPE_Q8_0), k->dot8_q8_0);
+        EXPECT_EQ(mk_cpu_quant_kdotn_for(k, MK_GGML_TYPE_Q3_K), k->dotn_q3_k);
         EXPECT_EQ(mk_cpu_quant_kdotn_for(k, MK_GGML_TYPE_Q4_K), k->dotn_q4_k);
         EXPECT_EQ(mk_cpu_quant_kdotn_for(k, MK_GGML_TYPE_Q5_K), k->dotn_q5_k);
         EXPECT_EQ(mk_cpu_quant_kdotn_for(k, MK_GGML_TYPE_Q6_K), k->dotn_q6_k);
@@ -922,12 +929,13 @@ TEST(NativeMatmul, GemmRowThresholdIsExactlyMinRows) {
     std::mt19937 rng(31);
     const size_t out = 40;
     // F16 has no n-row dot: the tiles from MK_NATIVE_GEMM_MIN_ROWS rows on; Q4_0, Q4_1, Q5_0,
-    // Q5_1, Q8_0, Q4_K, Q5_K and Q6_K have one in the SIMD tables (the dots at any count there), none
+    // Q5_1, Q8_0 and the K-quants have one in the SIMD tables (the dots at any count there), none
     // in the portable one.
     std::vector<const mk_cpu_quant *> tables{mk_cpu_quant_portable()};
     if (mk_cpu_quant_best() != mk_cpu_quant_portable()) tables.push_back(mk_cpu_quant_best());
     for (uint32_t type : {MK_GGML_TYPE_F16, MK_GGML_TYPE_Q4_0, MK_GGML_TYPE_Q4_1, MK_GGML_TYPE_Q5_0, MK_GGML_TYPE_Q5_1,
-                          MK_GGML_TYPE_Q8_0, MK_GGML_TYPE_Q4_K, MK_GGML_TYPE_Q5_K, MK_GGML_TYPE_Q6_K})
+                          MK_GGML_TYPE_Q8_0, MK_GGML_TYPE_Q3_K, MK_GGML_TYPE_Q4_K, MK_GGML_TYPE_Q5_K,
+                          MK_GGML_TYPE_Q6_K})
     for (const mk_cpu_quant *k : tables) {
     const size_t in = block_elems(type) == 256 ? 512 : 64;
     const bool rows_dot = type != MK_GGML_TYPE_F16 && k->dotn_rows > 0;

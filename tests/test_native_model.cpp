@@ -101,6 +101,7 @@ INSTANTIATE_TEST_SUITE_P(Formats, NativeModel,
                                            Mix{"Q5_0", MK_GGML_TYPE_Q5_0, MK_GGML_TYPE_Q5_1, false},
                                            Mix{"Q5_1", MK_GGML_TYPE_Q5_1, MK_GGML_TYPE_Q5_0, true},
                                            Mix{"Q5_K", MK_GGML_TYPE_Q5_K, MK_GGML_TYPE_Q5_K, true},
+                                           Mix{"Q3_K", MK_GGML_TYPE_Q3_K, MK_GGML_TYPE_Q6_K, false},
                                            Mix{"Q6_K", MK_GGML_TYPE_Q6_K, MK_GGML_TYPE_Q4_K, true},
                                            Mix{"F16", MK_GGML_TYPE_F16, MK_GGML_TYPE_F16, true},
                                            Mix{"BF16", MK_GGML_TYPE_BF16, MK_GGML_TYPE_F32, false}),
@@ -155,6 +156,7 @@ TEST(NativeModelLoad, NonFiniteWeightsAreRefusedByTheRangeThatOwnsThem) {
         {"blk.0.ffn_up.weight", MK_GGML_TYPE_Q5_1, 4 * 24 + 2, {inf16, inf16 + 2}, 0},        // m of block 4
         {"blk.2.attn_output.weight", MK_GGML_TYPE_Q5_0, 6 * 22, {nan16, nan16 + 2}, 2},        // d of block 6
         {"blk.1.ffn_down.weight", MK_GGML_TYPE_Q5_K, 1 * 176 + 2, {ninf16, ninf16 + 2}, 1},   // dmin of block 1
+        {"blk.0.ffn_gate.weight", MK_GGML_TYPE_Q3_K, 2 * 110 + 108, {nan16, nan16 + 2}, 0},   // d of block 2
         {"blk.2.ffn_down.weight", MK_GGML_TYPE_Q8_0, 34, {inf16, inf16 + 2}, 2},              // d of block 1
         {"blk.0.attn_v.weight", MK_GGML_TYPE_Q4_0, 9 * 18, {nan16, nan16 + 2}, 0},            // d of block 9
         {"blk.1.attn_output.weight", MK_GGML_TYPE_F16, 2 * 1001, {inf16, inf16 + 2}, 1},      // value 1001

@@ -133,8 +133,8 @@ static mk_status mk_engine_submit(mk_server *srv, mk_job *job, const int32_t *id
 }
 
 /* The job left the table (srv->mu not held): its sequence is cut unless it ended. The
- * stage's rank 0 cuts it between steps (mk_source_cancelled), or at its next token, when it
- * finds the job gone. */
+ * stage's rank 0 cuts it before its next step (mk_source_cancelled), when it finds the job
+ * gone. */
 static void mk_engine_end(mk_server *srv, mk_job *job, bool cancel) {
     if (srv->engine != MK_ENGINE_SCHED) return;
     if (cancel) (void)mk_sched_cancel(srv->sched, job->seq);
@@ -196,7 +196,8 @@ static bool mk_source_closed(void *user) {
     return closed;
 }
 
-/* A token for a job still listed goes to it; a job gone (client left, drained) is cut. */
+/* A token for a job still listed goes to it. A job gone (client left, drained) is cut by
+ * mk_source_cancelled, which rank 0 asks before the request's next step. */
 static bool mk_source_token(void *user, uint64_t tag, int32_t token) {
     mk_server *srv = user;
     pthread_mutex_lock(&srv->mu);
@@ -206,10 +207,11 @@ static bool mk_source_token(void *user, uint64_t tag, int32_t token) {
         pthread_cond_signal(&j->cv);
     }
     pthread_mutex_unlock(&srv->mu);
-    return j != NULL;
+    return true;
 }
 
-/* Asked between steps: a job gone (client left, drained) stops its prompt's chunks too. */
+/* Asked between steps: a job gone (client left, drained) is cut, in its prompt's chunks or
+ * between its tokens. */
 static bool mk_source_cancelled(void *user, uint64_t tag) {
     mk_server *srv = user;
     pthread_mutex_lock(&srv->mu);

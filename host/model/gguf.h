@@ -139,6 +139,18 @@ static inline void mk_k4_scales_mins(const uint8_t *scales, uint8_t sc[8], uint8
     }
 }
 
+/* The sixteen signed scales of a Q3_K super-block from its 12 packed bytes (the one reading
+ * of that packing: the dequantizer and the cpu dots use it): scale i's low four bits are the
+ * low (i < 8) or high (i >= 8) nibble of byte i % 8, its top two bits are bits 2 (i / 4)
+ * and up of byte 8 + i % 4; the 6-bit value less 32. */
+static inline void mk_k3_scales(const uint8_t *s, int8_t scale[16]) {
+    for (int i = 0; i < 16; i++) {
+        const unsigned lo = i < 8 ? (s[i] & 0x0fu) : (unsigned)(s[i - 8] >> 4);
+        const unsigned hi = (unsigned)(s[8 + i % 4] >> (2 * (i / 4))) & 3u;
+        scale[i] = (int8_t)((int)(lo | (hi << 4)) - 32);
+    }
+}
+
 /* ----------------------------------------------------------------- open/close -- */
 
 mk_status mk_gguf_open(const char *path, mk_gguf **out);

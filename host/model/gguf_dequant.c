@@ -166,11 +166,7 @@ static void dq_q3_k(const uint8_t *b, float *y) { /* hmask[32], qs[64], scales[1
     const uint8_t *hmask = b, *qs = b + 32, *s = b + 96;
     const float d = gq_f16_at(b + 108);
     int8_t scale[16];
-    for (int i = 0; i < 16; i++) {
-        unsigned lo = i < 8 ? (s[i] & 0x0fu) : (unsigned)(s[i - 8] >> 4);
-        unsigned hi = (unsigned)(s[8 + i % 4] >> (2 * (i / 4))) & 3u;
-        scale[i] = (int8_t)((int)(lo | (hi << 4)) - 32);
-    }
+    mk_k3_scales(s, scale);
     for (int i = 0; i < 256; i++) {
         int half = i / 128, shift = (i % 128) / 32, l = i % 32;
         int q = (qs[half * 32 + l] >> (2 * shift)) & 3;

@@ -163,7 +163,7 @@ def main():
         wrong = [i for i, a in enumerate(answers) if a != refs[i]]
         check(not wrong, f"{len(PROMPTS)} clients at once over 2 slots each got their own answer (wrong: {wrong})")
 
-        # a streamed client that goes away: its sequence is cut at its next token
+        # a streamed client that goes away: its sequence is cut before its next step
         stream = client.chat.completions.create(model=MODEL_ID, messages=[{"role": "user", "content": LONG}],
                                                 max_tokens=400, stream=True)
         it = iter(stream)
@@ -189,7 +189,7 @@ def main():
         # the stage itself stopped the cut request (its token callback said so), not the server
         # alone: rank 0 ran a few steps after the disconnect, not the ~400 of max_tokens
         check(steps_then - steps_before < 50,
-              f"the stage cut the request at its next token: {steps_then - steps_before} steps after the disconnect")
+              f"the stage cut the request before its next step: {steps_then - steps_before} steps after the disconnect")
         time.sleep(1.0)  # nothing in flight: rank 0 runs no step (the cut sequence is gone, not running on)
         steps_now = metric(r0.url, 'meshkern_stage_steps_total{stage="0"}')
         check(steps_now == steps_then, f"after the cut rank 0 is idle: steps {steps_then} -> {steps_now}")

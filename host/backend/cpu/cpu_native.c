@@ -57,7 +57,7 @@ typedef struct mk_native_part {
     size_t row_bytes;
     mk_qdot_fn qdot;               /* Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (over xq) */
     mk_qdot8_fn qdot8;             /* eight weight rows x up to dotn_rows activation rows (same formats) */
-    mk_kdot_fn kdot;               /* Q4_K, Q5_K, Q6_K (over xk) */
+    mk_kdot_fn kdot;               /* Q3_K, Q4_K, Q5_K, Q6_K (over xk) */
     mk_kdotn_fn kdotn;             /* the same, up to dotn_rows rows at a time */
     mk_hdot_fn hdot;               /* F16 / BF16 */
     float *y;                      /* [rows, w->rows] */

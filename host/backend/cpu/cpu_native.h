@@ -2,14 +2,14 @@
  * in-memory layout of such a weight, and the matrix product and embedding over it.
  *
  * A native weight (an mk_weight: data, format, shape) holds the rows exactly as the GGUF
- * file stores them (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, F16, BF16), or as F32 for a source in any
+ * file stores them (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q3_K, Q4_K, Q5_K, Q6_K, F16, BF16), or as F32 for a source in any
  * other format (dequantized once at load); its format says which.
  *
  * Matrix products of few rows (decode): the activation rows are quantized to 8-bit blocks
  * (cpu_quant.h), then output features are split across the pool's threads in chunks;
  * every output element is one dot product of one weight row with one activation row,
  * computed by one thread, so results are identical for any thread count.
- * The formats with an n-row dot in the kernel table (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K
+ * The formats with an n-row dot in the kernel table (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q3_K-Q6_K
  * in the SIMD tables) take the dots at any row count: each weight row (eight at a time for
  * the blocks of 32) meets up to dotn_rows activation rows per call, and a prompt's rows have the bits
  * they have alone.

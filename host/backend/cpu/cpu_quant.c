@@ -131,6 +131,25 @@ static float cq_dot_q8_0(const uint8_t *w, const mk_q8_block *x, size_t n) {
 
 /* ============================================================= K-quants == */
 
+/* Q3_K: 256 values in 16 groups of 16 with a signed 6-bit scale each (mk_k3_scales); value i
+ * is its two bits in qs (byte i % 32 of half i / 128, bits 2 ((i % 128) / 32)) and its third
+ * in hmask (bit i / 32 of byte i % 32), less 4. */
+static float cq_dot_q3_k(const uint8_t *w, const mk_q8k_block *x, size_t n) {
+    float sum = 0.0f;
+    for (size_t sb = 0; sb < n / 256; sb++, w += 110, x++) {
+        const uint8_t *hmask = w, *qs = w + 32;
+        int8_t scale[16];
+        mk_k3_scales(w + 96, scale);
+        int isum = 0;
+        for (int i = 0; i < 256; i++) {
+            const int l = i % 32, two = (qs[32 * (i / 128) + l] >> (2 * ((i % 128) / 32))) & 3;
+            isum += scale[i / 16] * ((two | (((hmask[l] >> (i / 32)) & 1) << 2)) - 4) * x->q[i];
+        }
+        sum += cq_f16_at(w + 108) * x->d * (float)isum;
+    }
+    return sum;
+}
+
 /* Q4_K: 256 values as 8 sub-blocks of 32, value = d*sc*q - dmin*m; sub-block 2j holds the
  * low nibbles of qs[32j..32j+31], 2j+1 the high ones. A sub-block's activations sum to its
  * two groups' sums. */
@@ -225,6 +244,7 @@ static const mk_cpu_quant cq_portable = {
     .dot_q5_0 = cq_dot_q5_0,
     .dot_q5_1 = cq_dot_q5_1,
     .dot_q8_0 = cq_dot_q8_0,
+    .dot_q3_k = cq_dot_q3_k,
     .dot_q4_k = cq_dot_q4_k,
     .dot_q5_k = cq_dot_q5_k,
     .dot_q6_k = cq_dot_q6_k,
@@ -267,6 +287,7 @@ mk_qdot8_fn mk_cpu_quant_dot8_for(const mk_cpu_quant *q, uint32_t ggml_type) {
 
 mk_kdot_fn mk_cpu_quant_kdot_for(const mk_cpu_quant *q, uint32_t ggml_type) {
     switch (ggml_type) {
+        case MK_GGML_TYPE_Q3_K: return q->dot_q3_k;
         case MK_GGML_TYPE_Q4_K: return q->dot_q4_k;
         case MK_GGML_TYPE_Q5_K: return q->dot_q5_k;
         case MK_GGML_TYPE_Q6_K: return q->dot_q6_k;
@@ -276,6 +297,7 @@ mk_kdot_fn mk_cpu_quant_kdot_for(const mk_cpu_quant *q, uint32_t ggml_type) {
 
 mk_kdotn_fn mk_cpu_quant_kdotn_for(const mk_cpu_quant *q, uint32_t ggml_type) {
     switch (ggml_type) {
+        case MK_GGML_TYPE_Q3_K: return q->dotn_q3_k;
         case MK_GGML_TYPE_Q4_K: return q->dotn_q4_k;
         case MK_GGML_TYPE_Q5_K: return q->dotn_q5_k;
         case MK_GGML_TYPE_Q6_K: return q->dotn_q6_k;
@@ -286,7 +308,8 @@ mk_kdotn_fn mk_cpu_quant_kdotn_for(const mk_cpu_quant *q, uint32_t ggml_type) {
 bool mk_cpu_quant_keeps(uint32_t ggml_type) {
     switch (ggml_type) {
         case MK_GGML_TYPE_Q4_0: case MK_GGML_TYPE_Q4_1: case MK_GGML_TYPE_Q5_0: case MK_GGML_TYPE_Q5_1:
-        case MK_GGML_TYPE_Q8_0: case MK_GGML_TYPE_Q4_K: case MK_GGML_TYPE_Q5_K: case MK_GGML_TYPE_Q6_K:
+        case MK_GGML_TYPE_Q8_0: case MK_GGML_TYPE_Q3_K: case MK_GGML_TYPE_Q4_K: case MK_GGML_TYPE_Q5_K:
+        case MK_GGML_TYPE_Q6_K:
         case MK_GGML_TYPE_F16: case MK_GGML_TYPE_BF16:
             return true;
         default:

@@ -558,6 +558,50 @@ CX_Q5_K_DOTS(MK_AVX2, cx_dot_q5_k, cx_dotn_q5_k, cx_k_avx2, CX_BY_ROWS4)
     }
 CX_Q6_K_DOTS(MK_AVX2, cx_dot_q6_k, cx_dotn_q6_k, cx_k_avx2, CX_BY_ROWS4)
 
+/* Q3_K row dots, as Q6_K's: each super-block's 3-bit values assembled (two bits from qs,
+ * the third from hmask) and its 16 signed scales (mk_k3_scales) spread once for all the
+ * rows; per row the eight groups' u3 x s8 pair sums (|sum| <= 1778) weighted by the scales
+ * into one i32 sum, less 4 x the scales times the activation group sums (the values are
+ * u - 4; |lane| < 2^21, exact in float), then one float term d * x.d per super-block. */
+#define CX_Q3_K_DOTS(TARGET, DOT, DOTN, OPS, BY) CX_BLOCK_DOTS(CX_Q3_K_ROWS, TARGET, DOT, DOTN, OPS, BY, mk_q8k_block)
+
+/* DOTN for a fixed number of rows R. */
+#define CX_Q3_K_ROWS(TARGET, NAME, OPS, R)                                                                 \
+    TARGET static inline void NAME(const uint8_t *w, const mk_q8k_block *const *x, size_t n, float *out) { \
+        __m256 acc[R];                                                                                    \
+        for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();                                         \
+        const __m256i m2 = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1);                                \
+        for (size_t sb = 0; sb < n / 256; sb++, w += 110) {                                               \
+            CX_PREFETCH_BLOCK(w, 110);                                                                    \
+            const float d = cx_f16(w + 108);                                                              \
+            int8_t sc[16];                                                                                \
+            mk_k3_scales(w + 96, sc);                                                                     \
+            /* the 16 scales in group order, as 16-bit */                                                 \
+            const __m256i scales16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc));         \
+            const __m256i hm = cx_loadu(w);                                                               \
+            __m256i q[8], scales[8]; /* group i: values 32i..32i+31 as 0..7, and their two scales */     \
+            CX_UNROLL for (int i = 0; i < 8; i++) {                                                       \
+                /* 16-bit shifts: the bits a byte takes from its neighbour fall outside the mask */      \
+                const __m256i two = _mm256_and_si256(_mm256_srli_epi16(cx_loadu(w + 32 + 32 * (i / 4)), 2 * (i % 4)), m2); \
+                const __m256i third = _mm256_and_si256(_mm256_srli_epi16(hm, i), one);                   \
+                q[i] = _mm256_or_si256(two, _mm256_slli_epi16(third, 2));                                 \
+                scales[i] = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16(sc[2 * i])),    \
+                                                    _mm_set1_epi16(sc[2 * i + 1]), 1);                    \
+            }                                                                                             \
+            CX_UNROLL for (int r = 0; r < R; r++) {                                                      \
+                const mk_q8k_block *xb = &x[r][sb];                                                       \
+                __m256i isum = _mm256_setzero_si256();                                                    \
+                for (int i = 0; i < 8; i++)                                                               \
+                    isum = OPS##_wsum(isum, _mm256_maddubs_epi16(q[i], cx_loadu(xb->q + 32 * i)), scales[i]); \
+                const __m256i offset = _mm256_madd_epi16(cx_loadu(xb->sums), scales16);                   \
+                isum = _mm256_sub_epi32(isum, _mm256_slli_epi32(offset, 2));                              \
+                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * xb->d), _mm256_cvtepi32_ps(isum), acc[r]);    \
+            }                                                                                             \
+        }                                                                                                 \
+        for (int r = 0; r < R; r++) out[r] = cx_hsum(acc[r]);                                             \
+    }
+CX_Q3_K_DOTS(MK_AVX2, cx_dot_q3_k, cx_dotn_q3_k, cx_k_avx2, CX_BY_ROWS4)
+
 /* ===================================================================== VNNI == */
 
 /* vpdpbusd multiplies unsigned by signed bytes and adds each group of four products into a
@@ -569,7 +613,7 @@ CX_Q6_K_DOTS(MK_AVX2, cx_dot_q6_k, cx_dotn_q6_k, cx_k_avx2, CX_BY_ROWS4)
 #define MK_VNNI __attribute__((target("avx2,fma,f16c,avxvnni")))
 #define MK_VNNI512 __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512vnni")))
 
-/* The Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K dots for one encoding: TARGET compiles them, DPBUSD
+/* The Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q3_K, Q4_K, Q5_K and Q6_K dots for one encoding: TARGET compiles them, DPBUSD
  * and DPWSSD are its intrinsics, BY and BY8 make its n-row kernels (CX_BY_ROWS8 and ROWS8
  * only where TARGET has AVX-512's 32 registers). */
 #define CX_VNNI_DOTS(TARGET, DPBUSD, DPWSSD, SUFFIX, BY, BY8)                                              \
@@ -596,6 +640,7 @@ CX_Q6_K_DOTS(MK_AVX2, cx_dot_q6_k, cx_dotn_q6_k, cx_k_avx2, CX_BY_ROWS4)
     TARGET static inline __m256i cx_k_##SUFFIX##_wsum(__m256i acc, __m256i p, __m256i w) {                \
         return DPWSSD(acc, p, w);                                                                         \
     }                                                                                                     \
+    CX_Q3_K_DOTS(TARGET, cx_dot_q3_k_##SUFFIX, cx_dotn_q3_k_##SUFFIX, cx_k_##SUFFIX, BY)                  \
     CX_Q4_K_DOTS(TARGET, cx_dot_q4_k_##SUFFIX, cx_dotn_q4_k_##SUFFIX, cx_k_##SUFFIX, BY)                  \
     CX_Q5_K_DOTS(TARGET, cx_dot_q5_k_##SUFFIX, cx_dotn_q5_k_##SUFFIX, cx_k_##SUFFIX, BY)                  \
     CX_Q6_K_DOTS(TARGET, cx_dot_q6_k_##SUFFIX, cx_dotn_q6_k_##SUFFIX, cx_k_##SUFFIX, BY)
@@ -656,6 +701,8 @@ static const mk_cpu_quant cx_avx2 = {
     .dot_q8_0 = cx_dot_q8_0,
     .dot8_q8_0 = cx_dot8_q8_0,
     .dotn_rows = 4,
+    .dot_q3_k = cx_dot_q3_k,
+    .dotn_q3_k = cx_dotn_q3_k,
     .dot_q4_k = cx_dot_q4_k,
     .dotn_q4_k = cx_dotn_q4_k,
     .dot_q5_k = cx_dot_q5_k,
@@ -701,6 +748,8 @@ static bool cx_cpu_has_avx2(void) {
         .dot_q8_0 = cx_dot_q8_0_##SUFFIX,          \
         .dot8_q8_0 = cx_dot8_q8_0_##SUFFIX,        \
         .dotn_rows = ROWS,                         \
+        .dot_q3_k = cx_dot_q3_k_##SUFFIX,          \
+        .dotn_q3_k = cx_dotn_q3_k_##SUFFIX,        \
         .dot_q4_k = cx_dot_q4_k_##SUFFIX,          \
         .dotn_q4_k = cx_dotn_q4_k_##SUFFIX,        \
         .dot_q5_k = cx_dot_q5_k_##SUFFIX,          \
