@@ -515,6 +515,21 @@ CX_Q5_K_DOTS(MK_AVX2, cx_dot_q5_k, cx_dotn_q5_k, cx_k_avx2, CX_BY_ROWS4)
  * total is the super-block's exact sum, and the rounding is the same in every table. */
 #define CX_Q6_K_DOTS(TARGET, DOT, DOTN, OPS, BY) CX_BLOCK_DOTS(CX_Q6_K_ROWS, TARGET, DOT, DOTN, OPS, BY, mk_q8k_block)
 
+/* The per-row part of the Q6_K and Q3_K dots (inside a kernel: x, sb, q, scales, scales16, d
+ * and acc in scope): the eight groups' products weighted by their scales, less 2^SHIFT (the
+ * values' offset: 32 or 4) x the scales times the activation group sums, then one float
+ * term d * x.d. */
+#define CX_K_OFFSET_ROWS(OPS, R, SHIFT)                                                                   \
+    CX_UNROLL for (int r = 0; r < R; r++) {                                                              \
+        const mk_q8k_block *xb = &x[r][sb];                                                               \
+        __m256i isum = _mm256_setzero_si256();                                                            \
+        for (int i = 0; i < 8; i++)                                                                       \
+            isum = OPS##_wsum(isum, _mm256_maddubs_epi16(q[i], cx_loadu(xb->q + 32 * i)), scales[i]);     \
+        const __m256i offset = _mm256_madd_epi16(cx_loadu(xb->sums), scales16);                           \
+        isum = _mm256_sub_epi32(isum, _mm256_slli_epi32(offset, SHIFT));                                  \
+        acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * xb->d), _mm256_cvtepi32_ps(isum), acc[r]);            \
+    }
+
 /* DOTN for a fixed number of rows R. */
 #define CX_Q6_K_ROWS(TARGET, NAME, OPS, R)                                                                 \
     TARGET static inline void NAME(const uint8_t *w, const mk_q8k_block *const *x, size_t n, float *out) { \
@@ -544,15 +559,7 @@ CX_Q5_K_DOTS(MK_AVX2, cx_dot_q5_k, cx_dotn_q5_k, cx_k_avx2, CX_BY_ROWS4)
                     scales[4 * h + k] = _mm256_inserti128_si256(                                          \
                         _mm256_castsi128_si256(_mm_set1_epi16(sc[2 * k])), _mm_set1_epi16(sc[2 * k + 1]), 1); \
             }                                                                                             \
-            CX_UNROLL for (int r = 0; r < R; r++) {                                                      \
-                const mk_q8k_block *xb = &x[r][sb];                                                       \
-                __m256i isum = _mm256_setzero_si256();                                                    \
-                for (int i = 0; i < 8; i++)                                                               \
-                    isum = OPS##_wsum(isum, _mm256_maddubs_epi16(q[i], cx_loadu(xb->q + 32 * i)), scales[i]); \
-                const __m256i offset = _mm256_madd_epi16(cx_loadu(xb->sums), scales16);                   \
-                isum = _mm256_sub_epi32(isum, _mm256_slli_epi32(offset, 5));                              \
-                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * xb->d), _mm256_cvtepi32_ps(isum), acc[r]);    \
-            }                                                                                             \
+            CX_K_OFFSET_ROWS(OPS, R, 5)                                                                   \
         }                                                                                                 \
         for (int r = 0; r < R; r++) out[r] = cx_hsum(acc[r]);                                             \
     }
@@ -588,15 +595,7 @@ CX_Q6_K_DOTS(MK_AVX2, cx_dot_q6_k, cx_dotn_q6_k, cx_k_avx2, CX_BY_ROWS4)
                 scales[i] = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16(sc[2 * i])),    \
                                                     _mm_set1_epi16(sc[2 * i + 1]), 1);                    \
             }                                                                                             \
-            CX_UNROLL for (int r = 0; r < R; r++) {                                                      \
-                const mk_q8k_block *xb = &x[r][sb];                                                       \
-                __m256i isum = _mm256_setzero_si256();                                                    \
-                for (int i = 0; i < 8; i++)                                                               \
-                    isum = OPS##_wsum(isum, _mm256_maddubs_epi16(q[i], cx_loadu(xb->q + 32 * i)), scales[i]); \
-                const __m256i offset = _mm256_madd_epi16(cx_loadu(xb->sums), scales16);                   \
-                isum = _mm256_sub_epi32(isum, _mm256_slli_epi32(offset, 2));                              \
-                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * xb->d), _mm256_cvtepi32_ps(isum), acc[r]);    \
-            }                                                                                             \
+            CX_K_OFFSET_ROWS(OPS, R, 2)                                                                   \
         }                                                                                                 \
         for (int r = 0; r < R; r++) out[r] = cx_hsum(acc[r]);                                             \
     }
