@@ -173,7 +173,7 @@ MUTATIONS=(
   "q5_k.fifth-bits-dropped~host/backend/cpu/cpu_quant_avx2.c~s/#define CX_Q5_K_FIFTH\(q, w\) cx_k5_fifth\(q, \(w\) \+ 16\)/#define CX_Q5_K_FIFTH(q, w) (void)0/~native:*SimdDots*"
   "q5_k.fifth-bit-as-8~host/backend/cpu/cpu_quant_avx2.c~s/_mm256_and_si256\(_mm256_srli_epi16\(bits, u\), one\), 4\)/_mm256_and_si256(_mm256_srli_epi16(bits, u), one), 3)/~native:*SimdDots*"
   "q5_k.nibbles-read-from-qh~host/backend/cpu/cpu_quant_avx2.c~s/#define CX_Q5_K_QS 48/#define CX_Q5_K_QS 16/~native:*SimdDots*"
-  "q5_k.portable-fifth-bit-of-the-neighbour~host/backend/cpu/cpu_quant.c~s/\(\(\(qh\[l\] >> j\) & 1\) << 4\)/(((qh[l] >> (j ^ 1)) \& 1) << 4)/~native:*EveryFormat*"
+  "q5_k.portable-fifth-bit-of-the-neighbour~host/backend/cpu/cpu_quant.c~s/\(\(qh\[l\] >> j\) & 1\) << 4/((qh[l] >> (j ^ 1)) \& 1) << 4/~native:*EveryFormat*"
   "native.q5_k-without-n-row-dot~host/backend/cpu/cpu_quant.c~s/        case MK_GGML_TYPE_Q5_K: return q->dotn_q5_k;\n//~native:*NRowDots*"
   "q3_k.scales-of-the-next-group~host/backend/cpu/cpu_quant_avx2.c~s/_mm_set1_epi16\(sc\[2 \* i\]\)\),/_mm_set1_epi16(sc[2 * i + 1])),/~native:*SimdDots*"
   "q3_k.third-bit-of-the-neighbour~host/backend/cpu/cpu_quant_avx2.c~s/_mm256_srli_epi16\(hm, i\)/_mm256_srli_epi16(hm, i ^ 1)/~native:*SimdDots*"

@@ -825,7 +825,7 @@ static enum MHD_Result mk_count_framing(void *cls, enum MHD_ValueKind kind, cons
  * client beyond it waits in the listen backlog until it gives up, where it should hear at once
  * that the server is full. So MHD takes MK_CONN_OVERFLOW(max) connections more than the cap,
  * and one that opens while the cap is reached is marked: its generation requests get 503
- * with Retry-After and the connection closes (its GETs, /health among them, are answered). */
+ * and the connection closes (its GETs, /health among them, are answered). */
 #define MK_CONN_OVERFLOW(max) ((max) / 4 > 16 ? (max) / 4 : 16)
 static const char mk_over_cap = 1; /* the socket context of a marked connection */
 

@@ -152,34 +152,14 @@ static float cq_dot_q3_k(const uint8_t *w, const mk_q8k_block *x, size_t n) {
 
 /* Q4_K: 256 values as 8 sub-blocks of 32, value = d*sc*q - dmin*m; sub-block 2j holds the
  * low nibbles of qs[32j..32j+31], 2j+1 the high ones. A sub-block's activations sum to its
- * two groups' sums. */
-static float cq_dot_q4_k(const uint8_t *w, const mk_q8k_block *x, size_t n) {
+ * two groups' sums. Q5_K (five) is the same with each value's fifth bit in qh (32 bytes at
+ * offset 16, before the nibbles: bit j of qh[l] belongs to value l of sub-block j).
+ * `bytes`: the super-block's size, `qs_at`: where its nibbles start. */
+static float cq_dot_k45(const uint8_t *w, const mk_q8k_block *x, size_t n, size_t bytes, size_t qs_at, bool five) {
     float sum = 0.0f;
-    for (size_t sb = 0; sb < n / 256; sb++, w += 144, x++) {
+    for (size_t sb = 0; sb < n / 256; sb++, w += bytes, x++) {
         const float d = cq_f16_at(w), dmin = cq_f16_at(w + 2);
-        const uint8_t *qs = w + 16;
-        uint8_t scs[8], mns[8];
-        mk_k4_scales_mins(w + 4, scs, mns);
-        for (int j = 0; j < 8; j++) {
-            const uint8_t sc = scs[j], mn = mns[j];
-            const uint8_t *q = qs + 32 * (j / 2);
-            const int shift = (j % 2) * 4;
-            int isum = 0;
-            for (int l = 0; l < 32; l++) isum += ((q[l] >> shift) & 0x0f) * x->q[32 * j + l];
-            const int xsum = x->sums[2 * j] + x->sums[2 * j + 1];
-            sum += x->d * (d * (float)sc * (float)isum - dmin * (float)mn * (float)xsum);
-        }
-    }
-    return sum;
-}
-
-/* Q5_K: Q4_K with each value's fifth bit in qh (32 bytes before the nibbles: bit j of qh[l]
- * belongs to value l of sub-block j). */
-static float cq_dot_q5_k(const uint8_t *w, const mk_q8k_block *x, size_t n) {
-    float sum = 0.0f;
-    for (size_t sb = 0; sb < n / 256; sb++, w += 176, x++) {
-        const float d = cq_f16_at(w), dmin = cq_f16_at(w + 2);
-        const uint8_t *qh = w + 16, *qs = w + 48;
+        const uint8_t *qh = w + 16, *qs = w + qs_at;
         uint8_t scs[8], mns[8];
         mk_k4_scales_mins(w + 4, scs, mns);
         for (int j = 0; j < 8; j++) {
@@ -187,12 +167,19 @@ static float cq_dot_q5_k(const uint8_t *w, const mk_q8k_block *x, size_t n) {
             const int shift = (j % 2) * 4;
             int isum = 0;
             for (int l = 0; l < 32; l++)
-                isum += (((q[l] >> shift) & 0x0f) | (((qh[l] >> j) & 1) << 4)) * x->q[32 * j + l];
+                isum += (((q[l] >> shift) & 0x0f) | (five ? ((qh[l] >> j) & 1) << 4 : 0)) * x->q[32 * j + l];
             const int xsum = x->sums[2 * j] + x->sums[2 * j + 1];
             sum += x->d * (d * (float)scs[j] * (float)isum - dmin * (float)mns[j] * (float)xsum);
         }
     }
     return sum;
+}
+
+static float cq_dot_q4_k(const uint8_t *w, const mk_q8k_block *x, size_t n) {
+    return cq_dot_k45(w, x, n, 144, 16, false);
+}
+static float cq_dot_q5_k(const uint8_t *w, const mk_q8k_block *x, size_t n) {
+    return cq_dot_k45(w, x, n, 176, 48, true);
 }
 
 /* Q6_K: 256 values in two halves of 128; group k (32 values) of half h takes its low four
