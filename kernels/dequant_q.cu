@@ -1,4 +1,4 @@
-/* dequant_q.cu - rows of a weight kept in a GGUF block format (Q8_0, Q4_1, Q4_K) expanded
+/* dequant_q.cu - rows of a weight kept in a GGUF block format (gguf_blocks.cuh) expanded
  * to F32 or BF16 on the device, with the values the decode GEMV multiplies (gguf_blocks.cuh).
  *
  * Two uses in the cuda backend's native weight mode: prefill multiplies on cuBLAS, so a
@@ -85,9 +85,11 @@ extern "C" mk_status mk_kernel_dequant_q(void *out, mk_dtype out_dtype, const vo
                    n_src_rows);
   if (n_rows == 0) return MK_OK;
   if (!out || !w) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_kernel_dequant_q: null pointer");
+#define DEQ_TYPE(T) \
+  case T: return dequant_q_dtype<T>(out, out_dtype, w, ids, row0, n_rows, n_src_rows, cols, stream);
   switch (ggml_type) {
-    case GGML_Q8_0: return dequant_q_dtype<GGML_Q8_0>(out, out_dtype, w, ids, row0, n_rows, n_src_rows, cols, stream);
-    case GGML_Q4_1: return dequant_q_dtype<GGML_Q4_1>(out, out_dtype, w, ids, row0, n_rows, n_src_rows, cols, stream);
-    default: return dequant_q_dtype<GGML_Q4_K>(out, out_dtype, w, ids, row0, n_rows, n_src_rows, cols, stream);
+    MK_GEMVQ_FORMATS(DEQ_TYPE)
+    default: return mk_fail(MK_ERR_INTERNAL, "mk_kernel_dequant_q: type %u", ggml_type);
   }
+#undef DEQ_TYPE
 }

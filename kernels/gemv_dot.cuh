@@ -1,6 +1,6 @@
 /* gemv_dot.cuh - the per-output-row dot products of the decode GEMV kernels: one warp computes
  * x[r, :] . w[o, :] for all R activation rows, for dense weights (F32/F16/BF16, gemv.cu) and for
- * GGUF block weights dequantized in registers (Q8_0/Q4_1/Q4_K, gemv_q.cu). Every kernel that
+ * GGUF block weights dequantized in registers (gguf_blocks.cuh's formats, gemv_q.cu). Every kernel that
  * computes one product (alone, in a Q/K/V set, or fused with SwiGLU) calls the same function
  * with the same template arguments, so they all produce the same bits.
  *

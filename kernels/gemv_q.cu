@@ -1,19 +1,14 @@
 /* gemv_q.cu - decode matrix products with 1..MK_GEMV_MAX_ROWS activation rows and weights
- * kept in their GGUF block format on the device (Q8_0, Q4_1, Q4_K), dequantized in
- * registers: y[r, o] = sum_k x[r, k] * dequant(w)[o, k], F32 accumulation.
+ * kept in their GGUF block format on the device (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q3_K, Q4_K,
+ * Q5_K, Q6_K: the list in gguf_blocks.cuh), dequantized in registers:
+ * y[r, o] = sum_k x[r, k] * dequant(w)[o, k], F32 accumulation.
  *
  * The weights are read once: one warp per output row o walks the row's blocks; each block
  * is cut into PARTS parts of 2*H values, lane u takes part u % PARTS of block u / PARTS, so
- * a warp step reads 32 consecutive parts (32 * 8 bytes of quants: Q8_0 and Q4_K, 32 * 4:
- * Q4_1) and every lane has work even for short rows (576 columns = 18 Q8_0 blocks = 72
- * parts). Each weight is dequantized as the format defines it (d * q, d * q + m, d*sc * q
- * - dmin*mn, the reference's operand order) and multiplied into all R rows.
- *
- * Block layouts (gguf_blocks.cuh; host/gguf_dequant.c has the same table in the dequantizers):
- *   Q8_0  34 bytes / 32 values: d f16, qs int8[32]                       y[j] = qs[j] * d
- *   Q4_1  20 bytes / 32 values: d f16, m f16, qs[16] (j low nibble, j+16 high) y = d*q + m
- *   Q4_K 144 bytes / 256 values: d f16, dmin f16, scales[12] (6-bit sc/mn of 8 groups of
- *        32), qs[128]: byte 32g+l holds value 64g+l (low) and 64g+32+l (high). */
+ * a warp step reads 32 consecutive parts (32 * 8 bytes of quants for the K-quants and Q8_0,
+ * 32 * 4 for the other blocks of 32) and every lane has work even for short rows (576
+ * columns = 18 blocks of 32 = 72 parts). Each weight is dequantized as the format defines
+ * it (gguf_blocks.cuh: the reference's operand order) and multiplied into all R rows. */
 #include "mk_cuda_compat.h"
 
 #include "mk_kernels_common.cuh"
@@ -66,14 +61,15 @@ static mk_status launch_gemvq(float *y, const float *x, const void *w, size_t ro
   }
 }
 
-extern "C" bool mk_kernel_gemv_q_supports(uint32_t ggml_type) {
-  return ggml_type == GGML_Q8_0 || ggml_type == GGML_Q4_1 || ggml_type == GGML_Q4_K;
-}
+#define GEMVQ_IS(T) || ggml_type == T
+extern "C" bool mk_kernel_gemv_q_supports(uint32_t ggml_type) { return false MK_GEMVQ_FORMATS(GEMVQ_IS); }
+#undef GEMVQ_IS
 
 extern "C" mk_status mk_kernel_gemv_q(float *y, const float *x, const void *w, uint32_t ggml_type, size_t rows,
                                       size_t in_dim, size_t out_dim, cudaStream_t stream) {
   if (!mk_kernel_gemv_q_supports(ggml_type))
-    return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_kernel_gemv_q: ggml type %u has no device GEMV (Q8_0, Q4_1, Q4_K)",
+    return mk_fail(MK_ERR_INVALID_ARGUMENT,
+                   "mk_kernel_gemv_q: ggml type %u has no device GEMV (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q3_K-Q6_K)",
                    ggml_type);
   if (rows > MK_GEMV_MAX_ROWS)
     return mk_fail(MK_ERR_SHAPE, "mk_kernel_gemv_q: %zu rows exceed the decode limit %d", rows, MK_GEMV_MAX_ROWS);
@@ -82,11 +78,13 @@ extern "C" mk_status mk_kernel_gemv_q(float *y, const float *x, const void *w, u
     return mk_fail(MK_ERR_SHAPE, "mk_kernel_gemv_q: %zu outputs exceed the grid", out_dim);
   if (rows == 0 || out_dim == 0) return MK_OK;
   if (!y || !x || !w) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_kernel_gemv_q: null pointer");
+#define GEMVQ_LAUNCH(T) \
+  case T: return launch_gemvq<T>(y, x, w, rows, in_dim, out_dim, stream);
   switch (ggml_type) {
-    case GGML_Q8_0: return launch_gemvq<GGML_Q8_0>(y, x, w, rows, in_dim, out_dim, stream);
-    case GGML_Q4_1: return launch_gemvq<GGML_Q4_1>(y, x, w, rows, in_dim, out_dim, stream);
-    default: return launch_gemvq<GGML_Q4_K>(y, x, w, rows, in_dim, out_dim, stream);
+    MK_GEMVQ_FORMATS(GEMVQ_LAUNCH)
+    default: return mk_fail(MK_ERR_INTERNAL, "mk_kernel_gemv_q: type %u", ggml_type);
   }
+#undef GEMVQ_LAUNCH
 }
 
 /* ====================================================== fused native launches == */
@@ -102,7 +100,7 @@ struct gemvq_set {
   float *y[GEMVQ_MAX_SET];          /* [R, out[i]] (SwiGLU: y[0] only) */
   const uint8_t *w[GEMVQ_MAX_SET];  /* [out[i], in_dim] in type[i] */
   size_t out[GEMVQ_MAX_SET];
-  uint32_t type[GEMVQ_MAX_SET];     /* GGML_Q8_0 / Q4_1 / Q4_K / BF16 */
+  uint32_t type[GEMVQ_MAX_SET];     /* a block format of gguf_blocks.cuh, or GGML_BF16 */
   bool vec[GEMVQ_MAX_SET];          /* BF16: 16-byte loads, as mk_kernel_gemv would choose */
 };
 
@@ -119,10 +117,11 @@ template <int R>
 static __device__ __forceinline__ void gemvq_set_dot(float (&acc)[R], const gemvq_set &set, int m,
                                                      const float *__restrict__ x, size_t o, size_t in_dim, int lane) {
   const uint8_t *w = gemv_pick3(set.w, m);
+#define GEMVQ_SET_DOT(T) \
+  case T: gemvq_dot<T, R>(acc, x, gemvq_row_ptr<T>(w, o, in_dim), in_dim, lane); break;
   switch (gemv_pick3(set.type, m)) {
-    case GGML_Q8_0: gemvq_dot<GGML_Q8_0, R>(acc, x, gemvq_row_ptr<GGML_Q8_0>(w, o, in_dim), in_dim, lane); break;
-    case GGML_Q4_1: gemvq_dot<GGML_Q4_1, R>(acc, x, gemvq_row_ptr<GGML_Q4_1>(w, o, in_dim), in_dim, lane); break;
-    case GGML_Q4_K: gemvq_dot<GGML_Q4_K, R>(acc, x, gemvq_row_ptr<GGML_Q4_K>(w, o, in_dim), in_dim, lane); break;
+    MK_GEMVQ_FORMATS(GEMVQ_SET_DOT)
+#undef GEMVQ_SET_DOT
     default: {
       const char *row = reinterpret_cast<const char *>(w) + o * in_dim * 2;
       if (gemv_pick3(set.vec, m)) gemv_dot<MK_DTYPE_BF16, R, true>(acc, x, row, in_dim, lane);
@@ -199,14 +198,15 @@ static mk_status gemvq_set_member(const char *what, gemvq_set &S, size_t i, cons
   S.type[i] = type;
   S.vec[i] = false;
   size_t be = 1, align = 1;
+#define GEMVQ_LAYOUT(T) \
+  case T: be = gemvq_fmt<T>::BE, align = gemvq_fmt<T>::ALIGN; break;
   switch (type) {
-    case GGML_Q8_0: be = gemvq_fmt<GGML_Q8_0>::BE, align = gemvq_fmt<GGML_Q8_0>::ALIGN; break;
-    case GGML_Q4_1: be = gemvq_fmt<GGML_Q4_1>::BE, align = gemvq_fmt<GGML_Q4_1>::ALIGN; break;
-    case GGML_Q4_K: be = gemvq_fmt<GGML_Q4_K>::BE, align = gemvq_fmt<GGML_Q4_K>::ALIGN; break;
+    MK_GEMVQ_FORMATS(GEMVQ_LAYOUT)
+#undef GEMVQ_LAYOUT
     case GGML_BF16: align = 2; break;
     default:
-      return mk_fail(MK_ERR_INVALID_ARGUMENT, "%s: matrix %zu has ggml type %u (Q8_0, Q4_1, Q4_K or BF16)", what, i,
-                     type);
+      return mk_fail(MK_ERR_INVALID_ARGUMENT, "%s: matrix %zu has ggml type %u (a device block format or BF16)",
+                     what, i, type);
   }
   if (in_dim % be != 0)
     return mk_fail(MK_ERR_SHAPE, "%s: input width %zu is not a multiple of matrix %zu's block size %zu", what, in_dim,

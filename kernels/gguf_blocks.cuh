@@ -1,22 +1,69 @@
-/* gguf_blocks.cuh - the GGUF block formats the device reads in place (Q8_0, Q4_1, Q4_K):
- * layout constants and the dequantization of one part of a block, shared by the decode
- * GEMV (gemv_q.cu) and the dequantizer (dequant_q.cu) so both produce the same values.
+/* gguf_blocks.cuh - the GGUF block formats the device reads in place (Q4_0, Q4_1, Q5_0,
+ * Q5_1, Q8_0 in blocks of 32; Q3_K, Q4_K, Q5_K, Q6_K in super-blocks of 256): layout
+ * constants and the dequantization of one part of a block, shared by the decode GEMV
+ * (gemv_q.cu) and the dequantizer (dequant_q.cu) so both produce the same values.
  *
- *   Q8_0  34 bytes / 32 values: d f16, qs int8[32]                       y[j] = qs[j] * d
- *   Q4_1  20 bytes / 32 values: d f16, m f16, qs[16] (j low nibble, j+16 high) y = d*q + m
+ *   Q4_0  18 bytes / 32 values: d f16, qs[16] (j low nibble, j+16 high)  y = d * (q - 8)
+ *   Q4_1  20 bytes / 32 values: d f16, m f16, qs[16]                     y = d*q + m
+ *   Q5_0  22 bytes / 32 values: d f16, qh u32 (bit j: value j's fifth bit), qs[16]
+ *                                                                        y = d * (q - 16)
+ *   Q5_1  24 bytes / 32 values: d f16, m f16, qh u32, qs[16]             y = d*q + m
+ *   Q8_0  34 bytes / 32 values: d f16, qs int8[32]                       y = qs[j] * d
+ *   Q3_K 110 bytes / 256 values: hmask[32], qs[64], scales[12] (16 signed 6-bit scales),
+ *        d f16: value 128h+32j+l is bits 2j..2j+1 of qs[32h+l], less 4 where bit 4h+j of
+ *        hmask[l] is clear, times d * scale[8h+2j+l/16]
  *   Q4_K 144 bytes / 256 values: d f16, dmin f16, scales[12] (6-bit sc/mn of 8 groups of
  *        32), qs[128]: byte 32g+l holds value 64g+l (low) and 64g+32+l (high).
- * Each weight is dequantized as the format defines it (the reference's operand order). */
+ *   Q5_K 176 bytes / 256 values: Q4_K with qh[32] before qs: bit 2g (2g+1) of qh[l] is the
+ *        fifth bit of value 64g+l (64g+32+l).
+ *   Q6_K 210 bytes / 256 values: ql[128], qh[64], scales int8[16], d f16: in half h, value
+ *        l (< 32) of quarter s takes ql[64h+l] (s 0, 2: low nibble; 1, 3: ql[64h+32+l]...),
+ *        two bits of qh[32h+l], less 32, times d * scale[8h+l/16+2s] (gguf_dequant.c).
+ * Each weight is dequantized as the format defines it (the reference's operand order:
+ * host/model/gguf_dequant.c). Formats whose blocks sit at 2-byte offsets only (Q4_0, Q5_0,
+ * Q3_K, Q6_K) are read in 16-bit words. */
 #ifndef MK_GGUF_BLOCKS_CUH
 #define MK_GGUF_BLOCKS_CUH
 
 #include "mk_kernels_common.cuh"
 
 /* ggml's type ids (the values stored in GGUF files, host/gguf.h mk_ggml_type). */
-enum { GGML_Q4_1 = 3, GGML_Q8_0 = 8, GGML_Q4_K = 12, GGML_BF16 = 30 };
+enum {
+  GGML_Q4_0 = 2,
+  GGML_Q4_1 = 3,
+  GGML_Q5_0 = 6,
+  GGML_Q5_1 = 7,
+  GGML_Q8_0 = 8,
+  GGML_Q3_K = 11,
+  GGML_Q4_K = 12,
+  GGML_Q5_K = 13,
+  GGML_Q6_K = 14,
+  GGML_BF16 = 30
+};
+
+/* The block formats the device reads: the one list every dispatch is made from
+ * (X(type id) per format). */
+#define MK_GEMVQ_FORMATS(X) X(GGML_Q4_0) X(GGML_Q4_1) X(GGML_Q5_0) X(GGML_Q5_1) X(GGML_Q8_0) \
+  X(GGML_Q3_K) X(GGML_Q4_K) X(GGML_Q5_K) X(GGML_Q6_K)
 
 static __device__ __forceinline__ float gemvq_f16(const uint8_t *p) {
   return mk_dev_f16_to_f32(*reinterpret_cast<const uint16_t *>(p));
+}
+
+/* Four bytes at a 2-byte aligned p, little-endian, as two 16-bit loads. */
+static __device__ __forceinline__ uint32_t gemvq_u32_a2(const uint8_t *p) {
+  const uint16_t *h = reinterpret_cast<const uint16_t *>(p);
+  return (uint32_t)__ldg(h) | ((uint32_t)__ldg(h + 1) << 16);
+}
+
+/* Byte i (0..7) of the eight bytes q.x (0..3), q.y (4..7). */
+static __device__ __forceinline__ uint32_t gemvq_byte8(uint2 q, int i) {
+  return ((i < 4 ? q.x : q.y) >> (8 * (i & 3))) & 0xffu;
+}
+
+/* Eight bytes at a 2-byte aligned p. */
+static __device__ __forceinline__ uint2 gemvq_u64_a2(const uint8_t *p) {
+  return make_uint2(gemvq_u32_a2(p), gemvq_u32_a2(p + 4));
 }
 
 /* Each format: BE values and BB bytes per block, PARTS parts of two runs of H contiguous
@@ -44,6 +91,23 @@ struct gemvq_fmt<GGML_Q8_0> {
 };
 
 template <>
+struct gemvq_fmt<GGML_Q4_0> {
+  enum { BE = 32, BB = 18, PARTS = 4, H = 4, ALIGN = 2 };
+  static __device__ __forceinline__ void part(const uint8_t *blk, int p, float *wa, float *wb, int &ka, int &kb) {
+    const float d = gemvq_f16(blk);
+    const uint32_t q = gemvq_u32_a2(blk + 2 + 4 * p);
+    MK_UNROLL
+    for (int i = 0; i < 4; i++) {
+      const uint32_t byte = (q >> (8 * i)) & 0xffu;
+      wa[i] = d * (float)((int)(byte & 0x0fu) - 8);
+      wb[i] = d * (float)((int)(byte >> 4) - 8);
+    }
+    ka = 4 * p;
+    kb = 4 * p + 16;
+  }
+};
+
+template <>
 struct gemvq_fmt<GGML_Q4_1> {
   enum { BE = 32, BB = 20, PARTS = 4, H = 4, ALIGN = 4 };
   static __device__ __forceinline__ void part(const uint8_t *blk, int p, float *wa, float *wb, int &ka, int &kb) {
@@ -60,36 +124,158 @@ struct gemvq_fmt<GGML_Q4_1> {
   }
 };
 
+/* Q5_0 and Q5_1: Q4's nibbles with the fifth bit of value j from bit j of qh. */
+static __device__ __forceinline__ void gemvq_five(uint32_t q, uint32_t qh, int p, uint32_t *lo, uint32_t *hi) {
+  MK_UNROLL
+  for (int i = 0; i < 4; i++) {
+    const uint32_t byte = (q >> (8 * i)) & 0xffu;
+    lo[i] = (byte & 0x0fu) | (((qh >> (4 * p + i)) & 1u) << 4);
+    hi[i] = (byte >> 4) | (((qh >> (4 * p + i + 16)) & 1u) << 4);
+  }
+}
+
+template <>
+struct gemvq_fmt<GGML_Q5_0> {
+  enum { BE = 32, BB = 22, PARTS = 4, H = 4, ALIGN = 2 };
+  static __device__ __forceinline__ void part(const uint8_t *blk, int p, float *wa, float *wb, int &ka, int &kb) {
+    const float d = gemvq_f16(blk);
+    uint32_t lo[4], hi[4];
+    gemvq_five(gemvq_u32_a2(blk + 6 + 4 * p), gemvq_u32_a2(blk + 2), p, lo, hi);
+    MK_UNROLL
+    for (int i = 0; i < 4; i++) {
+      wa[i] = d * (float)((int)lo[i] - 16);
+      wb[i] = d * (float)((int)hi[i] - 16);
+    }
+    ka = 4 * p;
+    kb = 4 * p + 16;
+  }
+};
+
+template <>
+struct gemvq_fmt<GGML_Q5_1> {
+  enum { BE = 32, BB = 24, PARTS = 4, H = 4, ALIGN = 4 };
+  static __device__ __forceinline__ void part(const uint8_t *blk, int p, float *wa, float *wb, int &ka, int &kb) {
+    const float d = gemvq_f16(blk), m = gemvq_f16(blk + 2);
+    uint32_t lo[4], hi[4];
+    gemvq_five(__ldg(reinterpret_cast<const uint32_t *>(blk + 8 + 4 * p)),
+               __ldg(reinterpret_cast<const uint32_t *>(blk + 4)), p, lo, hi);
+    MK_UNROLL
+    for (int i = 0; i < 4; i++) {
+      wa[i] = d * (float)lo[i] + m;
+      wb[i] = d * (float)hi[i] + m;
+    }
+    ka = 4 * p;
+    kb = 4 * p + 16;
+  }
+};
+
+/* The 6-bit scale and min of group g (0..7) from Q4_K's and Q5_K's 12 packed bytes. */
+static __device__ __forceinline__ void gemvq_k4_scale_min(int g, const uint8_t *s, int &sc, int &mn) {
+  if (g < 4) {
+    sc = s[g] & 63;
+    mn = s[g + 4] & 63;
+  } else {
+    sc = (s[g + 4] & 0x0f) | ((s[g - 4] >> 6) << 4);
+    mn = (s[g + 4] >> 4) | ((s[g] >> 6) << 4);
+  }
+}
+
+/* A part of a Q4_K (FIVE false) or Q5_K super-block: group pair g = p / 4, eight bytes of
+ * nibbles from l0 = 8 (p % 4): values 64g+l0.. (low nibbles) and 64g+32+l0.. (high). */
+template <bool FIVE>
+static __device__ __forceinline__ void gemvq_k45_part(const uint8_t *blk, int p, float *wa, float *wb, int &ka,
+                                                      int &kb) {
+  const float d = gemvq_f16(blk), dmin = gemvq_f16(blk + 2);
+  const int g = p >> 2, l0 = (p & 3) * 8;
+  int sc, mn;
+  gemvq_k4_scale_min(2 * g, blk + 4, sc, mn);
+  const float d1 = d * (float)sc, m1 = dmin * (float)mn;
+  gemvq_k4_scale_min(2 * g + 1, blk + 4, sc, mn);
+  const float d2 = d * (float)sc, m2 = dmin * (float)mn;
+  const uint2 q = __ldg(reinterpret_cast<const uint2 *>(blk + (FIVE ? 48 : 16) + 32 * g + l0));
+  const uint2 qh = FIVE ? __ldg(reinterpret_cast<const uint2 *>(blk + 16 + l0)) : make_uint2(0, 0);
+  MK_UNROLL
+  for (int i = 0; i < 8; i++) {
+    const uint32_t byte = gemvq_byte8(q, i), h = gemvq_byte8(qh, i);
+    const uint32_t lo = (byte & 0x0fu) | (((h >> (2 * g)) & 1u) << 4);
+    const uint32_t hi = (byte >> 4) | (((h >> (2 * g + 1)) & 1u) << 4);
+    wa[i] = d1 * (float)lo - m1;
+    wb[i] = d2 * (float)hi - m2;
+  }
+  ka = 64 * g + l0;
+  kb = 64 * g + 32 + l0;
+}
+
 template <>
 struct gemvq_fmt<GGML_Q4_K> {
   enum { BE = 256, BB = 144, PARTS = 16, H = 8, ALIGN = 8 };
-  /* 6-bit scale and min of group g (0..7) from the 12 packed bytes. */
-  static __device__ __forceinline__ void scale_min(int g, const uint8_t *s, int &sc, int &mn) {
-    if (g < 4) {
-      sc = s[g] & 63;
-      mn = s[g + 4] & 63;
-    } else {
-      sc = (s[g + 4] & 0x0f) | ((s[g - 4] >> 6) << 4);
-      mn = (s[g + 4] >> 4) | ((s[g] >> 6) << 4);
-    }
-  }
   static __device__ __forceinline__ void part(const uint8_t *blk, int p, float *wa, float *wb, int &ka, int &kb) {
-    const float d = gemvq_f16(blk), dmin = gemvq_f16(blk + 2);
-    const int g = p >> 2, l0 = (p & 3) * 8;
-    int sc, mn;
-    scale_min(2 * g, blk + 4, sc, mn);
-    const float d1 = d * (float)sc, m1 = dmin * (float)mn;
-    scale_min(2 * g + 1, blk + 4, sc, mn);
-    const float d2 = d * (float)sc, m2 = dmin * (float)mn;
-    const uint2 q = __ldg(reinterpret_cast<const uint2 *>(blk + 16 + 32 * g + l0));
+    gemvq_k45_part<false>(blk, p, wa, wb, ka, kb);
+  }
+};
+
+template <>
+struct gemvq_fmt<GGML_Q5_K> {
+  enum { BE = 256, BB = 176, PARTS = 16, H = 8, ALIGN = 8 };
+  static __device__ __forceinline__ void part(const uint8_t *blk, int p, float *wa, float *wb, int &ka, int &kb) {
+    gemvq_k45_part<true>(blk, p, wa, wb, ka, kb);
+  }
+};
+
+/* Q3_K's signed scale k (0..15) from its 12 packed bytes: the low four bits from byte k
+ * (k < 8) or the high nibble of byte k - 8, the top two from byte 8 + k % 4 at bit 2 (k / 4);
+ * less 32 (host/model/gguf.h mk_k3_scales). */
+static __device__ __forceinline__ int gemvq_k3_scale(const uint8_t *s, int k) {
+  const int lo = k < 8 ? (s[k] & 0x0f) : (s[k - 8] >> 4);
+  const int hi = (s[8 + (k & 3)] >> (2 * (k >> 2))) & 3;
+  return (lo | (hi << 4)) - 32;
+}
+
+/* Q3_K: part p takes half h = p / 8, the shift pair j = 2 (p / 4 % 2) and j + 1, and eight
+ * bytes of qs and hmask from l0 = 8 (p % 4): values 128h+32j+l0.. and 32 further on. */
+template <>
+struct gemvq_fmt<GGML_Q3_K> {
+  enum { BE = 256, BB = 110, PARTS = 16, H = 8, ALIGN = 2 };
+  static __device__ __forceinline__ void part(const uint8_t *blk, int p, float *wa, float *wb, int &ka, int &kb) {
+    const float d = gemvq_f16(blk + 108);
+    const int h = p >> 3, j = ((p >> 2) & 1) * 2, l0 = (p & 3) * 8;
+    const int k = 8 * h + 2 * j + (l0 >> 4); /* run a's scale; run b's is k + 2 */
+    const float da = d * (float)gemvq_k3_scale(blk + 96, k), db = d * (float)gemvq_k3_scale(blk + 96, k + 2);
+    const uint2 q = gemvq_u64_a2(blk + 32 + 32 * h + l0), hm = gemvq_u64_a2(blk + l0);
     MK_UNROLL
     for (int i = 0; i < 8; i++) {
-      const uint32_t byte = ((i < 4 ? q.x : q.y) >> (8 * (i & 3))) & 0xffu;
-      wa[i] = d1 * (float)(byte & 0x0fu) - m1;
-      wb[i] = d2 * (float)(byte >> 4) - m2;
+      const uint32_t byte = gemvq_byte8(q, i), m = gemvq_byte8(hm, i);
+      const int qa = (int)((byte >> (2 * j)) & 3u) - (((m >> (4 * h + j)) & 1u) ? 0 : 4);
+      const int qb = (int)((byte >> (2 * j + 2)) & 3u) - (((m >> (4 * h + j + 1)) & 1u) ? 0 : 4);
+      wa[i] = da * (float)qa;
+      wb[i] = db * (float)qb;
     }
-    ka = 64 * g + l0;
-    kb = 64 * g + 32 + l0;
+    ka = 128 * h + 32 * j + l0;
+    kb = ka + 32;
+  }
+};
+
+/* Q6_K: part p takes half h = p / 8, quarter pair s = p / 4 % 2 (quarters s and s + 2: the
+ * low and high nibbles of ql[64h+32s+l]) and eight bytes from l0 = 8 (p % 4). */
+template <>
+struct gemvq_fmt<GGML_Q6_K> {
+  enum { BE = 256, BB = 210, PARTS = 16, H = 8, ALIGN = 2 };
+  static __device__ __forceinline__ void part(const uint8_t *blk, int p, float *wa, float *wb, int &ka, int &kb) {
+    const float d = gemvq_f16(blk + 208);
+    const int h = p >> 3, s = (p >> 2) & 1, l0 = (p & 3) * 8;
+    const int8_t *sc = reinterpret_cast<const int8_t *>(blk + 192 + 8 * h) + (l0 >> 4) + 2 * s;
+    const float da = d * (float)sc[0], db = d * (float)sc[4];
+    const uint2 ql = gemvq_u64_a2(blk + 64 * h + 32 * s + l0), qh = gemvq_u64_a2(blk + 128 + 32 * h + l0);
+    MK_UNROLL
+    for (int i = 0; i < 8; i++) {
+      const uint32_t byte = gemvq_byte8(ql, i), hb = gemvq_byte8(qh, i);
+      const int qa = (int)((byte & 0x0fu) | (((hb >> (2 * s)) & 3u) << 4)) - 32;
+      const int qb = (int)((byte >> 4) | (((hb >> (2 * s + 4)) & 3u) << 4)) - 32;
+      wa[i] = da * (float)qa;
+      wb[i] = db * (float)qb;
+    }
+    ka = 128 * h + 32 * s + l0;
+    kb = ka + 64;
   }
 };
 

@@ -154,17 +154,18 @@ mk_status mk_kernel_gemv_swiglu(float *out /* [rows, out_dim] */, const float *x
                                 const void *w_gate /* [out_dim, in_dim] */, const void *w_up /* [out_dim, in_dim] */,
                                 mk_dtype w_dtype, size_t rows, size_t in_dim, size_t out_dim, cudaStream_t stream);
 
-/* The same with w in a GGUF block format (ggml type id: Q8_0 = 8, Q4_1 = 3, Q4_K = 12), each
- * row in_dim / block_elements whole blocks, dequantized in registers. in_dim must be a multiple
- * of the block size; w aligned to 2 (Q8_0), 4 (Q4_1) or 8 (Q4_K) bytes. Reference:
+/* The same with w in a GGUF block format (ggml type id: Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7,
+ * Q8_0 = 8, Q3_K = 11, Q4_K = 12, Q5_K = 13, Q6_K = 14), each row in_dim / block_elements whole
+ * blocks, dequantized in registers. in_dim must be a multiple of the block size; w aligned to
+ * 2 (Q4_0, Q5_0, Q8_0, Q3_K, Q6_K), 4 (Q4_1, Q5_1) or 8 (Q4_K, Q5_K) bytes. Reference:
  * mk_gguf_dequantize then mk_cpu_matmul. */
 bool mk_kernel_gemv_q_supports(uint32_t ggml_type);
 mk_status mk_kernel_gemv_q(float *y /* [rows, out_dim] */, const float *x /* [rows, in_dim] */,
                            const void *w /* [out_dim, in_dim / block_elements * block_bytes] */, uint32_t ggml_type,
                            size_t rows, size_t in_dim, size_t out_dim, cudaStream_t stream);
 
-/* Native weight sets in one launch: matrix i in ggml type[i], one of Q8_0 (8), Q4_1 (3), Q4_K
- * (12) or BF16 (30) (a native-mode matrix whose source format has no device GEMV is stored as
+/* Native weight sets in one launch: matrix i in ggml type[i], a format mk_kernel_gemv_q
+ * supports or BF16 (30) (a native-mode matrix whose source format has no device GEMV is stored as
  * BF16), mixed freely. y[i] = x @ dequant(w[i])^T for n (1..3) matrices (Q, K and V), and
  * out = silu(x @ w_gate^T) * (x @ w_up^T). Each product has the bits of its separate launch
  * (mk_kernel_gemv_q, or mk_kernel_gemv for BF16), SwiGLU those of mk_kernel_swiglu. */

@@ -119,6 +119,9 @@ const char *mk_ggml_type_name(uint32_t type);
 bool mk_ggml_type_layout(uint32_t type, size_t *block_elements, size_t *block_bytes);
 /* True when mk_gguf_dequantize supports the type. */
 bool mk_ggml_type_can_dequantize(uint32_t type);
+/* Byte offsets in a block of the type's f16 scales (d, then dmin or m where it has one;
+ * -1: none); false for a type without them or unknown. */
+bool mk_ggml_type_f16_scales(uint32_t type, int offsets[2]);
 
 /* The eight 6-bit scales and mins of a Q4_K or Q5_K super-block from its 12 packed scale
  * bytes (the one reading of that packing: the dequantizer and the cpu dots use it), four

@@ -77,6 +77,14 @@ bool mk_ggml_type_layout(uint32_t type, size_t *block_elements, size_t *block_by
     return true;
 }
 
+bool mk_ggml_type_f16_scales(uint32_t type, int offsets[2]) {
+    const mk_ggml_layout *l = mk_ggml_find_layout(type);
+    if (!l || l->f16_scales[0] < 0) return false;
+    offsets[0] = l->f16_scales[0];
+    offsets[1] = l->f16_scales[1];
+    return true;
+}
+
 bool mk_ggml_type_can_dequantize(uint32_t type) {
     switch (type) {
     case MK_GGML_TYPE_F32: case MK_GGML_TYPE_F16: case MK_GGML_TYPE_BF16:

@@ -399,7 +399,9 @@ std::vector<float> random_floats(size_t n, uint32_t seed) {
 
 uint64_t native_stored_bytes(uint32_t type, size_t rows, size_t cols) {
     size_t be = 0, bb = 0;
-    const bool kept = (type == MK_GGML_TYPE_Q8_0 || type == MK_GGML_TYPE_Q4_1 || type == MK_GGML_TYPE_Q4_K) &&
+    const bool kept = (type == MK_GGML_TYPE_Q4_0 || type == MK_GGML_TYPE_Q4_1 || type == MK_GGML_TYPE_Q5_0 ||
+                       type == MK_GGML_TYPE_Q5_1 || type == MK_GGML_TYPE_Q8_0 || type == MK_GGML_TYPE_Q3_K ||
+                       type == MK_GGML_TYPE_Q4_K || type == MK_GGML_TYPE_Q5_K || type == MK_GGML_TYPE_Q6_K) &&
                       mk_ggml_type_layout(type, &be, &bb) && cols % be == 0;
     return kept ? (uint64_t)rows * (cols / be) * bb : (uint64_t)rows * cols * 2;
 }
@@ -443,10 +445,11 @@ TEST(CudaBackend, DecodeTokenReadsEachWeightAndCacheRowOnce) {
 TEST(CudaBackend, NativeDecodeTokenFusesQkvAndGateUpAndReadsStoredBlocksOnce) {
     MK_REQUIRE_DEVICE();
     auto pick = [](const std::string &part) -> uint32_t {
-        if (part == "attn_q" || part == "attn_output" || part == "token_embd") return MK_GGML_TYPE_Q8_0;
+        if (part == "attn_q" || part == "token_embd") return MK_GGML_TYPE_Q8_0;
         if (part == "attn_k" || part == "ffn_gate") return MK_GGML_TYPE_Q4_K;
-        if (part == "attn_v" || part == "ffn_down") return MK_GGML_TYPE_Q6_K; // stored as BF16
-        return MK_GGML_TYPE_Q4_1;                                           // ffn_up, output
+        if (part == "attn_v" || part == "ffn_down") return MK_GGML_TYPE_Q6_K;
+        if (part == "attn_output") return MK_GGML_TYPE_F16; // stored as BF16
+        return MK_GGML_TYPE_Q5_0;                           // ffn_up, output
     };
     mk_native_gguf::TempModel tm(pick, false);
     ASSERT_TRUE(tm.model);
@@ -619,19 +622,22 @@ TEST(CudaBackend, LowPrecisionInputIsTheNormsCopyOrAConversionAsTheCallerSays) {
     }
 }
 
-// Native weight mode on the device: Q8_0 attention, Q4_K or Q4_1 MLP and embedding kept in
-// their blocks (decode: block GEMV; a 12-token prompt: rows expanded to BF16 + cuBLAS; the
-// embedding gathered by the dequantizer), an F16/Q6_K matrix stored as BF16. Whole vs split
+// Native weight mode on the device: attention, MLP, embedding and output in the block formats
+// (every one the device reads, in four mixes) kept in their blocks (decode: block GEMV; a
+// 12-token prompt: rows expanded to BF16 + cuBLAS; the embedding gathered by the
+// dequantizer), an F16 matrix stored as BF16. Whole vs split
 // bit-exact; close to the same file in F32 parity mode (BF16 prefill activations and
 // tensor-core prefill attention only).
 TEST(CudaBackend, NativeWeightsSplitBitIdenticallyAndStayCloseToF32) {
     MK_REQUIRE_DEVICE();
-    struct Mix { uint32_t mlp, embd, output; bool tied; };
-    for (const Mix mix : {Mix{MK_GGML_TYPE_Q4_K, MK_GGML_TYPE_Q4_1, MK_GGML_TYPE_F16, false},
-                          Mix{MK_GGML_TYPE_Q4_1, MK_GGML_TYPE_Q6_K, 0, true}}) {
-        SCOPED_TRACE(mix.mlp);
+    struct Mix { uint32_t attn, mlp, embd, output; bool tied; };
+    for (const Mix mix : {Mix{MK_GGML_TYPE_Q8_0, MK_GGML_TYPE_Q4_K, MK_GGML_TYPE_Q4_1, MK_GGML_TYPE_F16, false},
+                          Mix{MK_GGML_TYPE_Q8_0, MK_GGML_TYPE_Q4_1, MK_GGML_TYPE_Q6_K, 0, true},
+                          Mix{MK_GGML_TYPE_Q5_0, MK_GGML_TYPE_Q6_K, MK_GGML_TYPE_Q5_1, MK_GGML_TYPE_Q4_0, false},
+                          Mix{MK_GGML_TYPE_Q3_K, MK_GGML_TYPE_Q5_K, MK_GGML_TYPE_Q4_0, MK_GGML_TYPE_Q6_K, false}}) {
+        SCOPED_TRACE(std::string(mk_ggml_type_name(mix.attn)) + " attention, " + mk_ggml_type_name(mix.mlp) + " MLP");
         mk_native_gguf::TempModel tm([&](const std::string &part) {
-            if (part.rfind("attn", 0) == 0) return (uint32_t)MK_GGML_TYPE_Q8_0;
+            if (part.rfind("attn", 0) == 0) return mix.attn;
             if (part == "token_embd") return mix.embd;
             if (part == "output") return mix.output;
             return mix.mlp;

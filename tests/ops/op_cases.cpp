@@ -24,10 +24,26 @@ const char *gemv_tag(GemvFormat f) {
         case GemvFormat::F32: return "f32";
         case GemvFormat::F16: return "f16";
         case GemvFormat::BF16: return "bf16";
-        case GemvFormat::Q8_0: return "q8_0";
+        case GemvFormat::Q4_0: return "q4_0";
         case GemvFormat::Q4_1: return "q4_1";
-        default: return "q4_k";
+        case GemvFormat::Q5_0: return "q5_0";
+        case GemvFormat::Q5_1: return "q5_1";
+        case GemvFormat::Q8_0: return "q8_0";
+        case GemvFormat::Q3_K: return "q3_k";
+        case GemvFormat::Q4_K: return "q4_k";
+        case GemvFormat::Q5_K: return "q5_k";
+        default: return "q6_k";
     }
+}
+
+const GemvFormat kGemvBlockFormats[9] = {GemvFormat::Q4_0, GemvFormat::Q4_1, GemvFormat::Q5_0,
+                                         GemvFormat::Q5_1, GemvFormat::Q8_0, GemvFormat::Q3_K,
+                                         GemvFormat::Q4_K, GemvFormat::Q5_K, GemvFormat::Q6_K};
+
+bool gemv_is_blocks(GemvFormat f) { return f != GemvFormat::F32 && f != GemvFormat::F16 && f != GemvFormat::BF16; }
+
+size_t gemv_block_elements(GemvFormat f) {
+    return f == GemvFormat::Q3_K || f == GemvFormat::Q4_K || f == GemvFormat::Q5_K || f == GemvFormat::Q6_K ? 256 : 32;
 }
 
 // ============================================================================ rmsnorm ==
@@ -260,12 +276,12 @@ std::vector<GemvCase> gemv_cases() {
         v.push_back({f, 1, 4096, 6});
         v.push_back({f, 2, 576, 5, true});
     }
-    for (GemvFormat f : {GemvFormat::Q8_0, GemvFormat::Q4_1, GemvFormat::Q4_K}) {
-        const size_t be = f == GemvFormat::Q4_K ? 256 : 32;
+    for (GemvFormat f : kGemvBlockFormats) {
+        const size_t be = gemv_block_elements(f);
         for (size_t rows : {1, 3, 8}) {
             v.push_back({f, rows, be, 5});
             v.push_back({f, rows, be * 3, 37});
-            v.push_back({f, rows, f == GemvFormat::Q4_K ? size_t(512) : size_t(576), 129});
+            v.push_back({f, rows, be == 256 ? size_t(512) : size_t(576), 129});
         }
         for (size_t rows : {2, 4, 5, 6, 7}) v.push_back({f, rows, be * 2, 9});
         v.push_back({f, 1, 4096, 6});
@@ -291,12 +307,19 @@ std::vector<GemvCase> gemv_cases() {
 std::string DequantCase::name() const { return std::string(gemv_tag(fmt)) + "_r" + n2s(src_rows) + "_c" + n2s(cols); }
 
 std::vector<DequantCase> dequant_cases() {
-    return {{GemvFormat::Q8_0, 7, 96}, {GemvFormat::Q4_1, 5, 160}, {GemvFormat::Q4_K, 6, 512}, {GemvFormat::Q4_K, 3, 256}};
+    std::vector<DequantCase> v;
+    for (GemvFormat f : kGemvBlockFormats) {
+        const size_t be = gemv_block_elements(f);
+        v.push_back({f, 5, be == 256 ? size_t(512) : size_t(160)});
+    }
+    v.push_back({GemvFormat::Q8_0, 7, 96});
+    v.push_back({GemvFormat::Q4_K, 3, 256});
+    return v;
 }
 
 size_t QSetCase::in_dim() const {
     for (GemvFormat g : f)
-        if (g == GemvFormat::Q4_K) return 256;
+        if (gemv_block_elements(g) == 256) return 256;
     return misaligned ? 160 : 96; // 3 or 5 blocks of 32
 }
 
@@ -306,9 +329,12 @@ std::string QSetCase::name() const {
 
 std::vector<QSetCase> qset_cases() {
     const GemvFormat q8 = GemvFormat::Q8_0, q41 = GemvFormat::Q4_1, q4k = GemvFormat::Q4_K, b16 = GemvFormat::BF16;
-    return {{{q8, q8, q8}, false},   {{q41, q41, q41}, false}, {{q4k, q4k, q4k}, false}, {{b16, b16, b16}, false},
-            {{q4k, q8, b16}, false}, {{q8, q41, b16}, false},  {{b16, q4k, q41}, false}, {{q41, b16, q8}, true},
-            {{b16, b16, q8}, true}};
+    const GemvFormat q40 = GemvFormat::Q4_0, q50 = GemvFormat::Q5_0, q51 = GemvFormat::Q5_1, q3k = GemvFormat::Q3_K,
+                     q5k = GemvFormat::Q5_K, q6k = GemvFormat::Q6_K;
+    return {{{q8, q8, q8}, false},    {{q41, q41, q41}, false}, {{q4k, q4k, q4k}, false}, {{b16, b16, b16}, false},
+            {{q4k, q8, b16}, false},  {{q8, q41, b16}, false},  {{b16, q4k, q41}, false}, {{q41, b16, q8}, true},
+            {{b16, b16, q8}, true},   {{q40, q50, q51}, false}, {{q51, b16, q40}, true},  {{q3k, q5k, q6k}, false},
+            {{q6k, q50, q3k}, false}, {{q5k, q40, b16}, false}};
 }
 
 } // namespace mk_ops

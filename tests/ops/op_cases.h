@@ -121,8 +121,13 @@ struct ConvertCase {
 std::vector<ConvertCase> convert_cases();
 
 // ------------------------------------------------------------------------------- gemv --
-enum class GemvFormat { F32, F16, BF16, Q8_0, Q4_1, Q4_K };
+// Dense weights (F32, F16, BF16) and the GGUF block formats the device GEMV reads.
+enum class GemvFormat { F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q3_K, Q4_K, Q5_K, Q6_K };
 const char *gemv_tag(GemvFormat f);
+// The block formats, in the order above; the values a block holds (32 or 256).
+extern const GemvFormat kGemvBlockFormats[9];
+bool gemv_is_blocks(GemvFormat f);
+size_t gemv_block_elements(GemvFormat f);
 
 struct GemvCase {
     GemvFormat fmt;

@@ -1089,27 +1089,38 @@ TEST_F(OpTest, AddAndLastRow) {
 
 uint32_t gemv_ggml_type(GemvFormat f) {
     switch (f) {
-        case GemvFormat::Q8_0: return MK_GGML_TYPE_Q8_0;
+        case GemvFormat::Q4_0: return MK_GGML_TYPE_Q4_0;
         case GemvFormat::Q4_1: return MK_GGML_TYPE_Q4_1;
-        default: return MK_GGML_TYPE_Q4_K;
+        case GemvFormat::Q5_0: return MK_GGML_TYPE_Q5_0;
+        case GemvFormat::Q5_1: return MK_GGML_TYPE_Q5_1;
+        case GemvFormat::Q8_0: return MK_GGML_TYPE_Q8_0;
+        case GemvFormat::Q3_K: return MK_GGML_TYPE_Q3_K;
+        case GemvFormat::Q4_K: return MK_GGML_TYPE_Q4_K;
+        case GemvFormat::Q5_K: return MK_GGML_TYPE_Q5_K;
+        case GemvFormat::Q6_K: return MK_GGML_TYPE_Q6_K;
+        default: return MK_GGML_TYPE_BF16;
     }
 }
 
-// Random blocks of a GGUF format with sane scales: d (and m / dmin) f16 in +-[1/512, 1/16]
-// with random signs, every other byte (quants, packed 6-bit scales) random.
+// Random blocks of a GGUF format with sane scales: the f16 scales (d, and m / dmin where the
+// format has one; mk_ggml_type_f16_scales) in +-[1/512, 1/16] with random signs, every other
+// byte (quants, fifth bits, packed 6-bit or int8 sub-block scales) random.
 std::vector<uint8_t> random_blocks(GemvFormat f, size_t n_values, uint64_t seed) {
     size_t be = 0, bb = 0;
-    mk_ggml_type_layout(gemv_ggml_type(f), &be, &bb);
+    const uint32_t type = gemv_ggml_type(f);
+    mk_ggml_type_layout(type, &be, &bb);
+    int scales[2] = {-1, -1};
+    mk_ggml_type_f16_scales(type, scales);
     std::mt19937_64 rng(seed);
     std::vector<uint8_t> out(n_values / be * bb);
     for (auto &b : out) b = (uint8_t)rng();
     std::uniform_real_distribution<float> u(1.0f / 512.0f, 1.0f / 16.0f);
-    const size_t n_scales = f == GemvFormat::Q8_0 ? 1 : 2;
     for (size_t blk = 0; blk < out.size(); blk += bb)
-        for (size_t s = 0; s < n_scales; s++) {
+        for (int off : scales) {
+            if (off < 0) continue;
             const uint16_t h = mk_f32_to_f16((rng() & 1 ? 1.0f : -1.0f) * u(rng));
-            out[blk + 2 * s] = (uint8_t)(h & 0xff);
-            out[blk + 2 * s + 1] = (uint8_t)(h >> 8);
+            out[blk + (size_t)off] = (uint8_t)(h & 0xff);
+            out[blk + (size_t)off + 1] = (uint8_t)(h >> 8);
         }
     return out;
 }
@@ -1174,7 +1185,7 @@ using Gemv = OpTestP<GemvCase>;
 TEST_P(Gemv, MatchesDequantizeThenMultiply) {
     const GemvCase c = GetParam();
     const size_t xn = c.rows * c.in_dim, wn = c.out_dim * c.in_dim, yn = c.rows * c.out_dim;
-    const bool quant = c.fmt == GemvFormat::Q8_0 || c.fmt == GemvFormat::Q4_1 || c.fmt == GemvFormat::Q4_K;
+    const bool quant = gemv_is_blocks(c.fmt);
     std::vector<float> x = random_f32(xn, 91 + xn, 2.0f);
     std::vector<float> wf;           // the weights as the reference sees them
     std::vector<uint8_t> wbytes;     // as the kernel gets them
@@ -1504,16 +1515,25 @@ TEST_F(OpTest, GemvErrors) {
                  "mk_kernel_gemv: zero input width");
     EXPECT_ERROR(mk_kernel_gemv(nullptr, f, f, MK_DTYPE_BF16, 1, 4, 4, stream_), MK_ERR_INVALID_ARGUMENT,
                  "mk_kernel_gemv: null pointer");
-    EXPECT_ERROR(mk_kernel_gemv_q(f, f, f, MK_GGML_TYPE_Q6_K, 1, 256, 4, stream_), MK_ERR_INVALID_ARGUMENT,
-                 "mk_kernel_gemv_q: ggml type 14 has no device GEMV");
+    EXPECT_ERROR(mk_kernel_gemv_q(f, f, f, MK_GGML_TYPE_Q2_K, 1, 256, 4, stream_), MK_ERR_INVALID_ARGUMENT,
+                 "mk_kernel_gemv_q: ggml type 10 has no device GEMV");
     EXPECT_ERROR(mk_kernel_gemv_q(f, f, f, MK_GGML_TYPE_Q4_K, 1, 288, 4, stream_), MK_ERR_SHAPE,
                  "input width 288 is not a multiple of the block size 256");
     EXPECT_ERROR(mk_kernel_gemv_q(f, f, f, MK_GGML_TYPE_Q8_0, 9, 32, 4, stream_), MK_ERR_SHAPE,
                  "mk_kernel_gemv_q: 9 rows exceed the decode limit 8");
     EXPECT_ERROR(mk_kernel_gemv_q(f, f, b.ptr<uint8_t>() + 2, MK_GGML_TYPE_Q4_1, 1, 32, 4, stream_),
                  MK_ERR_INVALID_ARGUMENT, "mk_kernel_gemv_q: weights not 4-byte aligned");
-    EXPECT_TRUE(mk_kernel_gemv_q_supports(MK_GGML_TYPE_Q8_0) && mk_kernel_gemv_q_supports(MK_GGML_TYPE_Q4_1) &&
-                mk_kernel_gemv_q_supports(MK_GGML_TYPE_Q4_K) && !mk_kernel_gemv_q_supports(MK_GGML_TYPE_Q4_0));
+    EXPECT_ERROR(mk_kernel_gemv_q(f, f, b.ptr<uint8_t>() + 4, MK_GGML_TYPE_Q5_K, 1, 256, 4, stream_),
+                 MK_ERR_INVALID_ARGUMENT, "mk_kernel_gemv_q: weights not 8-byte aligned");
+    EXPECT_ERROR(mk_kernel_gemv_q(f, f, b.ptr<uint8_t>() + 1, MK_GGML_TYPE_Q6_K, 1, 256, 4, stream_),
+                 MK_ERR_INVALID_ARGUMENT, "mk_kernel_gemv_q: weights not 2-byte aligned");
+    // every format the cpu backend keeps in its blocks, and nothing else
+    for (uint32_t t = 0; t < 40; t++) {
+        const bool want = t == MK_GGML_TYPE_Q4_0 || t == MK_GGML_TYPE_Q4_1 || t == MK_GGML_TYPE_Q5_0 ||
+                          t == MK_GGML_TYPE_Q5_1 || t == MK_GGML_TYPE_Q8_0 || t == MK_GGML_TYPE_Q3_K ||
+                          t == MK_GGML_TYPE_Q4_K || t == MK_GGML_TYPE_Q5_K || t == MK_GGML_TYPE_Q6_K;
+        EXPECT_EQ(mk_kernel_gemv_q_supports(t), want) << "type " << t;
+    }
     EXPECT_EQ(mk_kernel_gemv(f, f, f, MK_DTYPE_F16, 0, 4, 4, stream_), MK_OK); // zero rows: no-op
     EXPECT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
 }
@@ -1653,13 +1673,13 @@ TEST_F(OpTest, AttentionPrefillTcBf16CacheCopyPathsAgree) {
 
 // ============================================================ fused native GEMV ==
 // Native weight sets in one launch (kernels/gemv_q.cu mk_kernel_gemv_q_multi / _swiglu): each
-// matrix in its own format (Q8_0, Q4_1, Q4_K, or BF16 for a matrix stored widened), mixed
+// matrix in its own format (a device block format, or BF16 for a matrix stored widened), mixed
 // freely. Against the CPU (mk_gguf_dequantize then mk_cpu_matmul, then mk_cpu_swiglu) within
 // the GEMV error bound, and bit for bit against the separate launches the backend replaces
 // (mk_kernel_gemv_q, mk_kernel_gemv on BF16, mk_kernel_swiglu), for 1..8 rows.
 
 struct NativeMat {
-    GemvFormat fmt;                // Q8_0, Q4_1, Q4_K or BF16
+    GemvFormat fmt;                // a block format or BF16
     std::vector<uint8_t> bytes;    // as stored on the device
     std::vector<float> wf;         // as the reference sees it
     uint32_t type() const { return fmt == GemvFormat::BF16 ? (uint32_t)MK_GGML_TYPE_BF16 : gemv_ggml_type(fmt); }
@@ -1808,9 +1828,9 @@ TEST_F(OpTest, GemvQSetErrors) {
                  "mk_kernel_gemv_q_multi: 9 rows exceed the decode limit 8");
     EXPECT_ERROR(mk_kernel_gemv_q_multi(3, ys, ws, types, outs, f, 1, 96, stream_), MK_ERR_SHAPE,
                  "input width 96 is not a multiple of matrix 1's block size 256");
-    types[2] = MK_GGML_TYPE_Q6_K;
+    types[2] = MK_GGML_TYPE_Q2_K;
     EXPECT_ERROR(mk_kernel_gemv_q_multi(3, ys, ws, types, outs, f, 1, 256, stream_), MK_ERR_INVALID_ARGUMENT,
-                 "mk_kernel_gemv_q_multi: matrix 2 has ggml type 14");
+                 "mk_kernel_gemv_q_multi: matrix 2 has ggml type 10");
     const void *odd[3] = {f, f, b.ptr<uint8_t>() + 2};
     types[2] = MK_GGML_TYPE_Q4_1;
     EXPECT_ERROR(mk_kernel_gemv_q_multi(3, ys, odd, types, outs, f, 1, 256, stream_), MK_ERR_INVALID_ARGUMENT,
@@ -1820,7 +1840,8 @@ TEST_F(OpTest, GemvQSetErrors) {
     EXPECT_ERROR(mk_kernel_gemv_q_swiglu(f, f, f, MK_GGML_TYPE_Q8_0, f, MK_GGML_TYPE_F16, 1, 32, 4, stream_),
                  MK_ERR_INVALID_ARGUMENT, "mk_kernel_gemv_q_swiglu: matrix 1 has ggml type 1");
     EXPECT_TRUE(mk_kernel_gemv_q_set_supports(MK_GGML_TYPE_BF16) && mk_kernel_gemv_q_set_supports(MK_GGML_TYPE_Q4_K) &&
-                !mk_kernel_gemv_q_set_supports(MK_GGML_TYPE_F16) && !mk_kernel_gemv_q_set_supports(MK_GGML_TYPE_Q6_K));
+                mk_kernel_gemv_q_set_supports(MK_GGML_TYPE_Q6_K) && !mk_kernel_gemv_q_set_supports(MK_GGML_TYPE_F16) &&
+                !mk_kernel_gemv_q_set_supports(MK_GGML_TYPE_Q2_K));
     EXPECT_EQ(mk_kernel_gemv_q_swiglu(f, f, f, MK_GGML_TYPE_Q8_0, f, MK_GGML_TYPE_Q8_0, 0, 32, 4, stream_), MK_OK);
     EXPECT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
 }
