@@ -515,6 +515,18 @@ CX_Q5_K_DOTS(MK_AVX2, cx_dot_q5_k, cx_dotn_q5_k, cx_k_avx2, CX_BY_ROWS4)
  * total is the super-block's exact sum, and the rounding is the same in every table. */
 #define CX_Q6_K_DOTS(TARGET, DOT, DOTN, OPS, BY) CX_BLOCK_DOTS(CX_Q6_K_ROWS, TARGET, DOT, DOTN, OPS, BY, mk_q8k_block)
 
+/* The 16 signed scales of a Q6_K or Q3_K super-block (sc: int8, in group order; group i of
+ * 32 values has scales 2i and 2i + 1, one per 16 values) as *scales16 (16-bit, in order:
+ * for the offset term) and scales[i]: scale 2i in every 16-bit element of the low 128 bits,
+ * 2i + 1 in the high (the pair sums of a group's maddubs): shuffles, no scalar loads. */
+MK_AVX2 CX_INLINE void cx_k_pair_scales(__m128i sc, __m256i *scales16, __m256i scales[8]) {
+    *scales16 = _mm256_cvtepi8_epi16(sc);
+    /* the even scales as 16-bit in the low half, the odd ones in the high */
+    const __m256i eo = _mm256_cvtepi8_epi16(
+        _mm_shuffle_epi8(sc, _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15)));
+    CX_UNROLL for (int i = 0; i < 8; i++) scales[i] = _mm256_shuffle_epi8(eo, _mm256_set1_epi16((short)(0x0100 + 0x0202 * i)));
+}
+
 /* The per-row part of the Q6_K and Q3_K dots (inside a kernel: x, sb, q, scales, scales16, d
  * and acc in scope): the eight groups' products weighted by their scales, less 2^SHIFT (the
  * values' offset: 32 or 4) x the scales times the activation group sums, then one float
@@ -539,13 +551,11 @@ CX_Q5_K_DOTS(MK_AVX2, cx_dot_q5_k, cx_dotn_q5_k, cx_k_avx2, CX_BY_ROWS4)
         for (size_t sb = 0; sb < n / 256; sb++, w += 210) {                                               \
             CX_PREFETCH_BLOCK(w, 210);                                                                    \
             const float d = cx_f16(w + 208);                                                              \
-            /* the 16 scales in group order, as 16-bit */                                                 \
-            const __m256i scales16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + 192)));   \
-            __m256i q[8], scales[8]; /* group 4h + k: 32 values of half h, and their two scales */       \
+            __m256i q[8], scales[8], scales16; /* group 4h + k: 32 values of half h */                   \
+            cx_k_pair_scales(_mm_loadu_si128((const __m128i *)(w + 192)), &scales16, scales);             \
             for (int h = 0; h < 2; h++) {                                                                 \
                 const __m256i ql0 = cx_loadu(w + 64 * h), ql1 = cx_loadu(w + 64 * h + 32);               \
                 const __m256i qh = cx_loadu(w + 128 + 32 * h);                                            \
-                const int8_t *sc = (const int8_t *)(w + 192 + 8 * h);                                     \
                 /* The two high bits sit in bits 0-1 of each byte after the mask; a 16-bit shift    \
                  * by 4 moves them to bits 4-5 of the same byte. */                                       \
                 q[4 * h] = _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4)); \
@@ -555,9 +565,6 @@ CX_Q5_K_DOTS(MK_AVX2, cx_dot_q5_k, cx_dotn_q5_k, cx_k_avx2, CX_BY_ROWS4)
                                                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4)); \
                 q[4 * h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),           \
                                                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4)); \
-                for (int k = 0; k < 4; k++)                                                               \
-                    scales[4 * h + k] = _mm256_inserti128_si256(                                          \
-                        _mm256_castsi128_si256(_mm_set1_epi16(sc[2 * k])), _mm_set1_epi16(sc[2 * k + 1]), 1); \
             }                                                                                             \
             CX_K_OFFSET_ROWS(OPS, R, 5)                                                                   \
         }                                                                                                 \
@@ -565,8 +572,23 @@ CX_Q5_K_DOTS(MK_AVX2, cx_dot_q5_k, cx_dotn_q5_k, cx_k_avx2, CX_BY_ROWS4)
     }
 CX_Q6_K_DOTS(MK_AVX2, cx_dot_q6_k, cx_dotn_q6_k, cx_k_avx2, CX_BY_ROWS4)
 
+/* Q3_K's 16 signed 6-bit scales from its 12 packed bytes s, as mk_k3_scales reads them:
+ * the low four bits of scale k from byte k (k < 8) or the high nibble of byte k - 8, the top
+ * two from byte 8 + k % 4 at bit 2 (k / 4), less 32; 16 int8 in one vector (loads stay
+ * inside the 12 bytes). */
+MK_AVX2 CX_INLINE __m128i cx_k3_scales(const uint8_t *s) {
+    const __m128i m4 = _mm_set1_epi8(0x0f), b8 = _mm_loadl_epi64((const __m128i *)s);
+    uint32_t h;
+    memcpy(&h, s + 8, sizeof h);
+    /* bytes 0-7: the low nibbles, 8-15: the high ones (a 16-bit shift's borrowed bits are masked) */
+    const __m128i lo = _mm_unpacklo_epi64(_mm_and_si128(b8, m4), _mm_and_si128(_mm_srli_epi16(b8, 4), m4));
+    /* 32-bit lane j: the four bytes shifted by 2j, two bits kept per byte */
+    const __m128i hi = _mm_and_si128(_mm_srlv_epi32(_mm_set1_epi32((int)h), _mm_setr_epi32(0, 2, 4, 6)), _mm_set1_epi8(3));
+    return _mm_sub_epi8(_mm_or_si128(lo, _mm_slli_epi16(hi, 4)), _mm_set1_epi8(32));
+}
+
 /* Q3_K row dots, as Q6_K's: each super-block's 3-bit values assembled (two bits from qs,
- * the third from hmask) and its 16 signed scales (mk_k3_scales) spread once for all the
+ * the third from hmask) and its 16 signed scales (cx_k3_scales) spread once for all the
  * rows; per row the eight groups' u3 x s8 pair sums (|sum| <= 1778) weighted by the scales
  * into one i32 sum, less 4 x the scales times the activation group sums (the values are
  * u - 4; |lane| < 2^21, exact in float), then one float term d * x.d per super-block. */
@@ -581,19 +603,14 @@ CX_Q6_K_DOTS(MK_AVX2, cx_dot_q6_k, cx_dotn_q6_k, cx_k_avx2, CX_BY_ROWS4)
         for (size_t sb = 0; sb < n / 256; sb++, w += 110) {                                               \
             CX_PREFETCH_BLOCK(w, 110);                                                                    \
             const float d = cx_f16(w + 108);                                                              \
-            int8_t sc[16];                                                                                \
-            mk_k3_scales(w + 96, sc);                                                                     \
-            /* the 16 scales in group order, as 16-bit */                                                 \
-            const __m256i scales16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc));         \
+            __m256i q[8], scales[8], scales16; /* group i: values 32i..32i+31 as 0..7 */                 \
+            cx_k_pair_scales(cx_k3_scales(w + 96), &scales16, scales);                                    \
             const __m256i hm = cx_loadu(w);                                                               \
-            __m256i q[8], scales[8]; /* group i: values 32i..32i+31 as 0..7, and their two scales */     \
             CX_UNROLL for (int i = 0; i < 8; i++) {                                                       \
                 /* 16-bit shifts: the bits a byte takes from its neighbour fall outside the mask */      \
                 const __m256i two = _mm256_and_si256(_mm256_srli_epi16(cx_loadu(w + 32 + 32 * (i / 4)), 2 * (i % 4)), m2); \
                 const __m256i third = _mm256_and_si256(_mm256_srli_epi16(hm, i), one);                   \
                 q[i] = _mm256_or_si256(two, _mm256_slli_epi16(third, 2));                                 \
-                scales[i] = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16(sc[2 * i])),    \
-                                                    _mm_set1_epi16(sc[2 * i + 1]), 1);                    \
             }                                                                                             \
             CX_K_OFFSET_ROWS(OPS, R, 2)                                                                   \
         }                                                                                                 \
