@@ -1,6 +1,6 @@
 /* gemv_q.cu - decode matrix products with 1..MK_GEMV_MAX_ROWS activation rows and weights
- * kept in their GGUF block format on the device (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q3_K, Q4_K,
- * Q5_K, Q6_K: the list in gguf_blocks.cuh), dequantized in registers:
+ * kept in their GGUF block format on the device (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, Q3_K,
+ * Q4_K, Q5_K, Q6_K, IQ4_XS: the list in gguf_blocks.cuh), dequantized in registers:
  * y[r, o] = sum_k x[r, k] * dequant(w)[o, k], F32 accumulation.
  *
  * The weights are read once: one warp per output row o walks the row's blocks; each block
@@ -69,7 +69,7 @@ extern "C" mk_status mk_kernel_gemv_q(float *y, const float *x, const void *w, u
                                       size_t in_dim, size_t out_dim, cudaStream_t stream) {
   if (!mk_kernel_gemv_q_supports(ggml_type))
     return mk_fail(MK_ERR_INVALID_ARGUMENT,
-                   "mk_kernel_gemv_q: ggml type %u has no device GEMV (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q3_K-Q6_K)",
+                   "mk_kernel_gemv_q: ggml type %u has no device GEMV (Q4_0-Q8_0, Q3_K-Q6_K, IQ4_NL, IQ4_XS)",
                    ggml_type);
   if (rows > MK_GEMV_MAX_ROWS)
     return mk_fail(MK_ERR_SHAPE, "mk_kernel_gemv_q: %zu rows exceed the decode limit %d", rows, MK_GEMV_MAX_ROWS);

@@ -1,5 +1,6 @@
 /* gguf_blocks.cuh - the GGUF block formats the device reads in place (Q4_0, Q4_1, Q5_0,
- * Q5_1, Q8_0 in blocks of 32; Q3_K, Q4_K, Q5_K, Q6_K in super-blocks of 256): layout
+ * Q5_1, Q8_0, IQ4_NL in blocks of 32; Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS in super-blocks of
+ * 256): layout
  * constants and the dequantization of one part of a block, shared by the decode GEMV
  * (gemv_q.cu) and the dequantizer (dequant_q.cu) so both produce the same values.
  *
@@ -19,6 +20,11 @@
  *   Q6_K 210 bytes / 256 values: ql[128], qh[64], scales int8[16], d f16: in half h, value
  *        l (< 32) of quarter s takes ql[64h+l] (s 0, 2: low nibble; 1, 3: ql[64h+32+l]...),
  *        two bits of qh[32h+l], less 32, times d * scale[8h+l/16+2s] (gguf_dequant.c).
+ *   IQ4_NL 18 bytes / 32 values: Q4_0's layout, each nibble q an index: y = d * v[q], v the
+ *        16 non-uniform values (host/model/gguf.h mk_iq4_values)
+ *   IQ4_XS 136 bytes / 256 values: d f16, scales_h u16, scales_l[4], qs[128]: sub-block ib
+ *        (32 values) has the signed scale (nibble ib of scales_l | bits 2ib of scales_h << 4)
+ *        - 32 and its 16 bytes at 8 + 16 ib as IQ4_NL's: y = (d * scale) * v[q]
  * Each weight is dequantized as the format defines it (the reference's operand order:
  * host/model/gguf_dequant.c). Formats whose blocks sit at 2-byte offsets only (Q4_0, Q5_0,
  * Q3_K, Q6_K) are read in 16-bit words. */
@@ -38,13 +44,15 @@ enum {
   GGML_Q4_K = 12,
   GGML_Q5_K = 13,
   GGML_Q6_K = 14,
+  GGML_IQ4_NL = 20,
+  GGML_IQ4_XS = 23,
   GGML_BF16 = 30
 };
 
 /* The block formats the device reads: the one list every dispatch is made from
  * (X(type id) per format). */
 #define MK_GEMVQ_FORMATS(X) X(GGML_Q4_0) X(GGML_Q4_1) X(GGML_Q5_0) X(GGML_Q5_1) X(GGML_Q8_0) \
-  X(GGML_Q3_K) X(GGML_Q4_K) X(GGML_Q5_K) X(GGML_Q6_K)
+  X(GGML_Q3_K) X(GGML_Q4_K) X(GGML_Q5_K) X(GGML_Q6_K) X(GGML_IQ4_NL) X(GGML_IQ4_XS)
 
 static __device__ __forceinline__ float gemvq_f16(const uint8_t *p) {
   return mk_dev_f16_to_f32(*reinterpret_cast<const uint16_t *>(p));
@@ -90,82 +98,61 @@ struct gemvq_fmt<GGML_Q8_0> {
   }
 };
 
+/* The blocks of 32 (Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL): part p holds values 4p..4p+3 (the low
+ * nibbles of qs bytes 4p..4p+3: q, little-endian) and 4p+16.. (their high nibbles), Q5's
+ * with the fifth bit of value j from bit j of qh (0 for the others); F::weight(u, d, m)
+ * turns the unsigned 4- or 5-bit u into the format's weight. */
+template <class F>
+static __device__ __forceinline__ void gemvq_part32(float d, float m, uint32_t q, uint32_t qh, int p, float *wa,
+                                                    float *wb, int &ka, int &kb) {
+  MK_UNROLL
+  for (int i = 0; i < 4; i++) {
+    const uint32_t byte = (q >> (8 * i)) & 0xffu;
+    wa[i] = F::weight((byte & 0x0fu) | (((qh >> (4 * p + i)) & 1u) << 4), d, m);
+    wb[i] = F::weight((byte >> 4) | (((qh >> (4 * p + i + 16)) & 1u) << 4), d, m);
+  }
+  ka = 4 * p;
+  kb = 4 * p + 16;
+}
+
 template <>
 struct gemvq_fmt<GGML_Q4_0> {
   enum { BE = 32, BB = 18, PARTS = 4, H = 4, ALIGN = 2 };
+  static __device__ __forceinline__ float weight(uint32_t u, float d, float) { return d * (float)((int)u - 8); }
   static __device__ __forceinline__ void part(const uint8_t *blk, int p, float *wa, float *wb, int &ka, int &kb) {
-    const float d = gemvq_f16(blk);
-    const uint32_t q = gemvq_u32_a2(blk + 2 + 4 * p);
-    MK_UNROLL
-    for (int i = 0; i < 4; i++) {
-      const uint32_t byte = (q >> (8 * i)) & 0xffu;
-      wa[i] = d * (float)((int)(byte & 0x0fu) - 8);
-      wb[i] = d * (float)((int)(byte >> 4) - 8);
-    }
-    ka = 4 * p;
-    kb = 4 * p + 16;
+    gemvq_part32<gemvq_fmt>(gemvq_f16(blk), 0.0f, gemvq_u32_a2(blk + 2 + 4 * p), 0u, p, wa, wb, ka, kb);
   }
 };
 
 template <>
 struct gemvq_fmt<GGML_Q4_1> {
   enum { BE = 32, BB = 20, PARTS = 4, H = 4, ALIGN = 4 };
+  static __device__ __forceinline__ float weight(uint32_t u, float d, float m) { return d * (float)u + m; }
   static __device__ __forceinline__ void part(const uint8_t *blk, int p, float *wa, float *wb, int &ka, int &kb) {
-    const float d = gemvq_f16(blk), m = gemvq_f16(blk + 2);
-    const uint32_t q = __ldg(reinterpret_cast<const uint32_t *>(blk + 4 + 4 * p));
-    MK_UNROLL
-    for (int i = 0; i < 4; i++) {
-      const uint32_t byte = (q >> (8 * i)) & 0xffu;
-      wa[i] = d * (float)(byte & 0x0fu) + m;
-      wb[i] = d * (float)(byte >> 4) + m;
-    }
-    ka = 4 * p;
-    kb = 4 * p + 16;
+    gemvq_part32<gemvq_fmt>(gemvq_f16(blk), gemvq_f16(blk + 2), __ldg(reinterpret_cast<const uint32_t *>(blk + 4 + 4 * p)),
+                            0u, p, wa, wb, ka, kb);
   }
 };
-
-/* Q5_0 and Q5_1: Q4's nibbles with the fifth bit of value j from bit j of qh. */
-static __device__ __forceinline__ void gemvq_five(uint32_t q, uint32_t qh, int p, uint32_t *lo, uint32_t *hi) {
-  MK_UNROLL
-  for (int i = 0; i < 4; i++) {
-    const uint32_t byte = (q >> (8 * i)) & 0xffu;
-    lo[i] = (byte & 0x0fu) | (((qh >> (4 * p + i)) & 1u) << 4);
-    hi[i] = (byte >> 4) | (((qh >> (4 * p + i + 16)) & 1u) << 4);
-  }
-}
 
 template <>
 struct gemvq_fmt<GGML_Q5_0> {
   enum { BE = 32, BB = 22, PARTS = 4, H = 4, ALIGN = 2 };
+  static __device__ __forceinline__ float weight(uint32_t u, float d, float) { return d * (float)((int)u - 16); }
   static __device__ __forceinline__ void part(const uint8_t *blk, int p, float *wa, float *wb, int &ka, int &kb) {
-    const float d = gemvq_f16(blk);
-    uint32_t lo[4], hi[4];
-    gemvq_five(gemvq_u32_a2(blk + 6 + 4 * p), gemvq_u32_a2(blk + 2), p, lo, hi);
-    MK_UNROLL
-    for (int i = 0; i < 4; i++) {
-      wa[i] = d * (float)((int)lo[i] - 16);
-      wb[i] = d * (float)((int)hi[i] - 16);
-    }
-    ka = 4 * p;
-    kb = 4 * p + 16;
+    gemvq_part32<gemvq_fmt>(gemvq_f16(blk), 0.0f, gemvq_u32_a2(blk + 6 + 4 * p), gemvq_u32_a2(blk + 2), p, wa, wb, ka,
+                            kb);
   }
 };
 
 template <>
 struct gemvq_fmt<GGML_Q5_1> {
   enum { BE = 32, BB = 24, PARTS = 4, H = 4, ALIGN = 4 };
+  static __device__ __forceinline__ float weight(uint32_t u, float d, float m) {
+    return gemvq_fmt<GGML_Q4_1>::weight(u, d, m);
+  }
   static __device__ __forceinline__ void part(const uint8_t *blk, int p, float *wa, float *wb, int &ka, int &kb) {
-    const float d = gemvq_f16(blk), m = gemvq_f16(blk + 2);
-    uint32_t lo[4], hi[4];
-    gemvq_five(__ldg(reinterpret_cast<const uint32_t *>(blk + 8 + 4 * p)),
-               __ldg(reinterpret_cast<const uint32_t *>(blk + 4)), p, lo, hi);
-    MK_UNROLL
-    for (int i = 0; i < 4; i++) {
-      wa[i] = d * (float)lo[i] + m;
-      wb[i] = d * (float)hi[i] + m;
-    }
-    ka = 4 * p;
-    kb = 4 * p + 16;
+    gemvq_part32<gemvq_fmt>(gemvq_f16(blk), gemvq_f16(blk + 2), __ldg(reinterpret_cast<const uint32_t *>(blk + 8 + 4 * p)),
+                            __ldg(reinterpret_cast<const uint32_t *>(blk + 4)), p, wa, wb, ka, kb);
   }
 };
 
@@ -276,6 +263,43 @@ struct gemvq_fmt<GGML_Q6_K> {
     }
     ka = 128 * h + 32 * s + l0;
     kb = ka + 64;
+  }
+};
+
+/* IQ4's value of index q (0..15): the 16 signed bytes packed in two words (mk_iq4_values). */
+static __device__ __forceinline__ float gemvq_iq4(uint32_t q) {
+  const uint64_t t = q < 8 ? 0xf6eaddcfbfad9881ull : 0x7159453526190d01ull;
+  return (float)(int8_t)(uint8_t)(t >> (8 * (q & 7u)));
+}
+
+template <>
+struct gemvq_fmt<GGML_IQ4_NL> {
+  enum { BE = 32, BB = 18, PARTS = 4, H = 4, ALIGN = 2 };
+  static __device__ __forceinline__ float weight(uint32_t u, float d, float) { return d * gemvq_iq4(u); }
+  static __device__ __forceinline__ void part(const uint8_t *blk, int p, float *wa, float *wb, int &ka, int &kb) {
+    gemvq_part32<gemvq_fmt>(gemvq_f16(blk), 0.0f, gemvq_u32_a2(blk + 2 + 4 * p), 0u, p, wa, wb, ka, kb);
+  }
+};
+
+/* IQ4_XS: part p takes half p % 2 of sub-block ib = p / 2: its eight bytes from 8 + 16 ib +
+ * 8 (p % 2), values 32ib+8(p%2).. (low nibbles) and 16 further on (high). */
+template <>
+struct gemvq_fmt<GGML_IQ4_XS> {
+  enum { BE = 256, BB = 136, PARTS = 16, H = 8, ALIGN = 8 };
+  static __device__ __forceinline__ void part(const uint8_t *blk, int p, float *wa, float *wb, int &ka, int &kb) {
+    const int ib = p >> 1, half = p & 1;
+    const uint32_t h = (uint32_t)blk[2] | (uint32_t)blk[3] << 8;
+    const int scale = (int)(((uint32_t)(blk[4 + (ib >> 1)] >> (4 * (ib & 1))) & 0x0fu) | ((h >> (2 * ib)) & 3u) << 4) - 32;
+    const float dl = gemvq_f16(blk) * (float)scale;
+    const uint2 q = __ldg(reinterpret_cast<const uint2 *>(blk + 8 + 16 * ib + 8 * half));
+    MK_UNROLL
+    for (int i = 0; i < 8; i++) {
+      const uint32_t byte = gemvq_byte8(q, i);
+      wa[i] = dl * gemvq_iq4(byte & 0x0fu);
+      wb[i] = dl * gemvq_iq4(byte >> 4);
+    }
+    ka = 32 * ib + 8 * half;
+    kb = ka + 16;
   }
 };
 

@@ -11,11 +11,11 @@ Writes to tests/fixtures/dequant/ (committed; about 100 KB in all):
                          Q8_0), first and last rows so that offsets are exercised.
   synthetic.gguf         a tiny GGUF v3 written by gguf.GGUFWriter: one [2, 256] tensor per
                          type meshkern dequantizes (F32 F16 BF16 Q4_0 Q4_1 Q5_0 Q5_1 Q8_0
-                         Q2_K Q3_K Q4_K Q5_K Q6_K) and metadata of every value type.
+                         Q2_K Q3_K Q4_K Q5_K Q6_K IQ4_NL IQ4_XS) and metadata of every value type.
                          Block types the package can quantize are made with
-                         gguf.quants.quantize from seeded random floats; K-quants (which it
-                         only dequantizes) are seeded random block bytes with finite f16
-                         scales. F16/BF16 include zeros, subnormals, infinities.
+                         gguf.quants.quantize from seeded random floats; K-quants and IQ4_NL,
+                         IQ4_XS (which it only dequantizes) are seeded random block bytes with
+                         finite f16 scales. F16/BF16 include zeros, subnormals, infinities.
   synthetic_<TYPE>.f32   each synthetic tensor read back with GGUFReader and dequantized
                          by gguf.quants.dequantize (float32 LE).
   synthetic_manifest.txt `tensor type n_elements file`
@@ -47,12 +47,13 @@ SMOLLM2_SLICES = [
 ]
 
 SYNTH_TYPES = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
-               "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
+               "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS"]
 ROW = 256   # elements per row: one K-quant block, eight 32-blocks
 ROWS = 2
 
 # byte offsets of the f16 scale fields inside one K-quant block
-K_SCALE_FIELDS = {"Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
+K_SCALE_FIELDS = {"Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,),
+                  "IQ4_NL": (0,), "IQ4_XS": (0,)}
 
 
 def write_f32(path, arr):
@@ -110,8 +111,8 @@ def synthetic_tensor(name, rng):
         return quantize(x, qt), qt
     qt = T[name]
     if name in K_SCALE_FIELDS:
-        _, type_size = gguf.constants.GGML_QUANT_SIZES[qt]
-        nb = ROWS * ROW // 256
+        block_size, type_size = gguf.constants.GGML_QUANT_SIZES[qt]
+        nb = ROWS * ROW // block_size
         blocks = rng.integers(0, 256, size=(nb, type_size), dtype=np.uint8)
         for b in range(nb):
             for off in K_SCALE_FIELDS[name]:

@@ -1,5 +1,6 @@
 // mk_native_gguf.h - small random llama models written as GGUF files with their matrices
-// quantized in the test (Q8_0, Q4_1, Q4_0, Q5_0, Q5_1, Q3_K, Q4_K, Q5_K, Q6_K, F16, BF16, F32): the native weight
+// quantized in the test (Q8_0, Q4_1, Q4_0, Q5_0, Q5_1, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, F16, BF16,
+// F32): the native weight
 // mode's fixtures (test_native_model.cpp on the cpu backend, test_cuda_backend.cpp on cuda).
 #ifndef MK_NATIVE_GGUF_H
 #define MK_NATIVE_GGUF_H
@@ -44,9 +45,19 @@ inline void quantize(uint32_t type, const float *x, size_t n, std::vector<uint8_
         return;
     }
     const size_t be = type == MK_GGML_TYPE_Q3_K || type == MK_GGML_TYPE_Q4_K || type == MK_GGML_TYPE_Q5_K ||
-                              type == MK_GGML_TYPE_Q6_K
+                              type == MK_GGML_TYPE_Q6_K || type == MK_GGML_TYPE_IQ4_XS
                           ? 256
                           : 32;
+    // IQ4: the index of the value nearest val / scale (0 for a zero scale)
+    auto iq4_index = [](float val, float scale) {
+        int best = 0;
+        float err = INFINITY;
+        for (int q = 0; q < 16; q++) {
+            const float e = std::fabs(val - scale * (float)mk_iq4_values[q]);
+            if (e < err) err = e, best = q;
+        }
+        return (uint8_t)best;
+    };
     for (size_t b = 0; b < n / be; b++) {
         const float *v = x + b * be;
         float amax = 0, lo = v[0], hi = v[0];
@@ -93,6 +104,40 @@ inline void quantize(uint32_t type, const float *x, size_t n, std::vector<uint8_
                 }
                 for (int k = 0; k < 4; k++) o.push_back((uint8_t)(qh >> (8 * k)));
                 for (size_t i = 0; i < 16; i++) o.push_back((uint8_t)((q[i] & 15) | ((q[i + 16] & 15) << 4)));
+                break;
+            }
+            case MK_GGML_TYPE_IQ4_NL: {
+                const float d = amax / 127;
+                put_f16(o, d);
+                const float dd = mk_f16_to_f32(mk_f32_to_f16(d));
+                for (size_t i = 0; i < 16; i++)
+                    o.push_back((uint8_t)(iq4_index(v[i], dd) | (iq4_index(v[i + 16], dd) << 4)));
+                break;
+            }
+            case MK_GGML_TYPE_IQ4_XS: {
+                // sub-block ib's scale ls (1..31, stored + 32: every field's top bits set)
+                // from its own range; values the nearest of d * ls * mk_iq4_values
+                const float d = amax / (127 * 16);
+                put_f16(o, d);
+                const float dd = mk_f16_to_f32(mk_f32_to_f16(d));
+                int ls[8];
+                uint16_t sh = 0;
+                uint8_t sl[4] = {};
+                for (int ib = 0; ib < 8; ib++) {
+                    float a = 0;
+                    for (int i = 0; i < 32; i++) a = std::max(a, std::fabs(v[32 * ib + i]));
+                    ls[ib] = dd ? (int)std::min(31L, std::max(1L, std::lround(a / (127 * dd)))) : 1;
+                    const int u = ls[ib] + 32;
+                    sl[ib / 2] |= (uint8_t)((u & 15) << (4 * (ib % 2)));
+                    sh |= (uint16_t)((u >> 4) << (2 * ib));
+                }
+                o.push_back((uint8_t)(sh & 0xff));
+                o.push_back((uint8_t)(sh >> 8));
+                o.insert(o.end(), sl, sl + 4);
+                for (int ib = 0; ib < 8; ib++)
+                    for (int j = 0; j < 16; j++)
+                        o.push_back((uint8_t)(iq4_index(v[32 * ib + j], dd * ls[ib]) |
+                                              (iq4_index(v[32 * ib + j + 16], dd * ls[ib]) << 4)));
                 break;
             }
             case MK_GGML_TYPE_Q3_K: {

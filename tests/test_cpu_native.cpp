@@ -35,15 +35,16 @@ struct Format {
 
 const Format kFormats[] = {{MK_GGML_TYPE_Q4_0, "Q4_0"}, {MK_GGML_TYPE_Q4_1, "Q4_1"}, {MK_GGML_TYPE_Q5_0, "Q5_0"},
                            {MK_GGML_TYPE_Q5_1, "Q5_1"}, {MK_GGML_TYPE_Q8_0, "Q8_0"}, {MK_GGML_TYPE_Q3_K, "Q3_K"}, {MK_GGML_TYPE_Q4_K, "Q4_K"},
-                           {MK_GGML_TYPE_Q5_K, "Q5_K"}, {MK_GGML_TYPE_Q6_K, "Q6_K"}, {MK_GGML_TYPE_F16, "F16"},   {MK_GGML_TYPE_BF16, "BF16"}};
+                           {MK_GGML_TYPE_Q5_K, "Q5_K"}, {MK_GGML_TYPE_Q6_K, "Q6_K"}, {MK_GGML_TYPE_IQ4_NL, "IQ4_NL"},
+                           {MK_GGML_TYPE_IQ4_XS, "IQ4_XS"}, {MK_GGML_TYPE_F16, "F16"},   {MK_GGML_TYPE_BF16, "BF16"}};
 
 // The quantized formats with a kernel: the blocks of 32 (eight weight rows per call in the
-// SIMD tables), then the K-quants (one weight row per call).
+// SIMD tables), then the K-quants and IQ4_XS (one weight row per call).
 const uint32_t kBlocksOf32[] = {MK_GGML_TYPE_Q4_0, MK_GGML_TYPE_Q4_1, MK_GGML_TYPE_Q5_0, MK_GGML_TYPE_Q5_1,
-                                MK_GGML_TYPE_Q8_0};
+                                MK_GGML_TYPE_Q8_0, MK_GGML_TYPE_IQ4_NL};
 const uint32_t kQuantized[] = {MK_GGML_TYPE_Q4_0, MK_GGML_TYPE_Q4_1, MK_GGML_TYPE_Q5_0, MK_GGML_TYPE_Q5_1,
-                               MK_GGML_TYPE_Q8_0, MK_GGML_TYPE_Q3_K, MK_GGML_TYPE_Q4_K, MK_GGML_TYPE_Q5_K,
-                               MK_GGML_TYPE_Q6_K};
+                               MK_GGML_TYPE_Q8_0, MK_GGML_TYPE_IQ4_NL, MK_GGML_TYPE_Q3_K, MK_GGML_TYPE_Q4_K,
+                               MK_GGML_TYPE_Q5_K, MK_GGML_TYPE_Q6_K, MK_GGML_TYPE_IQ4_XS};
 // A format the cpu backend keeps as F32 (no kernel: dequantized once at load).
 const uint32_t kStoredAsF32 = MK_GGML_TYPE_Q2_K;
 
@@ -84,7 +85,10 @@ std::vector<uint8_t> random_rows(uint32_t type, size_t rows, size_t cols, std::m
     for (size_t blk = 0; blk < rows * cols / be; blk++) {
         uint8_t *p = &w[blk * bb];
         switch (type) {
-            case MK_GGML_TYPE_Q4_0: case MK_GGML_TYPE_Q5_0: case MK_GGML_TYPE_Q8_0: put_f16(p, scale(rng)); break;
+            case MK_GGML_TYPE_Q4_0: case MK_GGML_TYPE_Q5_0: case MK_GGML_TYPE_Q8_0: case MK_GGML_TYPE_IQ4_NL:
+                put_f16(p, scale(rng));
+                break;
+            case MK_GGML_TYPE_IQ4_XS: put_f16(p, scale(rng) * 0.1f); break;
             case MK_GGML_TYPE_Q4_1: case MK_GGML_TYPE_Q5_1: put_f16(p, scale(rng)); put_f16(p + 2, shift(rng)); break;
             case MK_GGML_TYPE_Q4_K: case MK_GGML_TYPE_Q5_K:
                 put_f16(p, scale(rng) * 0.1f);
@@ -206,7 +210,8 @@ bool dot_rows(const mk_cpu_quant *t, uint32_t type, const uint8_t *w, const Quan
 // Q4_0 and Q4_1 nibbles all 15 or all 0, Q5_0 and Q5_1 values (nibbles and fifth bits) all 31
 // or all 0, Q8_0 bytes -128 or alternating 127/-128, Q4_K scales and
 // mins 63 with nibbles 15 or 0 (Q5_K: values 31 or 0), Q3_K values 3 with scales 31 or -4 with -32, Q6_K values all -32 with scales -128 or all 31 with scales
-// alternating -128/127. The f16 scales stay as random_rows made them.
+// alternating -128/127, IQ4_NL values all 113 or all -127 (IQ4_XS: with scales 31 or -32).
+// The f16 scales stay as random_rows made them.
 void set_extreme(uint32_t type, std::vector<uint8_t> &w, size_t rows, size_t in, int extreme) {
     if (!extreme) return;
     if (block_elems(type) == 32) { // the value bytes after the f16 scale(s)
@@ -225,6 +230,9 @@ void set_extreme(uint32_t type, std::vector<uint8_t> &w, size_t rows, size_t in,
         for (size_t blk = 0; blk < rows * in / 256; blk++)
             for (size_t i = 4; i < bb; i++) w[blk * bb + i] = i < 16 || extreme == 1 ? 0xff : 0x00;
     }
+    if (type == MK_GGML_TYPE_IQ4_XS)
+        for (size_t blk = 0; blk < rows * in / 256; blk++)
+            for (size_t i = 2; i < 136; i++) w[blk * 136 + i] = extreme == 1 ? 0xff : 0x00;
     if (type == MK_GGML_TYPE_Q6_K)
         for (size_t blk = 0; blk < rows * in / 256; blk++)
             for (size_t i = 0; i < 208; i++)
@@ -681,6 +689,8 @@ TEST(NativeDot, NRowDotsAreOneRowDots) {
         EXPECT_EQ(mk_cpu_quant_dot8_for(k, MK_GGML_TYPE_Q5_0), k->dot8_q5_0);
         EXPECT_EQ(mk_cpu_quant_dot8_for(k, MK_GGML_TYPE_Q5_1), k->dot8_q5_1);
         EXPECT_EQ(mk_cpu_quant_dot8_for(k, MK_GGML_TYPE_Q8_0), k->dot8_q8_0);
+        EXPECT_EQ(mk_cpu_quant_dot8_for(k, MK_GGML_TYPE_IQ4_NL), k->dot8_iq4_nl);
+        EXPECT_EQ(mk_cpu_quant_kdotn_for(k, MK_GGML_TYPE_IQ4_XS), k->dotn_iq4_xs);
         EXPECT_EQ(mk_cpu_quant_kdotn_for(k, MK_GGML_TYPE_Q3_K), k->dotn_q3_k);
         EXPECT_EQ(mk_cpu_quant_kdotn_for(k, MK_GGML_TYPE_Q4_K), k->dotn_q4_k);
         EXPECT_EQ(mk_cpu_quant_kdotn_for(k, MK_GGML_TYPE_Q5_K), k->dotn_q5_k);
@@ -764,6 +774,7 @@ TEST(NativeDot, BlocksOf32FollowTheDocumentedOrder) {
                         v = j < 16 ? byte & 0x0f : byte >> 4;
                         if (five) v |= (int)((qh >> j) & 1) << 4;
                         v -= type == MK_GGML_TYPE_Q4_0 ? 8 : type == MK_GGML_TYPE_Q5_0 ? 16 : 0;
+                        if (type == MK_GGML_TYPE_IQ4_NL) v = mk_iq4_values[v];
                     }
                     isum += v * xb.q[j];
                 }
@@ -934,8 +945,8 @@ TEST(NativeMatmul, GemmRowThresholdIsExactlyMinRows) {
     std::vector<const mk_cpu_quant *> tables{mk_cpu_quant_portable()};
     if (mk_cpu_quant_best() != mk_cpu_quant_portable()) tables.push_back(mk_cpu_quant_best());
     for (uint32_t type : {MK_GGML_TYPE_F16, MK_GGML_TYPE_Q4_0, MK_GGML_TYPE_Q4_1, MK_GGML_TYPE_Q5_0, MK_GGML_TYPE_Q5_1,
-                          MK_GGML_TYPE_Q8_0, MK_GGML_TYPE_Q3_K, MK_GGML_TYPE_Q4_K, MK_GGML_TYPE_Q5_K,
-                          MK_GGML_TYPE_Q6_K})
+                          MK_GGML_TYPE_Q8_0, MK_GGML_TYPE_IQ4_NL, MK_GGML_TYPE_Q3_K, MK_GGML_TYPE_Q4_K,
+                          MK_GGML_TYPE_Q5_K, MK_GGML_TYPE_Q6_K, MK_GGML_TYPE_IQ4_XS})
     for (const mk_cpu_quant *k : tables) {
     const size_t in = block_elems(type) == 256 ? 512 : 64;
     const bool rows_dot = type != MK_GGML_TYPE_F16 && k->dotn_rows > 0;

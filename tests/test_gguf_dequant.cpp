@@ -86,7 +86,7 @@ TEST(gguf_dequant, SyntheticEveryTypeMatchesGgufPackage) {
     Gguf f;
     ASSERT_EQ(mk_gguf_open((kDir + "synthetic.gguf").c_str(), &f.g), MK_OK) << mk_last_error();
     auto rows = read_manifest(kDir + "synthetic_manifest.txt");
-    ASSERT_EQ(rows.size(), 13u) << "one tensor per supported type";
+    ASSERT_EQ(rows.size(), 15u) << "one tensor per supported type";
     std::vector<std::string> seen;
     for (const auto &r : rows) {
         ASSERT_EQ(r.size(), 4u);
@@ -113,7 +113,7 @@ TEST(gguf_dequant, SyntheticEveryTypeMatchesGgufPackage) {
         EXPECT_TRUE(bits_equal(r1.data(), want.data() + row, row));
         seen.push_back(type);
     }
-    for (const char *must : {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1"})
+    for (const char *must : {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q3_K", "Q6_K", "IQ4_NL", "IQ4_XS"})
         EXPECT_NE(std::find(seen.begin(), seen.end(), must), seen.end()) << must;
 }
 

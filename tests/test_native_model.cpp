@@ -103,6 +103,8 @@ INSTANTIATE_TEST_SUITE_P(Formats, NativeModel,
                                            Mix{"Q5_K", MK_GGML_TYPE_Q5_K, MK_GGML_TYPE_Q5_K, true},
                                            Mix{"Q3_K", MK_GGML_TYPE_Q3_K, MK_GGML_TYPE_Q6_K, false},
                                            Mix{"Q6_K", MK_GGML_TYPE_Q6_K, MK_GGML_TYPE_Q4_K, true},
+                                           Mix{"IQ4_NL", MK_GGML_TYPE_IQ4_NL, MK_GGML_TYPE_IQ4_XS, false},
+                                           Mix{"IQ4_XS", MK_GGML_TYPE_IQ4_XS, MK_GGML_TYPE_IQ4_NL, true},
                                            Mix{"F16", MK_GGML_TYPE_F16, MK_GGML_TYPE_F16, true},
                                            Mix{"BF16", MK_GGML_TYPE_BF16, MK_GGML_TYPE_F32, false}),
                          [](const ::testing::TestParamInfo<Mix> &i) { return std::string(i.param.name); });
@@ -159,6 +161,8 @@ TEST(NativeModelLoad, NonFiniteWeightsAreRefusedByTheRangeThatOwnsThem) {
         {"blk.0.ffn_gate.weight", MK_GGML_TYPE_Q3_K, 2 * 110 + 108, {nan16, nan16 + 2}, 0},   // d of block 2
         {"blk.2.ffn_down.weight", MK_GGML_TYPE_Q8_0, 34, {inf16, inf16 + 2}, 2},              // d of block 1
         {"blk.0.attn_v.weight", MK_GGML_TYPE_Q4_0, 9 * 18, {nan16, nan16 + 2}, 0},            // d of block 9
+        {"blk.1.attn_v.weight", MK_GGML_TYPE_IQ4_NL, 3 * 18, {inf16, inf16 + 2}, 1},         // d of block 3
+        {"blk.2.attn_k.weight", MK_GGML_TYPE_IQ4_XS, 1 * 136, {nan16, nan16 + 2}, 2},        // d of block 1
         {"blk.1.attn_output.weight", MK_GGML_TYPE_F16, 2 * 1001, {inf16, inf16 + 2}, 1},      // value 1001
         {"blk.2.ffn_up.weight", MK_GGML_TYPE_BF16, 2 * 77, {0xc0, 0x7f}, 2},                 // value 77
         {"blk.1.attn_norm.weight", MK_GGML_TYPE_F32, 4 * 13, {0x00, 0x00, 0xc0, 0x7f}, 1},   // value 13

@@ -154,6 +154,19 @@ static inline void mk_k3_scales(const uint8_t *s, int8_t scale[16]) {
     }
 }
 
+/* IQ4_NL's and IQ4_XS's 16 non-uniform values: a 4-bit index q stands for mk_iq4_values[q]
+ * (times the block's scale). */
+static const int8_t mk_iq4_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+/* The signed scale of sub-block ib (0..7, 32 values each) of an IQ4_XS super-block b (d f16,
+ * scales_h u16, scales_l[4], qs[128]): the low four bits are nibble ib % 2 of scales_l[ib / 2],
+ * the top two bits 2 ib of scales_h; the 6-bit value less 32. */
+static inline int mk_iq4xs_scale(const uint8_t *b, int ib) {
+    const unsigned h = (unsigned)b[2] | (unsigned)b[3] << 8;
+    const unsigned lo = (unsigned)(b[4 + ib / 2] >> (4 * (ib % 2))) & 0x0fu, hi = (h >> (2 * ib)) & 3u;
+    return (int)(lo | hi << 4) - 32;
+}
+
 /* ----------------------------------------------------------------- open/close -- */
 
 mk_status mk_gguf_open(const char *path, mk_gguf **out);

@@ -48,8 +48,8 @@ static const mk_ggml_layout mk_ggml_layouts[] = {
     {MK_GGML_TYPE_Q6_K, "Q6_K", 256, 210, {208, -1}},     {MK_GGML_TYPE_Q8_K, "Q8_K", 256, 292, NO_SCALES},
     {MK_GGML_TYPE_IQ2_XXS, "IQ2_XXS", 256, 66, NO_SCALES}, {MK_GGML_TYPE_IQ2_XS, "IQ2_XS", 256, 74, NO_SCALES},
     {MK_GGML_TYPE_IQ3_XXS, "IQ3_XXS", 256, 98, NO_SCALES}, {MK_GGML_TYPE_IQ1_S, "IQ1_S", 256, 50, NO_SCALES},
-    {MK_GGML_TYPE_IQ4_NL, "IQ4_NL", 32, 18, NO_SCALES},   {MK_GGML_TYPE_IQ3_S, "IQ3_S", 256, 110, NO_SCALES},
-    {MK_GGML_TYPE_IQ2_S, "IQ2_S", 256, 82, NO_SCALES},    {MK_GGML_TYPE_IQ4_XS, "IQ4_XS", 256, 136, NO_SCALES},
+    {MK_GGML_TYPE_IQ4_NL, "IQ4_NL", 32, 18, {0, -1}},   {MK_GGML_TYPE_IQ3_S, "IQ3_S", 256, 110, NO_SCALES},
+    {MK_GGML_TYPE_IQ2_S, "IQ2_S", 256, 82, NO_SCALES},    {MK_GGML_TYPE_IQ4_XS, "IQ4_XS", 256, 136, {0, -1}},
     {MK_GGML_TYPE_I8, "I8", 1, 1, NO_SCALES},             {MK_GGML_TYPE_I16, "I16", 1, 2, NO_SCALES},
     {MK_GGML_TYPE_I32, "I32", 1, 4, NO_SCALES},           {MK_GGML_TYPE_I64, "I64", 1, 8, NO_SCALES},
     {MK_GGML_TYPE_F64, "F64", 1, 8, NO_SCALES},           {MK_GGML_TYPE_IQ1_M, "IQ1_M", 256, 56, NO_SCALES},
@@ -91,7 +91,7 @@ bool mk_ggml_type_can_dequantize(uint32_t type) {
     case MK_GGML_TYPE_Q4_0: case MK_GGML_TYPE_Q4_1: case MK_GGML_TYPE_Q5_0:
     case MK_GGML_TYPE_Q5_1: case MK_GGML_TYPE_Q8_0: case MK_GGML_TYPE_Q2_K:
     case MK_GGML_TYPE_Q3_K: case MK_GGML_TYPE_Q4_K: case MK_GGML_TYPE_Q5_K:
-    case MK_GGML_TYPE_Q6_K:
+    case MK_GGML_TYPE_Q6_K: case MK_GGML_TYPE_IQ4_NL: case MK_GGML_TYPE_IQ4_XS:
         return true;
     default:
         return false;
@@ -237,6 +237,29 @@ static void dq_q6_k(const uint8_t *b, float *y) { /* ql[128], qh[64], scales[16]
     }
 }
 
+/* ============================================== non-uniform 4-bit (IQ4) == */
+
+static void dq_iq4_nl(const uint8_t *b, float *y) { /* d f16, qs[16]: indices into mk_iq4_values */
+    const float d = gq_f16_at(b);
+    const uint8_t *qs = b + 2;
+    for (int j = 0; j < 16; j++) {
+        y[j] = d * (float)mk_iq4_values[qs[j] & 0x0f];
+        y[j + 16] = d * (float)mk_iq4_values[qs[j] >> 4];
+    }
+}
+
+static void dq_iq4_xs(const uint8_t *b, float *y) { /* d f16, scales_h u16, scales_l[4], qs[128] */
+    const float d = gq_f16_at(b);
+    for (int ib = 0; ib < 8; ib++) {
+        const float dl = d * (float)mk_iq4xs_scale(b, ib);
+        const uint8_t *qs = b + 8 + 16 * ib;
+        for (int j = 0; j < 16; j++) {
+            y[32 * ib + j] = dl * (float)mk_iq4_values[qs[j] & 0x0f];
+            y[32 * ib + j + 16] = dl * (float)mk_iq4_values[qs[j] >> 4];
+        }
+    }
+}
+
 /* =========================================================== finite values == */
 
 /* Exponent bits all set: NaN or Inf in each encoding. */
@@ -330,6 +353,8 @@ mk_status mk_gguf_dequantize(uint32_t type, const void *src, size_t src_bytes, f
     case MK_GGML_TYPE_Q4_K: fn = dq_q4_k; break;
     case MK_GGML_TYPE_Q5_K: fn = dq_q5_k; break;
     case MK_GGML_TYPE_Q6_K: fn = dq_q6_k; break;
+    case MK_GGML_TYPE_IQ4_NL: fn = dq_iq4_nl; break;
+    case MK_GGML_TYPE_IQ4_XS: fn = dq_iq4_xs; break;
     default:
         return mk_fail(MK_ERR_INTERNAL, "no dequantizer for type %u", type);
     }

@@ -32,18 +32,23 @@ const char *gemv_tag(GemvFormat f) {
         case GemvFormat::Q3_K: return "q3_k";
         case GemvFormat::Q4_K: return "q4_k";
         case GemvFormat::Q5_K: return "q5_k";
-        default: return "q6_k";
+        case GemvFormat::Q6_K: return "q6_k";
+        case GemvFormat::IQ4_NL: return "iq4_nl";
+        default: return "iq4_xs";
     }
 }
 
-const GemvFormat kGemvBlockFormats[9] = {GemvFormat::Q4_0, GemvFormat::Q4_1, GemvFormat::Q5_0,
-                                         GemvFormat::Q5_1, GemvFormat::Q8_0, GemvFormat::Q3_K,
-                                         GemvFormat::Q4_K, GemvFormat::Q5_K, GemvFormat::Q6_K};
+const GemvFormat kGemvBlockFormats[11] = {GemvFormat::Q4_0, GemvFormat::Q4_1, GemvFormat::Q5_0, GemvFormat::Q5_1,
+                                          GemvFormat::Q8_0, GemvFormat::IQ4_NL, GemvFormat::Q3_K, GemvFormat::Q4_K,
+                                          GemvFormat::Q5_K, GemvFormat::Q6_K, GemvFormat::IQ4_XS};
 
 bool gemv_is_blocks(GemvFormat f) { return f != GemvFormat::F32 && f != GemvFormat::F16 && f != GemvFormat::BF16; }
 
 size_t gemv_block_elements(GemvFormat f) {
-    return f == GemvFormat::Q3_K || f == GemvFormat::Q4_K || f == GemvFormat::Q5_K || f == GemvFormat::Q6_K ? 256 : 32;
+    return f == GemvFormat::Q3_K || f == GemvFormat::Q4_K || f == GemvFormat::Q5_K || f == GemvFormat::Q6_K ||
+                   f == GemvFormat::IQ4_XS
+               ? 256
+               : 32;
 }
 
 // ============================================================================ rmsnorm ==
@@ -330,11 +335,13 @@ std::string QSetCase::name() const {
 std::vector<QSetCase> qset_cases() {
     const GemvFormat q8 = GemvFormat::Q8_0, q41 = GemvFormat::Q4_1, q4k = GemvFormat::Q4_K, b16 = GemvFormat::BF16;
     const GemvFormat q40 = GemvFormat::Q4_0, q50 = GemvFormat::Q5_0, q51 = GemvFormat::Q5_1, q3k = GemvFormat::Q3_K,
-                     q5k = GemvFormat::Q5_K, q6k = GemvFormat::Q6_K;
+                     q5k = GemvFormat::Q5_K, q6k = GemvFormat::Q6_K, inl = GemvFormat::IQ4_NL,
+                     ixs = GemvFormat::IQ4_XS;
     return {{{q8, q8, q8}, false},    {{q41, q41, q41}, false}, {{q4k, q4k, q4k}, false}, {{b16, b16, b16}, false},
             {{q4k, q8, b16}, false},  {{q8, q41, b16}, false},  {{b16, q4k, q41}, false}, {{q41, b16, q8}, true},
             {{b16, b16, q8}, true},   {{q40, q50, q51}, false}, {{q51, b16, q40}, true},  {{q3k, q5k, q6k}, false},
-            {{q6k, q50, q3k}, false}, {{q5k, q40, b16}, false}};
+            {{q6k, q50, q3k}, false}, {{q5k, q40, b16}, false}, {{inl, ixs, q8}, false},
+            {{b16, inl, q51}, true}};
 }
 
 } // namespace mk_ops

@@ -1098,6 +1098,8 @@ uint32_t gemv_ggml_type(GemvFormat f) {
         case GemvFormat::Q4_K: return MK_GGML_TYPE_Q4_K;
         case GemvFormat::Q5_K: return MK_GGML_TYPE_Q5_K;
         case GemvFormat::Q6_K: return MK_GGML_TYPE_Q6_K;
+        case GemvFormat::IQ4_NL: return MK_GGML_TYPE_IQ4_NL;
+        case GemvFormat::IQ4_XS: return MK_GGML_TYPE_IQ4_XS;
         default: return MK_GGML_TYPE_BF16;
     }
 }
@@ -1531,7 +1533,8 @@ TEST_F(OpTest, GemvErrors) {
     for (uint32_t t = 0; t < 40; t++) {
         const bool want = t == MK_GGML_TYPE_Q4_0 || t == MK_GGML_TYPE_Q4_1 || t == MK_GGML_TYPE_Q5_0 ||
                           t == MK_GGML_TYPE_Q5_1 || t == MK_GGML_TYPE_Q8_0 || t == MK_GGML_TYPE_Q3_K ||
-                          t == MK_GGML_TYPE_Q4_K || t == MK_GGML_TYPE_Q5_K || t == MK_GGML_TYPE_Q6_K;
+                          t == MK_GGML_TYPE_Q4_K || t == MK_GGML_TYPE_Q5_K || t == MK_GGML_TYPE_Q6_K ||
+                          t == MK_GGML_TYPE_IQ4_NL || t == MK_GGML_TYPE_IQ4_XS;
         EXPECT_EQ(mk_kernel_gemv_q_supports(t), want) << "type " << t;
     }
     EXPECT_EQ(mk_kernel_gemv(f, f, f, MK_DTYPE_F16, 0, 4, 4, stream_), MK_OK); // zero rows: no-op

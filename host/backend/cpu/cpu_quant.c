@@ -67,16 +67,27 @@ static void cq_quantize_row_k(mk_q8k_block *out, const float *x, size_t n) {
 
 /* ========================================================= 32-wide blocks == */
 
-static float cq_dot_q4_0(const uint8_t *w, const mk_q8_block *x, size_t n) {
+/* Q4_0 and IQ4_NL: d f16 and 16 bytes of 4-bit indices (value j the low nibble of byte j,
+ * value j + 16 the high one) into the format's 16 values: Q4_0's are q - 8, IQ4_NL's the
+ * non-uniform mk_iq4_values. */
+static const int8_t cq_q4_0_values[16] = {-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7};
+
+static float cq_dot_nibbles(const uint8_t *w, const mk_q8_block *x, size_t n, const int8_t values[16]) {
     float sum = 0.0f;
     for (size_t b = 0; b < n / 32; b++, w += 18) {
         const uint8_t *qs = w + 2;
         int isum = 0;
-        for (int j = 0; j < 16; j++)
-            isum += ((qs[j] & 0x0f) - 8) * x[b].q[j] + ((qs[j] >> 4) - 8) * x[b].q[j + 16];
+        for (int j = 0; j < 16; j++) isum += values[qs[j] & 0x0f] * x[b].q[j] + values[qs[j] >> 4] * x[b].q[j + 16];
         sum += cq_f16_at(w) * x[b].d * (float)isum;
     }
     return sum;
+}
+
+static float cq_dot_q4_0(const uint8_t *w, const mk_q8_block *x, size_t n) {
+    return cq_dot_nibbles(w, x, n, cq_q4_0_values);
+}
+static float cq_dot_iq4_nl(const uint8_t *w, const mk_q8_block *x, size_t n) {
+    return cq_dot_nibbles(w, x, n, mk_iq4_values);
 }
 
 static float cq_dot_q4_1(const uint8_t *w, const mk_q8_block *x, size_t n) {
@@ -206,6 +217,25 @@ static float cq_dot_q6_k(const uint8_t *w, const mk_q8k_block *x, size_t n) {
     return sum;
 }
 
+/* IQ4_XS: 256 values as 8 sub-blocks of 32 with a signed 6-bit scale each (mk_iq4xs_scale);
+ * sub-block ib's 16 bytes at offset 8 + 16 ib hold its values j (low nibbles) and j + 16
+ * (high), indices into mk_iq4_values. |isum| < 2^28: exact in int. */
+static float cq_dot_iq4_xs(const uint8_t *w, const mk_q8k_block *x, size_t n) {
+    float sum = 0.0f;
+    for (size_t sb = 0; sb < n / 256; sb++, w += 136, x++) {
+        int isum = 0;
+        for (int ib = 0; ib < 8; ib++) {
+            const uint8_t *qs = w + 8 + 16 * ib;
+            const int8_t *y = x->q + 32 * ib;
+            int s = 0;
+            for (int j = 0; j < 16; j++) s += mk_iq4_values[qs[j] & 0x0f] * y[j] + mk_iq4_values[qs[j] >> 4] * y[j + 16];
+            isum += mk_iq4xs_scale(w, ib) * s;
+        }
+        sum += cq_f16_at(w) * x->d * (float)isum;
+    }
+    return sum;
+}
+
 /* ============================================================ 16-bit floats == */
 
 static float cq_dot_f16(const uint16_t *w, const float *x, size_t n) {
@@ -235,6 +265,8 @@ static const mk_cpu_quant cq_portable = {
     .dot_q4_k = cq_dot_q4_k,
     .dot_q5_k = cq_dot_q5_k,
     .dot_q6_k = cq_dot_q6_k,
+    .dot_iq4_nl = cq_dot_iq4_nl,
+    .dot_iq4_xs = cq_dot_iq4_xs,
     .dot_f16 = cq_dot_f16,
     .dot_bf16 = cq_dot_bf16,
 };
@@ -257,6 +289,7 @@ mk_qdot_fn mk_cpu_quant_dot_for(const mk_cpu_quant *q, uint32_t ggml_type) {
         case MK_GGML_TYPE_Q5_0: return q->dot_q5_0;
         case MK_GGML_TYPE_Q5_1: return q->dot_q5_1;
         case MK_GGML_TYPE_Q8_0: return q->dot_q8_0;
+        case MK_GGML_TYPE_IQ4_NL: return q->dot_iq4_nl;
         default: return NULL;
     }
 }
@@ -268,6 +301,7 @@ mk_qdot8_fn mk_cpu_quant_dot8_for(const mk_cpu_quant *q, uint32_t ggml_type) {
         case MK_GGML_TYPE_Q5_0: return q->dot8_q5_0;
         case MK_GGML_TYPE_Q5_1: return q->dot8_q5_1;
         case MK_GGML_TYPE_Q8_0: return q->dot8_q8_0;
+        case MK_GGML_TYPE_IQ4_NL: return q->dot8_iq4_nl;
         default: return NULL;
     }
 }
@@ -278,6 +312,7 @@ mk_kdot_fn mk_cpu_quant_kdot_for(const mk_cpu_quant *q, uint32_t ggml_type) {
         case MK_GGML_TYPE_Q4_K: return q->dot_q4_k;
         case MK_GGML_TYPE_Q5_K: return q->dot_q5_k;
         case MK_GGML_TYPE_Q6_K: return q->dot_q6_k;
+        case MK_GGML_TYPE_IQ4_XS: return q->dot_iq4_xs;
         default: return NULL;
     }
 }
@@ -288,6 +323,7 @@ mk_kdotn_fn mk_cpu_quant_kdotn_for(const mk_cpu_quant *q, uint32_t ggml_type) {
         case MK_GGML_TYPE_Q4_K: return q->dotn_q4_k;
         case MK_GGML_TYPE_Q5_K: return q->dotn_q5_k;
         case MK_GGML_TYPE_Q6_K: return q->dotn_q6_k;
+        case MK_GGML_TYPE_IQ4_XS: return q->dotn_iq4_xs;
         default: return NULL;
     }
 }
@@ -296,7 +332,7 @@ bool mk_cpu_quant_keeps(uint32_t ggml_type) {
     switch (ggml_type) {
         case MK_GGML_TYPE_Q4_0: case MK_GGML_TYPE_Q4_1: case MK_GGML_TYPE_Q5_0: case MK_GGML_TYPE_Q5_1:
         case MK_GGML_TYPE_Q8_0: case MK_GGML_TYPE_Q3_K: case MK_GGML_TYPE_Q4_K: case MK_GGML_TYPE_Q5_K:
-        case MK_GGML_TYPE_Q6_K:
+        case MK_GGML_TYPE_Q6_K: case MK_GGML_TYPE_IQ4_NL: case MK_GGML_TYPE_IQ4_XS:
         case MK_GGML_TYPE_F16: case MK_GGML_TYPE_BF16:
             return true;
         default:

@@ -276,6 +276,18 @@ MK_AVX2 CX_INLINE void cx_five_groups8(const uint8_t *qh, size_t rb, __m256i g[8
     }
 }
 
+/* IQ4_NL's 32 values of one block in each of eight rows (qs: row 0's indices, rows rb
+ * apart) as cx_nibble_groups8's g[k], each index looked up in mk_iq4_values (vpshufb: the
+ * 16 values sit in both 128-bit halves): signed bytes, multiplied as Q8_0's. */
+MK_AVX2 CX_INLINE __m256i cx_iq4_lut(void) {
+    return _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)mk_iq4_values));
+}
+MK_AVX2 CX_INLINE void cx_iq4_groups8(const uint8_t *qs, size_t rb, __m256i g[8]) {
+    cx_nibble_groups8(qs, rb, g);
+    const __m256i lut = cx_iq4_lut();
+    CX_UNROLL for (int k = 0; k < 8; k++) g[k] = _mm256_shuffle_epi8(lut, g[k]);
+}
+
 /* The f16 at p, p + rb, ..., p + 7 rb as eight floats. */
 MK_AVX2 CX_INLINE __m256 cx_f16x8(const uint8_t *p, size_t rb) {
     uint16_t h[8];
@@ -356,6 +368,12 @@ MK_AVX2 CX_INLINE __m256i cx_byte_sums_avx2(__m256i init, const __m256i g[8], co
 #define CX_Q8_0_INIT(xb) _mm256_setzero_si256()
 #define CX_Q8_0_MINS(p, rb) _mm256_setzero_ps()
 #define CX_Q8_0_MIN(acc, m, xb) (acc)
+#define CX_IQ4_NL_BYTES 18
+#define CX_IQ4_NL_QS 2
+#define CX_IQ4_NL_GROUPS cx_iq4_groups8
+#define CX_IQ4_NL_INIT(xb) _mm256_setzero_si256()
+#define CX_IQ4_NL_MINS(p, rb) _mm256_setzero_ps()
+#define CX_IQ4_NL_MIN(acc, m, xb) (acc)
 
 /* The kernel for R activation rows (the accumulators stay in registers): FMT is Q4_0, Q4_1,
  * Q5_0, Q5_1 or Q8_0, SUMS the table's block sums for its values. Each block prefetches its share of
@@ -430,6 +448,7 @@ CX_W8_DOTS(MK_AVX2, cx_dot_q4_1, cx_dot8_q4_1, Q4_1, cx_nibble_sums_avx2, ROWS4)
 CX_W8_DOTS(MK_AVX2, cx_dot_q5_0, cx_dot8_q5_0, Q5_0, cx_five_sums_avx2, ROWS4)
 CX_W8_DOTS(MK_AVX2, cx_dot_q5_1, cx_dot8_q5_1, Q5_1, cx_five_sums_avx2, ROWS4)
 CX_W8_DOTS(MK_AVX2, cx_dot_q8_0, cx_dot8_q8_0, Q8_0, cx_byte_sums_avx2, ROWS4)
+CX_W8_DOTS(MK_AVX2, cx_dot_iq4_nl, cx_dot8_iq4_nl, IQ4_NL, cx_byte_sums_avx2, ROWS4)
 
 /* ============================================================= K-quants == */
 
@@ -618,6 +637,48 @@ MK_AVX2 CX_INLINE __m128i cx_k3_scales(const uint8_t *s) {
     }
 CX_Q3_K_DOTS(MK_AVX2, cx_dot_q3_k, cx_dotn_q3_k, cx_k_avx2, CX_BY_ROWS4)
 
+/* IQ4_XS row dots, as Q4_K's: each super-block's 8 sub-blocks of 32 looked up in
+ * mk_iq4_values (cx_iq4_values32: low nibbles are values 0-15, high 16-31) with their
+ * magnitudes, and their signed scales (mk_iq4xs_scale) spread, once for all the rows; per
+ * row the sub-blocks' |w| x sign(x, w) pair sums (<= 2 x 127 x 127: no i16 overflow)
+ * weighted by the scales into one i32 sum (|lane| < 2^24, exact in float), then one float
+ * term d * x.d per super-block. */
+MK_AVX2 CX_INLINE __m256i cx_iq4_values32(const uint8_t *qs, __m256i lut) {
+    const __m128i raw = _mm_loadu_si128((const __m128i *)qs), m4 = _mm_set1_epi8(0x0f);
+    const __m256i idx = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_and_si128(raw, m4)),
+                                                _mm_and_si128(_mm_srli_epi16(raw, 4), m4), 1);
+    return _mm256_shuffle_epi8(lut, idx);
+}
+#define CX_IQ4_XS_DOTS(TARGET, DOT, DOTN, OPS, BY) CX_BLOCK_DOTS(CX_IQ4_XS_ROWS, TARGET, DOT, DOTN, OPS, BY, mk_q8k_block)
+
+/* DOTN for a fixed number of rows R. */
+#define CX_IQ4_XS_ROWS(TARGET, NAME, OPS, R)                                                               \
+    TARGET static inline void NAME(const uint8_t *w, const mk_q8k_block *const *x, size_t n, float *out) { \
+        __m256 acc[R];                                                                                    \
+        for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();                                         \
+        const __m256i lut = cx_iq4_lut();                                                                 \
+        for (size_t sb = 0; sb < n / 256; sb++, w += 136) {                                               \
+            CX_PREFETCH_BLOCK(w, 136);                                                                    \
+            const float d = cx_f16(w);                                                                    \
+            __m256i v[8], mag[8], scale[8]; /* sub-block ib: its values, their magnitudes, its scale */  \
+            CX_UNROLL for (int ib = 0; ib < 8; ib++) {                                                    \
+                v[ib] = cx_iq4_values32(w + 8 + 16 * ib, lut);                                            \
+                mag[ib] = _mm256_abs_epi8(v[ib]);                                                         \
+                scale[ib] = _mm256_set1_epi16((short)mk_iq4xs_scale(w, ib));                              \
+            }                                                                                             \
+            CX_UNROLL for (int r = 0; r < R; r++) {                                                      \
+                const mk_q8k_block *xb = &x[r][sb];                                                       \
+                __m256i isum = _mm256_setzero_si256();                                                    \
+                for (int ib = 0; ib < 8; ib++)                                                            \
+                    isum = OPS##_wsum(isum, _mm256_maddubs_epi16(mag[ib], _mm256_sign_epi8(cx_loadu(xb->q + 32 * ib), v[ib])), \
+                                      scale[ib]);                                                         \
+                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * xb->d), _mm256_cvtepi32_ps(isum), acc[r]);    \
+            }                                                                                             \
+        }                                                                                                 \
+        for (int r = 0; r < R; r++) out[r] = cx_hsum(acc[r]);                                             \
+    }
+CX_IQ4_XS_DOTS(MK_AVX2, cx_dot_iq4_xs, cx_dotn_iq4_xs, cx_k_avx2, CX_BY_ROWS4)
+
 /* ===================================================================== VNNI == */
 
 /* vpdpbusd multiplies unsigned by signed bytes and adds each group of four products into a
@@ -629,7 +690,7 @@ CX_Q3_K_DOTS(MK_AVX2, cx_dot_q3_k, cx_dotn_q3_k, cx_k_avx2, CX_BY_ROWS4)
 #define MK_VNNI __attribute__((target("avx2,fma,f16c,avxvnni")))
 #define MK_VNNI512 __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512vnni")))
 
-/* The Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q3_K, Q4_K, Q5_K and Q6_K dots for one encoding: TARGET compiles them, DPBUSD
+/* The Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS dots for one encoding: TARGET compiles them, DPBUSD
  * and DPWSSD are its intrinsics, BY and BY8 make its n-row kernels (CX_BY_ROWS8 and ROWS8
  * only where TARGET has AVX-512's 32 registers). */
 #define CX_VNNI_DOTS(TARGET, DPBUSD, DPWSSD, SUFFIX, BY, BY8)                                              \
@@ -652,6 +713,7 @@ CX_Q3_K_DOTS(MK_AVX2, cx_dot_q3_k, cx_dotn_q3_k, cx_k_avx2, CX_BY_ROWS4)
         return init;                                                                                      \
     }                                                                                                     \
     CX_W8_DOTS(TARGET, cx_dot_q8_0_##SUFFIX, cx_dot8_q8_0_##SUFFIX, Q8_0, cx_byte_sums_##SUFFIX, BY8)     \
+    CX_W8_DOTS(TARGET, cx_dot_iq4_nl_##SUFFIX, cx_dot8_iq4_nl_##SUFFIX, IQ4_NL, cx_byte_sums_##SUFFIX, BY8) \
     /* The K-quants' weighted sums: vpdpwssd adds the same i32 sums as madd + add. */         \
     TARGET static inline __m256i cx_k_##SUFFIX##_wsum(__m256i acc, __m256i p, __m256i w) {                \
         return DPWSSD(acc, p, w);                                                                         \
@@ -659,7 +721,8 @@ CX_Q3_K_DOTS(MK_AVX2, cx_dot_q3_k, cx_dotn_q3_k, cx_k_avx2, CX_BY_ROWS4)
     CX_Q3_K_DOTS(TARGET, cx_dot_q3_k_##SUFFIX, cx_dotn_q3_k_##SUFFIX, cx_k_##SUFFIX, BY)                  \
     CX_Q4_K_DOTS(TARGET, cx_dot_q4_k_##SUFFIX, cx_dotn_q4_k_##SUFFIX, cx_k_##SUFFIX, BY)                  \
     CX_Q5_K_DOTS(TARGET, cx_dot_q5_k_##SUFFIX, cx_dotn_q5_k_##SUFFIX, cx_k_##SUFFIX, BY)                  \
-    CX_Q6_K_DOTS(TARGET, cx_dot_q6_k_##SUFFIX, cx_dotn_q6_k_##SUFFIX, cx_k_##SUFFIX, BY)
+    CX_Q6_K_DOTS(TARGET, cx_dot_q6_k_##SUFFIX, cx_dotn_q6_k_##SUFFIX, cx_k_##SUFFIX, BY)                  \
+    CX_IQ4_XS_DOTS(TARGET, cx_dot_iq4_xs_##SUFFIX, cx_dotn_iq4_xs_##SUFFIX, cx_k_##SUFFIX, BY)
 
 CX_VNNI_DOTS(MK_VNNI, _mm256_dpbusd_avx_epi32, _mm256_dpwssd_avx_epi32, vnni, CX_BY_ROWS4, ROWS4)
 CX_VNNI_DOTS(MK_VNNI512, _mm256_dpbusd_epi32, _mm256_dpwssd_epi32, vnni512, CX_BY_ROWS8, ROWS8)
@@ -725,6 +788,10 @@ static const mk_cpu_quant cx_avx2 = {
     .dotn_q5_k = cx_dotn_q5_k,
     .dot_q6_k = cx_dot_q6_k,
     .dotn_q6_k = cx_dotn_q6_k,
+    .dot_iq4_nl = cx_dot_iq4_nl,
+    .dot8_iq4_nl = cx_dot8_iq4_nl,
+    .dot_iq4_xs = cx_dot_iq4_xs,
+    .dotn_iq4_xs = cx_dotn_iq4_xs,
     .dot_f16 = cx_dot_f16,
     .dot_bf16 = cx_dot_bf16,
 };
@@ -772,6 +839,10 @@ static bool cx_cpu_has_avx2(void) {
         .dotn_q5_k = cx_dotn_q5_k_##SUFFIX,        \
         .dot_q6_k = cx_dot_q6_k_##SUFFIX,          \
         .dotn_q6_k = cx_dotn_q6_k_##SUFFIX,        \
+        .dot_iq4_nl = cx_dot_iq4_nl_##SUFFIX,      \
+        .dot8_iq4_nl = cx_dot8_iq4_nl_##SUFFIX,    \
+        .dot_iq4_xs = cx_dot_iq4_xs_##SUFFIX,      \
+        .dotn_iq4_xs = cx_dotn_iq4_xs_##SUFFIX,    \
         .dot_f16 = cx_dot_f16,                     \
         .dot_bf16 = cx_dot_bf16,                   \
     }
