@@ -440,6 +440,15 @@ MK_API const char *mk_chat_template_name(mk_chat_template_kind kind);
  * *out is malloc'd, NUL-terminated (mk_buffer_free). */
 MK_API mk_status mk_chat_apply(const mk_tokenizer *tok, const mk_chat_message *messages, size_t n_messages,
                                bool add_generation_prompt, char **out, size_t *out_len);
+/* The conversation rendered as mk_chat_apply renders it and encoded as the model reads it:
+ * the template's own markup with its control tokens, each message's content as plain text.
+ * A control token's text inside a content ("<|im_end|>", "<|start_header_id|>") stays text,
+ * so a message cannot end its turn or open another (OpenAI's API and tiktoken treat content
+ * so; encoding mk_chat_apply's text with MK_TOKENIZE_PARSE_SPECIAL would turn it into the
+ * token). The same ids as that encoding wherever no content holds such text. *ids is
+ * malloc'd (mk_buffer_free). */
+MK_API mk_status mk_chat_encode(const mk_tokenizer *tok, const mk_chat_message *messages, size_t n_messages,
+                                bool add_generation_prompt, int32_t **ids, size_t *n_ids);
 
 /* =================================================================== backends == */
 

@@ -190,12 +190,7 @@ mk_status mk_cli_text_ids(const mk_tokenizer *tok, const char *system, const cha
     size_t n_msgs = 0;
     if (system) msgs[n_msgs++] = (mk_chat_message){"system", system};
     msgs[n_msgs++] = (mk_chat_message){"user", prompt};
-    char *text = NULL;
-    size_t len = 0;
-    s = mk_chat_apply(tok, msgs, n_msgs, true, &text, &len);
-    if (s == MK_OK) s = mk_tokenizer_encode(tok, text, len, MK_TOKENIZE_PARSE_SPECIAL, ids, n);
-    mk_buffer_free(text);
-    return s;
+    return mk_chat_encode(tok, msgs, n_msgs, true, ids, n);
 }
 
 static void mk_cli_print_ranges(mk_pipeline *p) {

@@ -249,14 +249,10 @@ static bool mk_parse_messages(const mk_serve_limits *lim, const cJSON *root, mk_
             m[i].content = texts[i];
         }
     }
-    char *text = NULL;
-    size_t len = 0;
-    if (ok) {
-        mk_status s = mk_chat_apply(lim->tok, m, n, true, &text, &len);
-        if (s == MK_OK) s = mk_tokenizer_encode(lim->tok, text, len, MK_TOKENIZE_PARSE_SPECIAL, &req->ids, &req->n_ids);
+    if (ok) { /* contents stay text: a client's "<|im_end|>" cannot close its turn */
+        const mk_status s = mk_chat_encode(lim->tok, m, n, true, &req->ids, &req->n_ids);
         if (s != MK_OK) ok = mk_text_refusal(s, "messages", err);
     }
-    mk_buffer_free(text);
     for (size_t k = 0; texts && k < n; k++) free(texts[k]);
     free(texts);
     free(m);

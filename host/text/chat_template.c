@@ -48,6 +48,8 @@ mk_status mk_chat_template_detect(const mk_tokenizer *t, mk_chat_template_kind *
 typedef struct mk_text {
     char *s;
     size_t n, cap;
+    mk_text_span *content; /* where the messages' contents sit in s, in order */
+    size_t n_content, cap_content;
     bool oom;
 } mk_text;
 
@@ -71,6 +73,21 @@ static void mk_text_strip(mk_text *b, const char *s) {
     while (n && strchr(ws, s[n - 1])) n--;
     while (n && strchr(ws, *s)) s++, n--;
     mk_text_add(b, s, n);
+}
+
+/* A message's content (stripped or not), its place recorded: mk_chat_encode keeps the text
+ * of control tokens inside it as text. */
+static void mk_text_content(mk_text *b, const char *s, bool strip) {
+    const size_t start = b->n;
+    if (strip) mk_text_strip(b, s);
+    else mk_text_cat(b, s);
+    if (b->oom || b->n == start) return;
+    if (mk_grow_array(&b->content, &b->cap_content, b->n_content + 1, sizeof *b->content, 8, "chat template spans") !=
+        MK_OK) {
+        b->oom = true;
+        return;
+    }
+    b->content[b->n_content++] = (mk_text_span){start, b->n};
 }
 
 /* ============================================================ the shapes == */
@@ -113,7 +130,7 @@ static mk_status mk_render_chatml(const mk_tokenizer *t, const mk_chat_message *
         mk_text_cat(b, "<|im_start|>");
         mk_text_cat(b, m[i].role);
         mk_text_cat(b, "\n");
-        mk_text_cat(b, m[i].content);
+        mk_text_content(b, m[i].content, false);
         mk_text_cat(b, "<|im_end|>\n");
     }
     if (gen) mk_text_cat(b, "<|im_start|>assistant\n");
@@ -126,7 +143,7 @@ static mk_status mk_render_llama3(const mk_tokenizer *t, const mk_chat_message *
         mk_text_cat(b, "<|start_header_id|>");
         mk_text_cat(b, m[i].role);
         mk_text_cat(b, "<|end_header_id|>\n\n");
-        mk_text_strip(b, m[i].content);
+        mk_text_content(b, m[i].content, true);
         mk_text_cat(b, "<|eot_id|>");
     }
     if (gen) mk_text_cat(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
@@ -157,15 +174,15 @@ static mk_status mk_render_llama2(const mk_tokenizer *t, const mk_chat_message *
                 mk_text_cat(&t2, "\n<</SYS>>\n\n");
                 mk_text_cat(&t2, m[i].content);
                 if (t2.oom) b->oom = true;
-                else mk_text_strip(b, t2.s);
+                else mk_text_content(b, t2.s, true);
                 free(t2.s);
             } else {
-                mk_text_strip(b, m[i].content);
+                mk_text_content(b, m[i].content, true);
             }
             mk_text_cat(b, " [/INST]");
         } else {
             mk_text_cat(b, " ");
-            mk_text_strip(b, m[i].content);
+            mk_text_content(b, m[i].content, true);
             mk_text_cat(b, " ");
             mk_text_cat(b, eos);
         }
@@ -173,16 +190,14 @@ static mk_status mk_render_llama2(const mk_tokenizer *t, const mk_chat_message *
     return MK_OK;
 }
 
-mk_status mk_chat_apply(const mk_tokenizer *t, const mk_chat_message *messages, size_t n, bool gen, char **out,
-                        size_t *out_len) {
-    mk_clear_error();
-    if (!t || (!messages && n) || !out || !out_len)
-        return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_chat_apply: NULL argument");
-    *out = NULL;
-    *out_len = 0;
+/* The conversation rendered into b (its contents' spans recorded). */
+static mk_status mk_chat_render(const mk_tokenizer *t, const mk_chat_message *messages, size_t n, bool gen,
+                                mk_text *b) {
+    if (!t || (!messages && n))
+        return mk_fail(MK_ERR_INVALID_ARGUMENT, "chat template: NULL argument");
     for (size_t i = 0; i < n; i++)
         if (!messages[i].role || !messages[i].content || !messages[i].role[0])
-            return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_chat_apply: message %zu lacks a role or content", i);
+            return mk_fail(MK_ERR_INVALID_ARGUMENT, "chat template: message %zu lacks a role or content", i);
     for (size_t i = 0; i < n; i++) { /* name the message and its offset, not the rendered text's */
         const unsigned char *c = (const unsigned char *)messages[i].content;
         const size_t len = strlen(messages[i].content);
@@ -197,15 +212,26 @@ mk_status mk_chat_apply(const mk_tokenizer *t, const mk_chat_message *messages, 
     }
     mk_chat_template_kind kind;
     MK_TRY(mk_chat_template_detect(t, &kind));
-    mk_text b = {0};
-    mk_text_add(&b, "", 0);
+    mk_text_add(b, "", 0);
     mk_status s = MK_OK;
     switch (kind) {
-    case MK_CHAT_TEMPLATE_CHATML: s = mk_render_chatml(t, messages, n, gen, &b); break;
-    case MK_CHAT_TEMPLATE_LLAMA3: s = mk_render_llama3(t, messages, n, gen, &b); break;
-    case MK_CHAT_TEMPLATE_LLAMA2: s = mk_render_llama2(t, messages, n, &b); break;
+    case MK_CHAT_TEMPLATE_CHATML: s = mk_render_chatml(t, messages, n, gen, b); break;
+    case MK_CHAT_TEMPLATE_LLAMA3: s = mk_render_llama3(t, messages, n, gen, b); break;
+    case MK_CHAT_TEMPLATE_LLAMA2: s = mk_render_llama2(t, messages, n, b); break;
     }
-    if (s == MK_OK && b.oom) s = mk_fail(MK_ERR_OUT_OF_MEMORY, "chat template: out of memory");
+    if (s == MK_OK && b->oom) s = mk_fail(MK_ERR_OUT_OF_MEMORY, "chat template: out of memory");
+    return s;
+}
+
+mk_status mk_chat_apply(const mk_tokenizer *t, const mk_chat_message *messages, size_t n, bool gen, char **out,
+                        size_t *out_len) {
+    mk_clear_error();
+    if (!out || !out_len) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_chat_apply: NULL argument");
+    *out = NULL;
+    *out_len = 0;
+    mk_text b = {0};
+    const mk_status s = mk_chat_render(t, messages, n, gen, &b);
+    free(b.content);
     if (s != MK_OK) {
         free(b.s);
         return s;
@@ -213,4 +239,19 @@ mk_status mk_chat_apply(const mk_tokenizer *t, const mk_chat_message *messages, 
     *out = b.s;
     *out_len = b.n;
     return MK_OK;
+}
+
+mk_status mk_chat_encode(const mk_tokenizer *t, const mk_chat_message *messages, size_t n, bool gen, int32_t **ids,
+                         size_t *n_ids) {
+    mk_clear_error();
+    if (!ids || !n_ids) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_chat_encode: NULL argument");
+    *ids = NULL;
+    *n_ids = 0;
+    mk_text b = {0};
+    mk_status s = mk_chat_render(t, messages, n, gen, &b);
+    if (s == MK_OK)
+        s = mk_tokenizer_encode_literal(t, b.s, b.n, MK_TOKENIZE_PARSE_SPECIAL, b.content, b.n_content, ids, n_ids);
+    free(b.content);
+    free(b.s);
+    return s;
 }

@@ -407,17 +407,41 @@ static mk_status mk_fragments_insert(mk_fragments *f, size_t at, mk_fragment ite
     return MK_OK;
 }
 
+/* True when [at, at + n) overlaps one of the spans (sorted, not overlapping). */
+static bool mk_in_literal(const mk_text_span *lit, size_t n_lit, size_t at, size_t n) {
+    for (size_t i = 0; i < n_lit && lit[i].start < at + n; i++)
+        if (lit[i].end > at) return true;
+    return false;
+}
+
+/* The first occurrence of needle in fragment fr that a split may take: anywhere for a
+ * user-defined token, outside the literal spans for a control token; NULL if none. */
+static const char *mk_find_special(const mk_tokenizer *t, int32_t id, const char *text, const mk_fragment *fr,
+                                   const mk_text_span *lit, size_t n_lit) {
+    const char *needle = t->text[id];
+    const size_t nlen = t->text_len[id];
+    const bool anywhere = t->type[id] == MK_TOKEN_USER_DEFINED;
+    for (size_t from = fr->offset; from + nlen <= fr->offset + fr->len;) {
+        const char *hit = memmem(text + from, fr->offset + fr->len - from, needle, nlen);
+        if (!hit) return NULL;
+        const size_t at = (size_t)(hit - text);
+        if (anywhere || !mk_in_literal(lit, n_lit, at, nlen)) return hit;
+        from = at + 1;
+    }
+    return NULL;
+}
+
 /* Split every raw fragment at each occurrence of each special token, longest first. */
-static mk_status mk_split_special(const mk_tokenizer *t, const char *text, bool parse_special, mk_fragments *f) {
+static mk_status mk_split_special(const mk_tokenizer *t, const char *text, bool parse_special, const mk_text_span *lit,
+                                  size_t n_lit, mk_fragments *f) {
     for (size_t k = 0; k < t->n_special; k++) {
         const int32_t id = t->special[k];
         if (!parse_special && t->type[id] != MK_TOKEN_USER_DEFINED) continue;
-        const char *needle = t->text[id];
         const size_t nlen = t->text_len[id];
         for (size_t i = 0; i < f->n; i++) {
             mk_fragment *fr = &f->items[i];
             if (fr->token >= 0 || fr->len < nlen) continue;
-            const char *hit = memmem(text + fr->offset, fr->len, needle, nlen);
+            const char *hit = mk_find_special(t, id, text, fr, lit, n_lit);
             if (!hit) continue;
             const size_t at = (size_t)(hit - text);
             const mk_fragment left = {fr->offset, at - fr->offset, -1};
@@ -434,7 +458,8 @@ static mk_status mk_split_special(const mk_tokenizer *t, const char *text, bool 
     return MK_OK;
 }
 
-static mk_status mk_encode_into(const mk_tokenizer *t, const char *text, size_t len, unsigned flags, mk_id_buf *out) {
+static mk_status mk_encode_into(const mk_tokenizer *t, const char *text, size_t len, unsigned flags,
+                                const mk_text_span *lit, size_t n_lit, mk_id_buf *out) {
     for (size_t i = 0; i < len;) {
         const size_t n = mk_utf8_valid_len((const unsigned char *)text + i, len - i);
         if (n == 0)
@@ -447,7 +472,7 @@ static mk_status mk_encode_into(const mk_tokenizer *t, const char *text, size_t 
     mk_fragments f = {0};
     mk_status s = MK_OK;
     if (len) s = mk_fragments_insert(&f, 0, (mk_fragment){0, len, -1});
-    if (s == MK_OK) s = mk_split_special(t, text, flags & MK_TOKENIZE_PARSE_SPECIAL, &f);
+    if (s == MK_OK) s = mk_split_special(t, text, flags & MK_TOKENIZE_PARSE_SPECIAL, lit, n_lit, &f);
     bool prev_special = true; /* SentencePiece puts its space prefix after a special token */
     for (size_t i = 0; s == MK_OK && i < f.n; i++) {
         const mk_fragment *fr = &f.items[i];
@@ -469,12 +494,17 @@ static mk_status mk_encode_into(const mk_tokenizer *t, const char *text, size_t 
 mk_status mk_tokenizer_encode(const mk_tokenizer *t, const char *text, size_t len, unsigned flags, int32_t **out_ids,
                               size_t *out_n) {
     mk_clear_error();
-    if (!t || (!text && len) || !out_ids || !out_n)
+    return mk_tokenizer_encode_literal(t, text, len, flags, NULL, 0, out_ids, out_n);
+}
+
+mk_status mk_tokenizer_encode_literal(const mk_tokenizer *t, const char *text, size_t len, unsigned flags,
+                                      const mk_text_span *literal, size_t n_literal, int32_t **out_ids, size_t *out_n) {
+    if (!t || (!text && len) || !out_ids || !out_n || (!literal && n_literal))
         return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_tokenizer_encode: NULL argument");
     *out_ids = NULL;
     *out_n = 0;
     mk_id_buf b = {0};
-    const mk_status s = mk_encode_into(t, text, len, flags, &b);
+    const mk_status s = mk_encode_into(t, text, len, flags, literal, n_literal, &b);
     if (s != MK_OK) {
         free(b.ids);
         return s;

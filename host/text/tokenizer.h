@@ -90,6 +90,18 @@ typedef struct mk_id_buf {
 } mk_id_buf;
 mk_status mk_id_buf_push(mk_id_buf *b, int32_t id);
 
+/* A byte range [start, end) of a text. */
+typedef struct mk_text_span {
+    size_t start, end;
+} mk_text_span;
+
+/* mk_tokenizer_encode's work, with the text's control tokens found only outside the
+ * `literal` spans (sorted, not overlapping): a control token's text inside one is encoded as
+ * plain text (a chat message's content: chat_template.c). User-defined tokens are split
+ * everywhere, as without MK_TOKENIZE_PARSE_SPECIAL. */
+mk_status mk_tokenizer_encode_literal(const mk_tokenizer *t, const char *text, size_t len, unsigned flags,
+                                      const mk_text_span *literal, size_t n_literal, int32_t **out_ids, size_t *out_n);
+
 /* Tokenize one piece of raw text (no special tokens inside) and append the ids. */
 mk_status mk_bpe_setup(mk_tokenizer *t);
 void mk_bpe_teardown(mk_tokenizer *t);

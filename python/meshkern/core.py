@@ -666,9 +666,20 @@ class Tokenizer:
         return _take_buffer(ffi.cast("uint8_t **", pp), ln[0]).decode("utf-8")
 
     def encode_chat(self, messages: Seq[dict], *, add_generation_prompt: bool = True) -> list[int]:
-        """apply_chat then encode as the header says (parse special, no added BOS/EOS)."""
-        return self.encode(self.apply_chat(messages, add_generation_prompt=add_generation_prompt),
-                           add_special=False, parse_special=True)
+        """The conversation as the model reads it (mk_chat_encode): apply_chat's markup with its
+        control tokens, each content as plain text ("<|im_end|>" inside a message stays text)."""
+        msgs = ffi.new("mk_chat_message[]", max(1, len(messages)))
+        keep = []
+        for i, m in enumerate(messages):
+            keep.append(ffi.new("char[]", m["role"].encode()))
+            keep.append(ffi.new("char[]", m["content"].encode()))
+            msgs[i].role, msgs[i].content = keep[-2], keep[-1]
+        pp, n = ffi.new("int32_t **"), ffi.new("size_t *")
+        check(lib.mk_chat_encode(self._ptr, msgs, len(messages), add_generation_prompt, pp, n))
+        try:
+            return [int(x) for x in ffi.unpack(pp[0], n[0])] if n[0] else []
+        finally:
+            lib.mk_buffer_free(pp[0])
 
 
 class Detokenizer:
