@@ -1,8 +1,9 @@
 /* gemv_dot.cuh - the per-output-row dot products of the decode GEMV kernels: one warp computes
  * x[r, :] . w[o, :] for all R activation rows, for dense weights (F32/F16/BF16, gemv.cu) and for
- * GGUF block weights dequantized in registers (gguf_blocks.cuh's formats, gemv_q.cu). Every kernel that
- * computes one product (alone, in a Q/K/V set, or fused with SwiGLU) calls the same function
- * with the same template arguments, so they all produce the same bits.
+ * GGUF block weights dequantized in registers (gguf_blocks.cuh's formats, gemv_q.cu and
+ * gemv_q_set.cu). Every kernel that computes one product (alone, in a Q/K/V set, or fused with
+ * SwiGLU) calls the same function with the same template arguments, so they all produce the
+ * same bits.
  *
  * Included after mk_cuda_compat.h. Everything here is static inline: no symbols. */
 #ifndef MK_GEMV_DOT_CUH
@@ -87,6 +88,10 @@ static __device__ __forceinline__ void gemv_dot(float (&acc)[R], const float *__
   MK_UNROLL
   for (int r = 0; r < R; r++) acc[r] = mk_warp_sum(acc[r]);
 }
+
+/* Output rows per thread block of the native GEMV kernels (gemv_q.cu, gemv_q_set.cu): one
+ * warp each. */
+#define GEMVQ_WARPS 4
 
 /* The R sums x[r, :] . dequant(wrow) for one row of blocks of format T, by one warp; every
  * lane gets the totals. Each block is cut into PARTS parts of 2*H values; lane u takes part

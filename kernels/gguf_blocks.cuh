@@ -1,6 +1,6 @@
 /* gguf_blocks.cuh - the GGUF block formats the device reads in place (Q4_0, Q4_1, Q5_0,
- * Q5_1, Q8_0, IQ4_NL in blocks of 32; Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS in super-blocks of
- * 256): layout
+ * Q5_1, Q8_0, IQ4_NL in blocks of 32; Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS in super-blocks
+ * of 256): layout
  * constants and the dequantization of one part of a block, shared by the decode GEMV
  * (gemv_q.cu) and the dequantizer (dequant_q.cu) so both produce the same values.
  *
@@ -10,6 +10,9 @@
  *                                                                        y = d * (q - 16)
  *   Q5_1  24 bytes / 32 values: d f16, m f16, qh u32, qs[16]             y = d*q + m
  *   Q8_0  34 bytes / 32 values: d f16, qs int8[32]                       y = qs[j] * d
+ *   Q2_K  84 bytes / 256 values: scales[16] (scale | min << 4 per 16 values), qs[64], d f16,
+ *        dmin f16: value 128h+32j+l is bits 2j..2j+1 of qs[32h+l] (0..3), times d * scale,
+ *        less dmin * min (of group 8h+2j+l/16)
  *   Q3_K 110 bytes / 256 values: hmask[32], qs[64], scales[12] (16 signed 6-bit scales),
  *        d f16: value 128h+32j+l is bits 2j..2j+1 of qs[32h+l], less 4 where bit 4h+j of
  *        hmask[l] is clear, times d * scale[8h+2j+l/16]
@@ -40,6 +43,7 @@ enum {
   GGML_Q5_0 = 6,
   GGML_Q5_1 = 7,
   GGML_Q8_0 = 8,
+  GGML_Q2_K = 10,
   GGML_Q3_K = 11,
   GGML_Q4_K = 12,
   GGML_Q5_K = 13,
@@ -52,7 +56,7 @@ enum {
 /* The block formats the device reads: the one list every dispatch is made from
  * (X(type id) per format). */
 #define MK_GEMVQ_FORMATS(X) X(GGML_Q4_0) X(GGML_Q4_1) X(GGML_Q5_0) X(GGML_Q5_1) X(GGML_Q8_0) \
-  X(GGML_Q3_K) X(GGML_Q4_K) X(GGML_Q5_K) X(GGML_Q6_K) X(GGML_IQ4_NL) X(GGML_IQ4_XS)
+  X(GGML_Q2_K) X(GGML_Q3_K) X(GGML_Q4_K) X(GGML_Q5_K) X(GGML_Q6_K) X(GGML_IQ4_NL) X(GGML_IQ4_XS)
 
 static __device__ __forceinline__ float gemvq_f16(const uint8_t *p) {
   return mk_dev_f16_to_f32(*reinterpret_cast<const uint16_t *>(p));
@@ -236,6 +240,31 @@ struct gemvq_fmt<GGML_Q3_K> {
       const int qb = (int)((byte >> (2 * j + 2)) & 3u) - (((m >> (4 * h + j + 1)) & 1u) ? 0 : 4);
       wa[i] = da * (float)qa;
       wb[i] = db * (float)qb;
+    }
+    ka = 128 * h + 32 * j + l0;
+    kb = ka + 32;
+  }
+};
+
+/* Q2_K: part p takes half h = p / 8, the shift pair j = 2 (p / 4 % 2) and j + 1, and eight
+ * bytes of qs from l0 = 8 (p % 4): values 128h+32j+l0.. and 32 further on, each run with its
+ * group's scale and min. */
+template <>
+struct gemvq_fmt<GGML_Q2_K> {
+  enum { BE = 256, BB = 84, PARTS = 16, H = 8, ALIGN = 4 };
+  static __device__ __forceinline__ void part(const uint8_t *blk, int p, float *wa, float *wb, int &ka, int &kb) {
+    const float d = gemvq_f16(blk + 80), dmin = gemvq_f16(blk + 82);
+    const int h = p >> 3, j = ((p >> 2) & 1) * 2, l0 = (p & 3) * 8;
+    const int g = 8 * h + 2 * j + (l0 >> 4); /* run a's group of 16; run b's is g + 2 */
+    const float da = d * (float)(blk[g] & 0x0f), ma = dmin * (float)(blk[g] >> 4);
+    const float db = d * (float)(blk[g + 2] & 0x0f), mb = dmin * (float)(blk[g + 2] >> 4);
+    const uint32_t *q32 = reinterpret_cast<const uint32_t *>(blk + 16 + 32 * h + l0);
+    const uint2 q = make_uint2(__ldg(q32), __ldg(q32 + 1));
+    MK_UNROLL
+    for (int i = 0; i < 8; i++) {
+      const uint32_t byte = gemvq_byte8(q, i);
+      wa[i] = da * (float)((byte >> (2 * j)) & 3u) - ma;
+      wb[i] = db * (float)((byte >> (2 * j + 2)) & 3u) - mb;
     }
     ka = 128 * h + 32 * j + l0;
     kb = ka + 32;

@@ -155,10 +155,10 @@ mk_status mk_kernel_gemv_swiglu(float *out /* [rows, out_dim] */, const float *x
                                 mk_dtype w_dtype, size_t rows, size_t in_dim, size_t out_dim, cudaStream_t stream);
 
 /* The same with w in a GGUF block format (ggml type id: Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7,
- * Q8_0 = 8, Q3_K = 11, Q4_K = 12, Q5_K = 13, Q6_K = 14, IQ4_NL = 20, IQ4_XS = 23), each row
- * in_dim / block_elements whole blocks, dequantized in registers. in_dim must be a multiple of
- * the block size; w aligned to 2 (Q4_0, Q5_0, Q8_0, Q3_K, Q6_K, IQ4_NL), 4 (Q4_1, Q5_1) or 8
- * (Q4_K, Q5_K, IQ4_XS) bytes. Reference:
+ * Q8_0 = 8, Q2_K = 10, Q3_K = 11, Q4_K = 12, Q5_K = 13, Q6_K = 14, IQ4_NL = 20, IQ4_XS = 23),
+ * each row in_dim / block_elements whole blocks, dequantized in registers. in_dim must be a
+ * multiple of the block size; w aligned to 2 (Q4_0, Q5_0, Q8_0, Q3_K, Q6_K, IQ4_NL), 4 (Q4_1,
+ * Q5_1, Q2_K) or 8 (Q4_K, Q5_K, IQ4_XS) bytes. Reference:
  * mk_gguf_dequantize then mk_cpu_matmul. */
 bool mk_kernel_gemv_q_supports(uint32_t ggml_type);
 mk_status mk_kernel_gemv_q(float *y /* [rows, out_dim] */, const float *x /* [rows, in_dim] */,

@@ -10,7 +10,7 @@ tokenizer and vocabulary (49152; its tokenizer.* keys copied from models/, so th
 bench/batch_bench.py mean the same), an untied output matrix. Weights are normal with scale
 1/sqrt(fan-in) (seed 7), written as F16 by the gguf package, then quantized with
 llama_model_quantize (LLAMA_FTYPE_MOSTLY_Q4_K_M: Q4_K for most matrices, Q6_K for the output
-matrix and some value/down projections; `--ftype q4_0`, `q8_0` or `q3_k_m` for those mixes instead,
+matrix and some value/down projections; `--ftype q4_0`, `q8_0`, `q2_k` or `q3_k_m` for those mixes instead,
 llama.cpp choosing the output matrix's format as it does for them). Needs the PyPI packages gguf, numpy and
 llama-cpp-python (bench tools, never the test path). The tokens it generates are noise.
 """
@@ -23,7 +23,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SOURCE = os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
 # llama.cpp's llama_ftype values for the mixes --ftype offers.
-LLAMA_FTYPES = {"q4_0": 2, "q8_0": 7, "q3_k_m": 12, "q4_k_m": 15}
+LLAMA_FTYPES = {"q4_0": 2, "q8_0": 7, "q2_k": 10, "q3_k_m": 12, "q4_k_m": 15}
 
 
 def copy_tokenizer(reader, writer, gguf):

@@ -1,5 +1,5 @@
 // mk_native_gguf.h - small random llama models written as GGUF files with their matrices
-// quantized in the test (Q8_0, Q4_1, Q4_0, Q5_0, Q5_1, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, F16, BF16,
+// quantized in the test (Q8_0, Q4_1, Q4_0, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, F16, BF16,
 // F32): the native weight
 // mode's fixtures (test_native_model.cpp on the cpu backend, test_cuda_backend.cpp on cuda).
 #ifndef MK_NATIVE_GGUF_H
@@ -44,7 +44,7 @@ inline void quantize(uint32_t type, const float *x, size_t n, std::vector<uint8_
         }
         return;
     }
-    const size_t be = type == MK_GGML_TYPE_Q3_K || type == MK_GGML_TYPE_Q4_K || type == MK_GGML_TYPE_Q5_K ||
+    const size_t be = type == MK_GGML_TYPE_Q2_K || type == MK_GGML_TYPE_Q3_K || type == MK_GGML_TYPE_Q4_K || type == MK_GGML_TYPE_Q5_K ||
                               type == MK_GGML_TYPE_Q6_K || type == MK_GGML_TYPE_IQ4_XS
                           ? 256
                           : 32;
@@ -138,6 +138,24 @@ inline void quantize(uint32_t type, const float *x, size_t n, std::vector<uint8_
                     for (int j = 0; j < 16; j++)
                         o.push_back((uint8_t)(iq4_index(v[32 * ib + j], dd * ls[ib]) |
                                               (iq4_index(v[32 * ib + j + 16], dd * ls[ib]) << 4)));
+                break;
+            }
+            case MK_GGML_TYPE_Q2_K: {
+                // every group's scale and min 1 (0x11): value i = d * q - dmin, q in 0..3 as
+                // bits 2 ((i % 128) / 32) of qs[32 (i / 128) + i % 32]
+                const float d = (hi - lo) / 3, m = -lo;
+                const uint8_t scales[16] = {0x11, 0x11, 0x11, 0x11, 0x11, 0x11, 0x11, 0x11,
+                                            0x11, 0x11, 0x11, 0x11, 0x11, 0x11, 0x11, 0x11};
+                o.insert(o.end(), scales, scales + 16);
+                const float dd = mk_f16_to_f32(mk_f32_to_f16(d)), mm = mk_f16_to_f32(mk_f32_to_f16(m));
+                uint8_t qs[64] = {};
+                for (int i = 0; i < 256; i++) {
+                    const long l = dd ? std::lround((v[i] + mm) / dd) : 0;
+                    qs[32 * (i / 128) + i % 32] |= (uint8_t)(std::min(3L, std::max(0L, l)) << (2 * ((i % 128) / 32)));
+                }
+                o.insert(o.end(), qs, qs + 64);
+                put_f16(o, d);
+                put_f16(o, m);
                 break;
             }
             case MK_GGML_TYPE_Q3_K: {

@@ -34,7 +34,8 @@ struct Format {
 };
 
 const Format kFormats[] = {{MK_GGML_TYPE_Q4_0, "Q4_0"}, {MK_GGML_TYPE_Q4_1, "Q4_1"}, {MK_GGML_TYPE_Q5_0, "Q5_0"},
-                           {MK_GGML_TYPE_Q5_1, "Q5_1"}, {MK_GGML_TYPE_Q8_0, "Q8_0"}, {MK_GGML_TYPE_Q3_K, "Q3_K"}, {MK_GGML_TYPE_Q4_K, "Q4_K"},
+                           {MK_GGML_TYPE_Q5_1, "Q5_1"}, {MK_GGML_TYPE_Q8_0, "Q8_0"}, {MK_GGML_TYPE_Q2_K, "Q2_K"},
+                           {MK_GGML_TYPE_Q3_K, "Q3_K"}, {MK_GGML_TYPE_Q4_K, "Q4_K"},
                            {MK_GGML_TYPE_Q5_K, "Q5_K"}, {MK_GGML_TYPE_Q6_K, "Q6_K"}, {MK_GGML_TYPE_IQ4_NL, "IQ4_NL"},
                            {MK_GGML_TYPE_IQ4_XS, "IQ4_XS"}, {MK_GGML_TYPE_F16, "F16"},   {MK_GGML_TYPE_BF16, "BF16"}};
 
@@ -43,10 +44,11 @@ const Format kFormats[] = {{MK_GGML_TYPE_Q4_0, "Q4_0"}, {MK_GGML_TYPE_Q4_1, "Q4_
 const uint32_t kBlocksOf32[] = {MK_GGML_TYPE_Q4_0, MK_GGML_TYPE_Q4_1, MK_GGML_TYPE_Q5_0, MK_GGML_TYPE_Q5_1,
                                 MK_GGML_TYPE_Q8_0, MK_GGML_TYPE_IQ4_NL};
 const uint32_t kQuantized[] = {MK_GGML_TYPE_Q4_0, MK_GGML_TYPE_Q4_1, MK_GGML_TYPE_Q5_0, MK_GGML_TYPE_Q5_1,
-                               MK_GGML_TYPE_Q8_0, MK_GGML_TYPE_IQ4_NL, MK_GGML_TYPE_Q3_K, MK_GGML_TYPE_Q4_K,
-                               MK_GGML_TYPE_Q5_K, MK_GGML_TYPE_Q6_K, MK_GGML_TYPE_IQ4_XS};
-// A format the cpu backend keeps as F32 (no kernel: dequantized once at load).
-const uint32_t kStoredAsF32 = MK_GGML_TYPE_Q2_K;
+                               MK_GGML_TYPE_Q8_0, MK_GGML_TYPE_IQ4_NL, MK_GGML_TYPE_Q2_K, MK_GGML_TYPE_Q3_K,
+                               MK_GGML_TYPE_Q4_K, MK_GGML_TYPE_Q5_K, MK_GGML_TYPE_Q6_K, MK_GGML_TYPE_IQ4_XS};
+// The one stored format without a quantized kernel: F32 (a file's F32 matrices; every
+// quantized format the loader reads has a kernel, so none is widened to F32 at load).
+const uint32_t kStoredAsF32 = MK_GGML_TYPE_F32;
 
 size_t block_elems(uint32_t type) {
     size_t be = 0, bb = 0;
@@ -72,6 +74,13 @@ std::vector<uint8_t> random_rows(uint32_t type, size_t rows, size_t cols, std::m
     std::uniform_real_distribution<float> scale(0.002f, 0.05f), shift(-0.2f, 0.2f), value(-1.0f, 1.0f);
     const size_t rb = row_bytes(type, cols);
     std::vector<uint8_t> w(rows * rb);
+    if (type == MK_GGML_TYPE_F32) {
+        for (size_t i = 0; i < rows * cols; i++) {
+            const float v = value(rng);
+            std::memcpy(&w[4 * i], &v, 4);
+        }
+        return w;
+    }
     if (type == MK_GGML_TYPE_F16 || type == MK_GGML_TYPE_BF16) {
         for (size_t i = 0; i < rows * cols; i++) {
             const uint16_t h = type == MK_GGML_TYPE_F16 ? mk_f32_to_f16(value(rng)) : mk_f32_to_bf16(value(rng));
@@ -230,6 +239,9 @@ void set_extreme(uint32_t type, std::vector<uint8_t> &w, size_t rows, size_t in,
         for (size_t blk = 0; blk < rows * in / 256; blk++)
             for (size_t i = 4; i < bb; i++) w[blk * bb + i] = i < 16 || extreme == 1 ? 0xff : 0x00;
     }
+    if (type == MK_GGML_TYPE_Q2_K) // scales and mins 15, values 3 (or all 0)
+        for (size_t blk = 0; blk < rows * in / 256; blk++)
+            for (size_t i = 0; i < 80; i++) w[blk * 84 + i] = extreme == 1 ? 0xff : 0x00;
     if (type == MK_GGML_TYPE_IQ4_XS)
         for (size_t blk = 0; blk < rows * in / 256; blk++)
             for (size_t i = 2; i < 136; i++) w[blk * 136 + i] = extreme == 1 ? 0xff : 0x00;
@@ -622,7 +634,7 @@ TEST(NativeMatmul, SharedAndSwigluJobsEqualSeparateProducts) {
 // quantized); from exactly MK_NATIVE_GEMM_MIN_ROWS on, the dequantized tiles and SGEMM
 // (the bits of one SGEMM over the dequantized weight), unless the table has an n-row dot for
 // the format (then the dots at any count); without tile scratch, the dots.
-// A weight stored as F32 (its source format has no native kernel: Q2_K here) beside quantized
+// A weight stored as F32 (an F32 matrix of the file) beside quantized
 // ones in a shared product and in SwiGLU: it takes the F32 product, the others their dot
 // kernels, and every output equals its separate product.
 TEST(NativeMatmul, F32StoredWeightInASharedJobTakesTheF32Product) {
@@ -691,6 +703,7 @@ TEST(NativeDot, NRowDotsAreOneRowDots) {
         EXPECT_EQ(mk_cpu_quant_dot8_for(k, MK_GGML_TYPE_Q8_0), k->dot8_q8_0);
         EXPECT_EQ(mk_cpu_quant_dot8_for(k, MK_GGML_TYPE_IQ4_NL), k->dot8_iq4_nl);
         EXPECT_EQ(mk_cpu_quant_kdotn_for(k, MK_GGML_TYPE_IQ4_XS), k->dotn_iq4_xs);
+        EXPECT_EQ(mk_cpu_quant_kdotn_for(k, MK_GGML_TYPE_Q2_K), k->dotn_q2_k);
         EXPECT_EQ(mk_cpu_quant_kdotn_for(k, MK_GGML_TYPE_Q3_K), k->dotn_q3_k);
         EXPECT_EQ(mk_cpu_quant_kdotn_for(k, MK_GGML_TYPE_Q4_K), k->dotn_q4_k);
         EXPECT_EQ(mk_cpu_quant_kdotn_for(k, MK_GGML_TYPE_Q5_K), k->dotn_q5_k);
@@ -945,8 +958,8 @@ TEST(NativeMatmul, GemmRowThresholdIsExactlyMinRows) {
     std::vector<const mk_cpu_quant *> tables{mk_cpu_quant_portable()};
     if (mk_cpu_quant_best() != mk_cpu_quant_portable()) tables.push_back(mk_cpu_quant_best());
     for (uint32_t type : {MK_GGML_TYPE_F16, MK_GGML_TYPE_Q4_0, MK_GGML_TYPE_Q4_1, MK_GGML_TYPE_Q5_0, MK_GGML_TYPE_Q5_1,
-                          MK_GGML_TYPE_Q8_0, MK_GGML_TYPE_IQ4_NL, MK_GGML_TYPE_Q3_K, MK_GGML_TYPE_Q4_K,
-                          MK_GGML_TYPE_Q5_K, MK_GGML_TYPE_Q6_K, MK_GGML_TYPE_IQ4_XS})
+                          MK_GGML_TYPE_Q8_0, MK_GGML_TYPE_IQ4_NL, MK_GGML_TYPE_Q2_K, MK_GGML_TYPE_Q3_K,
+                          MK_GGML_TYPE_Q4_K, MK_GGML_TYPE_Q5_K, MK_GGML_TYPE_Q6_K, MK_GGML_TYPE_IQ4_XS})
     for (const mk_cpu_quant *k : tables) {
     const size_t in = block_elems(type) == 256 ? 512 : 64;
     const bool rows_dot = type != MK_GGML_TYPE_F16 && k->dotn_rows > 0;
@@ -1089,9 +1102,9 @@ TEST(CpuPool, EveryItemRunsExactlyOnce) {
     EXPECT_EQ(p, nullptr);
 }
 
-// Formats without a native kernel are kept as F32 (dequantized once), every format with one
+// F32 matrices are kept as F32 and every quantized format (each has a kernel)
 // in its own blocks; the embedding of a native table is the dequantized row.
-TEST(NativeWeightStore, OtherFormatsBecomeF32AndEmbeddingDequantizesRows) {
+TEST(NativeWeightStore, F32StaysF32AndEveryQuantizedFormatKeepsItsBlocks) {
     std::mt19937 rng(11);
     const size_t rows = 5, cols = 256;
     const std::vector<uint8_t> q5 = random_rows(kStoredAsF32, rows, cols, rng);

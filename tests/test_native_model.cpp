@@ -77,6 +77,10 @@ TEST_P(NativeModel, SplitsAndThreadCountsAreBitIdentical) {
     const Decode ref = decode_greedy(tm.model.get(), {}, f32, prompt, 8, &whole.tokens);
     ASSERT_EQ(ref.logits.size(), 8u);
     const bool activations_quantized = mix.layers != MK_GGML_TYPE_F16 && mix.layers != MK_GGML_TYPE_BF16;
+    // Q2_K's four levels with a min per 16 values (d q - m, q in 0..3) put most of a weight
+    // in its min, which multiplies the activation group sums' rounding: 3.0-7.6% measured
+    // where the other formats stay under 6%.
+    const double bound = mix.layers == MK_GGML_TYPE_Q2_K ? 0.09 : 0.06;
     for (size_t i = 0; i < 8; i++) {
         // Root-mean-square error relative to the logits' RMS: a few percent from 8-bit
         // activations on this small random model (a wrong kernel gives ~100%).
@@ -86,7 +90,7 @@ TEST_P(NativeModel, SplitsAndThreadCountsAreBitIdentical) {
             const double e = (double)ref.logits[i][j] - whole.logits[i][j];
             err_sq += e * e;
         }
-        EXPECT_LE(std::sqrt(err_sq / ref_sq), activations_quantized ? 0.06 : 1e-5) << "step " << i;
+        EXPECT_LE(std::sqrt(err_sq / ref_sq), activations_quantized ? bound : 1e-5) << "step " << i;
         if (!activations_quantized) {
             EXPECT_EQ(ref.tokens[i], whole.tokens[i]);
         }
@@ -103,6 +107,7 @@ INSTANTIATE_TEST_SUITE_P(Formats, NativeModel,
                                            Mix{"Q5_K", MK_GGML_TYPE_Q5_K, MK_GGML_TYPE_Q5_K, true},
                                            Mix{"Q3_K", MK_GGML_TYPE_Q3_K, MK_GGML_TYPE_Q6_K, false},
                                            Mix{"Q6_K", MK_GGML_TYPE_Q6_K, MK_GGML_TYPE_Q4_K, true},
+                                           Mix{"Q2_K", MK_GGML_TYPE_Q2_K, MK_GGML_TYPE_Q4_K, false},
                                            Mix{"IQ4_NL", MK_GGML_TYPE_IQ4_NL, MK_GGML_TYPE_IQ4_XS, false},
                                            Mix{"IQ4_XS", MK_GGML_TYPE_IQ4_XS, MK_GGML_TYPE_IQ4_NL, true},
                                            Mix{"F16", MK_GGML_TYPE_F16, MK_GGML_TYPE_F16, true},
@@ -162,6 +167,7 @@ TEST(NativeModelLoad, NonFiniteWeightsAreRefusedByTheRangeThatOwnsThem) {
         {"blk.2.ffn_down.weight", MK_GGML_TYPE_Q8_0, 34, {inf16, inf16 + 2}, 2},              // d of block 1
         {"blk.0.attn_v.weight", MK_GGML_TYPE_Q4_0, 9 * 18, {nan16, nan16 + 2}, 0},            // d of block 9
         {"blk.1.attn_v.weight", MK_GGML_TYPE_IQ4_NL, 3 * 18, {inf16, inf16 + 2}, 1},         // d of block 3
+        {"blk.0.attn_q.weight", MK_GGML_TYPE_Q2_K, 2 * 84 + 82, {ninf16, ninf16 + 2}, 0},     // dmin of block 2
         {"blk.2.attn_k.weight", MK_GGML_TYPE_IQ4_XS, 1 * 136, {nan16, nan16 + 2}, 2},        // d of block 1
         {"blk.1.attn_output.weight", MK_GGML_TYPE_F16, 2 * 1001, {inf16, inf16 + 2}, 1},      // value 1001
         {"blk.2.ffn_up.weight", MK_GGML_TYPE_BF16, 2 * 77, {0xc0, 0x7f}, 2},                 // value 77

@@ -89,7 +89,7 @@ size_t mk_cli_backend_options(mk_cli_backend *b, mk_cli_option out[MK_CLI_BACKEN
         {"--device", NULL, "I", "the cuda device (every range's, without --devices)", "0",
          MK_CLI_COUNT, &b->device, 0, MK_CLI_MAX_DEVICE, NULL},
         {"--dtype", NULL, "native|f32|f16|bf16",
-         "weights: native keeps the GGUF's blocks (Q4_0-Q8_0, Q3_K-Q6_K, IQ4_NL/XS; others: f32 or bf16); f32: the parity mode",
+         "weights: native keeps the GGUF's blocks (Q4_0-Q8_0, Q2_K-Q6_K, IQ4_NL/XS); f32: the parity mode",
          "native for a GGUF on cpu, else f32", MK_CLI_CALL, b, 0, 0, mk_cli_parse_dtype},
         {"--kv", NULL, "f32|f16|bf16", "KV cache elements (f16: cpu and cuda; bf16: cuda)", "f32", MK_CLI_CALL,
          &b->config.kv_dtype, 0, 0, mk_cli_parse_kv},

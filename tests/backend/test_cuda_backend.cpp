@@ -399,7 +399,7 @@ std::vector<float> random_floats(size_t n, uint32_t seed) {
 
 uint64_t native_stored_bytes(uint32_t type, size_t rows, size_t cols) {
     size_t be = 0, bb = 0;
-    const bool kept = (type == MK_GGML_TYPE_Q4_0 || type == MK_GGML_TYPE_Q4_1 || type == MK_GGML_TYPE_Q5_0 ||
+    const bool kept = (type == MK_GGML_TYPE_Q4_0 || type == MK_GGML_TYPE_Q4_1 || type == MK_GGML_TYPE_Q5_0 || type == MK_GGML_TYPE_Q2_K ||
                        type == MK_GGML_TYPE_Q5_1 || type == MK_GGML_TYPE_Q8_0 || type == MK_GGML_TYPE_Q3_K ||
                        type == MK_GGML_TYPE_Q4_K || type == MK_GGML_TYPE_Q5_K || type == MK_GGML_TYPE_Q6_K ||
                        type == MK_GGML_TYPE_IQ4_NL || type == MK_GGML_TYPE_IQ4_XS) &&
@@ -636,7 +636,8 @@ TEST(CudaBackend, NativeWeightsSplitBitIdenticallyAndStayCloseToF32) {
                           Mix{MK_GGML_TYPE_Q8_0, MK_GGML_TYPE_Q4_1, MK_GGML_TYPE_Q6_K, 0, true},
                           Mix{MK_GGML_TYPE_Q5_0, MK_GGML_TYPE_Q6_K, MK_GGML_TYPE_Q5_1, MK_GGML_TYPE_Q4_0, false},
                           Mix{MK_GGML_TYPE_Q3_K, MK_GGML_TYPE_Q5_K, MK_GGML_TYPE_Q4_0, MK_GGML_TYPE_Q6_K, false},
-                          Mix{MK_GGML_TYPE_IQ4_NL, MK_GGML_TYPE_IQ4_XS, MK_GGML_TYPE_IQ4_NL, 0, true}}) {
+                          Mix{MK_GGML_TYPE_IQ4_NL, MK_GGML_TYPE_IQ4_XS, MK_GGML_TYPE_IQ4_NL, 0, true},
+                          Mix{MK_GGML_TYPE_Q8_0, MK_GGML_TYPE_Q2_K, MK_GGML_TYPE_Q2_K, MK_GGML_TYPE_Q6_K, false}}) {
         SCOPED_TRACE(std::string(mk_ggml_type_name(mix.attn)) + " attention, " + mk_ggml_type_name(mix.mlp) + " MLP");
         mk_native_gguf::TempModel tm([&](const std::string &part) {
             if (part.rfind("attn", 0) == 0) return mix.attn;

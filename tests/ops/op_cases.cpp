@@ -29,6 +29,7 @@ const char *gemv_tag(GemvFormat f) {
         case GemvFormat::Q5_0: return "q5_0";
         case GemvFormat::Q5_1: return "q5_1";
         case GemvFormat::Q8_0: return "q8_0";
+        case GemvFormat::Q2_K: return "q2_k";
         case GemvFormat::Q3_K: return "q3_k";
         case GemvFormat::Q4_K: return "q4_k";
         case GemvFormat::Q5_K: return "q5_k";
@@ -38,14 +39,14 @@ const char *gemv_tag(GemvFormat f) {
     }
 }
 
-const GemvFormat kGemvBlockFormats[11] = {GemvFormat::Q4_0, GemvFormat::Q4_1, GemvFormat::Q5_0, GemvFormat::Q5_1,
-                                          GemvFormat::Q8_0, GemvFormat::IQ4_NL, GemvFormat::Q3_K, GemvFormat::Q4_K,
-                                          GemvFormat::Q5_K, GemvFormat::Q6_K, GemvFormat::IQ4_XS};
+const GemvFormat kGemvBlockFormats[12] = {GemvFormat::Q4_0, GemvFormat::Q4_1, GemvFormat::Q5_0, GemvFormat::Q5_1,
+                                          GemvFormat::Q8_0, GemvFormat::IQ4_NL, GemvFormat::Q2_K, GemvFormat::Q3_K,
+                                          GemvFormat::Q4_K, GemvFormat::Q5_K, GemvFormat::Q6_K, GemvFormat::IQ4_XS};
 
 bool gemv_is_blocks(GemvFormat f) { return f != GemvFormat::F32 && f != GemvFormat::F16 && f != GemvFormat::BF16; }
 
 size_t gemv_block_elements(GemvFormat f) {
-    return f == GemvFormat::Q3_K || f == GemvFormat::Q4_K || f == GemvFormat::Q5_K || f == GemvFormat::Q6_K ||
+    return f == GemvFormat::Q2_K || f == GemvFormat::Q3_K || f == GemvFormat::Q4_K || f == GemvFormat::Q5_K || f == GemvFormat::Q6_K ||
                    f == GemvFormat::IQ4_XS
                ? 256
                : 32;
@@ -341,7 +342,7 @@ std::vector<QSetCase> qset_cases() {
             {{q4k, q8, b16}, false},  {{q8, q41, b16}, false},  {{b16, q4k, q41}, false}, {{q41, b16, q8}, true},
             {{b16, b16, q8}, true},   {{q40, q50, q51}, false}, {{q51, b16, q40}, true},  {{q3k, q5k, q6k}, false},
             {{q6k, q50, q3k}, false}, {{q5k, q40, b16}, false}, {{inl, ixs, q8}, false},
-            {{b16, inl, q51}, true}};
+            {{b16, inl, q51}, true},  {{GemvFormat::Q2_K, q6k, GemvFormat::Q2_K}, false}};
 }
 
 } // namespace mk_ops

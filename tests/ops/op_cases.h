@@ -122,10 +122,10 @@ std::vector<ConvertCase> convert_cases();
 
 // ------------------------------------------------------------------------------- gemv --
 // Dense weights (F32, F16, BF16) and the GGUF block formats the device GEMV reads.
-enum class GemvFormat { F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS };
+enum class GemvFormat { F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS };
 const char *gemv_tag(GemvFormat f);
 // The block formats, in the order above; the values a block holds (32 or 256).
-extern const GemvFormat kGemvBlockFormats[11];
+extern const GemvFormat kGemvBlockFormats[12];
 bool gemv_is_blocks(GemvFormat f);
 size_t gemv_block_elements(GemvFormat f);
 

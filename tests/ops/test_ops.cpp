@@ -1094,6 +1094,7 @@ uint32_t gemv_ggml_type(GemvFormat f) {
         case GemvFormat::Q5_0: return MK_GGML_TYPE_Q5_0;
         case GemvFormat::Q5_1: return MK_GGML_TYPE_Q5_1;
         case GemvFormat::Q8_0: return MK_GGML_TYPE_Q8_0;
+        case GemvFormat::Q2_K: return MK_GGML_TYPE_Q2_K;
         case GemvFormat::Q3_K: return MK_GGML_TYPE_Q3_K;
         case GemvFormat::Q4_K: return MK_GGML_TYPE_Q4_K;
         case GemvFormat::Q5_K: return MK_GGML_TYPE_Q5_K;
@@ -1517,8 +1518,8 @@ TEST_F(OpTest, GemvErrors) {
                  "mk_kernel_gemv: zero input width");
     EXPECT_ERROR(mk_kernel_gemv(nullptr, f, f, MK_DTYPE_BF16, 1, 4, 4, stream_), MK_ERR_INVALID_ARGUMENT,
                  "mk_kernel_gemv: null pointer");
-    EXPECT_ERROR(mk_kernel_gemv_q(f, f, f, MK_GGML_TYPE_Q2_K, 1, 256, 4, stream_), MK_ERR_INVALID_ARGUMENT,
-                 "mk_kernel_gemv_q: ggml type 10 has no device GEMV");
+    EXPECT_ERROR(mk_kernel_gemv_q(f, f, f, MK_GGML_TYPE_IQ2_XXS, 1, 256, 4, stream_), MK_ERR_INVALID_ARGUMENT,
+                 "mk_kernel_gemv_q: ggml type 16 has no device GEMV");
     EXPECT_ERROR(mk_kernel_gemv_q(f, f, f, MK_GGML_TYPE_Q4_K, 1, 288, 4, stream_), MK_ERR_SHAPE,
                  "input width 288 is not a multiple of the block size 256");
     EXPECT_ERROR(mk_kernel_gemv_q(f, f, f, MK_GGML_TYPE_Q8_0, 9, 32, 4, stream_), MK_ERR_SHAPE,
@@ -1532,7 +1533,7 @@ TEST_F(OpTest, GemvErrors) {
     // every format the cpu backend keeps in its blocks, and nothing else
     for (uint32_t t = 0; t < 40; t++) {
         const bool want = t == MK_GGML_TYPE_Q4_0 || t == MK_GGML_TYPE_Q4_1 || t == MK_GGML_TYPE_Q5_0 ||
-                          t == MK_GGML_TYPE_Q5_1 || t == MK_GGML_TYPE_Q8_0 || t == MK_GGML_TYPE_Q3_K ||
+                          t == MK_GGML_TYPE_Q5_1 || t == MK_GGML_TYPE_Q8_0 || t == MK_GGML_TYPE_Q2_K || t == MK_GGML_TYPE_Q3_K ||
                           t == MK_GGML_TYPE_Q4_K || t == MK_GGML_TYPE_Q5_K || t == MK_GGML_TYPE_Q6_K ||
                           t == MK_GGML_TYPE_IQ4_NL || t == MK_GGML_TYPE_IQ4_XS;
         EXPECT_EQ(mk_kernel_gemv_q_supports(t), want) << "type " << t;
@@ -1675,7 +1676,7 @@ TEST_F(OpTest, AttentionPrefillTcBf16CacheCopyPathsAgree) {
 }
 
 // ============================================================ fused native GEMV ==
-// Native weight sets in one launch (kernels/gemv_q.cu mk_kernel_gemv_q_multi / _swiglu): each
+// Native weight sets in one launch (kernels/gemv_q_set.cu mk_kernel_gemv_q_multi / _swiglu): each
 // matrix in its own format (a device block format, or BF16 for a matrix stored widened), mixed
 // freely. Against the CPU (mk_gguf_dequantize then mk_cpu_matmul, then mk_cpu_swiglu) within
 // the GEMV error bound, and bit for bit against the separate launches the backend replaces
@@ -1831,9 +1832,9 @@ TEST_F(OpTest, GemvQSetErrors) {
                  "mk_kernel_gemv_q_multi: 9 rows exceed the decode limit 8");
     EXPECT_ERROR(mk_kernel_gemv_q_multi(3, ys, ws, types, outs, f, 1, 96, stream_), MK_ERR_SHAPE,
                  "input width 96 is not a multiple of matrix 1's block size 256");
-    types[2] = MK_GGML_TYPE_Q2_K;
+    types[2] = MK_GGML_TYPE_IQ2_XXS;
     EXPECT_ERROR(mk_kernel_gemv_q_multi(3, ys, ws, types, outs, f, 1, 256, stream_), MK_ERR_INVALID_ARGUMENT,
-                 "mk_kernel_gemv_q_multi: matrix 2 has ggml type 10");
+                 "mk_kernel_gemv_q_multi: matrix 2 has ggml type 16");
     const void *odd[3] = {f, f, b.ptr<uint8_t>() + 2};
     types[2] = MK_GGML_TYPE_Q4_1;
     EXPECT_ERROR(mk_kernel_gemv_q_multi(3, ys, odd, types, outs, f, 1, 256, stream_), MK_ERR_INVALID_ARGUMENT,
@@ -1844,7 +1845,7 @@ TEST_F(OpTest, GemvQSetErrors) {
                  MK_ERR_INVALID_ARGUMENT, "mk_kernel_gemv_q_swiglu: matrix 1 has ggml type 1");
     EXPECT_TRUE(mk_kernel_gemv_q_set_supports(MK_GGML_TYPE_BF16) && mk_kernel_gemv_q_set_supports(MK_GGML_TYPE_Q4_K) &&
                 mk_kernel_gemv_q_set_supports(MK_GGML_TYPE_Q6_K) && !mk_kernel_gemv_q_set_supports(MK_GGML_TYPE_F16) &&
-                !mk_kernel_gemv_q_set_supports(MK_GGML_TYPE_Q2_K));
+                !mk_kernel_gemv_q_set_supports(MK_GGML_TYPE_IQ2_XXS));
     EXPECT_EQ(mk_kernel_gemv_q_swiglu(f, f, f, MK_GGML_TYPE_Q8_0, f, MK_GGML_TYPE_Q8_0, 0, 32, 4, stream_), MK_OK);
     EXPECT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
 }

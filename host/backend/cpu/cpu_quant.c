@@ -142,6 +142,25 @@ static float cq_dot_q8_0(const uint8_t *w, const mk_q8_block *x, size_t n) {
 
 /* ============================================================= K-quants == */
 
+/* Q2_K: 256 values in 16 groups of 16, each with a 4-bit scale (low nibble of scales[g]) and
+ * min (high nibble); value i is bits 2 ((i % 128) / 32) of qs[32 (i / 128) + i % 32] (0..3),
+ * weighted d * scale, less dmin * min; a group's activations sum to its group sum. */
+static float cq_dot_q2_k(const uint8_t *w, const mk_q8k_block *x, size_t n) {
+    float sum = 0.0f;
+    for (size_t sb = 0; sb < n / 256; sb++, w += 84, x++) {
+        const uint8_t *qs = w + 16;
+        int isum = 0, imin = 0;
+        for (int g = 0; g < 16; g++) {
+            int s = 0;
+            for (int i = 16 * g; i < 16 * g + 16; i++) s += ((qs[32 * (i / 128) + i % 32] >> (2 * ((i % 128) / 32))) & 3) * x->q[i];
+            isum += (w[g] & 0x0f) * s;
+            imin += (w[g] >> 4) * x->sums[g];
+        }
+        sum += x->d * (cq_f16_at(w + 80) * (float)isum - cq_f16_at(w + 82) * (float)imin);
+    }
+    return sum;
+}
+
 /* Q3_K: 256 values in 16 groups of 16 with a signed 6-bit scale each (mk_k3_scales); value i
  * is its two bits in qs (byte i % 32 of half i / 128, bits 2 ((i % 128) / 32)) and its third
  * in hmask (bit i / 32 of byte i % 32), less 4. */
@@ -261,6 +280,7 @@ static const mk_cpu_quant cq_portable = {
     .dot_q5_0 = cq_dot_q5_0,
     .dot_q5_1 = cq_dot_q5_1,
     .dot_q8_0 = cq_dot_q8_0,
+    .dot_q2_k = cq_dot_q2_k,
     .dot_q3_k = cq_dot_q3_k,
     .dot_q4_k = cq_dot_q4_k,
     .dot_q5_k = cq_dot_q5_k,
@@ -308,6 +328,7 @@ mk_qdot8_fn mk_cpu_quant_dot8_for(const mk_cpu_quant *q, uint32_t ggml_type) {
 
 mk_kdot_fn mk_cpu_quant_kdot_for(const mk_cpu_quant *q, uint32_t ggml_type) {
     switch (ggml_type) {
+        case MK_GGML_TYPE_Q2_K: return q->dot_q2_k;
         case MK_GGML_TYPE_Q3_K: return q->dot_q3_k;
         case MK_GGML_TYPE_Q4_K: return q->dot_q4_k;
         case MK_GGML_TYPE_Q5_K: return q->dot_q5_k;
@@ -319,6 +340,7 @@ mk_kdot_fn mk_cpu_quant_kdot_for(const mk_cpu_quant *q, uint32_t ggml_type) {
 
 mk_kdotn_fn mk_cpu_quant_kdotn_for(const mk_cpu_quant *q, uint32_t ggml_type) {
     switch (ggml_type) {
+        case MK_GGML_TYPE_Q2_K: return q->dotn_q2_k;
         case MK_GGML_TYPE_Q3_K: return q->dotn_q3_k;
         case MK_GGML_TYPE_Q4_K: return q->dotn_q4_k;
         case MK_GGML_TYPE_Q5_K: return q->dotn_q5_k;
@@ -331,7 +353,7 @@ mk_kdotn_fn mk_cpu_quant_kdotn_for(const mk_cpu_quant *q, uint32_t ggml_type) {
 bool mk_cpu_quant_keeps(uint32_t ggml_type) {
     switch (ggml_type) {
         case MK_GGML_TYPE_Q4_0: case MK_GGML_TYPE_Q4_1: case MK_GGML_TYPE_Q5_0: case MK_GGML_TYPE_Q5_1:
-        case MK_GGML_TYPE_Q8_0: case MK_GGML_TYPE_Q3_K: case MK_GGML_TYPE_Q4_K: case MK_GGML_TYPE_Q5_K:
+        case MK_GGML_TYPE_Q8_0: case MK_GGML_TYPE_Q2_K: case MK_GGML_TYPE_Q3_K: case MK_GGML_TYPE_Q4_K: case MK_GGML_TYPE_Q5_K:
         case MK_GGML_TYPE_Q6_K: case MK_GGML_TYPE_IQ4_NL: case MK_GGML_TYPE_IQ4_XS:
         case MK_GGML_TYPE_F16: case MK_GGML_TYPE_BF16:
             return true;

@@ -3,12 +3,12 @@
  *
  * Quantized weights (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL) are multiplied with the activation row quantized to
  * 8 bits per block of 32 (mk_q8_block, as llama.cpp's Q8_1): the inner products are exact
- * integer sums and each block contributes one float term. The K-quants (Q3_K, Q4_K, Q5_K, Q6_K) and IQ4_XS take
+ * integer sums and each block contributes one float term. The K-quants (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) and IQ4_XS take
  * the row quantized with one scale per 256 values and the integer sums of its groups of 16
  * (mk_q8k_block, as llama.cpp's Q8_K): a super-block's sub-block sums are weighted by their
- * integer scales and added as integers, Q4_K's and Q5_K's mins and the offsets of Q3_K (4) and Q6_K (32) come from the
+ * integer scales and added as integers, Q2_K's, Q4_K's and Q5_K's mins and the offsets of Q3_K (4) and Q6_K (32) come from the
  * group sums in one multiply, and the super-block contributes one float term (two with
- * Q4_K's mins) instead of eight. IQ4_NL's and IQ4_XS's 4-bit indices are looked up in their
+ * mins) instead of eight. IQ4_NL's and IQ4_XS's 4-bit indices are looked up in their
  * 16 signed values (mk_iq4_values) and multiplied as Q8_0's signed bytes. F16 and BF16 rows are multiplied with the float
  * activations directly (widened in registers).
  *
@@ -93,7 +93,7 @@ typedef void (*mk_quantize_row_k_fn)(mk_q8k_block *out, const float *x, size_t n
 /* Dot of one weight row of n elements (n / block_elements whole blocks) with the
  * quantized activation row xq[n / 32] (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL). */
 typedef float (*mk_qdot_fn)(const uint8_t *w, const mk_q8_block *xq, size_t n);
-/* The same for the K-quants (Q3_K, Q4_K, Q5_K, Q6_K) and IQ4_XS, with the row xk[n / 256]. */
+/* The same for the K-quants (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) and IQ4_XS, with the row xk[n / 256]. */
 typedef float (*mk_kdot_fn)(const uint8_t *w, const mk_q8k_block *xk, size_t n);
 /* Eight consecutive weight rows (w, row_bytes apart; 0: one row eight times) times `rows`
  * (1 to the table's dotn_rows) activation rows: out[8 * r + i] = the dot of weight row i
@@ -114,11 +114,11 @@ typedef float (*mk_hdot_fn)(const uint16_t *w, const float *x, size_t n);
 typedef struct mk_cpu_quant {
     const char *name; /* "portable", "avx2", "avx-vnni", "avx512-vnni" */
     mk_quantize_row_fn quantize_row;     /* for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL */
-    mk_quantize_row_k_fn quantize_row_k; /* for Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS */
+    mk_quantize_row_k_fn quantize_row_k; /* for Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS */
     mk_qdot_fn dot_q4_0, dot_q4_1, dot_q5_0, dot_q5_1, dot_q8_0, dot_iq4_nl;
-    mk_kdot_fn dot_q3_k, dot_q4_k, dot_q5_k, dot_q6_k, dot_iq4_xs;
+    mk_kdot_fn dot_q2_k, dot_q3_k, dot_q4_k, dot_q5_k, dot_q6_k, dot_iq4_xs;
     mk_qdot8_fn dot8_q4_0, dot8_q4_1, dot8_q5_0, dot8_q5_1, dot8_q8_0, dot8_iq4_nl; /* NULL: one-row dots */
-    mk_kdotn_fn dotn_q3_k, dotn_q4_k, dotn_q5_k, dotn_q6_k, dotn_iq4_xs;
+    mk_kdotn_fn dotn_q2_k, dotn_q3_k, dotn_q4_k, dotn_q5_k, dotn_q6_k, dotn_iq4_xs;
     /* Activation rows per n-row call (0 without them): as many as the kernels' per-row
      * accumulators leave room for in the vector registers, 4 of 16, 8 of AVX-512's 32 (the
      * weight rows, eight for the blocks of 32, are unpacked once per call, so more rows per
@@ -147,7 +147,7 @@ const mk_cpu_quant *mk_cpu_quant_best(void);
 mk_qdot_fn mk_cpu_quant_dot_for(const mk_cpu_quant *q, uint32_t ggml_type);
 /* Its eight-weight-row dot (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL), or NULL. */
 mk_qdot8_fn mk_cpu_quant_dot8_for(const mk_cpu_quant *q, uint32_t ggml_type);
-/* The K-quants' dot and n-row dot (Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS), or NULL for the other types. */
+/* The K-quants' dot and n-row dot (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS), or NULL for the other types. */
 mk_kdot_fn mk_cpu_quant_kdot_for(const mk_cpu_quant *q, uint32_t ggml_type);
 mk_kdotn_fn mk_cpu_quant_kdotn_for(const mk_cpu_quant *q, uint32_t ggml_type);
 /* True for the ggml types the cpu backend keeps in their stored format. */

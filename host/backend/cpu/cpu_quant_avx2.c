@@ -487,6 +487,22 @@ MK_AVX2 CX_INLINE void cx_k5_fifth(__m256i q[8], const uint8_t *qh) {
 #define CX_Q5_K_QS 48
 #define CX_Q5_K_FIFTH(q, w) cx_k5_fifth(q, (w) + 16)
 
+/* The per-row part of the dots with mins (Q4_K, Q5_K, Q2_K; inside a kernel: x, sb, q, scale,
+ * mins, vd, vdmin and acc in scope): the eight groups of 32 weighted by their scales
+ * (16-bit, one per 16 values) into one i32 sum, the mins times the activation group sums
+ * another, then x.d * (d * isum - dmin * imin). */
+#define CX_K_MIN_ROWS(OPS, R)                                                                             \
+    CX_UNROLL for (int r = 0; r < R; r++) {                                                              \
+        const mk_q8k_block *xb = &x[r][sb];                                                               \
+        __m256i isum = _mm256_setzero_si256();                                                            \
+        for (int j = 0; j < 8; j++)                                                                       \
+            isum = OPS##_wsum(isum, _mm256_maddubs_epi16(q[j], cx_loadu(xb->q + 32 * j)), scale[j]);      \
+        const __m256i imin = _mm256_madd_epi16(cx_loadu(xb->sums), mins);                                 \
+        const __m256 t = _mm256_fnmadd_ps(vdmin, _mm256_cvtepi32_ps(imin),                                \
+                                          _mm256_mul_ps(vd, _mm256_cvtepi32_ps(isum)));                   \
+        acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(xb->d), t, acc[r]);                                       \
+    }
+
 /* DOTN for a fixed number of rows R. */
 #define CX_K_ROWS(TARGET, NAME, OPS, R, FMT)                                                               \
     TARGET static inline void NAME(const uint8_t *w, const mk_q8k_block *const *x, size_t n, float *out) { \
@@ -509,16 +525,7 @@ MK_AVX2 CX_INLINE void cx_k5_fifth(__m256i q[8], const uint8_t *qh) {
             }                                                                                             \
             CX_##FMT##_FIFTH(q, w);                                                                       \
             for (int j = 0; j < 8; j++) scale[j] = _mm256_set1_epi16(sc[j]);                              \
-            CX_UNROLL for (int r = 0; r < R; r++) {                                                      \
-                const mk_q8k_block *xb = &x[r][sb];                                                       \
-                __m256i isum = _mm256_setzero_si256();                                                    \
-                for (int j = 0; j < 8; j++)                                                               \
-                    isum = OPS##_wsum(isum, _mm256_maddubs_epi16(q[j], cx_loadu(xb->q + 32 * j)), scale[j]); \
-                const __m256i imin = _mm256_madd_epi16(cx_loadu(xb->sums), mins);                         \
-                const __m256 t = _mm256_fnmadd_ps(vdmin, _mm256_cvtepi32_ps(imin),                        \
-                                                  _mm256_mul_ps(vd, _mm256_cvtepi32_ps(isum)));           \
-                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(xb->d), t, acc[r]);                               \
-            }                                                                                             \
+            CX_K_MIN_ROWS(OPS, R)                                                                         \
         }                                                                                                 \
         for (int r = 0; r < R; r++) out[r] = cx_hsum(acc[r]);                                             \
     }
@@ -637,6 +644,35 @@ MK_AVX2 CX_INLINE __m128i cx_k3_scales(const uint8_t *s) {
     }
 CX_Q3_K_DOTS(MK_AVX2, cx_dot_q3_k, cx_dotn_q3_k, cx_k_avx2, CX_BY_ROWS4)
 
+/* Q2_K row dots, as Q4_K's with a scale and a min per 16 values: each super-block's 2-bit
+ * values (group j of 32: bits 2 (j % 4) of the 32 bytes of half j / 4), its 16 scales (low
+ * nibbles, spread in pairs by cx_k_pair_scales) and mins (high nibbles) unpacked once for all
+ * the rows; per row CX_K_MIN_ROWS (u2 x s8 pair sums <= 762, weighted by scales <= 15). */
+#define CX_Q2_K_DOTS(TARGET, DOT, DOTN, OPS, BY) CX_BLOCK_DOTS(CX_Q2_K_ROWS, TARGET, DOT, DOTN, OPS, BY, mk_q8k_block)
+
+/* DOTN for a fixed number of rows R. */
+#define CX_Q2_K_ROWS(TARGET, NAME, OPS, R)                                                                 \
+    TARGET static inline void NAME(const uint8_t *w, const mk_q8k_block *const *x, size_t n, float *out) { \
+        __m256 acc[R];                                                                                    \
+        for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();                                         \
+        const __m256i m2 = _mm256_set1_epi8(3);                                                           \
+        const __m128i m4 = _mm_set1_epi8(0x0f);                                                           \
+        for (size_t sb = 0; sb < n / 256; sb++, w += 84) {                                                \
+            CX_PREFETCH_BLOCK(w, 84);                                                                     \
+            const __m256 vd = _mm256_set1_ps(cx_f16(w + 80)), vdmin = _mm256_set1_ps(cx_f16(w + 82));     \
+            const __m128i packed = _mm_loadu_si128((const __m128i *)w); /* scale | min << 4, per 16 */  \
+            const __m256i mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(packed, 4), m4));      \
+            __m256i q[8], scale[8], scales16;                                                             \
+            cx_k_pair_scales(_mm_and_si128(packed, m4), &scales16, scale);                                \
+            (void)scales16;                                                                               \
+            CX_UNROLL for (int j = 0; j < 8; j++)                                                         \
+                q[j] = _mm256_and_si256(_mm256_srli_epi16(cx_loadu(w + 16 + 32 * (j / 4)), 2 * (j % 4)), m2); \
+            CX_K_MIN_ROWS(OPS, R)                                                                         \
+        }                                                                                                 \
+        for (int r = 0; r < R; r++) out[r] = cx_hsum(acc[r]);                                             \
+    }
+CX_Q2_K_DOTS(MK_AVX2, cx_dot_q2_k, cx_dotn_q2_k, cx_k_avx2, CX_BY_ROWS4)
+
 /* IQ4_XS row dots, as Q4_K's: each super-block's 8 sub-blocks of 32 looked up in
  * mk_iq4_values (cx_iq4_values32: low nibbles are values 0-15, high 16-31) with their
  * magnitudes, and their signed scales (mk_iq4xs_scale) spread, once for all the rows; per
@@ -690,7 +726,7 @@ CX_IQ4_XS_DOTS(MK_AVX2, cx_dot_iq4_xs, cx_dotn_iq4_xs, cx_k_avx2, CX_BY_ROWS4)
 #define MK_VNNI __attribute__((target("avx2,fma,f16c,avxvnni")))
 #define MK_VNNI512 __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512vnni")))
 
-/* The Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS dots for one encoding: TARGET compiles them, DPBUSD
+/* The Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS dots for one encoding: TARGET compiles them, DPBUSD
  * and DPWSSD are its intrinsics, BY and BY8 make its n-row kernels (CX_BY_ROWS8 and ROWS8
  * only where TARGET has AVX-512's 32 registers). */
 #define CX_VNNI_DOTS(TARGET, DPBUSD, DPWSSD, SUFFIX, BY, BY8)                                              \
@@ -718,6 +754,7 @@ CX_IQ4_XS_DOTS(MK_AVX2, cx_dot_iq4_xs, cx_dotn_iq4_xs, cx_k_avx2, CX_BY_ROWS4)
     TARGET static inline __m256i cx_k_##SUFFIX##_wsum(__m256i acc, __m256i p, __m256i w) {                \
         return DPWSSD(acc, p, w);                                                                         \
     }                                                                                                     \
+    CX_Q2_K_DOTS(TARGET, cx_dot_q2_k_##SUFFIX, cx_dotn_q2_k_##SUFFIX, cx_k_##SUFFIX, BY)                  \
     CX_Q3_K_DOTS(TARGET, cx_dot_q3_k_##SUFFIX, cx_dotn_q3_k_##SUFFIX, cx_k_##SUFFIX, BY)                  \
     CX_Q4_K_DOTS(TARGET, cx_dot_q4_k_##SUFFIX, cx_dotn_q4_k_##SUFFIX, cx_k_##SUFFIX, BY)                  \
     CX_Q5_K_DOTS(TARGET, cx_dot_q5_k_##SUFFIX, cx_dotn_q5_k_##SUFFIX, cx_k_##SUFFIX, BY)                  \
@@ -780,6 +817,8 @@ static const mk_cpu_quant cx_avx2 = {
     .dot_q8_0 = cx_dot_q8_0,
     .dot8_q8_0 = cx_dot8_q8_0,
     .dotn_rows = 4,
+    .dot_q2_k = cx_dot_q2_k,
+    .dotn_q2_k = cx_dotn_q2_k,
     .dot_q3_k = cx_dot_q3_k,
     .dotn_q3_k = cx_dotn_q3_k,
     .dot_q4_k = cx_dot_q4_k,
@@ -831,6 +870,8 @@ static bool cx_cpu_has_avx2(void) {
         .dot_q8_0 = cx_dot_q8_0_##SUFFIX,          \
         .dot8_q8_0 = cx_dot8_q8_0_##SUFFIX,        \
         .dotn_rows = ROWS,                         \
+        .dot_q2_k = cx_dot_q2_k_##SUFFIX,          \
+        .dotn_q2_k = cx_dotn_q2_k_##SUFFIX,        \
         .dot_q3_k = cx_dot_q3_k_##SUFFIX,          \
         .dotn_q3_k = cx_dotn_q3_k_##SUFFIX,        \
         .dot_q4_k = cx_dot_q4_k_##SUFFIX,          \

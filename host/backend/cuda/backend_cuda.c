@@ -10,7 +10,7 @@
  * MK_GEMV_MAX_ROWS rows) or with F32 activations in the decode GEMV kernel (up to that).
  *
  * Native weight mode (MK_DTYPE_NATIVE): a matrix whose GGUF source is a format the kernels
- * read (mk_kernel_gemv_q_supports: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q3_K-Q6_K, IQ4_NL, IQ4_XS) stays in its blocks on the device (decode: mk_kernel_gemv_q dequantizes in registers;
+ * read (mk_kernel_gemv_q_supports: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K-Q6_K, IQ4_NL, IQ4_XS) stays in its blocks on the device (decode: mk_kernel_gemv_q dequantizes in registers;
  * prefill: slices of rows expanded to BF16 in a scratch buffer, then cuBLAS); any other
  * source is stored as BF16. Each weight's mk_weight says which (its format).
  *
