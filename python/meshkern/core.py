@@ -653,14 +653,21 @@ class Tokenizer:
         check(lib.mk_chat_template_detect(self._ptr, k))
         return string(lib.mk_chat_template_name(k[0]))
 
-    def apply_chat(self, messages: Seq[dict], *, add_generation_prompt: bool = True) -> str:
-        """Render [{"role": ..., "content": ...}, ...] as the model's template does."""
+    @staticmethod
+    def _messages(messages: Seq[dict]):
+        """[{"role": ..., "content": ...}, ...] as an mk_chat_message array, and what keeps its
+        strings alive."""
         msgs = ffi.new("mk_chat_message[]", max(1, len(messages)))
         keep = []
         for i, m in enumerate(messages):
             keep.append(ffi.new("char[]", m["role"].encode()))
             keep.append(ffi.new("char[]", m["content"].encode()))
             msgs[i].role, msgs[i].content = keep[-2], keep[-1]
+        return msgs, keep
+
+    def apply_chat(self, messages: Seq[dict], *, add_generation_prompt: bool = True) -> str:
+        """Render [{"role": ..., "content": ...}, ...] as the model's template does."""
+        msgs, _keep = self._messages(messages)
         pp, ln = ffi.new("char **"), ffi.new("size_t *")
         check(lib.mk_chat_apply(self._ptr, msgs, len(messages), add_generation_prompt, pp, ln))
         return _take_buffer(ffi.cast("uint8_t **", pp), ln[0]).decode("utf-8")
@@ -668,12 +675,7 @@ class Tokenizer:
     def encode_chat(self, messages: Seq[dict], *, add_generation_prompt: bool = True) -> list[int]:
         """The conversation as the model reads it (mk_chat_encode): apply_chat's markup with its
         control tokens, each content as plain text ("<|im_end|>" inside a message stays text)."""
-        msgs = ffi.new("mk_chat_message[]", max(1, len(messages)))
-        keep = []
-        for i, m in enumerate(messages):
-            keep.append(ffi.new("char[]", m["role"].encode()))
-            keep.append(ffi.new("char[]", m["content"].encode()))
-            msgs[i].role, msgs[i].content = keep[-2], keep[-1]
+        msgs, _keep = self._messages(messages)
         pp, n = ffi.new("int32_t **"), ffi.new("size_t *")
         check(lib.mk_chat_encode(self._ptr, msgs, len(messages), add_generation_prompt, pp, n))
         try:
