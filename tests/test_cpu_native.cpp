@@ -1124,14 +1124,21 @@ TEST(NativeWeightStore, F32StaysF32AndEveryQuantizedFormatKeepsItsBlocks) {
     for (size_t i = 0; i < 3; i++)
         EXPECT_EQ(std::memcmp(&out[i * cols], &ref[ids[i] * cols], cols * sizeof(float)), 0) << i;
 
+    // Every kept format: the embedding rows are the loader's dequantized rows, bit for bit
+    // (a row gathered from the wrong offset or decoded by another rule differs).
+    for (const Format &f : kFormats) {
+        const std::vector<uint8_t> q = random_rows(f.type, rows, cols, rng);
+        NativeWeight kept(f.type, q, rows, cols);
+        std::vector<float> refq(rows * cols);
+        MK_ASSERT_OK(mk_gguf_dequantize(f.type, q.data(), q.size(), refq.data(), refq.size()));
+        const int32_t mixed[] = {3, 0, 4, 3, 1};
+        std::vector<float> got(5 * cols + 3, kSentinel);
+        MK_ASSERT_OK(mk_cpu_native_embed(got.data(), kept.weight(), mixed, 5));
+        for (size_t i = 0; i < 5; i++)
+            EXPECT_EQ(std::memcmp(&got[i * cols], &refq[mixed[i] * cols], cols * sizeof(float)), 0) << f.name << " row " << i;
+        for (size_t i = 5 * cols; i < got.size(); i++) EXPECT_EQ(got[i], kSentinel) << f.name;
+    }
     const std::vector<uint8_t> q8 = random_rows(MK_GGML_TYPE_Q8_0, rows, cols, rng);
-    NativeWeight w8(MK_GGML_TYPE_Q8_0, q8, rows, cols);
-    std::vector<float> ref8(rows * cols);
-    MK_ASSERT_OK(mk_gguf_dequantize(MK_GGML_TYPE_Q8_0, q8.data(), q8.size(), ref8.data(), ref8.size()));
-    EXPECT_EQ(w8.weight()->format, (uint32_t)MK_GGML_TYPE_Q8_0);
-    MK_ASSERT_OK(mk_cpu_native_embed(out.data(), w8.weight(), ids, 3));
-    for (size_t i = 0; i < 3; i++)
-        EXPECT_EQ(std::memcmp(&out[i * cols], &ref8[ids[i] * cols], cols * sizeof(float)), 0) << i;
     // A stored tensor of the wrong size is refused.
     std::vector<uint8_t> buf(mk_cpu_native_weight_bytes(MK_GGML_TYPE_Q8_0, rows, cols) + 64);
     mk_weight short_w = {buf.data(), 0, rows, cols};
