@@ -224,11 +224,12 @@ if has meshkern; then
   done
 fi
 
-# ---- 6. the decode GEMVs (SmolLM2 and 8B shapes; BF16, Q4_1, Q8_0) as % of the device copy,
+# ---- 6. the decode GEMVs (SmolLM2 and 8B shapes in BF16, Q4_1, Q8_0; every other block format
+#         on the 8B's ffn_up, Q6_K/Q5_0 where K-quant files store them) as % of the device copy,
 #         and prefill attention on the tensor cores vs a cuBLAS BF16 GEMM ----------------------
 if has kernel_bench; then
   mkdir -p "$R/kbench"
-  MK_KBENCH_ONLY=copy,gemv,prefill,prefill_tc,gemm step "kernels.gemv_prefill_gemm" 150 "${BIN[kernel_bench]}" "$R/kbench"
+  MK_KBENCH_ONLY=copy,gemv,prefill,prefill_tc,gemm step "kernels.gemv_prefill_gemm" 180 "${BIN[kernel_bench]}" "$R/kbench"
   grep -E "^(memcpy_d2d|gemv|attention_prefill|cublas_gemm_bf16|prefill attention|ceiling)" \
     "$R/kernels.gemv_prefill_gemm.log" | sed 's/^/kernel_bench: /' >>"$R/figures.txt"
 fi

@@ -32,6 +32,7 @@
 
 #include "backend/cpu/cpu_ops.h"
 #include "kernels.h"
+#include "model/gguf.h"
 #include "ops/op_cases.h"
 
 #include <cublas_v2.h>
@@ -583,52 +584,30 @@ void bench_gemm_bf16(Bench &b, size_t n) {
 // ------------------------------------------------------------------------ GEMV --
 // The decode matrix products that dominate a token: y[rows, out] = x[rows, in] . w[out, in]^T
 // with w in BF16 (mk_kernel_gemv) or a GGUF block format dequantized in registers
-// (mk_kernel_gemv_q: Q4_1 = 3, Q8_0 = 8). Bytes: the weight once, x and y once. Random
-// weights (block scales small positive F16 values); the reference widens the same weights on
-// the host (the two block layouts written out here, independently of the library's
-// dequantizer) and sums in double.
-constexpr uint32_t kGgmlQ4_1 = 3, kGgmlQ8_0 = 8, kGgmlBf16 = 30;
-
-std::vector<uint8_t> gemv_weight(uint32_t type, size_t out, size_t in, std::vector<float> *wide) {
-    std::mt19937_64 g(77 + out * 3 + in + type);
+// (mk_kernel_gemv_q). Bytes: the weight once, x and y once. Random weights (the op grid's
+// random_blocks: small f16 scales, every other byte random); the reference widens the same
+// weights on the host (mk_gguf_dequantize, which the suite checks bit for bit against the
+// gguf package's) and sums in double.
+std::vector<uint8_t> gemv_weight(GemvFormat f, size_t out, size_t in, std::vector<float> *wide) {
     wide->assign(out * in, 0.0f);
-    if (type == kGgmlBf16) {
+    if (f == GemvFormat::BF16) {
         std::vector<uint8_t> w(out * in * 2);
-        const std::vector<float> f = rnd(out * in, 78 + type);
-        for (size_t i = 0; i < f.size(); i++) {
-            const uint16_t h = mk_f32_to_bf16(f[i]);
+        const std::vector<float> v = rnd(out * in, 78);
+        for (size_t i = 0; i < v.size(); i++) {
+            const uint16_t h = mk_f32_to_bf16(v[i]);
             std::memcpy(&w[i * 2], &h, 2);
             (*wide)[i] = mk_bf16_to_f32(h);
         }
         return w;
     }
-    const size_t bb = type == kGgmlQ8_0 ? 34 : 20, blocks = out * in / 32; /* 32 elements per block */
-    std::vector<uint8_t> w(blocks * bb);
-    for (size_t k = 0; k < blocks; k++) {
-        uint8_t *blk = &w[k * bb];
-        float *y = wide->data() + k * 32;
-        for (size_t j = 0; j < bb; j++) blk[j] = (uint8_t)g();
-        const uint16_t d = mk_f32_to_f16((float)(1 + g() % 64) / 4096.0f);
-        std::memcpy(blk, &d, 2);
-        const float df = mk_f16_to_f32(d);
-        if (type == kGgmlQ8_0) { /* d, then 32 int8 */
-            for (int j = 0; j < 32; j++) y[j] = df * (float)(int8_t)blk[2 + j];
-        } else { /* d, m, then 16 bytes: element j in the low nibble of byte j, j + 16 in the high */
-            const uint16_t m = mk_f32_to_f16(-(float)(g() % 64) / 1024.0f);
-            std::memcpy(blk + 2, &m, 2);
-            const float mf = mk_f16_to_f32(m);
-            for (int j = 0; j < 16; j++) {
-                y[j] = df * (float)(blk[4 + j] & 0xF) + mf;
-                y[j + 16] = df * (float)(blk[4 + j] >> 4) + mf;
-            }
-        }
-    }
+    std::vector<uint8_t> w = random_blocks(f, out * in, 77 + out * 3 + in + (size_t)f);
+    MK(mk_gguf_dequantize(gemv_ggml_type(f), w.data(), w.size(), wide->data(), wide->size()));
     return w;
 }
 
-void bench_gemv_shape(Bench &b, const char *model, uint32_t type, size_t rows, size_t in, size_t out) {
+void bench_gemv_shape(Bench &b, const char *model, GemvFormat f, size_t rows, size_t in, size_t out) {
     std::vector<float> wide;
-    const std::vector<uint8_t> w = gemv_weight(type, out, in, &wide);
+    const std::vector<uint8_t> w = gemv_weight(f, out, in, &wide);
     const std::vector<float> x = rnd(rows * in, 79);
     const double bytes = (double)w.size() + 4.0 * rows * (in + out);
     const int sets = b.sets_for(bytes);
@@ -636,8 +615,8 @@ void bench_gemv_shape(Bench &b, const char *model, uint32_t type, size_t rows, s
     for (int s = 0; s < sets; s++) dw.push_back(dev_upload(b.stream, w.data(), w.size()));
     float *dx = (float *)dev_upload(b.stream, x.data(), x.size() * 4), *dy = (float *)dev_alloc(b.stream, rows * out * 4);
     auto run = [&](int s) {
-        if (type == kGgmlBf16) MK(mk_kernel_gemv(dy, dx, dw[s], MK_DTYPE_BF16, rows, in, out, b.stream));
-        else MK(mk_kernel_gemv_q(dy, dx, dw[s], type, rows, in, out, b.stream));
+        if (f == GemvFormat::BF16) MK(mk_kernel_gemv(dy, dx, dw[s], MK_DTYPE_BF16, rows, in, out, b.stream));
+        else MK(mk_kernel_gemv_q(dy, dx, dw[s], gemv_ggml_type(f), rows, in, out, b.stream));
     };
     run(0);
     CK(cudaStreamSynchronize(b.stream));
@@ -657,8 +636,7 @@ void bench_gemv_shape(Bench &b, const char *model, uint32_t type, size_t rows, s
     /* F32 accumulation over `in` terms against a double sum: a few ulps of the magnitudes */
     const bool ok = close("gemv", dev_download<float>(b.stream, dy, rows * out), ref, 1e-6 * scale, 1e-5);
     const double us = b.time_us(sets, run);
-    const char *tn = type == kGgmlBf16 ? "bf16" : type == kGgmlQ8_0 ? "q8_0" : "q4_1";
-    b.add("gemv", std::string(model) + " " + tn + " " + std::to_string(rows) + "x" + std::to_string(in) + "->" +
+    b.add("gemv", std::string(model) + " " + gemv_tag(f) + " " + std::to_string(rows) + "x" + std::to_string(in) + "->" +
                       std::to_string(out),
           us, bytes, 2.0 * rows * in * out, ok);
     for (void *p : dw) CK(cudaFree(p));
@@ -666,13 +644,11 @@ void bench_gemv_shape(Bench &b, const char *model, uint32_t type, size_t rows, s
     CK(cudaFree(dy));
 }
 
-uint32_t gemv_type(GemvFormat f) { return f == GemvFormat::BF16 ? kGgmlBf16 : f == GemvFormat::Q8_0 ? kGgmlQ8_0 : kGgmlQ4_1; }
-
 // A GEMV case, its shape divided by `scale` (> 1: the cudasim smoke test), the input width kept
 // a multiple of the 32-element blocks.
 void bench_gemv(Bench &b, const GemvCase &c, size_t scale) {
-    bench_gemv_shape(b, c.model ? c.model : "-", gemv_type(c.fmt), c.rows,
-                     std::max<size_t>(32, c.in_dim / scale / 32 * 32), std::max<size_t>(1, c.out_dim / scale));
+    const size_t be = gemv_block_elements(c.fmt);
+    bench_gemv_shape(b, c.model ? c.model : "-", c.fmt, c.rows, std::max<size_t>(be, c.in_dim / scale / be * be), std::max<size_t>(1, c.out_dim / scale));
 }
 
 // ------------------------------------------------------------------ case selection --
@@ -692,8 +668,7 @@ const char *refuses(const ArgmaxCase &c) {
     return c.pattern == ArgPattern::Random ? nullptr : "kernel_bench times random rows only";
 }
 const char *refuses(const GemvCase &c) {
-    if (c.fmt != GemvFormat::BF16 && c.fmt != GemvFormat::Q4_1 && c.fmt != GemvFormat::Q8_0)
-        return "kernel_bench writes BF16, Q4_1 and Q8_0 weights only";
+    if (c.fmt != GemvFormat::BF16 && !gemv_is_blocks(c.fmt)) return "kernel_bench writes BF16 and block weights only";
     if (c.misaligned) return "kernel_bench times aligned operands only";
     return c.model ? nullptr : "a perf GEMV names its model";
 }

@@ -3,6 +3,11 @@
 // 32/8 heads of 128; SmolLM2-135M: 576, 1536, 49152, 9/3 heads of 64), which the grid checks too.
 #include "op_cases.h"
 
+#include <random>
+
+#include "core/half.h"
+#include "model/gguf.h"
+
 namespace mk_ops {
 
 namespace {
@@ -50,6 +55,47 @@ size_t gemv_block_elements(GemvFormat f) {
                    f == GemvFormat::IQ4_XS
                ? 256
                : 32;
+}
+
+uint32_t gemv_ggml_type(GemvFormat f) {
+    switch (f) {
+        case GemvFormat::Q4_0: return MK_GGML_TYPE_Q4_0;
+        case GemvFormat::Q4_1: return MK_GGML_TYPE_Q4_1;
+        case GemvFormat::Q5_0: return MK_GGML_TYPE_Q5_0;
+        case GemvFormat::Q5_1: return MK_GGML_TYPE_Q5_1;
+        case GemvFormat::Q8_0: return MK_GGML_TYPE_Q8_0;
+        case GemvFormat::Q2_K: return MK_GGML_TYPE_Q2_K;
+        case GemvFormat::Q3_K: return MK_GGML_TYPE_Q3_K;
+        case GemvFormat::Q4_K: return MK_GGML_TYPE_Q4_K;
+        case GemvFormat::Q5_K: return MK_GGML_TYPE_Q5_K;
+        case GemvFormat::Q6_K: return MK_GGML_TYPE_Q6_K;
+        case GemvFormat::IQ4_NL: return MK_GGML_TYPE_IQ4_NL;
+        case GemvFormat::IQ4_XS: return MK_GGML_TYPE_IQ4_XS;
+        default: return MK_GGML_TYPE_BF16;
+    }
+}
+
+// Random blocks of a GGUF format with sane scales: the f16 scales (d, and m / dmin where the
+// format has one; mk_ggml_type_f16_scales) in +-[1/512, 1/16] with random signs, every other
+// byte (quants, fifth bits, packed 6-bit or int8 sub-block scales) random.
+std::vector<uint8_t> random_blocks(GemvFormat f, size_t n_values, uint64_t seed) {
+    size_t be = 0, bb = 0;
+    const uint32_t type = gemv_ggml_type(f);
+    mk_ggml_type_layout(type, &be, &bb);
+    int scales[2] = {-1, -1};
+    mk_ggml_type_f16_scales(type, scales);
+    std::mt19937_64 rng(seed);
+    std::vector<uint8_t> out(n_values / be * bb);
+    for (auto &b : out) b = (uint8_t)rng();
+    std::uniform_real_distribution<float> u(1.0f / 512.0f, 1.0f / 16.0f);
+    for (size_t blk = 0; blk < out.size(); blk += bb)
+        for (int off : scales) {
+            if (off < 0) continue;
+            const uint16_t h = mk_f32_to_f16((rng() & 1 ? 1.0f : -1.0f) * u(rng));
+            out[blk + (size_t)off] = (uint8_t)(h & 0xff);
+            out[blk + (size_t)off + 1] = (uint8_t)(h >> 8);
+        }
+    return out;
 }
 
 // ============================================================================ rmsnorm ==
@@ -307,6 +353,15 @@ std::vector<GemvCase> gemv_cases() {
         for (const GemvFormat f : {GemvFormat::BF16, GemvFormat::Q4_1, GemvFormat::Q8_0})
             v.push_back({f, 1, s.in, s.out, false, s.use, s.model});
     v.push_back({GemvFormat::Q4_1, 8, 4096, 14336, false, PD, "8b"});
+    // and every other block format on the 8B's FFN up product, one row, with the products a
+    // Q4_K_M file stores in Q6_K (ffn_down, output) and SmolLM2 Q4_K_M's Q5_0/Q6_K widths
+    for (const GemvFormat f : kGemvBlockFormats)
+        if (f != GemvFormat::Q4_1 && f != GemvFormat::Q8_0) v.push_back({f, 1, 4096, 14336, false, PD, "8b"});
+    v.push_back({GemvFormat::Q4_K, 8, 4096, 14336, false, PD, "8b"});
+    v.push_back({GemvFormat::Q6_K, 1, 14336, 4096, false, PD, "8b"});
+    v.push_back({GemvFormat::Q6_K, 1, 4096, 128256, false, PD, "8b"});
+    v.push_back({GemvFormat::Q5_0, 1, 576, 1536, false, PD, "smollm2"});
+    v.push_back({GemvFormat::Q6_K, 1, 1536, 576, false, PD, "smollm2"});
     return v;
 }
 

@@ -128,6 +128,10 @@ const char *gemv_tag(GemvFormat f);
 extern const GemvFormat kGemvBlockFormats[12];
 bool gemv_is_blocks(GemvFormat f);
 size_t gemv_block_elements(GemvFormat f);
+// The GGUF type id of a format (dense formats: BF16's id).
+uint32_t gemv_ggml_type(GemvFormat f);
+// n_values of format f (a whole number of blocks) as random blocks with sane scales.
+std::vector<uint8_t> random_blocks(GemvFormat f, size_t n_values, uint64_t seed);
 
 struct GemvCase {
     GemvFormat fmt;

@@ -1087,47 +1087,6 @@ TEST_F(OpTest, AddAndLastRow) {
 // dequantization on a GPU (<= 1 ulp of |d * q| per weight, bounded via max|w| of the row).
 // One wrong or missing weight shows up as an error ~|x_k w_k| ~ sum / in_dim, far above it.
 
-uint32_t gemv_ggml_type(GemvFormat f) {
-    switch (f) {
-        case GemvFormat::Q4_0: return MK_GGML_TYPE_Q4_0;
-        case GemvFormat::Q4_1: return MK_GGML_TYPE_Q4_1;
-        case GemvFormat::Q5_0: return MK_GGML_TYPE_Q5_0;
-        case GemvFormat::Q5_1: return MK_GGML_TYPE_Q5_1;
-        case GemvFormat::Q8_0: return MK_GGML_TYPE_Q8_0;
-        case GemvFormat::Q2_K: return MK_GGML_TYPE_Q2_K;
-        case GemvFormat::Q3_K: return MK_GGML_TYPE_Q3_K;
-        case GemvFormat::Q4_K: return MK_GGML_TYPE_Q4_K;
-        case GemvFormat::Q5_K: return MK_GGML_TYPE_Q5_K;
-        case GemvFormat::Q6_K: return MK_GGML_TYPE_Q6_K;
-        case GemvFormat::IQ4_NL: return MK_GGML_TYPE_IQ4_NL;
-        case GemvFormat::IQ4_XS: return MK_GGML_TYPE_IQ4_XS;
-        default: return MK_GGML_TYPE_BF16;
-    }
-}
-
-// Random blocks of a GGUF format with sane scales: the f16 scales (d, and m / dmin where the
-// format has one; mk_ggml_type_f16_scales) in +-[1/512, 1/16] with random signs, every other
-// byte (quants, fifth bits, packed 6-bit or int8 sub-block scales) random.
-std::vector<uint8_t> random_blocks(GemvFormat f, size_t n_values, uint64_t seed) {
-    size_t be = 0, bb = 0;
-    const uint32_t type = gemv_ggml_type(f);
-    mk_ggml_type_layout(type, &be, &bb);
-    int scales[2] = {-1, -1};
-    mk_ggml_type_f16_scales(type, scales);
-    std::mt19937_64 rng(seed);
-    std::vector<uint8_t> out(n_values / be * bb);
-    for (auto &b : out) b = (uint8_t)rng();
-    std::uniform_real_distribution<float> u(1.0f / 512.0f, 1.0f / 16.0f);
-    for (size_t blk = 0; blk < out.size(); blk += bb)
-        for (int off : scales) {
-            if (off < 0) continue;
-            const uint16_t h = mk_f32_to_f16((rng() & 1 ? 1.0f : -1.0f) * u(rng));
-            out[blk + (size_t)off] = (uint8_t)(h & 0xff);
-            out[blk + (size_t)off + 1] = (uint8_t)(h >> 8);
-        }
-    return out;
-}
-
 // Native weights expanded on the device (kernels/dequant_q.cu) against mk_gguf_dequantize:
 // F32 rows equal (a GPU may contract d * q + m into one FMA: 1 ulp), BF16 rows are the
 // reference rounded to BF16 (1 BF16 ulp on a GPU); gathered rows by id, an out-of-range id
