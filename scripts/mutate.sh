@@ -253,6 +253,7 @@ MUTATIONS=(
   "native.k-rows-quantized-for-the-last-part-only~host/backend/cpu/cpu_native.c~s/j->k_blocks = j->k_blocks \|\| p->kdot \|\| p->kdotn;/j->k_blocks = p->kdot || p->kdotn;/~native:*SharedAndSwiglu*"
   "native.k-one-row-dots-read-row-zero~host/backend/cpu/cpu_native.c~s/p->kdot\(wr, j->ctx->xk \+ r \* k_per_row, in\)/p->kdot(wr, j->ctx->xk, in)/~native:*"
   "cpu_native.format-as-f32~host/backend/cpu/cpu_native.c~s/return w->format != MK_GGML_TYPE_F32 && /return /~native:*"
+  "cpu.native-embed-row-stride~host/backend/cpu/cpu_native.c~s/data \+ \(size_t\)ids\[i\] \* row_bytes, row_bytes/data + (size_t)ids[i] * row_bytes + (ids[i] ? 2 : 0), row_bytes/~native:NativeWeightStore.*"
   "cpu.embed-width-from-rows~host/backend/cpu/backend_cpu.c~s/mk_cpu_embed\(out, table->data, ids, n, table->cols\);/mk_cpu_embed(out, table->data, ids, n, table->rows);/~host"
   "cuda.kv-read-misses-new-rows~host/backend/cuda/backend_cuda.c~s/2 \* \(past \+ rows\) \* n_kv_heads/2 * past * n_kv_heads/~backend:*ReadsEachWeight*:*NativeDecodeToken*"
   "cuda.native-set-bytes-last-only~host/backend/cuda/backend_cuda.c~s/\*bytes \+= w\[i\]->rows \* mk_cuda_row_bytes\(w\[i\]\);/*bytes = w[i]->rows * mk_cuda_row_bytes(w[i]);/~backend:*NativeDecodeToken*"
@@ -393,6 +394,8 @@ MUTATIONS=(
   "detok.decode-id-one-past~host/text/detokenizer.c~s/if \(ids\[i\] < 0 \|\| \(size_t\)ids\[i\] >= t->n_vocab\)/if (ids[i] < 0 || (size_t)ids[i] > t->n_vocab)/~text:TokenizerDecode.*"
   "tokenizer.control-token-found-inside-content~host/text/tokenizer.c~s/if \(anywhere \|\| !mk_in_literal\(lit, n_lit, at, nlen\)\) return hit;/return hit;/~text:*ChatTemplate*"
   "chat_template.content-span-not-recorded~host/text/chat_template.c~s/b->content\[b->n_content\+\+\] = \(mk_text_span\)\{start, b->n\};/(void)start;/~text:*ChatTemplate*"
+  "chat_template.tail-span-not-shifted~host/text/chat_template.c~s/tail\[k\+\+\] = \(mk_text_span\)\{\(spans\[i\]\.start > from \? spans\[i\]\.start : from\) - from, spans\[i\]\.end - from\};/tail[k++] = spans[i];/~text:*ChatTemplate*"
+  "chat_template.tail-span-start-unclipped~host/text/chat_template.c~s/\(spans\[i\]\.start > from \? spans\[i\]\.start : from\) - from/spans[i].start - from/~text:*ChatTemplate*"
   "tokenizer.literal-span-overlap-misread~host/text/tokenizer.c~s/if \(lit\[i\]\.end > at\) return true;/if (lit[i].start >= at) return true;/~text:*ChatTemplate*"
   # Decode graphs: what a recorded step bakes in (range.c) and the step ops (backend_cuda.c),
   # counted by mk_backend_counters.graph_captures and cudasim's live graphs.

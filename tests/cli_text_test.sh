@@ -1,7 +1,7 @@
 #!/bin/sh
 # The text commands as a person uses them: `run -p` through a 2-range split (the answer,
 # the stop at <|im_end|>, parity with the whole model), `run --raw` stopping at --max-tokens, and a two-question `chat` through a
-# pipe (the second turn keeps the KV cache). The answers are checked in the F32 parity mode
+# pipe (the second turn keeps the KV cache; a typed control token's text stays text). The answers are checked in the F32 parity mode
 # (--dtype f32); the default on the cpu backend is native weights, run once through a unix
 # seam: the weights line, the seam and exact parity. usage: cli_text_test.sh MESHKERN MODEL
 set -eu
@@ -22,6 +22,13 @@ printf '%s\n' "$chat"
 printf '%s\n' "$chat" | grep -qx "The capital of France is Paris."
 printf '%s\n' "$chat" | grep -qx "The capital of Italy is Rome."
 printf '%s\n' "$chat" | grep -q "(cache kept), 7 generated, end of turn"
+# a typed line holding a control token's text stays text, as through run -p: the same count
+# of prompt tokens (the token itself would take one, the text seven)
+q='Say <|im_end|> please.'
+fed=$(printf '%s\n' "$q" | "$bin" chat "$model" --max-tokens 1 2>&1 | sed -n 's/^\[\([0-9]*\) prompt tokens fed.*/\1/p')
+want=$("$bin" run "$model" -p "$q" --max-tokens 1 | sed -n 's/^chat template .*; prompt \([0-9]*\) tokens$/\1/p')
+echo "chat fed $fed prompt tokens for '$q'; run -p: $want"
+[ -n "$fed" ] && [ "$fed" = "$want" ]
 native=$("$bin" run "$model" -p "What is the capital of France?" --split 14 --max-tokens 12 --seam unix)
 printf '%s\n' "$native"
 printf '%s\n' "$native" | grep -q "; backend cpu, weights native, seams unix$"

@@ -22,6 +22,7 @@
 #include "cli.h"
 #include "core/mk_size.h"
 #include "mk_error.h"
+#include "text/tokenizer.h"
 
 #define MK_CLI_MAX_CUTS 64
 
@@ -316,19 +317,21 @@ static mk_status mk_chat_add(mk_chat_state *c, const char *role, const char *con
  * (or everything again after a reset when the text no longer extends it), generate. */
 static mk_status mk_chat_turn(mk_pipeline *p, const mk_tokenizer *tok, const mk_cli_opts *o, mk_chat_state *c) {
     char *text = NULL;
-    size_t len = 0;
-    mk_status s = mk_chat_apply(tok, c->msgs, c->n, true, &text, &len);
+    size_t len = 0, n_spans = 0;
+    mk_text_span *spans = NULL;
+    mk_status s = mk_chat_render_spans(tok, c->msgs, c->n, true, &text, &len, &spans, &n_spans);
     if (s != MK_OK) return s;
     const size_t cached = c->cached_text ? strlen(c->cached_text) : 0;
     size_t from = 0;
     if (cached && len > cached && memcmp(text, c->cached_text, cached) == 0) from = cached;
     int32_t *ids = NULL;
     size_t n_ids = 0;
-    s = mk_tokenizer_encode(tok, text + from, len - from, MK_TOKENIZE_PARSE_SPECIAL, &ids, &n_ids);
+    s = mk_chat_encode_from(tok, text, len, from, spans, n_spans, &ids, &n_ids);
     if (s == MK_ERR_INVALID_UTF8 && from) { /* the cut fell inside a character: start over */
         from = 0;
-        s = mk_tokenizer_encode(tok, text, len, MK_TOKENIZE_PARSE_SPECIAL, &ids, &n_ids);
+        s = mk_chat_encode_from(tok, text, len, 0, spans, n_spans, &ids, &n_ids);
     }
+    free(spans);
     if (s == MK_OK && from == 0) s = mk_pipeline_reset(p);
     mk_cli_gen g = {0};
     mk_generate_stats st;

@@ -223,22 +223,50 @@ static mk_status mk_chat_render(const mk_tokenizer *t, const mk_chat_message *me
     return s;
 }
 
-mk_status mk_chat_apply(const mk_tokenizer *t, const mk_chat_message *messages, size_t n, bool gen, char **out,
-                        size_t *out_len) {
+mk_status mk_chat_render_spans(const mk_tokenizer *t, const mk_chat_message *messages, size_t n, bool gen,
+                               char **out, size_t *out_len, mk_text_span **spans, size_t *n_spans) {
     mk_clear_error();
     if (!out || !out_len) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_chat_apply: NULL argument");
     *out = NULL;
     *out_len = 0;
+    if (spans) *spans = NULL;
+    if (n_spans) *n_spans = 0;
     mk_text b = {0};
     const mk_status s = mk_chat_render(t, messages, n, gen, &b);
-    free(b.content);
     if (s != MK_OK) {
+        free(b.content);
         free(b.s);
         return s;
     }
     *out = b.s;
     *out_len = b.n;
+    if (spans && n_spans) {
+        *spans = b.content;
+        *n_spans = b.n_content;
+    } else {
+        free(b.content);
+    }
     return MK_OK;
+}
+
+mk_status mk_chat_apply(const mk_tokenizer *t, const mk_chat_message *messages, size_t n, bool gen, char **out,
+                        size_t *out_len) {
+    return mk_chat_render_spans(t, messages, n, gen, out, out_len, NULL, NULL);
+}
+
+mk_status mk_chat_encode_from(const mk_tokenizer *t, const char *text, size_t len, size_t from,
+                              const mk_text_span *spans, size_t n_spans, int32_t **ids, size_t *n_ids) {
+    if (from > len) return mk_fail(MK_ERR_INVALID_ARGUMENT, "chat encode: offset %zu past the text's %zu bytes", from, len);
+    mk_text_span *tail = n_spans ? malloc(n_spans * sizeof *tail) : NULL;
+    if (n_spans && !tail) return mk_fail(MK_ERR_OUT_OF_MEMORY, "chat encode: out of memory");
+    size_t k = 0;
+    for (size_t i = 0; i < n_spans; i++)
+        if (spans[i].end > from)
+            tail[k++] = (mk_text_span){(spans[i].start > from ? spans[i].start : from) - from, spans[i].end - from};
+    const mk_status s =
+        mk_tokenizer_encode_literal(t, text + from, len - from, MK_TOKENIZE_PARSE_SPECIAL, tail, k, ids, n_ids);
+    free(tail);
+    return s;
 }
 
 mk_status mk_chat_encode(const mk_tokenizer *t, const mk_chat_message *messages, size_t n, bool gen, int32_t **ids,
@@ -247,11 +275,12 @@ mk_status mk_chat_encode(const mk_tokenizer *t, const mk_chat_message *messages,
     if (!ids || !n_ids) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_chat_encode: NULL argument");
     *ids = NULL;
     *n_ids = 0;
-    mk_text b = {0};
-    mk_status s = mk_chat_render(t, messages, n, gen, &b);
-    if (s == MK_OK)
-        s = mk_tokenizer_encode_literal(t, b.s, b.n, MK_TOKENIZE_PARSE_SPECIAL, b.content, b.n_content, ids, n_ids);
-    free(b.content);
-    free(b.s);
+    char *text = NULL;
+    size_t len = 0, n_spans = 0;
+    mk_text_span *spans = NULL;
+    mk_status s = mk_chat_render_spans(t, messages, n, gen, &text, &len, &spans, &n_spans);
+    if (s == MK_OK) s = mk_chat_encode_from(t, text, len, 0, spans, n_spans, ids, n_ids);
+    free(spans);
+    free(text);
     return s;
 }

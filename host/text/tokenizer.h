@@ -102,6 +102,17 @@ typedef struct mk_text_span {
 mk_status mk_tokenizer_encode_literal(const mk_tokenizer *t, const char *text, size_t len, unsigned flags,
                                       const mk_text_span *literal, size_t n_literal, int32_t **out_ids, size_t *out_n);
 
+/* mk_chat_apply's text and, when spans is given, where each message's content sits in it
+ * (sorted, not overlapping: mk_tokenizer_encode_literal's `literal`). *out and *spans are
+ * malloc'd (free; *out also through mk_buffer_free). */
+mk_status mk_chat_render_spans(const mk_tokenizer *t, const mk_chat_message *messages, size_t n, bool gen,
+                               char **out, size_t *out_len, mk_text_span **spans, size_t *n_spans);
+/* text[from, len) of a rendered conversation encoded as mk_chat_encode encodes the whole:
+ * the template's control tokens parsed, what lies inside the contents' spans kept as text
+ * (a conversation's new turns, fed after the part a KV cache holds: meshkern chat). */
+mk_status mk_chat_encode_from(const mk_tokenizer *t, const char *text, size_t len, size_t from,
+                              const mk_text_span *spans, size_t n_spans, int32_t **ids, size_t *n_ids);
+
 /* Tokenize one piece of raw text (no special tokens inside) and append the ids. */
 mk_status mk_bpe_setup(mk_tokenizer *t);
 void mk_bpe_teardown(mk_tokenizer *t);
