@@ -487,6 +487,20 @@ MK_AVX2 CX_INLINE void cx_k5_fifth(__m256i q[8], const uint8_t *qh) {
 #define CX_Q5_K_QS 48
 #define CX_Q5_K_FIFTH(q, w) cx_k5_fifth(q, (w) + 16)
 
+/* isum: the eight weighted group sums of one activation row and super-block, the products
+ * PRODUCT(j) (i16 pair sums of group j) weighted by SCALE[j], in two integer chains that
+ * meet at the end: exact (integer adds in any order give the same bits), and a row's eight
+ * sums do not wait on one another's latency (one chain: Q4_K's one-row dot ~10% slower). */
+#define CX_K_WSUM8(OPS, isum, PRODUCT, SCALE)                                                             \
+    __m256i isum;                                                                                         \
+    {                                                                                                     \
+        __m256i chain_[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};                             \
+        CX_UNROLL for (int j = 0; j < 8; j++) chain_[j & 1] = OPS##_wsum(chain_[j & 1], PRODUCT(j), SCALE[j]); \
+        isum = _mm256_add_epi32(chain_[0], chain_[1]);                                                    \
+    }
+/* Group j's products for unsigned weight values q[j] (inside a row loop: xb in scope). */
+#define CX_K_UNSIGNED_PRODUCT(j) _mm256_maddubs_epi16(q[j], cx_loadu(xb->q + 32 * (j)))
+
 /* The per-row part of the dots with mins (Q4_K, Q5_K, Q2_K; inside a kernel: x, sb, q, scale,
  * mins, vd, vdmin and acc in scope): the eight groups of 32 weighted by their scales
  * (16-bit, one per 16 values) into one i32 sum, the mins times the activation group sums
@@ -494,9 +508,7 @@ MK_AVX2 CX_INLINE void cx_k5_fifth(__m256i q[8], const uint8_t *qh) {
 #define CX_K_MIN_ROWS(OPS, R)                                                                             \
     CX_UNROLL for (int r = 0; r < R; r++) {                                                              \
         const mk_q8k_block *xb = &x[r][sb];                                                               \
-        __m256i isum = _mm256_setzero_si256();                                                            \
-        for (int j = 0; j < 8; j++)                                                                       \
-            isum = OPS##_wsum(isum, _mm256_maddubs_epi16(q[j], cx_loadu(xb->q + 32 * j)), scale[j]);      \
+        CX_K_WSUM8(OPS, isum, CX_K_UNSIGNED_PRODUCT, scale)                                               \
         const __m256i imin = _mm256_madd_epi16(cx_loadu(xb->sums), mins);                                 \
         const __m256 t = _mm256_fnmadd_ps(vdmin, _mm256_cvtepi32_ps(imin),                                \
                                           _mm256_mul_ps(vd, _mm256_cvtepi32_ps(isum)));                   \
@@ -560,9 +572,7 @@ MK_AVX2 CX_INLINE void cx_k_pair_scales(__m128i sc, __m256i *scales16, __m256i s
 #define CX_K_OFFSET_ROWS(OPS, R, SHIFT)                                                                   \
     CX_UNROLL for (int r = 0; r < R; r++) {                                                              \
         const mk_q8k_block *xb = &x[r][sb];                                                               \
-        __m256i isum = _mm256_setzero_si256();                                                            \
-        for (int i = 0; i < 8; i++)                                                                       \
-            isum = OPS##_wsum(isum, _mm256_maddubs_epi16(q[i], cx_loadu(xb->q + 32 * i)), scales[i]);     \
+        CX_K_WSUM8(OPS, isum, CX_K_UNSIGNED_PRODUCT, scales)                                              \
         const __m256i offset = _mm256_madd_epi16(cx_loadu(xb->sums), scales16);                           \
         isum = _mm256_sub_epi32(isum, _mm256_slli_epi32(offset, SHIFT));                                  \
         acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * xb->d), _mm256_cvtepi32_ps(isum), acc[r]);            \
@@ -687,6 +697,9 @@ MK_AVX2 CX_INLINE __m256i cx_iq4_values32(const uint8_t *qs, __m256i lut) {
 }
 #define CX_IQ4_XS_DOTS(TARGET, DOT, DOTN, OPS, BY) CX_BLOCK_DOTS(CX_IQ4_XS_ROWS, TARGET, DOT, DOTN, OPS, BY, mk_q8k_block)
 
+/* Sub-block j's products: |w| times x with w's sign (v: the looked-up values, mag: |v|). */
+#define CX_IQ4_XS_PRODUCT(j) _mm256_maddubs_epi16(mag[j], _mm256_sign_epi8(cx_loadu(xb->q + 32 * (j)), v[j]))
+
 /* DOTN for a fixed number of rows R. */
 #define CX_IQ4_XS_ROWS(TARGET, NAME, OPS, R)                                                               \
     TARGET static inline void NAME(const uint8_t *w, const mk_q8k_block *const *x, size_t n, float *out) { \
@@ -704,10 +717,7 @@ MK_AVX2 CX_INLINE __m256i cx_iq4_values32(const uint8_t *qs, __m256i lut) {
             }                                                                                             \
             CX_UNROLL for (int r = 0; r < R; r++) {                                                      \
                 const mk_q8k_block *xb = &x[r][sb];                                                       \
-                __m256i isum = _mm256_setzero_si256();                                                    \
-                for (int ib = 0; ib < 8; ib++)                                                            \
-                    isum = OPS##_wsum(isum, _mm256_maddubs_epi16(mag[ib], _mm256_sign_epi8(cx_loadu(xb->q + 32 * ib), v[ib])), \
-                                      scale[ib]);                                                         \
+                CX_K_WSUM8(OPS, isum, CX_IQ4_XS_PRODUCT, scale)                                           \
                 acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * xb->d), _mm256_cvtepi32_ps(isum), acc[r]);    \
             }                                                                                             \
         }                                                                                                 \
