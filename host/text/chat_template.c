@@ -251,6 +251,7 @@ mk_status mk_chat_render_spans(const mk_tokenizer *t, const mk_chat_message *mes
 
 mk_status mk_chat_apply(const mk_tokenizer *t, const mk_chat_message *messages, size_t n, bool gen, char **out,
                         size_t *out_len) {
+    mk_clear_error();
     return mk_chat_render_spans(t, messages, n, gen, out, out_len, NULL, NULL);
 }
 
