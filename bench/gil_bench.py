@@ -80,7 +80,12 @@ def process_ratio(n):
     one = start()
     go(one)
     alone = float(one.communicate()[0])
-    a, b = start(), start()
+    a = start()
+    try:
+        b = start()
+    except BaseException:
+        a.kill()
+        raise
     go(a), go(b)
     both = max(float(a.communicate()[0]), float(b.communicate()[0]))
     return both / (2 * alone)
@@ -92,6 +97,8 @@ def main():
     ap.add_argument("--repeat", type=int, default=3, help="measurements; the best is reported")
     ap.add_argument("--json", help="write the figures here")
     args = ap.parse_args()
+    if args.passes < 1 or args.repeat < 1:
+        ap.error("--passes and --repeat take 1 or more")
     import meshkern as mk
 
     threads = min(thread_ratio(mk, args.passes) for _ in range(args.repeat))

@@ -226,7 +226,7 @@ static mk_status mk_chat_render(const mk_tokenizer *t, const mk_chat_message *me
 mk_status mk_chat_render_spans(const mk_tokenizer *t, const mk_chat_message *messages, size_t n, bool gen,
                                char **out, size_t *out_len, mk_text_span **spans, size_t *n_spans) {
     mk_clear_error();
-    if (!out || !out_len) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_chat_apply: NULL argument");
+    if (!out || !out_len) return mk_fail(MK_ERR_INVALID_ARGUMENT, "chat template: NULL output");
     *out = NULL;
     *out_len = 0;
     if (spans) *spans = NULL;
@@ -257,6 +257,11 @@ mk_status mk_chat_apply(const mk_tokenizer *t, const mk_chat_message *messages, 
 
 mk_status mk_chat_encode_from(const mk_tokenizer *t, const char *text, size_t len, size_t from,
                               const mk_text_span *spans, size_t n_spans, int32_t **ids, size_t *n_ids) {
+    mk_clear_error();
+    if (!ids || !n_ids || !text || (n_spans && !spans))
+        return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_chat_encode_from: NULL argument");
+    *ids = NULL;
+    *n_ids = 0;
     if (from > len) return mk_fail(MK_ERR_INVALID_ARGUMENT, "chat encode: offset %zu past the text's %zu bytes", from, len);
     mk_text_span *tail = n_spans ? malloc(n_spans * sizeof *tail) : NULL;
     if (n_spans && !tail) return mk_fail(MK_ERR_OUT_OF_MEMORY, "chat encode: out of memory");
