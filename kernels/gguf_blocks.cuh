@@ -222,15 +222,32 @@ static __device__ __forceinline__ int gemvq_k3_scale(const uint8_t *s, int k) {
   return (lo | (hi << 4)) - 32;
 }
 
-/* Q3_K: part p takes half h = p / 8, the shift pair j = 2 (p / 4 % 2) and j + 1, and eight
- * bytes of qs and hmask from l0 = 8 (p % 4): values 128h+32j+l0.. and 32 further on. */
+/* The part index of the formats stored as 2-bit planes (Q2_K, Q3_K): part p takes half
+ * h = p / 8, the shift pair j = 2 (p / 4 % 2) and j + 1, and eight bytes of each plane from
+ * l0 = 8 (p % 4): run a is values 128h+32j+l0.. (group g of 16), run b the values 32 further
+ * on (group g + 2). */
+struct gemvq_planes {
+  int h, j, l0, g;
+};
+static __device__ __forceinline__ gemvq_planes gemvq_planes_of(int p, int &ka, int &kb) {
+  gemvq_planes x;
+  x.h = p >> 3;
+  x.j = ((p >> 2) & 1) * 2;
+  x.l0 = (p & 3) * 8;
+  x.g = 8 * x.h + 2 * x.j + (x.l0 >> 4);
+  ka = 128 * x.h + 32 * x.j + x.l0;
+  kb = ka + 32;
+  return x;
+}
+
+/* Q3_K: the 2-bit planes in qs, the third bits in hmask (same bytes), a scale per group. */
 template <>
 struct gemvq_fmt<GGML_Q3_K> {
   enum { BE = 256, BB = 110, PARTS = 16, H = 8, ALIGN = 2 };
   static __device__ __forceinline__ void part(const uint8_t *blk, int p, float *wa, float *wb, int &ka, int &kb) {
     const float d = gemvq_f16(blk + 108);
-    const int h = p >> 3, j = ((p >> 2) & 1) * 2, l0 = (p & 3) * 8;
-    const int k = 8 * h + 2 * j + (l0 >> 4); /* run a's scale; run b's is k + 2 */
+    const gemvq_planes at = gemvq_planes_of(p, ka, kb);
+    const int h = at.h, j = at.j, l0 = at.l0, k = at.g; /* run a's scale; run b's is k + 2 */
     const float da = d * (float)gemvq_k3_scale(blk + 96, k), db = d * (float)gemvq_k3_scale(blk + 96, k + 2);
     const uint2 q = gemvq_u64_a2(blk + 32 + 32 * h + l0), hm = gemvq_u64_a2(blk + l0);
     MK_UNROLL
@@ -241,21 +258,17 @@ struct gemvq_fmt<GGML_Q3_K> {
       wa[i] = da * (float)qa;
       wb[i] = db * (float)qb;
     }
-    ka = 128 * h + 32 * j + l0;
-    kb = ka + 32;
   }
 };
 
-/* Q2_K: part p takes half h = p / 8, the shift pair j = 2 (p / 4 % 2) and j + 1, and eight
- * bytes of qs from l0 = 8 (p % 4): values 128h+32j+l0.. and 32 further on, each run with its
- * group's scale and min. */
+/* Q2_K: the 2-bit planes in qs, each run with its group's scale and min. */
 template <>
 struct gemvq_fmt<GGML_Q2_K> {
   enum { BE = 256, BB = 84, PARTS = 16, H = 8, ALIGN = 4 };
   static __device__ __forceinline__ void part(const uint8_t *blk, int p, float *wa, float *wb, int &ka, int &kb) {
     const float d = gemvq_f16(blk + 80), dmin = gemvq_f16(blk + 82);
-    const int h = p >> 3, j = ((p >> 2) & 1) * 2, l0 = (p & 3) * 8;
-    const int g = 8 * h + 2 * j + (l0 >> 4); /* run a's group of 16; run b's is g + 2 */
+    const gemvq_planes at = gemvq_planes_of(p, ka, kb);
+    const int h = at.h, j = at.j, l0 = at.l0, g = at.g; /* run a's group of 16; run b's is g + 2 */
     const float da = d * (float)(blk[g] & 0x0f), ma = dmin * (float)(blk[g] >> 4);
     const float db = d * (float)(blk[g + 2] & 0x0f), mb = dmin * (float)(blk[g + 2] >> 4);
     const uint32_t *q32 = reinterpret_cast<const uint32_t *>(blk + 16 + 32 * h + l0);
@@ -266,8 +279,6 @@ struct gemvq_fmt<GGML_Q2_K> {
       wa[i] = da * (float)((byte >> (2 * j)) & 3u) - ma;
       wb[i] = db * (float)((byte >> (2 * j + 2)) & 3u) - mb;
     }
-    ka = 128 * h + 32 * j + l0;
-    kb = ka + 32;
   }
 };
 

@@ -236,6 +236,8 @@ MUTATIONS=(
   "gguf_blocks.iq4_xs-high-run-position~kernels/gguf_blocks.cuh~s/kb = ka \+ 16;/kb = ka + 8;/~ops:*Gemv*"
   "gguf_blocks.part32-high-nibble-as-low~kernels/gguf_blocks.cuh~s/wb\[i\] = F::weight\(\(byte >> 4\)/wb[i] = F::weight((byte \& 0x0fu)/~ops:*Gemv*"
   "gguf_blocks.q5_0-offset~kernels/gguf_blocks.cuh~s/return d \* \(float\)\(\(int\)u - 16\);/return d * (float)((int)u - 15);/~ops:*Gemv*"
+  "gguf_blocks.planes-run-b-start~kernels/gguf_blocks.cuh~s/  kb = ka \+ 32;\n  return x;/  kb = ka + 16;\n  return x;/~ops:*Gemv*"
+  "gguf_blocks.planes-group-of-run-a~kernels/gguf_blocks.cuh~s/x\.g = 8 \* x\.h \+ 2 \* x\.j \+ \(x\.l0 >> 4\);/x.g = 8 * x.h + 2 * x.j + (x.l0 >> 3);/~ops:*Gemv*"
   "gguf_blocks.q2_k-run-b-group~kernels/gguf_blocks.cuh~s/const float db = d \* \(float\)\(blk\[g \+ 2\] & 0x0f\), mb = dmin \* \(float\)\(blk\[g \+ 2\] >> 4\);/const float db = d * (float)(blk[g + 1] \& 0x0f), mb = dmin * (float)(blk[g + 1] >> 4);/~ops:*Gemv*"
   "gguf_blocks.q2_k-min-added~kernels/gguf_blocks.cuh~s/wa\[i\] = da \* \(float\)\(\(byte >> \(2 \* j\)\) & 3u\) - ma;/wa[i] = da * (float)((byte >> (2 * j)) \& 3u) + ma;/~ops:*Gemv*"
   "gguf_blocks.format-list-drops-q6_k~kernels/gguf_blocks.cuh~s/ X\(GGML_Q6_K\)//~ops:*GemvErrors*"
