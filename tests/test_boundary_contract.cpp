@@ -407,6 +407,89 @@ TEST(Parity, AliasArchitectureStillParityMatches) {
     EXPECT_EQ(whole->token_ids[0], split->token_ids[0]);
 }
 
+// ------------------------------------------------------------- random model ---
+
+// Hyper-parameters no range could run are refused when the model is made, each by name;
+// grouped-query heads that divide the heads are accepted.
+TEST(RandomModel, HparamsThatCannotRunAreRefusedByName) {
+    struct Case {
+        const char *what;
+        void (*edit)(mk_hparams &);
+        const char *needle;
+    };
+    const Case cases[] = {
+        {"kv heads not dividing the heads", [](mk_hparams &h) { h.n_kv_heads = 3; }, "4 heads are not a multiple of 3 kv heads"},
+        {"more kv heads than heads", [](mk_hparams &h) { h.n_kv_heads = 8; }, "4 heads are not a multiple of 8 kv heads"},
+        {"odd head_dim", [](mk_hparams &h) { h.head_dim = 7; }, "head_dim 7 must be even"},
+        {"zero layers", [](mk_hparams &h) { h.n_layers = 0; }, "every size must be positive"},
+    };
+    for (const Case &c : cases) {
+        mk_hparams hp = mk_hparams_seed_default();
+        c.edit(hp);
+        mk_model *m = nullptr;
+        EXPECT_ERROR(mk_model_create_random(&hp, 1, nullptr, &m), MK_ERR_INVALID_ARGUMENT, c.needle) << c.what;
+        EXPECT_EQ(m, nullptr) << c.what;
+        mk_model_free(m);
+    }
+    mk_hparams gqa = mk_hparams_seed_default();
+    gqa.n_kv_heads = 2;
+    mk_model *m = nullptr;
+    MK_ASSERT_OK(mk_model_create_random(&gqa, 1, nullptr, &m));
+    mk_model_free(m);
+}
+
+// The weights come from the model's seed: the same seed gives the same bits, another seed
+// other values in every tensor (matrices and norms alike).
+TEST(RandomModel, WeightsFollowTheSeed) {
+    const mk_hparams hp = mk_hparams_seed_default();
+    ModelPtr a = make_random_model(hp, 11), again = make_random_model(hp, 11), b = make_random_model(hp, 12);
+    const std::pair<const char *, size_t> tensors[] = {{"token_embd.weight", hp.vocab * hp.hidden},
+                                                       {"blk.0.attn_q.weight", hp.n_heads * hp.head_dim * hp.hidden},
+                                                       {"blk.5.ffn_down.weight", hp.hidden * hp.intermediate},
+                                                       {"blk.2.attn_norm.weight", hp.hidden}};
+    for (const auto &[name, n] : tensors) {
+        std::vector<float> wa(n), wagain(n), wb(n);
+        MK_ASSERT_OK(mk_model_load_tensor(a.get(), name, wa.data(), n));
+        MK_ASSERT_OK(mk_model_load_tensor(again.get(), name, wagain.data(), n));
+        MK_ASSERT_OK(mk_model_load_tensor(b.get(), name, wb.data(), n));
+        EXPECT_TRUE(bit_identical(wa, wagain)) << name;
+        size_t differ = 0;
+        for (size_t i = 0; i < n; i++) differ += wa[i] != wb[i];
+        EXPECT_GT(differ, n * 9 / 10) << name << ": seeds 11 and 12 share " << n - differ << " of " << n << " values";
+    }
+}
+
+// A load into a buffer of another size than the tensor's is refused, smaller or larger,
+// naming both counts, and writes nothing.
+TEST(RandomModel, LoadIntoABufferOfAnotherSizeIsRefused) {
+    ModelPtr model = make_random_model(mk_hparams_seed_default());
+    std::vector<float> buf(33, 7.0f);
+    EXPECT_ERROR(mk_model_load_tensor(model.get(), "blk.1.ffn_norm.weight", buf.data(), 31), MK_ERR_SHAPE,
+                 "tensor 'blk.1.ffn_norm.weight' has 32 elements, caller expected 31");
+    EXPECT_ERROR(mk_model_load_tensor(model.get(), "blk.1.ffn_norm.weight", buf.data(), 33), MK_ERR_SHAPE,
+                 "has 32 elements, caller expected 33");
+    EXPECT_EQ(buf, std::vector<float>(33, 7.0f));
+    MK_ASSERT_OK(mk_model_load_tensor(model.get(), "blk.1.ffn_norm.weight", buf.data(), 32));
+    EXPECT_EQ(buf[32], 7.0f);
+}
+
+// Per-layer names exist for layers [0, n_layers) only, and only with their "blk.N." prefix.
+TEST(RandomModel, TensorNamesStopAtTheLastLayer) {
+    const mk_hparams hp = mk_hparams_seed_default();
+    ModelPtr model = make_random_model(hp);
+    const std::string last = "blk." + std::to_string(hp.n_layers - 1) + ".attn_q.weight";
+    const std::string past = "blk." + std::to_string(hp.n_layers) + ".attn_q.weight";
+    const std::string past_norm = "blk." + std::to_string(hp.n_layers) + ".attn_norm.weight";
+    EXPECT_TRUE(mk_model_has_tensor(model.get(), last.c_str()));
+    EXPECT_TRUE(mk_model_has_tensor(model.get(), "output_norm.weight"));
+    for (const std::string &name : {past, past_norm, std::string("blk.-1.attn_q.weight"), std::string("attn_q.weight"),
+                                    std::string("blk.0.output_norm.weight")})
+        EXPECT_FALSE(mk_model_has_tensor(model.get(), name.c_str())) << name;
+    std::vector<float> buf(hp.hidden);
+    EXPECT_ERROR(mk_model_load_tensor(model.get(), past_norm.c_str(), buf.data(), hp.hidden), MK_ERR_GGUF_MISSING,
+                 ("random model has no tensor '" + past_norm + "'").c_str());
+}
+
 }  // namespace
 
 // ------------------------------------------------------------ option structs ---

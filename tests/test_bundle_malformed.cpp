@@ -3,6 +3,7 @@
 // each case breaks exactly one thing.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <functional>
 #include <map>
 #include <random>
@@ -208,6 +209,30 @@ TEST_F(MalformedBundle, EachCorruptionHasItsOwnStatus) {
     EXPECT_EQ(distinct.size(), expected.size());
 }
 
+// Data bytes must be exactly what the shape and dtype need: more is refused as firmly as
+// fewer (trailing bytes are not ignored).
+TEST_F(MalformedBundle, DataLongerOrShorterThanItsShapeIsRefused) {
+    Meshkern__V1__TensorBundle *msg = meshkern__v1__tensor_bundle__unpack(nullptr, valid_.size(), valid_.data());
+    ASSERT_NE(msg, nullptr);
+    const ProtobufCBinaryData original = msg->tensors[0]->data;
+    for (const long extra : {4L, 1L, (long)original.len, -1L, -4L}) {
+        std::vector<uint8_t> data(original.data, original.data + std::min<size_t>(original.len, original.len + extra));
+        data.resize(original.len + extra, 0x3f);
+        msg->tensors[0]->data.data = data.data();
+        msg->tensors[0]->data.len = data.size();
+        std::vector<uint8_t> bytes(meshkern__v1__tensor_bundle__get_packed_size(msg));
+        meshkern__v1__tensor_bundle__pack(msg, bytes.data());
+        std::string text;
+        EXPECT_EQ(unpack(bytes, &text), MK_ERR_DATA_LENGTH) << extra << " bytes: " << text;
+        EXPECT_NE(text.find("carries " + std::to_string(original.len + extra) + " data bytes but its shape and dtype need " +
+                            std::to_string(original.len)),
+                  std::string::npos)
+            << text;
+    }
+    msg->tensors[0]->data = original;
+    meshkern__v1__tensor_bundle__free_unpacked(msg, nullptr);
+}
+
 TEST_F(MalformedBundle, BundleFromAnotherModelOrDtypeIsRefusedByDigest) {
     ModelPtr other = make_random_model(mk_hparams_seed_default(), 7);
     mk_range *h = nullptr;
@@ -366,6 +391,60 @@ TEST(TailResult, IdentityAndOutputAreEnforced) {
     EXPECT_ERROR(mk_tail_result_validate(buf.data(), buf.size(), nullptr), MK_ERR_MISSING_FIELD, "missing field identity");
     const uint8_t junk[] = {0x0a, 0xff, 0x01};
     EXPECT_ERROR(mk_tail_result_validate(junk, sizeof junk, nullptr), MK_ERR_WIRE_DECODE, "not a valid TailResult message");
+}
+
+// The exact identity fits the info or is refused, at its edge: a request id of 127 bytes
+// (the info's 128 less the terminator) and a recipe digest of 64 come back whole; one byte
+// more of either is refused, never truncated.
+TEST(TailResult, IdentityAtTheInfoCapacityRoundTripsAndOneByteMoreIsRefused) {
+    const mk_sampling_params greedy = {0.0f, 1.0f, 0, 0};
+    mk_tail_result_info info;
+    const std::string request(sizeof info.request_id - 1, 'q'), digest(sizeof info.runtime_recipe_digest - 1, 'd');
+    uint8_t *bytes = nullptr;
+    size_t len = 0;
+    const mk_request_identity fits = {request.c_str(), digest.c_str(), "", "", "", MK_PROTOCOL_ARCH_DENSE};
+    MK_ASSERT_OK(mk_tail_result_pack_token(&fits, &greedy, 5, &bytes, &len));
+    MK_ASSERT_OK(mk_tail_result_validate(bytes, len, &info));
+    mk_buffer_free(bytes);
+    EXPECT_EQ(std::string(info.request_id), request);
+    EXPECT_EQ(std::string(info.runtime_recipe_digest), digest);
+    const std::string request_over = request + "q", digest_over = digest + "d";
+    const mk_request_identity long_request = {request_over.c_str(), digest.c_str(), "", "", "", MK_PROTOCOL_ARCH_DENSE};
+    bytes = nullptr;
+    EXPECT_ERROR(mk_tail_result_pack_token(&long_request, &greedy, 5, &bytes, &len), MK_ERR_TAIL_RESULT,
+                 "request id or recipe digest is too long (128 / 64 bytes)");
+    EXPECT_EQ(bytes, nullptr);
+    const mk_request_identity long_digest = {request.c_str(), digest_over.c_str(), "", "", "", MK_PROTOCOL_ARCH_DENSE};
+    EXPECT_ERROR(mk_tail_result_pack_token(&long_digest, &greedy, 5, &bytes, &len), MK_ERR_TAIL_RESULT,
+                 "request id or recipe digest is too long (127 / 65 bytes)");
+    EXPECT_EQ(bytes, nullptr);
+}
+
+// A received token output is checked as a sent one is: a negative token id is refused.
+TEST(TailResult, NegativeTokenIdIsRefusedOnReceipt) {
+    Meshkern__V1__RequestRecipeIdentity ident = MESHKERN__V1__REQUEST_RECIPE_IDENTITY__INIT;
+    ident.request_id = (char *)"r";
+    ident.runtime_recipe_digest = (char *)"d";
+    ident.architecture = MESHKERN__V1__ARCHITECTURE_TYPE__ARCHITECTURE_TYPE_DENSE;
+    Meshkern__V1__SamplingParameters sp = MESHKERN__V1__SAMPLING_PARAMETERS__INIT;
+    Meshkern__V1__TailResult msg = MESHKERN__V1__TAIL_RESULT__INIT;
+    msg.identity = &ident;
+    msg.sampling = &sp;
+    msg.output_case = MESHKERN__V1__TAIL_RESULT__OUTPUT_SAMPLED_TOKEN_ID;
+    for (const int64_t id : {int64_t(-1), int64_t(-7), INT64_MIN, int64_t(0), int64_t(3)}) {
+        msg.sampled_token_id = id;
+        std::vector<uint8_t> buf(meshkern__v1__tail_result__get_packed_size(&msg));
+        meshkern__v1__tail_result__pack(&msg, buf.data());
+        mk_tail_result_info info;
+        if (id < 0) {
+            EXPECT_ERROR(mk_tail_result_validate(buf.data(), buf.size(), &info), MK_ERR_TAIL_RESULT,
+                         "sampled token id must be non-negative")
+                << id;
+        } else {
+            EXPECT_EQ(mk_tail_result_validate(buf.data(), buf.size(), &info), MK_OK) << id << ": " << mk_last_error();
+            EXPECT_EQ(info.token_id, id);
+        }
+    }
 }
 
 // A received TailResult's logits bundle is validated before it is trusted: another schema,

@@ -74,6 +74,26 @@ TEST(CpuOps, RmsNormMatchesFloat64) {
     }
 }
 
+// Rows whose mean square is below eps: eps sits under the root with the mean square,
+// 1 / sqrt(ms + eps), not beside it (1 / (rms + eps) is within 1e-5 of it only when the
+// rows are large, as above).
+TEST(CpuOps, RmsNormOfSmallRowsKeepsEpsUnderTheRoot) {
+    const size_t rows = 3, cols = 37;
+    const float eps = 1e-5f;
+    const std::vector<float> x = random_vector(rows * cols, 14, 1e-3f), w = random_vector(cols, 15);
+    std::vector<float> out(rows * cols);
+    mk_cpu_rmsnorm(out.data(), x.data(), w.data(), rows, cols, eps);
+    for (size_t r = 0; r < rows; r++) {
+        double ss = 0.0;
+        for (size_t c = 0; c < cols; c++) ss += (double)x[r * cols + c] * x[r * cols + c];
+        const double scale = 1.0 / std::sqrt(ss / cols + (double)eps);
+        for (size_t c = 0; c < cols; c++) {
+            const double ref = x[r * cols + c] * scale * w[c];
+            ASSERT_NEAR(out[r * cols + c], ref, 1e-6 + 1e-5 * std::fabs(ref)) << "row " << r << " col " << c;
+        }
+    }
+}
+
 TEST(CpuOps, RopeLayoutsRotateTheRightPairs) {
     const size_t head_dim = 8, heads = 2;
     const int32_t pos[] = {100000};
@@ -114,6 +134,28 @@ TEST(CpuOps, HalfConversionsRoundToNearestEven) {
     EXPECT_EQ(mk_f32_to_bf16(1.01171875f), 0x3f82);  // halfway between 0x3f81 and 0x3f82: even
     EXPECT_EQ(mk_bf16_to_f32(0x3f80), 1.0f);
     for (uint32_t h = 0; h < 0x7c00; h++) EXPECT_EQ(mk_f32_to_f16(mk_f16_to_f32((uint16_t)h)), h);
+}
+
+// Every value halfway between two neighbouring halves rounds to the even one, in the
+// subnormal range, across the subnormal/normal boundary and in every binade; a value one
+// float ulp off the midpoint rounds to its nearer neighbour.
+TEST(CpuOps, HalfMidpointsRoundToEven) {
+    for (uint32_t h = 0; h < 0x7bff; h++) {
+        const float lo = mk_f16_to_f32((uint16_t)h), hi = mk_f16_to_f32((uint16_t)(h + 1));
+        const float mid = lo + (hi - lo) / 2; // exact: one bit more than the half's significand
+        const uint16_t even = (uint16_t)((h & 1u) ? h + 1 : h);
+        ASSERT_EQ(mk_f32_to_f16(mid), even) << "f16 midpoint above 0x" << std::hex << h;
+        ASSERT_EQ(mk_f32_to_f16(-mid), even | 0x8000u) << "f16 midpoint below -0x" << std::hex << h;
+        ASSERT_EQ(mk_f32_to_f16(std::nextafter(mid, 0.0f)), h) << "f16 just under the midpoint above 0x" << std::hex << h;
+        ASSERT_EQ(mk_f32_to_f16(std::nextafter(mid, INFINITY)), h + 1) << "f16 just over the midpoint above 0x" << std::hex << h;
+    }
+    for (uint32_t b = 0; b < 0x7f7f; b++) {
+        const float lo = mk_bf16_to_f32((uint16_t)b), hi = mk_bf16_to_f32((uint16_t)(b + 1));
+        const float mid = lo + (hi - lo) / 2; // (lo + hi) / 2 would overflow at the top binade
+        const uint16_t even = (uint16_t)((b & 1u) ? b + 1 : b);
+        ASSERT_EQ(mk_f32_to_bf16(mid), even) << "bf16 midpoint above 0x" << std::hex << b;
+        ASSERT_EQ(mk_f32_to_bf16(std::nextafter(mid, 0.0f)), b) << "bf16 just under the midpoint above 0x" << std::hex << b;
+    }
 }
 
 }  // namespace

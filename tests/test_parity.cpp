@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "mk_test_util.h"
+#include "range/range.h" // mk_sequence_rewind: internal
 
 namespace {
 
@@ -91,6 +92,40 @@ TEST(Sequences, ResetStartsOverAndIndependentSequencesDoNotInterfere) {
     TailPtr o1(t1), o2(t2), o3(t3);
     EXPECT_TRUE(bit_identical(logits_of(o1), logits_of(o3)));
     EXPECT_FALSE(bit_identical(logits_of(o1), logits_of(o2)));
+}
+
+// A rewind goes back, never forward: past the sequence's length it is refused and changes
+// nothing; back to an earlier length, the next forward writes over the rows after it and
+// gives the bits of a sequence that never held them.
+TEST(Sequences, RewindGoesBackOnly) {
+    ModelPtr model = make_random_model(mk_hparams_seed_default());
+    mk_range *r = nullptr;
+    MK_ASSERT_OK(mk_range_create(model.get(), 0, 5, nullptr, &r));
+    RangePtr full(r);
+    mk_sequence *a = nullptr, *b = nullptr;
+    MK_ASSERT_OK(mk_sequence_open(full.get(), &a));
+    MK_ASSERT_OK(mk_sequence_open(full.get(), &b));
+    SequencePtr sa(a), sb(b);
+    const int32_t held[] = {1, 7, 9}, first[] = {1}, rest[] = {2, 3};
+    mk_tail_output *t = nullptr;
+    MK_ASSERT_OK(mk_range_forward(full.get(), a, held, 3, nullptr, nullptr, nullptr, &t));
+    mk_tail_output_free(t);
+    EXPECT_ERROR(mk_sequence_rewind(a, 4), MK_ERR_INVALID_ARGUMENT, "mk_sequence_rewind: 4 is past the sequence's 3 positions");
+    EXPECT_EQ(mk_sequence_length(a), 3u);
+    MK_ASSERT_OK(mk_sequence_rewind(a, 3));
+    EXPECT_EQ(mk_sequence_length(a), 3u);
+    MK_ASSERT_OK(mk_sequence_rewind(a, 1));
+    EXPECT_EQ(mk_sequence_length(a), 1u);
+    EXPECT_ERROR(mk_sequence_rewind(a, 2), MK_ERR_INVALID_ARGUMENT, "2 is past the sequence's 1 positions");
+    EXPECT_EQ(mk_sequence_length(a), 1u);
+    mk_tail_output *ta = nullptr, *tb = nullptr;
+    MK_ASSERT_OK(mk_range_forward(full.get(), b, first, 1, nullptr, nullptr, nullptr, &t));
+    mk_tail_output_free(t);
+    MK_ASSERT_OK(mk_range_forward(full.get(), a, rest, 2, nullptr, nullptr, nullptr, &ta));
+    MK_ASSERT_OK(mk_range_forward(full.get(), b, rest, 2, nullptr, nullptr, nullptr, &tb));
+    TailPtr oa(ta), ob(tb);
+    EXPECT_EQ(mk_sequence_length(a), 3u);
+    EXPECT_TRUE(bit_identical(logits_of(oa), logits_of(ob)));
 }
 
 TEST(Sequences, ForwardLargerThanMaxBatchTokensIsRefused) {

@@ -391,6 +391,28 @@ TEST(PipelineQueue, ABatchTakesWhatFitsAndNeverTheStopItem) {
     mk_queue_destroy(&q);
 }
 
+// Taking from the front while items fit goes around the ring as popping does: pushes and
+// takes interleaved over several turns of a 3-item ring come out in order, each once.
+TEST(PipelineQueue, TakingWhatFitsGoesAroundTheRing) {
+    mk_queue q{};
+    ASSERT_EQ(mk_queue_init(&q, 3), MK_OK);
+    mk_sched_item items[11]{};
+    auto any = [](const mk_sched_item *, void *) { return true; };
+    size_t pushed = 0, taken = 0;
+    for (int turn = 0; turn < 5; turn++) {
+        const size_t burst = turn % 2 ? 3 : 2;
+        for (size_t i = 0; i < burst && pushed < 11; i++) ASSERT_EQ(mk_queue_push(&q, &items[pushed++]), MK_OK);
+        while (taken < pushed) {
+            mk_sched_item *got = mk_queue_pop_if(&q, any, nullptr);
+            ASSERT_EQ(got, &items[taken]) << "turn " << turn << " item " << taken;
+            taken++;
+        }
+        EXPECT_EQ(mk_queue_pop_if(&q, any, nullptr), nullptr) << "turn " << turn << ": empty";
+    }
+    EXPECT_EQ(taken, 11u);
+    mk_queue_destroy(&q);
+}
+
 // NCCL needs the cuda backend on distinct devices: on the cpu backend it is refused clearly.
 TEST(PipelineSched, NcclSeamOnTheCpuBackendIsRefused) {
     ModelPtr model = make_random_model(mk_hparams_seed_default());
@@ -772,6 +794,10 @@ TEST(PipelineSched, ALongPromptGoesInChunksBetweenTheOthersDecodeSteps) {
     o.prefill_chunk = 2;
     o.timeline_capacity = 512;
     Collector c;
+    // The decoding sequence is held at its first token until the long prompt is in: on a
+    // loaded machine the submitting thread can otherwise lose the CPU between the two
+    // submissions for as long as the first sequence needs to finish alone.
+    c.hold_at = 1;
     SchedPtr s = make_sched(model, o, &c);
     ASSERT_TRUE(s);
     std::vector<SeqSpec> specs(2);
@@ -779,7 +805,10 @@ TEST(PipelineSched, ALongPromptGoesInChunksBetweenTheOthersDecodeSteps) {
     specs[0].max_new = 30;
     for (int32_t t = 0; t < 21; t++) specs[1].prompt.push_back((t * 7 + 2) % 40);
     specs[1].max_new = 3;
-    const std::vector<uint64_t> ids = submit_all(s.get(), specs);
+    std::vector<uint64_t> ids = submit_all(s.get(), {specs[0]});
+    ASSERT_EQ(c.wait_held(), ids[0]);
+    ids.push_back(submit_all(s.get(), {specs[1]})[0]);
+    c.release();
     ASSERT_TRUE(wait_all_within(s.get(), 60));
     mk_range_options alone = o.range;
     alone.max_batch_sequences = 1;
@@ -809,7 +838,7 @@ TEST(PipelineSched, ALongPromptGoesInChunksBetweenTheOthersDecodeSteps) {
     const double first = longs[0].second, last_chunk = longs[10].second;
     size_t beside = 0;
     for (double t : others) beside += t > first && t <= last_chunk;
-    EXPECT_GE(beside, 10u) << "the decoding sequence's steps during the long prompt's 11 chunks";
+    EXPECT_GE(beside, 10u) << "the decoding sequence's steps during the long prompt's 11 chunks; timeline: " << text;
 }
 
 // ============================================================== options ==

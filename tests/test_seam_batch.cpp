@@ -6,6 +6,7 @@
 // travels as the schema 1 bundle it always was; the codec writes protobuf-c's bytes.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -425,6 +426,30 @@ TEST(SeamBatch, ABoundaryIsNamedThroughThePublicApi) {
     EXPECT_EQ(st[1], MK_OK);
     EXPECT_EQ(mk_boundary_header_of(t.in[0].get())->step, 7u);
     EXPECT_STREQ(mk_boundary_header_of(t.in[1].get())->request_id, "other");
+}
+
+// A boundary is read only into a buffer that holds all its rows: one float or one row
+// short is refused (naming both counts) and writes nothing; a larger buffer gets exactly
+// rows * hidden floats and the rest is left alone.
+TEST(SeamBatch, ABoundaryIsReadOnlyIntoABufferThatHoldsIt) {
+    ThreeSequences t;
+    MK_ASSERT_OK(t.forward(0));
+    const mk_boundary *b = t.out[2].get();
+    const mk_boundary_header *h = mk_boundary_header_of(b);
+    ASSERT_EQ(h->rows, 5u);
+    const size_t n = h->rows * h->hidden;
+    std::vector<float> buf(n + 7, -123.0f);
+    for (const size_t short_by : {size_t(1), h->hidden, n - 1}) {
+        const std::string want = std::to_string(n) + " floats needed, buffer holds " + std::to_string(n - short_by);
+        EXPECT_ERROR(mk_boundary_read(b, buf.data(), n - short_by), MK_ERR_INVALID_ARGUMENT, want.c_str());
+    }
+    EXPECT_EQ(buf, std::vector<float>(n + 7, -123.0f)) << "a refused read wrote";
+    MK_ASSERT_OK(mk_boundary_read(b, buf.data(), buf.size()));
+    for (size_t i = 0; i < n; i++) ASSERT_TRUE(std::isfinite(buf[i]) && buf[i] != -123.0f) << "float " << i;
+    for (size_t i = n; i < buf.size(); i++) EXPECT_EQ(buf[i], -123.0f) << "float " << i;
+    std::vector<float> exact(n);
+    MK_ASSERT_OK(mk_boundary_read(b, exact.data(), n));
+    EXPECT_TRUE(std::equal(exact.begin(), exact.end(), buf.begin()));
 }
 
 TEST(SeamBatch, MoreRowsThanTheRangeTakesInOneForwardAreRefused) {

@@ -815,7 +815,9 @@ class Pipeline:
         if stats is not None:
             for f in ("n_prompt", "n_generated", "stopped_at_eog", "eog_token", "prefill_s", "decode_s"):
                 setattr(stats, f, getattr(st, f))
-        if status and not stop.is_set():
+        # Reached only when the worker ended on its own (a consumer that closes the iterator
+        # early leaves at the yield), so any status here is the C call's own failure.
+        if status:
             from .errors import error_for
             raise error_for(status, msg)
 

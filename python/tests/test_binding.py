@@ -48,6 +48,21 @@ def test_exception_classes_follow_the_status_families():
         assert mk.ffi.string(mk.lib.mk_status_name(code)).decode() == cls.status
 
 
+def test_every_status_class_is_in_its_family():
+    """The module docstring's table: each code range's classes derive from its family (40..59
+    are wire errors, and so contract errors, up to MK_ERR_TAIL_RESULT = 55)."""
+    families = [(1, 10, errors.GeneralError), (10, 20, errors.ArchitectureError),
+                (20, 40, BoundaryContractError), (40, 60, errors.WireError), (60, 80, errors.ModelFileError),
+                (80, 90, errors.DeviceError), (90, 100, errors.SeamError), (100, 110, errors.TextError)]
+    for code, cls in errors.STATUS_CLASSES.items():
+        family = [f for lo, hi, f in families if lo <= code < hi]
+        assert family and issubclass(cls, family[0]), (code, cls.__mro__)
+    for cls in (errors.DataLengthError, errors.RecipeDigestError, errors.BoundaryPointError, errors.TailResultError):
+        assert issubclass(cls, errors.WireError) and issubclass(cls, BoundaryContractError)
+    with pytest.raises(BoundaryContractError):
+        mk.tail_result_pack_token(1, identity=dict(request_id="", runtime_recipe_digest="0" * 64))
+
+
 def test_error_carries_status_name_code_and_message():
     with pytest.raises(UncertifiedArchitectureError) as ei:
         certified_architecture("qwen3")
@@ -133,6 +148,67 @@ def test_digests(model):
     assert b.header.recipe_digest == head.recipe_digest == mk.Range(model, 3, 5).recipe_digest
 
 
+def test_hparams_rope_layout_round_trips(model):
+    assert mk.seed_hparams()["rope_layout"] == "rotate_half" == model.hparams["rope_layout"]
+    adj = mk.Model.random(seed=7, rope_layout="adjacent_pairs")
+    assert adj.hparams["rope_layout"] == "adjacent_pairs"
+    assert mk.Model.random(seed=7, rope_layout="rotate_half").hparams["rope_layout"] == "rotate_half"
+    # the layout reaches the C model: the same weights, other logits
+    a = mk.Range(model, 0, 5, threads=1).sequence().forward([5, 12, 3])
+    b = mk.Range(adj, 0, 5, threads=1).sequence().forward([5, 12, 3])
+    assert not np.array_equal(a.logits, b.logits)
+
+
+def test_token_only_range_returns_no_logits(model):
+    full = mk.Range(model, 0, 5, threads=1).sequence().forward([5, 12, 3])
+    out = mk.Range(model, 0, 5, threads=1, token_only=True).sequence().forward([5, 12, 3])
+    assert out.logits is None and full.logits is not None
+    assert out.token_id == full.token_id
+
+
+def test_shard_stateless_by_default_and_stateful_on_request(model):
+    """Shard(stateless=True) starts every forward from an empty KV cache; stateless=False
+    keeps the sequence, so a forward continues it."""
+    fresh = mk.Range(model, 0, 5, threads=1).sequence()
+    first = fresh.forward([5, 12, 3]).logits.copy()
+    cont = fresh.forward([7]).logits.copy()
+    s = mk.Shard(model, 0, 5, threads=1)
+    assert np.array_equal(s.forward([5, 12, 3]).logits, first)
+    assert np.array_equal(s.forward([5, 12, 3]).logits, first) and len(s.sequence) == 3
+    k = mk.Shard(model, 0, 5, stateless=False, threads=1)
+    assert np.array_equal(k.forward([5, 12, 3]).logits, first)
+    assert np.array_equal(k.forward([7]).logits, cont) and len(k.sequence) == 4
+    k.reset()
+    assert len(k.sequence) == 0
+
+
+def test_duck_head_refuses_empty_token_ids():
+    """A duck-typed head: no token ids is MK_ERR_EMPTY_INPUT before the shard is called."""
+    from test_boundary_adapter_parity import _ReferenceDenseLlama, _ReferenceShard
+
+    head = BoundaryAdapter(_ReferenceShard(_ReferenceDenseLlama(), 0, 2))
+    for ids in ([], np.zeros((1, 0), dtype=np.int64)):
+        with pytest.raises(errors.EmptyInputError, match="at least one token id"):
+            head.forward(token_ids=ids)
+
+
+def test_duck_tail_refuses_a_bundle_without_the_recipe_digest():
+    """A duck-typed tail checks the recipe digest like mk_range_check_boundary: a bundle
+    that carries none (or another one) is refused, the head's own is accepted."""
+    from test_boundary_adapter_parity import _ReferenceDenseLlama, _ReferenceShard
+
+    ref = _ReferenceDenseLlama()
+    head = BoundaryAdapter(_ReferenceShard(ref, 0, 2))
+    tail = BoundaryAdapter(_ReferenceShard(ref, 3, 5))
+    b = head.forward(token_ids=[1, 2, 3])
+    assert b.recipe_digest == head.recipe_digest == tail.recipe_digest != ""
+    for digest in ("", "0" * 64):
+        foreign = BoundaryBundle(residual=b.residual, positions=b.positions, next_layer=3, recipe_digest=digest)
+        with pytest.raises(errors.RecipeDigestError, match="recipe digest"):
+            tail.forward(boundary=foreign)
+    assert tail.forward(boundary=b).logits.shape == (1, ref.vocab)
+
+
 # ------------------------------------------------------------------- wire ----
 
 def test_malformed_bytes_raise_the_right_class(model):
@@ -204,6 +280,24 @@ def test_pipeline_whole_vs_wire_split_bit_exact(model):
     assert np.array_equal(a.logits, b.logits) and a.token_id == b.token_id
     assert split.seam_bytes > 0
     assert list(whole.generate([a.token_id], 6)) == list(split.generate([b.token_id], 6))
+
+
+def test_generate_raises_the_c_error_and_stops_when_closed_early(model):
+    pipe = mk.Pipeline(model, [2], threads=1)
+    vocab = model.hparams["vocab"]
+    # A failure inside mk_pipeline_generate reaches the caller as its status class, as step's does.
+    with pytest.raises(errors.TokenOutOfRangeError):
+        pipe.step([vocab])
+    pipe.reset()
+    with pytest.raises(errors.TokenOutOfRangeError):
+        list(pipe.generate([3, vocab], 4))
+    # A consumer that closes the iterator early gets no error, and the pipeline stays usable.
+    pipe.reset()
+    it = pipe.generate([3, 1, 4], 8)
+    first = next(it)
+    it.close()
+    pipe.reset()
+    assert list(pipe.generate([3, 1, 4], 8))[0] == first
 
 
 def test_shard_in_the_boundary_adapter(model):
@@ -363,6 +457,18 @@ def test_scheduler_matches_the_pipeline(model):
         assert info.state == "done" and info.status == "MK_OK" and info.tokens == want == seen[sid]
     with pytest.raises(errors.InvalidArgumentError):
         s.submit([], 5)
+
+
+def test_scheduler_stops_at_a_stop_id(model):
+    s = mk.Scheduler(model, [2], threads=1)
+    free = s.wait(s.submit([5, 12, 3], 6)).tokens
+    assert len(free) == 6
+    stop = free[3]
+    info = s.wait(s.submit([5, 12, 3], 6, stop_ids=[stop]))
+    assert info.state == "done" and info.stopped
+    assert info.tokens == free[: free.index(stop) + 1]
+    info = s.wait(s.submit([5, 12, 3], 6, stop_ids=[-1]))   # an id that never comes
+    assert info.tokens == free and not info.stopped
 
 
 def _seam_run(head, tail, tx, rx, prompt, n):

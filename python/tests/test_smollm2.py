@@ -31,6 +31,14 @@ def test_model_and_tokenizer(smollm2, tok, smollm2_path):
     assert mk.Tokenizer(smollm2_path).encode("Hello") == tok.encode("Hello")
 
 
+def test_c_strings_decode_as_utf8(tok, tmp_path):
+    """Strings from C (token texts, error messages) are UTF-8."""
+    assert [tok.token_text(t) for t in tok.encode(" world café", add_special=False)] == ["Ġworld", "ĠcafÃ©"]
+    with pytest.raises(errors.IoError) as ei:
+        mk.Model.open(str(tmp_path / "café.gguf"))
+    assert "café.gguf" in ei.value.message
+
+
 def test_chat_template_and_detokenizer(tok):
     assert tok.chat_template == "chatml"
     text = tok.apply_chat([{"role": "user", "content": "Hi"}])

@@ -323,6 +323,7 @@ std::vector<GemvCase> gemv_cases() {
             v.push_back({f, rows, 33, 7});    // no vector path (33 % 8)
             v.push_back({f, rows, 576, 37});  // SmolLM2 width; partial last block of warps
             v.push_back({f, rows, 40, 129});
+            v.push_back({f, rows, 36, 11});   // 4-aligned, not 8: F32 takes the vector path, F16/BF16 do not
         }
         for (size_t rows : {2, 4, 5, 6, 7}) v.push_back({f, rows, 72, 9});
         v.push_back({f, 1, 4096, 6});

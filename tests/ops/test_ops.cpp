@@ -1278,6 +1278,18 @@ TEST_F(OpTest, GemvMultiAndSwigluEqualSeparateLaunches) {
     const size_t outs[3] = {1, 1, 1};
     EXPECT_ERROR(mk_kernel_gemv_multi(4, ys, ws, outs, MK_DTYPE_BF16, f, 1, 4, stream_), MK_ERR_INVALID_ARGUMENT,
                  "mk_kernel_gemv_multi: 4 matrices (1..3)");
+    for (int i = 0; i < 3; i++) { // a missing weight or output of any matrix with outputs
+        const void *ws_null[3] = {f, f, f};
+        float *ys_null[3] = {f, f, f};
+        ws_null[i] = nullptr;
+        EXPECT_ERROR(mk_kernel_gemv_multi(3, ys, ws_null, outs, MK_DTYPE_BF16, f, 1, 4, stream_), MK_ERR_INVALID_ARGUMENT,
+                     "mk_kernel_gemv_multi: null pointer")
+            << "weight " << i;
+        ys_null[i] = nullptr;
+        EXPECT_ERROR(mk_kernel_gemv_multi(3, ys_null, ws, outs, MK_DTYPE_BF16, f, 1, 4, stream_), MK_ERR_INVALID_ARGUMENT,
+                     "mk_kernel_gemv_multi: null pointer")
+            << "output " << i;
+    }
     EXPECT_ERROR(mk_kernel_gemv_swiglu(f, f, f, f, MK_DTYPE_BF16, 9, 4, 4, stream_), MK_ERR_SHAPE,
                  "mk_kernel_gemv_swiglu: 9 rows exceed the decode limit 8");
     EXPECT_ERROR(mk_kernel_gemv_swiglu(f, f, nullptr, f, MK_DTYPE_BF16, 1, 4, 4, stream_), MK_ERR_INVALID_ARGUMENT,

@@ -131,16 +131,14 @@ static void mk_native_part_rows(const mk_native_job *j, const mk_native_part *p,
             const size_t o1 = end - o0 < MK_WEIGHT_TILE ? end : o0 + MK_WEIGHT_TILE;
             for (size_t r = 0; r < j->rows; r += group) {
                 const size_t n = j->rows - r < group ? j->rows - r : group;
-                const mk_q8_block *xq[MK_QDOTN_MAX_ROWS] = {0};
-                const mk_q8k_block *xk[MK_QDOTN_MAX_ROWS] = {0};
-                for (size_t k = 0; k < n; k++) {
-                    xq[k] = p->qdot8 ? j->ctx->xq + (r + k) * per_row : NULL;
-                    xk[k] = p->kdotn ? j->ctx->xk + (r + k) * k_per_row : NULL;
-                }
                 if (p->qdot8) {
+                    const mk_q8_block *xq[MK_QDOTN_MAX_ROWS];
+                    for (size_t k = 0; k < n; k++) xq[k] = j->ctx->xq + (r + k) * per_row;
                     mk_native_rows8(p, xq, n, in, r, o0, o1);
                     continue;
                 }
+                const mk_q8k_block *xk[MK_QDOTN_MAX_ROWS];
+                for (size_t k = 0; k < n; k++) xk[k] = j->ctx->xk + (r + k) * k_per_row;
                 for (size_t o = o0; o < o1; o++) {
                     const uint8_t *wr = p->data + o * p->row_bytes;
                     float v[MK_QDOTN_MAX_ROWS];

@@ -142,9 +142,15 @@ static float cq_dot_q8_0(const uint8_t *w, const mk_q8_block *x, size_t n) {
 
 /* ============================================================= K-quants == */
 
+/* Q2_K and Q3_K keep the same two low bits of value i (of 256): bits 2 ((i % 128) / 32) of
+ * qs[32 (i / 128) + i % 32], four planes of 32 bytes per half of 128 values. */
+static inline int cq_two_bits(const uint8_t *qs, int i) {
+    return (qs[32 * (i / 128) + i % 32] >> (2 * ((i % 128) / 32))) & 3;
+}
+
 /* Q2_K: 256 values in 16 groups of 16, each with a 4-bit scale (low nibble of scales[g]) and
- * min (high nibble); value i is bits 2 ((i % 128) / 32) of qs[32 (i / 128) + i % 32] (0..3),
- * weighted d * scale, less dmin * min; a group's activations sum to its group sum. */
+ * min (high nibble); value i is its two bits (cq_two_bits, 0..3), weighted d * scale, less
+ * dmin * min; a group's activations sum to its group sum. */
 static float cq_dot_q2_k(const uint8_t *w, const mk_q8k_block *x, size_t n) {
     float sum = 0.0f;
     for (size_t sb = 0; sb < n / 256; sb++, w += 84, x++) {
@@ -152,7 +158,7 @@ static float cq_dot_q2_k(const uint8_t *w, const mk_q8k_block *x, size_t n) {
         int isum = 0, imin = 0;
         for (int g = 0; g < 16; g++) {
             int s = 0;
-            for (int i = 16 * g; i < 16 * g + 16; i++) s += ((qs[32 * (i / 128) + i % 32] >> (2 * ((i % 128) / 32))) & 3) * x->q[i];
+            for (int i = 16 * g; i < 16 * g + 16; i++) s += cq_two_bits(qs, i) * x->q[i];
             isum += (w[g] & 0x0f) * s;
             imin += (w[g] >> 4) * x->sums[g];
         }
@@ -162,8 +168,8 @@ static float cq_dot_q2_k(const uint8_t *w, const mk_q8k_block *x, size_t n) {
 }
 
 /* Q3_K: 256 values in 16 groups of 16 with a signed 6-bit scale each (mk_k3_scales); value i
- * is its two bits in qs (byte i % 32 of half i / 128, bits 2 ((i % 128) / 32)) and its third
- * in hmask (bit i / 32 of byte i % 32), less 4. */
+ * is its two bits in qs (cq_two_bits) and its third in hmask (bit i / 32 of byte i % 32),
+ * less 4. */
 static float cq_dot_q3_k(const uint8_t *w, const mk_q8k_block *x, size_t n) {
     float sum = 0.0f;
     for (size_t sb = 0; sb < n / 256; sb++, w += 110, x++) {
@@ -172,8 +178,8 @@ static float cq_dot_q3_k(const uint8_t *w, const mk_q8k_block *x, size_t n) {
         mk_k3_scales(w + 96, scale);
         int isum = 0;
         for (int i = 0; i < 256; i++) {
-            const int l = i % 32, two = (qs[32 * (i / 128) + l] >> (2 * ((i % 128) / 32))) & 3;
-            isum += scale[i / 16] * ((two | (((hmask[l] >> (i / 32)) & 1) << 2)) - 4) * x->q[i];
+            const int third = (hmask[i % 32] >> (i / 32)) & 1;
+            isum += scale[i / 16] * ((cq_two_bits(qs, i) | third << 2) - 4) * x->q[i];
         }
         sum += cq_f16_at(w + 108) * x->d * (float)isum;
     }
