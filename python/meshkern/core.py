@@ -14,6 +14,7 @@ Arrays handed *out*:
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ from typing import Iterator, Sequence as Seq
 import numpy as np
 
 from ._lib import DEFINES, ffi, lib, string
-from .errors import check
+from .errors import check, raise_status
 
 __all__ = [
     "Role", "seed_hparams", "Model", "Range", "Sequence", "Bundle", "BoundaryHeader", "TailOutput",
@@ -54,7 +55,11 @@ def _owned(ptr, free, *parents):
 
 def _ids(token_ids) -> tuple[object, int, object]:
     """int32 contiguous ids -> (cdata pointer, n, keepalive array)."""
-    a = np.ascontiguousarray(np.asarray(token_ids, dtype=np.int64).reshape(-1).astype(np.int32))
+    a = np.asarray(token_ids, dtype=np.int64).reshape(-1)
+    if a.size and (a.min() < -2 ** 31 or a.max() > 2 ** 31 - 1):  # int32 would wrap them to other ids
+        bad = int(a[(a < -2 ** 31) | (a > 2 ** 31 - 1)][0])
+        raise_status("MK_ERR_TOKEN_OUT_OF_RANGE", f"token id {bad} does not fit an int32")
+    a = np.ascontiguousarray(a.astype(np.int32))
     if a.size == 0:
         return ffi.NULL, 0, a
     return ffi.cast("const int32_t *", ffi.from_buffer(a)), int(a.size), a
@@ -123,7 +128,7 @@ class Model:
     @classmethod
     def open(cls, path: str) -> "Model":
         out = ffi.new("mk_model **")
-        check(lib.mk_model_open_gguf(str(path).encode(), out))
+        check(lib.mk_model_open_gguf(os.fsencode(path), out))
         return cls(ffi.gc(out[0], lib.mk_model_free))
 
     @classmethod
@@ -132,6 +137,8 @@ class Model:
         hp = ffi.new("mk_hparams *", lib.mk_hparams_seed_default())
         for k, v in {**(hparams or {}), **overrides}.items():
             if k == "rope_layout" and isinstance(v, str):
+                if v not in ("rotate_half", "adjacent_pairs"):
+                    raise ValueError(f"unknown rope layout {v!r}")
                 v = 1 if v == "rotate_half" else 2
             setattr(hp, k, v)
         out = ffi.new("mk_model **")
@@ -565,9 +572,12 @@ def tail_result_pack_token(token_id: int, *, identity: dict, sampling: dict | No
 
 def tail_result_pack_logits(logits: np.ndarray, *, identity: dict, sampling: dict | None = None) -> bytes:
     """A TailResult carrying a logits bundle [batch, vocab] (mk_tail_result_pack_logits)."""
-    a = np.ascontiguousarray(logits, dtype=np.float32)
+    a = np.asarray(logits, dtype=np.float32)
     if a.ndim == 1:
         a = a[None, :]
+    if a.ndim != 2:  # None (a token_only output) or another rank: never a guessed [batch, vocab]
+        raise_status("MK_ERR_SHAPE", f"logits must be [batch, vocab], got shape {a.shape}")
+    a = np.ascontiguousarray(a)
     ident, _keep = _identity(**identity)
     pp, n = ffi.new("uint8_t **"), ffi.new("size_t *")
     check(lib.mk_tail_result_pack_logits(ident, _sampling(**(sampling or {})), ffi.cast("float *", ffi.from_buffer(a)),
@@ -595,7 +605,7 @@ class Tokenizer:
         if isinstance(source, Model):
             check(lib.mk_tokenizer_open(source._ptr, out))
         else:
-            check(lib.mk_tokenizer_open_file(str(source).encode(), out))
+            check(lib.mk_tokenizer_open_file(os.fsencode(source), out))
         self._ptr = ffi.gc(out[0], lib.mk_tokenizer_free)
 
     @property
@@ -769,13 +779,16 @@ class Pipeline:
         return TailOutput(ffi.gc(out[0], lib.mk_tail_output_free))
 
     def reset(self) -> None:
-        check(lib.mk_pipeline_reset(self._ptr))
+        with self._lock:  # not under a generation still running on its worker
+            check(lib.mk_pipeline_reset(self._ptr))
 
     def generate(self, prompt_ids, max_new: int = 32, *, tokenizer: Tokenizer | None = None,
                  stats: GenerateStats | None = None) -> Iterator[int]:
         """Greedy generation (mk_pipeline_generate) as an iterator of token ids. It runs on a
         worker thread (the GIL is released in C) and stops at the tokenizer's
-        end-of-generation set or after max_new tokens; closing the iterator early stops it."""
+        end-of-generation set or after max_new tokens; closing the iterator early stops it
+        (the worker runs ahead: the KV cache then holds tokens past the last one taken, so
+        reset() before another prompt)."""
         p, n, keep = _ids(prompt_ids)
         q: queue.Queue = queue.Queue()
         stop = threading.Event()
@@ -792,12 +805,16 @@ class Pipeline:
         result: list = []
 
         def worker():
-            with self._lock:
-                status = lib.mk_pipeline_generate(self._ptr, tokenizer._ptr if tokenizer else ffi.NULL, p, n,
-                                                  max_new, on_token, ffi.NULL, st)
-                msg = string(lib.mk_last_error()) if status else ""
-            result.append((status, msg))
-            q.put(None)
+            try:
+                with self._lock:
+                    status = lib.mk_pipeline_generate(self._ptr, tokenizer._ptr if tokenizer else ffi.NULL, p, n,
+                                                      max_new, on_token, ffi.NULL, st)
+                    msg = string(lib.mk_last_error()) if status else ""
+                result.append((status, msg))
+            except BaseException as e:  # a bad argument: raised by the iterator, never left hanging
+                result.append(e)
+            finally:
+                q.put(None)
 
         t = threading.Thread(target=worker, daemon=True)
         t.start()
@@ -811,6 +828,8 @@ class Pipeline:
             stop.set()
             t.join()
             _ = (keep, on_token)
+        if isinstance(result[0], BaseException):
+            raise result[0]
         status, msg = result[0]
         if stats is not None:
             for f in ("n_prompt", "n_generated", "stopped_at_eog", "eog_token", "prefill_s", "decode_s"):
@@ -861,7 +880,8 @@ class Scheduler:
     (mk_sched). ``cuts`` (last layer of each range but the last) or ``n_workers`` with
     balanced cuts (mk_split_auto); ``seam``: None (the placement rule) or "local", "wire",
     "unix", "tcp", "nccl"; other keywords are range options (backend, threads, ...).
-    The header has no cancel call: a submitted sequence runs to its stop id or limit."""
+    A sequence runs to its stop id or limit unless cancelled (``cancel``); ``release``
+    frees a read sequence's record."""
 
     def __init__(self, model: Model, cuts: Seq[int] | None = None, *, n_workers: int = 0, max_sequences: int = 8,
                  seam: str | None = None, devices: Seq[int] | None = None, on_token=None, **options):
@@ -930,10 +950,25 @@ class Scheduler:
     def wait(self, seq_id: int) -> SeqInfo:
         """Block (GIL released) until the sequence is done or failed."""
         check(lib.mk_sched_wait(self._ptr, seq_id))
-        return self.poll(seq_id)
+        info = self.poll(seq_id)
+        if info.n_tokens > len(info.tokens):  # longer than poll's default cap: all of them
+            info = self.poll(seq_id, info.n_tokens)
+        return info
 
     def wait_all(self) -> None:
         check(lib.mk_sched_wait_all(self._ptr))
+
+    def cancel(self, seq_id: int) -> None:
+        """Stop a sequence early (mk_sched_cancel): a queued one leaves the queue, a running
+        one retires after the step in flight; it ends done, not stopped, with the tokens it
+        has. A finished sequence is left as it is."""
+        check(lib.mk_sched_cancel(self._ptr, seq_id))
+
+    def release(self, seq_id: int) -> None:
+        """Forget a sequence (mk_sched_release): its record is freed once it is done or
+        failed, and later calls naming it raise. A long-running caller releases what it has
+        read, so memory does not grow with the sequences served."""
+        check(lib.mk_sched_release(self._ptr, seq_id))
 
 
 # -------------------------------------------------------------------- seams ----
@@ -954,7 +989,8 @@ def _seam_options(kind: str, address: str | None = None, *, connect_timeout_ms: 
 
     o.address = cstr(address)
     o.connect_timeout_ms, o.io_timeout_ms = connect_timeout_ms, io_timeout_ms
-    if psk_hex or cert_file:
+    # any TLS option asks for TLS: the C library refuses an incomplete set, never plaintext
+    if any(v is not None for v in (psk_hex, psk_identity, cert_file, key_file, ca_file)):
         o.tls.enabled = True
         o.tls.psk_hex, o.tls.psk_identity = cstr(psk_hex), cstr(psk_identity)
         o.tls.cert_file, o.tls.key_file, o.tls.ca_file = cstr(cert_file), cstr(key_file), cstr(ca_file)
@@ -971,6 +1007,9 @@ class Seam:
         self.range = rng
         # parents: the options' strings and the listener an end came from, kept until it is freed
         self._ptr = _owned(_ptr, lib.mk_seam_free, rng._ptr, *parents)
+        # the boundaries sent and not yet received: a local seam hands the receiver the
+        # sender's boundary itself, so it must live until then (shared by a pair's two ends)
+        self._posted: list = []
 
     @classmethod
     def pair(cls, sender: Range, receiver: Range, kind: str = "unix", address: str | None = None,
@@ -978,7 +1017,9 @@ class Seam:
         o, _keep = _seam_options(kind, address, **options)
         s, r = ffi.new("mk_seam **"), ffi.new("mk_seam **")
         check(lib.mk_seam_pair(o, sender._ptr, receiver._ptr, s, r))
-        return cls(s[0], sender, o, _keep), cls(r[0], receiver, o, _keep)
+        tx, rx = cls(s[0], sender, o, _keep), cls(r[0], receiver, o, _keep)
+        rx._posted = tx._posted
+        return tx, rx
 
     @classmethod
     def connect(cls, sender: Range, kind: str, address: str, **options) -> "Seam":
@@ -992,18 +1033,21 @@ class Seam:
 
     def send(self, boundary: Boundary) -> None:
         check(lib.mk_seam_send(self._ptr, boundary._ptr))
+        self._posted[:] = [boundary._ptr]  # what the seam now holds (a refused send changes nothing)
 
     def send_wait(self) -> None:
         check(lib.mk_seam_send_wait(self._ptr))
 
     def recv(self, seq: Sequence, into: Boundary) -> None:
         check(lib.mk_seam_recv(self._ptr, seq._ptr, into._ptr))
+        self._posted.clear()  # received: the sender's boundaries are no longer read
 
     def send_batch(self, boundaries: "list[Boundary]") -> None:
         """Several sequences' boundaries (each named with Boundary.set_request) as one
         message (mk_seam_send_batch: TensorBundle schema 2)."""
         arr = ffi.new("mk_boundary *[]", [b._ptr for b in boundaries])
         check(lib.mk_seam_send_batch(self._ptr, ffi.cast("const mk_boundary *const *", arr), len(boundaries)))
+        self._posted[:] = [b._ptr for b in boundaries]
 
     def recv_batch(self, sequences: "dict[str, Sequence]", into: "list[Boundary]") -> "list[str]":
         """The next message, one boundary or a batch, entry k into into[k] for the sequence
@@ -1019,6 +1063,7 @@ class Seam:
         arr = ffi.new("mk_boundary *[]", [b._ptr for b in into])
         n, status = ffi.new("size_t *"), ffi.new("mk_status[]", max(len(into), 1))
         check(lib.mk_seam_recv_batch(self._ptr, route, ffi.NULL, arr, len(into), n, status))
+        self._posted.clear()
         return [string(lib.mk_status_name(status[k])) for k in range(n[0])]
 
     @property
@@ -1099,7 +1144,7 @@ class Stage:
         """Run until every request is done or the run fails; returns the reports
         ({request, status, error, tokens, stopped}) in the order they came. A failed run
         raises after its reports were collected (they are on the exception as .reports)."""
-        arrays = [np.ascontiguousarray(np.asarray(p, dtype=np.int32).reshape(-1)) for p in prompts]
+        arrays = [_ids(p)[2] for p in prompts]
         reqs = ffi.new("mk_stage_request[]", max(1, len(arrays)))
         for i, a in enumerate(arrays):
             reqs[i].prompt = ffi.cast("const int32_t *", ffi.from_buffer(a))

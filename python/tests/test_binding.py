@@ -471,6 +471,38 @@ def test_scheduler_stops_at_a_stop_id(model):
     assert info.tokens == free and not info.stopped
 
 
+def test_scheduler_cancel_and_release(model):
+    want = mk.Scheduler(model, [2], threads=1)
+    full = want.wait(want.submit([5, 12, 3], 12)).tokens
+    held, go = threading.Event(), threading.Event()
+
+    def on_token(seq_id, index, token, logits):
+        if seq_id == 1 and index == 2:  # hold the running sequence at its third token
+            held.set()
+            go.wait(30)
+
+    s = mk.Scheduler(model, [2], threads=1, max_sequences=1, on_token=on_token)
+    a = s.submit([5, 12, 3], 12)
+    assert held.wait(30)
+    b = s.submit([5, 12, 3], 12)  # no free slot: queued
+    s.cancel(b)  # a queued sequence leaves the queue at once
+    info = s.wait(b)
+    assert (info.state, info.n_tokens, info.stopped) == ("done", 0, False)
+    s.cancel(a)  # a running one retires after the step in flight
+    go.set()
+    info = s.wait(a)
+    assert info.state == "done" and not info.stopped and info.status == "MK_OK"
+    assert 3 <= info.n_tokens < len(full) and info.tokens == full[: info.n_tokens]
+    s.cancel(a)  # finished: left as it is
+    assert s.poll(a).tokens == info.tokens
+    s.release(a)
+    with pytest.raises(errors.InvalidArgumentError, match=f"no sequence {a}"):
+        s.poll(a)
+    with pytest.raises(errors.InvalidArgumentError):
+        s.cancel(a)
+    assert s.wait(s.submit([5, 12, 3], 12)).tokens == full  # the slot is free again
+
+
 def _seam_run(head, tail, tx, rx, prompt, n):
     hs, ts = head.sequence(), tail.sequence()
     bo, bi = head.boundary(), tail.boundary()
@@ -596,3 +628,124 @@ def test_paged_kv_pool_through_python(model):
     with pytest.raises(errors.InvalidArgumentError, match="kv_block_size"):
         mk.Range(model, 0, 1, kv_block_size=6)
 
+
+
+# ------------------------------------------------------------- review fixes ----
+
+def test_token_ids_that_do_not_fit_int32_are_refused_not_wrapped(model):
+    """2**32 + 5 would wrap to token 5 in an int32 array: refused as out of range."""
+    r = mk.Range(model, 0, 5, threads=1)
+    for bad in ([2 ** 32 + 5], [3, -(2 ** 32) + 5], np.array([2 ** 33 + 1], dtype=np.int64)):
+        with pytest.raises(errors.TokenOutOfRangeError, match="does not fit an int32"):
+            r.sequence().forward(bad)
+    with pytest.raises(errors.TokenOutOfRangeError):
+        mk.Pipeline(model, [2], threads=1).step([2 ** 32 + 5])
+    s = mk.Scheduler(model, [2], threads=1)
+    with pytest.raises(errors.TokenOutOfRangeError):
+        s.submit([5, 12, 3], 4, stop_ids=[2 ** 32 + 5])
+    assert r.sequence().forward(np.array([5, 7], dtype=np.int64)).logits.shape[0] == 1
+
+
+def test_random_model_refuses_an_unknown_rope_layout():
+    """A misspelt layout was taken as adjacent_pairs without a word."""
+    for bad in ("rotate-half", "ROTATE_HALF", "adjacent"):
+        with pytest.raises(ValueError, match="rope layout"):
+            mk.Model.random(seed=7, rope_layout=bad)
+
+
+def test_tail_result_logits_of_another_rank_are_refused(model):
+    """[batch, rows, vocab] logits were packed as [batch, rows] of the first floats, and a
+    token_only output's logits (None) as one NaN logit."""
+    ident = dict(request_id="req-1", runtime_recipe_digest=model.digest)
+    with pytest.raises(errors.ShapeError, match=r"\[batch, vocab\]"):
+        mk.tail_result_pack_logits(np.zeros((1, 2, 48), np.float32), identity=ident)
+    with pytest.raises(errors.ShapeError):
+        mk.tail_result_pack_logits(None, identity=ident)
+    out = BoundaryAdapter(mk.Shard(model, 0, 5, token_only=True)).forward(token_ids=[5, 12, 3])
+    assert out.logits is None
+    with pytest.raises(errors.ShapeError):
+        out.tail_result(request_id="r", runtime_recipe_digest=model.digest, logits=True)
+    assert mk.tail_result_validate(out.tail_result(request_id="r", runtime_recipe_digest=model.digest))["kind"] == "token"
+    strided = np.zeros((2, 96), np.float32)[:, ::2]                # non-contiguous is fine
+    assert mk.tail_result_validate(mk.tail_result_pack_logits(strided, identity=ident))["vocab"] == 48
+
+
+def test_generate_raises_a_bad_argument_instead_of_hanging(model):
+    """An exception on the generation worker (here the C call's argument conversion) used to
+    kill the worker before it ended the queue: the iterator waited forever."""
+    pipe = mk.Pipeline(model, [2], threads=1)
+    got = []
+
+    def consume(**kw):
+        try:
+            list(pipe.generate([3, 1, 4], **kw))
+        except BaseException as e:  # noqa: BLE001 - handed to the test
+            got.append(e)
+
+    for kw, cls in (({"max_new": -1}, OverflowError), ({"max_new": 4, "tokenizer": "not a tokenizer"}, AttributeError)):
+        t = threading.Thread(target=consume, kwargs=kw, daemon=True)
+        t.start()
+        t.join(20)
+        assert not t.is_alive(), "generate hung"
+        assert isinstance(got.pop(), cls)
+    pipe.reset()
+    assert len(list(pipe.generate([3, 1, 4], 4))) == 4
+
+
+def test_pipeline_reset_waits_for_a_running_generation():
+    """The generation worker runs ahead of its consumer; reset() from the loop body ran the
+    C reset concurrently with mk_pipeline_generate on the same sequence."""
+    m = mk.Model.random(seed=3, vocab=2048, hidden=256, n_heads=4, n_kv_heads=4, head_dim=64, intermediate=512,
+                        max_context=512, n_layers=2)
+    pipe = mk.Pipeline(m, [0], threads=1)
+    want = list(pipe.generate([3, 1, 4], 40))
+    pipe.reset()
+    for _ in pipe.generate([3, 1, 4], 40):
+        pipe.reset()
+        break
+    assert list(pipe.generate([3, 1, 4], 40)) == want
+
+
+def test_scheduler_wait_returns_every_token_past_the_poll_cap():
+    """wait() polled with poll's default cap (4096): a longer run came back cut short."""
+    m = mk.Model.random(seed=7, n_layers=1, max_context=8192)
+    s = mk.Scheduler(m, [], threads=1, max_sequences=1, max_context=4200)
+    sid = s.submit([1, 2], 4100)
+    info = s.wait(sid)
+    assert info.state == "done" and info.n_tokens == 4100 and len(info.tokens) == 4100
+    assert s.poll(sid, cap=3).tokens == info.tokens[:3]        # poll keeps its cap
+
+
+def test_seam_tls_options_never_fall_back_to_plaintext(model, tmp_path):
+    """TLS was enabled only for psk_hex or cert_file: a key or CA alone, an identity alone or
+    an empty key gave a plaintext seam instead of the C library's refusal."""
+    pem = tmp_path / "x.pem"
+    pem.write_text("not a pem")
+    for opts in ({"ca_file": str(pem)}, {"key_file": str(pem), "ca_file": str(pem)}, {"psk_identity": "node-1"}):
+        with pytest.raises(errors.InvalidArgumentError, match="seam TLS"):
+            mk.SeamListener("tcp", "127.0.0.1:0", **opts)
+        with pytest.raises(errors.InvalidArgumentError, match="seam TLS"):
+            mk.Seam.pair(mk.Range(model, 0, 2), mk.Range(model, 3, 5), "unix", **opts)
+    with pytest.raises(mk.MeshkernError):   # an empty key is a key, and a bad one
+        mk.Seam.pair(mk.Range(model, 0, 2), mk.Range(model, 3, 5), "unix", psk_hex="")
+
+
+def test_local_seam_keeps_a_sent_boundary_until_it_is_received(model):
+    """The local seam hands the receiver the sender's boundary itself: a boundary dropped
+    after send was freed before recv read it (use after free: a garbage header or payload)."""
+    head, tail = mk.Range(model, 0, 2, threads=1), mk.Range(model, 3, 5, threads=1)
+    for drop_sender in (False, True):
+        tx, rx = mk.Seam.pair(head, tail, "local")
+        bo = head.boundary()
+        head.forward_boundary(head.sequence(), [3, 1, 4], out=bo)
+        want = bo.read()
+        tx.send(bo)
+        del bo
+        if drop_sender:
+            del tx                                   # the sending end may go first too
+        gc.collect()
+        junk = [mk.Bundle.create(1, 3, model.hparams["hidden"]) for _ in range(50)]  # reuse freed memory
+        bi = tail.boundary()
+        rx.recv(tail.sequence(), bi)
+        assert np.array_equal(bi.read(), want)
+        del junk

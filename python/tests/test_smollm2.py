@@ -103,3 +103,20 @@ def test_malformed_model_file(tmp_path):
         mk.Model.open(str(bad))
     with pytest.raises(errors.IoError):
         mk.Model.open(str(tmp_path / "missing.gguf"))
+
+
+def test_paths_as_bytes_and_pathlike(smollm2, tok, smollm2_path):
+    """A bytes path was opened as the text "b'...'" (str(path)): IoError on a file that exists."""
+    import os
+    from pathlib import Path
+
+    for p in (os.fsencode(smollm2_path), Path(smollm2_path)):
+        assert mk.Model.open(p).digest == smollm2.digest
+        assert mk.Tokenizer(p).encode("Hello") == tok.encode("Hello")
+
+
+def test_decode_refuses_ids_past_int32(tok):
+    """decode([2**32 + t]) decoded token t (the id wrapped in an int32 array)."""
+    t = tok.encode("Paris", add_special=False)[0]
+    with pytest.raises(errors.TokenOutOfRangeError):
+        tok.decode([2 ** 32 + t])
