@@ -30,8 +30,14 @@ bool mk_serve_refuse(mk_serve_err *err, int http, const char *code, const char *
 }
 
 char *mk_serve_error_json(const mk_serve_err *err) {
+    /* A message cut inside a character (a client's text as %.64s, or the buffer's end) would
+     * make the body invalid UTF-8, which a JSON client cannot decode: each stray byte -> '?'. */
+    char msg[sizeof err->message];
+    snprintf(msg, sizeof msg, "%s", err->message);
+    const size_t n = strlen(msg);
+    for (size_t at = 0; (at += mk_serve_utf8_check(msg + at, n - at)) < n; at++) msg[at] = '?';
     cJSON *root = cJSON_CreateObject(), *e = cJSON_AddObjectToObject(root, "error");
-    cJSON_AddStringToObject(e, "message", err->message);
+    cJSON_AddStringToObject(e, "message", msg);
     cJSON_AddStringToObject(e, "type", err->type ? err->type : "invalid_request_error");
     if (err->param) cJSON_AddStringToObject(e, "param", err->param);
     else cJSON_AddNullToObject(e, "param");
@@ -326,11 +332,13 @@ static bool mk_parse_root(const mk_serve_limits *lim, mk_serve_kind kind, const 
     return true;
 }
 
-/* The offset of the first \u0000 escape inside a JSON string of body, or len: the parser
- * decodes it into a NUL that ends the C string, so the text after it would silently go. */
+/* The offset of the first \u0000 escape inside a JSON string of body, or of a raw NUL byte
+ * anywhere, or len: the parser takes either into a NUL that ends the C string, so the text
+ * after it would silently go. */
 static size_t mk_serve_nul_escape(const char *body, size_t len) {
     bool in_string = false;
     for (size_t i = 0; i < len; i++) {
+        if (body[i] == '\0') return i; /* never valid JSON, and cJSON copies it into the string */
         if (!in_string) {
             in_string = body[i] == '"';
         } else if (body[i] == '"') {
@@ -353,7 +361,8 @@ bool mk_serve_parse(const mk_serve_limits *lim, mk_serve_kind kind, const char *
     const size_t nul = mk_serve_nul_escape(body, len);
     if (nul < len)
         return mk_serve_refuse(err, 400, "invalid_encoding", NULL,
-                               "a string of the request holds a NUL character (\\u0000 at byte %zu): text cannot", nul);
+                               "a string of the request holds a NUL character (\\u0000 or a NUL byte at byte %zu): text cannot",
+                               nul);
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(body, len, &end, false);
     if (!root) {

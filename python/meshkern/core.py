@@ -65,6 +65,49 @@ def _ids(token_ids) -> tuple[object, int, object]:
     return ffi.cast("const int32_t *", ffi.from_buffer(a)), int(a.size), a
 
 
+def _bytes_in(data) -> tuple[object, int]:
+    """A caller's bytes-like object as (cdata pointer, size in bytes): its byte size, not
+    len(), which counts items (a uint32 array's len is a quarter of its bytes)."""
+    mv = memoryview(data)
+    if not mv.c_contiguous:
+        raise ValueError("the bytes must be a C-contiguous buffer")
+    return ffi.from_buffer(mv), mv.nbytes
+
+
+def _name(option: str, value, names: dict):
+    """names[value], or ValueError naming the option and the accepted names (for names the C
+    library has no parser for; those it parses raise its InvalidArgumentError)."""
+    try:
+        return names[value]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown {option} {value!r} (accepted: {', '.join(names)})") from None
+
+
+def _seam_kind(name: str) -> int:
+    """mk_seam_kind_from_name: an unknown name raises InvalidArgumentError, as Seam does."""
+    k = ffi.new("mk_seam_kind *")
+    check(lib.mk_seam_kind_from_name(name.encode(), k))
+    return int(k[0])
+
+
+class _Handle:
+    """Holds the C handle as ``_ptr``: once closed (None), reading it raises
+    ``ValueError("<Class> is closed")`` instead of cffi's TypeError at the C call."""
+
+    __slots__ = ()
+
+    @property
+    def _ptr(self):
+        p = self.__dict__.get("_handle")
+        if p is None:
+            raise ValueError(f"{type(self).__name__} is closed")
+        return p
+
+    @_ptr.setter
+    def _ptr(self, value) -> None:
+        self.__dict__["_handle"] = value
+
+
 def _take_buffer(pp, n: int) -> bytes:
     """Copy a malloc'd (uint8_t*) result out and free it with mk_buffer_free."""
     try:
@@ -115,7 +158,7 @@ def seed_hparams() -> dict:
 
 # -------------------------------------------------------------------- model ----
 
-class Model:
+class Model(_Handle):
     """A model description and weight source (mk_model): a GGUF file or a seeded random one.
 
     The C API has no entry point for weights supplied by the caller (named arrays), so a
@@ -178,8 +221,7 @@ class Model:
 
     def close(self) -> None:
         """Release the model now (ranges built over it keep it alive until they go)."""
-        if self._ptr is not None:
-            self._ptr = None  # freed once no range, sequence or view still needs it
+        self._ptr = None  # freed once no range, sequence or view still needs it
 
     @property
     def hparams(self) -> dict:
@@ -217,9 +259,10 @@ def _range_options(backend="cpu", device=0, weight_dtype=None, threads=0, kv_dty
     o.backend = lib.mk_backend_config_default(kind[0])
     o.backend.device = device
     if weight_dtype is not None:
-        o.backend.weight_dtype = _DTYPES[weight_dtype] if isinstance(weight_dtype, str) else weight_dtype
+        o.backend.weight_dtype = _name("weight_dtype", weight_dtype, _DTYPES) if isinstance(weight_dtype, str) \
+            else weight_dtype
     if kv_dtype is not None:
-        o.backend.kv_dtype = _DTYPES[kv_dtype] if isinstance(kv_dtype, str) else kv_dtype
+        o.backend.kv_dtype = _name("kv_dtype", kv_dtype, _DTYPES) if isinstance(kv_dtype, str) else kv_dtype
     if speed_mode is not None:
         o.backend.speed_mode = speed_mode
     o.backend.threads = threads
@@ -238,7 +281,7 @@ def _range_options(backend="cpu", device=0, weight_dtype=None, threads=0, kv_dty
 
 # -------------------------------------------------------------------- range ----
 
-class Range:
+class Range(_Handle):
     """Layers [start, end] (inclusive) of a model on a backend (mk_range).
 
     Options: backend ("cpu"/"cuda"), device, weight_dtype ("f32", "f16", "bf16", "native"),
@@ -255,8 +298,7 @@ class Range:
         self._ptr = _owned(out[0], lib.mk_range_free, model._ptr)
 
     def close(self) -> None:
-        if self._ptr is not None:
-            self._ptr = None  # freed once no range, sequence or view still needs it
+        self._ptr = None  # freed once no range, sequence or view still needs it
 
     @property
     def role(self) -> Role:
@@ -333,7 +375,7 @@ class Range:
         check(lib.mk_range_check_boundary(self._ptr, seq._ptr, header._to_c()))
 
 
-class Sequence:
+class Sequence(_Handle):
     """A sequence (KV cache) of one range (mk_sequence)."""
 
     def __init__(self, rng: Range):
@@ -343,8 +385,7 @@ class Sequence:
         self._ptr = _owned(out[0], lib.mk_sequence_close, rng._ptr)
 
     def close(self) -> None:
-        if self._ptr is not None:
-            self._ptr = None  # freed once no range, sequence or view still needs it
+        self._ptr = None  # freed once no range, sequence or view still needs it
 
     def reset(self) -> None:
         check(lib.mk_sequence_reset(self._ptr))
@@ -414,7 +455,7 @@ class BoundaryHeader:
         return h
 
 
-class Bundle:
+class Bundle(_Handle):
     """A boundary in host memory (mk_bundle): header + residual [batch, rows, hidden] f32 +
     positions [batch, rows] i32. ``residual`` and ``positions`` are zero-copy, writable views."""
 
@@ -431,7 +472,7 @@ class Bundle:
     def from_bytes(cls, data: bytes) -> "Bundle":
         """mk_bundle_unpack: parse and validate protobuf TensorBundle bytes."""
         out = ffi.new("mk_bundle **")
-        check(lib.mk_bundle_unpack(ffi.from_buffer(data), len(data), out))
+        check(lib.mk_bundle_unpack(*_bytes_in(data), out))
         return cls(ffi.gc(out[0], lib.mk_bundle_free))
 
     unpack = from_bytes
@@ -447,7 +488,7 @@ class Bundle:
 
     def unpack_into(self, data: bytes) -> None:
         """mk_bundle_unpack_into: decode bytes into this bundle (reused across steps)."""
-        check(lib.mk_bundle_unpack_into(ffi.from_buffer(data), len(data), self._ptr))
+        check(lib.mk_bundle_unpack_into(*_bytes_in(data), self._ptr))
 
     def clone(self) -> "Bundle":
         out = ffi.new("mk_bundle **")
@@ -455,8 +496,7 @@ class Bundle:
         return Bundle(ffi.gc(out[0], lib.mk_bundle_free))
 
     def close(self) -> None:
-        if self._ptr is not None:
-            self._ptr = None  # freed once no range, sequence or view still needs it
+        self._ptr = None  # freed once no range, sequence or view still needs it
 
     @property
     def header(self) -> BoundaryHeader:
@@ -497,7 +537,7 @@ class Bundle:
 
 # --------------------------------------------------------------- tail output ----
 
-class TailOutput:
+class TailOutput(_Handle):
     """A tail range's output (mk_tail_output): logits [batch, vocab] (None when the range is
     token_only) and the sampled token ids [batch], both zero-copy views."""
 
@@ -517,7 +557,7 @@ class TailOutput:
 
 # ---------------------------------------------------------------- boundaries ----
 
-class Boundary:
+class Boundary(_Handle):
     """A boundary whose payload stays in a range's backend memory (mk_boundary)."""
 
     def __init__(self, rng: Range):
@@ -552,7 +592,7 @@ def _identity(request_id, runtime_recipe_digest, chat_template_id="", chat_templ
     ident = ffi.new("mk_request_identity *")
     ident.request_id, ident.runtime_recipe_digest, ident.chat_template_id, ident.chat_template_version, \
         ident.reasoning_mode = keep
-    ident.architecture = _ARCH_CODES[architecture]
+    ident.architecture = _name("architecture", architecture, _ARCH_CODES)
     return ident, keep
 
 
@@ -588,7 +628,7 @@ def tail_result_pack_logits(logits: np.ndarray, *, identity: dict, sampling: dic
 def tail_result_validate(data: bytes) -> dict:
     """Parse and validate TailResult bytes (mk_tail_result_validate)."""
     info = ffi.new("mk_tail_result_info *")
-    check(lib.mk_tail_result_validate(ffi.from_buffer(data), len(data), info))
+    check(lib.mk_tail_result_validate(*_bytes_in(data), info))
     return {"kind": "token" if info.kind == 1 else "logits", "token_id": int(info.token_id),
             "batch": int(info.batch), "vocab": int(info.vocab), "greedy": bool(info.greedy),
             "architecture": _ARCH_NAMES.get(int(info.architecture), "?"), "request_id": string(info.request_id),
@@ -597,7 +637,7 @@ def tail_result_validate(data: bytes) -> dict:
 
 # ---------------------------------------------------------------- tokenizer ----
 
-class Tokenizer:
+class Tokenizer(_Handle):
     """The model's own tokenizer (mk_tokenizer), from a Model or a GGUF path."""
 
     def __init__(self, source: "Model | str"):
@@ -694,7 +734,7 @@ class Tokenizer:
             lib.mk_buffer_free(pp[0])
 
 
-class Detokenizer:
+class Detokenizer(_Handle):
     """Streaming decode (mk_detokenizer): push tokens, get the text completed so far."""
 
     def __init__(self, tok: Tokenizer, *, special: bool = False):
@@ -726,10 +766,7 @@ class GenerateStats:
     decode_s: float = 0.0
 
 
-_SEAMS = {"local": 1, "wire": 2, "unix": 3, "tcp": 4, "nccl": 5}
-
-
-class Pipeline:
+class Pipeline(_Handle):
     """A model as a chain of ranges in this process (mk_pipeline). cuts[i] is the last layer
     of range i; no cuts = one FULL range. ``seam``: the transport of every seam, "local"
     (the default), "wire" (packed to bytes and unpacked), "unix", "tcp", "nccl";
@@ -739,7 +776,7 @@ class Pipeline:
                  **options):
         self.model = model
         ro, keep = _range_options(**options)
-        so = ffi.new("mk_seam_options *", lib.mk_seam_options_default(_SEAMS[seam]))
+        so = ffi.new("mk_seam_options *", lib.mk_seam_options_default(_seam_kind(seam)))
         po = ffi.new("mk_pipeline_options *", lib.mk_pipeline_options_default())
         c = ffi.new("int64_t[]", [int(x) for x in cuts] or [0])
         po.range, po.seam, po.cuts, po.n_cuts = ro, so, c, len(cuts)
@@ -752,8 +789,7 @@ class Pipeline:
         self._lock = threading.Lock()
 
     def close(self) -> None:
-        if self._ptr is not None:
-            self._ptr = None  # freed once no range, sequence or view still needs it
+        self._ptr = None  # freed once no range, sequence or view still needs it
 
     @property
     def n_ranges(self) -> int:
@@ -875,7 +911,7 @@ class SeqInfo:
     tokens: list
 
 
-class Scheduler:
+class Scheduler(_Handle):
     """Many sequences through a model cut into ranges, one worker thread per range
     (mk_sched). ``cuts`` (last layer of each range but the last) or ``n_workers`` with
     balanced cuts (mk_split_auto); ``seam``: None (the placement rule) or "local", "wire",
@@ -887,15 +923,28 @@ class Scheduler:
                  seam: str | None = None, devices: Seq[int] | None = None, on_token=None, **options):
         """``on_token(seq_id, index, token, logits)``, optional, is called on the tail
         worker's thread for each generated token in order per sequence (logits [vocab] is a
-        copy, or None for token_only ranges); it must not call back into the scheduler."""
+        copy, or None for token_only ranges); it must not call back into the scheduler.
+        An exception it raises cannot reach the C worker: the first one is kept (later ones
+        are dropped until it is raised) and raised by the next :meth:`wait` or
+        :meth:`wait_all` call, which clears it; the sequences are not stopped by it."""
         self.model = model
         o = ffi.new("mk_sched_options *", lib.mk_sched_options_default())
         self._on_token = None
+        # the first exception of on_token, until wait/wait_all raises it (not self: no cycle)
+        self._cb_error: list = []
+        self._cb_lock = threading.Lock()
         if on_token is not None:
+            cb_error, cb_lock = self._cb_error, self._cb_lock
+
             @ffi.callback("void(void *, uint64_t, size_t, int32_t, const float *, size_t)")
             def _cb(_user, seq_id, index, token, logits, vocab):
-                lg = None if logits == ffi.NULL else np.frombuffer(ffi.buffer(logits, vocab * 4), np.float32).copy()
-                on_token(int(seq_id), int(index), int(token), lg)
+                try:
+                    lg = None if logits == ffi.NULL else np.frombuffer(ffi.buffer(logits, vocab * 4), np.float32).copy()
+                    on_token(int(seq_id), int(index), int(token), lg)
+                except BaseException as e:  # noqa: BLE001 - never into C: raised by the next wait
+                    with cb_lock:
+                        if not cb_error:
+                            cb_error.append(e)
 
             self._on_token = _cb
             o.on_token = _cb
@@ -912,7 +961,7 @@ class Scheduler:
             o.devices, o.n_devices = self._devices, len(devices)
         o.max_sequences = max_sequences
         if seam is not None:
-            o.seam = _SEAMS[seam]
+            o.seam = _seam_kind(seam)
         out = ffi.new("mk_sched **")
         check(lib.mk_sched_create(model._ptr, o, out))
         # the workers may call on_token until mk_sched_free: the callback outlives them
@@ -947,16 +996,27 @@ class Scheduler:
         return SeqInfo(_SEQ_STATES.get(int(info.state), "?"), string(lib.mk_status_name(info.status)),
                        int(info.n_tokens), bool(info.stopped), string(info.error), list(toks[0:n]))
 
+    def _raise_callback_error(self) -> None:
+        """Raise (and clear) the first exception on_token raised since the last wait."""
+        with self._cb_lock:
+            err = self._cb_error.pop() if self._cb_error else None
+        if err is not None:
+            raise err
+
     def wait(self, seq_id: int) -> SeqInfo:
-        """Block (GIL released) until the sequence is done or failed."""
+        """Block (GIL released) until the sequence is done or failed. Raises the first
+        exception on_token raised since the last wait / wait_all (then cleared)."""
         check(lib.mk_sched_wait(self._ptr, seq_id))
+        self._raise_callback_error()
         info = self.poll(seq_id)
         if info.n_tokens > len(info.tokens):  # longer than poll's default cap: all of them
             info = self.poll(seq_id, info.n_tokens)
         return info
 
     def wait_all(self) -> None:
+        """Block until every sequence is done or failed; raises as :meth:`wait` does."""
         check(lib.mk_sched_wait_all(self._ptr))
+        self._raise_callback_error()
 
     def cancel(self, seq_id: int) -> None:
         """Stop a sequence early (mk_sched_cancel): a queued one leaves the queue, a running
@@ -997,7 +1057,7 @@ def _seam_options(kind: str, address: str | None = None, *, connect_timeout_ms: 
     return o, keep
 
 
-class Seam:
+class Seam(_Handle):
     """One end of a seam (mk_seam): ``send`` on the producing range's end, ``recv`` on the
     consuming range's end (the header is checked by the receiver's contract before the
     payload is accepted). Waits release the GIL. Kinds: "local", "wire", "unix", "tcp",
@@ -1075,7 +1135,7 @@ class Seam:
         return float(lib.mk_seam_seconds(self._ptr))
 
 
-class SeamListener:
+class SeamListener(_Handle):
     """A listening seam (mk_seam_listen): bound on creation; ``accept`` one sender."""
 
     def __init__(self, kind: str = "tcp", address: str | None = "127.0.0.1:0", **options):
@@ -1100,7 +1160,7 @@ class SeamListener:
 
 # ------------------------------------------------------------------- stages ----
 
-class Stage:
+class Stage(_Handle):
     """One rank of the process-per-range runtime (mk_stage): rank r of ``world`` owns
     range r of the cuts (or of balanced cuts when cuts is None). Rank 0 listens at
     ``rendezvous`` ("HOST:PORT"), the others connect; :meth:`serve` runs the requests
@@ -1124,7 +1184,7 @@ class Stage:
         keep.append(stop_keep)
         o.stop_ids, o.n_stop = stop, n_stop
         o.rank, o.world = rank, world
-        o.seam = _SEAMS[seam]
+        o.seam = _seam_kind(seam)
         o.timeout_ms, o.max_sequences, o.max_new_tokens = timeout_ms, max_sequences, max_new_tokens
         self._keep = (o, ro, keep)
         out = ffi.new("mk_stage **")

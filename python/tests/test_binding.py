@@ -749,3 +749,92 @@ def test_local_seam_keeps_a_sent_boundary_until_it_is_received(model):
         rx.recv(tail.sequence(), bi)
         assert np.array_equal(bi.read(), want)
         del junk
+
+
+@pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")
+def test_scheduler_on_token_exception_is_raised_by_the_next_wait(model):
+    """An exception raised by on_token was swallowed by cffi ("Exception ignored") and the
+    sequences finished as done without a word: the first one is now raised by the next
+    wait / wait_all, then cleared."""
+    calls = []
+
+    def on_token(seq_id, index, token, logits):
+        calls.append(index)
+        if index == 1:
+            raise KeyError(f"boom {len(calls)}")
+
+    s = mk.Scheduler(model, [2], threads=1, on_token=on_token)
+    sid = s.submit([5, 12, 3], 4)
+    with pytest.raises(KeyError, match="boom 2"):          # the first one, not a later one
+        s.wait(sid)
+    info = s.wait(sid)                                        # cleared: the next wait returns
+    assert info.state == "done" and len(info.tokens) == 4
+    s.submit([5, 12, 3], 4)
+    with pytest.raises(KeyError, match="boom"):
+        s.wait_all()
+    s.wait_all()
+
+
+def test_unknown_option_names_raise_a_helpful_error(model):
+    """Unknown names raised a bare KeyError. Names the C library parses (seam kinds, as
+    Seam does; backends) raise its InvalidArgumentError; dtypes, which it has no parser for,
+    raise ValueError naming the option and the accepted names."""
+    with pytest.raises(errors.InvalidArgumentError, match="carrier-pigeon"):
+        mk.Pipeline(model, [], seam="carrier-pigeon")
+    with pytest.raises(errors.InvalidArgumentError, match="carrier-pigeon"):
+        mk.Scheduler(model, [2], seam="carrier-pigeon")
+    with pytest.raises(errors.InvalidArgumentError, match="carrier-pigeon"):
+        mk.Stage(model, 0, 2, "127.0.0.1:0", [2], seam="carrier-pigeon")
+    with pytest.raises(ValueError, match=r"weight_dtype.*'f8'.*f32"):
+        mk.Range(model, 0, 2, weight_dtype="f8")
+    with pytest.raises(ValueError, match=r"kv_dtype.*'x'.*f16"):
+        mk.Pipeline(model, [], kv_dtype="x")
+    with pytest.raises(ValueError, match=r"architecture.*'dinosaur'.*dense"):
+        mk.tail_result_pack_token(3, identity=dict(request_id="r", runtime_recipe_digest=model.digest,
+                                                   architecture="dinosaur"))
+    assert mk.Pipeline(model, [2], seam="wire", threads=1).n_ranges == 2        # known names still work
+
+
+def test_bytes_from_a_buffer_of_wide_items(model):
+    """len() of a buffer counts items, not bytes: a memoryview cast to uint32 or a numpy
+    uint32 array was passed to C as a quarter of its bytes."""
+    b = _split(model, [2])[0].sequence().forward([5, 12, 3])
+    for k in range(4):                      # a request id that makes the size a multiple of 4
+        b.set_header(request_id="r" * (k + 1))
+        wire = b.to_bytes()
+        if len(wire) % 4 == 0:
+            break
+    for buf in (memoryview(wire).cast("I"), np.frombuffer(wire, dtype=np.uint32)):
+        assert len(buf) == len(wire) // 4
+        got = mk.Bundle.from_bytes(buf)
+        assert got.to_bytes() == wire
+        got.unpack_into(buf)
+        assert got.to_bytes() == wire
+    with pytest.raises(ValueError, match="contiguous"):
+        mk.Bundle.from_bytes(np.frombuffer(wire * 2, dtype=np.uint8)[::2])
+    for k in range(4):
+        ident = dict(request_id="r" * (k + 1), runtime_recipe_digest=model.digest)
+        tr = mk.tail_result_pack_logits(np.zeros((1, 48), np.float32), identity=ident)
+        if len(tr) % 4 == 0:
+            break
+    assert mk.tail_result_validate(np.frombuffer(tr, np.uint32))["vocab"] == 48
+
+
+def test_calls_on_a_closed_object_say_it_is_closed(model):
+    """After close() a call raised cffi's 'must be a cdata pointer, not NoneType'."""
+    m = mk.Model.random(seed=7, n_layers=2)
+    r = mk.Range(m, 0, 1, threads=1)
+    seq = r.sequence()
+    b = mk.Bundle.create(1, 1, m.hparams["hidden"])
+    pipe = mk.Pipeline(m, [], threads=1)
+    sched = mk.Scheduler(m, [], threads=1)
+    for obj, call in ((m, lambda: m.digest), (r, lambda: r.start), (seq, lambda: len(seq)),
+                      (b, lambda: b.to_bytes()), (pipe, lambda: pipe.step([1])), (sched, lambda: sched.submit([1]))):
+        obj.close()
+        obj.close()                                           # twice is fine
+        with pytest.raises(ValueError, match=f"{type(obj).__name__} is closed"):
+            call()
+    b2 = mk.Bundle.create(1, 1, 64)
+    b2.close()
+    with pytest.raises(ValueError, match="Bundle is closed"):
+        mk.Range(model, 0, 2, threads=1).forward(mk.Range(model, 0, 2, threads=1).sequence(), bundle=b2)

@@ -248,6 +248,14 @@ def main():
             ("NUL in content", {**base, "messages": [{"role": "user", "content": "What is 2 + 2?\x00 Ignore that."}]},
              400, "NUL character"),
             ("NUL in model", {**base, "model": model_id + "\x00gpt"}, 400, "NUL character"),
+            # a raw NUL byte (not valid JSON) would end the parsed text the same way
+            ("raw NUL byte in content", b'{"messages": [{"role": "user", "content": "What is 2 + 2?\x00 Ignore that."}]}',
+             400, "NUL character"),
+            # the client's text quoted in the message (cut at 64 / 128 bytes) inside a character:
+            # the error body is still UTF-8 (json.loads of the bytes raises otherwise)
+            ("long multibyte role", {**base, "messages": [{"role": "a" + "\u00e9" * 40, "content": "x"}]}, 400,
+             "is not supported"),
+            ("long multibyte model", {**base, "model": "a" + "\u00e9" * 100}, 404, "does not exist"),
         ]
         for name, body, want, msg in cases:
             status, _, out = curl(srv.url, "/v1/chat/completions", body)
