@@ -2,7 +2,7 @@
  *
  *   POST /v1/chat/completions   messages through the model's chat template; stream or not
  *   POST /v1/completions        a raw prompt (the model's BOS added)
- *   GET  /v1/models, /health, /metrics (Prometheus text)
+ *   GET  /v1/models, /v1/models/{id}, /health, /metrics (Prometheus text); HEAD on each
  *
  * HTTP is libmicrohttpd's, one thread per connection (capped; idle connections time out);
  * JSON is cJSON's (serve_req.c turns a body into a checked request). Each accepted request
@@ -772,6 +772,21 @@ static bool mk_authorized(struct MHD_Connection *conn, const mk_server *srv) {
     return diff == 0;
 }
 
+/* The served model as GET /v1/models lists it and GET /v1/models/{id} returns it. */
+static cJSON *mk_model_object(const mk_server *srv) {
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(m, "id", srv->model_id);
+    cJSON_AddStringToObject(m, "object", "model");
+    cJSON_AddNumberToObject(m, "created", (double)srv->started);
+    cJSON_AddStringToObject(m, "owned_by", "meshkern");
+    cJSON_AddNumberToObject(m, "context_length", (double)srv->lim.context);
+    return m;
+}
+
+#define MK_MODEL_PREFIX "/v1/models/" /* GET /v1/models/{id} */
+
+/* GET (or HEAD: libmicrohttpd sends the headers of the same response, no body) on /health,
+ * /metrics, /v1/models, /v1/models/{id}. */
 static enum MHD_Result mk_handle_get(struct MHD_Connection *conn, mk_server *srv, const char *url) {
     if (strcmp(url, "/health") == 0) {
         pthread_mutex_lock(&srv->mu);
@@ -792,17 +807,26 @@ static enum MHD_Result mk_handle_get(struct MHD_Connection *conn, mk_server *srv
                              "missing or incorrect API key (Authorization: Bearer KEY)");
     if (strcmp(url, "/metrics") == 0)
         return mk_respond(conn, srv, 200, "text/plain; version=0.0.4", mk_metrics_text(srv), NULL, NULL);
-    /* /v1/models */
-    cJSON *root = cJSON_CreateObject(), *m = cJSON_CreateObject();
-    cJSON_AddStringToObject(root, "object", "list");
-    cJSON_AddStringToObject(m, "id", srv->model_id);
-    cJSON_AddStringToObject(m, "object", "model");
-    cJSON_AddNumberToObject(m, "created", (double)srv->started);
-    cJSON_AddStringToObject(m, "owned_by", "meshkern");
-    cJSON_AddNumberToObject(m, "context_length", (double)srv->lim.context);
-    cJSON_AddItemToArray(cJSON_AddArrayToObject(root, "data"), m);
-    char *body = cJSON_PrintUnformatted(root);
-    cJSON_Delete(root);
+    if (strcmp(url, "/v1/models") == 0) {
+        cJSON *root = cJSON_CreateObject();
+        cJSON_AddStringToObject(root, "object", "list");
+        cJSON_AddItemToArray(cJSON_AddArrayToObject(root, "data"), mk_model_object(srv));
+        char *body = cJSON_PrintUnformatted(root);
+        cJSON_Delete(root);
+        return mk_respond(conn, srv, 200, "application/json", body, NULL, NULL);
+    }
+    /* /v1/models/{id}: the id as libmicrohttpd unescaped it (%2F is a '/', and no id served
+     * holds a NUL: mk_unescape leaves %00 as it is); anything but the model's id is unknown */
+    const char *id = url + strlen(MK_MODEL_PREFIX);
+    if (strcmp(id, srv->model_id) != 0) {
+        mk_serve_err err;
+        mk_serve_refuse(&err, 404, "model_not_found", "model", "the model '%.128s' does not exist (this server has '%s')",
+                        id, srv->model_id);
+        return mk_respond_error(conn, srv, &err, NULL, NULL);
+    }
+    cJSON *m = mk_model_object(srv);
+    char *body = cJSON_PrintUnformatted(m);
+    cJSON_Delete(m);
     return mk_respond(conn, srv, 200, "application/json", body, NULL, NULL);
 }
 
@@ -859,22 +883,32 @@ static enum MHD_Result mk_handler(void *cls, struct MHD_Connection *conn, const 
                                  "the request's length is ambiguous (%u Content-Length and %u Transfer-Encoding "
                                  "headers): the connection closes",
                                  framing.content_length, framing.transfer_encoding);
-        static const struct { const char *path, *method; mk_route route; } routes[] = {
-            {"/v1/chat/completions", "POST", MK_ROUTE_CHAT}, {"/v1/completions", "POST", MK_ROUTE_COMPLETION},
-            {"/v1/models", "GET", MK_ROUTE_NONE},             {"/health", "GET", MK_ROUTE_NONE},
-            {"/metrics", "GET", MK_ROUTE_NONE}};
+        /* prefix: the path and one segment more (/v1/models/{id}); allow: the methods taken
+         * (a GET route answers HEAD too) */
+        static const struct { const char *path, *allow; mk_route route; bool prefix; } routes[] = {
+            {"/v1/chat/completions", "POST", MK_ROUTE_CHAT, false},
+            {"/v1/completions", "POST", MK_ROUTE_COMPLETION, false},
+            {"/v1/models", "GET, HEAD", MK_ROUTE_NONE, false},
+            {MK_MODEL_PREFIX, "GET, HEAD", MK_ROUTE_NONE, true},
+            {"/health", "GET, HEAD", MK_ROUTE_NONE, false},
+            {"/metrics", "GET, HEAD", MK_ROUTE_NONE, false}};
+        char shown[128]; /* the client's bytes, printable ASCII only */
+        size_t n = 0;
+        for (const char *p = url; *p && n + 1 < sizeof shown; p++) shown[n++] = *p >= 0x20 && *p < 0x7f ? *p : '?';
+        shown[n] = '\0';
         size_t r = 0;
-        while (r < sizeof routes / sizeof routes[0] && strcmp(url, routes[r].path) != 0) r++;
-        if (r == sizeof routes / sizeof routes[0]) {
-            char shown[128]; /* the client's bytes, printable ASCII only */
-            size_t n = 0;
-            for (const char *p = url; *p && n + 1 < sizeof shown; p++) shown[n++] = *p >= 0x20 && *p < 0x7f ? *p : '?';
-            shown[n] = '\0';
-            return mk_refuse_now(conn, srv, 404, "not_found", NULL, NULL, "no such endpoint: %s", shown);
+        for (; r < sizeof routes / sizeof routes[0]; r++) {
+            const size_t len = strlen(routes[r].path);
+            if (routes[r].prefix ? strncmp(url, routes[r].path, len) == 0 && url[len] : strcmp(url, routes[r].path) == 0)
+                break;
         }
-        if (strcmp(method, routes[r].method) != 0)
-            return mk_refuse_now(conn, srv, 405, "method_not_allowed", MHD_HTTP_HEADER_ALLOW, routes[r].method,
-                                 "this method is not allowed on %s (use %s)", routes[r].path, routes[r].method);
+        if (r == sizeof routes / sizeof routes[0])
+            return mk_refuse_now(conn, srv, 404, "not_found", NULL, NULL, "no such endpoint: %s", shown);
+        const bool get = routes[r].route == MK_ROUTE_NONE;
+        if (get ? strcmp(method, MHD_HTTP_METHOD_GET) != 0 && strcmp(method, MHD_HTTP_METHOD_HEAD) != 0
+                : strcmp(method, MHD_HTTP_METHOD_POST) != 0)
+            return mk_refuse_now(conn, srv, 405, "method_not_allowed", MHD_HTTP_HEADER_ALLOW, routes[r].allow,
+                                 "this method is not allowed on %s (use %s)", shown, routes[r].allow);
         if (routes[r].route == MK_ROUTE_NONE) return mk_handle_get(conn, srv, url);
         if (mk_conn_over_cap(conn)) /* closed after the answer: a new connection may find room */
             return mk_refuse_now(conn, srv, 503, "too_many_connections", MHD_HTTP_HEADER_CONNECTION, "close",
@@ -1036,6 +1070,29 @@ static size_t mk_kv_bytes_each(const mk_model *model, size_t ctx, mk_dtype kv) {
     return 2 * hp->n_layers * hp->n_kv_heads * hp->head_dim * ctx * elem;
 }
 
+static int mk_hex(char c) {
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+}
+
+/* The path's (and query's) escapes, as libmicrohttpd's own unescaping decodes them (%HH ->
+ * the byte), except %00: decoded, the NUL would end the path there, so /v1/models/ID%00junk
+ * would read as /v1/models/ID; it stays as written (and names nothing served). */
+static size_t mk_unescape(void *cls, struct MHD_Connection *conn, char *s) {
+    (void)cls, (void)conn;
+    char *w = s;
+    for (const char *r = s; *r;) {
+        int hi, lo;
+        if (r[0] == '%' && (hi = mk_hex(r[1])) >= 0 && (lo = mk_hex(r[2])) >= 0 && (hi | lo)) {
+            *w++ = (char)(hi << 4 | lo);
+            r += 3;
+        } else {
+            *w++ = *r++;
+        }
+    }
+    *w = '\0';
+    return (size_t)(w - s);
+}
+
 /* Listen on the settings' address, IPv4 or IPv6. NULL: it said why. */
 static struct MHD_Daemon *mk_serve_listen(mk_server *srv, const mk_serve_settings *set, const char *cmd,
                                           unsigned *bound) {
@@ -1060,7 +1117,8 @@ static struct MHD_Daemon *mk_serve_listen(mk_server *srv, const mk_serve_setting
                          MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr, MHD_OPTION_CONNECTION_LIMIT,
                          (unsigned)(set->max_conn + MK_CONN_OVERFLOW(set->max_conn)), MHD_OPTION_CONNECTION_TIMEOUT,
                          (unsigned)set->timeout, MHD_OPTION_NOTIFY_COMPLETED, mk_completed, srv,
-                         MHD_OPTION_NOTIFY_CONNECTION, mk_conn_notice, srv, MHD_OPTION_END);
+                         MHD_OPTION_NOTIFY_CONNECTION, mk_conn_notice, srv, MHD_OPTION_UNESCAPE_CALLBACK, mk_unescape,
+                         NULL, MHD_OPTION_END);
     if (!d) {
         fprintf(stderr, "meshkern %s: cannot listen on %s port %zu: %s\n", cmd, set->host, set->port, strerror(errno));
         return NULL;
@@ -1144,7 +1202,8 @@ int mk_cli_serve(int argc, char **argv) {
     };
     const mk_cli_command cmd = {
         "serve", "MODEL.gguf [options]",
-        "  OpenAI-compatible HTTP: POST /v1/chat/completions, /v1/completions; GET /v1/models, /health, /metrics\n",
+        "  OpenAI-compatible HTTP: POST /v1/chat/completions, /v1/completions;\n"
+        "  GET (and HEAD) /v1/models, /v1/models/ID, /health, /metrics\n",
         {"MODEL"}, groups, sizeof groups / sizeof *groups};
     const int bad = mk_cli_parse(&cmd, argc, argv, &path);
     if (bad >= 0) return bad;

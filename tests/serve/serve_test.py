@@ -9,6 +9,8 @@ Starts the server on a free port (--threads 1) and checks:
   - stop strings cut the answer (streamed text held back until the stop string is ruled out);
   - 8 clients at once (4 sequence slots, the rest queued) each get their own answer;
   - each bad request gets its status and message, and never reaches the model;
+  - GET /v1/models/{id} (models.retrieve) returns the listed model, another id 404; HEAD on the
+    GET routes answers like GET without a body, and their 405s allow GET, HEAD;
   - a second server, split in two stages, with one slot and no queue (key from --api-key-file):
     429 with Retry-After; a streamed client that disconnects frees its sequence (metrics), and
     so does one waiting for a non-streamed answer; SIGTERM drains (the request in flight
@@ -80,11 +82,12 @@ class Server:
 
 def curl(url, path, body=None, method=None, headers=(), key=KEY, stream=False):
     """(status, headers text, body bytes) from curl."""
-    args = ["curl", "-s", "-D", "-", "-o", "-", "--max-time", "60"]
+    if method == "HEAD":  # curl -I: the headers, and no body read
+        args = ["curl", "-s", "-I", "--max-time", "60"]
+    else:
+        args = ["curl", "-s", "-D", "-", "-o", "-", "--max-time", "60"] + (["-X", method] if method else [])
     if stream:
         args.append("-N")
-    if method:
-        args += ["-X", method]
     if key:
         args += ["-H", "Authorization: Bearer " + key]
     for h in headers:
@@ -98,6 +101,25 @@ def curl(url, path, body=None, method=None, headers=(), key=KEY, stream=False):
         head, _, rest = rest.partition(b"\r\n\r\n")
     status = int(head.split()[1])
     return status, head.decode(), rest
+
+
+def raw_http(url, request):
+    """Every byte the server sends back for one raw request (which asks it to close)."""
+    host, port = url[len("http://"):].rsplit(":", 1)
+    sock = socket.create_connection((host.strip("[]"), int(port)))
+    sock.settimeout(20)
+    sock.sendall(request)
+    got = b""
+    try:
+        while True:
+            d = sock.recv(65536)
+            if not d:
+                break
+            got += d
+    except OSError:
+        pass
+    sock.close()
+    return got
 
 
 def metric(url, name):
@@ -285,6 +307,49 @@ def main():
         check(status == 404 and "no such endpoint" in json.loads(out)["error"]["message"], "unknown path: 404")
         status, head, out = curl(srv.url, "/v1/chat/completions", method="GET")
         check(status == 405 and "Allow: POST" in head, "GET on /v1/chat/completions: 405 with Allow: POST")
+        # GET /v1/models/{id} (client.models.retrieve): the entry /v1/models lists; another id: 404
+        try:
+            got = client.models.retrieve(model_id)
+            check(got.id == model_id and got.model_dump() == models.data[0].model_dump(),
+                  f"openai client: models.retrieve returns the listed model ({got.id})")
+        except openai.APIError as e:
+            check(False, f"openai client: models.retrieve returns the listed model ({e})")
+        try:
+            client.models.retrieve("gpt-4")
+            check(False, "openai client: models.retrieve of an unknown id refused")
+        except openai.NotFoundError as e:
+            check(e.status_code == 404 and e.code == "model_not_found" and "'gpt-4' does not exist" in str(e),
+                  "openai client: models.retrieve of an unknown id -> NotFoundError (model_not_found)")
+        for path in ["/v1/models/" + model_id + "/x", "/v1/models/" + model_id + "%2Fx", "/v1/models/a%2F..%2Fb",
+                     "/v1/models/" + model_id + "%00x", "/v1/models/%FF%00%", "/v1/models/" + model_id[:-1]]:
+            status, _, out = curl(srv.url, path)
+            try:
+                code = json.loads(out)["error"]["code"]
+            except (ValueError, KeyError, TypeError):
+                code = out[:100]
+            check(status == 404 and code == "model_not_found", f"GET {path}: 404 model_not_found ({status}, {code})")
+        status, _, out = curl(srv.url, "/v1/models/" + model_id.replace("-", "%2D"))
+        check(status == 200 and json.loads(out)["id"] == model_id, f"GET /v1/models/{{id}}, percent-encoded: {status}")
+        for path in ["/v1/models", "/v1/models/" + model_id]:
+            status, _, _ = curl(srv.url, path, key="sk-wrong")
+            check(status == 401, f"GET {path} with a wrong key: {status}")
+        # HEAD on the GET routes: the GET's status and headers, no body; the same key rule
+        for path, key, want in [("/health", None, 200), ("/v1/models", KEY, 200), ("/v1/models/" + model_id, KEY, 200),
+                                ("/metrics", KEY, 200), ("/v1/models/gpt-4", KEY, 404),
+                                ("/v1/models", "sk-wrong", 401), ("/v1/models", None, 401),
+                                ("/v1/models/" + model_id, "sk-wrong", 401), ("/metrics", "sk-wrong", 401)]:
+            status, head, out = curl(srv.url, path, method="HEAD", key=key)
+            check(status == want and not out, f"curl -I {path} (key {key}): {status}")
+        got = raw_http(srv.url, b"HEAD /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        head, _, rest = got.partition(b"\r\n\r\n")
+        check(head.startswith(b"HTTP/1.1 200") and b"Content-Length: 15" in head and rest == b"",
+              f"HEAD /health: 200, the GET's Content-Length, no body ({got[-40:]!r})")
+        for path, method in [("/health", "POST"), ("/v1/models", "DELETE"), ("/v1/models/" + model_id, "POST"),
+                             ("/metrics", "PUT")]:
+            status, head, _ = curl(srv.url, path, method=method)
+            check(status == 405 and "Allow: GET, HEAD" in head, f"{method} {path}: 405 with Allow: GET, HEAD")
+        status, head, _ = curl(srv.url, "/v1/chat/completions", method="HEAD")
+        check(status == 405 and "Allow: POST" in head, "HEAD on /v1/chat/completions: 405 with Allow: POST")
         status, _, out = curl(srv.url, "/v1/chat/completions", b'{"messages": "' + b"x" * 70000 + b'"}')
         check(status == 413 and "over this server's limit of 65536" in json.loads(out)["error"]["message"],
               "body over --max-body: 413")
