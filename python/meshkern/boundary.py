@@ -51,16 +51,25 @@ def _cname(name: Any):
     return name.encode() if isinstance(name, str) else ffi.NULL
 
 
+def _nul_name(name: Any) -> bool:
+    """A str name with a NUL character: C would read it only up to the NUL ("dense-llama\0x"
+    as "dense-llama"), so it is no name of the table (as for the reference: uncertified)."""
+    return isinstance(name, str) and "\0" in name
+
+
 def certified_architecture(name: Any) -> ArchitectureBoundary:
     """Resolve a name or alias to the certified adapter; fails closed
     (UncertifiedArchitectureError) for anything else, including "" and None."""
+    if _nul_name(name):
+        raise_status("MK_ERR_UNCERTIFIED_ARCHITECTURE", f"architecture {name!r} contains a NUL character: "
+                                                        "not a certified architecture")
     out = ffi.new("mk_architecture *")
     check(lib.mk_certified_architecture(_cname(name), out))
     return ArchitectureBoundary(string(out.adapter), string(out.boundary_tensor_name))
 
 
 def is_certified_architecture(name: Any) -> bool:
-    return bool(lib.mk_is_certified_architecture(_cname(name)))
+    return not _nul_name(name) and bool(lib.mk_is_certified_architecture(_cname(name)))
 
 
 def role_for_range(start: int, end: int, total: int) -> ShardRole:
@@ -74,6 +83,9 @@ class SamplingContract:
     UncertifiedSamplingError, a BoundaryContractError)."""
 
     def __init__(self, mode: str = "greedy"):
+        if _nul_name(str(mode)):
+            raise_status("MK_ERR_UNCERTIFIED_SAMPLING", f"sampling mode {str(mode)!r} contains a NUL character: "
+                                                        "not a certified mode")
         c = ffi.new("mk_sampling_contract *")
         check(lib.mk_sampling_contract_from_name(c, str(mode).encode()))
         self._mode = int(c.mode)
@@ -291,6 +303,7 @@ class BoundaryAdapter:
         ids = None if token_ids is None else np.asarray(token_ids)
         _check_input_kind(role, ids is not None, 0 if ids is None else ids.size, boundary is not None)
         if role.owns_embedding:
+            core._id_array(token_ids)  # integers only (TypeError), as on the native path; the shard gets ids as given
             ids2 = ids.reshape(1, -1) if ids.ndim <= 1 else ids
             hidden = np.asarray(shard.embed_tokens(ids2), dtype=np.float32)
             positions = np.broadcast_to(np.arange(ids2.shape[-1], dtype=np.int32), ids2.shape)

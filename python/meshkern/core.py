@@ -53,16 +53,72 @@ def _owned(ptr, free, *parents):
     return ffi.gc(ptr, lambda p, _parents=parents: free(p))
 
 
+_INT32_MIN, _INT32_MAX = -2 ** 31, 2 ** 31 - 1
+
+
+def _id_array(token_ids) -> np.ndarray:
+    """Token ids as an int64 numpy array of their own shape, or an error: never a silent
+    conversion. Only integers are ids (Python ints, numpy integer arrays and scalars): a
+    float (1.7 would run token 1; 1.0 is refused too), a bool (numpy's bool dtype, a mask,
+    is no integer dtype), a string or anything else raises TypeError naming it. An id that
+    does not fit an int32 (it would wrap to another id) raises TokenOutOfRangeError."""
+    a = np.asarray(token_ids)
+    if a.size == 0:  # [] is float64 to numpy: an empty list of ids is still no ids
+        return np.zeros(a.shape, dtype=np.int64)
+    if a.dtype.kind not in "iu" and (a.dtype == object or not isinstance(token_ids, (np.ndarray, np.generic))):
+        # a list, a Python scalar or an object array: judge each value (numpy types
+        # [np.uint64(5), -1] as float64 and ints past int64 as object)
+        a = np.asarray(token_ids, dtype=object)
+        for x in a.flat:
+            if isinstance(x, bool) or not isinstance(x, (int, np.integer)):
+                raise TypeError(f"token ids must be integers, got {x!r} ({type(x).__name__})")
+            if not _INT32_MIN <= int(x) <= _INT32_MAX:
+                raise_status("MK_ERR_TOKEN_OUT_OF_RANGE", f"token id {int(x)} does not fit an int32")
+        return np.array([int(x) for x in a.flat], dtype=np.int64).reshape(a.shape)
+    if a.dtype.kind not in "iu":
+        raise TypeError(f"token ids must be integers, got an array of dtype {a.dtype} "
+                        f"(first value {a.flat[0]!r})")
+    out = (a > _INT32_MAX) if a.dtype.kind == "u" else (a < _INT32_MIN) | (a > _INT32_MAX)
+    if out.any():  # int32 would wrap them to other ids
+        raise_status("MK_ERR_TOKEN_OUT_OF_RANGE", f"token id {int(a[out].flat[0])} does not fit an int32")
+    return a.astype(np.int64)
+
+
 def _ids(token_ids) -> tuple[object, int, object]:
-    """int32 contiguous ids -> (cdata pointer, n, keepalive array)."""
-    a = np.asarray(token_ids, dtype=np.int64).reshape(-1)
-    if a.size and (a.min() < -2 ** 31 or a.max() > 2 ** 31 - 1):  # int32 would wrap them to other ids
-        bad = int(a[(a < -2 ** 31) | (a > 2 ** 31 - 1)][0])
-        raise_status("MK_ERR_TOKEN_OUT_OF_RANGE", f"token id {bad} does not fit an int32")
-    a = np.ascontiguousarray(a.astype(np.int32))
+    """int32 contiguous ids -> (cdata pointer, n, keepalive array). One sequence: a scalar,
+    [n] or [1, n]; a batch [b, n] with b > 1 (or another rank) raises ShapeError, since
+    every C call taking ids runs them as one sequence (flattened, [2, n] would be 2n tokens)."""
+    a = _id_array(token_ids)
+    if a.ndim > 2 or (a.ndim == 2 and a.shape[0] != 1):
+        raise_status("MK_ERR_SHAPE", f"token ids of shape {a.shape}: one sequence is [n] or [1, n] "
+                                     "(a batch of sequences is several calls)")
+    a = np.ascontiguousarray(a.reshape(-1).astype(np.int32))
     if a.size == 0:
         return ffi.NULL, 0, a
     return ffi.cast("const int32_t *", ffi.from_buffer(a)), int(a.size), a
+
+
+def _token(token) -> int:
+    """One token id as a Python int, by the rules of :func:`_id_array`."""
+    a = _id_array(token)
+    if a.ndim != 0:
+        raise TypeError(f"a token id must be one integer, got {token!r}")
+    return int(a)
+
+
+def _cstr(field: str, value) -> bytes:
+    """A str (UTF-8) or bytes (a path through os.fsencode) as the bytes of a NUL-terminated
+    C string. C reads such a string up to its first NUL, so a value containing one would
+    be cut there silently: ValueError naming the field instead."""
+    if isinstance(value, str):
+        raw = value.encode()
+    elif isinstance(value, (bytes, bytearray)):
+        raw = bytes(value)
+    else:
+        raise TypeError(f"{field} must be a str, got {type(value).__name__}")
+    if b"\0" in raw:
+        raise ValueError(f"{field} contains a NUL character (C would cut it there)")
+    return raw
 
 
 def _bytes_in(data) -> tuple[object, int]:
@@ -86,7 +142,7 @@ def _name(option: str, value, names: dict):
 def _seam_kind(name: str) -> int:
     """mk_seam_kind_from_name: an unknown name raises InvalidArgumentError, as Seam does."""
     k = ffi.new("mk_seam_kind *")
-    check(lib.mk_seam_kind_from_name(name.encode(), k))
+    check(lib.mk_seam_kind_from_name(_cstr("seam kind", name), k))
     return int(k[0])
 
 
@@ -171,7 +227,7 @@ class Model(_Handle):
     @classmethod
     def open(cls, path: str) -> "Model":
         out = ffi.new("mk_model **")
-        check(lib.mk_model_open_gguf(os.fsencode(path), out))
+        check(lib.mk_model_open_gguf(_cstr("model path", os.fsencode(path)), out))
         return cls(ffi.gc(out[0], lib.mk_model_free))
 
     @classmethod
@@ -185,7 +241,8 @@ class Model(_Handle):
                 v = 1 if v == "rotate_half" else 2
             setattr(hp, k, v)
         out = ffi.new("mk_model **")
-        check(lib.mk_model_create_random(hp, int(seed), architecture.encode() if architecture else ffi.NULL, out))
+        arch = _cstr("architecture", architecture) if architecture else ffi.NULL
+        check(lib.mk_model_create_random(hp, int(seed), arch, out))
         return cls(ffi.gc(out[0], lib.mk_model_free))
 
     @classmethod
@@ -255,7 +312,7 @@ def _range_options(backend="cpu", device=0, weight_dtype=None, threads=0, kv_dty
     o = ffi.new("mk_range_options *", lib.mk_range_options_default())
     keep = []
     kind = ffi.new("mk_backend_kind *")
-    check(lib.mk_backend_kind_from_name(backend.encode(), kind))
+    check(lib.mk_backend_kind_from_name(_cstr("backend", backend), kind))
     o.backend = lib.mk_backend_config_default(kind[0])
     o.backend.device = device
     if weight_dtype is not None:
@@ -274,7 +331,7 @@ def _range_options(backend="cpu", device=0, weight_dtype=None, threads=0, kv_dty
     o.kv_pool_bytes = kv_pool_bytes
     o.token_only = token_only
     if architecture is not None:
-        keep.append(ffi.new("char[]", architecture.encode()))
+        keep.append(ffi.new("char[]", _cstr("architecture", architecture)))
         o.architecture = keep[-1]
     return o, keep
 
@@ -341,7 +398,7 @@ class Range(_Handle):
         samp = ffi.NULL
         if sampling is not None:
             samp = ffi.new("mk_sampling_contract *")
-            check(lib.mk_sampling_contract_from_name(samp, sampling.encode()))
+            check(lib.mk_sampling_contract_from_name(samp, _cstr("sampling", sampling)))
         ob = ffi.new("mk_bundle **")
         ot = ffi.new("mk_tail_output **")
         check(lib.mk_range_forward(self._ptr, seq._ptr, ids, n, bundle._ptr if bundle is not None else ffi.NULL,
@@ -359,7 +416,7 @@ class Range(_Handle):
         samp = ffi.NULL
         if sampling is not None:
             samp = ffi.new("mk_sampling_contract *")
-            check(lib.mk_sampling_contract_from_name(samp, sampling.encode()))
+            check(lib.mk_sampling_contract_from_name(samp, _cstr("sampling", sampling)))
         ot = ffi.new("mk_tail_output **")
         check(lib.mk_range_forward_boundary(self._ptr, seq._ptr, ids, n, into._ptr if into is not None else ffi.NULL,
                                             samp, out._ptr if out is not None else ffi.NULL, ot))
@@ -442,7 +499,7 @@ class BoundaryHeader:
         h.schema_version = self.schema_version
         h.architecture = _ARCH_CODES.get(self.architecture, 0)
         for name in ("adapter", "tensor_name", "boundary_point", "recipe_digest", "request_id"):
-            raw = getattr(self, name).encode()
+            raw = _cstr(f"header field {name}", getattr(self, name))
             size = ffi.sizeof(getattr(h, name))
             if len(raw) >= size:
                 raise ValueError(f"header field {name} longer than {size - 1} bytes")
@@ -573,7 +630,7 @@ class Boundary(_Handle):
     def set_request(self, request_id: str, step: int = 0) -> None:
         """Name the sequence the rows belong to, as a batch's entries need
         (mk_boundary_set_request); after the forward that filled the boundary."""
-        check(lib.mk_boundary_set_request(self._ptr, request_id.encode(), int(step)))
+        check(lib.mk_boundary_set_request(self._ptr, _cstr("request_id", request_id), int(step)))
 
     def read(self) -> np.ndarray:
         """Copy the payload to host memory: residual [rows, hidden] (an explicit copy)."""
@@ -587,8 +644,10 @@ class Boundary(_Handle):
 
 def _identity(request_id, runtime_recipe_digest, chat_template_id="", chat_template_version="",
               reasoning_mode="", architecture="dense"):
-    keep = [ffi.new("char[]", s.encode()) for s in
-            (request_id, runtime_recipe_digest, chat_template_id, chat_template_version, reasoning_mode)]
+    keep = [ffi.new("char[]", _cstr(f, s)) for f, s in
+            (("request_id", request_id), ("runtime_recipe_digest", runtime_recipe_digest),
+             ("chat_template_id", chat_template_id), ("chat_template_version", chat_template_version),
+             ("reasoning_mode", reasoning_mode))]
     ident = ffi.new("mk_request_identity *")
     ident.request_id, ident.runtime_recipe_digest, ident.chat_template_id, ident.chat_template_version, \
         ident.reasoning_mode = keep
@@ -606,7 +665,7 @@ def tail_result_pack_token(token_id: int, *, identity: dict, sampling: dict | No
     """A TailResult carrying a sampled token (mk_tail_result_pack_token)."""
     ident, _keep = _identity(**identity)
     pp, n = ffi.new("uint8_t **"), ffi.new("size_t *")
-    check(lib.mk_tail_result_pack_token(ident, _sampling(**(sampling or {})), int(token_id), pp, n))
+    check(lib.mk_tail_result_pack_token(ident, _sampling(**(sampling or {})), _token(token_id), pp, n))
     return _take_buffer(pp, n[0])
 
 
@@ -645,7 +704,7 @@ class Tokenizer(_Handle):
         if isinstance(source, Model):
             check(lib.mk_tokenizer_open(source._ptr, out))
         else:
-            check(lib.mk_tokenizer_open_file(os.fsencode(source), out))
+            check(lib.mk_tokenizer_open_file(_cstr("tokenizer path", os.fsencode(source)), out))
         self._ptr = ffi.gc(out[0], lib.mk_tokenizer_free)
 
     @property
@@ -661,10 +720,10 @@ class Tokenizer(_Handle):
         return int(lib.mk_tokenizer_eos(self._ptr))
 
     def is_eog(self, token: int) -> bool:
-        return bool(lib.mk_tokenizer_is_eog(self._ptr, int(token)))
+        return bool(lib.mk_tokenizer_is_eog(self._ptr, _token(token)))
 
     def token_text(self, token: int) -> str | None:
-        p = lib.mk_tokenizer_token_text(self._ptr, int(token))
+        p = lib.mk_tokenizer_token_text(self._ptr, _token(token))
         return None if p == ffi.NULL else string(p)
 
     @staticmethod
@@ -710,8 +769,8 @@ class Tokenizer(_Handle):
         msgs = ffi.new("mk_chat_message[]", max(1, len(messages)))
         keep = []
         for i, m in enumerate(messages):
-            keep.append(ffi.new("char[]", m["role"].encode()))
-            keep.append(ffi.new("char[]", m["content"].encode()))
+            keep.append(ffi.new("char[]", _cstr(f"message {i} role", m["role"])))
+            keep.append(ffi.new("char[]", _cstr(f"message {i} content", m["content"])))
             msgs[i].role, msgs[i].content = keep[-2], keep[-1]
         return msgs, keep
 
@@ -746,7 +805,7 @@ class Detokenizer(_Handle):
         self._len = ffi.new("size_t *")
 
     def push(self, token: int) -> str:
-        check(lib.mk_detokenizer_push(self._ptr, int(token), self._text, self._len))
+        check(lib.mk_detokenizer_push(self._ptr, _token(token), self._text, self._len))
         return ffi.unpack(self._text[0], self._len[0]).decode("utf-8") if self._len[0] else ""
 
     def flush(self) -> str:
@@ -1037,23 +1096,24 @@ def _seam_options(kind: str, address: str | None = None, *, connect_timeout_ms: 
                   psk_hex: str | None = None, psk_identity: str | None = None, cert_file: str | None = None,
                   key_file: str | None = None, ca_file: str | None = None):
     k = ffi.new("mk_seam_kind *")
-    check(lib.mk_seam_kind_from_name(kind.encode(), k))
+    check(lib.mk_seam_kind_from_name(_cstr("seam kind", kind), k))
     o = ffi.new("mk_seam_options *", lib.mk_seam_options_default(k[0]))
     keep = []
 
-    def cstr(v):
+    def cstr(field, v):
         if v is None:
             return ffi.NULL
-        keep.append(ffi.new("char[]", str(v).encode()))
+        keep.append(ffi.new("char[]", _cstr(field, str(v))))
         return keep[-1]
 
-    o.address = cstr(address)
+    o.address = cstr("address", address)
     o.connect_timeout_ms, o.io_timeout_ms = connect_timeout_ms, io_timeout_ms
     # any TLS option asks for TLS: the C library refuses an incomplete set, never plaintext
     if any(v is not None for v in (psk_hex, psk_identity, cert_file, key_file, ca_file)):
         o.tls.enabled = True
-        o.tls.psk_hex, o.tls.psk_identity = cstr(psk_hex), cstr(psk_identity)
-        o.tls.cert_file, o.tls.key_file, o.tls.ca_file = cstr(cert_file), cstr(key_file), cstr(ca_file)
+        o.tls.psk_hex, o.tls.psk_identity = cstr("psk_hex", psk_hex), cstr("psk_identity", psk_identity)
+        o.tls.cert_file, o.tls.key_file = cstr("cert_file", cert_file), cstr("key_file", key_file)
+        o.tls.ca_file = cstr("ca_file", ca_file)
     return o, keep
 
 
@@ -1173,7 +1233,7 @@ class Stage(_Handle):
         o = ffi.new("mk_stage_options *", lib.mk_stage_options_default())
         ro, keep = _range_options(**options)
         o.range = ro[0]
-        keep.append(ffi.new("char[]", rendezvous.encode()))
+        keep.append(ffi.new("char[]", _cstr("rendezvous", rendezvous)))
         o.rendezvous = keep[-1]
         if cuts is None:
             o.split_auto = True

@@ -838,3 +838,118 @@ def test_calls_on_a_closed_object_say_it_is_closed(model):
     b2.close()
     with pytest.raises(ValueError, match="Bundle is closed"):
         mk.Range(model, 0, 2, threads=1).forward(mk.Range(model, 0, 2, threads=1).sequence(), bundle=b2)
+
+
+def test_token_ids_that_are_not_integers_are_refused_not_truncated(model):
+    """[1.7] ran token 1 (int() truncation), a bool mask ran tokens 0/1: only integers
+    (Python ints, numpy integer arrays and scalars) are token ids; every other dtype,
+    integral floats and bools included, raises TypeError naming it."""
+    from test_boundary_adapter_parity import _ReferenceDenseLlama, _ReferenceShard
+
+    r = mk.Range(model, 0, 5, threads=1)
+    bad_ids = ([1.7], [5, 12.5, 3], [1.0], np.array([1.7]), np.array([5.0, 12.0]), np.float32(3.0), 2.0, [True],
+               np.array([1, 0], dtype=bool), "abc", [1, None], np.array([5, 1.5], dtype=object))
+    for bad in bad_ids:
+        seq = r.sequence()
+        with pytest.raises(TypeError, match="token ids must be integers"):
+            seq.forward(bad)
+        assert len(seq) == 0
+    with pytest.raises(TypeError, match=r"1\.7"):
+        r.sequence().forward([1.7])
+    with pytest.raises(TypeError, match="float64"):
+        r.sequence().forward(np.array([1.7]))
+    with pytest.raises(TypeError):
+        mk.Pipeline(model, [2], threads=1).step([1.7])
+    s = mk.Scheduler(model, [2], threads=1)
+    with pytest.raises(TypeError):
+        s.submit([5, 12.5, 3], 4)
+    with pytest.raises(TypeError):
+        s.submit([5, 12, 3], 4, stop_ids=[2.5])
+    with pytest.raises(TypeError):
+        mk.Stage(model, 0, 2, "127.0.0.1:0", [2], stop_ids=[2.5])
+    with pytest.raises(TypeError):
+        mk.tail_result_pack_token(1.7, identity=dict(request_id="r", runtime_recipe_digest=model.digest))
+    with pytest.raises(TypeError):
+        BoundaryAdapter(mk.Shard(model, 0, 5, threads=1)).forward(token_ids=[[5.5, 12]])
+    with pytest.raises(TypeError):
+        BoundaryAdapter(_ReferenceShard(_ReferenceDenseLlama(), 0, 2)).forward(token_ids=np.array([1, 0], bool))
+    # every integer form still runs, and runs the same tokens
+    want = r.sequence().forward([5, 12, 3]).logits.copy()
+    for good in (np.array([5, 12, 3], np.int32), np.array([5, 12, 3], np.uint16), np.array([[5, 12, 3]], np.int64),
+                 [np.int64(5), np.uint64(12), 3], np.array([5, 12, 3], dtype=object), (5, 12, 3)):
+        assert np.array_equal(r.sequence().forward(good).logits, want)
+    assert np.array_equal(r.sequence().forward(np.int64(5)).logits, r.sequence().forward([5]).logits)
+    with pytest.raises(errors.TokenOutOfRangeError, match="does not fit an int32"):
+        r.sequence().forward([2 ** 70])
+    head = BoundaryAdapter(_ReferenceShard(_ReferenceDenseLlama(), 0, 2))
+    assert head.forward(token_ids=np.array([1, 2, 3], np.int32)).residual.shape[:2] == (1, 3)
+
+
+def test_a_batch_of_token_ids_is_refused_not_flattened(model):
+    """[2, n] token ids ran as one sequence of 2n tokens: a range runs one sequence, so a
+    batch (or another rank) raises ShapeError naming the shape; [n] and [1, n] run."""
+    r = mk.Range(model, 0, 5, threads=1)
+    batch = np.array([[5, 12, 3], [7, 8, 9]])
+    seq = r.sequence()
+    with pytest.raises(errors.ShapeError, match=r"\(2, 3\)"):
+        seq.forward(batch)
+    assert len(seq) == 0
+    with pytest.raises(errors.ShapeError, match=r"\(1, 1, 3\)"):
+        seq.forward(np.array([[[5, 12, 3]]]))
+    with pytest.raises(errors.ShapeError, match=r"\(3, 1\)"):
+        seq.forward([[5], [12], [3]])
+    with pytest.raises(errors.ShapeError):
+        mk.Shard(model, 0, 5, threads=1).forward(batch)
+    with pytest.raises(errors.ShapeError):
+        BoundaryAdapter(mk.Shard(model, 0, 5, threads=1)).forward(token_ids=batch)
+    with pytest.raises(errors.ShapeError):
+        mk.Pipeline(model, [2], threads=1).step(batch)
+    want = r.sequence().forward([5, 12, 3]).logits.copy()
+    assert np.array_equal(r.sequence().forward(batch[:1]).logits, want)
+    assert np.array_equal(BoundaryAdapter(mk.Shard(model, 0, 5, threads=1)).forward(token_ids=batch[:1]).logits, want)
+
+
+def test_strings_with_a_nul_character_are_refused_not_cut(model, tmp_path):
+    """C reads a NUL-terminated string up to its first NUL: a request id "a\\0b" went out as
+    "a", a path "x.gguf\\0junk" opened x.gguf, backend "cpu\\0x" was cpu. Each such string
+    raises ValueError naming the field (certification names fail closed, as uncertified)."""
+    from meshkern.boundary import is_certified_architecture
+
+    def refused(field, call):
+        with pytest.raises(ValueError, match=f"{field} contains a NUL character"):
+            call()
+
+    b = _split(model, [2])[0].sequence().forward([5, 12, 3])
+    for f in ("request_id", "recipe_digest", "adapter", "tensor_name", "boundary_point"):
+        refused(f"header field {f}", lambda: b.set_header(**{f: "dense-llama\0x"}))
+    refused("header field recipe_digest", lambda: BoundaryBundle(residual=np.zeros((1, 2, 64), np.float32),
+                                                                 next_layer=3, recipe_digest=model.digest + "\0x"))
+    head = mk.Range(model, 0, 2, threads=1)
+    bd = head.boundary()
+    head.forward_boundary(head.sequence(), [5, 12, 3], out=bd)
+    refused("request_id", lambda: bd.set_request("req\0other"))
+    for f in ("request_id", "runtime_recipe_digest", "chat_template_id", "chat_template_version", "reasoning_mode"):
+        ident = dict(request_id="r", runtime_recipe_digest=model.digest)
+        ident[f] = ident.get(f, "") + "\0x"
+        refused(f, lambda: mk.tail_result_pack_token(5, identity=ident))
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"")
+    refused("model path", lambda: mk.Model.open(str(gguf) + "\0junk"))
+    refused("tokenizer path", lambda: mk.Tokenizer(str(gguf) + "\0junk"))
+    refused("backend", lambda: mk.Range(model, 0, 2, backend="cpu\0x"))
+    refused("architecture", lambda: mk.Range(model, 0, 2, architecture="dense-llama\0x"))
+    refused("architecture", lambda: mk.Model.random(seed=7, architecture="dense-llama\0x"))
+    refused("sampling", lambda: head.forward(head.sequence(), [5], sampling="greedy\0x"))
+    refused("seam kind", lambda: mk.Pipeline(model, [2], seam="local\0x"))
+    refused("address", lambda: mk.SeamListener("tcp", "127.0.0.1:0\0x"))
+    for f in ("psk_hex", "psk_identity", "cert_file", "key_file", "ca_file"):
+        refused(f, lambda: mk.SeamListener("tcp", "127.0.0.1:0", **{f: "ab\0cd"}))
+    refused("address", lambda: mk.Seam.pair(head, mk.Range(model, 3, 5), "unix", str(tmp_path / "s\0x")))
+    refused("rendezvous", lambda: mk.Stage(model, 0, 2, "127.0.0.1:0\0x", [2]))
+    with pytest.raises(UncertifiedArchitectureError, match="NUL"):
+        certified_architecture("dense-llama\0x")
+    assert not is_certified_architecture("dense-llama\0x") and is_certified_architecture("dense-llama")
+    with pytest.raises(errors.UncertifiedSamplingError, match="NUL"):
+        SamplingContract("greedy\0x")
+    b.set_header(request_id="req-1")                       # without a NUL all is as before
+    assert b.header.request_id == "req-1"

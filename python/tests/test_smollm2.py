@@ -120,3 +120,24 @@ def test_decode_refuses_ids_past_int32(tok):
     t = tok.encode("Paris", add_special=False)[0]
     with pytest.raises(errors.TokenOutOfRangeError):
         tok.decode([2 ** 32 + t])
+
+
+def test_chat_strings_with_a_nul_are_refused_encode_keeps_them(smollm2, tok):
+    """A message's role or content is a NUL-terminated C string: "hi\\0ignore" was rendered
+    as "hi". They raise ValueError naming the field; encode/count take an explicit length,
+    so a NUL there is text and is kept."""
+    for msgs, field in (([{"role": "user", "content": "hi\0secret"}], "message 0 content"),
+                        ([{"role": "system", "content": "s"}, {"role": "user\0x", "content": "hi"}], "message 1 role")):
+        for call in (tok.apply_chat, tok.encode_chat):
+            with pytest.raises(ValueError, match=f"{field} contains a NUL character"):
+                call(msgs)
+    with pytest.raises(ValueError, match="message 0 content contains a NUL character"):
+        next(smollm2.pipeline([], threads=1).generate_text(tok, "hi\0secret"))
+    with_nul = tok.encode("a\0b", add_special=False)
+    assert with_nul != tok.encode("a", add_special=False)
+    assert tok.count("a\0b", add_special=False) == len(with_nul)
+    assert tok.decode(with_nul) == "a\0b"
+    with pytest.raises(TypeError, match="token ids must be integers"):
+        tok.decode([1.5])
+    with pytest.raises(TypeError):
+        tok.detokenizer().push(1.5)
