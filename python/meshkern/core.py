@@ -14,6 +14,7 @@ Arrays handed *out*:
 
 from __future__ import annotations
 
+import itertools
 import os
 import queue
 import threading
@@ -45,12 +46,30 @@ def _view(ptr, count: int, dtype, shape, owner) -> np.ndarray:
     return np.frombuffer(buf, dtype=dtype).reshape(shape)
 
 
+# The destructors of handles with parents, each with its parents, until it has run. When a
+# handle and its parents fall into one garbage cycle (an exception stored in a frame that
+# holds a range and its sequence), the collector clears the cycle's objects in any order,
+# a function's defaults included: held here, outside the cycle, the destructor keeps its
+# parents until it has run, and the child is always freed first.
+_PENDING: dict = {}
+_PENDING_KEYS = itertools.count()
+
+
 def _owned(ptr, free, *parents):
     """ffi.gc(ptr, free) whose destructor keeps `parents` (the model of a range, the range
-    of a sequence) alive until it has run: attribute order cannot free a parent first."""
+    of a sequence) alive until it has run: neither attribute order nor a garbage cycle can
+    free a parent first."""
     if not parents:
         return ffi.gc(ptr, free)
-    return ffi.gc(ptr, lambda p, _parents=parents: free(p))
+    key = next(_PENDING_KEYS)
+
+    # the defaults keep the parents too: at interpreter exit _PENDING may go first
+    def release(p, _key=key, _parents=parents):
+        free(p)
+        _PENDING.pop(_key, None)
+
+    _PENDING[key] = release
+    return ffi.gc(ptr, release)
 
 
 _INT32_MIN, _INT32_MAX = -2 ** 31, 2 ** 31 - 1

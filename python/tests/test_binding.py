@@ -953,3 +953,35 @@ def test_strings_with_a_nul_character_are_refused_not_cut(model, tmp_path):
         SamplingContract("greedy\0x")
     b.set_header(request_id="req-1")                       # without a NUL all is as before
     assert b.header.request_id == "req-1"
+
+
+def test_handles_in_a_garbage_cycle_free_children_first():
+    """An exception stored in a frame that holds a range and its sequence makes a garbage
+    cycle; the collector clears its objects in any order, and a parent freed before its
+    child crashed the child's free (a segfault at gc.collect). Run apart: a crash is a
+    failure here, not the end of the suite."""
+    import subprocess
+    import sys
+
+    code = """
+import gc, meshkern as mk
+m = mk.Model.random(seed=1)
+def make():
+    r = mk.Range(m, 0, 5, threads=1)
+    s = r.sequence()
+    s.forward([1, 2])
+    out = s.forward([3])
+    b = r.boundary()
+    try:
+        raise RuntimeError("x")
+    except RuntimeError as e:
+        err = e  # frame -> err -> traceback -> frame
+for i in range(100):
+    make()
+    if i % 10 == 0:
+        gc.collect()
+gc.collect()
+print("collected")
+"""
+    p = subprocess.run([sys.executable, "-X", "faulthandler", "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and "collected" in p.stdout, p.stderr[-2000:]
