@@ -229,7 +229,8 @@ MK_API int32_t *mk_bundle_positions(mk_bundle *bundle);  /* [batch, rows] */
 MK_API const float *mk_bundle_residual_const(const mk_bundle *bundle);
 MK_API const int32_t *mk_bundle_positions_const(const mk_bundle *bundle);
 /* Replace the header's identity fields (everything but batch, rows, hidden and dtype,
- * which describe the arrays and must be unchanged: MK_ERR_SHAPE otherwise). */
+ * which describe the arrays and must be unchanged: MK_ERR_SHAPE otherwise). Each string
+ * field must end with a NUL inside its array (MK_ERR_INVALID_ARGUMENT otherwise). */
 MK_API mk_status mk_bundle_set_header(mk_bundle *bundle, const mk_boundary_header *header);
 
 /* Serialize to protobuf bytes; *out is malloc'd, release with mk_buffer_free. */
@@ -523,6 +524,8 @@ MK_API mk_range_options mk_range_options_default(void);
 MK_API mk_status mk_range_create(const mk_model *model, int64_t start, int64_t end,
                                  const mk_range_options *options, mk_range **out);
 MK_API void mk_range_free(mk_range *range);
+/* The getters below read a NULL range (mk_pipeline_range past the end) as no range: role 0,
+ * start and end -1, 0 bytes, a NULL digest. */
 MK_API mk_role mk_range_role(const mk_range *range);
 MK_API int64_t mk_range_start(const mk_range *range);
 MK_API int64_t mk_range_end(const mk_range *range);
@@ -537,7 +540,12 @@ MK_API const char *mk_range_recipe_digest(const mk_range *range);
 MK_API const char *mk_range_graph_failure(const mk_range *range);
 
 /* Sequences: each holds up to max_context positions in its range's KV pool, block by block
- * as they fill. Opening takes no block; reset and close give every block back. */
+ * as they fill. Opening takes no block; reset and close give every block back.
+ * Threads: a range's forwards (every form, whichever of its sequences) share its activations,
+ * so they come from one thread at a time, and a sequence is used by one thread at a time (no
+ * reset, reserve or close during its forward): the caller serializes them. Different ranges
+ * run on different threads at once, and the KV pool is locked: reserve, reset or close a
+ * sequence that is not in a forward, and mk_range_kv_pool, from any thread. */
 typedef struct mk_sequence mk_sequence;
 MK_API mk_status mk_sequence_open(mk_range *range, mk_sequence **out);
 MK_API void mk_sequence_close(mk_sequence *seq);
@@ -685,9 +693,10 @@ MK_API mk_status mk_seam_send_wait(mk_seam *seam);
  * carry distinct, non-empty request ids. n == 1 sends what mk_seam_send sends. The nccl
  * seam carries one sequence per message (n > 1: MK_ERR_UNSUPPORTED). */
 MK_API mk_status mk_seam_send_batch(mk_seam *seam, const mk_boundary *const *boundaries, size_t n);
-/* Receive into a boundary of the receiving range, for `seq`: the header is checked with
- * mk_range_check_boundary before the payload is accepted; residuals with NaN/Inf are
- * refused (MK_ERR_NONFINITE) on host-staged transports. */
+/* Receive into a boundary of the receiving range, for `seq` (a sequence of that range: one of
+ * another is refused before anything is received, so the message waits for the next call): the
+ * header is checked with mk_range_check_boundary before the payload is accepted; residuals with
+ * NaN/Inf are refused (MK_ERR_NONFINITE) on host-staged transports. */
 MK_API mk_status mk_seam_recv(mk_seam *seam, const mk_sequence *seq, mk_boundary *into);
 /* The sequence a received batch entry belongs to (NULL: none; the entry is refused). */
 typedef const mk_sequence *(*mk_seam_route)(void *user, const mk_boundary_header *entry);

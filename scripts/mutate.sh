@@ -587,7 +587,7 @@ MUTATIONS=(
   "py.float-ids-truncated~python/meshkern/core.py~s/    if a\.dtype\.kind not in \x22iu\x22:\n        raise TypeError/    if False:\n        raise TypeError/~py:not_integers"
   "py.batch-of-ids-flattened~python/meshkern/core.py~s/or \(a\.ndim == 2 and a\.shape\[0\] != 1\):/:/~py:batch_of_token_ids"
   "py.nul-in-a-c-string-passes~python/meshkern/core.py~s/    if b\x22\\\\0\x22 in raw:/    if False:/~py:nul"
-  "py.parents-held-only-by-the-destructor~python/meshkern/core.py~s/    _PENDING\[key\] = release\n//~py:garbage_cycle"
+  "py.exit-frees-parents-first~python/meshkern/core.py~s/for key in sorted\(_PENDING, reverse=True\):/for key in sorted(_PENDING):/~py:free_children_first"
   "py.tls-only-with-psk-or-cert~python/meshkern/core.py~s/if any\(v is not None for v in \(psk_hex, psk_identity, cert_file, key_file, ca_file\)\):/if psk_hex or cert_file:/~py:plaintext"
   "py.sched-wait-stops-at-the-poll-cap~python/meshkern/core.py~s/if info\.n_tokens > len\(info\.tokens\):/if False:/~py:poll_cap"
   "py.generate-worker-error-lost~python/meshkern/core.py~s/            except BaseException as e:  # a bad argument/            except MemoryError as e:  # a bad argument/~py:instead_of_hanging"

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <cstddef>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -377,6 +378,76 @@ TEST(LastError, CallsThatCannotFailLeaveTheMessageAlone) {
     KEEPS(0);
 #undef KEEPS
     EXPECT_GT(calls, 60);
+}
+
+// =============================================================== bad pointers ==
+
+// A NULL range from a getter past the end reads as no range in every range getter (as in the
+// other getters); the range getters read through it: a segfault.
+TEST(NullArguments, RangeGettersReadANullRangeAsNoRange) {
+    ModelPtr model = make_random_model(mk_hparams_seed_default());
+    const int64_t cut = 2;
+    const mk_pipeline_options po = pipeline_options(&cut, 1, nullptr);
+    mk_pipeline *pipe = nullptr;
+    MK_ASSERT_OK(mk_pipeline_create(model.get(), &po, &pipe));
+    const mk_range *none = mk_pipeline_range(pipe, 9);
+    ASSERT_EQ(none, nullptr);
+    EXPECT_EQ(mk_range_role(none), (mk_role)0);
+    EXPECT_STREQ(mk_role_name(mk_range_role(none)), "unknown");
+    EXPECT_EQ(mk_range_start(none), -1);
+    EXPECT_EQ(mk_range_end(none), -1);
+    EXPECT_EQ(mk_range_weight_bytes(none), 0u);
+    EXPECT_EQ(mk_range_recipe_digest(none), nullptr);
+    EXPECT_EQ(mk_range_graph_failure(none), nullptr);
+    const mk_range *first = mk_pipeline_range(pipe, 0);
+    EXPECT_EQ(mk_range_role(first), MK_ROLE_HEAD);
+    EXPECT_EQ(mk_range_end(first), 2);
+    mk_pipeline_free(pipe);
+}
+
+// Out-pointers and lists that are NULL are refused with a status, never written or read.
+TEST(NullArguments, RoleAndTensorChecksRefuseNullPointers) {
+    EXPECT_ERROR(mk_role_for_range(0, 1, 6, nullptr), MK_ERR_INVALID_ARGUMENT, "NULL out");
+    mk_role role = (mk_role)0;
+    EXPECT_EQ(mk_role_for_range(0, 1, 6, &role), MK_OK);
+    EXPECT_EQ(role, MK_ROLE_HEAD);
+    EXPECT_ERROR(mk_protocol_check_tensors(MK_PROTOCOL_ARCH_DENSE, nullptr, 3), MK_ERR_INVALID_ARGUMENT,
+                 "3 names given but the list is NULL");
+    EXPECT_ERROR(mk_protocol_check_tensors(MK_PROTOCOL_ARCH_DENSE, nullptr, 0), MK_ERR_REQUIRED_TENSORS,
+                 "requires tensor 'residual_stream'");
+    const char *const names[] = {"residual_stream"};
+    EXPECT_EQ(mk_protocol_check_tensors(MK_PROTOCOL_ARCH_DENSE, names, 1), MK_OK) << mk_last_error();
+}
+
+// A header string filling its whole array (strncpy of a name as long as the field) has no
+// NUL: set_header took it, and pack then sent it run on into the next field.
+TEST(NullArguments, SetHeaderRefusesAStringWithoutItsNul) {
+    mk_bundle *bundle = nullptr;
+    MK_ASSERT_OK(mk_bundle_create(1, 1, 4, &bundle));
+    const mk_boundary_header before = *mk_bundle_header_of(bundle);
+    const struct {
+        const char *name;
+        size_t offset, size;
+    } fields[] = {{"adapter", offsetof(mk_boundary_header, adapter), sizeof before.adapter},
+                  {"tensor_name", offsetof(mk_boundary_header, tensor_name), sizeof before.tensor_name},
+                  {"boundary_point", offsetof(mk_boundary_header, boundary_point), sizeof before.boundary_point},
+                  {"recipe_digest", offsetof(mk_boundary_header, recipe_digest), sizeof before.recipe_digest},
+                  {"request_id", offsetof(mk_boundary_header, request_id), sizeof before.request_id}};
+    for (const auto &f : fields) {
+        SCOPED_TRACE(f.name);
+        mk_boundary_header h = before;
+        char *field = reinterpret_cast<char *>(&h) + f.offset;
+        const char *now = reinterpret_cast<const char *>(mk_bundle_header_of(bundle)) + f.offset;
+        std::memset(field, 'a', f.size);
+        EXPECT_ERROR(mk_bundle_set_header(bundle, &h), MK_ERR_INVALID_ARGUMENT,
+                     (std::string("mk_boundary_header.") + f.name + " has no terminating NUL").c_str());
+        EXPECT_STREQ(now, reinterpret_cast<const char *>(&before) + f.offset) << "the header changed";
+        field[f.size - 1] = '\0'; // the longest string the field holds
+        EXPECT_EQ(mk_bundle_set_header(bundle, &h), MK_OK) << mk_last_error();
+        EXPECT_EQ(std::strlen(now), f.size - 1);
+        MK_ASSERT_OK(mk_bundle_set_header(bundle, &before));
+    }
+    mk_bundle_free(bundle);
 }
 
 } // namespace

@@ -101,6 +101,21 @@ mk_status mk_bundle_set_header(mk_bundle *b, const mk_boundary_header *h) {
     if (h->batch != b->h.batch || h->rows != b->h.rows || h->hidden != b->h.hidden || h->dtype != b->h.dtype)
         return mk_fail(MK_ERR_SHAPE, "mk_bundle_set_header: the header's shape [%zu, %zu, %zu] is not the bundle's "
                        "[%zu, %zu, %zu]", h->batch, h->rows, h->hidden, b->h.batch, b->h.rows, b->h.hidden);
+    /* Every string must end inside its array (a strncpy of a name as long as the field leaves
+     * no NUL): read on, it would run into the next field, and pack would send both. */
+    const struct {
+        const char *name, *field;
+        size_t size;
+    } strings[] = {{"adapter", h->adapter, sizeof h->adapter},
+                   {"tensor_name", h->tensor_name, sizeof h->tensor_name},
+                   {"boundary_point", h->boundary_point, sizeof h->boundary_point},
+                   {"recipe_digest", h->recipe_digest, sizeof h->recipe_digest},
+                   {"request_id", h->request_id, sizeof h->request_id}};
+    for (size_t i = 0; i < sizeof strings / sizeof *strings; i++)
+        if (!memchr(strings[i].field, '\0', strings[i].size))
+            return mk_fail(MK_ERR_INVALID_ARGUMENT,
+                           "mk_boundary_header.%s has no terminating NUL within its %zu bytes", strings[i].name,
+                           strings[i].size);
     b->h = *h;
     return MK_OK;
 }

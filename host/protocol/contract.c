@@ -62,6 +62,8 @@ mk_status mk_protocol_check_tensors(mk_protocol_arch arch, const char *const *na
     mk_clear_error();
     const char *const *required = mk_protocol_required_tensors(arch);
     if (!required) return mk_fail(MK_ERR_ARCHITECTURE_MISMATCH, "unknown protocol architecture %d", (int)arch);
+    if (!names && n_names)
+        return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_protocol_check_tensors: %zu names given but the list is NULL", n_names);
     for (const char *const *r = required; *r; r++) {
         bool present = false;
         for (size_t i = 0; i < n_names && !present; i++)
@@ -77,6 +79,7 @@ mk_status mk_protocol_check_tensors(mk_protocol_arch arch, const char *const *na
 
 mk_status mk_role_for_range(int64_t start, int64_t end, int64_t total, mk_role *out) {
     mk_clear_error();
+    if (!out) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_role_for_range: NULL out");
     if (total <= 0) return mk_fail(MK_ERR_INVALID_RANGE, "model has no layers (total %lld)", (long long)total);
     if (start < 0 || end < start)
         return mk_fail(MK_ERR_INVALID_RANGE, "dense range [%lld, %lld] is empty or inverted",

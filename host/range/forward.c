@@ -658,9 +658,17 @@ mk_status mk_range_forward_batch(mk_range *r, const mk_forward_entry *entries, s
     for (size_t i = 0; i < n; i++) {
         size_t rows = 0;
         MK_TRY(mk_batch_entry_check(r, &entries[i], i, &rows));
-        for (size_t j = 0; j < i; j++)
+        for (size_t j = 0; j < i; j++) {
             if (entries[j].seq == entries[i].seq)
                 return mk_fail(MK_ERR_INVALID_ARGUMENT, "batch entries %zu and %zu are the same sequence", j, i);
+            /* one output each: a shared one would hold the later entry's rows alone */
+            const bool tail_out = mk_role_owns_final_head(r->role);
+            if (tail_out ? entries[j].token == entries[i].token ||
+                               (!r->token_only && entries[j].logits == entries[i].logits)
+                         : entries[j].out == entries[i].out)
+                return mk_fail(MK_ERR_INVALID_ARGUMENT, "batch entries %zu and %zu write the same output %s", j, i,
+                               tail_out ? "buffer" : "boundary");
+        }
         spans[i] = (mk_span){entries[i].seq, 0, rows};
         total += rows;
         decode_rows += rows == 1;

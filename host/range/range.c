@@ -19,11 +19,13 @@ mk_range_options mk_range_options_default(void) {
     return o;
 }
 
-mk_role mk_range_role(const mk_range *r) { return r->role; }
-int64_t mk_range_start(const mk_range *r) { return r->start; }
-int64_t mk_range_end(const mk_range *r) { return r->end; }
-size_t mk_range_weight_bytes(const mk_range *r) { return r->weight_bytes; }
-const char *mk_range_recipe_digest(const mk_range *r) { return r->digest; }
+/* A NULL range (mk_pipeline_range or mk_sched_worker_range past the end) reads as no range,
+ * as the other getters read NULL: role 0, layers -1, no bytes, no digest. */
+mk_role mk_range_role(const mk_range *r) { return r ? r->role : (mk_role)0; }
+int64_t mk_range_start(const mk_range *r) { return r ? r->start : -1; }
+int64_t mk_range_end(const mk_range *r) { return r ? r->end : -1; }
+size_t mk_range_weight_bytes(const mk_range *r) { return r ? r->weight_bytes : 0; }
+const char *mk_range_recipe_digest(const mk_range *r) { return r ? r->digest : NULL; }
 const char *mk_range_graph_failure(const mk_range *r) { return r && r->graph_failure[0] ? r->graph_failure : NULL; }
 const mk_backend_counters *mk_range_backend_counters(const mk_range *r) { return &r->backend->counters; }
 mk_backend *mk_range_backend(const mk_range *r) { return r->backend; }

@@ -91,6 +91,8 @@ size_t mk_range_max_seqs(const mk_range *range);
 mk_backend *mk_range_backend(const mk_range *range);
 /* Largest forward (rows) the range accepts: its max_batch_tokens. */
 size_t mk_range_max_rows(const mk_range *range);
+/* The range a sequence was opened on. */
+const mk_range *mk_sequence_range(const mk_sequence *seq);
 /* Width of the residual stream (the model's hidden size). */
 size_t mk_range_hidden(const mk_range *range);
 /* KV positions per sequence: its max_context. */

@@ -58,6 +58,8 @@ mk_status mk_sequence_reset(mk_sequence *seq) {
 
 size_t mk_sequence_length(const mk_sequence *seq) { return seq ? seq->length : 0; }
 
+const mk_range *mk_sequence_range(const mk_sequence *seq) { return seq ? seq->range : NULL; }
+
 mk_status mk_sequence_rewind(mk_sequence *seq, size_t length) {
     if (!seq) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_sequence_rewind: NULL sequence");
     if (length > seq->length)

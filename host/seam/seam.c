@@ -495,6 +495,9 @@ mk_status mk_seam_recv_batch(mk_seam *s, mk_seam_route route, void *user, mk_bou
 mk_status mk_seam_recv(mk_seam *s, const mk_sequence *seq, mk_boundary *into) {
     mk_clear_error();
     if (!s || !seq || !into) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_seam_recv: NULL argument");
+    /* before anything is received: refused later, the message would be lost with it */
+    if (mk_sequence_range(seq) != s->range)
+        return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_seam_recv: the sequence is not this receiving range's");
     seam_contract_args args = {s->range, seq};
     return mk_seam_recv_with(s, seam_contract, &args, into);
 }

@@ -14,6 +14,7 @@ Arrays handed *out*:
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import os
 import queue
@@ -46,11 +47,11 @@ def _view(ptr, count: int, dtype, shape, owner) -> np.ndarray:
     return np.frombuffer(buf, dtype=dtype).reshape(shape)
 
 
-# The destructors of handles with parents, each with its parents, until it has run. When a
-# handle and its parents fall into one garbage cycle (an exception stored in a frame that
-# holds a range and its sequence), the collector clears the cycle's objects in any order,
-# a function's defaults included: held here, outside the cycle, the destructor keeps its
-# parents until it has run, and the child is always freed first.
+# The destructors of handles with parents, each with its parents and its raw pointer, until
+# it has run. When a handle and its parents fall into one garbage cycle (an exception stored
+# in a frame that holds a range and its sequence), the collector clears the cycle's objects
+# in any order, a function's defaults included: held here, outside the cycle, the destructor
+# keeps its parents until it has run, and the child is always freed first.
 _PENDING: dict = {}
 _PENDING_KEYS = itertools.count()
 
@@ -63,13 +64,28 @@ def _owned(ptr, free, *parents):
         return ffi.gc(ptr, free)
     key = next(_PENDING_KEYS)
 
-    # the defaults keep the parents too: at interpreter exit _PENDING may go first
-    def release(p, _key=key, _parents=parents):
-        free(p)
-        _PENDING.pop(_key, None)
+    # the defaults keep the parents (and _PENDING) too: at interpreter exit the module's
+    # globals may go first. The first call frees; a later one (the collector's, after
+    # _free_pending_at_exit) does nothing.
+    def release(p, _key=key, _parents=parents, _pending=_PENDING):
+        if _pending.pop(_key, None) is not None:
+            free(p)
 
-    _PENDING[key] = release
+    _PENDING[key] = (release, ptr)  # ptr: the raw pointer, which owns nothing
     return ffi.gc(ptr, release)
+
+
+@atexit.register
+def _free_pending_at_exit() -> None:
+    """At interpreter exit every module's globals become one garbage cycle (a module-level
+    function refers to its globals), so the collector would finalize a range before the
+    sequence still in a global beside it (a segfault at exit). Before that, free every handle
+    with parents, children first: a child is always made after its parents, so newest first."""
+    for key in sorted(_PENDING, reverse=True):
+        entry = _PENDING.get(key)
+        if entry is not None:
+            release, ptr = entry
+            release(ptr)
 
 
 _INT32_MIN, _INT32_MAX = -2 ** 31, 2 ** 31 - 1
@@ -372,6 +388,10 @@ class Range(_Handle):
         out = ffi.new("mk_range **")
         check(lib.mk_range_create(model._ptr, int(start), int(end), o, out))
         self._ptr = _owned(out[0], lib.mk_range_free, model._ptr)
+        # The C library leaves a range's forwards (they share its activations) and a sequence's
+        # forward, reset and reserve to one thread at a time (meshkern.h); the GIL is released
+        # in them, so threads would overlap: this lock makes them take turns.
+        self._lock = threading.Lock()
 
     def close(self) -> None:
         self._ptr = None  # freed once no range, sequence or view still needs it
@@ -420,8 +440,9 @@ class Range(_Handle):
             check(lib.mk_sampling_contract_from_name(samp, _cstr("sampling", sampling)))
         ob = ffi.new("mk_bundle **")
         ot = ffi.new("mk_tail_output **")
-        check(lib.mk_range_forward(self._ptr, seq._ptr, ids, n, bundle._ptr if bundle is not None else ffi.NULL,
-                                   samp, ob, ot))
+        with self._lock:
+            check(lib.mk_range_forward(self._ptr, seq._ptr, ids, n, bundle._ptr if bundle is not None else ffi.NULL,
+                                       samp, ob, ot))
         if ot[0] != ffi.NULL:
             return TailOutput(ffi.gc(ot[0], lib.mk_tail_output_free))
         return Bundle(ffi.gc(ob[0], lib.mk_bundle_free))
@@ -437,8 +458,10 @@ class Range(_Handle):
             samp = ffi.new("mk_sampling_contract *")
             check(lib.mk_sampling_contract_from_name(samp, _cstr("sampling", sampling)))
         ot = ffi.new("mk_tail_output **")
-        check(lib.mk_range_forward_boundary(self._ptr, seq._ptr, ids, n, into._ptr if into is not None else ffi.NULL,
-                                            samp, out._ptr if out is not None else ffi.NULL, ot))
+        with self._lock:
+            check(lib.mk_range_forward_boundary(self._ptr, seq._ptr, ids, n,
+                                                into._ptr if into is not None else ffi.NULL, samp,
+                                                out._ptr if out is not None else ffi.NULL, ot))
         if ot[0] != ffi.NULL:
             return TailOutput(ffi.gc(ot[0], lib.mk_tail_output_free))
         return None
@@ -464,12 +487,14 @@ class Sequence(_Handle):
         self._ptr = None  # freed once no range, sequence or view still needs it
 
     def reset(self) -> None:
-        check(lib.mk_sequence_reset(self._ptr))
+        with self.range._lock:  # not during a forward of this sequence on another thread
+            check(lib.mk_sequence_reset(self._ptr))
 
     def reserve(self, positions: int) -> None:
         """mk_sequence_reserve: the pool sets aside the blocks of `positions` positions for
         this sequence (raises KvPoolFullError when it cannot)."""
-        check(lib.mk_sequence_reserve(self._ptr, int(positions)))
+        with self.range._lock:
+            check(lib.mk_sequence_reserve(self._ptr, int(positions)))
 
     def __len__(self) -> int:
         return int(lib.mk_sequence_length(self._ptr))

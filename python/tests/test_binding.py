@@ -985,3 +985,106 @@ print("collected")
 """
     p = subprocess.run([sys.executable, "-X", "faulthandler", "-c", code], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and "collected" in p.stdout, p.stderr[-2000:]
+
+
+def test_handles_in_globals_beside_a_function_free_children_first_at_exit():
+    """At interpreter exit a script's globals become one garbage cycle when the script has a
+    function (it refers to them), and the collector finalized a range before the sequence
+    beside it: a segfault at exit. Every handle with parents is freed newest first at exit."""
+    import subprocess
+    import sys
+
+    code = """
+import meshkern as mk
+def helper():
+    pass
+m = mk.Model.random(seed=1)
+h, t = mk.Range(m, 0, 2, threads=1), mk.Range(m, 3, 5, threads=1)
+s, st = h.sequence(), t.sequence()
+out = s.forward([1, 2])
+bh, bt = h.boundary(), t.boundary()
+h.forward_boundary(s, [3], out=bh)
+tx, rx = mk.Seam.pair(h, t, "local")
+tx.send(bh)
+p = m.pipeline([2], threads=1)
+p.step([1, 2])
+sched = mk.Scheduler(m, [2], threads=1, max_sequences=1)
+sched.submit([1, 2], 3)
+print("built")
+"""
+    for _ in range(3):  # the collector's order varies from run to run
+        p = subprocess.run([sys.executable, "-X", "faulthandler", "-c", code], capture_output=True, text=True,
+                           timeout=120)
+        assert p.returncode == 0 and "built" in p.stdout, p.stderr[-2000:]
+
+
+def test_threads_sharing_a_range_take_turns(gil_model):
+    """A range's forwards share its activations and a sequence's forward, reset and reserve
+    its KV blocks (meshkern.h leaves them to one thread at a time); the GIL is released in
+    them, so two Python threads overlapped: two sequences of one range decoded wrong tokens
+    and a reset during a forward broke the pool's block count. The range's lock makes them
+    take turns: each sequence gets the tokens it gets alone, and every block is counted."""
+    ids = [1 + i % 40 for i in range(24)]
+    ref = mk.Range(gil_model, 0, 3, threads=1, max_context=64).sequence()
+    expect = [ref.forward([i]).token_id for i in ids]
+
+    r = mk.Range(gil_model, 0, 3, threads=1, max_context=64)
+    seqs = [r.sequence(), r.sequence()]
+    got: dict = {0: [], 1: []}
+
+    def decode(k):
+        for i in ids:
+            got[k].append(seqs[k].forward([i]).token_id)
+
+    threads = [threading.Thread(target=decode, args=(k,)) for k in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert got[0] == expect and got[1] == expect
+
+    for s in seqs:
+        s.reset()
+    stop = threading.Event()
+
+    def forward_and_reset(s):
+        while not stop.is_set():
+            try:
+                s.forward([1, 2, 3])
+            except errors.ContextOverflowError:
+                s.reset()
+
+    def reset(s):
+        while not stop.is_set():
+            s.reset()
+
+    threads = [threading.Thread(target=f, args=(s,)) for s in seqs for f in (forward_and_reset, reset)]
+    for t in threads:
+        t.start()
+    time.sleep(1.0)
+    stop.set()
+    for t in threads:
+        t.join()
+    pool = r.kv_pool
+    held = sum(-(-len(s) // pool["block_size"]) for s in seqs)
+    assert pool["free_blocks"] == pool["blocks"] - held, (pool, [len(s) for s in seqs])
+
+
+@pytest.mark.parametrize("kind", ["local", "unix"])
+def test_a_receive_for_another_ranges_sequence_leaves_the_message(model, kind):
+    """A sequence of another range is refused before anything is received: the message was
+    consumed with the refusal (a stream's next receive then waited out its deadline and left
+    the seam unusable), now the right receive that follows gets it."""
+    head, tail = mk.Range(model, 0, 2, threads=1), mk.Range(model, 3, 5, threads=1)
+    other = mk.Range(model, 3, 5, threads=1).sequence()
+    tx, rx = mk.Seam.pair(head, tail, kind, io_timeout_ms=1000)
+    sh, st = head.sequence(), tail.sequence()
+    bo, bi = head.boundary(), tail.boundary()
+    head.forward_boundary(sh, [1, 2, 3], out=bo)
+    tx.send(bo)
+    for wrong in (sh, other):
+        with pytest.raises(errors.InvalidArgumentError, match="not this receiving range's"):
+            rx.recv(wrong, bi)
+    rx.recv(st, bi)
+    assert np.array_equal(bi.read(), bo.read())
+    assert tail.forward_boundary(st, into=bi).token_id >= 0

@@ -497,6 +497,69 @@ TEST(BatchForwardRules, RefusalsNameTheEntryAndRunNothing) {
   }
 }
 
+// Each entry writes its own output: two entries naming one output boundary (a head) or one
+// token or logits buffer (a tail) are refused before anything runs. Shared, the later entry's
+// rows overwrote the earlier one's, which was lost without a word.
+TEST(BatchForwardRules, EntriesSharingAnOutputAreRefused) {
+    g_weights = MK_DTYPE_F32;
+    const ModelPtr model = make_random_model(gqa_tied_hparams());
+    mk_range_options o = options_for(MK_BACKEND_CPU, 4, 8, 4, 16);
+    o.max_context = 10;
+    mk_range *h = nullptr, *t = nullptr;
+    ASSERT_EQ(mk_range_create(model.get(), 0, 1, &o, &h), MK_OK) << mk_last_error();
+    RangePtr head(h);
+    ASSERT_EQ(mk_range_create(model.get(), 2, 4, &o, &t), MK_OK) << mk_last_error();
+    RangePtr tail(t);
+    mk_sequence *ha = nullptr, *hb = nullptr, *ta = nullptr, *tb = nullptr;
+    ASSERT_EQ(mk_sequence_open(h, &ha), MK_OK);
+    ASSERT_EQ(mk_sequence_open(h, &hb), MK_OK);
+    ASSERT_EQ(mk_sequence_open(t, &ta), MK_OK);
+    ASSERT_EQ(mk_sequence_open(t, &tb), MK_OK);
+    SequencePtr pha(ha), phb(hb), pta(ta), ptb(tb);
+    mk_boundary *b[4] = {};
+    for (int i = 0; i < 4; i++) ASSERT_EQ(mk_boundary_create(i < 2 ? h : t, &b[i]), MK_OK);
+    BoundaryPtr b0(b[0]), b1(b[1]), b2(b[2]), b3(b[3]);
+    const int32_t ids[2] = {3, 4};
+
+    mk_forward_entry shared[2] = {{ha, ids, 2, nullptr, b[0], nullptr, nullptr}, {hb, ids, 1, nullptr, b[0], nullptr, nullptr}};
+    EXPECT_ERROR(mk_range_forward_batch(h, shared, 2), MK_ERR_INVALID_ARGUMENT,
+                 "batch entries 0 and 1 write the same output boundary");
+    EXPECT_EQ(mk_sequence_length(ha), 0u); // nothing ran
+    mk_forward_entry own[2] = {shared[0], shared[1]};
+    own[1].out = b[1];
+    ASSERT_EQ(mk_range_forward_batch(h, own, 2), MK_OK) << mk_last_error();
+    ASSERT_EQ(mk_boundary_header_of(b[0])->rows, 2u);
+    ASSERT_EQ(mk_boundary_header_of(b[1])->rows, 1u);
+
+    // the head's boundaries into the tail's (a local seam each), then the tail's batch
+    const mk_seam_options local = mk_seam_options_default(MK_SEAM_LOCAL);
+    for (int i = 0; i < 2; i++) {
+        mk_seam *tx = nullptr, *rx = nullptr;
+        ASSERT_EQ(mk_seam_pair(&local, h, t, &tx, &rx), MK_OK) << mk_last_error();
+        ASSERT_EQ(mk_seam_send(tx, b[i]), MK_OK) << mk_last_error();
+        ASSERT_EQ(mk_seam_recv(rx, i == 0 ? ta : tb, b[2 + i]), MK_OK) << mk_last_error();
+        mk_seam_free(tx);
+        mk_seam_free(rx);
+    }
+    std::vector<float> la(53), lb(53);
+    int32_t tok_a = -1, tok_b = -1;
+    mk_forward_entry tails[2] = {{ta, nullptr, 0, b[2], nullptr, la.data(), &tok_a},
+                                 {tb, nullptr, 0, b[3], nullptr, lb.data(), &tok_b}};
+    mk_forward_entry same_token[2] = {tails[0], tails[1]};
+    same_token[1].token = &tok_a;
+    EXPECT_ERROR(mk_range_forward_batch(t, same_token, 2), MK_ERR_INVALID_ARGUMENT,
+                 "batch entries 0 and 1 write the same output buffer");
+    mk_forward_entry same_logits[2] = {tails[0], tails[1]};
+    same_logits[1].logits = la.data();
+    EXPECT_ERROR(mk_range_forward_batch(t, same_logits, 2), MK_ERR_INVALID_ARGUMENT,
+                 "batch entries 0 and 1 write the same output buffer");
+    EXPECT_EQ(mk_sequence_length(ta), 0u); // nothing ran
+    EXPECT_EQ(mk_sequence_length(tb), 0u);
+    ASSERT_EQ(mk_range_forward_batch(t, tails, 2), MK_OK) << mk_last_error();
+    EXPECT_GE(tok_a, 0);
+    EXPECT_GE(tok_b, 0);
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, BatchForward,
                          ::testing::Values(Case{MK_BACKEND_CPU, MK_DTYPE_F32, false, "cpu_f32"},
                                            Case{MK_BACKEND_CPU, MK_DTYPE_NATIVE, true, "cpu_native_smollm2"},
