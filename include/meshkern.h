@@ -683,7 +683,9 @@ MK_API void mk_seam_free(mk_seam *seam);
 
 /* Send a boundary of the sending range. Stream transports stage and pack on the calling
  * thread and write from the seam's own I/O thread: the call returns once the frame is
- * handed over; mk_seam_send_wait gives the write's status (the next send waits too). */
+ * handed over; mk_seam_send_wait gives the write's status (the next send waits too). The
+ * local seam hands the receiver the sent boundary itself: keep it alive and unchanged until
+ * the receiving end has received it. */
 MK_API mk_status mk_seam_send(mk_seam *seam, const mk_boundary *boundary);
 MK_API mk_status mk_seam_send_wait(mk_seam *seam);
 /* Send the boundaries of n sequences (1 to MK_MAX_BATCH_SEQUENCES, rows adding up to at
