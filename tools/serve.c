@@ -300,7 +300,6 @@ typedef struct mk_conn {
     mk_route route;
     char *body;
     size_t body_len, body_cap;
-    bool too_large;
     bool active;             /* counted in srv->n_active */
     /* the generation */
     mk_serve_req req;
@@ -565,6 +564,53 @@ static enum MHD_Result mk_refuse_now(struct MHD_Connection *conn, mk_server *srv
     vsnprintf(err.message, sizeof err.message, fmt, ap);
     va_end(ap);
     return mk_respond_error(conn, srv, &err, extra_header, extra_value);
+}
+
+/* A body over --max-body while it is still arriving (a chunked body gives no length up front).
+ * libmicrohttpd 0.9.75 queues no response in the middle of an upload, and reading on to the end of
+ * a body that may never end is no answer: write the 413 on the socket, close our side, drop what
+ * the client sends for a moment so a reset does not destroy the answer, and end the connection. */
+static long mk_ms_since(const struct timespec *t0) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (long)(t.tv_sec - t0->tv_sec) * 1000 + (t.tv_nsec - t0->tv_nsec) / 1000000;
+}
+
+static enum MHD_Result mk_refuse_upload(mk_conn *c) {
+    mk_serve_err err;
+    mk_serve_refuse(&err, 413, "request_too_large", NULL, "the request body is over this server's limit of %zu bytes",
+                    c->srv->max_body);
+    char *body = mk_serve_error_json(&err);
+    char *msg = NULL;
+    size_t len = 0, cap = 0;
+    char head[160];
+    snprintf(head, sizeof head,
+             "HTTP/1.1 413 Content Too Large\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n"
+             "Connection: close\r\n\r\n",
+             body ? strlen(body) : 0);
+    const bool built = body && mk_append(&msg, &len, &cap, head, strlen(head)) && mk_append(&msg, &len, &cap, body, strlen(body));
+    mk_count(c->srv, 413);
+    if (built && c->fd >= 0) {
+        struct timespec t0;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        for (size_t off = 0; off < len && mk_ms_since(&t0) < 2000;) { /* a few hundred bytes: sent at once */
+            const ssize_t n = send(c->fd, msg + off, len - off, MSG_NOSIGNAL);
+            if (n > 0) off += (size_t)n;
+            else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+                poll(&(struct pollfd){.fd = c->fd, .events = POLLOUT}, 1, 100);
+            else
+                break; /* the client is gone */
+        }
+        shutdown(c->fd, SHUT_WR);
+        char sink[16384];
+        while (mk_ms_since(&t0) < 1000 && poll(&(struct pollfd){.fd = c->fd, .events = POLLIN}, 1, 100) >= 0) {
+            const ssize_t n = recv(c->fd, sink, sizeof sink, MSG_DONTWAIT);
+            if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) break;
+        }
+    }
+    free(msg);
+    free(body);
+    return MHD_NO;
 }
 
 static char *mk_metrics_text(mk_server *srv) {
@@ -932,20 +978,16 @@ static enum MHD_Result mk_handler(void *cls, struct MHD_Connection *conn, const 
         return MHD_YES;
     }
     if (*upload_size) { /* a piece of the body */
-        if (!c->too_large && c->body_len + *upload_size <= srv->max_body) {
+        if (c->body_len + *upload_size <= srv->max_body) {
             if (mk_grow_array(&c->body, &c->body_cap, c->body_len + *upload_size + 1, 1, 256, "request body") != MK_OK)
                 return MHD_NO;
             memcpy(c->body + c->body_len, upload, *upload_size);
             c->body_len += *upload_size;
-        } else {
-            c->too_large = true;
+            *upload_size = 0;
+            return MHD_YES;
         }
-        *upload_size = 0;
-        return MHD_YES;
+        return mk_refuse_upload(c); /* a chunked body gives no length up front */
     }
-    if (c->too_large)
-        return mk_refuse_now(conn, srv, 413, "request_too_large", NULL, NULL,
-                             "the request body is over this server's limit of %zu bytes", srv->max_body);
     pthread_mutex_lock(&srv->mu);
     const bool draining = srv->draining;
     if (!draining) srv->n_active++, c->active = true;

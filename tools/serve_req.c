@@ -96,8 +96,9 @@ static bool mk_check_unsupported(const cJSON *root, mk_serve_kind kind, mk_serve
                                    "temperature %g is not supported: this server decodes greedily (temperature 0)",
                                    f->valuedouble);
     }
-    if ((f = mk_field(root, "top_p")) && (!cJSON_IsNumber(f) || !(f->valuedouble > 0) || f->valuedouble > 1))
-        return mk_serve_refuse(err, 400, "invalid_type", "top_p", "top_p must be a number in (0, 1]");
+    /* any nucleus keeps the most likely token, which is what greedy decoding takes: 0 included */
+    if ((f = mk_field(root, "top_p")) && (!cJSON_IsNumber(f) || !(f->valuedouble >= 0) || f->valuedouble > 1))
+        return mk_serve_refuse(err, 400, "invalid_type", "top_p", "top_p must be a number in [0, 1]");
     if ((f = mk_field(root, "n"))) {
         if (!mk_is_integer(f) || f->valuedouble < 1)
             return mk_serve_refuse(err, 400, "invalid_type", "n", "n must be a positive integer");

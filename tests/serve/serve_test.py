@@ -122,6 +122,36 @@ def raw_http(url, request):
     return got
 
 
+def endless_chunked(url, path):
+    """Send a chunked body that never ends until the server answers and closes: (status, body, bytes sent)."""
+    host, port = url[len("http://"):].rsplit(":", 1)
+    sock = socket.create_connection((host.strip("[]"), int(port)))
+    sock.sendall(b"POST " + path.encode() + b" HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + KEY.encode() +
+                 b"\r\nTransfer-Encoding: chunked\r\nContent-Type: application/json\r\n\r\n")
+    sock.settimeout(0.01)
+    got, sent, deadline = b"", 0, time.time() + 30
+    while time.time() < deadline:
+        try:
+            sent += sock.send(b"1000\r\n" + b"x" * 4096 + b"\r\n")
+        except socket.timeout:
+            pass
+        except OSError:  # closed on us: read what was answered
+            pass
+        try:
+            d = sock.recv(65536)
+            if not d:
+                break
+            got += d
+        except socket.timeout:
+            pass
+        except OSError:
+            break
+    sock.close()
+    head, _, body = got.partition(b"\r\n\r\n")
+    m = re.match(rb"HTTP/1\.1 (\d+)", head)
+    return (int(m.group(1)) if m else None), body.decode(errors="replace"), sent
+
+
 def metric(url, name):
     _, _, body = curl(url, "/metrics")
     m = re.search(r"^" + re.escape(name) + r" (\d+)$", body.decode(), re.M)
@@ -262,6 +292,9 @@ def main():
             ("max_tokens over the context", {**base, "max_tokens": 1000}, 400, "over this server's context of 256"),
             ("temperature > 0", {**base, "temperature": 0.7}, 400, "temperature 0.7 is not supported"),
             ("n > 1", {**base, "n": 2}, 400, "n = 2 is not supported"),
+            ("top_p over 1", {**base, "top_p": 1.5}, 400, "top_p must be a number in [0, 1]"),
+            ("top_p below 0", {**base, "top_p": -0.1}, 400, "top_p must be a number in [0, 1]"),
+            ("top_p a string", {**base, "top_p": "1"}, 400, "top_p must be a number in [0, 1]"),
             ("tools", {**base, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools (function calling)"),
             ("logprobs", {**base, "logprobs": True}, 400, "logprobs are not supported"),
             ("stop wrong type", {**base, "stop": 5}, 400, "stop must be a string"),
@@ -295,6 +328,9 @@ def main():
             check(e.status_code == 400 and "temperature" in str(e), "openai client: temperature 1 -> BadRequestError")
         status, _, out = curl(srv.url, "/v1/chat/completions", base, key=None, headers=("Authorization: bearer " + KEY,))
         check(status == 200, f"the Bearer scheme in lower case: {status}")
+        for top_p in (0, 0.5, 1):  # every nucleus holds the greedy token
+            status, _, out = curl(srv.url, "/v1/chat/completions", {**base, "top_p": top_p})
+            check(status == 200 and json.loads(out)["usage"]["completion_tokens"] > 0, f"top_p {top_p}: {status}")
         for name, key, want in [("missing API key", None, 401), ("wrong API key", "sk-wrong", 401)]:
             status, head, out = curl(srv.url, "/v1/chat/completions", base, key=key)
             check(status == want and "API key" in json.loads(out)["error"]["message"], f"{name}: {status}")
@@ -353,6 +389,17 @@ def main():
         status, _, out = curl(srv.url, "/v1/chat/completions", b'{"messages": "' + b"x" * 70000 + b'"}')
         check(status == 413 and "over this server's limit of 65536" in json.loads(out)["error"]["message"],
               "body over --max-body: 413")
+        # a chunked body (no length up front): under the limit it is read and answered ...
+        piece = json.dumps(base).encode()
+        got = raw_http(srv.url, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " +
+                       KEY.encode() + b"\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n" +
+                       b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in (piece[:7], piece[7:])) + b"0\r\n\r\n")
+        check(got.startswith(b"HTTP/1.1 200") and b'"completion_tokens"' in got, f"a chunked body: 200 ({got[:40]!r})")
+        # ... and one that never ends gets its 413 as soon as it passes the limit, and the connection closes
+        t0 = time.time()
+        status, out, sent = endless_chunked(srv.url, "/v1/chat/completions")
+        check(status == 413 and "over this server's limit of 65536" in out and sent < 1 << 20 and time.time() - t0 < 10,
+              f"an endless chunked body: 413 after {sent} bytes, {time.time() - t0:.1f} s ({status}, {out[:80]!r})")
         # an escaped backslash before "u0000" is text, not a NUL: answered
         status, _, out = curl(srv.url, "/v1/chat/completions",
                               {**base, "messages": [{"role": "user", "content": "Repeat \\u0000 please"}]})
