@@ -656,7 +656,8 @@ typedef struct mk_seam_options {
      * a listener binds 127.0.0.1 unless HOST says otherwise (port 0: any free port). */
     const char *address;
     int connect_timeout_ms;     /* 0 = 5000 */
-    int io_timeout_ms;          /* per frame read or write; 0 = 30000 */
+    int io_timeout_ms;          /* per frame read or write; 0 = 30000 (a frame's body must
+                                 * follow its header within a quarter of it) */
     mk_seam_tls tls;
 } mk_seam_options;
 MK_API mk_seam_options mk_seam_options_default(mk_seam_kind kind);

@@ -612,6 +612,21 @@ MUTATIONS=(
   "boundary_c.read-one-row-short-accepted~host/range/boundary.c~s/if \(n > capacity_floats\)/if (n > capacity_floats + bd->h.hidden)/~gtest:test_seam_batch:SeamBatch.ABoundaryIs*"
   "queue.pop-if-head-not-wrapped~host/sched/queue.c~s/    if \(item\) \{\n        q->head = \(q->head \+ 1\) % q->cap;/    if (item) {\n        q->head = q->head + 1;/~sched:PipelineQueue.*"
   "fault.due-from-its-step-on~host/stage/fault.c~s/f->step == step;/f->step <= step;/~stage:StageLibrary.ALyingEntryOfABatchFailsOnlyItsRequest"
+  "seam.ticket-not-compared~host/seam/seam.c~s/if \(diff\) return mk_fail/if (0) return mk_fail/~stage:StageSeam.*"
+  "seam.stranger-ends-the-wait~host/seam/seam.c~s/            dropped\+\+;\n            continue;/            return st;/~stage:StageSeam.*"
+  "seam.stranger-gets-the-whole-wait~host/seam/seam.c~s/mk_now_ms\(\) \+ mk_ticket_budget_ms\(l->options.connect_timeout_ms\)/deadline/~stage:StageSeam.*"
+  "stream.body-waits-the-whole-deadline~host/seam/stream.c~s/body_by < deadline \? body_by : deadline/deadline + 0 * body_by/~stage:*half_frame*"
+  "stage.stray-result-ends-the-run~host/stage/stage_head.c~s/        mk_clear_error\(\);\n        return MK_OK;\n    \}\n    const mk_hparams/        return mk_fail(MK_ERR_TAIL_RESULT, \"stray\");\n    }\n    const mk_hparams/~stage:*NeverAdmitted*"
+  "sched.prompt-id-at-vocab-taken~host/sched/pipeline_sched.c~s/\(size_t\)prompt\[i\] >= s->vocab\)/(size_t)prompt[i] > s->vocab)/~sched:*BadSequence*"
+  "sched.entry-unchecked-in-a-batch~host/sched/worker.c~s/s = mk_range_check_batch_entry\(st->range, &e, n\);/(void)e;/~sched:*PastItsContext*"
+  "serve.endless-chunked-body-read~tools/serve.c~s/return mk_refuse_upload\(c\);/*upload_size = 0;\n        return MHD_YES;/~ctest:meshkern_serve.OpenAIClientAndCurl"
+  "serve.top-p-zero-refused~tools/serve_req.c~s/!\(f->valuedouble >= 0\)/!(f->valuedouble > 0)/~ctest:meshkern_serve.OpenAIClientAndCurl"
+  "serve.key-file-nul-taken~tools/serve.c~s/: strlen\(line\) != \(size_t\)n /: 0 /~ctest:meshkern_cli\.Input\.key_file"
+  "cli.prompt-id-sign-taken~tools/run_batch.c~s/if \(\*p < '0' \|\| \*p > '9'\) return false;//~ctest:meshkern_cli\.Input\.(signed|blank)"
+  "cli.device-on-cpu-ignored~tools/cli_backend.c~s/if \(b->device_given && /if (0 \&\& b->device_given \&\& /~ctest:meshkern_cli\.Input\.device"
+  "cli.kv-pool-first-wins~tools/cli_backend.c~s/b->kv_pool_bytes = units\[i\].shift \? \(size_t\)n << units\[i\].shift : 0;/if (units[i].shift) b->kv_pool_bytes = (size_t)n << units[i].shift;/~ctest:meshkern_cli\.Input\.kv_pool"
+  "cli.help-taken-from-text~tools/cli_options.c~s/if \(\(size_t\)i < n_pos && strcmp\(cmd->positional\[i\], \"TEXT\"\) == 0\) continue;//~ctest:meshkern_cli\.Input\.tokenize_h"
+  "cli.chat-cr-kept~tools/cli_text.c~s/line\[len - 1\] == '\\\\n' \|\| line\[len - 1\] == '\\\\r'\)\) line\[--len\]/line[len - 1] == '\\\\n')) line[--len]/~ctest:meshkern_cli\.Input\.chat_crlf"
 )
 
 log() { printf '%s\n' "$*" >&2; }

@@ -483,26 +483,59 @@ TEST(PipelineSched, CancelAndReleaseFreeTheSlotAndTheRecord) {
 
 // ============================================================ statuses ==
 
-// A sequence the head refuses (token outside the vocabulary) fails alone.
-TEST(PipelineSched, ABadSequenceFailsAloneAndTheOthersMatch) {
+// A prompt with a token outside the vocabulary is refused at submit, by name (found by the
+// batched forward it failed every sequence sharing its step); the others run and match.
+TEST(PipelineSched, ABadSequenceIsRefusedAtSubmitAndTheOthersMatch) {
     ModelPtr model = make_random_model(mk_hparams_seed_default());
     std::vector<SeqSpec> specs = mixed_specs(model.get(), cpu_options(), 6, 3);
-    specs[2].prompt[0] = 4000; // outside the vocabulary of 48
     const std::vector<int64_t> cuts = {2};
+    mk_sched_options o = sched_options(3, &cuts, MK_SEAM_LOCAL);
+    o.range.max_batch_sequences = 6;
     Collector c;
-    SchedPtr s = make_sched(model.get(), sched_options(3, &cuts, MK_SEAM_LOCAL), &c);
+    SchedPtr s = make_sched(model.get(), o, &c);
+    ASSERT_TRUE(s);
+    for (const int32_t bad : {4000, 48, -1}) {
+        std::vector<int32_t> prompt = specs[2].prompt;
+        prompt.back() = bad;
+        uint64_t id = 0;
+        EXPECT_EQ(mk_sched_submit(s.get(), prompt.data(), prompt.size(), 4, nullptr, 0, &id), MK_ERR_TOKEN_OUT_OF_RANGE);
+        EXPECT_NE(std::string(mk_last_error()).find("id " + std::to_string(bad) + ", outside the vocabulary (48)"),
+                  std::string::npos) << mk_last_error();
+    }
+    const std::vector<uint64_t> ids = submit_all(s.get(), specs);
+    ASSERT_TRUE(wait_all_within(s.get(), 60));
+    expect_all_match_whole(model.get(), cpu_options(), specs, collect(s.get(), &c, ids), "beside refused prompts");
+}
+
+// A sequence that runs into its context in a batched step fails alone, with why: the
+// sequences sharing its steps go on and match the whole model (they failed with it, the
+// second and later ones with an empty message).
+TEST(PipelineSched, ASequencePastItsContextFailsAloneInABatchedStep) {
+    ModelPtr model = make_random_model(mk_hparams_seed_default());
+    std::vector<SeqSpec> specs = mixed_specs(model.get(), cpu_options(), 5, 9);
+    for (size_t i = 0; i < specs.size(); i++) {
+        specs[i].prompt.resize(2, 5 + (int32_t)i);
+        specs[i].max_new = 14;  // 2 prompt positions + 13: within a context of 16, past the step below
+        specs[i].stop.clear();
+    }
+    specs[1].prompt.resize(4, 7);
+    specs[1].max_new = 100;  // at its 13th token it needs position 16: the others decode beside it
+    mk_sched_options o = sched_options(5, nullptr, MK_SEAM_LOCAL);
+    o.range.max_batch_sequences = 5;
+    o.range.max_context = 16;
+    Collector c;
+    SchedPtr s = make_sched(model.get(), o, &c);
     ASSERT_TRUE(s);
     const std::vector<uint64_t> ids = submit_all(s.get(), specs);
     ASSERT_TRUE(wait_all_within(s.get(), 60));
     std::vector<SeqResult> results = collect(s.get(), &c, ids);
-    EXPECT_EQ(results[2].info.state, MK_SEQ_FAILED);
-    EXPECT_EQ(results[2].info.status, MK_ERR_TOKEN_OUT_OF_RANGE);
-    EXPECT_NE(results[2].error.find("worker 0"), std::string::npos) << results[2].error;
-    EXPECT_NE(results[2].error.find("4000"), std::string::npos) << results[2].error;
-    EXPECT_TRUE(results[2].tokens.empty());
-    specs.erase(specs.begin() + 2);
-    results.erase(results.begin() + 2);
-    expect_all_match_whole(model.get(), cpu_options(), specs, results, "others");
+    EXPECT_EQ(results[1].info.state, MK_SEQ_FAILED);
+    EXPECT_EQ(results[1].info.status, MK_ERR_CONTEXT_OVERFLOW);
+    EXPECT_NE(results[1].error.find("exceeds max_context 16"), std::string::npos) << results[1].error;
+    specs.erase(specs.begin() + 1);
+    results.erase(results.begin() + 1);
+    for (const SeqResult &r : results) EXPECT_EQ(r.info.state, MK_SEQ_DONE) << r.error;
+    expect_all_match_whole(model.get(), cpu_options(), specs, results, "beside a sequence past its context");
 }
 
 TEST(PipelineSched, SubmitRefusesWhatCannotRun) {

@@ -31,7 +31,7 @@ bool mk_cli_is_batch_run(int argc, char **argv);
 typedef struct mk_cli_backend {
     mk_backend_config config;
     size_t device; /* --device, into config.device by mk_cli_backend_finish */
-    bool dtype_given;
+    bool device_given, dtype_given;
     bool eager_decode; /* --eager-decode: mk_range_options.eager_decode (cuda: no decode graphs) */
     size_t kv_block;   /* --kv-block: mk_range_options.kv_block_size */
     size_t kv_pool_blocks, kv_pool_bytes; /* --kv-pool: blocks, or bytes with a unit */
@@ -42,8 +42,9 @@ void mk_cli_backend_range(const mk_cli_backend *b, mk_range_options *range);
 #define MK_CLI_BACKEND_OPTIONS 9
 /* The table of the backend options into out (their values into b); the count. */
 size_t mk_cli_backend_options(mk_cli_backend *b, mk_cli_option out[MK_CLI_BACKEND_OPTIONS], const char *threads_help);
-/* After parsing: the device, and the weight-mode default for the model at `model_path`. */
-void mk_cli_backend_finish(mk_cli_backend *b, const char *model_path);
+/* After parsing: the device (refused off the cuda backend: -1, else the usage error's exit
+ * status, named for command `cmd`), and the weight-mode default for the model at `model_path`. */
+int mk_cli_backend_finish(mk_cli_backend *b, const char *cmd, const char *model_path);
 
 /* --tls-psk HEX, --tls-identity ID, --tls-cert/--tls-key/--tls-ca PEM (run, stage): any of
  * them turns TLS on (mk_cli_tls_finish); the combination is checked after. */

@@ -1,6 +1,7 @@
 /* The backend options of the commands that build ranges (run, chat, stage, serve): one
  * table of options, one default rule for the weight mode; and the TLS options (run, stage). */
 #include <stdint.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,6 +55,21 @@ static bool mk_cli_parse_kv(const char *v, void *dest, char *why, size_t why_len
     return false;
 }
 
+/* --device I: kept with the fact that it was given (only the cuda backend has devices). */
+static bool mk_cli_parse_device(const char *v, void *dest, char *why, size_t why_len) {
+    mk_cli_backend *b = dest;
+    char *end = NULL;
+    errno = 0;
+    const unsigned long long n = (v[0] >= '0' && v[0] <= '9') ? strtoull(v, &end, 10) : 0;
+    if (!end || *end || errno || n > MK_CLI_MAX_DEVICE) {
+        snprintf(why, why_len, "expected a device number from 0 to %d", MK_CLI_MAX_DEVICE);
+        return false;
+    }
+    b->device = (size_t)n;
+    b->device_given = true;
+    return true;
+}
+
 /* --kv-pool: N blocks, or N KiB / MiB / GiB of blocks. */
 static bool mk_cli_parse_pool(const char *v, void *dest, char *why, size_t why_len) {
     mk_cli_backend *b = dest;
@@ -62,12 +78,15 @@ static bool mk_cli_parse_pool(const char *v, void *dest, char *why, size_t why_l
         unsigned shift;
     } units[] = {{"", 0}, {"KiB", 10}, {"MiB", 20}, {"GiB", 30}};
     char *end = NULL;
+    errno = 0;
     const unsigned long long n = (v[0] >= '0' && v[0] <= '9') ? strtoull(v, &end, 10) : 0;
+    if (errno == ERANGE) end = NULL; /* saturated: not the number given */
     for (size_t i = 0; end && end != v && n > 0 && i < sizeof units / sizeof *units; i++) {
         if (strcmp(end, units[i].unit) != 0) continue;
         if (n > (SIZE_MAX >> units[i].shift)) break;
-        if (units[i].shift) b->kv_pool_bytes = (size_t)n << units[i].shift;
-        else b->kv_pool_blocks = (size_t)n;
+        /* the last --kv-pool given wins, in either form (the library prefers blocks) */
+        b->kv_pool_bytes = units[i].shift ? (size_t)n << units[i].shift : 0;
+        b->kv_pool_blocks = units[i].shift ? 0 : (size_t)n;
         return true;
     }
     snprintf(why, why_len, "expected a count of blocks or a size like 512MiB (KiB, MiB, GiB), above 0");
@@ -87,7 +106,7 @@ size_t mk_cli_backend_options(mk_cli_backend *b, mk_cli_option out[MK_CLI_BACKEN
         {"--backend", NULL, "cpu|cuda", "where the ranges run", "cpu", MK_CLI_CALL, &b->config.kind, 0, 0,
          mk_cli_parse_backend},
         {"--device", NULL, "I", "the cuda device (every range's, without --devices)", "0",
-         MK_CLI_COUNT, &b->device, 0, MK_CLI_MAX_DEVICE, NULL},
+         MK_CLI_CALL, b, 0, 0, mk_cli_parse_device},
         {"--dtype", NULL, "native|f32|f16|bf16",
          "weights: native keeps the GGUF's blocks (Q4_0-Q8_0, Q2_K-Q6_K, IQ4_NL/XS); f32: the parity mode",
          "native for a GGUF on cpu, else f32", MK_CLI_CALL, b, 0, 0, mk_cli_parse_dtype},
@@ -107,12 +126,15 @@ size_t mk_cli_backend_options(mk_cli_backend *b, mk_cli_option out[MK_CLI_BACKEN
     return MK_CLI_BACKEND_OPTIONS;
 }
 
-void mk_cli_backend_finish(mk_cli_backend *b, const char *model_path) {
+int mk_cli_backend_finish(mk_cli_backend *b, const char *cmd, const char *model_path) {
+    if (b->device_given && b->config.kind != MK_BACKEND_CUDA)
+        return mk_cli_usage_error(cmd, "--device needs --backend cuda (the cpu backend has no devices)");
     b->config.device = (int)b->device;
     /* A GGUF model on the cpu backend runs on its stored weights unless asked otherwise;
      * the random models have no stored format (F32 is what they are). */
     if (!b->dtype_given && b->config.kind == MK_BACKEND_CPU && strncmp(model_path, "--random", 8) != 0)
         b->config.weight_dtype = MK_DTYPE_NATIVE;
+    return -1;
 }
 
 size_t mk_cli_tls_options(mk_seam_tls *tls, mk_cli_option out[MK_CLI_TLS_OPTIONS]) {

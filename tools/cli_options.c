@@ -89,7 +89,7 @@ bool mk_cli_parse_list(const char *value, void *dest, char *why, size_t why_len)
             snprintf(why, why_len, "expected comma-separated %ss%s", l->item, l->auto_ok ? " or auto" : "");
             return false;
         }
-        if (errno || x < l->lo || x > l->hi) {
+        if (errno || x < l->lo || x > l->hi || (*p == '-' && l->lo >= 0)) { /* -0 too, where no sign belongs */
             snprintf(why, why_len, "%s %.*s is out of range (%lld to %lld)", l->item, (int)(end - p), p,
                      (long long)l->lo, (long long)l->hi);
             return false;
@@ -143,6 +143,7 @@ int mk_cli_parse(const mk_cli_command *cmd, int argc, char **argv, const char **
     while (n_pos < MK_CLI_MAX_POSITIONAL && cmd->positional[n_pos]) n_pos++;
     /* --help wherever an option may stand (not as an option's value, not as TEXT) */
     for (int i = 0; i < argc; i++) {
+        if ((size_t)i < n_pos && strcmp(cmd->positional[i], "TEXT") == 0) continue; /* tokenize M -h: text */
         const mk_cli_option *o = (size_t)i >= n_pos ? mk_cli_find(cmd, argv[i]) : NULL;
         if (o && o->meta) i++;
         else if (mk_cli_is_help(argv[i])) {

@@ -81,10 +81,13 @@ static int mk_text_options(int argc, char **argv, mk_cli_opts *o, bool chat) {
     const int bad = mk_cli_parse(&cmd, argc, argv, &o->model_path);
     if (bad >= 0) return bad;
     if (!chat && !o->prompt) return mk_cli_usage_error(name, "-p TEXT is required");
+    if (o->raw && o->prompt && !*o->prompt)
+        return mk_cli_usage_error(name, "-p TEXT is empty: with --raw no chat template adds a token, nothing would run");
     o->n_cuts = cuts_l.n;
     o->n_devices = devices_l.n;
     for (size_t i = 0; i < o->n_devices; i++) o->devices[i] = (int)devices[i];
-    mk_cli_backend_finish(&backend, o->model_path);
+    const int bad_device = mk_cli_backend_finish(&backend, name, o->model_path);
+    if (bad_device >= 0) return bad_device;
     mk_cli_backend_range(&backend, &o->range);
     /* GPU to GPU needs the cuda backend: said here, before the model is read. */
     if (o->range.backend.kind != MK_BACKEND_CUDA && (o->seam.kind == MK_SEAM_NCCL || o->n_devices > 0))
@@ -400,7 +403,8 @@ int mk_cli_chat(int argc, char **argv) {
                 s = mk_fail(MK_ERR_INVALID_ARGUMENT, "standard input: a NUL byte in message %zu", c.n + 1);
                 break;
             }
-            if (line[n - 1] == '\n') line[n - 1] = '\0';
+            size_t len = (size_t)n; /* the line end, \n or \r\n: a blank line ends the chat */
+            while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r')) line[--len] = '\0';
             if (!line[0]) break;
             s = mk_chat_add(&c, "user", line);
             if (s == MK_OK) s = mk_chat_turn(p, tok, &o, &c);

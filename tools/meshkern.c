@@ -18,6 +18,7 @@
  * it), 3 a split whose output differs from the whole model's (run), 4 some sequences
  * failed (run --prompts). */
 #include <stdbool.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,13 +50,24 @@ static mk_status open_random(const char *spec, mk_model **out) {
     mk_hparams hp = mk_hparams_seed_default();
     unsigned long long seed = 20260715;
     bool head_dim_set = false;
+    if (spec[0] && spec[0] != ':')
+        return mk_fail(MK_ERR_INVALID_ARGUMENT, "random model spec '--random%s': expected --random or --random:key=value,...",
+                       spec);
     const char *p = spec[0] == ':' ? spec + 1 : spec;
     while (*p) {
         char key[32];
-        unsigned long long value;
         int used = 0;
-        if (sscanf(p, "%31[a-z_]=%llu%n", key, &value, &used) != 2)
-            return mk_fail(MK_ERR_INVALID_ARGUMENT, "random model spec '%s': expected key=value pairs", spec);
+        /* key=digits: sscanf's %llu would take blanks and signs (-1 as 2^64 - 1) */
+        if (sscanf(p, "%31[a-z_]%n", key, &used) != 1 || p[used] != '=' || p[used + 1] < '0' || p[used + 1] > '9')
+            return mk_fail(MK_ERR_INVALID_ARGUMENT, "random model spec '%s': expected key=value pairs (decimal values)",
+                           spec);
+        char *end = NULL;
+        errno = 0;
+        const unsigned long long value = strtoull(p + used + 1, &end, 10);
+        if (errno || (*end && *end != ','))
+            return mk_fail(MK_ERR_INVALID_ARGUMENT, "random model spec '%s': value of '%s' is not a decimal count", spec,
+                           key);
+        used = (int)(end - p);
         if (strcmp(key, "vocab") == 0) hp.vocab = value;
         else if (strcmp(key, "hidden") == 0) hp.hidden = value;
         else if (strcmp(key, "layers") == 0) hp.n_layers = value;
@@ -242,7 +254,8 @@ static int cmd_run(int argc, char **argv) {
         const int rc = mk_cli_tls_check("run", &seam);
         if (rc >= 0) return rc;
     }
-    mk_cli_backend_finish(&backend, path);
+    const int bad_device = mk_cli_backend_finish(&backend, "run", path);
+    if (bad_device >= 0) return bad_device;
     mk_cli_backend_range(&backend, &opt);
     const long n_tokens = (long)tokens_l.n, n_cuts = (long)cuts_l.n, n_devices = (long)devices_l.n;
     if (n_tokens == 0) return mk_cli_usage_error("run", "--tokens IDS is required (or -p TEXT, or --prompts FILE)");
@@ -326,6 +339,8 @@ mk_tokenizer *mk_cli_tokenizer_or_null(const mk_model *model) {
 
 /* run's three forms: a text prompt (-p), prompts from a file (--prompts), token ids. */
 static int cmd_run_any(int argc, char **argv) {
+    for (int i = 1; i < argc; i++) /* a text prompt: the text path (whose parser knows -p --help is a prompt) */
+        if (strcmp(argv[i], "-p") == 0 || strcmp(argv[i], "--prompt") == 0) return mk_cli_run_text(argc, argv);
     for (int i = 0; i < argc; i++)
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
             char *help[] = {argv[i], NULL};
@@ -335,8 +350,6 @@ static int cmd_run_any(int argc, char **argv) {
             printf("\n");
             return mk_cli_run_batch(1, help);
         }
-    for (int i = 1; i < argc; i++) /* a text prompt: the text path */
-        if (strcmp(argv[i], "-p") == 0 || strcmp(argv[i], "--prompt") == 0) return mk_cli_run_text(argc, argv);
     return mk_cli_is_batch_run(argc, argv) ? mk_cli_run_batch(argc, argv) : cmd_run(argc, argv);
 }
 

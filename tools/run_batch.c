@@ -54,21 +54,20 @@ static double batch_now_s(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-/* "a,b,c" of token ids (a prompt line) into out[cap]; false on anything else. */
+/* "a,b,c" of token ids (a prompt line, its line end allowed) into out[cap]; false on anything
+ * else: each id plain decimal digits (no sign, no blank), a comma between two ids only. */
 static bool parse_ints(const char *text, long long lo, long long hi, long long *out, size_t cap, size_t *n) {
     *n = 0;
-    const char *p = text;
-    while (*p) {
+    for (const char *p = text;;) {
+        if (*p < '0' || *p > '9') return false;
         char *end;
         errno = 0;
         const long long v = strtoll(p, &end, 10);
-        if (end == p || errno || v < lo || v > hi || *n == cap || (*end && *end != ',' && *end != '\n' && *end != '\r'))
-            return false;
+        if (errno || v < lo || v > hi || *n == cap) return false;
         out[(*n)++] = v;
-        p = *end == ',' ? end + 1 : end;
-        if (*p == '\n' || *p == '\r') break;
+        if (*end != ',') return strspn(end, "\r\n") == strlen(end);
+        p = end + 1;
     }
-    return *n > 0;
 }
 
 /* -1 when parsed; else the exit status (0 after --help, 2 after a usage error). */
@@ -116,8 +115,9 @@ static int parse_batch_args(int argc, char **argv, batch_args *a) {
     a->n_cuts = cuts_l.n;
     for (a->n_devices = 0; a->n_devices < devices_l.n; a->n_devices++) a->devices[a->n_devices] = (int)devices[a->n_devices];
     for (a->n_stop = 0; a->n_stop < stop_l.n; a->n_stop++) a->stop[a->n_stop] = (int32_t)stop[a->n_stop];
-    mk_cli_backend_finish(&a->backend, a->model);
-    return -1;
+    if (a->n_devices && a->backend.config.kind != MK_BACKEND_CUDA)
+        return mk_cli_usage_error("run", "--devices needs --backend cuda (the cpu backend has no devices)");
+    return mk_cli_backend_finish(&a->backend, "run", a->model);
 }
 
 /* One prompt per line; *out is an array of *n prompts (mk_cli_free_prompts). */
@@ -162,6 +162,8 @@ mk_status mk_cli_read_prompts(const char *path, batch_prompt **out, size_t *n_ou
         free(ids);
     }
     free(line);
+    if (s == MK_OK && ferror(f)) /* getline's error is no end of file (a directory, say) */
+        s = mk_fail(MK_ERR_IO, "cannot read prompts file %s: %s", path, strerror(errno));
     if (!std_in) fclose(f);
     if (s == MK_OK && n == 0) s = mk_fail(MK_ERR_EMPTY_INPUT, "prompts file %s holds no prompt", path);
     *out = prompts;
@@ -204,6 +206,7 @@ mk_status mk_cli_read_text_prompts(const char *path, const mk_tokenizer *tok, ba
         mk_buffer_free(ids);
     }
     free(line);
+    if (s == MK_OK && ferror(f)) s = mk_fail(MK_ERR_IO, "cannot read prompts file %s: %s", path, strerror(errno));
     if (f != stdin) fclose(f);
     *n_out = n;
     if (s == MK_OK && n == 0) s = mk_fail(MK_ERR_EMPTY_INPUT, "no prompts in %s", path);
@@ -284,7 +287,11 @@ static int run_batch(const batch_args *a, const mk_model *model, const mk_tokeni
     if (!ids || !tokens) s = tokens ? mk_fail(MK_ERR_OUT_OF_MEMORY, "out of memory") : MK_ERR_OUT_OF_MEMORY;
     const double t0 = batch_now_s();
     for (size_t i = 0; s == MK_OK && i < n_prompts; i++)
-        s = mk_sched_submit(sched, prompts[i].ids, prompts[i].n, a->n_new, stop, n_stop, &ids[i]);
+        if ((s = mk_sched_submit(sched, prompts[i].ids, prompts[i].n, a->n_new, stop, n_stop, &ids[i])) != MK_OK) {
+            char why[512];
+            snprintf(why, sizeof why, "%s", mk_last_error());
+            s = mk_fail(s, "prompt %zu of %s: %s", i + 1, a->prompts, why);
+        }
     if (s == MK_OK) s = mk_sched_wait_all(sched);
     const double wall = batch_now_s() - t0;
     int rc = s == MK_OK ? 0 : mk_cli_fail(s);

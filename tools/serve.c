@@ -1041,16 +1041,32 @@ static void mk_on_stop_signal(int sig) {
     sem_post(&mk_stop_sem); /* async-signal-safe */
 }
 
-static char *mk_read_key_file(const char *path) {
+/* The key: the file's first line, whole (without its line end); NULL with *why otherwise. */
+static char *mk_read_key_file(const char *path, const char **why) {
     FILE *f = fopen(path, "r");
+    *why = "it cannot be opened";
     if (!f) return NULL;
-    char buf[1024];
-    const size_t n = fread(buf, 1, sizeof buf - 1, f);
+    char *line = NULL;
+    size_t cap = 0;
+    errno = 0;
+    ssize_t n = getline(&line, &cap, f);
+    const bool failed = n < 0 && ferror(f);
     fclose(f);
-    buf[n] = '\0';
-    size_t len = strcspn(buf, "\r\n");
-    buf[len] = '\0';
-    return len ? strdup(buf) : NULL;
+    if (n < 0) {
+        free(line);
+        *why = failed ? "it cannot be read (a directory?)" : "it is empty";
+        return NULL;
+    }
+    while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r')) line[--n] = '\0';
+    *why = n == 0                        ? "its first line is empty"
+           : strlen(line) != (size_t)n   ? "its first line holds a NUL byte"
+           : strcspn(line, "\r") != (size_t)n ? "its first line holds a carriage return"
+                                         : NULL;
+    if (*why) {
+        free(line);
+        return NULL;
+    }
+    return line;
 }
 
 /* What both commands share before serving: the key, the tokenizer, the context, the stop
@@ -1066,8 +1082,10 @@ static int mk_serve_open(mk_server *srv, const mk_serve_settings *set, const cha
     srv->max_jobs = max_jobs;
     const char *key = set->api_key;
     if (set->api_key && set->api_key_file) return mk_cli_usage_error(cmd, "--api-key and --api-key-file: one or the other");
-    if (set->api_key_file && !(key = *file_key = mk_read_key_file(set->api_key_file)))
-        return mk_cli_usage_error(cmd, "cannot read an API key from %s", set->api_key_file);
+    const char *why = NULL;
+    if (set->api_key && !*set->api_key) return mk_cli_usage_error(cmd, "--api-key is empty");
+    if (set->api_key_file && !(key = *file_key = mk_read_key_file(set->api_key_file, &why)))
+        return mk_cli_usage_error(cmd, "cannot read an API key from %s: %s", set->api_key_file, why);
     srv->model = model;
     srv->api_key = key;
     srv->max_body = set->max_body;
@@ -1249,7 +1267,8 @@ int mk_cli_serve(int argc, char **argv) {
         {"MODEL"}, groups, sizeof groups / sizeof *groups};
     const int bad = mk_cli_parse(&cmd, argc, argv, &path);
     if (bad >= 0) return bad;
-    mk_cli_backend_finish(&backend, path);
+    const int bad_device = mk_cli_backend_finish(&backend, "serve", path);
+    if (bad_device >= 0) return bad_device;
     mk_model *model = NULL;
     mk_status s = mk_cli_open_model(path, &model);
     if (s != MK_OK) return mk_cli_fail(s);

@@ -2,6 +2,7 @@
  * name, one limit, one help line in both). Built with or without the server itself, so the
  * stage command parses them the same way in every build. */
 #include <arpa/inet.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,8 +45,10 @@ static bool parse_address(const char *v, void *dest, char *why, size_t why_len) 
     const char *h = v;
     if (n >= 2 && v[0] == '[' && v[n - 1] == ']') h = v + 1, n -= 2;
     char *end = NULL;
-    const unsigned long port = colon ? strtoul(colon + 1, &end, 10) : 0;
-    if (!colon || n == 0 || n >= sizeof host || !colon[1] || *end || port > 65535) {
+    errno = 0;
+    const bool digits = colon && colon[1] >= '0' && colon[1] <= '9'; /* strtoul takes blanks and signs */
+    const unsigned long port = digits ? strtoul(colon + 1, &end, 10) : 0;
+    if (!digits || n == 0 || n >= sizeof host || *end || errno || port > 65535) {
         snprintf(why, why_len, "expected HOST:PORT ([::1]:PORT for IPv6; port 0: any free port)");
         return false;
     }

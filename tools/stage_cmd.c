@@ -56,13 +56,29 @@ static double stage_now_s(void) {
 static bool parse_timeout(const char *v, void *dest, char *why, size_t why_len) {
     /* seconds, at the runtime's resolution of 1 ms: less would become 0, the default */
     char *end = NULL;
-    const double s = strtod(v, &end);
-    if (end == v || *end || !(s >= 0.001) || s > 86400.0) {
+    /* plain decimals (digits, one point): strtod would also take blanks, signs, hex and exponents */
+    const bool plain = v[0] >= '0' && v[0] <= '9' && strspn(v, "0123456789.") == strlen(v);
+    const double s = plain ? strtod(v, &end) : 0;
+    if (!plain || end == v || *end || !(s >= 0.001) || s > 86400.0) {
         snprintf(why, why_len, "expected seconds from 0.001 (the resolution) to 86400");
         return false;
     }
     *(int *)dest = (int)(s * 1000.0 + 0.5);
     return true;
+}
+
+static bool parse_stage_seam(const char *v, void *dest, char *why, size_t why_len) {
+    static const struct {
+        const char *name;
+        mk_seam_kind kind;
+    } kinds[] = {{"tcp", MK_SEAM_TCP}, {"unix", MK_SEAM_UNIX}, {"nccl", MK_SEAM_NCCL}};
+    for (size_t i = 0; i < sizeof kinds / sizeof *kinds; i++)
+        if (strcmp(v, kinds[i].name) == 0) {
+            *(mk_seam_kind *)dest = kinds[i].kind;
+            return true;
+        }
+    snprintf(why, why_len, "stage seams are tcp, unix or nccl (local and wire stay inside one process)");
+    return false;
 }
 
 static bool parse_launcher(const char *v, void *dest, char *why, size_t why_len) {
@@ -108,7 +124,8 @@ static int parse_stage_args(int argc, char **argv, stage_args *a) {
         mk_cli_opt_stop(&stop_l),
         {"--timeout", NULL, "S", "the deadline of every wait for another process, in seconds", "30", MK_CLI_CALL,
          &a->o.timeout_ms, 0, 0, parse_timeout},
-        mk_cli_opt_seam(&a->o.seam, false, "tcp"),
+        {"--seam", NULL, "tcp|unix|nccl", "the transport of every seam (between processes)", "tcp", MK_CLI_CALL,
+         &a->o.seam, 0, 0, parse_stage_seam},
     };
     mk_cli_option backend_opts[MK_CLI_BACKEND_OPTIONS], tls_opts[MK_CLI_TLS_OPTIONS], http[MK_SERVE_CLI_OPTIONS];
     mk_serve_settings_default(&a->serve);
@@ -148,7 +165,8 @@ static int parse_stage_args(int argc, char **argv, stage_args *a) {
         return mk_cli_usage_error("stage", "--split is required, and --rank, --world and --rendezvous unless MPI "
                                            "launches the ranks (0 <= rank < world)");
     /* A GGUF model on the cpu backend runs on its stored weights unless asked otherwise (as run). */
-    mk_cli_backend_finish(&backend, a->model);
+    const int bad_device = mk_cli_backend_finish(&backend, "stage", a->model);
+    if (bad_device >= 0) return bad_device;
     mk_cli_backend_range(&backend, &a->o.range);
     a->o.cuts = a->cuts;
     a->o.rendezvous = a->rendezvous;
@@ -319,9 +337,12 @@ int mk_cli_stage(int argc, char **argv) {
     batch_prompt *prompts = NULL;
     size_t n_prompts = 0;
     mk_tokenizer *tok = NULL;
-    if (a.o.rank == 0 && a.text && (s = mk_tokenizer_open(model, &tok)) == MK_OK)
-        s = mk_cli_read_text_prompts(a.prompts, tok, &prompts, &n_prompts);
-    else if (a.o.rank == 0) s = mk_cli_read_prompts(a.prompts, &prompts, &n_prompts);
+    if (a.o.rank == 0 && a.text) { /* text needs the model's tokenizer: without one, the failure */
+        s = mk_tokenizer_open(model, &tok);
+        if (s == MK_OK) s = mk_cli_read_text_prompts(a.prompts, tok, &prompts, &n_prompts);
+    } else if (a.o.rank == 0) {
+        s = mk_cli_read_prompts(a.prompts, &prompts, &n_prompts);
+    }
     if (s == MK_OK && a.o.rank == 0 && !tok) tok = mk_cli_tokenizer_or_null(model); /* the EOS, the text */
     const int rc = s == MK_OK ? run_stage(&a, model, tok, prompts, n_prompts) : mk_cli_fail(s);
     mk_stage_nccl_ids_free(nccl_ids);

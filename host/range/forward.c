@@ -642,6 +642,12 @@ static mk_status mk_batch_entry_check(mk_range *r, const mk_forward_entry *e, si
     return c == MK_OK ? MK_OK : mk_fail_entry(c, i);
 }
 
+mk_status mk_range_check_batch_entry(mk_range *r, const mk_forward_entry *e, size_t i) {
+    size_t rows = 0;
+    if (!r || !e) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_range_check_batch_entry: NULL argument");
+    return mk_batch_entry_check(r, e, i, &rows);
+}
+
 mk_status mk_range_forward_batch(mk_range *r, const mk_forward_entry *entries, size_t n) {
     mk_clear_error();
     if (!r || !entries || n == 0) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_range_forward_batch: NULL or empty batch");

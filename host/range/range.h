@@ -81,6 +81,10 @@ typedef struct mk_forward_entry {
  * any number for the formats with an n-row dot; cuda: the GEMV path, up to 8 rows), so each entry's results are bit-identical to
  * its forward alone there. One entry: exactly mk_range_forward_into. Allocates nothing. */
 mk_status mk_range_forward_batch(mk_range *range, const mk_forward_entry *entries, size_t n);
+/* Entry i's own checks as mk_range_forward_batch makes them (its sequence, input kind and
+ * token ids, rows against the context, outputs): a caller that assembles a batch leaves
+ * out an entry that would fail it, so that entry fails alone. */
+mk_status mk_range_check_batch_entry(mk_range *range, const mk_forward_entry *e, size_t i);
 /* Chunked prefill, the one rule of the scheduler and the stage runtime: the prompt rows of a
  * sequence's next step when `left` of its prompt remain and steps take at most `chunk`
  * prompt rows (0: the whole prompt in one step). */

@@ -371,6 +371,11 @@ mk_status mk_sched_submit(mk_sched *s, const int32_t *prompt, size_t n_prompt, s
         return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_sched_submit: NULL argument");
     if (n_prompt == 0) return mk_fail(MK_ERR_EMPTY_INPUT, "a sequence needs at least one prompt token");
     if (max_new == 0) return mk_fail(MK_ERR_INVALID_ARGUMENT, "a sequence must be allowed at least one token");
+    /* here, not at the step: a bad id found by the batched forward fails every sequence in it */
+    for (size_t i = 0; i < n_prompt; i++)
+        if (prompt[i] < 0 || (size_t)prompt[i] >= s->vocab)
+            return mk_fail(MK_ERR_TOKEN_OUT_OF_RANGE, "prompt token %zu is id %d, outside the vocabulary (%zu)", i,
+                           prompt[i], s->vocab);
     const mk_range *head = s->workers[0].range;
     if (n_prompt > mk_range_max_rows(head))
         return mk_fail(MK_ERR_INVALID_ARGUMENT, "prompt of %zu tokens exceeds the pipeline's max_batch_tokens %zu",

@@ -37,12 +37,19 @@ static mk_status mk_worker_fault(mk_sched_worker *st) {
     return mk_fail(MK_ERR_INTERNAL, "worker %zu: injected failure at its step %zu", st->index, step);
 }
 
-/* A failed step fails the sequence it belongs to, with the stage and its range named. */
-static void mk_worker_fail_item(mk_sched_worker *st, mk_sched_item *item, mk_status status) {
+/* A failed step fails the sequence it belongs to, with the stage and its range named and
+ * why (the thread's error, or `why` where the caller kept it: retiring one item clears it). */
+static void mk_worker_fail_item_why(mk_sched_worker *st, mk_sched_item *item, mk_status status, const char *why) {
     char error[256];
     snprintf(error, sizeof error, "worker %zu (layers %lld-%lld): %s", st->index,
-             (long long)mk_range_start(st->range), (long long)mk_range_end(st->range), mk_last_error());
+             (long long)mk_range_start(st->range), (long long)mk_range_end(st->range), why);
     mk_sched_retire(st->sched, item, MK_SEQ_FAILED, status, error);
+}
+
+static void mk_worker_fail_item(mk_sched_worker *st, mk_sched_item *item, mk_status status) {
+    char why[256];
+    snprintf(why, sizeof why, "%s", mk_last_error());
+    mk_worker_fail_item_why(st, item, status, why);
 }
 
 bool mk_sched_item_fits(const mk_sched_item *item, void *arg) {
@@ -52,23 +59,26 @@ bool mk_sched_item_fits(const mk_sched_item *item, void *arg) {
     return true;
 }
 
+/* Item's entry in a step: its slot's sequence, its input (token ids at the head, else the
+ * boundary received into `in`) and its outputs. */
+static mk_forward_entry mk_worker_entry(const mk_sched_worker *st, mk_sched_item *item, mk_boundary *in) {
+    const bool head = mk_worker_is_head(st), tail = mk_worker_is_tail(st);
+    return (mk_forward_entry){.seq = st->seqs[item->slot],
+                              .token_ids = head ? item->tokens : NULL,
+                              .n_tokens = head ? item->n_tokens : 0,
+                              .in = head ? NULL : in,
+                              .out = tail ? NULL : item->out[st->index],
+                              .logits = tail ? item->logits : NULL,
+                              .token = tail ? &item->token : NULL};
+}
+
 /* One step over one or several items (continuous batching): one forward, each item with
  * its own sequence slot, input boundary (ins[k]) and outputs; a failure fails every item of
  * the step. One item is exactly the forward of one sequence. */
 static mk_status mk_worker_step(mk_sched_worker *st, mk_sched_item **items, size_t n) {
     MK_TRY(mk_worker_fault(st));
-    const bool head = mk_worker_is_head(st), tail = mk_worker_is_tail(st);
     mk_forward_entry entries[MK_MAX_BATCH_SEQUENCES];
-    for (size_t k = 0; k < n; k++) {
-        mk_sched_item *item = items[k];
-        entries[k] = (mk_forward_entry){.seq = st->seqs[item->slot],
-                                        .token_ids = head ? item->tokens : NULL,
-                                        .n_tokens = head ? item->n_tokens : 0,
-                                        .in = head ? NULL : st->ins[k],
-                                        .out = tail ? NULL : item->out[st->index],
-                                        .logits = tail ? item->logits : NULL,
-                                        .token = tail ? &item->token : NULL};
-    }
+    for (size_t k = 0; k < n; k++) entries[k] = mk_worker_entry(st, items[k], mk_worker_is_head(st) ? NULL : st->ins[k]);
     const uint64_t t0 = mk_now_ns(), c0 = mk_thread_cpu_ns();
     const mk_status s = mk_range_forward_batch(st->range, entries, n);
     const uint64_t t1 = mk_now_ns(), c1 = mk_thread_cpu_ns();
@@ -111,11 +121,16 @@ void *mk_worker_main(void *arg) {
             continue;
         }
         /* Continuous batching: every item already waiting joins this step while it fits;
-         * an item whose receive failed fails alone. */
+         * an item whose receive failed, or whose entry the forward would refuse (a prompt
+         * past the context, an id outside the vocabulary), fails alone. */
         mk_sched_item *items[MK_MAX_BATCH_SEQUENCES];
         size_t n = 0;
         mk_batch_room room = {item->n_tokens, mk_range_max_rows(st->range)};
         for (;;) {
+            if (s == MK_OK) {
+                const mk_forward_entry e = mk_worker_entry(st, item, head ? NULL : st->ins[n]);
+                s = mk_range_check_batch_entry(st->range, &e, n);
+            }
             if (s != MK_OK) {
                 mk_worker_fail_item(st, item, s);
             } else {
@@ -126,6 +141,12 @@ void *mk_worker_main(void *arg) {
         }
         if (n == 0) continue;
         s = mk_worker_step(st, items, n);
+        if (s != MK_OK) { /* the step itself failed: every item of it, each told why */
+            char why[256];
+            snprintf(why, sizeof why, "%s", mk_last_error());
+            for (size_t k = 0; k < n; k++) mk_worker_fail_item_why(st, items[k], s, why);
+            continue;
+        }
         for (size_t k = 0; k < n; k++) mk_worker_finish(st, items[k], s);
     }
     return NULL;

@@ -1,8 +1,11 @@
 /* The public seam API: construction of seam ends for each transport, and the one
  * receive path that runs the boundary contract between header and payload. */
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -238,6 +241,109 @@ mk_status mk_seam_accept(mk_seam_listener *l, mk_range *receiver, mk_seam **out)
     }
     *out = s;
     return MK_OK;
+}
+
+/* How long one connection may take to prove itself before the listener drops it: long
+ * enough for a TLS handshake across a slow link, a quarter of the whole wait at most (a
+ * few silent strangers cannot use it up). */
+#define MK_SEAM_TICKET_MS 2000
+static int64_t mk_ticket_budget_ms(int connect_timeout_ms) {
+    const int64_t quarter = (connect_timeout_ms > 0 ? connect_timeout_ms : 5000) / 4;
+    return quarter < 250 ? 250 : quarter > MK_SEAM_TICKET_MS ? MK_SEAM_TICKET_MS : quarter;
+}
+
+/* "HOST:PORT" of a connection's other end (read at accept: a peer that closed has none). */
+static void mk_seam_peer_name(int fd, char *out, size_t cap) {
+    struct sockaddr_storage ss;
+    socklen_t len = sizeof ss;
+    char host[INET6_ADDRSTRLEN] = "?";
+    snprintf(out, cap, "a local peer");
+    if (getpeername(fd, (struct sockaddr *)&ss, &len) != 0 || (ss.ss_family != AF_INET && ss.ss_family != AF_INET6)) return;
+    const bool v6 = ss.ss_family == AF_INET6;
+    inet_ntop(ss.ss_family, v6 ? (const void *)&((struct sockaddr_in6 *)&ss)->sin6_addr
+                               : (const void *)&((struct sockaddr_in *)&ss)->sin_addr, host, sizeof host);
+    snprintf(out, cap, v6 ? "[%s]:%u" : "%s:%u", host,
+             (unsigned)ntohs(v6 ? ((struct sockaddr_in6 *)&ss)->sin6_port : ((struct sockaddr_in *)&ss)->sin_port));
+}
+
+/* One accepted connection: its TLS handshake and its ticket, by conn_deadline. */
+static mk_status mk_seam_check_ticket(const mk_seam_listener *l, int fd, const char *ticket, int64_t conn_deadline,
+                                      mk_io *io, SSL_CTX **tls) {
+    *io = (mk_io){.fd = fd, .ssl = NULL};
+    *tls = NULL;
+    if (l->options.tls.enabled) {
+        MK_TRY(mk_tls_context(&l->options.tls, true, tls));
+        MK_TRY(mk_tls_attach(io, *tls, true));
+        MK_TRY(mk_tls_handshake(io, NULL, conn_deadline));
+    }
+    const size_t tag = sizeof MK_SEAM_TICKET_TAG - 1;
+    char got[sizeof MK_SEAM_TICKET_TAG - 1 + MK_SEAM_TICKET_BYTES];
+    MK_TRY(mk_io_read(io, got, sizeof got, conn_deadline, "seam ticket"));
+    unsigned diff = 0; /* constant time: the ticket is the run's secret */
+    for (size_t i = 0; i < MK_SEAM_TICKET_BYTES; i++) diff |= (unsigned char)got[tag + i] ^ (unsigned char)ticket[i];
+    if (memcmp(got, MK_SEAM_TICKET_TAG, tag) != 0)
+        return mk_fail(MK_ERR_FRAME, "its first bytes are not a meshkern seam ticket");
+    if (diff) return mk_fail(MK_ERR_AUTH, "a seam ticket of another run");
+    return MK_OK;
+}
+
+mk_status mk_seam_accept_ticketed(mk_seam_listener *l, mk_range *receiver, const char *ticket,
+                                  void (*log)(void *user, const char *line), void *user, mk_seam **out) {
+    mk_clear_error();
+    if (!l || !receiver || !ticket || !out) return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_seam_accept_ticketed: NULL argument");
+    if (strlen(ticket) != MK_SEAM_TICKET_BYTES)
+        return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_seam_accept_ticketed: a ticket has %d characters", MK_SEAM_TICKET_BYTES);
+    *out = NULL;
+    if (l->options.kind == MK_SEAM_NCCL) return mk_seam_accept(l, receiver, out);
+    const int64_t deadline = mk_deadline_ms(l->options.connect_timeout_ms, 5000);
+    size_t dropped = 0;
+    char last[300] = "";
+    for (;;) {
+        int fd = -1;
+        mk_status st = mk_socket_accept(l->fd, deadline, &fd);
+        if (st == MK_ERR_PEER_TIMEOUT && dropped)
+            return mk_fail(st, "seam: no peer with this run's ticket connected before the deadline (dropped %zu "
+                               "connection(s); the last: %s)", dropped, last);
+        if (st != MK_OK) return st;
+        char peer[INET6_ADDRSTRLEN + 16];
+        mk_seam_peer_name(fd, peer, sizeof peer);
+        const int64_t mine = mk_now_ms() + mk_ticket_budget_ms(l->options.connect_timeout_ms);
+        mk_io io;
+        SSL_CTX *tls = NULL;
+        st = mk_seam_check_ticket(l, fd, ticket, mine < deadline ? mine : deadline, &io, &tls);
+        if (st != MK_OK) {
+            snprintf(last, sizeof last, "%s: %s", peer, mk_last_error());
+            if (log) {
+                char line[800];
+                snprintf(line, sizeof line, "seam listener at %s: dropped %s", l->address, last);
+                log(user, line);
+            }
+            mk_io_close(&io);
+            mk_tls_context_free(tls);
+            mk_clear_error();
+            dropped++;
+            continue;
+        }
+        mk_seam *s = NULL;
+        st = mk_seam_new(&l->options, receiver, false, &s);
+        if (st == MK_OK) st = mk_seam_stream_adopt(s, io, tls);
+        else mk_io_close(&io), mk_tls_context_free(tls);
+        if (st != MK_OK) {
+            mk_seam_free(s);
+            return st;
+        }
+        *out = s;
+        return MK_OK;
+    }
+}
+
+mk_status mk_seam_send_ticket(mk_seam *s, const char *ticket) {
+    if (!ticket || strlen(ticket) != MK_SEAM_TICKET_BYTES)
+        return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_seam_send_ticket: a ticket has %d characters", MK_SEAM_TICKET_BYTES);
+    char bytes[sizeof MK_SEAM_TICKET_TAG - 1 + MK_SEAM_TICKET_BYTES];
+    memcpy(bytes, MK_SEAM_TICKET_TAG, sizeof MK_SEAM_TICKET_TAG - 1);
+    memcpy(bytes + sizeof MK_SEAM_TICKET_TAG - 1, ticket, MK_SEAM_TICKET_BYTES);
+    return mk_seam_stream_write_raw(s, bytes, sizeof bytes);
 }
 
 mk_status mk_seam_connect(const mk_seam_options *given, mk_range *sender, mk_seam **out) {

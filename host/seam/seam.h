@@ -8,6 +8,7 @@
 #define MK_SEAM_H
 
 #include "backend/backend.h"
+#include "net/io.h"
 #include "protocol/boundary.h"
 #include "range/range.h"
 
@@ -101,6 +102,21 @@ mk_status mk_seam_stage_rows(mk_backend *be, const mk_boundary *const *b, size_t
  * raw bytes written on it (fault injection only: a frame that is not one). */
 int mk_seam_stream_fd(const mk_seam *s);
 mk_status mk_seam_stream_write_raw(mk_seam *s, const void *bytes, size_t n);
+/* One stream end over a connection whose TLS session (if any) is established: io and tls
+ * (the session's context, or NULL) are taken over, freed on failure too. */
+mk_status mk_seam_stream_adopt(mk_seam *s, mk_io io, SSL_CTX *tls);
+/* mk_seam_accept for a peer that proves it belongs: a stream listener takes connections
+ * until its deadline, and the first whose first bytes (after TLS) are MK_SEAM_TICKET_TAG
+ * and then the ticket (MK_SEAM_TICKET_BYTES, compared in constant time) becomes the seam.
+ * Any other (a port scanner, a silent or garbled stranger, a TLS handshake that fails)
+ * is dropped and logged through log(user, line), each given at most its own short
+ * deadline, so one stranger cannot take the seam or stop the wait. The sender writes the
+ * tag and ticket first: mk_seam_send_ticket. NCCL listeners: as mk_seam_accept. */
+#define MK_SEAM_TICKET_TAG "MKSEAM01"
+#define MK_SEAM_TICKET_BYTES 32
+mk_status mk_seam_accept_ticketed(mk_seam_listener *l, mk_range *receiver, const char *ticket,
+                                  void (*log)(void *user, const char *line), void *user, mk_seam **out);
+mk_status mk_seam_send_ticket(mk_seam *s, const char *ticket);
 /* Transports own impl; seam.c frees the seam itself. */
 
 #endif

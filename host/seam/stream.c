@@ -166,7 +166,12 @@ static mk_status stream_recv_header(mk_seam *s, mk_boundary_header *h, size_t ca
     mk_status r = mk_io_read(&st->io, head, sizeof head, deadline, "frame header");
     if (r == MK_OK) r = mk_frame_header_decode(head, st->limit, &len, &align);
     uint8_t *body = st->body + mk_frame_shift(align); /* the payload lands aligned if the hint is right */
-    if (r == MK_OK) r = mk_io_read(&st->io, body, (size_t)len, deadline, "frame body");
+    /* The body follows its header at the link's speed: a peer that stalls inside a frame is
+     * found within a quarter of the wait for a frame, not at its end (a stage's rank 0 would
+     * take the stalled receiver for the silent one first). */
+    const int wait_ms = st->io_timeout_ms > 0 ? st->io_timeout_ms : MK_DEFAULT_IO_MS;
+    const int64_t body_by = mk_now_ms() + (wait_ms >= 4 ? wait_ms / 4 : 1);
+    if (r == MK_OK) r = mk_io_read(&st->io, body, (size_t)len, body_by < deadline ? body_by : deadline, "frame body");
     if (r != MK_OK) return mk_stream_break(st, r);
     s->bytes += MK_FRAME_HEADER_BYTES + (size_t)len;
     /* The frame was read whole: a refused boundary leaves the stream in step. */
@@ -217,15 +222,8 @@ static const mk_seam_ops mk_stream_ops = {
     .destroy = stream_destroy,
 };
 
-/* One end over a connected fd (taken over, closed on failure too): buffers sized by this
- * end's range, TLS attached (handshake left to the caller). */
-static mk_status mk_stream_init(mk_seam *s, int fd, bool tls_server) {
-    mk_stream *st = calloc(1, sizeof *st);
-    if (!st) {
-        if (fd >= 0) close(fd);
-        return mk_fail(MK_ERR_OUT_OF_MEMORY, "stream seam: out of memory");
-    }
-    st->io.fd = fd;
+/* The rest of an end: st (its io set) becomes s's state, buffers sized by this end's range. */
+static mk_status mk_stream_fill(mk_seam *s, mk_stream *st, bool tls_server) {
     pthread_mutex_init(&st->mu, NULL);
     pthread_cond_init(&st->cv, NULL);
     s->impl = st;
@@ -245,11 +243,35 @@ static mk_status mk_stream_init(mk_seam *s, int fd, bool tls_server) {
         st->limit = limit; /* the receiver's own limit, never the sender's word */
         MK_TRY(st->backend->ops->host_alloc(st->backend, (size_t)limit + MK_FRAME_ALIGN, (void **)&st->body));
     }
-    if (s->options.tls.enabled) {
+    if (s->options.tls.enabled && !st->io.ssl) { /* adopted ends come with their session */
         MK_TRY(mk_tls_context(&s->options.tls, tls_server, &st->tls));
         MK_TRY(mk_tls_attach(&st->io, st->tls, tls_server));
     }
     return MK_OK;
+}
+
+/* One end over a connected fd (taken over, closed on failure too): buffers sized by this
+ * end's range, TLS attached (handshake left to the caller). */
+static mk_status mk_stream_init(mk_seam *s, int fd, bool tls_server) {
+    mk_stream *st = calloc(1, sizeof *st);
+    if (!st) {
+        if (fd >= 0) close(fd);
+        return mk_fail(MK_ERR_OUT_OF_MEMORY, "stream seam: out of memory");
+    }
+    st->io = (mk_io){.fd = fd, .ssl = NULL};
+    return mk_stream_fill(s, st, tls_server);
+}
+
+mk_status mk_seam_stream_adopt(mk_seam *s, mk_io io, SSL_CTX *tls) {
+    mk_stream *st = calloc(1, sizeof *st);
+    if (!st) {
+        mk_io_close(&io);
+        mk_tls_context_free(tls);
+        return mk_fail(MK_ERR_OUT_OF_MEMORY, "stream seam: out of memory");
+    }
+    st->io = io;
+    st->tls = tls;
+    return mk_stream_fill(s, st, false);
 }
 
 int mk_seam_stream_fd(const mk_seam *s) {

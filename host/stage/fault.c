@@ -18,6 +18,8 @@ static const struct {
                       {MK_FAULT_OTHER_LAYER, "other_layer"},
                       {MK_FAULT_BUSY, "busy"},
                       {MK_FAULT_LYING_ENTRY, "lying_entry"},
+                      {MK_FAULT_STRAY_RESULT, "stray_result"},
+                      {MK_FAULT_HALF_FRAME, "half_frame"},
                       {MK_FAULT_LATE_FINISHED, "late_finished"}};
 
 mk_status mk_fault_read(int rank, mk_fault *out) {
@@ -29,7 +31,7 @@ mk_status mk_fault_read(int rank, mk_fault *out) {
     char kind[32] = "";
     if (sscanf(v, "rank=%d,step=%llu,kind=%31s", &r, &step, kind) != 3)
         return mk_fail(MK_ERR_INVALID_ARGUMENT, "MESHKERN_FAULT='%s': expected rank=R,step=K,kind=exit|silent|"
-                       "corrupt_header|other_digest|other_layer|busy|lying_entry|late_finished", v);
+                       "corrupt_header|other_digest|other_layer|busy|lying_entry|stray_result|half_frame|late_finished", v);
     mk_fault_kind k = MK_FAULT_NONE;
     for (size_t i = 0; i < sizeof mk_fault_kinds / sizeof *mk_fault_kinds; i++)
         if (strcmp(kind, mk_fault_kinds[i].name) == 0) k = mk_fault_kinds[i].kind;

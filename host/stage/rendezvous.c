@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <signal.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -388,6 +389,20 @@ static bool mk_is_loopback(const char *address) {
     return strncmp(address, "127.", 4) == 0 || strncmp(address, "[::1]", 5) == 0 || address[0] == '/';
 }
 
+/* The run's seam ticket: 16 random bytes as hex, from the kernel's generator. */
+static mk_status mk_draw_ticket(char out[MK_SEAM_TICKET_BYTES + 1]) {
+    unsigned char raw[MK_SEAM_TICKET_BYTES / 2];
+    size_t have = 0;
+    while (have < sizeof raw) {
+        const ssize_t n = getrandom(raw + have, sizeof raw - have, 0);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) return mk_fail(MK_ERR_IO, "getrandom failed: %s", strerror(errno));
+        have += (size_t)n;
+    }
+    for (size_t i = 0; i < sizeof raw; i++) snprintf(out + 2 * i, 3, "%02x", raw[i]);
+    return MK_OK;
+}
+
 static mk_status mk_rendezvous_root(mk_stage *st, int64_t deadline) {
     int lfd = -1;
     char bound[300];
@@ -420,6 +435,13 @@ static mk_status mk_rendezvous_root(mk_stage *st, int64_t deadline) {
         return mk_fail(s, "%s", message);
     }
     snprintf(st->next_address, sizeof st->next_address, "%s", hello[1].address);
+    s = mk_draw_ticket(st->seam_ticket);
+    if (s != MK_OK) {
+        char message[512];
+        snprintf(message, sizeof message, "rank 0 could not draw the seam ticket: %s", mk_last_error());
+        mk_abort_all(st, s, message);
+        return mk_fail(s, "%s", message);
+    }
     /* nccl seams: unless the launcher broadcast them (MPI), rank 0 makes the unique id of
      * every seam's communicator (seam k joins rank k and k + 1) and hands each rank the two
      * it needs in the welcome. */
@@ -444,9 +466,9 @@ static mk_status mk_rendezvous_root(mk_stage *st, int64_t deadline) {
     }
     for (int k = 1; s == MK_OK && k < st->world; k++) {
         char body[MK_CTL_MAX_BODY];
-        const int n = snprintf(body, sizeof body, "%zu %zu %zu %s %s %s", st->max_context, st->max_rows,
+        const int n = snprintf(body, sizeof body, "%zu %zu %zu %s %s %s %s", st->max_context, st->max_rows,
                                st->max_sequences, k + 1 < st->world ? hello[k + 1].address : "-", ids[k - 1],
-                               k + 1 < st->world ? ids[k] : none);
+                               k + 1 < st->world ? ids[k] : none, st->seam_ticket);
         s = mk_ctl_send(&st->ctl[k], MK_CTL_WELCOME, body, (size_t)n, deadline);
         if (s != MK_OK) s = mk_stage_wrap(s, "rank 0 could not welcome rank %d", k);
     }
@@ -511,6 +533,7 @@ static mk_status mk_listen_seam(mk_stage *st) {
     so.tls = st->o.tls;
     MK_TRY(mk_seam_listen(&so, &st->listener));
     const char *bound = mk_seam_listener_address(st->listener);
+    mk_rdv_log(st, "seam listener at %s", bound);
     if (!st->tls && !mk_is_loopback(bound))
         mk_rdv_log(st, "seam listener at %s: not loopback and no TLS: whoever reaches it can feed this rank "
                        "(--tls-psk or --tls-cert/--tls-key/--tls-ca protects it)", bound);
@@ -541,10 +564,11 @@ static mk_status mk_rendezvous_join(mk_stage *st, int64_t deadline) {
     if (s != MK_OK) return s;
     if (type == MK_CTL_ABORT) return mk_ctl_abort_status(body);
     char next[300], prev_id[2 * MK_SEAM_NCCL_ID_BYTES + 1], next_id[2 * MK_SEAM_NCCL_ID_BYTES + 1];
+    char ticket[MK_SEAM_TICKET_BYTES + 2] = "";
     if (type != MK_CTL_WELCOME ||
-        sscanf(body, "%zu %zu %zu %299s %256s %256s", &st->max_context, &st->max_rows, &st->max_sequences, next, prev_id,
-               next_id) != 6 ||
-        st->max_context == 0 || st->max_rows == 0 || st->max_sequences == 0)
+        sscanf(body, "%zu %zu %zu %299s %256s %256s %33s", &st->max_context, &st->max_rows, &st->max_sequences, next,
+               prev_id, next_id, ticket) != 7 ||
+        st->max_context == 0 || st->max_rows == 0 || st->max_sequences == 0 || strlen(ticket) != MK_SEAM_TICKET_BYTES)
         return mk_fail(MK_ERR_FRAME, "rank 0 sent no usable welcome (type %d)", (int)type);
     if (st->o.seam == MK_SEAM_NCCL && st->o.nccl_ids) {
         memcpy(st->nccl_prev, st->o.nccl_ids->prev, sizeof st->nccl_prev);
@@ -552,6 +576,7 @@ static mk_status mk_rendezvous_join(mk_stage *st, int64_t deadline) {
     } else if (st->o.seam == MK_SEAM_NCCL && (!mk_unhex(prev_id, st->nccl_prev) ||
                                        (st->rank + 1 < st->world && !mk_unhex(next_id, st->nccl_next))))
         return mk_fail(MK_ERR_FRAME, "rank 0 sent rank %d no usable NCCL unique ids", st->rank);
+    memcpy(st->seam_ticket, ticket, sizeof st->seam_ticket);
     n = snprintf(st->next_address, sizeof st->next_address, "%s", strcmp(next, "-") == 0 ? "" : next);
     (void)n;
     if (st->o.seam != MK_SEAM_NCCL && st->rank + 1 < st->world && !st->next_address[0])

@@ -96,6 +96,8 @@ typedef enum mk_fault_kind {
     MK_FAULT_OTHER_LAYER,    /* sends a boundary cut before another layer */
     MK_FAULT_BUSY,           /* computes 3 deadlines longer at that step (alive, not silent) */
     MK_FAULT_LYING_ENTRY,    /* sends its step-th boundary with a position one past its sequence's */
+    MK_FAULT_STRAY_RESULT,   /* last rank: before its step-th result, one for a request never admitted */
+    MK_FAULT_HALF_FRAME,     /* sends a frame header and a tenth of its body, then falls silent */
     MK_FAULT_LATE_FINISHED,  /* rank 0, from that step on: each FINISHED goes out 100 ms after
                                 the next step's boundaries (the next request's prefill overtakes it) */
 } mk_fault_kind;
@@ -153,6 +155,9 @@ struct mk_stage {
     /* seams */
     mk_seam_listener *listener;   /* rank > 0: where the previous rank connects */
     char next_address[300];       /* rank < world - 1: the next rank's listener */
+    /* The run's seam ticket (rank 0 draws it, the welcome hands it out over the control
+     * connection): a rank's seam takes only the connection that sends it. */
+    char seam_ticket[MK_SEAM_TICKET_BYTES + 1];
     /* nccl seams: the unique ids of the communicators with the previous and the next rank,
      * made by rank 0 and handed out in the welcome, or by MPI_Bcast (o.nccl_ids) */
     unsigned char nccl_prev[MK_SEAM_NCCL_ID_BYTES], nccl_next[MK_SEAM_NCCL_ID_BYTES];

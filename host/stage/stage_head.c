@@ -237,9 +237,24 @@ static mk_status mk_head_result(mk_head *h, const char *body, size_t len) {
     mk_head_entry *e = NULL;
     for (size_t k = 0; k < st->max_sequences && !e; k++)
         if (h->entry[k].used && h->entry[k].number == number) e = &h->entry[k];
-    if (!e)
-        return mk_fail(MK_ERR_TAIL_RESULT, "rank %d sent a result for '%.64s', which is not in flight", last,
-                       info.request_id);
+    if (!e || e->ready) {
+        /* A request no step of which is out (never admitted, over already, or its token for
+         * this step came already): a lying entry upstream, not this run's fault. Dropped,
+         * logged; every rank frees what it holds for that id; the run goes on. */
+        if (st->o.log) {
+            char line[256];
+            snprintf(line, sizeof line, "dropped rank %d's result for '%.64s': %s", last, info.request_id,
+                     e ? "no step of it is out (a second result)" : "not a request in flight");
+            st->o.log(st->o.log_user, line);
+        }
+        if (!e) {
+            const int64_t deadline = mk_deadline_ms(st->timeout_ms, MK_STAGE_DEFAULT_TIMEOUT_MS);
+            for (int k = 1; k < st->world; k++)
+                (void)mk_ctl_send(&st->ctl[k], MK_CTL_FINISHED, info.request_id, strlen(info.request_id), deadline);
+        }
+        mk_clear_error();
+        return MK_OK;
+    }
     const mk_hparams *hp = mk_model_hparams(st->model);
     if (info.kind != MK_TAIL_OUTPUT_TOKEN || info.token_id < 0 || (size_t)info.token_id >= hp->vocab)
         return mk_fail(MK_ERR_TAIL_RESULT, "rank %d sent no token id within the vocabulary for %s", last, info.request_id);

@@ -96,6 +96,13 @@ static mk_status mk_tail_send(mk_stage *st, const char *id, int32_t token, bool 
     const mk_sampling_params greedy = {0.0f, 1.0f, 0, 0};
     uint8_t *bytes = NULL;
     size_t len = 0;
+    if (mk_fault_due(&st->fault, step, MK_FAULT_STRAY_RESULT)) { /* one more of the step, for nobody */
+        const mk_request_identity stray = {"req-999999", digest, "none", "0", "off", MK_PROTOCOL_ARCH_DENSE};
+        MK_TRY(mk_tail_result_pack_token(&stray, &greedy, token, &bytes, &len));
+        const mk_status s = mk_ctl_send(&st->ctl[0], MK_CTL_RESULT_MORE, bytes, len, deadline);
+        mk_buffer_free(bytes);
+        MK_TRY(s);
+    }
     MK_TRY(mk_tail_result_pack_token(&identity, &greedy, token, &bytes, &len));
     const mk_status s = mk_ctl_send(&st->ctl[0], more ? MK_CTL_RESULT_MORE : MK_CTL_RESULT, bytes, len, deadline);
     mk_buffer_free(bytes);

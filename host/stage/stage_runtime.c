@@ -244,12 +244,14 @@ static mk_status mk_stage_build(mk_stage *st) {
     }
     if (st->rank + 1 < st->world) {
         so.address = st->next_address;
-        const mk_status s = mk_seam_connect(&so, st->range, &st->to_next);
+        mk_status s = mk_seam_connect(&so, st->range, &st->to_next);
+        if (s == MK_OK) s = mk_seam_send_ticket(st->to_next, st->seam_ticket);
         if (s != MK_OK) return mk_stage_wrap(s, "rank %d: cannot connect to rank %d at %s", st->rank, st->rank + 1,
                                        st->next_address);
     }
     if (st->rank > 0) {
-        const mk_status s = mk_seam_accept(st->listener, st->range, &st->from_prev);
+        const mk_status s = mk_seam_accept_ticketed(st->listener, st->range, st->seam_ticket, st->o.log, st->o.log_user,
+                                                    &st->from_prev);
         if (s != MK_OK) return mk_stage_wrap(s, "rank %d: rank %d did not connect", st->rank, st->rank - 1);
         mk_seam_listener_free(st->listener);
         st->listener = NULL;

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "mk_error.h"
+#include "seam/frame.h"
 #include "stage/stage.h"
 
 size_t mk_request_index(const char *id) {
@@ -81,6 +82,13 @@ static mk_status mk_stage_inject(mk_stage *st, uint64_t step, mk_boundary *const
             *dropped = true;
             return MK_OK;
         }
+    }
+    if (mk_fault_due(&st->fault, step, MK_FAULT_HALF_FRAME)) {
+        uint8_t part[MK_FRAME_HEADER_BYTES + 100];
+        memset(part, 0, sizeof part);
+        mk_frame_header_encode(part, 1000, 0); /* 1000 bytes announced, 100 sent */
+        (void)mk_seam_stream_write_raw(st->to_next, part, sizeof part);
+        return mk_stage_go_silent(st, step);
     }
     if (mk_fault_due(&st->fault, step, MK_FAULT_OTHER_DIGEST))
         for (size_t j = 0; j < n; j++) mk_other_digest(outs[j]->h.recipe_digest);

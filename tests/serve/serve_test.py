@@ -422,6 +422,21 @@ def main():
         rc = srv.proc.wait(30)
         check(rc == 0, f"first server: SIGTERM -> exit {rc}")
 
+    # ------------- a key file's whole first line is the key (a long one was cut at 1023 bytes)
+    long_key = "sk-" + "k" * 1500
+    long_file = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"meshkern_serve_long_key_{os.getpid()}")
+    with open(long_file, "w") as f:
+        f.write(long_key + "\r\n")
+    keyed = Server("--api-key-file", long_file, "--ctx", "256")
+    try:
+        for key, want in [(long_key, 200), (long_key[:1023], 401), (long_key + "k", 401)]:
+            status, _, _ = curl(keyed.url, "/v1/models", key=key)
+            check(status == want, f"a {len(key)}-byte key against a {len(long_key)}-byte key file: {status}")
+    finally:
+        keyed.proc.send_signal(signal.SIGTERM)
+        keyed.proc.wait(30)
+        os.unlink(long_file)
+
     # ------------- one slot, no queue: 429, a disconnect cancels, SIGTERM drains
     key_file = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"meshkern_serve_key_{os.getpid()}")
     with open(key_file, "w") as f:

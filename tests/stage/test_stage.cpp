@@ -444,6 +444,8 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(FaultCase{"rank=1,step=4,kind=exit", 1, "MK_ERR_PEER_LOST", "rank 1"},
                       FaultCase{"rank=1,step=4,kind=silent", 1, "MK_ERR_PEER_TIMEOUT", "rank 1"},
                       FaultCase{"rank=1,step=4,kind=corrupt_header", 1, "MK_ERR_FRAME", "rank 1"},
+                      // within the deadline and naming rank 1, not rank 2 stuck in the frame
+                      FaultCase{"rank=1,step=4,kind=half_frame", 1, "MK_ERR_PEER_TIMEOUT", "from rank 1"},
                       FaultCase{"rank=1,step=4,kind=other_digest", 1, "MK_ERR_RECIPE_DIGEST", "rank 1"},
                       FaultCase{"rank=0,step=4,kind=other_layer", 0, "MK_ERR_SEAM_MISMATCH", "rank 0"},
                       FaultCase{"rank=2,step=3,kind=exit", 2, "MK_ERR_PEER_LOST", "rank 2"},
@@ -491,6 +493,23 @@ TEST(Stage, ALyingEntryFailsOnlyItsRequestAcrossProcesses) {
     EXPECT_NE(out.find("hop 1: rank 1 -> 2 over tcp: "), std::string::npos) << out;
     EXPECT_EQ(out.find("no figures"), std::string::npos) << out;
     for (size_t i = 0; i < 2; i++) EXPECT_EQ(exit_code(ranks[i]), 0) << "rank " << i + 1 << ": " << slurp(ranks[i].err);
+    mk_model_free(model);
+}
+
+// A result for a request rank 0 never admitted (a lying rank upstream opened it, or the
+// last rank lies): dropped and logged, every rank told to free what it holds for that id,
+// and the run goes on with every request's tokens equal to the whole model's (it ended the
+// whole run).
+TEST(Stage, AResultForARequestNeverAdmittedIsDroppedAndTheRunGoesOn) {
+    mk_model *model = random_model();
+    const auto prompts = read_prompts(kPrompts);
+    const auto want = whole_model(model, MK_DTYPE_F32, prompts, 6);
+    Ranks ranks("stray_result");
+    run_ranks(ranks, kRandom, "1,3", 3, {"--prompts", kPrompts},
+              {"--max-tokens", "6", "--max-sequences", "3", "--timeout", "20"}, "rank=2,step=3,kind=stray_result", 60);
+    expect_parity(ranks, 2, want);
+    const std::string err = slurp(ranks[2].err);
+    EXPECT_NE(err.find("dropped rank 2's result for 'req-999999': not a request in flight"), std::string::npos) << err;
     mk_model_free(model);
 }
 
@@ -1184,6 +1203,12 @@ TEST(StageLibrary, LiveSourceIsRefusedWhereItCannotRun) {
 
 // ------------------------------------------------------------ strangers --
 
+size_t count(const std::string &hay, const std::string &needle) {
+    size_t n = 0;
+    for (size_t at = hay.find(needle); at != std::string::npos; at = hay.find(needle, at + 1)) n++;
+    return n;
+}
+
 // A TCP connection to 127.0.0.1:port, retried until someone listens (limit_s).
 int connect_to(int port, double limit_s = 5.0) {
     const double t0 = now_s();
@@ -1290,6 +1315,51 @@ TEST(StageRendezvous, StrangersAreDroppedWhileTheRealRanksJoin) {
                             "rank 2 runs with world 4, rank 0 with 3", "a control message of type 5 where a hello belongs",
                             "rank 1 joined twice (first from 127.0.0.1:"})
         EXPECT_NE(err.find(why), std::string::npos) << why << "\n" << err;
+    mk_model_free(model);
+}
+
+// The same at a rank's seam listener (it took the first connection as its previous rank:
+// one port scan stopped the whole run): a connect-and-close, garbage, a frame header where
+// the ticket belongs, a ticket of another run and a silent client, all queued before rank
+// 0 connects, are each dropped and logged with their address, and rank 0's connection
+// (behind them in the backlog, proving itself with the run's ticket) becomes the seam.
+TEST(StageSeam, StrangersAtASeamListenerAreDroppedAndTheRealRankConnects) {
+    mk_model *model = random_model();
+    const auto prompts = read_prompts(kPrompts);
+    const auto want = whole_model(model, MK_DTYPE_F32, prompts, 3);
+    const int port = free_port();
+    Ranks ranks("seam_strangers");
+    const std::vector<std::string> extra = {"--max-tokens", "3", "--max-sequences", "2", "--timeout", "8"};
+    std::vector<std::string> a0 = extra;
+    a0.insert(a0.end(), {"--prompts", kPrompts});
+    ranks.launch(0, stage_args(kRandom, "1,3", 0, 3, port, a0), "");
+    ranks.launch(1, stage_args(kRandom, "1,3", 1, 3, port, extra), "");
+    ASSERT_TRUE(wait_for_text(ranks[1].err, "seam listener at 127.0.0.1:", 10)) << slurp(ranks[1].err);
+    const std::string err1 = slurp(ranks[1].err);
+    const size_t at = err1.find("seam listener at 127.0.0.1:") + std::strlen("seam listener at 127.0.0.1:");
+    const int seam_port = std::atoi(err1.c_str() + at);
+    ASSERT_GT(seam_port, 0) << err1;
+    const int scan = connect_to(seam_port);
+    ASSERT_GE(scan, 0);
+    close(scan);
+    std::vector<int> held;
+    for (const std::string &bytes : {std::string("GET / HTTP/1.0\r\n\r\n"), std::string("MKFR") + std::string(36, '\xff'),
+                                     std::string("MKSEAM01") + std::string(32, 'a'), std::string()}) {
+        const int fd = connect_to(seam_port);
+        ASSERT_GE(fd, 0);
+        if (!bytes.empty()) send_all(fd, bytes);
+        held.push_back(fd);
+    }
+    ranks.launch(2, stage_args(kRandom, "1,3", 2, 3, port, extra), "");
+    ranks.wait(30);
+    for (int fd : held) close(fd);
+    expect_parity(ranks, 0, want);
+    const std::string err = slurp(ranks[1].err);
+    for (const char *why : {"the peer closed the connection after 0 of 40 bytes of the seam ticket",
+                            "its first bytes are not a meshkern seam ticket", "a seam ticket of another run",
+                            "the peer did not send the seam ticket before the deadline"})
+        EXPECT_NE(err.find(why), std::string::npos) << why << "\n" << err;
+    EXPECT_EQ(count(err, "dropped 127.0.0.1:"), 5u) << err;
     mk_model_free(model);
 }
 
