@@ -656,8 +656,8 @@ typedef struct mk_seam_options {
      * a listener binds 127.0.0.1 unless HOST says otherwise (port 0: any free port). */
     const char *address;
     int connect_timeout_ms;     /* 0 = 5000 */
-    int io_timeout_ms;          /* per frame read or write; 0 = 30000 (a frame's body must
-                                 * follow its header within a quarter of it) */
+    int io_timeout_ms;          /* per frame read or write; 0 = 30000 (a frame's body may not
+                                 * stall for more than a quarter of it) */
     mk_seam_tls tls;
 } mk_seam_options;
 MK_API mk_seam_options mk_seam_options_default(mk_seam_kind kind);
@@ -867,7 +867,8 @@ MK_API size_t mk_sched_seam_bytes(const mk_sched *sched, size_t seam);
 
 /* Queue a sequence: prompt [n_prompt] token ids (copied), at most max_new_tokens
  * generated, stopping early after any id in stop_ids [n_stop] (copied; e.g. the model's
- * end-of-generation ids). *seq_id names it in the calls below. */
+ * end-of-generation ids). *seq_id names it in the calls below. A prompt id outside the
+ * model's vocabulary is refused here (MK_ERR_TOKEN_OUT_OF_RANGE naming it). */
 MK_API mk_status mk_sched_submit(mk_sched *sched, const int32_t *prompt, size_t n_prompt, size_t max_new_tokens,
                                  const int32_t *stop_ids, size_t n_stop, uint64_t *seq_id);
 

@@ -361,10 +361,11 @@ class FaultyPeer : public ::testing::Test {
     }
 
     // Listen, connect a raw socket (completes through the backlog), accept the seam end.
-    void connect_raw(mk_seam_options o = mk_seam_options_default(MK_SEAM_UNIX), bool expect_accept = true) {
+    void connect_raw(mk_seam_options o = mk_seam_options_default(MK_SEAM_UNIX), bool expect_accept = true,
+                     int io_ms = kDeadlineMs) {
         path_ = dir_.file("peer.sock");
         o.address = path_.c_str();
-        o.io_timeout_ms = kDeadlineMs;
+        o.io_timeout_ms = io_ms;
         o.connect_timeout_ms = 2000;
         mk_seam_listener *l = nullptr;
         MK_ASSERT_OK(mk_seam_listen(&o, &l));
@@ -478,12 +479,38 @@ TEST_F(FaultyPeer, PeerNeverSends) {
     EXPECT_GE(seconds_since(t0), kDeadlineMs / 1000.0 * 0.9);
 }
 
+// A peer that stalls inside a frame is found once nothing came for a quarter of the wait
+// (50 of 200 ms), not at the wait's end: a stage's rank 0 would blame this receiver first.
 TEST_F(FaultyPeer, PeerStallsMidFrame) {
     connect_raw();
     std::vector<uint8_t> f = framed(valid_);
     f.resize(40);
     write_raw(f);
-    EXPECT_EQ(receive(), MK_ERR_PEER_TIMEOUT);
+    const auto t0 = std::chrono::steady_clock::now();
+    std::string msg;
+    EXPECT_EQ(receive(&msg), MK_ERR_PEER_TIMEOUT);
+    EXPECT_LT(seconds_since(t0), kDeadlineMs / 1000.0 * 0.75) << msg;
+    EXPECT_NE(msg.find("stalled in the frame body: nothing for 50 ms after 24 of"), std::string::npos) << msg;
+}
+
+// A body that keeps coming, each piece within the stall limit (200 ms gaps; limit 500 of a
+// 2000 ms wait) but the whole longer than it (800 ms), is read whole: the limit is on
+// stalls, not on the body's time.
+TEST_F(FaultyPeer, ABodyThatKeepsMovingIsNotCutByTheStallLimit) {
+    connect_raw(mk_seam_options_default(MK_SEAM_UNIX), true, 2000);
+    const std::vector<uint8_t> frame = framed(valid_);
+    const size_t piece = (frame.size() + 4) / 5;
+    std::thread writer([&]() {
+        for (size_t at = 0; at < frame.size(); at += piece) {
+            if (at) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+            const size_t n = std::min(piece, frame.size() - at);
+            EXPECT_EQ(send(raw_, frame.data() + at, n, MSG_NOSIGNAL), (ssize_t)n);
+        }
+    });
+    const mk_status st = mk_seam_recv(rx_.get(), seq_.get(), into_.get());
+    writer.join();
+    EXPECT_EQ(st, MK_OK) << mk_last_error();
+    EXPECT_EQ(mk_boundary_header_of(into_.get())->rows, 3u);
 }
 
 TEST_F(FaultyPeer, FrameOverTheReceiversLimitIsRefusedBeforeItsBody) {

@@ -29,6 +29,7 @@
 #include "meshkern.h"
 #include "mk_error.h"
 #include "model/model.h"
+#include "range/range.h"
 #include "serve.h"
 
 #define MK_MAX_CUTS 64
@@ -282,6 +283,11 @@ static int cmd_run(int argc, char **argv) {
     int32_t prompt[MK_MAX_TOKENS];
     for (long i = 0; i < n_tokens; i++) prompt[i] = (int32_t)tokens_v[i];
     const int64_t *cuts = cuts_v;
+    /* the split is checked against the model before the whole-model run, not after it */
+    if (n_cuts > 0 && (s = mk_cuts_to_spans(cuts, (size_t)n_cuts, hp->n_layers, MK_MAX_CUTS + 1, NULL)) != MK_OK) {
+        mk_model_free(model);
+        return fail(s);
+    }
     opt.max_context = (size_t)n_tokens + n_new;
     if (opt.max_context > hp->max_context) opt.max_context = hp->max_context;
 

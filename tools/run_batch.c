@@ -37,6 +37,7 @@ typedef struct batch_args {
     size_t n_stop;
     size_t batch, n_new;
     size_t step_seqs; /* --step-sequences, 0: the default (mk_cli_step_sequences) */
+    size_t workers;   /* --workers: the stages of --split auto, 0: one per device, else 2 */
     size_t prefill_chunk; /* --prefill-chunk, 0: a prompt in one step */
     mk_seam_kind seam; /* 0: the placement rule */
     mk_cli_backend backend;
@@ -93,6 +94,8 @@ static int parse_batch_args(int argc, char **argv, batch_args *a) {
         mk_cli_opt_stop(&stop_l),
         mk_cli_opt_split(&cuts_l),
         mk_cli_opt_devices(&devices_l),
+        {"--workers", NULL, "N", "the stages of --split auto (cpu: worker threads; cuda: as --devices)",
+         "one per --devices entry, else 2", MK_CLI_COUNT, &a->workers, 1, MK_BATCH_MAX_LIST, NULL},
         mk_cli_opt_seam(&a->seam, true, "auto: by the placement rule"),
         {"--timeline", NULL, "FILE.json", "every stage's steps as a Chrome trace", NULL, MK_CLI_TEXT, (void *)&a->timeline,
          0, 0, NULL},
@@ -116,7 +119,13 @@ static int parse_batch_args(int argc, char **argv, batch_args *a) {
     for (a->n_devices = 0; a->n_devices < devices_l.n; a->n_devices++) a->devices[a->n_devices] = (int)devices[a->n_devices];
     for (a->n_stop = 0; a->n_stop < stop_l.n; a->n_stop++) a->stop[a->n_stop] = (int32_t)stop[a->n_stop];
     if (a->n_devices && a->backend.config.kind != MK_BACKEND_CUDA)
-        return mk_cli_usage_error("run", "--devices needs --backend cuda (the cpu backend has no devices)");
+        return mk_cli_usage_error("run", "--devices needs --backend cuda (the cpu backend has no devices: --split auto "
+                                         "--workers N gives N worker threads)");
+    if (a->workers && !a->split_auto)
+        return mk_cli_usage_error("run", "--workers N goes with --split auto (given cuts make one stage per range)");
+    if (a->workers && a->n_devices && a->workers != a->n_devices)
+        return mk_cli_usage_error("run", "--workers %zu and --devices naming %zu: one stage per device", a->workers,
+                                  a->n_devices);
     return mk_cli_backend_finish(&a->backend, "run", a->model);
 }
 
@@ -250,7 +259,7 @@ static int run_batch(const batch_args *a, const mk_model *model, const mk_tokeni
     /* a step's rows: several prompts fit one step (as many rows as a sequence's context) */
     o.range.max_batch_tokens = o.range.max_context;
     o.split_auto = a->split_auto || (a->n_cuts == 0 && a->n_devices > 1);
-    o.n_workers = a->n_devices ? a->n_devices : o.split_auto ? 2 : 1;
+    o.n_workers = a->n_devices ? a->n_devices : a->workers ? a->workers : o.split_auto ? 2 : 1;
     o.cuts = a->cuts;
     o.n_cuts = a->n_cuts;
     o.devices = a->n_devices ? a->devices : NULL;

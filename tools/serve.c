@@ -589,8 +589,8 @@ static enum MHD_Result mk_refuse_upload(mk_conn *c) {
              "Connection: close\r\n\r\n",
              body ? strlen(body) : 0);
     const bool built = body && mk_append(&msg, &len, &cap, head, strlen(head)) && mk_append(&msg, &len, &cap, body, strlen(body));
-    mk_count(c->srv, 413);
     if (built && c->fd >= 0) {
+        mk_count(c->srv, 413);
         struct timespec t0;
         clock_gettime(CLOCK_MONOTONIC, &t0);
         for (size_t off = 0; off < len && mk_ms_since(&t0) < 2000;) { /* a few hundred bytes: sent at once */
@@ -603,6 +603,7 @@ static enum MHD_Result mk_refuse_upload(mk_conn *c) {
         }
         shutdown(c->fd, SHUT_WR);
         char sink[16384];
+        clock_gettime(CLOCK_MONOTONIC, &t0); /* a second of draining from here */
         while (mk_ms_since(&t0) < 1000 && poll(&(struct pollfd){.fd = c->fd, .events = POLLIN}, 1, 100) >= 0) {
             const ssize_t n = recv(c->fd, sink, sizeof sink, MSG_DONTWAIT);
             if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) break;
@@ -1041,32 +1042,33 @@ static void mk_on_stop_signal(int sig) {
     sem_post(&mk_stop_sem); /* async-signal-safe */
 }
 
-/* The key: the file's first line, whole (without its line end); NULL with *why otherwise. */
+/* The key: the file's first line, whole (without its line end, at most MK_KEY_MAX bytes);
+ * NULL with *why otherwise. */
+#define MK_KEY_MAX 16384
 static char *mk_read_key_file(const char *path, const char **why) {
     FILE *f = fopen(path, "r");
     *why = "it cannot be opened";
     if (!f) return NULL;
-    char *line = NULL;
-    size_t cap = 0;
-    errno = 0;
-    ssize_t n = getline(&line, &cap, f);
-    const bool failed = n < 0 && ferror(f);
+    char *key = malloc(MK_KEY_MAX + 2);
+    const size_t got = key ? fread(key, 1, MK_KEY_MAX + 1, f) : 0;
+    const bool failed = !key || ferror(f);
     fclose(f);
-    if (n < 0) {
-        free(line);
-        *why = failed ? "it cannot be read (a directory?)" : "it is empty";
-        return NULL;
-    }
-    while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r')) line[--n] = '\0';
-    *why = n == 0                        ? "its first line is empty"
-           : strlen(line) != (size_t)n   ? "its first line holds a NUL byte"
-           : strcspn(line, "\r") != (size_t)n ? "its first line holds a carriage return"
-                                         : NULL;
+    const char *end = key && !failed ? memchr(key, '\n', got) : NULL;
+    size_t n = end ? (size_t)(end - key) : got;
+    while (n > 0 && key[n - 1] == '\r') n--;
+    *why = failed                ? "it cannot be read (a directory?)"
+           : got == 0            ? "it is empty"
+           : n > MK_KEY_MAX      ? "its first line is longer than 16384 bytes"
+           : n == 0              ? "its first line is empty"
+           : memchr(key, '\0', n) ? "its first line holds a NUL byte"
+           : memchr(key, '\r', n) ? "its first line holds a carriage return"
+                                 : NULL;
     if (*why) {
-        free(line);
+        free(key);
         return NULL;
     }
-    return line;
+    key[n] = '\0';
+    return key;
 }
 
 /* What both commands share before serving: the key, the tokenizer, the context, the stop

@@ -165,6 +165,30 @@ mk_status mk_io_read(mk_io *io, void *buf, size_t n, int64_t deadline, const cha
                    : mk_plain_read(io, buf, n, deadline, what, NULL, false);
 }
 
+mk_status mk_io_read_live(mk_io *io, void *buf, size_t n, int64_t deadline, int stall_ms, const char *what) {
+    uint8_t *p = buf;
+    size_t got = 0;
+    int64_t moved_at = mk_now_ms();
+    while (got < n) {
+        size_t piece = 0;
+        MK_TRY(mk_io_read_now(io, p + got, n - got, &piece, what));
+        const int64_t now = mk_now_ms();
+        if (piece) {
+            got += piece;
+            moved_at = now;
+            continue;
+        }
+        const int64_t until = moved_at + stall_ms < deadline ? moved_at + stall_ms : deadline;
+        if (now >= until || mk_wait_fd(io->fd, POLLIN, until, what) != MK_OK) {
+            if (until == deadline) return mk_fail(MK_ERR_PEER_TIMEOUT, "seam: the peer did not send the %s before the "
+                                                  "deadline (%zu of %zu bytes came)", what, got, n);
+            return mk_fail(MK_ERR_PEER_TIMEOUT, "seam: the peer stalled in the %s: nothing for %d ms after %zu of %zu bytes",
+                           what, stall_ms, got, n);
+        }
+    }
+    return MK_OK;
+}
+
 mk_status mk_io_write(mk_io *io, const void *buf, size_t n, int64_t deadline, const char *what) {
     return io->ssl ? mk_tls_io(io, (uint8_t *)(uintptr_t)buf, n, true, deadline, what, NULL, false)
                    : mk_plain_write(io, buf, n, deadline, what, NULL, false);
@@ -296,6 +320,13 @@ mk_status mk_socket_listen(mk_seam_kind kind, const char *address, int *out_fd, 
     return MK_OK;
 }
 
+bool mk_accept_error_is_transient(int e) {
+    /* accept(2): Linux passes errors already pending on the new connection up through
+     * accept; for TCP these are to be retried like EAGAIN (the listener is fine) */
+    return e == EINTR || e == ECONNABORTED || e == EPROTO || e == ENETDOWN || e == ENOPROTOOPT || e == EHOSTDOWN ||
+           e == ENONET || e == EHOSTUNREACH || e == EOPNOTSUPP || e == ENETUNREACH;
+}
+
 mk_status mk_socket_accept(int listen_fd, int64_t deadline, int *out_fd) {
     for (;;) {
         const int fd = accept4(listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
@@ -310,7 +341,7 @@ mk_status mk_socket_accept(int listen_fd, int64_t deadline, int *out_fd) {
         if (errno == EAGAIN || errno == EWOULDBLOCK) {
             const mk_status s = mk_wait_fd(listen_fd, POLLIN, deadline, "connection");
             if (s != MK_OK) return mk_fail(MK_ERR_PEER_TIMEOUT, "seam: no peer connected before the deadline");
-        } else if (errno != EINTR && errno != ECONNABORTED) {
+        } else if (!mk_accept_error_is_transient(errno)) {
             return mk_fail(MK_ERR_IO, "seam: accept failed: %s", strerror(errno));
         }
     }

@@ -5,6 +5,7 @@
 #ifndef MK_SEAM_IO_H
 #define MK_SEAM_IO_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -26,6 +27,10 @@ int64_t mk_deadline_ms(int timeout_ms, int default_ms);
  * after some bytes, the message says how many of n arrived. */
 mk_status mk_io_read(mk_io *io, void *buf, size_t n, int64_t deadline, const char *what);
 mk_status mk_io_write(mk_io *io, const void *buf, size_t n, int64_t deadline, const char *what);
+/* mk_io_read for data that follows at the link's speed once it has begun (a frame's body
+ * after its header): it fails when nothing arrives for stall_ms, however long the whole
+ * read may take while bytes keep coming (and at the deadline). */
+mk_status mk_io_read_live(mk_io *io, void *buf, size_t n, int64_t deadline, int stall_ms, const char *what);
 /* Read what has arrived, without waiting: *got bytes (maybe fewer than n, maybe 0); a
  * close is MK_ERR_PEER_CLOSED (with *got the bytes before it). */
 mk_status mk_io_read_now(mk_io *io, void *buf, size_t n, size_t *got, const char *what);
@@ -38,6 +43,8 @@ void mk_io_close(mk_io *io);
  * address (port 0 resolved). accept/connect wait until the deadline. */
 mk_status mk_socket_listen(mk_seam_kind kind, const char *address, int *out_fd, char *bound, size_t bound_cap);
 mk_status mk_socket_accept(int listen_fd, int64_t deadline, int *out_fd);
+/* An accept error that concerns only the connection it would have returned (retry). */
+bool mk_accept_error_is_transient(int e);
 mk_status mk_socket_connect(mk_seam_kind kind, const char *address, int64_t deadline, int *out_fd);
 /* A connected Unix socketpair (both ends non-blocking). */
 mk_status mk_socket_pair(int fds[2]);

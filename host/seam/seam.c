@@ -266,14 +266,12 @@ static void mk_seam_peer_name(int fd, char *out, size_t cap) {
              (unsigned)ntohs(v6 ? ((struct sockaddr_in6 *)&ss)->sin6_port : ((struct sockaddr_in *)&ss)->sin_port));
 }
 
-/* One accepted connection: its TLS handshake and its ticket, by conn_deadline. */
-static mk_status mk_seam_check_ticket(const mk_seam_listener *l, int fd, const char *ticket, int64_t conn_deadline,
-                                      mk_io *io, SSL_CTX **tls) {
+/* One accepted connection: its TLS handshake (tls: the listener's context, or NULL) and its
+ * ticket, by conn_deadline. */
+static mk_status mk_seam_check_ticket(int fd, SSL_CTX *tls, const char *ticket, int64_t conn_deadline, mk_io *io) {
     *io = (mk_io){.fd = fd, .ssl = NULL};
-    *tls = NULL;
-    if (l->options.tls.enabled) {
-        MK_TRY(mk_tls_context(&l->options.tls, true, tls));
-        MK_TRY(mk_tls_attach(io, *tls, true));
+    if (tls) {
+        MK_TRY(mk_tls_attach(io, tls, true));
         MK_TRY(mk_tls_handshake(io, NULL, conn_deadline));
     }
     const size_t tag = sizeof MK_SEAM_TICKET_TAG - 1;
@@ -296,11 +294,16 @@ mk_status mk_seam_accept_ticketed(mk_seam_listener *l, mk_range *receiver, const
     *out = NULL;
     if (l->options.kind == MK_SEAM_NCCL) return mk_seam_accept(l, receiver, out);
     const int64_t deadline = mk_deadline_ms(l->options.connect_timeout_ms, 5000);
+    /* one TLS context for every connection: a broken key or certificate fails here, at once,
+     * not as every connection dropped */
+    SSL_CTX *tls = NULL;
+    if (l->options.tls.enabled) MK_TRY(mk_tls_context(&l->options.tls, true, &tls));
     size_t dropped = 0;
     char last[300] = "";
     for (;;) {
         int fd = -1;
         mk_status st = mk_socket_accept(l->fd, deadline, &fd);
+        if (st != MK_OK) mk_tls_context_free(tls);
         if (st == MK_ERR_PEER_TIMEOUT && dropped)
             return mk_fail(st, "seam: no peer with this run's ticket connected before the deadline (dropped %zu "
                                "connection(s); the last: %s)", dropped, last);
@@ -309,8 +312,7 @@ mk_status mk_seam_accept_ticketed(mk_seam_listener *l, mk_range *receiver, const
         mk_seam_peer_name(fd, peer, sizeof peer);
         const int64_t mine = mk_now_ms() + mk_ticket_budget_ms(l->options.connect_timeout_ms);
         mk_io io;
-        SSL_CTX *tls = NULL;
-        st = mk_seam_check_ticket(l, fd, ticket, mine < deadline ? mine : deadline, &io, &tls);
+        st = mk_seam_check_ticket(fd, tls, ticket, mine < deadline ? mine : deadline, &io);
         if (st != MK_OK) {
             snprintf(last, sizeof last, "%s: %s", peer, mk_last_error());
             if (log) {
@@ -319,7 +321,6 @@ mk_status mk_seam_accept_ticketed(mk_seam_listener *l, mk_range *receiver, const
                 log(user, line);
             }
             mk_io_close(&io);
-            mk_tls_context_free(tls);
             mk_clear_error();
             dropped++;
             continue;

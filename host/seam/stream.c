@@ -166,12 +166,12 @@ static mk_status stream_recv_header(mk_seam *s, mk_boundary_header *h, size_t ca
     mk_status r = mk_io_read(&st->io, head, sizeof head, deadline, "frame header");
     if (r == MK_OK) r = mk_frame_header_decode(head, st->limit, &len, &align);
     uint8_t *body = st->body + mk_frame_shift(align); /* the payload lands aligned if the hint is right */
-    /* The body follows its header at the link's speed: a peer that stalls inside a frame is
-     * found within a quarter of the wait for a frame, not at its end (a stage's rank 0 would
-     * take the stalled receiver for the silent one first). */
+    /* The body follows its header at the link's speed: a peer that stalls inside a frame (no
+     * byte for a quarter of the wait) is found then, not at the wait's end (a stage's rank 0
+     * would take the stalled receiver for the silent one first); a big frame on a slow link
+     * that keeps moving is not cut. */
     const int wait_ms = st->io_timeout_ms > 0 ? st->io_timeout_ms : MK_DEFAULT_IO_MS;
-    const int64_t body_by = mk_now_ms() + (wait_ms >= 4 ? wait_ms / 4 : 1);
-    if (r == MK_OK) r = mk_io_read(&st->io, body, (size_t)len, body_by < deadline ? body_by : deadline, "frame body");
+    if (r == MK_OK) r = mk_io_read_live(&st->io, body, (size_t)len, deadline, wait_ms >= 4 ? wait_ms / 4 : 1, "frame body");
     if (r != MK_OK) return mk_stream_break(st, r);
     s->bytes += MK_FRAME_HEADER_BYTES + (size_t)len;
     /* The frame was read whole: a refused boundary leaves the stream in step. */

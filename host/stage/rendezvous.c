@@ -280,7 +280,7 @@ static mk_status mk_rdv_accept(mk_rdv *r, int lfd, int64_t deadline) {
     for (;;) {
         const int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
-            if (errno == EINTR || errno == ECONNABORTED) continue;
+            if (mk_accept_error_is_transient(errno)) continue;
             if (errno == EAGAIN || errno == EWOULDBLOCK) return MK_OK;
             return mk_fail(MK_ERR_IO, "rendezvous: accept failed: %s", strerror(errno));
         }

@@ -244,7 +244,7 @@ static mk_status mk_head_result(mk_head *h, const char *body, size_t len) {
         if (st->o.log) {
             char line[256];
             snprintf(line, sizeof line, "dropped rank %d's result for '%.64s': %s", last, info.request_id,
-                     e ? "no step of it is out (a second result)" : "not a request in flight");
+                     e ? "no step of it is out (a second result, or one before its step)" : "not a request in flight");
             st->o.log(st->o.log_user, line);
         }
         if (!e) {
@@ -255,6 +255,7 @@ static mk_status mk_head_result(mk_head *h, const char *body, size_t len) {
         mk_clear_error();
         return MK_OK;
     }
+    h->deadline = 0; /* a result taken: the wait for the next starts again */
     const mk_hparams *hp = mk_model_hparams(st->model);
     if (info.kind != MK_TAIL_OUTPUT_TOKEN || info.token_id < 0 || (size_t)info.token_id >= hp->vocab)
         return mk_fail(MK_ERR_TAIL_RESULT, "rank %d sent no token id within the vocabulary for %s", last, info.request_id);
@@ -358,7 +359,9 @@ static mk_status mk_head_read(mk_head *h, int k) {
         mk_ctl_recv(&st->ctl[k], &type, body, &len, mk_deadline_ms(st->timeout_ms, MK_STAGE_DEFAULT_TIMEOUT_MS), peer);
     if (s != MK_OK) return mk_stage_wrap(s, "rank 0 at step %llu", (unsigned long long)st->steps);
     if (type == MK_CTL_ABORT) return mk_ctl_abort_status(body);
-    h->deadline = 0; /* a word from a rank: the wait for a result starts again */
+    /* a word from a rank (a beat, a result taken, a refusal): the wait for a result starts
+     * again; a result dropped (mk_head_result) does not restart it */
+    if (type != MK_CTL_RESULT && type != MK_CTL_RESULT_MORE) h->deadline = 0;
     if (type == MK_CTL_BUSY) {
         /* rank k is computing: the wait starts again, and the ranks waiting for its output
          * hear it from rank 0 (their deadline watches rank 0) */
