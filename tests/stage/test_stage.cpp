@@ -1329,7 +1329,8 @@ TEST(StageSeam, StrangersAtASeamListenerAreDroppedAndTheRealRankConnects) {
     const auto want = whole_model(model, MK_DTYPE_F32, prompts, 3);
     const int port = free_port();
     Ranks ranks("seam_strangers");
-    const std::vector<std::string> extra = {"--max-tokens", "3", "--max-sequences", "2", "--timeout", "8"};
+    // a 20 s deadline: each stranger gets 2 s of it (the silent one all of them), not the whole
+    const std::vector<std::string> extra = {"--max-tokens", "3", "--max-sequences", "2", "--timeout", "20"};
     std::vector<std::string> a0 = extra;
     a0.insert(a0.end(), {"--prompts", kPrompts});
     ranks.launch(0, stage_args(kRandom, "1,3", 0, 3, port, a0), "");
@@ -1351,9 +1352,10 @@ TEST(StageSeam, StrangersAtASeamListenerAreDroppedAndTheRealRankConnects) {
         held.push_back(fd);
     }
     ranks.launch(2, stage_args(kRandom, "1,3", 2, 3, port, extra), "");
-    ranks.wait(30);
+    ranks.wait(40);
     for (int fd : held) close(fd);
     expect_parity(ranks, 0, want);
+    for (size_t i = 0; i < ranks.size(); i++) EXPECT_LT(ranks[i].exit_s, 12.0) << "the strangers held the seam's start";
     const std::string err = slurp(ranks[1].err);
     for (const char *why : {"the peer closed the connection after 0 of 40 bytes of the seam ticket",
                             "its first bytes are not a meshkern seam ticket", "a seam ticket of another run",
