@@ -41,7 +41,7 @@ static mk_status mk_worker_fault(mk_sched_worker *st) {
  * why (the thread's error, or `why` where the caller kept it: retiring one item clears it). */
 static void mk_worker_fail_item_why(mk_sched_worker *st, mk_sched_item *item, mk_status status, const char *why) {
     char error[256];
-    snprintf(error, sizeof error, "worker %zu (layers %lld-%lld): %s", st->index,
+    snprintf(error, sizeof error, "worker %zu (layers %lld-%lld): %.190s", st->index,
              (long long)mk_range_start(st->range), (long long)mk_range_end(st->range), why);
     mk_sched_retire(st->sched, item, MK_SEQ_FAILED, status, error);
 }
