@@ -4,7 +4,8 @@
  * comes: a connection that is not a rank of this run (no hello, garbage, over the limit,
  * silent past its hello deadline, a rank out of range, another world or stage digest, a
  * rank taken already) is dropped and logged with its peer address, and a hello's sender
- * is told why (a rank on another model file, weight mode, cuts or seam exits naming it).
+ * is told why (a rank on another model file, weight mode, cuts, seam or meshkern version exits
+ * naming it).
  * Rank 0 waits for the real ranks until its deadline; if one never joins, every rank gets
  * the refusal (ABORT) naming the ranks missing and the connections dropped. Otherwise each
  * rank gets its welcome: the run's limits and the next rank's seam address. The
@@ -203,7 +204,7 @@ void mk_hello_judge(const mk_stage *st, const uint8_t *bytes, size_t n, mk_hello
         snprintf(j->brief, sizeof j->brief, "claimed rank %d with another stage digest", h.rank);
         snprintf(j->why, sizeof j->why,
                  "rank %d's stage digest %.16s... differs from rank 0's %.16s... (another model file, weight mode, "
-                 "cuts or seam): refused at startup, before any request",
+                 "cuts, seam or meshkern version): refused at startup, before any request",
                  h.rank, h.digest, st->digest);
     } else if (st->ctl[h.rank].fd >= 0) {
         j->duplicate = true;

@@ -128,13 +128,15 @@ void mk_stage_busy(mk_stage *st, bool busy) {
 
 /* ================================================================= join == */
 
-/* What every rank must agree on: the model's identity, the weight and KV modes, the cuts,
- * the world and the seam transport (under MPI the nccl seam adds a broadcast every rank
- * must take part in). */
+/* What every rank must agree on: the stage protocol (v2: the welcome hands out the seam
+ * ticket and seams open with it; a v1 rank would be dropped at the seam as a stranger, so it
+ * is refused at its hello), the model's identity, the weight and KV modes, the cuts, the
+ * world and the seam transport (under MPI the nccl seam adds a broadcast every rank must
+ * take part in). */
 static mk_status mk_stage_digest_of(const mk_model *model, const mk_stage_options *o, const int64_t *cuts,
                                     char digest[MK_DIGEST_HEX_LEN + 1]) {
     char text[2048];
-    int n = snprintf(text, sizeof text, "meshkern-stage-v1;model=%s;weights=%s;kv=%s;seam=%s;world=%d;cuts=",
+    int n = snprintf(text, sizeof text, "meshkern-stage-v2;model=%s;weights=%s;kv=%s;seam=%s;world=%d;cuts=",
                      mk_model_digest(model), mk_dtype_name(o->range.backend.weight_dtype),
                      mk_dtype_name(o->range.backend.kv_dtype ? o->range.backend.kv_dtype : MK_DTYPE_F32),
                      mk_seam_kind_name(o->seam), o->world);

@@ -607,7 +607,7 @@ TEST(Stage, SeamMismatchIsRefusedAtStartup) {
         const std::string err = slurp(ranks[i].err);
         EXPECT_EQ(exit_code(ranks[i]), 1) << err;
         EXPECT_NE(err.find("refused at startup: MK_ERR_RECIPE_DIGEST: rank 1's stage digest"), std::string::npos) << err;
-        EXPECT_NE(err.find("cuts or seam"), std::string::npos) << err;
+        EXPECT_NE(err.find("cuts, seam or meshkern version"), std::string::npos) << err;
     }
 }
 
