@@ -320,6 +320,19 @@ mk_status mk_socket_listen(mk_seam_kind kind, const char *address, int *out_fd, 
     return MK_OK;
 }
 
+void mk_socket_peer_name(int fd, const char *unknown, char *out, size_t cap) {
+    struct sockaddr_storage ss;
+    socklen_t len = sizeof ss;
+    char host[INET6_ADDRSTRLEN] = "?";
+    snprintf(out, cap, "%s", unknown);
+    if (getpeername(fd, (struct sockaddr *)&ss, &len) != 0 || (ss.ss_family != AF_INET && ss.ss_family != AF_INET6)) return;
+    const bool v6 = ss.ss_family == AF_INET6;
+    inet_ntop(ss.ss_family, v6 ? (const void *)&((struct sockaddr_in6 *)&ss)->sin6_addr
+                               : (const void *)&((struct sockaddr_in *)&ss)->sin_addr, host, sizeof host);
+    snprintf(out, cap, v6 ? "[%s]:%u" : "%s:%u", host,
+             (unsigned)ntohs(v6 ? ((struct sockaddr_in6 *)&ss)->sin6_port : ((struct sockaddr_in *)&ss)->sin_port));
+}
+
 bool mk_accept_error_is_transient(int e) {
     /* accept(2): Linux passes errors already pending on the new connection up through
      * accept; for TCP these are to be retried like EAGAIN (the listener is fine) */

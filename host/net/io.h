@@ -43,6 +43,9 @@ void mk_io_close(mk_io *io);
  * address (port 0 resolved). accept/connect wait until the deadline. */
 mk_status mk_socket_listen(mk_seam_kind kind, const char *address, int *out_fd, char *bound, size_t bound_cap);
 mk_status mk_socket_accept(int listen_fd, int64_t deadline, int *out_fd);
+/* "HOST:PORT" (IPv6: "[HOST]:PORT") of a connected socket's other end; `unknown` where it
+ * has none to name (a unix socket, a peer gone). */
+void mk_socket_peer_name(int fd, const char *unknown, char *out, size_t cap);
 /* An accept error that concerns only the connection it would have returned (retry). */
 bool mk_accept_error_is_transient(int e);
 mk_status mk_socket_connect(mk_seam_kind kind, const char *address, int64_t deadline, int *out_fd);

@@ -59,14 +59,14 @@ bool mk_sched_item_fits(const mk_sched_item *item, void *arg) {
     return true;
 }
 
-/* Item's entry in a step: its slot's sequence, its input (token ids at the head, else the
- * boundary received into `in`) and its outputs. */
-static mk_forward_entry mk_worker_entry(const mk_sched_worker *st, mk_sched_item *item, mk_boundary *in) {
+/* Item k's entry in a step: its slot's sequence, its input (token ids at the head, else the
+ * boundary received into ins[k]) and its outputs. */
+static mk_forward_entry mk_worker_entry(const mk_sched_worker *st, mk_sched_item *item, size_t k) {
     const bool head = mk_worker_is_head(st), tail = mk_worker_is_tail(st);
     return (mk_forward_entry){.seq = st->seqs[item->slot],
                               .token_ids = head ? item->tokens : NULL,
                               .n_tokens = head ? item->n_tokens : 0,
-                              .in = head ? NULL : in,
+                              .in = head ? NULL : st->ins[k],
                               .out = tail ? NULL : item->out[st->index],
                               .logits = tail ? item->logits : NULL,
                               .token = tail ? &item->token : NULL};
@@ -78,7 +78,7 @@ static mk_forward_entry mk_worker_entry(const mk_sched_worker *st, mk_sched_item
 static mk_status mk_worker_step(mk_sched_worker *st, mk_sched_item **items, size_t n) {
     MK_TRY(mk_worker_fault(st));
     mk_forward_entry entries[MK_MAX_BATCH_SEQUENCES];
-    for (size_t k = 0; k < n; k++) entries[k] = mk_worker_entry(st, items[k], mk_worker_is_head(st) ? NULL : st->ins[k]);
+    for (size_t k = 0; k < n; k++) entries[k] = mk_worker_entry(st, items[k], k);
     const uint64_t t0 = mk_now_ns(), c0 = mk_thread_cpu_ns();
     const mk_status s = mk_range_forward_batch(st->range, entries, n);
     const uint64_t t1 = mk_now_ns(), c1 = mk_thread_cpu_ns();
@@ -128,7 +128,7 @@ void *mk_worker_main(void *arg) {
         mk_batch_room room = {item->n_tokens, mk_range_max_rows(st->range)};
         for (;;) {
             if (s == MK_OK) {
-                const mk_forward_entry e = mk_worker_entry(st, item, head ? NULL : st->ins[n]);
+                const mk_forward_entry e = mk_worker_entry(st, item, n);
                 s = mk_range_check_batch_entry(st->range, &e, n);
             }
             if (s != MK_OK) {

@@ -1,11 +1,9 @@
 /* The public seam API: construction of seam ends for each transport, and the one
  * receive path that runs the boundary contract between header and payload. */
 #include <arpa/inet.h>
-#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -252,20 +250,6 @@ static int64_t mk_ticket_budget_ms(int connect_timeout_ms) {
     return quarter < 250 ? 250 : quarter > MK_SEAM_TICKET_MS ? MK_SEAM_TICKET_MS : quarter;
 }
 
-/* "HOST:PORT" of a connection's other end (read at accept: a peer that closed has none). */
-static void mk_seam_peer_name(int fd, char *out, size_t cap) {
-    struct sockaddr_storage ss;
-    socklen_t len = sizeof ss;
-    char host[INET6_ADDRSTRLEN] = "?";
-    snprintf(out, cap, "a local peer");
-    if (getpeername(fd, (struct sockaddr *)&ss, &len) != 0 || (ss.ss_family != AF_INET && ss.ss_family != AF_INET6)) return;
-    const bool v6 = ss.ss_family == AF_INET6;
-    inet_ntop(ss.ss_family, v6 ? (const void *)&((struct sockaddr_in6 *)&ss)->sin6_addr
-                               : (const void *)&((struct sockaddr_in *)&ss)->sin_addr, host, sizeof host);
-    snprintf(out, cap, v6 ? "[%s]:%u" : "%s:%u", host,
-             (unsigned)ntohs(v6 ? ((struct sockaddr_in6 *)&ss)->sin6_port : ((struct sockaddr_in *)&ss)->sin_port));
-}
-
 /* One accepted connection: its TLS handshake (tls: the listener's context, or NULL) and its
  * ticket, by conn_deadline. */
 static mk_status mk_seam_check_ticket(int fd, SSL_CTX *tls, const char *ticket, int64_t conn_deadline, mk_io *io) {
@@ -309,7 +293,7 @@ mk_status mk_seam_accept_ticketed(mk_seam_listener *l, mk_range *receiver, const
                                "connection(s); the last: %s)", dropped, last);
         if (st != MK_OK) return st;
         char peer[INET6_ADDRSTRLEN + 16];
-        mk_seam_peer_name(fd, peer, sizeof peer);
+        mk_socket_peer_name(fd, "a local peer", peer, sizeof peer);
         const int64_t mine = mk_now_ms() + mk_ticket_budget_ms(l->options.connect_timeout_ms);
         mk_io io;
         st = mk_seam_check_ticket(fd, tls, ticket, mine < deadline ? mine : deadline, &io);

@@ -28,9 +28,9 @@
 #include "mk_error.h"
 #include "stage/stage.h"
 
-/* NCCL unique ids travel in the welcome as hex ("-": none). */
-static void mk_hex(const unsigned char *id, char *out) {
-    for (size_t i = 0; i < MK_SEAM_NCCL_ID_BYTES; i++) snprintf(out + 2 * i, 3, "%02x", id[i]);
+/* NCCL unique ids (and the seam ticket) travel in the welcome as hex ("-": none). */
+static void mk_hex(const unsigned char *bytes, size_t n, char *out) {
+    for (size_t i = 0; i < n; i++) snprintf(out + 2 * i, 3, "%02x", bytes[i]);
 }
 
 static bool mk_unhex(const char *hex, unsigned char *id) {
@@ -100,24 +100,6 @@ static void mk_rdv_log(const mk_stage *st, const char *fmt, ...) {
     vsnprintf(line, sizeof line, fmt, args);
     va_end(args);
     st->o.log(st->o.log_user, line);
-}
-
-/* "HOST:PORT" of a connected socket's other end. */
-static void mk_peer_name(int fd, char *out, size_t cap) {
-    struct sockaddr_storage ss;
-    socklen_t len = sizeof ss;
-    char host[INET6_ADDRSTRLEN] = "?";
-    snprintf(out, cap, "an unknown peer");
-    if (getpeername(fd, (struct sockaddr *)&ss, &len) != 0) return;
-    if (ss.ss_family == AF_INET) {
-        const struct sockaddr_in *a = (const struct sockaddr_in *)&ss;
-        inet_ntop(AF_INET, &a->sin_addr, host, sizeof host);
-        snprintf(out, cap, "%s:%u", host, (unsigned)ntohs(a->sin_port));
-    } else if (ss.ss_family == AF_INET6) {
-        const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)&ss;
-        inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof host);
-        snprintf(out, cap, "[%s]:%u", host, (unsigned)ntohs(a->sin6_port));
-    }
 }
 
 /* Drop a pending connection: logged with why, kept for the failure message in brief
@@ -303,7 +285,7 @@ static mk_status mk_rdv_accept(mk_rdv *r, int lfd, int64_t deadline) {
         p->since = mk_now_ms();
         const int64_t hello_by = p->since + (r->st->timeout_ms < MK_RDV_HELLO_MS ? r->st->timeout_ms : MK_RDV_HELLO_MS);
         p->deadline = hello_by < deadline ? hello_by : deadline;
-        mk_peer_name(fd, p->peer, sizeof p->peer);
+        mk_socket_peer_name(fd, "an unknown peer", p->peer, sizeof p->peer);
         if (r->tls) {
             if (mk_tls_attach(&p->io, r->tls, true) != MK_OK) {
                 mk_rdv_drop(r, p, MK_OK, NULL, "no TLS session: %s", mk_last_error());
@@ -400,7 +382,7 @@ static mk_status mk_draw_ticket(char out[MK_SEAM_TICKET_BYTES + 1]) {
         if (n <= 0) return mk_fail(MK_ERR_IO, "getrandom failed: %s", strerror(errno));
         have += (size_t)n;
     }
-    for (size_t i = 0; i < sizeof raw; i++) snprintf(out + 2 * i, 3, "%02x", raw[i]);
+    mk_hex(raw, sizeof raw, out);
     return MK_OK;
 }
 
@@ -455,7 +437,7 @@ static mk_status mk_rendezvous_root(mk_stage *st, int64_t deadline) {
         for (int k = 0; s == MK_OK && k + 1 < st->world; k++) {
             unsigned char id[MK_SEAM_NCCL_ID_BYTES];
             s = mk_seam_nccl_id_new(id, sizeof id);
-            if (s == MK_OK) mk_hex(id, ids[k]);
+            if (s == MK_OK) mk_hex(id, sizeof id, ids[k]);
             if (s == MK_OK && k == 0) memcpy(st->nccl_next, id, sizeof id);
         }
         if (s != MK_OK) {
