@@ -190,29 +190,43 @@ def collect_e2e(raw, figs, details):
 
 
 def collect_seams(raw, figs):
+    """seam_bench.json holds three parts: "codec" (the wire format's pack and unpack against a
+    memcpy of the same bytes), "transport" (one residual's hop per seam kind against that
+    kind's ceiling: a memcpy, or the raw socket of the same family) and "batch" (a step's N
+    entries as N messages vs one batch message). Rows are named by their seam kind."""
     rows = _load_json(os.path.join(raw, "seams", "seam_bench.json"))
     if isinstance(rows, dict):  # a future layout: {"results": [...]} or similar
         rows = next((v for v in rows.values() if isinstance(v, list)), [])
     for r in rows or []:
         if not isinstance(r, dict):
             continue
-        transport = r.get("transport", "wire")  # seam_bench before issue 9: the wire format only
-        size = r.get("payload_bytes") or r.get("bytes") or 0
-        case = f"{transport} {size} B" + (f" [{r['seq']}x{r['hidden']}]" if "seq" in r else "")
-        copy = r.get("memcpy_gbps")
-        for k, v in r.items():
-            if not isinstance(v, float) or k == "memcpy_gbps":
-                continue
-            if k.endswith("_gbps"):
-                op = k[:-5]
-                figs.add("seams", case, f"{op} {transport}", v, "GB/s", f"{op} of a {size}-byte residual",
-                         {"name": "memcpy of the same bytes", "value": copy, "unit": "GB/s", "kind": "ceiling"}
-                         if copy else None)
-                if size:  # the same measurement as a per-hop latency, for the latency plot
-                    figs.add("seams", case, f"{op} latency {transport}", size / (v * 1e9) * 1e6, "us",
-                             f"{op} of a {size}-byte residual")
-            elif k.endswith("_us"):
-                figs.add("seams", case, f"{k[:-3]} {transport}", v, "us", f"per hop, {size}-byte residual")
+        part = r.get("part", "codec")
+        seam = r.get("seam") or r.get("transport") or "wire"  # the codec is the wire format's
+        size = r.get("payload_bytes") or 0
+        if part == "codec":
+            case = f"wire {size} B [{r.get('seq')}x{r.get('hidden')}]"
+            copy = r.get("memcpy_gbps")
+            for op in ("pack", "unpack"):
+                v = r.get(f"{op}_gbps")
+                figs.add("seams", case, f"{op} wire", v, "GB/s", f"{op} of a {size}-byte residual",
+                         {"name": "memcpy of the same bytes", "value": copy, "unit": "GB/s", "kind": "ceiling"})
+        elif part == "transport":
+            case = f"{seam} {size} B [{r.get('rows')}x{r.get('hidden')}]"
+            ceiling_name = r.get("ceiling", "memcpy")
+            figs.add("seams", case, f"hop {seam}", r.get("hop_gbps"), "GB/s", f"one hop of a {size}-byte residual",
+                     {"name": f"{ceiling_name} of the same bytes", "value": r.get("ceiling_gbps"), "unit": "GB/s",
+                      "kind": "ceiling"})
+            # the same measurement as a per-hop time, for the latency plot (one series per seam)
+            figs.add("seams", case, f"hop latency {seam}", r.get("hop_us"), "us",
+                     f"one hop of a {size}-byte residual")
+        elif part == "batch":
+            n = r.get("sequences") or 0
+            case = f"{seam} batch of {n} [1x{r.get('hidden')}]"
+            each, batch = r.get("messages_us"), r.get("batch_us")
+            rate = lambda us: n / (us * 1e-6) if n and isinstance(us, (int, float)) and us > 0 else None
+            figs.add("seams", case, f"entries/s in one batch {seam}", rate(batch), "entries/s",
+                     f"a step's {n} entries as one batch message",
+                     {"name": f"{n} messages", "value": rate(each), "unit": "entries/s", "kind": "peer"})
 
 
 def collect_pipeline(raw, figs, details):

@@ -90,6 +90,30 @@ python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); d["figures"][0]["va
 python3 "$SRC/scripts/bench_readme.py" "$WORK/bad.json" "$WORK/README.md" 2>/dev/null && fail "an invalid document was accepted"
 cmp -s "$WORK/README.md" "$WORK/README.before" || fail "an invalid document changed the README"
 
+# the seams suite on this build's seam_bench: each hop, its latency and its batch figure are
+# named by the seam kind that made them (every kind was once reported as "wire"), each hop
+# against its own ceiling
+"$SRC/bench/run.sh" --suite seams --tiny --bin-dir "$BIN" --out "$WORK/seams" --no-install --no-plots \
+  >"$WORK/seams.log" 2>&1 || { cat "$WORK/seams.log"; fail "run.sh --suite seams exited non-zero"; }
+python3 "$SRC/bench/aggregate.py" validate "$WORK/seams/results.json" || fail "the seams document is invalid"
+python3 - "$WORK/seams/results.json" <<'PY' || fail "the seams figures"
+import json, re, sys
+doc = json.load(open(sys.argv[1]))
+figs = [f for f in doc["figures"] if f["suite"] == "seams"]
+kinds = {"local", "wire", "unix", "tcp"}
+for what, unit in (("hop", "GB/s"), ("hop latency", "us"), ("entries/s in one batch", "entries/s")):
+    seen = {f["name"][len(what) + 1:] for f in figs if f["name"].startswith(what + " ") and f["unit"] == unit}
+    assert kinds <= seen, (what, seen)
+for f in figs:
+    seam = f["name"].rsplit(" ", 1)[1]
+    assert f["case"].startswith(seam + " "), f  # the case names the seam of its figure
+    if f["name"].startswith("hop ") and f["unit"] == "GB/s":
+        want = "raw " + seam.split("+")[0] if seam.split("+")[0] in ("unix", "tcp") else "memcpy"
+        assert f["against"]["kind"] == "ceiling" and f["against"]["name"].startswith(want), f
+sizes = {int(re.search(r"(\d+) B", f["case"]).group(1)) for f in figs if f["name"] == "hop latency tcp"}
+assert len(sizes) >= 3, sizes  # one point per residual size for the latency plot
+PY
+
 # a suite whose program is not there is "not available", with a reason, and no error
 mkdir -p "$WORK/empty-bin"
 "$SRC/bench/run.sh" --suite seams --tiny --bin-dir "$WORK/empty-bin" --out "$WORK/na" --no-install --no-plots \
