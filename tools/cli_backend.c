@@ -129,6 +129,10 @@ size_t mk_cli_backend_options(mk_cli_backend *b, mk_cli_option out[MK_CLI_BACKEN
 int mk_cli_backend_finish(mk_cli_backend *b, const char *cmd, const char *model_path) {
     if (b->device_given && b->config.kind != MK_BACKEND_CUDA)
         return mk_cli_usage_error(cmd, "--device needs --backend cuda (the cpu backend has no devices)");
+    if ((b->config.speed_mode || b->eager_decode) && b->config.kind != MK_BACKEND_CUDA)
+        return mk_cli_usage_error(cmd, "%s has no effect without --backend cuda (%s)",
+                                  b->config.speed_mode ? "--speed" : "--eager-decode",
+                                  b->config.speed_mode ? "tensor-core GEMMs" : "decode graphs are cuda's");
     b->config.device = (int)b->device;
     /* A GGUF model on the cpu backend runs on its stored weights unless asked otherwise;
      * the random models have no stored format (F32 is what they are). */

@@ -174,6 +174,38 @@ int mk_cli_parse(const mk_cli_command *cmd, int argc, char **argv, const char **
     return -1;
 }
 
+/* The spelling of the first option of `group` that argv gives (argv as mk_cli_parse took it:
+ * the positionals first, every option's value after it), or NULL. */
+static const char *mk_cli_given_in(const mk_cli_command *cmd, int argc, char **argv, const mk_cli_group *group) {
+    size_t i = 0;
+    while (i < MK_CLI_MAX_POSITIONAL && cmd->positional[i]) i++;
+    for (; (int)i < argc; i++) {
+        const mk_cli_option *o = mk_cli_find(cmd, argv[i]);
+        if (!o) continue;
+        if (o >= group->opt && o < group->opt + group->n) return argv[i];
+        if (o->meta) i++;
+    }
+    return NULL;
+}
+
+const char *mk_cli_given(const mk_cli_command *cmd, int argc, char **argv, const char *name) {
+    for (size_t g = 0; g < cmd->n_groups; g++)
+        for (size_t k = 0; k < cmd->groups[g].n; k++)
+            if (strcmp(cmd->groups[g].opt[k].name, name) == 0) {
+                const mk_cli_group one = {NULL, &cmd->groups[g].opt[k], 1};
+                return mk_cli_given_in(cmd, argc, argv, &one);
+            }
+    return NULL;
+}
+
+int mk_cli_needs(const mk_cli_command *cmd, int argc, char **argv, const mk_cli_group *group, size_t skip, bool ok,
+                 const char *needed) {
+    if (ok) return -1;
+    const mk_cli_group rest = {NULL, group->opt + skip, group->n > skip ? group->n - skip : 0};
+    const char *a = mk_cli_given_in(cmd, argc, argv, &rest);
+    return a ? mk_cli_usage_error(cmd->name, "%s has no effect without %s", a, needed) : -1;
+}
+
 /* ============================================ options shared by commands == */
 
 mk_cli_option mk_cli_opt_max_tokens(size_t *n, size_t hi, const char *dflt) {

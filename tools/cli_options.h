@@ -70,6 +70,15 @@ int mk_cli_usage_error(const char *command, const char *fmt, ...) __attribute__(
  * checked before anything ran); returns 2. */
 int mk_cli_usage_status(const char *command, mk_status s);
 
+/* Options that only matter with another: the spelling argv gave of option `name` (after
+ * mk_cli_parse took argv), or NULL when it was not given. */
+const char *mk_cli_given(const mk_cli_command *cmd, int argc, char **argv, const char *name);
+/* Unless `ok`, any option of group->opt[skip..] that argv gives is a usage error: "X has no
+ * effect without NEEDED" (returns 2); -1 when there is nothing to say. An option given
+ * that would be silently ignored is refused, so a run is never taken for what was asked. */
+int mk_cli_needs(const mk_cli_command *cmd, int argc, char **argv, const mk_cli_group *group, size_t skip, bool ok,
+                 const char *needed);
+
 /* A comma-separated list of integers, each from lo to hi, at most cap of them; "auto"
  * too when auto_ok (then is_auto and no values). */
 typedef struct mk_cli_list {

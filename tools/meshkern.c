@@ -247,6 +247,13 @@ static int cmd_run(int argc, char **argv) {
     const char *path = NULL;
     const int bad = mk_cli_parse(&cmd, argc, argv, &path);
     if (bad >= 0) return bad;
+    /* the seam's flags (run_opts from --seam on, and TLS) act only where there is a seam */
+    int unused = mk_cli_needs(&cmd, argc, argv, &groups[0], 4, cuts_l.n > 0, "--split");
+    if (unused < 0) unused = mk_cli_needs(&cmd, argc, argv, &groups[2], 0, cuts_l.n > 0, "--split");
+    if (unused < 0 && seam.kind != MK_SEAM_UNIX && seam.kind != MK_SEAM_TCP && mk_cli_given(&cmd, argc, argv, "--seam-address"))
+        unused = mk_cli_usage_error("run", "--seam-address has no effect on the %s seam (unix and tcp seams meet there)",
+                                    mk_seam_kind_name(seam.kind));
+    if (unused >= 0) return unused;
     if (seam_timeout_ms) seam.io_timeout_ms = seam.connect_timeout_ms = (int)seam_timeout_ms;
     mk_cli_tls_finish(&seam.tls);
     /* TLS flags are checked before anything runs: the transport (only unix and tcp carry

@@ -121,6 +121,8 @@ static int parse_batch_args(int argc, char **argv, batch_args *a) {
     if (a->n_devices && a->backend.config.kind != MK_BACKEND_CUDA)
         return mk_cli_usage_error("run", "--devices needs --backend cuda (the cpu backend has no devices: --split auto "
                                          "--workers N gives N worker threads)");
+    if (a->seam && !a->split_auto && !a->n_cuts && a->n_devices < 2)
+        return mk_cli_usage_error("run", "--seam has no effect without --split (one stage has no seam)");
     if (a->workers && !a->split_auto)
         return mk_cli_usage_error("run", "--workers N goes with --split auto (given cuts make one stage per range)");
     if (a->workers && a->n_devices && a->workers != a->n_devices)

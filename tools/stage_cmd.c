@@ -145,6 +145,9 @@ static int parse_stage_args(int argc, char **argv, stage_args *a) {
         {"MODEL"}, groups, sizeof groups / sizeof *groups};
     const int bad = mk_cli_parse(&cmd, argc, argv, &a->model);
     if (bad >= 0) return bad;
+    /* the HTTP flags (after --serve itself) act only on the endpoint */
+    const int unused = mk_cli_needs(&cmd, argc, argv, &groups[1], 1, a->serve.enabled, "--serve HOST:PORT");
+    if (unused >= 0) return unused;
     if (a->o.prefill_chunk == SIZE_MAX) a->o.prefill_chunk = a->serve.enabled ? MK_SERVE_PREFILL_CHUNK : 0; /* as meshkern serve, or whole */
     a->o.rank = rank == SIZE_MAX ? -1 : (int)rank;
     a->o.world = (int)world;
