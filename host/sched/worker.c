@@ -132,6 +132,7 @@ void *mk_worker_main(void *arg) {
                 s = mk_range_check_batch_entry(st->range, &e, n);
             }
             if (s != MK_OK) {
+                room.rows -= item->n_tokens; /* its rows are not in the step: another's may be */
                 mk_worker_fail_item(st, item, s);
             } else {
                 items[n++] = item;
