@@ -48,6 +48,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -217,7 +218,7 @@ def run_meshkern(a, n, step_sequences, work, tag):
         f.write((a.prompt_ids + "\n") * n)
     tl = os.path.join(work, f"timeline-{tag}.json")
     cmd = [a.meshkern, "run", a.model, "--prompts", prompts, "--max-tokens", str(a.decode + 1), "--max-sequences",
-           str(n), "--threads", str(a.threads), "--timeline", tl]
+           str(n), "--threads", str(a.threads), "--timeline", tl, *shlex.split(a.meshkern_args)]
     if step_sequences:
         cmd += ["--step-sequences", str(step_sequences)]
     t0 = time.perf_counter()
@@ -357,7 +358,11 @@ def table(doc):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--meshkern", help="the meshkern binary (build/tools/meshkern)")
-    ap.add_argument("--model", required=True, help="GGUF path (both engines)")
+    ap.add_argument("--model", required=True,
+                    help="GGUF path (both engines), or meshkern's --random:SHAPE (write --model=--random:...; "
+                         "meshkern only: --peer none)")
+    ap.add_argument("--meshkern-args", default="",
+                    help="more options of meshkern run, e.g. '--backend cuda --dtype bf16 --speed' (the GPU check)")
     ap.add_argument("--threads", type=int, default=2, help="threads of each engine")
     ap.add_argument("--sequences", default="1,2,4,8,16,32,64", help="concurrent sequences, comma-separated")
     ap.add_argument("--decode", type=int, default=64, help="decode steps per sequence after its prefill")
@@ -397,13 +402,18 @@ def main():
     load_before = loadavg()
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     git = lambda *c: subprocess.run(["git", "-C", root, *c], capture_output=True, text=True).stdout.strip()  # noqa: E731
-    doc = {"title": f"{os.path.basename(a.model)}, cpu, {a.threads} threads, prompt {len(prompt)} tokens, "
+    if a.model.startswith("--random") and a.peer != "none":
+        ap.error("a --random model is meshkern's own: run it with --peer none")
+    backend = re.search(r"--backend\s+(\S+)", a.meshkern_args)
+    doc = {"title": f"{os.path.basename(a.model)}, {backend.group(1) if backend else 'cpu'}, {a.threads} threads, "
+                    f"prompt {len(prompt)} tokens, "
                     f"{a.decode} decode steps per sequence",
            "git": {"commit": git("rev-parse", "HEAD") or "unknown",
                    "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))},
            "model": a.model, "threads": a.threads, "prompt_tokens": len(prompt), "prompt_ids": a.prompt_ids,
            "decode_steps": a.decode, "runs": a.runs, "sequences": levels_wanted,
-           "meshkern": {"binary": a.meshkern, "step_sequences": "default (every sequence in flight)"},
+           "meshkern": {"binary": a.meshkern, "step_sequences": "default (every sequence in flight)",
+                        "args": a.meshkern_args},
            PEER: "not run (--peer none)" if a.peer == "none" else f"unavailable: {peer_why}" if peer_why else
            {"llama_cpp_python": peer_version, "api": "llama_decode, one batch of N tokens per decode step"},
            "load_before": load_before, "levels": [], "errors": []}

@@ -21,7 +21,7 @@ static __device__ __forceinline__ void am_take(float v, int i, float &bv, int &b
 }
 
 template <bool VEC4>
-static __global__ void argmax_kernel(int32_t *__restrict__ out /* [rows] */, const float *__restrict__ x, size_t n) {
+static __global__ void __launch_bounds__(1024) argmax_kernel(int32_t *__restrict__ out /* [rows] */, const float *__restrict__ x, size_t n) {
   __shared__ float s_val[32];
   __shared__ int s_idx[32];
   const float *xr = x + (size_t)blockIdx.x * n;

@@ -249,6 +249,10 @@ extern "C" mk_status mk_kernel_attention_prefill_kv(float *out, const float *q, 
     return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_kernel_attention_prefill: no block table");
   if (pages.row_stride) /* its rows are one sequence's, at past + r */
     return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_kernel_attention_prefill: rows of many sequences (a row stride) are decode rows");
+  /* 16-bit caches are read as element pairs (32-bit words): a GPU faults on a misaligned
+   * word, where the CPU (and cudasim) would read it */
+  if (((uintptr_t)k_cache | (uintptr_t)v_cache) % 4 != 0)
+    return mk_fail(MK_ERR_INVALID_ARGUMENT, "mk_kernel_attention_prefill: KV cache not aligned to 4 bytes");
   const size_t hd = head_dim;
   const mk_dtype t = kv_dtype;
   if (hd == 64) return launch_prefill<2, 64>(out, q, k_cache, v_cache, pages, t, rows, past, n_heads, n_kv_heads, hd, stream);

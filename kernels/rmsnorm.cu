@@ -12,7 +12,7 @@
 /* ADD: residual += delta first (written back), then normalise the updated residual.
  * LD: 0, or MK_DTYPE_F16 / MK_DTYPE_BF16: lowp gets the output in that dtype too. */
 template <bool ADD, int LD>
-static __global__ void rmsnorm_kernel(float *__restrict__ out /* [rows, cols] */,
+static __global__ void __launch_bounds__(1024) rmsnorm_kernel(float *__restrict__ out /* [rows, cols] */,
                                       uint16_t *__restrict__ lowp /* [rows, cols], LD only */,
                                       float *__restrict__ residual /* [rows, cols], ADD only */,
                                       const float *__restrict__ x /* [rows, cols]: x, or delta if ADD */,

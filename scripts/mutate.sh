@@ -505,6 +505,8 @@ MUTATIONS=(
   "kvpages.offset-in-block~common/kv_pages.h~s/\(t & \(\(\(size_t\)1 << shift\) - 1\)\)/(t \& (((size_t)1 << shift) - 2))/~ops:*Paged*"
   "kvpages.block-index~common/kv_pages.h~s/table\[t >> shift\]/table[t >> (shift + 1)]/~ops:*Paged*"
   "prefill.row-ignores-table~kernels/attention_prefill.cu~s/mk_kv_page_row\(kv_table, kv_shift, t\) \* kv_stride/t * kv_stride/~ops:*Paged*"
+  "prefill.misaligned-cache-taken~kernels/attention_prefill.cu~s/\(\(uintptr_t\)k_cache \| \(uintptr_t\)v_cache\) % 4 != 0/((uintptr_t)k_cache | (uintptr_t)v_cache) % 2 != 0/~ops:*ShapeAndArgumentErrors*"
+  "ops.reference-split-drops-pairs~tests/ops/test_ops.cpp~s/items \* \(w \+ 1\) \/ workers, past/items * (w + 1) \/ workers - 1, past/~ops:*AttentionPrefill.*"
   "cpu.kv-store-contiguous~host/backend/cpu/backend_cpu.c~s/const size_t row = mk_kv_row\(pages, pos \+ r\);/const size_t row = pos + r;/~gtest:test_kv_pool:*cpu"
   "cpu.attention-fast-keys-contiguous~host/backend/cpu/cpu_attention_fast.c~s/\*k2 = kh \+ mk_kv_row\(pages, t \+ 2\) \* kv_stride/*k2 = k0 + 2 * kv_stride/~native:*NativeAttention*"
   "kvpool.grow-never-uploads~host/range/kv_pool.c~s/return b->ops->upload_async\(b, seq->table \+ old, seq->host_table \+ old, more \* sizeof\(int32_t\)\);/return MK_OK;/~gtest:test_kv_pool:*cuda_sim"

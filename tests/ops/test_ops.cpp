@@ -22,6 +22,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "backend/cpu/cpu_ops.h"
@@ -148,6 +149,23 @@ std::vector<float> from_half_bits(const std::vector<uint16_t> &h, mk_dtype d) {
 }
 
 // ============================================================================ checks ==
+
+// The CPU reference of causal attention (mk_cpu_attention) over every core: its (row, head)
+// pairs are computed alone (cpu_ops.h), so any split gives the same bits. A model-sized case
+// (2048 rows x 32 heads) takes about 15 s on one core, which a GPU machine's budget cannot spare.
+void cpu_attention_all_cores(float *out, const float *q, const float *k, const float *v, size_t rows, size_t past,
+                             size_t n_heads, size_t n_kv_heads, size_t head_dim) {
+    const size_t items = rows * n_heads;
+    const size_t workers = std::max<size_t>(1, std::min<size_t>(std::thread::hardware_concurrency(), items / 64));
+    const mk_kv_pages contiguous{}; // a NULL table: key t at row t
+    std::vector<std::thread> pool;
+    for (size_t w = 0; w < workers; w++)
+        pool.emplace_back([=] {
+            mk_cpu_attention_heads(out, q, k, v, contiguous, items * w / workers,
+                                   items * (w + 1) / workers, past, n_heads, n_kv_heads, head_dim);
+        });
+    for (std::thread &t : pool) t.join();
+}
 
 float max_abs(const std::vector<float> &v) {
     float m = 0.0f;
@@ -376,7 +394,7 @@ TEST_P(AttentionPrefill, MatchesCpu) {
     CUDA_OK(cudaStreamSynchronize(stream_));
     std::vector<float> got(qn), ref(qn);
     ASSERT_TRUE(dout.download(got.data(), stream_));
-    mk_cpu_attention(ref.data(), q.data(), k.data(), v.data(), c.rows, c.past, c.n_heads, c.n_kv_heads, c.head_dim);
+    cpu_attention_all_cores(ref.data(), q.data(), k.data(), v.data(), c.rows, c.past, c.n_heads, c.n_kv_heads, c.head_dim);
     EXPECT_TRUE(all_close(got, ref, kAttnAtol * max_abs(v), 1e-5));
 }
 
@@ -1468,8 +1486,8 @@ TEST_F(OpTest, AttentionPrefillHalfCache) {
                                                   c.past, c.n_heads, c.n_kv_heads, c.head_dim, stream_));
             std::vector<float> got(qn), ref(qn);
             ASSERT_TRUE(dout.download(got.data(), stream_));
-            mk_cpu_attention(ref.data(), q.data(), k.values.data(), v.values.data(), c.rows, c.past, c.n_heads,
-                             c.n_kv_heads, c.head_dim);
+            cpu_attention_all_cores(ref.data(), q.data(), k.values.data(), v.values.data(), c.rows, c.past, c.n_heads,
+                                    c.n_kv_heads, c.head_dim);
             EXPECT_TRUE(all_close(got, ref, kAttnAtol * max_abs(v.values), 1e-5));
         }
     GuardedBuf b(4096);
@@ -1535,6 +1553,9 @@ TEST_F(OpTest, ShapeAndArgumentErrors) {
                  "n_heads 6 must be a multiple of n_kv_heads 4");
     EXPECT_ERROR(mk_kernel_attention_prefill_kv(f, f, f, f, identity_pages(), MK_DTYPE_F32, 1, 0, 4, 4, 5, stream_), MK_ERR_SHAPE,
                  "mk_kernel_attention_prefill: head_dim 5 must be even");
+    EXPECT_ERROR(mk_kernel_attention_prefill_kv(f, f, b.ptr<char>() + 2, f, identity_pages(), MK_DTYPE_F16, 1, 0, 4, 2, 8,
+                                                stream_),
+                 MK_ERR_INVALID_ARGUMENT, "mk_kernel_attention_prefill: KV cache not aligned to 4 bytes");
     EXPECT_ERROR(mk_kernel_attention_decode(f, f, f, f, identity_pages(), MK_DTYPE_F32, i, 1, 16, 4, 0, 8, f, 4096, stream_), MK_ERR_SHAPE,
                  "mk_kernel_attention_decode: n_heads 4 must be a multiple of n_kv_heads 0");
     EXPECT_ERROR(mk_kernel_swiglu(f, f, f, MK_DTYPE_I64, 4, stream_), MK_ERR_INVALID_ARGUMENT,
@@ -1587,7 +1608,7 @@ TEST_P(AttentionPrefillTc, MatchesCpu) {
     CUDA_OK(cudaStreamSynchronize(stream_));
     std::vector<float> got(qn), ref(qn);
     ASSERT_TRUE(dout.download(got.data(), stream_));
-    mk_cpu_attention(ref.data(), q.data(), k.data(), v.data(), c.rows, c.past, c.n_heads, c.n_kv_heads, c.head_dim);
+    cpu_attention_all_cores(ref.data(), q.data(), k.data(), v.data(), c.rows, c.past, c.n_heads, c.n_kv_heads, c.head_dim);
     const ::testing::AssertionResult r = all_close(got, ref, kAttnTcTol * max_abs(v), kAttnTcTol);
     EXPECT_TRUE(r);
     if (r && getenv("MK_TEST_VERBOSE")) printf("%s: %s\n", c.name().c_str(), r.message());
