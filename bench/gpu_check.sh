@@ -3,8 +3,8 @@
 # into figures and failures that come back.
 #
 #   bench/gpu_check.sh [build-dir]
-#   env: OUT (where the results go: the device tool's $OUT), MK_GPU_BUNDLE (the bundle; default
-#        ./gpu_bundle.tar.xz when present), MK_GPU_BUDGET_S (default 420: later steps are
+#   env: OUT (where the results go: the device tool's $OUT), MK_GPU_BUNDLE (the bundle, an
+#        archive or an unpacked meshkern-gpu/ folder; default ./gpu_bundle.tar.xz when present), MK_GPU_BUDGET_S (default 420: later steps are
 #        skipped, and say so, once it is spent), MK_GPU_ARCHS (source build; default 90), JOBS,
 #        MK_GPU_CHECK_DRY=1 (no GPU: run every step anyway, to try this script)
 #
@@ -112,10 +112,10 @@ step() {
 BIN_FROM="none"
 declare -A BIN=()
 BUNDLE=${MK_GPU_BUNDLE:-$ROOT/gpu_bundle.tar.xz}
-if [ -f "$BUNDLE" ]; then
-  log "unpack the bundle $BUNDLE"
-  if tar -C "$WORK" -xJf "$BUNDLE"; then
-    B="$WORK/meshkern-gpu"
+if [ -d "$BUNDLE" ] || [ -f "$BUNDLE" ]; then
+  B="$BUNDLE" # an unpacked bundle (meshkern-gpu/: gpu_bundle.sh --stage), or the archive
+  [ -f "$BUNDLE" ] && { log "unpack the bundle $BUNDLE"; B="$WORK/meshkern-gpu"; tar -C "$WORK" -xJf "$BUNDLE"; }
+  if [ -f "$B/MANIFEST.txt" ]; then
     BIN_FROM="bundle $(basename "$BUNDLE") ($(sed -n 2p "$B/MANIFEST.txt"))"
     cp "$B/MANIFEST.txt" "$R/bundle_manifest.txt"
     for f in "$B"/bin/*; do BIN[$(basename "$f")]=$f; done

@@ -100,6 +100,29 @@ grep -qi "parity" "$T/out.good/cli_run.log" || { cat "$T/out.good/cli_run.log"; 
 [ "$(cat "$T/out.good/cli_tok.rc")" -eq 0 ] || { cat "$T/out.good/cli_tok.log"; fail "meshkern tokenize with the bundle's fixture"; }
 echo "gpu_bundle_test: the whole bundle runs with $(wc -l <"$T/masks.txt") system libraries hidden"
 
+# ---- bench/gpu_check.sh on the staged bundle, dry (no GPU here): every step is tried and
+#      listed, the results come back in OUT (the summary, the packed results), the exit says
+#      it failed; a TERM mid-run still leaves the summary of what was done ------------------
+(cd "$ROOT" && MK_GPU_CHECK_DRY=1 MK_GPU_BUNDLE="$G" OUT="$T/gc" MK_GPU_BUDGET_S=120 \
+  bash bench/gpu_check.sh >"$T/gc.log" 2>&1); rc=$?
+[ "$rc" -eq 1 ] || { tail -30 "$T/gc.log"; fail "gpu_check dry run: exit $rc, expected 1 (the device checks fail without a GPU)"; }
+for want in "preflight.libraries PASS" "preflight.gpu FAIL" "suite.test_ops_device" "decode.smollm2_bf16" "decode.8b_bf16" \
+            "batch.smollm2" "batch.8b" "kernels.gemv_prefill_gemm" "nccl.two_ranges_one_gpu" "pipeline.random_llama" "harness PASS"; do
+  grep -q "^$want" "$T/gc/summary.txt" || { cat "$T/gc/summary.txt"; fail "gpu_check summary: no step line '$want'"; }
+done
+grep -q "skipped with \"no CUDA device\" on a GPU machine" "$T/gc/summary.txt" || fail "gpu_check: the device suites' skips were not named"
+tar -tzf "$T/gc/gpu_check.tgz" >"$T/gc.list" && grep -q "^results/steps.txt" "$T/gc.list" || fail "gpu_check: the results were not packed"
+[ ! -d "$T/gc/results" ] || fail "gpu_check: the results folder stayed beside the archive"
+tail -1 "$T/gc.log" | grep -q "all results: $T/gc/gpu_check.tgz" || fail "gpu_check: the summary is not printed last"
+(cd "$ROOT" && MK_GPU_CHECK_DRY=1 MK_GPU_BUNDLE="$G" OUT="$T/gc2" exec bash bench/gpu_check.sh >"$T/gc2.log" 2>&1) &
+pid=$!
+for _ in $(seq 100); do grep -q "^decode" "$T/gc2/results/steps.txt" 2>/dev/null && break; sleep 0.1; done
+kill -TERM $pid; wait $pid; rc=$?
+[ "$rc" -eq 124 ] || fail "gpu_check stopped by TERM: exit $rc, expected 124"
+grep -q "exit 124" "$T/gc2/summary.txt" && grep -q "stopped by a signal" "$T/gc2/summary.txt" &&
+  grep -q "^suite.test_ops_device" "$T/gc2/summary.txt" || { cat "$T/gc2/summary.txt"; fail "gpu_check stopped by TERM: no summary of what was done"; }
+echo "gpu_bundle_test: gpu_check.sh tries every step, brings its results back, and survives a TERM"
+
 # ---- the bundle without protobuf-c: must not start -------------------------------------
 run_isolated "$T/bad/meshkern-gpu" "$T/out.bad" || fail "could not mask the system libraries (bad bundle)"
 # (the loader stops at the masked system copy, "file too short", or finds none, "not found")
