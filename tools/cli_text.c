@@ -83,6 +83,9 @@ static int mk_text_options(int argc, char **argv, mk_cli_opts *o, bool chat) {
     if (!chat && !o->prompt) return mk_cli_usage_error(name, "-p TEXT is required");
     if (o->raw && o->prompt && !*o->prompt)
         return mk_cli_usage_error(name, "-p TEXT is empty: with --raw no chat template adds a token, nothing would run");
+    /* --seam (text_opts from index 4) acts only where there is a seam */
+    const int unused = mk_cli_needs(&cmd, argc, argv, &groups[1], 4, cuts_l.n > 0, "--split");
+    if (unused >= 0) return unused;
     o->n_cuts = cuts_l.n;
     o->n_devices = devices_l.n;
     for (size_t i = 0; i < o->n_devices; i++) o->devices[i] = (int)devices[i];
