@@ -8,7 +8,9 @@
 //     functions) leave it alone (tests/api_surface_check.py checks the same statically).
 #include <gtest/gtest.h>
 
+#include <cctype>
 #include <cstddef>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -384,6 +386,37 @@ TEST(LastError, CallsThatCannotFailLeaveTheMessageAlone) {
 
 // A NULL range from a getter past the end reads as no range in every range getter (as in the
 // other getters); the range getters read through it: a segfault.
+// ============================================================= status names ==
+
+// Every status the header declares has its own name, spelled as declared (a status missing
+// from mk_status_name's table prints as MK_ERR_UNKNOWN in every message that names it).
+// The header is read as text: the test does not repeat the list it checks.
+TEST(StatusNames, EveryDeclaredStatusIsNamedAsDeclared) {
+    const std::string path = mk_test_source_dir() + "/include/meshkern.h";
+    FILE *f = fopen(path.c_str(), "r");
+    ASSERT_NE(f, nullptr) << path;
+    std::string text;
+    char buf[4096];
+    for (size_t n; (n = fread(buf, 1, sizeof buf, f)) > 0;) text.append(buf, n);
+    fclose(f);
+    const size_t begin = text.find("typedef enum mk_status {"), end = text.find("} mk_status;");
+    ASSERT_NE(begin, std::string::npos);
+    ASSERT_NE(end, std::string::npos);
+    std::vector<std::string> seen;
+    for (size_t at = text.find("MK_", begin); at < end; at = text.find("MK_", at + 1)) {
+        if (at > 0 && (isalnum((unsigned char)text[at - 1]) || text[at - 1] == '_')) continue;
+        size_t stop = at;
+        while (isalnum((unsigned char)text[stop]) || text[stop] == '_') stop++;
+        const std::string name = text.substr(at, stop - at);
+        int value = -1;
+        if (sscanf(text.c_str() + stop, " = %d", &value) != 1) continue; /* a mention in a comment */
+        EXPECT_STREQ(mk_status_name((mk_status)value), name.c_str()) << "status " << value;
+        seen.push_back(name);
+    }
+    EXPECT_GE(seen.size(), 60u) << "the header's statuses were not found";
+    EXPECT_STREQ(mk_status_name((mk_status)9999), "MK_ERR_UNKNOWN");
+}
+
 TEST(NullArguments, RangeGettersReadANullRangeAsNoRange) {
     ModelPtr model = make_random_model(mk_hparams_seed_default());
     const int64_t cut = 2;

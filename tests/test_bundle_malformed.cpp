@@ -209,6 +209,31 @@ TEST_F(MalformedBundle, EachCorruptionHasItsOwnStatus) {
     EXPECT_EQ(distinct.size(), expected.size());
 }
 
+// A tensor's rank is bounded before its dimensions are read into a fixed array: one past the
+// bound (9 of 8) is refused by the bound; the bound itself is read whole (eight ones: 4 bytes
+// of data needed, the 384 there refused by the length check).
+uint64_t kOnes[9] = {1, 1, 1, 1, 1, 1, 1, 1, 1};
+uint64_t *kOnesPtr = kOnes;
+size_t kNine = 9, kEight = 8;
+
+TEST_F(MalformedBundle, ARankPastTheBoundIsRefusedBeforeItsDimensionsAreRead) {
+    std::string msg;
+    EXPECT_EQ(unpack(mutated([](auto *m) {
+                  std::swap(m->tensors[0]->shape, kOnesPtr);
+                  std::swap(m->tensors[0]->n_shape, kNine);
+              }),
+                     &msg),
+              MK_ERR_SHAPE);
+    EXPECT_NE(msg.find("rank 9 exceeds 8"), std::string::npos) << msg;
+    EXPECT_EQ(unpack(mutated([](auto *m) {
+                  std::swap(m->tensors[0]->shape, kOnesPtr);
+                  std::swap(m->tensors[0]->n_shape, kEight);
+              }),
+                     &msg),
+              MK_ERR_DATA_LENGTH);
+    EXPECT_NE(msg.find("shape and dtype need 4"), std::string::npos) << msg;
+}
+
 // Data bytes must be exactly what the shape and dtype need: more is refused as firmly as
 // fewer (trailing bytes are not ignored).
 TEST_F(MalformedBundle, DataLongerOrShorterThanItsShapeIsRefused) {
