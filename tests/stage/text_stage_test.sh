@@ -35,4 +35,24 @@ while IFS= read -r q; do
   echo "question $i: '$got' (as run -p)"
 done < "$dir/questions.txt"
 [ "$i" = 3 ] && [ "$(grep -c '^answer ' "$dir/rank0.log")" = 3 ] || { echo "not 3 answers"; exit 1; }
+
+# A --stop id is not part of the answer's text (as a stop sequence in OpenAI's API): stopped at
+# the id of the last token before the end of turn in question 2's answer, the answer is that
+# answer less the stop token's text.
+last=$(sed -n 's/^seq 2 ([0-9]* prompt tokens): stopped, [0-9]* tokens: \(.*\) [0-9][0-9]*$/\1/p' "$dir/rank0.log" | awk '{print $NF}')
+[ -n "$last" ] || { echo "question 2 did not stop at its end of turn: no stop id to try"; exit 1; }
+printf '%s\n' "What is 2+2?" > "$dir/q2.txt"
+port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+timeout 120 "$bin" stage "$model" --split "$split" --rank 1 --world 2 --rendezvous "127.0.0.1:$port" --timeout 60 \
+  "$@" > "$dir/stop1.log" 2>&1 &
+pid=$!
+timeout 120 "$bin" stage "$model" --split "$split" --rank 0 --world 2 --rendezvous "127.0.0.1:$port" --timeout 60 \
+  --text --prompts "$dir/q2.txt" --max-tokens 48 --stop "$last" "$@" > "$dir/stop0.log" 2>&1 || { cat "$dir/stop0.log"; exit 1; }
+wait "$pid" || { cat "$dir/stop1.log"; exit 1; }
+full=$(sed -n 's/^answer 2: //p' "$dir/rank0.log")
+cut=$(sed -n 's/^answer 1: //p' "$dir/stop0.log")
+case "$full" in
+  "$cut"?*) echo "stop id $last: '$cut' (the answer without it)" ;;
+  *) echo "stop id $last: answered '$cut', expected a proper prefix of '$full'"; exit 1 ;;
+esac
 echo "stage --text: ok"
