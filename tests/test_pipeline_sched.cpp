@@ -461,6 +461,11 @@ TEST(PipelineSched, CancelAndReleaseFreeTheSlotAndTheRecord) {
     ASSERT_EQ(mk_sched_poll(s.get(), ids[1], &info, nullptr, 0), MK_OK);
     EXPECT_EQ(info.state, MK_SEQ_DONE);
     EXPECT_EQ(info.n_tokens, 0u);
+    // the last of the queue cancelled: the next submitted joins the queue behind the one
+    // before it (not behind the cancelled record) and runs
+    const uint64_t tail = submit_all(s.get(), {specs[2]})[0];
+    ASSERT_EQ(mk_sched_cancel(s.get(), tail), MK_OK);
+    const uint64_t after_tail = submit_all(s.get(), {specs[1]})[0];
     ASSERT_EQ(c.wait_held(), ids[0]) << "the long one has begun";
     const mk_status cancelled = mk_sched_cancel(s.get(), ids[0]);
     c.release();
@@ -471,8 +476,10 @@ TEST(PipelineSched, CancelAndReleaseFreeTheSlotAndTheRecord) {
     EXPECT_EQ(info.state, MK_SEQ_DONE);
     EXPECT_FALSE(info.stopped);
     EXPECT_LT(info.n_tokens, 50u) << "cancelled within a step";
-    const std::vector<SeqResult> rest = collect(s.get(), &c, {ids[2]});
-    expect_all_match_whole(model.get(), cpu_options(), {specs[2]}, rest, "after cancel");
+    const std::vector<SeqResult> rest = collect(s.get(), &c, {ids[2], after_tail});
+    expect_all_match_whole(model.get(), cpu_options(), {specs[2], specs[1]}, rest, "after cancel");
+    ASSERT_EQ(mk_sched_poll(s.get(), tail, &info, nullptr, 0), MK_OK);
+    EXPECT_EQ(info.n_tokens, 0u) << "the cancelled tail never ran";
     EXPECT_EQ(mk_sched_poll(s.get(), ids[3], &info, nullptr, 0), MK_ERR_INVALID_ARGUMENT) << "released";
     for (size_t i = 0; i < 3; i++) {
         EXPECT_EQ(mk_sched_release(s.get(), ids[i]), MK_OK);
@@ -944,10 +951,23 @@ TEST(PipelineSched, TimelineHasOneRecordPerStepAndStage) {
     for (size_t p = text.find("{\"worker\":"); p != std::string::npos; p = text.find("{\"worker\":", p + 1)) records++;
     EXPECT_EQ(records, 2 * steps);
     EXPECT_NE(text.find("\"worker\":1,\"seq\":6,"), std::string::npos);
+    // times count from the earliest step's start: one step starts at 0, none before, and the
+    // whole run (well under a minute) ends within a minute of it
+    EXPECT_NE(text.find("\"start_us\":0.000,"), std::string::npos) << text.substr(0, 300);
+    for (size_t p = text.find("\"end_us\":"); p != std::string::npos; p = text.find("\"end_us\":", p + 1)) {
+        const double end_us = atof(text.c_str() + p + 9);
+        EXPECT_GE(end_us, 0.0);
+        EXPECT_LT(end_us, 60e6);
+    }
     MK_ASSERT_OK(mk_sched_reset_stats(s.get()));
     mk_worker_stats st;
     MK_ASSERT_OK(mk_sched_worker_stats(s.get(), 0, &st));
     EXPECT_EQ(st.steps, 0u);
+    // the timeline is reset with the statistics: no record of the run before
+    MK_ASSERT_OK(mk_sched_timeline_json(s.get(), &json, &len));
+    const std::string after(json, len);
+    mk_buffer_free(json);
+    EXPECT_EQ(after.find("{\"worker\":"), std::string::npos) << after.substr(0, 300);
 }
 
 // Every refusal of mk_sched_create and of the calls on a pipeline, each with its own input
