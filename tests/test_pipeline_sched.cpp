@@ -488,6 +488,27 @@ TEST(PipelineSched, CancelAndReleaseFreeTheSlotAndTheRecord) {
     EXPECT_EQ(mk_sched_cancel(s.get(), ids[0]), MK_ERR_INVALID_ARGUMENT);
 }
 
+// mk_sched_poll copies at most `cap` tokens (the caller's array), and says how many there are.
+TEST(PipelineSched, PollCopiesAtMostCapTokens) {
+    ModelPtr model = make_random_model(mk_hparams_seed_default());
+    Collector c;
+    SchedPtr s = make_sched(model.get(), sched_options(1, nullptr, MK_SEAM_LOCAL), &c);
+    ASSERT_TRUE(s);
+    std::vector<SeqSpec> specs = mixed_specs(model.get(), cpu_options(), 1, 5);
+    specs[0].max_new = 6;
+    specs[0].stop.clear();
+    const uint64_t id = submit_all(s.get(), specs)[0];
+    ASSERT_TRUE(wait_all_within(s.get(), 60));
+    std::vector<int32_t> all(6, -7), some(6, -7);
+    mk_seq_info info{};
+    MK_ASSERT_OK(mk_sched_poll(s.get(), id, &info, all.data(), all.size()));
+    ASSERT_EQ(info.n_tokens, 6u);
+    MK_ASSERT_OK(mk_sched_poll(s.get(), id, &info, some.data(), 2));
+    EXPECT_EQ(info.n_tokens, 6u);
+    EXPECT_EQ(std::vector<int32_t>(some.begin(), some.begin() + 2), std::vector<int32_t>(all.begin(), all.begin() + 2));
+    EXPECT_EQ(std::vector<int32_t>(some.begin() + 2, some.end()), std::vector<int32_t>(4, -7)) << "written past cap";
+}
+
 // ============================================================ statuses ==
 
 // A prompt with a token outside the vocabulary is refused at submit, by name (found by the
