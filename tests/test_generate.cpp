@@ -4,6 +4,8 @@
 // chat turn that continues the KV cache instead of starting over.
 #include <gtest/gtest.h>
 
+#include <chrono>
+
 #include <algorithm>
 #include <cstring>
 #include <fstream>
@@ -259,6 +261,15 @@ TEST_F(GenerateRules, WithoutAnEndTokenTheBudgetStops) {
     EXPECT_EQ(one.tokens, std::vector<int32_t>{ref_.tokens[0]});
     EXPECT_EQ(one.stats.n_generated, 1u);
     EXPECT_EQ(one.stats.decode_s, 0.0);
+    // decode_s sums every decode step: 40 steps take most of the call's time (one step, the
+    // last alone, would be a fortieth of it)
+    const auto t0 = std::chrono::steady_clock::now();
+    const GenRun many = run(nullptr, prompt_, 41);
+    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    ASSERT_EQ(many.status, MK_OK) << many.error;
+    ASSERT_EQ(many.stats.n_generated, 41u);
+    EXPECT_LE(many.stats.prefill_s + many.stats.decode_s, wall);
+    EXPECT_GE(many.stats.decode_s, 0.3 * wall) << "prefill " << many.stats.prefill_s << " s, call " << wall << " s";
     // no budget: nothing reaches the callback
     const GenRun none = run(nullptr, prompt_, 0);
     EXPECT_EQ(none.status, MK_OK);
