@@ -231,6 +231,26 @@ TEST_P(KvPool, BadPoolOptionsAreRefused) {
     // blocks win over bytes
     o.kv_pool_blocks = 5;
     EXPECT_EQ(pool_of(make(o)).blocks, 5u);
+    // the default holds as many full contexts as a step carries sequences, when that is more
+    mk_range_options six = pool_options(GetParam(), 16, 0);
+    six.max_batch_sequences = 6;
+    EXPECT_EQ(pool_of(make(six)).blocks, 6u * (64 / 16));
+}
+
+// The default context of a range is the model's, at most 4096 positions (a model of 8192 would
+// otherwise reserve twice the memory nobody asked for); a context asked for is the one given.
+TEST_P(KvPool, TheDefaultContextIsTheModelsCappedAt4096) {
+    mk_hparams hp = gqa_tied_hparams();
+    hp.max_context = 8192;
+    ModelPtr big = make_random_model(hp);
+    for (const size_t asked : {size_t{0}, size_t{8192}}) {
+        mk_range_options o = pool_options(GetParam(), 64, 0, asked);
+        mk_range *r = nullptr;
+        ASSERT_EQ(mk_range_create(big.get(), 0, 4, &o, &r), MK_OK) << mk_last_error();
+        RangePtr owned(r);
+        EXPECT_EQ(mk_range_max_context(r), asked ? asked : 4096u);
+        EXPECT_EQ(pool_of(r).blocks, 4u * (asked ? asked : 4096u) / 64);
+    }
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, KvPool, ::testing::Values(MK_BACKEND_CPU, MK_BACKEND_CUDA),
