@@ -161,6 +161,9 @@ TEST_P(KvPool, ReservedBlocksAreNeverGivenToAnother) {
     mk_kv_pool_info info = pool_of(r);
     EXPECT_EQ(info.promised_blocks, 3u);
     EXPECT_EQ(info.free_blocks, 4u);
+    MK_ASSERT_OK(mk_sequence_reserve(a.get(), 12)); // the same again: what it was promised covers it
+    MK_ASSERT_OK(mk_sequence_reserve(a.get(), 9));
+    EXPECT_EQ(pool_of(r).promised_blocks, 3u) << "a repeated reservation promised its blocks twice";
     EXPECT_EQ(mk_sequence_reserve(c.get(), 8), MK_ERR_KV_POOL_FULL); // one unpromised block left
     EXPECT_EQ(pool_of(r).promised_blocks, 3u) << "a refused reservation set blocks aside";
     forward(r, b.get(), {1, 2, 3, 4, 5}, MK_ERR_KV_POOL_FULL);
