@@ -494,6 +494,15 @@ TEST(BatchForwardRules, RefusalsNameTheEntryAndRunNothing) {
     mk_range *none = nullptr;
     EXPECT_EQ(mk_range_create(model.get(), 0, 4, &bad, &none), MK_ERR_INVALID_ARGUMENT);
     EXPECT_EQ(none, nullptr);
+    // ... or more sequences than a step has rows (each entry brings at least one)
+    mk_range_options more_seqs_than_rows = options_for(kind, 8, 4, 1, 16);
+    more_seqs_than_rows.max_context = 128;
+    EXPECT_ERROR(mk_range_create(model.get(), 0, 4, &more_seqs_than_rows, &none), MK_ERR_INVALID_ARGUMENT,
+                 "max_batch_sequences 8: at most 64, and at most max_batch_tokens (4)");
+    EXPECT_EQ(none, nullptr);
+    more_seqs_than_rows.max_batch_sequences = 4; // as many as the rows: taken
+    MK_ASSERT_OK(mk_range_create(model.get(), 0, 4, &more_seqs_than_rows, &none));
+    mk_range_free(none);
   }
 }
 
