@@ -740,6 +740,19 @@ TEST(CudaBackend, HalfKvCacheSplitsBitIdenticallyAndStaysCloseToCpu) {
     EXPECT_EQ(mk_range_create(model.get(), 0, L - 1, &bad, &r), MK_ERR_DTYPE);
     EXPECT_NE(std::string(mk_last_error()).find("KV cache dtype bf16"), std::string::npos) << mk_last_error();
     EXPECT_EQ(r, nullptr);
+    // each KV mode is its own recipe: a peer keeping another cache must not pass the digest check
+    std::vector<std::string> digests;
+    for (const mk_dtype kv : {MK_DTYPE_F32, MK_DTYPE_F16, MK_DTYPE_BF16}) {
+        mk_range_options ok = cuda_options(MK_DTYPE_F32, true);
+        ok.backend.kv_dtype = kv;
+        MK_ASSERT_OK(mk_range_create(model.get(), 0, L - 1, &ok, &r));
+        digests.push_back(mk_range_recipe_digest(r));
+        mk_range_free(r);
+        r = nullptr;
+    }
+    EXPECT_NE(digests[0], digests[1]);
+    EXPECT_NE(digests[0], digests[2]);
+    EXPECT_NE(digests[1], digests[2]) << "f16 and bf16 caches share a recipe digest";
     // and the cuda backend refuses a KV dtype it cannot store
     mk_range_options odd = cuda_options();
     odd.backend.kv_dtype = MK_DTYPE_I64;
