@@ -71,6 +71,30 @@ TEST(Parity, ReducedPrecisionWeightsStillSplitExactly) {
     }
 }
 
+// A range holds its own weights only: the head the embedding, the tail the final norm and
+// head (the embedding, where the model ties them). Untied, the head and tail of a split hold
+// exactly what the whole model holds; tied, the tail holds the embedding a second time.
+TEST(Parity, EachRangeHoldsOnlyTheWeightsItsRoleNeeds) {
+    for (const bool tied : {false, true}) {
+        mk_hparams hp = tied ? gqa_tied_hparams() : mk_hparams_seed_default();
+        ASSERT_EQ(hp.tied_embeddings, tied);
+        ModelPtr model = make_random_model(hp);
+        const int64_t L = (int64_t)hp.n_layers;
+        const mk_range_options o = mk_range_options_default();
+        mk_range *whole = nullptr, *head = nullptr, *tail = nullptr;
+        MK_ASSERT_OK(mk_range_create(model.get(), 0, L - 1, &o, &whole));
+        MK_ASSERT_OK(mk_range_create(model.get(), 0, L / 2 - 1, &o, &head));
+        MK_ASSERT_OK(mk_range_create(model.get(), L / 2, L - 1, &o, &tail));
+        const size_t w = mk_range_weight_bytes(whole), h = mk_range_weight_bytes(head), t = mk_range_weight_bytes(tail);
+        const size_t embedding = (hp.vocab * hp.hidden * sizeof(float) + 255) / 256 * 256; // slices are 256-aligned
+        if (tied) EXPECT_EQ(h + t, w + embedding) << "tied: the tail's head is the embedding";
+        else EXPECT_EQ(h + t, w) << "untied: no weight held twice; head " << h << ", tail " << t << ", whole " << w;
+        mk_range_free(whole);
+        mk_range_free(head);
+        mk_range_free(tail);
+    }
+}
+
 TEST(Sequences, ResetStartsOverAndIndependentSequencesDoNotInterfere) {
     ModelPtr model = make_random_model(mk_hparams_seed_default());
     mk_range *r = nullptr;
