@@ -152,6 +152,36 @@ TEST(Sequences, RewindGoesBackOnly) {
     EXPECT_TRUE(bit_identical(logits_of(oa), logits_of(ob)));
 }
 
+// A boundary carries its sequence's step: 0 for the first forward, one more for each after;
+// a rewind (a failed step to be retried) takes the step back with it, a rewind to the same
+// length changes nothing, and a reset starts the count again.
+TEST(Sequences, BoundariesCountTheirSequencesSteps) {
+    ModelPtr model = make_random_model(mk_hparams_seed_default());
+    mk_range *r = nullptr;
+    MK_ASSERT_OK(mk_range_create(model.get(), 0, 2, nullptr, &r));
+    RangePtr head(r);
+    mk_sequence *a = nullptr;
+    MK_ASSERT_OK(mk_sequence_open(head.get(), &a));
+    SequencePtr sa(a);
+    auto step_of_next = [&](const std::vector<int32_t> &ids) -> int64_t {
+        mk_bundle *out = nullptr;
+        const mk_status s = mk_range_forward(head.get(), a, ids.data(), ids.size(), nullptr, nullptr, &out, nullptr);
+        EXPECT_EQ(s, MK_OK) << mk_last_error();
+        const int64_t step = out ? (int64_t)mk_bundle_header_of(out)->step : -1;
+        mk_bundle_free(out);
+        return step;
+    };
+    EXPECT_EQ(step_of_next({1, 2, 3}), 0);
+    EXPECT_EQ(step_of_next({4}), 1);
+    EXPECT_EQ(step_of_next({5}), 2);
+    MK_ASSERT_OK(mk_sequence_rewind(a, 5)); // the same length: nothing taken back
+    EXPECT_EQ(step_of_next({6}), 3);
+    MK_ASSERT_OK(mk_sequence_rewind(a, 5)); // step 3 failed downstream: retried as step 3
+    EXPECT_EQ(step_of_next({6}), 3);
+    MK_ASSERT_OK(mk_sequence_reset(a));
+    EXPECT_EQ(step_of_next({1, 2}), 0);
+}
+
 TEST(Sequences, ForwardLargerThanMaxBatchTokensIsRefused) {
     ModelPtr model = make_random_model(mk_hparams_seed_default());
     mk_range_options opt = mk_range_options_default();
