@@ -200,6 +200,32 @@ TEST(StageControl, WrapPutsThePrefixBeforeTheCause) {
     EXPECT_STREQ(mk_last_error(), "rank 3: the cause");
 }
 
+// ============================================================ hop figures ==
+
+// A hop's latency from the two ranks' own clocks: each rank sums its times from its own base
+// (its clock at its join), so the receiver's sum less the sender's is corrected by the
+// bases' difference once per boundary. Two boundaries sent at 100 and 300 ns after the
+// sender's base (1000) and received 50 and 260 ns after the receiver's (1200): 150 and
+// 160 ns, 155 on average; the seam's time is the two sides' together.
+TEST(StageHops, LatencyCorrectsEachRanksClockBase) {
+    mk_stage st{};
+    mk_stage_counts counts[2] = {};
+    counts[0] = {true, 1000, 2, 0, 100 + 300, 0, 0, 0.25, 0.0};
+    counts[1] = {true, 1200, 0, 2, 0, 50 + 260, 4096, 0.0, 0.5};
+    st.rank = 0;
+    st.world = 2;
+    st.peer_counts = counts;
+    mk_stage_hop hop{};
+    MK_ASSERT_OK(mk_stage_hop_stats(&st, 0, &hop));
+    EXPECT_EQ(hop.boundaries, 2u);
+    EXPECT_EQ(hop.bytes, 4096u);
+    EXPECT_DOUBLE_EQ(hop.seam_seconds, 0.75);
+    EXPECT_NEAR(hop.latency_s, 155e-9, 1e-15);
+    counts[1].received = 3; // the two sides disagree: no figure made of them
+    EXPECT_ERROR(mk_stage_hop_stats(&st, 0, &hop), MK_ERR_INTERNAL, "rank 0 sent 2 boundaries, rank 1 received 3");
+    EXPECT_ERROR(mk_stage_hop_stats(&st, 1, &hop), MK_ERR_INVALID_ARGUMENT, "seam 1");
+}
+
 // ================================================================== slots ==
 
 struct SlotsOn {
