@@ -166,6 +166,15 @@ def test_token_only_range_returns_no_logits(model):
     assert out.token_id == full.token_id
 
 
+def test_shard_passes_its_range_options_on(model):
+    """Shard(..., **range_options): the options reach the range it builds (a context of 8
+    positions refuses a forward of 9; the default context takes it)."""
+    small = mk.Shard(model, 0, 5, threads=1, max_context=8)
+    with pytest.raises(errors.MeshkernError, match="max_context 8"):
+        small.forward(list(range(1, 10)))
+    assert mk.Shard(model, 0, 5, threads=1).forward(list(range(1, 10))).logits is not None
+
+
 def test_shard_stateless_by_default_and_stateful_on_request(model):
     """Shard(stateless=True) starts every forward from an empty KV cache; stateless=False
     keeps the sequence, so a forward continues it."""
@@ -279,7 +288,11 @@ def test_pipeline_whole_vs_wire_split_bit_exact(model):
     a, b = whole.step([3, 1, 4, 1, 5]), split.step([3, 1, 4, 1, 5])
     assert np.array_equal(a.logits, b.logits) and a.token_id == b.token_id
     assert split.seam_bytes > 0
-    assert list(whole.generate([a.token_id], 6)) == list(split.generate([b.token_id], 6))
+    st = mk.GenerateStats()
+    assert list(whole.generate([a.token_id], 6)) == list(split.generate([b.token_id], 6, stats=st))
+    # the C call's figures, every one of them: 6 tokens, the first from the prefill
+    assert st.n_prompt == 1 and st.n_generated == 6 and not st.stopped_at_eog and st.eog_token == -1
+    assert st.prefill_s > 0 and st.decode_s > 0
 
 
 def test_generate_raises_the_c_error_and_stops_when_closed_early(model):
@@ -760,7 +773,7 @@ def test_scheduler_on_token_exception_is_raised_by_the_next_wait(model):
 
     def on_token(seq_id, index, token, logits):
         calls.append(index)
-        if index == 1:
+        if index >= 1:                                        # three in a row: boom 2, 3, 4
             raise KeyError(f"boom {len(calls)}")
 
     s = mk.Scheduler(model, [2], threads=1, on_token=on_token)
