@@ -721,6 +721,30 @@ TEST(StageLibrary, HugeTokenLimitIsBoundedByTheContext) {
     mk_model_free(model);
 }
 
+// By default each rank's pool holds one full context per request in flight, in whole blocks:
+// a context of 20 positions in blocks of 16 takes two (one would hold 16), so one request
+// runs to the end of its context.
+TEST(StageLibrary, TheDefaultPoolHoldsAWholeContextPerRequest) {
+    mk_model *model = random_model();
+    const int32_t prompt[] = {11};
+    const std::vector<mk_stage_request> req = {{prompt, 1}};
+    mk_stage_options o = mk_stage_options_default();
+    o.range.max_context = 20;
+    o.range.kv_block_size = 16;
+    o.max_sequences = 1;
+    o.timeout_ms = 5000;
+    o.max_new_tokens = 20; // positions 0..19: every one of the context
+    const LibraryRun run = run_library(model, o, req);
+    ASSERT_EQ(run.join[0], MK_OK) << run.message[0];
+    ASSERT_EQ(run.join[1], MK_OK) << run.message[1];
+    EXPECT_EQ(run.serve[0], MK_OK) << run.message[0];
+    EXPECT_EQ(run.serve[1], MK_OK) << run.message[1];
+    ASSERT_EQ(run.reports.size(), 1u);
+    EXPECT_EQ(run.reports[0].status, MK_OK) << run.errors[0];
+    EXPECT_EQ(run.tokens[0].size(), 20u);
+    mk_model_free(model);
+}
+
 // Rank 0 of a two-rank stage joined in this thread (cut after layer 2, loopback), rank 1 on
 // *rank1 through the library (its outcome in *other); NULL when rank 0 could not join.
 mk_stage *join_rank0(const mk_model *model, mk_stage_options o, std::thread *rank1, LibraryRun *other) {
