@@ -1701,6 +1701,45 @@ TEST(CudaBackendSim, PeerCopyWaitsForTheNeighboursRecording) {
     b->ops->release(b, dst);
 }
 
+// A peer copy is ordered on both streams: it reads the source after the work the peer queued
+// before it, and the peer's later work waits for it before overwriting the source. The peer
+// writes pattern 1 into the source, the copy takes it, the peer writes pattern 2 at once; the
+// streams run in a seeded random interleaving, 24 rounds: every copy must hold pattern 1.
+TEST(CudaBackendSim, PeerCopyIsOrderedAgainstBothStreams) {
+    mk_backend_config cfg = mk_backend_config_default(MK_BACKEND_CUDA);
+    mk_backend *a = nullptr, *b = nullptr;
+    MK_ASSERT_OK(mk_backend_create(&cfg, &a));
+    std::unique_ptr<mk_backend, void (*)(mk_backend *)> own_a(a, mk_backend_destroy);
+    MK_ASSERT_OK(mk_backend_create(&cfg, &b));
+    std::unique_ptr<mk_backend, void (*)(mk_backend *)> own_b(b, mk_backend_destroy);
+    const size_t n = 4096, bytes = n * sizeof(float);
+    std::vector<float> one(n), two(n), back(n);
+    for (size_t i = 0; i < n; i++) one[i] = 1.0f + (float)i, two[i] = -2.0f - (float)i;
+    void *src = nullptr, *p1 = nullptr, *p2 = nullptr, *dst = nullptr;
+    MK_ASSERT_OK(a->ops->alloc(a, bytes, &src));
+    MK_ASSERT_OK(a->ops->alloc(a, bytes, &p1));
+    MK_ASSERT_OK(a->ops->alloc(a, bytes, &p2));
+    MK_ASSERT_OK(b->ops->alloc(b, bytes, &dst));
+    MK_ASSERT_OK(a->ops->upload(a, p1, one.data(), bytes));
+    MK_ASSERT_OK(a->ops->upload(a, p2, two.data(), bytes));
+    MK_ASSERT_OK(a->ops->synchronize(a));
+    size_t wrong = 0;
+    for (int round = 0; round < 24; round++) {
+        MK_ASSERT_OK(a->ops->copy(a, src, p1, bytes));            // the peer's boundary ...
+        MK_ASSERT_OK(b->ops->copy_from_peer(b, dst, a, src, bytes)); // ... taken by its neighbour
+        MK_ASSERT_OK(a->ops->copy(a, src, p2, bytes));            // ... and its next one
+        MK_ASSERT_OK(a->ops->synchronize(a));
+        MK_ASSERT_OK(b->ops->download(b, back.data(), dst, bytes));
+        MK_ASSERT_OK(b->ops->synchronize(b));
+        wrong += std::memcmp(back.data(), one.data(), bytes) != 0;
+    }
+    EXPECT_EQ(wrong, 0u) << "copies that read the source before or after its pattern 1 (of 24)";
+    a->ops->release(a, src);
+    a->ops->release(a, p1);
+    a->ops->release(a, p2);
+    b->ops->release(b, dst);
+}
+
 #endif // MK_TEST_CUDASIM
 
 // ============================================================== SmolLM2 ==
