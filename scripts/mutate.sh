@@ -661,6 +661,10 @@ MUTATIONS=(
   "py.generate-stats-decode-dropped~python/meshkern/core.py~s/\x22prefill_s\x22, \x22decode_s\x22\)/\x22prefill_s\x22)/~py:wire_split_bit_exact"
   "py.shard-options-dropped~python/meshkern/shard.py~s/self._range = core.Range\(self.model, self.start_layer, self.end_layer, \*\*self._options\)/self._range = core.Range(self.model, self.start_layer, self.end_layer)/~py:shard_passes"
   "py.callback-keeps-latest-error~python/meshkern/core.py~s/                        if not cb_error:\n                            cb_error.append\(e\)/                        cb_error.append(e)/~py:on_token_exception"
+  "sched.share-drops-head-cost~host/sched/pipeline_sched.c~s/double c = \(i == 0 \? head : 0\) \+ /double c = /~sched:*SharesCount*"
+  "stage.rendezvous-evicts-newest~host/stage/rendezvous.c~s/else if \(!oldest \|\| q->since < oldest->since\) oldest = q;/else if (!oldest || q->since > oldest->since) oldest = q;/~stage:*FullTableOfSilent*"
+  "stage.wrap-drops-cause~host/stage/control.c~s/return mk_fail\(status, \x22%s: %s\x22, prefix, cause\);/return mk_fail(status, \x22%s\x22, prefix);/~stageunits:StageControl.*"
+  "sched.link-sends-without-waiting~host/sched/link.c~s/    MK_TRY\(mk_seam_send_wait\(tx\)\); \/\*[^\n]*\n//~gtest:test_sched_cuda_sim:*Nccl*"
   "race.peer-source-overwritten~host/backend/cuda/backend_cuda.c~s/    if \(e == cudaSuccess\) e = cudaSetDevice\(pb->device\);\n    if \(e == cudaSuccess\) e = cudaStreamWaitEvent\(pb->stream, cb->seam_event, 0\);\n//~backend:*PeerCopyIsOrdered*"
   "race.peer-copy-before-source~host/backend/cuda/backend_cuda.c~s/if \(e == cudaSuccess\) e = cudaStreamWaitEvent\(cb->stream, pb->seam_event, 0\);//~backend:*PeerCopyIsOrdered*"
 )

@@ -488,6 +488,25 @@ TEST(PipelineSched, CancelAndReleaseFreeTheSlotAndTheRecord) {
     EXPECT_EQ(mk_sched_cancel(s.get(), ids[0]), MK_ERR_INVALID_ARGUMENT);
 }
 
+// A worker's share of the pipeline's work: its layers' cost, the head's extra (the embedding
+// row a token gathers) on the first, the tail's (final norm and lm_head) on the last, over
+// the whole; given cuts 1 and 3 of the 6-layer model: layers 0-1, 2-3, 4-5.
+TEST(PipelineSched, SharesCountTheHeadAndTheTailOnTheirWorkers) {
+    ModelPtr model = make_random_model(mk_hparams_seed_default());
+    const std::vector<int64_t> cuts = {1, 3};
+    Collector c;
+    SchedPtr s = make_sched(model.get(), sched_options(1, &cuts, MK_SEAM_LOCAL), &c);
+    ASSERT_TRUE(s);
+    std::vector<double> layer(6);
+    double head = 0, tail = 0;
+    MK_ASSERT_OK(mk_split_costs(model.get(), layer.data(), &head, &tail));
+    ASSERT_GT(head, 0.0);
+    const double total = head + tail + layer[0] * 6;
+    EXPECT_NEAR(mk_sched_worker_share(s.get(), 0), (head + 2 * layer[0]) / total, 1e-12);
+    EXPECT_NEAR(mk_sched_worker_share(s.get(), 1), (2 * layer[0]) / total, 1e-12);
+    EXPECT_NEAR(mk_sched_worker_share(s.get(), 2), (tail + 2 * layer[0]) / total, 1e-12);
+}
+
 // mk_sched_poll copies at most `cap` tokens (the caller's array), and says how many there are.
 TEST(PipelineSched, PollCopiesAtMostCapTokens) {
     ModelPtr model = make_random_model(mk_hparams_seed_default());

@@ -1346,6 +1346,49 @@ TEST(StageRendezvous, StrangersAreDroppedWhileTheRealRanksJoin) {
     mk_model_free(model);
 }
 
+// A flood of silent connections fills rank 0's table of connections without a hello (64):
+// each one past it makes room by dropping the oldest, which has waited longest (a newest-first
+// rule would drop whoever just connected, the real rank among them). The drop names the
+// first connection's address; the real ranks then join and the run's tokens are the model's.
+TEST(StageRendezvous, AFullTableOfSilentStrangersDropsTheOldestFirst) {
+    mk_model *model = random_model();
+    const auto prompts = read_prompts(kPrompts);
+    const auto want = whole_model(model, MK_DTYPE_F32, prompts, 3);
+    const int port = free_port();
+    Ranks ranks("flood");
+    const std::vector<std::string> extra = {"--max-tokens", "3", "--max-sequences", "2", "--timeout", "10"};
+    std::vector<std::string> a0 = extra;
+    a0.insert(a0.end(), {"--prompts", kPrompts});
+    ranks.launch(0, stage_args(kRandom, "1,3", 0, 3, port, a0), "");
+    // rank 0 listens before its accept loop runs (it plans and loads first): one silent probe,
+    // dropped at its hello deadline, says the loop is there to take the flood at once
+    const int probe = connect_to(port);
+    ASSERT_GE(probe, 0) << "rank 0 does not listen";
+    ASSERT_TRUE(wait_for_text(ranks[0].err, "said nothing within", 10)) << slurp(ranks[0].err);
+    close(probe);
+    std::vector<int> held;
+    std::vector<int> local_port;
+    for (int i = 0; i < 65; i++) {
+        const int fd = connect_to(port);
+        ASSERT_GE(fd, 0) << "connection " << i;
+        sockaddr_in a{};
+        socklen_t len = sizeof a;
+        ASSERT_EQ(getsockname(fd, (sockaddr *)&a, &len), 0);
+        held.push_back(fd);
+        local_port.push_back(ntohs(a.sin_port));
+    }
+    ASSERT_TRUE(wait_for_text(ranks[0].err, "no hello while 64 later connections waited", 10)) << slurp(ranks[0].err);
+    const std::string flooded = slurp(ranks[0].err);
+    const std::string first = "dropped 127.0.0.1:" + std::to_string(local_port[0]) + ": no hello while 64";
+    EXPECT_NE(flooded.find(first), std::string::npos) << "the oldest was not the one dropped:\n" << flooded;
+    ranks.launch(1, stage_args(kRandom, "1,3", 1, 3, port, extra), "");
+    ranks.launch(2, stage_args(kRandom, "1,3", 2, 3, port, extra), "");
+    ranks.wait(30);
+    for (int fd : held) close(fd);
+    expect_parity(ranks, 0, want);
+    mk_model_free(model);
+}
+
 // The same at a rank's seam listener (it took the first connection as its previous rank:
 // one port scan stopped the whole run): a connect-and-close, garbage, a frame header where
 // the ticket belongs, a ticket of another run and a silent client, all queued before rank
