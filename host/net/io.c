@@ -292,7 +292,10 @@ mk_status mk_socket_listen(mk_seam_kind kind, const char *address, int *out_fd, 
     if (fd < 0) return mk_fail(MK_ERR_IO, "seam: socket() failed: %s", strerror(errno));
     const int one = 1;
     if (kind == MK_SEAM_TCP) (void)setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (bind(fd, (struct sockaddr *)&ss, len) != 0 || listen(fd, 8) != 0) {
+    /* A deep backlog: a listener may be flooded (a port scan, strangers at a rendezvous)
+     * before its accept loop runs (rank 0 plans and loads after it listens); past a full
+     * backlog the kernel drops a SYN and the real peer retries only after a second or more. */
+    if (bind(fd, (struct sockaddr *)&ss, len) != 0 || listen(fd, SOMAXCONN) != 0) {
         const int e = errno;
         close(fd);
         return mk_fail(MK_ERR_CONNECT, "seam: cannot listen on '%s': %s", address ? address : "127.0.0.1:0", strerror(e));
