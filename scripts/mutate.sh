@@ -632,7 +632,7 @@ MUTATIONS=(
   "cli.help-taken-from-text~tools/cli_options.c~s/if \(\(size_t\)i < n_pos && strcmp\(cmd->positional\[i\], \"TEXT\"\) == 0\) continue;//~ctest:meshkern_cli\.Input\.tokenize_h"
   "cli.chat-cr-kept~tools/cli_text.c~s/line\[len - 1\] == '\\\\n' \|\| line\[len - 1\] == '\\\\r'\)\) line\[--len\]/line[len - 1] == '\\\\n')) line[--len]/~ctest:meshkern_cli\.Input\.chat_crlf"
   "cli.unused-flag-taken~tools/cli_options.c~s/    if \(ok\) return -1;\n/    return -1;\n/~ctest:meshkern_cli\.Input\.(seam|tls|http|batch_seam)"
-  "cli.given-reads-a-value-as-option~tools/cli_options.c~s/if \(o >= group->opt && o < group->opt \+ group->n\) return argv\[i\];\n        if \(o->meta\) i\+\+;/if (o >= group->opt \&\& o < group->opt + group->n) return argv[i];/~ctest:meshkern_cli\.Input\.(seam|tls|http|batch_seam)"
+  "cli.given-reads-a-value-as-option~tools/cli_options.c~s/if \(o >= group->opt && o < group->opt \+ group->n\) return argv\[i\];\n        if \(o->meta\) i\+\+;/if (o >= group->opt \&\& o < group->opt + group->n) return argv[i];/~ctest:meshkern_cli\.Input\.(seam|tls|http|batch_seam|value_spelled)"
   "cli.speed-on-cpu-taken~tools/cli_backend.c~s/if \(\(b->config.speed_mode \|\| b->eager_decode\) && /if ((b->eager_decode) \&\& /~ctest:meshkern_cli\.Input\.speed_on_cpu"
   "cli.seam-address-on-wire-taken~tools/meshkern.c~s/seam.kind != MK_SEAM_UNIX && seam.kind != MK_SEAM_TCP && mk_cli_given/seam.kind != MK_SEAM_UNIX \&\& seam.kind != MK_SEAM_TCP \&\& seam.kind != MK_SEAM_WIRE \&\& mk_cli_given/~ctest:meshkern_cli\.Input\.seam"
   "cli.http-flags-without-serve~tools/stage_cmd.c~s/&groups\[1\], 1, a->serve.enabled,/\&groups[1], 2, a->serve.enabled,/~ctest:meshkern_cli\.Input\.http"
