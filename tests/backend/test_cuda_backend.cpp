@@ -1644,6 +1644,15 @@ TEST(CudaBackendSim, DecodeStepOpsRefuseCallsOutOfOrder) {
     MK_ASSERT_OK(b->ops->synchronize(b));
 }
 
+// Two stages' backends, each its own stream on device 0 (the default config).
+using BackendPtr = std::unique_ptr<mk_backend, void (*)(mk_backend *)>;
+BackendPtr cuda_backend_on_device_zero() {
+    const mk_backend_config cfg = mk_backend_config_default(MK_BACKEND_CUDA);
+    mk_backend *b = nullptr;
+    EXPECT_EQ(mk_backend_create(&cfg, &b), MK_OK) << mk_last_error();
+    return BackendPtr(b, mk_backend_destroy);
+}
+
 // A placed pipeline's race, made to happen: one stage's thread records its decode step while
 // its neighbour's thread copies a boundary out of it (copy_from_peer posts an event record and
 // a wait on the recording stream). The copy waits for the recording to end (the stream lock),
@@ -1651,12 +1660,9 @@ TEST(CudaBackendSim, DecodeStepOpsRefuseCallsOutOfOrder) {
 // off, or on a GPU the copy would join the graph and never run) and the copy lands with the
 // source's bytes, after the work queued before it.
 TEST(CudaBackendSim, PeerCopyWaitsForTheNeighboursRecording) {
-    mk_backend_config cfg = mk_backend_config_default(MK_BACKEND_CUDA);
-    mk_backend *a = nullptr, *b = nullptr;
-    MK_ASSERT_OK(mk_backend_create(&cfg, &a));
-    std::unique_ptr<mk_backend, void (*)(mk_backend *)> own_a(a, mk_backend_destroy);
-    MK_ASSERT_OK(mk_backend_create(&cfg, &b));
-    std::unique_ptr<mk_backend, void (*)(mk_backend *)> own_b(b, mk_backend_destroy);
+    const BackendPtr own_a = cuda_backend_on_device_zero(), own_b = cuda_backend_on_device_zero();
+    mk_backend *a = own_a.get(), *b = own_b.get();
+    ASSERT_TRUE(a && b);
     const mk_hparams hp = mk_hparams_seed_default();
     MK_ASSERT_OK(a->ops->reserve(a, 4, 1, 16, &hp));
     MK_ASSERT_OK(b->ops->reserve(b, 4, 1, 16, &hp));
@@ -1706,12 +1712,9 @@ TEST(CudaBackendSim, PeerCopyWaitsForTheNeighboursRecording) {
 // writes pattern 1 into the source, the copy takes it, the peer writes pattern 2 at once; the
 // streams run in a seeded random interleaving, 24 rounds: every copy must hold pattern 1.
 TEST(CudaBackendSim, PeerCopyIsOrderedAgainstBothStreams) {
-    mk_backend_config cfg = mk_backend_config_default(MK_BACKEND_CUDA);
-    mk_backend *a = nullptr, *b = nullptr;
-    MK_ASSERT_OK(mk_backend_create(&cfg, &a));
-    std::unique_ptr<mk_backend, void (*)(mk_backend *)> own_a(a, mk_backend_destroy);
-    MK_ASSERT_OK(mk_backend_create(&cfg, &b));
-    std::unique_ptr<mk_backend, void (*)(mk_backend *)> own_b(b, mk_backend_destroy);
+    const BackendPtr own_a = cuda_backend_on_device_zero(), own_b = cuda_backend_on_device_zero();
+    mk_backend *a = own_a.get(), *b = own_b.get();
+    ASSERT_TRUE(a && b);
     const size_t n = 4096, bytes = n * sizeof(float);
     std::vector<float> one(n), two(n), back(n);
     for (size_t i = 0; i < n; i++) one[i] = 1.0f + (float)i, two[i] = -2.0f - (float)i;
