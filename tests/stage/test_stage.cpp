@@ -1368,7 +1368,8 @@ TEST(StageRendezvous, AFullTableOfSilentStrangersDropsTheOldestFirst) {
     close(probe);
     std::vector<int> held;
     std::vector<int> local_port;
-    for (int i = 0; i < 65; i++) {
+    for (int i = 0; i < 65; i++) { // 5 ms apart: each accepted at its own millisecond (an age)
+        usleep(5000);
         const int fd = connect_to(port);
         ASSERT_GE(fd, 0) << "connection " << i;
         sockaddr_in a{};
