@@ -52,6 +52,7 @@ log() { printf '[gpu_check %4ds] %s\n' "$((SECONDS - START))" "$*"; }
 failure() { printf '%s\n' "$*" >>"$R/failures.txt"; log "FAIL: $*"; }
 figure() { printf '%s\n' "$*" >>"$R/figures.txt"; }
 status=0
+BIN_FROM="none" # set here: the summary may be written (a TERM) before the binaries are found
 
 summary() { # $OUT/summary.txt from what is done so far (rc: the exit, or "running")
   local rc=$1 pass fail skip
